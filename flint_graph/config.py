@@ -1,0 +1,380 @@
+"""Model facts (`FlintConfig`) from an HF-style config.json, cross-checked with GGUF metadata.
+
+Follows DESIGN.md §1-§2 and `presets/full.json` (our reconstruction of the 40B config). Nothing
+architectural is hard-coded elsewhere: layer kinds, window, heads, experts and vocab are read here.
+Every validation failure raises `ConfigError` naming the field, the expected and the found value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from flint_graph.errors import ConfigError
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+ARCHITECTURE = "FlintForCausalLM"
+PRESETS = ("tiny", "full")
+
+# NVFP4 quantises along K in 64-value GGML blocks (DESIGN §2), so every K of a linear must divide.
+NVFP4_BLOCK = 64
+GGUF_ARCH = "flint"
+GGML_EXPERT_GATING_SIGMOID = 2  # llama.cpp LLM_EXPERT_GATING_FUNC_TYPE_SIGMOID
+
+
+@dataclass(frozen=True)
+class FlintConfig:
+    """The Flint architecture, one field per config.json key (units in the trailing comments)."""
+
+    vocab_size: int  # rows of the embedding and LM head (may exceed the tokenizer's size)
+    hidden_size: int  # residual stream width
+    num_hidden_layers: int  # decoder layers
+    layer_types: tuple[str, ...]  # per layer: "sliding_attention" (RoPE) | "full_attention" (NoPE)
+    sliding_window: int  # keys a sliding layer sees, the current one included (tokens)
+    num_attention_heads: int  # query heads
+    num_key_value_heads: int  # KV heads (GQA)
+    head_dim: int  # per head
+    attention_sinks: bool  # one learned sink logit per query head
+    qk_norm: bool  # RMSNorm over head_dim on every q and k head
+    rope_theta: float  # RoPE base
+    rope_layers: str  # layer type that gets RoPE; the other kind is NoPE
+    max_position_embeddings: int  # context limit (tokens)
+    rms_norm_eps: float
+    hidden_act: str  # "silu" (SwiGLU)
+    first_k_dense_replace: int  # leading layers with a dense MLP instead of MoE
+    intermediate_size: int  # dense MLP width
+    moe_intermediate_size: int  # routed and shared expert width
+    n_routed_experts: int
+    num_experts_per_tok: int  # top-k
+    n_shared_experts: int
+    scoring_func: str  # "sigmoid"
+    topk_method: str  # "noaux_tc": pick with e_score_correction_bias, weigh without
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool  # renormalise the picked weights to sum 1
+    routed_scaling_factor: float  # applied after renormalisation
+    tie_word_embeddings: bool
+    attention_bias: bool
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> FlintConfig:
+        """Build and validate from a parsed config.json mapping.
+
+        Raises ConfigError naming `source` and the field for an unknown architecture, a missing
+        or mistyped field, or an inconsistent value.
+        """
+        archs = raw.get("architectures") or []
+        if ARCHITECTURE not in archs and raw.get("model_type") != GGUF_ARCH:
+            raise ConfigError(
+                f"{source}: unknown architecture {archs or raw.get('model_type')!r}; "
+                f"expected architectures to contain {ARCHITECTURE!r} (model_type 'flint')"
+            )
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in raw:
+                raise ConfigError(f"{source}: missing field {f.name!r}")
+            values[f.name] = _coerce(source, f.name, f.type, raw[f.name])
+        cfg = cls(**values)
+        cfg.validate(source)
+        return cfg
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> FlintConfig:
+        """Read `path` (a config.json file or a directory holding one).
+
+        Raises CheckpointError-free ConfigError naming the path when it is missing or not JSON.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+        return cls.from_dict(raw, source=str(path))
+
+    @classmethod
+    def preset(cls, name: str) -> FlintConfig:
+        """The packaged `tiny` (CPU-sized, every feature present) or `full` (40B) config."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
+        text = resources.files("flint_graph.presets").joinpath(f"{name}.json").read_text()
+        return cls.from_dict(json.loads(text), source=f"preset {name}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config.json mapping (with `architectures` and `model_type`)."""
+        d = asdict(self)
+        d["layer_types"] = list(self.layer_types)
+        return {"architectures": [ARCHITECTURE], "model_type": GGUF_ARCH, **d,
+                "torch_dtype": "bfloat16"}
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def validate(self, source: str = "config") -> None:
+        """Raise ConfigError for the first inconsistent field (names field, expected, found)."""
+
+        def bad(name: str, expected: str) -> ConfigError:
+            return ConfigError(
+                f"{source}: field {name!r} = {getattr(self, name)!r}; expected {expected}"
+            )
+
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "sliding_window",
+                     "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "max_position_embeddings", "intermediate_size", "moe_intermediate_size",
+                     "n_routed_experts", "num_experts_per_tok"):
+            if getattr(self, name) <= 0:
+                raise bad(name, "a positive integer")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(
+                f"{source}: field 'layer_types' has {len(self.layer_types)} entries; expected "
+                f"num_hidden_layers = {self.num_hidden_layers}"
+            )
+        for i, kind in enumerate(self.layer_types):
+            if kind not in (SLIDING, FULL):
+                raise ConfigError(
+                    f"{source}: layer_types[{i}] = {kind!r}; expected {SLIDING!r} or {FULL!r}"
+                )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise bad("num_attention_heads",
+                      f"a multiple of num_key_value_heads = {self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise bad("head_dim", "an even number (RoPE rotates pairs)")
+        if self.rope_layers not in (SLIDING, FULL):
+            raise bad("rope_layers", f"{SLIDING!r} or {FULL!r}")
+        if not 0 <= self.first_k_dense_replace <= self.num_hidden_layers:
+            raise bad("first_k_dense_replace", f"between 0 and {self.num_hidden_layers}")
+        if self.num_experts_per_tok > self.n_routed_experts:
+            raise bad("num_experts_per_tok", f"at most n_routed_experts = {self.n_routed_experts}")
+        if self.n_shared_experts < 0:
+            raise bad("n_shared_experts", "0 or more")
+        for name, want in (("hidden_act", "silu"), ("scoring_func", "sigmoid"),
+                           ("topk_method", "noaux_tc")):
+            if getattr(self, name) != want:
+                raise bad(name, f"{want!r} (the only value Flint uses)")
+        if self.n_group != 1 or self.topk_group != 1:
+            raise bad("n_group", "1 with topk_group 1 (grouped routing is not part of Flint)")
+        if self.attention_bias:
+            raise bad("attention_bias", "false (Flint's projections have no bias)")
+        if self.tie_word_embeddings:
+            raise bad("tie_word_embeddings", "false (Flint ships a separate lm_head)")
+        if self.rms_norm_eps <= 0 or self.rope_theta <= 0 or self.routed_scaling_factor <= 0:
+            raise ConfigError(f"{source}: rms_norm_eps, rope_theta and routed_scaling_factor "
+                              "must be positive")
+        for name, k in self.nvfp4_k_dims().items():
+            if k % NVFP4_BLOCK:
+                raise ConfigError(
+                    f"{source}: {name} = {k} is the K dimension of an NVFP4 linear; expected a "
+                    f"multiple of {NVFP4_BLOCK}"
+                )
+
+    def nvfp4_k_dims(self) -> dict[str, int]:
+        """Every K (input) dimension an NVFP4 linear has, keyed by the field that sets it."""
+        return {
+            "hidden_size": self.hidden_size,
+            "num_attention_heads * head_dim": self.q_dim,
+            "intermediate_size": self.intermediate_size,
+            "moe_intermediate_size": self.moe_intermediate_size,
+        }
+
+    # -- layer structure ----------------------------------------------------------------------
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together (elements)."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of all KV heads together (elements)."""
+        return self.num_key_value_heads * self.head_dim
+
+    def is_sliding(self, layer: int) -> bool:
+        """True when `layer` is a sliding-window layer."""
+        return self.layer_types[layer] == SLIDING
+
+    def uses_rope(self, layer: int) -> bool:
+        """True when `layer` applies RoPE (Flint: the sliding layers; full layers are NoPE)."""
+        return self.layer_types[layer] == self.rope_layers
+
+    def is_moe(self, layer: int) -> bool:
+        """True when `layer`'s FFN is the routed MoE (False: dense SwiGLU MLP)."""
+        return layer >= self.first_k_dense_replace
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return sum(t == SLIDING for t in self.layer_types)
+
+    @property
+    def num_full_layers(self) -> int:
+        return sum(t == FULL for t in self.layer_types)
+
+    # -- derived figures (bench) --------------------------------------------------------------
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """BF16 K+V bytes one token adds over the full layers (sliding layers use fixed rings).
+
+        Full 40B config: 14 layers x 2 x 4 heads x 128 x 2 bytes = 28,672 bytes (28 KiB).
+        """
+        return self.num_full_layers * 2 * self.kv_dim * 2
+
+    @property
+    def sliding_kv_bytes_per_slot(self) -> int:
+        """BF16 bytes of the sliding-window rings of one sequence (window entries per layer)."""
+        return self.num_sliding_layers * self.sliding_window * 2 * self.kv_dim * 2
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameter counts by part: attention, dense_mlp, expert (one routed expert, one
+        layer), shared, router, norms, embed, lm_head."""
+        h, layers = self.hidden_size, self.num_hidden_layers
+        n_moe = layers - self.first_k_dense_replace
+        attn = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+        return {
+            "attention": layers * attn,
+            "attention_small": layers * (2 * self.head_dim + self.num_attention_heads + 2 * h),
+            "dense_mlp": self.first_k_dense_replace * 3 * h * self.intermediate_size,
+            "expert": 3 * h * self.moe_intermediate_size,
+            "routed": n_moe * self.n_routed_experts * 3 * h * self.moe_intermediate_size,
+            "shared": n_moe * self.n_shared_experts * 3 * h * self.moe_intermediate_size,
+            "router": n_moe * self.n_routed_experts * (h + 1),
+            "embed": self.vocab_size * h,
+            "lm_head": self.vocab_size * h + h,
+        }
+
+    @property
+    def total_params(self) -> int:
+        """All parameters (elements), embeddings and LM head included."""
+        c = self.param_counts()
+        return sum(v for k, v in c.items() if k != "expert")
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token touches: top-k routed experts per MoE layer, one embedding row
+        excluded (a gather), the LM head included."""
+        c = self.param_counts()
+        n_moe = self.num_hidden_layers - self.first_k_dense_replace
+        return (c["attention"] + c["attention_small"] + c["dense_mlp"] + c["shared"]
+                + c["router"] + c["lm_head"] + n_moe * self.num_experts_per_tok * c["expert"])
+
+    def expected_experts_touched(self, batch: int) -> float:
+        """Expected distinct routed experts per MoE layer for `batch` tokens routed uniformly
+        at random: E * (1 - (1 - k/E)^batch)."""
+        e, k = self.n_routed_experts, self.num_experts_per_tok
+        return e * (1.0 - (1.0 - k / e) ** batch)
+
+    def decode_step_bytes(self, batch: int, context_tokens: int, weight_format: str,
+                          lm_head_bf16: bool = True) -> dict[str, float]:
+        """Fewest bytes one decode step must read: weights once, KV of every sequence.
+
+        Args:
+            batch: rows in the step (sequences).
+            context_tokens: tokens already in each sequence's KV cache.
+            weight_format: "bf16" (2 bytes/param) or "nvfp4" (0.5 byte codes + 1/16 byte E4M3
+                scale per param = 0.5625 bytes) for the linears; norms, sinks and the FP32
+                router are counted at their stored width.
+            lm_head_bf16: count the LM head at 2 bytes/param (DESIGN §5 keeps it BF16).
+
+        Returns: {"weights", "kv", "total"} in bytes. Raises ConfigError for an unknown format.
+        """
+        if weight_format not in ("bf16", "nvfp4"):
+            raise ConfigError(f"weight_format {weight_format!r}; expected 'bf16' or 'nvfp4'")
+        per = 2.0 if weight_format == "bf16" else 0.5 + 1 / 16
+        c = self.param_counts()
+        n_moe = self.num_hidden_layers - self.first_k_dense_replace
+        linears = (c["attention"] + c["dense_mlp"] + c["shared"]
+                   + n_moe * self.expected_experts_touched(batch) * c["expert"])
+        head = self.vocab_size * self.hidden_size * (2.0 if lm_head_bf16 else per)
+        small = 2 * c["attention_small"] + 4 * c["router"]
+        embed_rows = batch * self.hidden_size * 2
+        weights = linears * per + head + small + embed_rows
+        window = min(context_tokens, self.sliding_window)
+        kv = batch * (self.kv_bytes_per_token * context_tokens
+                      + self.num_sliding_layers * window * 2 * self.kv_dim * 2)
+        return {"weights": weights, "kv": float(kv), "total": weights + kv}
+
+    # -- GGUF metadata ------------------------------------------------------------------------
+
+    def gguf_metadata(self) -> dict[str, Any]:
+        """The `flint.*` GGUF metadata this config implies (DESIGN §2), key -> value.
+
+        Used by the writer and, key by key, by the loader's cross-check.
+        """
+        a = GGUF_ARCH
+        return {
+            f"{a}.vocab_size": self.vocab_size,
+            f"{a}.context_length": self.max_position_embeddings,
+            f"{a}.embedding_length": self.hidden_size,
+            f"{a}.block_count": self.num_hidden_layers,
+            f"{a}.feed_forward_length": self.intermediate_size,
+            f"{a}.expert_feed_forward_length": self.moe_intermediate_size,
+            f"{a}.attention.head_count": self.num_attention_heads,
+            f"{a}.attention.head_count_kv": self.num_key_value_heads,
+            f"{a}.attention.key_length": self.head_dim,
+            f"{a}.attention.value_length": self.head_dim,
+            f"{a}.attention.sliding_window": self.sliding_window,
+            f"{a}.attention.sliding_window_pattern": [t == SLIDING for t in self.layer_types],
+            f"{a}.attention.layer_norm_rms_epsilon": self.rms_norm_eps,
+            f"{a}.rope.freq_base": self.rope_theta,
+            f"{a}.expert_count": self.n_routed_experts,
+            f"{a}.expert_used_count": self.num_experts_per_tok,
+            f"{a}.expert_shared_count": self.n_shared_experts,
+            f"{a}.leading_dense_block_count": self.first_k_dense_replace,
+            f"{a}.expert_gating_func": GGML_EXPERT_GATING_SIGMOID,
+            f"{a}.expert_weights_norm": self.norm_topk_prob,
+            f"{a}.expert_weights_scale": self.routed_scaling_factor,
+        }
+
+    def check_gguf_metadata(self, found: dict[str, Any], source: str) -> None:
+        """Refuse GGUF metadata that disagrees with this config.
+
+        Args:
+            found: key -> value read from the GGUF (missing keys are skipped: llama.cpp writers
+                may omit optional ones; `general.architecture` is checked by the loader).
+            source: the GGUF path, for the message.
+        Raises ConfigError naming the key, the config.json value and the GGUF value.
+        """
+        for key, want in self.gguf_metadata().items():
+            if key not in found:
+                continue
+            got = found[key]
+            same = (math.isclose(float(got), float(want), rel_tol=1e-6)
+                    if isinstance(want, float) else _plain(got) == _plain(want))
+            if not same:
+                raise ConfigError(
+                    f"{source}: GGUF metadata {key} = {_plain(got)!r} disagrees with config.json "
+                    f"({_plain(want)!r})"
+                )
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, bool):
+        return v
+    if hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+def _coerce(source: str, name: str, typ: Any, value: Any) -> Any:
+    typ = str(typ)
+    if typ.startswith("tuple"):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{source}: field {name!r} must be a list of strings")
+        return tuple(value)
+    expected = {"int": int, "float": (int, float), "bool": bool, "str": str}[typ]
+    ok = isinstance(value, expected) and not (typ in ("int", "float") and isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"{source}: field {name!r} = {value!r}; expected a {typ}")
+    return float(value) if typ == "float" else value

@@ -1,0 +1,164 @@
+"""In-memory weights of one Flint model, whichever checkpoint format they came from.
+
+Both loaders (`hf_checkpoint.py` for BF16 safetensors, `gguf_checkpoint.py` for the NVFP4 GGUF)
+fill these containers; the reference model and, later, the engine read them. A linear weight is
+either a BF16 tensor [N, K] (HF orientation: out x in) or an `NVFP4Weight` in NVIDIA's packed
+layout (DESIGN §2). Expert stacks carry a leading expert dimension E.
+
+Shape legend: V vocab, H hidden, Q = heads*head_dim, KV = kv_heads*head_dim, D head_dim,
+I dense intermediate, M expert intermediate, E routed experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from flint_graph import nvfp4
+
+
+@dataclass
+class NVFP4Weight:
+    """A weight-only NVFP4 tensor in NVIDIA's layout (ModelOpt / CUTLASS order).
+
+    codes:  uint8 [..., N, K/2]   element 2i in the low nibble, 2i+1 in the high nibble (E2M1).
+    scales: uint8 [..., N, K/16]  raw unsigned-E4M3 bytes, one per 16 consecutive K elements;
+            kept as bytes (not float8) so a GGUF's bytes survive bit for bit (DESIGN §2).
+    scale2: float32 [] per tensor, or [E] per expert for stacks with a leading E dimension.
+    Value = e2m1(code) * e4m3(scale byte) * scale2.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    scale2: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical (dequantised) shape [..., N, K]."""
+        return (*self.codes.shape[:-1], self.codes.shape[-1] * 2)
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.scale2))
+
+    def expert(self, e: int) -> NVFP4Weight:
+        """The 2-D weight of expert `e` from a stack [E, N, K/2] (scale2 [E] or [])."""
+        s2 = self.scale2[e] if self.scale2.dim() == 1 else self.scale2
+        return NVFP4Weight(self.codes[e], self.scales[e], s2)
+
+    def dequantize(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Dense [..., N, K] tensor of `dtype` (exact in fp32; BF16 holds every NVFP4 value
+        exactly when scale2 is a power of two)."""
+        return nvfp4.dequantize(self.codes, self.scales, self.scale2, dtype)
+
+    def to(self, device: torch.device | str) -> NVFP4Weight:
+        return NVFP4Weight(self.codes.to(device), self.scales.to(device), self.scale2.to(device))
+
+
+Linear = torch.Tensor | NVFP4Weight
+
+
+def dense(w: Linear, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """`w` as a dense tensor of `dtype` (dequantising NVFP4)."""
+    return w.dequantize(dtype) if isinstance(w, NVFP4Weight) else w.to(dtype)
+
+
+def expert_weight(w: Linear, e: int) -> Linear:
+    """Expert `e`'s slice of an expert stack, BF16 or NVFP4."""
+    return w.expert(e) if isinstance(w, NVFP4Weight) else w[e]
+
+
+@dataclass
+class MLPWeights:
+    """A SwiGLU MLP: down(silu(gate(x)) * up(x)). gate/up [F, H], down [H, F] (F = I or M)."""
+
+    gate: Linear
+    up: Linear
+    down: Linear
+
+
+@dataclass
+class MoEWeights:
+    """Routed experts plus shared expert(s) of one MoE layer (DESIGN §1 router).
+
+    router:      float32 [E, H]   router logits = x @ router.T (fp32)
+    router_bias: float32 [E]      e_score_correction_bias, used only to pick experts
+    gate, up:    [E, M, H]        expert stacks (BF16 tensor or NVFP4Weight)
+    down:        [E, H, M]
+    shared:      MLPWeights with F = n_shared_experts * M, or None without shared experts
+    """
+
+    router: torch.Tensor
+    router_bias: torch.Tensor
+    gate: Linear
+    up: Linear
+    down: Linear
+    shared: MLPWeights | None
+
+
+@dataclass
+class LayerWeights:
+    """One pre-norm decoder layer.
+
+    attn_norm, ffn_norm: bf16 [H]; q_proj [Q, H]; k_proj, v_proj [KV, H]; o_proj [H, Q];
+    q_norm, k_norm: bf16 [D]; sinks: float32 [num_heads]; ffn: dense MLP or MoE.
+    """
+
+    attn_norm: torch.Tensor
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    sinks: torch.Tensor
+    ffn_norm: torch.Tensor
+    ffn: MLPWeights | MoEWeights
+
+
+@dataclass
+class FlintWeights:
+    """All weights: embed [V, H] (BF16 or NVFP4), layers, final_norm bf16 [H], lm_head [V, H]."""
+
+    embed: Linear
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    lm_head: Linear
+
+    def nbytes(self) -> int:
+        """Bytes held on the device by all tensors (codes + scales for NVFP4)."""
+        return sum(_nbytes(v) for v in _walk(self))
+
+    def to(self, device: torch.device | str) -> FlintWeights:
+        """A copy with every tensor moved to `device`."""
+        return _map(self, lambda t: t.to(device))
+
+
+def _walk(obj):
+    if isinstance(obj, (torch.Tensor, NVFP4Weight)):
+        yield obj
+    elif isinstance(obj, list):
+        for x in obj:
+            yield from _walk(x)
+    elif obj is not None and hasattr(obj, "__dataclass_fields__"):
+        for f in fields(obj):
+            yield from _walk(getattr(obj, f.name))
+
+
+def _map(obj, fn):
+    if isinstance(obj, (torch.Tensor, NVFP4Weight)):
+        return fn(obj)
+    if isinstance(obj, list):
+        return [_map(x, fn) for x in obj]
+    if obj is not None and hasattr(obj, "__dataclass_fields__"):
+        return type(obj)(**{f.name: _map(getattr(obj, f.name), fn) for f in fields(obj)})
+    return obj
+
+
+def _nbytes(t) -> int:
+    return t.nbytes if isinstance(t, NVFP4Weight) else t.numel() * t.element_size()

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up a virtual environment from nothing (CPU PyTorch) and run the CPU test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# Pinned CPU build first: an unpinned torch would pull a multi-GB CUDA build.
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[test]"
+python -m pytest -q "$@"
