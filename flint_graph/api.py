@@ -1,0 +1,274 @@
+"""The Python API: `LLM(model).generate / stream / chat / stream_chat` (DESIGN §3 data flow).
+
+    from flint_graph import LLM, SamplingParams
+    llm = LLM()                                  # embedded default: the tiny synthetic checkpoint
+    out = llm.generate(["Hello"], SamplingParams(max_tokens=16, seed=0))[0]
+    msg = llm.chat([{"role": "user", "content": "Hi"}])
+
+Errors: every bad input raises a `flint_graph.errors.FlintError` subclass (CheckpointError,
+ConfigError, InvalidRequestError, ContextLengthError, TemplateError) naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flint_graph.chat_template import render_chat
+from flint_graph.checkpoint import load_checkpoint
+from flint_graph.engine import Engine
+from flint_graph.errors import ContextLengthError, InvalidRequestError
+from flint_graph.make_checkpoint import ensure_default_checkpoint
+from flint_graph.output_parser import OutputParser, ToolCall
+from flint_graph.request import Request, RequestDelta
+from flint_graph.sampling import SamplingParams
+from flint_graph.tokenizer import FlintTokenizer
+
+
+@dataclass
+class GenerationOutput:
+    """One finished request.
+
+    token_ids: generated ids (the stop token included when one ended it); text: visible text
+    (special tokens and any matched stop string removed); finish_reason: "stop" | "length" |
+    "abort"; ttft_ms: submission to first token (ms); ms_per_token: mean time per output token
+    after the first (TPOT, ms; None with fewer than two tokens). For chat requests
+    reasoning_content / content / tool_calls hold the parsed split, errors any malformed calls.
+    """
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    ttft_ms: float | None
+    ms_per_token: float | None
+    reasoning_content: str | None = None
+    content: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ChatMessage:
+    """The assistant's reply: an OpenAI-style message plus the raw generation output."""
+
+    content: str
+    reasoning_content: str | None
+    tool_calls: list[ToolCall]
+    finish_reason: str
+    output: GenerationOutput
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message as chat history expects it (tool-call arguments as a mapping)."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning_content:
+            msg["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return msg
+
+
+class LLM:
+    """A Flint model ready to generate.
+
+    Args:
+        model: a BF16 checkpoint directory or an NVFP4 GGUF file; None = the embedded default
+            (the `tiny` synthetic checkpoint, built into a cache directory on first use).
+        hf_config_path: directory with config.json / tokenizer / generation_config for a GGUF
+            (defaults to the GGUF's own directory).
+        device: "cuda", "cpu" or a torch.device; None picks CUDA when present.
+        progress: show progress bars while loading.
+        max_slots: most requests decoded together.
+    Raises CheckpointError / ConfigError for a missing, corrupt or inconsistent checkpoint.
+    """
+
+    def __init__(self, model: str | Path | None = None, hf_config_path: str | Path | None = None,
+                 device: str | torch.device | None = None, progress: bool = True,
+                 max_slots: int = 8):
+        if model is None:
+            model = ensure_default_checkpoint(progress=progress)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
+        self.cfg = self.checkpoint.cfg
+        self.tokenizer = FlintTokenizer.from_dir(self.checkpoint.config_dir)
+        self.generation_config = self.checkpoint.generation_config
+        self.engine = Engine(self.checkpoint, self.device, self.tokenizer.vocab_size, max_slots)
+
+    # -- raw completion ---------------------------------------------------------------------
+
+    def generate(self, prompts: str | list[str] | list[list[int]],
+                 params: SamplingParams | None = None) -> list[GenerationOutput]:
+        """Complete each prompt as raw text (no chat template), batched.
+
+        Args: prompts: a string, a list of strings, or a list of token-id lists.
+        Returns one GenerationOutput per prompt, in order.
+        Raises InvalidRequestError (empty prompt, bad params), ContextLengthError.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        reqs = [self._request(self._encode(p), params, parser=None) for p in prompts]
+        return self._run(reqs)
+
+    def stream(self, prompt: str | list[int],
+               params: SamplingParams | None = None) -> RequestStream:
+        """Complete one raw prompt: an iterator of RequestDelta as tokens arrive (the last one
+        carries finish_reason); `.output` is the GenerationOutput afterwards. Closing it early
+        (or Ctrl-C while iterating) aborts the request."""
+        return RequestStream(self, self._request(self._encode(prompt), params, parser=None))
+
+    # -- chat -------------------------------------------------------------------------------
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None, *,
+               enable_thinking: bool = True, tool_choice: str | None = None,
+               **template_kwargs: Any) -> str:
+        """The prompt text the checkpoint's chat template makes of `messages` (GLM-4.7 layout).
+
+        Raises InvalidRequestError for malformed messages/tools, TemplateError if it raises."""
+        if not messages:
+            raise InvalidRequestError("messages: expected at least one message, got none")
+        return render_chat(self.tokenizer.chat_template, messages, tools,
+                           enable_thinking=enable_thinking, tool_choice=tool_choice,
+                           **template_kwargs)
+
+    def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+             params: SamplingParams | None = None, *, enable_thinking: bool = True,
+             tool_choice: str | None = None, **template_kwargs: Any) -> ChatMessage:
+        """Generate the assistant's next message.
+
+        Returns a ChatMessage with reasoning_content (None when thinking is off), content and
+        tool_calls (parsed GLM-4.7 calls, typed by the tools' JSON schemas).
+        """
+        stream = self.stream_chat(messages, tools, params, enable_thinking=enable_thinking,
+                                  tool_choice=tool_choice, **template_kwargs)
+        for _ in stream:
+            pass
+        return stream.message
+
+    def stream_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+                    params: SamplingParams | None = None, *, enable_thinking: bool = True,
+                    tool_choice: str | None = None, **template_kwargs: Any) -> RequestStream:
+        """Like `chat`, but an iterator of RequestDelta (reasoning / content / tool_calls split
+        as they arrive); after iteration, `.message` holds the final ChatMessage."""
+        prompt = self.render(messages, tools, enable_thinking=enable_thinking,
+                             tool_choice=tool_choice, **template_kwargs)
+        # A call to an undeclared tool (or any call under tool_choice "none") is reported and
+        # left visible as content, never returned as a call.
+        declared = (tools or []) if tool_choice != "none" else []
+        parser = OutputParser(tools=declared, thinking=enable_thinking)
+        req = self._request(self._encode(prompt), params, parser=parser)
+        return RequestStream(self, req, enable_thinking)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
+            return self.tokenizer.encode(prompt)
+        if not prompt:
+            raise InvalidRequestError("prompt: expected at least one token id, got none")
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt: token id {bad[0]!r} outside [0, {self.cfg.vocab_size})")
+        return list(prompt)
+
+    def _request(self, prompt_ids: list[int], params: SamplingParams | None,
+                 parser: OutputParser | None) -> Request:
+        params = (params or SamplingParams()).with_defaults(self.generation_config)
+        limit = self.cfg.max_position_embeddings
+        if len(prompt_ids) >= limit:
+            raise ContextLengthError(
+                f"prompt is {len(prompt_ids)} tokens; the model's context limit is {limit} "
+                f"tokens (max_position_embeddings), leaving no room to generate")
+        eos = list(params.stop_token_ids or [])
+        return Request(prompt_ids, params, self.tokenizer, eos, parser,
+                       max_new_tokens=limit - len(prompt_ids))
+
+    def _run(self, reqs: list[Request]) -> list[GenerationOutput]:
+        for r in reqs:
+            self.engine.add(r)
+        try:
+            while any(not r.is_finished for r in reqs):
+                self.engine.step()
+        finally:
+            for r in reqs:
+                if not r.is_finished:
+                    self.engine.abort(r)
+        return [_output(r) for r in reqs]
+
+    def _stream(self, req: Request) -> Iterator[RequestDelta]:
+        self.engine.add(req)
+        try:
+            while not req.is_finished:
+                for d in self.engine.step():
+                    if d.request_id == req.id:
+                        yield d
+        finally:
+            if not req.is_finished:
+                self.engine.abort(req)
+
+
+class RequestStream:
+    """Iterator of one request's RequestDelta objects; afterwards `.output` is its
+    GenerationOutput and, for chat requests, `.message` its ChatMessage."""
+
+    def __init__(self, llm: LLM, req: Request, thinking: bool = False):
+        self._req, self._thinking = req, thinking
+        self._deltas = llm._stream(req)
+
+    def __iter__(self) -> Iterator[RequestDelta]:
+        return self._deltas
+
+    def close(self) -> None:
+        """Abort the request if it is still running (e.g. on Ctrl-C)."""
+        self._deltas.close()
+
+    @property
+    def output(self) -> GenerationOutput:
+        return _output(self._req)
+
+    @property
+    def message(self) -> ChatMessage:
+        out = _output(self._req)
+        return ChatMessage(content=out.content or "",
+                           reasoning_content=out.reasoning_content if self._thinking else None,
+                           tool_calls=out.tool_calls, finish_reason=out.finish_reason,
+                           output=out)
+
+
+def _output(req: Request) -> GenerationOutput:
+    ttft, tpot = req.timing()
+    out = GenerationOutput(req.prompt_ids, list(req.output_ids), req.text,
+                           req.finish_reason or "abort", ttft, tpot)
+    if req.parser is not None:
+        parsed = req.parser.result()
+        out.reasoning_content = parsed.reasoning
+        out.content = parsed.content
+        out.tool_calls = list(parsed.tool_calls)
+        out.errors = list(parsed.errors)
+    return out
+
+
+def output_to_json(out: GenerationOutput) -> str:
+    """`out` as one JSON object (the CLI's `generate --json`)."""
+    return json.dumps({
+        "token_ids": out.token_ids,
+        "text": out.text,
+        "reasoning_content": out.reasoning_content,
+        "content": out.content,
+        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                       for c in out.tool_calls],
+        "finish_reason": out.finish_reason,
+        "ttft_ms": out.ttft_ms,
+        "ms_per_token": out.ms_per_token,
+    }, ensure_ascii=False)

@@ -1,0 +1,181 @@
+"""`flint-graph chat`: the interactive terminal chat, drawn with `rich`.
+
+Streams reasoning (dimmed, collapsed to one line once the answer is done), content and tool
+calls (one panel each; the user types the tool's result, which goes back as a `tool` message).
+Ctrl-C stops the current answer and keeps the session; `/save FILE` writes the transcript
+atomically (temporary file + rename), so a crash never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.text import Text
+
+from flint_graph.errors import FlintError
+
+HELP = ("/reset  start a new conversation · /save FILE  save the transcript as JSON · "
+        "/reasoning  show the last reasoning · /exit  quit (or Ctrl-D)")
+
+
+def save_transcript(path: str | Path, messages: list[dict[str, Any]]) -> Path:
+    """Write `messages` as JSON to `path` atomically (same-directory temp file, then rename).
+
+    Raises FlintError naming the path if the directory does not exist or is not writable."""
+    path = Path(path).expanduser()
+    if not path.parent.is_dir():
+        raise FlintError(f"{path}: directory {path.parent} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"messages": messages}, f, ensure_ascii=False, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise FlintError(f"{path}: cannot save transcript ({e.strerror})") from None
+    return path
+
+
+class ChatSession:
+    """One interactive conversation.
+
+    Args: llm: a loaded flint_graph.LLM; params: SamplingParams for every answer; tools: OpenAI
+    function tools or None; system: optional system message; enable_thinking: reasoning on/off;
+    show_reasoning: keep reasoning expanded; console: a rich Console (tests pass their own).
+    """
+
+    def __init__(self, llm, params, tools=None, system: str | None = None,
+                 enable_thinking: bool = True, show_reasoning: bool = False,
+                 console: Console | None = None):
+        self.llm, self.params, self.tools = llm, params, tools
+        self.system, self.enable_thinking = system, enable_thinking
+        self.show_reasoning = show_reasoning
+        self.console = console or Console(highlight=False)
+        self.messages: list[dict[str, Any]] = []
+        self.last_reasoning = ""
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+
+    def run(self) -> int:
+        """Read-eval loop until /exit or end of input; returns the exit code (0)."""
+        c = self.console
+        c.print(f"[bold]flint-graph chat[/] · {self.llm.cfg.num_hidden_layers} layers · "
+                f"{self.llm.device} · thinking {'on' if self.enable_thinking else 'off'}"
+                + (f" · {len(self.tools)} tools" if self.tools else ""))
+        c.print(f"[dim]{HELP}[/]")
+        while True:
+            try:
+                line = c.input("[bold green]you>[/] ")
+            except (EOFError, KeyboardInterrupt):
+                c.print()
+                return 0
+            if not line.strip():
+                continue
+            if line.startswith("/"):
+                if self.command(line.strip()) == "exit":
+                    return 0
+                continue
+            self.messages.append({"role": "user", "content": line})
+            self.answer()
+
+    def command(self, line: str) -> str | None:
+        """Run one slash command; returns "exit" for /exit."""
+        cmd, _, arg = line.partition(" ")
+        if cmd in ("/exit", "/quit"):
+            return "exit"
+        if cmd == "/reset":
+            self.reset()
+            self.console.print("[dim]conversation reset[/]")
+        elif cmd == "/save":
+            if not arg.strip():
+                self.console.print("[red]usage: /save FILE[/]")
+                return None
+            try:
+                path = save_transcript(arg.strip(), self.messages)
+                self.console.print(f"[dim]saved {len(self.messages)} messages to {path}[/]")
+            except FlintError as e:
+                self.console.print(f"[red]{e}[/]")
+        elif cmd == "/reasoning":
+            self.console.print(Text(self.last_reasoning or "(no reasoning yet)", style="dim"))
+        else:
+            self.console.print(f"[dim]{HELP}[/]")
+        return None
+
+    def answer(self) -> None:
+        """Generate assistant turns until one ends without tool calls (or is stopped)."""
+        while True:
+            try:
+                stream = self.llm.stream_chat(self.messages, self.tools, self.params,
+                                              enable_thinking=self.enable_thinking)
+            except FlintError as e:
+                self.console.print(f"[red]error: {e}[/]")
+                self.messages.pop()
+                return
+            msg = self._show(stream)
+            self.messages.append(msg.to_dict())
+            if not msg.tool_calls or msg.finish_reason == "abort":
+                return
+            for call in msg.tool_calls:
+                try:
+                    result = self.console.input(f"[bold magenta]result of {call.name}>[/] ")
+                except (EOFError, KeyboardInterrupt):
+                    self.console.print("[dim]tool loop stopped[/]")
+                    return
+                self.messages.append({"role": "tool", "content": result,
+                                      "tool_call_id": call.id})
+
+    def _show(self, stream):
+        reasoning, content, calls = "", "", []
+
+        def view(collapsed: bool):
+            parts = []
+            if reasoning:
+                if collapsed:
+                    parts.append(Text(f"▸ reasoning ({len(reasoning)} chars, /reasoning "
+                                      "shows it)", style="dim italic"))
+                else:
+                    parts.append(Text(reasoning, style="dim"))
+            if content:
+                parts.append(Text(content))
+            for call in calls:
+                parts.append(Panel(Text(json.dumps(call.arguments, ensure_ascii=False,
+                                                   indent=2)),
+                                   title=f"tool call: {call.name}", border_style="magenta"))
+            return Group(*parts)
+
+        stopped = False
+        with Live(view(False), console=self.console, refresh_per_second=12,
+                  transient=False) as live:
+            try:
+                for d in stream:
+                    reasoning += d.reasoning
+                    content += d.content
+                    calls += d.tool_calls
+                    live.update(view(False))
+            except KeyboardInterrupt:
+                stream.close()
+                stopped = True
+            live.update(view(collapsed=not self.show_reasoning))
+        self.last_reasoning = reasoning
+        msg = stream.message
+        out = msg.output
+        for err in out.errors:
+            self.console.print(f"[yellow]warning: {err}[/]")
+        footer = f"{len(out.token_ids)} tokens"
+        if out.ttft_ms is not None:
+            footer += f" · TTFT {out.ttft_ms:.0f} ms"
+        if out.ms_per_token:
+            footer += f" · {1000 / out.ms_per_token:.1f} tokens/s"
+        footer += " · stopped" if stopped else f" · {out.finish_reason}"
+        self.console.print(f"[dim]{footer}[/]")
+        return msg

@@ -1,0 +1,159 @@
+"""One entry point for every checkpoint: the format is decided by file content (DESIGN §2).
+
+A directory holding config.json plus safetensors is a BF16 HF checkpoint; a file that starts
+with the GGUF magic is an NVFP4 GGUF, whose config, tokenizer and generation_config come from a
+BF16-style directory (`hf_config_path`, as vLLM's --hf-config-path; default: the GGUF's own
+directory when it holds a config.json). Names and extensions never decide anything.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flint_graph.config import FlintConfig
+from flint_graph.errors import CheckpointError
+from flint_graph.weights import FlintWeights, NVFP4Weight
+
+GGUF_MAGIC = b"GGUF"
+CONFIG_NAME = "config.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
+
+
+class WeightFormat(enum.Enum):
+    """How the linears are stored: BF16 safetensors, or NVFP4 blocks in one GGUF file."""
+
+    BF16 = "bf16"
+    NVFP4 = "nvfp4"
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A loaded model: config, weights on the requested device, and where its side files live.
+
+    config_dir holds config.json, tokenizer.json, tokenizer_config.json and (optionally)
+    generation_config.json; generation_config is that file parsed ({} when absent).
+    """
+
+    cfg: FlintConfig
+    weights: FlintWeights
+    format: WeightFormat
+    config_dir: Path
+    generation_config: dict[str, Any]
+
+
+def read_generation_config(config_dir: str | Path) -> dict[str, Any]:
+    """generation_config.json of `config_dir` as a dict ({} when the file is absent: many HF
+    checkpoints ship none). Raises CheckpointError naming the file when it is not a JSON object."""
+    path = Path(config_dir) / GENERATION_CONFIG_NAME
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+    return raw
+
+
+def is_gguf(path: Path) -> bool:
+    """True when the regular file `path` starts with the GGUF magic bytes."""
+    with path.open("rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def _config_dir(hf_config_path: str | Path | None, fallback: Path, gguf: Path | None) -> Path:
+    """The directory holding config.json: `hf_config_path` (a directory or its config.json)
+    when given, else `fallback`. Raises CheckpointError explaining what is missing."""
+    if hf_config_path is not None:
+        d = Path(hf_config_path)
+        if d.is_file() and d.name == CONFIG_NAME:
+            d = d.parent
+        if not (d / CONFIG_NAME).is_file():
+            raise CheckpointError(f"{d}: hf_config_path has no {CONFIG_NAME}; expected a "
+                                  "directory with config.json, tokenizer.json, "
+                                  "tokenizer_config.json and generation_config.json")
+        return d
+    if not (fallback / CONFIG_NAME).is_file():
+        if gguf is not None:
+            raise CheckpointError(
+                f"{gguf}: an NVFP4 GGUF takes its config, tokenizer and generation_config from a "
+                f"BF16-style directory, and {fallback} has no {CONFIG_NAME}; pass that directory "
+                "as hf_config_path (CLI: --hf-config-path DIR)")
+        raise CheckpointError(f"{fallback}: no {CONFIG_NAME}; a BF16 checkpoint directory "
+                              "holds config.json, tokenizer files and safetensors shards")
+    return fallback
+
+
+def _describe_non_gguf(path: Path) -> str:
+    with path.open("rb") as f:
+        head = f.read(16)
+    if len(head) >= 9 and head[8:9] == b"{":  # 8-byte length then a JSON header: safetensors
+        return (f"{path}: a safetensors file, not a checkpoint; pass the directory that holds "
+                "it with config.json (BF16) or an NVFP4 GGUF file")
+    return (f"{path}: not a GGUF file (starts with {head[:4]!r}, expected {GGUF_MAGIC!r}) and "
+            "not a directory; expected a BF16 checkpoint directory or an NVFP4 GGUF file")
+
+
+def _gguf_in_dir(d: Path) -> Path | None:
+    """The one GGUF file (by content) directly inside `d`, or None; several are refused."""
+    found = [p for p in sorted(d.iterdir()) if p.is_file() and is_gguf(p)]
+    if len(found) > 1:
+        raise CheckpointError(f"{d}: holds several GGUF files ({', '.join(p.name for p in found)})"
+                              "; pass the one to load")
+    return found[0] if found else None
+
+
+def load_checkpoint(path: str | Path, hf_config_path: str | Path | None = None,
+                    device: torch.device | str = "cpu", progress: bool = True
+                    ) -> LoadedCheckpoint:
+    """Load a BF16 directory or an NVFP4 GGUF file onto `device`, deciding the format by content.
+
+    - directory with safetensors (model.safetensors.index.json or model.safetensors):
+      BF16; config from `hf_config_path` when given, else from the directory itself.
+    - directory without safetensors that holds exactly one GGUF file: that GGUF.
+    - file starting with b"GGUF": NVFP4; config dir = `hf_config_path`, else the file's own
+      directory when it holds config.json.
+    Raises CheckpointError naming the path when it does not exist, is neither format, or a GGUF
+    has no config directory (the message explains --hf-config-path); ConfigError for a bad
+    config.json; loader errors (shapes, dtypes, metadata mismatch) propagate.
+    """
+    from flint_graph.hf_checkpoint import INDEX_NAME, SINGLE_NAME, load_safetensors
+
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory (expected a BF16 checkpoint "
+                              "directory or an NVFP4 GGUF file)")
+    gguf: Path | None = None
+    if path.is_dir():
+        has_st = (path / INDEX_NAME).is_file() or (path / SINGLE_NAME).is_file()
+        if not has_st:
+            gguf = _gguf_in_dir(path)
+            if gguf is None:
+                _config_dir(hf_config_path, path, None)  # names a missing config.json first
+                raise CheckpointError(f"{path}: no {INDEX_NAME}, no {SINGLE_NAME} and no GGUF "
+                                      "file; not a checkpoint directory")
+    elif is_gguf(path):
+        gguf = path
+    else:
+        raise CheckpointError(_describe_non_gguf(path))
+    config_dir = _config_dir(hf_config_path, gguf.parent if gguf else path, gguf)
+    cfg = FlintConfig.from_json(config_dir / CONFIG_NAME)
+    generation_config = read_generation_config(config_dir)
+    if gguf is None:
+        weights = load_safetensors(path, cfg, device, progress)
+        fmt = WeightFormat.BF16
+    else:
+        from flint_graph.gguf_checkpoint import load_gguf
+
+        weights = load_gguf(gguf, cfg, device, progress)
+        # a GGUF may hold BF16 linears too: report what was loaded, not what the file type hints
+        is_fp4 = isinstance(weights.layers[0].q_proj, NVFP4Weight) if weights.layers else True
+        fmt = WeightFormat.NVFP4 if is_fp4 else WeightFormat.BF16
+    return LoadedCheckpoint(cfg, weights, fmt, config_dir, generation_config)

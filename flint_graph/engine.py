@@ -1,0 +1,103 @@
+"""The generation engine: admit requests, prefill, batched decode steps, sample, hand tokens on.
+
+For now every forward runs on the plain reference model (`reference.py`); the captured-graph
+decode step plugs in behind `Engine.step()` later without changing the API above it. Scheduling
+follows DESIGN §3 at its simplest: up to `max_slots` running sequences; each step first admits
+waiting requests (prefill, first token), then runs one decode step over all running rows.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from flint_graph.checkpoint import LoadedCheckpoint
+from flint_graph.reference import ReferenceModel, SequenceKV
+from flint_graph.request import Request, RequestDelta
+from flint_graph.sampling import sample
+
+
+class Engine:
+    """Owns the model and the running requests.
+
+    Args:
+        ckpt: a loaded checkpoint (config, weights on `device`).
+        device: torch device the model runs on.
+        tokenizer_vocab: token ids >= this are padding rows of the LM head and are never sampled.
+        max_slots: most sequences decoded together (DESIGN §3: 8).
+    """
+
+    def __init__(self, ckpt: LoadedCheckpoint, device: torch.device, tokenizer_vocab: int,
+                 max_slots: int = 8):
+        self.cfg = ckpt.cfg
+        self.device = device
+        self.model = ReferenceModel(ckpt.cfg, ckpt.weights, device)
+        self.max_slots = max_slots
+        self.tokenizer_vocab = tokenizer_vocab
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._kv: dict[int, SequenceKV] = {}
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, req: Request) -> None:
+        """Queue `req`; it is prefilled by a later `step()`."""
+        self.waiting.append(req)
+
+    def abort(self, req: Request) -> RequestDelta:
+        """Stop `req` now (finish reason "abort") and free its KV cache."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._retire(req)
+        return req.finish("abort")
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestDelta]:
+        """Admit and prefill waiting requests, then one decode step; returns every delta."""
+        deltas: list[RequestDelta] = []
+        admitted: list[Request] = []
+        while self.waiting and len(self.running) < self.max_slots:
+            req = self.waiting.popleft()
+            kv = self.model.new_sequence()
+            prompt = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device)
+            logits = self.model.prefill(kv, prompt)
+            self._kv[req.id] = kv
+            self.running.append(req)
+            admitted.append(req)
+            deltas += self._sample_and_append([req], logits[None])
+        # Rows admitted this step already got their first token from prefill.
+        rows = [r for r in self.running if not r.is_finished and r not in admitted]
+        if rows:
+            seqs = [self._kv[r.id] for r in rows]
+            last = [torch.tensor([r.output_ids[-1]], device=self.device) for r in rows]
+            logits = torch.stack([lg[-1] for lg in self.model.forward(seqs, last)])
+            deltas += self._sample_and_append(rows, logits)
+        for r in [r for r in self.running if r.is_finished]:
+            self._retire(r)
+        return deltas
+
+    def _sample_and_append(self, rows: list[Request], logits: torch.Tensor) -> list[RequestDelta]:
+        logits = logits.float()
+        logits[:, self.tokenizer_vocab:] = float("-inf")
+        for i, r in enumerate(rows):
+            if r.num_generated < r.params.min_tokens and r.eos_ids and not r.params.ignore_eos:
+                logits[i, r.eos_ids] = float("-inf")
+        dev = logits.device
+        ids = sample(
+            logits,
+            temperature=torch.tensor([r.params.temperature for r in rows], device=dev),
+            top_k=torch.tensor([r.params.top_k for r in rows], device=dev, dtype=torch.long),
+            top_p=torch.tensor([r.params.top_p for r in rows], device=dev),
+            seeds=torch.tensor([r.seed for r in rows], device=dev, dtype=torch.long),
+            positions=torch.tensor([r.num_generated for r in rows], device=dev,
+                                   dtype=torch.long),
+        ).tolist()
+        return [r.append(t) for r, t in zip(rows, ids)]
+
+    def _retire(self, req: Request) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        self._kv.pop(req.id, None)

@@ -1,0 +1,338 @@
+"""NVFP4 GGUF checkpoints (DESIGN.md §2): write and load `FlintWeights` with gguf's GGUFWriter and
+GGUFReader, repacking GGML type-40 blocks to NVIDIA's layout losslessly (`flint_graph.nvfp4`).
+
+Tensor names follow llama.cpp: learned tensors end in `.weight`, the routing bias is
+`exp_probs_b.bias`, and an NVFP4 tensor's FP32 second-level scale is the base name plus `.scale`
+(`blk.3.ffn_gate_exps.weight` -> `blk.3.ffn_gate_exps.scale`, shape [1], or [E] per expert;
+absent means scale2 = 1.0). Shapes are numpy order (outermost first); GGUF lists them reversed,
+e.g. `ffn_gate_exps` is [E, M, H] here and [H, M, E] in the file's dims.
+
+  token_embd.weight, output.weight    [V, H]      NVFP4 or BF16
+  blk.i.attn_q / attn_k / attn_v      [Q|KV, H]   NVFP4 or BF16 (likewise every linear below)
+  blk.i.attn_output                   [H, Q]
+  blk.i.ffn_gate / ffn_up / ffn_down  [I, H] [I, H] [H, I]      dense layers (i < first_k_dense)
+  blk.i.ffn_{gate,up}_exps            [E, M, H];  ffn_down_exps [E, H, M]
+  blk.i.ffn_{gate,up}_shexp           [S*M, H];   ffn_down_shexp [H, S*M]   (S shared experts)
+  blk.i.ffn_gate_inp.weight [E, H], blk.i.exp_probs_b.bias [E]   F32 (router)
+  blk.i.attn_norm / ffn_norm [H], attn_q_norm / attn_k_norm [D], output_norm [H]   norms
+  blk.i.attn_sinks.weight [num_heads]
+
+Norms and sinks are written as F32 (llama.cpp's convention; exact for BF16 values) and read from
+F32 or BF16 into the containers' dtypes: norms bf16, sinks/router/bias float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
+
+from flint_graph import nvfp4
+from flint_graph.config import GGUF_ARCH, FlintConfig
+from flint_graph.errors import CheckpointError
+from flint_graph.weights import FlintWeights, LayerWeights, MLPWeights, MoEWeights, NVFP4Weight
+
+NVFP4, BF16, F32 = GGMLQuantizationType.NVFP4, GGMLQuantizationType.BF16, GGMLQuantizationType.F32
+LINEAR, NORM, SINKS, FP32 = "linear", "norm", "sinks", "fp32"  # TensorSpec.kind
+_ACCEPTED = {LINEAR: (NVFP4, BF16), NORM: (F32, BF16), SINKS: (F32, BF16), FP32: (F32,)}
+_LOADED_DTYPE = {LINEAR: torch.bfloat16, NORM: torch.bfloat16, SINKS: torch.float32,
+                 FP32: torch.float32}
+# GGUF base name -> LayerWeights attribute, for the attention half and the norms.
+_ATTN = {"attn_norm": "attn_norm", "attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj",
+         "attn_output": "o_proj", "attn_q_norm": "q_norm", "attn_k_norm": "k_norm",
+         "attn_sinks": "sinks", "ffn_norm": "ffn_norm"}
+_PROJ = ("gate", "up", "down")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor the config implies: GGUF name, numpy-order shape, kind (LINEAR/NORM/...)."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+
+
+def scale_name(name: str) -> str:
+    """The `.scale` sidecar name of NVFP4 tensor `name` (`x.weight` -> `x.scale`)."""
+    return name.removesuffix(".weight") + ".scale"
+
+
+def tensor_specs(cfg: FlintConfig) -> list[TensorSpec]:
+    """Every tensor of a Flint GGUF for `cfg`, in file order (sidecars not included)."""
+    h, v, q, kv, d = cfg.hidden_size, cfg.vocab_size, cfg.q_dim, cfg.kv_dim, cfg.head_dim
+    attn = {"attn_norm": ((h,), NORM), "attn_q": ((q, h), LINEAR), "attn_k": ((kv, h), LINEAR),
+            "attn_v": ((kv, h), LINEAR), "attn_output": ((h, q), LINEAR),
+            "attn_q_norm": ((d,), NORM), "attn_k_norm": ((d,), NORM),
+            "attn_sinks": ((cfg.num_attention_heads,), SINKS), "ffn_norm": ((h,), NORM)}
+    out = [TensorSpec("token_embd.weight", (v, h), LINEAR)]
+    for i in range(cfg.num_hidden_layers):
+        p = f"blk.{i}."
+        out += [TensorSpec(f"{p}{g}.weight", shape, kind) for g, (shape, kind) in attn.items()]
+        if cfg.is_moe(i):
+            e, m = cfg.n_routed_experts, cfg.moe_intermediate_size
+            f = cfg.n_shared_experts * m
+            out += [TensorSpec(f"{p}ffn_gate_inp.weight", (e, h), FP32),
+                    TensorSpec(f"{p}exp_probs_b.bias", (e,), FP32)]
+            out += [TensorSpec(f"{p}ffn_{x}_exps.weight", s, LINEAR)
+                    for x, s in zip(_PROJ, ((e, m, h), (e, m, h), (e, h, m)))]
+            if f:
+                out += [TensorSpec(f"{p}ffn_{x}_shexp.weight", s, LINEAR)
+                        for x, s in zip(_PROJ, ((f, h), (f, h), (h, f)))]
+        else:
+            n = cfg.intermediate_size
+            out += [TensorSpec(f"{p}ffn_{x}.weight", s, LINEAR)
+                    for x, s in zip(_PROJ, ((n, h), (n, h), (h, n)))]
+    return out + [TensorSpec("output_norm.weight", (h,), NORM),
+                  TensorSpec("output.weight", (v, h), LINEAR)]
+
+
+def _flatten(w: FlintWeights) -> dict[str, Any]:
+    """GGUF name -> tensor or NVFP4Weight (inverse of `_assemble`)."""
+    d = {"token_embd.weight": w.embed, "output_norm.weight": w.final_norm,
+         "output.weight": w.lm_head}
+    for i, lw in enumerate(w.layers):
+        p = f"blk.{i}."
+        d.update({f"{p}{g}.weight": getattr(lw, a) for g, a in _ATTN.items()})
+        f = lw.ffn
+        if isinstance(f, MoEWeights):
+            d[f"{p}ffn_gate_inp.weight"], d[f"{p}exp_probs_b.bias"] = f.router, f.router_bias
+            d.update({f"{p}ffn_{x}_exps.weight": getattr(f, x) for x in _PROJ})
+            if f.shared is not None:
+                d.update({f"{p}ffn_{x}_shexp.weight": getattr(f.shared, x) for x in _PROJ})
+        else:
+            d.update({f"{p}ffn_{x}.weight": getattr(f, x) for x in _PROJ})
+    return d
+
+
+def _assemble(cfg: FlintConfig, t: dict[str, Any]) -> FlintWeights:
+    layers = []
+    for i in range(cfg.num_hidden_layers):
+        p = f"blk.{i}."
+        if cfg.is_moe(i):
+            shared = (MLPWeights(*(t[f"{p}ffn_{x}_shexp.weight"] for x in _PROJ))
+                      if cfg.n_shared_experts else None)
+            ffn = MoEWeights(t[f"{p}ffn_gate_inp.weight"], t[f"{p}exp_probs_b.bias"],
+                             *(t[f"{p}ffn_{x}_exps.weight"] for x in _PROJ), shared)
+        else:
+            ffn = MLPWeights(*(t[f"{p}ffn_{x}.weight"] for x in _PROJ))
+        layers.append(LayerWeights(**{a: t[f"{p}{g}.weight"] for g, a in _ATTN.items()}, ffn=ffn))
+    return FlintWeights(t["token_embd.weight"], layers, t["output_norm.weight"],
+                        t["output.weight"])
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+def _write_plan(cfg: FlintConfig, weights: FlintWeights, write_scales: bool) -> list[tuple]:
+    """[(name, byte-or-element shape, numpy dtype, raw GGML type | None, nbytes, producer)]."""
+    objs, specs = _flatten(weights), tensor_specs(cfg)
+    names = {s.name for s in specs}
+    if set(objs) != names:
+        odd = sorted(set(objs) ^ names)[:8]
+        raise CheckpointError(f"weights do not match the config's layer structure (tensors "
+                              f"{', '.join(odd)} are missing on one side)")
+    plan = []
+    for s in specs:
+        obj = objs[s.name]
+        shape = tuple(obj.shape)
+        if shape != s.shape:
+            raise CheckpointError(f"tensor {s.name!r}: shape {list(shape)}; expected "
+                                  f"{list(s.shape)}")
+        if isinstance(obj, NVFP4Weight) and s.kind == LINEAR:
+            row = s.shape[-1] // nvfp4.GGML_BLOCK * nvfp4.GGML_BLOCK_BYTES
+            byte_shape = (*s.shape[:-1], row)
+            plan.append((s.name, byte_shape, np.uint8, NVFP4, int(np.prod(byte_shape)),
+                         lambda o=obj: nvfp4.to_ggml_blocks(o.codes, o.scales).cpu().numpy()))
+            if write_scales:
+                n = obj.scale2.numel()
+                plan.append((scale_name(s.name), (n,), np.float32, None, 4 * n,
+                             lambda o=obj: o.scale2.detach().float().reshape(-1).cpu().numpy()))
+        elif s.kind == LINEAR and isinstance(obj, torch.Tensor) and obj.dtype == torch.bfloat16:
+            byte_shape = (*s.shape[:-1], 2 * s.shape[-1])
+            plan.append((s.name, byte_shape, np.uint8, BF16, 2 * obj.numel(),
+                         lambda o=obj: o.detach().contiguous().view(torch.uint8).cpu().numpy()))
+        elif s.kind != LINEAR and isinstance(obj, torch.Tensor) and obj.is_floating_point():
+            plan.append((s.name, s.shape, np.float32, None, 4 * obj.numel(),
+                         lambda o=obj: o.detach().float().contiguous().cpu().numpy()))
+        else:
+            found = type(obj).__name__ if not isinstance(obj, torch.Tensor) else obj.dtype
+            want = "NVFP4Weight or a bfloat16 tensor" if s.kind == LINEAR else "a float tensor"
+            raise CheckpointError(f"tensor {s.name!r}: found {found}; expected {want}")
+    return plan
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), TimeRemainingColumn(), disable=not enabled)
+
+
+def write_gguf(path: str | Path, cfg: FlintConfig, weights: FlintWeights, progress: bool = True,
+               write_scales: bool = True) -> None:
+    """Write `weights` as a Flint NVFP4 GGUF, streaming one tensor at a time.
+
+    NVFP4Weight linears become GGML type 40 plus an F32 `.scale` sidecar ([1], or [E] for a
+    per-expert stack) unless `write_scales` is False; BF16 linears become BF16; norms, sinks,
+    router and bias become F32. Metadata: general.architecture = "flint" and
+    `cfg.gguf_metadata()`. Header and tensor infos go first, then each tensor's data, copied to
+    the host one at a time, so host RAM never holds a second copy of the model.
+
+    Raises CheckpointError naming the tensor when `weights` does not fit `cfg` (shape, kind or
+    layer structure). A partial file is removed when writing fails.
+    """
+    path = Path(path)
+    plan = _write_plan(cfg, weights, write_scales)
+    writer = GGUFWriter(path, GGUF_ARCH)
+    for key, value in cfg.gguf_metadata().items():
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_array(key, value)
+    for name, shape, np_dtype, raw, nbytes, _ in plan:
+        writer.add_tensor_info(name, shape, np.dtype(np_dtype), nbytes, raw_dtype=raw)
+    try:
+        writer.write_header_to_file(path)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        with _progress(progress) as bar:
+            task = bar.add_task(f"writing {path.name}", total=sum(p[4] for p in plan))
+            for *_, nbytes, produce in plan:
+                writer.write_tensor_data(produce())
+                bar.advance(task, nbytes)
+        writer.close()
+    except BaseException:
+        writer.close()
+        path.unlink(missing_ok=True)
+        raise
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+def _open(path: str | Path) -> tuple[Path, GGUFReader]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: GGUF file not found")
+    try:
+        # Copy-on-write mapping: tensors view the file without a host copy and stay writable.
+        return path, GGUFReader(path, "c")
+    except Exception as e:  # any parse failure means the file is unusable; say why
+        raise CheckpointError(f"{path}: not a readable GGUF file (truncated or corrupt?): "
+                              f"{type(e).__name__}: {e}") from None
+
+
+def _metadata(reader: GGUFReader) -> dict[str, Any]:
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """All key/value metadata of the GGUF at `path` (key -> Python value; arrays as lists).
+
+    Raises CheckpointError naming the path when it is missing, truncated or corrupt.
+    """
+    return _metadata(_open(path)[1])
+
+
+def _np_shape(t) -> tuple[int, ...]:
+    return tuple(int(x) for x in reversed(t.shape.tolist()))
+
+
+def _validate(cfg: FlintConfig, reader: GGUFReader, path: Path) -> list[tuple]:
+    """Check every tensor's presence, type and shape; return [(spec, tensor, sidecar | None)]."""
+    found = {t.name: t for t in reader.tensors}
+    plan, used, missing = [], set(), []
+    for s in tensor_specs(cfg):
+        t = found.get(s.name)
+        if t is None:
+            missing.append(s.name)
+            continue
+        used.add(s.name)
+        kind = GGMLQuantizationType(t.tensor_type)
+        if kind not in _ACCEPTED[s.kind]:
+            raise CheckpointError(f"{path}: tensor {s.name!r} has type {kind.name}; expected "
+                                  f"{' or '.join(k.name for k in _ACCEPTED[s.kind])}")
+        if _np_shape(t) != s.shape:
+            raise CheckpointError(f"{path}: tensor {s.name!r} has shape {list(_np_shape(t))}; "
+                                  f"expected {list(s.shape)} (numpy order, outermost first)")
+        side = found.get(scale_name(s.name)) if kind == NVFP4 else None
+        if side is not None:
+            used.add(side.name)
+            ok = [(1,)] if len(s.shape) == 2 else [(1,), (s.shape[0],)]
+            if side.tensor_type != F32 or _np_shape(side) not in ok:
+                raise CheckpointError(
+                    f"{path}: tensor {side.name!r} has type "
+                    f"{GGMLQuantizationType(side.tensor_type).name} and shape "
+                    f"{list(_np_shape(side))}; expected F32 of shape "
+                    f"{' or '.join(str(list(o)) for o in ok)}")
+            if not np.isfinite(side.data).all():
+                raise CheckpointError(f"{path}: tensor {side.name!r} holds non-finite scale2")
+        plan.append((s, t, side))
+    extra = [n for n in found if n not in used]
+    for what, names in (("missing", missing), ("unexpected", extra)):
+        if names:
+            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+            raise CheckpointError(f"{path}: {what} tensors for this config: "
+                                  f"{', '.join(names[:8])}{more}")
+    return plan
+
+
+def _load_one(spec: TensorSpec, t, side, device: torch.device) -> torch.Tensor | NVFP4Weight:
+    host = torch.from_numpy(t.data)
+    if t.tensor_type == NVFP4:
+        # Permute on the device; copy=True so a CPU result never aliases the file mapping.
+        codes, scales = nvfp4.from_ggml_blocks(host.to(device, copy=True))
+        if side is None:
+            scale2 = torch.ones((), dtype=torch.float32)
+        else:
+            scale2 = torch.from_numpy(np.array(side.data, dtype=np.float32))
+            scale2 = scale2.reshape(()) if side.data.size == 1 else scale2.reshape(-1)
+        return NVFP4Weight(codes, scales, scale2.to(device))
+    if t.tensor_type == BF16:
+        host = host.view(torch.bfloat16)  # uint8 [..., 2K] -> bf16 [..., K]
+    return host.to(device=device, dtype=_LOADED_DTYPE[spec.kind], copy=True)
+
+
+def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
+              progress: bool = True) -> FlintWeights:
+    """Load a Flint NVFP4 GGUF into `FlintWeights` on `device`.
+
+    Everything is validated before any tensor goes to the device: the file (exists, parses),
+    general.architecture == "flint", `cfg.check_gguf_metadata`, and every expected tensor's
+    presence, type and shape, with no unexpected tensors. NVFP4 blocks are then repacked into
+    NVIDIA's layout on `device` (codes uint8 [..., N, K/2], scales uint8 [..., N, K/16]); a
+    missing `.scale` sidecar gives scale2 = 1.0. BF16 linears stay bf16; norms load as bf16;
+    sinks, router and bias as float32.
+
+    Raises CheckpointError naming the path and tensor (expected vs found) or ConfigError naming
+    the metadata key. When loading fails part way, nothing it allocated stays on the device.
+    """
+    path, reader = _open(path)
+    meta = _metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch != GGUF_ARCH:
+        raise CheckpointError(f"{path}: unknown architecture {arch!r} in general.architecture; "
+                              f"expected {GGUF_ARCH!r}")
+    cfg.check_gguf_metadata(meta, str(path))
+    plan = _validate(cfg, reader, path)
+    device = torch.device(device)
+    loaded: dict[str, Any] = {}
+    try:
+        with _progress(progress) as bar:
+            task = bar.add_task(f"loading {path.name}", total=sum(t.n_bytes for _, t, _ in plan))
+            for spec, t, side in plan:
+                loaded[spec.name] = _load_one(spec, t, side, device)
+                bar.advance(task, t.n_bytes)
+        return _assemble(cfg, loaded)
+    except BaseException:
+        loaded.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise

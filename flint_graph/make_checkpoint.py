@@ -1,0 +1,301 @@
+"""Synthetic checkpoints in the real formats (DESIGN §2 "Synthetic checkpoints") and the
+embedded default checkpoint, plus the `make-checkpoint` command line.
+
+Weights come from `synthetic.make_weights` and are snapped to the NVFP4 grid with power-of-two
+scale2 (per tensor, per expert for stacks), so every NVFP4 value is exact in BF16: the BF16
+safetensors and the NVFP4 GGUF of one run hold exactly the same model. A checkpoint is written
+into a temporary sibling directory, config.json and a completion marker last, then renamed into
+place, so an interrupted run never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flint_graph import nvfp4
+from flint_graph.config import PRESETS, FlintConfig
+from flint_graph.errors import CheckpointError, ConfigError, FlintError
+from flint_graph.hf_checkpoint import progress_bar, write_safetensors
+from flint_graph.weights import FlintWeights, MLPWeights, NVFP4Weight
+
+FORMATS = ("bf16", "gguf")
+DEFAULT_FORMATS = FORMATS
+DEFAULT_SEED = 0
+DEFAULT_PRESET = "tiny"
+GGUF_NAME = "model-nvfp4.gguf"
+MARKER_NAME = ".flint-checkpoint-complete.json"
+MARKER_VERSION = 1  # bump when the generator's output changes, so stale caches are rebuilt
+TOKENIZER_MAX_VOCAB = 8192  # a byte-level BPE this size trains in about a second
+# DESIGN §1 sampling defaults (GLM-4.7 / vLLM day-0 recommendation)
+SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 20}
+EOS_TOKENS = ("<|endoftext|>", "<|user|>", "<|observation|>")  # glm47-format.md: stop tokens
+PAD_TOKEN = "<|endoftext|>"  # GLM pads with end-of-text
+
+
+def _pick_device(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {str(device)!r}: CUDA is not available on this machine")
+    return dev
+
+
+def snap_to_nvfp4(w: torch.Tensor, per_expert: bool) -> NVFP4Weight:
+    """NVFP4 form of a BF16 linear [N, K] (or stack [E, N, K] with per_expert: scale2 [E]).
+
+    choose_scale2 returns a power of two, so `dequantize(...)` is exact in BF16 (E2M1 x E4M3
+    needs at most 6 significant bits) and the BF16 and GGUF checkpoints hold the same values.
+    """
+    s2 = nvfp4.choose_scale2(w, per_expert)
+    codes, scales = nvfp4.quantize(w, s2)
+    return NVFP4Weight(codes, scales, s2)
+
+
+def quantize_weights(weights: FlintWeights, quantize_embeddings: bool = False,
+                     progress: bool = True) -> FlintWeights:
+    """Replace, in place and one tensor at a time, every linear of `weights` by its NVFP4 form
+    (q/k/v/o, dense MLP, routed expert stacks with per-expert scale2, shared experts; embedding
+    and LM head only with `quantize_embeddings`). Each BF16 tensor is freed once replaced, so
+    peak memory is the BF16 model plus one tensor's temporaries. Returns `weights`."""
+    slots: list[tuple[Any, str, bool]] = []  # (owner, attribute, per_expert)
+    for lw in weights.layers:
+        slots += [(lw, n, False) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        ffn = lw.ffn
+        dense_mlp = ffn if isinstance(ffn, MLPWeights) else ffn.shared
+        if not isinstance(ffn, MLPWeights):
+            slots += [(ffn, n, True) for n in ("gate", "up", "down")]
+        if dense_mlp is not None:
+            slots += [(dense_mlp, n, False) for n in ("gate", "up", "down")]
+    if quantize_embeddings:
+        slots += [(weights, "embed", False), (weights, "lm_head", False)]
+    todo = [s for s in slots if isinstance(getattr(s[0], s[1]), torch.Tensor)]
+    total = sum(getattr(o, n).numel() * 2 for o, n, _ in todo)
+    with progress_bar(progress, "snapping to NVFP4", total) as advance:
+        for owner, name, per_expert in todo:
+            w = getattr(owner, name)
+            setattr(owner, name, snap_to_nvfp4(w, per_expert))
+            advance(w.numel() * 2)
+            del w
+    return weights
+
+
+def generation_config(special_ids: dict[str, int]) -> dict[str, Any]:
+    """generation_config.json: DESIGN §1 sampling defaults, EOS ids = the tokenizer's ids of
+    <|endoftext|>, <|user|>, <|observation|>, pad = <|endoftext|>. Raises CheckpointError
+    naming a stop token the tokenizer lacks."""
+    for tok in EOS_TOKENS:
+        if tok not in special_ids:
+            raise CheckpointError(f"tokenizer has no special token {tok!r} (needed as EOS)")
+    return {**SAMPLING_DEFAULTS, "eos_token_id": [special_ids[t] for t in EOS_TOKENS],
+            "pad_token_id": special_ids[PAD_TOKEN]}
+
+
+def _is_occupied(out_dir: Path, overwrite: bool) -> bool:
+    """True when `out_dir` holds something; raises CheckpointError then unless `overwrite`."""
+    occupied = out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
+    if occupied and not overwrite:
+        raise CheckpointError(f"{out_dir}: already exists and is not empty; choose another "
+                              "output directory or overwrite it (--overwrite)")
+    return occupied
+
+
+def _install(tmp: Path, out_dir: Path, overwrite: bool) -> None:
+    """Rename the finished `tmp` to `out_dir` (replacing an old one only with `overwrite`)."""
+    if _is_occupied(out_dir, overwrite):
+        old = out_dir.with_name(f"{tmp.name}.old")
+        out_dir.rename(old)
+        tmp.rename(out_dir)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+        return
+    os.replace(tmp, out_dir)  # rename(2) replaces an empty directory atomically
+
+
+def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
+                     formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS,
+                     seed: int = DEFAULT_SEED, device: torch.device | str | None = None,
+                     progress: bool = True, quantize_embeddings: bool = False,
+                     overwrite: bool = False) -> dict[str, Any]:
+    """Write a complete synthetic checkpoint of `cfg` into `out_dir`.
+
+    Files: config.json, generation_config.json, tokenizer.json, tokenizer_config.json (GLM-4.7
+    chat template, min(vocab_size, 8192) tokens), then with "bf16" the safetensors shards and
+    index, with "gguf" `model-nvfp4.gguf`, and a completion marker. Weights: make_weights(cfg,
+    seed) on `device` (None: cuda if available, else cpu), snapped to NVFP4 (see module doc).
+    The same (cfg, seed, device type) gives byte-identical files.
+    Returns {"out_dir", "formats", "seed", "device", "files": {name: bytes}, "total_bytes",
+    "seconds": {step: s}}. Raises ConfigError for a bad `formats`/`device`, CheckpointError when
+    `out_dir` exists non-empty without `overwrite`.
+    """
+    from flint_graph.chat_template import GLM47_CHAT_TEMPLATE
+    from flint_graph.gguf_checkpoint import write_gguf
+    from flint_graph.synthetic import make_weights
+    from flint_graph.tokenizer import write_tokenizer_files
+
+    formats = tuple(formats)
+    if not formats or any(f not in FORMATS for f in formats):
+        raise ConfigError(f"formats {list(formats)}; expected a non-empty subset of {FORMATS}")
+    dev, out_dir, t0 = _pick_device(device), Path(out_dir), time.perf_counter()
+    _is_occupied(out_dir, overwrite)  # refuse before any work, not after minutes of it
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    seconds: dict[str, float] = {}
+
+    def lap(step: str, start: float) -> float:
+        now = time.perf_counter()
+        seconds[step] = round(now - start, 3)
+        return now
+
+    try:
+        tmp.chmod(0o755)
+        ids = write_tokenizer_files(tmp, min(cfg.vocab_size, TOKENIZER_MAX_VOCAB),
+                                    GLM47_CHAT_TEMPLATE, seed=seed)
+        (tmp / "generation_config.json").write_text(
+            json.dumps(generation_config(ids), indent=2) + "\n")
+        t = lap("tokenizer", t0)
+        weights = make_weights(cfg, seed, dev, progress=progress)
+        t = lap("weights", t)
+        quantize_weights(weights, quantize_embeddings, progress)
+        t = lap("quantize", t)
+        if "bf16" in formats:
+            write_safetensors(tmp, cfg, weights, progress=progress)
+            t = lap("bf16", t)
+        if "gguf" in formats:
+            write_gguf(tmp / GGUF_NAME, cfg, weights, progress=progress)
+            t = lap("gguf", t)
+        del weights
+        (tmp / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+        marker = {"version": MARKER_VERSION, "seed": seed, "formats": list(formats),
+                  "quantize_embeddings": quantize_embeddings, "device_type": dev.type,
+                  "config": cfg.to_dict(), "files": files}
+        (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
+        _install(tmp, out_dir, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    lap("total", t0)
+    return {"out_dir": out_dir, "formats": list(formats), "seed": seed, "device": str(dev),
+            "files": files, "total_bytes": sum(files.values()), "seconds": seconds}
+
+
+# -- the embedded default -------------------------------------------------------------------
+
+def default_checkpoint_dir() -> Path:
+    """Where the embedded default lives: $FLINT_GRAPH_CACHE/tiny-seed0, else
+    $XDG_CACHE_HOME/flint_graph/tiny-seed0, else ~/.cache/flint_graph/tiny-seed0."""
+    root = os.environ.get("FLINT_GRAPH_CACHE")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        root = Path(base) / "flint_graph"
+    return Path(root) / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
+
+
+def is_complete(out_dir: Path, cfg: FlintConfig, seed: int, formats: tuple[str, ...]) -> bool:
+    """True when `out_dir` holds a finished checkpoint of (cfg, seed) with every format: its
+    marker matches and every file it lists is there with the size it recorded."""
+    try:
+        m = json.loads((out_dir / MARKER_NAME).read_text())
+        return (m["version"] == MARKER_VERSION and m["seed"] == seed
+                and m["config"] == cfg.to_dict() and set(formats) <= set(m["formats"])
+                and all((out_dir / n).is_file() and (out_dir / n).stat().st_size == size
+                        for n, size in m["files"].items()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def ensure_default_checkpoint(progress: bool = True) -> Path:
+    """The embedded default checkpoint (tiny preset, seed 0, BF16 + GGUF, built on the CPU so
+    every machine gets the same bytes): reused when complete, else built now (saying so and
+    where on stderr). Returns its directory. Raises CheckpointError if it cannot be written."""
+    from rich.console import Console
+
+    out_dir, cfg = default_checkpoint_dir(), FlintConfig.preset(DEFAULT_PRESET)
+    if is_complete(out_dir, cfg, DEFAULT_SEED, FORMATS):
+        return out_dir
+    Console(stderr=True).print(f"flint-graph: building the default checkpoint ({DEFAULT_PRESET} "
+                               f"preset, seed {DEFAULT_SEED}) in {out_dir} (once)")
+    try:
+        write_checkpoint(cfg, out_dir, FORMATS, DEFAULT_SEED, "cpu", progress, overwrite=True)
+    except OSError as e:
+        if not is_complete(out_dir, cfg, DEFAULT_SEED, FORMATS):  # else another process won
+            raise CheckpointError(f"{out_dir}: cannot build the default checkpoint ({e}); set "
+                                  "FLINT_GRAPH_CACHE to a writable directory") from None
+    return out_dir
+
+
+# -- command line ---------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the make-checkpoint flags (shared by tools/make_checkpoint.py and the CLI)."""
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--preset", choices=PRESETS, default=None,
+                     help=f"packaged config: tiny (seconds on a CPU) or full (the 40B shapes; "
+                          f"needs a GPU) (default: {DEFAULT_PRESET})")
+    src.add_argument("--config", dest="config_path", type=Path, metavar="CONFIG.json",
+                     help="an HF-style config.json to use instead of a preset")
+    parser.add_argument("--out", dest="out_dir", type=Path, required=True, metavar="DIR",
+                        help="output directory (must not exist or be empty, unless --overwrite)")
+    parser.add_argument("--format", dest="formats", default=",".join(DEFAULT_FORMATS),
+                        help="comma-separated formats to write: bf16 (sharded safetensors), "
+                             "gguf (one NVFP4 GGUF) (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help="seed of the synthetic weights and tokenizer (default: %(default)s)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="where weights are generated and quantised (default: cuda when "
+                             "available, else cpu)")
+    parser.add_argument("--quantize-embeddings", action="store_true",
+                        help="store the embedding and LM head as NVFP4 too (default: BF16)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace DIR if it already holds files")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="hide the progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the checkpoint `args` (from `add_arguments`) describe and print a summary; 0 on
+    success. Raises FlintError for bad input (the caller prints it on one line)."""
+    from rich.console import Console
+
+    cfg = (FlintConfig.from_json(args.config_path) if args.config_path
+           else FlintConfig.preset(args.preset or DEFAULT_PRESET))
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    summary = write_checkpoint(cfg, args.out_dir, formats, args.seed, args.device,
+                               args.progress, args.quantize_embeddings, args.overwrite)
+    out = Console()
+    out.print(f"wrote {summary['out_dir']} ({summary['total_bytes'] / 1e6:,.1f} MB, "
+              f"{summary['seconds']['total']:.1f} s on {summary['device']})")
+    for name, size in summary["files"].items():
+        out.print(f"  {name:<40} {size:>16,} bytes", highlight=False)
+    steps = ", ".join(f"{k} {v:.1f} s" for k, v in summary["seconds"].items() if k != "total")
+    out.print(f"  steps: {steps}", highlight=False)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`tools/make_checkpoint.py`: parse `argv`, write; FlintError -> one line on stderr, 2."""
+    parser = argparse.ArgumentParser(
+        prog="make_checkpoint.py",
+        description="Write a seeded synthetic Flint checkpoint in the real formats: a BF16 "
+                    "HF-style directory and/or one NVFP4 GGUF, with config, tokenizer and "
+                    "generation_config. Both formats hold the same NVFP4-exact weights.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except FlintError as e:
+        print(f"make_checkpoint: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("make_checkpoint: interrupted (no partial checkpoint was left)", file=sys.stderr)
+        return 130

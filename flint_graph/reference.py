@@ -1,0 +1,343 @@
+"""The plain-PyTorch Flint model: the numerical oracle every kernel and captured graph is compared
+with (DESIGN §1 architecture, §4 rounding points). One readable file, gpt-fast `model.py` style.
+
+Rounding (DESIGN §4): activations and the residual stream are BF16 (`ACT_DTYPE`) between ops;
+each op below computes in FP32 and rounds its output once. Router logits, softmax statistics and
+the LM-head logits stay FP32; the MoE weighted sum (routed + shared) is FP32, rounded once. The op
+functions are top level so kernels' `_ref` functions call them instead of re-deriving them.
+Tests widen `ACT_DTYPE` to float64 to check the model's logic apart from BF16 rounding noise.
+
+Shape legend: T tokens, S keys, H hidden, Hq query heads, Hkv KV heads, G = Hq/Hkv, D head dim,
+F MLP width, E routed experts, K top-k, V vocab.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from flint_graph.config import FlintConfig
+from flint_graph.errors import CheckpointError, ContextLengthError, InvalidRequestError
+from flint_graph.weights import FlintWeights, Linear, MoEWeights, NVFP4Weight
+from flint_graph.weights import dense, expert_weight
+
+ACT_DTYPE = torch.bfloat16
+KV_CHUNK_TOKENS = 256  # full-layer caches grow by this many tokens at a time
+ATTN_BLOCK_ELEMS = 1 << 27  # fp32 logits per query block in `attention` (512 MiB)
+
+
+# -- ops -------------------------------------------------------------------------------------
+
+
+def linear(x: torch.Tensor, w: Linear) -> torch.Tensor:
+    """x bf16 [..., K] @ w[N, K]ᵀ (BF16 or NVFP4, dequantised exactly) -> bf16 [..., N].
+
+    FP32 products and accumulation, one rounding to BF16 (DESIGN §4)."""
+    return (x.float() @ dense(w, torch.float32).T).to(ACT_DTYPE)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim: x / sqrt(mean(x²) + eps) * w, in FP32, rounded once to bf16.
+
+    x [..., N] any float dtype; w [N]. Used for the layer norms and per head for Q/K norm."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * w.float()).to(ACT_DTYPE)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int,
+                 theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin float32 [T, D] for int positions [T]: angle(p, i) = p · theta^(−2i/D) for the
+    pair i = 0..D/2−1, repeated over both halves (HF rotate-half layout).
+
+    Angles are taken in float64, cos/sin rounded to fp32: an fp32 angle at position 262,143 is
+    off by up to ~0.016 rad, above the op tolerance, so kernels should read such tables."""
+    i = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device)
+    inv_freq = theta ** (-i / head_dim)  # [D/2]
+    ang = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # [T, D/2]
+    ang = torch.cat([ang, ang], dim=-1)  # [T, D]
+    return ang.cos().float(), ang.sin().float()
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate x bf16 [T, heads, D] by its token positions int64 [T] (HF rotate-half:
+    out = x·cos + cat(−x₂, x₁)·sin with x₁, x₂ the two halves of D). FP32, rounded once."""
+    cos, sin = rope_cos_sin(positions, x.shape[-1], theta)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D]
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(ACT_DTYPE)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+              k_pos: torch.Tensor, sinks: torch.Tensor | None, window: int | None,
+              scale: float | None = None) -> torch.Tensor:
+    """Causal GQA attention with optional sliding window and sink logits -> bf16 [T, Hq, D].
+
+    q bf16 [T, Hq, D]; k, v bf16 [S, Hkv, D]; q_pos int64 [T], k_pos int64 [S] (any order, e.g.
+    a ring buffer). Query head h reads KV head h // G. A query at p sees keys with positions
+    p−window+1 … p (all ≤ p when window is None). Logits s = scale·q·k in fp32 (scale defaults
+    to 1/sqrt(D)); sinks fp32 [Hq] add one logit per head that is not scaled and carries no
+    value: out = Σ e^(s_j−m) v_j / (Σ e^(s_j−m) + e^(sink−m)). FP32 throughout, rounded once.
+    Queries are processed in blocks so the logits never exceed ATTN_BLOCK_ELEMS floats.
+    """
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    kf = k.float().permute(1, 0, 2)  # [Hkv, S, D]
+    vf = v.float().permute(1, 0, 2)  # [Hkv, S, D]
+    block = max(1, ATTN_BLOCK_ELEMS // (hq * max(1, k.shape[0])))
+    out = []
+    for b in range(0, t, block):
+        qb = q[b:b + block].float().view(-1, hkv, hq // hkv, d).permute(1, 2, 0, 3)
+        s = (qb @ kf[:, None].transpose(-1, -2)) * scale  # [Hkv, G, Tb, S]
+        qp, kp = q_pos[b:b + block, None], k_pos[None, :]
+        visible = kp <= qp
+        if window is not None:
+            visible &= kp > qp - window
+        s = s.masked_fill(~visible, float("-inf"))
+        m = s.amax(-1, keepdim=True)  # [Hkv, G, Tb, 1]
+        if sinks is not None:
+            sink = sinks.float().view(hkv, -1, 1, 1)
+            m = torch.maximum(m, sink)
+        p = torch.exp(s - m)
+        den = p.sum(-1, keepdim=True)
+        if sinks is not None:
+            den = den + torch.exp(sink - m)
+        o = (p @ vf[:, None]) / den  # [Hkv, G, Tb, D]
+        out.append(o.permute(2, 0, 1, 3).reshape(-1, hq, d))
+    return torch.cat(out).to(ACT_DTYPE)
+
+
+def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int,
+          scaling: float, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 `noaux_tc` routing (DESIGN §1) -> (ids int64 [T, K], weights fp32 [T, K]).
+
+    x bf16 [T, H]; router fp32 [E, H]; bias fp32 [E]. logits = x·routerᵀ in fp32, s = sigmoid;
+    pick the top-k of s + bias; weights are the picked s (bias excluded), divided by their sum
+    when `norm`, times `scaling`."""
+    s = torch.sigmoid(x.float() @ router.float().T)  # [T, E]
+    ids = torch.topk(s + bias.float(), top_k, dim=-1).indices  # [T, K]
+    w = s.gather(-1, ids)
+    if norm:
+        w = w / w.sum(-1, keepdim=True)
+    return ids, w * scaling
+
+
+def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear) -> torch.Tensor:
+    """SwiGLU MLP down(silu(gate(x)) ⊙ up(x)): x bf16 [T, H] -> bf16 [T, H]; gate/up [F, H],
+    down [H, F]. Each projection rounds to bf16; silu(g)·u is taken in fp32, rounded once."""
+    g, u = linear(x, gate), linear(x, up)  # [T, F]
+    return linear((F.silu(g.float()) * u.float()).to(ACT_DTYPE), down)
+
+
+def moe(x: torch.Tensor, w: MoEWeights, top_k: int, scaling: float,
+        norm: bool) -> torch.Tensor:
+    """Routed experts plus shared expert: x bf16 [T, H] -> bf16 [T, H].
+
+    Σ_i w_i·expert_i(x) + shared(x) summed in fp32 (each expert output is a bf16 projection
+    result) and rounded once. Tokens are grouped per expert and only the picked experts are
+    dequantised. The sum runs in ascending expert id, so a token's result does not depend on
+    which other tokens share the batch."""
+    ids, weights = route(x, w.router, w.router_bias, top_k, scaling, norm)
+    acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        y = swiglu(x[tok], expert_weight(w.gate, e), expert_weight(w.up, e),
+                   expert_weight(w.down, e))
+        acc.index_add_(0, tok, y.float() * weights[tok, slot, None])
+    if w.shared is not None:
+        acc += swiglu(x, w.shared.gate, w.shared.up, w.shared.down).float()
+    return acc.to(ACT_DTYPE)
+
+
+def residual_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """bf16 x + bf16 y, added in fp32 and rounded once (the residual stream stays bf16)."""
+    return (x.float() + y.float()).to(ACT_DTYPE)
+
+
+def embed(table: Linear, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` int64 [T] of the embedding table [V, H] -> bf16 [T, H]; an NVFP4 table is
+    dequantised only at those rows."""
+    if isinstance(table, NVFP4Weight):
+        rows = NVFP4Weight(table.codes[ids], table.scales[ids], table.scale2)
+        return rows.dequantize(ACT_DTYPE)
+    return table[ids].to(ACT_DTYPE)
+
+
+# -- KV cache --------------------------------------------------------------------------------
+
+
+class SequenceKV:
+    """One sequence's BF16 KV cache: per sliding layer a ring of `window` entries (position p in
+    slot p % window); per full layer a cache that grows KV_CHUNK_TOKENS at a time.
+
+    `num_tokens` counts the tokens cached so far; the next token's position equals it."""
+
+    def __init__(self, windows: list[int | None], num_kv_heads: int, head_dim: int,
+                 device: torch.device):
+        self.num_tokens = 0
+        self.windows = windows  # per layer: ring length, or None for a full layer
+        self.k = [torch.empty((w or 0, num_kv_heads, head_dim), dtype=ACT_DTYPE, device=device)
+                  for w in windows]
+        self.v = [torch.empty_like(t) for t in self.k]
+
+    def update(self, layer: int, k_new: torch.Tensor,
+               v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store k_new, v_new bf16 [T, Hkv, D] at positions num_tokens … num_tokens+T−1 and
+        return (k, v, k_pos) of every key the new queries may see. Call `advance` once all
+        layers have been updated."""
+        n, t, w = self.num_tokens, k_new.shape[0], self.windows[layer]
+        dev = k_new.device
+        if w is None:
+            if n + t > self.k[layer].shape[0]:
+                cap = -(-(n + t) // KV_CHUNK_TOKENS) * KV_CHUNK_TOKENS
+                for cache in (self.k, self.v):
+                    grown = cache[layer].new_empty((cap, *cache[layer].shape[1:]))
+                    grown[:n] = cache[layer][:n]
+                    cache[layer] = grown
+            self.k[layer][n:n + t] = k_new
+            self.v[layer][n:n + t] = v_new
+            pos = torch.arange(n + t, device=dev)
+            return self.k[layer][:n + t], self.v[layer][:n + t], pos
+        # the oldest key any new query sees is n − w + 1; read it before the ring is overwritten
+        old = torch.arange(max(0, n - w + 1), n, device=dev)
+        new = torch.arange(n, n + t, device=dev)
+        k = torch.cat([self.k[layer][old % w], k_new])
+        v = torch.cat([self.v[layer][old % w], v_new])
+        keep = new[-w:]
+        self.k[layer][keep % w] = k_new[-w:]
+        self.v[layer][keep % w] = v_new[-w:]
+        return k, v, torch.cat([old, new])
+
+    def advance(self, num_tokens: int) -> None:
+        self.num_tokens += num_tokens
+
+
+# -- model -----------------------------------------------------------------------------------
+
+
+class ReferenceModel:
+    """Plain Flint forward on BF16 or NVFP4 weights (dequantised on the fly), CPU or CUDA.
+
+    Linears run on all sequences' new tokens concatenated; attention runs per sequence."""
+
+    def __init__(self, cfg: FlintConfig, weights: FlintWeights,
+                 device: torch.device | str | None = None):
+        self.cfg = cfg
+        self.device = torch.device(device) if device is not None else weights.embed.device
+        _check_weights(cfg, weights)
+        self.weights = weights.to(self.device)
+        self.windows = [cfg.sliding_window if cfg.is_sliding(i) else None
+                        for i in range(cfg.num_hidden_layers)]
+
+    def new_sequence(self) -> SequenceKV:
+        """An empty KV cache for one sequence on the model's device."""
+        return SequenceKV(self.windows, self.cfg.num_key_value_heads, self.cfg.head_dim,
+                          self.device)
+
+    def forward(self, seqs: list[SequenceKV], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run tokens[i] (int [T_i], T_i ≥ 1) at positions seqs[i].num_tokens … on, append their
+        K/V, and return float32 logits [T_i, V] per sequence.
+
+        Raises InvalidRequestError for mismatched lists, empty/non-1-D/non-integer tokens or
+        ids outside [0, V); ContextLengthError past cfg.max_position_embeddings."""
+        return self._forward(seqs, tokens, last_only=False)
+
+    def prefill(self, seq: SequenceKV, tokens: torch.Tensor,
+                chunk_tokens: int = 2048) -> torch.Tensor:
+        """Feed a prompt int [T] in chunks of `chunk_tokens`; return float32 logits [V] of its
+        last token. Raises as `forward`, and InvalidRequestError for chunk_tokens < 1."""
+        if chunk_tokens < 1:
+            raise InvalidRequestError(f"chunk_tokens = {chunk_tokens}; expected >= 1")
+        self._check([seq], [tokens])
+        for b in range(0, tokens.shape[0], chunk_tokens):
+            logits = self._forward([seq], [tokens[b:b + chunk_tokens]], last_only=True)[0]
+        return logits[-1]
+
+    def _check(self, seqs: list[SequenceKV], tokens: list[torch.Tensor]) -> None:
+        if len(seqs) != len(tokens) or not seqs:
+            raise InvalidRequestError(f"forward: {len(seqs)} sequences and {len(tokens)} token "
+                                      "tensors; expected the same number, at least 1")
+        v, limit = self.cfg.vocab_size, self.cfg.max_position_embeddings
+        for i, (s, t) in enumerate(zip(seqs, tokens)):
+            if t.dim() != 1 or t.numel() == 0 or t.is_floating_point() or t.is_complex():
+                raise InvalidRequestError(f"tokens[{i}]: expected a non-empty 1-D integer "
+                                          f"tensor, found {t.dtype} {tuple(t.shape)}")
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0 or hi >= v:
+                raise InvalidRequestError(f"tokens[{i}]: ids span [{lo}, {hi}]; expected "
+                                          f"[0, vocab_size = {v})")
+            if s.num_tokens + t.numel() > limit:
+                raise ContextLengthError(
+                    f"tokens[{i}]: {s.num_tokens} cached + {t.numel()} new tokens exceed "
+                    f"max_position_embeddings = {limit}")
+
+    def _forward(self, seqs: list[SequenceKV], tokens: list[torch.Tensor],
+                 last_only: bool) -> list[torch.Tensor]:
+        cfg, w = self.cfg, self.weights
+        self._check(seqs, tokens)
+        tokens = [t.to(self.device, torch.int64) for t in tokens]
+        lens = [t.numel() for t in tokens]
+        x = embed(w.embed, torch.cat(tokens))  # [ΣT, H]
+        for i, lw in enumerate(w.layers):
+            h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
+            x = residual_add(x, linear(self._attention(i, h, seqs, lens), lw.o_proj))
+            h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps)
+            if isinstance(lw.ffn, MoEWeights):
+                y = moe(h, lw.ffn, cfg.num_experts_per_tok, cfg.routed_scaling_factor,
+                        cfg.norm_topk_prob)
+            else:
+                y = swiglu(h, lw.ffn.gate, lw.ffn.up, lw.ffn.down)
+            x = residual_add(x, y)
+        for s, n in zip(seqs, lens):
+            s.advance(n)
+        ends = list(itertools.accumulate(lens))
+        if last_only:
+            x = x[[e - 1 for e in ends]]
+            ends = list(range(1, len(lens) + 1))
+        h = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
+        logits = h.float() @ dense(w.lm_head, torch.float32).T  # [ΣT, V] fp32, not rounded
+        return list(logits.tensor_split(ends[:-1]))
+
+    def _attention(self, layer: int, h: torch.Tensor, seqs: list[SequenceKV],
+                   lens: list[int]) -> torch.Tensor:
+        """Q/K/V on all tokens, Q/K norm, RoPE (RoPE layers only), cache update and attention
+        per sequence -> bf16 [ΣT, Q]."""
+        cfg, lw = self.cfg, self.weights.layers[layer]
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = linear(h, lw.q_proj).view(-1, hq, d)
+        k = linear(h, lw.k_proj).view(-1, hkv, d)
+        v = linear(h, lw.v_proj).view(-1, hkv, d)
+        if cfg.qk_norm:
+            q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
+        sinks = lw.sinks if cfg.attention_sinks else None
+        out = []
+        for s, qs, ks, vs in zip(seqs, q.split(lens), k.split(lens), v.split(lens)):
+            pos = torch.arange(s.num_tokens, s.num_tokens + qs.shape[0], device=h.device)
+            if cfg.uses_rope(layer):
+                qs = apply_rope(qs, pos, cfg.rope_theta)
+                ks = apply_rope(ks, pos, cfg.rope_theta)
+            k_all, v_all, k_pos = s.update(layer, ks, vs)
+            out.append(attention(qs, k_all, v_all, pos, k_pos, sinks, self.windows[layer]))
+        return torch.cat(out).view(-1, hq * d)
+
+
+def _check_weights(cfg: FlintConfig, w: FlintWeights) -> None:
+    """Refuse weights whose layer count or embedding/LM-head shapes disagree with `cfg`."""
+    if len(w.layers) != cfg.num_hidden_layers:
+        raise CheckpointError(f"weights: {len(w.layers)} layers; expected num_hidden_layers = "
+                              f"{cfg.num_hidden_layers}")
+    want = (cfg.vocab_size, cfg.hidden_size)
+    for name in ("embed", "lm_head"):
+        found = tuple(getattr(w, name).shape)
+        if found != want:
+            raise CheckpointError(f"weights: {name} has shape {found}; expected {want}")
+    for i, lw in enumerate(w.layers):
+        if isinstance(lw.ffn, MoEWeights) != cfg.is_moe(i):
+            kind = "MoE" if cfg.is_moe(i) else "dense MLP"
+            raise CheckpointError(f"weights: layer {i} FFN is not a {kind} as the config says")

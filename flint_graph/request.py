@@ -1,0 +1,142 @@
+"""One request's life after sampling: detokenize, stop, parse, time (DESIGN §3 data flow).
+
+`Request` owns the per-request pieces the scheduler hands tokens to: the incremental
+detokenizer, the stop-string checker, the optional reasoning/tool-call parser and the timers.
+It does no tensor math; `Engine` samples and calls `Request.append(token_id)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass, field, replace
+
+from flint_graph.output_parser import OutputParser, ParseDelta, ToolCall
+from flint_graph.sampling import SamplingParams
+from flint_graph.stopping import StopChecker, check_token
+from flint_graph.tokenizer import FlintTokenizer, IncrementalDetokenizer
+
+_ids = itertools.count()
+
+
+@dataclass
+class RequestDelta:
+    """What one step added to one request's output (all strings may be empty).
+
+    token_ids: new token ids; text: new visible text (after stop-string hold-back);
+    reasoning/content/tool_calls: the same text split by the output parser (when parsing is on);
+    finish_reason: None while running, else "stop" | "length" | "abort".
+    """
+
+    request_id: int
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class Request:
+    """A prompt (token ids) plus sampling params, and everything generated so far.
+
+    Args:
+        prompt_ids: the prompt's token ids (already through the chat template if any).
+        params: sampling params with checkpoint defaults filled in (`SamplingParams.with_defaults`).
+        tokenizer: the checkpoint tokenizer.
+        eos_ids: stop token ids (generation_config's eos_token_id list).
+        parser: an OutputParser when the output should be split into reasoning / content /
+            tool calls (chat), else None (raw completion).
+        max_new_tokens: hard cap from the context limit (tokens).
+    """
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams,
+                 tokenizer: FlintTokenizer, eos_ids: list[int],
+                 parser: OutputParser | None, max_new_tokens: int):
+        self.id = next(_ids)
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        # An unseeded request still draws from the counter-based sampler: give it a fresh seed.
+        self.seed = params.seed if params.seed is not None else random.getrandbits(62)
+        self.eos_ids = list(eos_ids)
+        self.max_new_tokens = min(max_new_tokens, params.max_tokens or max_new_tokens)
+        # The context limit may cap max_tokens below what was asked: finish checks use the cap.
+        self._limits = replace(params, max_tokens=self.max_new_tokens,
+                               min_tokens=min(params.min_tokens, self.max_new_tokens))
+        self.output_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self._detok = IncrementalDetokenizer(tokenizer, self.prompt_ids)
+        self._stop = StopChecker(list(params.stop or []))
+        self.parser = parser
+        self.t_submit = time.perf_counter()
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.output_ids)
+
+    def append(self, token_id: int) -> RequestDelta:
+        """Take one sampled token; return what becomes visible and whether it finished."""
+        now = time.perf_counter()
+        self.t_first = self.t_first or now
+        self.t_last = now
+        self.output_ids.append(token_id)
+        delta = RequestDelta(self.id, token_ids=[token_id])
+        reason = check_token(token_id, self.num_generated, self._limits, self.eos_ids)
+        is_stop_token = reason == "stop"
+        if not is_stop_token:
+            self._emit(delta, self._stop.push(self._detok.push(token_id)))
+            if self._stop.stopped:
+                reason = "stop"
+        if reason is not None:
+            self.finish(reason, delta)
+        return delta
+
+    def finish(self, reason: str, delta: RequestDelta | None = None) -> RequestDelta:
+        """End the request (stop, length or abort), releasing held-back text into `delta`."""
+        delta = delta or RequestDelta(self.id)
+        if self.finish_reason is not None:
+            return delta
+        if not self._stop.stopped:
+            tail = self._stop.push(self._detok.flush())
+            if not self._stop.stopped:
+                tail += self._stop.flush()
+            self._emit(delta, tail)
+        if self.parser is not None:
+            _merge(delta, self.parser.finish(reason))
+        self.finish_reason = reason
+        delta.finish_reason = reason
+        return delta
+
+    def timing(self) -> tuple[float | None, float | None]:
+        """(TTFT ms from submission, mean ms per output token after the first) — None if unknown."""
+        if self.t_first is None:
+            return None, None
+        ttft = (self.t_first - self.t_submit) * 1e3
+        n = self.num_generated
+        tpot = (self.t_last - self.t_first) * 1e3 / (n - 1) if n > 1 else None
+        return ttft, tpot
+
+    def _emit(self, delta: RequestDelta, text: str) -> None:
+        if not text:
+            return
+        self.text += text
+        delta.text += text
+        if self.parser is not None:
+            _merge(delta, self.parser.feed(text))
+
+
+def _merge(delta: RequestDelta, parsed: ParseDelta) -> None:
+    delta.reasoning += parsed.reasoning
+    delta.content += parsed.content
+    delta.tool_calls.extend(parsed.tool_calls)
+    delta.errors.extend(parsed.errors)
+

@@ -1,0 +1,291 @@
+"""Per-request sampling parameters and the graph-safe batched sampler (DESIGN §3 "Sampling").
+
+Order: temperature → top-k → top-p → draw; temperature 0 is greedy. Defaults come from the
+checkpoint's generation_config.json (glm47-format.md: Flint ships temperature 1.0, top-p 0.95,
+top-k 20). `sample` never syncs with the host (no `.item()`, no branching on tensor values, no
+data-dependent shapes), so it can sit inside the captured decode graph.
+
+Randomness is counter-based: a row's draw is one uniform taken from a splitmix64-style integer
+hash of (seed, position) in int64 torch ops, then inverse-CDF over that row's filtered
+distribution in descending-logit order (stable sort, so ties go to the lower token id). One hash
+per row instead of one per vocab entry keeps the cost to the sort and one cumsum, which top-p
+needs anyway. A seeded request thus gets the same token whatever else is in the batch and
+whichever bucket runs it. The hash is bit-identical on CPU and CUDA; the float math after it is
+float64, so CPU and CUDA agree unless a uniform lands within ~1e-15 of a CDF step.
+
+Shape legend: B batch rows, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from numbers import Real
+from typing import Any
+
+import torch
+
+from flint_graph.errors import ConfigError, InvalidRequestError
+
+_SEED_LIMIT = 1 << 63  # seeds are stored in int64 buffers
+# Values used when generation_config.json lacks a key: no scaling and no filtering (vLLM does
+# the same); Flint's own file sets temperature 1.0, top_p 0.95, top_k 20.
+NEUTRAL_TEMPERATURE = 1.0
+NEUTRAL_TOP_P = 1.0
+NEUTRAL_TOP_K = 0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What one request asks of the sampler and of the stop logic.
+
+    temperature: logit divisor, >= 0; 0 = greedy; None = the checkpoint default.
+    top_p: nucleus mass in (0, 1]; None = the checkpoint default.
+    top_k: keep the k most likely tokens, 0 = off; None = the checkpoint default.
+    seed: int in [0, 2**63) for reproducible draws; None = the engine picks a fresh one.
+    max_tokens: most tokens to generate (reasoning included), >= 1; None = up to the context.
+    min_tokens: stop token ids are ignored until this many tokens precede them (0..max_tokens).
+    stop: stop strings (non-empty); the matched one is not part of the output. A single str is
+        taken as one stop string, None as none. Stored as a tuple.
+    stop_token_ids: ids that end the request; None = the checkpoint's EOS ids. After
+        `with_defaults` it holds the explicit ids plus the EOS ids (the EOS ids left out when
+        ignore_eos). Stored as a tuple.
+    ignore_eos: keep generating through EOS ids (explicit stop_token_ids still stop).
+
+    Raises InvalidRequestError (from `validate`, run on construction and on `dataclasses.replace`)
+    naming the argument, the expected range and the value found.
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        # Normalise containers so the frozen object is hashable and immune to caller mutation.
+        stop = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())
+        if isinstance(stop, Sequence):
+            object.__setattr__(self, "stop", tuple(stop))
+        if isinstance(self.stop_token_ids, Sequence) and not isinstance(self.stop_token_ids, str):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self.validate()
+        for name in ("temperature", "top_p"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, float(getattr(self, name)))
+
+    def validate(self) -> None:
+        """Check every field; raise InvalidRequestError naming the first bad one."""
+        t = self.temperature
+        if t is not None and not (_is_real(t) and math.isfinite(t) and t >= 0):
+            _bad("temperature", "a finite number >= 0", t)
+        p = self.top_p
+        if p is not None and not (_is_real(p) and 0 < p <= 1):
+            _bad("top_p", "a number in (0, 1]", p)
+        if self.top_k is not None and not (_is_int(self.top_k) and 0 <= self.top_k < _SEED_LIMIT):
+            _bad("top_k", "an integer >= 0 (0 = off)", self.top_k)
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < _SEED_LIMIT):
+            _bad("seed", "an integer in [0, 2**63)", self.seed)
+        if self.max_tokens is not None and not (_is_int(self.max_tokens) and self.max_tokens >= 1):
+            _bad("max_tokens", "an integer >= 1", self.max_tokens)
+        upper = self.max_tokens if self.max_tokens is not None else math.inf
+        if not (_is_int(self.min_tokens) and 0 <= self.min_tokens <= upper):
+            limit = "" if self.max_tokens is None else f" and <= max_tokens ({self.max_tokens})"
+            _bad("min_tokens", f"an integer >= 0{limit}", self.min_tokens)
+        if not isinstance(self.stop, tuple):
+            _bad("stop", "a list of strings", self.stop)
+        for s in self.stop:
+            if not (isinstance(s, str) and s):
+                _bad("stop", "non-empty strings", s)
+        ids = self.stop_token_ids
+        if ids is not None:
+            if not isinstance(ids, tuple):
+                _bad("stop_token_ids", "a list of token ids", ids)
+            for i in ids:
+                if not (_is_int(i) and i >= 0):
+                    _bad("stop_token_ids", "integers >= 0", i)
+        if not isinstance(self.ignore_eos, bool):
+            _bad("ignore_eos", "a bool", self.ignore_eos)
+
+    def with_defaults(self, generation_config: dict[str, Any]) -> SamplingParams:
+        """Fill the None fields from a parsed generation_config.json.
+
+        Reads temperature, top_p, top_k and eos_token_id (an int or a list of ints); a missing
+        or null key gives the neutral value (temperature 1.0, top_p 1.0, top_k 0) or no EOS id.
+        stop_token_ids becomes the explicit ids followed by the EOS ids not already in them
+        (EOS left out when ignore_eos). Raises ConfigError naming the generation_config.json
+        field for a malformed value.
+        """
+        gen = generation_config
+        temperature = _gen_value(gen, "temperature", NEUTRAL_TEMPERATURE,
+                                 lambda v: _is_real(v) and math.isfinite(v) and v >= 0,
+                                 "a finite number >= 0")
+        top_p = _gen_value(gen, "top_p", NEUTRAL_TOP_P, lambda v: _is_real(v) and 0 < v <= 1,
+                           "a number in (0, 1]")
+        top_k = _gen_value(gen, "top_k", NEUTRAL_TOP_K, lambda v: _is_int(v) and v >= 0,
+                           "an integer >= 0")
+        eos = _gen_value(gen, "eos_token_id", [], _is_id_list, "a token id or a list of ids")
+        eos = [eos] if _is_int(eos) else list(eos)
+        ids = list(self.stop_token_ids or ())
+        if not self.ignore_eos:
+            ids += [i for i in eos if i not in ids]
+        return replace(
+            self,
+            temperature=temperature if self.temperature is None else self.temperature,
+            top_p=top_p if self.top_p is None else self.top_p,
+            top_k=top_k if self.top_k is None else self.top_k,
+            stop_token_ids=tuple(ids),
+        )
+
+
+def _is_real(v: object) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_id_list(v: object) -> bool:
+    if _is_int(v):
+        return v >= 0
+    return isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v)
+
+
+def _bad(name: str, expected: str, found: object) -> None:
+    raise InvalidRequestError(f"sampling argument '{name}': expected {expected}, found {found!r}")
+
+
+def _gen_value(gen: dict[str, Any], key: str, neutral: Any, ok, expected: str) -> Any:
+    value = gen.get(key)
+    if value is None:
+        return neutral
+    if not ok(value):
+        raise ConfigError(f"generation_config.json field '{key}': expected {expected}, "
+                          f"found {value!r}")
+    return value
+
+
+# splitmix64 constants (Steele, Lea & Flood 2014), as signed int64 because torch has no uint64
+# arithmetic; int64 add/mul wrap modulo 2**64 on CPU and CUDA, which is the arithmetic we need.
+def _as_int64(c: int) -> int:
+    return c - (1 << 64) if c >= (1 << 63) else c
+
+
+_GOLDEN = _as_int64(0x9E3779B97F4A7C15)
+_MUL1 = _as_int64(0xBF58476D1CE4E5B9)
+_MUL2 = _as_int64(0x94D049BB133111EB)
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    # torch's >> on int64 is arithmetic; masking off the copied sign bits makes it logical.
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix64(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shr(z, 30)) * _MUL1
+    z = (z ^ _shr(z, 27)) * _MUL2
+    return z ^ _shr(z, 31)
+
+
+def counter_uniform(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """One uniform per row from (seed, position) alone: float64 [B], strictly inside (0, 1).
+
+    seeds, positions: int64 [B]. The value is output number `position` of a splitmix64 stream
+    whose state starts at mix64(seed + golden); its top 52 bits k give u = (k + 0.5) / 2**52.
+    """
+    key = _mix64(seeds + _GOLDEN)
+    h = _mix64(key + (positions + 1) * _GOLDEN)
+    return (_shr(h, 12).to(torch.float64) + 0.5) * (2.0 ** -52)
+
+
+def _filter_sorted(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                 torch.Tensor]:
+    """Filter in descending-logit order: (ids [B,V], weights f64 [B,V], cdf f64 [B,V], kept [B]).
+
+    weights are exp((l - l_max) / T) for ranks < kept, else 0 (unnormalised); cdf is their
+    cumsum; ranks < kept are exactly the tokens that may be drawn.
+    """
+    V = logits.shape[-1]
+    sorted_logits, sorted_ids = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
+    # Greedy rows still run the filter (with T=1) so the graph has one path; `sample` picks
+    # rank 0 for them afterwards.
+    t = torch.where(temperature > 0, temperature, 1.0).to(torch.float64)
+    lf = sorted_logits.to(torch.float64)
+    w = torch.exp((lf - lf[:, :1]) / t[:, None])  # [B, V], w[:, 0] = 1
+    rank = torch.arange(V, device=logits.device)
+    num_k = torch.where(top_k > 0, top_k.clamp(max=V), V)  # [B]
+    w = torch.where(rank[None, :] < num_k[:, None], w, 0.0)
+    cdf = torch.cumsum(w, dim=-1)
+    # Top-p keeps the smallest prefix whose mass reaches p: rank r stays while the mass before
+    # it is < p. The shifted cdf (not cdf - w) keeps that mass exact at rank 0.
+    before = torch.cat([torch.zeros_like(cdf[:, :1]), cdf[:, :-1]], dim=-1) / cdf[:, -1:]
+    p = top_p.to(torch.float64)[:, None]
+    num_p = torch.where(p[:, 0] >= 1, V, (before < p).sum(dim=-1))
+    # min() rather than trusting the float cumsum to end exactly at rank num_k - 1.
+    kept = torch.minimum(num_k, num_p)
+    w = torch.where(rank[None, :] < kept[:, None], w, 0.0)
+    return sorted_ids, w, cdf, kept
+
+
+def _check_inputs(logits: torch.Tensor, **rows: torch.Tensor) -> None:
+    # Shapes and dtypes are metadata: checking them costs no sync, and a captured graph runs
+    # this Python once, at capture.
+    if logits.dim() != 2 or not logits.is_floating_point():
+        raise InvalidRequestError(f"sample: logits must be a floating [B, V] tensor, found "
+                                  f"{logits.dtype} {tuple(logits.shape)}")
+    B = logits.shape[0]
+    for name, x in rows.items():
+        want_float = name in ("temperature", "top_p")
+        ok_dtype = x.is_floating_point() if want_float else x.dtype == torch.int64
+        if tuple(x.shape) != (B,) or not ok_dtype:
+            want = "floating" if want_float else "int64"
+            raise InvalidRequestError(f"sample: {name} must be a {want} [{B}] tensor, found "
+                                      f"{x.dtype} {tuple(x.shape)}")
+
+
+def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor) -> torch.Tensor:
+    """The distribution `sample` draws from, in vocab order: float64 [B, V], rows sum to 1.
+
+    logits: float [B, V]; temperature: float [B] (0 = greedy → one-hot at the argmax, lowest id
+    on ties); top_k: int64 [B] (0 = off); top_p: float [B] in (0, 1]. Raises InvalidRequestError
+    for wrong shapes or dtypes.
+    """
+    _check_inputs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    ids, w, cdf, kept = _filter_sorted(logits, temperature, top_k, top_p)
+    probs = w / cdf.gather(1, (kept - 1)[:, None])
+    greedy = torch.zeros_like(probs)
+    greedy[:, 0] = 1.0
+    probs = torch.where((temperature == 0)[:, None], greedy, probs)
+    return torch.zeros_like(probs).scatter(1, ids, probs)
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+           top_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row: int64 [B]. Host-sync free; safe inside a CUDA graph.
+
+    logits: float32 [B, V] (LM-head output); temperature: float32 [B] (0 = greedy argmax);
+    top_k: int64 [B] (0 = off); top_p: float32 [B] in (0, 1]; seeds: int64 [B] in [0, 2**63);
+    positions: int64 [B], the token index the draw is for (e.g. tokens generated so far).
+    Rows are independent: a row's token depends only on its own logits, parameters, seed and
+    position. Parameter values are not checked here (SamplingParams validates them); shapes and
+    dtypes are, raising InvalidRequestError.
+    """
+    _check_inputs(logits, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
+                  positions=positions)
+    ids, _, cdf, kept = _filter_sorted(logits, temperature, top_k, top_p)
+    mass = cdf.gather(1, (kept - 1)[:, None])  # [B, 1]
+    u = counter_uniform(seeds, positions)[:, None]
+    rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    # Inverse CDF: the drawn rank is the number of kept ranks whose normalised cdf is <= u.
+    # cdf/mass is exactly 1 at rank kept-1 and u < 1, so the count stays below kept.
+    drawn_rank = ((cdf / mass <= u) & (rank < kept[:, None])).sum(dim=-1, keepdim=True)
+    drawn = ids.gather(1, drawn_rank)[:, 0]
+    return torch.where(temperature == 0, ids[:, 0], drawn)

@@ -1,0 +1,347 @@
+"""Byte-level BPE tokenizer with the GLM-4.7 added tokens, plus streaming detokenization.
+
+Follows glm47-format.md ("Tokens") and DESIGN §2: a checkpoint directory carries `tokenizer.json`
+(the `tokenizers` format) and `tokenizer_config.json` (HF layout with the Jinja `chat_template`).
+`train_tokenizer` / `write_tokenizer_files` build the synthetic checkpoints' tokenizer from a
+built-in corpus; `FlintTokenizer` reads any GLM-style tokenizer directory and never hard-codes an
+id; `IncrementalDetokenizer` turns sampled ids into text a piece at a time (DESIGN §3, "sampled id
+→ incremental detokenizer → parser"), never emitting a broken UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from flint_graph.errors import CheckpointError, ConfigError
+
+# Control tokens: framing and role markers, skipped when decoding user-visible text.
+GLM47_CONTROL_TOKENS = (
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>",
+    "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+)  # fmt: skip
+# Tags the reasoning / tool-call parser reads as text, so decoding keeps them.
+GLM47_TEXT_TAGS = (
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+    "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>",
+)  # fmt: skip
+# Every GLM-4.7 added token, in the id order `train_tokenizer` gives them (after the BPE vocab).
+GLM47_SPECIAL_TOKENS = GLM47_CONTROL_TOKENS + GLM47_TEXT_TAGS
+# Tokens the chat format needs (glm47-format.md); a tokenizer lacking one cannot serve chat.
+_CHAT_TOKENS = tuple(t for t in GLM47_SPECIAL_TOKENS if t not in ("[MASK]", "[sMASK]", "<eop>"))
+EOS_TOKEN = "<|endoftext|>"
+_BYTE_ALPHABET = 256  # a byte-level BPE always holds one token per byte value
+
+# The built-in corpus: our own sentences, mixed by a seeded RNG. Several scripts and emoji make
+# multi-byte characters; rare ones stay split over byte tokens. Seeded pseudo-words, as many as
+# the vocab asks for, let the BPE fill large vocabs (151,552 in ~7 s) so few ids decode to nothing.
+_ENGLISH = (
+    "The scheduler picks the smallest bucket that holds every running request.",
+    "A sliding window layer keeps the last few hundred keys in a ring buffer.",
+    "Reasoning tokens count toward the limit, so hard questions need a large budget.",
+    "She asked whether the weather in Paris would be sunny on Friday afternoon.",
+    "Experts are chosen by score, then their weights are renormalised and scaled.",
+    "If the file is missing, the loader stops and names the path it expected.",
+    "We measured the copy bandwidth twice and kept the slower of the two runs.",
+    "Please summarise the report in three short bullet points for the team.",
+    "The quick brown fox jumps over the lazy dog near the quiet river bank.",
+    "Numbers like 3.14159, 2048, 1e-5 and 151552 show up in configuration files.",
+)
+_CODE = (
+    "def rms_norm(x, weight, eps=1e-6):\n    return x * torch.rsqrt(x.pow(2).mean(-1) + eps)\n",
+    "for (int i = 0; i < n; ++i) {\n    out[i] = a[i] * b[i] + c;\n}\n",
+    "const reply = await fetch(url, { method: 'POST', body: JSON.stringify(payload) });\n",
+    "class Scheduler:\n    def __init__(self, num_slots: int) -> None:\n        self.slots = []\n",
+    "if err != nil {\n\treturn fmt.Errorf(\"open %s: %w\", path, err)\n}\n",
+    "SELECT name, count(*) FROM requests WHERE status = 'done' GROUP BY name;\n",
+)
+_NON_ASCII = (
+    "你好，世界！今天我们测试分词器和流式输出。",
+    "東京の天気は晴れです。明日は雨が降るかもしれません。",
+    "안녕하세요, 오늘 날씨가 좋네요.",
+    "Привет, мир! Сегодня хорошая погода для прогулки.",
+    "Καλημέρα κόσμε, τι κάνεις σήμερα;",
+    "مرحبا بالعالم، كيف حالك اليوم؟",
+    "नमस्ते दुनिया, आज मौसम अच्छा है।",
+    "Café, naïve, façade, Ünïcödé, smørrebrød, ¿qué tal?",
+    "Emoji: 😀 🚀 🎉 👍🏽 ❤️ 🇫🇷 🤖 ✅",
+)
+_WORDS = ("weather", "city", "days", "unit", "query", "limit", "path", "mode", "name", "value")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
+_SYLLABLES = tuple(c + v for c in "bcdfghjklmnprstvwz" for v in _VOWELS)
+
+
+def _json_line(rng: random.Random) -> str:
+    keys = rng.sample(_WORDS, k=rng.randint(1, 4))
+    args = {k: rng.choice([rng.randint(-50, 5000), rng.random() < 0.5, rng.choice(_WORDS)])
+            for k in keys}  # fmt: skip
+    return json.dumps({"name": rng.choice(_WORDS), "arguments": args}, ensure_ascii=False)
+
+
+def build_corpus(vocab_size: int, seed: int = 0) -> list[str]:
+    """The deterministic training corpus for a tokenizer of `vocab_size` tokens: 6,000 strings
+    mixed from English, code, JSON and non-ASCII text, then vocab_size*2/5 lines of 12
+    pseudo-words drawn from a lexicon of vocab_size*4/3, all by `random.Random(seed)`."""
+    rng = random.Random(seed)
+    pools = (_ENGLISH, _CODE, _NON_ASCII)
+    lines = []
+    for _ in range(6000):
+        kind = rng.randrange(4)
+        lines.append(_json_line(rng) if kind == 3 else rng.choice(pools[kind]))
+    lexicon = ["".join(rng.choices(_SYLLABLES, k=rng.randint(2, 4)))
+               for _ in range(vocab_size * 4 // 3)]  # fmt: skip
+    lines += [" ".join(rng.choices(lexicon, k=12)) for _ in range(vocab_size * 2 // 5)]
+    return lines
+
+
+def train_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
+    """Train a byte-level BPE on the built-in corpus and append the GLM-4.7 added tokens.
+
+    Ids: 0..255 bytes and the BPE merges first, then `GLM47_SPECIAL_TOKENS` in order (as GLM puts
+    its added tokens after the BPE vocab). Total size <= `vocab_size` (equal in practice; a model's
+    vocab may still exceed its tokenizer's, as real models pad). Control tokens are
+    added with special=True, text tags with special=False. Deterministic for (vocab_size, seed).
+    Raises ConfigError if `vocab_size` cannot hold 256 byte tokens plus the added tokens.
+    """
+    min_size = _BYTE_ALPHABET + len(GLM47_SPECIAL_TOKENS)
+    if vocab_size < min_size:
+        raise ConfigError(f"vocab_size: expected >= {min_size} (256 bytes + "
+                          f"{len(GLM47_SPECIAL_TOKENS)} added tokens), found {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(GLM47_SPECIAL_TOKENS),
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(build_corpus(vocab_size, seed), trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in GLM47_CONTROL_TOKENS])  # fmt: skip
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in GLM47_TEXT_TAGS])
+    return tok
+
+
+def write_tokenizer_files(
+    out_dir: Path, vocab_size: int, chat_template: str, seed: int = 0
+) -> dict[str, int]:
+    """Train (`train_tokenizer`) and write `tokenizer.json` and `tokenizer_config.json` (HF
+    layout: added_tokens_decoder, eos/pad = <|endoftext|>, no BOS, `chat_template`) into `out_dir`.
+
+    Returns {token string: id} for every entry of `GLM47_SPECIAL_TOKENS`, e.g. the generator's
+    generation_config eos_token_id = ids of "<|endoftext|>", "<|user|>", "<|observation|>".
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(vocab_size, seed)
+    tok.save(str(out_dir / "tokenizer.json"))
+    decoder = {
+        str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized,
+                 "rstrip": t.rstrip, "single_word": t.single_word, "special": t.special}
+        for i, t in sorted(tok.get_added_tokens_decoder().items())
+    }  # fmt: skip
+    config = {
+        "added_tokens_decoder": decoder,
+        "additional_special_tokens": list(GLM47_CONTROL_TOKENS[1:]),
+        "bos_token": None,
+        "chat_template": chat_template,
+        "clean_up_tokenization_spaces": False,
+        "do_lower_case": False,
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
+        "padding_side": "left",
+        "remove_space": False,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    text = json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+    (out_dir / "tokenizer_config.json").write_text(text, encoding="utf-8")
+    return {t: tok.token_to_id(t) for t in GLM47_SPECIAL_TOKENS}
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found (a tokenizer directory needs it)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+class FlintTokenizer:
+    """A GLM-style tokenizer: `tokenizers.Tokenizer` plus its HF tokenizer_config.
+
+    Ids are int in [0, vocab_size). Decoding skips the added tokens flagged special and every
+    control token (roles, [gMASK], <sop>, <|endoftext|>) but always keeps the think/tool tags,
+    whatever their flag in tokenizer.json: the output parser must see them (glm47-format.md).
+    Ids at or above `vocab_size` (a padded LM head's extra rows) decode to nothing.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, config: dict, chat_template: str | None = None,
+                 source: str = "<memory>") -> None:  # fmt: skip
+        self._tok = tokenizer
+        self._source = source
+        self._chat_template = chat_template
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        missing = [t for t in _CHAT_TOKENS if t not in vocab]
+        if missing:
+            raise CheckpointError(f"{source}: tokenizer.json lacks the GLM-4.7 tokens {missing} "
+                                  "(each must be one added token)")  # fmt: skip
+        self._vocab_size = max(vocab.values()) + 1
+        eos = config.get("eos_token", EOS_TOKEN)
+        eos = eos.get("content") if isinstance(eos, dict) else eos  # HF allows {"content": ...}
+        if not isinstance(eos, str):
+            raise CheckpointError(f"{source}: tokenizer_config.json eos_token: expected a token "
+                                  f"string, found {eos!r}")  # fmt: skip
+        self._eos_id = self.token_id(eos)
+        flagged = {i for i, t in tokenizer.get_added_tokens_decoder().items()
+                   if t.special and t.content not in GLM47_TEXT_TAGS}  # fmt: skip
+        self._skip_ids = frozenset(flagged | {vocab[t] for t in GLM47_CONTROL_TOKENS if t in vocab})
+        self.special_ids = {t: vocab[t] for t in GLM47_SPECIAL_TOKENS if t in vocab}
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> FlintTokenizer:
+        """Load `tokenizer.json` + `tokenizer_config.json` from a checkpoint directory.
+
+        The chat template comes from `chat_template.jinja` when present (newer HF layout), else
+        tokenizer_config's "chat_template" (a string, or a list of {name, template} using
+        "default"). Raises CheckpointError naming the file if one is missing or malformed, or if
+        a GLM-4.7 chat token is absent.
+        """
+        path = Path(path)
+        config = _read_json(path / "tokenizer_config.json")
+        tok_path = path / "tokenizer.json"
+        if not tok_path.is_file():
+            raise CheckpointError(f"{tok_path}: file not found (a tokenizer directory needs it)")
+        try:
+            tok = Tokenizer.from_str(tok_path.read_text(encoding="utf-8"))
+        except Exception as e:  # tokenizers raises a bare Exception for bad JSON or schema
+            raise CheckpointError(f"{tok_path}: not a valid tokenizers file ({e})") from e
+        template = config.get("chat_template")
+        if isinstance(template, list):
+            named = {d.get("name"): d.get("template") for d in template if isinstance(d, dict)}
+            template = named.get("default")
+        jinja_path = path / "chat_template.jinja"
+        if jinja_path.is_file():
+            template = jinja_path.read_text(encoding="utf-8")
+        if template is not None and not isinstance(template, str):
+            raise CheckpointError(f"{path / 'tokenizer_config.json'}: chat_template: expected a "
+                                  f"string, found {type(template).__name__}")  # fmt: skip
+        return cls(tok, config, template, source=str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        """One past the largest id the tokenizer knows (BPE vocab plus added tokens)."""
+        return self._vocab_size
+
+    @property
+    def chat_template(self) -> str:
+        """The Jinja chat template; CheckpointError if the checkpoint ships none."""
+        if self._chat_template is None:
+            raise CheckpointError(f"{self._source}: tokenizer_config.json has no chat_template "
+                                  "(and there is no chat_template.jinja)")  # fmt: skip
+        return self._chat_template
+
+    def token_id(self, name: str) -> int:
+        """Id of the single token `name` (e.g. "<|user|>"); CheckpointError if absent."""
+        tid = self._tok.token_to_id(name)
+        if tid is None:
+            raise CheckpointError(f"{self._source}: tokenizer has no token {name!r}")
+        return tid
+
+    @property
+    def eos_id(self) -> int:
+        """Id of tokenizer_config's eos_token (GLM: <|endoftext|>)."""
+        return self._eos_id
+
+    @property
+    def chat_stop_ids(self) -> tuple[int, ...]:
+        """Ids that end an assistant turn: <|endoftext|>, <|user|>, <|observation|>."""
+        return tuple(self.special_ids[t] for t in ("<|endoftext|>", "<|user|>", "<|observation|>"))
+
+    @property
+    def think_id(self) -> int:
+        """Id of <think> (the parser matches tags by id where it can)."""
+        return self.special_ids["<think>"]
+
+    @property
+    def think_end_id(self) -> int:
+        """Id of </think> (the parser matches tags by id where it can)."""
+        return self.special_ids["</think>"]
+
+    @property
+    def tool_call_id(self) -> int:
+        """Id of <tool_call> (the parser matches tags by id where it can)."""
+        return self.special_ids["<tool_call>"]
+
+    @property
+    def tool_call_end_id(self) -> int:
+        """Id of </tool_call> (the parser matches tags by id where it can)."""
+        return self.special_ids["</tool_call>"]
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`; adds no BOS (the chat template writes [gMASK]<sop>). Added-token strings
+        in the text (e.g. "<|user|>") become their single ids."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """Text of `ids`. With skip_special, control tokens are dropped and tags kept. Bytes that
+        do not form valid UTF-8 (e.g. a character cut at the end) come out as U+FFFD."""
+        size = self._vocab_size
+        skip = self._skip_ids if skip_special else frozenset()
+        kept = [i for i in ids if 0 <= i < size and i not in skip]
+        return self._tok.decode(kept, skip_special_tokens=False)
+
+
+class IncrementalDetokenizer:
+    """Streams the text of generated ids, one `push` per sampled id.
+
+    Keeps a window of ids from `prefix` (a few tokens of context) to the end and the text of
+    `ids[prefix:read]` already accounted for. Each push decodes the window; if the result ends in
+    U+FFFD a character is still incomplete and nothing is emitted, otherwise the part after the
+    accounted text is emitted and the window slides. The concatenated pushes plus `flush()` equal
+    decode(prompt + generated) minus decode(prompt), where a character the prompt leaves
+    incomplete belongs to the output once it completes. Control tokens never appear; think and
+    tool-call tags do. Known limit: a prompt that ends with a literal U+FFFD has it re-emitted.
+    """
+
+    _CONTEXT_TOKENS = 5  # prompt tokens decoded ahead of the output, for decoders that join
+
+    def __init__(self, tokenizer: FlintTokenizer, prompt_ids: Sequence[int]) -> None:
+        self._tok = tokenizer
+        self._ids = list(prompt_ids)
+        self._read = len(self._ids)
+        self._prefix = max(self._read - self._CONTEXT_TOKENS, 0)
+        # A prompt's incomplete last character was never shown: leave it to the output.
+        self._prefix_text = tokenizer.decode(self._ids[self._prefix :]).rstrip("\ufffd")
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; return the newly completed text ("" while a character or a
+        skipped control token leaves nothing new to show)."""
+        self._ids.append(int(token_id))
+        text = self._tok.decode(self._ids[self._prefix :])
+        if text.endswith("\ufffd") or len(text) <= len(self._prefix_text):
+            return ""
+        return self._advance(text)
+
+    def flush(self) -> str:
+        """End of stream: return whatever is held back (an incomplete tail becomes U+FFFD)."""
+        text = self._tok.decode(self._ids[self._prefix :])
+        if len(text) <= len(self._prefix_text):
+            return ""
+        return self._advance(text)
+
+    def _advance(self, text: str) -> str:
+        # Decoding from the same start, the window text begins with the accounted text (lossy
+        # UTF-8 composes at a complete-character boundary), so slicing by length is exact.
+        new = text[len(self._prefix_text) :]
+        self._prefix, self._read = self._read, len(self._ids)
+        self._prefix_text = self._tok.decode(self._ids[self._prefix : self._read])
+        return new

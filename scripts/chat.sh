@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up a virtual environment (CPU PyTorch) if needed, then chat with the embedded default
+# checkpoint. Extra arguments go to `flint-graph chat` (e.g. a checkpoint path, --no-think).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/flint-graph ]; then
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  # Pinned CPU build first: an unpinned torch would pull a multi-GB CUDA build.
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e .
+fi
+exec .venv/bin/flint-graph chat "$@"

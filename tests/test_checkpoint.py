@@ -1,0 +1,132 @@
+"""load_checkpoint (flint_graph/checkpoint.py, DESIGN §2): the format comes from file content,
+never from a name; bad paths are refused with a message that names them and says what to do.
+
+Weights are compared exactly (torch.equal): loading moves bits and the synthetic checkpoint is
+on the NVFP4 grid with power-of-two scale2, so BF16 and NVFP4 dequantise to the same values.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from flint_graph.checkpoint import (LoadedCheckpoint, WeightFormat, load_checkpoint,
+                                    read_generation_config)
+from flint_graph.config import FlintConfig
+from flint_graph.errors import CheckpointError
+from flint_graph.make_checkpoint import GGUF_NAME, write_checkpoint
+from flint_graph.weights import NVFP4Weight
+
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt") / "tiny"
+    write_checkpoint(FlintConfig.preset("tiny"), d, seed=SEED, device="cpu", progress=False)
+    return d
+
+
+def assert_same_model(a: LoadedCheckpoint, b: LoadedCheckpoint) -> None:
+    """Every weight of `a` equals `b`'s bit for bit (NVFP4 compared after dequantisation)."""
+    la, lb = a.weights.layers, b.weights.layers
+    pairs = [(a.weights.embed, b.weights.embed), (a.weights.lm_head, b.weights.lm_head),
+             (a.weights.final_norm, b.weights.final_norm)]
+    for x, y in zip(la, lb):
+        pairs += [(x.q_proj, y.q_proj), (x.o_proj, y.o_proj), (x.sinks, y.sinks),
+                  (x.ffn.down, y.ffn.down), (x.ffn.gate, y.ffn.gate)]
+    for x, y in pairs:
+        x = x.dequantize() if isinstance(x, NVFP4Weight) else x
+        y = y.dequantize() if isinstance(y, NVFP4Weight) else y
+        assert x.dtype == y.dtype and torch.equal(x, y)
+
+
+def test_directory_loads_as_bf16(ckpt_dir):
+    ck = load_checkpoint(ckpt_dir, progress=False)
+    assert ck.format is WeightFormat.BF16
+    assert ck.cfg == FlintConfig.preset("tiny")
+    assert ck.config_dir == ckpt_dir
+    assert ck.generation_config == json.loads((ckpt_dir / "generation_config.json").read_text())
+    assert isinstance(ck.weights.layers[0].q_proj, torch.Tensor)
+
+
+def test_gguf_file_loads_as_nvfp4_with_sibling_config(ckpt_dir):
+    ck = load_checkpoint(ckpt_dir / GGUF_NAME, progress=False)
+    assert ck.format is WeightFormat.NVFP4 and ck.config_dir == ckpt_dir
+    assert isinstance(ck.weights.layers[3].ffn.up, NVFP4Weight)
+    assert_same_model(ck, load_checkpoint(ckpt_dir, progress=False))
+
+
+def test_gguf_detected_by_content_not_name(ckpt_dir, tmp_path):
+    disguised = tmp_path / "model.safetensors"
+    shutil.copy(ckpt_dir / GGUF_NAME, disguised)
+    ck = load_checkpoint(disguised, hf_config_path=ckpt_dir, progress=False)
+    assert ck.format is WeightFormat.NVFP4 and ck.config_dir == ckpt_dir
+    # a directory holding only a (renamed) GGUF and its config files is an NVFP4 checkpoint
+    for name in ("config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json"):
+        shutil.copy(ckpt_dir / name, tmp_path / name)
+    (tmp_path / "weights.bin").write_bytes(disguised.read_bytes())
+    disguised.unlink()
+    ck2 = load_checkpoint(tmp_path, progress=False)
+    assert ck2.format is WeightFormat.NVFP4
+    assert_same_model(ck, ck2)
+
+
+def test_gguf_without_config_dir_explains_hf_config_path(ckpt_dir, tmp_path):
+    lone = tmp_path / "flint.gguf"
+    shutil.copy(ckpt_dir / GGUF_NAME, lone)
+    with pytest.raises(CheckpointError, match="--hf-config-path") as e:
+        load_checkpoint(lone, progress=False)
+    assert str(lone) in str(e.value)
+    with pytest.raises(CheckpointError, match=f"{tmp_path}: hf_config_path has no config.json"):
+        load_checkpoint(lone, hf_config_path=tmp_path, progress=False)
+    ck = load_checkpoint(lone, hf_config_path=ckpt_dir / "config.json", progress=False)
+    assert ck.config_dir == ckpt_dir and ck.format is WeightFormat.NVFP4
+
+
+def test_random_file_refused(tmp_path):
+    junk = tmp_path / "model.gguf"
+    junk.write_bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(3),
+                                   dtype=torch.uint8).numpy().tobytes())
+    with pytest.raises(CheckpointError, match=f"{junk}: not a GGUF file"):
+        load_checkpoint(junk, progress=False)
+
+
+def test_safetensors_file_says_pass_directory(ckpt_dir):
+    shard = next(ckpt_dir.glob("model-*.safetensors"))
+    with pytest.raises(CheckpointError, match="a safetensors file.*pass the directory"):
+        load_checkpoint(shard, progress=False)
+
+
+def test_missing_path_and_missing_config(ckpt_dir, tmp_path):
+    nowhere = tmp_path / "nope"
+    with pytest.raises(CheckpointError, match=f"{nowhere}: no such file or directory"):
+        load_checkpoint(nowhere, progress=False)
+    d = tmp_path / "noconfig"
+    shutil.copytree(ckpt_dir, d)
+    (d / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=f"{d}: no config.json"):
+        load_checkpoint(d, progress=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match=f"{empty}: no config.json"):
+        load_checkpoint(empty, progress=False)
+
+
+def test_missing_shard_named(ckpt_dir, tmp_path):
+    d = tmp_path / "noshard"
+    shutil.copytree(ckpt_dir, d)
+    shard = next(d.glob("model-*.safetensors"))
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"{shard}: shard listed"):
+        load_checkpoint(d, progress=False)
+
+
+def test_read_generation_config(ckpt_dir, tmp_path):
+    assert read_generation_config(ckpt_dir)["top_k"] == 20
+    assert read_generation_config(tmp_path) == {}  # absent: many HF checkpoints ship none
+    (tmp_path / "generation_config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="expected a JSON object"):
+        read_generation_config(tmp_path)

@@ -1,0 +1,222 @@
+"""The synthetic checkpoint generator and the embedded default (flint_graph/make_checkpoint.py,
+DESIGN §2 "Synthetic checkpoints").
+
+Exact comparisons throughout (torch.equal, file hashes): the generator is deterministic and its
+weights sit on the NVFP4 grid with power-of-two scale2, so BF16 and NVFP4 hold identical values.
+"""
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flint_graph import make_checkpoint as mk
+from flint_graph import nvfp4
+from flint_graph.checkpoint import WeightFormat, load_checkpoint
+from flint_graph.config import FlintConfig
+from flint_graph.errors import CheckpointError, ConfigError
+from flint_graph.synthetic import make_weights
+from flint_graph.tokenizer import FlintTokenizer
+from flint_graph.weights import MoEWeights, NVFP4Weight
+
+SEED = 5
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return FlintConfig.preset("tiny")
+
+
+@pytest.fixture(scope="module")
+def written(cfg, tmp_path_factory):
+    d = tmp_path_factory.mktemp("mk") / "tiny"
+    return mk.write_checkpoint(cfg, d, seed=SEED, device="cpu", progress=False)
+
+
+def linears(w):
+    """(name, linear) for every quantised linear of FlintWeights."""
+    out = []
+    for i, lw in enumerate(w.layers):
+        out += [(f"{i}.{n}", getattr(lw, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        mlp = lw.ffn
+        if isinstance(lw.ffn, MoEWeights):
+            out += [(f"{i}.exps.{n}", getattr(lw.ffn, n)) for n in ("gate", "up", "down")]
+            mlp = lw.ffn.shared
+        out += [(f"{i}.mlp.{n}", getattr(mlp, n)) for n in ("gate", "up", "down")]
+    return out
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_every_file_written(cfg, written):
+    d = written["out_dir"]
+    names = {p.name for p in d.iterdir()}
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "model.safetensors.index.json", mk.GGUF_NAME, mk.MARKER_NAME} <= names
+    assert any(n.startswith("model-00001-of-") for n in names)
+    assert FlintConfig.from_json(d) == cfg
+    assert json.loads((d / "config.json").read_text()) == cfg.to_dict()
+    assert written["files"] == {p.name: p.stat().st_size for p in d.iterdir()
+                                if p.name != mk.MARKER_NAME}
+    assert not list(d.parent.glob(".tiny.tmp-*"))  # the temporary directory was renamed away
+
+
+def test_generation_config_defaults_and_eos_ids(written):
+    d = written["out_dir"]
+    gen = json.loads((d / "generation_config.json").read_text())
+    assert (gen["temperature"], gen["top_p"], gen["top_k"]) == (1.0, 0.95, 20)
+    tok = FlintTokenizer.from_dir(d)
+    want = [tok.token_id(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
+    assert gen["eos_token_id"] == want and len(set(want)) == 3
+    assert gen["pad_token_id"] == tok.token_id("<|endoftext|>")
+    assert json.loads((d / "tokenizer_config.json").read_text())["chat_template"]
+
+
+def test_bf16_and_gguf_dequantise_bit_identical(cfg, written):
+    d = written["out_dir"]
+    bf = load_checkpoint(d, progress=False)
+    q = load_checkpoint(d / mk.GGUF_NAME, progress=False)
+    assert bf.format is WeightFormat.BF16 and q.format is WeightFormat.NVFP4
+    for (name, a), (_, b) in zip(linears(bf.weights), linears(q.weights)):
+        assert isinstance(a, torch.Tensor) and isinstance(b, NVFP4Weight), name
+        assert torch.equal(a, b.dequantize(torch.bfloat16)), name
+        # scale2 is a power of two (per expert for stacks), which is what makes this exact
+        assert torch.equal(torch.exp2(torch.log2(b.scale2).round()), b.scale2), name
+        assert b.scale2.dim() == (1 if name.split(".")[1] == "exps" else 0), name
+    for x, y in zip(bf.weights.layers, q.weights.layers):
+        for n in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "sinks"):
+            assert torch.equal(getattr(x, n), getattr(y, n)), n
+        if hasattr(x.ffn, "router"):
+            assert torch.equal(x.ffn.router, y.ffn.router)
+            assert torch.equal(x.ffn.router_bias, y.ffn.router_bias)
+    # embedding and LM head stay BF16 (not snapped) in both formats by default
+    ref = make_weights(cfg, SEED)
+    for a, b, r in ((bf.weights.embed, q.weights.embed, ref.embed),
+                    (bf.weights.lm_head, q.weights.lm_head, ref.lm_head)):
+        assert torch.equal(a, b) and torch.equal(a, r)
+
+
+def test_snapped_weights_are_the_nvfp4_quantisation_of_the_synthetic_ones(cfg, written):
+    q = load_checkpoint(written["out_dir"] / mk.GGUF_NAME, progress=False)
+    ref = make_weights(cfg, SEED)
+    for (name, r), (_, b) in zip(linears(ref), linears(q.weights)):
+        per_expert = name.split(".")[1] == "exps"
+        s2 = nvfp4.choose_scale2(r, per_expert)
+        codes, scales = nvfp4.quantize(r, s2)
+        assert torch.equal(codes, b.codes) and torch.equal(scales, b.scales), name
+        assert torch.equal(s2, b.scale2), name
+
+
+def test_same_seed_same_bytes_other_seed_differs(cfg, written, tmp_path):
+    again = mk.write_checkpoint(cfg, tmp_path / "again", seed=SEED, device="cpu", progress=False)
+    a, b = written["out_dir"], again["out_dir"]
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+    for p in a.iterdir():
+        assert sha256(p) == sha256(b / p.name), p.name
+    other = mk.write_checkpoint(cfg, tmp_path / "other", seed=SEED + 1, formats=("gguf",),
+                                device="cpu", progress=False)["out_dir"]
+    assert sha256(other / mk.GGUF_NAME) != sha256(a / mk.GGUF_NAME)
+    assert not list(other.glob("*.safetensors"))
+
+
+def test_quantize_embeddings_option(cfg, tmp_path):
+    d = mk.write_checkpoint(cfg, tmp_path / "qe", seed=SEED, device="cpu", progress=False,
+                            quantize_embeddings=True)["out_dir"]
+    bf = load_checkpoint(d, progress=False)
+    q = load_checkpoint(d / mk.GGUF_NAME, progress=False)
+    for a, b in ((bf.weights.embed, q.weights.embed), (bf.weights.lm_head, q.weights.lm_head)):
+        assert isinstance(b, NVFP4Weight) and torch.equal(a, b.dequantize(torch.bfloat16))
+
+
+def test_interrupted_write_leaves_nothing(cfg, tmp_path, monkeypatch):
+    import flint_graph.gguf_checkpoint as gc
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gc, "write_gguf", boom)
+    with pytest.raises(KeyboardInterrupt):
+        mk.write_checkpoint(cfg, tmp_path / "half", device="cpu", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_arguments_refused(cfg, written, tmp_path):
+    with pytest.raises(CheckpointError, match="already exists and is not empty"):
+        mk.write_checkpoint(cfg, written["out_dir"], device="cpu", progress=False)
+    with pytest.raises(ConfigError, match="formats"):
+        mk.write_checkpoint(cfg, tmp_path / "x", formats=("fp8",), progress=False)
+    with pytest.raises(ConfigError, match="formats"):
+        mk.write_checkpoint(cfg, tmp_path / "x", formats=(), progress=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_default_checkpoint_built_once_then_reused(cfg, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLINT_GRAPH_CACHE", str(tmp_path / "cache"))
+    d = mk.default_checkpoint_dir()
+    assert d == tmp_path / "cache" / "tiny-seed0"
+    assert mk.ensure_default_checkpoint(progress=False) == d
+    assert "building the default checkpoint" in capsys.readouterr().err
+    assert mk.is_complete(d, cfg, 0, mk.FORMATS)
+    assert load_checkpoint(d, progress=False).cfg == cfg
+    stamps = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the cached default checkpoint was rebuilt")
+
+    monkeypatch.setattr(mk, "write_checkpoint", no_rebuild)
+    assert mk.ensure_default_checkpoint(progress=False) == d
+    assert capsys.readouterr().err == ""
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+    # a damaged cache (a file shorter than the marker records) is rebuilt, not trusted
+    monkeypatch.undo()
+    monkeypatch.setenv("FLINT_GRAPH_CACHE", str(tmp_path / "cache"))
+    with (d / mk.GGUF_NAME).open("r+b") as f:
+        f.truncate(100)
+    assert not mk.is_complete(d, cfg, 0, mk.FORMATS)
+    mk.ensure_default_checkpoint(progress=False)
+    assert mk.is_complete(d, cfg, 0, mk.FORMATS)
+
+
+def test_cli_main(tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert mk.main(["--preset", "tiny", "--out", str(out), "--format", "bf16", "--seed", "3",
+                    "--device", "cpu", "--no-progress"]) == 0
+    assert (out / "model.safetensors.index.json").is_file() and not (out / mk.GGUF_NAME).exists()
+    assert "wrote" in capsys.readouterr().out
+    assert mk.main(["--out", str(out), "--no-progress"]) == 2  # exists: one line, no traceback
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already exists" in err and "Traceback" not in err
+    cfg_path = tmp_path / "c.json"
+    cfg_path.write_text(json.dumps({**FlintConfig.preset("tiny").to_dict(), "hidden_size": 50}))
+    assert mk.main(["--config", str(cfg_path), "--out", str(tmp_path / "c"),
+                    "--no-progress"]) == 2
+    assert "hidden_size" in capsys.readouterr().err
+
+
+def test_tool_script_reports_errors_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "make_checkpoint.py"),
+                        "--out", str(tmp_path / "t"), "--format", "bf16,fp8"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "formats" in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_every_flag_has_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        mk.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--preset", "--config", "--out", "--format", "--seed", "--device",
+                 "--quantize-embeddings", "--overwrite", "--no-progress"):
+        assert flag in text
+    parser = argparse.ArgumentParser()
+    mk.add_arguments(parser)
+    assert all(a.help for a in parser._actions)

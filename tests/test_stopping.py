@@ -1,0 +1,141 @@
+"""Stop strings over streamed text (StopChecker) and per-token finish checks (check_token).
+
+The oracle for StopChecker is a brute-force scan of the whole text: the first character index at
+which some stop string ends (the longest one if several end there). Every chunking must give
+exactly that output, and no push may emit text past the start of the match.
+"""
+
+import random
+
+import pytest
+
+from flint_graph.errors import InvalidRequestError
+from flint_graph.sampling import SamplingParams
+from flint_graph.stopping import StopChecker, check_token
+
+# Overlapping, self-overlapping and tag-like stops: the cases where a naive hold-back fails.
+STOPS = ["<|user|>", "<|observation|>", "aab", "abab", "ba", "STOP", "é中"]
+
+
+def reference(text: str, stop: list[str]) -> tuple[str, str | None]:
+    for end in range(len(text) + 1):
+        for s in sorted(stop, key=len, reverse=True):
+            if text[:end].endswith(s):
+                return text[:end - len(s)], s
+    return text, None
+
+
+def chunkings(text: str, rng: random.Random) -> list[list[str]]:
+    per_char = list(text)
+    groups, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, 6)
+        groups.append(text[i:i + n])
+        i += n
+    with_empty = [c for ch in per_char for c in (ch, "")]
+    return [[text], per_char, groups, with_empty]
+
+
+def stream(chunks: list[str], stop: list[str]) -> tuple[str, str | None, list[str]]:
+    checker = StopChecker(stop)
+    pieces = [checker.push(c) for c in chunks]
+    if not checker.stopped:
+        pieces.append(checker.flush())
+    return "".join(pieces), checker.matched, pieces
+
+
+@pytest.mark.parametrize("stop", [STOPS, ["aab"], ["abab", "ba"], ["abcd", "bc", "c"],
+                                  ["<|user|>"], ["x"]])
+def test_every_chunking_matches_reference(stop):
+    rng = random.Random(1234)
+    # Draw from the stops' own characters so overlaps and near-misses are frequent.
+    alphabet = sorted(set("".join(stop) + "x "))
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        want_text, want_match = reference(text, stop)
+        for chunks in chunkings(text, rng):
+            got_text, got_match, pieces = stream(chunks, stop)
+            assert (got_text, got_match) == (want_text, want_match), (text, chunks)
+            # Streaming is append-only, so every emitted prefix must be a prefix of the answer:
+            # nothing past the start of a stop string that completes later was ever shown.
+            emitted = ""
+            for p in pieces:
+                emitted += p
+                assert want_text.startswith(emitted), (text, chunks, emitted)
+
+
+def test_stop_string_spanning_many_deltas_is_never_partly_streamed():
+    checker = StopChecker(["<|observation|>"])
+    assert checker.push("Calling the tool") == "Calling the tool"
+    out = [checker.push(c) for c in "<|observ"]
+    assert "".join(out) == ""  # every piece could still grow into the stop string
+    assert checker.push("ation|>trailing") == ""
+    assert checker.stopped and checker.matched == "<|observation|>"
+    assert checker.push("more") == "" and checker.flush() == ""
+
+
+def test_hold_back_is_released_when_the_prefix_breaks_off():
+    checker = StopChecker(["<|user|>"])
+    assert checker.push("a <|us") == "a "
+    assert checker.push("ed") == "<|used"
+    assert checker.push("<|") == ""
+    assert checker.flush() == "<|"
+    assert not checker.stopped and checker.matched is None
+
+
+def test_earliest_ending_match_wins_and_text_before_it_is_returned():
+    checker = StopChecker(["abcd", "bc"])
+    assert checker.push("xxabcd") == "xxa"
+    assert checker.matched == "bc"
+    checker = StopChecker(["c", "abc"])  # both end at the same character: the longer wins
+    assert checker.push("zabc") == "z" and checker.matched == "abc"
+
+
+def test_no_stop_strings_passes_text_through():
+    checker = StopChecker([])
+    assert [checker.push(c) for c in ("a", "<|", "b")] == ["a", "<|", "b"]
+    assert checker.flush() == ""
+
+
+@pytest.mark.parametrize("bad", [[""], ["ok", ""], [3]])
+def test_stop_checker_rejects_bad_stop_strings(bad):
+    with pytest.raises(InvalidRequestError, match="stop"):
+        StopChecker(bad)
+
+
+EOS = [7, 8]
+
+
+@pytest.mark.parametrize(
+    "token, n, kwargs, want",
+    [
+        (7, 1, {}, "stop"),  # EOS as the very first token
+        (8, 4, {}, "stop"),
+        (5, 4, {}, None),
+        (7, 3, {"min_tokens": 3}, None),  # only 2 tokens before it: too early
+        (7, 4, {"min_tokens": 3}, "stop"),  # 3 tokens before it
+        (5, 5, {"max_tokens": 5}, "length"),
+        (5, 4, {"max_tokens": 5}, None),
+        (7, 5, {"max_tokens": 5}, "stop"),  # the last allowed token is EOS: a real stop
+        (7, 5, {"max_tokens": 5, "min_tokens": 5}, "length"),  # EOS ignored under min_tokens
+        (7, 2, {"ignore_eos": True}, None),
+        (7, 9, {"ignore_eos": True, "max_tokens": 9}, "length"),
+        (3, 2, {"ignore_eos": True, "stop_token_ids": [3]}, "stop"),  # explicit ids still stop
+        (3, 2, {"stop_token_ids": [3]}, "stop"),
+        (3, 2, {"stop_token_ids": [3], "min_tokens": 2}, None),
+    ],
+)
+def test_check_token(token, n, kwargs, want):
+    assert check_token(token, n, SamplingParams(**kwargs), EOS) == want
+
+
+def test_check_token_with_checkpoint_defaults():
+    gen = {"eos_token_id": [7, 8], "temperature": 1.0}
+    params = SamplingParams(max_tokens=4).with_defaults(gen)
+    # The API passes the resolved stop_token_ids as eos_ids; both routes must agree.
+    for eos_ids in (EOS, list(params.stop_token_ids)):
+        assert [check_token(t, i + 1, params, eos_ids) for i, t in enumerate([1, 2, 8])] == [
+            None, None, "stop"]
+        assert check_token(1, 4, params, eos_ids) == "length"
+    quiet = SamplingParams(ignore_eos=True).with_defaults(gen)
+    assert check_token(8, 3, quiet, list(quiet.stop_token_ids)) is None

@@ -1,0 +1,212 @@
+"""Tokenizer training/loading and streaming detokenization (glm47-format.md "Tokens", DESIGN §2-3).
+
+The reference for every streamed result is a one-shot `decode` of the same ids; comparisons are
+exact string equality (text has no tolerance).
+"""
+
+import json
+import random
+import shutil
+
+import pytest
+
+from flint_graph.chat_template import GLM47_CHAT_TEMPLATE, render_chat
+from flint_graph.errors import CheckpointError, ConfigError
+from flint_graph.tokenizer import (
+    GLM47_CONTROL_TOKENS,
+    GLM47_SPECIAL_TOKENS,
+    GLM47_TEXT_TAGS,
+    FlintTokenizer,
+    IncrementalDetokenizer,
+    train_tokenizer,
+    write_tokenizer_files,
+)
+
+VOCAB = 1024  # the tiny preset's vocab: small enough that many characters split over tokens
+# Pieces for random texts. The rare CJK / emoji are absent from the training corpus, so they stay
+# 2-4 byte tokens and random prompt cuts land inside characters.
+PIECES = ("hello", " world", "\n", "  ", "print('hi')", '{"a": 1}', "你好", "龘", "𠀋", "🦀",
+          "😀", "Zürich", "Привет", "<think>", "</think>", "<tool_call>", "<arg_key>",
+          "<|user|>", "<|endoftext|>", "[gMASK]", "<sop>")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    ids = write_tokenizer_files(path, VOCAB, GLM47_CHAT_TEMPLATE, seed=0)
+    return path, ids
+
+
+@pytest.fixture(scope="module")
+def tok(tok_dir):
+    return FlintTokenizer.from_dir(tok_dir[0])
+
+
+def random_text(rng: random.Random, num_pieces: int) -> str:
+    return "".join(rng.choice(PIECES) for _ in range(num_pieces))
+
+
+def stream(tok, prompt_ids, new_ids):
+    detok = IncrementalDetokenizer(tok, prompt_ids)
+    pieces = [detok.push(i) for i in new_ids]
+    pieces.append(detok.flush())
+    return pieces
+
+
+def test_training_is_deterministic_and_sized():
+    first, again, other = train_tokenizer(VOCAB), train_tokenizer(VOCAB), train_tokenizer(VOCAB, 1)
+    assert first.to_str() == again.to_str()
+    assert first.to_str() != other.to_str()
+    assert first.get_vocab_size(with_added_tokens=True) == VOCAB
+    # The added tokens follow the BPE vocab, in GLM47_SPECIAL_TOKENS order.
+    base = VOCAB - len(GLM47_SPECIAL_TOKENS)
+    assert [first.token_to_id(t) for t in GLM47_SPECIAL_TOKENS] == list(range(base, VOCAB))
+    with pytest.raises(ConfigError, match=r"vocab_size: expected >= 276 .*found 200"):
+        train_tokenizer(200)
+
+
+def test_written_files(tok_dir, tok):
+    path, ids = tok_dir
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    assert config["eos_token"] == "<|endoftext|>" and config["pad_token"] == "<|endoftext|>"
+    assert config["chat_template"] == GLM47_CHAT_TEMPLATE == tok.chat_template
+    entries = config["added_tokens_decoder"].items()
+    decoder = {v["content"]: (int(k), v["special"]) for k, v in entries}
+    assert decoder == {t: (ids[t], t in GLM47_CONTROL_TOKENS) for t in GLM47_SPECIAL_TOKENS}
+    assert tok.vocab_size == VOCAB
+    assert tok.eos_id == ids["<|endoftext|>"] == tok.token_id("<|endoftext|>")
+    assert tok.chat_stop_ids == (ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"])
+    assert (tok.think_id, tok.think_end_id) == (ids["<think>"], ids["</think>"])
+    assert (tok.tool_call_id, tok.tool_call_end_id) == (ids["<tool_call>"], ids["</tool_call>"])
+    assert tok.special_ids == ids
+
+
+def test_special_tokens_are_single_ids(tok_dir, tok):
+    ids = tok_dir[1]
+    for t in GLM47_SPECIAL_TOKENS:
+        assert tok.encode(t) == [ids[t]]
+        middle = tok.encode("ab" + t + "cd")
+        assert middle.count(ids[t]) == 1
+        assert tok.decode(middle, skip_special=False) == "ab" + t + "cd"
+        # Control tokens vanish from visible text; think/tool tags stay for the parser.
+        assert tok.decode(middle) == ("abcd" if t in GLM47_CONTROL_TOKENS else "ab" + t + "cd")
+
+
+def test_round_trip_mixed_text(tok):
+    rng = random.Random(0)
+    for _ in range(20):
+        text = random_text(rng, 40)
+        ids = tok.encode(text)
+        assert tok.decode(ids, skip_special=False) == text
+        visible = text
+        for t in GLM47_CONTROL_TOKENS:
+            visible = visible.replace(t, "")
+        assert tok.decode(ids) == visible
+    # The case the detokenizer exists for: one character over several byte tokens.
+    crab = tok.encode("🦀")
+    assert len(crab) >= 2 and "\ufffd" in tok.decode(crab[:-1])
+
+
+def check_stream(tok, ids, cut):
+    prompt_text = tok.decode(ids[:cut])
+    full = tok.decode(ids)
+    # A character the prompt leaves incomplete (shown as U+FFFD) belongs to the output.
+    shown = prompt_text.rstrip("\ufffd")
+    assert full.startswith(shown)
+    pieces = stream(tok, ids[:cut], ids[cut:])
+    assert "".join(pieces) == full[len(shown) :]
+    for piece in pieces:
+        assert "\ufffd" not in piece
+        assert not any(t in piece for t in GLM47_CONTROL_TOKENS)
+    return prompt_text != shown
+
+
+def test_incremental_matches_full_decode_at_random_cuts(tok):
+    rng = random.Random(1)
+    num_mid_char = 0
+    for _ in range(40):
+        ids = tok.encode(random_text(rng, 30))
+        num_mid_char += check_stream(tok, ids, rng.randint(0, len(ids)))
+    ids = tok.encode(random_text(rng, 30))
+    for cut in range(len(ids) + 1):  # every cut of one text, so mid-character cuts occur
+        num_mid_char += check_stream(tok, ids, cut)
+    assert num_mid_char > 0  # the prompt-ends-mid-character path was exercised
+
+
+def test_prompt_ending_mid_character(tok):
+    prompt, reply = tok.encode("Hi 🦀"), tok.encode(" crab<think>ok</think><|user|>")
+    cut = len(prompt) - 1  # the prompt stops inside 🦀; its last byte token is the first output
+    assert tok.decode(prompt[:cut]) == "Hi \ufffd"
+    pieces = stream(tok, prompt[:cut], prompt[cut:] + reply)
+    assert pieces[0] == "🦀"  # whole, and "Hi " is not re-emitted
+    assert "".join(pieces) == "🦀 crab<think>ok</think>"
+    assert pieces[-2:] == ["", ""]  # <|user|> then flush: nothing
+
+
+def test_held_bytes_and_odd_ids(tok):
+    crab = tok.encode("🦀")
+    detok = IncrementalDetokenizer(tok, tok.encode("[gMASK]<sop><|user|>x<|assistant|>"))
+    assert [detok.push(i) for i in crab[:-1]] == [""] * (len(crab) - 1)
+    # Ids past the tokenizer (a padded LM head's extra rows) decode to nothing.
+    assert detok.push(tok.vocab_size + 7) == ""
+    assert detok.push(crab[-1]) == "🦀"
+    assert detok.push(tok.token_id("<tool_call>")) == "<tool_call>"
+    # A stream that ends inside a character flushes it as one U+FFFD, as a full decode shows it.
+    assert detok.push(crab[0]) == ""
+    assert detok.flush() == "\ufffd"
+
+
+def test_chat_prompt_encodes_markers_as_single_ids(tok_dir, tok):
+    ids = tok_dir[1]
+    msgs = [{"role": "user", "content": "Zürich <weather>?"}]
+    prompt = render_chat(tok.chat_template, msgs, enable_thinking=False)
+    enc = tok.encode(prompt)
+    assert enc[:3] == [ids["[gMASK]"], ids["<sop>"], ids["<|user|>"]]
+    assert enc[-2:] == [ids["<|assistant|>"], ids["</think>"]]
+    assert tok.decode(enc) == "Zürich <weather>?</think>"
+
+
+def test_missing_and_bad_files(tok_dir, tmp_path):
+    src = tok_dir[0]
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: file not found"):
+        FlintTokenizer.from_dir(tmp_path)
+    shutil.copy(src / "tokenizer_config.json", tmp_path)
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: file not found"):
+        FlintTokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"model": 5}')
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: not a valid tokenizers file"):
+        FlintTokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{oops")
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: not valid JSON"):
+        FlintTokenizer.from_dir(tmp_path)
+
+
+def test_tokenizer_json_variants(tok_dir, tmp_path):
+    src = tok_dir[0]
+    data = json.loads((src / "tokenizer.json").read_text())
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    # Tags flagged special (as some GLM tokenizer.json files do) are still kept by decode.
+    for entry in data["added_tokens"]:
+        entry["special"] = True
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    tok = FlintTokenizer.from_dir(tmp_path)
+    assert tok.decode(tok.encode("<|user|>a<think>b</think>")) == "a<think>b</think>"
+    with pytest.raises(CheckpointError, match="no token '<nope>'"):
+        tok.token_id("<nope>")
+    with pytest.raises(CheckpointError, match="has no chat_template"):
+        _ = tok.chat_template
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    assert FlintTokenizer.from_dir(tmp_path).chat_template == "{{ messages[0].content }}"
+    data["added_tokens"] = [e for e in data["added_tokens"] if e["content"] != "<|observation|>"]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=r"lacks the GLM-4.7 tokens \['<\|observation\|>'\]"):
+        FlintTokenizer.from_dir(tmp_path)
+
+
+def test_text_tags_not_special_in_files(tok_dir):
+    flags = {e["content"]: e["special"]
+             for e in json.loads((tok_dir[0] / "tokenizer.json").read_text())["added_tokens"]}
+    assert all(flags[t] for t in GLM47_CONTROL_TOKENS)
+    assert not any(flags[t] for t in GLM47_TEXT_TAGS)
