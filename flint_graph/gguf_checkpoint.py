@@ -140,31 +140,37 @@ def _write_plan(cfg: FlintConfig, weights: FlintWeights, write_scales: bool) -> 
     plan = []
     for s in specs:
         obj = objs[s.name]
-        shape = tuple(obj.shape)
-        if shape != s.shape:
-            raise CheckpointError(f"tensor {s.name!r}: shape {list(shape)}; expected "
+        if tuple(obj.shape) != s.shape:
+            raise CheckpointError(f"tensor {s.name!r}: shape {list(obj.shape)}; expected "
                                   f"{list(s.shape)}")
-        if isinstance(obj, NVFP4Weight) and s.kind == LINEAR:
-            row = s.shape[-1] // nvfp4.GGML_BLOCK * nvfp4.GGML_BLOCK_BYTES
-            byte_shape = (*s.shape[:-1], row)
-            plan.append((s.name, byte_shape, np.uint8, NVFP4, int(np.prod(byte_shape)),
-                         lambda o=obj: nvfp4.to_ggml_blocks(o.codes, o.scales).cpu().numpy()))
-            if write_scales:
-                n = obj.scale2.numel()
-                plan.append((scale_name(s.name), (n,), np.float32, None, 4 * n,
-                             lambda o=obj: o.scale2.detach().float().reshape(-1).cpu().numpy()))
-        elif s.kind == LINEAR and isinstance(obj, torch.Tensor) and obj.dtype == torch.bfloat16:
-            byte_shape = (*s.shape[:-1], 2 * s.shape[-1])
-            plan.append((s.name, byte_shape, np.uint8, BF16, 2 * obj.numel(),
-                         lambda o=obj: o.detach().contiguous().view(torch.uint8).cpu().numpy()))
-        elif s.kind != LINEAR and isinstance(obj, torch.Tensor) and obj.is_floating_point():
-            plan.append((s.name, s.shape, np.float32, None, 4 * obj.numel(),
-                         lambda o=obj: o.detach().float().contiguous().cpu().numpy()))
-        else:
-            found = type(obj).__name__ if not isinstance(obj, torch.Tensor) else obj.dtype
-            want = "NVFP4Weight or a bfloat16 tensor" if s.kind == LINEAR else "a float tensor"
-            raise CheckpointError(f"tensor {s.name!r}: found {found}; expected {want}")
+        plan += _entries(s, obj, write_scales)
     return plan
+
+
+def _entries(s: TensorSpec, obj: Any, write_scales: bool) -> list[tuple]:
+    """The write-plan entries of one tensor (two for NVFP4 with its `.scale` sidecar)."""
+    if isinstance(obj, NVFP4Weight) and s.kind == LINEAR:
+        n = obj.scale2.numel()
+        if obj.scale2.dim() > 1 or n not in (1, s.shape[0] if len(s.shape) == 3 else 1):
+            raise CheckpointError(f"tensor {s.name!r}: scale2 has shape "
+                                  f"{list(obj.scale2.shape)}; expected [] or [E] for a stack")
+        byte_shape = (*s.shape[:-1], s.shape[-1] // nvfp4.GGML_BLOCK * nvfp4.GGML_BLOCK_BYTES)
+        out = [(s.name, byte_shape, np.uint8, NVFP4, int(np.prod(byte_shape)),
+                lambda: nvfp4.to_ggml_blocks(obj.codes, obj.scales).cpu().numpy())]
+        if write_scales:
+            out.append((scale_name(s.name), (n,), np.float32, None, 4 * n,
+                        lambda: obj.scale2.detach().float().reshape(-1).cpu().numpy()))
+        return out
+    if s.kind == LINEAR and isinstance(obj, torch.Tensor) and obj.dtype == torch.bfloat16:
+        byte_shape = (*s.shape[:-1], 2 * s.shape[-1])  # BF16 travels as raw bytes
+        return [(s.name, byte_shape, np.uint8, BF16, 2 * obj.numel(),
+                 lambda: obj.detach().contiguous().view(torch.uint8).cpu().numpy())]
+    if s.kind != LINEAR and isinstance(obj, torch.Tensor) and obj.is_floating_point():
+        return [(s.name, s.shape, np.float32, None, 4 * obj.numel(),
+                 lambda: obj.detach().float().contiguous().cpu().numpy())]
+    found = obj.dtype if isinstance(obj, torch.Tensor) else type(obj).__name__
+    want = "NVFP4Weight or a bfloat16 tensor" if s.kind == LINEAR else "a float tensor"
+    raise CheckpointError(f"tensor {s.name!r}: found {found}; expected {want}")
 
 
 def _progress(enabled: bool) -> Progress:
@@ -189,14 +195,9 @@ def write_gguf(path: str | Path, cfg: FlintConfig, weights: FlintWeights, progre
     plan = _write_plan(cfg, weights, write_scales)
     writer = GGUFWriter(path, GGUF_ARCH)
     for key, value in cfg.gguf_metadata().items():
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        elif isinstance(value, float):
-            writer.add_float32(key, value)
-        else:
-            writer.add_array(key, value)
+        add = {bool: writer.add_bool, int: writer.add_uint32, float: writer.add_float32,
+               list: writer.add_array}[type(value)]
+        add(key, value)
     for name, shape, np_dtype, raw, nbytes, _ in plan:
         writer.add_tensor_info(name, shape, np.dtype(np_dtype), nbytes, raw_dtype=raw)
     try:
@@ -245,36 +246,39 @@ def _np_shape(t) -> tuple[int, ...]:
     return tuple(int(x) for x in reversed(t.shape.tolist()))
 
 
+def _check(path: Path, s: TensorSpec, t, found: dict) -> Any:
+    """Refuse a wrong type or shape of tensor `t` (spec `s`); return its `.scale` or None."""
+    kind = GGMLQuantizationType(t.tensor_type)
+    if kind not in _ACCEPTED[s.kind]:
+        raise CheckpointError(f"{path}: tensor {s.name!r} has type {kind.name}; expected "
+                              f"{' or '.join(k.name for k in _ACCEPTED[s.kind])}")
+    if _np_shape(t) != s.shape:
+        raise CheckpointError(f"{path}: tensor {s.name!r} has shape {list(_np_shape(t))}; "
+                              f"expected {list(s.shape)} (numpy order, outermost first)")
+    side = found.get(scale_name(s.name)) if kind == NVFP4 else None
+    if side is not None:
+        ok = [(1,)] if len(s.shape) == 2 else [(1,), (s.shape[0],)]
+        if side.tensor_type != F32 or _np_shape(side) not in ok:
+            raise CheckpointError(
+                f"{path}: tensor {side.name!r} has type "
+                f"{GGMLQuantizationType(side.tensor_type).name} and shape "
+                f"{list(_np_shape(side))}; expected F32 of shape "
+                f"{' or '.join(str(list(o)) for o in ok)}")
+        if not np.isfinite(side.data).all():
+            raise CheckpointError(f"{path}: tensor {side.name!r} holds a non-finite scale2")
+    return side
+
+
 def _validate(cfg: FlintConfig, reader: GGUFReader, path: Path) -> list[tuple]:
     """Check every tensor's presence, type and shape; return [(spec, tensor, sidecar | None)]."""
     found = {t.name: t for t in reader.tensors}
-    plan, used, missing = [], set(), []
+    plan, missing = [], []
     for s in tensor_specs(cfg):
-        t = found.get(s.name)
-        if t is None:
+        if s.name in found:
+            plan.append((s, found[s.name], _check(path, s, found[s.name], found)))
+        else:
             missing.append(s.name)
-            continue
-        used.add(s.name)
-        kind = GGMLQuantizationType(t.tensor_type)
-        if kind not in _ACCEPTED[s.kind]:
-            raise CheckpointError(f"{path}: tensor {s.name!r} has type {kind.name}; expected "
-                                  f"{' or '.join(k.name for k in _ACCEPTED[s.kind])}")
-        if _np_shape(t) != s.shape:
-            raise CheckpointError(f"{path}: tensor {s.name!r} has shape {list(_np_shape(t))}; "
-                                  f"expected {list(s.shape)} (numpy order, outermost first)")
-        side = found.get(scale_name(s.name)) if kind == NVFP4 else None
-        if side is not None:
-            used.add(side.name)
-            ok = [(1,)] if len(s.shape) == 2 else [(1,), (s.shape[0],)]
-            if side.tensor_type != F32 or _np_shape(side) not in ok:
-                raise CheckpointError(
-                    f"{path}: tensor {side.name!r} has type "
-                    f"{GGMLQuantizationType(side.tensor_type).name} and shape "
-                    f"{list(_np_shape(side))}; expected F32 of shape "
-                    f"{' or '.join(str(list(o)) for o in ok)}")
-            if not np.isfinite(side.data).all():
-                raise CheckpointError(f"{path}: tensor {side.name!r} holds non-finite scale2")
-        plan.append((s, t, side))
+    used = {t.name for _, t, _ in plan} | {side.name for *_, side in plan if side is not None}
     extra = [n for n in found if n not in used]
     for what, names in (("missing", missing), ("unexpected", extra)):
         if names:

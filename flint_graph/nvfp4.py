@@ -60,14 +60,14 @@ def ue4m3_to_float(scales: torch.Tensor) -> torch.Tensor:
     return _tables(scales.device)[0][scales.int()]
 
 
-def _scale2_view(scale2: torch.Tensor, lead: tuple[int, ...], what: str) -> torch.Tensor:
+def _scale2_view(scale2: torch.Tensor | float, lead: tuple[int, ...], what: str,
+                 device: torch.device) -> torch.Tensor:
     """scale2 [] or [E] as float32 broadcastable against [..., N, X] (E = lead[0] of a stack)."""
-    if not isinstance(scale2, torch.Tensor):
-        scale2 = torch.tensor(float(scale2))
+    scale2 = torch.as_tensor(scale2, dtype=torch.float32, device=device)
     if scale2.dim() == 0:
-        return scale2.float()
+        return scale2
     if scale2.dim() == 1 and len(lead) == 1 and scale2.shape[0] == lead[0]:
-        return scale2.float().view(-1, 1, 1)
+        return scale2.view(-1, 1, 1)
     raise ValueError(
         f"{what}: scale2 has shape {list(scale2.shape)}; expected [] or [E] with E = the leading "
         f"dimension of a 3-D stack (leading dims here: {list(lead)})"
@@ -94,7 +94,7 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, scale2: torch.Tensor,
     if k % SUB_BLOCK or tuple(scales.shape) != (*lead, n, k // SUB_BLOCK):
         raise ValueError(f"scales: shape {list(scales.shape)}; expected "
                          f"{[*lead, n, k // SUB_BLOCK]} for codes {list(codes.shape)}")
-    s2 = _scale2_view(scale2.to(codes.device), tuple(lead), "dequantize")
+    s2 = _scale2_view(scale2, tuple(lead), "dequantize", codes.device)
     e4m3, e2m1 = _tables(codes.device)
     nib = torch.stack((codes & 0xF, codes >> 4), dim=-1).int()  # [..., N, K/2, 2]
     vals = e2m1[nib].view(*lead, n, k // SUB_BLOCK, SUB_BLOCK)
@@ -108,10 +108,10 @@ def quantize(w: torch.Tensor, scale2: torch.Tensor) -> tuple[torch.Tensor, torch
     Block scale (per 16 values along K) = E4M3 round-to-nearest-even of amax / 6 / scale2,
     clamped to 448 first so byte 0x7F (NaN in OCP E4M3) never appears. Each value then goes to
     the nearest E2M1 code under step = e4m3(scale) * scale2; an exact tie goes to the code with
-    an even mantissa (0, 1, 2, 4 times step: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
-    3.5 -> 4, 5 -> 4), as the hardware's round-to-nearest-even cvt does. Magnitudes above 6 * step
-    (scale rounded down) saturate to 6. Zero magnitude always gets code 0 (never -0), and a block
-    whose scale rounds to 0 gets all-zero codes.
+    an even mantissa, magnitude 0, 1, 2 or 4 (in steps: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1,
+    1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), as the hardware's round-to-nearest-even cvt does.
+    Magnitudes above 6 * step (scale rounded down) saturate to 6. Zero magnitude always gets
+    code 0 (never -0), and a block whose scale rounds to 0 gets all-zero codes.
 
     Exactness: with a power-of-two scale2 (what `choose_scale2` returns) the tie thresholds are
     exact, so the result is the true nearest code and on-grid values round-trip bit for bit;
@@ -119,9 +119,10 @@ def quantize(w: torch.Tensor, scale2: torch.Tensor) -> tuple[torch.Tensor, torch
 
     Args:
         w: float tensor [..., N, K] (fp32/bf16/fp16), finite, K % 64 == 0.
-        scale2: float32 [] or [E] for a 3-D stack [E, N, K].
+        scale2: float32 [] or [E] for a 3-D stack [E, N, K]; finite and positive.
     Returns: (codes uint8 [..., N, K/2], scales uint8 [..., N, K/16]) on w's device.
-    Raises ValueError naming the dimension when K % 64 != 0, or for non-finite values.
+    Raises ValueError naming the dimension when K % 64 != 0, for non-finite values of w, or a
+        scale2 of the wrong shape or not finite and positive.
     """
     if w.dim() < 2:
         raise ValueError(f"quantize: w has shape {list(w.shape)}; expected [..., N, K]")
@@ -131,7 +132,10 @@ def quantize(w: torch.Tensor, scale2: torch.Tensor) -> tuple[torch.Tensor, torch
                          f"expected a multiple of {GGML_BLOCK}")
     if not bool(torch.isfinite(w).all()):
         raise ValueError("quantize: w holds non-finite values (inf or NaN)")
-    s2 = _scale2_view(scale2.to(w.device), tuple(lead), "quantize")
+    s2 = _scale2_view(scale2, tuple(lead), "quantize", w.device)
+    if not bool(((s2 > 0) & torch.isfinite(s2)).all()):
+        raise ValueError(f"quantize: scale2 = {s2.flatten().tolist()[:8]}; expected finite "
+                         f"positive values")
     rows = w.reshape(-1, k)
     num_rows = rows.shape[0]
     s2_rows = s2.reshape(-1).float().repeat_interleave(num_rows // s2.numel()).view(-1, 1)
@@ -164,7 +168,7 @@ def _quantize_rows(x: torch.Tensor, s2: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def choose_scale2(w: torch.Tensor, per_expert: bool) -> torch.Tensor:
-    """The power-of-two scale2 that puts `w`'s largest block scale in (224, 448].
+    """The power-of-two scale2 that puts `w`'s largest block scale in [224, 448] (after rounding).
 
     scale2 = 2^ceil(log2(amax / (6 * 448))): the smallest power of two whose largest block scale
     fits E4M3, so block scales sit as high as they can and a block stays in E4M3's normal range

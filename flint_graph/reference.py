@@ -140,8 +140,8 @@ def moe(x: torch.Tensor, w: MoEWeights, top_k: int, scaling: float,
 
     Σ_i w_i·expert_i(x) + shared(x) summed in fp32 (each expert output is a bf16 projection
     result) and rounded once. Tokens are grouped per expert and only the picked experts are
-    dequantised. The sum runs in ascending expert id, so a token's result does not depend on
-    which other tokens share the batch."""
+    dequantised. A token's terms are added in ascending expert id whatever else is in the
+    batch, so only matmul row counts (FP32 order) differ between batched and alone."""
     ids, weights = route(x, w.router, w.router_bias, top_k, scaling, norm)
     acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
     for e in torch.unique(ids).tolist():

@@ -5,13 +5,15 @@ checkpoint's generation_config.json (glm47-format.md: Flint ships temperature 1.
 top-k 20). `sample` never syncs with the host (no `.item()`, no branching on tensor values, no
 data-dependent shapes), so it can sit inside the captured decode graph.
 
-Randomness is counter-based: a row's draw is one uniform taken from a splitmix64-style integer
-hash of (seed, position) in int64 torch ops, then inverse-CDF over that row's filtered
-distribution in descending-logit order (stable sort, so ties go to the lower token id). One hash
-per row instead of one per vocab entry keeps the cost to the sort and one cumsum, which top-p
-needs anyway. A seeded request thus gets the same token whatever else is in the batch and
-whichever bucket runs it. The hash is bit-identical on CPU and CUDA; the float math after it is
-float64, so CPU and CUDA agree unless a uniform lands within ~1e-15 of a CDF step.
+Randomness is counter-based: a row's draw is one uniform from a splitmix64 hash of (seed,
+position) in int64 torch ops, then inverse CDF over the row's filtered distribution in
+descending-logit order (stable sort: ties go to the lower id). One hash per row, not per vocab
+entry, so the cost is the sort plus the cumsum top-p needs anyway. A seeded request gets the same
+token whatever else is in the batch and whichever bucket runs it. The hash is bit-identical on
+CPU and CUDA and the math after it is float64, so the two agree unless a uniform lands within
+~1e-15 of a CDF step (checked on the H200 by the gpu test). Graph replay on the H200 at V=151552:
+~180 us at B=1, ~320 us at B=8 (97 kernels, ~140 us of it the sort); a fused kernel should
+replace this path.
 
 Shape legend: B batch rows, V vocab.
 """
@@ -28,7 +30,7 @@ import torch
 
 from flint_graph.errors import ConfigError, InvalidRequestError
 
-_SEED_LIMIT = 1 << 63  # seeds are stored in int64 buffers
+_INT64_LIMIT = 1 << 63  # top_k and seeds travel in int64 buffers
 # Values used when generation_config.json lacks a key: no scaling and no filtering (vLLM does
 # the same); Flint's own file sets temperature 1.0, top_p 0.95, top_k 20.
 NEUTRAL_TEMPERATURE = 1.0
@@ -87,9 +89,9 @@ class SamplingParams:
         p = self.top_p
         if p is not None and not (_is_real(p) and 0 < p <= 1):
             _bad("top_p", "a number in (0, 1]", p)
-        if self.top_k is not None and not (_is_int(self.top_k) and 0 <= self.top_k < _SEED_LIMIT):
+        if self.top_k is not None and not (_is_int(self.top_k) and 0 <= self.top_k < _INT64_LIMIT):
             _bad("top_k", "an integer >= 0 (0 = off)", self.top_k)
-        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < _SEED_LIMIT):
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < _INT64_LIMIT):
             _bad("seed", "an integer in [0, 2**63)", self.seed)
         if self.max_tokens is not None and not (_is_int(self.max_tokens) and self.max_tokens >= 1):
             _bad("max_tokens", "an integer >= 1", self.max_tokens)
@@ -204,34 +206,53 @@ def counter_uniform(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tenso
     return (_shr(h, 12).to(torch.float64) + 0.5) * (2.0 ** -52)
 
 
+_SCAN_BLOCK = 128  # row cumsum in blocks: see _row_cumsum
+
+
+def _row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """cumsum along the last dim of [B, V], as a scan of 128-wide blocks plus block offsets.
+
+    CUDA's per-row scan runs one long row at a time and took ~230 us for [8, 151552] float64 on
+    the H200, against ~10 us for many short rows. Each row is still computed on its own, the
+    same way whatever B is, so batch invariance holds.
+    """
+    B, V = x.shape
+    pad = (-V) % _SCAN_BLOCK  # 0 for Flint's 151552; a shape fact, so no data-dependent branch
+    blocks = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(B, -1, _SCAN_BLOCK)
+    inner = torch.cumsum(blocks, dim=-1)  # [B, V/128, 128]
+    totals = torch.cumsum(inner[:, :, -1], dim=-1)  # [B, V/128]
+    offsets = torch.cat([torch.zeros_like(totals[:, :1]), totals[:, :-1]], dim=-1)
+    return (inner + offsets[:, :, None]).view(B, -1)[:, :V]
+
+
 def _filter_sorted(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                  torch.Tensor]:
     """Filter in descending-logit order: (ids [B,V], weights f64 [B,V], cdf f64 [B,V], kept [B]).
 
-    weights are exp((l - l_max) / T) for ranks < kept, else 0 (unnormalised); cdf is their
-    cumsum; ranks < kept are exactly the tokens that may be drawn.
+    weights are exp((l - l_max) / T) for ranks < top_k, else 0 (unnormalised); cdf is their
+    cumsum; ranks < kept (int64) also survive top-p and are exactly the tokens that may be drawn.
+    Each full [B, V] pass costs ~5 us at B=8 on the H200, so the passes are kept few.
     """
     V = logits.shape[-1]
-    sorted_logits, sorted_ids = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
+    sorted_logits, ids = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
     # Greedy rows still run the filter (with T=1) so the graph has one path; `sample` picks
     # rank 0 for them afterwards.
-    t = torch.where(temperature > 0, temperature, 1.0).to(torch.float64)
-    lf = sorted_logits.to(torch.float64)
-    w = torch.exp((lf - lf[:, :1]) / t[:, None])  # [B, V], w[:, 0] = 1
+    t = torch.where(temperature > 0, temperature, 1.0).to(torch.float64)[:, None]
     rank = torch.arange(V, device=logits.device)
     num_k = torch.where(top_k > 0, top_k.clamp(max=V), V)  # [B]
-    w = torch.where(rank[None, :] < num_k[:, None], w, 0.0)
-    cdf = torch.cumsum(w, dim=-1)
-    # Top-p keeps the smallest prefix whose mass reaches p: rank r stays while the mass before
-    # it is < p. The shifted cdf (not cdf - w) keeps that mass exact at rank 0.
-    before = torch.cat([torch.zeros_like(cdf[:, :1]), cdf[:, :-1]], dim=-1) / cdf[:, -1:]
-    p = top_p.to(torch.float64)[:, None]
-    num_p = torch.where(p[:, 0] >= 1, V, (before < p).sum(dim=-1))
-    # min() rather than trusting the float cumsum to end exactly at rank num_k - 1.
+    # float32 - float64 promotes inside one kernel: the softmax math is float64 from here on.
+    z = (sorted_logits - sorted_logits[:, :1].to(torch.float64)) / t
+    w = torch.exp(torch.where(rank < num_k[:, None], z, -math.inf))  # [B, V], w[:, 0] = 1
+    cdf = _row_cumsum(w)
+    # Top-p keeps the smallest prefix whose mass reaches p: rank r > 0 stays while the mass
+    # before it, cdf[r - 1], is below p of the top-k mass; rank 0 always stays.
+    total = cdf[:, -1:]
+    below = (cdf[:, :-1] < top_p.to(torch.float64)[:, None] * total).sum(dim=-1)
+    num_p = torch.where(top_p >= 1, V, below + 1)
+    # min() rather than trusting the float cumsum to stay flat after rank num_k - 1.
     kept = torch.minimum(num_k, num_p)
-    w = torch.where(rank[None, :] < kept[:, None], w, 0.0)
-    return sorted_ids, w, cdf, kept
+    return ids, w, cdf, kept
 
 
 def _check_inputs(logits: torch.Tensor, **rows: torch.Tensor) -> None:
@@ -260,7 +281,8 @@ def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     """
     _check_inputs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     ids, w, cdf, kept = _filter_sorted(logits, temperature, top_k, top_p)
-    probs = w / cdf.gather(1, (kept - 1)[:, None])
+    rank = torch.arange(logits.shape[-1], device=logits.device)
+    probs = torch.where(rank < kept[:, None], w, 0.0) / cdf.gather(1, (kept - 1)[:, None])
     greedy = torch.zeros_like(probs)
     greedy[:, 0] = 1.0
     probs = torch.where((temperature == 0)[:, None], greedy, probs)
@@ -281,11 +303,11 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     _check_inputs(logits, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
                   positions=positions)
     ids, _, cdf, kept = _filter_sorted(logits, temperature, top_k, top_p)
-    mass = cdf.gather(1, (kept - 1)[:, None])  # [B, 1]
+    mass = cdf.gather(1, (kept - 1)[:, None])  # [B, 1], the kept prefix's mass
     u = counter_uniform(seeds, positions)[:, None]
-    rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-    # Inverse CDF: the drawn rank is the number of kept ranks whose normalised cdf is <= u.
-    # cdf/mass is exactly 1 at rank kept-1 and u < 1, so the count stays below kept.
-    drawn_rank = ((cdf / mass <= u) & (rank < kept[:, None])).sum(dim=-1, keepdim=True)
-    drawn = ids.gather(1, drawn_rank)[:, 0]
+    # Inverse CDF: the drawn rank is the number of ranks whose cdf is <= u * mass. cdf keeps
+    # reaches mass > u * mass at rank kept - 1 and never falls after, so the count stays in the
+    # prefix; the clamp only matters if u * mass rounds up to mass (u within 2**-52 of 1).
+    count = (cdf <= u * mass).sum(dim=-1, keepdim=True)
+    drawn = ids.gather(1, torch.minimum(count, (kept - 1)[:, None]))[:, 0]
     return torch.where(temperature == 0, ids[:, 0], drawn)

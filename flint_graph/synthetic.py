@@ -10,9 +10,15 @@ Scales (std of a truncated normal, cut at ±CLIP_SIGMAS so NVFP4 blocks see no o
   whatever the depth. Expert down is further divided by routed_scaling_factor, because the
   routed weights sum to that factor instead of 1.
 - router: 1/sqrt(H), giving router logits ~N(0, 1) that differ per token, so top-k picks spread
-  over all experts; router_bias ~N(0, ROUTER_BIAS_STD), small next to the sigmoid spread.
-- norms: 1 + NORM_JITTER * N(0, 1); sinks ~N(0, 1); lm_head LOGIT_STD/sqrt(H) (peaked enough
-  that greedy choices are not coin flips between near-ties).
+  over all experts; router_bias ~N(0, ROUTER_BIAS_STD). The bias must stay small next to the
+  score gaps at the top-k cut: for top-6 of 256 the cut sits ~2.6σ out where sigmoid's slope
+  is ~0.06, so a bias of std 0.02 would already shift an expert's pick rate by ~2.5x.
+- norms: 1 + NORM_JITTER * N(0, 1), except q_norm/k_norm, which are QK_NORM_GAIN times that:
+  Q/K norm makes every head RMS 1, so attention logits q·k/sqrt(D) have std QK_NORM_GAIN² = 2,
+  sharp enough that a query leans on ~10 of 513 keys instead of averaging them all (with std
+  1 the full config's attention output is a near-uniform average of RMS ~0.1).
+- sinks ~N(0, 1); lm_head LOGIT_STD/sqrt(H), peaked enough that greedy choices are not coin
+  flips between near-ties.
 
 Each part draws from its own torch.Generator on `device`, seeded from (seed, part), so the same
 seed gives bit-identical weights on the same device type (CUDA RNG output may differ between
@@ -33,8 +39,9 @@ from flint_graph.weights import FlintWeights, LayerWeights, MLPWeights, MoEWeigh
 
 CLIP_SIGMAS = 3.0
 NORM_JITTER = 0.05
-ROUTER_BIAS_STD = 0.02
+ROUTER_BIAS_STD = 0.005
 LOGIT_STD = 2.0
+QK_NORM_GAIN = math.sqrt(2.0)
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, part) over 63 bits
 _PART_EMBED = 0
@@ -95,8 +102,8 @@ def make_layer_weights(cfg: FlintConfig, seed: int, layer: int,
         k_proj=_normal((kv, h), 1 / math.sqrt(h), g, dev),
         v_proj=_normal((kv, h), 1 / math.sqrt(h), g, dev),
         o_proj=_normal((h, q), gain / math.sqrt(q), g, dev),
-        q_norm=_norm_weight(d, g, dev),
-        k_norm=_norm_weight(d, g, dev),
+        q_norm=_norm_weight(d, g, dev).mul_(QK_NORM_GAIN),
+        k_norm=_norm_weight(d, g, dev).mul_(QK_NORM_GAIN),
         sinks=_normal((cfg.num_attention_heads,), 1.0, g, dev, torch.float32),
         ffn_norm=_norm_weight(h, g, dev),
     )

@@ -210,7 +210,8 @@ def test_bad_magic_and_corrupt_header_are_refused(tiny_file, tmp_path):
 
 
 def test_wrong_tensor_type_names_tensor(tiny_file, tmp_path):
-    f16 = np.random.default_rng(4).standard_normal((TINY.q_dim, TINY.hidden_size)).astype(np.float16)
+    rng = np.random.default_rng(4)
+    f16 = rng.standard_normal((TINY.q_dim, TINY.hidden_size)).astype(np.float16)
     path = _rewrite(tiny_file[0], tmp_path / "f16.gguf",
                     replace={"blk.0.attn_q.weight": (f16, GGMLQuantizationType.F16)})
     with pytest.raises(CheckpointError, match=r"'blk\.0\.attn_q\.weight' has type F16; "

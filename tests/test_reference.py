@@ -30,7 +30,9 @@ from flint_graph.weights import FlintWeights, NVFP4Weight
 SEED = 20261021
 BF16_OP_RTOL = 2**-8  # one BF16 rounding (2^-9) plus FP32 noise
 WIDE_MAX_REL = 1e-5  # float64 activations: FP32 accumulation noise only (~3e-7 measured)
-BF16_MEDIAN_REL, BF16_P90_REL, MIN_GREEDY_AGREE = 1e-2, 3e-2, 0.9  # see module docstring
+# BF16 statistics (module docstring); measured over 30 seeds: median <= 8.5e-3, 90th percentile
+# <= 2.3e-2, greedy agreement >= 0.975. The bounds leave ~2x room for other CPUs' BLAS orders.
+BF16_MEDIAN_REL, BF16_P90_REL, MIN_GREEDY_AGREE = 2e-2, 5e-2, 0.9
 
 
 @pytest.fixture(scope="module")
@@ -214,12 +216,18 @@ def test_prefill_matches_decode_bf16(tiny):
     step = _decode(model, tokens)
     _assert_bf16_close(full, step)
     for chunk in (5, cfg.sliding_window + 3):  # chunks shorter and longer than the window
+        seq = model.new_sequence()
+        chunked = torch.cat([model.forward([seq], [c])[0] for c in tokens.split(chunk)])
+        _assert_bf16_close(chunked, step)
+        # prefill runs the same chunks, so the hidden states are the same bits; only its
+        # one-row LM-head matmul sums in another FP32 order (~1e-7 relative)
         last = model.prefill(model.new_sequence(), tokens, chunk_tokens=chunk)
-        assert _rel(last[None], step[-1:]).item() <= BF16_P90_REL
+        torch.testing.assert_close(last, chunked[-1], rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_matches_decode_wide(tiny, wide):
+def test_prefill_matches_decode_wide(tiny, wide, monkeypatch):
     cfg, w = tiny
+    monkeypatch.setattr(R, "KV_CHUNK_TOKENS", 8)  # full-layer caches grow several times
     model = R.ReferenceModel(cfg, w)
     tokens = _tokens(2 * cfg.sliding_window + 6, 8, cfg.vocab_size)
     step = _decode(model, tokens)

@@ -116,7 +116,7 @@ def _run_recording(cfg, weights, tokens, monkeypatch):
     monkeypatch.setattr(R, "residual_add", rec_add)
     monkeypatch.setattr(R, "route", rec_route)
     model = R.ReferenceModel(cfg, weights)
-    logits = model.prefill(model.new_sequence(), tokens, chunk_tokens=512)
+    logits = model.prefill(model.new_sequence(), tokens, chunk_tokens=len(tokens))
     return stream, branch, picks, logits
 
 
