@@ -32,15 +32,21 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]]) -> Path:
     path = Path(path).expanduser()
     if not path.parent.is_dir():
         raise FlintError(f"{path}: directory {path.parent} does not exist")
+    text = json.dumps({"messages": messages}, ensure_ascii=False, indent=2)
+    tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w") as f:
-            json.dump({"messages": messages}, f, ensure_ascii=False, indent=2)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        tmp = None
     except OSError as e:
-        raise FlintError(f"{path}: cannot save transcript ({e.strerror})") from None
+        raise FlintError(f"{path}: cannot save transcript ({e.strerror or e})") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)  # never leave a half-written temp file beside the user's
     return path
 
 

@@ -83,7 +83,8 @@ class Engine:
         logits = logits.float()
         logits[:, self.tokenizer_vocab:] = float("-inf")
         for i, r in enumerate(rows):
-            if r.num_generated < r.params.min_tokens and r.eos_ids and not r.params.ignore_eos:
+            # Before min_tokens no stop id may be drawn (ignore_eos already left EOS out).
+            if r.num_generated < r.params.min_tokens and r.eos_ids:
                 logits[i, r.eos_ids] = float("-inf")
         dev = logits.device
         ids = sample(

@@ -11,3 +11,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    """Path of a tiny synthetic checkpoint directory (BF16 files + model-nvfp4.gguf)."""
+    from conftest_ckpt import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_ckpt):
+    """An LLM on the tiny checkpoint, on the CPU (shared: tests must not leave requests)."""
+    from flint_graph import LLM
+
+    return LLM(tiny_ckpt, device="cpu", progress=False)

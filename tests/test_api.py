@@ -1,0 +1,184 @@
+"""The Python API end to end on the tiny checkpoint: engine, request pipeline, errors.
+
+Greedy generation is compared with a hand-written greedy loop on the reference model, so the
+engine's prefill/decode bookkeeping is checked against the oracle token for token.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest_ckpt import scripted_sampler
+
+from flint_graph import LLM, SamplingParams
+from flint_graph.errors import (CheckpointError, ContextLengthError, InvalidRequestError,
+                                TemplateError)
+from flint_graph.reference import ReferenceModel
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def _manual_greedy(llm: LLM, prompt_ids: list[int], n: int) -> list[int]:
+    model = ReferenceModel(llm.cfg, llm.checkpoint.weights, "cpu")
+    seq = model.new_sequence()
+    with torch.inference_mode():
+        logits = model.prefill(seq, torch.tensor(prompt_ids))
+        out = []
+        for _ in range(n):
+            logits[llm.tokenizer.vocab_size:] = float("-inf")  # padding rows of the LM head
+            out.append(int(logits.argmax()))
+            logits = model.forward([seq], [torch.tensor([out[-1]])])[0][-1]
+    return out
+
+
+def test_greedy_generate_matches_reference_loop(tiny_llm):
+    prompt = "The decode step reads every weight once"
+    out = tiny_llm.generate(prompt, GREEDY)[0]
+    ids = tiny_llm.tokenizer.encode(prompt)
+    assert out.prompt_token_ids == ids
+    assert out.token_ids == _manual_greedy(tiny_llm, ids, 12)
+    assert out.finish_reason == "length"
+    assert out.text == tiny_llm.tokenizer.decode(out.token_ids)
+    assert out.ttft_ms > 0 and out.ms_per_token > 0
+
+
+def test_batch_of_prompts_each_matches_alone(tiny_llm):
+    prompts = ["short", "a somewhat longer prompt about sliding windows and sinks", "mid one"]
+    together = tiny_llm.generate(prompts, GREEDY)
+    for p, out in zip(prompts, together):
+        alone = tiny_llm.generate(p, GREEDY)[0]
+        # Greedy ids agree unless a near-tie flips under BF16 batching order (reference tests
+        # bound that); the tiny model's margins make exact agreement the observed case.
+        assert out.token_ids == alone.token_ids
+
+
+def test_seed_reproduces_and_differs(tiny_llm):
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=16, seed=7,
+                       ignore_eos=True)
+    a = tiny_llm.generate("hello", p)[0].token_ids
+    b = tiny_llm.generate("hello", p)[0].token_ids
+    c = tiny_llm.generate("hello", SamplingParams(temperature=1.0, top_k=0, top_p=1.0,
+                                                  max_tokens=16, seed=8,
+                                                  ignore_eos=True))[0].token_ids
+    assert a == b
+    assert a != c
+
+
+def test_stop_token_and_stop_string(tiny_llm):
+    ref = tiny_llm.generate("stop here", GREEDY)[0]
+    k = next(i for i in range(2, 12) if ref.token_ids[i] not in ref.token_ids[:i])
+    p = SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[ref.token_ids[k]],
+                       ignore_eos=True)
+    out = tiny_llm.generate("stop here", p)[0]
+    assert out.token_ids == ref.token_ids[:k + 1]
+    assert out.finish_reason == "stop"
+
+    text = ref.text
+    stop = next(text[i:i + 2] for i in range(3, len(text) - 2)
+                if text[i:i + 2].strip() and text.find(text[i:i + 2]) == i)
+    out = tiny_llm.generate("stop here", SamplingParams(temperature=0.0, max_tokens=12,
+                                                        stop=[stop], ignore_eos=True))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == text[:text.index(stop)]
+
+
+def test_min_tokens_masks_stop_ids(tiny_llm):
+    ref = tiny_llm.generate("min tokens", GREEDY)[0]
+    first = ref.token_ids[0]
+    p = SamplingParams(temperature=0.0, max_tokens=6, min_tokens=3, stop_token_ids=[first],
+                       ignore_eos=True)
+    out = tiny_llm.generate("min tokens", p)[0]
+    assert first not in out.token_ids[:3]
+
+
+def test_stream_concatenates_to_output_and_abort_frees_slot(tiny_llm):
+    stream = tiny_llm.stream("streaming", GREEDY)
+    deltas = list(stream)
+    assert "".join(d.text for d in deltas) == stream.output.text
+    assert deltas[-1].finish_reason == "length"
+    stream = tiny_llm.stream("streaming", SamplingParams(temperature=0.0, max_tokens=50,
+                                                         ignore_eos=True))
+    next(iter(stream))
+    stream.close()
+    assert stream.output.finish_reason == "abort"
+    assert not tiny_llm.engine.has_work
+
+
+def test_chat_pipeline_parses_reasoning_and_typed_tool_call(tiny_llm, monkeypatch):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    script_text = ("check the weather</think>Let me look.<tool_call>get_weather"
+                   "<arg_key>city</arg_key><arg_value>São Paulo</arg_value>"
+                   "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call><|observation|>")
+    script = tiny_llm.tokenizer.encode(script_text)
+    monkeypatch.setattr("flint_graph.engine.sample", scripted_sampler(script))
+    msg = tiny_llm.chat([{"role": "user", "content": "Weather?"}], tools=tools,
+                        params=SamplingParams(max_tokens=200))
+    assert msg.reasoning_content == "check the weather"
+    assert msg.content == "Let me look."
+    assert [(c.name, c.arguments) for c in msg.tool_calls] == [
+        ("get_weather", {"city": "São Paulo", "days": 3})]
+    assert msg.finish_reason == "stop"  # <|observation|> is a stop id from generation_config
+    history = [{"role": "user", "content": "Weather?"}, msg.to_dict(),
+               {"role": "tool", "content": json.dumps({"temp_c": 21})}]
+    assert "<tool_response>" in tiny_llm.render(history, tools)
+
+
+def test_chat_undeclared_tool_call_stays_visible(tiny_llm, monkeypatch):
+    text = "hm</think><tool_call>rm_rf<arg_key>path</arg_key><arg_value>/</arg_value>" \
+           "</tool_call><|user|>"
+    monkeypatch.setattr("flint_graph.engine.sample",
+                        scripted_sampler(tiny_llm.tokenizer.encode(text)))
+    msg = tiny_llm.chat([{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=99))
+    assert msg.tool_calls == []
+    assert "rm_rf" in msg.content and msg.output.errors
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"temperature": -1.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"max_tokens": 0}, "max_tokens"),
+])
+def test_invalid_sampling_values_raise(kwargs, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_bad_requests_raise_typed_errors(tiny_llm):
+    with pytest.raises(InvalidRequestError, match="empty"):
+        tiny_llm.generate("   ")
+    limit = tiny_llm.cfg.max_position_embeddings
+    with pytest.raises(ContextLengthError, match=rf"{limit + 10}.*{limit}"):
+        tiny_llm.generate([[5] * (limit + 10)])
+    with pytest.raises(InvalidRequestError, match="role"):
+        tiny_llm.chat([{"role": "wizard", "content": "x"}])
+    with pytest.raises(InvalidRequestError, match="messages"):
+        tiny_llm.chat([])
+    assert not tiny_llm.engine.has_work
+
+
+def test_missing_model_path_and_raising_template(tmp_path, tiny_ckpt):
+    with pytest.raises(CheckpointError, match="nope"):
+        LLM(tmp_path / "nope", device="cpu", progress=False)
+    import shutil
+
+    bad = tmp_path / "bad-template"
+    shutil.copytree(tiny_ckpt, bad)
+    cfg = json.loads((bad / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{{ raise_exception('template says no') }}"
+    (bad / "tokenizer_config.json").write_text(json.dumps(cfg))
+    llm = LLM(bad, device="cpu", progress=False)
+    with pytest.raises(TemplateError, match="template says no"):
+        llm.chat([{"role": "user", "content": "hi"}])
+
+
+def test_gguf_and_bf16_give_identical_greedy_output(tiny_ckpt, tiny_llm):
+    # The synthetic weights lie on the NVFP4 grid, so both formats are the same model exactly.
+    gguf = LLM(tiny_ckpt / "model-nvfp4.gguf", device="cpu", progress=False)
+    assert gguf.generate("same model", GREEDY)[0].token_ids == \
+        tiny_llm.generate("same model", GREEDY)[0].token_ids

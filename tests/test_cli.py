@@ -1,0 +1,136 @@
+"""The `flint-graph` CLI: outputs, one-line errors with non-zero exit, help text, chat session."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+
+import pytest
+from conftest_ckpt import scripted_sampler
+from rich.console import Console
+
+from flint_graph import SamplingParams
+from flint_graph.chat_cli import ChatSession, save_transcript
+from flint_graph.cli import build_parser, main
+from flint_graph.errors import FlintError
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_json(capsys, tiny_ckpt):
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 5,
+                          "--seed", 3, "--json", "--device", "cpu")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert set(obj) >= {"token_ids", "text", "reasoning_content", "tool_calls", "finish_reason",
+                        "ttft_ms", "ms_per_token"}
+    assert 1 <= len(obj["token_ids"]) <= 5
+    again = json.loads(_run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 5,
+                            "--seed", 3, "--json", "--device", "cpu")[1])
+    assert again["token_ids"] == obj["token_ids"]
+
+
+def test_generate_reads_stdin_and_raw(capsys, monkeypatch, tiny_ckpt):
+    monkeypatch.setattr("sys.stdin", io.StringIO("from a pipe"))
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--raw", "--max-tokens", 4,
+                          "--temperature", 0, "--json", "--device", "cpu")
+    assert code == 0, err
+    assert json.loads(out)["reasoning_content"] is None  # raw: no chat parsing
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--top-k", "-1"], "top_k"),
+    (["--prompt", "   "], "empty"),
+])
+def test_generate_bad_values_one_line(capsys, tiny_ckpt, extra, match):
+    argv = ["generate", tiny_ckpt, "--device", "cpu"]
+    argv += extra if "--prompt" in extra else ["--prompt", "x", *extra]
+    code, out, err = _run(capsys, *argv)
+    assert code != 0
+    assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_errors_are_one_line(capsys, tmp_path, tiny_ckpt):
+    code, _, err = _run(capsys, "generate", tmp_path / "missing", "--prompt", "x")
+    assert code != 0 and "missing" in err and len(err.strip().splitlines()) == 1
+    bad = tmp_path / "tools.json"
+    for text, match in [("{not json", "not valid JSON"), ('{"a": 1}', "list"),
+                        ('[{"type": "function"}]', "tool 0")]:
+        bad.write_text(text)
+        code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "x", "--tools", bad)
+        assert code != 0 and match in err and "Traceback" not in err
+
+
+def test_every_option_has_help():
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subs.choices) >= {"chat", "generate", "make-checkpoint"}
+    for name, sub in subs.choices.items():
+        for action in sub._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+
+
+def _session(llm, inputs, max_tokens=6, **kw):
+    console = Console(file=io.StringIO(), width=100, force_terminal=False)
+    it = iter(inputs)
+    console.input = lambda prompt="": next(it)  # type: ignore[method-assign]
+    return ChatSession(llm, SamplingParams(max_tokens=max_tokens, seed=0), console=console, **kw), console
+
+
+def test_chat_session_save_reset_exit(tiny_llm, tmp_path):
+    path = tmp_path / "t.json"
+    s, console = _session(tiny_llm, ["hello", f"/save {path}", "/reset",
+                                     f"/save {tmp_path / 'no' / 'x.json'}", "/exit"])
+    assert s.run() == 0
+    saved = json.loads(path.read_text())["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant"]
+    assert s.messages == []
+    assert "does not exist" in console.file.getvalue()
+    assert not tiny_llm.engine.has_work
+
+
+def test_chat_tool_loop_asks_for_result(tiny_llm, monkeypatch):
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}}}}]
+    call = tiny_llm.tokenizer.encode(
+        "x</think><tool_call>lookup<arg_key>q</arg_key><arg_value>flint</arg_value>"
+        "</tool_call><|observation|>")
+    answer = tiny_llm.tokenizer.encode("y</think>done<|user|>")
+    scripts = iter([call, answer])
+
+    def sampler(logits, temperature, top_k, top_p, seeds, positions):
+        nonlocal current
+        if int(positions[0]) == 0:
+            current = scripted_sampler(next(scripts))
+        return current(logits, temperature, top_k, top_p, seeds, positions)
+
+    current = None
+    monkeypatch.setattr("flint_graph.engine.sample", sampler)
+    s, console = _session(tiny_llm, ["find it", "42 results", "/exit"], tools=tools,
+                          max_tokens=100)
+    s.run()
+    roles = [m["role"] for m in s.messages]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert s.messages[1]["tool_calls"][0]["function"] == {"name": "lookup",
+                                                          "arguments": {"q": "flint"}}
+    assert s.messages[2]["content"] == "42 results"
+    assert s.messages[3]["content"] == "done"
+    assert "tool call: lookup" in console.file.getvalue()
+
+
+def test_save_transcript_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "chat.json"
+    save_transcript(path, [{"role": "user", "content": "keep me"}])
+    monkeypatch.setattr("os.replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space")))
+    with pytest.raises(FlintError, match="chat.json"):
+        save_transcript(path, [{"role": "user", "content": "new"}])
+    assert json.loads(path.read_text())["messages"][0]["content"] == "keep me"
+    assert [p.name for p in tmp_path.iterdir()] == ["chat.json"]
