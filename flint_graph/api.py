@@ -94,9 +94,9 @@ class LLM:
     def __init__(self, model: str | Path | None = None, hf_config_path: str | Path | None = None,
                  device: str | torch.device | None = None, progress: bool = True,
                  max_slots: int = 8):
+        self.device = _pick_device(device)
         if model is None:
             model = ensure_default_checkpoint(progress=progress)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
         self.cfg = self.checkpoint.cfg
         self.tokenizer = FlintTokenizer.from_dir(self.checkpoint.config_dir)
@@ -244,6 +244,21 @@ class RequestStream:
                            reasoning_content=out.reasoning_content if self._thinking else None,
                            tool_calls=out.tool_calls, finish_reason=out.finish_reason,
                            output=out)
+
+
+def _pick_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InvalidRequestError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'") \
+            from None
+    if dev.type not in ("cpu", "cuda"):
+        raise InvalidRequestError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequestError(f"device {device!r}: CUDA is not available on this machine")
+    return dev
 
 
 def _output(req: Request) -> GenerationOutput:

@@ -172,6 +172,8 @@ class ChatSession:
                 stream.close()
                 stopped = True
             live.update(view(collapsed=not self.show_reasoning))
+        if not self.console.is_terminal:
+            self.console.print()  # a terminal's Live ends the line itself; a pipe does not
         self.last_reasoning = reasoning
         msg = stream.message
         out = msg.output

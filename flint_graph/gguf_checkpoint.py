@@ -30,12 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
 
 from flint_graph import nvfp4
 from flint_graph.config import GGUF_ARCH, FlintConfig
 from flint_graph.errors import CheckpointError
+from flint_graph.progress import progress_bar
 from flint_graph.weights import FlintWeights, LayerWeights, MLPWeights, MoEWeights, NVFP4Weight
 
 NVFP4, BF16, F32 = GGMLQuantizationType.NVFP4, GGMLQuantizationType.BF16, GGMLQuantizationType.F32
@@ -173,11 +172,6 @@ def _entries(s: TensorSpec, obj: Any, write_scales: bool) -> list[tuple]:
     raise CheckpointError(f"tensor {s.name!r}: found {found}; expected {want}")
 
 
-def _progress(enabled: bool) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                    TransferSpeedColumn(), TimeRemainingColumn(), disable=not enabled)
-
-
 def write_gguf(path: str | Path, cfg: FlintConfig, weights: FlintWeights, progress: bool = True,
                write_scales: bool = True) -> None:
     """Write `weights` as a Flint NVFP4 GGUF, streaming one tensor at a time.
@@ -204,11 +198,10 @@ def write_gguf(path: str | Path, cfg: FlintConfig, weights: FlintWeights, progre
         writer.write_header_to_file(path)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        with _progress(progress) as bar:
-            task = bar.add_task(f"writing {path.name}", total=sum(p[4] for p in plan))
+        with progress_bar(progress, f"writing {path.name}", sum(p[4] for p in plan)) as advance:
             for *_, nbytes, produce in plan:
                 writer.write_tensor_data(produce())
-                bar.advance(task, nbytes)
+                advance(nbytes)
         writer.close()
     except BaseException:
         writer.close()
@@ -329,11 +322,11 @@ def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
     device = torch.device(device)
     loaded: dict[str, Any] = {}
     try:
-        with _progress(progress) as bar:
-            task = bar.add_task(f"loading {path.name}", total=sum(t.n_bytes for _, t, _ in plan))
+        total = sum(t.n_bytes for _, t, _ in plan)
+        with progress_bar(progress, f"loading {path.name}", total) as advance:
             for spec, t, side in plan:
                 loaded[spec.name] = _load_one(spec, t, side, device)
-                bar.advance(task, t.n_bytes)
+                advance(t.n_bytes)
         return _assemble(cfg, loaded)
     except BaseException:
         loaded.clear()

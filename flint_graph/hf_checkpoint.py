@@ -16,7 +16,7 @@ import itertools
 import json
 import math
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from flint_graph.config import FlintConfig
 from flint_graph.errors import CheckpointError
+from flint_graph.progress import progress_bar
 from flint_graph.weights import (FlintWeights, LayerWeights, MLPWeights, MoEWeights,
                                  NVFP4Weight, expert_weight)
 
@@ -200,23 +201,6 @@ def write_safetensors(out_dir: str | Path, cfg: FlintConfig, weights: FlintWeigh
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
     return paths
-
-
-@contextlib.contextmanager
-def progress_bar(enabled: bool, label: str, total_bytes: int) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar over bytes on stderr; yields `advance(n_bytes)` (a no-op if off)."""
-    if not enabled:
-        yield lambda n: None
-        return
-    from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                   TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
-    with bar:
-        task = bar.add_task(label, total=total_bytes)
-        yield lambda n: bar.advance(task, n)
 
 
 # -- reading ---------------------------------------------------------------------------------

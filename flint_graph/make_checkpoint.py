@@ -25,7 +25,8 @@ import torch
 from flint_graph import nvfp4
 from flint_graph.config import PRESETS, FlintConfig
 from flint_graph.errors import CheckpointError, ConfigError, FlintError
-from flint_graph.hf_checkpoint import progress_bar, write_safetensors
+from flint_graph.hf_checkpoint import write_safetensors
+from flint_graph.progress import progress_bar
 from flint_graph.weights import FlintWeights, MLPWeights, NVFP4Weight
 
 FORMATS = ("bf16", "gguf")

@@ -35,6 +35,7 @@ import torch
 
 from flint_graph.config import FlintConfig
 from flint_graph.errors import ConfigError
+from flint_graph.progress import progress_bar
 from flint_graph.weights import FlintWeights, LayerWeights, MLPWeights, MoEWeights
 
 CLIP_SIGMAS = 3.0
@@ -139,36 +140,22 @@ def make_weights(cfg: FlintConfig, seed: int, device: torch.device | str = "cpu"
     dev = torch.device(device)
     h, v = cfg.hidden_size, cfg.vocab_size
 
-    def done() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+    def step(advance) -> None:
+        if progress and dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # so the bar shows finished work, not queued kernels
+        advance(1)
 
-    bar = None
-    if progress:
-        from rich.progress import Progress
-
-        bar = Progress(transient=False)
-        bar.start()
-        task = bar.add_task("synthetic weights", total=cfg.num_hidden_layers + 2)
-    try:
+    with progress_bar(progress, "synthetic weights", cfg.num_hidden_layers + 2,
+                      unit="steps") as advance:
         g = _generator(seed, _PART_EMBED, dev)
         embed = _normal((v, h), 1.0, g, dev)
-        if bar:
-            done()
-            bar.advance(task)
+        step(advance)
         layers = []
         for i in range(cfg.num_hidden_layers):
             layers.append(make_layer_weights(cfg, seed, i, dev))
-            if bar:
-                done()
-                bar.advance(task)
+            step(advance)
         g = _generator(seed, _PART_HEAD, dev)
         final_norm = _norm_weight(h, g, dev)
         lm_head = _normal((v, h), LOGIT_STD / math.sqrt(h), g, dev)
-        if bar:
-            done()
-            bar.advance(task)
-    finally:
-        if bar:
-            bar.stop()
+        step(advance)
     return FlintWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)

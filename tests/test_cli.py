@@ -82,7 +82,8 @@ def _session(llm, inputs, max_tokens=6, **kw):
     console = Console(file=io.StringIO(), width=100, force_terminal=False)
     it = iter(inputs)
     console.input = lambda prompt="": next(it)  # type: ignore[method-assign]
-    return ChatSession(llm, SamplingParams(max_tokens=max_tokens, seed=0), console=console, **kw), console
+    params = SamplingParams(max_tokens=max_tokens, seed=0)
+    return ChatSession(llm, params, console=console, **kw), console
 
 
 def test_chat_session_save_reset_exit(tiny_llm, tmp_path):
