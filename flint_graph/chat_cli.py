@@ -50,6 +50,15 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]]) -> Path:
     return path
 
 
+_CONTROL = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {127: 0x2421}
+
+
+def printable(text: str) -> str:
+    """`text` with terminal control characters (ESC, CR, ...) shown as Unicode control
+    pictures, so model output cannot move the cursor or recolour the terminal."""
+    return text.translate(_CONTROL)
+
+
 class ChatSession:
     """One interactive conversation.
 
@@ -82,9 +91,12 @@ class ChatSession:
         while True:
             try:
                 line = c.input("[bold green]you>[/] ")
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 c.print()
                 return 0
+            except KeyboardInterrupt:
+                c.print("\n[dim](/exit or Ctrl-D quits)[/]")
+                continue
             if not line.strip():
                 continue
             if line.startswith("/"):
@@ -101,6 +113,7 @@ class ChatSession:
             return "exit"
         if cmd == "/reset":
             self.reset()
+            self.last_reasoning = ""
             self.console.print("[dim]conversation reset[/]")
         elif cmd == "/save":
             if not arg.strip():
@@ -112,9 +125,12 @@ class ChatSession:
             except FlintError as e:
                 self.console.print(f"[red]{e}[/]")
         elif cmd == "/reasoning":
-            self.console.print(Text(self.last_reasoning or "(no reasoning yet)", style="dim"))
-        else:
+            self.console.print(Text(printable(self.last_reasoning) or "(no reasoning yet)",
+                                    style="dim"))
+        elif cmd == "/help":
             self.console.print(f"[dim]{HELP}[/]")
+        else:
+            self.console.print(f"[red]unknown command {cmd}[/]  [dim]{HELP}[/]")
         return None
 
     def answer(self) -> None:
@@ -150,9 +166,9 @@ class ChatSession:
                     parts.append(Text(f"▸ reasoning ({len(reasoning)} chars, /reasoning "
                                       "shows it)", style="dim italic"))
                 else:
-                    parts.append(Text(reasoning, style="dim"))
+                    parts.append(Text(printable(reasoning), style="dim"))
             if content:
-                parts.append(Text(content))
+                parts.append(Text(printable(content)))
             for call in calls:
                 parts.append(Panel(Text(json.dumps(call.arguments, ensure_ascii=False,
                                                    indent=2)),
@@ -171,11 +187,14 @@ class ChatSession:
             except KeyboardInterrupt:
                 stream.close()
                 stopped = True
+            # The final split can differ from the streamed one (e.g. the model stopped without
+            # closing </think>: that text becomes the answer), so redraw from the message.
+            msg = stream.message
+            reasoning, content, calls = msg.reasoning_content or "", msg.content, msg.tool_calls
             live.update(view(collapsed=not self.show_reasoning))
         if not self.console.is_terminal:
             self.console.print()  # a terminal's Live ends the line itself; a pipe does not
         self.last_reasoning = reasoning
-        msg = stream.message
         out = msg.output
         for err in out.errors:
             self.console.print(f"[yellow]warning: {err}[/]")

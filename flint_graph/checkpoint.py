@@ -73,6 +73,8 @@ def _config_dir(hf_config_path: str | Path | None, fallback: Path, gguf: Path | 
     when given, else `fallback`. Raises CheckpointError explaining what is missing."""
     if hf_config_path is not None:
         d = Path(hf_config_path)
+        if not d.exists():
+            raise CheckpointError(f"{d}: hf_config_path does not exist")
         if d.is_file() and d.name == CONFIG_NAME:
             d = d.parent
         if not (d / CONFIG_NAME).is_file():

@@ -263,6 +263,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hide the progress bars")
 
 
+def _check_memory(cfg: FlintConfig, device: torch.device) -> None:
+    """Refuse up front when the BF16 weights cannot fit where they are generated (the `full`
+    preset needs ~80 GB), instead of swapping for minutes and dying."""
+    need = cfg.total_params * 2
+    if device.type == "cuda":
+        have = torch.cuda.get_device_properties(device).total_memory
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > 0.9 * have:
+        raise ConfigError(
+            f"this config's BF16 weights need {need / 1e9:.1f} GB but {device} has "
+            f"{have / 1e9:.1f} GB; generate it on a GPU with enough memory (--device cuda)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Write the checkpoint `args` (from `add_arguments`) describe and print a summary; 0 on
     success. Raises FlintError for bad input (the caller prints it on one line)."""
@@ -271,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = (FlintConfig.from_json(args.config_path) if args.config_path
            else FlintConfig.preset(args.preset or DEFAULT_PRESET))
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    _check_memory(cfg, _pick_device(args.device))
     summary = write_checkpoint(cfg, args.out_dir, formats, args.seed, args.device,
                                args.progress, args.quantize_embeddings, args.overwrite)
     out = Console()
