@@ -135,3 +135,39 @@ def test_save_transcript_is_atomic(tmp_path, monkeypatch):
         save_transcript(path, [{"role": "user", "content": "new"}])
     assert json.loads(path.read_text())["messages"][0]["content"] == "keep me"
     assert [p.name for p in tmp_path.iterdir()] == ["chat.json"]
+
+
+def test_chat_unknown_command_ctrl_c_at_prompt_and_control_chars(tiny_llm):
+    from flint_graph.chat_cli import printable
+
+    assert printable("a\x1b[31mb\rc\n\td\x7f") == "a\u241b[31mb\u240dc\n\td\u2421"
+    inputs = iter(["/frobnicate", KeyboardInterrupt, "/exit"])
+
+    def fake_input(prompt=""):
+        item = next(inputs)
+        if item is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return item
+
+    s, console = _session(tiny_llm, [])
+    console.input = fake_input  # type: ignore[method-assign]
+    assert s.run() == 0  # Ctrl-C at the prompt did not end the session; /exit did
+    text = console.file.getvalue()
+    assert "unknown command /frobnicate" in text and "Ctrl-D quits" in text
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--device", "nonsense"], "device 'nonsense'"),
+    (["--device", "mps"], "device 'mps'"),
+    (["--hf-config-path", "/nonexistent/dir"], "does not exist"),
+])
+def test_model_option_errors_one_line(capsys, tiny_ckpt, argv, match):
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "x", *argv)
+    assert code == 2 and match in err and "Traceback" not in err
+
+
+def test_make_checkpoint_refuses_config_too_big_for_memory(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("os.sysconf", lambda name: 1024 if name == "SC_PAGE_SIZE" else 1024)
+    code, _, err = _run(capsys, "make-checkpoint", "--preset", "tiny", "--out", tmp_path / "x",
+                        "--device", "cpu")
+    assert code == 2 and "GB" in err and not (tmp_path / "x").exists()
