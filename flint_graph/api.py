@@ -22,7 +22,7 @@ import torch
 from flint_graph.chat_template import render_chat
 from flint_graph.checkpoint import load_checkpoint
 from flint_graph.engine import Engine
-from flint_graph.errors import ContextLengthError, InvalidRequestError
+from flint_graph.errors import ContextLengthError, InvalidRequestError, TemplateError
 from flint_graph.make_checkpoint import ensure_default_checkpoint
 from flint_graph.output_parser import OutputParser, ToolCall
 from flint_graph.request import Request, RequestDelta
@@ -94,6 +94,11 @@ class LLM:
     def __init__(self, model: str | Path | None = None, hf_config_path: str | Path | None = None,
                  device: str | torch.device | None = None, progress: bool = True,
                  max_slots: int = 8):
+        if not isinstance(max_slots, int) or max_slots < 1:
+            raise InvalidRequestError(f"max_slots {max_slots!r}: expected an integer >= 1")
+        if model is not None and (not isinstance(model, (str, Path)) or not str(model)):
+            raise InvalidRequestError(f"model {model!r}: expected a checkpoint directory or "
+                                      ".gguf path (or None for the embedded default)")
         self.device = _pick_device(device)
         if model is None:
             model = ensure_default_checkpoint(progress=progress)
@@ -113,8 +118,12 @@ class LLM:
         Returns one GenerationOutput per prompt, in order.
         Raises InvalidRequestError (empty prompt, bad params), ContextLengthError.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                        and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise InvalidRequestError(f"prompts: expected a string, a list of strings or a list "
+                                      f"of token-id lists, found {type(prompts).__name__}")
         reqs = [self._request(self._encode(p), params, parser=None) for p in prompts]
         return self._run(reqs)
 
@@ -135,9 +144,18 @@ class LLM:
         Raises InvalidRequestError for malformed messages/tools, TemplateError if it raises."""
         if not messages:
             raise InvalidRequestError("messages: expected at least one message, got none")
-        return render_chat(self.tokenizer.chat_template, messages, tools,
-                           enable_thinking=enable_thinking, tool_choice=tool_choice,
-                           **template_kwargs)
+        source = self.checkpoint.config_dir / "tokenizer_config.json"
+        try:
+            text = render_chat(self.tokenizer.chat_template, messages, tools,
+                               enable_thinking=enable_thinking, tool_choice=tool_choice,
+                               **template_kwargs)
+        except TemplateError as e:
+            raise TemplateError(f"{source}: {e}") from None
+        except TypeError as e:  # e.g. a template kwarg that collides with a named argument
+            raise InvalidRequestError(f"render: {e}") from None
+        if not text.strip():
+            raise TemplateError(f"{source}: the chat template rendered an empty prompt")
+        return text
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
              params: SamplingParams | None = None, *, enable_thinking: bool = True,
@@ -173,10 +191,19 @@ class LLM:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidRequestError(
+                    f"prompt: not valid UTF-8 text (undecodable byte at character {e.start})"
+                ) from None
             return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, list):
+            raise InvalidRequestError(f"prompt: expected text or a list of token ids, found "
+                                      f"{type(prompt).__name__}")
         if not prompt:
             raise InvalidRequestError("prompt: expected at least one token id, got none")
-        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.cfg.vocab_size]
+        bad = [t for t in prompt if type(t) is not int or not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise InvalidRequestError(
                 f"prompt: token id {bad[0]!r} outside [0, {self.cfg.vocab_size})")
@@ -184,6 +211,9 @@ class LLM:
 
     def _request(self, prompt_ids: list[int], params: SamplingParams | None,
                  parser: OutputParser | None) -> Request:
+        if params is not None and not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"params: expected SamplingParams, found "
+                                      f"{type(params).__name__}")
         params = (params or SamplingParams()).with_defaults(self.generation_config)
         limit = self.cfg.max_position_embeddings
         if len(prompt_ids) >= limit:

@@ -30,12 +30,18 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]]) -> Path:
 
     Raises FlintError naming the path if the directory does not exist or is not writable."""
     path = Path(path).expanduser()
+    if path.is_symlink():
+        path = path.resolve()  # replace the file the link points at, keep the link
+    if path.exists() and not path.is_file():
+        raise FlintError(f"{path}: exists and is not a regular file; choose a file name")
     if not path.parent.is_dir():
         raise FlintError(f"{path}: directory {path.parent} does not exist")
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     text = json.dumps({"messages": messages}, ensure_ascii=False, indent=2)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.chmod(tmp, mode)  # mkstemp makes 0600; a transcript keeps the usual mode
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -139,11 +145,14 @@ class ChatSession:
             try:
                 stream = self.llm.stream_chat(self.messages, self.tools, self.params,
                                               enable_thinking=self.enable_thinking)
-            except FlintError as e:
-                self.console.print(f"[red]error: {e}[/]")
-                self.messages.pop()
+                msg = self._show(stream)
+            except Exception as e:  # keep the session (and its unsaved transcript) alive
+                kind = "error" if isinstance(e, FlintError) else \
+                    f"internal error: {type(e).__name__}"
+                self.console.print(f"[red]{kind}: {e}[/]")
+                if self.messages and self.messages[-1]["role"] == "user":
+                    self.messages.pop()
                 return
-            msg = self._show(stream)
             self.messages.append(msg.to_dict())
             if not msg.tool_calls or msg.finish_reason == "abort":
                 return

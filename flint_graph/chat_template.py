@@ -281,5 +281,7 @@ def render_chat(template: str, messages: list[dict], tools: list[dict] | None = 
                                enable_thinking=enable_thinking, **kwargs)  # fmt: skip
     except jinja2.TemplateError as e:
         raise TemplateError(f"chat template failed: {e}") from e
-    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+    except (InvalidRequestError, TemplateError):
+        raise
+    except Exception as e:  # a checkpoint's template is untrusted code: any failure is its own
         raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e

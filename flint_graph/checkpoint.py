@@ -64,6 +64,8 @@ def read_generation_config(config_dir: str | Path) -> dict[str, Any]:
 
 def is_gguf(path: Path) -> bool:
     """True when the regular file `path` starts with the GGUF magic bytes."""
+    if not path.is_file():  # a FIFO or device would block or never end
+        return False
     with path.open("rb") as f:
         return f.read(4) == GGUF_MAGIC
 
@@ -141,6 +143,9 @@ def load_checkpoint(path: str | Path, hf_config_path: str | Path | None = None,
                 _config_dir(hf_config_path, path, None)  # names a missing config.json first
                 raise CheckpointError(f"{path}: no {INDEX_NAME}, no {SINGLE_NAME} and no GGUF "
                                       "file; not a checkpoint directory")
+    elif not path.is_file():
+        raise CheckpointError(f"{path}: not a regular file or directory (expected a BF16 "
+                              "checkpoint directory or an NVFP4 GGUF file)")
     elif is_gguf(path):
         gguf = path
     else:

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nflint-graph: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `flint-graph generate ... | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # a bug of ours: still one line unless asked for the traceback
         if os.environ.get("FLINT_GRAPH_DEBUG"):
             raise
@@ -153,15 +156,15 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
         raise InvalidRequestError(f"{path}: cannot read tools file ({e})") from None
     except json.JSONDecodeError as e:
         raise InvalidRequestError(f"{path}: not valid JSON ({e})") from None
+    from flint_graph.chat_template import validate_tools
+
     if not isinstance(tools, list):
         raise InvalidRequestError(f"{path}: expected a JSON list of tools, found "
                                   f"{type(tools).__name__}")
-    for i, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise InvalidRequestError(
-                f"{path}: tool {i} must look like {{\"type\": \"function\", \"function\": "
-                f"{{\"name\": ..., \"parameters\": {{...}}}}}}")
+    try:
+        validate_tools(tools)
+    except InvalidRequestError as e:
+        raise InvalidRequestError(f"{path}: {e}") from None
     return tools
 
 
@@ -201,6 +204,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
     tools = load_tools(args.tools)
+    if args.raw and (tools or not args.enable_thinking):
+        raise InvalidRequestError("--tools and --no-think apply to the chat template; they "
+                                  "cannot be used with --raw")
     params = sampling_params(args)
     llm = load_llm(args)
     if args.raw:

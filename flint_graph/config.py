@@ -168,9 +168,10 @@ class FlintConfig:
             raise bad("attention_bias", "false (Flint's projections have no bias)")
         if self.tie_word_embeddings:
             raise bad("tie_word_embeddings", "false (Flint ships a separate lm_head)")
-        if self.rms_norm_eps <= 0 or self.rope_theta <= 0 or self.routed_scaling_factor <= 0:
-            raise ConfigError(f"{source}: rms_norm_eps, rope_theta and routed_scaling_factor "
-                              "must be positive")
+        for name in ("rms_norm_eps", "rope_theta", "routed_scaling_factor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise bad(name, "a positive finite number")
         for name, k in self.nvfp4_k_dims().items():
             if k % NVFP4_BLOCK:
                 raise ConfigError(
@@ -376,5 +377,6 @@ def _coerce(source: str, name: str, typ: Any, value: Any) -> Any:
     expected = {"int": int, "float": (int, float), "bool": bool, "str": str}[typ]
     ok = isinstance(value, expected) and not (typ in ("int", "float") and isinstance(value, bool))
     if not ok:
-        raise ConfigError(f"{source}: field {name!r} = {value!r}; expected a {typ}")
+        article = "an" if typ == "int" else "a"
+        raise ConfigError(f"{source}: field {name!r} = {value!r}; expected {article} {typ}")
     return float(value) if typ == "float" else value

@@ -104,10 +104,18 @@ def generation_config(special_ids: dict[str, int]) -> dict[str, Any]:
 
 def _is_occupied(out_dir: Path, overwrite: bool) -> bool:
     """True when `out_dir` holds something; raises CheckpointError then unless `overwrite`."""
-    occupied = out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CheckpointError(f"{out_dir}: exists and is not a directory; choose another "
+                              "output directory")
+    occupied = out_dir.exists() and any(out_dir.iterdir())
     if occupied and not overwrite:
         raise CheckpointError(f"{out_dir}: already exists and is not empty; choose another "
                               "output directory or overwrite it (--overwrite)")
+    if occupied and not (out_dir / MARKER_NAME).is_file():
+        # --overwrite replaces a checkpoint we wrote, never a directory of the user's files.
+        raise CheckpointError(f"{out_dir}: --overwrite only replaces a checkpoint written by "
+                              f"make-checkpoint (it has {MARKER_NAME}); this directory holds "
+                              "other files, so it is left alone")
     return occupied
 
 
@@ -282,6 +290,8 @@ def run(args: argparse.Namespace) -> int:
     success. Raises FlintError for bad input (the caller prints it on one line)."""
     from rich.console import Console
 
+    if args.seed < 0:
+        raise ConfigError(f"--seed {args.seed}: expected a non-negative integer")
     cfg = (FlintConfig.from_json(args.config_path) if args.config_path
            else FlintConfig.preset(args.preset or DEFAULT_PRESET))
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())

@@ -182,3 +182,47 @@ def test_gguf_and_bf16_give_identical_greedy_output(tiny_ckpt, tiny_llm):
     gguf = LLM(tiny_ckpt / "model-nvfp4.gguf", device="cpu", progress=False)
     assert gguf.generate("same model", GREEDY)[0].token_ids == \
         tiny_llm.generate("same model", GREEDY)[0].token_ids
+
+
+def test_api_rejects_wrong_types_with_typed_errors(tiny_llm, tiny_ckpt):
+    for bad in (None, 5, b"hi", ["hi", 5], [[True]]):
+        with pytest.raises(InvalidRequestError):
+            tiny_llm.generate(bad)
+    with pytest.raises(InvalidRequestError, match="params"):
+        tiny_llm.generate("hi", {"max_tokens": 3})
+    with pytest.raises(InvalidRequestError, match="UTF-8"):
+        tiny_llm.generate("hi \udcff")
+    with pytest.raises(InvalidRequestError, match="max_slots"):
+        LLM(tiny_ckpt, device="cpu", progress=False, max_slots=0)
+    with pytest.raises(InvalidRequestError, match="model"):
+        LLM("", device="cpu", progress=False)
+    assert not tiny_llm.engine.has_work
+
+
+@pytest.mark.parametrize("template, match", [
+    ("{{ 1/0 }}", "ZeroDivisionError"),
+    ("{% for i in range(10**9) %}x{% endfor %}", "chat template failed"),
+    ("   ", "empty prompt"),
+])
+def test_template_failures_are_template_errors_naming_the_file(tmp_path, tiny_ckpt, template,
+                                                               match):
+    import shutil
+
+    d = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    llm = LLM(d, device="cpu", progress=False)
+    with pytest.raises(TemplateError, match=match) as info:
+        llm.chat([{"role": "user", "content": "hi"}])
+    assert "tokenizer_config.json" in str(info.value)
+
+
+def test_fifo_as_model_is_refused_without_blocking(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        LLM(fifo, device="cpu", progress=False)

@@ -62,7 +62,7 @@ def test_errors_are_one_line(capsys, tmp_path, tiny_ckpt):
     assert code != 0 and "missing" in err and len(err.strip().splitlines()) == 1
     bad = tmp_path / "tools.json"
     for text, match in [("{not json", "not valid JSON"), ('{"a": 1}', "list"),
-                        ('[{"type": "function"}]', "tool 0")]:
+                        ('[{"type": "function"}]', "tools[0]")]:
         bad.write_text(text)
         code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "x", "--tools", bad)
         assert code != 0 and match in err and "Traceback" not in err
@@ -171,3 +171,51 @@ def test_make_checkpoint_refuses_config_too_big_for_memory(capsys, tmp_path, mon
     code, _, err = _run(capsys, "make-checkpoint", "--preset", "tiny", "--out", tmp_path / "x",
                         "--device", "cpu")
     assert code == 2 and "GB" in err and not (tmp_path / "x").exists()
+
+
+def test_overwrite_never_deletes_user_files(capsys, tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("thesis")
+    code, _, err = _run(capsys, "make-checkpoint", "--out", precious, "--overwrite",
+                        "--device", "cpu", "--no-progress")
+    assert code == 2 and "left alone" in err
+    assert (precious / "notes.txt").read_text() == "thesis"
+
+
+def test_save_transcript_through_symlink_keeps_mode_and_refuses_dirs(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("{}")
+    target.chmod(0o640)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    save_transcript(link, [{"role": "user", "content": "hi"}])
+    assert link.is_symlink() and json.loads(target.read_text())["messages"][0]["content"] == "hi"
+    assert target.stat().st_mode & 0o777 == 0o640
+    with pytest.raises(FlintError, match="not a regular file"):
+        save_transcript(tmp_path, [])
+
+
+def test_chat_survives_internal_error_and_keeps_transcript(tiny_llm, tmp_path, monkeypatch):
+    real = tiny_llm.stream_chat
+    calls = iter([ZeroDivisionError("boom"), None])
+
+    def flaky(*a, **kw):
+        err = next(calls)
+        if err:
+            raise err
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tiny_llm, "stream_chat", flaky)
+    path = tmp_path / "t.json"
+    s, console = _session(tiny_llm, ["first", "second", f"/save {path}", "/exit"])
+    assert s.run() == 0
+    assert "internal error: ZeroDivisionError" in console.file.getvalue()
+    assert [m["content"] for m in json.loads(path.read_text())["messages"]][:1] == ["second"]
+
+
+def test_raw_refuses_chat_only_flags(capsys, tiny_ckpt, tmp_path):
+    tools = tmp_path / "t.json"
+    tools.write_text('[{"type": "function", "function": {"name": "f"}}]')
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--raw", "--prompt", "x", "--tools", tools)
+    assert code == 2 and "--raw" in err

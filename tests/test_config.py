@@ -1,0 +1,97 @@
+"""FlintConfig: parsing, validation messages, derived figures (DESIGN §1, §5)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flint_graph.config import FlintConfig
+from flint_graph.errors import ConfigError
+
+
+def _full() -> dict:
+    return FlintConfig.preset("full").to_dict()
+
+
+def test_full_preset_matches_published_facts():
+    c = FlintConfig.preset("full")
+    assert (c.num_hidden_layers, c.num_sliding_layers, c.num_full_layers) == (49, 35, 14)
+    assert c.kv_bytes_per_token == 28 * 1024  # DESIGN §1: 28 KiB of BF16 KV per token
+    # DESIGN §1: 39.7B total, 2.43B active parameters.
+    assert round(c.total_params / 1e9, 1) == 39.7
+    assert round(c.active_params / 1e9, 2) == 2.43
+    assert c.uses_rope(0) and not c.uses_rope(3)  # RoPE on sliding layers, NoPE on full ones
+    assert not c.is_moe(1) and c.is_moe(2)
+
+
+def test_decode_step_bytes_match_design_floors():
+    c = FlintConfig.preset("full")
+    # DESIGN §5 floors at 4.25 TB/s: NVFP4 0.45 ms at 1K and 1.12 ms at 100K; BF16 1.16 ms at
+    # 1K. Our byte count (expected distinct experts, BF16 head) lands within 5% of each.
+    for fmt, ctx, floor_ms in (("nvfp4", 1024, 0.45), ("nvfp4", 100_000, 1.12),
+                               ("bf16", 1024, 1.16)):
+        ms = c.decode_step_bytes(1, ctx, fmt)["total"] / 4.25e12 * 1e3
+        assert ms == pytest.approx(floor_ms, rel=0.05), (fmt, ctx, ms)
+    # More rows touch more experts, never fewer bytes.
+    b = [c.decode_step_bytes(n, 1024, "nvfp4")["weights"] for n in (1, 2, 4, 8)]
+    assert b == sorted(b) and b[-1] > b[0]
+
+
+def test_round_trip_through_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_full()))
+    assert FlintConfig.from_json(tmp_path) == FlintConfig.preset("full")
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"layer_types": ["sliding_attention"] * 48}, "layer_types.*48 entries.*49"),
+    ({"layer_types": ["sliding_attention"] * 48 + ["global"]}, r"layer_types\[48\]"),
+    ({"num_attention_heads": 30}, "num_attention_heads.*multiple of num_key_value_heads"),
+    ({"moe_intermediate_size": 500}, "moe_intermediate_size = 500.*multiple of 64"),
+    ({"hidden_size": 2000}, "hidden_size = 2000.*multiple of 64"),
+    ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "unknown architecture"),
+    ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
+    ({"rope_theta": float("nan")}, "rope_theta"),
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps"),
+    ({"vocab_size": "151552"}, "vocab_size.*expected an int"),
+    ({"qk_norm": 1}, "qk_norm.*expected a bool"),
+    ({"scoring_func": "softmax"}, "scoring_func"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+])
+def test_validation_names_field_and_expected_value(change, match):
+    raw = {**_full(), **change}
+    with pytest.raises(ConfigError, match=match):
+        FlintConfig.from_dict(raw, source="cfg.json")
+
+
+def test_missing_field_and_missing_file(tmp_path):
+    raw = _full()
+    del raw["sliding_window"]
+    with pytest.raises(ConfigError, match="missing field 'sliding_window'"):
+        FlintConfig.from_dict(raw)
+    with pytest.raises(ConfigError, match="config file not found"):
+        FlintConfig.from_json(tmp_path / "nope")
+    (tmp_path / "config.json").write_text("{broken")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        FlintConfig.from_json(tmp_path)
+
+
+def test_gguf_metadata_cross_check():
+    c = FlintConfig.preset("tiny")
+    meta = c.gguf_metadata()
+    c.check_gguf_metadata(meta, "x.gguf")  # consistent: no error
+    with pytest.raises(ConfigError, match="flint.block_count = 7.*config.json.*6"):
+        c.check_gguf_metadata({**meta, "flint.block_count": 7}, "x.gguf")
+    pattern = [not s for s in meta["flint.attention.sliding_window_pattern"]]
+    with pytest.raises(ConfigError, match="sliding_window_pattern"):
+        c.check_gguf_metadata({**meta, "flint.attention.sliding_window_pattern": pattern}, "x")
+
+
+def test_tiny_preset_has_every_feature():
+    t = FlintConfig.preset("tiny")
+    assert t.num_sliding_layers and t.num_full_layers and t.first_k_dense_replace
+    assert t.n_shared_experts and t.attention_sinks and t.qk_norm
+    assert t.sliding_window < 64  # small enough that tests cross it
+    kinds = list(t.layer_types)
+    assert kinds != sorted(kinds)  # interleaved, not one block of each kind
