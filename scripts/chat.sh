@@ -9,6 +9,7 @@ if [ ! -x .venv/bin/flint-graph ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # Pinned CPU build first: an unpinned torch would pull a multi-GB CUDA build.
   .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e .
+  # Quiet setuptools' generic editable-install notice (kernels/ maps to flint_graph.kernels).
+  PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e .
 fi
 exec .venv/bin/flint-graph chat "$@"

@@ -8,5 +8,6 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 # Pinned CPU build first: an unpinned torch would pull a multi-GB CUDA build.
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[test]"
+# Quiet setuptools' generic editable-install notice (kernels/ maps to flint_graph.kernels).
+PYTHONWARNINGS=ignore::UserWarning python -m pip install -q -e ".[test]"
 python -m pytest -q "$@"
