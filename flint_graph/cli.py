@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="send the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object: token_ids, text, reasoning_content, "
-                          "tool_calls, finish_reason, ttft_ms, ms_per_token")
+                          "content, tool_calls, finish_reason, ttft_ms, ms_per_token")
     _sampling_args(gen)
     gen.set_defaults(func=_cmd_generate)
 

@@ -21,15 +21,16 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 def _manual_greedy(llm: LLM, prompt_ids: list[int], n: int) -> list[int]:
-    model = ReferenceModel(llm.cfg, llm.checkpoint.weights, "cpu")
+    dev = llm.device
+    model = ReferenceModel(llm.cfg, llm.checkpoint.weights, dev)
     seq = model.new_sequence()
     with torch.inference_mode():
-        logits = model.prefill(seq, torch.tensor(prompt_ids))
+        logits = model.prefill(seq, torch.tensor(prompt_ids, device=dev))
         out = []
         for _ in range(n):
             logits[llm.tokenizer.vocab_size:] = float("-inf")  # padding rows of the LM head
             out.append(int(logits.argmax()))
-            logits = model.forward([seq], [torch.tensor([out[-1]])])[0][-1]
+            logits = model.forward([seq], [torch.tensor([out[-1]], device=dev)])[0][-1]
     return out
 
 
@@ -226,3 +227,14 @@ def test_fifo_as_model_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(CheckpointError, match="not a regular file"):
         LLM(fifo, device="cpu", progress=False)
+
+
+@pytest.mark.gpu
+def test_cuda_engine_matches_reference_loop_and_seeds_reproduce(tiny_ckpt):
+    llm = LLM(tiny_ckpt, device="cuda", progress=False)
+    prompt = "The decode step reads every weight once"
+    out = llm.generate(prompt, GREEDY)[0]
+    assert out.token_ids == _manual_greedy(llm, llm.tokenizer.encode(prompt), 12)
+    p = SamplingParams(temperature=1.0, max_tokens=16, seed=11, ignore_eos=True)
+    batch = llm.generate(["a", "bb", "ccc", "a"], p)
+    assert batch[0].token_ids == batch[3].token_ids  # same prompt, same seed, one batch

@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=3000, help="prefill length (tokens)")
     ap.add_argument("--decode-tokens", type=int, default=64, help="greedy decode steps")
     ap.add_argument("--skip-bf16", action="store_true", help="NVFP4 only")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse the GGUF already in --work instead of writing it again")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("baseline.py needs a CUDA GPU")
@@ -89,12 +91,14 @@ def main() -> None:
     cfg = FlintConfig.preset("full")
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
 
-    shutil.rmtree(args.work, ignore_errors=True)
-    t = time.perf_counter()
-    summary = write_checkpoint(cfg, args.work, formats=("gguf",), device="cuda", progress=False)
-    report["write"] = {"total_s": round(time.perf_counter() - t, 1),
-                       "steps_s": summary["seconds"],
-                       "gguf_bytes": summary["files"][GGUF_NAME]}
+    if not (args.reuse and (args.work / GGUF_NAME).is_file()):
+        shutil.rmtree(args.work, ignore_errors=True)
+        t = time.perf_counter()
+        summary = write_checkpoint(cfg, args.work, formats=("gguf",), device="cuda",
+                                   progress=False)
+        report["write"] = {"total_s": round(time.perf_counter() - t, 1),
+                           "steps_s": summary["seconds"],
+                           "gguf_bytes": summary["files"][GGUF_NAME]}
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
@@ -120,7 +124,8 @@ def main() -> None:
         del w
     (args.out / "baseline.json").write_text(json.dumps(report, indent=2))
     lines = [f"device: {report['device']}, torch {report['torch']}",
-             f"GGUF write: {report['write']}", f"GGUF load+repack: {report['load']}", "",
+             f"GGUF write: {report.get('write', 'reused')}",
+             f"GGUF load+repack: {report['load']}", "",
              "| weights | prompt | prefill ms | prefill tok/s | decode ms/token (median, mean) "
              "| peak GPU GB |", "|---|---|---|---|---|---|"]
     for r in report["runs"]:
