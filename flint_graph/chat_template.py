@@ -21,6 +21,7 @@ only after the last user message unless clear_thinking=False.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
@@ -205,6 +206,9 @@ def validate_messages(messages: Any) -> list[dict]:
     return out
 
 
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
 def validate_tools(tools: Any) -> list[dict] | None:
     """Check OpenAI function tools ({"type": "function", "function": {"name", "parameters"?,
     "description"?}}); None or [] mean no tools. Raises InvalidRequestError naming `tools[i]`."""
@@ -225,6 +229,11 @@ def validate_tools(tools: Any) -> list[dict] | None:
         if not isinstance(name, str) or not name or name in names:
             raise InvalidRequestError(f"{where}.function.name: expected a new non-empty string, "
                                       f"found {name!r}")  # fmt: skip
+        if not _TOOL_NAME.fullmatch(name):
+            # The output parser refuses names with spaces or tags, so such a tool could never
+            # be called: refuse it here, where the user can fix it.
+            raise InvalidRequestError(f"{where}.function.name: {name!r} must be letters, "
+                                      "digits, '_', '-' or '.' (at most 64)")
         names.add(name)
         params = fn.get("parameters")
         if params is not None and not isinstance(params, Mapping):

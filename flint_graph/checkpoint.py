@@ -137,6 +137,9 @@ def load_checkpoint(path: str | Path, hf_config_path: str | Path | None = None,
     gguf: Path | None = None
     if path.is_dir():
         has_st = (path / INDEX_NAME).is_file() or (path / SINGLE_NAME).is_file()
+        if not has_st and any(path.glob("*.safetensors")):
+            raise CheckpointError(f"{path}: holds safetensors shards but no {INDEX_NAME}; "
+                                  "the index maps each tensor to its shard")
         if not has_st:
             gguf = _gguf_in_dir(path)
             if gguf is None:

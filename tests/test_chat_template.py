@@ -279,3 +279,12 @@ def test_renderer_environment_matches_hf():
     assert render_chat(template, msgs) == (
         '{"role": "user", "content": "é<&>"}|{"content":"é<&>","role":"user"}|"\\u00e9<&>"\n'
     )
+
+
+@pytest.mark.parametrize("name", ["a b", "x<tool_call>", "", "n" * 65])
+def test_tool_names_the_parser_could_never_match_are_refused(name):
+    from flint_graph.chat_template import validate_tools
+    from flint_graph.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="function.name"):
+        validate_tools([{"type": "function", "function": {"name": name}}])

@@ -130,3 +130,16 @@ def test_read_generation_config(ckpt_dir, tmp_path):
     (tmp_path / "generation_config.json").write_text("[1, 2]")
     with pytest.raises(CheckpointError, match="expected a JSON object"):
         read_generation_config(tmp_path)
+
+
+def test_shards_without_index_are_refused_not_silently_swapped_for_the_gguf(tmp_path):
+    from flint_graph.checkpoint import load_checkpoint
+    from flint_graph.config import FlintConfig
+    from flint_graph.errors import CheckpointError
+    from flint_graph.make_checkpoint import write_checkpoint
+
+    out = tmp_path / "ck"
+    write_checkpoint(FlintConfig.preset("tiny"), out, progress=False, device="cpu")
+    (out / "model.safetensors.index.json").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors.index.json"):
+        load_checkpoint(out, progress=False)
