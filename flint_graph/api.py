@@ -22,8 +22,9 @@ import torch
 from flint_graph.chat_template import render_chat
 from flint_graph.checkpoint import load_checkpoint
 from flint_graph.engine import Engine
-from flint_graph.errors import ContextLengthError, InvalidRequestError, TemplateError
-from flint_graph.make_checkpoint import ensure_default_checkpoint
+from flint_graph.engine_config import EngineConfig, pick_device
+from flint_graph.errors import (CheckpointError, ContextLengthError, InvalidRequestError,
+                                TemplateError)
 from flint_graph.output_parser import OutputParser, ToolCall
 from flint_graph.request import Request, RequestDelta
 from flint_graph.sampling import SamplingParams
@@ -87,26 +88,34 @@ class LLM:
             (defaults to the GGUF's own directory).
         device: "cuda", "cpu" or a torch.device; None picks CUDA when present.
         progress: show progress bars while loading.
-        max_slots: most requests decoded together.
-    Raises CheckpointError / ConfigError for a missing, corrupt or inconsistent checkpoint.
+        engine: runtime knobs (EngineConfig: max_slots, prefill_chunk_tokens).
+    Raises CheckpointError / ConfigError for a missing, corrupt or inconsistent checkpoint,
+    InvalidRequestError for a bad `device` or `model` argument.
     """
 
     def __init__(self, model: str | Path | None = None, hf_config_path: str | Path | None = None,
                  device: str | torch.device | None = None, progress: bool = True,
-                 max_slots: int = 8):
-        if not isinstance(max_slots, int) or max_slots < 1:
-            raise InvalidRequestError(f"max_slots {max_slots!r}: expected an integer >= 1")
+                 engine: EngineConfig | None = None):
+        engine = engine or EngineConfig()
         if model is not None and (not isinstance(model, (str, Path)) or not str(model)):
             raise InvalidRequestError(f"model {model!r}: expected a checkpoint directory or "
                                       ".gguf path (or None for the embedded default)")
-        self.device = _pick_device(device)
+        self.device = pick_device(device)
         if model is None:
+            # The generator is only needed for the embedded default: import it only then.
+            from flint_graph.make_checkpoint import ensure_default_checkpoint
+
             model = ensure_default_checkpoint(progress=progress)
         self.checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
         self.cfg = self.checkpoint.cfg
         self.tokenizer = FlintTokenizer.from_dir(self.checkpoint.config_dir)
         self.generation_config = self.checkpoint.generation_config
-        self.engine = Engine(self.checkpoint, self.device, self.tokenizer.vocab_size, max_slots)
+        if self.tokenizer.vocab_size > self.cfg.vocab_size:
+            raise CheckpointError(
+                f"{self.checkpoint.config_dir / 'tokenizer.json'}: the tokenizer has "
+                f"{self.tokenizer.vocab_size} tokens but config.json vocab_size is "
+                f"{self.cfg.vocab_size}; the LM head has no row for the rest")
+        self.engine = Engine(self.checkpoint, self.device, self.tokenizer.vocab_size, engine)
 
     # -- raw completion ---------------------------------------------------------------------
 
@@ -203,10 +212,14 @@ class LLM:
                                       f"{type(prompt).__name__}")
         if not prompt:
             raise InvalidRequestError("prompt: expected at least one token id, got none")
-        bad = [t for t in prompt if type(t) is not int or not 0 <= t < self.cfg.vocab_size]
+        not_int = [t for t in prompt if type(t) is not int]
+        if not_int:
+            raise InvalidRequestError(f"prompt: token ids must be Python ints, found "
+                                      f"{type(not_int[0]).__name__}")
+        bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise InvalidRequestError(
-                f"prompt: token id {bad[0]!r} outside [0, {self.cfg.vocab_size})")
+                f"prompt: token id {bad[0]} outside [0, vocab_size = {self.cfg.vocab_size})")
         return list(prompt)
 
     def _request(self, prompt_ids: list[int], params: SamplingParams | None,
@@ -221,6 +234,13 @@ class LLM:
                 f"prompt is {len(prompt_ids)} tokens; the model's context limit is {limit} "
                 f"tokens (max_position_embeddings), leaving no room to generate")
         eos = list(params.stop_token_ids or [])
+        if not eos and not params.ignore_eos:
+            eos = list(self.tokenizer.chat_stop_ids)  # no eos_token_id in generation_config
+        bad = [t for t in eos if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"stop_token_ids (with generation_config.json eos_token_id): id {bad[0]} "
+                f"outside [0, vocab_size = {self.cfg.vocab_size})")
         return Request(prompt_ids, params, self.tokenizer, eos, parser,
                        max_new_tokens=limit - len(prompt_ids))
 
@@ -234,18 +254,23 @@ class LLM:
             for r in reqs:
                 if not r.is_finished:
                     self.engine.abort(r)
+                r.pending.clear()  # nobody streams these: drop their deltas
         return [_output(r) for r in reqs]
 
     def _stream(self, req: Request) -> Iterator[RequestDelta]:
         self.engine.add(req)
         try:
-            while not req.is_finished:
-                for d in self.engine.step():
-                    if d.request_id == req.id:
-                        yield d
+            while True:
+                # Steps driven by other consumers may already have queued our deltas.
+                while req.pending:
+                    yield req.pending.popleft()
+                if req.is_finished:
+                    return
+                self.engine.step()
         finally:
             if not req.is_finished:
                 self.engine.abort(req)
+            req.pending.clear()
 
 
 class RequestStream:
@@ -276,21 +301,6 @@ class RequestStream:
                            output=out)
 
 
-def _pick_device(device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise InvalidRequestError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'") \
-            from None
-    if dev.type not in ("cpu", "cuda"):
-        raise InvalidRequestError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidRequestError(f"device {device!r}: CUDA is not available on this machine")
-    return dev
-
-
 def _output(req: Request) -> GenerationOutput:
     ttft, tpot = req.timing()
     out = GenerationOutput(req.prompt_ids, list(req.output_ids), req.text,
@@ -316,4 +326,5 @@ def output_to_json(out: GenerationOutput) -> str:
         "finish_reason": out.finish_reason,
         "ttft_ms": out.ttft_ms,
         "ms_per_token": out.ms_per_token,
+        "errors": out.errors,
     }, ensure_ascii=False)

@@ -25,6 +25,12 @@ PRESETS = ("tiny", "full")
 NVFP4_BLOCK = 64
 GGUF_ARCH = "flint"
 GGML_EXPERT_GATING_SIGMOID = 2  # llama.cpp LLM_EXPERT_GATING_FUNC_TYPE_SIGMOID
+# The `flint.*` keys DESIGN §2 names: a Flint GGUF must carry them.
+GGUF_REQUIRED_KEYS = (
+    "block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+    "attention.sliding_window", "attention.sliding_window_pattern", "expert_count",
+    "expert_used_count", "expert_shared_count", "leading_dense_block_count",
+    "expert_gating_func", "expert_weights_norm", "expert_weights_scale")
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,7 @@ class FlintConfig:
     def from_json(cls, path: str | Path) -> FlintConfig:
         """Read `path` (a config.json file or a directory holding one).
 
-        Raises CheckpointError-free ConfigError naming the path when it is missing or not JSON.
+        Raises ConfigError naming the path when it is missing or not JSON.
         """
         path = Path(path)
         if path.is_dir():
@@ -214,10 +220,12 @@ class FlintConfig:
 
     @property
     def num_sliding_layers(self) -> int:
+        """Layers with sliding-window attention."""
         return sum(t == SLIDING for t in self.layer_types)
 
     @property
     def num_full_layers(self) -> int:
+        """Layers with full-context attention."""
         return sum(t == FULL for t in self.layer_types)
 
     # -- derived figures (bench) --------------------------------------------------------------
@@ -299,9 +307,10 @@ class FlintConfig:
         small = 2 * c["attention_small"] + 4 * c["router"]
         embed_rows = batch * self.hidden_size * 2
         weights = linears * per + head + small + embed_rows
-        window = min(context_tokens, self.sliding_window)
+        # A sliding layer reads at most its window of keys.
+        window_fraction = min(context_tokens, self.sliding_window) / self.sliding_window
         kv = batch * (self.kv_bytes_per_token * context_tokens
-                      + self.num_sliding_layers * window * 2 * self.kv_dim * 2)
+                      + self.sliding_kv_bytes_per_slot * window_fraction)
         return {"weights": weights, "kv": float(kv), "total": weights + kv}
 
     # -- GGUF metadata ------------------------------------------------------------------------
@@ -340,13 +349,18 @@ class FlintConfig:
         """Refuse GGUF metadata that disagrees with this config.
 
         Args:
-            found: key -> value read from the GGUF (missing keys are skipped: llama.cpp writers
-                may omit optional ones; `general.architecture` is checked by the loader).
+            found: key -> value read from the GGUF (`general.architecture` is checked by the
+                loader). The structural keys DESIGN §2 lists must be present; the others
+                (context length, rope base, ...) are compared when present.
             source: the GGUF path, for the message.
-        Raises ConfigError naming the key, the config.json value and the GGUF value.
+        Raises ConfigError naming the key, the config.json value and the GGUF value, or the
+        missing key.
         """
         for key, want in self.gguf_metadata().items():
             if key not in found:
+                if key.removeprefix(f"{GGUF_ARCH}.") in GGUF_REQUIRED_KEYS:
+                    raise ConfigError(f"{source}: GGUF metadata lacks {key} (config.json has "
+                                      f"{_plain(want)!r}); expected it in a Flint GGUF")
                 continue
             got = found[key]
             same = (math.isclose(float(got), float(want), rel_tol=1e-6)

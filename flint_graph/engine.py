@@ -13,6 +13,7 @@ from collections import deque
 import torch
 
 from flint_graph.checkpoint import LoadedCheckpoint
+from flint_graph.engine_config import EngineConfig
 from flint_graph.reference import ReferenceModel, SequenceKV
 from flint_graph.request import Request, RequestDelta
 from flint_graph.sampling import sample
@@ -25,15 +26,18 @@ class Engine:
         ckpt: a loaded checkpoint (config, weights on `device`).
         device: torch device the model runs on.
         tokenizer_vocab: token ids >= this are padding rows of the LM head and are never sampled.
-        max_slots: most sequences decoded together (DESIGN §3: 8).
+        engine: runtime knobs (max_slots: most sequences decoded together; prefill chunk size).
+    Every delta a step produces is also queued on its request (`Request.pending`), so several
+    consumers can drive one engine without losing each other's tokens.
     """
 
     def __init__(self, ckpt: LoadedCheckpoint, device: torch.device, tokenizer_vocab: int,
-                 max_slots: int = 8):
+                 engine: EngineConfig):
         self.cfg = ckpt.cfg
         self.device = device
         self.model = ReferenceModel(ckpt.cfg, ckpt.weights, device)
-        self.max_slots = max_slots
+        self.max_slots = engine.max_slots
+        self.prefill_chunk_tokens = engine.prefill_chunk_tokens
         self.tokenizer_vocab = tokenizer_vocab
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -41,6 +45,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
+        """True while any request waits for prefill or is being decoded."""
         return bool(self.waiting or self.running)
 
     def add(self, req: Request) -> None:
@@ -63,7 +68,7 @@ class Engine:
             req = self.waiting.popleft()
             kv = self.model.new_sequence()
             prompt = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device)
-            logits = self.model.prefill(kv, prompt)
+            logits = self.model.prefill(kv, prompt, self.prefill_chunk_tokens)
             self._kv[req.id] = kv
             self.running.append(req)
             admitted.append(req)

@@ -257,8 +257,9 @@ def _check(path: Path, s: TensorSpec, t, found: dict) -> Any:
                 f"{GGMLQuantizationType(side.tensor_type).name} and shape "
                 f"{list(_np_shape(side))}; expected F32 of shape "
                 f"{' or '.join(str(list(o)) for o in ok)}")
-        if not np.isfinite(side.data).all():
-            raise CheckpointError(f"{path}: tensor {side.name!r} holds a non-finite scale2")
+        if not (np.isfinite(side.data).all() and (side.data > 0).all()):
+            raise CheckpointError(f"{path}: tensor {side.name!r} holds a scale2 that is not a "
+                                  "positive finite number")
     return side
 
 

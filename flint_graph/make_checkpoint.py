@@ -24,6 +24,7 @@ import torch
 
 from flint_graph import nvfp4
 from flint_graph.config import PRESETS, FlintConfig
+from flint_graph.engine_config import pick_device
 from flint_graph.errors import CheckpointError, ConfigError, FlintError
 from flint_graph.hf_checkpoint import write_safetensors
 from flint_graph.progress import progress_bar
@@ -41,15 +42,6 @@ TOKENIZER_MAX_VOCAB = 8192  # a byte-level BPE this size trains in about a secon
 SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 20}
 EOS_TOKENS = ("<|endoftext|>", "<|user|>", "<|observation|>")  # glm47-format.md: stop tokens
 PAD_TOKEN = "<|endoftext|>"  # GLM pads with end-of-text
-
-
-def _pick_device(device: torch.device | str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {str(device)!r}: CUDA is not available on this machine")
-    return dev
 
 
 def snap_to_nvfp4(w: torch.Tensor, per_expert: bool) -> NVFP4Weight:
@@ -154,7 +146,7 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
     formats = tuple(formats)
     if not formats or any(f not in FORMATS for f in formats):
         raise ConfigError(f"formats {list(formats)}; expected a non-empty subset of {FORMATS}")
-    dev, out_dir, t0 = _pick_device(device), Path(out_dir), time.perf_counter()
+    dev, out_dir, t0 = pick_device(device), Path(out_dir), time.perf_counter()
     _is_occupied(out_dir, overwrite)  # refuse before any work, not after minutes of it
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -295,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = (FlintConfig.from_json(args.config_path) if args.config_path
            else FlintConfig.preset(args.preset or DEFAULT_PRESET))
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
-    _check_memory(cfg, _pick_device(args.device))
+    _check_memory(cfg, pick_device(args.device))
     summary = write_checkpoint(cfg, args.out_dir, formats, args.seed, args.device,
                                args.progress, args.quantize_embeddings, args.overwrite)
     out = Console()

@@ -1,11 +1,13 @@
 """The plain-PyTorch Flint model: the numerical oracle every kernel and captured graph is compared
 with (DESIGN §1 architecture, §4 rounding points). One readable file, gpt-fast `model.py` style.
 
-Rounding (DESIGN §4): activations and the residual stream are BF16 (`ACT_DTYPE`) between ops;
-each op below computes in FP32 and rounds its output once. Router logits, softmax statistics and
-the LM-head logits stay FP32; the MoE weighted sum (routed + shared) is FP32, rounded once. The op
-functions are top level so kernels' `_ref` functions call them instead of re-deriving them.
-Tests widen `ACT_DTYPE` to float64 to check the model's logic apart from BF16 rounding noise.
+Rounding (DESIGN §4): activations and the residual stream are BF16 between ops; each op below
+computes in FP32 and rounds its output once to its `dtype` argument (default `ACT_DTYPE`, BF16).
+Router logits, softmax statistics and the LM-head logits stay FP32; the MoE weighted sum (routed +
+shared) is FP32, rounded once. The op functions are top level so kernels' `_ref` functions call
+them instead of re-deriving them. The module constants are defaults, never reassigned:
+`ReferenceModel` takes `act_dtype` and `kv_chunk_tokens` and passes them down explicitly; tests
+pass act_dtype=float64 to check the model's logic apart from BF16 rounding noise.
 
 Shape legend: T tokens, S keys, H hidden, Hq query heads, Hkv KV heads, G = Hq/Hkv, D head dim,
 F MLP width, E routed experts, K top-k, V vocab.
@@ -21,31 +23,31 @@ import torch.nn.functional as F
 
 from flint_graph.config import FlintConfig
 from flint_graph.errors import CheckpointError, ContextLengthError, InvalidRequestError
-from flint_graph.weights import FlintWeights, Linear, MoEWeights, NVFP4Weight
-from flint_graph.weights import dense, expert_weight
+from flint_graph.weights import FlintWeights, Linear, MoEWeights, NVFP4Weight, dense, expert_weight
 
-ACT_DTYPE = torch.bfloat16
-KV_CHUNK_TOKENS = 256  # full-layer caches grow by this many tokens at a time
+ACT_DTYPE = torch.bfloat16  # default activation / KV dtype (DESIGN §4)
+KV_CHUNK_TOKENS = 256  # default: full-layer caches grow by this many tokens at a time
 ATTN_BLOCK_ELEMS = 1 << 27  # fp32 logits per query block in `attention` (512 MiB)
 
 
 # -- ops -------------------------------------------------------------------------------------
 
 
-def linear(x: torch.Tensor, w: Linear) -> torch.Tensor:
+def linear(x: torch.Tensor, w: Linear, *, dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """x bf16 [..., K] @ w[N, K]ᵀ (BF16 or NVFP4, dequantised exactly) -> bf16 [..., N].
 
-    FP32 products and accumulation, one rounding to BF16 (DESIGN §4)."""
-    return (x.float() @ dense(w, torch.float32).T).to(ACT_DTYPE)
+    FP32 products and accumulation, one rounding to `dtype` (BF16, DESIGN §4)."""
+    return (x.float() @ dense(w, torch.float32).T).to(dtype)
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, *,
+             dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """RMSNorm over the last dim: x / sqrt(mean(x²) + eps) * w, in FP32, rounded once to bf16.
 
     x [..., N] any float dtype; w [N]. Used for the layer norms and per head for Q/K norm."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * w.float()).to(ACT_DTYPE)
+    return (y * w.float()).to(dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int,
@@ -62,19 +64,20 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int,
     return ang.cos().float(), ang.sin().float()
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float, *,
+               dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """Rotate x bf16 [T, heads, D] by its token positions int64 [T] (HF rotate-half:
     out = x·cos + cat(−x₂, x₁)·sin with x₁, x₂ the two halves of D). FP32, rounded once."""
     cos, sin = rope_cos_sin(positions, x.shape[-1], theta)
     cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D]
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
-    return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(ACT_DTYPE)
+    return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(dtype)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
               k_pos: torch.Tensor, sinks: torch.Tensor | None, window: int | None,
-              scale: float | None = None) -> torch.Tensor:
+              scale: float | None = None, *, dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """Causal GQA attention with optional sliding window and sink logits -> bf16 [T, Hq, D].
 
     q bf16 [T, Hq, D]; k, v bf16 [S, Hkv, D]; q_pos int64 [T], k_pos int64 [S] (any order, e.g.
@@ -109,7 +112,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
             den = den + torch.exp(sink - m)
         o = (p @ vf[:, None]) / den  # [Hkv, G, Tb, D]
         out.append(o.permute(2, 0, 1, 3).reshape(-1, hq, d))
-    return torch.cat(out).to(ACT_DTYPE)
+    return torch.cat(out).to(dtype)
 
 
 def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int,
@@ -127,15 +130,16 @@ def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int,
     return ids, w * scaling
 
 
-def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear, *,
+           dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """SwiGLU MLP down(silu(gate(x)) ⊙ up(x)): x bf16 [T, H] -> bf16 [T, H]; gate/up [F, H],
     down [H, F]. Each projection rounds to bf16; silu(g)·u is taken in fp32, rounded once."""
-    g, u = linear(x, gate), linear(x, up)  # [T, F]
-    return linear((F.silu(g.float()) * u.float()).to(ACT_DTYPE), down)
+    g, u = linear(x, gate, dtype=dtype), linear(x, up, dtype=dtype)  # [T, F]
+    return linear((F.silu(g.float()) * u.float()).to(dtype), down, dtype=dtype)
 
 
-def moe(x: torch.Tensor, w: MoEWeights, top_k: int, scaling: float,
-        norm: bool) -> torch.Tensor:
+def moe(x: torch.Tensor, w: MoEWeights, top_k: int, scaling: float, norm: bool, *,
+        dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """Routed experts plus shared expert: x bf16 [T, H] -> bf16 [T, H].
 
     Σ_i w_i·expert_i(x) + shared(x) summed in fp32 (each expert output is a bf16 projection
@@ -147,41 +151,45 @@ def moe(x: torch.Tensor, w: MoEWeights, top_k: int, scaling: float,
     for e in torch.unique(ids).tolist():
         tok, slot = (ids == e).nonzero(as_tuple=True)
         y = swiglu(x[tok], expert_weight(w.gate, e), expert_weight(w.up, e),
-                   expert_weight(w.down, e))
+                   expert_weight(w.down, e), dtype=dtype)
         acc.index_add_(0, tok, y.float() * weights[tok, slot, None])
     if w.shared is not None:
-        acc += swiglu(x, w.shared.gate, w.shared.up, w.shared.down).float()
-    return acc.to(ACT_DTYPE)
+        acc += swiglu(x, w.shared.gate, w.shared.up, w.shared.down, dtype=dtype).float()
+    return acc.to(dtype)
 
 
-def residual_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def residual_add(x: torch.Tensor, y: torch.Tensor, *,
+                 dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """bf16 x + bf16 y, added in fp32 and rounded once (the residual stream stays bf16)."""
-    return (x.float() + y.float()).to(ACT_DTYPE)
+    return (x.float() + y.float()).to(dtype)
 
 
-def embed(table: Linear, ids: torch.Tensor) -> torch.Tensor:
+def embed(table: Linear, ids: torch.Tensor, *, dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """Rows `ids` int64 [T] of the embedding table [V, H] -> bf16 [T, H]; an NVFP4 table is
     dequantised only at those rows."""
     if isinstance(table, NVFP4Weight):
         rows = NVFP4Weight(table.codes[ids], table.scales[ids], table.scale2)
-        return rows.dequantize(ACT_DTYPE)
-    return table[ids].to(ACT_DTYPE)
+        return rows.dequantize(dtype)
+    return table[ids].to(dtype)
 
 
 # -- KV cache --------------------------------------------------------------------------------
 
 
 class SequenceKV:
-    """One sequence's BF16 KV cache: per sliding layer a ring of `window` entries (position p in
-    slot p % window); per full layer a cache that grows KV_CHUNK_TOKENS at a time.
+    """One sequence's KV cache of `dtype` (BF16): per sliding layer a ring of `window` entries
+    (position p in slot p % window); per full layer a cache that grows `chunk_tokens` (≥ 1) at a
+    time.
 
     `num_tokens` counts the tokens cached so far; the next token's position equals it."""
 
     def __init__(self, windows: list[int | None], num_kv_heads: int, head_dim: int,
-                 device: torch.device):
+                 device: torch.device, *, dtype: torch.dtype = ACT_DTYPE,
+                 chunk_tokens: int = KV_CHUNK_TOKENS):
         self.num_tokens = 0
         self.windows = windows  # per layer: ring length, or None for a full layer
-        self.k = [torch.empty((w or 0, num_kv_heads, head_dim), dtype=ACT_DTYPE, device=device)
+        self.chunk_tokens = chunk_tokens
+        self.k = [torch.empty((w or 0, num_kv_heads, head_dim), dtype=dtype, device=device)
                   for w in windows]
         self.v = [torch.empty_like(t) for t in self.k]
 
@@ -194,7 +202,7 @@ class SequenceKV:
         dev = k_new.device
         if w is None:
             if n + t > self.k[layer].shape[0]:
-                cap = -(-(n + t) // KV_CHUNK_TOKENS) * KV_CHUNK_TOKENS
+                cap = -(-(n + t) // self.chunk_tokens) * self.chunk_tokens
                 for cache in (self.k, self.v):
                     grown = cache[layer].new_empty((cap, *cache[layer].shape[1:]))
                     grown[:n] = cache[layer][:n]
@@ -214,6 +222,8 @@ class SequenceKV:
         return k, v, torch.cat([old, new])
 
     def advance(self, num_tokens: int) -> None:
+        """Count `num_tokens` more tokens as cached, after `update` has stored their K/V in
+        every layer; the next call's tokens start at the new `num_tokens`."""
         self.num_tokens += num_tokens
 
 
@@ -223,11 +233,17 @@ class SequenceKV:
 class ReferenceModel:
     """Plain Flint forward on BF16 or NVFP4 weights (dequantised on the fly), CPU or CUDA.
 
-    Linears run on all sequences' new tokens concatenated; attention runs per sequence."""
+    Linears run on all sequences' new tokens concatenated; attention runs per sequence.
+    `act_dtype` is the activation and KV dtype every op rounds to (BF16; tests pass float64);
+    `kv_chunk_tokens` (≥ 1) is how many tokens a full-layer cache grows by at a time."""
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, *,
+                 act_dtype: torch.dtype = ACT_DTYPE, kv_chunk_tokens: int = KV_CHUNK_TOKENS):
+        if kv_chunk_tokens < 1:
+            raise InvalidRequestError(f"kv_chunk_tokens = {kv_chunk_tokens}; expected >= 1")
         self.cfg = cfg
+        self.act_dtype, self.kv_chunk_tokens = act_dtype, kv_chunk_tokens
         self.device = torch.device(device) if device is not None else weights.embed.device
         _check_weights(cfg, weights)
         self.weights = weights.to(self.device)
@@ -237,7 +253,7 @@ class ReferenceModel:
     def new_sequence(self) -> SequenceKV:
         """An empty KV cache for one sequence on the model's device."""
         return SequenceKV(self.windows, self.cfg.num_key_value_heads, self.cfg.head_dim,
-                          self.device)
+                          self.device, dtype=self.act_dtype, chunk_tokens=self.kv_chunk_tokens)
 
     def forward(self, seqs: list[SequenceKV], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
         """Run tokens[i] (int [T_i], T_i ≥ 1) at positions seqs[i].num_tokens … on, append their
@@ -278,28 +294,29 @@ class ReferenceModel:
 
     def _forward(self, seqs: list[SequenceKV], tokens: list[torch.Tensor],
                  last_only: bool) -> list[torch.Tensor]:
-        cfg, w = self.cfg, self.weights
+        cfg, w, dt = self.cfg, self.weights, self.act_dtype
         self._check(seqs, tokens)
         tokens = [t.to(self.device, torch.int64) for t in tokens]
         lens = [t.numel() for t in tokens]
-        x = embed(w.embed, torch.cat(tokens))  # [ΣT, H]
+        x = embed(w.embed, torch.cat(tokens), dtype=dt)  # [ΣT, H]
         for i, lw in enumerate(w.layers):
-            h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps)
-            x = residual_add(x, linear(self._attention(i, h, seqs, lens), lw.o_proj))
-            h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps)
+            h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps, dtype=dt)
+            a = linear(self._attention(i, h, seqs, lens), lw.o_proj, dtype=dt)
+            x = residual_add(x, a, dtype=dt)
+            h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps, dtype=dt)
             if isinstance(lw.ffn, MoEWeights):
                 y = moe(h, lw.ffn, cfg.num_experts_per_tok, cfg.routed_scaling_factor,
-                        cfg.norm_topk_prob)
+                        cfg.norm_topk_prob, dtype=dt)
             else:
-                y = swiglu(h, lw.ffn.gate, lw.ffn.up, lw.ffn.down)
-            x = residual_add(x, y)
+                y = swiglu(h, lw.ffn.gate, lw.ffn.up, lw.ffn.down, dtype=dt)
+            x = residual_add(x, y, dtype=dt)
         for s, n in zip(seqs, lens):
             s.advance(n)
         ends = list(itertools.accumulate(lens))
         if last_only:
             x = x[[e - 1 for e in ends]]
             ends = list(range(1, len(lens) + 1))
-        h = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
+        h = rms_norm(x, w.final_norm, cfg.rms_norm_eps, dtype=dt)
         logits = h.float() @ dense(w.lm_head, torch.float32).T  # [ΣT, V] fp32, not rounded
         return list(logits.tensor_split(ends[:-1]))
 
@@ -307,23 +324,24 @@ class ReferenceModel:
                    lens: list[int]) -> torch.Tensor:
         """Q/K/V on all tokens, Q/K norm, RoPE (RoPE layers only), cache update and attention
         per sequence -> bf16 [ΣT, Q]."""
-        cfg, lw = self.cfg, self.weights.layers[layer]
+        cfg, lw, dt = self.cfg, self.weights.layers[layer], self.act_dtype
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = linear(h, lw.q_proj).view(-1, hq, d)
-        k = linear(h, lw.k_proj).view(-1, hkv, d)
-        v = linear(h, lw.v_proj).view(-1, hkv, d)
+        q = linear(h, lw.q_proj, dtype=dt).view(-1, hq, d)
+        k = linear(h, lw.k_proj, dtype=dt).view(-1, hkv, d)
+        v = linear(h, lw.v_proj, dtype=dt).view(-1, hkv, d)
         if cfg.qk_norm:
-            q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
+            q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps, dtype=dt)
+            k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps, dtype=dt)
         sinks = lw.sinks if cfg.attention_sinks else None
         out = []
         for s, qs, ks, vs in zip(seqs, q.split(lens), k.split(lens), v.split(lens)):
             pos = torch.arange(s.num_tokens, s.num_tokens + qs.shape[0], device=h.device)
             if cfg.uses_rope(layer):
-                qs = apply_rope(qs, pos, cfg.rope_theta)
-                ks = apply_rope(ks, pos, cfg.rope_theta)
+                qs = apply_rope(qs, pos, cfg.rope_theta, dtype=dt)
+                ks = apply_rope(ks, pos, cfg.rope_theta, dtype=dt)
             k_all, v_all, k_pos = s.update(layer, ks, vs)
-            out.append(attention(qs, k_all, v_all, pos, k_pos, sinks, self.windows[layer]))
+            out.append(attention(qs, k_all, v_all, pos, k_pos, sinks, self.windows[layer],
+                                 dtype=dt))
         return torch.cat(out).view(-1, hq * d)
 
 

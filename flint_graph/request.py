@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 from flint_graph.output_parser import OutputParser, ParseDelta, ToolCall
@@ -66,6 +67,8 @@ class Request:
         self._limits = replace(params, max_tokens=self.max_new_tokens,
                                min_tokens=min(params.min_tokens, self.max_new_tokens))
         self.output_ids: list[int] = []
+        # Deltas not yet taken by whoever consumes this request (a stream, or generate()).
+        self.pending: deque[RequestDelta] = deque()
         self.text = ""
         self.finish_reason: str | None = None
         self._detok = IncrementalDetokenizer(tokenizer, self.prompt_ids)
@@ -97,14 +100,19 @@ class Request:
             if self._stop.stopped:
                 reason = "stop"
         if reason is not None:
-            self.finish(reason, delta)
+            self._finish_into(reason, delta)
+        self.pending.append(delta)
         return delta
 
-    def finish(self, reason: str, delta: RequestDelta | None = None) -> RequestDelta:
-        """End the request (stop, length or abort), releasing held-back text into `delta`."""
-        delta = delta or RequestDelta(self.id)
-        if self.finish_reason is not None:
-            return delta
+    def finish(self, reason: str) -> RequestDelta:
+        """End the request now (e.g. "abort"), releasing held-back text into a new delta."""
+        delta = RequestDelta(self.id)
+        if self.finish_reason is None:
+            self._finish_into(reason, delta)
+            self.pending.append(delta)
+        return delta
+
+    def _finish_into(self, reason: str, delta: RequestDelta) -> None:
         if not self._stop.stopped:
             tail = self._stop.push(self._detok.flush())
             if not self._stop.stopped:
@@ -114,7 +122,6 @@ class Request:
             _merge(delta, self.parser.finish(reason))
         self.finish_reason = reason
         delta.finish_reason = reason
-        return delta
 
     def timing(self) -> tuple[float | None, float | None]:
         """(TTFT ms from submission, mean ms per output token after the first) — None if unknown."""

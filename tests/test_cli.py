@@ -40,7 +40,13 @@ def test_generate_reads_stdin_and_raw(capsys, monkeypatch, tiny_ckpt):
     code, out, err = _run(capsys, "generate", tiny_ckpt, "--raw", "--max-tokens", 4,
                           "--temperature", 0, "--json", "--device", "cpu")
     assert code == 0, err
-    assert json.loads(out)["reasoning_content"] is None  # raw: no chat parsing
+    obj = json.loads(out)
+    assert obj["reasoning_content"] is None  # raw: no chat parsing
+    from flint_graph import LLM
+
+    ref = LLM(tiny_ckpt, device="cpu", progress=False).generate(
+        "from a pipe", SamplingParams(temperature=0.0, max_tokens=4))[0]
+    assert obj["token_ids"] == ref.token_ids  # the piped text, untemplated, was the prompt
 
 
 @pytest.mark.parametrize("extra, match", [
@@ -167,7 +173,7 @@ def test_model_option_errors_one_line(capsys, tiny_ckpt, argv, match):
 
 
 def test_make_checkpoint_refuses_config_too_big_for_memory(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("os.sysconf", lambda name: 1024 if name == "SC_PAGE_SIZE" else 1024)
+    monkeypatch.setattr("os.sysconf", lambda name: 1024)  # a machine with 1 MiB of memory
     code, _, err = _run(capsys, "make-checkpoint", "--preset", "tiny", "--out", tmp_path / "x",
                         "--device", "cpu")
     assert code == 2 and "GB" in err and not (tmp_path / "x").exists()

@@ -10,7 +10,7 @@ Tolerances:
   (2^-8 = 3.9e-3 relative); rarely a flip lands on a router near-tie and swaps an expert for one
   token, which moves that token's logits by up to ~15%. So the BF16 check bounds the median and
   90th percentile of per-token ‖Δ‖/‖ref‖ and the greedy agreement, and the strict check reruns
-  the same code with ACT_DTYPE widened to float64, where only FP32 noise (~3e-7) remains and any
+  the same code with act_dtype=float64 (WIDE), where only FP32 noise (~3e-7) remains and any
   logic error (a wrong key, a missed RoPE) shows as >1e-3: there we require ≤ 1e-5.
 """
 
@@ -25,9 +25,10 @@ from flint_graph import nvfp4
 from flint_graph.config import FULL, SLIDING, FlintConfig
 from flint_graph.errors import CheckpointError, ContextLengthError, InvalidRequestError
 from flint_graph.synthetic import make_weights
-from flint_graph.weights import FlintWeights, NVFP4Weight
+from flint_graph.weights import FlintWeights, NVFP4Weight, _map
 
 SEED = 20261021
+WIDE = torch.float64  # act_dtype that leaves only the model's logic (and FP32 noise) under test
 BF16_OP_RTOL = 2**-8  # one BF16 rounding (2^-9) plus FP32 noise
 WIDE_MAX_REL = 1e-5  # float64 activations: FP32 accumulation noise only (~3e-7 measured)
 # BF16 statistics (module docstring); measured over 30 seeds: median <= 8.5e-3, 90th percentile
@@ -39,12 +40,6 @@ BF16_MEDIAN_REL, BF16_P90_REL, MIN_GREEDY_AGREE = 2e-2, 5e-2, 0.9
 def tiny():
     cfg = FlintConfig.preset("tiny")
     return cfg, make_weights(cfg, SEED)
-
-
-@pytest.fixture
-def wide(monkeypatch):
-    """Widen activations and KV to float64 so only the model's logic remains under test."""
-    monkeypatch.setattr(R, "ACT_DTYPE", torch.float64)
 
 
 def _tokens(n: int, seed: int, vocab: int) -> torch.Tensor:
@@ -225,10 +220,10 @@ def test_prefill_matches_decode_bf16(tiny):
         torch.testing.assert_close(last, chunked[-1], rtol=1e-5, atol=1e-5)
 
 
-def test_prefill_matches_decode_wide(tiny, wide, monkeypatch):
+def test_prefill_matches_decode_wide(tiny):
     cfg, w = tiny
-    monkeypatch.setattr(R, "KV_CHUNK_TOKENS", 8)  # full-layer caches grow several times
-    model = R.ReferenceModel(cfg, w)
+    # kv_chunk_tokens=8: full-layer caches grow several times
+    model = R.ReferenceModel(cfg, w, act_dtype=WIDE, kv_chunk_tokens=8)
     tokens = _tokens(2 * cfg.sliding_window + 6, 8, cfg.vocab_size)
     step = _decode(model, tokens)
     assert _rel(model.forward([model.new_sequence()], [tokens])[0], step).max() <= WIDE_MAX_REL
@@ -236,11 +231,12 @@ def test_prefill_matches_decode_wide(tiny, wide, monkeypatch):
         seq = model.new_sequence()
         last = model.prefill(seq, tokens, chunk_tokens=chunk)
         assert seq.num_tokens == len(tokens)
+        assert all(t.dtype == WIDE for t in seq.k + seq.v)
         assert _rel(last[None], step[-1:]).item() <= WIDE_MAX_REL
 
 
-def _batch_vs_alone(cfg: FlintConfig, w: FlintWeights):
-    model = R.ReferenceModel(cfg, w)
+def _batch_vs_alone(cfg: FlintConfig, w: FlintWeights, act_dtype: torch.dtype = R.ACT_DTYPE):
+    model = R.ReferenceModel(cfg, w, act_dtype=act_dtype)
     prompts = [_tokens(n, 10 + n, cfg.vocab_size) for n in (5, 20, 33)]
     news = [_tokens(n, 20 + n, cfg.vocab_size) for n in (1, 4, 9)]
     alone, seqs = [], []
@@ -259,8 +255,8 @@ def test_batch_matches_alone_bf16(tiny):
     _assert_bf16_close(*_batch_vs_alone(*tiny))
 
 
-def test_batch_matches_alone_wide(tiny, wide):
-    batched, alone = _batch_vs_alone(*tiny)
+def test_batch_matches_alone_wide(tiny):
+    batched, alone = _batch_vs_alone(*tiny, act_dtype=WIDE)
     assert _rel(batched, alone).max() <= WIDE_MAX_REL
 
 
@@ -285,7 +281,7 @@ def test_model_window_boundary(tiny, mode):
             assert _rel(got[None], ref[None]).item() > 1e-3
 
 
-def test_nope_layer_ignores_order_of_earlier_tokens_rope_does_not(tiny, wide):
+def test_nope_layer_ignores_order_of_earlier_tokens_rope_does_not(tiny):
     """A NoPE (full) layer sees earlier keys as a set: swapping two earlier tokens leaves the
     last token's logits unchanged. A RoPE layer (window larger than the prompt) sees order."""
     cfg, _ = tiny
@@ -296,24 +292,12 @@ def test_nope_layer_ignores_order_of_earlier_tokens_rope_does_not(tiny, wide):
     for kind in (FULL, SLIDING):
         one = _one_layer(cfg, kind)
         assert one.uses_rope(0) == (kind == SLIDING)
-        model = R.ReferenceModel(one, make_weights(one, SEED))
+        model = R.ReferenceModel(one, make_weights(one, SEED), act_dtype=WIDE)
         a = model.forward([model.new_sequence()], [tokens])[0][-1:]
         b = model.forward([model.new_sequence()], [swapped])[0][-1:]
         diffs[kind] = _rel(b, a).item()
     assert diffs[FULL] <= WIDE_MAX_REL
     assert diffs[SLIDING] > 1e-3
-
-
-def _map(obj, fn):
-    """Rebuild a weights dataclass tree with fn applied to every tensor / NVFP4Weight leaf."""
-    if isinstance(obj, (torch.Tensor, NVFP4Weight)):
-        return fn(obj)
-    if isinstance(obj, list):
-        return [_map(x, fn) for x in obj]
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.replace(obj, **{f.name: _map(getattr(obj, f.name), fn)
-                                           for f in dataclasses.fields(obj)})
-    return obj
 
 
 def _quantize_all(w: FlintWeights) -> FlintWeights:
@@ -356,5 +340,7 @@ def test_bad_input_raises(tiny):
             model.forward([fresh], [bad])
     with pytest.raises(InvalidRequestError, match="chunk_tokens"):
         model.prefill(fresh, torch.tensor([1]), chunk_tokens=0)
+    with pytest.raises(InvalidRequestError, match="kv_chunk_tokens"):
+        R.ReferenceModel(cfg, w, kv_chunk_tokens=0)
     with pytest.raises(CheckpointError, match="layers"):
         R.ReferenceModel(cfg, dataclasses.replace(w, layers=w.layers[:-1]))

@@ -102,8 +102,8 @@ def _run_recording(cfg, weights, tokens, monkeypatch):
     stream, branch, picks = [], [], []
     add, route = R.residual_add, R.route
 
-    def rec_add(x, y):
-        out = add(x, y)
+    def rec_add(x, y, **kwargs):
+        out = add(x, y, **kwargs)
         stream.append(out.float().pow(2).mean().sqrt().item())
         branch.append(y.float().pow(2).mean().sqrt().item())
         return out

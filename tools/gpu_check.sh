@@ -14,6 +14,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.lo
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -m pytest -q -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu-tests.log" | tail -5
+status=${PIPESTATUS[0]}  # GPU test failures decide the exit code, whatever runs after
 
 rm -rf "$WORK"
 flint-graph make-checkpoint --preset full --format gguf --out "$WORK" --no-progress \
@@ -34,3 +35,5 @@ PY
 if [ -z "${SKIP_BASELINE:-}" ]; then
   python3 tools/baseline.py --out "$OUT" --work "$WORK" --reuse 2>&1 | tee "$OUT/baseline.log" | tail -8
 fi
+[ "$status" -eq 0 ] || echo "GPU TESTS FAILED (pytest exit $status)"
+exit "$status"
