@@ -140,7 +140,7 @@ class LLM:
                params: SamplingParams | None = None) -> RequestStream:
         """Complete one raw prompt: an iterator of RequestDelta as tokens arrive (the last one
         carries finish_reason); `.output` is the GenerationOutput afterwards. Closing it early
-        (or Ctrl-C while iterating) aborts the request."""
+        (or Ctrl-C while iterating) aborts the request. Raises as `generate`."""
         return RequestStream(self, self._request(self._encode(prompt), params, parser=None))
 
     # -- chat -------------------------------------------------------------------------------
@@ -173,6 +173,8 @@ class LLM:
 
         Returns a ChatMessage with reasoning_content (None when thinking is off), content and
         tool_calls (parsed GLM-4.7 calls, typed by the tools' JSON schemas).
+        Raises InvalidRequestError (bad messages, tools, params), ContextLengthError,
+        TemplateError (the checkpoint's template failed).
         """
         stream = self.stream_chat(messages, tools, params, enable_thinking=enable_thinking,
                                   tool_choice=tool_choice, **template_kwargs)
@@ -290,10 +292,12 @@ class RequestStream:
 
     @property
     def output(self) -> GenerationOutput:
+        """The request's GenerationOutput so far (final once iteration ended)."""
         return _output(self._req)
 
     @property
     def message(self) -> ChatMessage:
+        """The assistant ChatMessage parsed from the output (chat requests)."""
         out = _output(self._req)
         return ChatMessage(content=out.content or "",
                            reasoning_content=out.reasoning_content if self._thinking else None,

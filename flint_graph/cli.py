@@ -180,14 +180,14 @@ def load_llm(args: argparse.Namespace):
             and llm.cfg.hidden_size <= SMALL_MODEL_HIDDEN):
         # A small model's matmuls are too short to share between threads: extra OpenMP threads
         # only contend (seen: 4 ms/token on one thread, 100+ ms with a busy second core).
-        torch_set_threads(1)
+        _set_threads(1)
     return llm
 
 
 SMALL_MODEL_HIDDEN = 512
 
 
-def torch_set_threads(n: int) -> None:
+def _set_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)

@@ -28,6 +28,7 @@ from flint_graph.engine_config import pick_device
 from flint_graph.errors import CheckpointError, ConfigError, FlintError
 from flint_graph.hf_checkpoint import write_safetensors
 from flint_graph.progress import progress_bar
+from flint_graph.tokenizer import CHAT_STOP_TOKENS
 from flint_graph.weights import FlintWeights, MLPWeights, NVFP4Weight
 
 FORMATS = ("bf16", "gguf")
@@ -40,7 +41,6 @@ MARKER_VERSION = 1  # bump when the generator's output changes, so stale caches 
 TOKENIZER_MAX_VOCAB = 8192  # a byte-level BPE this size trains in about a second
 # DESIGN §1 sampling defaults (GLM-4.7 / vLLM day-0 recommendation)
 SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 20}
-EOS_TOKENS = ("<|endoftext|>", "<|user|>", "<|observation|>")  # glm47-format.md: stop tokens
 PAD_TOKEN = "<|endoftext|>"  # GLM pads with end-of-text
 
 
@@ -87,10 +87,10 @@ def generation_config(special_ids: dict[str, int]) -> dict[str, Any]:
     """generation_config.json: DESIGN §1 sampling defaults, EOS ids = the tokenizer's ids of
     <|endoftext|>, <|user|>, <|observation|>, pad = <|endoftext|>. Raises CheckpointError
     naming a stop token the tokenizer lacks."""
-    for tok in EOS_TOKENS:
+    for tok in CHAT_STOP_TOKENS:
         if tok not in special_ids:
             raise CheckpointError(f"tokenizer has no special token {tok!r} (needed as EOS)")
-    return {**SAMPLING_DEFAULTS, "eos_token_id": [special_ids[t] for t in EOS_TOKENS],
+    return {**SAMPLING_DEFAULTS, "eos_token_id": [special_ids[t] for t in CHAT_STOP_TOKENS],
             "pad_token_id": special_ids[PAD_TOKEN]}
 
 

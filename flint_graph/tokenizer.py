@@ -34,6 +34,8 @@ GLM47_SPECIAL_TOKENS = GLM47_CONTROL_TOKENS + GLM47_TEXT_TAGS
 # Tokens the chat format needs (glm47-format.md); a tokenizer lacking one cannot serve chat.
 _CHAT_TOKENS = tuple(t for t in GLM47_SPECIAL_TOKENS if t not in ("[MASK]", "[sMASK]", "<eop>"))
 EOS_TOKEN = "<|endoftext|>"
+# glm47-format.md: <|user|> or <|endoftext|> end an answer, <|observation|> ends tool calls.
+CHAT_STOP_TOKENS = ("<|endoftext|>", "<|user|>", "<|observation|>")
 _BYTE_ALPHABET = 256  # a byte-level BPE always holds one token per byte value
 
 # The built-in corpus: our own sentences, mixed by a seeded RNG. Several scripts and emoji make
@@ -264,27 +266,7 @@ class FlintTokenizer:
     @property
     def chat_stop_ids(self) -> tuple[int, ...]:
         """Ids that end an assistant turn: <|endoftext|>, <|user|>, <|observation|>."""
-        return tuple(self.special_ids[t] for t in ("<|endoftext|>", "<|user|>", "<|observation|>"))
-
-    @property
-    def think_id(self) -> int:
-        """Id of <think> (the parser matches tags by id where it can)."""
-        return self.special_ids["<think>"]
-
-    @property
-    def think_end_id(self) -> int:
-        """Id of </think> (the parser matches tags by id where it can)."""
-        return self.special_ids["</think>"]
-
-    @property
-    def tool_call_id(self) -> int:
-        """Id of <tool_call> (the parser matches tags by id where it can)."""
-        return self.special_ids["<tool_call>"]
-
-    @property
-    def tool_call_end_id(self) -> int:
-        """Id of </tool_call> (the parser matches tags by id where it can)."""
-        return self.special_ids["</tool_call>"]
+        return tuple(self.special_ids[t] for t in CHAT_STOP_TOKENS)
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`; adds no BOS (the chat template writes [gMASK]<sop>). Added-token strings

@@ -40,10 +40,12 @@ class NVFP4Weight:
 
     @property
     def device(self) -> torch.device:
+        """Device of the packed tensors."""
         return self.codes.device
 
     @property
     def nbytes(self) -> int:
+        """Bytes held: codes + scale bytes + scale2 (what a W4A16 GEMV reads)."""
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.scale2))
 
     def expert(self, e: int) -> NVFP4Weight:
@@ -57,6 +59,7 @@ class NVFP4Weight:
         return nvfp4.dequantize(self.codes, self.scales, self.scale2, dtype)
 
     def to(self, device: torch.device | str) -> NVFP4Weight:
+        """The same packed weight on `device` (bytes unchanged)."""
         return NVFP4Weight(self.codes.to(device), self.scales.to(device), self.scale2.to(device))
 
 

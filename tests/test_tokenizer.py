@@ -76,8 +76,6 @@ def test_written_files(tok_dir, tok):
     assert tok.vocab_size == VOCAB
     assert tok.eos_id == ids["<|endoftext|>"] == tok.token_id("<|endoftext|>")
     assert tok.chat_stop_ids == (ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"])
-    assert (tok.think_id, tok.think_end_id) == (ids["<think>"], ids["</think>"])
-    assert (tok.tool_call_id, tok.tool_call_end_id) == (ids["<tool_call>"], ids["</tool_call>"])
     assert tok.special_ids == ids
 
 
