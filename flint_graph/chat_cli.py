@@ -90,6 +90,8 @@ class ChatSession:
     def run(self) -> int:
         """Read-eval loop until /exit or end of input; returns the exit code (0)."""
         c = self.console
+        if c.is_terminal:
+            import readline  # noqa: F401  (line editing and history for input())
         c.print(f"[bold]flint-graph chat[/] · {self.llm.cfg.num_hidden_layers} layers · "
                 f"{self.llm.device} · thinking {'on' if self.enable_thinking else 'off'}"
                 + (f" · {len(self.tools)} tools" if self.tools else ""))
@@ -126,8 +128,10 @@ class ChatSession:
                 self.console.print("[red]usage: /save FILE[/]")
                 return None
             try:
+                existed = Path(arg.strip()).expanduser().exists()
                 path = save_transcript(arg.strip(), self.messages)
-                self.console.print(f"[dim]saved {len(self.messages)} messages to {path}[/]")
+                note = " (replaced the existing file)" if existed else ""
+                self.console.print(f"[dim]saved {len(self.messages)} messages to {path}{note}[/]")
             except FlintError as e:
                 self.console.print(f"[red]{e}[/]")
         elif cmd == "/reasoning":
@@ -213,5 +217,7 @@ class ChatSession:
         if out.ms_per_token:
             footer += f" · {1000 / out.ms_per_token:.1f} tokens/s"
         footer += " · stopped" if stopped else f" · {out.finish_reason}"
+        if out.finish_reason == "length" and not msg.content and not msg.tool_calls:
+            footer += " · max tokens ran out while reasoning (raise --max-tokens)"
         self.console.print(f"[dim]{footer}[/]")
         return msg

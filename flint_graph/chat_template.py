@@ -226,9 +226,11 @@ def validate_tools(tools: Any) -> list[dict] | None:
         if not isinstance(fn, Mapping):
             raise InvalidRequestError(f"{where}.function: expected an object, found {_type(fn)}")
         name = fn.get("name")
-        if not isinstance(name, str) or not name or name in names:
-            raise InvalidRequestError(f"{where}.function.name: expected a new non-empty string, "
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError(f"{where}.function.name: expected a non-empty string, "
                                       f"found {name!r}")  # fmt: skip
+        if name in names:
+            raise InvalidRequestError(f"{where}.function.name: duplicate tool name {name!r}")
         if not _TOOL_NAME.fullmatch(name):
             # The output parser refuses names with spaces or tags, so such a tool could never
             # be called: refuse it here, where the user can fix it.

@@ -238,7 +238,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     print()
     for err in out.errors:
         print(f"flint-graph: warning: {err}", file=sys.stderr)
-    if out.finish_reason == "length" and not args.raw and not out.content and not out.tool_calls:
+    room = llm.cfg.max_position_embeddings - len(out.prompt_token_ids)
+    if out.finish_reason == "length" and len(out.token_ids) >= room:
+        print(f"flint-graph: note: the context limit ({llm.cfg.max_position_embeddings} tokens) "
+              f"ended the answer after {len(out.token_ids)} tokens; shorten the prompt",
+              file=sys.stderr)
+    elif out.finish_reason == "length" and not args.raw and not out.content \
+            and not out.tool_calls:
         print(f"flint-graph: note: max tokens ({len(out.token_ids)}) ran out while the model was "
               "still reasoning; raise --max-tokens for an answer", file=sys.stderr)
     elif shown_reasoning and not out.reasoning_content and out.content:

@@ -40,6 +40,8 @@ def pick_device(device: str | torch.device | None) -> torch.device:
             from None
     if dev.type not in ("cpu", "cuda"):
         raise InvalidRequestError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+    if dev.type == "cpu":
+        return torch.device("cpu")  # "cpu:0" names the same device; loaders want plain "cpu"
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InvalidRequestError(f"device {device!r}: CUDA is not available on this machine")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():

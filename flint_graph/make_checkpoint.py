@@ -148,8 +148,11 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
         raise ConfigError(f"formats {list(formats)}; expected a non-empty subset of {FORMATS}")
     dev, out_dir, t0 = pick_device(device), Path(out_dir), time.perf_counter()
     _is_occupied(out_dir, overwrite)  # refuse before any work, not after minutes of it
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    except OSError as e:
+        raise CheckpointError(f"{out_dir}: cannot write there ({e.strerror or e})") from None
     seconds: dict[str, float] = {}
 
     def lap(step: str, start: float) -> float:

@@ -288,3 +288,12 @@ def test_tool_names_the_parser_could_never_match_are_refused(name):
 
     with pytest.raises(InvalidRequestError, match="function.name"):
         validate_tools([{"type": "function", "function": {"name": name}}])
+
+
+def test_duplicate_tool_name_is_named():
+    from flint_graph.chat_template import validate_tools
+    from flint_graph.errors import InvalidRequestError
+
+    tool = {"type": "function", "function": {"name": "f"}}
+    with pytest.raises(InvalidRequestError, match=r"tools\[1\].*duplicate tool name 'f'"):
+        validate_tools([tool, tool])

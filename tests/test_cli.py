@@ -225,3 +225,27 @@ def test_raw_refuses_chat_only_flags(capsys, tiny_ckpt, tmp_path):
     tools.write_text('[{"type": "function", "function": {"name": "f"}}]')
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--raw", "--prompt", "x", "--tools", tools)
     assert code == 2 and "--raw" in err
+
+
+def test_context_limit_note_names_the_context_not_max_tokens(capsys, tiny_ckpt):
+    from flint_graph import LLM
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    limit = llm.cfg.max_position_embeddings
+    word = "hello world "
+    per = len(llm.tokenizer.encode(word * 100)) / 100
+    prompt = word * int((limit - 40) / per)
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--raw", "--prompt", prompt,
+                          "--max-tokens", 1000, "--temperature", 0, "--device", "cpu")
+    assert code == 0 and "context limit" in err and "--max-tokens" not in err
+
+
+def test_cpu_index_and_unwritable_output_are_clean(capsys, tiny_ckpt, tmp_path):
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "x", "--max-tokens", 2,
+                          "--device", "cpu:0", "--json")
+    assert code == 0, err
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    code, _, err = _run(capsys, "make-checkpoint", "--out", blocker / "x", "--device", "cpu",
+                        "--no-progress")
+    assert code == 2 and "cannot write there" in err and "Traceback" not in err
