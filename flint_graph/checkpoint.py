@@ -9,7 +9,6 @@ directory when it holds a config.json). Names and extensions never decide anythi
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 
 from flint_graph.config import FlintConfig
 from flint_graph.errors import CheckpointError
+from flint_graph.jsonfile import read_json_object
 from flint_graph.weights import FlintWeights, NVFP4Weight
 
 GGUF_MAGIC = b"GGUF"
@@ -53,13 +53,7 @@ def read_generation_config(config_dir: str | Path) -> dict[str, Any]:
     path = Path(config_dir) / GENERATION_CONFIG_NAME
     if not path.is_file():
         return {}
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, found {type(raw).__name__}")
-    return raw
+    return read_json_object(path, CheckpointError, "file not found")
 
 
 def is_gguf(path: Path) -> bool:

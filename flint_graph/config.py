@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flint_graph.errors import ConfigError
+from flint_graph.jsonfile import read_json_object
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -100,14 +101,7 @@ class FlintConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+        raw = read_json_object(path, ConfigError, "config file not found")
         return cls.from_dict(raw, source=str(path))
 
     @classmethod

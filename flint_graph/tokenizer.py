@@ -18,6 +18,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from flint_graph.errors import CheckpointError, ConfigError
+from flint_graph.jsonfile import read_json_object
 
 # Control tokens: framing and role markers, skipped when decoding user-visible text.
 GLM47_CONTROL_TOKENS = (
@@ -165,18 +166,6 @@ def write_tokenizer_files(
     return {t: tok.token_to_id(t) for t in GLM47_SPECIAL_TOKENS}
 
 
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found (a tokenizer directory needs it)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
-
-
 class FlintTokenizer:
     """A GLM-style tokenizer: `tokenizers.Tokenizer` plus its HF tokenizer_config.
 
@@ -218,7 +207,8 @@ class FlintTokenizer:
         a GLM-4.7 chat token is absent.
         """
         path = Path(path)
-        config = _read_json(path / "tokenizer_config.json")
+        config = read_json_object(path / "tokenizer_config.json", CheckpointError,
+                                  "file not found (a tokenizer directory needs it)")
         tok_path = path / "tokenizer.json"
         if not tok_path.is_file():
             raise CheckpointError(f"{tok_path}: file not found (a tokenizer directory needs it)")
