@@ -23,18 +23,18 @@ from typing import Any
 import torch
 
 from flint_graph import nvfp4
-from flint_graph.config import PRESETS, FlintConfig
+from flint_graph.config import FlintConfig
 from flint_graph.engine_config import pick_device
 from flint_graph.errors import CheckpointError, ConfigError, FlintError
 from flint_graph.hf_checkpoint import write_safetensors
+# The flags and their defaults live apart so the CLI can show --help without torch.
+from flint_graph.make_checkpoint_args import (DEFAULT_FORMATS, DEFAULT_PRESET, DEFAULT_SEED,
+                                              FORMATS, add_arguments)
+from flint_graph.paths import cache_root
 from flint_graph.progress import progress_bar
 from flint_graph.tokenizer import CHAT_STOP_TOKENS
 from flint_graph.weights import FlintWeights, MLPWeights, NVFP4Weight
 
-FORMATS = ("bf16", "gguf")
-DEFAULT_FORMATS = FORMATS
-DEFAULT_SEED = 0
-DEFAULT_PRESET = "tiny"
 GGUF_NAME = "model-nvfp4.gguf"
 MARKER_NAME = ".flint-checkpoint-complete.json"
 MARKER_VERSION = 1  # bump when the generator's output changes, so stale caches are rebuilt
@@ -198,11 +198,7 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
 def default_checkpoint_dir() -> Path:
     """Where the embedded default lives: $FLINT_GRAPH_CACHE/tiny-seed0, else
     $XDG_CACHE_HOME/flint_graph/tiny-seed0, else ~/.cache/flint_graph/tiny-seed0."""
-    root = os.environ.get("FLINT_GRAPH_CACHE")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        root = Path(base) / "flint_graph"
-    return Path(root) / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
+    return cache_root() / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
 
 
 def is_complete(out_dir: Path, cfg: FlintConfig, seed: int, formats: tuple[str, ...]) -> bool:
@@ -239,32 +235,6 @@ def ensure_default_checkpoint(progress: bool = True) -> Path:
 
 
 # -- command line ---------------------------------------------------------------------------
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the make-checkpoint flags (shared by tools/make_checkpoint.py and the CLI)."""
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument("--preset", choices=PRESETS, default=None,
-                     help=f"packaged config: tiny (seconds on a CPU) or full (the 40B shapes; "
-                          f"needs a GPU) (default: {DEFAULT_PRESET})")
-    src.add_argument("--config", dest="config_path", type=Path, metavar="CONFIG.json",
-                     help="an HF-style config.json to use instead of a preset")
-    parser.add_argument("--out", dest="out_dir", type=Path, required=True, metavar="DIR",
-                        help="output directory (must not exist or be empty, unless --overwrite)")
-    parser.add_argument("--format", dest="formats", default=",".join(DEFAULT_FORMATS),
-                        help="comma-separated formats to write: bf16 (sharded safetensors), "
-                             "gguf (one NVFP4 GGUF) (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                        help="seed of the synthetic weights and tokenizer (default: %(default)s)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="where weights are generated and quantised (default: cuda when "
-                             "available, else cpu)")
-    parser.add_argument("--quantize-embeddings", action="store_true",
-                        help="store the embedding and LM head as NVFP4 too (default: BF16)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace DIR if it already holds files")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="hide the progress bars")
-
 
 def _check_memory(cfg: FlintConfig, device: torch.device) -> None:
     """Refuse up front when the BF16 weights cannot fit where they are generated (the `full`

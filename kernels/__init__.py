@@ -1,2 +1,25 @@
 """CuTe DSL kernels (`flint_graph.kernels`), one family per file with its plain-PyTorch
-reference; compiled ahead of time into a cubin cache. Empty until the kernel issues land."""
+reference, compiled ahead of time into a cubin cache.
+
+| file | owns |
+|---|---|
+| `spec.py` | how a kernel is declared: arguments, specialisations, launch shape |
+| `build.py` | the AOT compile (needs the DSL, no GPU) into cubins + manifest |
+| `cache.py` | reading and verifying the cache (no DSL: what the GPU box uses) |
+| `cubin.py` | reading parameter layout, block and registers out of a cubin |
+| `rmsnorm.py`, `gemv_bf16.py`, `gemv_nvfp4.py`, ... | one kernel family each |
+| `slow_producer.py` | test-only: the slow producer of the PDL ordering test |
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# Kernel families the model runs, by module name (each defines KERNEL = KernelDef(...)).
+MODEL_KERNELS = ("rmsnorm", "gemv_bf16", "gemv_nvfp4")
+TEST_KERNELS = ("slow_producer",)  # built into every cache so the GPU tests can run anywhere
+
+
+def registry(names=MODEL_KERNELS):
+    """The KernelDef of each named kernel module (imports no DSL)."""
+    return [importlib.import_module(f"{__name__}.{n}").KERNEL for n in names]

@@ -1,0 +1,194 @@
+"""Load AOT-compiled cubins with cuda-python and launch them with programmatic dependent launch.
+
+DESIGN §3 (launch): `cuModuleLoadData` -> `cuModuleGetFunction` once per kernel (outside graph
+capture, after torch has created the CUDA context), then `cuLaunchKernelEx` on torch's current
+stream with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so the kernel may start while
+its predecessor finishes and meets it at `griddepcontrol.wait`. Launches record into
+`torch.cuda.graph` capture like any other stream work.
+
+Arguments are checked on the host against the kernel's declaration (kernels/spec.py) before
+anything reaches the driver: dtype, device, contiguity, static extents, equal dynamic extents,
+pointer alignment. They are packed by the manifest's parameter layout, which the build checked
+against the cubin's own parameter table. Every driver call is checked; a failure raises
+`LaunchError` naming the kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any, Sequence
+
+import torch
+
+from flint_graph.errors import FlintError
+from flint_graph.kernels import registry
+from flint_graph.kernels.cache import CacheEntry, KernelCache, arch_for_capability
+from flint_graph.kernels.spec import KernelDef, Launch, ScalarArg, Spec, TensorArg
+
+_TORCH = {"bf16": (torch.bfloat16,), "f32": (torch.float32,), "u8": (torch.uint8,),
+          "u32": (torch.int32, getattr(torch, "uint32", torch.int32)), "i32": (torch.int32,),
+          "i64": (torch.int64,)}
+_PACK = {"ptr": "Q", "i32": "i", "i64": "q", "f32": "f"}
+
+
+class LaunchError(FlintError):
+    """A kernel could not be loaded or launched, or its arguments do not match its declaration."""
+
+
+def _driver():
+    from cuda.bindings import driver
+    return driver
+
+
+def _check(result: Any, what: str) -> Any:
+    """Unwrap a cuda-python (err, *values) result; raise LaunchError naming `what` on failure."""
+    cu = _driver()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        raise LaunchError(f"{what}: {name.decode() if isinstance(name, bytes) else err}")
+    return values[0] if len(values) == 1 else values
+
+
+def device_arch(device: torch.device | int | None = None) -> str:
+    """The cubin arch of a CUDA device (sm_90a on an H200)."""
+    return arch_for_capability(*torch.cuda.get_device_capability(device))
+
+
+def check_args(name: str, decls: Sequence[TensorArg | ScalarArg], values: Sequence[Any],
+               device_type: str = "cuda") -> dict[str, int]:
+    """Validate launch arguments against a kernel's declaration; returns the dynamic extents.
+
+    Raises LaunchError naming the kernel `name` and the argument."""
+    if len(values) != len(decls):
+        raise LaunchError(f"{name}: {len(values)} arguments, expected {len(decls)} "
+                          f"({', '.join(a.name for a in decls)})")
+    extents: dict[str, int] = {}
+    for decl, v in zip(decls, values):
+        where = f"{name}: argument {decl.name}"
+        if isinstance(decl, ScalarArg):
+            if isinstance(v, torch.Tensor) or not isinstance(v, (int, float)):
+                raise LaunchError(f"{where}: expected a Python number ({decl.dtype}), "
+                                  f"found {type(v).__name__}")
+            continue
+        if not isinstance(v, torch.Tensor):
+            raise LaunchError(f"{where}: expected a torch tensor, found {type(v).__name__}")
+        if v.dtype not in _TORCH[decl.dtype]:
+            raise LaunchError(f"{where}: dtype {v.dtype}, expected {_TORCH[decl.dtype][0]}")
+        if v.device.type != device_type:
+            raise LaunchError(f"{where}: on {v.device}, expected a {device_type} tensor")
+        if v.dim() != len(decl.shape):
+            raise LaunchError(f"{where}: shape {list(v.shape)}, expected {len(decl.shape)} "
+                              f"dims {list(decl.shape)}")
+        for i, (d, n) in enumerate(zip(decl.shape, v.shape)):
+            if isinstance(d, str):
+                if extents.setdefault(d, n) != n:
+                    raise LaunchError(f"{where}: dim {i} is {n}, but {d} = {extents[d]} "
+                                      f"from an earlier argument")
+                if n < 1:
+                    raise LaunchError(f"{where}: dim {i} ({d}) is {n}, expected ≥ 1")
+            elif d != n:
+                raise LaunchError(f"{where}: shape {list(v.shape)}, expected "
+                                  f"{list(decl.shape)}")
+        if not v.is_contiguous():
+            raise LaunchError(f"{where}: not contiguous (strides {v.stride()})")
+        if v.data_ptr() % decl.align:
+            raise LaunchError(f"{where}: data pointer {v.data_ptr():#x} is not "
+                              f"{decl.align}-byte aligned")
+    return extents
+
+
+def pack_args(params: Sequence[dict[str, Any]], values: Sequence[Any]) -> list[bytes]:
+    """Each kernel parameter's bytes, laid out by the manifest's `params` (fields: name, type,
+    offset): tensor data pointers, dynamic extents and strides, scalars by value."""
+    out = []
+    for p, v in zip(params, values):
+        buf = bytearray(p["size"])
+        for name, typ, off in p["fields"]:
+            if name == "data":
+                x = v.data_ptr()
+            elif name == "value":
+                x = float(v) if typ == "f32" else int(v)
+            elif name.startswith("shape"):
+                x = v.shape[int(name[5:])]
+            else:
+                x = v.stride(int(name[6:]))
+            struct.pack_into("<" + _PACK[typ], buf, off, x)
+        out.append(bytes(buf))
+    return out
+
+
+class Kernel:
+    """One loaded specialisation. `launch(*args)` checks, packs and launches on the current
+    stream. Host cost is a few tens of µs per launch in Python: it only matters at capture."""
+
+    def __init__(self, kdef: KernelDef, spec: Spec, entry: CacheEntry):
+        self.kdef, self.spec, self.meta = kdef, spec, entry.meta
+        self.name = f"{spec.id}@{entry.meta['arch']}"
+        self.args: list[TensorArg | ScalarArg] = list(kdef.args(spec))
+        self.launch_shape = Launch.from_json(entry.meta["launch"])
+        self.waits = bool(entry.meta["pdl_wait"])
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")  # cuModuleLoadData needs the primary context torch makes
+        cu = _driver()
+        self._module = _check(cu.cuModuleLoadData(entry.cubin), f"{self.name}: cuModuleLoadData")
+        self._fn = _check(cu.cuModuleGetFunction(self._module, entry.meta["symbol"].encode()),
+                          f"{self.name}: cuModuleGetFunction")
+        smem = self.launch_shape.smem
+        if smem > 48 * 1024:  # above the default limit a kernel must opt in
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(cu.cuFuncSetAttribute(self._fn, attr, smem), f"{self.name}: set smem {smem}")
+
+    def launch(self, *values: Any, pdl: bool | None = None,
+               stream: torch.cuda.Stream | None = None) -> None:
+        """Launch on `stream` (default: torch's current stream). pdl: None = on when the kernel
+        waits on its predecessor; False = plain stream order (for comparison). Raises
+        LaunchError for bad arguments, for pdl=True on a kernel without a wait, and for driver
+        errors."""
+        extents = check_args(self.name, self.args, values)
+        if pdl and not self.waits:
+            raise LaunchError(f"{self.name}: has no griddepcontrol.wait, so it cannot be "
+                              f"launched with programmatic dependent launch")
+        use_pdl = self.waits if pdl is None else pdl
+        cu = _driver()
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.launch_shape.grid_for(extents)
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.launch_shape.block
+        cfg.sharedMemBytes = self.launch_shape.smem
+        cfg.hStream = (stream or torch.cuda.current_stream()).cuda_stream
+        attrs = []
+        if use_pdl:
+            a = cu.CUlaunchAttribute()
+            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            a.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(a)
+        cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+        keep = [ctypes.create_string_buffer(b, len(b))
+                for b in pack_args(self.meta["params"], values)]
+        arr = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(b) for b in keep])
+        # The driver copies the parameters during the call, so `keep` may go right after.
+        _check(cu.cuLaunchKernelEx(cfg, self._fn, ctypes.addressof(arr), 0),
+               f"{self.name}: cuLaunchKernelEx")
+
+
+class KernelSet:
+    """Kernels loaded from one cache for one GPU: `get(name, **values)` -> Kernel (cached)."""
+
+    def __init__(self, cache: KernelCache | None = None, arch: str | None = None,
+                 kernels: Sequence[KernelDef] | None = None):
+        self.cache = cache or KernelCache()
+        self.arch = arch or device_arch()
+        self.defs = {k.name: k for k in (kernels or registry())}
+        self._loaded: dict[Spec, Kernel] = {}
+
+    def get(self, name: str, **values: int) -> Kernel:
+        """The loaded kernel `name` specialised to `values`. Raises LaunchError for an unknown
+        kernel and KernelCacheError when the cache lacks a valid entry."""
+        if name not in self.defs:
+            raise LaunchError(f"unknown kernel {name!r}; known: {', '.join(sorted(self.defs))}")
+        kdef = self.defs[name]
+        spec = kdef.spec(**values)
+        if spec not in self._loaded:
+            self._loaded[spec] = Kernel(kdef, spec, self.cache.get(kdef, spec, self.arch))
+        return self._loaded[spec]

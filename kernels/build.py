@@ -1,0 +1,192 @@
+"""Ahead-of-time build: every kernel specialisation a model needs -> cubins + manifest.json.
+
+Runs without a GPU (DESIGN §3, ../shared/cute-dsl-aot.md): each declared argument becomes a fake
+tensor or scalar, `cute.compile` with `--gpu-arch <arch> --keep-cubin --keep-ptx` gives the
+cubin and PTX, and the cubin's own parameter table is checked against the layout we derive
+from the declaration, so the launcher packs exactly what the kernel reads. Incremental: an entry
+whose source hash, DSL version and cubin sha256 still match is not rebuilt.
+"""
+
+from __future__ import annotations
+
+import os
+import hashlib
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from flint_graph.kernels import registry
+from flint_graph.kernels.cache import (ARCHS, KernelCache, KernelCacheError, cubin_name,
+                                       dsl_version, entry_id, source_hash, write_manifest)
+from flint_graph.kernels.cubin import read_cubin
+from flint_graph.kernels.spec import KernelDef, ScalarArg, Spec, TensorArg, unique_specs
+from flint_graph.progress import progress_bar
+
+_SCALAR_BYTES = {"f32": 4, "i32": 4, "i64": 8}
+
+
+class KernelBuildError(KernelCacheError):
+    """A specialisation failed to compile or its cubin does not match its declaration."""
+
+
+def param_layout(arg: TensorArg | ScalarArg) -> tuple[list[list[Any]], int]:
+    """The C struct a declared argument becomes as a kernel parameter: ([name, type, offset]
+    fields, size in bytes). A tensor is {void* data; int32 dynamic extents...; int64 dynamic
+    strides...} in mode order, naturally aligned, padded to 8 (cute-dsl-aot.md §2); a scalar is
+    its value. Row-major strides are dynamic exactly when a later extent is dynamic."""
+    if isinstance(arg, ScalarArg):
+        return [["value", arg.dtype, 0]], _SCALAR_BYTES[arg.dtype]
+    fields = [("data", "ptr", 8)]
+    fields += [(f"shape{i}", "i32", 4) for i, d in enumerate(arg.shape) if isinstance(d, str)]
+    fields += [(f"stride{i}", "i64", 8) for i in range(len(arg.shape))
+               if any(isinstance(d, str) for d in arg.shape[i + 1:])]
+    out, off = [], 0
+    for name, typ, size in fields:
+        off = -(-off // size) * size
+        out.append([name, typ, off])
+        off += size
+    return out, -(-off // 8) * 8
+
+
+def _fake_args(args: Sequence[TensorArg | ScalarArg]) -> list[Any]:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    dsl = {"bf16": cutlass.BFloat16, "f32": cutlass.Float32, "u8": cutlass.Uint8,
+           "u32": cutlass.Uint32, "i32": cutlass.Int32, "i64": cutlass.Int64}
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, ScalarArg):
+            out.append(dsl[a.dtype](0))
+            continue
+        syms: dict[str, Any] = {}
+        shape = tuple(syms.setdefault(d, cute.sym_int32()) if isinstance(d, str) else d
+                      for d in a.shape)
+        out.append(make_fake_compact_tensor(dsl[a.dtype], shape,
+                                            stride_order=tuple(reversed(range(len(shape)))),
+                                            assumed_align=a.align))
+    out.append(make_fake_stream())
+    return out
+
+
+def compile_spec(kdef: KernelDef, spec: Spec, arch: str) -> tuple[dict[str, Any], bytes]:
+    """Compile one specialisation for one arch -> (manifest entry without file fields, cubin).
+
+    Raises KernelBuildError when the compile fails, yields other than one kernel, or the
+    cubin's parameter table disagrees with the declared arguments."""
+    os.environ.setdefault("CUTE_DSL_ARCH", arch)  # read once when cutlass is first imported
+    import cutlass.cute as cute
+
+    eid = entry_id(spec, arch)
+    args = list(kdef.args(spec))
+    launch = kdef.launch(spec)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as dump:
+        try:
+            compiled = cute.compile(kdef.build(spec), *_fake_args(args), options=(
+                f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir={dump}"))
+        except Exception as e:
+            raise KernelBuildError(f"{eid}: compile failed: {type(e).__name__}: {e}") from e
+        cubin, ptx = compiled.artifacts.CUBIN, compiled.artifacts.PTX
+    seconds = time.perf_counter() - t0
+    # A missing dump dir leaves these as path strings without an error (aot.md §6.4).
+    if not isinstance(cubin, bytes) or cubin[:4] != b"\x7fELF" or f".target {arch}" not in ptx:
+        raise KernelBuildError(f"{eid}: the DSL returned no {arch} cubin")
+    symbols = list(compiled.kernel_info)
+    if len(symbols) != 1:
+        raise KernelBuildError(f"{eid}: expected one kernel, the DSL traced {symbols}")
+    info = read_cubin(cubin)[symbols[0]]
+    params = []
+    for arg, (ordinal, offset, size) in zip(args, info.params):
+        fields, want = param_layout(arg)
+        if size != want:
+            raise KernelBuildError(f"{eid}: argument {arg.name}: cubin parameter {ordinal} is "
+                                   f"{size} bytes, the declaration gives {want}")
+        params.append({"arg": arg.name, "offset": offset, "size": size, "fields": fields})
+    if len(info.params) != len(args):
+        raise KernelBuildError(f"{eid}: cubin has {len(info.params)} parameters for "
+                               f"{len(args)} declared arguments (is the @cute.jit a pass-through?)")
+    if info.reqntid not in (None, list(launch.block)):
+        raise KernelBuildError(f"{eid}: cubin requires block {info.reqntid}, declared "
+                               f"{list(launch.block)}")
+    body = ptx[ptx.index(".entry"):]
+    # Plain (non-.nc) global loads read what a predecessor may still be writing: none may come
+    # before the wait in program text. (The GPU slow-producer test checks the real order.)
+    head = body.split("griddepcontrol.wait", 1)[0] if "griddepcontrol.wait" in body else ""
+    early = len(re.findall(r"\bld\.global(?!\.nc)[\w:.]*", head))
+    meta = {
+        "kernel": kdef.name, "key": spec.key, "values": spec.as_dict(), "arch": arch,
+        "symbol": symbols[0], "params": params, "param_bytes": info.param_bytes,
+        "launch": launch.to_json(), "reqntid": info.reqntid, "regs": info.regs,
+        "static_smem": info.static_smem, "pdl_wait": "griddepcontrol.wait" in body,
+        "local_memory": bool(re.search(r"\bld\.local|\bst\.local", body)),
+        "plain_loads_before_wait": early,
+        "dsl_version": dsl_version(), "source_hash": source_hash(kdef),
+        "build_s": round(seconds, 3),
+    }
+    return meta, cubin
+
+
+def model_specs(cfg: Any, buckets: Sequence[int] = (1, 2, 4, 8),
+                kernels: Sequence[KernelDef] | None = None) -> list[tuple[KernelDef, Spec]]:
+    """Every (kernel, specialisation) the model `cfg` needs for the given batch buckets."""
+    out = []
+    for kdef in kernels or registry():
+        out += [(kdef, s) for s in unique_specs(kdef.specs(cfg, buckets))]
+    return out
+
+
+def build_cache(root: str | Path, todo: Sequence[tuple[KernelDef, Spec]],
+                archs: Sequence[str] = ARCHS, *, progress: bool = True,
+                force: bool = False) -> dict[str, int]:
+    """Compile what `todo` needs for each arch into `root`; reuse valid entries.
+
+    Returns counts {"built", "reused", "total"}. The manifest is rewritten after every build, so
+    an interrupted run keeps what it finished. Raises KernelBuildError, KernelCacheError."""
+    if dsl_version() is None:
+        raise KernelBuildError("building kernels needs the CuTe DSL: pip install '.[kernels]' "
+                               "(nvidia-cutlass-dsl, cuda-python)")
+    for arch in archs:
+        if arch not in ARCHS:
+            raise KernelBuildError(f"--arch {arch}: expected one of {', '.join(ARCHS)}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    cache = KernelCache(root)
+    jobs = [(k, s, a) for a in archs for k, s in todo]
+    counts = {"built": 0, "reused": 0, "total": len(jobs)}
+    with progress_bar(progress, "compiling kernels", len(jobs), unit="steps") as advance:
+        for kdef, spec, arch in jobs:
+            if not force and cache.problem(kdef, spec, arch) is None:
+                counts["reused"] += 1
+            else:
+                meta, cubin = compile_spec(kdef, spec, arch)
+                name = cubin_name(spec, arch)
+                (root / name).write_bytes(cubin)
+                meta.update(cubin=name, sha256=hashlib.sha256(cubin).hexdigest())
+                cache.manifest[entry_id(spec, arch)] = meta
+                write_manifest(root, cache.manifest)
+                counts["built"] += 1
+            advance(1)
+    return counts
+
+
+def run(args: Any) -> int:
+    """`flint-graph build-kernels`: compile the model's kernels (and the test-only ones) for
+    each --arch into --out. Prints one summary line; raises KernelBuildError, ConfigError."""
+    from flint_graph.config import FlintConfig
+    from flint_graph.kernels import TEST_KERNELS
+    from flint_graph.kernels.cache import default_cache_dir
+
+    cfg = FlintConfig.from_json(args.config) if args.config else FlintConfig.preset(args.preset)
+    archs = args.arch or ["sm_90a"]
+    todo = model_specs(cfg, args.buckets) + model_specs(cfg, (), registry(TEST_KERNELS))
+    root = Path(args.out) if args.out else default_cache_dir()
+    t0 = time.perf_counter()
+    counts = build_cache(root, todo, archs, progress=args.progress, force=args.force)
+    print(f"kernel cache {root}: {counts['built']} built, {counts['reused']} up to date, "
+          f"{counts['total']} entries for {', '.join(archs)} "
+          f"({time.perf_counter() - t0:.1f} s)")
+    return 0

@@ -1,0 +1,180 @@
+"""The kernel cache on disk: `DIR/manifest.json` plus one cubin per (specialisation, arch).
+
+This side needs no DSL: the GPU box reads the cache that a CPU machine built (DESIGN §3,
+../shared/device.md). Each manifest entry is keyed "kernel/key@arch", e.g.
+"gemv_bf16/B=1,K=2048@sm_90a", and holds: kernel, key, values, arch, symbol, params (the
+launcher's packing layout, checked against the cubin at build time), param_bytes, launch
+(grid/block/smem), reqntid, regs, static_smem, pdl_wait (the PTX calls griddepcontrol.wait),
+dsl_version, source_hash, cubin (file name), sha256, build_s.
+
+An entry is only handed out after checks: present, built from the current kernel source, its
+cubin's sha256 as recorded and its ELF made for the requested arch. Anything else raises
+`KernelCacheError` naming the entry and what to run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from flint_graph.errors import FlintError
+from flint_graph.kernels.cubin import CubinFormatError, cubin_sm
+from flint_graph.kernels.spec import KernelDef, Spec
+from flint_graph.paths import cache_root
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+ARCHS = ("sm_90a", "sm_100a")  # what CI compiles; the H200 needs sm_90a
+DSL_DIST = "nvidia-cutlass-dsl"
+
+
+class KernelCacheError(FlintError):
+    """A kernel cache entry is missing, stale, corrupt or built for another GPU."""
+
+
+def default_cache_dir() -> Path:
+    """The per-user kernel cache: <cache root>/kernels (see flint_graph.paths.cache_root)."""
+    return cache_root() / "kernels"
+
+
+def entry_id(spec: Spec, arch: str) -> str:
+    """Manifest key of one specialisation for one arch."""
+    return f"{spec.id}@{arch}"
+
+
+def cubin_name(spec: Spec, arch: str) -> str:
+    """File name of the cubin, e.g. gemv_bf16.B1-K2048.sm_90a.cubin."""
+    key = "-".join(f"{k}{v}" for k, v in spec.values) or "any"
+    return f"{spec.kernel}.{key}.{arch}.cubin"
+
+
+def dsl_version() -> str | None:
+    """Installed nvidia-cutlass-dsl version, None where the DSL is absent (the GPU box)."""
+    try:
+        return metadata.version(DSL_DIST)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def source_hash(kdef: KernelDef) -> str:
+    """sha256 over the kernel's module file and its declared extra source files: a change in any
+    of them makes its cubins stale."""
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    for name in (f"{kdef.name}.py", *kdef.source_files):
+        h.update(name.encode() + b"\0" + (here / name).read_bytes())
+    return h.hexdigest()
+
+
+def arch_for_capability(major: int, minor: int) -> str:
+    """The cubin arch for a CUDA device capability: (9, 0) -> sm_90a, (10, 0) -> sm_100a.
+
+    Raises KernelCacheError for a GPU our kernels are not built for."""
+    arch = {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get((major, minor))
+    if arch is None:
+        raise KernelCacheError(f"GPU compute capability {major}.{minor}: no kernels are built for "
+                               f"it (supported: 9.0 -> sm_90a, 10.0 -> sm_100a)")
+    return arch
+
+
+def build_command(arch: str, preset: str | None = None) -> str:
+    """The command that builds missing entries, for error messages."""
+    what = f"--preset {preset}" if preset else "--preset tiny|full or --config CONFIG.json"
+    return f"flint-graph build-kernels --arch {arch} {what}"
+
+
+@dataclass
+class CacheEntry:
+    """One verified entry: its manifest record and its cubin bytes."""
+
+    meta: dict[str, Any]
+    cubin: bytes
+
+
+class KernelCache:
+    """A cache directory. `read_manifest` on open; `get` verifies and returns an entry."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root is not None else default_cache_dir()
+        self.manifest = read_manifest(self.root)
+
+    def problem(self, kdef: KernelDef, spec: Spec, arch: str) -> str | None:
+        """Why (kdef, spec, arch) cannot be loaded as is, or None when it can."""
+        eid = entry_id(spec, arch)
+        meta = self.manifest.get(eid)
+        if meta is None:
+            return f"{eid}: missing from {self.root / MANIFEST}"
+        if meta.get("arch") != arch:
+            return f"{eid}: recorded arch {meta.get('arch')!r}, expected {arch}"
+        if meta.get("source_hash") != source_hash(kdef):
+            return f"{eid}: stale (kernels/{kdef.name}.py changed since it was built)"
+        here = dsl_version()
+        if here is not None and meta.get("dsl_version") != here:
+            return f"{eid}: stale (built with DSL {meta.get('dsl_version')}, installed {here})"
+        path = self.root / meta.get("cubin", "")
+        if not path.is_file():
+            return f"{eid}: cubin file {path} is missing"
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+            return f"{eid}: corrupt ({path} does not match the sha256 in the manifest)"
+        try:
+            sm = cubin_sm(data)
+        except CubinFormatError as e:
+            return f"{eid}: corrupt ({path}: {e})"
+        if f"sm_{sm}a" != arch:
+            return f"{eid}: {path} is an sm_{sm} cubin, not {arch}"
+        return None
+
+    def get(self, kdef: KernelDef, spec: Spec, arch: str, *, build: bool = True) -> CacheEntry:
+        """The verified entry. Where the CuTe DSL is installed and `build` is set, a missing or
+        invalid entry is compiled now and added. Raises KernelCacheError naming the entry and
+        the command that builds it."""
+        why = self.problem(kdef, spec, arch)
+        if why is not None and build and dsl_version() is not None:
+            from flint_graph.kernels.build import build_cache
+
+            build_cache(self.root, [(kdef, spec)], [arch], progress=False)
+            self.manifest = read_manifest(self.root)
+            why = self.problem(kdef, spec, arch)
+        if why is not None:
+            raise KernelCacheError(f"kernel cache {self.root}: {why}; rebuild with "
+                                   f"`{build_command(arch)} --out {self.root}` on a machine with "
+                                   f"the CuTe DSL (pip install '.[kernels]')")
+        meta = self.manifest[entry_id(spec, arch)]
+        return CacheEntry(meta, (self.root / meta["cubin"]).read_bytes())
+
+
+def read_manifest(root: Path) -> dict[str, dict[str, Any]]:
+    """The manifest's entries ({} when the directory or file does not exist).
+
+    Raises KernelCacheError for a manifest that is not a JSON object of the expected version."""
+    path = root / MANIFEST
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KernelCacheError(f"{path}: unreadable kernel manifest ({e}); delete it and rebuild "
+                               f"with `flint-graph build-kernels`") from None
+    if not isinstance(raw, dict) or raw.get("version") != MANIFEST_VERSION \
+            or not isinstance(raw.get("entries"), dict):
+        raise KernelCacheError(f"{path}: not a version-{MANIFEST_VERSION} kernel manifest; delete "
+                               f"it and rebuild with `flint-graph build-kernels`")
+    return raw["entries"]
+
+
+def write_manifest(root: Path, entries: dict[str, dict[str, Any]]) -> None:
+    """Write the manifest atomically (a reader never sees half a file)."""
+    root.mkdir(parents=True, exist_ok=True)
+    body = json.dumps({"version": MANIFEST_VERSION, "entries": dict(sorted(entries.items()))},
+                      indent=1)
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".manifest-", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(body + "\n")
+    os.replace(tmp, root / MANIFEST)
