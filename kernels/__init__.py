@@ -8,7 +8,9 @@ reference, compiled ahead of time into a cubin cache.
 | `cache.py` | reading and verifying the cache (no DSL: what the GPU box uses) |
 | `cubin.py` | reading parameter layout, block and registers out of a cubin |
 | `rmsnorm.py`, `gemv_bf16.py`, `gemv_nvfp4.py`, ... | one kernel family each |
-| `slow_producer.py` | test-only: the slow producer of the PDL ordering test |
+| `examples.py` | fresh random arguments for each kernel (GPU tests, microbenchmark) |
+| `slow_producer.py`, `early_reader.py` | test-only: the PDL ordering test's slow producer, and |
+| | a consumer that breaks the rule on purpose |
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import importlib
 
 # Kernel families the model runs, by module name (each defines KERNEL = KernelDef(...)).
 MODEL_KERNELS = ("rmsnorm", "gemv_bf16", "gemv_nvfp4")
-TEST_KERNELS = ("slow_producer",)  # built into every cache so the GPU tests can run anywhere
+# Test-only kernels, built into every cache so the GPU tests can run wherever the cache goes.
+TEST_KERNELS = ("slow_producer", "early_reader")
 
 
 def registry(names=MODEL_KERNELS):

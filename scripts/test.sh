@@ -9,5 +9,5 @@ python -m pip install -q --upgrade pip
 # Pinned CPU build first: an unpinned torch would pull a multi-GB CUDA build.
 python -m pip install -q "torch==2.13.0"
 # Quiet setuptools' generic editable-install notice (kernels/ maps to flint_graph.kernels).
-PYTHONWARNINGS=ignore::UserWarning python -m pip install -q -e ".[test]"
+PYTHONWARNINGS=ignore::UserWarning python -m pip install -q -e ".[test,kernels]"
 python -m pytest -q "$@"

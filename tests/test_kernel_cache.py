@@ -65,7 +65,9 @@ def test_every_kernel_compiles_for_both_archs(built):
             assert hashlib.sha256(cubin).hexdigest() == meta["sha256"]
             assert f"sm_{cubin_sm(cubin)}a" == arch
             assert meta["pdl_wait"], f"{entry_id(spec, arch)} never waits on its predecessor"
-            assert meta["plain_loads_before_wait"] == 0, entry_id(spec, arch)
+            # early_reader breaks the rule on purpose: the PTX check must see it.
+            early = meta["plain_loads_before_wait"]
+            assert early > 0 if kdef.name == "early_reader" else early == 0, entry_id(spec, arch)
             assert not meta["local_memory"], f"{entry_id(spec, arch)} spills to local memory"
             assert meta["reqntid"] == meta["launch"]["block"]
 

@@ -1,39 +1,55 @@
 #!/usr/bin/env bash
-# Everything the H200 runs in one device call: install the carried wheels, the GPU tests, the
-# CLI at full 40B size (make-checkpoint, then generate twice with one seed), and the eager
-# baseline (skip it with SKIP_BASELINE=1). Logs and reports land in $OUT (docs/perf-log.md).
-#   device run: carry [".whl"], command: bash tools/gpu_check.sh
+# Everything the H200 runs in one device call. Build the kernel cache HERE first (the GPU box has
+# no CuTe DSL and never compiles, ../shared/device.md), then carry it with the gguf wheel:
+#   FLINT_GRAPH_CACHE=$PWD/.kcache flint-graph build-kernels --preset full --arch sm_90a
+#   flint-graph build-kernels --preset tiny --arch sm_90a --out .kcache/kernels
+#   device run: carry [".whl", ".kcache"], command: bash tools/gpu_check.sh
+# Steps: install the carried wheels, the GPU tests (kernels against their references, the PDL
+# ordering test, the reference model on CUDA), the kernel microbenchmark, and (unless
+# SKIP_FULL=1) the CLI at full 40B size plus the eager baseline. Logs land in $OUT; a short
+# summary is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/flint-out}
 WORK=${WORK:-/tmp/flint-full}
 mkdir -p "$OUT"
+export FLINT_GRAPH_CACHE=${FLINT_GRAPH_CACHE:-$PWD/.kcache}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
   || { cat "$OUT/install.log"; exit 1; }
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pytest -q -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu-tests.log" | tail -5
+python3 -m pytest -q -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 \
+  | tee "$OUT/gpu-tests.log" | tail -25
 status=${PIPESTATUS[0]}  # GPU test failures decide the exit code, whatever runs after
 
-rm -rf "$WORK"
-flint-graph make-checkpoint --preset full --format gguf --out "$WORK" --no-progress \
-  2>&1 | tee "$OUT/make-checkpoint.log" | tail -4
-PROMPT="Explain why a decode step is bound by memory bandwidth."
-for i in 1 2; do
-  flint-graph generate "$WORK/model-nvfp4.gguf" --prompt "$PROMPT" --max-tokens 32 --seed 0 \
-    --json > "$OUT/generate-$i.json" 2> "$OUT/generate-$i.err"
-  echo "generate run $i: exit $?"; cat "$OUT/generate-$i.err" | tail -3
-done
-python3 - "$OUT" <<'PY'
+if [ -z "${SKIP_BENCH:-}" ]; then
+  timeout "${BENCH_TIMEOUT:-330}" python3 tools/bench_kernels.py --out "$OUT" ${BENCH_ARGS:-} \
+    > "$OUT/bench-kernels.log" 2>&1
+  echo "kernel bench: exit $? (log: bench-kernels.log)"
+fi
+
+if [ -z "${SKIP_FULL:-}" ]; then
+  rm -rf "$WORK"
+  flint-graph make-checkpoint --preset full --format gguf --out "$WORK" --no-progress \
+    2>&1 | tee "$OUT/make-checkpoint.log" | tail -4
+  PROMPT="Explain why a decode step is bound by memory bandwidth."
+  for i in 1 2; do
+    flint-graph generate "$WORK/model-nvfp4.gguf" --prompt "$PROMPT" --max-tokens 32 --seed 0 \
+      --json > "$OUT/generate-$i.json" 2> "$OUT/generate-$i.err"
+    echo "generate run $i: exit $?"; tail -3 "$OUT/generate-$i.err"
+  done
+  python3 - "$OUT" <<'PY'
 import json, sys
 a, b = (json.load(open(f"{sys.argv[1]}/generate-{i}.json")) for i in (1, 2))
 print(f"full-size CLI generate: {len(a['token_ids'])} tokens, finish {a['finish_reason']}, "
       f"TTFT {a['ttft_ms']:.0f} ms, {a['ms_per_token']:.1f} ms/token; same seed -> same ids: "
       f"{a['token_ids'] == b['token_ids']}")
 PY
-if [ -z "${SKIP_BASELINE:-}" ]; then
-  python3 tools/baseline.py --out "$OUT" --work "$WORK" --reuse 2>&1 | tee "$OUT/baseline.log" | tail -8
+  python3 tools/baseline.py --out "$OUT" --work "$WORK" --reuse 2>&1 | tee "$OUT/baseline.log" \
+    | tail -8
 fi
+echo "=== GPU tests: $(tail -1 "$OUT/gpu-tests.log")"
+[ -f "$OUT/bench_kernels.md" ] && cat "$OUT/bench_kernels.md"
 [ "$status" -eq 0 ] || echo "GPU TESTS FAILED (pytest exit $status)"
 exit "$status"
