@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from flint_graph.chat_template import render_chat
+from flint_graph.chat_template import Segment, render_chat_segments
 from flint_graph.checkpoint import load_checkpoint
 from flint_graph.engine import Engine
 from flint_graph.engine_config import EngineConfig, pick_device
@@ -37,9 +37,12 @@ class GenerationOutput:
 
     token_ids: generated ids (the stop token included when one ended it); text: visible text
     (special tokens and any matched stop string removed); finish_reason: "stop" | "length" |
-    "abort"; ttft_ms: submission to first token (ms); ms_per_token: mean time per output token
-    after the first (TPOT, ms; None with fewer than two tokens). For chat requests
-    reasoning_content / content / tool_calls hold the parsed split, errors any malformed calls.
+    "abort", or for chat "tool_calls" when the model stopped after calling at least one tool
+    (OpenAI's convention; a call cut off by max_tokens still says "length"); ttft_ms:
+    submission to first token (ms); ms_per_token: mean time per output token after the first
+    (TPOT, ms; None with fewer than two tokens). For chat requests reasoning_content / content /
+    tool_calls hold the parsed split, errors the malformed or rejected calls, the repairs made
+    and the arguments that fit no reading of their schema ("tool call N: ...").
     """
 
     prompt_token_ids: list[int]
@@ -88,7 +91,9 @@ class LLM:
             (defaults to the GGUF's own directory).
         device: "cuda", "cpu" or a torch.device; None picks CUDA when present.
         progress: show progress bars while loading.
-        engine: runtime knobs (EngineConfig: max_slots, prefill_chunk_tokens).
+        engine: runtime knobs (EngineConfig: max_slots, prefill_chunk_tokens, cpu_threads;
+            on the CPU a small model gets one thread unless told otherwise, see
+            engine_config.apply_cpu_threads).
     Raises CheckpointError / ConfigError for a missing, corrupt or inconsistent checkpoint,
     InvalidRequestError for a bad `device` or `model` argument.
     """
@@ -123,10 +128,15 @@ class LLM:
                  params: SamplingParams | None = None) -> list[GenerationOutput]:
         """Complete each prompt as raw text (no chat template), batched.
 
+        The caller writes the whole prompt here, so added-token text in it (e.g. "<|user|>",
+        "</think>") becomes the token's single id, as in GLM's own tokenizer; chat() instead
+        keeps such text inside messages as ordinary text (prompt_segments).
         Args: prompts: a string, a list of strings, or a list of token-id lists.
         Returns one GenerationOutput per prompt, in order.
-        Raises InvalidRequestError (empty prompt, bad params), ContextLengthError.
+        Raises InvalidRequestError (no prompts, empty prompt, bad params), ContextLengthError.
         """
+        if isinstance(prompts, (list, tuple)) and not prompts:
+            raise InvalidRequestError("prompts: expected at least one prompt, got an empty list")
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                         and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -149,30 +159,44 @@ class LLM:
                enable_thinking: bool = True, tool_choice: str | None = None,
                **template_kwargs: Any) -> str:
         """The prompt text the checkpoint's chat template makes of `messages` (GLM-4.7 layout).
+        Control-token text from messages or tools shows here as the same text as the template's
+        markers; chat() encodes it as ordinary text, not as the control token (prompt_segments).
 
         Raises InvalidRequestError for malformed messages/tools, TemplateError if it raises."""
+        return "".join(s.text for s in self._render_segments(
+            messages, tools, enable_thinking=enable_thinking, tool_choice=tool_choice,
+            **template_kwargs))
+
+    def _render_segments(self, messages: list[dict[str, Any]], tools: list[dict] | None, *,
+                         enable_thinking: bool, tool_choice: str | None,
+                         **template_kwargs: Any) -> list[Segment]:
+        # The prompt as scaffolding / data segments: control-token text inside messages and
+        # tools is data, encoded as ordinary text (prompt_segments).
         if not messages:
             raise InvalidRequestError("messages: expected at least one message, got none")
         source = self.checkpoint.config_dir / "tokenizer_config.json"
         try:
-            text = render_chat(self.tokenizer.chat_template, messages, tools,
-                               enable_thinking=enable_thinking, tool_choice=tool_choice,
-                               **template_kwargs)
+            segments = render_chat_segments(
+                self.tokenizer.chat_template, messages, tools,
+                markers=self.tokenizer.added_tokens, enable_thinking=enable_thinking,
+                tool_choice=tool_choice, **template_kwargs)
         except TemplateError as e:
             raise TemplateError(f"{source}: {e}") from None
         except TypeError as e:  # e.g. a template kwarg that collides with a named argument
             raise InvalidRequestError(f"render: {e}") from None
-        if not text.strip():
+        if not "".join(s.text for s in segments).strip():
             raise TemplateError(f"{source}: the chat template rendered an empty prompt")
-        return text
+        return segments
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
              params: SamplingParams | None = None, *, enable_thinking: bool = True,
              tool_choice: str | None = None, **template_kwargs: Any) -> ChatMessage:
         """Generate the assistant's next message.
 
-        Returns a ChatMessage with reasoning_content (None when thinking is off), content and
-        tool_calls (parsed GLM-4.7 calls, typed by the tools' JSON schemas).
+        Returns a ChatMessage with reasoning_content (None when thinking is off, unless the
+        model opened `<think>` itself), content, tool_calls (parsed GLM-4.7 calls, typed by the
+        tools' JSON schemas) and finish_reason ("tool_calls" when it called a tool). Without
+        tools (or with tool_choice "none") no calls are parsed: call-like text stays content.
         Raises InvalidRequestError (bad messages, tools, params), ContextLengthError,
         TemplateError (the checkpoint's template failed).
         """
@@ -186,28 +210,45 @@ class LLM:
                     params: SamplingParams | None = None, *, enable_thinking: bool = True,
                     tool_choice: str | None = None, **template_kwargs: Any) -> RequestStream:
         """Like `chat`, but an iterator of RequestDelta (reasoning / content / tool_calls split
-        as they arrive); after iteration, `.message` holds the final ChatMessage."""
-        prompt = self.render(messages, tools, enable_thinking=enable_thinking,
-                             tool_choice=tool_choice, **template_kwargs)
-        # A call to an undeclared tool (or any call under tool_choice "none") is reported and
-        # left visible as content, never returned as a call.
+        as they arrive); after iteration, `.message` holds the final ChatMessage.
+
+        Tool calls stream in `delta.tool_call_deltas` (ToolCallDelta, after OpenAI's
+        ChoiceDeltaToolCall): `index`, `id` ("call_<index>") and `name` once the name is
+        complete, then `arguments` fragments whose concatenation is the call's final
+        `arguments` JSON. A string-only parameter streams as the model writes it; other values
+        arrive whole at their `</arg_value>` (their type is known only then). A streamed call
+        that turns out malformed ends with a delta whose `error` is set: drop it (its text went
+        to content; its index is not reused). The whole ToolCall also arrives in
+        `delta.tool_calls` when its `</tool_call>` does. `ToolCallDelta.to_openai()` gives the
+        OpenAI `delta.tool_calls[]` entry."""
+        segments = self._render_segments(messages, tools, enable_thinking=enable_thinking,
+                                         tool_choice=tool_choice, **template_kwargs)
+        # With tools, a call to an undeclared one is reported and left visible as content.
+        # Without tools (or with tool_choice "none", which leaves them out of the prompt) no
+        # calls are parsed at all, as vLLM runs no tool parser then: text that merely looks like
+        # a call stays content, without warnings.
         declared = (tools or []) if tool_choice != "none" else []
         parser = OutputParser(tools=declared, thinking=enable_thinking)
-        req = self._request(self._encode(prompt), params, parser=parser)
+        self._check_text("".join(s.text for s in segments))
+        req = self._request(self.tokenizer.encode_segments(segments), params, parser=parser)
         return RequestStream(self, req, enable_thinking)
 
     # -- internals --------------------------------------------------------------------------
 
+    @staticmethod
+    def _check_text(prompt: str) -> None:
+        if not prompt.strip():
+            raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidRequestError(
+                f"prompt: not valid UTF-8 text (undecodable byte at character {e.start})"
+            ) from None
+
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            if not prompt.strip():
-                raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InvalidRequestError(
-                    f"prompt: not valid UTF-8 text (undecodable byte at character {e.start})"
-                ) from None
+            self._check_text(prompt)
             return self.tokenizer.encode(prompt)
         if not isinstance(prompt, list):
             raise InvalidRequestError(f"prompt: expected text or a list of token ids, found "
@@ -299,8 +340,10 @@ class RequestStream:
     def message(self) -> ChatMessage:
         """The assistant ChatMessage parsed from the output (chat requests)."""
         out = _output(self._req)
+        # Thinking off still reports reasoning the model opened itself with <think>.
+        thinking = self._thinking or bool(out.reasoning_content)
         return ChatMessage(content=out.content or "",
-                           reasoning_content=out.reasoning_content if self._thinking else None,
+                           reasoning_content=out.reasoning_content if thinking else None,
                            tool_calls=out.tool_calls, finish_reason=out.finish_reason,
                            output=out)
 

@@ -1,25 +1,33 @@
 """`flint-graph chat`: the interactive terminal chat, drawn with `rich`.
 
-Streams reasoning (dimmed, collapsed to one line once the answer is done), content and tool
-calls (one panel each; the user types the tool's result, which goes back as a `tool` message).
-Ctrl-C stops the current answer and keeps the session; `/save FILE` writes the transcript
-atomically (temporary file + rename), so a crash never leaves a half-written file.
+While an answer streams, a live region shows the tail of its reasoning (dimmed) and content;
+once it is done the region is erased and the message printed once: reasoning collapsed to one
+line (unless --show-reasoning), content, one panel per tool call (the user types the tool's
+result, which goes back as a `tool` message). The live region draws `live_text`'s safe view of
+the text, so no character the model emits can make it miscount its lines and corrupt the screen;
+the printed message and the transcript keep the real text. Ctrl-C stops the current answer and
+keeps the session; `/save FILE` writes the transcript atomically (temporary file + rename), so a
+crash never leaves a half-written file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from flint_graph.errors import FlintError
+from flint_graph.errors import ContextLengthError, FlintError
+from flint_graph.live_text import printable, tail_lines
+
+__all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
 
 HELP = ("/reset  start a new conversation · /save FILE  save the transcript as JSON · "
         "/reasoning  show the last reasoning · /exit  quit (or Ctrl-D)")
@@ -56,15 +64,6 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]]) -> Path:
     return path
 
 
-_CONTROL = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {127: 0x2421}
-
-
-def printable(text: str) -> str:
-    """`text` with terminal control characters (ESC, CR, ...) shown as Unicode control
-    pictures, so model output cannot move the cursor or recolour the terminal."""
-    return text.translate(_CONTROL)
-
-
 class ChatSession:
     """One interactive conversation.
 
@@ -94,7 +93,7 @@ class ChatSession:
             import readline  # noqa: F401  (line editing and history for input())
         c.print(f"[bold]flint-graph chat[/] · {self.llm.cfg.num_hidden_layers} layers · "
                 f"{self.llm.device} · thinking {'on' if self.enable_thinking else 'off'}"
-                + (f" · {len(self.tools)} tools" if self.tools else ""))
+                + (f" · {_count(len(self.tools), 'tool')}" if self.tools else ""))
         c.print(f"[dim]{HELP}[/]")
         while True:
             try:
@@ -136,7 +135,7 @@ class ChatSession:
                 self.console.print(f"[red]{e}[/]")
         elif cmd == "/reasoning":
             self.console.print(Text(printable(self.last_reasoning) or "(no reasoning yet)",
-                                    style="dim"))
+                                    style="dim"), soft_wrap=True)
         elif cmd == "/help":
             self.console.print(f"[dim]{HELP}[/]")
         else:
@@ -153,7 +152,9 @@ class ChatSession:
             except Exception as e:  # keep the session (and its unsaved transcript) alive
                 kind = "error" if isinstance(e, FlintError) else \
                     f"internal error: {type(e).__name__}"
-                self.console.print(f"[red]{kind}: {e}[/]")
+                self.console.print(Text(f"{kind}: {e}", style="red"))
+                if isinstance(e, ContextLengthError):  # every later turn would fail the same way
+                    self.console.print(f"[yellow]{CONTEXT_FULL}[/]")
                 if self.messages and self.messages[-1]["role"] == "user":
                     self.messages.pop()
                 return
@@ -170,54 +171,83 @@ class ChatSession:
                                       "tool_call_id": call.id})
 
     def _show(self, stream):
-        reasoning, content, calls = "", "", []
-
-        def view(collapsed: bool):
-            parts = []
-            if reasoning:
-                if collapsed:
-                    parts.append(Text(f"▸ reasoning ({len(reasoning)} chars, /reasoning "
-                                      "shows it)", style="dim italic"))
-                else:
-                    parts.append(Text(printable(reasoning), style="dim"))
-            if content:
-                parts.append(Text(printable(content)))
-            for call in calls:
-                parts.append(Panel(Text(json.dumps(call.arguments, ensure_ascii=False,
-                                                   indent=2)),
-                                   title=f"tool call: {call.name}", border_style="magenta"))
-            return Group(*parts)
-
+        """Stream one answer (a live tail on a terminal), then print it once; returns the
+        ChatMessage."""
+        live = {"reasoning": "", "content": "", "calls": []}
         stopped = False
-        with Live(view(False), console=self.console, refresh_per_second=12,
-                  transient=False) as live:
+        region = (Live(console=self.console, refresh_per_second=12, transient=True,
+                       get_renderable=lambda: self._live_view(live))
+                  if self.console.is_terminal else contextlib.nullcontext())
+        with region:
             try:
                 for d in stream:
-                    reasoning += d.reasoning
-                    content += d.content
-                    calls += d.tool_calls
-                    live.update(view(False))
+                    live["reasoning"] += d.reasoning
+                    live["content"] += d.content
+                    live["calls"] += [getattr(c, "name", "") for c in d.tool_calls]
             except KeyboardInterrupt:
                 stream.close()
                 stopped = True
-            # The final split can differ from the streamed one (e.g. the model stopped without
-            # closing </think>: that text becomes the answer), so redraw from the message.
-            msg = stream.message
-            reasoning, content, calls = msg.reasoning_content or "", msg.content, msg.tool_calls
-            live.update(view(collapsed=not self.show_reasoning))
-        if not self.console.is_terminal:
-            self.console.print()  # a terminal's Live ends the line itself; a pipe does not
-        self.last_reasoning = reasoning
+        # The final split can differ from the streamed one (e.g. the model stopped without
+        # closing </think>: that text becomes the answer), so print from the message.
+        msg = stream.message
+        self._print_message(msg)
+        self.last_reasoning = msg.reasoning_content or ""
         out = msg.output
         for err in out.errors:
-            self.console.print(f"[yellow]warning: {err}[/]")
-        footer = f"{len(out.token_ids)} tokens"
+            self.console.print(Text(f"warning: {err}", style="yellow"))
+        footer = f"{_count(len(out.token_ids), 'token')}"
         if out.ttft_ms is not None:
             footer += f" · TTFT {out.ttft_ms:.0f} ms"
         if out.ms_per_token:
             footer += f" · {1000 / out.ms_per_token:.1f} tokens/s"
         footer += " · stopped" if stopped else f" · {out.finish_reason}"
-        if out.finish_reason == "length" and not msg.content and not msg.tool_calls:
+        room = self.llm.cfg.max_position_embeddings - len(out.prompt_token_ids)
+        if out.finish_reason == "length" and len(out.token_ids) >= room:
+            footer += f" · {CONTEXT_FULL}"
+        elif out.finish_reason == "length" and not msg.content and not msg.tool_calls:
             footer += " · max tokens ran out while reasoning (raise --max-tokens)"
         self.console.print(f"[dim]{footer}[/]")
         return msg
+
+    def _live_view(self, live: dict[str, Any]) -> Text:
+        # At most half the screen: a region taller than the screen scrolls, and the lines that
+        # scrolled away can no longer be erased by the next redraw.
+        width, height = self.console.size
+        rows = max(1, height // 2)
+        lines = [(line, "dim") for line in tail_lines(live["reasoning"], width, rows)] \
+            if live["reasoning"] else []
+        if live["content"]:
+            lines += [(line, "") for line in tail_lines(live["content"], width, rows)]
+        for name in list(live["calls"]):
+            lines += [(line, "magenta") for line in tail_lines(f"tool call: {name}", width, 1)]
+        view = Text(no_wrap=True, overflow="crop")
+        for i, (line, style) in enumerate(lines[-rows:]):
+            view.append("\n" if i else "")
+            view.append(line, style)
+        return view
+
+    def _print_message(self, msg) -> None:
+        """Print a finished message with its real text, once and append-only: soft wrap lets
+        the terminal break the lines, so its own character widths are the only ones used."""
+        c = self.console
+        reasoning = msg.reasoning_content or ""
+        if reasoning and self.show_reasoning:
+            c.print(Text(printable(reasoning), style="dim"), soft_wrap=True)
+        elif reasoning:
+            c.print(Text(f"▸ reasoning ({len(reasoning)} chars, /reasoning shows it)",
+                         style="dim italic"))
+        if msg.content:
+            c.print(Text(printable(msg.content)), soft_wrap=True)
+        for call in msg.tool_calls:
+            c.print(Panel(Text(printable(json.dumps(call.arguments, ensure_ascii=False,
+                                                    indent=2))),
+                          title=Text(f"tool call: {printable(call.name)}"),
+                          border_style="magenta"))
+
+
+CONTEXT_FULL = ("the conversation fills the model's context: /reset starts a new one "
+                "(/save FILE keeps this one first)")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

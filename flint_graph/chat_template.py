@@ -4,7 +4,10 @@ Follows glm47-format.md ("Prompt layout", "Serving flags"). `GLM47_CHAT_TEMPLATE
 the synthetic checkpoints ship it in tokenizer_config.json. `render_chat` renders whatever template
 a checkpoint ships, in a Jinja sandbox set up as HF transformers sets up `apply_chat_template`
 (trim_blocks, lstrip_blocks, loop controls, a `tojson` that is plain `json.dumps`, a
-`raise_exception` global), after validating the OpenAI-style messages and tools.
+`raise_exception` global), after validating and normalising the OpenAI-style messages and tools
+(`chat_messages`). `render_chat_segments` returns the prompt as segments that keep the caller's
+data apart from the template's scaffolding, so control-token text in data stays text
+(`prompt_segments`); the API encodes those.
 
 Layout the template writes (no newlines between turns):
   [gMASK]<sop>
@@ -15,14 +18,15 @@ Layout the template writes (no newlines between turns):
   <|observation|><tool_response>RESULT</tool_response>...   (one marker per run of tool messages)
   <|assistant|><think>   or   <|assistant|></think>  (generation prompt, thinking on / off)
 Assistant content and reasoning are stripped (as GLM-4.7's own template does); reasoning is kept
-only after the last user message unless clear_thinking=False.
+only after the last user message unless clear_thinking=False. Like GLM-4.7's template it also
+joins text parts and splits inline `<think>R</think>` out of assistant content, so it renders the
+same under HF's apply_chat_template (our renderer does both before rendering).
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Mapping
+from collections.abc import Iterable
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -31,7 +35,12 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from flint_graph.chat_messages import check_tool_choice, validate_messages, validate_tools
 from flint_graph.errors import InvalidRequestError, TemplateError
+from flint_graph.prompt_segments import DataEscaper, Segment
+
+__all__ = ["GLM47_CHAT_TEMPLATE", "Segment", "render_chat", "render_chat_segments",
+           "validate_messages", "validate_tools"]  # validation lives in chat_messages
 
 _TOOLS_PREAMBLE = (
     "<|system|>\\n# Tools\\n\\nYou may call one or more of the functions below to help with the "
@@ -64,8 +73,17 @@ GLM47_CHAT_TEMPLATE = (
     + _CALL_FORMAT
     + """' -}}
 {%- endif -%}
+{#- Text parts joined in order (GLM-4.7's visible_text); our renderer joins them first. -#}
+{%- macro visible_text(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- elif content is iterable and content is not mapping -%}
+{%- for part in content if part is mapping and part.type == 'text' -%}
+{{- part.text -}}
+{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
 {%- for m in messages -%}
-{%- set content = m.content if m.content is string else '' -%}
+{%- set content = visible_text(m.content) -%}
 {%- if m.role == 'system' -%}
 {{- '<|system|>' ~ content -}}
 {%- elif m.role == 'user' -%}
@@ -73,6 +91,13 @@ GLM47_CHAT_TEMPLATE = (
 {%- elif m.role == 'assistant' -%}
 {%- set reasoning = m.reasoning_content if m.reasoning_content is string
       else (m.reasoning if m.reasoning is string else '') -%}
+{#- Inline <think>R</think> in content: GLM-4.7's split (the renderer does it first). -#}
+{%- if m.reasoning_content is not string and m.reasoning is not string
+      and '</think>' in content -%}
+{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1]
+      .lstrip('\\n') -%}
+{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}
+{%- endif -%}
 {{- '<|assistant|>' -}}
 {%- if reasoning.strip() and (keep_reasoning or loop.index0 > ns.last_user) -%}
 {{- '<think>' ~ reasoning.strip() ~ '</think>' -}}
@@ -107,9 +132,6 @@ GLM47_CHAT_TEMPLATE = (
 """
 )
 
-_ROLES = ("system", "user", "assistant", "tool")
-_TOOL_CHOICES = ("none", "auto", "required")
-
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
@@ -126,6 +148,10 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _type(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -139,139 +165,38 @@ def _compile(template: str) -> jinja2.Template:
         raise TemplateError(f"chat template does not compile: {e.message} (line {e.lineno})") from e
 
 
-def _type(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _check_str(value: Any, field: str, *, optional: bool) -> None:
-    if not (isinstance(value, str) or (optional and value is None)):
-        expected = "a string or null" if optional else "a string"
-        raise InvalidRequestError(f"{field}: expected {expected}, found {_type(value)}")
-
-
-def _normalize_call(call: Any, field: str) -> dict:
-    if not isinstance(call, Mapping):
-        raise InvalidRequestError(f"{field}: expected an object, found {_type(call)}")
-    if call.get("type", "function") != "function":
-        raise InvalidRequestError(f"{field}.type: expected 'function', found {call['type']!r}")
-    fn = call.get("function")
-    if not isinstance(fn, Mapping):
-        raise InvalidRequestError(f"{field}.function: expected an object, found {_type(fn)}")
-    name = fn.get("name")
-    if not isinstance(name, str) or not name:
-        raise InvalidRequestError(f"{field}.function.name: expected a non-empty string, "
-                                  f"found {name!r}")  # fmt: skip
-    args = fn.get("arguments")
-    if isinstance(args, str):  # OpenAI sends arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError as e:
-            raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
-                                      f"found invalid JSON ({e})") from e  # fmt: skip
-    if not isinstance(args, Mapping):
-        raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
-                                  f"found {_type(args)}")  # fmt: skip
-    return {**call, "type": "function", "function": {**fn, "arguments": dict(args)}}
-
-
-def validate_messages(messages: Any) -> list[dict]:
-    """Check OpenAI-style chat messages and return copies with tool-call arguments decoded to
-    dicts (the caller's objects are not modified). Raises InvalidRequestError naming
-    `messages[i].field` with the expected and found value."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequestError(f"messages: expected a non-empty list, found {messages!r:.80}")
-    out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, Mapping):
-            raise InvalidRequestError(f"{where}: expected an object, found {_type(m)}")
-        role = m.get("role")
-        if role not in _ROLES:
-            raise InvalidRequestError(f"{where}.role: expected one of {_ROLES}, found {role!r}")
-        _check_str(m.get("content"), f"{where}.content", optional=True)
-        msg = dict(m)
-        for key in ("reasoning_content", "reasoning"):
-            _check_str(m.get(key), f"{where}.{key}", optional=True)
-        calls = m.get("tool_calls")
-        if calls is not None:
-            if role != "assistant":
-                raise InvalidRequestError(f"{where}.tool_calls: only assistant messages carry "
-                                          f"tool calls, found role {role!r}")  # fmt: skip
-            if not isinstance(calls, list):
-                raise InvalidRequestError(f"{where}.tool_calls: expected a list, "
-                                          f"found {_type(calls)}")  # fmt: skip
-            msg["tool_calls"] = [_normalize_call(c, f"{where}.tool_calls[{j}]")
-                                 for j, c in enumerate(calls)]  # fmt: skip
-        out.append(msg)
-    return out
-
-
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-def validate_tools(tools: Any) -> list[dict] | None:
-    """Check OpenAI function tools ({"type": "function", "function": {"name", "parameters"?,
-    "description"?}}); None or [] mean no tools. Raises InvalidRequestError naming `tools[i]`."""
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list):
-        raise InvalidRequestError(f"tools: expected a list, found {_type(tools)}")
-    names = set()
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, Mapping) or tool.get("type") != "function":
-            found = tool.get("type") if isinstance(tool, Mapping) else _type(tool)
-            raise InvalidRequestError(f"{where}.type: expected 'function', found {found!r}")
-        fn = tool.get("function")
-        if not isinstance(fn, Mapping):
-            raise InvalidRequestError(f"{where}.function: expected an object, found {_type(fn)}")
-        name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequestError(f"{where}.function.name: expected a non-empty string, "
-                                      f"found {name!r}")  # fmt: skip
-        if name in names:
-            raise InvalidRequestError(f"{where}.function.name: duplicate tool name {name!r}")
-        if not _TOOL_NAME.fullmatch(name):
-            # The output parser refuses names with spaces or tags, so such a tool could never
-            # be called: refuse it here, where the user can fix it.
-            raise InvalidRequestError(f"{where}.function.name: {name!r} must be letters, "
-                                      "digits, '_', '-' or '.' (at most 64)")
-        names.add(name)
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, Mapping):
-            raise InvalidRequestError(f"{where}.function.parameters: expected a JSON schema "
-                                      f"object, found {_type(params)}")  # fmt: skip
-        _check_str(fn.get("description"), f"{where}.function.description", optional=True)
-    return list(tools)
-
-
-def _check_tool_choice(tool_choice: Any, tools: list[dict] | None) -> None:
-    if tool_choice is None or tool_choice in ("none", "auto"):
-        return
-    declared = [t["function"]["name"] for t in tools or []]
-    if tool_choice == "required" and declared:
-        return
-    if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
-        fn = tool_choice.get("function")
-        if isinstance(fn, Mapping) and fn.get("name") in declared:
-            return
-    raise InvalidRequestError(f"tool_choice: expected one of {_TOOL_CHOICES} ('required' needs "
-                              f"tools) or a function object naming one of {declared}, "
-                              f"found {tool_choice!r:.120}")  # fmt: skip
-
-
 def render_chat(template: str, messages: list[dict], tools: list[dict] | None = None, *,
                 add_generation_prompt: bool = True, enable_thinking: bool = True,
                 tool_choice: str | dict | None = None, **kwargs: Any) -> str:  # fmt: skip
     """Render `messages` (and `tools`) with the Jinja chat `template`; returns the prompt text.
 
-    Messages follow OpenAI chat: role system/user/assistant/tool, content str or None, assistant
-    `reasoning_content` (or `reasoning`) and `tool_calls` whose `arguments` may be a dict or a
-    JSON string (decoded here). tool_choice "none" leaves the tools out of the prompt (vLLM
-    --exclude-tools-when-tool-choice-none); other choices do not change the prompt. Extra
-    `kwargs` (e.g. clear_thinking=False) go to the template as variables.
+    Messages follow OpenAI chat (normalised by `chat_messages.validate_messages`): role
+    system/user/assistant/tool; content a string or a list of text parts (joined), None only
+    for an assistant turn with tool_calls; assistant `reasoning_content` (or `reasoning`, or
+    inline `<think>...</think>` in content) and `tool_calls` whose `arguments` may be a dict, a
+    JSON string (decoded here), "" or null (no arguments). tool_choice "none" leaves the tools
+    out of the prompt (vLLM --exclude-tools-when-tool-choice-none); other choices do not change
+    the prompt. Extra `kwargs` (e.g. clear_thinking=False) go to the template as variables.
     Raises InvalidRequestError for bad messages/tools/tool_choice/flags (naming the field) and
     TemplateError if the template does not compile, raises, or fails while rendering.
+    """
+    segments = render_chat_segments(template, messages, tools, markers=(),
+                                    add_generation_prompt=add_generation_prompt,
+                                    enable_thinking=enable_thinking, tool_choice=tool_choice,
+                                    **kwargs)  # fmt: skip
+    return "".join(s.text for s in segments)
+
+
+def render_chat_segments(template: str, messages: list[dict], tools: list[dict] | None = None,
+                         *, markers: Iterable[str], add_generation_prompt: bool = True,
+                         enable_thinking: bool = True, tool_choice: str | dict | None = None,
+                         **kwargs: Any) -> list[Segment]:  # fmt: skip
+    """Like `render_chat`, but the prompt comes back as `Segment`s that keep the caller's data
+    apart from the template's scaffolding (`prompt_segments` says which is which and how).
+
+    `markers`: the text of every added token of the tokenizer that will encode the prompt
+    (`FlintTokenizer.added_tokens`); inside data they are encoded as ordinary text. Joined,
+    the segments' text is the prompt. Raises as `render_chat`.
     """
     for flag, value in (("add_generation_prompt", add_generation_prompt),
                         ("enable_thinking", enable_thinking),
@@ -280,19 +205,24 @@ def render_chat(template: str, messages: list[dict], tools: list[dict] | None = 
             raise InvalidRequestError(f"{flag}: expected a bool, found {_type(value)}")
     msgs = validate_messages(messages)
     tool_list = validate_tools(tools)
-    _check_tool_choice(tool_choice, tool_list)
+    check_tool_choice(tool_choice, tool_list)
     if tool_choice == "none":
         tool_list = None
     if not isinstance(template, str):
         raise TemplateError(f"chat template: expected a string, found {_type(template)}")
     compiled = _compile(template)
+    esc = DataEscaper(markers)
+    # The role picks scaffolding and is one of four fixed words: everything else is data.
+    msgs = [{k: (v if k == "role" else esc.escape(v)) for k, v in m.items()} for m in msgs]
     try:
-        return compiled.render(messages=msgs, tools=tool_list, tool_choice=tool_choice,
+        text = compiled.render(messages=msgs, tools=esc.escape(tool_list),
+                               tool_choice=esc.escape(tool_choice),
                                add_generation_prompt=add_generation_prompt,
-                               enable_thinking=enable_thinking, **kwargs)  # fmt: skip
+                               enable_thinking=enable_thinking, **esc.escape(kwargs))  # fmt: skip
     except jinja2.TemplateError as e:
         raise TemplateError(f"chat template failed: {e}") from e
     except (InvalidRequestError, TemplateError):
         raise
     except Exception as e:  # a checkpoint's template is untrusted code: any failure is its own
         raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+    return esc.segments(text)

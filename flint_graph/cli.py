@@ -1,39 +1,62 @@
 """The `flint-graph` command: chat, generate, make-checkpoint.
 
-Each subcommand parses its flags, builds the public API objects and prints. Bad input ends in
-one line on stderr and a non-zero exit code, never a traceback (set FLINT_GRAPH_DEBUG=1 to see
-one for an unexpected internal error).
+Each subcommand parses its flags (`cli_args`), builds the public API objects and prints. Bad
+input ends in one line on stderr and exit status 2, never a traceback (set FLINT_GRAPH_DEBUG=1
+to see one for an unexpected internal error); Ctrl-C ends in `flint-graph: interrupted`, 130.
+
+Start-up is split in two. While the flags are parsed and the heavy modules (torch, ...) are
+imported, Ctrl-C ends the process at once: a KeyboardInterrupt raised inside an import can be
+swallowed by C code (the command then runs on) or leave an extension module half-initialised
+(numpy then fails with "cannot load module more than once per process"). Once everything is
+imported, Ctrl-C raises KeyboardInterrupt as usual, so partial checkpoints and requests are
+cleaned up. This module imports nothing heavy itself, so `--version` and `--help` are instant
+and the console script reaches `main` within a millisecond or so.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import importlib
 import os
+import signal
 import sys
-from pathlib import Path
-from typing import Any
 
 from flint_graph.errors import FlintError, InvalidRequestError
 
+TYPE_CHECKING = False  # typing itself takes milliseconds to import; checkers know this name
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
+    from typing import Any
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+INTERRUPTED = "flint-graph: interrupted"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `flint-graph` console script; returns the exit code."""
+    previous = None
     try:
-        parser = build_parser()  # imports torch: Ctrl-C may land here too
+        previous = _exit_on_sigint()  # first statement: Ctrl-C from here on ends cleanly
+        from flint_graph.cli_args import build_parser
+
+        parser = build_parser()
         args = parser.parse_args(argv)
-        if not getattr(args, "func", None):
+        if getattr(args, "command", None) is None:
             parser.print_help()
             return EXIT_BAD_INPUT
-        return args.func(args)
+        run, modules = COMMANDS[args.command]
+        for name in modules:
+            importlib.import_module(name)
+        _restore_sigint(previous)  # from here Ctrl-C raises KeyboardInterrupt: cleanups run
+        return run(args)
+    except SystemExit as e:  # argparse: --help, --version (0) and usage errors (2)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     except FlintError as e:
         print(f"flint-graph: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("\nflint-graph: interrupted", file=sys.stderr)
+        print(f"\n{INTERRUPTED}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `flint-graph generate ... | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -44,95 +67,43 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flint-graph: internal error: {type(e).__name__}: {e} "
               "(set FLINT_GRAPH_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
+    finally:
+        _restore_sigint(previous)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand (also used to render `--help`)."""
-    from flint_graph import make_checkpoint
-
-    p = argparse.ArgumentParser(
-        prog="flint-graph",
-        description="Run the Flint 40B MoE LLM: interactive chat, one-shot generation, and "
-                    "synthetic checkpoints in the real formats. Without MODEL, the embedded "
-                    "default (a tiny synthetic checkpoint, built on first use) is used.")
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
-                   help="print the version and exit")
-    sub = p.add_subparsers(title="commands", metavar="COMMAND")
-
-    chat = sub.add_parser("chat", help="interactive terminal chat (streams reasoning, content "
-                                       "and tool calls)",
-                          description="Chat with a Flint checkpoint in the terminal. Commands: "
-                                      "/reset, /save FILE, /reasoning, /help, /exit. Ctrl-C "
-                                      "stops the current answer; Ctrl-D or /exit quits.")
-    _model_args(chat)
-    _sampling_args(chat)
-    chat.add_argument("--system", metavar="TEXT", help="system message for the conversation")
-    chat.add_argument("--show-reasoning", action="store_true",
-                      help="keep reasoning expanded after each answer (default: collapsed to "
-                           "one line; /reasoning shows the last one)")
-    chat.set_defaults(func=_cmd_chat)
-
-    gen = sub.add_parser("generate", help="one-shot generation for scripts and pipes",
-                         description="Generate one answer. The prompt goes through the chat "
-                                     "template as one user message unless --raw. Reasoning "
-                                     "goes to stderr, the answer to stdout.")
-    _model_args(gen)
-    gen.add_argument("--prompt", metavar="TEXT",
-                     help="prompt text (default: read from stdin)")
-    gen.add_argument("--raw", action="store_true",
-                     help="send the prompt as raw text, without the chat template")
-    gen.add_argument("--json", action="store_true",
-                     help="print one JSON object: token_ids, text, reasoning_content, "
-                          "content, tool_calls, finish_reason, ttft_ms, ms_per_token")
-    _sampling_args(gen)
-    gen.set_defaults(func=_cmd_generate)
-
-    mk = sub.add_parser("make-checkpoint", help="write a synthetic Flint checkpoint (BF16 "
-                                                "safetensors and/or NVFP4 GGUF)",
-                        description="Write a seeded synthetic checkpoint in exactly the real "
-                                    "formats: DIR/ with config, tokenizer and BF16 shards, "
-                                    "and DIR/model-nvfp4.gguf.")
-    make_checkpoint.add_arguments(mk)
-    mk.set_defaults(func=make_checkpoint.run)
-    return p
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
+def _exit_on_sigint():
+    """Make Ctrl-C end the process at once (start-up phase); returns the handler to restore,
+    or None when SIGINT is left alone (ignored, as for a background job, or not the main
+    thread of an embedding program)."""
     try:
-        return version("flint-graph")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+        previous = signal.getsignal(signal.SIGINT)
+        if previous in (signal.SIG_IGN, None):
+            return None
+        signal.signal(signal.SIGINT, _exit_interrupted)
+        return previous
+    except ValueError:  # signal handlers can only be set from the main thread
+        return None
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", metavar="MODEL",
-                   help="BF16 checkpoint directory or NVFP4 .gguf file (default: the embedded "
-                        "tiny checkpoint, built into a cache directory on first use)")
-    p.add_argument("--hf-config-path", metavar="DIR",
-                   help="directory with config.json, tokenizer and generation_config.json for "
-                        "a GGUF (default: the GGUF's own directory)")
-    p.add_argument("--device", metavar="DEV",
-                   help="torch device, e.g. cuda or cpu (default: cuda when available)")
-    p.add_argument("--tools", metavar="TOOLS.json", type=Path,
-                   help="JSON file with a list of OpenAI-style function tools the model may call")
-    p.add_argument("--no-think", dest="enable_thinking", action="store_false",
-                   help="turn thinking off (the prompt ends with </think>)")
+def _exit_interrupted(signum, frame) -> None:
+    # Nothing that needs cleaning up exists yet: end here rather than raise into an import.
+    try:
+        os.write(2, f"\n{INTERRUPTED}\n".encode())
+    finally:
+        os._exit(EXIT_INTERRUPTED)
 
 
-def _sampling_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling (defaults come from the checkpoint's "
-                             "generation_config.json)")
-    g.add_argument("--max-tokens", type=int, metavar="N",
-                   help="most tokens to generate, reasoning included (default: up to the "
-                        "context limit)")
-    g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
-    g.add_argument("--top-p", type=float, metavar="P", help="nucleus mass, in (0, 1]")
-    g.add_argument("--top-k", type=int, metavar="K", help="keep the K most likely (0 = off)")
-    g.add_argument("--seed", type=int, metavar="S", help="seed for reproducible sampling")
-    g.add_argument("--stop", action="append", metavar="TEXT", default=None,
-                   help="stop string (repeatable); it is not included in the output")
+def _restore_sigint(previous) -> None:
+    if previous is not None and signal.getsignal(signal.SIGINT) is _exit_interrupted:
+        signal.signal(signal.SIGINT, previous)
+
+
+def build_parser():
+    """The argument parser with every subcommand (`cli_args.build_parser`, imported when
+    called so that importing this module stays light)."""
+    from flint_graph.cli_args import build_parser as build
+
+    return build()
 
 
 def sampling_params(args: argparse.Namespace):
@@ -146,6 +117,8 @@ def sampling_params(args: argparse.Namespace):
 
 def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
     """Read a tools.json (a JSON list of OpenAI function tools); InvalidRequestError if bad."""
+    import json
+
     if path is None:
         return None
     try:
@@ -169,40 +142,46 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
 
 
 def load_llm(args: argparse.Namespace):
-    """The LLM for MODEL / --hf-config-path / --device (embedded default without MODEL)."""
+    """The LLM for MODEL / --hf-config-path / --device / --threads (embedded default without
+    MODEL). CPU threads follow the API's policy (`engine_config.apply_cpu_threads`)."""
+    from pathlib import Path
+
     from flint_graph.api import LLM
+    from flint_graph.engine_config import EngineConfig
 
     if args.model is not None and not Path(args.model).exists():
         raise InvalidRequestError(f"{args.model}: no such checkpoint (expected a BF16 "
                                   "checkpoint directory or an NVFP4 .gguf file)")
-    llm = LLM(args.model, hf_config_path=args.hf_config_path, device=args.device)
-    if (llm.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ
-            and llm.cfg.hidden_size <= SMALL_MODEL_HIDDEN):
-        # A small model's matmuls are too short to share between threads: extra OpenMP threads
-        # only contend (seen: 4 ms/token on one thread, 100+ ms with a busy second core).
-        _set_threads(1)
-    return llm
+    return LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
+               engine=EngineConfig(cpu_threads=args.threads))
 
 
-SMALL_MODEL_HIDDEN = 512
-
-
-def _set_threads(n: int) -> None:
-    import torch
-
-    torch.set_num_threads(n)
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt from --prompt or stdin. Raises InvalidRequestError for no prompt, an empty
+    one, or bytes that are not UTF-8 (naming the character's position in the prompt)."""
+    prompt = args.prompt
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise InvalidRequestError("no prompt: pass --prompt TEXT or pipe text on stdin")
+        # Decode the bytes ourselves: the locale's decoder either raises on a bad byte or keeps
+        # it as a surrogate that is only reported after templating, at a position that counts
+        # the template's prefix. Checking here reports it as --raw does.
+        raw = getattr(sys.stdin, "buffer", None)
+        prompt = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
+    if not prompt.strip():
+        raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(
+            f"prompt: not valid UTF-8 text (undecodable byte at character {e.start})") from None
+    return prompt
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from flint_graph.api import output_to_json
 
-    prompt = args.prompt
-    if prompt is None:
-        if sys.stdin.isatty():
-            raise InvalidRequestError("no prompt: pass --prompt TEXT or pipe text on stdin")
-        prompt = sys.stdin.read()
-    if not prompt.strip():
-        raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
+    prompt = read_prompt(args)
     tools = load_tools(args.tools)
     if args.raw and (tools or not args.enable_thinking):
         raise InvalidRequestError("--tools and --no-think apply to the chat template; they "
@@ -262,6 +241,22 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return ChatSession(llm, params, tools=tools, system=args.system,
                        enable_thinking=args.enable_thinking,
                        show_reasoning=args.show_reasoning).run()
+
+
+def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
+    from flint_graph import make_checkpoint
+
+    return make_checkpoint.run(args)
+
+
+# Each command and the modules it imports during start-up, where Ctrl-C exits at once (see the
+# module docstring). The embedded default checkpoint needs make_checkpoint too.
+COMMANDS = {
+    "chat": (_cmd_chat, ("flint_graph.api", "flint_graph.make_checkpoint",
+                         "flint_graph.chat_cli")),
+    "generate": (_cmd_generate, ("flint_graph.api", "flint_graph.make_checkpoint")),
+    "make-checkpoint": (_cmd_make_checkpoint, ("flint_graph.make_checkpoint",)),
+}
 
 
 if __name__ == "__main__":

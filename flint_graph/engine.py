@@ -13,7 +13,7 @@ from collections import deque
 import torch
 
 from flint_graph.checkpoint import LoadedCheckpoint
-from flint_graph.engine_config import EngineConfig
+from flint_graph.engine_config import EngineConfig, apply_cpu_threads
 from flint_graph.reference import ReferenceModel, SequenceKV
 from flint_graph.request import Request, RequestDelta
 from flint_graph.sampling import sample
@@ -26,7 +26,8 @@ class Engine:
         ckpt: a loaded checkpoint (config, weights on `device`).
         device: torch device the model runs on.
         tokenizer_vocab: token ids >= this are padding rows of the LM head and are never sampled.
-        engine: runtime knobs (max_slots: most sequences decoded together; prefill chunk size).
+        engine: runtime knobs (max_slots: most sequences decoded together; prefill chunk size;
+            cpu_threads, applied here by `apply_cpu_threads`, the one CPU thread policy).
     Every delta a step produces is also queued on its request (`Request.pending`), so several
     consumers can drive one engine without losing each other's tokens.
     """
@@ -35,6 +36,7 @@ class Engine:
                  engine: EngineConfig):
         self.cfg = ckpt.cfg
         self.device = device
+        apply_cpu_threads(engine, device, ckpt.cfg.hidden_size)
         self.model = ReferenceModel(ckpt.cfg, ckpt.weights, device)
         self.max_slots = engine.max_slots
         self.prefill_chunk_tokens = engine.prefill_chunk_tokens

@@ -4,8 +4,9 @@ GGUFReader, repacking GGML type-40 blocks to NVIDIA's layout losslessly (`flint_
 Tensor names follow llama.cpp: learned tensors end in `.weight`, the routing bias is
 `exp_probs_b.bias`, and an NVFP4 tensor's FP32 second-level scale is the base name plus `.scale`
 (`blk.3.ffn_gate_exps.weight` -> `blk.3.ffn_gate_exps.scale`, shape [1], or [E] per expert;
-absent means scale2 = 1.0). Shapes are numpy order (outermost first); GGUF lists them reversed,
-e.g. `ffn_gate_exps` is [E, M, H] here and [H, M, E] in the file's dims.
+a file without any sidecar means scale2 = 1.0 everywhere; one with only some is refused).
+Shapes are numpy order (outermost first); GGUF lists them reversed, e.g. `ffn_gate_exps` is
+[E, M, H] here and [H, M, E] in the file's dims.
 
   token_embd.weight, output.weight    [V, H]      NVFP4 or BF16
   blk.i.attn_q / attn_k / attn_v      [Q|KV, H]   NVFP4 or BF16 (likewise every linear below)
@@ -274,12 +275,30 @@ def _validate(cfg: FlintConfig, reader: GGUFReader, path: Path) -> list[tuple]:
             missing.append(s.name)
     used = {t.name for _, t, _ in plan} | {side.name for *_, side in plan if side is not None}
     extra = [n for n in found if n not in used]
-    for what, names in (("missing", missing), ("unexpected", extra)):
-        if names:
-            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
-            raise CheckpointError(f"{path}: {what} tensors for this config: "
-                                  f"{', '.join(names[:8])}{more}")
+    if missing:
+        raise CheckpointError(f"{path}: missing tensors for this config: {_few(missing)}")
+    if extra:
+        # A `.scale` left over here names no tensor, or a tensor that is not NVFP4.
+        why = (" (a .scale sidecar belongs only to an NVFP4 tensor of the same base name)"
+               if all(n.endswith(".scale") for n in extra) else "")
+        raise CheckpointError(f"{path}: unexpected tensors for this config: {_few(extra)}{why}")
+    # scale2 is all or nothing. A file with no sidecars means 1.0 throughout (DESIGN §2); one
+    # with some lacks the others by damage or a faulty conversion, and taking 1.0 for them
+    # would silently rescale those tensors (by 4,096 where the lost scale was 2^-12).
+    quantized = [(t, side) for _, t, side in plan if t.tensor_type == NVFP4]
+    lacking = [scale_name(t.name) for t, side in quantized if side is None]
+    if lacking and len(lacking) < len(quantized):
+        raise CheckpointError(
+            f"{path}: {len(lacking)} of {len(quantized)} NVFP4 tensors lack their scale2 "
+            f"sidecar while the others have one; missing: {_few(lacking)} (a file carries "
+            ".scale for every NVFP4 tensor, or for none when all scale2 are 1.0)")
     return plan
+
+
+def _few(names: list[str], limit: int = 8) -> str:
+    """`names` joined for a message: the first `limit`, then how many more."""
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
 
 
 def _load_one(spec: TensorSpec, t, side, device: torch.device) -> torch.Tensor | NVFP4Weight:
@@ -304,9 +323,11 @@ def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
 
     Everything is validated before any tensor goes to the device: the file (exists, parses),
     general.architecture == "flint", `cfg.check_gguf_metadata`, and every expected tensor's
-    presence, type and shape, with no unexpected tensors. NVFP4 blocks are then repacked into
-    NVIDIA's layout on `device` (codes uint8 [..., N, K/2], scales uint8 [..., N, K/16]); a
-    missing `.scale` sidecar gives scale2 = 1.0. BF16 linears stay bf16; norms load as bf16;
+    presence, type and shape, with no unexpected tensors, and every `.scale` sidecar (F32, [1] or
+    [E], positive and finite). NVFP4 blocks are then repacked into NVIDIA's layout on `device`
+    (codes uint8 [..., N, K/2], scales uint8 [..., N, K/16]). A file with no `.scale` sidecar at
+    all gives scale2 = 1.0 everywhere; one where some NVFP4 tensors have a sidecar and others do
+    not is refused, naming the missing sidecars. BF16 linears stay bf16; norms load as bf16;
     sinks, router and bias as float32.
 
     Raises CheckpointError naming the path and tensor (expected vs found) or ConfigError naming

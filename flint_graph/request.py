@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from flint_graph.output_parser import OutputParser, ParseDelta, ToolCall
+from flint_graph.output_parser import OutputParser, ParseDelta, ToolCall, ToolCallDelta
 from flint_graph.sampling import SamplingParams
 from flint_graph.stopping import StopChecker, check_token
 from flint_graph.tokenizer import FlintTokenizer, IncrementalDetokenizer
@@ -26,8 +26,13 @@ class RequestDelta:
     """What one step added to one request's output (all strings may be empty).
 
     token_ids: new token ids; text: new visible text (after stop-string hold-back);
-    reasoning/content/tool_calls: the same text split by the output parser (when parsing is on);
-    finish_reason: None while running, else "stop" | "length" | "abort".
+    reasoning/content/tool_calls: the same text split by the output parser (when parsing is on),
+    tool_calls holding the calls completed by this step; tool_call_deltas: the streaming pieces
+    of calls as they are read (OpenAI's `delta.tool_calls`: a call's name once complete, then its
+    `arguments` JSON in fragments; `ToolCallDelta.error` withdraws a call that turned out
+    malformed); errors: repairs and malformed calls (output_parser);
+    finish_reason: None while running, else "stop" | "tool_calls" (the model stopped after
+    calling at least one tool, OpenAI's convention) | "length" | "abort".
     """
 
     request_id: int
@@ -38,6 +43,7 @@ class RequestDelta:
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     finish_reason: str | None = None
+    tool_call_deltas: list[ToolCallDelta] = field(default_factory=list)
 
 
 class Request:
@@ -114,12 +120,21 @@ class Request:
 
     def _finish_into(self, reason: str, delta: RequestDelta) -> None:
         if not self._stop.stopped:
+            # The stop checker sees the detokenizer's held-back tail (the text from a character
+            # the last token left incomplete) only now. A stop string in it ends the text there
+            # and, as when `append` finds one in the max_tokens-th token's text, means "stop".
             tail = self._stop.push(self._detok.flush())
-            if not self._stop.stopped:
+            if self._stop.stopped:
+                reason = "stop" if reason == "length" else reason
+            else:
                 tail += self._stop.flush()
             self._emit(delta, tail)
         if self.parser is not None:
             _merge(delta, self.parser.finish(reason))
+            if reason == "stop" and self.parser.has_tool_calls:
+                # OpenAI's convention; "length" and "abort" stay, since they say the output was
+                # cut short (a call may be missing), which the caller must still learn.
+                reason = "tool_calls"
         self.finish_reason = reason
         delta.finish_reason = reason
 
@@ -146,4 +161,5 @@ def _merge(delta: RequestDelta, parsed: ParseDelta) -> None:
     delta.content += parsed.content
     delta.tool_calls.extend(parsed.tool_calls)
     delta.errors.extend(parsed.errors)
+    delta.tool_call_deltas.extend(parsed.tool_call_deltas)
 

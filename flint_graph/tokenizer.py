@@ -5,14 +5,16 @@ Follows glm47-format.md ("Tokens") and DESIGN §2: a checkpoint directory carrie
 `train_tokenizer` / `write_tokenizer_files` build the synthetic checkpoints' tokenizer from a
 built-in corpus; `FlintTokenizer` reads any GLM-style tokenizer directory and never hard-codes an
 id; `IncrementalDetokenizer` turns sampled ids into text a piece at a time (DESIGN §3, "sampled id
-→ incremental detokenizer → parser"), never emitting a broken UTF-8 character.
+→ incremental detokenizer → parser"), never emitting a character that later bytes could still
+complete, nor one that the prompt left incomplete.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -196,6 +198,12 @@ class FlintTokenizer:
                    if t.special and t.content not in GLM47_TEXT_TAGS}  # fmt: skip
         self._skip_ids = frozenset(flagged | {vocab[t] for t in GLM47_CONTROL_TOKENS if t in vocab})
         self.special_ids = {t: vocab[t] for t in GLM47_SPECIAL_TOKENS if t in vocab}
+        # Every added token (control, tag or other) by its text, for chat prompts' scaffolding;
+        # longest first, so the pattern finds them leftmost-longest as `tokenizers` does.
+        self._added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()
+                       if t.content}  # fmt: skip
+        self._added_re = re.compile("|".join(re.escape(t) for t in sorted(self._added, key=len,
+                                                                          reverse=True)) or "(?!)")
 
     @classmethod
     def from_dir(cls, path: str | Path) -> FlintTokenizer:
@@ -263,6 +271,41 @@ class FlintTokenizer:
         in the text (e.g. "<|user|>") become their single ids."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        """The text of every added token (GLM-4.7's control tokens and tags among them)."""
+        return tuple(self._added)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of `text` as ordinary text: no added token is matched, so "<|user|>" becomes the
+        ids of its characters. The tokenizer's own pipeline minus its added-token pass
+        (normalizer, pre-tokenizer, model), so text without added-token strings gets exactly
+        the ids `encode` gives it."""
+        tok = self._tok
+        if tok.normalizer is not None:
+            text = tok.normalizer.normalize_str(text)
+        pieces = tok.pre_tokenizer.pre_tokenize_str(text) if tok.pre_tokenizer else [(text, None)]
+        return [t.id for piece, _ in pieces for t in tok.model.tokenize(piece)]
+
+    def encode_segments(self, segments: Iterable[tuple[str, bool]]) -> list[int]:
+        """Ids of a chat prompt given as (text, is_data) segments (`prompt_segments.Segment`):
+        added-token text in scaffolding (is_data False) becomes the token's id; data is ordinary
+        text (`encode_text`). Text between two scaffolding tokens is encoded as one run, data
+        included, so a prompt whose data holds no added-token text gets exactly the ids
+        `encode` gives the joined text. Added tokens are matched as exact text (the lstrip /
+        rstrip / single_word flags of tokenizer.json are not applied; GLM tokenizers set none)."""
+        ids: list[int] = []
+        run: list[str] = []  # ordinary text since the last scaffolding token
+        for text, data in segments:
+            pos = 0
+            for m in () if data else self._added_re.finditer(text):
+                run.append(text[pos : m.start()])
+                ids += self.encode_text("".join(run))
+                ids.append(self._added[m.group()])
+                run, pos = [], m.end()
+            run.append(text[pos:])
+        return ids + self.encode_text("".join(run))
+
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         """Text of `ids`. With skip_special, control tokens are dropped and tags kept. Bytes that
         do not form valid UTF-8 (e.g. a character cut at the end) come out as U+FFFD."""
@@ -273,15 +316,25 @@ class FlintTokenizer:
 
 
 class IncrementalDetokenizer:
-    """Streams the text of generated ids, one `push` per sampled id.
+    """Streams the text of generated ids: one `push` per sampled id, then `flush()` at the end.
 
-    Keeps a window of ids from `prefix` (a few tokens of context) to the end and the text of
-    `ids[prefix:read]` already accounted for. Each push decodes the window; if the result ends in
-    U+FFFD a character is still incomplete and nothing is emitted, otherwise the part after the
-    accounted text is emitted and the window slides. The concatenated pushes plus `flush()` equal
-    decode(prompt + generated) minus decode(prompt), where a character the prompt leaves
-    incomplete belongs to the output once it completes. Control tokens never appear; think and
-    tool-call tags do. Known limit: a prompt that ends with a literal U+FFFD has it re-emitted.
+    The rule: the concatenated pushes plus `flush()` equal decode(prompt + output) with its
+    longest common prefix with decode(prompt) removed. Decoding shows an incomplete UTF-8
+    character as U+FFFD, and text before such a character decodes the same whatever follows, so
+    the two decodes differ only from the prompt's trailing U+FFFD run on. That gives:
+
+    - A character the prompt leaves incomplete belongs to the output once the output completes
+      it (prompt "Hi " + F0 9F, output 8C B6 "!" gives "🌶!").
+    - If the output does not complete it (EOS first, other text, bytes that break it), it never
+      appears: that U+FFFD is the prompt's (prompt + EOS gives "", prompt + "abc" gives "abc").
+    - A character the output itself leaves incomplete at the end (max_tokens or an abort cut it
+      short) is flushed as U+FFFD, as decode(output) shows it: the text shows that something was
+      cut, and no byte the model generated vanishes without trace.
+
+    `push` never emits a U+FFFD that later bytes could still complete: while the window's text
+    ends in one it holds all new text back. Control tokens never appear; think and tool-call
+    tags do. Known limit: output bytes that complete the prompt's partial character into a
+    literal U+FFFD (EF BF + BD) look like the prompt's own U+FFFD and are dropped.
     """
 
     _CONTEXT_TOKENS = 5  # prompt tokens decoded ahead of the output, for decoders that join
@@ -289,31 +342,37 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: FlintTokenizer, prompt_ids: Sequence[int]) -> None:
         self._tok = tokenizer
         self._ids = list(prompt_ids)
-        self._read = len(self._ids)
-        self._prefix = max(self._read - self._CONTEXT_TOKENS, 0)
-        # A prompt's incomplete last character was never shown: leave it to the output.
-        self._prefix_text = tokenizer.decode(self._ids[self._prefix :]).rstrip("\ufffd")
+        self._read = len(self._ids)  # ids before this are accounted for (prompt or emitted)
+        self._prefix = max(self._read - self._CONTEXT_TOKENS, 0)  # decoding window start
+        # The text of ids[prefix:read]. A prompt's trailing U+FFFD stays in it, so the common
+        # prefix rule drops that U+FFFD from the output unless the output completes the character.
+        self._prefix_text = tokenizer.decode(self._ids[self._prefix :])
 
     def push(self, token_id: int) -> str:
-        """Add one generated id; return the newly completed text ("" while a character or a
-        skipped control token leaves nothing new to show)."""
+        """Add one generated id; return the newly completed text ("" while a character may still
+        be incomplete, or when the id adds no text, e.g. a skipped control token)."""
         self._ids.append(int(token_id))
         text = self._tok.decode(self._ids[self._prefix :])
-        if text.endswith("\ufffd") or len(text) <= len(self._prefix_text):
+        if text.endswith("\ufffd"):
             return ""
         return self._advance(text)
 
     def flush(self) -> str:
-        """End of stream: return whatever is held back (an incomplete tail becomes U+FFFD)."""
-        text = self._tok.decode(self._ids[self._prefix :])
-        if len(text) <= len(self._prefix_text):
-            return ""
-        return self._advance(text)
+        """End of stream: return the text held back. An incomplete character of the output's
+        own comes out as U+FFFD; one the prompt left incomplete and the output never completed
+        does not appear. Calling it again returns ""."""
+        return self._advance(self._tok.decode(self._ids[self._prefix :]))
 
     def _advance(self, text: str) -> str:
-        # Decoding from the same start, the window text begins with the accounted text (lossy
-        # UTF-8 composes at a complete-character boundary), so slicing by length is exact.
-        new = text[len(self._prefix_text) :]
-        self._prefix, self._read = self._read, len(self._ids)
-        self._prefix_text = self._tok.decode(self._ids[self._prefix : self._read])
+        # Both texts decode the same ids from the same start, so the accounted text's common
+        # prefix with `text` is what was shown (or is the prompt's); the rest is new.
+        n = 0
+        for a, b in zip(text, self._prefix_text):
+            if a != b:
+                break
+            n += 1
+        new = text[n:]
+        if new:
+            self._prefix, self._read = self._read, len(self._ids)
+            self._prefix_text = self._tok.decode(self._ids[self._prefix : self._read])
         return new

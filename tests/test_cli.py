@@ -249,3 +249,46 @@ def test_cpu_index_and_unwritable_output_are_clean(capsys, tiny_ckpt, tmp_path):
     code, _, err = _run(capsys, "make-checkpoint", "--out", blocker / "x", "--device", "cpu",
                         "--no-progress")
     assert code == 2 and "cannot write there" in err and "Traceback" not in err
+
+
+def test_tool_call_finish_reason_in_json_and_chat_footer(capsys, monkeypatch, tiny_llm,
+                                                         tiny_ckpt, tmp_path):
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}}}}]
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(tools))
+    text = ("x</think><tool_call>lookup<arg_key>q</arg_key><arg_value>flint</arg_value>"
+            "</tool_call><|observation|>")
+    monkeypatch.setattr("flint_graph.engine.sample",
+                        scripted_sampler(tiny_llm.tokenizer.encode(text)))
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "find", "--tools", path,
+                          "--max-tokens", 100, "--json", "--device", "cpu")
+    obj = json.loads(out)
+    assert code == 0 and obj["finish_reason"] == "tool_calls", err
+    assert obj["tool_calls"] == [{"id": "call_0", "name": "lookup", "arguments": {"q": "flint"}}]
+    scripts = iter([text, "y</think>done<|user|>"])
+
+    def sampler(logits, temperature, top_k, top_p, seeds, positions):
+        nonlocal current
+        if int(positions[0]) == 0:
+            current = scripted_sampler(tiny_llm.tokenizer.encode(next(scripts)))
+        return current(logits, temperature, top_k, top_p, seeds, positions)
+
+    current = None
+    monkeypatch.setattr("flint_graph.engine.sample", sampler)
+    s, console = _session(tiny_llm, ["find it", "the result", "/exit"], tools=tools,
+                          max_tokens=100)
+    s.run()
+    footers = [line for line in console.file.getvalue().splitlines() if " tokens · " in line]
+    assert [f.split(" · ")[-1] for f in footers] == ["tool_calls", "stop"], footers
+
+
+def test_generate_without_tools_prints_no_tool_call_warnings(capsys, monkeypatch, tiny_llm,
+                                                             tiny_ckpt):
+    text = "x</think>Try <tool_call>grep<arg_key>q</arg_key></tool_call>.<|user|>"
+    monkeypatch.setattr("flint_graph.engine.sample",
+                        scripted_sampler(tiny_llm.tokenizer.encode(text)))
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "find", "--max-tokens", 100,
+                          "--device", "cpu")
+    assert code == 0 and "warning" not in err, err
+    assert "Try <tool_call>grep<arg_key>q</arg_key></tool_call>." in out

@@ -6,6 +6,7 @@ orientation or dtype slip shows up; all comparisons are exact (torch.equal), no 
 """
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -266,6 +267,100 @@ def test_writer_refuses_weights_that_do_not_fit_config(tmp_path):
                                               r"expected \[64, 64\]"):
         write_gguf(tmp_path / "w.gguf", TINY, weights, progress=False)
     assert not (tmp_path / "w.gguf").exists()
+
+
+# -- scale2 sidecars: all or none (issue 6, item 9) -------------------------------------------
+
+LOST_SCALE = "blk.2.ffn_gate_exps.scale"  # 2^-12 per expert in the tiny checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt_gguf(tiny_ckpt):
+    """The tiny synthetic checkpoint's GGUF: every NVFP4 tensor has its `.scale` sidecar."""
+    return tiny_ckpt / "model-nvfp4.gguf"
+
+
+def _sidecars(path) -> list[str]:
+    return [t.name for t in GGUFReader(path).tensors if t.name.endswith(".scale")]
+
+
+def test_all_sidecars_present_load_their_values(tiny_ckpt_gguf):
+    names = _sidecars(tiny_ckpt_gguf)
+    nvfp4 = [t.name for t in GGUFReader(tiny_ckpt_gguf).tensors
+             if t.tensor_type == GGMLQuantizationType.NVFP4]
+    assert len(names) == len(nvfp4) > 0
+    gate = _load(tiny_ckpt_gguf).layers[2].ffn.gate
+    assert gate.scale2.tolist() == [2.0**-12] * TINY.n_routed_experts
+
+
+def test_one_missing_sidecar_is_refused_by_name(tiny_ckpt, tiny_ckpt_gguf, tmp_path):
+    # Loaded as 1.0, the lost 2^-12 made layer 2's routed experts ~4,800x the BF16 path's.
+    num_nvfp4 = len(_sidecars(tiny_ckpt_gguf))
+    path = _rewrite(tiny_ckpt_gguf, tmp_path / "lost.gguf", drop={LOST_SCALE})
+    want = (rf"{path}: 1 of {num_nvfp4} NVFP4 tensors lack their scale2 sidecar while the "
+            rf"others have one; missing: blk\.2\.ffn_gate_exps\.scale \(")
+    with pytest.raises(CheckpointError, match=want):
+        _load(path)
+    # The public entry point refuses it the same way (validation runs before any tensor loads).
+    from flint_graph.checkpoint import load_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"missing: blk\.2\.ffn_gate_exps\.scale \("):
+        load_checkpoint(path, hf_config_path=tiny_ckpt, device="cpu", progress=False)
+
+
+def test_many_missing_sidecars_name_the_first_eight_and_count(tiny_ckpt_gguf, tmp_path):
+    names = _sidecars(tiny_ckpt_gguf)
+    kept = names[len(names) // 2]
+    path = _rewrite(tiny_ckpt_gguf, tmp_path / "half.gguf", drop=set(names) - {kept})
+    lost = [n for n in names if n != kept]
+    want = (rf"{len(lost)} of {len(names)} NVFP4 tensors lack .*missing: "
+            + re.escape(", ".join(lost[:8])) + rf" and {len(lost) - 8} more \(")
+    with pytest.raises(CheckpointError, match=want):
+        _load(path)
+
+
+def test_no_sidecars_at_all_load_as_one(tiny_ckpt_gguf, tmp_path):
+    path = _rewrite(tiny_ckpt_gguf, tmp_path / "none.gguf", drop=set(_sidecars(tiny_ckpt_gguf)))
+    loaded, full = _load(path), _load(tiny_ckpt_gguf)
+    for name, w in _named(loaded).items():
+        if isinstance(w, NVFP4Weight):
+            assert w.scale2.dtype == torch.float32 and w.scale2.tolist() == 1.0, name
+            ref = _named(full)[name]
+            assert torch.equal(w.codes, ref.codes) and torch.equal(w.scales, ref.scales), name
+
+
+@pytest.mark.parametrize("name", ["blk.0.attn_bias.scale", "blk.0.attn_norm.scale",
+                                  "token_embd.scale"])  # no such tensor, F32 norm, BF16 linear
+def test_sidecar_of_no_nvfp4_tensor_is_refused(tiny_ckpt_gguf, tmp_path, name):
+    one = np.ones(1, dtype=np.float32)
+    path = _rewrite(tiny_ckpt_gguf, tmp_path / "odd.gguf",
+                    add={name: (one, GGMLQuantizationType.F32)})
+    want = (r"unexpected tensors for this config: " + re.escape(name) + r" \(a \.scale "
+            r"sidecar belongs only to an NVFP4 tensor of the same base name\)")
+    with pytest.raises(CheckpointError, match=want):
+        _load(path)
+
+
+_F32 = GGMLQuantizationType.F32
+
+
+@pytest.mark.parametrize("name, arr, raw, want", [
+    ("blk.2.attn_q.scale", np.ones(1, np.float16), GGMLQuantizationType.F16,
+     r"has type F16 and shape \[1\]; expected F32 of shape \[1\]$"),
+    ("blk.2.attn_q.scale", np.ones(2, np.float32), _F32,
+     r"has type F32 and shape \[2\]; expected F32 of shape \[1\]$"),
+    (LOST_SCALE, np.ones(3, np.float32), _F32,
+     r"shape \[3\]; expected F32 of shape \[1\] or \[8\]$"),
+    (LOST_SCALE, np.full(8, 2.0**-12, np.float32) * np.array([1, 1, 1, 0, 1, 1, 1, 1]), _F32,
+     "not a positive finite number"),
+    ("blk.2.attn_q.scale", np.array([-1.0], np.float32), _F32, "not a positive finite number"),
+    ("blk.2.attn_q.scale", np.array([np.nan], np.float32), _F32, "not a positive finite number"),
+    ("blk.2.attn_q.scale", np.array([np.inf], np.float32), _F32, "not a positive finite number"),
+])  # fmt: skip
+def test_bad_sidecar_is_refused_by_name(tiny_ckpt_gguf, tmp_path, name, arr, raw, want):
+    path = _rewrite(tiny_ckpt_gguf, tmp_path / "bad.gguf", replace={name: (arr, raw)})
+    with pytest.raises(CheckpointError, match=rf"{path}: tensor {re.escape(repr(name))}.*{want}"):
+        _load(path)
 
 
 @pytest.mark.gpu

@@ -5,8 +5,10 @@ Every case runs whole, per character, per token (a regex that keeps tags whole) 
 random groupings; each must give the same ParsedOutput and the same concatenated deltas. The
 streaming checks also require that a delta is never revised later (every emitted prefix is a prefix
 of the final text, every emitted call equals the final one) and that a partial tag at the end of
-the fed text is never released. Outputs are compared exactly: parsing is text surgery, no
-tolerance applies.
+the fed text is never released. Every chunking must also stream the same tool-call deltas, in
+OpenAI's shape, whose argument fragments join to each final call's arguments JSON (withdrawn
+calls end with an error). Outputs are compared exactly: parsing is text surgery, no tolerance
+applies.
 """
 
 import json
@@ -22,8 +24,10 @@ from flint_graph.output_parser import (
     ParseDelta,
     ParsedOutput,
     ToolCall,
+    ToolCallDelta,
     parse_output,
 )
+from flint_graph.tool_schema import only_strings, tool_schemas, type_argument
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -83,36 +87,73 @@ def chunkings(text: str) -> list[tuple[str, list[str]]]:
     return result
 
 
+def call_streams(deltas: list[ToolCallDelta]) -> dict[int, list]:
+    """index -> [id, name, joined arguments, error] of streamed calls, checking OpenAI's shape:
+    indices 0, 1, ... one call after another, id and name on the first delta only, nothing
+    after a withdrawal (error)."""
+    streams: dict[int, list] = {}
+    for d in deltas:
+        if d.index not in streams:
+            assert d.index == len(streams) and d.id == f"call_{d.index}" and d.name, d
+            streams[d.index] = [d.id, d.name, "", None]
+        else:
+            assert d.index == len(streams) - 1 and d.id is None and d.name is None, d
+            assert streams[d.index][3] is None, d
+        streams[d.index][2] += d.arguments
+        streams[d.index][3] = d.error
+    return streams
+
+
+def check_call_streams(streams: dict[int, list], calls: list[ToolCall]) -> None:
+    """Every final call streamed its name and exactly its arguments JSON; every other streamed
+    call was withdrawn."""
+    finals = {c.id: c for c in calls}
+    assert set(finals) <= {s[0] for s in streams.values()}
+    for call_id, name, arguments, error in streams.values():
+        if call_id in finals:
+            assert (name, arguments, error) == (finals[call_id].name,
+                                                finals[call_id].arguments_json(), None)
+        else:
+            assert error is not None, (call_id, arguments)
+
+
 def stream(text, chunks, check_partial=True, **kw):
-    """Feed `chunks`, checking every delta as it comes; returns (result, concatenated deltas)."""
+    """Feed `chunks`, checking every delta as it comes; returns (result, concatenated deltas,
+    the streamed calls as call_streams gives them)."""
     parser = OutputParser(kw.get("tools"), kw.get("thinking", True))
     total, fed, trace = ParseDelta(), "", []
+    names = ("reasoning", "content", "tool_calls", "errors", "tool_call_deltas")
+    # With no tools, call tags are plain text: only the reasoning tags are ever held back.
+    tags = TAGS if kw.get("tools") != [] else ("<think>", "</think>")
     for chunk in chunks:
         delta = parser.feed(chunk)
         fed += chunk
-        for name in ("reasoning", "content", "tool_calls", "errors"):
+        for name in names:
             setattr(total, name, getattr(total, name) + getattr(delta, name))
         trace.append((fed, total.reasoning, total.content, list(total.tool_calls)))
         if check_partial:
             # The longest suffix of the fed text that could still become a tag must not have been
             # released (skipped when the same characters also end the text before it).
-            held = max((t[:k] for t in TAGS for k in range(1, len(t)) if fed.endswith(t[:k])),
+            held = max((t[:k] for t in tags for k in range(1, len(t)) if fed.endswith(t[:k])),
                        key=len, default="")  # fmt: skip
             if held and not fed[: -len(held)].endswith(held):
                 assert not total.reasoning.endswith(held), (fed, total.reasoning)
                 assert not total.content.endswith(held), (fed, total.content)
     delta = parser.finish(kw.get("finish_reason"))
-    for name in ("reasoning", "content", "tool_calls", "errors"):
+    for name in names:
         setattr(total, name, getattr(total, name) + getattr(delta, name))
     for _, reasoning, content, calls in trace:  # deltas are final: nothing is ever taken back
         assert total.reasoning.startswith(reasoning) and total.content.startswith(content)
         assert total.tool_calls[: len(calls)] == calls
     streamed = ParsedOutput(total.reasoning, total.content, total.tool_calls, total.errors)
-    return parser.result(), streamed
+    streams = call_streams(total.tool_call_deltas)
+    check_call_streams(streams, total.tool_calls)
+    return parser.result(), streamed, streams
 
 
 def check_all_chunkings(text, expected, streamed_reasoning=None, check_partial=True, **kw):
-    """parse_output and every chunking agree with `expected`; returns the one-shot result."""
+    """parse_output and every chunking agree with `expected` (and stream the same call deltas);
+    returns the one-shot result."""
     want, num_errors = expected
     one_shot = parse_output(text, **kw)
     assert len(one_shot.errors) == num_errors, one_shot.errors
@@ -121,10 +162,13 @@ def check_all_chunkings(text, expected, streamed_reasoning=None, check_partial=T
         want.reasoning if streamed_reasoning is None else streamed_reasoning,
         want.content, want.tool_calls, one_shot.errors,
     )  # fmt: skip
+    want_streams = None
     for name, chunks in chunkings(text):
-        result, streamed = stream(text, chunks, check_partial, **kw)
+        result, streamed, streams = stream(text, chunks, check_partial, **kw)
         assert result == one_shot, name
         assert streamed == want_streamed, name
+        want_streams = streams if want_streams is None else want_streams
+        assert streams == want_streams, name
     return one_shot
 
 
@@ -175,11 +219,10 @@ CASES = {
         "</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>1984</arg_value>"
         "<arg_key>days</arg_key><arg_value> 3 </arg_value></tool_call>"
         "<tool_call>run_query<arg_key>dry_run</arg_key><arg_value>True</arg_value>"
-        "<arg_key>limit</arg_key><arg_value>many</arg_value>"
         "<arg_key>extra</arg_key><arg_value>[1, 2]</arg_value></tool_call>",
         {"tools": TOOLS},
         out("", "", [call("get_weather", 0, city="1984", days=3),
-                     call("run_query", 1, dry_run=True, limit="many", extra=[1, 2])]),
+                     call("run_query", 1, dry_run=True, extra=[1, 2])]),
     ),
     "two_calls_back_to_back": (
         f"Two cities.</think>{WEATHER_PARIS}<tool_call>get_weather<arg_key>city</arg_key>"
@@ -213,6 +256,48 @@ CASES = {
         {"tools": TOOLS, "thinking": False},
         out("", "asked.", [call("get_weather", 0, city="Paris")]),
     ),
+    "no_tools_calls_are_plain_text": (  # as vLLM: no tools, no tool parser, no warnings
+        f"Hm <tool_call>x</tool_call>.</think>{WEATHER_PARIS} <arg_key>",
+        {"tools": []},
+        out("Hm <tool_call>x</tool_call>.", f"{WEATHER_PARIS} <arg_key>"),
+    ),
+    "thinking_off_model_opens_reasoning": (  # issue 6 item 10
+        "<think>plan</think>done",
+        {"tools": TOOLS, "thinking": False},
+        out("plan", "done"),
+    ),
+    "thinking_off_model_opens_reasoning_after_blanks": (
+        "\n <think>plan a < b</think>\n\ndone",
+        {"thinking": False},
+        out("plan a < b", "done"),
+    ),
+    "thinking_off_reasoning_ended_by_call": (
+        f"<think>plan{WEATHER_PARIS}ok",
+        {"tools": TOOLS, "thinking": False},
+        out("plan", "ok", [call("get_weather", 0, city="Paris")]),
+    ),
+    "thinking_off_leading_close_dropped": (
+        "\n</think>\ndone </think>",
+        {"thinking": False},
+        out("", "done </think>"),
+    ),
+    "think_close_after_call_in_reasoning_dropped": (  # issue 6 item 2(c)
+        "Need.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>"
+        "</tool_call>more</think>answer",
+        {"tools": TOOLS},
+        out("Need.", "moreanswer", [call("get_weather", 0, city="Oslo")]),
+    ),
+    "think_close_right_after_call_in_reasoning": (
+        f"Need.{WEATHER_PARIS}\n</think>\n\nanswer",
+        {"tools": TOOLS},
+        out("Need.", "answer", [call("get_weather", 0, city="Paris")]),
+    ),
+    "think_close_after_two_calls_in_reasoning": (
+        f"Need.{WEATHER_PARIS} {WEATHER_PARIS}</think>ok",
+        {"tools": TOOLS},
+        out("Need.", "ok", [call("get_weather", 0, city="Paris"),
+                            call("get_weather", 1, city="Paris")]),
+    ),
     "no_tools_declared_json_typing": (
         "</think><tool_call>lookup<arg_key>n</arg_key><arg_value>5</arg_value>"
         "<arg_key>s</arg_key><arg_value>hi there</arg_value></tool_call>",
@@ -241,15 +326,12 @@ RAW_DUP_KEY = (
 MALFORMED = {  # name: (text, kwargs, expected, a word each error message must contain)
     "unknown_tool": (f"</think>{RAW_UNKNOWN} Done.", {"tools": TOOLS},
                      out("", RAW_UNKNOWN + " Done.", errors=1), "delete_everything"),
-    "empty_tool_list_rejects": (f"</think>{WEATHER_PARIS}", {"tools": []},
-                                out("", WEATHER_PARIS, errors=1), "unknown tool"),
-    "missing_arg_key_close": (f"</think>{RAW_NO_KEY_CLOSE}", {"tools": TOOLS},
-                              out("", RAW_NO_KEY_CLOSE, errors=1), "</arg_key>"),
-    "missing_arg_value_open": (f"</think>{RAW_NO_VALUE_OPEN}", {"tools": TOOLS},
-                               out("", RAW_NO_VALUE_OPEN, errors=1), "<arg_value>"),
+    "unknown_tool_after_known": (f"</think>{WEATHER_PARIS}{RAW_UNKNOWN}", {"tools": TOOLS},
+                                 out("", RAW_UNKNOWN, [call("get_weather", 0, city="Paris")],
+                                     errors=1), "delete_everything"),
     "missing_call_close_between_calls": (
         f"</think>{RAW_NO_CALL_CLOSE}{WEATHER_PARIS}", {"tools": TOOLS},
-        out("", RAW_NO_CALL_CLOSE, [call("get_weather", 0, city="Paris")], errors=1),
+        out("", RAW_NO_CALL_CLOSE, [call("get_weather", 1, city="Paris")], errors=1),
         "</tool_call>"),
     "unterminated_at_finish": (f"</think>{RAW_OPEN_VALUE}", {"tools": TOOLS,
                                "finish_reason": "length"},
@@ -293,9 +375,14 @@ def test_partial_tags_held_back_then_released():
     parser = OutputParser(TOOLS, thinking=False)
     assert parser.feed("Hello <tool_") == ParseDelta(content="Hello ")
     assert parser.feed("call>get_wea") == ParseDelta()  # never a partial name
-    assert parser.feed("ther<arg_key>city</arg_key><arg_value>Lima</arg_va") == ParseDelta()
+    # The name goes out once complete; a string value streams, less a possible "</arg_value>".
+    assert parser.feed("ther<arg_key>city</arg_key><arg_value>Lima</arg_va") == ParseDelta(
+        tool_call_deltas=[ToolCallDelta(0, "call_0", "get_weather"),
+                          ToolCallDelta(0, arguments='{"city": "'),
+                          ToolCallDelta(0, arguments="Lima")])
     delta = parser.feed("lue></tool_call>")
-    assert delta == ParseDelta(tool_calls=[call("get_weather", 0, city="Lima")])
+    assert delta == ParseDelta(tool_calls=[call("get_weather", 0, city="Lima")], tool_call_deltas=[
+        ToolCallDelta(0, arguments='"'), ToolCallDelta(0, arguments="}")])
     assert parser.feed(" a < b, x </arg_va") == ParseDelta(content="a < b, x ")
     assert parser.finish() == ParseDelta(content="</arg_va")  # released as text at the end
     with pytest.raises(RuntimeError, match="after finish"):
@@ -345,6 +432,8 @@ def random_text(rng, bits, banned):
 
 
 def random_value(rng, schema):
+    if "enum" in schema:
+        return rng.choice(schema["enum"])
     kinds = schema["type"] if "type" in schema else [s["type"] for s in schema["anyOf"]]
     kind = rng.choice(kinds) if isinstance(kinds, list) else kinds
     return {
@@ -393,3 +482,233 @@ def test_random_outputs_round_trip(seed):
     # The held-suffix check assumes text before a tag never ends like the tag's own start, which
     # random fragments ("</arg_va" before "<tool_call>") can break; the final-delta checks run.
     check_all_chunkings(text, expected, check_partial=False, tools=TOOLS)
+
+
+# -- repairs of malformed calls (issue 6 item 2(b)) -----------------------------------------------
+
+SEARCH = [{"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}}}}]
+REPAIRED = {  # name: (text after "</think>", expected arguments of the one call, error words)
+    "missing_value_open": (
+        "<tool_call>search<arg_key>query</arg_key><arg_value>a</arg_value>"
+        "<arg_key>limit</arg_key>5</arg_value></tool_call>",
+        {"query": "a", "limit": 5}, ["missing <arg_value>"]),
+    "doubled_key_close": (
+        "<tool_call>search<arg_key>query</arg_key></arg_key><arg_value>x</arg_value></tool_call>",
+        {"query": "x"}, ["doubled </arg_key>"]),
+    "missing_value_open_string_with_angles": (  # blanks between tags are layout, as always
+        "<tool_call>search<arg_key>query</arg_key>\n a < b > c\n</arg_value></tool_call>",
+        {"query": "a < b > c\n"}, ["missing <arg_value>"]),
+    "missing_value_open_first_then_more": (
+        "<tool_call>search<arg_key>limit</arg_key>7</arg_value>"
+        "<arg_key>query</arg_key><arg_value>q</arg_value></tool_call>",
+        {"limit": 7, "query": "q"}, ["missing <arg_value>"]),
+    "missing_key_close": (
+        "<tool_call>search<arg_key>query<arg_value>x</arg_value></tool_call>",
+        {"query": "x"}, ["missing </arg_key>"]),
+    "missing_key_open": (
+        "<tool_call>search<arg_key>query</arg_key><arg_value>x</arg_value>"
+        "\nlimit</arg_key><arg_value>3</arg_value></tool_call>",
+        {"query": "x", "limit": 3}, ["missing <arg_key>"]),
+    "doubled_value_close": (
+        "<tool_call>search<arg_key>query</arg_key><arg_value>x</arg_value></arg_value>"
+        "</tool_call>",
+        {"query": "x"}, ["doubled </arg_value>"]),
+    "two_repairs_in_one_call": (
+        "<tool_call>search<arg_key>query</arg_key></arg_key><arg_value>x</arg_value>"
+        "<arg_key>limit</arg_key>2</arg_value></tool_call>",
+        {"query": "x", "limit": 2}, ["doubled </arg_key>", "missing <arg_value>"]),
+}  # fmt: skip
+AMBIGUOUS = {  # name: (text after "</think>", error word): an error, the text stays content
+    "missing_value_open_with_tag_inside": (
+        "<tool_call>search<arg_key>query</arg_key>a<arg_key>b</arg_value></tool_call>",
+        "<arg_value>"),
+    "missing_value_open_blank_value": (
+        "<tool_call>search<arg_key>query</arg_key> </arg_value></tool_call>", "<arg_value>"),
+    "missing_value_close_at_end": (
+        "<tool_call>search<arg_key>query</arg_key><arg_value>a</tool_call>", "inside a value"),
+    "missing_key_close_key_has_blank": (
+        "<tool_call>search<arg_key>the query<arg_value>x</arg_value></tool_call>", "</arg_key>"),
+    "missing_key_open_two_words": (
+        "<tool_call>search<arg_key>query</arg_key><arg_value>x</arg_value>"
+        "max limit</arg_key><arg_value>3</arg_value></tool_call>", "after a value"),
+    "missing_value_open_and_close": (
+        "<tool_call>search<arg_key>query</arg_key>x</tool_call>", "<arg_value>"),
+    "missing_key_and_value": ("<tool_call>search<arg_value>x</arg_value></tool_call>",
+                              "<arg_key>"),
+    "empty_key": ("<tool_call>search<arg_key> </arg_key><arg_value>x</arg_value></tool_call>",
+                  "empty argument key"),
+    "name_glued_to_key": ("<tool_call>searchquery</arg_key><arg_value>x</arg_value></tool_call>",
+                          "found </arg_key>"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(REPAIRED))
+def test_unambiguous_malformed_calls_are_repaired(name):
+    text, arguments, words = REPAIRED[name]
+    expected = out("", "tail", [ToolCall("search", arguments, "call_0")], errors=len(words))
+    result = check_all_chunkings(f"</think>{text} tail", expected, tools=SEARCH)
+    assert all(w in e and "repaired" in e for w, e in zip(words, result.errors)), result.errors
+
+
+@pytest.mark.parametrize("name", list(AMBIGUOUS))
+def test_ambiguous_malformed_calls_stay_visible(name):
+    text, word = AMBIGUOUS[name]
+    result = check_all_chunkings(f"</think>{text}", out("", text, errors=1), tools=SEARCH)
+    assert word in result.errors[0] and "kept as content" in result.errors[0], result.errors
+
+
+# -- typing by the whole JSON Schema (items 2(e), 2(f)) -------------------------------------------
+
+LEVEL = {"$defs": {"Level": {"type": "string", "enum": ["1", "2", "3"]}},
+         "properties": {"level": {"$ref": "#/$defs/Level"}}}
+TYPING = [  # (parameters schema, value text, expected value, error word or None)
+    (LEVEL, "2", "2", None),
+    (LEVEL, "4", "4", "does not fit"),
+    (LEVEL, '"2"', '"2"', "does not fit"),  # a string schema never unquotes: text is the value
+    ({"properties": {"level": {"enum": ["true", "false"]}}}, "true", "true", None),
+    ({"properties": {"level": {"enum": ["7", 8]}}}, "7", "7", None),
+    ({"properties": {"level": {"enum": ["7", 8]}}}, "8", 8, None),
+    ({"properties": {"level": {"enum": ["7", 8]}}}, "9", "9", "does not fit"),
+    ({"properties": {"level": {"const": "null"}}}, "null", "null", None),
+    ({"properties": {"level": {"const": 3}}}, "3", 3, None),
+    ({"properties": {"level": {"enum": [True, False]}}}, "true", True, None),
+    ({"properties": {"level": {"enum": [1, "1"]}}}, "1", "1", None),  # strings as written win
+    ({"properties": {"level": {"type": ["integer", "null"]}}}, "null", None, None),
+    ({"properties": {"level": {"type": "string"}}}, "null", "null", None),
+    ({"definitions": {"N": {"type": "integer"}},
+      "properties": {"level": {"$ref": "#/definitions/N"}}}, "12", 12, None),
+    ({"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"type": "number"}},
+      "properties": {"level": {"$ref": "#/$defs/A"}}}, "1.5", 1.5, None),  # a chain of refs
+    ({"$defs": {"Loop": {"$ref": "#/$defs/Loop"}},
+      "properties": {"level": {"$ref": "#/$defs/Loop"}}}, "[1]", [1], None),  # a cycle ends
+    ({"properties": {"level": {"allOf": [{"type": "string"}, {"enum": ["1", "2"]}]}}},
+     "1", "1", None),
+    ({"properties": {"level": {"allOf": [{"$ref": "#/$defs/X"}]}},
+      "$defs": {"X": {"type": "boolean"}}}, "False", False, None),
+    ({"properties": {"level": {"oneOf": [{"type": "integer"}, {"type": "array"}]}}},
+     "[1, 2]", [1, 2], None),
+    ({"properties": {"level": {"anyOf": [{"$ref": "#/$defs/S"}, {"type": "null"}]}},
+      "$defs": {"S": {"type": "string"}}}, "2", "2", None),
+    ({"$ref": "#/$defs/Args", "$defs": {"Args": {"properties": {"level": {"type": "string"}}}}},
+     "5", "5", None),  # properties reached through the root's own $ref
+    ({"allOf": [{"properties": {"level": {"type": "string"}}}]}, "5", "5", None),
+    ({"properties": {}, "additionalProperties": {"type": "string"}}, "5", "5", None),
+    ({"properties": {"level": {"description": "free-form"}}}, "5", 5, None),
+    ({"properties": {"level": {"$ref": "https://example.com/s.json"}}}, "5", 5, None),
+    # one-step repairs (2(f)) and what they leave alone
+    ({"properties": {"level": {"type": "integer"}}}, '"42"', 42, "quoted value"),
+    ({"properties": {"level": {"type": "number"}}}, ' "4.5" ', 4.5, "quoted value"),
+    ({"properties": {"level": {"type": "boolean"}}}, '"true"', True, "quoted value"),
+    ({"properties": {"level": {"type": "integer"}}}, '"4.5"', '"4.5"', "does not fit"),
+    ({"properties": {"level": {"type": "integer"}}}, "many", "many", "does not fit"),
+    ({"properties": {"level": {"type": "integer"}}}, "[1, 2]", "[1, 2]", "does not fit"),
+    ({"properties": {"level": {"type": "number"}}}, "NaN", "NaN", "does not fit"),
+    ({"properties": {"level": {"type": "array"}}}, '[{\\"id\\": \\"1\\"}]', [{"id": "1"}],
+     "backslash-escaped"),
+    ({"properties": {"level": {"type": "object"}}}, '{\\"a\\": [1, \\"x\\"]}',
+     {"a": [1, "x"]}, "backslash-escaped"),
+    ({"properties": {"level": {"type": "array"}}}, '"[1, 2]"', [1, 2], "quoted value"),
+    ({"properties": {"level": {"type": "string"}}}, '[{\\"id\\": 1}]', '[{\\"id\\": 1}]', None),
+    ({"properties": {"level": {"type": "array"}}}, '[\\"a\\", b]', '[\\"a\\", b]',
+     "does not fit"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("params", "text", "value", "word"), TYPING)
+def test_arguments_typed_by_the_whole_schema(params, text, value, word):
+    tools = [{"type": "function", "function": {"name": "set_level", "parameters": params}}]
+    raw = f"<tool_call>set_level<arg_key>level</arg_key><arg_value>{text}</arg_value></tool_call>"
+    expected = out("", "", [call("set_level", 0, level=value)], errors=word is not None)
+    result = check_all_chunkings(f"</think>{raw}", expected, tools=tools)
+    got = result.tool_calls[0].arguments["level"]
+    assert type(got) is type(value)  # 1 == 1.0 == True: the JSON type must match too
+    if word is not None:
+        assert word in result.errors[0] and "level" in result.errors[0], result.errors
+
+
+def test_type_argument_directly():
+    root = LEVEL
+    schema = tool_schemas([{"type": "function", "function": {"name": "f", "parameters": root}}])
+    level = schema["f"].param("level")
+    assert type_argument("2", level, root) == ("2", None)
+    assert only_strings(level, root)
+    assert not only_strings({"enum": ["7", 8]}, {})
+    assert only_strings({"anyOf": [{"type": "string"}, {"const": "x"}]}, {})
+    assert not only_strings({"type": ["string", "null"]}, {})
+    assert type_argument(" 3 ", None, None) == (3, None)  # no schema: JSON, else text
+    assert type_argument("hi there", None, None) == ("hi there", None)
+
+
+# -- streaming calls (item 2(g)) ------------------------------------------------------------------
+
+def test_long_string_argument_streams_as_it_arrives():
+    body = "line one\n<p>a < b</p>\n" * 50
+    text = ("</think><tool_call>write_file<arg_key>path</arg_key><arg_value>a.html</arg_value>"
+            f"<arg_key>content</arg_key><arg_value>{body}</arg_value></tool_call>")
+    parser, args, name_at, streamed_at_half = OutputParser(TOOLS), "", None, None
+    for i, ch in enumerate(text):
+        for d in parser.feed(ch).tool_call_deltas:
+            name_at = i if d.name else name_at
+            args += d.arguments
+        if i == text.index(body) + len(body) // 2:
+            streamed_at_half = args
+    parser.finish("stop")
+    assert name_at == text.index("<arg_key>") + len("<arg_key>") - 1  # the tag after the name
+    assert streamed_at_half == '{"path": "a.html", "content": ' + json.dumps(
+        body[: len(body) // 2 + 1])[:-1]  # everything so far, the JSON string still open
+    assert args == parser.result().tool_calls[0].arguments_json()
+
+
+def test_typed_values_go_out_whole_at_their_close():
+    text = "</think><tool_call>get_weather<arg_key>days</arg_key><arg_value>12</arg_value>"
+    parser = OutputParser(TOOLS)
+    pieces = [d.arguments for ch in text for d in parser.feed(ch).tool_call_deltas]
+    assert pieces == ["", '{"days": 12']  # never "1" then "2": the type is known only at the end
+    finish = parser.finish("length").tool_call_deltas
+    assert len(finish) == 1 and "end of output" in finish[0].error  # withdrawn at the end
+
+
+def test_streamed_call_that_turns_out_malformed_is_withdrawn():
+    text = (f"</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</arg_value>"
+            f"<arg_key>days</arg_key>x<arg_key>{WEATHER_PARIS}")
+    parser = OutputParser(TOOLS)
+    deltas = parser.feed(text).tool_call_deltas + parser.finish("stop").tool_call_deltas
+    streams = call_streams(deltas)
+    assert streams[0][:3] == ["call_0", "get_weather", '{"city": "Rome"']
+    assert "expected <arg_value>" in streams[0][3]
+    assert streams[1] == ["call_1", "get_weather", '{"city": "Paris"}', None]
+    result = parser.result()
+    assert result.tool_calls == [call("get_weather", 1, city="Paris")]  # ids follow the deltas
+    assert result.content.startswith("<tool_call>get_weather<arg_key>city")
+
+
+def test_rejected_names_never_stream_and_take_no_index():
+    deltas = OutputParser(TOOLS).feed(f"</think>{RAW_UNKNOWN}{WEATHER_PARIS}").tool_call_deltas
+    assert [d.index for d in deltas] == [0] * len(deltas) and deltas[0].name == "get_weather"
+
+
+def test_repeated_key_withdraws_the_streamed_call():
+    parser = OutputParser(TOOLS)
+    deltas = parser.feed(f"</think>{RAW_DUP_KEY}ok").tool_call_deltas
+    assert deltas[-1].error is not None and "repeats" in deltas[-1].error
+    assert "".join(d.arguments for d in deltas) == '{"city": "A"'  # nothing after the repeat
+    parser.finish()
+    assert parser.result().content == RAW_DUP_KEY + "ok"
+
+
+def test_zero_argument_call_and_openai_shape():
+    deltas = OutputParser(TOOLS).feed("</think><tool_call>list_files</tool_call>").tool_call_deltas
+    assert [d.to_openai() for d in deltas] == [
+        {"index": 0, "id": "call_0", "type": "function",
+         "function": {"name": "list_files", "arguments": ""}},
+        {"index": 0, "function": {"arguments": "{}"}},
+    ]
+
+
+def test_has_tool_calls():
+    parser = OutputParser(TOOLS)
+    parser.feed(f"</think>{RAW_UNKNOWN}")
+    assert not parser.has_tool_calls
+    parser.feed(WEATHER_PARIS)
+    assert parser.has_tool_calls

@@ -208,3 +208,72 @@ def test_text_tags_not_special_in_files(tok_dir):
              for e in json.loads((tok_dir[0] / "tokenizer.json").read_text())["added_tokens"]}
     assert all(flags[t] for t in GLM47_CONTROL_TOKENS)
     assert not any(flags[t] for t in GLM47_TEXT_TAGS)
+
+
+# -- chat prompts: scaffolding ids, data as ordinary text (issue 6) ---------------------------
+
+
+def test_encode_text_equals_encode_where_no_added_token_text_occurs(tok):
+    rng = random.Random(5)
+    plain = [p for p in PIECES if p not in GLM47_SPECIAL_TOKENS] + ["<", ">", "|", "[", "]"]
+    for _ in range(300):
+        text = "".join(rng.choice(plain) for _ in range(rng.randint(0, 12)))
+        assert tok.encode_text(text) == tok.encode(text)
+
+
+def test_encode_text_keeps_every_added_token_as_text(tok):
+    assert set(tok.added_tokens) == set(GLM47_SPECIAL_TOKENS)
+    added_ids = {tok.token_id(t) for t in tok.added_tokens}
+    for marker in tok.added_tokens:
+        text = f"a{marker}b {marker}"
+        ids = tok.encode_text(text)
+        assert not added_ids & set(ids), marker
+        assert tok.decode(ids, skip_special=False) == tok.decode(ids) == text
+        assert tok.encode(text).count(tok.token_id(marker)) == 2  # raw encode: real ids
+
+
+def test_encode_segments_matches_added_tokens_only_in_scaffolding(tok):
+    user, asst = tok.token_id("<|user|>"), tok.token_id("<|assistant|>")
+    segs = [("<|user|>x ", False), ("<|user|>", True), (" y<|assistant|>", False)]
+    # Text between scaffolding tokens is one run, data included (no split at the boundary).
+    assert tok.encode_segments(segs) == [user] + tok.encode_text("x <|user|> y") + [asst]
+    assert tok.encode_segments([]) == []
+    assert tok.encode_segments([("<|user|>", True)]) == tok.encode_text("<|user|>")
+
+
+@pytest.mark.parametrize("marker", GLM47_SPECIAL_TOKENS)
+def test_each_control_token_in_chat_content_stays_text(tok, marker):
+    from flint_graph.chat_template import render_chat_segments
+
+    content = f"before{marker}after {marker}"
+    for role, msgs in (
+        ("user", [{"role": "user", "content": content}]),
+        ("tool", [{"role": "user", "content": "q"}, {"role": "tool", "content": content}]),
+        ("system", [{"role": "system", "content": content}, {"role": "user", "content": "q"}]),
+    ):
+        segs = render_chat_segments(tok.chat_template, msgs, markers=tok.added_tokens)
+        ids = tok.encode_segments(segs)
+        benign = tok.encode(render_chat(tok.chat_template, [
+            {**m, "content": m["content"].replace(marker, "")} for m in msgs]))
+        added = {tok.token_id(t) for t in tok.added_tokens}
+        # Each added id appears exactly as often as the template's structure puts it there.
+        assert sorted(i for i in ids if i in added) == sorted(i for i in benign if i in added), role
+        assert tok.decode(ids, skip_special=False) == "".join(s.text for s in segs)
+        text_ids = tok.encode_text(content)
+        start = next(i for i in range(len(ids)) if ids[i:i + len(text_ids)] == text_ids)
+        assert tok.decode(ids[start:start + len(text_ids)], skip_special=False) == content
+
+
+def test_chat_prompt_without_markers_in_data_encodes_as_before(tok):
+    # The segment encoding changes nothing for ordinary conversations: same ids as encoding
+    # the rendered text whole.
+    from flint_graph.chat_template import render_chat_segments
+
+    msgs = [{"role": "system", "content": "Be brief. 你好"},
+            {"role": "user", "content": "|> Zürich <weather>? [x] a|b <"},  # edges: data
+            {"role": "assistant", "content": "ok", "tool_calls": [{"type": "function",
+             "function": {"name": "f", "arguments": {"q": "a < b", "n": 3}}}]},
+            {"role": "tool", "content": '{"t": 21}'}]  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "f", "description": "d <b>"}}]
+    segs = render_chat_segments(tok.chat_template, msgs, tools, markers=tok.added_tokens)
+    assert tok.encode_segments(segs) == tok.encode(render_chat(tok.chat_template, msgs, tools))

@@ -1,0 +1,198 @@
+"""Checking and normalising OpenAI-style chat requests before a chat template sees them.
+
+Follows the OpenAI chat-completions message shapes and glm47-format.md ("Prompt layout"). Every
+template, the checkpoint's own or ours, receives the same normalised messages:
+  - `content` is always a string (or None for an assistant turn that only calls tools): a list of
+    OpenAI text parts is joined in order with nothing between, as GLM-4.7's own template joins
+    them (its `visible_text` macro); other part types are refused, naming the message and part.
+  - An assistant turn with inline reasoning (`"<think>R</think>A"` in content, no
+    `reasoning_content`) is split into reasoning R and content A by GLM-4.7's own rule, so the
+    template's reasoning policy (drop before the last user message) applies to it. This must
+    happen here, not in the template: `prompt_segments` hides marker text inside message strings
+    from the template, so a template could no longer find the `</think>` to split on.
+  - Tool-call `arguments` become a dict: a JSON string is decoded; "" or null mean no arguments.
+Errors are InvalidRequestError naming the field, e.g. `messages[2].content[1]`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from flint_graph.errors import InvalidRequestError
+
+ROLES = ("system", "user", "assistant", "tool")
+TOOL_CHOICES = ("none", "auto", "required")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def _type(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _check_str(value: Any, field: str, *, optional: bool) -> None:
+    if not (isinstance(value, str) or (optional and value is None)):
+        expected = "a string or null" if optional else "a string"
+        raise InvalidRequestError(f"{field}: expected {expected}, found {_type(value)}")
+
+
+def _content(m: Mapping, role: str, where: str) -> str | None:
+    """The message's content as one string (None only for an assistant turn with tool calls).
+    OpenAI: user, system and tool messages need content; an assistant message may omit it
+    when it carries tool_calls."""
+    if "content" not in m or m["content"] is None:
+        if role == "assistant" and m.get("tool_calls"):
+            return None
+        if "content" in m:
+            raise InvalidRequestError(f"{where}.content: expected a string or a list of text "
+                                      "parts, found null")  # fmt: skip
+        need = "unless it has tool_calls" if role == "assistant" else "(a string or text parts)"
+        article = "an" if role == "assistant" else "a"
+        raise InvalidRequestError(f"{where}.content: missing; {article} {role} message needs "
+                                  f"content {need}")  # fmt: skip
+    content = m["content"]
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequestError(f"{where}.content: expected a string or a list of text parts, "
+                                  f"found {_type(content)}")  # fmt: skip
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text":
+            found = f"type {kind!r}" if isinstance(part, Mapping) else _type(part)
+            raise InvalidRequestError(f"{where}.content[{j}]: expected a text part "
+                                      f'{{"type": "text", "text": ...}} (this model reads only '
+                                      f"text), found {found}")  # fmt: skip
+        _check_str(part.get("text"), f"{where}.content[{j}].text", optional=False)
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _split_inline_reasoning(content: str) -> tuple[str, str]:
+    """GLM-4.7's template rule for `<think>R</think>A` in assistant content: reasoning is the
+    text before the first </think> (after its last <think>), content the text after the last
+    </think>; newlines next to the tags are dropped. Returns (reasoning, content)."""
+    parts = content.split("</think>")
+    reasoning = parts[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+    return reasoning, parts[-1].lstrip("\n")
+
+
+def _normalize_call(call: Any, field: str) -> dict:
+    if not isinstance(call, Mapping):
+        raise InvalidRequestError(f"{field}: expected an object, found {_type(call)}")
+    if call.get("type", "function") != "function":
+        raise InvalidRequestError(f"{field}.type: expected 'function', found {call['type']!r}")
+    fn = call.get("function")
+    if not isinstance(fn, Mapping):
+        raise InvalidRequestError(f"{field}.function: expected an object, found {_type(fn)}")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(f"{field}.function.name: expected a non-empty string, "
+                                  f"found {name!r}")  # fmt: skip
+    args = fn.get("arguments")
+    if args is None or (isinstance(args, str) and not args.strip()):
+        args = {}  # clients write a zero-argument call as "" or null
+    elif isinstance(args, str):  # OpenAI sends arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as e:
+            raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
+                                      f"found invalid JSON ({e})") from e  # fmt: skip
+    if not isinstance(args, Mapping):
+        raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
+                                  f"found {_type(args)}")  # fmt: skip
+    return {**call, "type": "function", "function": {**fn, "arguments": dict(args)}}
+
+
+def validate_messages(messages: Any) -> list[dict]:
+    """Check OpenAI-style chat messages and return normalised copies (module docstring): content
+    a string (text parts joined; None only for an assistant turn with tool calls), inline
+    assistant reasoning split out, tool-call arguments dicts. The caller's objects are not
+    modified. Raises InvalidRequestError naming `messages[i].field` with what was expected and
+    found."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError(f"messages: expected a non-empty list, found {messages!r:.80}")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping):
+            raise InvalidRequestError(f"{where}: expected an object, found {_type(m)}")
+        role = m.get("role")
+        if role not in ROLES:
+            raise InvalidRequestError(f"{where}.role: expected one of {ROLES}, found {role!r}")
+        msg = dict(m)
+        for key in ("reasoning_content", "reasoning"):
+            _check_str(m.get(key), f"{where}.{key}", optional=True)
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if role != "assistant":
+                raise InvalidRequestError(f"{where}.tool_calls: only assistant messages carry "
+                                          f"tool calls, found role {role!r}")  # fmt: skip
+            if not isinstance(calls, list):
+                raise InvalidRequestError(f"{where}.tool_calls: expected a list, "
+                                          f"found {_type(calls)}")  # fmt: skip
+            msg["tool_calls"] = [_normalize_call(c, f"{where}.tool_calls[{j}]")
+                                 for j, c in enumerate(calls)]  # fmt: skip
+        msg["content"] = content = _content(m, role, where)
+        no_reasoning = not isinstance(m.get("reasoning_content"), str) and \
+            not isinstance(m.get("reasoning"), str)  # fmt: skip
+        if role == "assistant" and no_reasoning and content and "</think>" in content:
+            msg["reasoning_content"], msg["content"] = _split_inline_reasoning(content)
+        out.append(msg)
+    return out
+
+
+def validate_tools(tools: Any) -> list[dict] | None:
+    """Check OpenAI function tools ({"type": "function", "function": {"name", "parameters"?,
+    "description"?}}); None or [] mean no tools. Raises InvalidRequestError naming `tools[i]`."""
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise InvalidRequestError(f"tools: expected a list, found {_type(tools)}")
+    names = set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping) or tool.get("type") != "function":
+            found = tool.get("type") if isinstance(tool, Mapping) else _type(tool)
+            raise InvalidRequestError(f"{where}.type: expected 'function', found {found!r}")
+        fn = tool.get("function")
+        if not isinstance(fn, Mapping):
+            raise InvalidRequestError(f"{where}.function: expected an object, found {_type(fn)}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError(f"{where}.function.name: expected a non-empty string, "
+                                      f"found {name!r}")  # fmt: skip
+        if name in names:
+            raise InvalidRequestError(f"{where}.function.name: duplicate tool name {name!r}")
+        if not _TOOL_NAME.fullmatch(name):
+            # The output parser refuses names with spaces or tags, so such a tool could never
+            # be called: refuse it here, where the user can fix it.
+            raise InvalidRequestError(f"{where}.function.name: {name!r} must be letters, "
+                                      "digits, '_', '-' or '.' (at most 64)")
+        names.add(name)
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, Mapping):
+            raise InvalidRequestError(f"{where}.function.parameters: expected a JSON schema "
+                                      f"object, found {_type(params)}")  # fmt: skip
+        _check_str(fn.get("description"), f"{where}.function.description", optional=True)
+    return list(tools)
+
+
+def check_tool_choice(tool_choice: Any, tools: list[dict] | None) -> None:
+    """Check `tool_choice`: None, "none", "auto", "required" (needs tools) or
+    {"type": "function", "function": {"name": N}} naming a declared tool; InvalidRequestError."""
+    if tool_choice is None or tool_choice in ("none", "auto"):
+        return
+    declared = [t["function"]["name"] for t in tools or []]
+    if tool_choice == "required" and declared:
+        return
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
+        fn = tool_choice.get("function")
+        if isinstance(fn, Mapping) and fn.get("name") in declared:
+            return
+    raise InvalidRequestError(f"tool_choice: expected one of {TOOL_CHOICES} ('required' needs "
+                              f"tools) or a function object naming one of {declared}, "
+                              f"found {tool_choice!r:.120}")  # fmt: skip

@@ -1,0 +1,127 @@
+"""The `flint-graph` argument parser: every subcommand's flags and help, one-line errors.
+
+It imports nothing heavy (no torch), so `--version` and any `--help` answer at once; the
+commands themselves live in `cli.py` and import what they need after parsing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from flint_graph import make_checkpoint_args
+
+EXIT_BAD_INPUT = 2
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse with the CLI's error shape: one line `flint-graph: error: ...` naming the
+    --help to read, exit status 2 (argparse prints a multi-line usage first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        message = " ".join(message.split())
+        self.exit(EXIT_BAD_INPUT, f"flint-graph: error: {message} (see {self.prog} --help)\n")
+
+
+class _VersionAction(argparse.Action):
+    """`--version`, reading the installed version only when asked (importlib.metadata is slow
+    to import)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0,
+                         help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {version()}")
+        parser.exit()
+
+
+def version() -> str:
+    """The installed flint-graph version ("unknown (not installed)" from a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("flint-graph")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand; `args.command` names the one chosen."""
+    p = ArgParser(
+        prog="flint-graph",
+        description="Run the Flint 40B MoE LLM: interactive chat, one-shot generation, and "
+                    "synthetic checkpoints in the real formats. Without MODEL, the embedded "
+                    "default (a tiny synthetic checkpoint, built on first use) is used.")
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+
+    chat = sub.add_parser("chat", help="interactive terminal chat (streams reasoning, content "
+                                       "and tool calls)",
+                          description="Chat with a Flint checkpoint in the terminal. Commands: "
+                                      "/reset, /save FILE, /reasoning, /help, /exit. Ctrl-C "
+                                      "stops the current answer; Ctrl-D or /exit quits.")
+    _model_args(chat)
+    _sampling_args(chat)
+    chat.add_argument("--system", metavar="TEXT", help="system message for the conversation")
+    chat.add_argument("--show-reasoning", action="store_true",
+                      help="keep reasoning expanded after each answer (default: collapsed to "
+                           "one line; /reasoning shows the last one)")
+    chat.set_defaults(command="chat")
+
+    gen = sub.add_parser("generate", help="one-shot generation for scripts and pipes",
+                         description="Generate one answer. The prompt goes through the chat "
+                                     "template as one user message unless --raw. Reasoning "
+                                     "goes to stderr, the answer to stdout.")
+    _model_args(gen)
+    gen.add_argument("--prompt", metavar="TEXT",
+                     help="prompt text (default: read from stdin, as UTF-8)")
+    gen.add_argument("--raw", action="store_true",
+                     help="send the prompt as raw text, without the chat template")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object: token_ids, text, reasoning_content, "
+                          "content, tool_calls, finish_reason, ttft_ms, ms_per_token, errors")
+    _sampling_args(gen)
+    gen.set_defaults(command="generate")
+
+    mk = sub.add_parser("make-checkpoint", help="write a synthetic Flint checkpoint (BF16 "
+                                                "safetensors and/or NVFP4 GGUF)",
+                        description="Write a seeded synthetic checkpoint in exactly the real "
+                                    "formats: DIR/ with config, tokenizer and BF16 shards, "
+                                    "and DIR/model-nvfp4.gguf.")
+    make_checkpoint_args.add_arguments(mk)
+    mk.set_defaults(command="make-checkpoint")
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="BF16 checkpoint directory or NVFP4 .gguf file (default: the embedded "
+                        "tiny checkpoint, built into a cache directory on first use)")
+    p.add_argument("--hf-config-path", metavar="DIR",
+                   help="directory with config.json, tokenizer and generation_config.json for "
+                        "a GGUF (default: the GGUF's own directory)")
+    p.add_argument("--device", metavar="DEV",
+                   help="torch device, e.g. cuda or cpu (default: cuda when available)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads for torch (default: 1 for a small model on the CPU unless "
+                        "OMP_NUM_THREADS is set, else torch's own choice)")
+    p.add_argument("--tools", metavar="TOOLS.json", type=Path,
+                   help="JSON file with a list of OpenAI-style function tools the model may call")
+    p.add_argument("--no-think", dest="enable_thinking", action="store_false",
+                   help="turn thinking off (the prompt ends with </think>)")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (defaults come from the checkpoint's "
+                             "generation_config.json)")
+    g.add_argument("--max-tokens", type=int, metavar="N",
+                   help="most tokens to generate, reasoning included (default: up to the "
+                        "context limit)")
+    g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
+    g.add_argument("--top-p", type=float, metavar="P", help="nucleus mass, in (0, 1]")
+    g.add_argument("--top-k", type=int, metavar="K", help="keep the K most likely (0 = off)")
+    g.add_argument("--seed", type=int, metavar="S", help="seed for reproducible sampling")
+    g.add_argument("--stop", action="append", metavar="TEXT", default=None,
+                   help="stop string (repeatable); it is not included in the output")

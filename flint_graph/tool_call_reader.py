@@ -1,0 +1,338 @@
+"""Reading one GLM-4.7 tool call, from just after `<tool_call>` to `</tool_call>` (or its fault).
+
+A call reads `NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`, whitespace allowed
+between tags (the GLM-4.5/4.6 layout). `CallReader` gets the text after `<tool_call>` piece by
+piece (`buf`, `run()`) and ends with either a `ToolCall` or the call's raw text, which the
+output parser shows as content. Decisions (tests/test_output_parser.py checks each):
+- A value ends only at `</arg_value>`: `<`, `>`, newlines, even `<arg_key>` text stay verbatim, so
+  a value cannot hold a literal `</arg_value>`. Names and keys are stripped; a name is one
+  blank-free word; a key ends at its first tag.
+- Repairs, each reported in `errors` ("tool call N: repaired ..."), only where one reading is
+  possible: a missing `</arg_key>` (`<arg_key>k<arg_value>`), a missing `<arg_value>` (text with
+  no tag in it, then `</arg_value>`), a missing `<arg_key>` (a blank-free word, then `</arg_key>`)
+  and a doubled `</arg_key>` or `</arg_value>`. Everything else (a missing `</arg_value>` or
+  `</tool_call>`, other tags in a key, a blank value without `<arg_value>`, ...) is malformed:
+  an error, the raw text to content, never a call with guessed or empty arguments.
+- Unknown tool names and repeated keys are found early but the call is still read to its end,
+  so its whole raw text becomes content, as for any rejected call.
+- Values are typed by the tool's schema (flint_graph/tool_schema.py). A value that fits no
+  reading keeps its text and adds an error; the call still counts.
+- Streaming (OpenAI's ChoiceDeltaToolCall): the name goes out as soon as the tag after it
+  arrives (unless it is not a declared tool), then the arguments as JSON text fragments: a
+  value whose schema admits only strings streams as it arrives (its text is the value, whatever
+  follows), any other value goes out whole at its `</arg_value>`, and `}` at `</tool_call>`. The
+  fragments of a call concatenate to exactly `ToolCall.arguments_json()`. A streamed call that
+  then turns out malformed gets a last delta with `error` set: it is withdrawn.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flint_graph.tool_schema import ToolSchema, only_strings, type_argument
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+KEY_OPEN, KEY_CLOSE = "<arg_key>", "</arg_key>"
+VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
+TAGS = (THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE, KEY_OPEN, KEY_CLOSE, VALUE_OPEN,
+        VALUE_CLOSE)  # fmt: skip
+MAX_TAG = max(len(t) for t in TAGS)
+_ANY_TAG = re.compile("|".join(re.escape(t) for t in TAGS))
+_WORD = re.compile(r"[^\s<>]+")  # a name, or a key whose opening/closing tag is missing
+_WORD_RUN = re.compile(r"[^\s<>]*")
+NAME, KEY, KEY_END, VALUE, NEXT = "name", "key", "key_end", "value", "next"
+
+
+@dataclass
+class ToolCall:
+    """One complete, validated call: `arguments` maps each key to its typed value."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str  # "call_<index>": the index of its ToolCallDelta stream
+
+    def arguments_json(self) -> str:
+        """The arguments as the OpenAI `function.arguments` JSON string (non-ASCII kept)."""
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+@dataclass
+class ToolCallDelta:
+    """A piece of one streaming tool call, after OpenAI's `ChoiceDeltaToolCall`.
+
+    index: which call (0, 1, ... in the order calls start streaming; a withdrawn call keeps
+    its index, so the final `tool_calls` may skip one); id ("call_<index>") and name: on a
+    call's first delta only; arguments: the next fragment of its `arguments` JSON text (all of
+    a call's fragments joined equal the final `ToolCall.arguments_json()`); error: set on the
+    last delta of a call that turned out malformed: drop that call, its text went to content.
+    """
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    error: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        """This delta as an OpenAI `choices[].delta.tool_calls[]` entry (no `error` there)."""
+        fn = {"arguments": self.arguments} | ({"name": self.name} if self.name else {})
+        head = {"id": self.id, "type": "function"} if self.id else {}
+        return {"index": self.index, **head, "function": fn}
+
+
+def _value_cut(buf: str) -> int:
+    """Where a suffix of `buf` that could still grow into `</arg_value>` starts (or len)."""
+    j = buf.rfind("<", max(0, len(buf) - len(VALUE_CLOSE) + 1))
+    return j if j >= 0 and VALUE_CLOSE.startswith(buf[j:]) else len(buf)
+
+
+class CallReader:
+    """One call being read. Append text to `buf`, then `run(final)` until it returns True;
+    then `call` is the ToolCall, or None and `rejected` is the raw text to show as content, and
+    `buf` holds the text after it. `started`: the call took `index` (its name was streamed).
+
+    schemas: tool name -> ToolSchema (None: any name, no schema); number: this call's ordinal
+    among opened calls (1, 2, ...; for messages); on_delta / on_error receive ToolCallDeltas and
+    error messages as they arise.
+    """
+
+    def __init__(self, schemas: dict[str, ToolSchema] | None, number: int, index: int,
+                 on_delta: Callable[[ToolCallDelta], None], on_error: Callable[[str], None]):
+        self.buf = ""
+        self.call: ToolCall | None = None
+        self.rejected = ""
+        self.started = False
+        self._schemas, self._number, self._index = schemas, number, index
+        self._on_delta, self._on_error = on_delta, on_error
+        self._state, self._scan, self._raw = NAME, 0, [CALL_OPEN]
+        self._name, self._key = "", ""
+        self._keys: list[str] = []
+        self._args: dict[str, Any] = {}
+        self._value: list[str] = []
+        self._streaming_value = False
+        self._problem: str | None = None  # a reason to reject the call once it is read
+        self._done, self._final = False, False
+        self._finish_reason: str | None = None
+        self._handlers = {NAME: self._on_name, KEY: self._on_key, KEY_END: self._on_key_end,
+                          VALUE: self._on_value, NEXT: self._on_next}
+
+    def run(self, final: bool, finish_reason: str | None = None) -> bool:
+        """Read as far as `buf` allows (all of it when `final`); True once the call ended."""
+        self._final, self._finish_reason = final, finish_reason
+        while not self._done and self._handlers[self._state](final):
+            pass
+        return self._done
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    @property
+    def _live(self) -> bool:  # arguments are still being streamed
+        return self.started and self._problem is None
+
+    def _delta(self, arguments: str) -> None:
+        if self._live and arguments:
+            self._on_delta(ToolCallDelta(self._index, arguments=arguments))
+
+    def _note(self, what: str) -> None:
+        if self._problem is None:  # a rejected call's repairs would only be noise
+            self._on_error(f"tool call {self._number}: repaired {what}")
+
+    def _reject(self, reason: str, raw: str) -> bool:
+        message = f"tool call {self._number}: {reason}; its text is kept as content"
+        self._on_error(message)
+        if self.started:
+            self._on_delta(ToolCallDelta(self._index, error=message))
+        self.rejected, self._done = raw, True
+        return True
+
+    def _malformed(self, at: int, reason: str) -> bool:
+        """Reject the call; its raw text up to `at` becomes content, parsing resumes there."""
+        raw, self.buf = "".join(self._raw) + self.buf[:at], self.buf[at:]
+        if self._final and not self.buf:
+            reason += f" (finish_reason={self._finish_reason!r})"
+        return self._reject(reason, raw)
+
+    def _fail(self, final: bool, expected: str, where: str) -> bool:
+        """Malformed at the current position, quoting the same text at any chunking."""
+        if not final and len(self.buf) < MAX_TAG:
+            return False
+        found = repr(self.buf[:MAX_TAG]) if self.buf else "end of output"
+        return self._malformed(0, f"expected {expected} {where}, found {found}")
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _consume(self, n: int) -> str:
+        """Move the first n characters of the buffer into the call's raw text."""
+        text, self.buf, self._scan = self.buf[:n], self.buf[n:], 0
+        self._raw.append(text)
+        return text
+
+    def _skip_blanks(self) -> None:
+        self._consume(len(self.buf) - len(self.buf.lstrip()))
+
+    def _find_tag(self, final: bool) -> re.Match | None:
+        """The first tag in the buffer; None (remembering how far was searched) if none yet."""
+        m = _ANY_TAG.search(self.buf, self._scan)
+        if m is None and not final:
+            self._scan = max(0, len(self.buf) - MAX_TAG + 1)
+        return m
+
+    def _on_name(self, final: bool) -> bool:
+        m = self._find_tag(final)
+        if m is None:
+            return final and self._malformed(len(self.buf), "output ended inside the call")
+        if m.group() not in (KEY_OPEN, CALL_CLOSE):
+            return self._malformed(m.start(), f"expected <arg_key> or </tool_call>, "
+                                              f"found {m.group()}")
+        name = self.buf[: m.start()].strip()
+        if not _WORD.fullmatch(name):
+            return self._malformed(m.start(), f"invalid function name {name!r}")
+        self._name = name
+        if self._schemas is not None and name not in self._schemas:
+            declared = ", ".join(self._schemas) or "none"
+            self._problem = f"unknown tool {name!r} (declared: {declared})"
+        else:
+            self.started = True
+            self._on_delta(ToolCallDelta(self._index, f"call_{self._index}", name))
+        self._consume(m.end())
+        self._state = KEY
+        return True if m.group() == KEY_OPEN else self._complete()
+
+    def _on_key(self, final: bool) -> bool:
+        m = self._find_tag(final)
+        if m is None:
+            return final and self._malformed(len(self.buf), "output ended inside a key")
+        key = self.buf[: m.start()].strip()
+        if m.group() == KEY_CLOSE and key:
+            self._consume(m.end())
+            self._set_key(key)
+            self._state = KEY_END
+            return True
+        if m.group() == VALUE_OPEN and _WORD.fullmatch(key):
+            self._note(f"a missing </arg_key> after key {key!r}")
+            self._consume(m.end())
+            self._set_key(key)
+            self._open_value()
+            return True
+        if m.group() == KEY_CLOSE:
+            return self._malformed(m.start(), "empty argument key")
+        return self._malformed(m.start(), f"key {key!r} not closed by </arg_key>")
+
+    def _on_key_end(self, final: bool) -> bool:
+        self._skip_blanks()
+        if self.buf.startswith(VALUE_OPEN):
+            self._consume(len(VALUE_OPEN))
+            self._open_value()
+            return True
+        if self.buf.startswith(KEY_CLOSE):
+            self._note(f"a doubled </arg_key> after key {self._key!r}")
+            self._consume(len(KEY_CLOSE))
+            return True
+        m = self._find_tag(final)
+        if m is None and not final:
+            return False  # the value may still be closed by </arg_value> (a missing opener)
+        if m is not None and m.group() == VALUE_CLOSE and self.buf[: m.start()].strip():
+            self._note(f"a missing <arg_value> before the value of {self._key!r}")
+            value = self._consume(m.start())
+            self._consume(len(VALUE_CLOSE))
+            self._end_value(value)
+            return True
+        return self._fail(final, VALUE_OPEN, f"after key {self._key!r}")
+
+    def _on_value(self, final: bool) -> bool:
+        i = self.buf.find(VALUE_CLOSE)
+        if i < 0:
+            if final:
+                return self._malformed(len(self.buf), "output ended inside a value")
+            self._take_value(_value_cut(self.buf))
+            return False
+        self._take_value(i)
+        self._consume(len(VALUE_CLOSE))
+        self._end_value("".join(self._value))
+        return True
+
+    def _on_next(self, final: bool) -> bool:
+        self._skip_blanks()
+        if self.buf.startswith(KEY_OPEN):
+            self._consume(len(KEY_OPEN))
+            self._state = KEY
+            return True
+        if self.buf.startswith(CALL_CLOSE):
+            self._consume(len(CALL_CLOSE))
+            return self._complete()
+        if self.buf.startswith(VALUE_CLOSE):
+            self._note(f"a doubled </arg_value> after the value of {self._key!r}")
+            self._consume(len(VALUE_CLOSE))
+            return True
+        run = _WORD_RUN.match(self.buf).end()
+        rest = self.buf[run:]
+        if run and rest.startswith(KEY_CLOSE):
+            key = self._consume(run)
+            self._note(f"a missing <arg_key> before key {key!r}")
+            self._consume(len(KEY_CLOSE))
+            self._set_key(key)
+            self._state = KEY_END
+            return True
+        could_grow = any(t.startswith(self.buf) for t in (KEY_OPEN, CALL_CLOSE, VALUE_CLOSE)) \
+            or (run and KEY_CLOSE.startswith(rest))
+        if could_grow and not final:
+            return False
+        return self._fail(final, f"{KEY_OPEN} or {CALL_CLOSE}", "after a value")
+
+    # -- arguments ----------------------------------------------------------------------------
+
+    def _set_key(self, key: str) -> None:
+        if key in self._keys and self._problem is None:
+            self._problem = f"{self._name!r} repeats the argument key {key!r}"
+        self._keys.append(key)
+        self._key, self._streaming_value = key, False
+
+    def _schema(self) -> tuple[Any, Any]:
+        tool = (self._schemas or {}).get(self._name)
+        return (tool.param(self._key), tool.root) if tool is not None else (None, None)
+
+    def _open_value(self) -> None:
+        self._state, self._value = VALUE, []
+        schema, root = self._schema()
+        self._streaming_value = self._live and only_strings(schema, root)
+        if self._streaming_value:  # its text is its value: open the JSON string now
+            self._delta(f"{'{' if not self._args else ', '}{_dumps(self._key)}: \"")
+
+    def _take_value(self, n: int) -> None:
+        if not n:
+            return
+        text = self._consume(n)
+        self._value.append(text)
+        if self._streaming_value:
+            self._delta(_dumps(text)[1:-1])  # JSON escapes are per character: fragments join
+
+    def _end_value(self, text: str) -> None:
+        self._state = NEXT
+        if self._problem is not None:
+            return
+        schema, root = self._schema()
+        value, note = type_argument(text, schema, root)
+        if note is not None:
+            self._on_error(f"tool call {self._number}: {self._name} argument {self._key!r}: {note}")
+        if self._streaming_value:
+            self._delta('"')
+        else:
+            self._delta(f"{'{' if not self._args else ', '}{_dumps(self._key)}: {_dumps(value)}")
+        self._args[self._key] = value
+
+    def _complete(self) -> bool:
+        if self._problem is not None:
+            return self._reject(self._problem, "".join(self._raw))
+        self._delta("}" if self._args else "{}")
+        self.call = ToolCall(self._name, self._args, f"call_{self._index}")
+        self._done = True
+        return True
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)

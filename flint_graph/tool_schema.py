@@ -1,0 +1,272 @@
+"""Typing tool-call arguments by the JSON Schema a tool declares (glm47-format.md, requirement 5).
+
+GLM-4.7 writes a string argument verbatim and every other value as JSON, so the parser gets
+text and must work out which value it was. The schema decides, read as a whole: `type` (a name
+or a list), `enum`, `const`, `allOf`, `anyOf`, `oneOf` and local `$ref`s ("#/$defs/X",
+"#/definitions/X", any "#/..." pointer into the tool's `parameters`), at the argument and in
+the `properties` reached through the root's own `$ref`/`allOf`/`anyOf`/`oneOf`. `oneOf` is read
+as `anyOf` (a value matching two branches is no reason to refuse it). Keywords that constrain
+a value without deciding its JSON type (minimum, pattern, items, properties, ...) and remote
+`$ref`s are not checked: the tool validates its own input. A reference cycle is cut at a
+fixed depth and counts as "anything".
+
+`type_argument(text, schema, root)` picks, in this order, the first reading the schema admits:
+  1. None, for the text `null` (blanks around it ignored);
+  2. the text verbatim, as a string (so a string parameter keeps "2", "true", " x " as written);
+  3. the stripped text JSON-decoded, when that gives a non-string;
+  4. True / False for the Python spellings `True` / `False`;
+  5. one repair step, reported in the note: a quoted number or boolean (`"42"` -> 42) and a
+     backslash-escaped or JSON-quoted array/object (`[{\\"id\\": 1}]` -> [{"id": 1}]).
+Nothing admitted: the text is kept verbatim as a string and the note says it does not fit. A
+parameter without a schema, or whose schema says nothing about types, is JSON-decoded when
+that works and kept as text otherwise. So a schema that admits only strings always yields the
+verbatim text: `only_strings` tells the parser such a value can be streamed as it arrives.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from flint_graph.errors import InvalidRequestError
+
+_MAX_DEPTH = 32  # nesting of $ref/allOf/...; deeper counts as "anything" (cycles end here)
+_NO_JSON = object()
+_COMBINATORS = ("allOf", "anyOf", "oneOf")
+
+
+@dataclass(frozen=True)
+class ToolSchema:
+    """One tool's parameters: `root` (the base of its "#/..." references) and the schema of
+    each declared property (`extra`: the additionalProperties schema for the others, if any)."""
+
+    root: Any
+    properties: dict[str, Any]
+    extra: Any = None
+
+    def param(self, key: str) -> Any:
+        """The schema of argument `key`, or None when the tool does not describe it."""
+        return self.properties.get(key, self.extra)
+
+
+def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
+    """Map tool name -> ToolSchema from OpenAI tool objects (None: no tools to check against).
+
+    Raises InvalidRequestError for a list that is not OpenAI function tools with unique names.
+    """
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise InvalidRequestError(f"tools: expected a list of tool objects, found {type(tools)}")
+    schemas: dict[str, ToolSchema] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name or tool.get("type", "function") != "function":
+            raise InvalidRequestError(
+                f"tools[{i}]: expected {{'type': 'function', 'function': {{'name': str, ...}}}}, "
+                f"found {str(tool)[:120]}"
+            )
+        if name in schemas:
+            raise InvalidRequestError(f"tools[{i}]: duplicate function name {name!r}")
+        params = fn.get("parameters")
+        root = params if isinstance(params, dict) else {}
+        extra = root.get("additionalProperties")
+        schemas[name] = ToolSchema(root, _properties(root, root, 0),
+                                   extra if isinstance(extra, dict) else None)
+    return schemas
+
+
+def _properties(schema: Any, root: Any, depth: int) -> dict[str, Any]:
+    """Property schemas of an object schema, through $ref and the combinators: the same key
+    from several places must satisfy all of them (allOf), or one of the branches (anyOf)."""
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return {}
+    found: dict[str, list[Any]] = {}
+    props = schema.get("properties")
+    for key, sub in (props.items() if isinstance(props, dict) else ()):
+        found.setdefault(key, []).append(sub)
+    target = _deref(schema, root)
+    parts = [target] if target is not None else []
+    parts += schema.get("allOf") if isinstance(schema.get("allOf"), list) else []
+    for part in parts:
+        for key, sub in _properties(part, root, depth + 1).items():
+            found.setdefault(key, []).append(sub)
+    for group in ("anyOf", "oneOf"):
+        branches = [_properties(b, root, depth + 1) for b in _list(schema, group)]
+        for key in {k for b in branches for k in b}:
+            found.setdefault(key, []).append({"anyOf": [b[key] for b in branches if key in b]})
+    return {k: v[0] if len(v) == 1 else {"allOf": v} for k, v in found.items()}
+
+
+def _list(schema: dict, key: str) -> list:
+    value = schema.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _deref(schema: dict, root: Any) -> Any:
+    """The target of a local `$ref` ("#", "#/a/b" with ~0 ~1 and %-escapes); None if absent."""
+    ref = schema.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None  # remote references are not fetched: not checked
+    node = root
+    for part in (p for p in unquote(ref[1:]).split("/")[1:]):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None  # a dangling reference constrains nothing
+    return node
+
+
+def _is_type(value: Any, name: Any) -> bool:
+    if name == "string":
+        return isinstance(value, str)
+    if name == "integer":  # JSON Schema counts 2.0 as an integer
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer())
+    if name == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if name == "boolean":
+        return isinstance(value, bool)
+    if name == "object":
+        return isinstance(value, dict)
+    if name == "array":
+        return isinstance(value, list)
+    if name == "null":
+        return value is None
+    return True  # an unknown type name: the schema is broken, do not fight it
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """JSON equality: 1 == 1.0, but true != 1 and "1" != 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def admits(schema: Any, value: Any, root: Any, depth: int = 0) -> bool:
+    """Whether `value` satisfies the type-deciding keywords of `schema` (module docstring)."""
+    if schema is False:
+        return False
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return True
+    kind = schema.get("type")
+    kinds = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []
+    if kinds and not any(_is_type(value, k) for k in kinds):
+        return False
+    if "enum" in schema and isinstance(schema["enum"], list) and not any(
+            _equal(value, e) for e in schema["enum"]):
+        return False
+    if "const" in schema and not _equal(value, schema["const"]):
+        return False
+    target = _deref(schema, root)
+    if target is not None and not admits(target, value, root, depth + 1):
+        return False
+    if not all(admits(s, value, root, depth + 1) for s in _list(schema, "allOf")):
+        return False
+    return all(not _list(schema, g) or any(admits(s, value, root, depth + 1)
+                                           for s in _list(schema, g)) for g in ("anyOf", "oneOf"))
+
+
+def _types_declared(schema: Any, root: Any, depth: int = 0) -> bool:
+    """Whether the schema says anything about the JSON type of a value (else: free-form)."""
+    if schema is False:
+        return True
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return False
+    if any(k in schema for k in ("type", "enum", "const")):
+        return True
+    subs = [s for g in _COMBINATORS for s in _list(schema, g)] + [_deref(schema, root)]
+    return any(_types_declared(s, root, depth + 1) for s in subs if s is not None)
+
+
+def only_strings(schema: Any, root: Any, depth: int = 0) -> bool:
+    """True when the schema admits no value but strings (then the argument is its verbatim text,
+    whatever it turns out to be, and can be streamed before `</arg_value>`)."""
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return False
+    kind = schema.get("type")
+    if kind == "string" or (isinstance(kind, list) and kind and set(kind) == {"string"}):
+        return True
+    enum = schema.get("enum")
+    if isinstance(enum, list) and all(isinstance(e, str) for e in enum):
+        return True
+    if isinstance(schema.get("const", 0), str):
+        return True
+    target = _deref(schema, root)
+    if target is not None and only_strings(target, root, depth + 1):
+        return True
+    if any(only_strings(s, root, depth + 1) for s in _list(schema, "allOf")):
+        return True  # every keyword must hold, so one strings-only part is enough
+    return any(_list(schema, g) and all(only_strings(s, root, depth + 1) for s in _list(schema, g))
+               for g in ("anyOf", "oneOf"))
+
+
+def _json(text: str) -> Any:
+    """json.loads, or _NO_JSON; NaN and Infinity are refused (json.dumps could not round-trip)."""
+    try:
+        return json.loads(text, parse_constant=_refuse)
+    except ValueError:
+        return _NO_JSON
+
+
+def _refuse(name: str) -> Any:
+    raise ValueError(name)
+
+
+def type_argument(text: str, schema: Any, root: Any) -> tuple[Any, str | None]:
+    """Type one argument's text by its schema: (value, note), note None unless a repair step
+    was taken or the text fits no reading (then the value is the text). Module docstring."""
+    stripped = text.strip()
+    decoded = _json(stripped)
+    if schema is None or not _types_declared(schema, root):
+        return (text if decoded is _NO_JSON else decoded), None
+
+    def fits(value: Any) -> bool:
+        return admits(schema, value, root)
+
+    if stripped == "null" and fits(None):
+        return None, None
+    if fits(text):
+        return text, None
+    if decoded is not _NO_JSON and not isinstance(decoded, str) and fits(decoded):
+        return decoded, None
+    if stripped in ("True", "False") and fits(stripped == "True"):
+        return stripped == "True", None
+    if isinstance(decoded, str):  # the value was JSON-quoted: "42", "true", "[1, 2]"
+        inner = _json(decoded.strip())
+        if isinstance(inner, (bool, int, float, list, dict)) and fits(inner):
+            return inner, f"read the quoted value {stripped} as {_dumps(inner)}"
+    if stripped[:1] in ("[", "{") and '\\"' in stripped:  # [{\"id\": \"1\"}]
+        unescaped = _json_string_body(stripped)
+        inner = _json(unescaped) if unescaped is not None else _NO_JSON
+        if isinstance(inner, (list, dict)) and fits(inner):
+            return inner, f"decoded the backslash-escaped JSON {_short(stripped)}"
+    return text, f"{_short(text)} does not fit the parameter's schema; kept as text"
+
+
+def _json_string_body(text: str) -> str | None:
+    """`text` read as the inside of a JSON string literal (undoing \\" and friends), or None."""
+    try:
+        return json.loads(f'"{text}"', strict=False)
+    except ValueError:
+        return None
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")

@@ -1,0 +1,218 @@
+"""The terminal chat: the live region's safe text (`live_text`), the printed message and the
+transcript keeping the real text, the header, and the way out of a full context."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import io
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import unicodedata
+import uuid
+from pathlib import Path
+
+import pytest
+from chat_fakes import FakeStream
+from conftest_ckpt import scripted_sampler
+from rich.cells import cell_len
+from rich.console import Console
+
+from flint_graph import SamplingParams
+from flint_graph.chat_cli import CONTEXT_FULL, ChatSession
+from flint_graph.live_text import (PLACEHOLDER, char_width, live_safe, printable, tail_lines,
+                                   text_width)
+
+# Characters terminals disagree on (emoji, modifiers, ZWJ, variation selectors, flags, combining
+# marks, zero-width and format characters, controls) mixed with ones they agree on.
+TRICKY = ["👍🏽", "👍", "🏽", "👨\u200d👩\u200d👧", "🇳🇴", "❤️", "❤", "e\u0301", "x\u0301\u0302",
+          "\u200b", "\u200d", "\ufe0f", "\u202e", "\u00ad", "中", "文", "ｗ", "ｶ", "가", "ᄀ\u1161",
+          "กำ", "क\u093f", "α", "ж", "’", "…", "①", "\u3248", "\x1b[31m", "\r", "\x9b", "\t",
+          "\ue000", "\U000e0041", "a", "b", " ", "\n", "?", "─", "😀", "#\ufe0f\u20e3"]
+
+
+@pytest.mark.parametrize("text, safe", [
+    ("👍🏽", PLACEHOLDER),  # rich: 2 cells, tmux: 4
+    ("ok 👍🏽👍🏽 done", f"ok {PLACEHOLDER} done"),  # one placeholder per run
+    ("👨\u200d👩\u200d👧 x", f"{PLACEHOLDER} x"),  # a ZWJ family
+    ("🇳🇴", PLACEHOLDER),
+    ("❤️ ❤", f"{PLACEHOLDER} {PLACEHOLDER}"),
+    ("e\u0301te\u0301", "été"),  # combining accents composed (NFC)
+    ("x\u0301\u0302", "x"),  # and dropped where nothing composes
+    ("zero\u200bwidth\u00ad", "zerowidth"),
+    ("中文 ｗ", "中文 ｗ"),  # East Asian wide: 2 cells everywhere
+    ("a\tb\x1b[31m\rc", "a b\u241b[31m\u240dc"),
+    ("x\x9by", f"x{PLACEHOLDER}y"),  # C1 control (CSI on some terminals)
+    ("line\n👍🏽\nnext", f"line\n{PLACEHOLDER}\nnext"),
+])
+def test_live_safe(text, safe):
+    assert live_safe(text) == safe
+
+
+def test_live_safe_width_is_what_rich_measures():
+    rng = random.Random(0)
+    for _ in range(300):
+        text = "".join(rng.choice(TRICKY) for _ in range(rng.randrange(1, 40)))
+        safe = live_safe(text)
+        for line in safe.split("\n"):
+            assert all(char_width(ch) in (1, 2) for ch in line), repr(line)
+            assert cell_len(line) == text_width(line), repr(line)
+
+
+def _libc_wcwidth():
+    try:
+        libc = ctypes.CDLL(None)
+        libc.wcwidth.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return lambda ch: libc.wcwidth(ctypes.c_wchar(ch))
+
+
+def test_live_safe_width_is_what_the_terminal_draws():
+    # tmux and most terminals draw what the C library's wcwidth says.
+    wcwidth = _libc_wcwidth()
+    if wcwidth is None or wcwidth("中") != 2:
+        pytest.skip("no UTF-8 wcwidth in the C library here")
+    sample = [chr(c) for r in ((0x20, 0x7F), (0xA0, 0x250), (0x370, 0x530), (0x2010, 0x2050),
+                               (0x3040, 0x3100), (0x3200, 0x3260), (0x4E00, 0x4F00),
+                               (0xAC00, 0xAD00), (0xFF01, 0xFF60)) for c in range(*r)]
+    kept = [ch for ch in sample if char_width(ch) in (1, 2)]
+    assert len(kept) > 0.9 * len(sample) - 200  # ordinary text stays readable
+    assert [(ch, char_width(ch), wcwidth(ch)) for ch in kept
+            if wcwidth(ch) != char_width(ch)] == []
+
+
+def test_tail_lines_fit_the_width_and_end_with_the_text():
+    text = "".join(random.Random(1).choice(TRICKY + ["word "] * 20) for _ in range(3000))
+    for width in (7, 40, 160):
+        lines = tail_lines(text, width, 6)
+        assert 1 <= len(lines) <= 6
+        assert all(cell_len(line) <= width for line in lines), lines
+    assert tail_lines("中" * 50, 9, 100) == ["中" * 4] * 12 + ["中" * 2]  # wide chars never split
+    assert tail_lines("alpha beta\ngamma", 80, 5) == ["alpha beta", "gamma"]
+    assert tail_lines("one two three four", 9, 2) == ["three", "four"]
+
+
+def test_printable_shows_c0_and_c1_controls():
+    assert printable("a\x1b[2Jb\x9b31mc\x85d\n\te") == "a\u241b[2Jb\ufffd31mc\ufffdd\n\te"
+
+
+def _session(llm, inputs, params=None, console=None, **kw):
+    console = console or Console(file=io.StringIO(), width=100, force_terminal=False)
+    it = iter(inputs)
+    console.input = lambda prompt="": next(it)  # type: ignore[method-assign]
+    params = params or SamplingParams(max_tokens=6, seed=0)
+    return ChatSession(llm, params, console=console, **kw), console
+
+
+def test_header_counts_tools_in_the_singular_and_plural(tiny_llm):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    other = {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}
+    for tools, words in (([tool], "· 1 tool\n"), ([tool, other], "· 2 tools\n")):
+        s, console = _session(tiny_llm, ["/exit"], tools=tools)
+        s.run()
+        assert words in console.file.getvalue()
+
+
+def test_printed_answer_and_transcript_keep_the_real_text(tiny_llm, monkeypatch, tmp_path):
+    text = "x</think>ok 👍🏽 e\u0301 \x1b[31m done<|user|>"
+    monkeypatch.setattr("flint_graph.engine.sample",
+                        scripted_sampler(tiny_llm.tokenizer.encode(text)))
+    path = tmp_path / "t.json"
+    s, console = _session(tiny_llm, ["hi", f"/save {path}", "/exit"],
+                          params=SamplingParams(max_tokens=60))
+    s.run()
+    assert "ok 👍🏽 e\u0301 \u241b[31m done" in console.file.getvalue()  # controls made visible
+    saved = json.loads(path.read_text())["messages"]
+    assert saved[1]["content"] == "ok 👍🏽 e\u0301 \x1b[31m done"
+
+
+def test_live_region_draws_only_safe_text_within_the_screen(tiny_llm):
+    console = Console(file=io.StringIO(), width=30, height=10, force_terminal=True,
+                      color_system=None)
+    s, _ = _session(tiny_llm, [], console=console)
+    tricky = "".join(TRICKY) * 20
+    view = s._live_view({"reasoning": tricky, "content": tricky, "calls": ["get_weather"]})
+    lines = view.plain.split("\n")
+    assert len(lines) <= 5  # at most half the screen: a taller region cannot be erased
+    assert all(cell_len(line) <= 30 and all(char_width(ch) for ch in line) for line in lines)
+    assert lines[-1] == "tool call: get_weather"
+    msg = s._show(FakeStream("think 👍🏽 " * 30, "answer 👍🏽 中文"))
+    out = console.file.getvalue()
+    assert msg.content == "answer 👍🏽 中文"
+    assert out.count("👍") == 1 and "answer 👍🏽 中文" in out  # only the final print has it
+
+
+def test_full_context_says_how_to_continue(tiny_llm, monkeypatch):
+    # A 256-token context keeps the prefill quick; the answer fills what the prompt leaves.
+    monkeypatch.setattr(tiny_llm, "cfg", dataclasses.replace(tiny_llm.cfg,
+                                                             max_position_embeddings=256))
+    per = len(tiny_llm.tokenizer.encode("hello world " * 100)) / 100
+    long_turn = "hello world " * int(180 / per)
+    params = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
+    console = Console(file=io.StringIO(), width=400, force_terminal=False)
+    s, _ = _session(tiny_llm, [long_turn, "and now?", "/reset", "hi", "/exit"], params=params,
+                    console=console, enable_thinking=False)
+    s.run()
+    out = console.file.getvalue()
+    footers = [line for line in out.splitlines() if " tokens · " in line]
+    assert CONTEXT_FULL in footers[0]  # the answer filled the context
+    refusal = out[out.index(footers[0]) + len(footers[0]):out.index("conversation reset")]
+    assert "context limit" in refusal and CONTEXT_FULL in refusal  # the next turn says so too
+    assert "/reset" in CONTEXT_FULL and len(footers) == 2  # and /reset was the way out
+    assert [m["role"] for m in s.messages] == ["user", "assistant"]
+
+
+TMUX_DRIVER = """
+import sys
+sys.path.insert(0, {tests!r})
+from chat_fakes import FakeLLM
+from flint_graph.chat_cli import ChatSession
+ChatSession(FakeLLM({reasoning!r}, {content!r}, delay_s=0.002), None).run()
+"""
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_live_region_leaves_a_clean_screen_in_tmux(tmp_path):
+    # The issue's case: reasoning holding 👍🏽 (2 cells for rich, 4 in tmux) in a 160x50 pane
+    # left ~20 stale copies of its lines and lost part of the text.
+    reasoning = " ".join(["question number twelve 👍🏽 needs a careful look at clouds",
+                          "👨\u200d👩\u200d👧 e\u0301te\u0301 中文字 ❤️ 🇳🇴 zero\u200bwidth"] * 12)
+    content = "Answer: sunny 👍🏽 with 中文 and more text. " * 8
+    driver = tmp_path / "driver.py"
+    driver.write_text(TMUX_DRIVER.format(tests=str(Path(__file__).parent),
+                                         reasoning=reasoning, content=content))
+    sock = f"flint-test-{uuid.uuid4().hex[:8]}"  # our own tmux server, never the user's
+    tmux = ["tmux", "-L", sock]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")}
+    subprocess.run(tmux + ["new-session", "-d", "-x", "160", "-y", "50",
+                           f"{sys.executable} {driver}; sleep 30"], check=True, env=env)
+    try:
+        screen = ""
+        for _ in range(200):
+            screen = subprocess.run(tmux + ["capture-pane", "-p", "-J"], capture_output=True,
+                                    text=True).stdout
+            if "you>" in screen:
+                break
+            time.sleep(0.05)
+        subprocess.run(tmux + ["send-keys", "question number 12 about the weather", "Enter"],
+                       check=True)
+        for _ in range(300):
+            time.sleep(0.05)
+            screen = subprocess.run(tmux + ["capture-pane", "-p", "-J"], capture_output=True,
+                                    text=True).stdout
+            if " tokens · " in screen:
+                break
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True)
+    lines = [line.rstrip() for line in screen.splitlines() if line.strip()]
+    assert lines[-2:] == ["50 tokens · TTFT 1 ms · 500.0 tokens/s · stop", "you>"], screen
+    assert lines[-4] == f"▸ reasoning ({len(reasoning)} chars, /reasoning shows it)", screen
+    # The answer, printed once with its real characters (tmux joins its wrapped lines).
+    assert unicodedata.normalize("NFC", lines[-3]) == content.rstrip(), screen
+    assert lines[-5] == "you> question number 12 about the weather", screen  # no stale lines

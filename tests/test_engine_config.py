@@ -1,0 +1,76 @@
+"""The one CPU thread policy (`engine_config.apply_cpu_threads`), shared by `LLM()` and the CLI.
+
+torch's thread count is process-wide, so every test here replaces torch.get/set_num_threads
+with a fake and leaves the real setting alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flint_graph import engine_config
+from flint_graph.engine_config import EngineConfig, apply_cpu_threads
+from flint_graph.errors import InvalidRequestError
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+SMALL, BIG = 64, 5120  # hidden sizes: the tiny preset, the full model
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """A fake torch thread count starting at torch's count at import; returns the set() calls."""
+    state = {"n": engine_config._THREADS_AT_IMPORT, "calls": []}
+
+    def set_threads(n):
+        state["n"] = n
+        state["calls"].append(n)
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
+    monkeypatch.setattr(torch, "set_num_threads", set_threads)
+    monkeypatch.setattr(engine_config, "_threads_set_here", None)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    return state
+
+
+def test_small_model_on_cpu_gets_one_thread(threads):
+    apply_cpu_threads(EngineConfig(), CPU, SMALL)
+    assert threads["n"] == 1
+    apply_cpu_threads(EngineConfig(), CPU, SMALL)  # a second LLM: our own choice, not the user's
+    assert threads["n"] == 1
+
+
+@pytest.mark.parametrize("device, hidden", [(CPU, BIG), (CUDA, SMALL)])
+def test_big_model_or_gpu_keeps_torch_default(threads, device, hidden):
+    apply_cpu_threads(EngineConfig(), device, hidden)
+    assert threads["calls"] == []
+
+
+def test_omp_num_threads_and_user_choice_are_respected(threads, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    apply_cpu_threads(EngineConfig(), CPU, SMALL)
+    assert threads["calls"] == []
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    threads["n"] = engine_config._THREADS_AT_IMPORT + 3  # the user called torch.set_num_threads
+    apply_cpu_threads(EngineConfig(), CPU, SMALL)
+    assert threads["calls"] == []
+
+
+def test_explicit_cpu_threads_wins(threads, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    apply_cpu_threads(EngineConfig(cpu_threads=3), CPU, BIG)
+    assert threads["n"] == 3
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.0, "2", True])
+def test_cpu_threads_must_be_a_positive_int(value):
+    with pytest.raises(InvalidRequestError, match="cpu_threads"):
+        EngineConfig(cpu_threads=value)
+
+
+def test_llm_applies_the_policy(threads, tiny_ckpt):
+    from flint_graph import LLM
+
+    LLM(tiny_ckpt, device="cpu", progress=False)  # the README's API example, on the CPU
+    assert threads["n"] == 1
+    LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(cpu_threads=2))
+    assert threads["n"] == 2
