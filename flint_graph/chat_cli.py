@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,7 @@ class ChatSession:
         c = self.console
         if c.is_terminal:
             import readline  # noqa: F401  (line editing and history for input())
+        _read_bad_bytes_as_surrogates()
         c.print(f"[bold]flint-graph chat[/] · {self.llm.cfg.num_hidden_layers} layers · "
                 f"{self.llm.device} · thinking {'on' if self.enable_thinking else 'off'}"
                 + (f" · {_count(len(self.tools), 'tool')}" if self.tools else ""))
@@ -109,6 +111,8 @@ class ChatSession:
             if line.startswith("/"):
                 if self.command(line.strip()) == "exit":
                     return 0
+                continue
+            if not self._text_ok(line, "message"):
                 continue
             self.messages.append({"role": "user", "content": line})
             self.answer()
@@ -154,7 +158,11 @@ class ChatSession:
                     f"internal error: {type(e).__name__}"
                 self.console.print(Text(f"{kind}: {e}", style="red"))
                 if isinstance(e, ContextLengthError):  # every later turn would fail the same way
-                    self.console.print(f"[yellow]{CONTEXT_FULL}[/]")
+                    # ... unless the new message is all there is: then /reset would not help.
+                    alone = self.messages[-1:] and self.messages[-1]["role"] == "user" and all(
+                        m["role"] == "system" for m in self.messages[:-1])
+                    hint = MESSAGE_TOO_LONG if alone else CONTEXT_FULL
+                    self.console.print(f"[yellow]{hint}[/]")
                 if self.messages and self.messages[-1]["role"] == "user":
                     self.messages.pop()
                 return
@@ -162,13 +170,27 @@ class ChatSession:
             if not msg.tool_calls or msg.finish_reason == "abort":
                 return
             for call in msg.tool_calls:
-                try:
-                    result = self.console.input(f"[bold magenta]result of {call.name}>[/] ")
-                except (EOFError, KeyboardInterrupt):
-                    self.console.print("[dim]tool loop stopped[/]")
-                    return
+                while True:  # a result that cannot be sent would fail every later turn
+                    try:
+                        result = self.console.input(f"[bold magenta]result of {call.name}>[/] ")
+                    except (EOFError, KeyboardInterrupt):
+                        self.console.print("[dim]tool loop stopped[/]")
+                        return
+                    if self._text_ok(result, "result"):
+                        break
                 self.messages.append({"role": "tool", "content": result,
                                       "tool_call_id": call.id})
+
+    def _text_ok(self, text: str, what: str) -> bool:
+        """Whether typed text can be sent; if not (a byte that is not UTF-8, read as a lone
+        surrogate), say where and ask for it again rather than keep it in the history."""
+        try:
+            text.encode("utf-8")
+            return True
+        except UnicodeEncodeError as e:
+            self.console.print(Text(f"error: the {what} is not valid UTF-8 text (undecodable "
+                                    f"byte at character {e.start}); type it again", style="red"))
+            return False
 
     def _show(self, stream):
         """Stream one answer (a live tail on a terminal), then print it once; returns the
@@ -247,6 +269,16 @@ class ChatSession:
 
 CONTEXT_FULL = ("the conversation fills the model's context: /reset starts a new one "
                 "(/save FILE keeps this one first)")
+MESSAGE_TOO_LONG = ("that message alone does not fit the model's context (the conversation "
+                    "holds nothing else): shorten it")
+
+
+def _read_bad_bytes_as_surrogates() -> None:
+    """Let input() read a byte that is not UTF-8 as a lone surrogate (as `generate` reads its
+    prompt), which `_text_ok` then reports with its position. A strict stdin decoder (e.g.
+    LANG=en_US.UTF-8) raised UnicodeDecodeError instead, which ended the whole session."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        sys.stdin.reconfigure(errors="surrogateescape")
 
 
 def _count(n: int, noun: str) -> str:

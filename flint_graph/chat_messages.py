@@ -11,7 +11,11 @@ template, the checkpoint's own or ours, receives the same normalised messages:
     happen here, not in the template: `prompt_segments` hides marker text inside message strings
     from the template, so a template could no longer find the `</think>` to split on.
   - Tool-call `arguments` become a dict: a JSON string is decoded; "" or null mean no arguments.
-Errors are InvalidRequestError naming the field, e.g. `messages[2].content[1]`.
+Every value a template receives must be JSON data (strings, numbers, booleans, null, lists,
+objects with string keys), valid Unicode (no lone surrogates, which UTF-8 cannot encode) and
+nested at most `MAX_NESTING` deep (`check_data`): anything else could print in a form the
+escaping of `prompt_segments` never saw (a bytes key prints as `b'<|user|>'`) or fail deep inside
+rendering. Errors are InvalidRequestError naming the field, e.g. `messages[2].content[1]`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from flint_graph.errors import InvalidRequestError
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_NESTING = 200  # lists/objects inside one another; deeper (or a cycle) is refused
 TOOL_CHOICES = ("none", "auto", "required")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
@@ -36,6 +41,39 @@ def _check_str(value: Any, field: str, *, optional: bool) -> None:
     if not (isinstance(value, str) or (optional and value is None)):
         expected = "a string or null" if optional else "a string"
         raise InvalidRequestError(f"{field}: expected {expected}, found {_type(value)}")
+
+
+def check_data(value: Any, field: str, depth: int = 0) -> None:
+    """Refuse what a chat template must not receive (module docstring): a value that is not
+    JSON data, an object key that is not a string, a string with a lone surrogate (an
+    undecodable byte read with surrogateescape), or nesting deeper than MAX_NESTING.
+    InvalidRequestError names the field, e.g. `messages[1].tool_calls[0].function.arguments.k`."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidRequestError(f"{field}: not valid UTF-8 text (undecodable byte at "
+                                      f"character {e.start})") from None
+        return
+    if value is None or isinstance(value, (bool, int, float)):
+        return
+    if depth >= MAX_NESTING:
+        where = field if len(field) <= 100 else field[:100] + "…"
+        raise InvalidRequestError(f"{where}: nested more than {MAX_NESTING} levels deep (or "
+                                  "contains itself)")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidRequestError(f"{field}: expected string keys (a JSON object), "
+                                          f"found the {_type(key)} key {key!r:.60}")
+            check_data(key, f"{field} key {key!r:.60}", depth + 1)
+            check_data(item, f"{field}.{key}", depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_data(item, f"{field}[{i}]", depth + 1)
+    else:
+        raise InvalidRequestError(f"{field}: expected JSON data (a string, number, bool, null, "
+                                  f"list or object), found {_type(value)}")
 
 
 def _content(m: Mapping, role: str, where: str) -> str | None:
@@ -101,6 +139,9 @@ def _normalize_call(call: Any, field: str) -> dict:
         except json.JSONDecodeError as e:
             raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
                                       f"found invalid JSON ({e})") from e  # fmt: skip
+        except RecursionError:
+            raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
+                                      "found JSON nested too deeply to read") from None
     if not isinstance(args, Mapping):
         raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
                                   f"found {_type(args)}")  # fmt: skip
@@ -141,6 +182,10 @@ def validate_messages(messages: Any) -> list[dict]:
             not isinstance(m.get("reasoning"), str)  # fmt: skip
         if role == "assistant" and no_reasoning and content and "</think>" in content:
             msg["reasoning_content"], msg["content"] = _split_inline_reasoning(content)
+        check_data(m, where)
+        for j, call in enumerate(msg.get("tool_calls") or ()):  # decoded JSON strings too
+            check_data(call["function"]["arguments"], f"{where}.tool_calls[{j}].function."
+                                                      "arguments")
         out.append(msg)
     return out
 
@@ -178,6 +223,7 @@ def validate_tools(tools: Any) -> list[dict] | None:
             raise InvalidRequestError(f"{where}.function.parameters: expected a JSON schema "
                                       f"object, found {_type(params)}")  # fmt: skip
         _check_str(fn.get("description"), f"{where}.function.description", optional=True)
+        check_data(tool, where)
     return list(tools)
 
 
@@ -186,6 +232,7 @@ def check_tool_choice(tool_choice: Any, tools: list[dict] | None) -> None:
     {"type": "function", "function": {"name": N}} naming a declared tool; InvalidRequestError."""
     if tool_choice is None or tool_choice in ("none", "auto"):
         return
+    check_data(tool_choice, "tool_choice")
     declared = [t["function"]["name"] for t in tools or []]
     if tool_choice == "required" and declared:
         return

@@ -35,7 +35,8 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from flint_graph.chat_messages import check_tool_choice, validate_messages, validate_tools
+from flint_graph.chat_messages import (check_data, check_tool_choice, validate_messages,
+                                        validate_tools)
 from flint_graph.errors import InvalidRequestError, TemplateError
 from flint_graph.prompt_segments import DataEscaper, Segment
 
@@ -206,6 +207,8 @@ def render_chat_segments(template: str, messages: list[dict], tools: list[dict] 
     msgs = validate_messages(messages)
     tool_list = validate_tools(tools)
     check_tool_choice(tool_choice, tool_list)
+    for name, value in kwargs.items():  # template variables are data too
+        check_data(value, name)
     if tool_choice == "none":
         tool_list = None
     if not isinstance(template, str):

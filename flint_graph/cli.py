@@ -1,4 +1,4 @@
-"""The `flint-graph` command: chat, generate, make-checkpoint.
+"""The `flint-graph` command: chat, generate, make-checkpoint, build-kernels.
 
 Each subcommand parses its flags (`cli_args`), builds the public API objects and prints. Bad
 input ends in one line on stderr and exit status 2, never a traceback (set FLINT_GRAPH_DEBUG=1
@@ -122,13 +122,15 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
     if path is None:
         return None
     try:
-        tools = json.loads(path.read_text())
+        tools = json.loads(path.read_text(encoding="utf-8"))  # JSON is UTF-8 (RFC 8259)
     except FileNotFoundError:
         raise InvalidRequestError(f"{path}: tools file not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise InvalidRequestError(f"{path}: cannot read tools file ({e})") from None
     except json.JSONDecodeError as e:
         raise InvalidRequestError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise InvalidRequestError(f"{path}: not valid JSON (nested too deeply to read)") from None
     from flint_graph.chat_template import validate_tools
 
     if not isinstance(tools, list):
@@ -194,20 +196,26 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         stream = llm.stream_chat([{"role": "user", "content": prompt}], tools, params,
                                  enable_thinking=args.enable_thinking)
     shown_reasoning = False
-    for d in stream:
-        if args.json:
-            continue
-        if args.raw:
-            sys.stdout.write(d.text)
-        else:
-            if d.reasoning:
-                sys.stderr.write(d.reasoning)
-                sys.stderr.flush()
-                shown_reasoning = True
-            sys.stdout.write(d.content)
-            for c in d.tool_calls:
-                sys.stdout.write(f"\n[tool call] {c.name} {c.arguments_json()}\n")
-        sys.stdout.flush()
+    try:
+        for d in stream:
+            if args.json:
+                continue
+            if args.raw:
+                sys.stdout.write(d.text)
+            else:
+                if d.reasoning:
+                    sys.stderr.write(d.reasoning)
+                    sys.stderr.flush()
+                    shown_reasoning = True
+                sys.stdout.write(d.content)
+                for c in d.tool_calls:
+                    sys.stdout.write(f"\n[tool call] {c.name} {c.arguments_json()}\n")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        stream.close()  # the request ends with finish_reason "abort"
+        if args.json:  # the plain output already streamed it: --json reports it now
+            print(output_to_json(stream.output))
+        raise
     out = stream.output
     if args.json:
         print(output_to_json(out))
@@ -237,6 +245,12 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
     tools = load_tools(args.tools)
     params = sampling_params(args)
+    if args.system is not None:  # checked now: a bad --system would fail every turn
+        try:
+            args.system.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidRequestError(f"--system: not valid UTF-8 text (undecodable byte at "
+                                      f"character {e.start})") from None
     llm = load_llm(args)
     return ChatSession(llm, params, tools=tools, system=args.system,
                        enable_thinking=args.enable_thinking,
@@ -249,6 +263,12 @@ def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
     return make_checkpoint.run(args)
 
 
+def _cmd_build_kernels(args: argparse.Namespace) -> int:
+    from flint_graph.kernels import build
+
+    return build.run(args)
+
+
 # Each command and the modules it imports during start-up, where Ctrl-C exits at once (see the
 # module docstring). The embedded default checkpoint needs make_checkpoint too.
 COMMANDS = {
@@ -256,6 +276,7 @@ COMMANDS = {
                          "flint_graph.chat_cli")),
     "generate": (_cmd_generate, ("flint_graph.api", "flint_graph.make_checkpoint")),
     "make-checkpoint": (_cmd_make_checkpoint, ("flint_graph.make_checkpoint",)),
+    "build-kernels": (_cmd_build_kernels, ("flint_graph.kernels.build",)),
 }
 
 

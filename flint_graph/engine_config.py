@@ -29,14 +29,27 @@ class EngineConfig:
                 continue
             if type(value) is not int or value < 1:
                 raise InvalidRequestError(f"{name} {value!r}: expected an integer >= 1")
+        if self.cpu_threads is not None and self.cpu_threads > max_cpu_threads():
+            # Far more threads than cores only contend, and a few thousand make OpenMP fail
+            # to start them (a segfault or an abort inside torch).
+            raise InvalidRequestError(
+                f"cpu_threads {self.cpu_threads}: expected at most {max_cpu_threads()} (4 per "
+                f"CPU; this machine has {os.cpu_count() or 1})")
+
+
+def max_cpu_threads() -> int:
+    """The most CPU threads `EngineConfig.cpu_threads` accepts: 4 per CPU of this machine."""
+    return 4 * (os.cpu_count() or 1)
 
 
 # At or below this hidden size a decode step's matmuls are too short to share between threads:
 # extra OpenMP threads only contend (measured on 2 cores with one busy: tiny model 9 ms/token on
 # one thread, 321 ms on two).
 SMALL_MODEL_HIDDEN = 512
-# torch's thread count when this module was first imported, and the last count set here: any
-# other value was set by the user (torch.set_num_threads), whose choice the policy keeps.
+# torch's thread count when this module was first imported, and the last count set here: the
+# count torch should have now (the last one set here, else the one at import); any other value
+# was set by the user (torch.set_num_threads), whose choice the policy keeps. A call that sets
+# torch's own count before the first LLM() changes nothing and cannot be told apart.
 _THREADS_AT_IMPORT = torch.get_num_threads()
 _threads_set_here: int | None = None
 
@@ -51,7 +64,8 @@ def apply_cpu_threads(engine: EngineConfig, device: torch.device, hidden_size: i
     n = engine.cpu_threads
     if n is None:
         current = torch.get_num_threads()
-        user_chose = current not in (_THREADS_AT_IMPORT, _threads_set_here)
+        expected = _THREADS_AT_IMPORT if _threads_set_here is None else _threads_set_here
+        user_chose = current != expected  # e.g. set back to torch's default after an LLM()
         if (device.type != "cpu" or hidden_size > SMALL_MODEL_HIDDEN or user_chose
                 or os.environ.get("OMP_NUM_THREADS")):
             return

@@ -29,7 +29,8 @@ data (e.g. test `'</think>' in content`); the one such rule GLM-4.7 has, splitti
 `<think>R</think>` out of assistant content, is applied before rendering (`chat_messages`). A
 template that assembles a token from partial literals around a whole data string
 (`'<|' ~ name ~ '|>'`) is outside this guarantee; a template that rewrites the placeholders
-themselves (upper-casing, truncating content) is refused with a TemplateError.
+themselves (upper-casing, slicing, truncating or word-wrapping content through one) is refused
+with a TemplateError.
 Raw completion (`LLM.generate`, `--raw`) uses no template and matches added-token text as
 tokens: there the caller writes the whole prompt, scaffolding included.
 """
@@ -146,10 +147,22 @@ class DataEscaper:
             add(pieces[index], True)
             pos = m.end()
         add(rendered[pos:], False)
-        # Case-insensitive: a template that upper- or title-cases content must not leak them.
-        if any(self._nonce in s.text.lower() for s in out if not s.data):
-            raise TemplateError("the chat template altered message text it was given, so its "
-                                "control-token text cannot be kept apart from the template's")
+        # What is left of a placeholder the template changed: the whole nonce (upper- or
+        # title-cased content), or part of it (content sliced, truncated or word-wrapped
+        # through a placeholder). A cut that keeps both sides leaves 8 of the nonce's 16 random
+        # hex digits in a row on one side; one that drops the rest leaves "fgdata" and the
+        # first digits. Text that merely holds either by chance (8 of this render's random
+        # digits in order, or "fgdata" and its first 2) is a 1-in-2^32 or 1-in-256 event. A
+        # cut within the first 8 characters of a placeholder is not seen: that data is lost
+        # from the prompt, but never becomes a control token.
+        digits = self._nonce[len("fgdata"):]
+        leftovers = {digits[i : i + 8] for i in range(len(digits) - 7)} | {self._nonce[:8]}
+        for seg in out if self._pieces else ():  # no placeholder given out: none to find
+            low = seg.text.lower()
+            if not seg.data and any(p in low for p in leftovers):
+                raise TemplateError("the chat template altered message text it was given, so "
+                                    "its control-token text cannot be kept apart from the "
+                                    "template's")
         return out
 
 

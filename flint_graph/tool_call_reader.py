@@ -6,7 +6,9 @@ piece (`buf`, `run()`) and ends with either a `ToolCall` or the call's raw text,
 output parser shows as content. Decisions (tests/test_output_parser.py checks each):
 - A value ends only at `</arg_value>`: `<`, `>`, newlines, even `<arg_key>` text stay verbatim, so
   a value cannot hold a literal `</arg_value>`. Names and keys are stripped; a name is one
-  blank-free word; a key ends at its first tag.
+  blank-free word; a key ends at its first tag. Text after `<tool_call>` that can no longer be
+  a name (a second word, a `<` or `>` that starts no tag) rejects the call as soon as it
+  arrives, so prose that merely mentions `<tool_call>` keeps streaming as content.
 - Repairs, each reported in `errors` ("tool call N: repaired ..."), only where one reading is
   possible: a missing `</arg_key>` (`<arg_key>k<arg_value>`), a missing `<arg_value>` (text with
   no tag in it, then `</arg_value>`), a missing `<arg_key>` (a blank-free word, then `</arg_key>`)
@@ -45,6 +47,7 @@ MAX_TAG = max(len(t) for t in TAGS)
 _ANY_TAG = re.compile("|".join(re.escape(t) for t in TAGS))
 _WORD = re.compile(r"[^\s<>]+")  # a name, or a key whose opening/closing tag is missing
 _WORD_RUN = re.compile(r"[^\s<>]*")
+_BLANKS = re.compile(r"\s*")
 NAME, KEY, KEY_END, VALUE, NEXT = "name", "key", "key_end", "value", "next"
 
 
@@ -85,6 +88,18 @@ class ToolCallDelta:
         return {"index": self.index, **head, "function": fn}
 
 
+def _tag_cut(buf: str) -> int:
+    """Where a suffix of `buf` that could still grow into a tag starts (or len)."""
+    j = buf.rfind("<", max(0, len(buf) - MAX_TAG + 1))
+    return j if j >= 0 and any(t.startswith(buf[j:]) for t in TAGS) else len(buf)
+
+
+def _quote(text: str, limit: int = 40) -> str:
+    """`text` (its leading blanks dropped) for an error message, cut to `limit` characters."""
+    text = text.lstrip()
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
 def _value_cut(buf: str) -> int:
     """Where a suffix of `buf` that could still grow into `</arg_value>` starts (or len)."""
     j = buf.rfind("<", max(0, len(buf) - len(VALUE_CLOSE) + 1))
@@ -110,6 +125,7 @@ class CallReader:
         self._schemas, self._number, self._index = schemas, number, index
         self._on_delta, self._on_error = on_delta, on_error
         self._state, self._scan, self._raw = NAME, 0, [CALL_OPEN]
+        self._name_scan, self._name_phase = 0, 0  # how far _name_odd has read, and its phase
         self._name, self._key = "", ""
         self._keys: list[str] = []
         self._args: dict[str, Any] = {}
@@ -168,12 +184,14 @@ class CallReader:
 
     def _consume(self, n: int) -> str:
         """Move the first n characters of the buffer into the call's raw text."""
+        if not n:  # keep the tag search's place: a long text waiting for a tag stays linear
+            return ""
         text, self.buf, self._scan = self.buf[:n], self.buf[n:], 0
         self._raw.append(text)
         return text
 
     def _skip_blanks(self) -> None:
-        self._consume(len(self.buf) - len(self.buf.lstrip()))
+        self._consume(_BLANKS.match(self.buf).end())
 
     def _find_tag(self, final: bool) -> re.Match | None:
         """The first tag in the buffer; None (remembering how far was searched) if none yet."""
@@ -184,6 +202,14 @@ class CallReader:
 
     def _on_name(self, final: bool) -> bool:
         m = self._find_tag(final)
+        # Text that can no longer be a name (a second word, or '<' / '>' that starts no tag)
+        # ends the call at once, so what follows streams as content instead of waiting for the
+        # next tag or the end of the output (`<tool_call>` written in prose).
+        end = m.start() if m is not None else len(self.buf) if final else _tag_cut(self.buf)
+        odd = self._name_odd(end)
+        if odd < end:
+            return self._malformed(odd, "expected a function name (one word) then <arg_key> or "
+                                        f"</tool_call>, found {_quote(self.buf[: odd + 1])}")
         if m is None:
             return final and self._malformed(len(self.buf), "output ended inside the call")
         if m.group() not in (KEY_OPEN, CALL_CLOSE):
@@ -191,17 +217,37 @@ class CallReader:
                                               f"found {m.group()}")
         name = self.buf[: m.start()].strip()
         if not _WORD.fullmatch(name):
-            return self._malformed(m.start(), f"invalid function name {name!r}")
+            return self._malformed(m.start(), f"invalid function name {_quote(name)}")
         self._name = name
         if self._schemas is not None and name not in self._schemas:
             declared = ", ".join(self._schemas) or "none"
-            self._problem = f"unknown tool {name!r} (declared: {declared})"
+            self._problem = f"unknown tool {_quote(name)} (declared: {declared})"
         else:
             self.started = True
             self._on_delta(ToolCallDelta(self._index, f"call_{self._index}", name))
         self._consume(m.end())
         self._state = KEY
         return True if m.group() == KEY_OPEN else self._complete()
+
+    def _name_odd(self, end: int) -> int:
+        """The first position before `end` where the text after `<tool_call>` stops being
+        blanks, one word, blanks (a second word, or '<' / '>'), else `end`. Resumes where the
+        last call stopped (the buffer only grows while the name is read), so a long word fed
+        in small pieces costs linear time."""
+        i, phase, buf = self._name_scan, self._name_phase, self.buf
+        while i < end:
+            c = buf[i]
+            if c in "<>":
+                return i
+            if c.isspace():
+                phase = 2 if phase == 1 else phase  # 0: blanks before the word, 2: after it
+            elif phase == 2:
+                return i
+            else:
+                phase = 1
+            i += 1
+        self._name_scan, self._name_phase = i, phase
+        return end
 
     def _on_key(self, final: bool) -> bool:
         m = self._find_tag(final)
@@ -221,7 +267,7 @@ class CallReader:
             return True
         if m.group() == KEY_CLOSE:
             return self._malformed(m.start(), "empty argument key")
-        return self._malformed(m.start(), f"key {key!r} not closed by </arg_key>")
+        return self._malformed(m.start(), f"key {_quote(key)} not closed by </arg_key>")
 
     def _on_key_end(self, final: bool) -> bool:
         self._skip_blanks()

@@ -26,6 +26,7 @@ verbatim text: `only_strings` tells the parser such a value can be streamed as i
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -214,15 +215,24 @@ def only_strings(schema: Any, root: Any, depth: int = 0) -> bool:
 
 
 def _json(text: str) -> Any:
-    """json.loads, or _NO_JSON; NaN and Infinity are refused (json.dumps could not round-trip)."""
+    """json.loads, or _NO_JSON. NaN and Infinity are refused, spelled out or reached by
+    overflow (`1e999`): json.dumps would write them as `Infinity`, which is not JSON, into the
+    call's arguments. So is JSON nested too deeply for Python's parser."""
     try:
-        return json.loads(text, parse_constant=_refuse)
-    except ValueError:
+        return json.loads(text, parse_constant=_refuse, parse_float=_finite)
+    except (ValueError, RecursionError):
         return _NO_JSON
 
 
 def _refuse(name: str) -> Any:
     raise ValueError(name)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows a float")
+    return value
 
 
 def type_argument(text: str, schema: Any, root: Any) -> tuple[Any, str | None]:
@@ -234,7 +244,10 @@ def type_argument(text: str, schema: Any, root: Any) -> tuple[Any, str | None]:
         return (text if decoded is _NO_JSON else decoded), None
 
     def fits(value: Any) -> bool:
-        return admits(schema, value, root)
+        try:
+            return admits(schema, value, root)
+        except RecursionError:  # comparing with a deeply nested enum/const value
+            return False
 
     if stripped == "null" and fits(None):
         return None, None

@@ -24,7 +24,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from flint_graph import SamplingParams
-from flint_graph.chat_cli import CONTEXT_FULL, ChatSession
+from flint_graph.chat_cli import CONTEXT_FULL, MESSAGE_TOO_LONG, ChatSession
 from flint_graph.live_text import (PLACEHOLDER, char_width, live_safe, printable, tail_lines,
                                    text_width)
 
@@ -166,6 +166,34 @@ def test_full_context_says_how_to_continue(tiny_llm, monkeypatch):
     assert "context limit" in refusal and CONTEXT_FULL in refusal  # the next turn says so too
     assert "/reset" in CONTEXT_FULL and len(footers) == 2  # and /reset was the way out
     assert [m["role"] for m in s.messages] == ["user", "assistant"]
+
+
+def test_a_first_message_longer_than_the_context_says_to_shorten_it(tiny_llm, monkeypatch):
+    # Alone in the conversation, a too-long message got "/reset starts a new one", which could
+    # not help; the next, shorter message works without /reset.
+    monkeypatch.setattr(tiny_llm, "cfg", dataclasses.replace(tiny_llm.cfg,
+                                                             max_position_embeddings=256))
+    console = Console(file=io.StringIO(), width=400, force_terminal=False)
+    s, _ = _session(tiny_llm, ["hello world " * 300, "hi", "/exit"], console=console,
+                    system="be brief")
+    s.run()
+    out = console.file.getvalue()
+    assert "context limit" in out and MESSAGE_TOO_LONG in out and CONTEXT_FULL not in out
+    assert [m["role"] for m in s.messages] == ["system", "user", "assistant"]
+
+
+def test_bytes_that_are_not_utf8_on_a_strict_stdin_keep_the_session(tiny_llm, monkeypatch):
+    # With a strict locale decoder (LANG=en_US.UTF-8), a typed byte that is not UTF-8 raised
+    # UnicodeDecodeError out of input() and ended the chat ("internal error"), transcript lost.
+    stdin = io.TextIOWrapper(io.BytesIO(b"hello \xff\n/exit\n"), encoding="utf-8",
+                             errors="strict")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    console = Console(file=io.StringIO(), width=400, force_terminal=False)
+    s = ChatSession(tiny_llm, SamplingParams(max_tokens=6, seed=0), console=console)
+    assert s.run() == 0
+    out = console.file.getvalue()
+    assert "not valid UTF-8 text (undecodable byte at character 6)" in out
+    assert s.messages == []
 
 
 TMUX_DRIVER = """

@@ -292,3 +292,73 @@ def test_generate_without_tools_prints_no_tool_call_warnings(capsys, monkeypatch
                           "--device", "cpu")
     assert code == 0 and "warning" not in err, err
     assert "Try <tool_call>grep<arg_key>q</arg_key></tool_call>." in out
+
+
+def test_deeply_nested_tools_file_is_one_line(capsys, tmp_path, tiny_ckpt):
+    # json.loads raised RecursionError: "internal error", exit 1.
+    deep = tmp_path / "tools.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "x", "--tools", deep)
+    assert code == 2 and "tools.json: not valid JSON (nested too deeply" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_chat_system_that_is_not_utf8_is_refused_at_start(capsys, tiny_ckpt):
+    code, _, err = _run(capsys, "chat", tiny_ckpt, "--system", "be \udcff brief")
+    assert code == 2 and err.strip() == ("flint-graph: error: --system: not valid UTF-8 text "
+                                         "(undecodable byte at character 3)")
+
+
+def test_chat_input_that_is_not_utf8_is_asked_again(tiny_llm, monkeypatch):
+    # A tool result holding an undecodable byte (read as a lone surrogate) stayed in the
+    # history and failed every later turn until /reset, quoting a position in the template.
+    tools = [{"type": "function", "function": {"name": "lookup"}}]
+    call = tiny_llm.tokenizer.encode("x</think><tool_call>lookup</tool_call><|observation|>")
+    answers = iter([call] + [tiny_llm.tokenizer.encode("y</think>done<|user|>")] * 2)
+
+    def sampler(logits, temperature, top_k, top_p, seeds, positions):
+        nonlocal current
+        if int(positions[0]) == 0:
+            current = scripted_sampler(next(answers))
+        return current(logits, temperature, top_k, top_p, seeds, positions)
+
+    current = None
+    monkeypatch.setattr("flint_graph.engine.sample", sampler)
+    s, console = _session(tiny_llm, ["find \udcff", "find it", "bad \udcff", "42", "more",
+                                     "/exit"], tools=tools, max_tokens=100)
+    s.run()
+    assert [m["role"] for m in s.messages] == ["user", "assistant", "tool", "assistant", "user",
+                                               "assistant"]
+    assert s.messages[2]["content"] == "42"
+    shown = console.file.getvalue()
+    assert "the message is not valid UTF-8 text (undecodable byte at character 5)" in shown
+    assert "the result is not valid UTF-8 text (undecodable byte at character 4)" in shown
+    assert "error: prompt" not in shown
+
+
+def test_generate_json_reports_what_was_generated_when_interrupted(capsys, monkeypatch,
+                                                                   tiny_ckpt):
+    # Ctrl-C mid-answer printed no JSON at all, so --json could never show the documented
+    # finish_reason "abort" and the tokens generated so far were lost.
+    script = scripted_sampler([100, 101, 102, 103])
+
+    def sampler(logits, temperature, top_k, top_p, seeds, positions):
+        if int(positions[0]) == 3:
+            raise KeyboardInterrupt
+        return script(logits, temperature, top_k, top_p, seeds, positions)
+
+    monkeypatch.setattr("flint_graph.engine.sample", sampler)
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--json",
+                          "--device", "cpu")
+    assert code == 130 and err.strip().endswith("\nflint-graph: interrupted")
+    obj = json.loads(out)
+    assert obj["finish_reason"] == "abort" and obj["token_ids"] == [100, 101, 102]
+
+
+@pytest.mark.parametrize("value", ["", "1,x", "0", "2,-1", "1,,2"])
+def test_build_kernels_bad_buckets_are_one_clear_line(capsys, value):
+    # Was "invalid <lambda> value", or (0, -1) a DSL layout TypeError after the progress bar.
+    code, _, err = _run(capsys, "build-kernels", "--buckets", value)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"argument --buckets: expected comma-separated batch sizes >= 1 (e.g. 1,2,4,8), " \
+           f"found {value!r}" in err

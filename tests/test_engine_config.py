@@ -74,3 +74,22 @@ def test_llm_applies_the_policy(threads, tiny_ckpt):
     assert threads["n"] == 1
     LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(cpu_threads=2))
     assert threads["n"] == 2
+
+
+def test_cpu_threads_beyond_four_per_cpu_are_refused(monkeypatch):
+    # --threads 2048 made OpenMP segfault inside torch; 20000 aborted it with a multi-line
+    # libgomp message. Refused up front, naming the bound.
+    monkeypatch.setattr(engine_config.os, "cpu_count", lambda: 2)
+    assert EngineConfig(cpu_threads=8).cpu_threads == 8
+    with pytest.raises(InvalidRequestError, match=r"cpu_threads 9: expected at most 8 \(4 per"):
+        EngineConfig(cpu_threads=9)
+
+
+def test_user_choice_after_an_llm_is_kept_even_at_torchs_default(threads):
+    # LLM() set one thread; the user then asked for torch's default count again (2 on a
+    # 2-core machine) and a second LLM() put it back to 1, as if nobody had asked.
+    apply_cpu_threads(EngineConfig(), CPU, SMALL)
+    assert threads["n"] == 1
+    threads["n"] = engine_config._THREADS_AT_IMPORT  # torch.set_num_threads(default)
+    apply_cpu_threads(EngineConfig(), CPU, SMALL)
+    assert threads["n"] == engine_config._THREADS_AT_IMPORT and threads["calls"] == [1]

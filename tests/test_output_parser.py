@@ -344,6 +344,10 @@ MALFORMED = {  # name: (text, kwargs, expected, a word each error message must c
                                 out("", RAW_VALUE_HAS_CLOSE, errors=1), "found 'b</arg_value"),
     "repeated_key": (f"</think>{RAW_DUP_KEY}", {"tools": TOOLS},
                      out("", RAW_DUP_KEY, errors=1), "repeats"),
+    "call_tag_in_prose": ("</think>Write <tool_call> then the name.", {"tools": TOOLS},
+                          out("", "Write <tool_call> then the name.", errors=1), "function name"),
+    "call_tag_then_markup": ("</think><tool_call>get_weather <b>x</b>", {"tools": TOOLS},
+                             out("", "<tool_call>get_weather <b>x</b>", errors=1), "'get_weather <'"),
 }  # fmt: skip
 
 
@@ -612,6 +616,14 @@ TYPING = [  # (parameters schema, value text, expected value, error word or None
     ({"properties": {"level": {"type": "string"}}}, '[{\\"id\\": 1}]', '[{\\"id\\": 1}]', None),
     ({"properties": {"level": {"type": "array"}}}, '[\\"a\\", b]', '[\\"a\\", b]',
      "does not fit"),
+    # A float that overflows is Infinity, which json.dumps would write into the arguments JSON
+    # (not JSON): refused like NaN. Nesting too deep for Python's parser is text, not a crash.
+    ({"properties": {"level": {"type": "number"}}}, "1e999", "1e999", "does not fit"),
+    ({"properties": {"level": {"type": "array"}}}, "[1, -1e999]", "[1, -1e999]", "does not fit"),
+    ({"properties": {"level": {"type": "number"}}}, '"1e999"', '"1e999"', "does not fit"),
+    ({"properties": {"level": {"description": "free-form"}}}, "1e999", "1e999", None),
+    ({"properties": {"level": {"type": "array"}}}, "[" * 3000 + "]" * 3000,
+     "[" * 3000 + "]" * 3000, "does not fit"),
 ]  # fmt: skip
 
 
@@ -712,3 +724,33 @@ def test_has_tool_calls():
     assert not parser.has_tool_calls
     parser.feed(WEATHER_PARIS)
     assert parser.has_tool_calls
+
+
+def test_call_tag_in_prose_does_not_hold_back_the_rest():
+    # Text after `<tool_call>` that can no longer be a function name ends the call at once:
+    # the answer streams on instead of arriving whole at the end of the output, and the error
+    # quotes a few characters, not everything up to the next tag.
+    prose = "More prose follows here. " * 200
+    parser = OutputParser(TOOLS)
+    streamed = "".join(parser.feed(w).content
+                       for w in re.findall(r"\S+|\s+", f"</think>Write <tool_call> then {prose}"))
+    assert streamed.endswith(prose)
+    parser.feed("<tool_call>")
+    parser.finish("stop")
+    assert [len(e) < 200 for e in parser.result().errors] == [True, True]
+
+
+def test_long_word_after_call_tag_is_read_in_linear_time():
+    # The early check that ends a call whose text can no longer be a name must resume where it
+    # stopped: re-reading the whole candidate on every feed took 6.8 s for this 80,000-character
+    # word fed 4 characters at a time (a blob after a stray <tool_call>); resuming, ~0.1 s.
+    import time
+
+    parser = OutputParser(TOOLS)
+    parser.feed("</think><tool_call>")
+    start = time.perf_counter()
+    for _ in range(20_000):
+        parser.feed("abcd")
+    parser.finish("stop")
+    assert time.perf_counter() - start < 2.0
+    assert parser.result().content == "<tool_call>" + "abcd" * 20_000
