@@ -92,7 +92,49 @@ def build_parser() -> argparse.ArgumentParser:
                                     "and DIR/model-nvfp4.gguf.")
     make_checkpoint_args.add_arguments(mk)
     mk.set_defaults(command="make-checkpoint")
+
+    bk = sub.add_parser("build-kernels", help="compile the CuTe DSL kernels into the cubin "
+                                              "cache (no GPU needed)",
+                        description="Compile every kernel specialisation a config needs "
+                                    "(batch buckets 1, 2, 4, 8) ahead of time into DIR: one "
+                                    "cubin each plus DIR/manifest.json. Unchanged entries are "
+                                    "kept. Needs the CuTe DSL (pip install '.[kernels]'); the "
+                                    "GPU machine only reads the cache.")
+    _build_kernels_args(bk)
+    bk.set_defaults(command="build-kernels")
     return p
+
+
+def _build_kernels_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", choices=("tiny", "full"), default="tiny",
+                     help="packaged config whose shapes to compile (default: %(default)s)")
+    src.add_argument("--config", type=Path, metavar="CONFIG.json",
+                     help="an HF-style config.json instead of a preset (e.g. a real checkpoint's)")
+    p.add_argument("--arch", action="append", choices=("sm_90a", "sm_100a"),
+                   help="target GPU arch, repeatable (default: sm_90a, the H100/H200)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="cache directory (default: $FLINT_GRAPH_CACHE/kernels, else "
+                        "~/.cache/flint_graph/kernels)")
+    p.add_argument("--buckets", type=_buckets,
+                   default=(1, 2, 4, 8), metavar="B,B,...",
+                   help="decode batch buckets to specialise for (default: 1,2,4,8)")
+    p.add_argument("--force", action="store_true", help="rebuild entries that are up to date")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="hide the progress bar")
+
+
+def _buckets(text: str) -> tuple[int, ...]:
+    """--buckets: comma-separated positive batch sizes (argparse reports the ValueError's text
+    as "argument --buckets: ...")."""
+    try:
+        sizes = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes >= 1 (e.g. "
+                                         f"1,2,4,8), found {text!r}")
+    return sizes
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

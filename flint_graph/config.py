@@ -190,9 +190,11 @@ class FlintConfig:
 
     def dense_linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(N, K) of every non-expert linear a decode step runs as a GEMV: the attention
-        projections, the dense MLP of the leading layers and the LM head."""
+        projections (also as one fused qkv_proj over the stacked q, k, v weights), the dense
+        MLP of the leading layers and the LM head."""
         h, i = self.hidden_size, self.intermediate_size
         return {"q_proj": (self.q_dim, h), "k_proj": (self.kv_dim, h), "v_proj": (self.kv_dim, h),
+                "qkv_proj": (self.q_dim + 2 * self.kv_dim, h),
                 "o_proj": (h, self.q_dim), "gate_proj": (i, h), "up_proj": (i, h),
                 "down_proj": (h, i), "lm_head": (self.vocab_size, h)}
 

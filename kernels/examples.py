@@ -24,7 +24,9 @@ def example_args(kdef: KernelDef, spec: Spec, extents: dict[str, int], *,
                  scalars: dict[str, Any] | None = None) -> list[Any]:
     """One random argument list for `kdef` at `spec` with dynamic `extents` (e.g. {"N": 512}).
 
-    Scalars come from `scalars` (by argument name) or a default per name (eps 1e-5)."""
+    Tensors are drawn on `gen`'s device (a CUDA generator keeps LM-head-sized draws fast) and
+    moved to `device`. Scalars come from `scalars` (by argument name) or a default per name
+    (eps 1e-5)."""
     out: list[Any] = []
     for a in kdef.args(spec):
         if isinstance(a, ScalarArg):
@@ -41,11 +43,13 @@ def _tensor(kernel: str, a: TensorArg, shape: tuple[int, ...], gen: torch.Genera
     if a.role == "output":
         t = torch.empty(shape, dtype=dtype, device=device)
         return t.fill_(float("nan")) if dtype.is_floating_point else t.fill_(-1)
+    on = gen.device
     if dtype == torch.uint8:
-        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).to(device)
+        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8, device=on).to(device)
     if not dtype.is_floating_point:
-        return torch.randint(-2**31, 2**31 - 1, shape, generator=gen, dtype=dtype).to(device)
-    t = torch.randn(shape, generator=gen)
+        return torch.randint(-2**31, 2**31 - 1, shape, generator=gen, dtype=dtype,
+                             device=on).to(device)
+    t = torch.randn(shape, generator=gen, device=on)
     if a.name == "scale2":
         t = t.abs() * 0.01 + 1e-3  # per-tensor NVFP4 scale: positive, not a power of two
     elif a.role == "weight" and len(shape) == 2:

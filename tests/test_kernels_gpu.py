@@ -10,6 +10,8 @@ element, ~2e-3 norm-wise) plus fp32 summation-order noise (~1e-6); 1e-2 leaves r
 more. The residual output of rmsnorm is one fp32 add of two bf16 values, rounded once: exact.
 """
 
+import importlib
+
 import pytest
 import torch
 
@@ -33,16 +35,22 @@ def kset():
     return KernelSet(kernels=registry(MODEL_KERNELS + TEST_KERNELS))
 
 
+TAIL_NS = (40, 1000)  # not multiples of a CTA's rows: the tail rows' predicate must hold
+
+
 def _cases(name: str):
-    """(preset, spec, extents) for every specialisation and dense shape both configs need."""
+    """(preset, spec, extents) for every specialisation (every variant a kernel module lists in
+    `bench_specs`, else its model specs) and every dense shape both configs need, plus output
+    widths that end in a partial tile."""
     kdef = registry((name,))[0]
+    module = importlib.import_module(f"flint_graph.kernels.{name}")
     out = []
     for preset in ("tiny", "full"):
         cfg = FlintConfig.preset(preset)
         ns: dict[int, set[int]] = {}
         for n, k in cfg.dense_linear_shapes().values():
-            ns.setdefault(k, set()).add(n)
-        for spec in kdef.specs(cfg, BUCKETS):
+            ns.setdefault(k, set()).update({n, *TAIL_NS})
+        for spec in getattr(module, "bench_specs", kdef.specs)(cfg, BUCKETS):
             values = spec.as_dict()
             if "K" in values:
                 out += [(preset, spec, {"N": n}) for n in sorted(ns[values["K"]])]
@@ -63,7 +71,7 @@ def _outputs(kdef, spec, args):
 def _check_against_reference(kset, preset, spec, extents, seed):
     kdef = kset.defs[spec.kernel]
     eps = FlintConfig.preset(preset).rms_norm_eps
-    args = example_args(kdef, spec, extents, gen=torch.Generator().manual_seed(seed),
+    args = example_args(kdef, spec, extents, gen=torch.Generator(device="cuda").manual_seed(seed),
                         scalars={"eps": eps})
     kset.get(spec.kernel, **spec.as_dict()).launch(*args)
     torch.cuda.synchronize()
@@ -120,10 +128,17 @@ def _graph_outputs(kset, consumer, args, target, pdl: bool, replays: int):
 
 
 def _pdl_cases():
-    out = []
+    """Each kernel and variant at B = 1 and 8 on one full-size shape (the largest N that is
+    not the LM head, so the producer and the consumer both span many CTAs)."""
+    out, seen = [], set()
     for name in MODEL_KERNELS:
-        cases = [c for c in _cases(name) if c[0] == "full"]
-        out += [c for c in cases if c[1].as_dict().get("B") in (1, 8)][:4]
+        for preset, spec, ext in _cases(name):
+            v = spec.as_dict()
+            key = (spec.kernel, v.get("V"), v.get("B"))
+            if preset == "full" and v.get("B") in (1, 8) and key not in seen \
+                    and ext.get("N", 0) in (0, 4096) and v.get("K", 2048) == 2048:
+                seen.add(key)
+                out.append((preset, spec, ext))
     return out
 
 
@@ -136,7 +151,7 @@ def test_pdl_consumer_never_reads_its_input_early(kset, case):
     consumer = kset.get(spec.kernel, **spec.as_dict())
     targets = [i for i, a in enumerate(kdef.args(spec)) if getattr(a, "role", "") == "input"]
     for target in targets:
-        args = example_args(kdef, spec, extents, gen=torch.Generator().manual_seed(7))
+        args = example_args(kdef, spec, extents, gen=torch.Generator(device="cuda").manual_seed(7))
         (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1)
         for got in _graph_outputs(kset, consumer, args, target, pdl=True, replays=REPLAYS):
             for g, w in zip(got, want):

@@ -1,0 +1,153 @@
+"""Small CuTe DSL helpers shared by the GEMV kernels: single PTX instructions as inline asm.
+
+Imports the DSL at import time, so only kernel `build` functions import this module (the GPU
+box, which has no DSL, never does). Each helper emits one PTX instruction (or one tiny block)
+whose SASS is predictable: LOP3, PRMT, HMUL2, HMMA, LDG.
+
+Why the weight loads and the wait are inline asm (read with nvdisasm, sm_90a and sm_100a): a
+bare `griddepcontrol.wait` has no operands, and ptxas schedules it (SASS ACQBULK) at the top
+of the kernel, above weight loads written before it in the PTX, so nothing is prefetched
+under PDL (the H200-run sketches and rmsnorm.py show this). `griddepcontrol_wait_after_loads`
+keeps the earlier loads above it. And LLVM may sink an ordinary read-only load below the wait
+to its first use; `ld_weight_*` are volatile asm, which LLVM keeps in program order with it.
+"""
+
+from __future__ import annotations
+
+from cutlass import Float32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+def _asm(ret, args, text: str, constraints: str, loc, ip, side_effects: bool = False):
+    return llvm.inline_asm(ret, args, text, constraints, has_side_effects=side_effects,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                           loc=loc, ip=ip)
+
+
+def _u32(v, loc, ip):
+    return Uint32(v).ir_value(loc=loc, ip=ip)
+
+
+def lut3(f) -> int:
+    """The 8-bit truth table of f(a, b, c) for lop3 (a = 0xF0, b = 0xCC, c = 0xAA)."""
+    return f(0xF0, 0xCC, 0xAA) & 0xFF
+
+
+# -- integer bit manipulation ------------------------------------------------------------------
+
+
+@dsl_user_op
+def select_bits(a, b, mask: int, *, loc=None, ip=None) -> Uint32:
+    """(a & mask) | (b & ~mask): one LOP3 with an immediate mask."""
+    lut = lut3(lambda x, y, m: (x & m) | (y & ~m))
+    return Uint32(_asm(T.i32(), [_u32(a, loc, ip), _u32(b, loc, ip)],
+                       f"lop3.b32 $0, $1, $2, {mask:#x}, {lut:#x};", "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def and_not(a, b, mask: int, *, loc=None, ip=None) -> Uint32:
+    """a & ~b & mask: one LOP3."""
+    lut = lut3(lambda x, y, m: x & ~y & m)
+    return Uint32(_asm(T.i32(), [_u32(a, loc, ip), _u32(b, loc, ip)],
+                       f"lop3.b32 $0, $1, $2, {mask:#x}, {lut:#x};", "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def prmt(a, b, selector: int, *, loc=None, ip=None) -> Uint32:
+    """Byte permute of {b, a} (a = bytes 0-3) by an immediate selector (PTX prmt, default mode:
+    selector nibble i picks output byte i; with its bit 3 set, the picked byte's msb fills it)."""
+    return Uint32(_asm(T.i32(), [_u32(a, loc, ip), _u32(b, loc, ip)],
+                       f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def as_f32(a, *, loc=None, ip=None) -> Float32:
+    """The 32 bits of `a` read as an fp32 value (no conversion)."""
+    return Float32(llvm.bitcast(T.f32(), _u32(a, loc, ip), loc=loc, ip=ip))
+
+
+# -- packed bf16 and tensor-core math ----------------------------------------------------------
+
+
+@dsl_user_op
+def mul_bf16x2(a, b, *, loc=None, ip=None) -> Uint32:
+    """Packed bf16x2 product, round to nearest even. PTX has no .ftz for bf16: subnormal inputs
+    and results are kept (the NVFP4 dequantisation relies on it)."""
+    return Uint32(_asm(T.i32(), [_u32(a, loc, ip), _u32(b, loc, ip)],
+                       "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def mul_bf16x2_by_half(a, b, half: int, *, loc=None, ip=None) -> Uint32:
+    """Both halves of `a` times one bf16 half of `b` (0 = low). ptxas folds the broadcast into
+    the HMUL2 operand swizzle (.H0_H0 / .H1_H1): still one instruction."""
+    pick = "lo, lo" if half == 0 else "hi, hi"
+    return Uint32(_asm(T.i32(), [_u32(a, loc, ip), _u32(b, loc, ip)],
+                       "{\n\t.reg .b16 lo, hi;\n\t.reg .b32 bb;\n\tmov.b32 {lo, hi}, $2;\n\t"
+                       f"mov.b32 bb, {{{pick}}};\n\tmul.rn.bf16x2 $0, $1, bb;\n\t}}",
+                       "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def mma_bf16_m16n8k16(a, b, c, *, loc=None, ip=None) -> list:
+    """One warp-wide mma.sync m16n8k16, bf16 inputs, fp32 accumulate: returns c + A·B.
+
+    a: 4 registers (bf16x2) of A (16x16, row-major), b: 2 registers of B (16x8, column-major),
+    c: 4 fp32 of C, in the PTX ISA fragment layout: with g = lane / 4 and t = lane % 4,
+    a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9];
+    b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1].
+    """
+    f32 = T.f32()
+    args = [_u32(v, loc, ip) for v in a] + [_u32(v, loc, ip) for v in b]
+    args += [Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    res = _asm(llvm.StructType.get_literal([f32] * 4), args,
+               "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", loc, ip)
+    return [Float32(llvm.extractvalue(f32, res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+# -- weight loads and the PDL wait ---------------------------------------------------------------
+
+
+def _ld_nc(suffix: str, n: int, addr, loc, ip):
+    """ld.global.nc of n 32-bit registers at a byte address, as volatile asm."""
+    outs = "{" + ", ".join(f"${i}" for i in range(n)) + "}" if n > 1 else "$0"
+    ret = llvm.StructType.get_literal([T.i32()] * n) if n > 1 else T.i32()
+    return _asm(ret, [Int64(addr).ir_value(loc=loc, ip=ip)],
+                f"ld.global.nc{suffix} {outs}, [${n}];", ",".join(["=r"] * n + ["l"]),
+                loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def ld_weight_v4(addr, *, loc=None, ip=None) -> list:
+    """16 weight bytes at a 16-byte aligned global byte address, as 4 u32 (LDG.128.CONSTANT)."""
+    res = _ld_nc(".v4.u32", 4, addr, loc, ip)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def ld_weight_u16(addr, *, loc=None, ip=None) -> Uint32:
+    """2 weight bytes at a 2-byte aligned global byte address, zero-extended."""
+    return Uint32(_ld_nc(".u16", 1, addr, loc, ip))
+
+
+@dsl_user_op
+def ld_weight_f32(m, *, loc=None, ip=None) -> Float32:
+    """m[0] of a one-element fp32 weight tensor (e.g. an NVFP4 scale2)."""
+    return as_f32(Uint32(_ld_nc(".b32", 1, m.iterator.toint(loc=loc, ip=ip), loc, ip)),
+                  loc=loc, ip=ip)
+
+
+@dsl_user_op
+def griddepcontrol_wait_after_loads(*, loc=None, ip=None) -> None:
+    """griddepcontrol.wait that stays below the loads issued before it, in SASS too.
+
+    A volatile store to a dummy shared word just before the wait keeps the earlier global
+    loads (ld.global.nc included) above ACQBULK without waiting for their data, as a fence
+    would (MEMBAR). The memory clobber keeps LLVM from hoisting the input loads that follow.
+    Costs one STS and 4 bytes of static shared memory."""
+    _asm(None, [], "{\n\t.shared .align 4 .b32 pdl_order_word;\n\t"
+         "st.volatile.shared.b32 [pdl_order_word], 0;\n\tgriddepcontrol.wait;\n\t}",
+         "~{memory}", loc, ip, side_effects=True)

@@ -1,0 +1,356 @@
+"""NVFP4 W4A16 GEMV for decode: y[B, N] = x[B, K] · dq(W)[N, K]ᵀ, bf16 in/out, fp32 accumulate.
+
+Weights in the repacked NVIDIA layout (DESIGN §2, flint_graph/nvfp4.py): codes u8 [N, K/2]
+(element 2i in the low nibble of byte i), unsigned-E4M3 scale bytes u8 [N, K/16] (bit 7
+ignored, the bytes 0x00 and 0x7F decode to 0, 0xFF to 480), scale2 f32 [1]. Must match
+`reference.linear(x, NVFP4Weight(codes, scales, scale2[0]))` (DESIGN §4): every e2m1·e4m3
+product is exact here, so only the fp32 summation order differs from the reference, plus one
+fp32 rounding of the final ·scale2. Tolerance: ‖y − ref‖/‖ref‖ ≤ 1e-2 (tests/test_kernels_gpu.py);
+expected ~2e-3, the bf16 output rounding (≤ 2^-9 per element).
+
+Variants (Spec value V; the same args and launch grid for all):
+  V=1/2 (tensor cores; 4 / 8 warps per CTA; the model runs V=2): one CTA owns 16 rows; its
+    warps and the 4 lanes of each lane quad split K, each lane taking 32-k chunks (one 16-byte
+    code load and one 2-byte scale load per row, rows g and g+8 of the m16 tile). Codes are
+    dequantised with integer ops into bf16x2 pairs (k, k+4) worth e2m1·2^-126 (magnitude at
+    bf16 bits 6..8, sign at 15; the 0.5 code is a bf16 *subnormal*), multiplied
+    (mul.rn.bf16x2, subnormals kept) by the block scale as bf16(e4m3·2^119), which gives
+    e2m1·e4m3·2^-7 exactly, and fed to mma.sync m16n8k16 as A (16 rows x 16 k) against x as
+    B (n = batch row; columns >= B repeat row B-1 and are never stored); x gets the same
+    (k, k+4) pairing with one prmt per register. Warps' 16x8 fp32 tiles are summed in shared
+    memory (split-K), times 2^7·scale2, rounded once. SASS per 64 weights of a lane: 48 LOP3,
+    8 SHF, ~34 IMAD, 36 HMUL2, 20 PRMT, 8 HMMA, 4 loads + 4 x loads: ~2.8 instructions per
+    weight at every B (the tensor cores do the batch).
+  V=0 (conservative, CUDA cores; 8 warps x 2 rows): lanes split K in 32-k chunks; codes ->
+    fp16 e2m1·2^-14 with integer ops (exact), fp16 -> fp32 (SASS HADD2.F32), one fp32 FMA per
+    weight and batch row, block scale applied to fp32 partial sums: the technique of the
+    H200-verified sketch ../shared/cute-dsl-examples/gemv_w4a16.py, written anew.
+PDL: codes, scales and scale2 are loaded (inline-asm ld.global.nc, kept in program order)
+before griddepcontrol.wait, which dsl_util pins below them in SASS too; x only after it.
+Shape legend: B batch bucket, K input width (multiple of 64), N output rows (dynamic).
+"""
+
+import math
+
+from flint_graph import reference
+from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
+from flint_graph.weights import NVFP4Weight
+
+ROWS = 16  # output rows per CTA (one m16 tile), every variant
+WARPS = {0: 8, 1: 4, 2: 8}  # V -> warps per CTA
+VARIANTS = tuple(WARPS)
+DEFAULT_V = 2
+PREFETCH = 4  # weight steps (32 k of two rows per lane) in flight per lane
+V0_RPW = ROWS // WARPS[0]  # V=0: rows per warp
+
+
+def _args(spec: Spec):
+    b, k = spec["B"], spec["K"]
+    return (TensorArg("x", "bf16", (b, k), "input"),
+            TensorArg("codes", "u8", ("N", k // 2), "weight"),
+            TensorArg("scales", "u8", ("N", k // 16), "weight", align=4),  # row stride K/16 B
+            TensorArg("scale2", "f32", (1,), "weight", align=4),
+            TensorArg("y", "bf16", (b, "N"), "output"))
+
+
+def _launch(spec: Spec) -> Launch:
+    v = spec["V"]
+    return Launch(grid=(("N", ROWS), 1, 1), block=(32 * WARPS[v], 1, 1),
+                  smem=0 if v == 0 else _smem_bytes(v))
+
+
+def _smem_bytes(v: int) -> int:
+    return WARPS[v] * ROWS * 8 * 4  # fp32 partial tile [warp][row][batch column]
+
+
+def _k_dims(cfg) -> list[int]:
+    return sorted({k for _, k in cfg.dense_linear_shapes().values()})
+
+
+def spec_for(b: int, k: int, n: int) -> Spec:
+    """The specialisation the model launches for one GEMV shape (variant chosen by shape)."""
+    return KERNEL.spec(B=b, K=k, V=DEFAULT_V)
+
+
+def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
+    """Every specialisation the model `cfg` runs: each dense (N, K) shape at each bucket."""
+    return unique_specs([spec_for(b, k, n) for b in buckets
+                         for n, k in cfg.dense_linear_shapes().values()])
+
+
+def bench_specs(cfg, buckets=BUCKETS) -> list[Spec]:
+    """Every variant at every bucket and K of `cfg`, for the GPU tests and the benchmark."""
+    return [KERNEL.spec(B=b, K=k, V=v) for v in VARIANTS for b in buckets for k in _k_dims(cfg)]
+
+
+def _reference(spec: Spec, x, codes, scales, scale2):
+    return reference.linear(x, NVFP4Weight(codes, scales, scale2[0]))
+
+
+def _build(spec: Spec):
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+
+    b_rows, k, v = spec["B"], spec["K"], spec["V"]
+    if k % 64:
+        raise ValueError(f"gemv_nvfp4: K = {k} must be a multiple of 64")
+    launch = _launch(spec)
+    kernel = _kernel_fma(b_rows, k) if v == 0 else _kernel_mma(b_rows, k, WARPS[v])
+
+    @cute.jit
+    def gemv_nvfp4(mx: cute.Tensor, mc: cute.Tensor, ms: cute.Tensor, ms2: cute.Tensor,
+                   my: cute.Tensor, stream: cuda.CUstream):
+        n = mc.shape[0]
+        kernel(mx, mc, ms, ms2, my).launch(
+            grid=((n + ROWS - 1) // ROWS, 1, 1), block=launch.block, smem=launch.smem,
+            stream=stream, use_pdl=True)
+
+    return gemv_nvfp4
+
+
+def _kernel_mma(b_rows: int, k: int, warps: int):
+    """The V=1/2 kernel (tensor cores); see the module docstring."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import BFloat16, Float32, Int64, Uint32
+
+    from flint_graph.kernels import dsl_util as du
+
+    nch = k // 32  # 32-k lane chunks per row
+    steps = math.ceil(nch / (4 * warps))  # lane chunk = t + 4 * (warp + warps * step)
+    full = nch // (4 * warps)  # steps in which every lane's chunk exists
+    depth = min(steps, PREFETCH)
+    mask_out = 0x81C081C0  # bf16x2: sign 15 and magnitude bits 6..8, both halves
+    two120, two119 = 0x7B807B80, 0x7B007B00  # bf16x2 (2^120, 2^120), (2^119, 2^119)
+
+    def dequant(w):
+        """u32 of 8 codes (k = 0..7) -> 4 bf16x2 e2m1·2^-126 pairs (k, k+4), k = 0..3."""
+        e = du.select_bits(w, w << 6, 0x00770077)  # mags of k 0,1 at 0-2,4-6; signs at 9,13
+        f = du.select_bits(w >> 6, w, 0x01DC01DC)  # mags of k 2,3 at 2-4,6-8; signs 11,15
+        return ((e << 6) & mask_out, (e << 2) & mask_out, (f << 4) & mask_out, f & mask_out)
+
+    def xpairs(x4):
+        """4 u32 of x (k 0..7, natural pairs) -> 4 bf16x2 pairs (k, k+4), k = 0..3."""
+        return (du.prmt(x4[0], x4[2], 0x5410), du.prmt(x4[0], x4[2], 0x7632),
+                du.prmt(x4[1], x4[3], 0x5410), du.prmt(x4[1], x4[3], 0x7632))
+
+    def scales(sw):
+        """u32 [s0, s1] of row g then row g+8 -> per row a bf16x2 (sc0, sc1), sc = e4m3·2^119."""
+        top = du.and_not((sw & 0x7F7F7F7F) + 0x01010101, sw, 0x80808080)  # bit 7: byte is 0x7F
+        sw = du.and_not(sw, du.prmt(top, sw, 0xBA98), 0x7F7F7F7F)  # 0x7F -> 0; bit 7 ignored
+        out = []
+        for sel in (0x4140, 0x4342):  # bytes (0, 1) for row g, (2, 3) for row g+8
+            d = du.prmt(sw, Uint32(0), sel) << 4  # bf16x2 e4m3·2^-120 (exact, subnormals too)
+            out.append(du.mul_bf16x2(du.mul_bf16x2(d, Uint32(two120)), Uint32(two119)))
+        return out
+
+    class Lane:
+        """Per-thread indices, global views and register buffers of one CTA's tile."""
+
+        def __init__(self, mx, mc, ms):
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            self.tidx, self.warp = tidx, tidx // 32
+            self.g, self.t = tidx % 32 // 4, tidx % 4
+            self.n, self.n0 = mc.shape[0], bidx * ROWS
+            self.rows = (cutlass.min(self.n0 + self.g, self.n - 1),  # clamped: reads only
+                         cutlass.min(self.n0 + self.g + 8, self.n - 1))
+            self.codes, self.scales = mc.iterator.toint(), ms.iterator.toint()  # byte addresses
+            self.gx = cute.flat_divide(mx, (1, 8))  # (1, 8, B, K/8)
+            self.ld_x = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16,
+                                            num_bits_per_copy=128)
+            self.rc = cute.make_rmem_tensor((4, 2, depth), Uint32)  # codes [word, row, slot]
+            self.rs = cute.make_rmem_tensor((2, depth), Uint32)  # 2 scale bytes [row, slot]
+            self.rx = cute.make_rmem_tensor((8, 4, 2), BFloat16)  # x [k, word, slot]
+            self.rx32 = cute.recast_tensor(self.rx, Uint32)  # (4, 4, 2)
+
+        def chunk(self, s):
+            c = self.t + 4 * (self.warp + warps * s)
+            return c if s < full else cutlass.min(c, nch - 1)
+
+        def load_w(self, s):
+            # full steps: a constant offset from the lane's first chunk (folds into the LDG)
+            c, off = (self.chunk(0), 4 * warps * s) if s < full else (self.chunk(s), 0)
+            for r in range(2):
+                row = Int64(self.rows[r])
+                at = self.codes + row * (k // 2) + Int64(c) * 16
+                words = du.ld_weight_v4(at + 16 * off)
+                for i in range(4):
+                    self.rc[i, r, s % depth] = words[i]
+                at = self.scales + row * (k // 16) + Int64(c) * 2
+                self.rs[r, s % depth] = du.ld_weight_u16(at + 2 * off)
+
+        def load_x(self, s):
+            bx = cutlass.min(self.g, b_rows - 1)  # batch columns >= B repeat the last row
+            for j in range(4):
+                cute.copy(self.ld_x, self.gx[0, None, bx, 4 * self.chunk(s) + j],
+                          self.rx[None, j, s % 2])
+
+        def step(self, s, acc):
+            """acc + this lane's share of the 16x8 tile for its 32-k chunk of step s."""
+            slot = s % depth
+            sc = scales(du.prmt(self.rs[0, slot], self.rs[1, slot], 0x5410))
+            a = [[], []]
+            for r in range(2):
+                for j in range(4):
+                    w = self.rc[j, r, slot]
+                    if s >= full:  # lanes past the end of K: zero weights
+                        c = self.t + 4 * (self.warp + warps * s)
+                        w = cutlass.select_(c < nch, w, Uint32(0))
+                    a[r] += [du.mul_bf16x2_by_half(p, sc[r], j // 2) for p in dequant(w)]
+            xp = []
+            for j in range(4):
+                xp += xpairs([self.rx32[i, j, s % 2] for i in range(4)])
+            for m in range(8):  # two accumulator sets: two independent HMMA chains
+                acc[m % 2] = du.mma_bf16_m16n8k16(
+                    [a[0][2 * m], a[1][2 * m], a[0][2 * m + 1], a[1][2 * m + 1]],
+                    [xp[2 * m], xp[2 * m + 1]], acc[m % 2])
+            return acc
+
+    @cute.kernel
+    def gemv_nvfp4_mma(mx: cute.Tensor, mc: cute.Tensor, ms: cute.Tensor, ms2: cute.Tensor,
+                       my: cute.Tensor):
+        ln = Lane(mx, mc, ms)
+        for s in cutlass.range_constexpr(depth):  # weights: before the wait (PDL prologue)
+            ln.load_w(s)
+        alpha = du.ld_weight_f32(ms2) * Float32(128.0)  # 2^7 left by the bf16 scale trick
+        du.griddepcontrol_wait_after_loads()
+        cute.arch.griddepcontrol_launch_dependents()
+        ln.load_x(0)
+        acc = [[Float32(0.0)] * 4, [Float32(0.0)] * 4]
+        for s in cutlass.range_constexpr(steps):
+            if cutlass.const_expr(s + 1 < steps):
+                ln.load_x(s + 1)
+            acc = ln.step(s, acc)
+            if cutlass.const_expr(s + depth < steps):
+                ln.load_w(s + depth)
+        # split-K over the warps: sum the 16x8 fp32 tiles in shared memory
+        sp = cutlass.memory.SmemAllocator().allocate_tensor(
+            Float32, cute.make_layout((8, ROWS, warps)), byte_alignment=16)
+        tile = [acc[0][i] + acc[1][i] for i in range(4)]  # C fragment: rows g, g+8
+        sp[2 * ln.t, ln.g, ln.warp] = tile[0]
+        sp[2 * ln.t + 1, ln.g, ln.warp] = tile[1]
+        sp[2 * ln.t, ln.g + 8, ln.warp] = tile[2]
+        sp[2 * ln.t + 1, ln.g + 8, ln.warp] = tile[3]
+        cute.arch.sync_threads()
+        if ln.tidx < ROWS * b_rows:
+            b, r = ln.tidx // ROWS, ln.tidx % ROWS
+            total = sp[b, r, 0]
+            for w in cutlass.range_constexpr(1, warps):
+                total = total + sp[b, r, w]
+            if ln.n0 + r < ln.n:
+                my[b, ln.n0 + r] = (total * alpha).to(BFloat16)
+
+    return gemv_nvfp4_mma
+
+
+def _kernel_fma(b_rows: int, k: int):
+    """The V=0 kernel (CUDA cores, conservative); see the module docstring."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import BFloat16, Float16, Float32, Int64, Uint32
+
+    from flint_graph.kernels import dsl_util as du
+
+    rpw = V0_RPW
+    nch = k // 32
+    steps = math.ceil(nch / 32)  # lane chunk = lane + 32 * step
+    full = nch // 32
+    depth = min(steps, 2)  # weight slots; the dynamic loop runs two full steps per trip
+    pairs = max(0, (full - 2) // 2)  # its trips: it loads two steps ahead, all of them full
+
+    def scale_f32(byte):
+        """Unsigned E4M3 byte -> fp32 value: bit 7 ignored (0xFF is 480), the byte 0x7F -> 0,
+        subnormals exact (as flint_graph/nvfp4.py decodes it)."""
+        s = Uint32(byte)
+        f = du.as_f32((s & 0x7F) << 20) * Float32(2.0**120)  # e4m3·2^-120: subnormal if e = 0
+        return cutlass.select_(s == 0x7F, Float32(0.0), f)
+
+    class Lane:
+        def __init__(self, mx, mc, ms):
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            self.lane = tidx % 32
+            self.n, self.r0 = mc.shape[0], bidx * ROWS + tidx // 32 * rpw
+            self.codes, self.scales = mc.iterator.toint(), ms.iterator.toint()  # byte addresses
+            self.gx = cute.flat_divide(mx, (1, 8))
+            self.ld_x = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16,
+                                            num_bits_per_copy=128)
+            self.rc = cute.make_rmem_tensor((4, rpw, depth), Uint32)  # codes [word, row, slot]
+            self.rs = cute.make_rmem_tensor((rpw, depth), Uint32)  # 2 scale bytes [row, slot]
+            self.rx = cute.make_rmem_tensor((8, b_rows), BFloat16)
+            self.rh = cute.make_rmem_tensor((4,), Uint32)  # 8 fp16 codes, pairs (k, k+4)
+
+        def chunk(self, s, clamp):
+            c = self.lane + 32 * s
+            return cutlass.min(c, nch - 1) if clamp else c
+
+        def load_w(self, s, slot, clamp):
+            c = Int64(self.chunk(s, clamp))
+            for r in range(rpw):
+                row = Int64(cutlass.min(self.r0 + r, self.n - 1))
+                words = du.ld_weight_v4(self.codes + row * (k // 2) + c * 16)
+                for i in range(4):
+                    self.rc[i, r, slot] = words[i]
+                self.rs[r, slot] = du.ld_weight_u16(self.scales + row * (k // 16) + c * 2)
+
+        def step(self, s, slot, tail, acc):
+            """acc + the lane's 32-k chunk of step s (s may be dynamic; `tail`: it may not
+            exist, then its weights count as zero)."""
+            for blk in range(2):  # two 16-k scale blocks per chunk
+                part = [[Float32(0.0)] * b_rows for _ in range(rpw)]
+                for j in (2 * blk, 2 * blk + 1):  # one code word = 8 k
+                    for b in range(b_rows):
+                        cute.copy(self.ld_x, self.gx[0, None, b, 4 * self.chunk(s, tail) + j],
+                                  self.rx[None, b])
+                    xf = [self.rx[None, b].load().to(Float32) for b in range(b_rows)]
+                    for r in range(rpw):
+                        w = self.rc[j, r, slot]
+                        if tail:
+                            w = cutlass.select_(self.lane + 32 * s < nch, w, Uint32(0))
+                        for i in range(4):  # codes i, i+4 -> fp16 e2m1·2^-14 (exact)
+                            c = (w >> (4 * i)) & 0x000F000F
+                            self.rh[i] = ((c & 0x00080008) << 12) | ((c & 0x00070007) << 9)
+                        wf = cute.recast_tensor(self.rh, Float16).load().to(Float32)
+                        for b in range(b_rows):
+                            for e in range(8):  # element e is k = e // 2 + 4 * (e % 2)
+                                part[r][b] = part[r][b] + wf[e] * xf[b][e // 2 + 4 * (e % 2)]
+                for r in range(rpw):
+                    sf = scale_f32((self.rs[r, slot] >> (8 * blk)) & 0xFF)
+                    for b in range(b_rows):
+                        acc[r][b] = acc[r][b] + part[r][b] * sf
+            return acc
+
+    @cute.kernel
+    def gemv_nvfp4_fma(mx: cute.Tensor, mc: cute.Tensor, ms: cute.Tensor, ms2: cute.Tensor,
+                       my: cute.Tensor):
+        ln = Lane(mx, mc, ms)
+        for s in cutlass.range_constexpr(depth):
+            ln.load_w(s, s, s >= full)
+        alpha = du.ld_weight_f32(ms2) * Float32(16384.0)  # 2^14 left by the fp16 code trick
+        du.griddepcontrol_wait_after_loads()
+        cute.arch.griddepcontrol_launch_dependents()
+        acc = [[Float32(0.0)] * b_rows for _ in range(rpw)]
+        step, load_w = ln.step, ln.load_w  # (a dynamic loop may not carry the Lane object)
+        for it in cutlass.range(pairs, unroll=1):  # two full steps per trip, slots 0 and 1
+            acc = step(2 * it, 0, False, acc)
+            load_w(2 * it + 2, 0, False)
+            acc = step(2 * it + 1, 1, False, acc)
+            load_w(2 * it + 3, 1, False)
+        for s in cutlass.range_constexpr(2 * pairs, steps):  # the last steps (one may be ragged)
+            acc = step(s, s % 2, s >= full, acc)
+            if cutlass.const_expr(s + 2 < steps):
+                load_w(s + 2, s % 2, s + 2 >= full)
+        for r in cutlass.range_constexpr(rpw):
+            for b in cutlass.range_constexpr(b_rows):
+                v = acc[r][b]
+                for sh in cutlass.range_constexpr(5):
+                    v = v + cute.arch.shuffle_sync_bfly(v, offset=16 >> sh)
+                if ln.lane == (r * b_rows + b) % 32 and ln.r0 + r < ln.n:
+                    my[b, ln.r0 + r] = (v * alpha).to(BFloat16)
+
+    return gemv_nvfp4_fma
+
+
+KERNEL = KernelDef(name="gemv_nvfp4", args=_args, launch=_launch, specs=_specs, build=_build,
+                   reference=_reference, source_files=("dsl_util.py",))
