@@ -153,7 +153,14 @@ def build_cache(root: str | Path, todo: Sequence[tuple[KernelDef, Spec]],
         if arch not in ARCHS:
             raise KernelBuildError(f"--arch {arch}: expected one of {', '.join(ARCHS)}")
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise KernelBuildError(f"--out {root}: cannot write the kernel cache there "
+                               f"({e.strerror or e}); expected a writable directory") from None
     cache = KernelCache(root)
     jobs = [(k, s, a) for a in archs for k, s in todo]
     counts = {"built": 0, "reused": 0, "total": len(jobs)}

@@ -174,3 +174,24 @@ def test_unreadable_manifest_is_refused(tmp_path):
     (tmp_path / MANIFEST).write_text("[]")
     with pytest.raises(KernelCacheError, match="not a version-1 kernel manifest"):
         KernelCache(tmp_path)
+
+
+def test_build_kernels_command_reuses_the_cache(built, tmp_path, capsys):
+    from flint_graph.cli import main
+
+    root = _copy(built, tmp_path)
+    argv = ["build-kernels", "--preset", "tiny", "--arch", "sm_90a", "--arch", "sm_100a",
+            "--out", str(root), "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"kernel cache {root}: 0 built," in out and "for sm_90a, sm_100a" in out
+
+
+def test_build_kernels_refuses_an_unwritable_out(tmp_path, capsys):
+    from flint_graph.cli import main
+
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    assert main(["build-kernels", "--out", str(target), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"flint-graph: error: --out {target}: cannot write the kernel cache")

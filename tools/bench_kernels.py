@@ -269,6 +269,9 @@ def summary_lines(meta, rows, chains, tgts) -> list[str]:
             f"{_num(c.get('us'))} | {_num(c.get('floor_us'))} | {_num(c.get('ratio'), 2, '×')}"
             f" | {c['status']} {c['error'][:80]} |" for c in chains]
     out += ["", *(f"- {x}" for x in boundary_lines(chains)), *(f"- {t['text']}" for t in tgts)]
+    if meta.get("host_launch_us"):
+        out.append(f"- host cost of one Kernel.launch (Python: check, pack, cuLaunchKernelEx), "
+                   f"median of 500 eager rmsnorm launches: {meta['host_launch_us']:.1f} µs")
     bad = [r for r in rows if r["status"] not in ("OK", "PLANNED")]
     if bad or meta.get("fatal"):
         out.append(f"- {len(bad)} rows not OK (all in bench_kernels.json); "
@@ -588,6 +591,23 @@ def norm_chain(ctx: Ctx, rows, pdl: bool) -> dict:
     return {**c, "ratio": c["us"] / c["floor_us"] if c["floor_us"] else None}
 
 
+def host_launch_us(ctx: Ctx, rows, n: int = 500) -> float | None:
+    """Median host time of one Kernel.launch (argument check, packing, cuLaunchKernelEx), eager
+    rmsnorm B=1: what each launch costs at capture time (replays do not pay it)."""
+    r = best(rows, "rmsnorm", "rmsnorm", 1)
+    if r is None:
+        return None
+    kern = get_kernel(ctx, r["_spec"])
+    args = base_args(ctx, kern.kdef, r["_spec"], r["_ext"])
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        kern.launch(*args)
+        times.append((time.perf_counter() - t0) * 1e6)
+    _sync()
+    return statistics.median(times)
+
+
 def run_chains(ctx: Ctx, rows, buckets) -> list[dict]:
     """Every chain, PDL on and off; a failure is recorded and the next chain runs."""
     out = []
@@ -693,6 +713,7 @@ def main(argv=None) -> int:
             log(line)
         ctx = Ctx(kset, err, cfg, meta["copy_bw"], meta["l2_bytes"], args.budget_s)
         run_rows(rows, ctx, TARGET_SHAPES + ("rmsnorm",))
+        meta["host_launch_us"] = host_launch_us(ctx, rows) if DEVICE == "cuda" else None
         write_outputs(args.out, meta, rows, chains, targets(rows, chains))  # partial results
         chains = run_chains(ctx, rows, buckets)
         run_rows(rows, ctx)
