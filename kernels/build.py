@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import hashlib
 import re
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from flint_graph.kernels import registry
 from flint_graph.kernels.cache import (ARCHS, KernelCache, KernelCacheError, cubin_name,
                                        dsl_version, entry_id, source_hash, write_manifest)
 from flint_graph.kernels.cubin import read_cubin
+from flint_graph.kernels.sass import pdl_load_order
 from flint_graph.kernels.spec import KernelDef, ScalarArg, Spec, TensorArg, unique_specs
 from flint_graph.progress import progress_bar
 
@@ -114,16 +116,21 @@ def compile_spec(kdef: KernelDef, spec: Spec, arch: str) -> tuple[dict[str, Any]
                                f"{list(launch.block)}")
     body = ptx[ptx.index(".entry"):]
     # Plain (non-.nc) global loads read what a predecessor may still be writing: none may come
-    # before the wait in program text. (The GPU slow-producer test checks the real order.)
+    # before the wait, in the PTX and (where nvdisasm is installed) in the SASS, where ptxas
+    # may have moved the wait (kernels/sass.py). The GPU slow-producer test is the proof.
     head = body.split("griddepcontrol.wait", 1)[0] if "griddepcontrol.wait" in body else ""
     early = len(re.findall(r"\bld\.global(?!\.nc)[\w:.]*", head))
+    try:
+        sass = pdl_load_order(cubin)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise KernelBuildError(f"{eid}: nvdisasm failed on the cubin: {e}") from e
     meta = {
         "kernel": kdef.name, "key": spec.key, "values": spec.as_dict(), "arch": arch,
         "symbol": symbols[0], "params": params, "param_bytes": info.param_bytes,
         "launch": launch.to_json(), "reqntid": info.reqntid, "regs": info.regs,
         "static_smem": info.static_smem, "pdl_wait": "griddepcontrol.wait" in body,
         "local_memory": bool(re.search(r"\bld\.local|\bst\.local", body)),
-        "plain_loads_before_wait": early,
+        "plain_loads_before_wait": early, "sass_load_order": sass,
         "dsl_version": dsl_version(), "source_hash": source_hash(kdef),
         "build_s": round(seconds, 3),
     }

@@ -62,12 +62,16 @@ def dsl_version() -> str | None:
         return None
 
 
+# The builder's own files: what they record in a manifest entry changes with them.
+BUILDER_FILES = ("build.py", "sass.py", "cubin.py")
+
+
 def source_hash(kdef: KernelDef) -> str:
-    """sha256 over the kernel's module file and its declared extra source files: a change in any
-    of them makes its cubins stale."""
+    """sha256 over the kernel's module file, its declared extra source files and the builder's
+    files: a change in any of them makes its cubins stale."""
     here = Path(__file__).parent
     h = hashlib.sha256()
-    for name in (f"{kdef.name}.py", *kdef.source_files):
+    for name in (f"{kdef.name}.py", *kdef.source_files, *BUILDER_FILES):
         h.update(name.encode() + b"\0" + (here / name).read_bytes())
     return h.hexdigest()
 
@@ -113,7 +117,7 @@ class KernelCache:
         if meta.get("arch") != arch:
             return f"{eid}: recorded arch {meta.get('arch')!r}, expected {arch}"
         if meta.get("source_hash") != source_hash(kdef):
-            return f"{eid}: stale (kernels/{kdef.name}.py changed since it was built)"
+            return f"{eid}: stale (kernels/{kdef.name}.py or what it builds with changed)"
         here = dsl_version()
         if here is not None and meta.get("dsl_version") != here:
             return f"{eid}: stale (built with DSL {meta.get('dsl_version')}, installed {here})"

@@ -65,9 +65,16 @@ def test_every_kernel_compiles_for_both_archs(built):
             assert hashlib.sha256(cubin).hexdigest() == meta["sha256"]
             assert f"sm_{cubin_sm(cubin)}a" == arch
             assert meta["pdl_wait"], f"{entry_id(spec, arch)} never waits on its predecessor"
-            # early_reader breaks the rule on purpose: the PTX check must see it.
-            early = meta["plain_loads_before_wait"]
-            assert early > 0 if kdef.name == "early_reader" else early == 0, entry_id(spec, arch)
+            # early_reader breaks the rule on purpose: the PTX and SASS checks must see it.
+            early, sass = meta["plain_loads_before_wait"], meta["sass_load_order"]
+            assert sass is not None, "nvdisasm (the kernels extra) is missing"
+            if kdef.name == "early_reader":
+                assert early > 0 and sass["plain_loads_before_wait"] > 0
+            else:
+                assert early == 0 and sass["plain_loads_before_wait"] == 0, entry_id(spec, arch)
+            if any(getattr(a, "role", "") == "weight" for a in kdef.args(spec)):
+                # PDL's gain: the weights are in flight before the wait
+                assert sass["weight_loads_before_wait"] > 0, entry_id(spec, arch)
             assert not meta["local_memory"], f"{entry_id(spec, arch)} spills to local memory"
             assert meta["reqntid"] == meta["launch"]["block"]
 
@@ -152,7 +159,7 @@ def test_stale_entry_is_refused_then_rebuilt_on_demand(built, tmp_path):
     man = json.loads((root / MANIFEST).read_text())
     man["entries"][entry_id(spec, "sm_90a")]["source_hash"] = "0" * 64
     (root / MANIFEST).write_text(json.dumps(man))
-    with pytest.raises(KernelCacheError, match=r"stale \(kernels/rmsnorm.py changed"):
+    with pytest.raises(KernelCacheError, match=r"stale \(kernels/rmsnorm.py or what"):
         KernelCache(root).get(kdef, spec, "sm_90a", build=False)
     entry = KernelCache(root).get(kdef, spec, "sm_90a")  # the DSL is here: rebuilt and added
     assert entry.meta["source_hash"] != "0" * 64
