@@ -151,3 +151,19 @@ def griddepcontrol_wait_after_loads(*, loc=None, ip=None) -> None:
     _asm(None, [], "{\n\t.shared .align 4 .b32 pdl_order_word;\n\t"
          "st.volatile.shared.b32 [pdl_order_word], 0;\n\tgriddepcontrol.wait;\n\t}",
          "~{memory}", loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def griddepcontrol_wait_after_values(values, *, loc=None, ip=None) -> None:
+    """griddepcontrol_wait_after_loads that also keeps the computation of `values` (u32
+    registers, e.g. weight-only dequantisation) above the wait in SASS: ptxas otherwise sinks
+    such math below ACQBULK, next to its first use. The values are XOR-folded (LOP3, about one
+    per two values) into the word the volatile store writes, so the store, and the wait
+    behind it, depend on every one of them. The stored word is never read."""
+    fold = Uint32(values[0])
+    for v in values[1:]:
+        fold = fold ^ Uint32(v)
+    _asm(None, [_u32(fold, loc, ip)],
+         "{\n\t.shared .align 4 .b32 pdl_order_word;\n\t"
+         "st.volatile.shared.b32 [pdl_order_word], $0;\n\tgriddepcontrol.wait;\n\t}",
+         "r,~{memory}", loc, ip, side_effects=True)

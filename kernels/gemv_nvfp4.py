@@ -25,6 +25,11 @@ Variants (Spec value V; the same args and launch grid for all):
     fp16 e2m1·2^-14 with integer ops (exact), fp16 -> fp32 (SASS HADD2.F32), one fp32 FMA per
     weight and batch row, block scale applied to fp32 partial sums: the technique of the
     H200-verified sketch ../shared/cute-dsl-examples/gemv_w4a16.py, written anew.
+  V=3/4/5 (gemv_mma.kernel_pw, same fragment math; PW gives warps, tiles, pre, depth):
+    V=3 = V=2 with the first 2 steps dequantised BEFORE griddepcontrol.wait (weights only),
+    4 HMMA chains, and a conflict-free STS + LDS.128 split-K epilogue; V=4 = V=3 with 16
+    warps (K=4096: every step pre-dequantised); V=5 (B=8 throughput): 4 warps, 32 rows per
+    CTA (two m16 tiles share each x load and x PRMT), no pre-wait dequantisation.
 PDL: codes, scales and scale2 are loaded (inline-asm ld.global.nc, kept in program order)
 before griddepcontrol.wait, which dsl_util pins below them in SASS too; x only after it.
 Shape legend: B batch bucket, K input width (multiple of 64), N output rows (dynamic).
@@ -36,9 +41,12 @@ from flint_graph import reference
 from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
 from flint_graph.weights import NVFP4Weight
 
-ROWS = 16  # output rows per CTA (one m16 tile), every variant
+ROWS = 16  # output rows per CTA (one m16 tile), V=0/1/2
 WARPS = {0: 8, 1: 4, 2: 8}  # V -> warps per CTA
-VARIANTS = tuple(WARPS)
+# V>=3 (gemv_mma.kernel_pw) -> (warps, m16 tiles per CTA, steps dequantised before the wait,
+# raw weight steps in flight)
+PW = {3: (8, 1, 2, 2), 4: (16, 1, 2, 2), 5: (4, 2, 0, 2)}
+VARIANTS = (*WARPS, *PW)
 DEFAULT_V = 2
 PREFETCH = 4  # weight steps (32 k of two rows per lane) in flight per lane
 V0_RPW = ROWS // WARPS[0]  # V=0: rows per warp
@@ -53,22 +61,35 @@ def _args(spec: Spec):
             TensorArg("y", "bf16", (b, "N"), "output"))
 
 
+def _shape(v: int) -> tuple[int, int]:
+    """(warps, rows per CTA) of variant v."""
+    return (WARPS[v], ROWS) if v in WARPS else (PW[v][0], ROWS * PW[v][1])
+
+
 def _launch(spec: Spec) -> Launch:
     v = spec["V"]
-    return Launch(grid=(("N", ROWS), 1, 1), block=(32 * WARPS[v], 1, 1),
-                  smem=0 if v == 0 else _smem_bytes(v))
-
-
-def _smem_bytes(v: int) -> int:
-    return WARPS[v] * ROWS * 8 * 4  # fp32 partial tile [warp][row][batch column]
+    warps, rows = _shape(v)
+    return Launch(grid=(("N", rows), 1, 1), block=(32 * warps, 1, 1),
+                  smem=0 if v == 0 else warps * rows * 8 * 4)  # fp32 [warp][row][batch col]
 
 
 def _k_dims(cfg) -> list[int]:
     return sorted({k for _, k in cfg.dense_linear_shapes().values()})
 
 
+WIDE_N = 8192  # from this many output rows, a 4-warp CTA per 16 rows streams best
+
+
 def spec_for(b: int, k: int, n: int) -> Spec:
-    """The specialisation the model launches for one GEMV shape (variant chosen by shape)."""
+    """The specialisation the model launches for one GEMV shape. The variant follows the
+    H200 measurements in docs/perf-log.md (2026-11-30): 16 warps splitting K with the
+    weights dequantised before the wait (V=4) for long rows (o, down: K ≥ 4096); for wide
+    outputs (LM head, gate/up) 4 warps (V=1) at B = 1 and two m16 tiles sharing each x load
+    (V=5) at B ≥ 2; 8 warps (V=2) for the rest (q, k, v, fused qkv)."""
+    if k >= 4096:
+        return KERNEL.spec(B=b, K=k, V=4)
+    if n >= WIDE_N:
+        return KERNEL.spec(B=b, K=k, V=1 if b == 1 else 5)
     return KERNEL.spec(B=b, K=k, V=DEFAULT_V)
 
 
@@ -95,14 +116,20 @@ def _build(spec: Spec):
     if k % 64:
         raise ValueError(f"gemv_nvfp4: K = {k} must be a multiple of 64")
     launch = _launch(spec)
-    kernel = _kernel_fma(b_rows, k) if v == 0 else _kernel_mma(b_rows, k, WARPS[v])
+    rows = _shape(v)[1]
+    if v in PW:
+        from flint_graph.kernels.gemv_mma import kernel_pw
+
+        kernel = kernel_pw(b_rows, k, *PW[v])
+    else:
+        kernel = _kernel_fma(b_rows, k) if v == 0 else _kernel_mma(b_rows, k, WARPS[v])
 
     @cute.jit
     def gemv_nvfp4(mx: cute.Tensor, mc: cute.Tensor, ms: cute.Tensor, ms2: cute.Tensor,
                    my: cute.Tensor, stream: cuda.CUstream):
         n = mc.shape[0]
         kernel(mx, mc, ms, ms2, my).launch(
-            grid=((n + ROWS - 1) // ROWS, 1, 1), block=launch.block, smem=launch.smem,
+            grid=((n + rows - 1) // rows, 1, 1), block=launch.block, smem=launch.smem,
             stream=stream, use_pdl=True)
 
     return gemv_nvfp4
@@ -120,29 +147,9 @@ def _kernel_mma(b_rows: int, k: int, warps: int):
     steps = math.ceil(nch / (4 * warps))  # lane chunk = t + 4 * (warp + warps * step)
     full = nch // (4 * warps)  # steps in which every lane's chunk exists
     depth = min(steps, PREFETCH)
-    mask_out = 0x81C081C0  # bf16x2: sign 15 and magnitude bits 6..8, both halves
-    two120, two119 = 0x7B807B80, 0x7B007B00  # bf16x2 (2^120, 2^120), (2^119, 2^119)
+    from flint_graph.kernels.gemv_mma import frag_ops
 
-    def dequant(w):
-        """u32 of 8 codes (k = 0..7) -> 4 bf16x2 e2m1·2^-126 pairs (k, k+4), k = 0..3."""
-        e = du.select_bits(w, w << 6, 0x00770077)  # mags of k 0,1 at 0-2,4-6; signs at 9,13
-        f = du.select_bits(w >> 6, w, 0x01DC01DC)  # mags of k 2,3 at 2-4,6-8; signs 11,15
-        return ((e << 6) & mask_out, (e << 2) & mask_out, (f << 4) & mask_out, f & mask_out)
-
-    def xpairs(x4):
-        """4 u32 of x (k 0..7, natural pairs) -> 4 bf16x2 pairs (k, k+4), k = 0..3."""
-        return (du.prmt(x4[0], x4[2], 0x5410), du.prmt(x4[0], x4[2], 0x7632),
-                du.prmt(x4[1], x4[3], 0x5410), du.prmt(x4[1], x4[3], 0x7632))
-
-    def scales(sw):
-        """u32 [s0, s1] of row g then row g+8 -> per row a bf16x2 (sc0, sc1), sc = e4m3·2^119."""
-        top = du.and_not((sw & 0x7F7F7F7F) + 0x01010101, sw, 0x80808080)  # bit 7: byte is 0x7F
-        sw = du.and_not(sw, du.prmt(top, sw, 0xBA98), 0x7F7F7F7F)  # 0x7F -> 0; bit 7 ignored
-        out = []
-        for sel in (0x4140, 0x4342):  # bytes (0, 1) for row g, (2, 3) for row g+8
-            d = du.prmt(sw, Uint32(0), sel) << 4  # bf16x2 e4m3·2^-120 (exact, subnormals too)
-            out.append(du.mul_bf16x2(du.mul_bf16x2(d, Uint32(two120)), Uint32(two119)))
-        return out
+    dequant, xpairs, scales = frag_ops()
 
     class Lane:
         """Per-thread indices, global views and register buffers of one CTA's tile."""
@@ -353,4 +360,4 @@ def _kernel_fma(b_rows: int, k: int):
 
 
 KERNEL = KernelDef(name="gemv_nvfp4", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py",))
+                   reference=_reference, source_files=("dsl_util.py", "gemv_mma.py"))

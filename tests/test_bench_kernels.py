@@ -204,8 +204,8 @@ def run_fake(bench, monkeypatch, tmp_path, argv, wrong=(), missing=(), load=None
         return [0.005 * len(body())] * 12
 
     monkeypatch.setattr(bench, "DEVICE", "cpu")
-    monkeypatch.setattr(bench, "MAX_SETS", 2)
-    monkeypatch.setattr(bench, "MIN_LAUNCHES", 3)
+    monkeypatch.setattr(bench.bench_report, "MAX_SETS", 2)
+    monkeypatch.setattr(bench.bench_report, "MIN_LAUNCHES", 3)
     for name, fn in {"load_kernels": load or fake_load, "time_graph": time_graph,
                      "copy_bandwidth": lambda: 4.25e12,
                      "gpu_props": lambda: {"gpu": "FakeGPU", "l2_bytes": 50 * 10**6}}.items():
