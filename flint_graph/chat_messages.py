@@ -96,6 +96,9 @@ def _content(m: Mapping, role: str, where: str) -> str | None:
     if not isinstance(content, list):
         raise InvalidRequestError(f"{where}.content: expected a string or a list of text parts, "
                                   f"found {_type(content)}")  # fmt: skip
+    if not content:  # OpenAI refuses an empty array too: it is not an empty string
+        raise InvalidRequestError(f"{where}.content: expected a string or a non-empty list of "
+                                  "text parts, found an empty list")
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, Mapping) else None

@@ -323,7 +323,11 @@ def test_text_parts_render_exactly_like_the_joined_string():
     assert render([{"role": "tool", "content": _parts("x", "y")}], add_generation_prompt=False) == (
         "[gMASK]<sop><|observation|><tool_response>xy</tool_response>"
     )
-    assert render([{"role": "user", "content": []}]) == "[gMASK]<sop><|user|><|assistant|><think>"
+    # OpenAI refuses an empty array ("expected an array with minimum length 1"): so do we.
+    with pytest.raises(InvalidRequestError, match=r"^messages\[0\]\.content: expected a string "
+                                                   r"or a non-empty list of text parts, found an "
+                                                   r"empty list"):
+        render([{"role": "user", "content": []}])
 
 
 @pytest.mark.parametrize(
