@@ -7,15 +7,18 @@ its predecessor finishes and meets it at `griddepcontrol.wait`. Launches record 
 `torch.cuda.graph` capture like any other stream work.
 
 Arguments are checked on the host against the kernel's declaration (kernels/spec.py) before
-anything reaches the driver: dtype, device, contiguity, static extents, equal dynamic extents,
-pointer alignment. They are packed by the manifest's parameter layout, which the build checked
-against the cubin's own parameter table. Every driver call is checked; a failure raises
-`LaunchError` naming the kernel.
+anything reaches the driver: dtype, device, dense layout, contiguity, static extents, equal
+dynamic extents, pointer alignment; scalars' type (ints for i32/i64, never bool) and range.
+They are packed by the manifest's parameter layout, which the build checked against the cubin's
+own parameter table (and the cache checks again on load). Every driver call is checked; a
+failure raises `LaunchError` naming the kernel.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
+import numbers
 import struct
 from typing import Any, Sequence
 
@@ -30,6 +33,8 @@ _TORCH = {"bf16": (torch.bfloat16,), "f32": (torch.float32,), "u8": (torch.uint8
           "u32": (torch.int32, getattr(torch, "uint32", torch.int32)), "i32": (torch.int32,),
           "i64": (torch.int64,)}
 _PACK = {"ptr": "Q", "i32": "i", "i64": "q", "f32": "f"}
+_INT_RANGE = {"i32": (-2**31, 2**31 - 1), "i64": (-2**63, 2**63 - 1)}
+_F32_MAX = 3.4028234663852886e38
 
 
 class LaunchError(FlintError):
@@ -68,9 +73,7 @@ def check_args(name: str, decls: Sequence[TensorArg | ScalarArg], values: Sequen
     for decl, v in zip(decls, values):
         where = f"{name}: argument {decl.name}"
         if isinstance(decl, ScalarArg):
-            if isinstance(v, torch.Tensor) or not isinstance(v, (int, float)):
-                raise LaunchError(f"{where}: expected a Python number ({decl.dtype}), "
-                                  f"found {type(v).__name__}")
+            _check_scalar(where, decl.dtype, v)
             continue
         if not isinstance(v, torch.Tensor):
             raise LaunchError(f"{where}: expected a torch tensor, found {type(v).__name__}")
@@ -91,30 +94,72 @@ def check_args(name: str, decls: Sequence[TensorArg | ScalarArg], values: Sequen
             elif d != n:
                 raise LaunchError(f"{where}: shape {list(v.shape)}, expected "
                                   f"{list(decl.shape)}")
+        if v.layout != torch.strided:
+            raise LaunchError(f"{where}: a {v.layout} tensor, expected a dense (strided) one")
         if not v.is_contiguous():
             raise LaunchError(f"{where}: not contiguous (strides {v.stride()})")
+        if v.is_neg() or v.is_conj():  # lazy views: memory holds the unnegated values
+            raise LaunchError(f"{where}: a lazily negated or conjugated view; pass "
+                              f"resolve_neg() / resolve_conj() of it")
         if v.data_ptr() % decl.align:
             raise LaunchError(f"{where}: data pointer {v.data_ptr():#x} is not "
                               f"{decl.align}-byte aligned")
     return extents
 
 
-def pack_args(params: Sequence[dict[str, Any]], values: Sequence[Any]) -> list[bytes]:
+def _check_scalar(where: str, dtype: str, v: Any) -> None:
+    """A scalar argument: an int (Python or numpy, not bool) in the field's range for i32/i64;
+    a real number that fits a float32 (inf and nan pass as themselves) for f32."""
+    if dtype in _INT_RANGE:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise LaunchError(f"{where}: expected an integer ({dtype}), found {_show(v)}")
+        lo, hi = _INT_RANGE[dtype]
+        if not lo <= int(v) <= hi:
+            raise LaunchError(f"{where}: {_show(v)} does not fit {dtype} ({lo} to {hi})")
+        return
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise LaunchError(f"{where}: expected a real number ({dtype}), found {_show(v)}")
+    try:
+        x = float(v)
+    except OverflowError:  # an int beyond any float
+        x = math.inf
+    if (math.isinf(x) and not isinstance(v, numbers.Integral)) or math.isnan(x):
+        return  # inf and nan pass as themselves
+    if abs(x) > _F32_MAX:
+        raise LaunchError(f"{where}: {_show(v)} is beyond the float32 range (±{_F32_MAX:.4g})")
+
+
+def _show(v: Any) -> str:
+    """A value for an error message: its type, and a short repr where it has one."""
+    if isinstance(v, (int, float, complex, str, numbers.Number)) or v is None:
+        text = repr(v)
+        return f"{type(v).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+    return type(v).__name__
+
+
+def pack_args(params: Sequence[dict[str, Any]], values: Sequence[Any],
+              name: str = "kernel") -> list[bytes]:
     """Each kernel parameter's bytes, laid out by the manifest's `params` (fields: name, type,
-    offset): tensor data pointers, dynamic extents and strides, scalars by value."""
+    offset): tensor data pointers, dynamic extents and strides, scalars by value. Raises
+    LaunchError naming `name` and the argument for a value its field cannot hold (check_args
+    refuses those first)."""
     out = []
     for p, v in zip(params, values):
         buf = bytearray(p["size"])
-        for name, typ, off in p["fields"]:
-            if name == "data":
-                x = v.data_ptr()
-            elif name == "value":
-                x = float(v) if typ == "f32" else int(v)
-            elif name.startswith("shape"):
-                x = v.shape[int(name[5:])]
-            else:
-                x = v.stride(int(name[6:]))
-            struct.pack_into("<" + _PACK[typ], buf, off, x)
+        for field, typ, off in p["fields"]:
+            try:
+                if field == "data":
+                    x = v.data_ptr()
+                elif field == "value":
+                    x = float(v) if typ == "f32" else int(v)
+                elif field.startswith("shape"):
+                    x = v.shape[int(field[5:])]
+                else:
+                    x = v.stride(int(field[6:]))
+                struct.pack_into("<" + _PACK[typ], buf, off, x)
+            except (struct.error, OverflowError, ValueError) as e:
+                raise LaunchError(f"{name}: argument {p['arg']}: {field} does not fit its "
+                                  f"{typ} parameter field ({e})") from None
         out.append(bytes(buf))
     return out
 
@@ -165,7 +210,7 @@ class Kernel:
             attrs.append(a)
         cfg.attrs, cfg.numAttrs = attrs, len(attrs)
         keep = [ctypes.create_string_buffer(b, len(b))
-                for b in pack_args(self.meta["params"], values)]
+                for b in pack_args(self.meta["params"], values, self.name)]
         arr = (ctypes.c_void_p * len(keep))(*[ctypes.addressof(b) for b in keep])
         # The driver copies the parameters during the call, so `keep` may go right after.
         _check(cu.cuLaunchKernelEx(cfg, self._fn, ctypes.addressof(arr), 0),

@@ -109,24 +109,27 @@ def _build_kernels_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=("tiny", "full"), default="tiny",
                      help="packaged config whose shapes to compile (default: %(default)s)")
-    src.add_argument("--config", type=Path, metavar="CONFIG.json",
+    src.add_argument("--config", type=_nonempty_path, metavar="CONFIG.json",
                      help="an HF-style config.json instead of a preset (e.g. a real checkpoint's)")
     p.add_argument("--arch", action="append", choices=("sm_90a", "sm_100a"),
                    help="target GPU arch, repeatable (default: sm_90a, the H100/H200)")
-    p.add_argument("--out", type=Path, metavar="DIR",
+    p.add_argument("--out", type=_nonempty_path, metavar="DIR",
                    help="cache directory (default: $FLINT_GRAPH_CACHE/kernels, else "
                         "~/.cache/flint_graph/kernels)")
     p.add_argument("--buckets", type=_buckets,
                    default=(1, 2, 4, 8), metavar="B,B,...",
-                   help="decode batch buckets to specialise for (default: 1,2,4,8)")
+                   help="decode batch buckets to specialise for, each 1 to 8 (default: "
+                        "1,2,4,8)")
     p.add_argument("--force", action="store_true", help="rebuild entries that are up to date")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="hide the progress bar")
 
 
 def _buckets(text: str) -> tuple[int, ...]:
-    """--buckets: comma-separated positive batch sizes (argparse reports the ValueError's text
-    as "argument --buckets: ...")."""
+    """--buckets: comma-separated batch sizes from 1 to MAX_BATCH (argparse reports the
+    ArgumentTypeError's text as "argument --buckets: ...")."""
+    from flint_graph.kernels.spec import MAX_BATCH  # light: no torch, no DSL
+
     try:
         sizes = tuple(int(b) for b in text.split(","))
     except ValueError:
@@ -134,7 +137,18 @@ def _buckets(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes >= 1 (e.g. "
                                          f"1,2,4,8), found {text!r}")
+    if max(sizes) > MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"batch size {max(sizes)} is above {MAX_BATCH}, the "
+                                         f"most rows the kernels handle; found {text!r}")
     return sizes
+
+
+def _nonempty_path(text: str) -> Path:
+    """A path flag's value; an empty one (Path("") is ".") is refused, not taken as the current
+    directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, found {text!r}")
+    return Path(text)
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

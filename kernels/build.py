@@ -9,47 +9,40 @@ whose source hash, DSL version and cubin sha256 still match is not rebuilt.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import hashlib
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+# torch (the kernels' references import it) is imported with this module rather than later in
+# run(): the CLI imports this module during start-up, where Ctrl-C exits at once, whereas a
+# KeyboardInterrupt raised inside torch's import can be swallowed by its C code (the build then
+# runs on) or abort the process.
+import torch  # noqa: F401
 
 from flint_graph.kernels import registry
-from flint_graph.kernels.cache import (ARCHS, KernelCache, KernelCacheError, cubin_name,
-                                       dsl_version, entry_id, source_hash, write_manifest)
+from flint_graph.kernels.cache import (ARCHS, MANIFEST, KernelCache, KernelCacheError,
+                                       cubin_name, dsl_version, entry_id, source_hash,
+                                       write_manifest)
 from flint_graph.kernels.cubin import read_cubin
 from flint_graph.kernels.sass import pdl_load_order
-from flint_graph.kernels.spec import KernelDef, ScalarArg, Spec, TensorArg, unique_specs
+from flint_graph.kernels.spec import (KernelDef, ScalarArg, Spec, TensorArg, check_spec,
+                                      param_layout, unique_specs)
 from flint_graph.progress import progress_bar
 
-_SCALAR_BYTES = {"f32": 4, "i32": 4, "i64": 8}
+__all__ = ["KernelBuildError", "build_cache", "compile_spec", "model_specs", "param_layout", "run"]
+
+LOCK = ".build.lock"  # held while a build writes the directory (one builder at a time)
 
 
 class KernelBuildError(KernelCacheError):
     """A specialisation failed to compile or its cubin does not match its declaration."""
-
-
-def param_layout(arg: TensorArg | ScalarArg) -> tuple[list[list[Any]], int]:
-    """The C struct a declared argument becomes as a kernel parameter: ([name, type, offset]
-    fields, size in bytes). A tensor is {void* data; int32 dynamic extents...; int64 dynamic
-    strides...} in mode order, naturally aligned, padded to 8 (cute-dsl-aot.md §2); a scalar is
-    its value. Row-major strides are dynamic exactly when a later extent is dynamic."""
-    if isinstance(arg, ScalarArg):
-        return [["value", arg.dtype, 0]], _SCALAR_BYTES[arg.dtype]
-    fields = [("data", "ptr", 8)]
-    fields += [(f"shape{i}", "i32", 4) for i, d in enumerate(arg.shape) if isinstance(d, str)]
-    fields += [(f"stride{i}", "i64", 8) for i in range(len(arg.shape))
-               if any(isinstance(d, str) for d in arg.shape[i + 1:])]
-    out, off = [], 0
-    for name, typ, size in fields:
-        off = -(-off // size) * size
-        out.append([name, typ, off])
-        off += size
-    return out, -(-off // 8) * 8
 
 
 def _fake_args(args: Sequence[TensorArg | ScalarArg]) -> list[Any]:
@@ -83,8 +76,10 @@ def compile_spec(kdef: KernelDef, spec: Spec, arch: str) -> tuple[dict[str, Any]
     import cutlass.cute as cute
 
     eid = entry_id(spec, arch)
-    args = list(kdef.args(spec))
-    launch = kdef.launch(spec)
+    try:
+        args, launch = check_spec(kdef, spec)
+    except ValueError as e:
+        raise KernelBuildError(f"{eid}: {e}") from None
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as dump:
         try:
@@ -129,7 +124,9 @@ def compile_spec(kdef: KernelDef, spec: Spec, arch: str) -> tuple[dict[str, Any]
         "symbol": symbols[0], "params": params, "param_bytes": info.param_bytes,
         "launch": launch.to_json(), "reqntid": info.reqntid, "regs": info.regs,
         "static_smem": info.static_smem, "pdl_wait": "griddepcontrol.wait" in body,
-        "local_memory": bool(re.search(r"\bld\.local|\bst\.local", body)),
+        # ptxas spills show only in the cubin's frame size, not in the PTX
+        "local_memory": bool(re.search(r"\bld\.local|\bst\.local", body)) or info.frame_size > 0,
+        "local_bytes": info.frame_size,
         "plain_loads_before_wait": early, "sass_load_order": sass,
         "dsl_version": dsl_version(), "source_hash": source_hash(kdef),
         "build_s": round(seconds, 3),
@@ -152,7 +149,11 @@ def build_cache(root: str | Path, todo: Sequence[tuple[KernelDef, Spec]],
     """Compile what `todo` needs for each arch into `root`; reuse valid entries.
 
     Returns counts {"built", "reused", "total"}. The manifest is rewritten after every build, so
-    an interrupted run keeps what it finished. Raises KernelBuildError, KernelCacheError."""
+    an interrupted run keeps what it finished; files are replaced atomically, and one build at
+    a time writes a directory (a second waits for the first, then reuses what it built). A
+    directory without a manifest must be empty or hold only cubins, so that a mistyped --out
+    never mixes the cache into someone else's files. Raises KernelBuildError,
+    KernelCacheError."""
     if dsl_version() is None:
         raise KernelBuildError("building kernels needs the CuTe DSL: pip install '.[kernels]' "
                                "(nvidia-cutlass-dsl, cuda-python)")
@@ -162,29 +163,77 @@ def build_cache(root: str | Path, todo: Sequence[tuple[KernelDef, Spec]],
     root = Path(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
+        others = [] if (root / MANIFEST).exists() else sorted(
+            f.name for f in root.iterdir() if not _ours(f.name))
         probe = root / ".write-test"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
         raise KernelBuildError(f"--out {root}: cannot write the kernel cache there "
                                f"({e.strerror or e}); expected a writable directory") from None
-    cache = KernelCache(root)
-    jobs = [(k, s, a) for a in archs for k, s in todo]
-    counts = {"built": 0, "reused": 0, "total": len(jobs)}
-    with progress_bar(progress, "compiling kernels", len(jobs), unit="steps") as advance:
-        for kdef, spec, arch in jobs:
-            if not force and cache.problem(kdef, spec, arch) is None:
-                counts["reused"] += 1
-            else:
-                meta, cubin = compile_spec(kdef, spec, arch)
-                name = cubin_name(spec, arch)
-                (root / name).write_bytes(cubin)
-                meta.update(cubin=name, sha256=hashlib.sha256(cubin).hexdigest())
-                cache.manifest[entry_id(spec, arch)] = meta
-                write_manifest(root, cache.manifest)
-                counts["built"] += 1
-            advance(1)
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise KernelBuildError(f"--out {root}: holds other files ({shown}) and no {MANIFEST}; "
+                               f"expected a new or empty directory or an existing kernel cache")
+    with _exclusive(root):
+        cache = KernelCache(root)  # read under the lock: what an earlier build added is kept
+        jobs = [(k, s, a) for a in archs for k, s in todo]
+        counts = {"built": 0, "reused": 0, "total": len(jobs)}
+        with progress_bar(progress, "compiling kernels", len(jobs), unit="steps") as advance:
+            for kdef, spec, arch in jobs:
+                if not force and cache.problem(kdef, spec, arch) is None:
+                    counts["reused"] += 1
+                else:
+                    meta, cubin = compile_spec(kdef, spec, arch)
+                    name = cubin_name(spec, arch)
+                    meta.update(cubin=name, sha256=hashlib.sha256(cubin).hexdigest())
+                    try:
+                        _write_atomic(root / name, cubin)
+                        cache.manifest[entry_id(spec, arch)] = meta
+                        write_manifest(root, cache.manifest)
+                    except OSError as e:
+                        raise KernelBuildError(f"--out {root}: cannot write {name} or "
+                                               f"{MANIFEST} ({e.strerror or e})") from None
+                    counts["built"] += 1
+                advance(1)
     return counts
+
+
+def _ours(name: str) -> bool:
+    """A file name the build writes into a cache directory (cubins, lock, temporary files)."""
+    return name.endswith(".cubin") or name in (LOCK, ".write-test") \
+        or (name.startswith((".manifest-", ".cubin-")) and name.endswith(".tmp"))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write `path` so that a reader sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cubin-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _exclusive(root: Path) -> Iterator[None]:
+    """Hold the directory's build lock (a second builder waits, saying so on stderr)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    with open(root / LOCK, "a") as f:  # closing the file releases the lock
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"flint-graph: note: another build is writing {root}; waiting for it",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def run(args: Any) -> int:

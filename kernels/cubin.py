@@ -3,7 +3,8 @@
 Per kernel (`.text.<symbol>` section) from its `.nv.info.<symbol>` records: the parameter
 offsets and sizes (EIATTR_KPARAM_INFO), the parameter buffer size (EIATTR_CBANK_PARAM_SIZE),
 the block shape baked in by `.reqntid` (EIATTR_REQNTID) or `.maxntid` (EIATTR_MAX_THREADS);
-from the global `.nv.info`: registers per thread (EIATTR_REGCOUNT); static shared memory from
+from the global `.nv.info`: registers per thread (EIATTR_REGCOUNT) and the per-thread local
+memory frame, where ptxas spills (EIATTR_FRAME_SIZE); static shared memory from
 `.nv.shared.<symbol>`. The SM the cubin targets is the second byte of the ELF header's e_flags
 (0x5a = 90, 0x64 = 100). Record layout (fmt u8, attr u8, u16 value-or-size) follows what
 `cuobjdump -elf` prints; see ../shared/cute-dsl-aot.md §1-§2.
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 _FMT_SVAL = 0x04  # record carries a payload of the given size
 _KPARAM_INFO, _CBANK_PARAM_SIZE, _REQNTID, _MAX_THREADS, _REGCOUNT = 0x17, 0x19, 0x10, 0x05, 0x2F
+_FRAME_SIZE = 0x11
 
 
 class CubinFormatError(ValueError):
@@ -32,6 +34,7 @@ class KernelInfo:
     maxntid: list[int] | None = None
     regs: int | None = None
     static_smem: int = 0
+    frame_size: int = 0  # local memory bytes per thread (spills, local arrays)
 
 
 def cubin_sm(elf: bytes) -> int:
@@ -74,6 +77,15 @@ def _records(buf: bytes):
 
 def read_cubin(elf: bytes) -> dict[str, KernelInfo]:
     """{symbol: KernelInfo} for every kernel in the cubin. Raises CubinFormatError."""
+    try:
+        return _read_cubin(elf)
+    except CubinFormatError:
+        raise
+    except (struct.error, IndexError, KeyError, ValueError) as e:  # UnicodeDecodeError too
+        raise CubinFormatError(f"malformed cubin ({type(e).__name__}: {e})") from None
+
+
+def _read_cubin(elf: bytes) -> dict[str, KernelInfo]:
     secs = _sections(elf)
 
     def raw(name: str) -> bytes:
@@ -101,10 +113,12 @@ def read_cubin(elf: bytes) -> dict[str, KernelInfo]:
     if ".nv.info" in secs and ".symtab" in secs:
         symtab, strtab = raw(".symtab"), raw(".strtab")
         for attr, p in _records(raw(".nv.info")):
-            if attr == _REGCOUNT:
-                idx, regs = struct.unpack_from("<II", p)
+            if attr in (_REGCOUNT, _FRAME_SIZE):
+                idx, value = struct.unpack_from("<II", p)
                 (name_off,) = struct.unpack_from("<I", symtab, idx * 24)
                 name = strtab[name_off:strtab.index(b"\0", name_off)].decode()
-                if name in out:
-                    out[name].regs = regs
+                if name in out and attr == _REGCOUNT:
+                    out[name].regs = value
+                elif name in out:
+                    out[name].frame_size = value
     return out

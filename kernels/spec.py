@@ -30,6 +30,8 @@ DTYPES = {
 }
 ROLES = ("weight", "input", "output")
 BUCKETS = (1, 2, 4, 8)  # decode batch buckets (DESIGN §3)
+MAX_BATCH = max(BUCKETS)  # the kernels handle at most this many rows (a compile-time value B)
+_SCALAR_BYTES = {"f32": 4, "i32": 4, "i64": 8}
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,8 @@ class TensorArg:
     shape: ints are static extents; a str names a dynamic extent (equal names must be equal at
     launch). role: "weight" (read-only for the whole step; may be loaded before
     griddepcontrol.wait), "input" (written by a predecessor: read only after the wait) or
-    "output". align: byte alignment of the data pointer the kernel assumes (16 for 128-bit loads).
+    "output". align: byte alignment of the data pointer the kernel assumes (16 for 128-bit loads);
+    every row whose byte stride is static must keep it (`check_spec`).
     """
 
     name: str
@@ -154,6 +157,62 @@ class KernelDef:
     def spec(self, **values: int) -> Spec:
         """A Spec of this kernel from keyword values."""
         return Spec.of(self.name, **values)
+
+
+def param_layout(arg: TensorArg | ScalarArg) -> tuple[list[list[Any]], int]:
+    """The C struct a declared argument becomes as a kernel parameter: ([name, type, offset]
+    fields, size in bytes). A tensor is {void* data; int32 dynamic extents...; int64 dynamic
+    strides...} in mode order, naturally aligned, padded to 8 (cute-dsl-aot.md §2); a scalar is
+    its value. Row-major strides are dynamic exactly when a later extent is dynamic."""
+    if isinstance(arg, ScalarArg):
+        return [["value", arg.dtype, 0]], _SCALAR_BYTES[arg.dtype]
+    fields = [("data", "ptr", 8)]
+    fields += [(f"shape{i}", "i32", 4) for i, d in enumerate(arg.shape) if isinstance(d, str)]
+    fields += [(f"stride{i}", "i64", 8) for i in range(len(arg.shape))
+               if any(isinstance(d, str) for d in arg.shape[i + 1:])]
+    out, off = [], 0
+    for name, typ, size in fields:
+        off = -(-off // size) * size
+        out.append([name, typ, off])
+        off += size
+    return out, -(-off // 8) * 8
+
+
+def check_spec(kdef: KernelDef, spec: Spec) -> tuple[list[Arg], Launch]:
+    """The declared arguments and launch shape of `spec`, after the checks every declaration
+    implies. Raises ValueError saying what is wrong (the caller names the specialisation): a
+    compile-time value that is not an int, a value the kernel lacks or does not know, a batch B
+    outside 1..MAX_BATCH, a static extent outside 1..2^31-1, or a static row stride that is not
+    a multiple of the argument's declared alignment (its 128-bit loads would straddle rows)."""
+    for name, v in spec.values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"compile-time value {name} = {v!r}; expected an int")
+    b = spec.as_dict().get("B")
+    if b is not None and not 1 <= b <= MAX_BATCH:
+        raise ValueError(f"batch B = {b}; expected 1 to {MAX_BATCH} (the kernels handle at "
+                         f"most {MAX_BATCH} rows)")
+    try:
+        args, launch = list(kdef.args(spec)), kdef.launch(spec)
+    except (KeyError, ValueError, TypeError, IndexError) as e:
+        why = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise ValueError(f"not a specialisation of {kdef.name} ({type(e).__name__}: "
+                         f"{why})") from None
+    for a in args:
+        if isinstance(a, ScalarArg):
+            continue
+        for d in a.shape:
+            if isinstance(d, int) and not 1 <= d < 2**31:
+                raise ValueError(f"argument {a.name}: extent {d} in shape {list(a.shape)}; "
+                                 f"expected 1 to 2^31-1")
+        for i in range(len(a.shape) - 1):
+            rest = a.shape[i + 1:]
+            if all(isinstance(d, int) for d in rest):
+                stride = DTYPES[a.dtype][1] * math.prod(rest)
+                if stride % a.align:
+                    raise ValueError(f"argument {a.name}: rows of {stride} bytes "
+                                     f"(shape {list(a.shape)}, {a.dtype}) break its declared "
+                                     f"{a.align}-byte alignment")
+    return args, launch
 
 
 def unique_specs(specs: Sequence[Spec]) -> list[Spec]:

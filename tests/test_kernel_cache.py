@@ -5,6 +5,7 @@ missing entries by name. Skipped where the CuTe DSL is not installed (the GPU bo
 
 import hashlib
 import json
+import re
 import shutil
 import struct
 
@@ -202,3 +203,261 @@ def test_build_kernels_refuses_an_unwritable_out(tmp_path, capsys):
     assert main(["build-kernels", "--out", str(target), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"flint-graph: error: --out {target}: cannot write the kernel cache")
+
+
+# -- hand-edited, swapped and hostile manifests (the breaker pass of issue 7) -----------------
+
+def _edit(root, eid, change):
+    man = json.loads((root / MANIFEST).read_text())
+    change(man["entries"], man["entries"][eid], root)
+    (root / MANIFEST).write_text(json.dumps(man))
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _outside(entries, meta, root):
+    """The entry names a copy of its own cubin outside the cache, sha256 matching."""
+    outside = root.parent / "outside.cubin"
+    shutil.copy(root / meta["cubin"], outside)
+    meta["cubin"] = "../outside.cubin"
+
+
+def _absolute(entries, meta, root):
+    outside = root.parent / "outside.cubin"
+    shutil.copy(root / meta["cubin"], outside)
+    meta["cubin"] = str(outside)
+
+
+def _other_entrys_file(entries, meta, root):
+    other = "gemv_bf16.B1-K64-V2.sm_90a.cubin"
+    meta.update(cubin=other, sha256=_sha(root / other))
+
+
+def _other_kernel_copied_in(entries, meta, root):
+    other = root / "rmsnorm.B2-H64.sm_90a.cubin"
+    shutil.copy(other, root / meta["cubin"])
+    meta["sha256"] = _sha(other)
+
+
+@pytest.mark.parametrize("change, message", [
+    (_outside, r"names cubin file '../outside.cubin', expected 'rmsnorm.B1-H64.sm_90a.cubin'"),
+    (_absolute, r"names cubin file '/.*outside.cubin', expected"),
+    (_other_entrys_file, r"names cubin file 'gemv_bf16.B1-K64-V2.sm_90a.cubin'"),
+    (_other_kernel_copied_in, r"\S*/rmsnorm.B1-H64.sm_90a.cubin holds no kernel "
+                             r"'kernel_cutlass_rmsnorm.*another entry's cubin"),
+    (lambda e, m, r: m.update(cubin=5), r"names cubin file 5, expected"),
+    (lambda e, m, r: e.update({entry_id(_one(None)[1], "sm_90a"): [1, 2]}),
+     r"not a manifest entry \(a JSON list\)"),
+    (lambda e, m, r: m["params"][1].update(offset=0), r"the manifest's parameter layout "
+                                                         r"does not match"),
+    (lambda e, m, r: m.pop("params"), r"the manifest's parameter layout does not match"),
+    (lambda e, m, r: m["launch"].update(block=[64, 1, 1]), r"launch \{.*\[64, 1, 1\].* the "
+                                                             r"declaration gives"),
+    (lambda e, m, r: m.update(launch="x"), r"launch 'x' in the manifest"),
+    (lambda e, m, r: m.update(symbol="nope"), r"\S* holds no kernel 'nope'"),
+    (lambda e, m, r: m.update(pdl_wait="false"), r"pdl_wait = 'false', expected true or false"),
+    (lambda e, m, r: m.update(key="B=9,H=64"), r"the entry records kernel 'rmsnorm', key "
+                                                r"'B=9,H=64'"),
+])
+def test_edited_entries_are_never_loaded(built, tmp_path, change, message):
+    """Before, each of these loaded (a file outside the cache, another kernel's cubin, a layout
+    the launcher would pack wrongly) or crashed with a TypeError instead of naming the entry."""
+    root = _copy(built, tmp_path)
+    kdef, spec = _one(built)
+    _edit(root, entry_id(spec, "sm_90a"), change)
+    with pytest.raises(KernelCacheError, match=r"rmsnorm/B=1,H=64@sm_90a: " + message):
+        KernelCache(root).get(kdef, spec, "sm_90a", build=False)
+
+
+def test_build_replaces_an_entry_it_cannot_read(built, tmp_path, capsys):
+    """An entry of the wrong JSON type or with a non-string cubin is rebuilt, not a crash."""
+    from flint_graph.kernels.build import build_cache
+
+    root = _copy(built, tmp_path)
+    kdef, spec = _one(built)
+    eid = entry_id(spec, "sm_90a")
+    _edit(root, eid, lambda e, m, r: e.update({eid: [1, 2]}))
+    assert build_cache(root, [(kdef, spec)], ["sm_90a"], progress=False)["built"] == 1
+    assert KernelCache(root).problem(kdef, spec, "sm_90a") is None
+    other = entry_id(kdef.spec(B=2, H=64), "sm_90a")
+    _edit(root, other, lambda e, m, r: m.update(cubin=None))
+    assert KernelCache(root).problem(kdef, kdef.spec(B=2, H=64), "sm_90a").startswith(
+        f"{other}: names cubin file None")
+
+
+def test_manifest_version_must_be_the_integer_1(tmp_path):
+    for version in (True, 1.0, "1"):
+        (tmp_path / MANIFEST).write_text(json.dumps({"version": version, "entries": {}}))
+        with pytest.raises(KernelCacheError, match="not a version-1 kernel manifest"):
+            KernelCache(tmp_path)
+
+
+def test_specialisations_a_kernel_cannot_take_are_refused(built, tmp_path):
+    """B > 8 compiled before (the GEMVs then leave rows 8.. wrong), as did H = 68 (rows not
+    16-byte aligned, the last 4 columns never written); a missing or unknown value was a
+    KeyError. Now each names the specialisation, from the cache and from the build."""
+    from flint_graph.kernels.build import KernelBuildError, build_cache
+
+    root = _copy(built, tmp_path)
+    rms, gemv = registry(("rmsnorm", "gemv_nvfp4"))
+    for kdef, values, message in [
+            (rms, dict(B=16, H=64), r"batch B = 16; expected 1 to 8"),
+            (rms, dict(B=0, H=64), r"batch B = 0; expected 1 to 8"),
+            (rms, dict(B=1, H=68), r"argument x: rows of 136 bytes .* 16-byte alignment"),
+            (rms, dict(B=1, H="64"), r"compile-time value H = '64'; expected an int"),
+            (rms, dict(B=1), r"not a specialisation of rmsnorm \(KeyError: .*'H'"),
+            (gemv, dict(B=1, K=64, V=7), r"not a specialisation of gemv_nvfp4 \(KeyError: 7\)"),
+            (rms, dict(B=1, H=2**32), r"extent 4294967296 .* expected 1 to 2\^31-1")]:
+        spec = kdef.spec(**values)
+        with pytest.raises(KernelCacheError, match=re.escape(spec.id) + ".*" + message):
+            KernelCache(root).get(kdef, spec, "sm_90a", build=False)
+        with pytest.raises(KernelBuildError, match=re.escape(spec.id) + ".*" + message):
+            build_cache(root, [(kdef, spec)], ["sm_90a"], progress=False)
+
+
+def test_local_memory_is_read_from_the_cubin(built, tmp_path):
+    """ptxas spills show only in the cubin (EIATTR_FRAME_SIZE), never in the PTX: before, an
+    rmsnorm at H = 16384 spilling 7 KB per thread was recorded local_memory: false."""
+    root, _, _ = built
+    entries = json.loads((root / MANIFEST).read_text())["entries"]
+    for meta in entries.values():
+        info = read_cubin((root / meta["cubin"]).read_bytes())[meta["symbol"]]
+        assert meta["local_bytes"] == info.frame_size == 0
+    # the same cubin with its frame-size record (attr 0x11 in .nv.info) set to 6992 bytes
+    kdef, spec = _one(built)
+    elf = bytearray((root / cubin_name(spec, "sm_90a")).read_bytes())
+    from flint_graph.kernels.cubin import _sections
+
+    off, size = _sections(bytes(elf))[".nv.info"]
+    i = off
+    while i < off + size:  # records: u8 format, u8 attribute, u16 value or payload size
+        fmt, attr, val = struct.unpack_from("<BBH", elf, i)
+        if attr == 0x11:  # payload: u32 symbol index, u32 bytes
+            struct.pack_into("<I", elf, i + 8, 6992)
+        i += 4 + (val if fmt == 0x04 else 0)
+    assert [i.frame_size for i in read_cubin(bytes(elf)).values()] == [6992]
+
+
+def test_malformed_cubins_raise_only_cubin_format_errors(built):
+    import random
+
+    from flint_graph.kernels.cubin import CubinFormatError
+
+    kdef, spec = _one(built)
+    elf = (built[0] / cubin_name(spec, "sm_90a")).read_bytes()
+    rng = random.Random(7)
+    samples = [elf[:n] for n in (0, 4, 64, 100, len(elf) // 2)]
+    for _ in range(100):
+        b = bytearray(elf)
+        for _ in range(20):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        samples.append(bytes(b))
+    for data in samples:
+        try:
+            read_cubin(data)
+        except CubinFormatError:
+            pass
+
+
+def test_a_second_build_waits_and_keeps_the_first_ones_entries(built, tmp_path):
+    """Two builds into one directory: before, each rewrote the manifest from what it read at
+    start, so the last one dropped the other's entries (60 cubins, 30 entries)."""
+    import fcntl
+    import threading
+
+    from flint_graph.kernels.build import LOCK, build_cache
+
+    root = _copy(built, tmp_path)
+    kdef = registry(("rmsnorm",))[0]
+    a, b = kdef.spec(B=1, H=64), kdef.spec(B=2, H=64)
+    man = json.loads((root / MANIFEST).read_text())
+    entry_b = man["entries"].pop(entry_id(b, "sm_90a"))
+    del man["entries"][entry_id(a, "sm_90a")]
+    (root / MANIFEST).write_text(json.dumps(man))
+    with open(root / LOCK, "a") as lock:  # the first build, still running
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = {}
+        second = threading.Thread(target=lambda: result.update(
+            build_cache(root, [(kdef, a)], ["sm_90a"], progress=False)))
+        second.start()
+        second.join(0.5)
+        assert second.is_alive(), "the second build did not wait for the lock"
+        man["entries"][entry_id(b, "sm_90a")] = entry_b  # the first build finishes b
+        (root / MANIFEST).write_text(json.dumps(man))
+    second.join(60)
+    assert result["built"] == 1
+    cache = KernelCache(root)
+    assert cache.problem(kdef, a, "sm_90a") is None and cache.problem(kdef, b, "sm_90a") is None
+
+
+def test_an_interrupted_build_leaves_a_consistent_cache(built, tmp_path, monkeypatch):
+    from flint_graph.kernels import build
+
+    root = _copy(built, tmp_path)
+    kdef = registry(("rmsnorm",))[0]
+    specs = [kdef.spec(B=b, H=64) for b in (1, 2)]
+    _edit(root, entry_id(specs[0], "sm_90a"), lambda e, m, r: m.update(source_hash="0" * 64))
+    _edit(root, entry_id(specs[1], "sm_90a"), lambda e, m, r: m.update(source_hash="0" * 64))
+    real, calls = build.compile_spec, []
+
+    def compile_then_interrupt(*a):
+        calls.append(a)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(build, "compile_spec", compile_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        build.build_cache(root, [(kdef, s) for s in specs], ["sm_90a"], progress=False)
+    monkeypatch.undo()
+    assert not [f.name for f in root.iterdir() if f.name.endswith(".tmp")]
+    cache = KernelCache(root)
+    assert cache.problem(kdef, specs[0], "sm_90a") is None
+    assert "stale" in cache.problem(kdef, specs[1], "sm_90a")
+    counts = build.build_cache(root, [(kdef, s) for s in specs], ["sm_90a"], progress=False)
+    assert (counts["built"], counts["reused"]) == (1, 1)
+
+
+def test_build_kernels_refuses_a_directory_of_other_files(tmp_path, capsys):
+    """--out naming a directory of someone else's files (no manifest.json): before, the cubins
+    and manifest were mixed in (and same-named files overwritten)."""
+    from flint_graph.cli import main
+
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "old.cubin").write_bytes(b"x")  # cubins alone (an interrupted first build) pass
+    assert main(["build-kernels", "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"flint-graph: error: --out {tmp_path}: holds other files (notes.txt) and no "
+                   f"manifest.json; expected a new or empty directory or an existing kernel "
+                   f"cache\n")
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["notes.txt", "old.cubin"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", ""], r"argument --out: expected a path, found ''"),
+    (["--config", ""], r"argument --config: expected a path, found ''"),
+    (["--buckets", "1,16"], r"argument --buckets: batch size 16 is above 8, the most rows the "
+                            r"kernels handle; found '1,16'"),
+])
+def test_build_kernels_usage_errors(argv, message, capsys):
+    """Before, --out '' built into the current directory and --buckets 16 compiled GEMVs that
+    leave rows 8.. of the output wrong."""
+    from flint_graph.cli import main
+
+    assert main(["build-kernels", *argv]) == 2
+    err = capsys.readouterr().err
+    assert re.match(r"flint-graph: error: " + message, err) and err.count("\n") == 1
+
+
+def test_build_kernels_imports_torch_during_start_up():
+    """The CLI imports the command's modules while Ctrl-C still exits at once; torch imported
+    later (by the kernel registry in run()) swallowed a Ctrl-C that hit its numpy import, and
+    the build ran on to the end."""
+    import subprocess
+    import sys
+
+    code = "import sys, flint_graph.kernels.build; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

@@ -1,11 +1,14 @@
 """Host-side checks of the launcher (no GPU, no DSL): arguments that do not match a kernel's
 declaration are refused before launch, naming the kernel and the argument."""
 
+import struct
+
+import numpy as np
 import pytest
 import torch
 
-from flint_graph.capture.launcher import LaunchError, check_args
-from flint_graph.kernels.spec import Launch, ScalarArg, Spec, TensorArg
+from flint_graph.capture.launcher import LaunchError, check_args, pack_args
+from flint_graph.kernels.spec import Launch, ScalarArg, Spec, TensorArg, param_layout
 
 DECLS = (TensorArg("x", "bf16", (2, 64), "input"),
          TensorArg("w", "bf16", ("N", 64), "weight"),
@@ -34,7 +37,13 @@ def test_valid_arguments_give_the_dynamic_extents():
     (1, torch.randn(64, 40).bfloat16().T, r"argument w: not contiguous"),
     (1, torch.randn(40 * 64 + 1).bfloat16()[1:].view(40, 64), r"argument w: data pointer .* "
                                                                r"not 16-byte aligned"),
-    (3, torch.tensor(1e-5), r"argument eps: expected a Python number \(f32\), found Tensor"),
+    (3, torch.tensor(1e-5), r"argument eps: expected a real number \(f32\), found Tensor"),
+    (3, True, r"argument eps: expected a real number \(f32\), found bool True"),
+    (3, None, r"argument eps: expected a real number \(f32\), found NoneType None"),
+    (3, 1e300, r"argument eps: float 1e\+300 is beyond the float32 range"),
+    (3, 10**400, r"argument eps: int 1000.*\.\.\. is beyond the float32 range"),
+    (0, torch.randn(2, 64).bfloat16().to_sparse(), r"argument x: a torch.sparse_coo tensor"),
+    (0, torch.randn(2, 64).bfloat16()._neg_view(), r"argument x: a lazily negated"),
     (1, [1, 2], r"argument w: expected a torch tensor, found list"),
 ])
 def test_mismatched_arguments_are_refused_by_name(index, value, message):
@@ -42,6 +51,43 @@ def test_mismatched_arguments_are_refused_by_name(index, value, message):
     values[index] = value
     with pytest.raises(LaunchError, match=r"k/B=2: " + message):
         check(values)
+
+
+INTS = (TensorArg("x", "i32", ("N",), "input"), ScalarArg("n", "i32"), ScalarArg("t", "i64"))
+
+
+@pytest.mark.parametrize("index, value, message", [
+    (1, True, r"argument n: expected an integer \(i32\), found bool True"),
+    (1, 2.0, r"argument n: expected an integer \(i32\), found float 2.0"),
+    (1, float("nan"), r"argument n: expected an integer \(i32\), found float nan"),
+    (1, 2**31, r"argument n: int 2147483648 does not fit i32 \(-2147483648 to 2147483647\)"),
+    (1, -2**31 - 1, r"argument n: int -2147483649 does not fit i32"),
+    (2, 2**63, r"argument t: int 9223372036854775808 does not fit i64"),
+    (2, np.float64(3.0), r"argument t: expected an integer \(i64\), found float64 "),
+])
+def test_integer_scalars_are_ints_in_range(index, value, message):
+    """A bool, a float (even a whole one) or an int the field cannot hold is refused on the
+    host; before, 2.5 went in as 2, True as 1, and 2**31 broke struct.pack."""
+    values = [torch.zeros(4, dtype=torch.int32), 7, 5]
+    values[index] = value
+    with pytest.raises(LaunchError, match=r"k: " + message):
+        check_args("k", INTS, values, device_type="cpu")
+
+
+def test_numpy_scalars_pack_like_python_numbers():
+    params, off = [], 0
+    for a in DECLS:
+        fields, size = param_layout(a)
+        params.append({"arg": a.name, "offset": off, "size": size, "fields": fields})
+        off += size
+    values = _args()
+    values[3] = np.float32(0.5)
+    check(values)
+    assert pack_args(params, values)[3] == struct.pack("<f", 0.5)
+    ints = [torch.zeros(4, dtype=torch.int32), np.int64(-3), np.int32(2**31 - 1)]
+    assert check_args("k", INTS, ints, device_type="cpu") == {"N": 4}
+    with pytest.raises(LaunchError, match=r"k: argument n: value does not fit its i32"):
+        pack_args([{"arg": "n", "size": 4, "fields": [["value", "i32", 0]]}], [2**40], "k")
 
 
 def test_wrong_count_and_device_are_refused():
