@@ -49,6 +49,9 @@ _ATTN = {"attn_norm": "attn_norm", "attn_q": "q_proj", "attn_k": "k_proj", "attn
          "attn_sinks": "sinks", "ffn_norm": "ffn_norm"}
 _PROJ = ("gate", "up", "down")
 
+# The largest scale2 whose largest weight, E2M1 6 · E4M3 448 · scale2, is finite in bf16.
+MAX_SCALE2 = torch.finfo(torch.bfloat16).max / (nvfp4.E2M1_MAX * nvfp4.E4M3_MAX)
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -261,6 +264,11 @@ def _check(path: Path, s: TensorSpec, t, found: dict) -> Any:
         if not (np.isfinite(side.data).all() and (side.data > 0).all()):
             raise CheckpointError(f"{path}: tensor {side.name!r} holds a scale2 that is not a "
                                   "positive finite number")
+        if (side.data > MAX_SCALE2).any():  # finite, yet every weight would dequantise to inf
+            raise CheckpointError(
+                f"{path}: tensor {side.name!r} holds a scale2 of {float(side.data.max()):.3g}; "
+                f"expected at most {MAX_SCALE2:.3g}, so that the largest NVFP4 weight "
+                f"(6 · 448 · scale2) stays finite in bf16")
     return side
 
 
@@ -324,7 +332,7 @@ def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
     Everything is validated before any tensor goes to the device: the file (exists, parses),
     general.architecture == "flint", `cfg.check_gguf_metadata`, and every expected tensor's
     presence, type and shape, with no unexpected tensors, and every `.scale` sidecar (F32, [1] or
-    [E], positive and finite). NVFP4 blocks are then repacked into NVIDIA's layout on `device`
+    [E], positive, finite and at most MAX_SCALE2). NVFP4 blocks are then repacked into NVIDIA's layout on `device`
     (codes uint8 [..., N, K/2], scales uint8 [..., N, K/16]). A file with no `.scale` sidecar at
     all gives scale2 = 1.0 everywhere; one where some NVFP4 tensors have a sidecar and others do
     not is refused, naming the missing sidecars. BF16 linears stay bf16; norms load as bf16;

@@ -356,6 +356,9 @@ _F32 = GGMLQuantizationType.F32
     ("blk.2.attn_q.scale", np.array([-1.0], np.float32), _F32, "not a positive finite number"),
     ("blk.2.attn_q.scale", np.array([np.nan], np.float32), _F32, "not a positive finite number"),
     ("blk.2.attn_q.scale", np.array([np.inf], np.float32), _F32, "not a positive finite number"),
+    # finite, but 6 · 448 · 3e38 overflows: every logit would be NaN and the output token 0
+    ("blk.2.attn_q.scale", np.array([3e38], np.float32), _F32,
+     r"holds a scale2 of 3e\+38; expected at most 1.26e\+35, so that the largest NVFP4 weight"),
 ])  # fmt: skip
 def test_bad_sidecar_is_refused_by_name(tiny_ckpt_gguf, tmp_path, name, arr, raw, want):
     path = _rewrite(tiny_ckpt_gguf, tmp_path / "bad.gguf", replace={name: (arr, raw)})
