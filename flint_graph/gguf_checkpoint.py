@@ -332,8 +332,8 @@ def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
     Everything is validated before any tensor goes to the device: the file (exists, parses),
     general.architecture == "flint", `cfg.check_gguf_metadata`, and every expected tensor's
     presence, type and shape, with no unexpected tensors, and every `.scale` sidecar (F32, [1] or
-    [E], positive, finite and at most MAX_SCALE2). NVFP4 blocks are then repacked into NVIDIA's layout on `device`
-    (codes uint8 [..., N, K/2], scales uint8 [..., N, K/16]). A file with no `.scale` sidecar at
+    [E], positive, finite, at most MAX_SCALE2). NVFP4 blocks are then repacked into NVIDIA's
+    layout on `device` (codes uint8 [..., N, K/2], scales uint8 [..., N, K/16]). A file with no `.scale` sidecar at
     all gives scale2 = 1.0 everywhere; one where some NVFP4 tensors have a sidecar and others do
     not is refused, naming the missing sidecars. BF16 linears stay bf16; norms load as bf16;
     sinks, router and bias as float32.
