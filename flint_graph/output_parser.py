@@ -35,13 +35,13 @@ from functools import cache
 
 from flint_graph.tool_call_reader import (
     CALL_OPEN,
-    MAX_TAG,
     TAGS,
     THINK_CLOSE,
     THINK_OPEN,
     CallReader,
     ToolCall,
     ToolCallDelta,
+    held_from,
 )
 from flint_graph.tool_schema import tool_schemas
 
@@ -82,15 +82,6 @@ class ParsedOutput:
 @cache
 def _pattern(tags: tuple[str, ...]) -> re.Pattern:
     return re.compile("|".join(re.escape(t) for t in tags))
-
-
-def _held_from(buf: str, tags: tuple[str, ...]) -> int:
-    """Start of the longest suffix of `buf` that could still grow into one of `tags` (len(buf)
-    if none). Tags hold '<' only at their start, so only the last '<' can begin such a suffix."""
-    j = buf.rfind("<", max(0, len(buf) - MAX_TAG + 1))
-    if j >= 0 and any(t.startswith(buf[j:]) and t != buf[j:] for t in tags):
-        return j
-    return len(buf)
 
 
 class OutputParser:
@@ -214,7 +205,7 @@ class OutputParser:
         ends = self._ends(channel)
         m = _pattern(ends).search(self._buf) if ends else None
         if m is None:
-            cut = len(self._buf) if final else _held_from(self._buf, self._hold)
+            cut = len(self._buf) if final else held_from(self._buf, self._hold)
             self._emit(channel, self._buf[:cut])
             self._buf = self._buf[cut:]
             return False

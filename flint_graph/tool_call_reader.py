@@ -88,22 +88,20 @@ class ToolCallDelta:
         return {"index": self.index, **head, "function": fn}
 
 
-def _tag_cut(buf: str) -> int:
-    """Where a suffix of `buf` that could still grow into a tag starts (or len)."""
+def held_from(buf: str, tags: tuple[str, ...] = TAGS) -> int:
+    """Start of the longest suffix of `buf` that could still grow into one of `tags` (len(buf)
+    if none): the text a streaming reader holds back. Tags hold '<' only at their start, so
+    only the last '<' can begin such a suffix."""
     j = buf.rfind("<", max(0, len(buf) - MAX_TAG + 1))
-    return j if j >= 0 and any(t.startswith(buf[j:]) for t in TAGS) else len(buf)
+    if j >= 0 and any(t.startswith(buf[j:]) and t != buf[j:] for t in tags):
+        return j
+    return len(buf)
 
 
 def _quote(text: str, limit: int = 40) -> str:
     """`text` (its leading blanks dropped) for an error message, cut to `limit` characters."""
     text = text.lstrip()
     return repr(text if len(text) <= limit else text[:limit] + "…")
-
-
-def _value_cut(buf: str) -> int:
-    """Where a suffix of `buf` that could still grow into `</arg_value>` starts (or len)."""
-    j = buf.rfind("<", max(0, len(buf) - len(VALUE_CLOSE) + 1))
-    return j if j >= 0 and VALUE_CLOSE.startswith(buf[j:]) else len(buf)
 
 
 class CallReader:
@@ -205,7 +203,7 @@ class CallReader:
         # Text that can no longer be a name (a second word, or '<' / '>' that starts no tag)
         # ends the call at once, so what follows streams as content instead of waiting for the
         # next tag or the end of the output (`<tool_call>` written in prose).
-        end = m.start() if m is not None else len(self.buf) if final else _tag_cut(self.buf)
+        end = m.start() if m is not None else len(self.buf) if final else held_from(self.buf)
         odd = self._name_odd(end)
         if odd < end:
             return self._malformed(odd, "expected a function name (one word) then <arg_key> or "
@@ -295,7 +293,7 @@ class CallReader:
         if i < 0:
             if final:
                 return self._malformed(len(self.buf), "output ended inside a value")
-            self._take_value(_value_cut(self.buf))
+            self._take_value(held_from(self.buf, (VALUE_CLOSE,)))
             return False
         self._take_value(i)
         self._consume(len(VALUE_CLOSE))

@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 
-from flint_graph.kernels.spec import KernelDef, ScalarArg, Spec, TensorArg
+from flint_graph.kernels.spec import DTYPES, KernelDef, ScalarArg, Spec, TensorArg
 
-_DTYPE = {"bf16": torch.bfloat16, "f32": torch.float32, "u8": torch.uint8, "u32": torch.int32,
-          "i32": torch.int32, "i64": torch.int64}
+_DTYPE = {name: getattr(torch, torch_name) for name, (torch_name, _) in DTYPES.items()}
 
 
 def example_args(kdef: KernelDef, spec: Spec, extents: dict[str, int], *,
@@ -33,12 +32,15 @@ def example_args(kdef: KernelDef, spec: Spec, extents: dict[str, int], *,
             out.append((scalars or {}).get(a.name, {"eps": 1e-5}.get(a.name, 0)))
             continue
         shape = tuple(extents[d] if isinstance(d, str) else d for d in a.shape)
-        out.append(_tensor(kdef.name, a, shape, gen, device))
+        out.append(example_tensor(a, shape, gen, device))
     return out
 
 
-def _tensor(kernel: str, a: TensorArg, shape: tuple[int, ...], gen: torch.Generator,
-            device: str) -> torch.Tensor:
+def example_tensor(a: TensorArg, shape: tuple[int, ...], gen: torch.Generator,
+                   device: str) -> torch.Tensor:
+    """One fresh tensor for argument `a` with concrete `shape` (dtype from `a.dtype`), drawn on
+    `gen`'s device and moved to `device`: outputs NaN (or -1) poisoned, the rest random as the
+    module docstring says. Lets a caller redraw inputs while keeping weights it already has."""
     dtype = _DTYPE[a.dtype]
     if a.role == "output":
         t = torch.empty(shape, dtype=dtype, device=device)

@@ -61,17 +61,18 @@ def test_ctrl_c_during_start_up_always_ends_cleanly():
     # Each run waits for stdin (never written), so only Ctrl-C can end it. Offsets count from
     # the moment numpy's extension is mapped: torch imports numpy from C code that swallowed
     # a KeyboardInterrupt raised in the next ~30 ms (the command ran on), or later failed with
-    # "cannot load module more than once per process". One run is signalled at launch.
-    cases = [("generate", None)] + [("generate", ms) for ms in (0, 10, 25, 300)] \
-        + [("chat", 10)]
+    # "cannot load module more than once per process". No run is signalled at launch: a signal
+    # sent right after Popen can land between fork and exec, where the child still has the
+    # test process's Python handler and the signal is lost, and one landing in the
+    # interpreter's own start-up is outside our code (README); neither says anything about it.
+    cases = [("generate", ms) for ms in (0, 10, 25, 300)] + [("chat", 10)]
     results: dict[int, tuple[int, str]] = {}
 
-    def one(i: int, command: str, offset_ms: int | None) -> None:
+    def one(i: int, command: str, offset_ms: int) -> None:
         p = subprocess.Popen([str(SCRIPT), command, "--device", "cpu"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if offset_ms is not None:
-            _wait_for_mapping(p.pid, "_multiarray_umath", time.perf_counter() + 30)
-            time.sleep(offset_ms / 1000)
+        _wait_for_mapping(p.pid, "_multiarray_umath", time.perf_counter() + 30)
+        time.sleep(offset_ms / 1000)
         p.send_signal(signal.SIGINT)
         try:
             _, err = p.communicate(timeout=30)
@@ -88,8 +89,6 @@ def test_ctrl_c_during_start_up_always_ends_cleanly():
         t.join()
     for i, (command, offset) in enumerate(cases):
         code, err = results[i]
-        if offset is None and code == -signal.SIGINT and not err:
-            continue  # killed before the interpreter could handle SIGINT: the shell says 130
         assert (code, err.strip().splitlines()[-1:]) == (130, ["flint-graph: interrupted"]), \
             f"{command} at +{offset} ms: exit {code}: {err}"
 

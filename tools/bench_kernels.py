@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from flint_graph import reference
 from flint_graph.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, registry
-from flint_graph.kernels.examples import example_args
-from flint_graph.kernels.spec import BUCKETS, DTYPES, ScalarArg, Spec, unique_specs
+from flint_graph.kernels.examples import example_args, example_tensor
+from flint_graph.kernels.spec import BUCKETS, ScalarArg, Spec, unique_specs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ is not a package
 import bench_report  # noqa: E402
@@ -153,15 +153,6 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan") if t.is_floating_point() else -1)
 
 
-def _fresh(a, shape, gen) -> torch.Tensor:
-    dtype = getattr(torch, DTYPES[a.dtype][0])
-    if a.role == "output":
-        return _poison(torch.empty(shape, dtype=dtype, device=DEVICE))
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=gen, device=gen.device).to(dtype).to(DEVICE)
-    return torch.randint(0, 127, shape, generator=gen, dtype=dtype, device=gen.device).to(DEVICE)
-
-
 def base_args(ctx: Ctx, kdef, spec: Spec, ext: dict) -> list:
     """Fresh random args (kernels/examples.py). The weights are drawn once per shape and kept
     for the other B and variants (drawing the LM head on the host takes seconds)."""
@@ -177,7 +168,8 @@ def base_args(ctx: Ctx, kdef, spec: Spec, ext: dict) -> list:
         return args
     w = ctx.wcache[key]
     return [scalars.get(a.name, 0) if _role(a) == "scalar" else w[a.name]
-            if a.role == "weight" else _fresh(a, shapes[a.name], ctx.gen) for a in decls]
+            if a.role == "weight" else example_tensor(a, shapes[a.name], ctx.gen, DEVICE)
+            for a in decls]
 
 
 def clone_set(decls, args) -> list:
