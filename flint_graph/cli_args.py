@@ -22,6 +22,27 @@ class ArgParser(argparse.ArgumentParser):
         message = " ".join(message.split())
         self.exit(EXIT_BAD_INPUT, f"flint-graph: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        # argparse reports a subcommand's unknown flags from the top parser, which would point
+        # at `flint-graph --help`; report them from the subcommand's parser instead.
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = getattr(self, "commands", {})
+            commands.get(getattr(ns, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1 (the error names the flag through argparse)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
 
 class _VersionAction(argparse.Action):
     """`--version`, reading the installed version only when asked (importlib.metadata is slow
@@ -56,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "default (a tiny synthetic checkpoint, built on first use) is used.")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
+    p.commands = sub.choices  # name -> subparser, for errors that argparse raises at the top
 
     chat = sub.add_parser("chat", help="interactive terminal chat (streams reasoning, content "
                                        "and tool calls)",
@@ -160,7 +182,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "a GGUF (default: the GGUF's own directory)")
     p.add_argument("--device", metavar="DEV",
                    help="torch device, e.g. cuda or cpu (default: cuda when available)")
-    p.add_argument("--threads", type=int, metavar="N",
+    p.add_argument("--threads", type=positive_int, metavar="N",
                    help="CPU threads for torch (default: 1 for a small model on the CPU unless "
                         "OMP_NUM_THREADS is set, else torch's own choice)")
     p.add_argument("--tools", metavar="TOOLS.json", type=Path,

@@ -111,7 +111,11 @@ def test_ctrl_c_after_start_up_is_one_line_and_restores_the_handler(capsys, monk
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["make-checkpoint"], "the following arguments are required: --out"),
     (["chat", "--temperature"], "argument --temperature: expected one argument"),
-    (["generate", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["generate", "--no-such-flag"], "unrecognized arguments: --no-such-flag (see flint-graph "
+                                      "generate --help)"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag (see flint-graph --help)"),
+    (["chat", "--threads", "0"], "argument --threads: expected an integer >= 1, got 0 (see "
+                                 "flint-graph chat --help)"),
 ])
 def test_argparse_errors_are_one_line(capsys, argv, match):
     code, out, err = _run(capsys, *argv)
@@ -150,5 +154,5 @@ def test_threads_flag_sets_torch_threads_and_is_validated(capsys, monkeypatch, t
                         "--threads", 3, "--device", "cpu")
     assert code == 0 and calls == [3], err
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "x", "--threads", 0)
-    assert code == 2 and err.strip() == ("flint-graph: error: cpu_threads 0: expected an "
-                                         "integer >= 1")
+    assert code == 2 and err.strip() == ("flint-graph: error: argument --threads: expected an "
+                                         "integer >= 1, got 0 (see flint-graph generate --help)")
