@@ -166,6 +166,9 @@ class ChatSession:
                 if self.messages and self.messages[-1]["role"] == "user":
                     self.messages.pop()
                 return
+            if msg.finish_reason == "abort" and not (msg.content or msg.reasoning_content
+                                                     or msg.tool_calls):
+                return  # stopped before any text: an empty assistant turn would only mislead
             self.messages.append(msg.to_dict())
             if not msg.tool_calls or msg.finish_reason == "abort":
                 return

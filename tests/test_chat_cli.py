@@ -244,3 +244,21 @@ def test_live_region_leaves_a_clean_screen_in_tmux(tmp_path):
     # The answer, printed once with its real characters (tmux joins its wrapped lines).
     assert unicodedata.normalize("NFC", lines[-3]) == content.rstrip(), screen
     assert lines[-5] == "you> question number 12 about the weather", screen  # no stale lines
+
+
+def test_ctrl_c_before_the_first_token_leaves_no_empty_answer_in_history(tiny_llm, monkeypatch):
+    class Stopped(FakeStream):
+        def __init__(self):
+            super().__init__("", "")
+            self.message.finish_reason = self.message.output.finish_reason = "abort"
+            self.message.output.token_ids = []
+
+        def __iter__(self):
+            raise KeyboardInterrupt  # Ctrl-C during prefill, before any delta
+
+    monkeypatch.setattr(tiny_llm, "stream_chat", lambda *a, **k: Stopped())
+    s, console = _session(tiny_llm, ["hi", "/exit"])
+    s.run()
+    assert [m["role"] for m in s.messages] == ["user"]  # the question stays, no empty answer
+    footer = console.file.getvalue().splitlines()[-1]
+    assert footer.startswith("0 tokens") and footer.endswith("· stopped")
