@@ -81,6 +81,18 @@ class ChatMessage:
         return msg
 
 
+def check_prompt_text(prompt: str) -> None:
+    """Refuse an empty prompt or one that is not valid UTF-8 text (a lone surrogate, as
+    undecodable bytes arrive), naming the character's position. Raises InvalidRequestError."""
+    if not prompt.strip():
+        raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(
+            f"prompt: not valid UTF-8 text (undecodable byte at character {e.start})") from None
+
+
 class LLM:
     """A Flint model ready to generate.
 
@@ -229,26 +241,15 @@ class LLM:
         # a call stays content, without warnings.
         declared = (tools or []) if tool_choice != "none" else []
         parser = OutputParser(tools=declared, thinking=enable_thinking)
-        self._check_text("".join(s.text for s in segments))
+        check_prompt_text("".join(s.text for s in segments))
         req = self._request(self.tokenizer.encode_segments(segments), params, parser=parser)
         return RequestStream(self, req, enable_thinking)
 
     # -- internals --------------------------------------------------------------------------
 
-    @staticmethod
-    def _check_text(prompt: str) -> None:
-        if not prompt.strip():
-            raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidRequestError(
-                f"prompt: not valid UTF-8 text (undecodable byte at character {e.start})"
-            ) from None
-
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            self._check_text(prompt)
+            check_prompt_text(prompt)
             return self.tokenizer.encode(prompt)
         if not isinstance(prompt, list):
             raise InvalidRequestError(f"prompt: expected text or a list of token ids, found "

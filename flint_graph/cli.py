@@ -170,13 +170,9 @@ def read_prompt(args: argparse.Namespace) -> str:
         # the template's prefix. Checking here reports it as --raw does.
         raw = getattr(sys.stdin, "buffer", None)
         prompt = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
-    if not prompt.strip():
-        raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidRequestError(
-            f"prompt: not valid UTF-8 text (undecodable byte at character {e.start})") from None
+    from flint_graph.api import check_prompt_text
+
+    check_prompt_text(prompt)  # before templating, so a bad byte's position is the prompt's
     return prompt
 
 
