@@ -50,8 +50,8 @@ def _fake_args(args: Sequence[TensorArg | ScalarArg]) -> list[Any]:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-    dsl = {"bf16": cutlass.BFloat16, "f32": cutlass.Float32, "u8": cutlass.Uint8,
-           "u32": cutlass.Uint32, "i32": cutlass.Int32, "i64": cutlass.Int64}
+    dsl = {"bf16": cutlass.BFloat16, "f32": cutlass.Float32, "f64": cutlass.Float64,
+           "u8": cutlass.Uint8, "u32": cutlass.Uint32, "i32": cutlass.Int32, "i64": cutlass.Int64}
     out: list[Any] = []
     for a in args:
         if isinstance(a, ScalarArg):

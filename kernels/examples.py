@@ -40,9 +40,12 @@ def example_tensor(a: TensorArg, shape: tuple[int, ...], gen: torch.Generator,
                    device: str) -> torch.Tensor:
     """One fresh tensor for argument `a` with concrete `shape` (dtype from `a.dtype`), drawn on
     `gen`'s device and moved to `device`: outputs NaN (or -1) poisoned, the rest random as the
-    module docstring says. Lets a caller redraw inputs while keeping weights it already has."""
+    module docstring says (integer workspaces, e.g. completion counters,
+    zero). Lets a caller redraw inputs while keeping weights it already has."""
     dtype = _DTYPE[a.dtype]
-    if a.role == "output":
+    if a.role == "workspace" and not dtype.is_floating_point:
+        return torch.zeros(shape, dtype=dtype, device=device)  # counters start at zero
+    if a.role in ("output", "workspace"):
         t = torch.empty(shape, dtype=dtype, device=device)
         return t.fill_(float("nan")) if dtype.is_floating_point else t.fill_(-1)
     on = gen.device

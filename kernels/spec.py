@@ -23,12 +23,13 @@ from typing import Any, Callable, Sequence
 DTYPES = {
     "bf16": ("bfloat16", 2),
     "f32": ("float32", 4),
+    "f64": ("float64", 8),
     "u8": ("uint8", 1),
     "u32": ("int32", 4),  # torch has no uint32 arithmetic; the bits travel in an int32 tensor
     "i32": ("int32", 4),
     "i64": ("int64", 8),
 }
-ROLES = ("weight", "input", "output")
+ROLES = ("weight", "input", "output", "workspace")
 BUCKETS = (1, 2, 4, 8)  # decode batch buckets (DESIGN §3)
 MAX_BATCH = max(BUCKETS)  # the kernels handle at most this many rows (a compile-time value B)
 _SCALAR_BYTES = {"f32": 4, "i32": 4, "i64": 8}
@@ -41,8 +42,11 @@ class TensorArg:
     shape: ints are static extents; a str names a dynamic extent (equal names must be equal at
     launch). role: "weight" (read-only for the whole step; may be loaded before
     griddepcontrol.wait), "input" (written by a predecessor: read only after the wait) or
-    "output". align: byte alignment of the data pointer the kernel assumes (16 for 128-bit loads);
-    every row whose byte stride is static must keep it (`check_spec`).
+    "output"; "workspace": scratch the kernel reads and writes for itself (split-KV partials,
+    completion counters), read only after the wait like an input; integer workspaces must be
+    zero before the first launch and are left zero by every launch.
+    align: byte alignment of the data pointer the kernel assumes (16 for 128-bit loads); every
+    row whose byte stride is static must keep it (`check_spec`).
     """
 
     name: str
