@@ -31,6 +31,7 @@ DTYPES = {
 }
 ROLES = ("weight", "input", "output", "workspace")
 BUCKETS = (1, 2, 4, 8)  # decode batch buckets (DESIGN §3)
+KV_PAGE = 64  # tokens per page of a full layer's paged KV cache (docs/decode-kernels.md)
 MAX_BATCH = max(BUCKETS)  # the kernels handle at most this many rows (a compile-time value B)
 _SCALAR_BYTES = {"f32": 4, "i32": 4, "i64": 8}
 
