@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from flint_graph.config import FlintConfig
 from flint_graph.errors import CheckpointError, ContextLengthError, InvalidRequestError
-from flint_graph.weights import FlintWeights, Linear, MoEWeights, NVFP4Weight, dense, expert_weight
+from flint_graph.weights import (FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight,
+                                dense, expert_weight)
 
 ACT_DTYPE = torch.bfloat16  # default activation / KV dtype (DESIGN §4)
 KV_CHUNK_TOKENS = 256  # default: full-layer caches grow by this many tokens at a time
@@ -139,14 +140,18 @@ def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear, *,
 
 
 def moe(x: torch.Tensor, w: MoEWeights, top_k: int, scaling: float, norm: bool, *,
-        dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
+        dtype: torch.dtype = ACT_DTYPE,
+        routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Routed experts plus shared expert: x bf16 [T, H] -> bf16 [T, H].
 
     Σ_i w_i·expert_i(x) + shared(x) summed in fp32 (each expert output is a bf16 projection
     result) and rounded once. Tokens are grouped per expert and only the picked experts are
     dequantised. A token's terms are added in ascending expert id whatever else is in the
-    batch, so only matmul row counts (FP32 order) differ between batched and alone."""
-    ids, weights = route(x, w.router, w.router_bias, top_k, scaling, norm)
+    batch, so only matmul row counts (FP32 order) differ between batched and alone.
+    `routing` (ids int [T, K], weights fp32 [T, K]) replaces `route`'s choice: tests use it to
+    follow a kernel's pick where two experts tie within rounding."""
+    ids, weights = routing or route(x, w.router, w.router_bias, top_k, scaling, norm)
+    ids = ids.long()
     acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
     for e in torch.unique(ids).tolist():
         tok, slot = (ids == e).nonzero(as_tuple=True)
@@ -300,16 +305,7 @@ class ReferenceModel:
         lens = [t.numel() for t in tokens]
         x = embed(w.embed, torch.cat(tokens), dtype=dt)  # [ΣT, H]
         for i, lw in enumerate(w.layers):
-            h = rms_norm(x, lw.attn_norm, cfg.rms_norm_eps, dtype=dt)
-            a = linear(self._attention(i, h, seqs, lens), lw.o_proj, dtype=dt)
-            x = residual_add(x, a, dtype=dt)
-            h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps, dtype=dt)
-            if isinstance(lw.ffn, MoEWeights):
-                y = moe(h, lw.ffn, cfg.num_experts_per_tok, cfg.routed_scaling_factor,
-                        cfg.norm_topk_prob, dtype=dt)
-            else:
-                y = swiglu(h, lw.ffn.gate, lw.ffn.up, lw.ffn.down, dtype=dt)
-            x = residual_add(x, y, dtype=dt)
+            x = decoder_layer(cfg, lw, i, x, seqs, lens, dtype=dt)
         for s, n in zip(seqs, lens):
             s.advance(n)
         ends = list(itertools.accumulate(lens))
@@ -320,29 +316,51 @@ class ReferenceModel:
         logits = h.float() @ dense(w.lm_head, torch.float32).T  # [ΣT, V] fp32, not rounded
         return list(logits.tensor_split(ends[:-1]))
 
-    def _attention(self, layer: int, h: torch.Tensor, seqs: list[SequenceKV],
-                   lens: list[int]) -> torch.Tensor:
-        """Q/K/V on all tokens, Q/K norm, RoPE (RoPE layers only), cache update and attention
-        per sequence -> bf16 [ΣT, Q]."""
-        cfg, lw, dt = self.cfg, self.weights.layers[layer], self.act_dtype
-        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = linear(h, lw.q_proj, dtype=dt).view(-1, hq, d)
-        k = linear(h, lw.k_proj, dtype=dt).view(-1, hkv, d)
-        v = linear(h, lw.v_proj, dtype=dt).view(-1, hkv, d)
-        if cfg.qk_norm:
-            q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps, dtype=dt)
-            k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps, dtype=dt)
-        sinks = lw.sinks if cfg.attention_sinks else None
-        out = []
-        for s, qs, ks, vs in zip(seqs, q.split(lens), k.split(lens), v.split(lens)):
-            pos = torch.arange(s.num_tokens, s.num_tokens + qs.shape[0], device=h.device)
-            if cfg.uses_rope(layer):
-                qs = apply_rope(qs, pos, cfg.rope_theta, dtype=dt)
-                ks = apply_rope(ks, pos, cfg.rope_theta, dtype=dt)
-            k_all, v_all, k_pos = s.update(layer, ks, vs)
-            out.append(attention(qs, k_all, v_all, pos, k_pos, sinks, self.windows[layer],
-                                 dtype=dt))
-        return torch.cat(out).view(-1, hq * d)
+
+def decoder_layer(cfg: FlintConfig, lw: LayerWeights, layer: int, x: torch.Tensor,
+                  seqs: list[SequenceKV], lens: list[int], *, dtype: torch.dtype = ACT_DTYPE,
+                  routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """One pre-norm decoder layer (DESIGN §1) on x bf16 [ΣT, H], the new tokens of `seqs`
+    (lens[i] each, at positions seqs[i].num_tokens …): attention block then FFN block, each
+    added to the residual stream. Stores the tokens' K/V in `seqs` (the caller advances them).
+    `routing` overrides the MoE routing as in `moe`."""
+    eps = cfg.rms_norm_eps
+    h = rms_norm(x, lw.attn_norm, eps, dtype=dtype)
+    a = linear(attention_block(cfg, lw, layer, h, seqs, lens, dtype=dtype), lw.o_proj,
+               dtype=dtype)
+    x = residual_add(x, a, dtype=dtype)
+    h = rms_norm(x, lw.ffn_norm, eps, dtype=dtype)
+    if isinstance(lw.ffn, MoEWeights):
+        y = moe(h, lw.ffn, cfg.num_experts_per_tok, cfg.routed_scaling_factor,
+                cfg.norm_topk_prob, dtype=dtype, routing=routing)
+    else:
+        y = swiglu(h, lw.ffn.gate, lw.ffn.up, lw.ffn.down, dtype=dtype)
+    return residual_add(x, y, dtype=dtype)
+
+
+def attention_block(cfg: FlintConfig, lw: LayerWeights, layer: int, h: torch.Tensor,
+                    seqs: list[SequenceKV], lens: list[int], *,
+                    dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
+    """Q/K/V on all tokens, Q/K norm, RoPE (RoPE layers only), cache update and attention
+    per sequence -> bf16 [ΣT, Q] (before the o projection). h bf16 [ΣT, H]."""
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = linear(h, lw.q_proj, dtype=dtype).view(-1, hq, d)
+    k = linear(h, lw.k_proj, dtype=dtype).view(-1, hkv, d)
+    v = linear(h, lw.v_proj, dtype=dtype).view(-1, hkv, d)
+    if cfg.qk_norm:
+        q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps, dtype=dtype)
+        k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps, dtype=dtype)
+    sinks = lw.sinks if cfg.attention_sinks else None
+    window = cfg.sliding_window if cfg.is_sliding(layer) else None
+    out = []
+    for s, qs, ks, vs in zip(seqs, q.split(lens), k.split(lens), v.split(lens)):
+        pos = torch.arange(s.num_tokens, s.num_tokens + qs.shape[0], device=h.device)
+        if cfg.uses_rope(layer):
+            qs = apply_rope(qs, pos, cfg.rope_theta, dtype=dtype)
+            ks = apply_rope(ks, pos, cfg.rope_theta, dtype=dtype)
+        k_all, v_all, k_pos = s.update(layer, ks, vs)
+        out.append(attention(qs, k_all, v_all, pos, k_pos, sinks, window, dtype=dtype))
+    return torch.cat(out).view(-1, hq * d)
 
 
 def _check_weights(cfg: FlintConfig, w: FlintWeights) -> None:

@@ -1,0 +1,233 @@
+"""One decoder layer's decode step from the AOT kernels (docs/decode-kernels.md), and the
+buffers it runs in: the piece the captured decode graph repeats 49 times.
+
+`DecodeLayer(kset, cfg, layer, weights, batch)` picks each kernel's specialisation for the
+layer's kind (sliding or full attention, MoE or dense MLP, BF16 or NVFP4) and bucket, holds the
+weight tensors in the layouts the kernels read, and `launch(bufs, kv)` enqueues the layer's
+kernels on the current stream, each with PDL. It computes what `ReferenceModel` computes for one
+layer (DESIGN §1, §4): tests/test_decode_layer_gpu.py compares the two.
+
+The residual stream enters and leaves a layer in `StepBuffers.stream` (bf16 [B, H]). Inside, no
+kernel writes a buffer another CTA of the same launch may still read: the attention norm copies
+the stream to `residual` (adding `zeros`, exact), the router (or the dense layers' FFN norm)
+writes residual + o projection to `residual2`, and `moe_down` writes residual2 + FFN output
+back to `stream`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+from flint_graph.config import FlintConfig
+from flint_graph.kernels import attn_decode, gemv_bf16, gemv_nvfp4
+from flint_graph.kernels.spec import KV_PAGE, Spec
+from flint_graph.weights import Linear, LayerWeights, MLPWeights, MoEWeights, NVFP4Weight
+
+BF16 = torch.bfloat16
+
+
+def _pick(kset, name: str, cfg: FlintConfig, batch: int, **want: int):
+    """The loaded kernel `name` whose model specialisation for bucket `batch` has `want`'s
+    values (exactly one must match)."""
+    kdef = kset.defs[name]
+    found = [s for s in kdef.specs(cfg, (batch,))
+             if all(s.as_dict().get(k) == v for k, v in want.items())]
+    if len(found) != 1:
+        raise ValueError(f"{name}: {len(found)} specialisations for B={batch} {want}")
+    return kset.get(name, **found[0].as_dict())
+
+
+def inv_freq(cfg: FlintConfig, device) -> torch.Tensor:
+    """RoPE inverse frequencies float64 [D/2]: theta^(−2i/D), as `reference.rope_cos_sin`."""
+    i = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=device)
+    return cfg.rope_theta ** (-i / cfg.head_dim)
+
+
+@dataclass
+class StepBuffers:
+    """Every activation and workspace of one decode step at bucket B, shared by all layers
+    (layers run one after another). Names follow docs/decode-kernels.md; shapes in brackets."""
+
+    stream: torch.Tensor  # bf16 [B, H], the residual stream between layers
+    residual: torch.Tensor  # bf16 [B, H], the stream after the attention norm's copy
+    residual2: torch.Tensor  # bf16 [B, H], residual + attention output
+    zeros: torch.Tensor  # bf16 [B, H], all zero: the attention norm's residual input
+    h: torch.Tensor  # bf16 [B, H], the normed stream
+    o: torch.Tensor  # bf16 [B, H], the o projection
+    q: torch.Tensor  # bf16 [B, HQ·D]
+    k: torch.Tensor  # bf16 [B, HKV·D]
+    v: torch.Tensor  # bf16 [B, HKV·D]
+    q_out: torch.Tensor  # bf16 [B, HQ, D]
+    attn: torch.Tensor  # bf16 [B, HQ·D]
+    positions: torch.Tensor  # i32 [B]
+    row_mask: torch.Tensor  # i32 [B], 0 for padding rows
+    ring_table: torch.Tensor  # i32 [B, 1], each row's ring slot
+    page_table: torch.Tensor  # i32 [B, T], each row's pages
+    ids: torch.Tensor  # i32 [B, TOPK]
+    weights: torch.Tensor  # f32 [B, TOPK]
+    experts: torch.Tensor  # i32 [S]
+    slot_w: torch.Tensor  # f32 [S, B]
+    scores: torch.Tensor  # f32 [B, E] router workspace
+    router_counter: torch.Tensor  # i32 [1]
+    act: torch.Tensor  # bf16 [S, B, M]
+    act_sh: torch.Tensor  # bf16 [B, MS]
+    act_dense: torch.Tensor  # bf16 [B, I]
+    o_part: dict  # SPLITS -> f32 [B, HKV, SPLITS, G, D]
+    lse_part: dict  # SPLITS -> f32 [B, HKV, SPLITS, G]
+    attn_counters: torch.Tensor  # i32 [B, HKV]
+
+    @classmethod
+    def allocate(cls, cfg: FlintConfig, batch: int, max_pages: int,
+                 device="cuda") -> StepBuffers:
+        """Buffers for bucket `batch` and block tables of `max_pages` pages per row."""
+        b, h, d = batch, cfg.hidden_size, cfg.head_dim
+        hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+        s = min(e, b * k)
+        m = cfg.moe_intermediate_size
+        ms = max(1, cfg.n_shared_experts * m)
+
+        def t(*shape, dtype=BF16):
+            return torch.empty(shape, dtype=dtype, device=device)
+
+        i32, f32 = torch.int32, torch.float32
+        splits = sorted({attn_decode.splits_for(b, cfg, sliding)
+                         for sliding in (True, False)})
+        return cls(
+            stream=t(b, h), residual=t(b, h), residual2=t(b, h),
+            zeros=torch.zeros(b, h, dtype=BF16, device=device), h=t(b, h), o=t(b, h), q=t(b, hq * d), k=t(b, hkv * d), v=t(b, hkv * d), q_out=t(b, hq, d),
+            attn=t(b, hq * d), positions=torch.zeros(b, dtype=i32, device=device),
+            row_mask=torch.ones(b, dtype=i32, device=device),
+            ring_table=torch.zeros(b, 1, dtype=i32, device=device),
+            page_table=torch.zeros(b, max_pages, dtype=i32, device=device),
+            ids=t(b, k, dtype=i32), weights=t(b, k, dtype=f32), experts=t(s, dtype=i32),
+            slot_w=t(s, b, dtype=f32), scores=t(b, e, dtype=f32),
+            router_counter=torch.zeros(1, dtype=i32, device=device), act=t(s, b, m),
+            act_sh=t(b, ms), act_dense=t(b, cfg.intermediate_size),
+            o_part={n: t(b, hkv, n, hq // hkv, d, dtype=f32) for n in splits},
+            lse_part={n: t(b, hkv, n, hq // hkv, dtype=f32) for n in splits},
+            attn_counters=torch.zeros(b, hkv, dtype=i32, device=device))
+
+
+@dataclass
+class LayerKV:
+    """One layer's BF16 KV cache: k, v [NB, HKV, P, D]: pages of KV_PAGE tokens (full layers)
+    or one ring of `sliding_window` entries per slot (sliding layers)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    ring: bool
+
+
+def allocate_kv(cfg: FlintConfig, layer: int, num_pages: int, num_slots: int,
+                device="cuda") -> LayerKV:
+    """An uninitialised cache for `layer`: `num_slots` rings if sliding, else `num_pages`
+    pages."""
+    ring = cfg.is_sliding(layer)
+    n, p = (num_slots, cfg.sliding_window) if ring else (num_pages, KV_PAGE)
+    shape = (n, cfg.num_key_value_heads, p, cfg.head_dim)
+    return LayerKV(torch.empty(shape, dtype=BF16, device=device),
+                   torch.empty(shape, dtype=BF16, device=device), ring)
+
+
+def _nvfp4_args(w: NVFP4Weight, lead: int | None = None) -> list[torch.Tensor]:
+    """codes, scales, scale2 of an NVFP4 weight as the kernels take them: scale2 [1] for a
+    matrix, [E] for a stack (a per-tensor scale2 of a stack repeated per expert)."""
+    s2 = w.scale2.float().reshape(-1)
+    if lead is not None and s2.numel() == 1:
+        s2 = s2.expand(lead).contiguous()
+    return [w.codes.contiguous(), w.scales.contiguous(), s2.contiguous()]
+
+
+def _weight_args(w: Linear, lead: int | None = None) -> list[torch.Tensor]:
+    return _nvfp4_args(w, lead) if isinstance(w, NVFP4Weight) else [w.contiguous()]
+
+
+class DecodeLayer:
+    """Layer `layer` of `cfg` at bucket `batch`, on the kernels of `kset` (a KernelSet).
+
+    weights: the layer's `LayerWeights` on the GPU (BF16 or NVFP4 linears; all linears of one
+    layer in one format). Raises ValueError when a kernel has no specialisation for it."""
+
+    def __init__(self, kset, cfg: FlintConfig, layer: int, weights: LayerWeights, batch: int):
+        self.cfg, self.layer, self.batch = cfg, layer, batch
+        self.w = weights
+        self.sliding = cfg.is_sliding(layer)
+        self.moe = isinstance(weights.ffn, MoEWeights)
+        nvfp4 = isinstance(weights.q_proj, NVFP4Weight)
+        self.fmt = int(nvfp4)
+        gemv = gemv_nvfp4 if nvfp4 else gemv_bf16
+
+        def linear_kernel(w: Linear):
+            n, k = w.shape
+            spec: Spec = gemv.spec_for(batch, k, n)
+            return kset.get(spec.kernel, **spec.as_dict()), _weight_args(w)
+
+        self.q, self.k, self.v, self.o = (linear_kernel(getattr(weights, f"{p}_proj"))
+                                          for p in "qkvo")
+        b = batch
+        self.norm = _pick(kset, "rmsnorm", cfg, b)
+        self.prep = _pick(kset, "qk_norm_rope_kv", cfg, b, RING=int(self.sliding))
+        self.attn = _pick(kset, "attn_decode", cfg, b, RING=int(self.sliding))
+        self.splits = self.attn.spec["SPLITS"]
+        topk = cfg.num_experts_per_tok if self.moe else 0
+        self.gate_up = _pick(kset, "moe_gate_up", cfg, b, TOPK=topk, FMT=self.fmt)
+        self.down = _pick(kset, "moe_down", cfg, b, TOPK=topk, FMT=self.fmt)
+        if self.moe:
+            self.router = _pick(kset, "moe_router", cfg, b)
+        dev = weights.attn_norm.device
+        self.inv_freq = inv_freq(cfg, dev)
+        self.sinks = (weights.sinks.float() if cfg.attention_sinks else
+                      torch.full((cfg.num_attention_heads,), -math.inf, device=dev))
+        self.ffn_args = self._ffn_args(weights.ffn)
+
+    def _ffn_args(self, ffn: MLPWeights | MoEWeights) -> tuple[list, list]:
+        """(gate_up weight args, down weight args) in the kernels' argument order."""
+        if isinstance(ffn, MLPWeights):
+            return (_weight_args(ffn.gate) + _weight_args(ffn.up), _weight_args(ffn.down))
+        e = self.cfg.n_routed_experts
+        sh = ffn.shared
+        gate_up = _weight_args(ffn.gate, e) + _weight_args(ffn.up, e)
+        gate_up += _weight_args(sh.gate) + _weight_args(sh.up)
+        down = _weight_args(ffn.down, e) + _weight_args(sh.down)
+        return gate_up, down
+
+    def launch(self, bufs: StepBuffers, kv: LayerKV, *, pdl: bool | None = None) -> None:
+        """Enqueue the layer on the current stream: bufs.stream [B, H] in and out;
+        bufs.positions / row_mask / ring_table / page_table must hold this step's rows."""
+        cfg, w, eps = self.cfg, self.w, self.cfg.rms_norm_eps
+        bf = bufs
+        table = bf.ring_table if self.sliding else bf.page_table
+        self.norm.launch(bf.stream, bf.zeros, w.attn_norm, bf.residual, bf.h, eps, pdl=pdl)
+        for (kern, wargs), out in zip((self.q, self.k, self.v), (bf.q, bf.k, bf.v)):
+            kern.launch(bf.h, *wargs, out, pdl=pdl)
+        self.prep.launch(bf.q, bf.k, bf.v, bf.positions, table, w.q_norm, w.k_norm,
+                         self.inv_freq, bf.q_out, kv.k, kv.v, eps, pdl=pdl)
+        self.attn.launch(bf.q_out, kv.k, kv.v, table, bf.positions, self.sinks, bf.attn,
+                         bf.o_part[self.splits], bf.lse_part[self.splits], bf.attn_counters,
+                         pdl=pdl)
+        kern, wargs = self.o
+        kern.launch(bf.attn, *wargs, bf.o, pdl=pdl)
+        gate_up_w, down_w = self.ffn_args
+        if self.moe:
+            ffn = w.ffn
+            self.router.launch(bf.o, bf.residual, bf.row_mask, w.ffn_norm, ffn.router,
+                               ffn.router_bias, bf.residual2, bf.h, bf.ids, bf.weights,
+                               bf.experts, bf.slot_w, bf.scores, bf.router_counter, eps,
+                               cfg.routed_scaling_factor, pdl=pdl)
+            self.gate_up.launch(bf.h, bf.experts, *gate_up_w, bf.act, bf.act_sh, pdl=pdl)
+            self.down.launch(bf.act, bf.act_sh, bf.experts, bf.slot_w, bf.residual2, *down_w,
+                             bf.stream, pdl=pdl)
+        else:
+            self.norm.launch(bf.o, bf.residual, w.ffn_norm, bf.residual2, bf.h, eps, pdl=pdl)
+            self.gate_up.launch(bf.h, *gate_up_w, bf.act_dense, pdl=pdl)
+            self.down.launch(bf.act_dense, bf.residual2, *down_w, bf.stream, pdl=pdl)
+
+    @property
+    def kernels_per_launch(self) -> int:
+        """Kernel launches `launch` enqueues (counted for the ≤ 300-per-step budget)."""
+        return 10 if self.moe else 9
+
