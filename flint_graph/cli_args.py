@@ -143,6 +143,8 @@ def _build_kernels_args(p: argparse.ArgumentParser) -> None:
                    help="decode batch buckets to specialise for, each 1 to 8 (default: "
                         "1,2,4,8)")
     p.add_argument("--force", action="store_true", help="rebuild entries that are up to date")
+    p.add_argument("--jobs", type=positive_int, metavar="N",
+                   help="compile processes (default: one per CPU, at most 8)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="hide the progress bar")
 

@@ -145,9 +145,11 @@ def model_specs(cfg: Any, buckets: Sequence[int] = (1, 2, 4, 8),
 
 def build_cache(root: str | Path, todo: Sequence[tuple[KernelDef, Spec]],
                 archs: Sequence[str] = ARCHS, *, progress: bool = True,
-                force: bool = False) -> dict[str, int]:
+                force: bool = False, workers: int | None = None) -> dict[str, int]:
     """Compile what `todo` needs for each arch into `root`; reuse valid entries.
 
+    `workers` compile processes (default: one per CPU, at most 8) run the compiles; this process
+    writes the results.
     Returns counts {"built", "reused", "total"}. The manifest is rewritten after every build, so
     an interrupted run keeps what it finished; files are replaced atomically, and one build at
     a time writes a directory (a second waits for the first, then reuses what it built). A
@@ -178,25 +180,61 @@ def build_cache(root: str | Path, todo: Sequence[tuple[KernelDef, Spec]],
     with _exclusive(root):
         cache = KernelCache(root)  # read under the lock: what an earlier build added is kept
         jobs = [(k, s, a) for a in archs for k, s in todo]
-        counts = {"built": 0, "reused": 0, "total": len(jobs)}
+        stale = [j for j in jobs if force or cache.problem(*j) is not None]
+        counts = {"built": 0, "reused": len(jobs) - len(stale), "total": len(jobs)}
         with progress_bar(progress, "compiling kernels", len(jobs), unit="steps") as advance:
-            for kdef, spec, arch in jobs:
-                if not force and cache.problem(kdef, spec, arch) is None:
-                    counts["reused"] += 1
-                else:
-                    meta, cubin = compile_spec(kdef, spec, arch)
-                    name = cubin_name(spec, arch)
-                    meta.update(cubin=name, sha256=hashlib.sha256(cubin).hexdigest())
-                    try:
-                        _write_atomic(root / name, cubin)
-                        cache.manifest[entry_id(spec, arch)] = meta
-                        write_manifest(root, cache.manifest)
-                    except OSError as e:
-                        raise KernelBuildError(f"--out {root}: cannot write {name} or "
-                                               f"{MANIFEST} ({e.strerror or e})") from None
-                    counts["built"] += 1
+            advance(counts["reused"])
+            for spec, arch, meta, cubin in _compiled(stale, workers):
+                name = cubin_name(spec, arch)
+                meta.update(cubin=name, sha256=hashlib.sha256(cubin).hexdigest())
+                try:
+                    _write_atomic(root / name, cubin)
+                    cache.manifest[entry_id(spec, arch)] = meta
+                    write_manifest(root, cache.manifest)
+                except OSError as e:
+                    raise KernelBuildError(f"--out {root}: cannot write {name} or "
+                                           f"{MANIFEST} ({e.strerror or e})") from None
+                counts["built"] += 1
                 advance(1)
     return counts
+
+
+def _init_worker(arch: str) -> None:
+    os.environ["CUTE_DSL_ARCH"] = arch  # before the worker first imports cutlass
+
+
+def _compile_job(kernel: str, spec: Spec, arch: str) -> tuple[Spec, str, dict[str, Any], bytes]:
+    (kdef,) = registry((kernel,))
+    meta, cubin = compile_spec(kdef, spec, arch)
+    return spec, arch, meta, cubin
+
+
+def _compiled(jobs: Sequence[tuple[KernelDef, Spec, str]],
+              workers: int | None) -> Iterator[tuple[Spec, str, dict[str, Any], bytes]]:
+    """(spec, arch, manifest entry, cubin) of each job as it finishes. Compiles run in worker
+    processes (spawned: the DSL reads its target arch once per process, so one pool per arch)
+    when there are more jobs than one; the first failure stops the rest."""
+    workers = min(workers or min(os.cpu_count() or 1, 8), len(jobs))
+    if workers <= 1:
+        for kdef, spec, arch in jobs:
+            yield (spec, arch, *compile_spec(kdef, spec, arch))
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    ctx = multiprocessing.get_context("spawn")
+    for arch in dict.fromkeys(a for _, _, a in jobs):
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(arch,)) as pool:
+            pending = {pool.submit(_compile_job, k.name, s, a) for k, s, a in jobs if a == arch}
+            try:
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    for f in done:
+                        yield f.result()
+            finally:
+                for f in pending:
+                    f.cancel()
 
 
 def _ours(name: str) -> bool:
@@ -248,7 +286,8 @@ def run(args: Any) -> int:
     todo = model_specs(cfg, args.buckets) + model_specs(cfg, (), registry(TEST_KERNELS))
     root = Path(args.out) if args.out else default_cache_dir()
     t0 = time.perf_counter()
-    counts = build_cache(root, todo, archs, progress=args.progress, force=args.force)
+    counts = build_cache(root, todo, archs, progress=args.progress, force=args.force,
+                         workers=getattr(args, "jobs", None))
     print(f"kernel cache {root}: {counts['built']} built, {counts['reused']} up to date, "
           f"{counts['total']} entries for {', '.join(archs)} "
           f"({time.perf_counter() - t0:.1f} s)")

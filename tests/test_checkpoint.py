@@ -16,6 +16,7 @@ from flint_graph.checkpoint import (LoadedCheckpoint, WeightFormat, load_checkpo
 from flint_graph.config import FlintConfig
 from flint_graph.errors import CheckpointError
 from flint_graph.make_checkpoint import GGUF_NAME, write_checkpoint
+from flint_graph.synthetic import make_layer_weights
 from flint_graph.weights import NVFP4Weight
 
 SEED = 7
@@ -56,6 +57,20 @@ def test_gguf_file_loads_as_nvfp4_with_sibling_config(ckpt_dir):
     assert ck.format is WeightFormat.NVFP4 and ck.config_dir == ckpt_dir
     assert isinstance(ck.weights.layers[3].ffn.up, NVFP4Weight)
     assert_same_model(ck, load_checkpoint(ckpt_dir, progress=False))
+
+
+def test_router_weights_and_bias_stay_fp32_in_both_loaders(ckpt_dir):
+    """The correction bias only picks experts, by fractions of a percent: rounded to bf16 it
+    changes which experts win (issue 8). Both loaders hand it over in fp32, bit for bit as
+    written, and the synthetic bias really uses fp32's extra bits."""
+    cfg = FlintConfig.preset("tiny")
+    written = make_layer_weights(cfg, SEED, cfg.first_k_dense_replace).ffn
+    assert not torch.equal(written.router_bias, written.router_bias.bfloat16().float())
+    for path in (ckpt_dir, ckpt_dir / GGUF_NAME):
+        ffn = load_checkpoint(path, progress=False).weights.layers[cfg.first_k_dense_replace].ffn
+        for name in ("router", "router_bias"):
+            got, want = getattr(ffn, name), getattr(written, name)
+            assert got.dtype == torch.float32 and torch.equal(got, want), (path, name)
 
 
 def test_gguf_detected_by_content_not_name(ckpt_dir, tmp_path):
