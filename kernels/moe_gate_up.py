@@ -19,6 +19,8 @@ to mma.sync as they are). At H = 2048 an NVFP4 lane holds its whole share (2 ste
 registers at once: full size B = 1 is 7 x 32 CTAs reading ~8 MB. Warps' fp32 16x8 tiles are
 summed in shared memory; 16·B threads then apply scale2, round g and u, take silu(g)·u, store.
 Only the picked experts' weights (and the shared ones) are read, once each, whatever the rows.
+80-114 registers and 10 KB of shared memory per 256-thread CTA: 2-3 CTAs per SM, so the 224
+CTAs of full size B = 1 are all resident at once. experts must hold ids in 0..E−1 or −1.
 
 PDL: the shared (dense) weights are loaded before griddepcontrol.wait with dsl_util's volatile
 `ld_weight_*` (dsl_util.griddepcontrol_wait_after_loads keeps them above the wait in SASS);
@@ -66,7 +68,7 @@ def _args(spec: Spec):
 
     def weights(prefix, lead, n2):
         if fmt == 0:
-            return [TensorArg(prefix.rstrip("_") or "w", "bf16", (*lead, h), "weight")]
+            return [TensorArg(prefix[:-1], "bf16", (*lead, h), "weight")]
         return [TensorArg(prefix + "codes", "u8", (*lead, h // 2), "weight"),
                 TensorArg(prefix + "scales", "u8", (*lead, h // 16), "weight", align=4),
                 TensorArg(prefix + "scale2", "f32", (n2,), "weight", align=4)]
@@ -75,7 +77,7 @@ def _args(spec: Spec):
     if moe:
         out += [TensorArg("experts", "i32", (s,), "input", align=4)]
         out += weights("gate_", (e, m), e) + weights("up_", (e, m), e)
-    out += weights("sh_gate_", (ms,), 1) + weights("sh_up_", (ms,), 1)
+    out += weights("shared_gate_", (ms,), 1) + weights("shared_up_", (ms,), 1)
     if moe:
         out += [TensorArg("act", "bf16", (s, b, m), "output")]
     out += [TensorArg("act_sh", "bf16", (b, ms), "output")]
@@ -159,7 +161,7 @@ def _scale2_for(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     e2m1_rms = math.sqrt(sum(v * v for v in E2M1_GRID) / len(E2M1_GRID))
     e4m3_rms = ue4m3_to_float(torch.arange(256, dtype=torch.uint8)).pow(2).mean().sqrt().item()
     u = torch.rand(n, generator=gen, device=gen.device).cpu()
-    return (0.6 + 0.8 * u) / (e2m1_rms * e4m3_rms * math.sqrt(k)) * (1 + 1 / 3)
+    return (0.6 + 0.8 * u) / (e2m1_rms * e4m3_rms * math.sqrt(k))
 
 
 def make_args(spec: Spec, *, gen: torch.Generator, device: str = "cuda", experts=None,
@@ -237,9 +239,6 @@ def _build(spec: Spec):
     launch = _launch(spec)
     body = _body(spec)
 
-    def go(*ts):
-        return body, ts
-
     if moe and fmt == 1:
         @cute.kernel
         def moe_gate_up_kernel(h: cute.Tensor, ex: cute.Tensor, gc: cute.Tensor,
@@ -301,3 +300,197 @@ def _build(spec: Spec):
                 use_pdl=True)
 
     return moe_gate_up
+
+
+def _body(spec: Spec):
+    """The device code shared by the four signatures (@cute.jit, inlined into the kernel):
+    ts are the declared tensor arguments in order."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import BFloat16, Float32, Int32, Int64, Uint32
+
+    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.gemv_mma import frag_ops
+
+    b_rows, k, m, ms, fmt = spec["B"], spec["H"], spec["M"], spec["MS"], spec["FMT"]
+    moe, nvfp4 = spec["TOPK"] > 0, fmt == 1
+    tiles_sh, tiles_r = ms // ROWS, max(m // ROWS, 1)
+    nch = k // KCHUNK[fmt]  # lane chunks per row
+    steps = math.ceil(nch / (4 * WARPS))  # lane chunk = t + 4 * (warp + WARPS * step)
+    full = nch // (4 * WARPS)  # steps in which every lane's chunk exists
+    depth = min(steps, DEPTH[fmt])
+    xdepth = min(steps, 2)
+    xwords = 4 if nvfp4 else 1  # 16-byte x loads per chunk
+    row_bytes = k // 2 if nvfp4 else 2 * k  # code (or bf16) bytes per weight row
+    per = 3 if nvfp4 else 1  # tensors per weight matrix
+    if nvfp4:
+        dequant, xpairs, scales = frag_ops()
+
+    class Lane:
+        """Per-thread indices, the x view and the register buffers of one CTA's rows: gate rows
+        n0 + g, n0 + g + 8 and the same up rows (buffer row 2u + r: u 0 gate / 1 up)."""
+
+        def __init__(self, mx, n0):
+            tidx, _, _ = cute.arch.thread_idx()
+            self.tidx, self.warp = tidx, tidx // 32
+            self.g, self.t = tidx % 32 // 4, tidx % 4
+            self.rows = (n0 + self.g, n0 + self.g + 8)
+            self.gx = cute.flat_divide(mx, (1, 8))  # (1, 8, B, K/8)
+            self.ld_x = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16,
+                                            num_bits_per_copy=128)
+            self.rc = cute.make_rmem_tensor((4, 4, depth), Uint32)  # [word, row, slot]
+            self.rs = cute.make_rmem_tensor((4, depth), Uint32)  # 2 scale bytes [row, slot]
+            self.rx = cute.make_rmem_tensor((8, xwords, xdepth), BFloat16)
+            self.rx32 = cute.recast_tensor(self.rx, Uint32)  # (4, xwords, xdepth)
+
+        def chunk(self, s):
+            c = self.t + 4 * (self.warp + WARPS * s)
+            return c if s < full else cutlass.min(c, nch - 1)
+
+        def load_w(self, s, bases):
+            """Step s of the 4 rows; bases: per matrix (data, scales) byte addresses."""
+            c, off = (self.chunk(0), 4 * WARPS * s) if s < full else (self.chunk(s), 0)
+            for u in range(2):
+                for r in range(2):
+                    row = Int64(self.rows[r])
+                    words = du.ld_weight_v4(bases[u][0] + row * row_bytes + Int64(c) * 16
+                                            + 16 * off)
+                    for i in range(4):
+                        self.rc[i, 2 * u + r, s % depth] = words[i]
+                    if nvfp4:
+                        self.rs[2 * u + r, s % depth] = du.ld_weight_u16(
+                            bases[u][1] + row * (k // 16) + Int64(c) * 2 + 2 * off)
+
+        def a_frags(self, s):
+            """A fragments of step s: [matrix][row half][u32 bf16x2]."""
+            slot, out = s % depth, []
+            for u in range(2):
+                words = [[self.rc[j, 2 * u + r, slot] for j in range(4)] for r in range(2)]
+                if s >= full:  # lanes past the end of K: zero weights
+                    live = self.t + 4 * (self.warp + WARPS * s) < nch
+                    words = [[cutlass.select_(live, w, Uint32(0)) for w in ws] for ws in words]
+                if nvfp4:
+                    sc = scales(du.prmt(self.rs[2 * u, slot], self.rs[2 * u + 1, slot], 0x5410))
+                    a = [[], []]
+                    for r in range(2):
+                        for j in range(4):
+                            a[r] += [du.mul_bf16x2_by_half(p, sc[r], j // 2)
+                                     for p in dequant(words[r][j])]
+                    out.append(a)
+                else:
+                    out.append(words)
+            return out
+
+        def load_x(self, s):
+            bx = cutlass.min(self.g, b_rows - 1)  # batch columns >= B repeat the last row
+            for j in range(xwords):
+                cute.copy(self.ld_x, self.gx[0, None, bx, xwords * self.chunk(s) + j],
+                          self.rx[None, j, s % xdepth])
+
+        def mma_step(self, s, a, acc):
+            """acc[matrix][chain] + this lane's share of both 16x8 tiles for step s."""
+            xs = s % xdepth
+            if nvfp4:
+                xp = []
+                for j in range(4):
+                    xp += xpairs([self.rx32[i, j, xs] for i in range(4)])
+            else:
+                xp = [self.rx32[i, 0, xs] for i in range(4)]
+            if s + xdepth < steps:  # x slot free again: refill it
+                self.load_x(s + xdepth)
+            for u in range(2):
+                for mm in range(len(xp) // 2):
+                    acc[u][mm % 2] = du.mma_bf16_m16n8k16(
+                        [a[u][0][2 * mm], a[u][1][2 * mm], a[u][0][2 * mm + 1],
+                         a[u][1][2 * mm + 1]], [xp[2 * mm], xp[2 * mm + 1]], acc[u][mm % 2])
+            return acc
+
+    i_sh = 2 + 2 * per if moe else 1  # first shared tensor: after h (and experts, routed)
+
+    def addr(t):
+        return t.iterator.toint()
+
+    @cute.jit
+    def body(ts):
+        mx, mact_sh = ts[0], ts[-1]
+        shared = ts[i_sh:i_sh + 2 * per]
+        bidx, _, _ = cute.arch.block_idx()
+        is_sh = bidx < tiles_sh  # shared (dense) tiles first; routed tiles slot-major
+        jj = cutlass.max(bidx, tiles_sh) - tiles_sh
+        slot = jj // tiles_r
+        n0 = cutlass.select_(is_sh, bidx, jj - slot * tiles_r) * ROWS
+        ln = Lane(mx, n0)
+        # (a runtime `if` may not carry the Lane object: call its methods through locals)
+        load_w, load_x, a_frags, mma_step = ln.load_w, ln.load_x, ln.a_frags, ln.mma_step
+        tidx, warp, g, t = ln.tidx, ln.warp, ln.g, ln.t
+        sh_bases = [(addr(shared[per * u]), addr(shared[per * u + per - 1])) for u in range(2)]
+        # PDL prologue: the shared weights only (which expert a routed CTA runs is an input)
+        if cutlass.const_expr(not moe):
+            for s in cutlass.range_constexpr(depth):
+                load_w(s, sh_bases)
+        else:
+            if is_sh:
+                for s in cutlass.range_constexpr(depth):
+                    load_w(s, sh_bases)
+        du.griddepcontrol_wait_after_loads()
+        cute.arch.griddepcontrol_launch_dependents()
+        e = Int32(0)
+        if cutlass.const_expr(moe):
+            e = cutlass.select_(is_sh, Int32(0), ts[1][slot])  # -1: unused slot, exit
+        if cutlass.const_expr(not moe) or e >= 0:
+            w_bases = sh_bases
+            if cutlass.const_expr(moe):
+                routed = ts[2:2 + 2 * per]
+                e64 = Int64(e)
+                w_bases = [(cutlass.select_(is_sh, sh_bases[u][0],
+                                            addr(routed[per * u]) + e64 * (m * row_bytes)),
+                            cutlass.select_(is_sh, sh_bases[u][1],
+                                            addr(routed[per * u + per - 1])
+                                            + e64 * (m * (k // 16))))
+                           for u in range(2)]
+                if bidx >= tiles_sh:
+                    for s in cutlass.range_constexpr(depth):
+                        load_w(s, w_bases)
+            for s in cutlass.range_constexpr(xdepth):
+                load_x(s)
+            acc = [[[Float32(0.0)] * 4 for _ in range(2)] for _ in range(2)]
+            for s in cutlass.range_constexpr(steps):
+                a = a_frags(s)
+                if cutlass.const_expr(s + depth < steps):
+                    load_w(s + depth, w_bases)
+                acc = mma_step(s, a, acc)
+            # split-K over the warps: partials [batch col][gate row / ROWS + up row][warp]
+            sp = cutlass.memory.SmemAllocator().allocate_tensor(
+                Float32, cute.make_layout((8, 2 * ROWS, WARPS)), byte_alignment=16)
+            for u in cutlass.range_constexpr(2):
+                tile = [acc[u][0][i] + acc[u][1][i] for i in range(4)]  # rows g, g+8
+                for i in cutlass.range_constexpr(4):
+                    sp[2 * t + i % 2, ROWS * u + g + 8 * (i // 2), warp] = tile[i]
+            cute.arch.sync_threads()
+            if tidx < ROWS * b_rows:
+                bb, r = tidx // ROWS, tidx % ROWS
+                gsum, usum = sp[bb, r, 0], sp[bb, ROWS + r, 0]
+                for w in cutlass.range_constexpr(1, WARPS):
+                    gsum, usum = gsum + sp[bb, r, w], usum + sp[bb, ROWS + r, w]
+                if cutlass.const_expr(nvfp4):  # 2^7 left by the bf16 scale trick
+                    g2, u2 = shared[2][0], shared[5][0]
+                    if cutlass.const_expr(moe):
+                        g2 = cutlass.select_(is_sh, g2, ts[4][e])
+                        u2 = cutlass.select_(is_sh, u2, ts[7][e])
+                    gsum, usum = gsum * (g2 * Float32(128.0)), usum * (u2 * Float32(128.0))
+                gv = gsum.to(BFloat16).to(Float32)  # g and u are rounded once, as linear() does
+                uv = usum.to(BFloat16).to(Float32)
+                y = (gv / (Float32(1.0) + cute.math.exp(-gv)) * uv).to(BFloat16)
+                if cutlass.const_expr(not moe):
+                    mact_sh[bb, n0 + r] = y
+                else:
+                    if is_sh:
+                        mact_sh[bb, n0 + r] = y
+                    else:
+                        ts[-2][slot, bb, n0 + r] = y
+
+    return body
+
+
+KERNEL = KernelDef(name="moe_gate_up", args=_args, launch=_launch, specs=_specs, build=_build,
+                   reference=_reference, source_files=("dsl_util.py", "gemv_mma.py"))
