@@ -9,6 +9,7 @@ in descending order of s + bias (torch.topk's order; ties go to the lower expert
 aligned with them. Rows with row_mask 0 are padding: ids −1, weights 0, and they pick no slot.
 Slot list: experts [S] = the distinct experts any live row picked, ascending, then −1;
 slot_w [S, B] = the weight row b gives experts[s], −1.0 where b did not pick it.
+residual_out and h must not alias x or residual: every CTA reads all of x and residual.
 
 Design: grid E/EPC CTAs of 256 threads, CTA i owning experts [i·EPC, (i+1)·EPC) (EPC = 2 at
 B ≤ 2, else 4, so B = 1 spreads the 2 MB fp32 router of the full config over 128 SMs). Thread t
@@ -17,17 +18,20 @@ EPC router rows' chunks (16-byte volatile ld.global.nc). After the wait every CT
 B-row RMSNorm from x and residual (L2 hits after the first CTA; each CTA writes only the chunks
 c ≡ i mod #CTAs of residual_out and h, so each element is written exactly once), rounds h to
 bf16 as the reference does, and dots it with its router rows in fp32: per thread EPC·B partial
-sums, a warp butterfly, a cross-warp sum in shared memory, then s = sigmoid(logit) goes to the
-scores workspace [B, E]. Last CTA finishes: after a barrier thread 0 does a release fence and
+sums, a transposing warp butterfly (EPC·B − 1 + a few shuffles for all of them), a cross-warp
+sum in shared memory, then s = sigmoid(logit) goes to the scores workspace [B, E]. Last CTA finishes: after a barrier thread 0 does a release fence and
 an atomic add on the counter (the grid-sync pattern); the CTA that sees the final count does an
 acquire fence, resets the counter to 0 (graph replays start from zero) and reads every score
 with ld.global.cg (written by other SMs: never from L1). Warp b takes row b: lane l holds the
-experts l + 32j with key s + bias (bias fp32, never rounded), and TOPK rounds of a warp argmax
-(key descending, expert id ascending: deterministic) pick the ids. Picks go to shared memory
+experts l + 32j with key s + bias (bias fp32, never rounded); each of TOPK rounds takes every
+lane's best untaken candidate (a select tree), then the warp's: redux.sync max of the key as
+an order-preserving int, redux.sync min of the ids holding it (ties go to the lower expert id,
+deterministic), and the winner's s by one shuffle from its lane. Picks go to shared memory
 (a used flag per expert, the weight per expert and row), then a ballot/popc prefix sum over
 the experts writes experts[] ascending and slot_w, and the tail is filled with −1.
 PDL: norm_w and router (weights) are loaded before the wait; x, residual, row_mask, the scores
-and the counter only after it, in every thread. bias is only read after it too (no need).
+and the counter only after it, in every thread (bias, a weight, is read late: only the last
+CTA needs it).
 Tolerance (tests/test_moe_router_gpu.py): residual_out bit-exact (one fp32 add of two bf16,
 rounded once); h rel. ≤ 1e-2 (bf16 rounding; the hardware rsqrt and another summation order can
 flip a last bit); the routing is checked against `reference.route` run on the kernel's own h
@@ -46,6 +50,7 @@ from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, ScalarArg, Spec
 THREADS = 256
 WARPS = THREADS // 32
 VEC = 8  # bf16 values per 16-byte load (an H chunk)
+MAX_CAND = 16  # top-k candidates per lane (E ≤ 512), one bit each in an int32 mask
 
 
 def _epc(spec: Spec) -> int:
@@ -84,8 +89,8 @@ def _args(spec: Spec):
 
 
 def _smem_bytes(spec: Spec) -> int:
-    b, e, k = spec["B"], spec["E"], spec["TOPK"]
-    sizes = [WARPS * b, b, WARPS * _epc(spec) * b, 4, WARPS, e, e * b, b * k]  # 4-byte words
+    b, e = spec["B"], spec["E"]
+    sizes = [WARPS * b, b, WARPS * _epc(spec) * b, 4, WARPS, e, e * b]  # 4-byte words
     return sum(-(-4 * n // 16) * 16 for n in sizes)
 
 
@@ -104,9 +109,9 @@ def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
     if not 1 <= cfg.num_experts_per_tok <= min(32, cfg.n_routed_experts):
         raise ValueError(f"moe_router: num_experts_per_tok {cfg.num_experts_per_tok}; expected "
                          f"1 to min(32, n_routed_experts)")
-    if cfg.n_routed_experts > 32 * 32:
+    if cfg.n_routed_experts > 32 * MAX_CAND:
         raise ValueError(f"moe_router: n_routed_experts {cfg.n_routed_experts}; expected at "
-                         f"most 1024 (32 candidates per lane)")
+                         f"most {32 * MAX_CAND} ({MAX_CAND} top-k candidates per lane)")
     if cfg.first_k_dense_replace >= cfg.num_hidden_layers:
         return []
     return [KERNEL.spec(B=b, H=cfg.hidden_size, E=cfg.n_routed_experts,
@@ -185,6 +190,8 @@ def _build(spec: Spec):
     import cutlass
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int32, Int64, Uint32
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T, dsl_user_op
 
     from flint_graph.kernels import dsl_util as du
 
@@ -196,14 +203,54 @@ def _build(spec: Spec):
     cpt = math.ceil(nch / THREADS)  # chunks per thread
     ragged = nch % THREADS != 0
     nv = epc * b_rows  # dot products per CTA, v = e·B + b
+    if nv & (nv - 1) or nv > 32:
+        raise ValueError(f"moe_router: {epc} experts per CTA x B = {b_rows} rows must be a "
+                         f"power of two ≤ 32")
     cand = math.ceil(e_all / 32)  # candidates per lane in the top-k
     rounds = math.ceil(e_all / THREADS)  # slot-list compaction rounds
     neg_inf = -math.inf
 
-    def bsum(v):
-        for i in range(5):
-            v = v + cute.arch.shuffle_sync_bfly(v, offset=16 >> i)
-        return v
+    def warp_sums(vals, lane):
+        """Warp sums of n = len(vals) (a power of two ≤ 32) values in n − 1 + 5 − log2(n)
+        shuffles instead of 5n (a transposing butterfly: at each step a lane keeps half of its
+        values and sends the other half to its partner). Returns (sum, index): the lane holds
+        the warp sum of vals[index]; lanes whose low 5 − log2(n) bits are 0 hold distinct
+        indices."""
+        off = 16
+        index = Int32(0)
+        while len(vals) > 1:
+            half = len(vals) // 2
+            upper = (lane & off) != 0
+            vals = [cutlass.select_(upper, vals[i + half], vals[i])
+                    + cute.arch.shuffle_sync_bfly(cutlass.select_(upper, vals[i],
+                                                                  vals[i + half]), offset=off)
+                    for i in range(half)]
+            index = index + cutlass.select_(upper, Int32(half), Int32(0))
+            off //= 2
+        v = vals[0]
+        while off >= 1:
+            v = v + cute.arch.shuffle_sync_bfly(v, offset=off)
+            off //= 2
+        return v, index
+
+    @dsl_user_op
+    def f32_bits(x, *, loc=None, ip=None):
+        return Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+    def lane_best(keys, ids, svals):
+        """(key, id, s) of the largest key of a lane's candidates (ids ascending; ties keep the
+        lower id), as a depth-log2(n) tree of selects rather than a chain."""
+        items = list(zip(keys, ids, svals))
+        while len(items) > 1:
+            nxt = []
+            for a in range(0, len(items) - 1, 2):
+                (ka, ia, sa), (kb, ib, sb) = items[a], items[a + 1]
+                first = ka >= kb
+                nxt.append((cutlass.select_(first, ka, kb), cutlass.select_(first, ia, ib),
+                            cutlass.select_(first, sa, sb)))
+            items = nxt + items[len(items) - len(items) % 2:]
+        k, i, sv = items[0]
+        return Float32(k), Int32(i), Float32(sv)
 
     @cute.kernel
     def moe_router_kernel(mx: cute.Tensor, mres: cute.Tensor, mmask: cute.Tensor,
@@ -219,21 +266,21 @@ def _build(spec: Spec):
 
         # weights first (PDL prologue): norm_w and this CTA's router rows, 16 B per load
         rnw = cute.make_rmem_tensor((4, cpt), Uint32)
-        rrt = cute.make_rmem_tensor((4, 2, epc, cpt), Uint32)
+        rrt = cute.make_rmem_tensor((VEC, epc, cpt), Uint32)  # 8 fp32 per expert
         nw_addr, rt_addr = mnw.iterator.toint(), mrouter.iterator.toint()
         for j in cutlass.range_constexpr(cpt):
             c = tid + THREADS * j
             if cutlass.const_expr(ragged):
                 c = cutlass.min(c, nch - 1)  # idle threads read a real chunk, then ignore it
             v = du.ld_weight_v4(nw_addr + Int64(c) * 16)
-            for i in range(4):
+            for i in cutlass.range_constexpr(4):
                 rnw[i, j] = v[i]
-            for e in range(epc):
+            for e in cutlass.range_constexpr(epc):
                 row = rt_addr + Int64(e0 + e) * (4 * h) + Int64(c) * 32
-                for half in range(2):
+                for half in cutlass.range_constexpr(2):
                     v = du.ld_weight_v4(row + 16 * half)
-                    for i in range(4):
-                        rrt[i, half, e, j] = v[i]
+                    for i in cutlass.range_constexpr(4):
+                        rrt[4 * half + i, e, j] = v[i]
         du.griddepcontrol_wait_after_loads()
         cute.arch.griddepcontrol_launch_dependents()
 
@@ -245,7 +292,6 @@ def _build(spec: Spec):
         s_cnt = smem.allocate_tensor(Int32, cute.make_layout((WARPS,)), 16)
         s_used = smem.allocate_tensor(Int32, cute.make_layout((e_all,)), 16)
         s_w = smem.allocate_tensor(Float32, cute.make_layout((e_all, b_rows)), 16)
-        s_ids = smem.allocate_tensor(Int32, cute.make_layout((b_rows, topk)), 16)
 
         # residual add and RMSNorm of all B rows (inputs: after the wait)
         gx = cute.flat_divide(mx, (1, VEC))  # (1, VEC, B, nch)
@@ -267,17 +313,16 @@ def _build(spec: Spec):
         for j in cutlass.range_constexpr(cpt):
             live_c = tid + THREADS * j < nch
             for b in cutlass.range_constexpr(b_rows):
-                r = (rx[None, b, j].load().to(Float32) + rr[None, b, j].load().to(Float32))
-                rr[None, b, j].store(r.to(BFloat16))  # the new residual, rounded once
+                rsum = rx[None, b, j].load().to(Float32) + rr[None, b, j].load().to(Float32)
+                rr[None, b, j].store(rsum.to(BFloat16))  # the new residual, rounded once
                 rf = rr[None, b, j].load().to(Float32)
                 part = (rf * rf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 if cutlass.const_expr(ragged):
                     part = cutlass.select_(live_c, part, Float32(0.0))
                 ss[b] = ss[b] + part
-        for b in cutlass.range_constexpr(b_rows):
-            ss[b] = bsum(ss[b])
-            if lane == 0:
-                s_ss[warp, b] = ss[b]
+        ss_sum, ss_row = warp_sums(ss, lane)
+        if lane % (32 // b_rows) == 0:
+            s_ss[warp, ss_row] = ss_sum
         cute.arch.sync_threads()
         if tid < b_rows:
             tot = Float32(0.0)
@@ -293,7 +338,7 @@ def _build(spec: Spec):
             c = cutlass.min(c_raw, nch - 1) if cutlass.const_expr(ragged) else c_raw
             live_c = c_raw < nch
             wf = cute.recast_tensor(rnw[None, j], BFloat16).load().to(Float32)
-            rw = [cute.recast_tensor(rrt[None, None, e, j], Float32).load()
+            rw = [cute.recast_tensor(rrt[None, e, j], Float32).load()
                   for e in range(epc)]
             for b in cutlass.range_constexpr(b_rows):
                 hv = (rr[None, b, j].load().to(Float32) * s_rstd[b]) * wf
@@ -304,13 +349,12 @@ def _build(spec: Spec):
                     if cutlass.const_expr(ragged):
                         part = cutlass.select_(live_c, part, Float32(0.0))
                     acc[e * b_rows + b] = acc[e * b_rows + b] + part
-                if live_c and c_raw % nctas == cta:
+                if live_c & (c_raw % nctas == cta):
                     cute.copy(st, rr[None, b, j], gro[0, None, b, c])
                     cute.copy(st, rx[None, b, j], gh[0, None, b, c])
-        for v in cutlass.range_constexpr(nv):
-            acc[v] = bsum(acc[v])
-            if lane == 0:
-                s_dot[warp, v] = acc[v]
+        dot_sum, dot_v = warp_sums(acc, lane)
+        if lane % (32 // nv) == 0:
+            s_dot[warp, dot_v] = dot_sum
         cute.arch.sync_threads()
         if tid < nv:
             logit = Float32(0.0)
@@ -332,104 +376,90 @@ def _build(spec: Spec):
             s_flag[0] = is_last
         cute.arch.sync_threads()
         if s_flag[0] != 0:
-            _finish(mmask, mbias, mids, mwts, mexp, mslot, mscores, s_used, s_w, s_ids,
-                    s_cnt, tid, warp, lane, scaling)
-
-    def _finish(mmask, mbias, mids, mwts, mexp, mslot, mscores, s_used, s_w, s_ids, s_cnt,
-                tid, warp, lane, scaling):
-        for i in cutlass.range_constexpr(math.ceil(e_all * b_rows / THREADS)):
-            idx = tid + THREADS * i
-            if idx < e_all * b_rows:
-                s_w[idx // b_rows, idx % b_rows] = Float32(-1.0)
-        for i in cutlass.range_constexpr(math.ceil(e_all / THREADS)):
-            idx = tid + THREADS * i
-            if idx < e_all:
-                s_used[idx] = Int32(0)
-        cute.arch.sync_threads()
-        if warp < b_rows:
-            _topk_row(mmask, mbias, mids, mwts, mscores, s_used, s_w, warp, lane, scaling)
-        cute.arch.sync_threads()
-        base = Int32(0)
-        for rd in cutlass.range_constexpr(rounds):
-            e = rd * THREADS + tid
-            used = Int32(0)
-            if e < e_all:
-                used = s_used[cutlass.min(e, e_all - 1)]
-            bal = Uint32(cute.arch.vote_ballot_sync(used != 0))
-            rank = Int32(cute.arch.popc(bal & cute.arch.lanemask_lt()))
-            if lane == 0:
-                s_cnt[warp] = Int32(cute.arch.popc(bal))
+            for i in cutlass.range_constexpr(math.ceil(e_all * b_rows / THREADS)):
+                ix = tid + THREADS * i
+                if ix < e_all * b_rows:
+                    s_w[ix // b_rows, ix % b_rows] = Float32(-1.0)
+            for i in cutlass.range_constexpr(math.ceil(e_all / THREADS)):
+                ix = tid + THREADS * i
+                if ix < e_all:
+                    s_used[ix] = Int32(0)
             cute.arch.sync_threads()
-            before, total = Int32(0), Int32(0)
-            for w in cutlass.range_constexpr(WARPS):
-                n = s_cnt[w]
-                before = before + cutlass.select_(w < warp, n, Int32(0))
-                total = total + n
-            if used != 0:
-                pos = base + before + rank
-                mexp[pos] = e
-                for b in cutlass.range_constexpr(b_rows):
-                    mslot[pos, b] = s_w[e, b]
-            base = base + total
+            if warp < b_rows:
+                # warp b: the top-k of row b; lane l holds experts l + 32j, key s + bias
+                rb = warp
+                live = mmask[rb] != 0
+                keys, sv = [], []
+                for j in cutlass.range_constexpr(cand):
+                    ex = lane + 32 * j
+                    exc = cutlass.min(ex, e_all - 1) if cutlass.const_expr(e_all % 32) else ex
+                    sc = cute.arch.load(mscores.iterator + (rb * e_all + exc), Float32,
+                                        cop="cg")  # other SMs wrote it: bypass L1
+                    key = sc + mbias[exc]
+                    if cutlass.const_expr(e_all % 32):
+                        key = cutlass.select_(ex < e_all, key, Float32(neg_inf))
+                    keys.append(key)
+                    sv.append(sc)
+                taken = Int32(0)
+                pick_id, pick_s = [], []
+                for r in cutlass.range_constexpr(topk):
+                    km = [cutlass.select_(((taken >> j) & 1) == 0, keys[j], Float32(neg_inf))
+                          for j in range(cand)]
+                    bk, bi, bs = lane_best(km, [lane + 32 * j for j in range(cand)], sv)
+                    kbits = f32_bits(bk)
+                    korder = kbits ^ ((kbits >> 31) & 0x7FFFFFFF)  # int order = float order
+                    kmax = cute.arch.warp_redux_sync(korder, "max")
+                    win = cute.arch.warp_redux_sync(
+                        cutlass.select_(korder == kmax, bi, Int32(e_all)), "min")
+                    ws = cute.arch.shuffle_sync(bs, offset=win & 31)  # from the winner's lane
+                    taken = taken | cutlass.select_(bi == win, Int32(1) << (win >> 5),
+                                                    Int32(0))
+                    pick_id.append(win)
+                    pick_s.append(ws)
+                den = pick_s[0]
+                for r in cutlass.range_constexpr(1, topk):
+                    den = den + pick_s[r]
+                for r in cutlass.range_constexpr(topk):
+                    wt = pick_s[r] * scaling
+                    if cutlass.const_expr(norm):
+                        wt = pick_s[r] / den * scaling
+                    if lane == r:
+                        mids[rb, r] = cutlass.select_(live, pick_id[r], Int32(-1))
+                        mwts[rb, r] = cutlass.select_(live, wt, Float32(0.0))
+                        if live:
+                            s_used[pick_id[r]] = Int32(1)
+                            s_w[pick_id[r], rb] = wt
             cute.arch.sync_threads()
-        for i in cutlass.range_constexpr(math.ceil(s_slots / THREADS)):
-            p = tid + THREADS * i
-            if p < s_slots and p >= base:
-                mexp[p] = Int32(-1)
-                for b in cutlass.range_constexpr(b_rows):
-                    mslot[p, b] = Float32(-1.0)
-
-    def _topk_row(mmask, mbias, mids, mwts, mscores, s_used, s_w, b, lane, scaling):
-        """Warp b: the top-k of row b; lane l holds experts l + 32j."""
-        live = mmask[b] != 0
-        keys, sv = [], []
-        for j in cutlass.range_constexpr(cand):
-            e = lane + 32 * j
-            ec = cutlass.min(e, e_all - 1) if cutlass.const_expr(e_all % 32) else e
-            s = cute.arch.load(mscores.iterator + (b * e_all + ec), Float32, cop="cg")
-            k = s + mbias[ec]
-            if cutlass.const_expr(e_all % 32):
-                k = cutlass.select_(e < e_all, k, Float32(neg_inf))
-            keys.append(k)
-            sv.append(s)
-        taken = Int32(0)
-        pick_id, pick_s = [], []
-        for r in cutlass.range_constexpr(topk):
-            bk, bi, bs = Float32(neg_inf), Int32(e_all), Float32(0.0)
-            for j in cutlass.range_constexpr(cand):
-                e = lane + 32 * j
-                free = (taken & (1 << j)) == 0
-                better = free & (keys[j] > bk)  # ascending j: ties keep the lower id
-                if cutlass.const_expr(e_all % 32):
-                    better = better & (e < e_all)
-                bk = cutlass.select_(better, keys[j], bk)
-                bi = cutlass.select_(better, e, bi)
-                bs = cutlass.select_(better, sv[j], bs)
-            for i in cutlass.range_constexpr(5):
-                ok = cute.arch.shuffle_sync_bfly(bk, offset=16 >> i)
-                oi = cute.arch.shuffle_sync_bfly(bi, offset=16 >> i)
-                os_ = cute.arch.shuffle_sync_bfly(bs, offset=16 >> i)
-                better = (ok > bk) | ((ok == bk) & (oi < bi))
-                bk = cutlass.select_(better, ok, bk)
-                bi = cutlass.select_(better, oi, bi)
-                bs = cutlass.select_(better, os_, bs)
-            for j in cutlass.range_constexpr(cand):
-                taken = taken | cutlass.select_(bi == lane + 32 * j, Int32(1 << j), Int32(0))
-            pick_id.append(bi)
-            pick_s.append(bs)
-        den = Float32(1.0)
-        if cutlass.const_expr(norm):
-            den = pick_s[0]
-            for r in cutlass.range_constexpr(1, topk):
-                den = den + pick_s[r]
-        for r in cutlass.range_constexpr(topk):
-            if lane == r:
-                w = pick_s[r] / den * scaling if cutlass.const_expr(norm) else pick_s[r] * scaling
-                mids[b, r] = cutlass.select_(live, pick_id[r], Int32(-1))
-                mwts[b, r] = cutlass.select_(live, w, Float32(0.0))
-                if live:
-                    s_used[pick_id[r]] = Int32(1)
-                    s_w[pick_id[r], b] = w
+            # slot list: ascending picked experts by a ballot/popc prefix sum
+            base = Int32(0)
+            for rd in cutlass.range_constexpr(rounds):
+                ex = rd * THREADS + tid
+                used = s_used[cutlass.min(ex, e_all - 1)] != 0
+                if cutlass.const_expr(e_all % THREADS):
+                    used = used & (ex < e_all)
+                bal = cute.arch.vote_ballot_sync(used)
+                rank = cute.arch.popc(Uint32(bal) & cute.arch.lanemask_lt())
+                if lane == 0:
+                    s_cnt[warp] = Int32(cute.arch.popc(Uint32(bal)))
+                cute.arch.sync_threads()
+                before, total = Int32(0), Int32(0)
+                for w in cutlass.range_constexpr(WARPS):
+                    n = s_cnt[w]
+                    before = before + cutlass.select_(warp > w, n, Int32(0))
+                    total = total + n
+                if used:
+                    pos = base + before + Int32(rank)
+                    mexp[pos] = ex
+                    for b in cutlass.range_constexpr(b_rows):
+                        mslot[pos, b] = s_w[ex, b]
+                base = base + total
+                cute.arch.sync_threads()
+            for i in cutlass.range_constexpr(math.ceil(s_slots / THREADS)):
+                ps = tid + THREADS * i
+                if (ps < s_slots) & (ps >= base):
+                    mexp[ps] = Int32(-1)
+                    for b in cutlass.range_constexpr(b_rows):
+                        mslot[ps, b] = Float32(-1.0)
 
     @cute.jit
     def moe_router(mx: cute.Tensor, mres: cute.Tensor, mmask: cute.Tensor, mnw: cute.Tensor,
