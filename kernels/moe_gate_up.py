@@ -423,7 +423,9 @@ def _body(spec: Spec):
         # (a runtime `if` may not carry the Lane object: call its methods through locals)
         load_w, load_x, a_frags, mma_step = ln.load_w, ln.load_x, ln.a_frags, ln.mma_step
         tidx, warp, g, t = ln.tidx, ln.warp, ln.g, ln.t
-        sh_bases = [(addr(shared[per * u]), addr(shared[per * u + per - 1])) for u in range(2)]
+        # (data, block scales) byte addresses per matrix; BF16 has no scales (index unused)
+        sh_bases = [(addr(shared[per * u]), addr(shared[per * u + min(per - 1, 1)]))
+                    for u in range(2)]
         # PDL prologue: the shared weights only (which expert a routed CTA runs is an input)
         if cutlass.const_expr(not moe):
             for s in cutlass.range_constexpr(depth):
@@ -445,7 +447,7 @@ def _body(spec: Spec):
                 w_bases = [(cutlass.select_(is_sh, sh_bases[u][0],
                                             addr(routed[per * u]) + e64 * (m * row_bytes)),
                             cutlass.select_(is_sh, sh_bases[u][1],
-                                            addr(routed[per * u + per - 1])
+                                            addr(routed[per * u + min(per - 1, 1)])
                                             + e64 * (m * (k // 16))))
                            for u in range(2)]
                 if bidx >= tiles_sh:
