@@ -282,9 +282,9 @@ def _build(spec: Spec):
         rf = cute.make_rmem_tensor((2 * e,), Uint32)  # the lane's E fp64 inv_freq, as words
         if cutlass.const_expr(rope):
             fbase = mfreq.iterator.toint() + Int64(ln) * (8 * e)
-            for j in range(e // 2):
+            for j in cutlass.range_constexpr(e // 2):
                 words = du.ld_weight_v4(fbase + 16 * j)
-                for i in range(4):
+                for i in cutlass.range_constexpr(4):
                     rf[4 * j + i] = words[i]
         du.griddepcontrol_wait_after_loads()  # a bare wait would be hoisted above the loads
         cute.arch.griddepcontrol_launch_dependents()
@@ -302,15 +302,15 @@ def _build(spec: Spec):
         pos = mpos[row]
         if head < hq:
             gq = cute.flat_divide(mq, (1, e))  # (1, E, B, HQ·D/E)
-            for hf in range(2):
+            for hf in cutlass.range_constexpr(2):
                 cute.copy(ld, gq[0, None, row, head * (d // e) + hf * lanes + ln], rx[None, hf])
             y = norm_rope(rx, widen(wq_bits), freqs, pos, lane, eps)
-            for hf in range(2):
-                for i in range(e):
+            for hf in cutlass.range_constexpr(2):
+                for i in cutlass.range_constexpr(e):
                     ro[i, hf] = y[hf][i].to(BFloat16)
             gqo = cute.flat_divide(mqo, (1, 1, e))  # (1, 1, E, B, HQ, D/E)
             if cutlass.const_expr(not ragged) or live:
-                for hf in range(2):
+                for hf in cutlass.range_constexpr(2):
                     cute.copy(st, ro[None, hf], gqo[0, 0, None, row, head, hf * lanes + ln])
         else:
             col = Int32(0) if cutlass.const_expr(ring) else pos // p
@@ -319,27 +319,27 @@ def _build(spec: Spec):
             kv = head - hq
             if kv < hkv:
                 gk = cute.flat_divide(mk, (1, e))
-                for hf in range(2):
+                for hf in cutlass.range_constexpr(2):
                     cute.copy(ld, gk[0, None, row, kv * (d // e) + hf * lanes + ln],
                               rx[None, hf])
                 y = norm_rope(rx, widen(wk_bits), freqs, pos, lane, eps)
-                for hf in range(2):
-                    for i in range(e):
+                for hf in cutlass.range_constexpr(2):
+                    for i in cutlass.range_constexpr(e):
                         ro[i, hf] = y[hf][i].to(BFloat16)
                 gkc = cute.flat_divide(mkc, (1, 1, 1, e))  # (1, 1, 1, E, NB, HKV, P, D/E)
                 if cutlass.const_expr(not ragged) or live:
-                    for hf in range(2):
+                    for hf in cutlass.range_constexpr(2):
                         cute.copy(st, ro[None, hf],
                                   gkc[0, 0, 0, None, page, kv, entry, hf * lanes + ln])
             else:
                 kv = kv - hkv
                 gv = cute.flat_divide(mv, (1, e))
-                for hf in range(2):
+                for hf in cutlass.range_constexpr(2):
                     cute.copy(ld, gv[0, None, row, kv * (d // e) + hf * lanes + ln],
                               rx[None, hf])
                 gvc = cute.flat_divide(mvc, (1, 1, 1, e))
                 if cutlass.const_expr(not ragged) or live:
-                    for hf in range(2):
+                    for hf in cutlass.range_constexpr(2):
                         cute.copy(st, rx[None, hf],
                                   gvc[0, 0, 0, None, page, kv, entry, hf * lanes + ln])
 

@@ -5,7 +5,8 @@
 #   flint-graph build-kernels --preset tiny --arch sm_90a --out .kcache/kernels
 #   device run: carry [".whl", ".kcache"], command: bash tools/gpu_check.sh
 # Steps: install the carried wheels, the GPU tests (kernels against their references, the PDL
-# ordering test, the reference model on CUDA), the kernel microbenchmark, and (unless
+# ordering test, the reference model on CUDA), the kernel microbenchmark, the decode-kernel and
+# layer benchmark (tools/bench_layer.py; SKIP_LAYER_BENCH=1 skips it), and (unless
 # SKIP_FULL=1) the CLI at full 40B size plus the eager baseline. Logs land in $OUT; a short
 # summary is printed last.
 set -uo pipefail
@@ -27,6 +28,12 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   timeout "${BENCH_TIMEOUT:-330}" python3 tools/bench_kernels.py --out "$OUT" ${BENCH_ARGS:-} \
     > "$OUT/bench-kernels.log" 2>&1
   echo "kernel bench: exit $? (log: bench-kernels.log)"
+fi
+
+if [ -z "${SKIP_LAYER_BENCH:-}" ]; then
+  timeout "${LAYER_BENCH_TIMEOUT:-300}" python3 tools/bench_layer.py --out "$OUT" \
+    ${LAYER_BENCH_ARGS:-} > "$OUT/bench-layer.log" 2>&1
+  echo "decode-kernel / layer bench: exit $? (log: bench-layer.log, table: bench_layer.md)"
 fi
 
 if [ -z "${SKIP_FULL:-}" ]; then
