@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib
 
 # Kernel families the model runs, by module name (each defines KERNEL = KernelDef(...)).
-MODEL_KERNELS = ("rmsnorm", "gemv_bf16", "gemv_nvfp4", "moe_router", "moe_gate_up")
+MODEL_KERNELS = ("rmsnorm", "gemv_bf16", "gemv_nvfp4", "qk_norm_rope_kv", "attn_decode",
+                 "moe_router", "moe_gate_up")
 # Test-only kernels, built into every cache so the GPU tests can run wherever the cache goes.
 TEST_KERNELS = ("slow_producer", "early_reader")
 

@@ -1,0 +1,602 @@
+"""Decode attention (one query token per row) over the BF16 KV cache: GQA, sinks, window,
+split-KV with the combine in the same launch.
+
+Row b's query at p = positions[b] sees keys max(0, p − W + 1) … p (W > 0, sliding layers, a ring
+of W entries: key t at table[b, 0], entry t % W) or 0 … p (W = 0, full layers, paged: key t at
+page table[b, t // P], entry t % P); layout and arguments in docs/decode-kernels.md (kernel 4).
+Must match `reference.attention` on the gathered keys (DESIGN §1, §4): s_j = q·k_j / sqrt(D) in
+fp32, out = Σ e^(s_j−m) v_j / (Σ e^(s_j−m) + e^(sink−m)), rounded once to bf16.
+
+Design. Grid (SPLITS, HKV, B), 8 warps per CTA. A row's visible keys are cut into 32-key tiles
+aligned to absolute positions (so a tile never straddles a page; P is a multiple of 32), and
+the tiles into n = `row_splits` ≤ SPLITS contiguous chunks; CTA x < n takes chunk x, CTAs
+x ≥ n exit. Its warps take the chunk's tiles round-robin (one tile = one step: all 32
+16-byte K and V loads of a lane, 16 KB per warp, are issued before the first MMA waits), keep an
+online softmax for the G query heads of their KV head, on tensor cores (mma.sync m16n8k16,
+bf16 in, fp32 accumulate):
+  * S = Q·Kᵀ with M = the G heads (rows ≥ G zero), N = 8 keys, K = d. The head dimension is
+    permuted (the same way for q and k, so the dot products are unchanged) so that each lane
+    loads 16-byte chunks of its key: lane (g, t) holds d = 32c + 8t … +7 of key g.
+  * O += P·V computed as Oᵀ[d, head] = Vᵀ·Pᵀ: M = 16 values of d, K = 16 keys, N = the heads.
+    The S accumulator of lane (g, t) (head g, keys 2t, 2t+1) is exactly the Pᵀ fragment it
+    must supply, so P never leaves registers. Vᵀ fragments: row r of m-tile j is
+    d = (D/16)·r + j, so lane g loads two contiguous D/16-value runs of each of its keys and
+    pairs keys with one PRMT per register. P is split into bf16 hi + lo parts (two MMAs), so
+    P·V is exact to ~2^-16, not bf16-rounded.
+  * Keys outside [lo, p] get logit −inf, and their V words are zeroed by a select (unwritten
+    cache entries may hold NaN; 0·NaN would poison the MMA).
+Warps are merged through shared memory into the CTA's partial (normalised o, log2-sum-exp
+lse; an empty chunk writes o = 0, lse = −inf). Each CTA then fences (gpu scope) and bumps
+counters[b, kvh]; the CTA that sees n − 1 fences again, reads the n partials with ld.global.cg
+(written by other SMs; bypasses L1), combines them with the sink (added to the denominator
+once, whatever n), writes out and resets the counter to 0 for the next launch.
+
+Split heuristic (`row_splits`, in the kernel and mirrored here): tiles = number of 32-key
+tiles in the visible range, n = min(SPLITS, ceil(tiles / 8)): one tile per warp at least, so
+short contexts use few CTAs; SPLITS (`splits_for`) gives ~128 CTAs for full layers at every
+bucket (one per SM of the H200's 132: at 100K, 32 splits per KV head at B = 1, 98 tiles per
+CTA), and for sliding layers as many as a window's 17 tiles can use (3 at W = 513).
+chunk = ceil(tiles/n) tiles. When n is clamped to SPLITS the last chunks can be empty (257
+tiles in 32 splits of 9 leave 3): such a CTA writes o = 0, lse = −inf and still counts
+towards the n arrivals.
+
+Not yet done for speed (measure first): a second CTA per SM (222 registers now allow one), cp.async
+multi-stage loads, and a combine that reads the partials with more CTAs than one.
+
+PDL: nothing is read before `griddepcontrol.wait` (q, positions, table, the cache and the
+counters are inputs; the sinks are needed only at the combine).
+Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2. Expected ~2e-3: the bf16 output rounding
+(≤ 2^-9 per element), plus fp32 summation order, ex2.approx / lg2.approx (~2^-22 relative) and
+the hi/lo-split P (~2^-16); the combine's rescaling is exact up to fp32 rounding.
+Shape legend: B batch bucket, HQ / HKV query / KV heads, G = HQ/HKV, D head dim, P page size
+(full) or ring length W (sliding), T pages per row (dynamic), NB pages/slots (dynamic).
+"""
+
+import math
+
+import torch
+
+from flint_graph import reference
+from flint_graph.kernels.spec import BUCKETS, KV_PAGE, KernelDef, Launch, Spec, TensorArg
+
+WARPS = 8  # warps per CTA
+TILE = 32  # keys per warp step: 4 QK key columns of 8, 2 PV k-steps of 16
+KSUB = TILE // 16
+CTA_TARGET = 128  # full layers: SPLITS·HKV·B ≈ this many CTAs (one per SM, 132 on the H200)
+LOG2E = 1.4426950408889634
+
+
+def _max_tiles(window: int) -> int:
+    """Most tiles one row's visible range can touch: a window of W keys spans at most
+    ceil((W − 1)/TILE) + 1 tiles (17 at W = 513)."""
+    return -(-(window - 1) // TILE) + 1
+
+
+def splits_for(b: int, window: int, num_kv_heads: int) -> int:
+    """SPLITS (the most chunks of one row) for bucket b: full layers (window 0) ~CTA_TARGET
+    CTAs in all; sliding layers as many chunks as a full window has tiles per CTA."""
+    n = max(1, CTA_TARGET // (b * num_kv_heads))
+    if window:
+        n = min(n, -(-_max_tiles(window) // WARPS))
+    return n
+
+
+def row_splits(num_tiles: int, splits: int) -> tuple[int, int]:
+    """(n, chunk): the splits one row with `num_tiles` visible tiles uses, and the tiles per
+    split. Mirrors the kernel (split i covers tiles [i·chunk, min((i+1)·chunk, num_tiles)))."""
+    n = min(splits, -(-num_tiles // WARPS))
+    return n, -(-num_tiles // n)
+
+
+def visible_range(p: int, window: int) -> tuple[int, int]:
+    """(lo, hi): the first and last key position a query at p sees."""
+    return (max(0, p - window + 1) if window else 0), p
+
+
+def _check(spec: Spec) -> None:
+    hq, hkv, d, p = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
+    if hq % hkv or hq // hkv > 8:
+        raise ValueError(f"attn_decode: HQ = {hq} must be a multiple of HKV = {hkv}, with "
+                         f"at most 8 query heads per KV head")
+    if d % 32:
+        raise ValueError(f"attn_decode: head dim D = {d} must be a multiple of 32")
+    if spec["RING"]:
+        if spec["W"] != p or p < 1:
+            raise ValueError(f"attn_decode: a ring needs W = P ≥ 1, found W = {spec['W']}, "
+                             f"P = {p}")
+    elif p % TILE or spec["W"]:
+        raise ValueError(f"attn_decode: paged layers need W = 0 and P a multiple of {TILE}, "
+                         f"found W = {spec['W']}, P = {p}")
+
+
+def _args(spec: Spec):
+    _check(spec)
+    b, hq, hkv, d, p, s = (spec[k] for k in ("B", "HQ", "HKV", "D", "P", "SPLITS"))
+    g = hq // hkv
+    return (TensorArg("q", "bf16", (b, hq, d), "input"),
+            TensorArg("k_cache", "bf16", ("NB", hkv, p, d), "input"),
+            TensorArg("v_cache", "bf16", ("NB", hkv, p, d), "input"),
+            TensorArg("table", "i32", (b, "T"), "input", align=4),
+            TensorArg("positions", "i32", (b,), "input", align=4),
+            TensorArg("sinks", "f32", (hq,), "weight", align=4),
+            TensorArg("out", "bf16", (b, hq * d), "output"),
+            TensorArg("o_part", "f32", (b, hkv, s, g, d), "workspace"),
+            TensorArg("lse_part", "f32", (b, hkv, s, g), "workspace", align=4),
+            TensorArg("counters", "i32", (b, hkv), "workspace", align=4))
+
+
+def _smem_layout(spec: Spec) -> list[tuple[str, int]]:
+    """Shared buffers (name, fp32/i32 words): per-warp O, m, l; the combine's lse; a flag."""
+    g, d = spec["HQ"] // spec["HKV"], spec["D"]
+    return [("o", WARPS * g * d), ("m", WARPS * g), ("l", WARPS * g),
+            ("lse", g * spec["SPLITS"]), ("flag", 4)]
+
+
+def _launch(spec: Spec) -> Launch:
+    smem = sum(-(-4 * n // 16) * 16 for _, n in _smem_layout(spec))
+    return Launch(grid=(spec["SPLITS"], spec["HKV"], spec["B"]), block=(32 * WARPS, 1, 1),
+                  smem=smem)
+
+
+def _kinds(cfg) -> list[tuple[int, int, int]]:
+    """(RING, P, W) of each attention layer kind `cfg` has."""
+    out = []
+    if cfg.num_sliding_layers:
+        out.append((1, cfg.sliding_window, cfg.sliding_window))
+    if cfg.num_full_layers:
+        out.append((0, KV_PAGE, 0))
+    return out
+
+
+def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    return [KERNEL.spec(B=b, HQ=hq, HKV=hkv, D=d, P=p, RING=ring, W=w,
+                        SPLITS=splits_for(b, w, hkv))
+            for b in buckets for ring, p, w in _kinds(cfg)]
+
+
+def bench_specs(cfg, buckets=BUCKETS) -> list[Spec]:
+    """The model's specs plus their SPLITS = 1 variants (the single-split oracle of the tests)."""
+    out = _specs(cfg, buckets)
+    one = [KERNEL.spec(**{**s.as_dict(), "SPLITS": 1}) for s in out]
+    return out + [s for s in one if s not in out]
+
+
+def gather_kv(spec: Spec, k_cache, v_cache, table, p: int, b: int):
+    """(k, v, k_pos) of the keys row b sees at position p, ascending: bf16 [S, HKV, D] ×2,
+    int64 [S] (the order `reference.SequenceKV` hands to `reference.attention`)."""
+    lo, hi = visible_range(p, spec["W"])
+    pos = torch.arange(lo, hi + 1, device=k_cache.device)
+    size = spec["P"]
+    page = table[b, 0].long().expand_as(pos) if spec["RING"] else table[b].long()[pos // size]
+    entry = pos % size
+    return k_cache[page, :, entry], v_cache[page, :, entry], pos
+
+
+def _reference(spec: Spec, q, k_cache, v_cache, table, positions, sinks, *workspaces):
+    """(out,): bf16 [B, HQ·D], `reference.attention` per row on the keys it sees."""
+    w = spec["W"] or None
+    out = []
+    for b in range(q.shape[0]):
+        p = int(positions[b])
+        k, v, pos = gather_kv(spec, k_cache, v_cache, table, p, b)
+        qp = torch.tensor([p], device=q.device)
+        out.append(reference.attention(q[b:b + 1], k, v, qp, pos, sinks, w))
+    return (torch.cat(out).view(q.shape[0], -1),)
+
+
+def make_args(spec: Spec, *, gen: torch.Generator, device: str = "cuda", positions=None,
+              sinks=None, spare_pages: int = 3, poison_unseen: bool = True) -> list:
+    """One fresh argument list in declared order.
+
+    positions: one int per row (default: random in 0 … 3·P). Full layers get shuffled,
+    non-contiguous page ids (each row ceil((p+1)/P) pages among `spare_pages` unused ones;
+    table entries past a row's pages point at a random page); sliding layers a shuffled slot
+    per row among B + 1. q and the cache are Gaussian; every cache entry no row sees is NaN when
+    `poison_unseen` (the kernel must not let it reach the output). sinks: a float for all heads
+    or None (N(0, 1), like the synthetic checkpoints). Outputs and fp32 workspaces NaN,
+    counters zero."""
+    b_rows, hq, hkv, d, size = (spec[k] for k in ("B", "HQ", "HKV", "D", "P"))
+    g, splits, on = hq // hkv, spec["SPLITS"], gen.device
+    if positions is None:
+        positions = torch.randint(0, 3 * size, (b_rows,), generator=gen, device=on).tolist()
+    positions = [int(x) for x in positions]
+    if len(positions) != b_rows or min(positions) < 0:
+        raise ValueError(f"positions {positions}: expected {b_rows} values ≥ 0")
+    if spec["RING"]:
+        nb, t = b_rows + 1, 1
+        table = torch.randperm(nb, generator=gen, device=on)[:b_rows].view(b_rows, 1)
+    else:
+        need = [p // size + 1 for p in positions]
+        nb, t = sum(need) + spare_pages, max(need)
+        ids = torch.randperm(nb, generator=gen, device=on)
+        table = torch.randint(0, nb, (b_rows, t), generator=gen, device=on)
+        start = 0
+        for b, n in enumerate(need):
+            table[b, :n] = ids[start:start + n]
+            start += n
+    table = table.to(torch.int32)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=on).to(torch.bfloat16)
+
+    q, k_cache, v_cache = randn(b_rows, hq, d), randn(nb, hkv, size, d), randn(nb, hkv, size, d)
+    if poison_unseen:
+        seen = torch.zeros(nb, size, dtype=torch.bool, device=on)
+        for b, p in enumerate(positions):
+            lo, hi = visible_range(p, spec["W"])
+            pos = torch.arange(lo, hi + 1, device=on)
+            page = table[b, 0].long() if spec["RING"] else table[b].long()[pos // size]
+            seen[page, pos % size] = True
+        for cache in (k_cache, v_cache):
+            cache.masked_fill_(~seen[:, None, :, None], float("nan"))
+    if sinks is None:
+        sinks_t = torch.randn(hq, generator=gen, device=on)
+    else:
+        sinks_t = torch.full((hq,), float(sinks), device=on)
+    nan = float("nan")
+    args = [q, k_cache, v_cache, table, torch.tensor(positions, dtype=torch.int32, device=on),
+            sinks_t.float(), torch.full((b_rows, hq * d), nan, dtype=torch.bfloat16, device=on),
+            torch.full((b_rows, hkv, splits, g, d), nan, device=on),
+            torch.full((b_rows, hkv, splits, g), nan, device=on),
+            torch.zeros(b_rows, hkv, dtype=torch.int32, device=on)]
+    return [a.to(device) for a in args]
+
+
+def bytes_moved(spec: Spec, args) -> int:
+    """Least DRAM bytes of one launch: the visible K and V, q, out, positions, the table
+    entries used and the sinks (the split partials stay in L2)."""
+    hq, hkv, d, size = (spec[k] for k in ("HQ", "HKV", "D", "P"))
+    total = 0
+    for p in args[4].tolist():
+        lo, hi = visible_range(p, spec["W"])
+        total += (hi - lo + 1) * hkv * d * 2 * 2
+        total += 4 * (1 if spec["RING"] else hi // size + 1) + 4
+    return total + 2 * 2 * spec["B"] * hq * d + 4 * hq
+
+
+def _ops():
+    """Inline-PTX helpers (global loads/stores by byte address, fences, atomics, fast math)."""
+    from cutlass import Float32, Int64, Uint32
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T
+
+    def asm(ret, args, text, cons, side=True):
+        return llvm.inline_asm(ret, args, text, cons, has_side_effects=side,
+                               is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+    def addr(a):
+        return Int64(a).ir_value()
+
+    def ld_words(a, n, cg=False):
+        """n (1, 2 or 4) u32 at a byte address (plain ld.global; .cg bypasses L1)."""
+        vec = {1: "", 2: ".v2", 4: ".v4"}[n]
+        outs = "{" + ", ".join(f"${i}" for i in range(n)) + "}" if n > 1 else "$0"
+        ret = llvm.StructType.get_literal([T.i32()] * n) if n > 1 else T.i32()
+        res = asm(ret, [addr(a)], f"ld.global{'.cg' if cg else ''}{vec}.u32 {outs}, [${n}];",
+                  ",".join(["=r"] * n + ["l"]))
+        if n == 1:
+            return [Uint32(res)]
+        return [Uint32(llvm.extractvalue(T.i32(), res, [i])) for i in range(n)]
+
+    def as_f32(w):
+        return Float32(llvm.bitcast(T.f32(), Uint32(w).ir_value()))
+
+    def ld_cg_f32(a, n):
+        return [as_f32(w) for w in ld_words(a, n, cg=True)]
+
+    def fence():
+        asm(None, [], "fence.acq_rel.gpu;", "~{memory}")
+
+    def atom_inc(a):
+        return Uint32(asm(T.i32(), [addr(a)], "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;",
+                          "=r,l,~{memory}"))
+
+    def st_zero(a):
+        asm(None, [addr(a)], "st.relaxed.gpu.global.u32 [$0], 0;", "l,~{memory}")
+
+    def ex2(x):
+        return Float32(asm(T.f32(), [Float32(x).ir_value()], "ex2.approx.ftz.f32 $0, $1;",
+                           "=f,f", side=False))
+
+    def lg2(x):
+        return Float32(asm(T.f32(), [Float32(x).ir_value()], "lg2.approx.f32 $0, $1;",
+                           "=f,f", side=False))
+
+    def pack_bf16(lo, hi):
+        """bf16x2 {lo, hi} (lo in bits 0-15), round to nearest even."""
+        return Uint32(asm(T.i32(), [Float32(hi).ir_value(), Float32(lo).ir_value()],
+                          "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", side=False))
+
+    return dict(ld_words=ld_words, ld_cg_f32=ld_cg_f32, as_f32=as_f32, fence=fence,
+                atom_inc=atom_inc, st_zero=st_zero, ex2=ex2, lg2=lg2, pack_bf16=pack_bf16)
+
+
+def _build(spec: Spec):
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import BFloat16, Float32, Int32, Int64, Uint32
+
+    from flint_graph.kernels import dsl_util as du
+
+    _check(spec)
+    hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
+    ring, window, splits = spec["RING"], spec["W"], spec["SPLITS"]
+    g_heads = hq // hkv
+    ops = _ops()
+    ex2, pack = ops["ex2"], ops["pack_bf16"]
+    threads = 32 * WARPS
+    ksteps = d // 16  # QK k-steps, and PV m-tiles
+    kchunks = d // 32  # 16-byte chunks of a key per lane (QK)
+    run = d // 32  # u32 words of one V run (D/16 values)
+    vload = 4 if run % 4 == 0 else (2 if run % 2 == 0 else 1)
+    qk_scale = LOG2E / math.sqrt(d)
+    row_bytes = d * 2
+    items = g_heads * d // 4  # combine: (head, 4 values of d) per thread item
+    unroll = min(16, splits)
+    ninf = float("-inf")
+    launch = _launch(spec)
+
+    @cute.kernel
+    def attn_decode_kernel(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor,
+                           mtable: cute.Tensor, mpos: cute.Tensor, msinks: cute.Tensor,
+                           mout: cute.Tensor, mop: cute.Tensor, mlp: cute.Tensor,
+                           mcnt: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        split, kvh, b = cute.arch.block_idx()
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        alloc = cutlass.memory.SmemAllocator()
+        s_o = alloc.allocate_tensor(Float32, cute.make_layout(
+            (WARPS, g_heads, d), stride=(g_heads * d, d, 1)), byte_alignment=16)
+        s_m = alloc.allocate_tensor(Float32, cute.make_layout(
+            (WARPS, g_heads), stride=(g_heads, 1)), byte_alignment=16)
+        s_l = alloc.allocate_tensor(Float32, cute.make_layout(
+            (WARPS, g_heads), stride=(g_heads, 1)), byte_alignment=16)
+        s_lse = alloc.allocate_tensor(Float32, cute.make_layout(
+            (g_heads, splits), stride=(splits, 1)), byte_alignment=16)
+        s_flag = alloc.allocate_tensor(Int32, cute.make_layout((4,)), byte_alignment=16)
+
+        du.griddepcontrol_wait_after_loads()  # everything below is a predecessor's output
+        cute.arch.griddepcontrol_launch_dependents()
+
+        p = mpos[b]
+        lo = Int32(0)
+        if cutlass.const_expr(window > 0):
+            lo = cutlass.max(p - (window - 1), Int32(0))
+        t0 = lo // TILE
+        t1 = p // TILE + 1
+        ntiles = t1 - t0
+        n = cutlass.min(Int32(splits), (ntiles + (WARPS - 1)) // WARPS)
+        chunk = (ntiles + n - 1) // n
+        my_lo = t0 + split * chunk
+        my_hi = cutlass.min(my_lo + chunk, t1)
+        if split < n:
+            kbase = mk.iterator.toint()
+            vbase = mv.iterator.toint()
+            head_stride = Int64(size * row_bytes)
+            kvh_off = Int64(kvh) * head_stride
+            slot_off = Int64(0)
+            if cutlass.const_expr(ring == 1):
+                slot_off = Int64(mtable[b, 0]) * Int64(hkv) * head_stride + kvh_off
+
+            # q as the A operand (rows = heads g; rows ≥ G and g + 8 zero), permuted d
+            rq = cute.make_rmem_tensor((4 * kchunks,), Uint32)
+            hg = cutlass.min(g, g_heads - 1)
+            qaddr = mq.iterator.toint() + (Int64(b * hq + kvh * g_heads + hg) * d + 8 * t) * 2
+            for c in cutlass.range_constexpr(kchunks):
+                qw = ops["ld_words"](qaddr + 64 * c, 4)
+                for i in cutlass.range_constexpr(4):
+                    rq[4 * c + i] = cutlass.select_(g < g_heads, qw[i], Uint32(0))
+            acc = cute.make_rmem_tensor((ksteps, 4), Float32)
+            acc.fill(0.0)
+            st = cute.make_rmem_tensor((2,), Float32)  # running max (log2 units), sum
+            st[0] = Float32(ninf)
+            st[1] = Float32(0.0)
+            zero = Uint32(p) >> 31  # positions are ≥ 0
+            rk = cute.make_rmem_tensor((2 * KSUB, 4 * kchunks), Uint32)
+            rv = cute.make_rmem_tensor((4 * KSUB, 2, run), Uint32)
+            # page id of this warp's next tile, loaded a step ahead (clamped into the row's
+            # pages) so no step starts with a dependent table load
+            rpg = cute.make_rmem_tensor((1,), Int32)
+            rpg[0] = Int32(0)
+            if cutlass.const_expr(ring == 0):
+                rpg[0] = mtable[b, cutlass.min(my_lo + warp, t1 - 1) // (size // TILE)]
+            for tile in cutlass.range(my_lo + warp, my_hi, WARPS):
+                key0 = tile * TILE
+                page_off = slot_off
+                if cutlass.const_expr(ring == 0):
+                    page_off = Int64(rpg[0]) * Int64(hkv) * head_stride + kvh_off
+                    rpg[0] = mtable[b, cutlass.min(tile + WARPS, t1 - 1) // (size // TILE)]
+                # every load of the step first, V then K (16 KB per warp in flight)
+                # V of 16-key k-step ks: keys 2t, 2t+1, 2t+8, 2t+9, runs of D/16 values at
+                # d = (D/16)(g + 8r); keys outside [lo, p] zeroed (the cache may hold NaN)
+                for kk in cutlass.range_constexpr(4 * KSUB):
+                    kp = key0 + 16 * (kk // 4) + 2 * t + (kk % 2) + 8 * (kk % 4 // 2)
+                    ok = (kp >= lo) & (kp <= p)
+                    a = vbase + page_off + Int64(kp % size) * row_bytes + (d // 16) * 2 * g
+                    for r in cutlass.range_constexpr(2):
+                        for w0 in cutlass.range_constexpr(0, run, vload):
+                            vw = ops["ld_words"](a + (d // 16) * 2 * 8 * r + 4 * w0, vload)
+                            for i in cutlass.range_constexpr(vload):
+                                rv[kk, r, w0 + i] = cutlass.select_(ok, vw[i], Uint32(0))
+                # K: lane (g, t) loads key 8·nt + g, d = 32c + 8t … +7
+                for nt in cutlass.range_constexpr(2 * KSUB):
+                    kp = key0 + 8 * nt + g
+                    a = kbase + page_off + Int64(kp % size) * row_bytes + 16 * t
+                    for c in cutlass.range_constexpr(kchunks):
+                        kw = ops["ld_words"](a + 64 * c, 4)
+                        for i in cutlass.range_constexpr(4):
+                            rk[nt, 4 * c + i] = kw[i]
+                # ptxas would sink the V loads (and some K loads) below the first MMAs, making
+                # a step cost two round trips: the first MMA takes q XOR (every loaded word &
+                # zero), a zero ptxas cannot prove, so all 32 loads are in flight before it
+                fold = rv[0, 0, 0]
+                for kk in cutlass.range_constexpr(4 * KSUB):
+                    for r in cutlass.range_constexpr(2):
+                        for w0 in cutlass.range_constexpr(run):
+                            if cutlass.const_expr(kk + r + w0 > 0):
+                                fold = fold ^ rv[kk, r, w0]
+                for nt in cutlass.range_constexpr(2 * KSUB):
+                    for i in cutlass.range_constexpr(4 * kchunks):
+                        fold = fold ^ rk[nt, i]
+                if cutlass.const_expr(ring == 0):  # the next page id: in flight with them
+                    fold = fold ^ Uint32(rpg[0])
+                q0 = rq[0] ^ (fold & zero)
+                # S = Q·Kᵀ: lane (g, t) gets head g, keys 8·nt + 2t + e -> sc[2·nt + e]
+                sc = []
+                for nt in cutlass.range_constexpr(2 * KSUB):
+                    c4 = [Float32(0.0)] * 4
+                    for s in cutlass.range_constexpr(ksteps):
+                        qa = q0 if nt + s == 0 else rq[2 * s]
+                        c4 = du.mma_bf16_m16n8k16(
+                            [qa, Uint32(0), rq[2 * s + 1], Uint32(0)],
+                            [rk[nt, 2 * s], rk[nt, 2 * s + 1]], c4)
+                    for e in cutlass.range_constexpr(2):
+                        kp = key0 + 8 * nt + 2 * t + e
+                        ok = (kp >= lo) & (kp <= p)
+                        sc.append(cutlass.select_(ok, c4[e] * qk_scale, Float32(ninf)))
+                mx = sc[0]
+                for e in cutlass.range_constexpr(1, 4 * KSUB):
+                    mx = cutlass.max(mx, sc[e])
+                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+                m_old = st[0]
+                m_new = cutlass.max(m_old, mx)
+                m_use = cutlass.select_(m_new == Float32(ninf), Float32(0.0), m_new)
+                alpha = ex2(m_old - m_use)
+                pr = []
+                psum = Float32(0.0)
+                for e in cutlass.range_constexpr(4 * KSUB):
+                    pr.append(ex2(sc[e] - m_use))
+                    psum = psum + pr[e]
+                st[0] = m_new
+                st[1] = st[1] * alpha + psum
+                # Oᵀ columns are heads 2t, 2t+1: their rescale factors live in lanes 8t, 8t+4
+                a0 = cute.arch.shuffle_sync(alpha, offset=8 * t)
+                a1 = cute.arch.shuffle_sync(alpha, offset=8 * t + 4)
+                # Pᵀ B fragments of k-step ks: keys 16ks + 2t (+1) and 16ks + 8 + 2t (+1) are
+                # sc[4ks + 0, 1] and sc[4ks + 2, 3]; hi + lo bf16 parts keep P to ~2^-16
+                hi, lo_part = [], []
+                for j in cutlass.range_constexpr(2 * KSUB):
+                    w = pack(pr[2 * j], pr[2 * j + 1])
+                    hi.append(w)
+                    r0 = pr[2 * j] - ops["as_f32"](w << 16)
+                    r1 = pr[2 * j + 1] - ops["as_f32"](w & Uint32(0xFFFF0000))
+                    lo_part.append(pack(r0, r1))
+                for j in cutlass.range_constexpr(ksteps):
+                    wd, sel = j // 2, (0x5410 if j % 2 == 0 else 0x7632)
+                    c4 = [acc[j, 0] * a0, acc[j, 1] * a1, acc[j, 2] * a0, acc[j, 3] * a1]
+                    for ks in cutlass.range_constexpr(KSUB):
+                        v0 = 4 * ks
+                        fa = [du.prmt(rv[v0, 0, wd], rv[v0 + 1, 0, wd], sel),
+                              du.prmt(rv[v0, 1, wd], rv[v0 + 1, 1, wd], sel),
+                              du.prmt(rv[v0 + 2, 0, wd], rv[v0 + 3, 0, wd], sel),
+                              du.prmt(rv[v0 + 2, 1, wd], rv[v0 + 3, 1, wd], sel)]
+                        c4 = du.mma_bf16_m16n8k16(fa, [hi[2 * ks], hi[2 * ks + 1]], c4)
+                        c4 = du.mma_bf16_m16n8k16(fa, [lo_part[2 * ks], lo_part[2 * ks + 1]], c4)
+                    for i in cutlass.range_constexpr(4):
+                        acc[j, i] = c4[i]
+
+            # this warp's state -> shared memory
+            lsum = st[1]
+            lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=1)
+            lsum = lsum + cute.arch.shuffle_sync_bfly(lsum, offset=2)
+            if (t == 0) & (g < g_heads):
+                s_m[warp, g] = st[0]
+                s_l[warp, g] = lsum
+            for hh in cutlass.range_constexpr(2):
+                h = 2 * t + hh
+                if h < g_heads:
+                    for j in cutlass.range_constexpr(ksteps):
+                        s_o[warp, h, (d // 16) * g + j] = acc[j, hh]
+                        s_o[warp, h, (d // 16) * (g + 8) + j] = acc[j, 2 + hh]
+            cute.arch.sync_threads()
+
+            # the CTA's partial: normalised o and lse (log2 units) per head
+            for it in cutlass.range_constexpr(-(-items // threads)):
+                item = tid + it * threads
+                if item < items:
+                    h, d0 = item // (d // 4), (item % (d // 4)) * 4
+                    mm = s_m[0, h]
+                    for w in cutlass.range_constexpr(1, WARPS):
+                        mm = cutlass.max(mm, s_m[w, h])
+                    mu = cutlass.select_(mm == Float32(ninf), Float32(0.0), mm)
+                    ll = Float32(0.0)
+                    ov = [Float32(0.0)] * 4
+                    for w in cutlass.range_constexpr(WARPS):
+                        f = ex2(s_m[w, h] - mu)
+                        ll = ll + s_l[w, h] * f
+                        for e in cutlass.range_constexpr(4):
+                            ov[e] = ov[e] + s_o[w, h, d0 + e] * f
+                    has = ll > Float32(0.0)
+                    inv = Float32(1.0) / cutlass.select_(has, ll, Float32(1.0))
+                    for e in cutlass.range_constexpr(4):
+                        mop[b, kvh, split, h, d0 + e] = cutlass.select_(has, ov[e] * inv,
+                                                                         Float32(0.0))
+                    if d0 == 0:
+                        mlp[b, kvh, split, h] = cutlass.select_(has, mu + ops["lg2"](ll),
+                                                                Float32(ninf))
+            ops["fence"]()  # release this thread's partial stores at gpu scope
+            cute.arch.sync_threads()
+            cnt = mcnt.iterator.toint() + Int64(b * hkv + kvh) * 4
+            if tid == 0:
+                s_flag[0] = Int32(ops["atom_inc"](cnt))
+            cute.arch.sync_threads()
+            if s_flag[0] == n - 1:  # the last CTA of (b, kvh): combine the n partials
+                ops["fence"]()  # acquire: the other CTAs' partials are visible below
+                lbase = mlp.iterator.toint() + Int64((b * hkv + kvh) * splits) * g_heads * 4
+                for it in cutlass.range_constexpr(-(-(g_heads * splits) // threads)):
+                    kl = tid + it * threads
+                    if kl < g_heads * splits:
+                        hl, il = kl // splits, kl % splits
+                        icl = cutlass.min(il, n - 1)
+                        lv = ops["ld_cg_f32"](lbase + Int64(icl * g_heads + hl) * 4, 1)[0]
+                        s_lse[hl, il] = cutlass.select_(il < n, lv, Float32(ninf))
+                cute.arch.sync_threads()
+                obase = mop.iterator.toint() + Int64((b * hkv + kvh) * splits) * (
+                    g_heads * d * 4)
+                for it in cutlass.range_constexpr(-(-items // threads)):
+                    item = tid + it * threads
+                    if item < items:
+                        h, d0 = item // (d // 4), (item % (d // 4)) * 4
+                        sink = msinks[kvh * g_heads + h] * LOG2E
+                        mm = sink
+                        for i in cutlass.range_constexpr(splits):
+                            mm = cutlass.max(mm, s_lse[h, i])
+                        den = ex2(sink - mm)
+                        for i in cutlass.range_constexpr(splits):
+                            den = den + ex2(s_lse[h, i] - mm)
+                        num = cute.make_rmem_tensor((4,), Float32)
+                        num.fill(0.0)
+                        for grp in cutlass.range((n + unroll - 1) // unroll):
+                            for u in cutlass.range_constexpr(unroll):
+                                si = grp * unroll + u
+                                sic = cutlass.min(si, n - 1)
+                                wf = cutlass.select_(si < n, ex2(s_lse[h, sic] - mm),
+                                                     Float32(0.0))
+                                po = ops["ld_cg_f32"](
+                                    obase + Int64((sic * g_heads + h) * d + d0) * 4, 4)
+                                for e in cutlass.range_constexpr(4):
+                                    num[e] = num[e] + po[e] * wf
+                        inv = Float32(1.0) / den
+                        col = (kvh * g_heads + h) * d + d0
+                        for e in cutlass.range_constexpr(4):
+                            mout[b, col + e] = (num[e] * inv).to(BFloat16)
+                if tid == 0:
+                    ops["st_zero"](cnt)  # ready for the next launch (graph replay)
+
+    @cute.jit
+    def attn_decode(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor, mtable: cute.Tensor,
+                    mpos: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor,
+                    mop: cute.Tensor, mlp: cute.Tensor, mcnt: cute.Tensor,
+                    stream: cuda.CUstream):
+        attn_decode_kernel(mq, mk, mv, mtable, mpos, msinks, mout, mop, mlp, mcnt).launch(
+            grid=launch.grid, block=launch.block, smem=launch.smem, stream=stream, use_pdl=True)
+
+    return attn_decode
+
+
+KERNEL = KernelDef(name="attn_decode", args=_args, launch=_launch, specs=_specs, build=_build,
+                   reference=_reference, source_files=("dsl_util.py",))

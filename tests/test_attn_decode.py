@@ -1,0 +1,150 @@
+"""CPU checks of attn_decode's declarations, argument builder, reference and split heuristic
+(kernels/attn_decode.py; no GPU, no DSL). The kernel itself runs in test_attn_decode_gpu.py."""
+
+import math
+
+import pytest
+import torch
+
+from flint_graph.capture.launcher import check_args
+from flint_graph.config import FlintConfig
+from flint_graph.kernels import attn_decode as ad
+from flint_graph.kernels.spec import check_spec
+
+PRESETS = ("tiny", "full")
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _spec(preset, b, ring, splits=None):
+    s = next(s for s in ad._specs(FlintConfig.preset(preset), (b,)) if s["RING"] == ring)
+    return s if splits is None else ad.KERNEL.spec(**{**s.as_dict(), "SPLITS": splits})
+
+
+def _slow_attention(spec, q, k_cache, v_cache, table, positions, sinks):
+    """Float64 loops straight from the formula: out = Σ e^(s_j−m) v_j / (Σ e^(s_j−m) +
+    e^(sink−m)), s_j = q·k_j / sqrt(D), over the keys the layout and window make visible."""
+    hq, hkv, d, size, w = (spec[k] for k in ("HQ", "HKV", "D", "P", "W"))
+    g = hq // hkv
+    out = torch.zeros(q.shape[0], hq, d, dtype=torch.float64)
+    for b in range(q.shape[0]):
+        p = int(positions[b])
+        keys = range(max(0, p - w + 1) if w else 0, p + 1)
+        for h in range(hq):
+            logits, values = [], []
+            for t in keys:
+                page = int(table[b, 0]) if spec["RING"] else int(table[b, t // size])
+                k = k_cache[page, h // g, t % size].double()
+                logits.append(float(q[b, h].double() @ k) / math.sqrt(d))
+                values.append(v_cache[page, h // g, t % size].double())
+            m = max(max(logits), float(sinks[h]))
+            e = [math.exp(x - m) for x in logits]
+            den = sum(e) + math.exp(float(sinks[h]) - m)
+            out[b, h] = sum(ei * vi for ei, vi in zip(e, values)) / den
+    return out.view(q.shape[0], -1)
+
+
+@pytest.mark.parametrize("ring", [0, 1])
+def test_reference_matches_the_formula(ring):
+    """Positions below, at and past the window (ring wrap-around) and across pages."""
+    spec = _spec("tiny", 4, ring)
+    args = ad.make_args(spec, gen=_gen(1), device="cpu", positions=[0, 16, 17, 150])
+    (ref,) = ad._reference(spec, *[a for i, a in enumerate(args) if i != 6])
+    slow = _slow_attention(spec, *args[:6])
+    rel = ((ref.double() - slow).norm() / slow.norm()).item()
+    assert ref.dtype == torch.bfloat16 and rel < 4e-3  # bf16 output rounding only
+
+
+def test_sink_is_one_extra_logit():
+    """out_with_sink = out_without · sigmoid(lse − sink) (DESIGN §1), per head."""
+    spec = _spec("tiny", 1, 0)
+    args = ad.make_args(spec, gen=_gen(2), device="cpu", positions=[90])
+    q, kc, vc, table, pos, sinks = args[:6]
+    with_sink = _slow_attention(spec, q, kc, vc, table, pos, sinks)
+    without = _slow_attention(spec, q, kc, vc, table, pos, torch.full_like(sinks, -1e30))
+    k, _, _ = ad.gather_kv(spec, kc, vc, table, 90, 0)
+    g = spec["HQ"] // spec["HKV"]
+    for h in range(spec["HQ"]):
+        s = (k[:, h // g].double() @ q[0, h].double()) / math.sqrt(spec["D"])
+        factor = torch.sigmoid(torch.logsumexp(s, 0) - float(sinks[h]))
+        d = spec["D"]
+        torch.testing.assert_close(with_sink[0, h * d:(h + 1) * d],
+                                   without[0, h * d:(h + 1) * d] * factor)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_make_args_follow_the_declaration(preset):
+    for spec in ad.bench_specs(FlintConfig.preset(preset), (1, 2, 4, 8)):
+        check_spec(ad.KERNEL, spec)
+        pos = [3 * spec["P"] + 5 * i for i in range(spec["B"])]
+        args = ad.make_args(spec, gen=_gen(3), device="cpu", positions=pos)
+        extents = check_args(spec.id, ad.KERNEL.args(spec), args, device_type="cpu")
+        assert extents["T"] == (1 if spec["RING"] else max(pos) // spec["P"] + 1)
+        assert args[4].tolist() == pos
+        assert torch.equal(args[9], torch.zeros_like(args[9]))  # counters start at zero
+        assert all(a.isnan().all() for a in args[6:9])  # out, o_part, lse_part poisoned
+        for b, p in enumerate(pos):  # every key a row sees is real data
+            k, v, _ = ad.gather_kv(spec, args[1], args[2], args[3], p, b)
+            assert not k.isnan().any() and not v.isnan().any()
+        assert args[1].isnan().any()  # ... and the unseen entries are NaN
+
+
+def test_pages_are_shuffled_and_distinct():
+    spec = _spec("full", 4, 0)
+    pos = [0, 200, 700, 1500]
+    args = ad.make_args(spec, gen=_gen(4), device="cpu", positions=pos)
+    used = [args[3][b, :p // spec["P"] + 1].tolist() for b, p in enumerate(pos)]
+    flat = [x for row in used for x in row]
+    assert len(set(flat)) == len(flat)  # no page shared between rows
+    assert flat != sorted(flat)  # not in allocation order
+
+
+def test_row_splits_cover_the_range():
+    """Every row's chunks tile its range exactly, none empty, at most SPLITS of them; long
+    rows use them all."""
+    for splits in {s["SPLITS"] for p in PRESETS for s in ad.bench_specs(
+            FlintConfig.preset(p), (1, 2, 4, 8))}:
+        for tiles in range(1, 3000):
+            n, chunk = ad.row_splits(tiles, splits)
+            spans = [(i * chunk, min((i + 1) * chunk, tiles)) for i in range(n)]
+            assert 1 <= n <= splits and spans[0][0] == 0 and max(hi for _, hi in spans) == tiles
+            assert all(a[1] == b[0] or b[0] >= tiles for a, b in zip(spans, spans[1:]))
+            if n < splits:  # short rows: ≤ one tile per warp, no empty split
+                assert chunk <= ad.WARPS and all(lo < hi for lo, hi in spans)
+            if tiles >= ad.WARPS * splits:
+                assert n == splits
+
+
+def test_splits_fill_the_gpu():
+    """Full layers: ~128 CTAs (132 SMs on the H200) at every bucket; 100K keys at B = 1 get
+    32 splits per KV head. Sliding (W = 513): a window's 17 tiles over at most 3 CTAs."""
+    cfg = FlintConfig.preset("full")
+    for spec in ad._specs(cfg, (1, 2, 4, 8)):
+        if spec["RING"]:
+            assert spec["SPLITS"] == 3
+            lo, hi = ad.visible_range(10_000, spec["W"])
+            assert ad.row_splits(hi // ad.TILE - lo // ad.TILE + 1, 3)[0] == 3
+        else:
+            assert spec["SPLITS"] * spec["HKV"] * spec["B"] == ad.CTA_TARGET
+    full_b1 = _spec("full", 1, 0)
+    assert ad.row_splits(-(-100_000 // ad.TILE), full_b1["SPLITS"])[0] == 32
+
+
+def test_bytes_moved_counts_the_visible_kv():
+    spec = _spec("full", 1, 0)
+    args = ad.make_args(spec, gen=_gen(5), device="cpu", positions=[99_999], poison_unseen=False)
+    kv = 100_000 * 4 * 128 * 2 * 2  # 205 MB: K and V of 4 KV heads
+    assert ad.bytes_moved(spec, args) == kv + 2 * 2 * 32 * 128 + 4 * 32 + 4 * 1563 + 4
+    ring = _spec("full", 2, 1)
+    args = ad.make_args(ring, gen=_gen(5), device="cpu", positions=[3, 5000])
+    assert ad.bytes_moved(ring, args) == (4 + 513) * 4 * 128 * 4 + 2 * 2 * 2 * 32 * 128 \
+        + 4 * 32 + 2 * 8
+
+
+def test_declarations_reject_bad_shapes():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ad._args(ad.KERNEL.spec(B=1, HQ=4, HKV=2, D=48, P=64, RING=0, W=0, SPLITS=1))
+    with pytest.raises(ValueError, match="W = P"):
+        ad._args(ad.KERNEL.spec(B=1, HQ=4, HKV=2, D=32, P=64, RING=1, W=17, SPLITS=1))

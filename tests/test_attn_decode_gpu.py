@@ -1,0 +1,209 @@
+"""GPU tests of attn_decode (kernels/attn_decode.py) against `reference.attention`.
+
+Run on the H200 through tools/gpu_check.sh with a kernel cache holding attn_decode's
+`bench_specs` (the model specs plus their SPLITS = 1 variants) for both presets.
+
+Every case draws fresh random q and cache (shuffled, non-contiguous page ids; every cache entry
+no row sees is NaN, so a masked key that leaks into the output shows), poisons the output and
+the fp32 workspaces with NaN, launches twice on the same workspaces (the second launch proves
+the counters were reset) and checks the counters are all zero afterwards.
+
+Tolerance: ‖out − ref‖/‖ref‖ ≤ 1e-2. Both sides compute in fp32 and round once to bf16, so
+the expected error is the bf16 output rounding (≤ 2^-9 per element, ~2e-3 norm-wise) plus
+the fp32 summation order, ex2/lg2.approx (~2^-22) and the kernel's hi/lo bf16 split of the
+softmax weights (~2^-16): far below 1e-2. Split counts are compared with the SPLITS = 1
+launch at the same tolerance (they differ only in the fp32 order of the combine).
+"""
+
+import pytest
+import torch
+
+from flint_graph.config import FlintConfig
+from flint_graph.kernels import attn_decode as ad
+from flint_graph.kernels import registry
+
+pytestmark = pytest.mark.gpu
+REL_TOL = 1e-2
+PRESETS = ("tiny", "full")
+
+
+@pytest.fixture(scope="module")
+def kset():
+    from flint_graph.capture.launcher import KernelSet
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # references in true fp32
+    return KernelSet(kernels=registry(("attn_decode", "slow_producer")))
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def _launch(kset, spec, args) -> torch.Tensor:
+    """Launch twice on the same workspaces (output re-poisoned); returns the second output."""
+    kernel = kset.get("attn_decode", **spec.as_dict())
+    outs = []
+    for _ in range(2):
+        args[6].fill_(float("nan"))
+        kernel.launch(*args)
+        torch.cuda.synchronize()
+        assert torch.equal(args[9], torch.zeros_like(args[9])), \
+            f"{spec.id}: counters not reset: {args[9].tolist()}"
+        outs.append(args[6].clone())
+        assert not outs[-1].isnan().any(), \
+            f"{spec.id} positions {args[4].tolist()}: NaN in the output"
+    assert torch.equal(outs[0], outs[1]), f"{spec.id}: two launches differ"
+    return outs[1]
+
+
+def _check(kset, spec, seed, **case) -> torch.Tensor:
+    args = ad.make_args(spec, gen=_gen(seed), device="cuda", **case)
+    out = _launch(kset, spec, args)
+    what = f"{spec.id} positions {args[4].tolist()} {case.get('sinks', '')}"
+    (ref,) = ad._reference(spec, *[a for i, a in enumerate(args) if i != 6])
+    rel = _rel(out, ref)
+    assert rel <= REL_TOL, f"{what}: rel err {rel:.2e} > {REL_TOL}"
+    return out
+
+
+def _specs(preset: str):
+    return ad._specs(FlintConfig.preset(preset), (1, 2, 4, 8))
+
+
+def _lengths(spec) -> list[int]:
+    """Keys a row sees (positions + 1) worth checking for this layer kind."""
+    if spec["RING"]:
+        w = spec["W"]  # shorter than, equal to, one more than, many times the window; wraps
+        return [1, 2, w - 1, w, w + 1, 2 * w + 5, 7 * w + 3]
+    p = spec["P"]  # one page and its edges, a few thousand keys
+    return [1, 2, p - 1, p, p + 1, 3001]
+
+
+def _cases():
+    return [(preset, s) for preset in PRESETS for s in _specs(preset)]
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c[0]}-{c[1].key}")
+def test_matches_reference(kset, case):
+    """Every bucket and layer kind; each length lands on every row index of the batch."""
+    _, spec = case
+    lengths = _lengths(spec)
+    b = spec["B"]
+    for shift in range(len(lengths)):
+        pos = [lengths[(shift + i) % len(lengths)] - 1 for i in range(b)]
+        _check(kset, spec, seed=10 + shift, positions=pos)
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c[0]}-{c[1].key}")
+def test_sinks_matter(kset, case):
+    """A large finite sink (40: the softmax mass goes almost all to the sink, so the output is
+    ~e^-40 small and only a correct single sink term gets it right), a very negative one (no
+    effect) and the default N(0, 1) ones; the three outputs must differ."""
+    _, spec = case
+    pos = [min(3 * spec["P"], 700) + 11 * i for i in range(spec["B"])]
+    outs = [_check(kset, spec, seed=3, positions=pos, sinks=s) for s in (40.0, -40.0, None)]
+    assert outs[0].float().abs().max() < 1e-6 < outs[1].float().abs().max()
+    assert not torch.equal(outs[1], outs[2])
+
+
+def _split_cases():
+    out = []
+    for preset in PRESETS:
+        for s in _specs(preset):
+            if s["SPLITS"] > 1:
+                out.append((preset, s))
+    return out
+
+
+def _position_for_splits(spec, n: int) -> int:
+    """The smallest position whose visible range the kernel cuts into n splits."""
+    for p in range(ad.WARPS * ad.TILE * spec["SPLITS"] + spec["W"] + 1):
+        lo, hi = ad.visible_range(p, spec["W"])
+        if ad.row_splits(hi // ad.TILE - lo // ad.TILE + 1, spec["SPLITS"])[0] == n:
+            return p
+    raise AssertionError(f"{spec.id}: no position gives {n} splits")
+
+
+def _position_with_empty_splits(spec) -> int | None:
+    """A position whose row uses all SPLITS with the last chunks empty (n clamped), if any."""
+    for p in range(ad.TILE * (ad.WARPS * spec["SPLITS"] + 1), 40_000, ad.TILE):
+        lo, hi = ad.visible_range(p, spec["W"])
+        tiles = hi // ad.TILE - lo // ad.TILE + 1
+        n, chunk = ad.row_splits(tiles, spec["SPLITS"])
+        if (n - 1) * chunk >= tiles:
+            return p
+    return None
+
+
+def _compare_with_one_split(kset, spec, pos, seed):
+    args = ad.make_args(spec, gen=_gen(seed), device="cuda", positions=pos)
+    out = _launch(kset, spec, args)
+    (ref,) = ad._reference(spec, *[a for i, a in enumerate(args) if i != 6])
+    assert _rel(out, ref) <= REL_TOL, f"{spec.id} positions {pos}"
+    one = ad.KERNEL.spec(**{**spec.as_dict(), "SPLITS": 1})
+    args1 = list(args)
+    args1[7] = torch.full_like(args[7][:, :, :1], float("nan"))
+    args1[8] = torch.full_like(args[8][:, :, :1], float("nan"))
+    out1 = _launch(kset, one, args1)
+    rel = _rel(out, out1)
+    assert rel <= REL_TOL, f"{spec.id} positions {pos}: rel {rel:.2e} to SPLITS=1"
+
+
+@pytest.mark.parametrize("case", _split_cases(), ids=lambda c: f"{c[0]}-{c[1].key}")
+def test_every_split_count_equals_one_split(kset, case):
+    """Rows spread over every split count 1 … SPLITS the heuristic can pick, then rows whose
+    last chunks are empty (full layers: 257 tiles in 32 splits of 9 leave 3 empty); each
+    launch must equal the SPLITS = 1 launch on the same inputs (and the reference)."""
+    _, spec = case
+    b, splits = spec["B"], spec["SPLITS"]
+    for start in range(0, splits, b):
+        pos = [_position_for_splits(spec, (start + i) % splits + 1) for i in range(b)]
+        _compare_with_one_split(kset, spec, pos, seed=start)
+    p = _position_with_empty_splits(spec)
+    if p is not None:
+        _compare_with_one_split(kset, spec, [p + 7 * i for i in range(b)], seed=99)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_rows_of_very_different_lengths(kset, preset):
+    """One batch holding a 1-key row, a 5000-key row and others: each row's split count is
+    its own, and a short row's CTAs must not wait for or mix with a long row's."""
+    for spec in _specs(preset):
+        if spec["B"] > 1:
+            pos = [0, 4999, 17, 2 * spec["P"]][:spec["B"]] + [1000 * i for i in
+                                                            range(spec["B"] - 4)]
+            _check(kset, spec, seed=5, positions=pos)
+
+
+def test_long_context_full_layer(kset):
+    """100K keys at batch 1 (full preset, full layer): the model's largest split count, and
+    pages spread over a 1563-page table."""
+    spec = next(s for s in _specs("full") if s["B"] == 1 and not s["RING"])
+    _check(kset, spec, seed=7, positions=[100_000 - 1])
+
+
+def _pdl_specs():
+    return [s for s in _specs("full") if s["B"] in (1, 8)]
+
+
+@pytest.mark.parametrize("spec", _pdl_specs(), ids=lambda s: s.key)
+def test_pdl_consumer_never_reads_its_input_early(kset, spec):
+    """Behind a slow producer that overwrites q or the positions, every PDL replay must
+    equal the run without PDL (tests/test_kernels_gpu.py's pattern). The table is left out:
+    its stale words would be page ids out of range if the kernel did read them early."""
+    from test_kernels_gpu import REPLAYS, _graph_outputs
+
+    consumer = kset.get("attn_decode", **spec.as_dict())
+    pos = [2000 + 97 * i for i in range(spec["B"])]
+    for target in (0, 4):  # q, positions
+        args = ad.make_args(spec, gen=_gen(7), device="cuda", positions=pos)
+        (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1)
+        assert not want[0].isnan().any()
+        for got in _graph_outputs(kset, consumer, args, target, pdl=True, replays=REPLAYS):
+            assert torch.equal(got[0], want[0]), \
+                f"{spec.id}: read {ad.KERNEL.args(spec)[target].name} before the wait"
+        assert torch.equal(args[9], torch.zeros_like(args[9]))
