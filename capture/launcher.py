@@ -29,7 +29,8 @@ from flint_graph.kernels import registry
 from flint_graph.kernels.cache import CacheEntry, KernelCache, arch_for_capability
 from flint_graph.kernels.spec import KernelDef, Launch, ScalarArg, Spec, TensorArg
 
-_TORCH = {"bf16": (torch.bfloat16,), "f32": (torch.float32,), "u8": (torch.uint8,),
+_TORCH = {"bf16": (torch.bfloat16,), "f32": (torch.float32,), "f64": (torch.float64,),
+          "u8": (torch.uint8,),
           "u32": (torch.int32, getattr(torch, "uint32", torch.int32)), "i32": (torch.int32,),
           "i64": (torch.int64,)}
 _PACK = {"ptr": "Q", "i32": "i", "i64": "q", "f32": "f"}

@@ -107,3 +107,12 @@ def test_grid_follows_dynamic_extents():
     assert launch.grid_for({"N": 33}) == (3, 2, 1)
     assert Launch.from_json(launch.to_json()) == launch
     assert Spec.of("gemv", K=64, B=1).key == "B=1,K=64"
+
+
+def test_every_declarable_dtype_can_be_launched():
+    """A dtype a kernel may declare (spec.DTYPES) must be one the launcher checks and packs: a
+    missing one (f64 once) failed only at launch, on the GPU."""
+    from flint_graph.capture import launcher
+    from flint_graph.kernels.spec import DTYPES
+
+    assert set(DTYPES) <= set(launcher._TORCH)
