@@ -23,6 +23,7 @@ import torch
 
 from flint_graph.config import FlintConfig
 from flint_graph.kernels import attn_decode, gemv_bf16, gemv_nvfp4
+from flint_graph.kernels.qk_norm_rope_kv import rope_inv_freq
 from flint_graph.kernels.spec import KV_PAGE, Spec
 from flint_graph.weights import Linear, LayerWeights, MLPWeights, MoEWeights, NVFP4Weight
 
@@ -38,12 +39,6 @@ def _pick(kset, name: str, cfg: FlintConfig, batch: int, **want: int):
     if len(found) != 1:
         raise ValueError(f"{name}: {len(found)} specialisations for B={batch} {want}")
     return kset.get(name, **found[0].as_dict())
-
-
-def inv_freq(cfg: FlintConfig, device) -> torch.Tensor:
-    """RoPE inverse frequencies float64 [D/2]: theta^(−2i/D), as `reference.rope_cos_sin`."""
-    i = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=device)
-    return cfg.rope_theta ** (-i / cfg.head_dim)
 
 
 @dataclass
@@ -178,7 +173,7 @@ class DecodeLayer:
         if self.moe:
             self.router = _pick(kset, "moe_router", cfg, b)
         dev = weights.attn_norm.device
-        self.inv_freq = inv_freq(cfg, dev)
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, dev)
         self.sinks = (weights.sinks.float() if cfg.attention_sinks else
                       torch.full((cfg.num_attention_heads,), -math.inf, device=dev))
         self.ffn_args = self._ffn_args(weights.ffn)
