@@ -273,7 +273,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="directory for the JSON and table")
     ap.add_argument("--preset", choices=("tiny", "full"), default="full")
     ap.add_argument("--quick", action="store_true", help="fewer contexts")
-    ap.add_argument("--no-layers", dest="layers", action="store_false")
+    ap.add_argument("--no-layers", dest="layers", action="store_false",
+                    help="skip the whole-layer benchmark")
+    ap.add_argument("--only", metavar="K1,K2", help="benchmark only these decode kernels")
     args = ap.parse_args(argv)
     from flint_graph.capture.launcher import KernelSet
 
@@ -286,6 +288,8 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(11)
     recs = []
     for name, want, kw, label in kernel_cases(cfg, args.quick):
+        if args.only and name not in args.only.split(","):
+            continue
         t0 = time.time()
         try:
             rec = bench_kernel(kset, cfg, name, want, kw, label, l2, copy_bw, gen)
