@@ -1,0 +1,179 @@
+"""The whole decode step for one batch bucket, from the kernels, captured in one CUDA graph.
+
+embedding → every `DecodeLayer` → final RMSNorm → LM-head GEMV → sampler (DESIGN §3 "Decode
+graph"). Every per-step input lives in a static device buffer owned by `DecodeGraph` for the
+graph's lifetime; `set_rows` fills them from the host before a replay, and no captured node
+reads host memory. The embedding lookup, the fp32 cast of the logits and the sampler are torch
+ops inside the graph (no kernel of ours yet); everything else is our kernels with PDL.
+
+KV cache (`KVCache`): per sliding layer one ring of `sliding_window` entries per slot; per full
+layer a pool of KV_PAGE-token pages, each slot owning a fixed run of `pages_per_slot` pages in
+this first version (the page table is still a device buffer, so a real allocator can replace
+the fixed runs without touching the graph). The last slot is the scratch slot that padding rows
+of a bucket point at, so they never touch a live request's KV.
+
+Numerics: as `ReferenceModel` except that the LM head's logits come out of the GEMV rounded to
+bf16 (the reference keeps them fp32): a relative change of at most 2^-9 per logit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flint_graph import reference
+from flint_graph.capture.decode_layer import DecodeLayer, LayerKV, StepBuffers, allocate_kv
+from flint_graph.config import FlintConfig
+from flint_graph.kernels import gemv_bf16, gemv_nvfp4
+from flint_graph.kernels.spec import KV_PAGE
+from flint_graph.sampling import sample
+from flint_graph.weights import FlintWeights, NVFP4Weight
+
+
+class KVCache:
+    """BF16 KV for `num_slots` sequences (plus one scratch slot) of up to `max_tokens` tokens.
+
+    layers[i]: LayerKV of layer i (rings [slots+1, HKV, W, D] or pages [(slots+1)·pages_per_slot,
+    HKV, KV_PAGE, D]). `page_table(slot)` int32 [pages_per_slot]: the pages slot owns."""
+
+    def __init__(self, cfg: FlintConfig, num_slots: int, max_tokens: int, device="cuda"):
+        self.cfg, self.num_slots = cfg, num_slots
+        self.scratch = num_slots  # the padding rows' slot
+        self.pages_per_slot = -(-max_tokens // KV_PAGE)
+        self.max_tokens = self.pages_per_slot * KV_PAGE
+        total = num_slots + 1
+        self.layers: list[LayerKV] = [
+            allocate_kv(cfg, i, num_pages=total * self.pages_per_slot, num_slots=total,
+                        device=device) for i in range(cfg.num_hidden_layers)]
+        for kv in self.layers:  # unwritten entries must never reach an output: NaN shows it
+            kv.k.fill_(float("nan"))
+            kv.v.fill_(float("nan"))
+
+    def page_table(self, slot: int) -> torch.Tensor:
+        first = slot * self.pages_per_slot
+        return torch.arange(first, first + self.pages_per_slot, dtype=torch.int32)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all layers' K and V."""
+        return sum(2 * kv.k.numel() * kv.k.element_size() for kv in self.layers)
+
+
+@dataclass
+class Row:
+    """One live row of a step: its slot, the token it feeds, that token's position, and the
+    sampling parameters of the next token (temperature 0 = greedy; top_k 0 = off)."""
+
+    slot: int
+    token: int
+    position: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    draw_index: int = 0  # the counter of the sampler's random stream (tokens generated so far)
+
+
+class DecodeGraph:
+    """The decode step of bucket `batch` over `weights` (on the GPU) and `kv`.
+
+    `set_rows(rows)` (at most `batch` rows; the rest become padding rows on the scratch slot),
+    then `replay()` (or `run_eager()` before `capture()`); results in `logits` float32 [B, V]
+    and `next_ids` int64 [B]. `vocab_limit`: ids at or above it are never sampled (padding rows
+    of the LM head)."""
+
+    def __init__(self, kset, cfg: FlintConfig, weights: FlintWeights, kv: KVCache, batch: int,
+                 vocab_limit: int | None = None):
+        self.cfg, self.weights, self.kv, self.batch = cfg, weights, kv, batch
+        dev = weights.final_norm.device
+        b = batch
+        self.bufs = StepBuffers.allocate(cfg, b, kv.pages_per_slot, device=dev)
+        self.layers = [DecodeLayer(kset, cfg, i, lw, b) for i, lw in enumerate(weights.layers)]
+        self.norm = kset.get("rmsnorm", B=b, H=cfg.hidden_size)
+        head = weights.lm_head
+        gemv = gemv_nvfp4 if isinstance(head, NVFP4Weight) else gemv_bf16
+        spec = gemv.spec_for(b, cfg.hidden_size, cfg.vocab_size)
+        self.head = kset.get(spec.kernel, **spec.as_dict())
+        self.head_args = ([head.codes, head.scales, head.scale2.float().reshape(1)]
+                          if isinstance(head, NVFP4Weight) else [head])
+        v = cfg.vocab_size
+        self.ids = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.logits_bf16 = torch.empty(b, v, dtype=torch.bfloat16, device=dev)
+        self.logits = torch.empty(b, v, dtype=torch.float32, device=dev)
+        self.next_ids = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.temperature = torch.zeros(b, dtype=torch.float32, device=dev)
+        self.top_k = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.top_p = torch.ones(b, dtype=torch.float32, device=dev)
+        self.seeds = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.draw_index = torch.zeros(b, dtype=torch.int64, device=dev)
+        self.vocab_limit = vocab_limit if vocab_limit is not None else v
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    @property
+    def kernels_per_step(self) -> int:
+        """Our kernel launches in one step (torch ops for embedding/sampling not counted)."""
+        return sum(layer.kernels_per_launch for layer in self.layers) + 2
+
+    def set_rows(self, rows: list[Row]) -> None:
+        """Fill the static input buffers for this step (host → device copies, before replay).
+        Raises ValueError for more rows than the bucket, a bad slot or a position past the
+        cache."""
+        b, kv = self.batch, self.kv
+        if len(rows) > b:
+            raise ValueError(f"{len(rows)} rows for a bucket of {b}")
+        pad = Row(slot=kv.scratch, token=0, position=0)
+        full = list(rows) + [pad] * (b - len(rows))
+        for r in rows:
+            if not 0 <= r.slot < kv.num_slots:
+                raise ValueError(f"slot {r.slot}: expected 0 to {kv.num_slots - 1}")
+            if not 0 <= r.position < kv.max_tokens:
+                raise ValueError(f"position {r.position}: the cache holds {kv.max_tokens} tokens")
+        bf = self.bufs
+        bf.positions.copy_(torch.tensor([r.position for r in full], dtype=torch.int32))
+        bf.row_mask.copy_(torch.tensor([1] * len(rows) + [0] * (b - len(rows)),
+                                       dtype=torch.int32))
+        bf.ring_table.copy_(torch.tensor([[r.slot] for r in full], dtype=torch.int32))
+        bf.page_table.copy_(torch.stack([kv.page_table(r.slot) for r in full]))
+        self.ids.copy_(torch.tensor([r.token for r in full], dtype=torch.int64))
+        self.temperature.copy_(torch.tensor([r.temperature for r in full], dtype=torch.float32))
+        self.top_k.copy_(torch.tensor([r.top_k for r in full], dtype=torch.int64))
+        self.top_p.copy_(torch.tensor([r.top_p for r in full], dtype=torch.float32))
+        self.seeds.copy_(torch.tensor([r.seed for r in full], dtype=torch.int64))
+        self.draw_index.copy_(torch.tensor([r.draw_index for r in full], dtype=torch.int64))
+
+    def _body(self) -> None:
+        cfg, w, bf = self.cfg, self.weights, self.bufs
+        bf.stream.copy_(reference.embed(w.embed, self.ids))
+        for layer, kv in zip(self.layers, self.kv.layers):
+            layer.launch(bf, kv)
+        self.norm.launch(bf.stream, bf.zeros, w.final_norm, bf.residual, bf.h, cfg.rms_norm_eps)
+        self.head.launch(bf.h, *self.head_args, self.logits_bf16)
+        self.logits.copy_(self.logits_bf16)
+        if self.vocab_limit < cfg.vocab_size:
+            self.logits[:, self.vocab_limit:] = float("-inf")
+        self.next_ids.copy_(sample(self.logits, self.temperature, self.top_k, self.top_p,
+                                   self.seeds, self.draw_index))
+
+    def run_eager(self) -> None:
+        """One step without the graph (same kernels, launched one by one)."""
+        self._body()
+
+    def capture(self) -> None:
+        """Warm up once on a side stream, then capture the step into one CUDA graph. The warm-up
+        writes the scratch slot only when `set_rows` was given no live rows: call it first."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._body()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._body()
+
+    def replay(self) -> None:
+        """Run the captured step on the current stream (after `set_rows`)."""
+        if self.graph is None:
+            raise RuntimeError("DecodeGraph.replay before capture()")
+        self.graph.replay()
