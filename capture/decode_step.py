@@ -6,11 +6,8 @@ graph's lifetime; `set_rows` fills them from the host before a replay, and no ca
 reads host memory. The embedding lookup, the fp32 cast of the logits and the sampler are torch
 ops inside the graph (no kernel of ours yet); everything else is our kernels with PDL.
 
-KV cache (`KVCache`): per sliding layer one ring of `sliding_window` entries per slot; per full
-layer a pool of KV_PAGE-token pages, each slot owning a fixed run of `pages_per_slot` pages in
-this first version (the page table is still a device buffer, so a real allocator can replace
-the fixed runs without touching the graph). The last slot is the scratch slot that padding rows
-of a bucket point at, so they never touch a live request's KV.
+The KV cache is `kv_cache.KVCache`; padding rows of a bucket point at its scratch slot, so they
+never touch a live request's KV.
 
 Numerics: as `ReferenceModel` except that the LM head's logits come out of the GEMV rounded to
 bf16 (the reference keeps them fp32): a relative change of at most 2^-9 per logit.
@@ -23,41 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from flint_graph import reference
-from flint_graph.capture.decode_layer import DecodeLayer, LayerKV, StepBuffers, allocate_kv
+from flint_graph.capture.decode_layer import DecodeLayer, StepBuffers
+from flint_graph.capture.kv_cache import KVCache
 from flint_graph.config import FlintConfig
 from flint_graph.kernels import gemv_bf16, gemv_nvfp4
-from flint_graph.kernels.spec import KV_PAGE
 from flint_graph.sampling import sample
 from flint_graph.weights import FlintWeights, NVFP4Weight
-
-
-class KVCache:
-    """BF16 KV for `num_slots` sequences (plus one scratch slot) of up to `max_tokens` tokens.
-
-    layers[i]: LayerKV of layer i (rings [slots+1, HKV, W, D] or pages [(slots+1)·pages_per_slot,
-    HKV, KV_PAGE, D]). `page_table(slot)` int32 [pages_per_slot]: the pages slot owns."""
-
-    def __init__(self, cfg: FlintConfig, num_slots: int, max_tokens: int, device="cuda"):
-        self.cfg, self.num_slots = cfg, num_slots
-        self.scratch = num_slots  # the padding rows' slot
-        self.pages_per_slot = -(-max_tokens // KV_PAGE)
-        self.max_tokens = self.pages_per_slot * KV_PAGE
-        total = num_slots + 1
-        self.layers: list[LayerKV] = [
-            allocate_kv(cfg, i, num_pages=total * self.pages_per_slot, num_slots=total,
-                        device=device) for i in range(cfg.num_hidden_layers)]
-        for kv in self.layers:  # unwritten entries must never reach an output: NaN shows it
-            kv.k.fill_(float("nan"))
-            kv.v.fill_(float("nan"))
-
-    def page_table(self, slot: int) -> torch.Tensor:
-        first = slot * self.pages_per_slot
-        return torch.arange(first, first + self.pages_per_slot, dtype=torch.int32)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by all layers' K and V."""
-        return sum(2 * kv.k.numel() * kv.k.element_size() for kv in self.layers)
 
 
 @dataclass
