@@ -272,11 +272,13 @@ class LLM:
             raise InvalidRequestError(f"params: expected SamplingParams, found "
                                       f"{type(params).__name__}")
         params = (params or SamplingParams()).with_defaults(self.generation_config)
-        limit = self.cfg.max_position_embeddings
+        limit = self.engine.context_limit
         if len(prompt_ids) >= limit:
+            what = ("max_position_embeddings" if limit == self.cfg.max_position_embeddings
+                    else "the KV cache per sequence; EngineConfig(max_context=...) sets it")
             raise ContextLengthError(
-                f"prompt is {len(prompt_ids)} tokens; the model's context limit is {limit} "
-                f"tokens (max_position_embeddings), leaving no room to generate")
+                f"prompt is {len(prompt_ids)} tokens; the context limit is {limit} "
+                f"tokens ({what}), leaving no room to generate")
         eos = list(params.stop_token_ids or [])
         if not eos and not params.ignore_eos:
             eos = list(self.tokenizer.chat_stop_ids)  # no eos_token_id in generation_config

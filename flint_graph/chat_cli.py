@@ -226,7 +226,7 @@ class ChatSession:
         if out.ms_per_token:
             footer += f" · {1000 / out.ms_per_token:.1f} tokens/s"
         footer += " · stopped" if stopped else f" · {out.finish_reason}"
-        room = self.llm.cfg.max_position_embeddings - len(out.prompt_token_ids)
+        room = self.llm.engine.context_limit - len(out.prompt_token_ids)
         if out.finish_reason == "length" and len(out.token_ids) >= room:
             footer += f" · {CONTEXT_FULL}"
         elif out.finish_reason == "length" and not msg.content and not msg.tool_calls:

@@ -155,7 +155,8 @@ def load_llm(args: argparse.Namespace):
         raise InvalidRequestError(f"{args.model}: no such checkpoint (expected a BF16 "
                                   "checkpoint directory or an NVFP4 .gguf file)")
     return LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
-               engine=EngineConfig(cpu_threads=args.threads))
+               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
+                                   max_context=args.max_context))
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -221,9 +222,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     print()
     for err in out.errors:
         print(f"flint-graph: warning: {err}", file=sys.stderr)
-    room = llm.cfg.max_position_embeddings - len(out.prompt_token_ids)
+    limit = llm.engine.context_limit
+    room = limit - len(out.prompt_token_ids)
     if out.finish_reason == "length" and len(out.token_ids) >= room:
-        print(f"flint-graph: note: the context limit ({llm.cfg.max_position_embeddings} tokens) "
+        print(f"flint-graph: note: the context limit ({limit} tokens) "
               f"ended the answer after {len(out.token_ids)} tokens; shorten the prompt",
               file=sys.stderr)
     elif out.finish_reason == "length" and not args.raw and not out.content \

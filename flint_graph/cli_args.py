@@ -187,6 +187,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, metavar="N",
                    help="CPU threads for torch (default: 1 for a small model on the CPU unless "
                         "OMP_NUM_THREADS is set, else torch's own choice)")
+    p.add_argument("--engine", choices=("auto", "graph", "reference"), default="auto",
+                   help="decode path: graph = CUDA-graph replay of the AOT kernels (needs a GPU "
+                        "and the kernel cache, see flint-graph build-kernels); reference = the "
+                        "plain PyTorch model; auto (default) = graph where it can run")
+    p.add_argument("--max-context", type=positive_int, metavar="N",
+                   help="KV tokens per sequence for the graph engine (default: what fits in "
+                        "80%% of the free GPU memory, up to the model's limit)")
     p.add_argument("--tools", metavar="TOOLS.json", type=Path,
                    help="JSON file with a list of OpenAI-style function tools the model may call")
     p.add_argument("--no-think", dest="enable_thinking", action="store_false",

@@ -1,7 +1,8 @@
 """The generation engine: admit requests, prefill, batched decode steps, sample, hand tokens on.
 
-For now every forward runs on the plain reference model (`reference.py`); the captured-graph
-decode step plugs in behind `Engine.step()` later without changing the API above it. Scheduling
+Prefill runs the plain reference model (`reference.py`). Decode steps run either on it or, on a
+CUDA machine with the kernel cache, by replaying the captured decode graph of the smallest batch
+bucket that holds the rows (`capture/runner.py`), behind the same `Engine.step()`. Scheduling
 follows DESIGN §3 at its simplest: up to `max_slots` running sequences; each step first admits
 waiting requests (prefill, first token), then runs one decode step over all running rows.
 """
@@ -14,6 +15,7 @@ import torch
 
 from flint_graph.checkpoint import LoadedCheckpoint
 from flint_graph.engine_config import EngineConfig, apply_cpu_threads
+from flint_graph.errors import ConfigError, FlintError
 from flint_graph.reference import ReferenceModel, SequenceKV
 from flint_graph.request import Request, RequestDelta
 from flint_graph.sampling import sample
@@ -38,12 +40,44 @@ class Engine:
         self.device = device
         apply_cpu_threads(engine, device, ckpt.cfg.hidden_size)
         self.model = ReferenceModel(ckpt.cfg, ckpt.weights, device)
+        self.runner, self.fallback_reason = self._graph_runner(ckpt, engine, tokenizer_vocab)
         self.max_slots = engine.max_slots
         self.prefill_chunk_tokens = engine.prefill_chunk_tokens
         self.tokenizer_vocab = tokenizer_vocab
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._kv: dict[int, SequenceKV] = {}
+        self._slot: dict[int, int] = {}
+
+    def _graph_runner(self, ckpt: LoadedCheckpoint, engine: EngineConfig, vocab: int):
+        """(GraphRunner or None, why not). Raises ConfigError when engine="graph" cannot run."""
+        if engine.engine == "reference":
+            return None, "engine=reference"
+        why = None
+        if self.device.type != "cuda":
+            why = f"the graph engine needs CUDA; running on {self.device}"
+        else:
+            try:
+                from flint_graph.capture.runner import GraphRunner
+
+                return GraphRunner(self.cfg, self.model.weights, self.model,
+                                   min(engine.max_slots, 8), engine.max_context, vocab), None
+            except (ImportError, FlintError, ValueError, RuntimeError) as e:
+                why = f"{type(e).__name__}: {e}"
+        if engine.engine == "graph":
+            raise ConfigError(f"engine=graph: {why}")
+        return None, why
+
+    @property
+    def name(self) -> str:
+        """"graph" or "reference": which path runs decode steps."""
+        return "graph" if self.runner else "reference"
+
+    @property
+    def context_limit(self) -> int:
+        """Tokens one sequence may hold (prompt + output): the model's limit, or the graph
+        engine's KV capacity per slot."""
+        return self.runner.context_limit if self.runner else self.cfg.max_position_embeddings
 
     @property
     def has_work(self) -> bool:
@@ -68,16 +102,22 @@ class Engine:
         admitted: list[Request] = []
         while self.waiting and len(self.running) < self.max_slots:
             req = self.waiting.popleft()
-            kv = self.model.new_sequence()
             prompt = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device)
-            logits = self.model.prefill(kv, prompt, self.prefill_chunk_tokens)
-            self._kv[req.id] = kv
+            if self.runner:
+                self._slot[req.id] = slot = self.runner.alloc_slot()
+                logits = self.runner.prefill(slot, prompt, self.prefill_chunk_tokens)
+            else:
+                kv = self.model.new_sequence()
+                logits = self.model.prefill(kv, prompt, self.prefill_chunk_tokens)
+                self._kv[req.id] = kv
             self.running.append(req)
             admitted.append(req)
             deltas += self._sample_and_append([req], logits[None])
         # Rows admitted this step already got their first token from prefill.
         rows = [r for r in self.running if not r.is_finished and r not in admitted]
-        if rows:
+        if rows and self.runner:
+            deltas += self._graph_decode(rows)
+        elif rows:
             seqs = [self._kv[r.id] for r in rows]
             last = [torch.tensor([r.output_ids[-1]], device=self.device) for r in rows]
             logits = torch.stack([lg[-1] for lg in self.model.forward(seqs, last)])
@@ -85,6 +125,24 @@ class Engine:
         for r in [r for r in self.running if r.is_finished]:
             self._retire(r)
         return deltas
+
+    def _graph_decode(self, rows: list[Request]) -> list[RequestDelta]:
+        """One graph replay for `rows`; rows whose stop ids are still banned (min_tokens) are
+        resampled here from the step's logits, the rest take the graph's draw."""
+        from flint_graph.capture.decode_step import Row
+
+        steps = [Row(slot=self._slot[r.id], token=r.output_ids[-1],
+                     position=len(r.prompt_ids) + r.num_generated - 1,
+                     temperature=r.params.temperature, top_k=r.params.top_k,
+                     top_p=r.params.top_p, seed=r.seed, draw_index=r.num_generated)
+                 for r in rows]
+        ids, logits = self.runner.decode(steps)
+        banned = [i for i, r in enumerate(rows)
+                  if r.num_generated < r.params.min_tokens and r.eos_ids]
+        deltas = self._sample_and_append([rows[i] for i in banned], logits[banned].clone()) \
+            if banned else []
+        return deltas + [r.append(t) for i, (r, t) in enumerate(zip(rows, ids))
+                         if i not in banned]
 
     def _sample_and_append(self, rows: list[Request], logits: torch.Tensor) -> list[RequestDelta]:
         logits = logits.float()
@@ -109,3 +167,6 @@ class Engine:
         if req in self.running:
             self.running.remove(req)
         self._kv.pop(req.id, None)
+        slot = self._slot.pop(req.id, None)
+        if slot is not None:
+            self.runner.free_slot(slot)

@@ -14,6 +14,9 @@ import torch
 from flint_graph.errors import InvalidRequestError
 
 
+ENGINES = ("auto", "graph", "reference")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model (not what the model is)."""
@@ -21,11 +24,19 @@ class EngineConfig:
     max_slots: int = 8  # most sequences decoded together (DESIGN §3: the largest bucket)
     prefill_chunk_tokens: int = 2048  # prompt tokens per prefill forward (bounds memory)
     cpu_threads: int | None = None  # torch CPU threads; None = automatic (apply_cpu_threads)
+    # "graph": decode steps by CUDA-graph replay of the AOT kernels (CUDA and a kernel cache
+    # needed); "reference": the plain PyTorch model; "auto": graph where it can run, else
+    # reference (the reason is kept in Engine.fallback_reason).
+    engine: str = "auto"
+    max_context: int | None = None  # KV tokens per sequence (graph engine); None = what fits
 
     def __post_init__(self) -> None:
-        for name in ("max_slots", "prefill_chunk_tokens", "cpu_threads"):
+        if self.engine not in ENGINES:
+            raise InvalidRequestError(f"engine {self.engine!r}: expected one of "
+                                      f"{', '.join(ENGINES)}")
+        for name in ("max_slots", "prefill_chunk_tokens", "cpu_threads", "max_context"):
             value = getattr(self, name)
-            if name == "cpu_threads" and value is None:
+            if name in ("cpu_threads", "max_context") and value is None:
                 continue
             if type(value) is not int or value < 1:
                 raise InvalidRequestError(f"{name} {value!r}: expected an integer >= 1")

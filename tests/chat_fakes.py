@@ -36,6 +36,7 @@ class FakeLLM:
     """Answers every chat with FakeStream(reasoning, content)."""
 
     cfg = NS(num_hidden_layers=2, max_position_embeddings=4096)
+    engine = NS(context_limit=4096, name="reference")
     device = "cpu"
 
     def __init__(self, reasoning: str, content: str, delay_s: float = 0.0):

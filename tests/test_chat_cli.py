@@ -150,8 +150,9 @@ def test_live_region_draws_only_safe_text_within_the_screen(tiny_llm):
 
 def test_full_context_says_how_to_continue(tiny_llm, monkeypatch):
     # A 256-token context keeps the prefill quick; the answer fills what the prompt leaves.
-    monkeypatch.setattr(tiny_llm, "cfg", dataclasses.replace(tiny_llm.cfg,
-                                                             max_position_embeddings=256))
+    small = dataclasses.replace(tiny_llm.cfg, max_position_embeddings=256)
+    monkeypatch.setattr(tiny_llm, "cfg", small)
+    monkeypatch.setattr(tiny_llm.engine, "cfg", small)  # where the context limit is read
     per = len(tiny_llm.tokenizer.encode("hello world " * 100)) / 100
     long_turn = "hello world " * int(180 / per)
     params = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
@@ -171,8 +172,9 @@ def test_full_context_says_how_to_continue(tiny_llm, monkeypatch):
 def test_a_first_message_longer_than_the_context_says_to_shorten_it(tiny_llm, monkeypatch):
     # Alone in the conversation, a too-long message got "/reset starts a new one", which could
     # not help; the next, shorter message works without /reset.
-    monkeypatch.setattr(tiny_llm, "cfg", dataclasses.replace(tiny_llm.cfg,
-                                                             max_position_embeddings=256))
+    small = dataclasses.replace(tiny_llm.cfg, max_position_embeddings=256)
+    monkeypatch.setattr(tiny_llm, "cfg", small)
+    monkeypatch.setattr(tiny_llm.engine, "cfg", small)  # where the context limit is read
     console = Console(file=io.StringIO(), width=400, force_terminal=False)
     s, _ = _session(tiny_llm, ["hello world " * 300, "hi", "/exit"], console=console,
                     system="be brief")

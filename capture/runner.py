@@ -1,0 +1,99 @@
+"""The fast decode path behind `Engine`: the KV cache, one captured decode graph per batch
+bucket, slot bookkeeping and chunked prefill into the cache (DESIGN §3).
+
+`GraphRunner.prefill` runs the reference model's math through `kv_cache.SlotKV` (torch ops:
+correctness first; NVFP4 is dequantised per layer, as the reference does), writing the layout the
+decode kernels read. `decode(rows)` picks the smallest bucket that holds the rows, fills its
+graph's static buffers, replays it and returns the sampled ids and the fp32 logits.
+
+Start-up captures every bucket up to `max_slots` (a warm-up step on the scratch slot first), so
+the first request pays no capture. `timings` records seconds per phase (kernel load + capture
+per bucket), `memory` the bytes of weights, KV cache and the torch allocator's peak.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from flint_graph.capture.decode_step import DecodeGraph, Row
+from flint_graph.capture.kv_cache import KVCache, SlotKV
+from flint_graph.config import FlintConfig
+from flint_graph.kernels.spec import BUCKETS
+from flint_graph.reference import ReferenceModel
+from flint_graph.weights import FlintWeights
+
+KV_MEMORY_FRACTION = 0.8  # of the free GPU memory after weights, for the KV cache by default
+
+
+def kv_tokens_for(cfg: FlintConfig, num_slots: int, max_context: int | None,
+                  device: torch.device) -> int:
+    """Tokens of KV per slot: `max_context` if given, else as many as fit in
+    KV_MEMORY_FRACTION of the free GPU memory (capped by the model's context limit)."""
+    limit = cfg.max_position_embeddings
+    if max_context is not None:
+        return min(max_context, limit)
+    free, _ = torch.cuda.mem_get_info(device)
+    per_token = cfg.kv_bytes_per_token * (num_slots + 1)
+    ring = cfg.sliding_kv_bytes_per_slot * (num_slots + 1)
+    return max(1, min(limit, int((free * KV_MEMORY_FRACTION - ring) // per_token)))
+
+
+class GraphRunner:
+    """KV cache + captured decode graphs for `max_slots` (≤ 8) concurrent sequences.
+
+    Raises KernelCacheError / LaunchError when a kernel is missing from the cache (and cannot be
+    built here), ValueError when the config has a shape the kernels do not support."""
+
+    def __init__(self, cfg: FlintConfig, weights: FlintWeights, model: ReferenceModel,
+                 max_slots: int, max_context: int | None, vocab_limit: int, kset=None):
+        from flint_graph.capture.launcher import KernelSet
+
+        if not 1 <= max_slots <= max(BUCKETS):
+            raise ValueError(f"max_slots {max_slots}: the graph engine runs 1 to {max(BUCKETS)}")
+        self.cfg, self.model, self.timings = cfg, model, {}
+        dev = weights.final_norm.device
+        t0 = time.perf_counter()
+        tokens = kv_tokens_for(cfg, max_slots, max_context, dev)
+        self.kv = KVCache(cfg, max_slots, tokens, device=dev)
+        self.context_limit = min(self.kv.max_tokens, cfg.max_position_embeddings)
+        self.timings["kv_alloc_s"] = time.perf_counter() - t0
+        self.kset = kset or KernelSet()
+        self.free_slots = list(range(max_slots))
+        self.graphs: dict[int, DecodeGraph] = {}
+        for b in [b for b in BUCKETS if b <= max_slots] or [max_slots]:
+            t0 = time.perf_counter()
+            g = DecodeGraph(self.kset, cfg, weights, self.kv, b, vocab_limit)
+            g.set_rows([])  # warm-up and capture touch only the scratch slot
+            g.capture()
+            self.graphs[b] = g
+            self.timings[f"capture_B{b}_s"] = time.perf_counter() - t0
+        self.kernels_per_step = {b: g.kernels_per_step for b, g in self.graphs.items()}
+        self.memory = {"weights": weights.nbytes, "kv_cache": self.kv.nbytes,
+                       "peak_allocated": torch.cuda.max_memory_allocated(dev)}
+
+    def alloc_slot(self) -> int:
+        """A free slot id. Raises RuntimeError when none is free."""
+        if not self.free_slots:
+            raise RuntimeError("no free KV slot")
+        return self.free_slots.pop(0)
+
+    def free_slot(self, slot: int) -> None:
+        """Give `slot` back (its KV is simply overwritten by the next owner)."""
+        if slot not in self.free_slots:
+            self.free_slots.append(slot)
+
+    def prefill(self, slot: int, prompt: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+        """Write prompt int [T] into `slot` (from position 0), in chunks; float32 logits [V] of
+        its last token."""
+        return self.model.prefill(SlotKV(self.kv, slot), prompt, chunk_tokens)
+
+    def decode(self, rows: list[Row]) -> tuple[list[int], torch.Tensor]:
+        """One decode step for `rows` (1 ≤ len ≤ max_slots): (sampled ids, float32 logits
+        [len(rows), V], a view valid until the next decode)."""
+        b = min(b for b in self.graphs if b >= len(rows))
+        g = self.graphs[b]
+        g.set_rows(rows)
+        g.replay()
+        return g.next_ids[:len(rows)].tolist(), g.logits[:len(rows)]
