@@ -93,3 +93,20 @@ def test_user_choice_after_an_llm_is_kept_even_at_torchs_default(threads):
     threads["n"] = engine_config._THREADS_AT_IMPORT  # torch.set_num_threads(default)
     apply_cpu_threads(EngineConfig(), CPU, SMALL)
     assert threads["n"] == engine_config._THREADS_AT_IMPORT and threads["calls"] == [1]
+
+
+def test_engine_choice_and_max_context_are_validated():
+    with pytest.raises(InvalidRequestError, match="engine 'fast': expected one of auto, graph"):
+        EngineConfig(engine="fast")
+    with pytest.raises(InvalidRequestError, match="max_context 0"):
+        EngineConfig(max_context=0)
+
+
+def test_graph_engine_on_the_cpu_says_it_needs_cuda(tiny_ckpt):
+    from flint_graph import LLM
+    from flint_graph.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="engine=graph: the graph engine needs CUDA"):
+        LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(engine="graph"))
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)  # auto falls back, saying why
+    assert llm.engine.name == "reference" and "needs CUDA" in llm.engine.fallback_reason
