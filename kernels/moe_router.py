@@ -23,15 +23,17 @@ sum in shared memory, then s = sigmoid(logit) goes to the scores workspace [B, E
 an atomic add on the counter (the grid-sync pattern); the CTA that sees the final count does an
 acquire fence, resets the counter to 0 (graph replays start from zero) and reads every score
 with ld.global.cg (written by other SMs: never from L1). Warp b takes row b: lane l holds the
-experts l + 32j with key s + bias (bias fp32, never rounded); each of TOPK rounds takes every
-lane's best untaken candidate (a select tree), then the warp's: redux.sync max of the key as
-an order-preserving int, redux.sync min of the ids holding it (ties go to the lower expert id,
-deterministic), and the winner's s by one shuffle from its lane. Picks go to shared memory
-(a used flag per expert, the weight per expert and row), then a ballot/popc prefix sum over
-the experts writes experts[] ascending and slot_w, and the tail is filled with −1.
-PDL: norm_w and router (weights) are loaded before the wait; x, residual, row_mask, the scores
-and the counter only after it, in every thread (bias, a weight, is read late: only the last
-CTA needs it).
+experts l + 32j with key s + bias (bias fp32, never rounded), turned once into an
+order-preserving int; each of TOPK rounds takes every lane's best candidate (a select tree),
+then the warp's: redux.sync max of the key, redux.sync min of the ids holding it (ties go to
+the lower expert id, deterministic), the winner's s by one shuffle from its lane, and the
+winner's key becomes INT_MIN (taken). Picks go to shared memory (a used flag per expert, the
+weight per expert and row, both cleared by every CTA before its atomic, off the last CTA's
+path), then a ballot/popc prefix sum over the experts writes experts[] ascending and slot_w,
+and the tail is filled with −1. At B = 1 (S = TOPK) lane r instead writes pick r straight to
+its rank among the (warp-uniform) picks: no shared memory, no barriers after the top-k.
+PDL: norm_w, router and each lane's bias candidates (weights) are loaded before the wait in
+every CTA; x, residual, row_mask, the scores and the counter only after it, in every thread.
 Tolerance (tests/test_moe_router_gpu.py): residual_out bit-exact (one fp32 add of two bf16,
 rounded once); h rel. ≤ 1e-2 (bf16 rounding; the hardware rsqrt and another summation order can
 flip a last bit); the routing is checked against `reference.route` run on the kernel's own h
@@ -208,7 +210,7 @@ def _build(spec: Spec):
                          f"power of two ≤ 32")
     cand = math.ceil(e_all / 32)  # candidates per lane in the top-k
     rounds = math.ceil(e_all / THREADS)  # slot-list compaction rounds
-    neg_inf = -math.inf
+    INT_MIN = -(2 ** 31)  # key of a taken or absent candidate: below every float's int order
 
     def warp_sums(vals, lane):
         """Warp sums of n = len(vals) (a power of two ≤ 32) values in n − 1 + 5 − log2(n)
@@ -234,6 +236,12 @@ def _build(spec: Spec):
         return v, index
 
     @dsl_user_op
+    def ld_f32_at(a, *, loc=None, ip=None):
+        """One fp32 weight word at a 4-byte aligned global byte address (dsl_util's volatile
+        ld.global.nc)."""
+        return du.as_f32(Uint32(du._ld_nc(".b32", 1, a, loc, ip)), loc=loc, ip=ip)
+
+    @dsl_user_op
     def f32_bits(x, *, loc=None, ip=None):
         return Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
@@ -250,7 +258,7 @@ def _build(spec: Spec):
                             cutlass.select_(first, sa, sb)))
             items = nxt + items[len(items) - len(items) % 2:]
         k, i, sv = items[0]
-        return Float32(k), Int32(i), Float32(sv)
+        return Int32(k), Int32(i), Float32(sv)
 
     @cute.kernel
     def moe_router_kernel(mx: cute.Tensor, mres: cute.Tensor, mmask: cute.Tensor,
@@ -281,6 +289,12 @@ def _build(spec: Spec):
                     v = du.ld_weight_v4(row + 16 * half)
                     for i in cutlass.range_constexpr(4):
                         rrt[4 * half + i, e, j] = v[i]
+        # the bias of this lane's top-k candidates (experts lane + 32j): a weight, so it is read
+        # here by every CTA (1 KB, L2) rather than by the last CTA after its atomic
+        rbias = []
+        b_addr = mbias.iterator.toint()
+        for j in cutlass.range_constexpr(cand):
+            rbias.append(ld_f32_at(b_addr + Int64(cutlass.min(lane + 32 * j, e_all - 1)) * 4))
         du.griddepcontrol_wait_after_loads()
         cute.arch.griddepcontrol_launch_dependents()
 
@@ -363,6 +377,16 @@ def _build(spec: Spec):
             mscores[tid % b_rows, e0 + tid // b_rows] = (
                 Float32(1.0) / (Float32(1.0) + cute.math.exp(-logit)))
 
+        # the slot list's shared-memory state (B > 1), cleared by every CTA before the atomic
+        # (only the last CTA uses it; the barrier below orders it before the top-k)
+        for i in cutlass.range_constexpr(math.ceil(e_all * b_rows / THREADS) * (b_rows > 1)):
+            ix = tid + THREADS * i
+            if ix < e_all * b_rows:
+                s_w[ix // b_rows, ix % b_rows] = Float32(-1.0)
+        for i in cutlass.range_constexpr(math.ceil(e_all / THREADS) * (b_rows > 1)):
+            ix = tid + THREADS * i
+            if ix < e_all:
+                s_used[ix] = Int32(0)
         # last CTA to finish does the top-k (grid-sync pattern: barrier, fence, atomic)
         cute.arch.sync_threads()
         if tid == 0:
@@ -376,15 +400,6 @@ def _build(spec: Spec):
             s_flag[0] = is_last
         cute.arch.sync_threads()
         if s_flag[0] != 0:
-            for i in cutlass.range_constexpr(math.ceil(e_all * b_rows / THREADS)):
-                ix = tid + THREADS * i
-                if ix < e_all * b_rows:
-                    s_w[ix // b_rows, ix % b_rows] = Float32(-1.0)
-            for i in cutlass.range_constexpr(math.ceil(e_all / THREADS)):
-                ix = tid + THREADS * i
-                if ix < e_all:
-                    s_used[ix] = Int32(0)
-            cute.arch.sync_threads()
             if warp < b_rows:
                 # warp b: the top-k of row b; lane l holds experts l + 32j, key s + bias
                 rb = warp
@@ -395,25 +410,22 @@ def _build(spec: Spec):
                     exc = cutlass.min(ex, e_all - 1) if cutlass.const_expr(e_all % 32) else ex
                     sc = cute.arch.load(mscores.iterator + (rb * e_all + exc), Float32,
                                         cop="cg")  # other SMs wrote it: bypass L1
-                    key = sc + mbias[exc]
+                    kbits = f32_bits(sc + rbias[j])
+                    key = kbits ^ ((kbits >> 31) & 0x7FFFFFFF)  # int order = float order
                     if cutlass.const_expr(e_all % 32):
-                        key = cutlass.select_(ex < e_all, key, Float32(neg_inf))
+                        key = cutlass.select_(ex < e_all, key, Int32(INT_MIN))
                     keys.append(key)
                     sv.append(sc)
-                taken = Int32(0)
                 pick_id, pick_s = [], []
                 for r in cutlass.range_constexpr(topk):
-                    km = [cutlass.select_(((taken >> j) & 1) == 0, keys[j], Float32(neg_inf))
-                          for j in range(cand)]
-                    bk, bi, bs = lane_best(km, [lane + 32 * j for j in range(cand)], sv)
-                    kbits = f32_bits(bk)
-                    korder = kbits ^ ((kbits >> 31) & 0x7FFFFFFF)  # int order = float order
-                    kmax = cute.arch.warp_redux_sync(korder, "max")
+                    bk, bi, bs = lane_best(keys, [lane + 32 * j for j in range(cand)], sv)
+                    kmax = cute.arch.warp_redux_sync(bk, "max")
                     win = cute.arch.warp_redux_sync(
-                        cutlass.select_(korder == kmax, bi, Int32(e_all)), "min")
+                        cutlass.select_(bk == kmax, bi, Int32(e_all)), "min")
                     ws = cute.arch.shuffle_sync(bs, offset=win & 31)  # from the winner's lane
-                    taken = taken | cutlass.select_(bi == win, Int32(1) << (win >> 5),
-                                                    Int32(0))
+                    # the winner drops out: its key becomes the least int (below every real key)
+                    keys = [cutlass.select_(lane + 32 * j == win, Int32(INT_MIN), keys[j])
+                            for j in range(cand)]
                     pick_id.append(win)
                     pick_s.append(ws)
                 den = pick_s[0]
@@ -426,40 +438,51 @@ def _build(spec: Spec):
                     if lane == r:
                         mids[rb, r] = cutlass.select_(live, pick_id[r], Int32(-1))
                         mwts[rb, r] = cutlass.select_(live, wt, Float32(0.0))
-                        if live:
-                            s_used[pick_id[r]] = Int32(1)
-                            s_w[pick_id[r], rb] = wt
-            cute.arch.sync_threads()
-            # slot list: ascending picked experts by a ballot/popc prefix sum
-            base = Int32(0)
-            for rd in cutlass.range_constexpr(rounds):
-                ex = rd * THREADS + tid
-                used = s_used[cutlass.min(ex, e_all - 1)] != 0
-                if cutlass.const_expr(e_all % THREADS):
-                    used = used & (ex < e_all)
-                bal = cute.arch.vote_ballot_sync(used)
-                rank = cute.arch.popc(Uint32(bal) & cute.arch.lanemask_lt())
-                if lane == 0:
-                    s_cnt[warp] = Int32(cute.arch.popc(Uint32(bal)))
+                        if cutlass.const_expr(b_rows == 1):
+                            # B = 1: the slot list is the row's picks by ascending id (S = TOPK):
+                            # lane r writes pick r at its rank (the picks are warp-uniform)
+                            rank = Int32(0)
+                            for j in cutlass.range_constexpr(topk):
+                                rank = rank + cutlass.select_(pick_id[j] < pick_id[r], Int32(1),
+                                                              Int32(0))
+                            mexp[rank] = cutlass.select_(live, pick_id[r], Int32(-1))
+                            mslot[rank, 0] = cutlass.select_(live, wt, Float32(-1.0))
+                        else:
+                            if live:
+                                s_used[pick_id[r]] = Int32(1)
+                                s_w[pick_id[r], rb] = wt
+            if cutlass.const_expr(b_rows > 1):
                 cute.arch.sync_threads()
-                before, total = Int32(0), Int32(0)
-                for w in cutlass.range_constexpr(WARPS):
-                    n = s_cnt[w]
-                    before = before + cutlass.select_(warp > w, n, Int32(0))
-                    total = total + n
-                if used:
-                    pos = base + before + Int32(rank)
-                    mexp[pos] = ex
-                    for b in cutlass.range_constexpr(b_rows):
-                        mslot[pos, b] = s_w[ex, b]
-                base = base + total
-                cute.arch.sync_threads()
-            for i in cutlass.range_constexpr(math.ceil(s_slots / THREADS)):
-                ps = tid + THREADS * i
-                if (ps < s_slots) & (ps >= base):
-                    mexp[ps] = Int32(-1)
-                    for b in cutlass.range_constexpr(b_rows):
-                        mslot[ps, b] = Float32(-1.0)
+                # slot list: ascending picked experts by a ballot/popc prefix sum
+                base = Int32(0)
+                for rd in cutlass.range_constexpr(rounds):
+                    ex = rd * THREADS + tid
+                    used = s_used[cutlass.min(ex, e_all - 1)] != 0
+                    if cutlass.const_expr(e_all % THREADS):
+                        used = used & (ex < e_all)
+                    bal = cute.arch.vote_ballot_sync(used)
+                    rank = cute.arch.popc(Uint32(bal) & cute.arch.lanemask_lt())
+                    if lane == 0:
+                        s_cnt[warp] = Int32(cute.arch.popc(Uint32(bal)))
+                    cute.arch.sync_threads()
+                    before, total = Int32(0), Int32(0)
+                    for w in cutlass.range_constexpr(WARPS):
+                        n = s_cnt[w]
+                        before = before + cutlass.select_(warp > w, n, Int32(0))
+                        total = total + n
+                    if used:
+                        pos = base + before + Int32(rank)
+                        mexp[pos] = ex
+                        for b in cutlass.range_constexpr(b_rows):
+                            mslot[pos, b] = s_w[ex, b]
+                    base = base + total
+                    cute.arch.sync_threads()
+                for i in cutlass.range_constexpr(math.ceil(s_slots / THREADS)):
+                    ps = tid + THREADS * i
+                    if (ps < s_slots) & (ps >= base):
+                        mexp[ps] = Int32(-1)
+                        for b in cutlass.range_constexpr(b_rows):
+                            mslot[ps, b] = Float32(-1.0)
 
     @cute.jit
     def moe_router(mx: cute.Tensor, mres: cute.Tensor, mmask: cute.Tensor, mnw: cute.Tensor,

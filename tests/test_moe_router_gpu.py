@@ -196,6 +196,31 @@ def test_bias_is_not_rounded_to_bf16(kset, preset):
     assert args[IDS][0, :2].tolist() == pair, f"ids {args[IDS][0].tolist()}, want {pair} first"
 
 
+def tied_args(spec, seed: int, device: str = "cuda"):
+    """Exact ties across CTAs: up to 3 experts spread over the expert range (first, middle,
+    last CTA) get all-zero router rows (s = 0.5 exactly) and the same bias +10, so their keys
+    are bit-equal and far above the rest. Returns (args, those experts ascending)."""
+    args = _args(spec, seed, device)
+    e = spec["E"]
+    tied = sorted({1, e // 2, e - 2})[:min(3, spec["TOPK"])]
+    args[ROUTER] = args[ROUTER].clone()
+    args[BIAS] = args[BIAS].clone()
+    args[ROUTER][tied] = 0.0
+    args[BIAS][tied] = 10.0
+    return args, tied
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c[0]}-B{c[1]}")
+def test_exact_ties_go_to_the_lower_expert_id(kset, case):
+    spec = _spec(*case)
+    args, tied = tied_args(spec, 19)
+    _launch(kset, spec, args)
+    check_outputs(spec, args)
+    for b in range(case[1]):
+        assert args[IDS][b, :len(tied)].tolist() == tied, \
+            f"row {b}: ids {args[IDS][b].tolist()}, want the tied {tied} first, ascending"
+
+
 def padding_args(spec, seed: int, device: str = "cuda"):
     """Odd rows are padding (B = 1: the only row is), their x and residual holding 1e30
     (finite: h comes out 0, which would route), NaN, inf, −inf in that order."""
