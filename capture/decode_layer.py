@@ -8,10 +8,10 @@ kernels on the current stream, each with PDL. It computes what `ReferenceModel` 
 layer (DESIGN §1, §4): tests/test_decode_layer_gpu.py compares the two.
 
 The residual stream enters and leaves a layer in `StepBuffers.stream` (bf16 [B, H]). Inside, no
-kernel writes a buffer another CTA of the same launch may still read: the attention norm copies
-the stream to `residual` (adding `zeros`, exact), the router (or the dense layers' FFN norm)
-writes residual + o projection to `residual2`, and `moe_down` writes residual2 + FFN output
-back to `stream`.
+kernel writes a buffer another CTA of the same launch may still read: the fused QKV GEMV reads
+the stream and normalises it in its prologue, the router (or the dense layers' FFN norm) writes
+stream + o projection to `residual2`, and `moe_down` writes residual2 + FFN output back to
+`stream`. Seven launches per layer.
 """
 
 from __future__ import annotations
@@ -47,14 +47,12 @@ class StepBuffers:
     (layers run one after another). Names follow docs/decode-kernels.md; shapes in brackets."""
 
     stream: torch.Tensor  # bf16 [B, H], the residual stream between layers
-    residual: torch.Tensor  # bf16 [B, H], the stream after the attention norm's copy
+    residual: torch.Tensor  # bf16 [B, H], the final norm's copy of the stream
     residual2: torch.Tensor  # bf16 [B, H], residual + attention output
     zeros: torch.Tensor  # bf16 [B, H], all zero: the attention norm's residual input
     h: torch.Tensor  # bf16 [B, H], the normed stream
     o: torch.Tensor  # bf16 [B, H], the o projection
-    q: torch.Tensor  # bf16 [B, HQ·D]
-    k: torch.Tensor  # bf16 [B, HKV·D]
-    v: torch.Tensor  # bf16 [B, HKV·D]
+    qkv: torch.Tensor  # bf16 [B, (HQ + 2·HKV)·D]: q heads, k heads, v heads
     q_out: torch.Tensor  # bf16 [B, HQ, D]
     attn: torch.Tensor  # bf16 [B, HQ·D]
     positions: torch.Tensor  # i32 [B]
@@ -92,7 +90,8 @@ class StepBuffers:
         splits = sorted({attn_decode.splits_for(b, w, hkv) for w in (cfg.sliding_window, 0)})
         return cls(
             stream=t(b, h), residual=t(b, h), residual2=t(b, h),
-            zeros=torch.zeros(b, h, dtype=BF16, device=device), h=t(b, h), o=t(b, h), q=t(b, hq * d), k=t(b, hkv * d), v=t(b, hkv * d), q_out=t(b, hq, d),
+            zeros=torch.zeros(b, h, dtype=BF16, device=device), h=t(b, h), o=t(b, h),
+            qkv=t(b, (hq + 2 * hkv) * d), q_out=t(b, hq, d),
             attn=t(b, hq * d), positions=torch.zeros(b, dtype=i32, device=device),
             row_mask=torch.ones(b, dtype=i32, device=device),
             ring_table=torch.zeros(b, 1, dtype=i32, device=device),
@@ -140,6 +139,34 @@ def _weight_args(w: Linear, lead: int | None = None) -> list[torch.Tensor]:
     return _nvfp4_args(w, lead) if isinstance(w, NVFP4Weight) else [w.contiguous()]
 
 
+def fuse_qkv(w: LayerWeights) -> list[torch.Tensor]:
+    """The fused QKV GEMV's weight arguments: the [q; k; v] rows stacked (NVFP4: codes, scales
+    and scale2 per output row, each projection's own scale2 on its rows; BF16: one matrix).
+
+    `w.q_proj`, `k_proj`, `v_proj` are rebound to row views of the stacked tensors, so the
+    weights are held once (the reference path, prefill, reads the same memory); the stacked
+    tensors are kept on `w` so every bucket's layer shares them."""
+    done = getattr(w, "_fused_qkv", None)
+    if done is not None:
+        return done
+    parts = [w.q_proj, w.k_proj, w.v_proj]
+    rows = [p.shape[0] for p in parts]
+    if isinstance(w.q_proj, NVFP4Weight):
+        codes = torch.cat([p.codes for p in parts])
+        scales = torch.cat([p.scales for p in parts])
+        scale2 = torch.cat([p.scale2.float().reshape(1).expand(n) for p, n in zip(parts, rows)])
+        views = [NVFP4Weight(c, s, p.scale2) for c, s, p in
+                 zip(codes.split(rows), scales.split(rows), parts)]
+        out = [codes, scales, scale2.contiguous()]
+    else:
+        stacked = torch.cat(parts)
+        views = list(stacked.split(rows))
+        out = [stacked]
+    w.q_proj, w.k_proj, w.v_proj = views
+    w._fused_qkv = out
+    return out
+
+
 class DecodeLayer:
     """Layer `layer` of `cfg` at bucket `batch`, on the kernels of `kset` (a KernelSet).
 
@@ -155,13 +182,11 @@ class DecodeLayer:
         self.fmt = int(nvfp4)
         gemv = gemv_nvfp4 if nvfp4 else gemv_bf16
 
-        def linear_kernel(w: Linear):
-            n, k = w.shape
-            spec: Spec = gemv.spec_for(batch, k, n)
-            return kset.get(spec.kernel, **spec.as_dict()), _weight_args(w)
-
-        self.q, self.k, self.v, self.o = (linear_kernel(getattr(weights, f"{p}_proj"))
-                                          for p in "qkvo")
+        n, k = weights.o_proj.shape
+        spec: Spec = gemv.spec_for(batch, k, n)
+        self.o = kset.get(spec.kernel, **spec.as_dict()), _weight_args(weights.o_proj)
+        spec = gemv.fused_qkv_spec(batch, cfg)
+        self.qkv = kset.get(spec.kernel, **spec.as_dict()), fuse_qkv(weights)
         b = batch
         self.norm = _pick(kset, "rmsnorm", cfg, b)
         self.prep = _pick(kset, "qk_norm_rope_kv", cfg, b, RING=int(self.sliding))
@@ -195,11 +220,10 @@ class DecodeLayer:
         cfg, w, eps = self.cfg, self.w, self.cfg.rms_norm_eps
         bf = bufs
         table = bf.ring_table if self.sliding else bf.page_table
-        self.norm.launch(bf.stream, bf.zeros, w.attn_norm, bf.residual, bf.h, eps, pdl=pdl)
-        for (kern, wargs), out in zip((self.q, self.k, self.v), (bf.q, bf.k, bf.v)):
-            kern.launch(bf.h, *wargs, out, pdl=pdl)
-        self.prep.launch(bf.q, bf.k, bf.v, bf.positions, table, w.q_norm, w.k_norm,
-                         self.inv_freq, bf.q_out, kv.k, kv.v, eps, pdl=pdl)
+        kern, wargs = self.qkv  # the attention RMSNorm happens in its prologue
+        kern.launch(bf.stream, *wargs, w.attn_norm, bf.qkv, eps, pdl=pdl)
+        self.prep.launch(bf.qkv, bf.positions, table, w.q_norm, w.k_norm, self.inv_freq,
+                         bf.q_out, kv.k, kv.v, eps, pdl=pdl)
         self.attn.launch(bf.q_out, kv.k, kv.v, table, bf.positions, self.sinks, bf.attn,
                          bf.o_part[self.splits], bf.lse_part[self.splits], bf.attn_counters,
                          pdl=pdl)
@@ -208,7 +232,7 @@ class DecodeLayer:
         gate_up_w, down_w = self.ffn_args
         if self.moe:
             ffn = w.ffn
-            self.router.launch(bf.o, bf.residual, bf.row_mask, w.ffn_norm, ffn.router,
+            self.router.launch(bf.o, bf.stream, bf.row_mask, w.ffn_norm, ffn.router,
                                ffn.router_bias, bf.residual2, bf.h, bf.ids, bf.weights,
                                bf.experts, bf.slot_w, bf.scores, bf.router_counter, eps,
                                cfg.routed_scaling_factor, pdl=pdl)
@@ -216,12 +240,13 @@ class DecodeLayer:
             self.down.launch(bf.act, bf.act_sh, bf.experts, bf.slot_w, bf.residual2, *down_w,
                              bf.stream, pdl=pdl)
         else:
-            self.norm.launch(bf.o, bf.residual, w.ffn_norm, bf.residual2, bf.h, eps, pdl=pdl)
+            self.norm.launch(bf.o, bf.stream, w.ffn_norm, bf.residual2, bf.h, eps, pdl=pdl)
             self.gate_up.launch(bf.h, *gate_up_w, bf.act_dense, pdl=pdl)
             self.down.launch(bf.act_dense, bf.residual2, *down_w, bf.stream, pdl=pdl)
 
     @property
     def kernels_per_launch(self) -> int:
-        """Kernel launches `launch` enqueues (counted for the ≤ 300-per-step budget)."""
-        return 10 if self.moe else 9
+        """Kernel launches `launch` enqueues: qkv (with the norm), qk_norm_rope_kv, attention,
+        o, router (or the FFN norm), gate_up, down."""
+        return 7
 

@@ -18,12 +18,21 @@ Variants (Spec value V; the same args and launch grid for all):
 PDL: W is loaded (inline-asm ld.global.nc, up to PREFETCH steps per lane) before
 griddepcontrol.wait, which dsl_util pins below those loads in SASS too; x only after it.
 Shape legend: B batch bucket, K input width (multiple of 64), N output rows (dynamic).
+
+NORM=1 (V=1/2; the fused, normed QKV projection, `fused_qkv_spec(b, cfg)`; absent from every
+other spec): the attention RMSNorm folded into the prologue. Arguments: x bf16 [B, K] (input:
+the residual stream), w bf16 [N, K] (weight: the stacked [q; k; v]), norm_w bf16 [K]
+(weight), y bf16 [B, N] (output), eps (f32 scalar). After griddepcontrol.wait each CTA reads
+all B rows of x (L2) for its own rstd (fp32 sum of squares, gemv_mma.row_rstd) and every x
+fragment becomes h = bf16((x·rstd)·norm_w), the rounding of `reference.rms_norm`, before the
+MMAs: y = linear(rms_norm(x, norm_w, eps)).
 """
 
 import math
 
 from flint_graph import reference
-from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
+from flint_graph.kernels.spec import (BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg,
+                                      unique_specs)
 
 ROWS = 16  # output rows per CTA (one m16 tile), every variant
 WARPS = {0: 4, 1: 4, 2: 8}  # V -> warps per CTA
@@ -34,8 +43,19 @@ V0_RPW = ROWS // WARPS[0]  # V=0: rows per warp
 VEC = 8  # bf16 per 16-byte load
 
 
+def is_norm(spec: Spec) -> bool:
+    """NORM=1: the fused QKV spec (absent in every other spec)."""
+    return bool(spec.as_dict().get("NORM", 0))
+
+
 def _args(spec: Spec):
     b, k = spec["B"], spec["K"]
+    if is_norm(spec):
+        return (TensorArg("x", "bf16", (b, k), "input"),
+                TensorArg("w", "bf16", ("N", k), "weight"),
+                TensorArg("norm_w", "bf16", (k,), "weight"),
+                TensorArg("y", "bf16", (b, "N"), "output"),
+                ScalarArg("eps", "f32"))
     return (TensorArg("x", "bf16", (b, k), "input"),
             TensorArg("w", "bf16", ("N", k), "weight"),
             TensorArg("y", "bf16", (b, "N"), "output"))
@@ -43,8 +63,9 @@ def _args(spec: Spec):
 
 def _launch(spec: Spec) -> Launch:
     v = spec["V"]
+    norm_smem = WARPS[v] * 8 * 4 if is_norm(spec) else 0  # NORM: fp32 [warp][batch row]
     return Launch(grid=(("N", ROWS), 1, 1), block=(32 * WARPS[v], 1, 1),
-                  smem=0 if v == 0 else WARPS[v] * ROWS * 8 * 4)
+                  smem=0 if v == 0 else norm_smem + WARPS[v] * ROWS * 8 * 4)
 
 
 def _k_dims(cfg) -> list[int]:
@@ -56,10 +77,21 @@ def spec_for(b: int, k: int, n: int) -> Spec:
     return KERNEL.spec(B=b, K=k, V=DEFAULT_V)
 
 
+def fused_qkv_spec(b: int, cfg) -> Spec:
+    """The specialisation the model launches for the fused, normed QKV projection at bucket b:
+    x the residual stream, w the stacked [q; k; v] weight, the attention RMSNorm in the
+    prologue (NORM=1); spec_for's variant for the qkv shape (V=1/2 carry the flag)."""
+    n, k = cfg.dense_linear_shapes()["qkv_proj"]
+    v = spec_for(b, k, n)["V"]
+    return KERNEL.spec(B=b, K=k, V=v if v in (1, 2) else DEFAULT_V, NORM=1)
+
+
 def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
-    """Every specialisation the model `cfg` runs: each dense (N, K) shape at each bucket."""
+    """Every specialisation the model `cfg` runs: each dense (N, K) shape at each bucket, and
+    the fused QKV projection."""
     return unique_specs([spec_for(b, k, n) for b in buckets
-                         for n, k in cfg.dense_linear_shapes().values()])
+                         for n, k in cfg.dense_linear_shapes().values()]
+                        + [fused_qkv_spec(b, cfg) for b in buckets])
 
 
 def bench_specs(cfg, buckets=BUCKETS) -> list[Spec]:
@@ -67,18 +99,36 @@ def bench_specs(cfg, buckets=BUCKETS) -> list[Spec]:
     return [KERNEL.spec(B=b, K=k, V=v) for v in VARIANTS for b in buckets for k in _k_dims(cfg)]
 
 
-def _reference(spec: Spec, x, w):
+def _reference(spec: Spec, x, w, *norm):
+    """reference.linear; NORM=1 (norm = (norm_w, eps)): of reference.rms_norm(x) first."""
+    if is_norm(spec):
+        x = reference.rms_norm(x, norm[0], norm[1])
     return reference.linear(x, w)
 
 
 def _build(spec: Spec):
     import cuda.bindings.driver as cuda
     import cutlass.cute as cute
+    from cutlass import Float32
 
     b_rows, k, v = spec["B"], spec["K"], spec["V"]
     if k % 64:
         raise ValueError(f"gemv_bf16: K = {k} must be a multiple of 64")
     launch = _launch(spec)
+    if is_norm(spec):
+        if v == 0:
+            raise ValueError("gemv_bf16: NORM exists for V = 1 and 2, not V = 0")
+        kernel = _kernel_mma(b_rows, k, WARPS[v], PREFETCH[v], True)
+
+        @cute.jit
+        def gemv_bf16_norm(mx: cute.Tensor, mw: cute.Tensor, mnw: cute.Tensor,
+                           my: cute.Tensor, eps: Float32, stream: cuda.CUstream):
+            n = mw.shape[0]
+            kernel(mx, mw, mnw, my, eps).launch(
+                grid=((n + ROWS - 1) // ROWS, 1, 1), block=launch.block, smem=launch.smem,
+                stream=stream, use_pdl=True)
+
+        return gemv_bf16_norm
     kernel = _kernel_fma(b_rows, k) if v == 0 else _kernel_mma(b_rows, k, WARPS[v],
                                                                 PREFETCH[v])
 
@@ -91,13 +141,15 @@ def _build(spec: Spec):
     return gemv_bf16
 
 
-def _kernel_mma(b_rows: int, k: int, warps: int, prefetch: int):
-    """The V=1/2 kernel (tensor cores); see the module docstring."""
+def _kernel_mma(b_rows: int, k: int, warps: int, prefetch: int, norm: bool = False):
+    """The V=1/2 kernel (tensor cores); see the module docstring. norm: x is the residual
+    stream, normed in the prologue (the NORM=1 arguments)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int64, Uint32
 
     from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.gemv_mma import normed, row_rstd
 
     nch = k // VEC  # 8-k lane chunks per row
     steps = math.ceil(nch / (4 * warps))  # lane chunk = t + 4 * (warp + warps * step)
@@ -108,7 +160,7 @@ def _kernel_mma(b_rows: int, k: int, warps: int, prefetch: int):
     class Lane:
         """Per-thread indices, global views and register buffers of one CTA's tile."""
 
-        def __init__(self, mx, mw):
+        def __init__(self, mx, mw, mnw):
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
             self.tidx, self.warp = tidx, tidx // 32
@@ -123,6 +175,10 @@ def _kernel_mma(b_rows: int, k: int, warps: int, prefetch: int):
             self.rw = cute.make_rmem_tensor((4, 2, depth), Uint32)  # W [k pair, row, slot]
             self.rx = cute.make_rmem_tensor((VEC, xdepth), BFloat16)  # x [k, slot]
             self.rx32 = cute.recast_tensor(self.rx, Uint32)  # (4, xdepth)
+            if norm:  # the norm weight at the same k as rx
+                self.gnw = cute.flat_divide(mnw, (VEC,))  # (8, nch)
+                self.rnw = cute.make_rmem_tensor((VEC, xdepth), BFloat16)
+                self.rnw32 = cute.recast_tensor(self.rnw, Uint32)
 
         def chunk(self, s):
             c = self.t + 4 * (self.warp + warps * s)
@@ -142,6 +198,8 @@ def _kernel_mma(b_rows: int, k: int, warps: int, prefetch: int):
         def load_x(self, s):
             bx = cutlass.min(self.g, b_rows - 1)  # batch columns >= B repeat the last row
             cute.copy(self.ld_x, self.gx[0, None, bx, self.chunk(s)], self.rx[None, s % xdepth])
+            if norm:
+                cute.copy(self.ld_x, self.gnw[None, self.chunk(s)], self.rnw[None, s % xdepth])
 
         def step(self, s, acc):
             slot, xs = s % depth, s % xdepth
@@ -149,21 +207,30 @@ def _kernel_mma(b_rows: int, k: int, warps: int, prefetch: int):
             if s >= full:  # warps past the end of K: zero weights
                 live = self.warp + warps * s < nch // 4
                 a = [[cutlass.select_(live, v, Uint32(0)) for v in row] for row in a]
+            xw = [self.rx32[i, xs] for i in range(4)]
+            if norm:  # h = bf16((x·rstd)·w), as the reference
+                xw = normed(xw, [self.rnw32[i, xs] for i in range(4)], self.rstd)
             for m in range(2):  # k 4m..4m+3 of the chunk: one mma's 4 k per lane and row
                 acc[m] = du.mma_bf16_m16n8k16(  # two accumulator sets: two HMMA chains
                     [a[0][2 * m], a[1][2 * m], a[0][2 * m + 1], a[1][2 * m + 1]],
-                    [self.rx32[2 * m, xs], self.rx32[2 * m + 1, xs]], acc[m])
+                    [xw[2 * m], xw[2 * m + 1]], acc[m])
             return acc
 
-    @cute.kernel
-    def gemv_bf16_mma(mx: cute.Tensor, mw: cute.Tensor, my: cute.Tensor):
-        ln = Lane(mx, mw)
+    @cute.jit
+    def body(t):
+        """The kernel on the declared arguments t (one list, see _args)."""
+        mx, mw, my = t[0], t[1], t[-2 if norm else -1]
+        ln = Lane(mx, mw, t[2] if norm else None)
         for s in cutlass.range_constexpr(depth):  # weights: before the wait (PDL prologue)
             ln.load_w(s)
         du.griddepcontrol_wait_after_loads()
         cute.arch.griddepcontrol_launch_dependents()
         for s in cutlass.range_constexpr(xdepth):
             ln.load_x(s)
+        alloc = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(norm):  # rstd of the lane's batch row, over all of x
+            ln.rstd = row_rstd(alloc, mx, t[-1], b_rows, k, warps,
+                               cutlass.min(ln.g, b_rows - 1))
         acc = [[Float32(0.0)] * 4, [Float32(0.0)] * 4]
         for s in cutlass.range_constexpr(steps):
             acc = ln.step(s, acc)
@@ -172,8 +239,8 @@ def _kernel_mma(b_rows: int, k: int, warps: int, prefetch: int):
             if cutlass.const_expr(s + xdepth < steps):
                 ln.load_x(s + xdepth)
         # split-K over the warps: sum the 16x8 fp32 tiles in shared memory
-        sp = cutlass.memory.SmemAllocator().allocate_tensor(
-            Float32, cute.make_layout((8, ROWS, warps)), byte_alignment=16)
+        sp = alloc.allocate_tensor(Float32, cute.make_layout((8, ROWS, warps)),
+                                   byte_alignment=16)
         tile = [acc[0][i] + acc[1][i] for i in range(4)]  # C fragment: rows g, g+8
         sp[2 * ln.t, ln.g, ln.warp] = tile[0]
         sp[2 * ln.t + 1, ln.g, ln.warp] = tile[1]
@@ -187,6 +254,18 @@ def _kernel_mma(b_rows: int, k: int, warps: int, prefetch: int):
                 total = total + sp[b, r, w]
             if ln.n0 + r < ln.n:
                 my[b, ln.n0 + r] = total.to(BFloat16)
+
+    if norm:
+        @cute.kernel
+        def gemv_bf16_mma_norm(mx: cute.Tensor, mw: cute.Tensor, mnw: cute.Tensor,
+                               my: cute.Tensor, eps: Float32):
+            body([mx, mw, mnw, my, eps])
+
+        return gemv_bf16_mma_norm
+
+    @cute.kernel
+    def gemv_bf16_mma(mx: cute.Tensor, mw: cute.Tensor, my: cute.Tensor):
+        body([mx, mw, my])
 
     return gemv_bf16_mma
 
@@ -278,4 +357,4 @@ def _kernel_fma(b_rows: int, k: int):
 
 
 KERNEL = KernelDef(name="gemv_bf16", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py",))
+                   reference=_reference, source_files=("dsl_util.py", "gemv_mma.py"))

@@ -14,6 +14,9 @@ docstring of gemv_nvfp4.py explains the bit tricks.
     (conflict-free STS); each output (row, batch column) then has its `warps` partials
     contiguous, and one thread sums them with warps/4 LDS.128 (the order does not matter).
 The HMMA chain of a step is split over 4 accumulator sets (2 per tile when tiles = 2).
+
+`row_rstd` and `normed` are the NORM=1 prologue of the fused QKV GEMVs (gemv_nvfp4 and
+gemv_bf16 V=1/2): the attention RMSNorm of x folded into the x loads.
 """
 
 import math
@@ -50,6 +53,68 @@ def frag_ops():
         return out
 
     return dequant, xpairs, scales
+
+
+def row_rstd(alloc, mx, eps, b_rows: int, k: int, warps: int, bx):
+    """The NORM=1 prologue (after griddepcontrol.wait): every thread of the CTA returns
+    rstd = rsqrt(Σ_k x[bx, k]² / K + eps) of its batch row bx (fp32, as `reference.rms_norm`;
+    only the summation order differs). The CTA reads all B rows of x (L2) once: each thread
+    takes 8-k vectors tidx, tidx + 32·warps, ... of every row, a butterfly shuffle sums each
+    warp and shared memory (B x warps fp32 from `alloc`) the warps. Every lane of a warp
+    stores the same partial (no branch), then one barrier."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import BFloat16, Float32
+
+    threads = 32 * warps
+    nvec = k // 8
+    per = math.ceil(nvec / threads)
+    tidx, _, _ = cute.arch.thread_idx()
+    warp = tidx // 32
+    gx = cute.flat_divide(mx, (1, 8))  # (1, 8, B, K/8)
+    ld = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128)
+    rv = cute.make_rmem_tensor((8, per, b_rows), BFloat16)
+    for b in range(b_rows):  # every load first: one L2 round trip
+        for i in range(per):
+            c = tidx + threads * i
+            if (i + 1) * threads > nvec:
+                c = cutlass.min(c, nvec - 1)
+            cute.copy(ld, gx[0, None, b, c], rv[None, i, b])
+    red = alloc.allocate_tensor(Float32, cute.make_layout((warps, b_rows)), byte_alignment=16)
+    for b in range(b_rows):
+        ss = Float32(0.0)
+        for i in range(per):
+            part = Float32(0.0)
+            for e in range(8):
+                v = rv[e, i, b].to(Float32)
+                part = part + v * v
+            if (i + 1) * threads > nvec:  # ragged: clamped vectors count once
+                part = cutlass.select_(tidx + threads * i < nvec, part, Float32(0.0))
+            ss = ss + part
+        for sh in range(5):
+            ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=16 >> sh)
+        red[warp, b] = ss
+    cute.arch.sync_threads()
+    total = _tree_sum([red[w, bx] for w in range(warps)])
+    return cute.math.rsqrt(total / Float32(k) + eps)
+
+
+def normed(xw, ww, rstd):
+    """4 u32 of x (8 bf16) and the 4 u32 of the norm weight at the same k -> 4 u32 of
+    h = bf16((x·rstd)·w), rounded as `reference.rms_norm` rounds (fp32, once)."""
+    import cutlass.cute as cute
+    from cutlass import BFloat16, Uint32
+
+    from flint_graph.kernels import dsl_util as du
+
+    rh = cute.make_rmem_tensor((8,), BFloat16)
+    for i in range(4):
+        for half in range(2):
+            x = du.as_f32(xw[i] << 16) if half == 0 else du.as_f32(xw[i] & 0xFFFF0000)
+            w = du.as_f32(ww[i] << 16) if half == 0 else du.as_f32(ww[i] & 0xFFFF0000)
+            rh[2 * i + half] = ((x * rstd) * w).to(BFloat16)
+    rh32 = cute.recast_tensor(rh, Uint32)
+    return [rh32[i] for i in range(4)]
 
 
 def _tree_sum(vals):

@@ -33,12 +33,28 @@ Variants (Spec value V; the same args and launch grid for all):
 PDL: codes, scales and scale2 are loaded (inline-asm ld.global.nc, kept in program order)
 before griddepcontrol.wait, which dsl_util pins below them in SASS too; x only after it.
 Shape legend: B batch bucket, K input width (multiple of 64), N output rows (dynamic).
+
+Fused QKV flags (V=1/2 only; absent from every other spec, which keep their names and code):
+  ROWSCALE=1: scale2 is f32 [N], one value per output row (the stacked [q; k; v] weight keeps
+    each tensor's own scale2), applied once in the epilogue (the scalar's 2^7·scale2 becomes
+    2^7·scale2[n], loaded per storing thread before the wait).
+    Reference: the weight dequantised as codes·scales, row n times scale2[n] (fp32).
+  NORM=1: the attention RMSNorm folded into the prologue. Arguments: x bf16 [B, K] (input: the
+    residual stream), codes, scales, scale2 (as above), norm_w bf16 [K] (weight), y bf16
+    [B, N] (output), eps (f32 scalar). After griddepcontrol.wait each CTA reads all B rows of
+    x (L2) for its own rstd (fp32 sum of squares, gemv_mma.row_rstd) and every x fragment
+    becomes h = bf16((x·rstd)·norm_w) before the MMAs, the rounding of `reference.rms_norm`;
+    y = linear(rms_norm(x, norm_w, eps)). `fused_qkv_spec(b, cfg)` is the model's spec
+    (ROWSCALE=1, NORM=1, spec_for's variant of the qkv shape).
 """
 
 import math
 
+import torch
+
 from flint_graph import reference
-from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
+from flint_graph.kernels.spec import (BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg,
+                                      unique_specs)
 from flint_graph.weights import NVFP4Weight
 
 ROWS = 16  # output rows per CTA (one m16 tile), V=0/1/2
@@ -52,13 +68,25 @@ PREFETCH = 4  # weight steps (32 k of two rows per lane) in flight per lane
 V0_RPW = ROWS // WARPS[0]  # V=0: rows per warp
 
 
+def flags(spec: Spec) -> tuple[int, int]:
+    """(ROWSCALE, NORM) of a spec; absent values are 0 (every spec before the fused QKV)."""
+    v = spec.as_dict()
+    return v.get("ROWSCALE", 0), v.get("NORM", 0)
+
+
 def _args(spec: Spec):
     b, k = spec["B"], spec["K"]
-    return (TensorArg("x", "bf16", (b, k), "input"),
+    rowscale, norm = flags(spec)
+    args = [TensorArg("x", "bf16", (b, k), "input"),
             TensorArg("codes", "u8", ("N", k // 2), "weight"),
             TensorArg("scales", "u8", ("N", k // 16), "weight", align=4),  # row stride K/16 B
-            TensorArg("scale2", "f32", (1,), "weight", align=4),
-            TensorArg("y", "bf16", (b, "N"), "output"))
+            TensorArg("scale2", "f32", ("N",) if rowscale else (1,), "weight", align=4)]
+    if norm:
+        args.append(TensorArg("norm_w", "bf16", (k,), "weight"))
+    args.append(TensorArg("y", "bf16", (b, "N"), "output"))
+    if norm:
+        args.append(ScalarArg("eps", "f32"))
+    return tuple(args)
 
 
 def _shape(v: int) -> tuple[int, int]:
@@ -69,8 +97,9 @@ def _shape(v: int) -> tuple[int, int]:
 def _launch(spec: Spec) -> Launch:
     v = spec["V"]
     warps, rows = _shape(v)
+    norm_smem = warps * 8 * 4 if flags(spec)[1] else 0  # NORM: fp32 [warp][batch row]
     return Launch(grid=(("N", rows), 1, 1), block=(32 * warps, 1, 1),
-                  smem=0 if v == 0 else warps * rows * 8 * 4)  # fp32 [warp][row][batch col]
+                  smem=0 if v == 0 else norm_smem + warps * rows * 8 * 4)  # + [warp][row][col]
 
 
 def _k_dims(cfg) -> list[int]:
@@ -93,10 +122,24 @@ def spec_for(b: int, k: int, n: int) -> Spec:
     return KERNEL.spec(B=b, K=k, V=DEFAULT_V)
 
 
+FUSED_V = (1, 2)  # the variants with the ROWSCALE / NORM flags
+
+
+def fused_qkv_spec(b: int, cfg) -> Spec:
+    """The specialisation the model launches for the fused, normed QKV projection at bucket b:
+    x the residual stream, the stacked [q; k; v] weight with scale2 per row (ROWSCALE=1), the
+    attention RMSNorm in the prologue (NORM=1); spec_for's variant for the qkv shape."""
+    n, k = cfg.dense_linear_shapes()["qkv_proj"]
+    v = spec_for(b, k, n)["V"]
+    return KERNEL.spec(B=b, K=k, V=v if v in FUSED_V else DEFAULT_V, ROWSCALE=1, NORM=1)
+
+
 def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
-    """Every specialisation the model `cfg` runs: each dense (N, K) shape at each bucket."""
+    """Every specialisation the model `cfg` runs: each dense (N, K) shape at each bucket, and
+    the fused QKV projection."""
     return unique_specs([spec_for(b, k, n) for b in buckets
-                         for n, k in cfg.dense_linear_shapes().values()])
+                         for n, k in cfg.dense_linear_shapes().values()]
+                        + [fused_qkv_spec(b, cfg) for b in buckets])
 
 
 def bench_specs(cfg, buckets=BUCKETS) -> list[Spec]:
@@ -104,8 +147,16 @@ def bench_specs(cfg, buckets=BUCKETS) -> list[Spec]:
     return [KERNEL.spec(B=b, K=k, V=v) for v in VARIANTS for b in buckets for k in _k_dims(cfg)]
 
 
-def _reference(spec: Spec, x, codes, scales, scale2):
-    return reference.linear(x, NVFP4Weight(codes, scales, scale2[0]))
+def _reference(spec: Spec, x, codes, scales, scale2, *norm):
+    """reference.linear; NORM=1 (norm = (norm_w, eps)): of reference.rms_norm(x) first;
+    ROWSCALE=1: the weight row n dequantised as codes·scales·scale2[n] (in fp32)."""
+    if flags(spec)[1]:
+        x = reference.rms_norm(x, norm[0], norm[1])
+    if not flags(spec)[0]:
+        return reference.linear(x, NVFP4Weight(codes, scales, scale2[0]))
+    one = torch.ones((), dtype=torch.float32, device=scale2.device)
+    w = NVFP4Weight(codes, scales, one).dequantize(torch.float32) * scale2.float()[:, None]
+    return reference.linear(x, w)
 
 
 def _build(spec: Spec):
@@ -117,12 +168,18 @@ def _build(spec: Spec):
         raise ValueError(f"gemv_nvfp4: K = {k} must be a multiple of 64")
     launch = _launch(spec)
     rows = _shape(v)[1]
+    rowscale, norm = flags(spec)
+    if (rowscale or norm) and v not in FUSED_V:
+        raise ValueError(f"gemv_nvfp4: ROWSCALE / NORM exist for V in {FUSED_V}, not V = {v}")
+    if norm:
+        return _build_norm(spec, _kernel_mma(b_rows, k, WARPS[v], bool(rowscale), True))
     if v in PW:
         from flint_graph.kernels.gemv_mma import kernel_pw
 
         kernel = kernel_pw(b_rows, k, *PW[v])
     else:
-        kernel = _kernel_fma(b_rows, k) if v == 0 else _kernel_mma(b_rows, k, WARPS[v])
+        kernel = _kernel_fma(b_rows, k) if v == 0 else _kernel_mma(b_rows, k, WARPS[v],
+                                                                    bool(rowscale))
 
     @cute.jit
     def gemv_nvfp4(mx: cute.Tensor, mc: cute.Tensor, ms: cute.Tensor, ms2: cute.Tensor,
@@ -135,8 +192,29 @@ def _build(spec: Spec):
     return gemv_nvfp4
 
 
-def _kernel_mma(b_rows: int, k: int, warps: int):
-    """The V=1/2 kernel (tensor cores); see the module docstring."""
+def _build_norm(spec: Spec, kernel):
+    """The launch function of a NORM=1 spec: x, codes, scales, scale2, norm_w, y, eps."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+
+    launch = _launch(spec)
+
+    @cute.jit
+    def gemv_nvfp4_norm(mx: cute.Tensor, mc: cute.Tensor, ms: cute.Tensor, ms2: cute.Tensor,
+                        mw: cute.Tensor, my: cute.Tensor, eps: cutlass.Float32,
+                        stream: cuda.CUstream):
+        n = mc.shape[0]
+        kernel(mx, mc, ms, ms2, mw, my, eps).launch(
+            grid=((n + ROWS - 1) // ROWS, 1, 1), block=launch.block, smem=launch.smem,
+            stream=stream, use_pdl=True)
+
+    return gemv_nvfp4_norm
+
+
+def _kernel_mma(b_rows: int, k: int, warps: int, rowscale: bool = False, norm: bool = False):
+    """The V=1/2 kernel (tensor cores); see the module docstring. rowscale: scale2 per output
+    row; norm: x is the residual stream, normed in the prologue (the NORM=1 arguments)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int64, Uint32
@@ -147,14 +225,14 @@ def _kernel_mma(b_rows: int, k: int, warps: int):
     steps = math.ceil(nch / (4 * warps))  # lane chunk = t + 4 * (warp + warps * step)
     full = nch // (4 * warps)  # steps in which every lane's chunk exists
     depth = min(steps, PREFETCH)
-    from flint_graph.kernels.gemv_mma import frag_ops
+    from flint_graph.kernels.gemv_mma import frag_ops, normed, row_rstd
 
     dequant, xpairs, scales = frag_ops()
 
     class Lane:
         """Per-thread indices, global views and register buffers of one CTA's tile."""
 
-        def __init__(self, mx, mc, ms):
+        def __init__(self, mx, mc, ms, mw):
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
             self.tidx, self.warp = tidx, tidx // 32
@@ -170,6 +248,10 @@ def _kernel_mma(b_rows: int, k: int, warps: int):
             self.rs = cute.make_rmem_tensor((2, depth), Uint32)  # 2 scale bytes [row, slot]
             self.rx = cute.make_rmem_tensor((8, 4, 2), BFloat16)  # x [k, word, slot]
             self.rx32 = cute.recast_tensor(self.rx, Uint32)  # (4, 4, 2)
+            if norm:  # the norm weight at the same k as rx
+                self.gw = cute.flat_divide(mw, (8,))  # (8, K/8)
+                self.rw = cute.make_rmem_tensor((8, 4, 2), BFloat16)
+                self.rw32 = cute.recast_tensor(self.rw, Uint32)
 
         def chunk(self, s):
             c = self.t + 4 * (self.warp + warps * s)
@@ -192,6 +274,9 @@ def _kernel_mma(b_rows: int, k: int, warps: int):
             for j in range(4):
                 cute.copy(self.ld_x, self.gx[0, None, bx, 4 * self.chunk(s) + j],
                           self.rx[None, j, s % 2])
+                if norm:
+                    cute.copy(self.ld_x, self.gw[None, 4 * self.chunk(s) + j],
+                              self.rw[None, j, s % 2])
 
         def step(self, s, acc):
             """acc + this lane's share of the 16x8 tile for its 32-k chunk of step s."""
@@ -207,23 +292,34 @@ def _kernel_mma(b_rows: int, k: int, warps: int):
                     a[r] += [du.mul_bf16x2_by_half(p, sc[r], j // 2) for p in dequant(w)]
             xp = []
             for j in range(4):
-                xp += xpairs([self.rx32[i, j, s % 2] for i in range(4)])
+                xw = [self.rx32[i, j, s % 2] for i in range(4)]
+                if norm:  # h = bf16((x·rstd)·w), as the reference
+                    xw = normed(xw, [self.rw32[i, j, s % 2] for i in range(4)], self.rstd)
+                xp += xpairs(xw)
             for m in range(8):  # two accumulator sets: two independent HMMA chains
                 acc[m % 2] = du.mma_bf16_m16n8k16(
                     [a[0][2 * m], a[1][2 * m], a[0][2 * m + 1], a[1][2 * m + 1]],
                     [xp[2 * m], xp[2 * m + 1]], acc[m % 2])
             return acc
 
-    @cute.kernel
-    def gemv_nvfp4_mma(mx: cute.Tensor, mc: cute.Tensor, ms: cute.Tensor, ms2: cute.Tensor,
-                       my: cute.Tensor):
-        ln = Lane(mx, mc, ms)
+    @cute.jit
+    def body(t):
+        """The kernel on the declared arguments t (one list, see _args)."""
+        mx, mc, ms, ms2, my = t[0], t[1], t[2], t[3], t[-2 if norm else -1]
+        ln = Lane(mx, mc, ms, t[4] if norm else None)
         for s in cutlass.range_constexpr(depth):  # weights: before the wait (PDL prologue)
             ln.load_w(s)
+        if cutlass.const_expr(rowscale):  # scale2 of the row this thread stores (epilogue)
+            srow = cutlass.min(ln.n0 + ln.tidx % ROWS, ln.n - 1)
+            ms2 = cute.make_tensor(ms2.iterator + srow, cute.make_layout(1))
         alpha = du.ld_weight_f32(ms2) * Float32(128.0)  # 2^7 left by the bf16 scale trick
         du.griddepcontrol_wait_after_loads()
         cute.arch.griddepcontrol_launch_dependents()
         ln.load_x(0)
+        alloc = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(norm):  # rstd of the lane's batch row, over all of x
+            ln.rstd = row_rstd(alloc, mx, t[-1], b_rows, k, warps,
+                               cutlass.min(ln.g, b_rows - 1))
         acc = [[Float32(0.0)] * 4, [Float32(0.0)] * 4]
         for s in cutlass.range_constexpr(steps):
             if cutlass.const_expr(s + 1 < steps):
@@ -232,8 +328,8 @@ def _kernel_mma(b_rows: int, k: int, warps: int):
             if cutlass.const_expr(s + depth < steps):
                 ln.load_w(s + depth)
         # split-K over the warps: sum the 16x8 fp32 tiles in shared memory
-        sp = cutlass.memory.SmemAllocator().allocate_tensor(
-            Float32, cute.make_layout((8, ROWS, warps)), byte_alignment=16)
+        sp = alloc.allocate_tensor(Float32, cute.make_layout((8, ROWS, warps)),
+                                   byte_alignment=16)
         tile = [acc[0][i] + acc[1][i] for i in range(4)]  # C fragment: rows g, g+8
         sp[2 * ln.t, ln.g, ln.warp] = tile[0]
         sp[2 * ln.t + 1, ln.g, ln.warp] = tile[1]
@@ -247,6 +343,20 @@ def _kernel_mma(b_rows: int, k: int, warps: int):
                 total = total + sp[b, r, w]
             if ln.n0 + r < ln.n:
                 my[b, ln.n0 + r] = (total * alpha).to(BFloat16)
+
+    if norm:
+        @cute.kernel
+        def gemv_nvfp4_mma_norm(mx: cute.Tensor, mc: cute.Tensor, ms: cute.Tensor,
+                                ms2: cute.Tensor, mw: cute.Tensor, my: cute.Tensor,
+                                eps: Float32):
+            body([mx, mc, ms, ms2, mw, my, eps])
+
+        return gemv_nvfp4_mma_norm
+
+    @cute.kernel
+    def gemv_nvfp4_mma(mx: cute.Tensor, mc: cute.Tensor, ms: cute.Tensor, ms2: cute.Tensor,
+                       my: cute.Tensor):
+        body([mx, mc, ms, ms2, my])
 
     return gemv_nvfp4_mma
 

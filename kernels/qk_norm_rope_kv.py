@@ -1,6 +1,8 @@
 """Per-head Q/K RMSNorm, RoPE and the KV-cache write of one decode step (kernel 3 of
 docs/decode-kernels.md).
 
+Input: the fused QKV projection's output qkv bf16 [B, (HQ + 2·HKV)·D], per row the HQ query
+heads, then the HKV key heads, then the HKV value heads (D elements each).
 For each batch row b (one new token at position p = positions[b]): every query and key head is
 RMS-normed over D (fp32, rounded once to bf16: `reference.rms_norm` per head), then, when
 ROPE = 1, rotated by `reference.apply_rope` (HF rotate-half, out = x·cos + cat(−x₂, x₁)·sin in
@@ -20,13 +22,14 @@ fp32 cos/sin equal the reference's except where the fp64 value sits within ~1e-1
 rounding boundary. No libdevice sin/cos (their huge-argument path uses local memory).
 
 Design: one warp per head: grid (HQ + 2·HKV, B), 32 threads. Block x < HQ is query head x,
-then the HKV key heads, then the HKV value heads (a plain copy). RoPE pairs element i with
+then the HKV key heads, then the HKV value heads (a plain copy): block x reads head x of
+qkv. RoPE pairs element i with
 i + D/2, so lane l owns the E consecutive elements l·E … of each half (E = max(2, D/64);
 D = 32 uses 8 lanes, D = 128 all 32 with 4-byte loads) and rotates its pairs without a
 shuffle; the sum of squares is a butterfly shuffle.
 PDL: q_norm, k_norm and inv_freq (weights) are loaded with volatile ld.global.nc before
 griddepcontrol.wait (`dsl_util.griddepcontrol_wait_after_loads` keeps them above it in SASS);
-q, k, v, positions and table are read only after it, in every thread.
+qkv, positions and table are read only after it, in every thread.
 Shape legend: B batch bucket, HQ query heads, HKV KV heads, D head dim, P page size (full
 layers) or ring length W (sliding layers), NB pages (or ring slots), T pages per row.
 
@@ -78,9 +81,7 @@ def rope_inv_freq(head_dim: int, theta: float, device="cpu") -> torch.Tensor:
 
 def _args(spec: Spec):
     b, hq, hkv, d, p = spec["B"], spec["HQ"], spec["HKV"], spec["D"], spec["P"]
-    return (TensorArg("q", "bf16", (b, hq * d), "input"),
-            TensorArg("k", "bf16", (b, hkv * d), "input"),
-            TensorArg("v", "bf16", (b, hkv * d), "input"),
+    return (TensorArg("qkv", "bf16", (b, (hq + 2 * hkv) * d), "input"),
             TensorArg("positions", "i32", (b,), "input", align=4),
             TensorArg("table", "i32", (b, "T"), "input", align=4),
             TensorArg("q_norm", "bf16", (d,), "weight"),
@@ -129,17 +130,18 @@ def _theta(inv_freq: torch.Tensor, d: int) -> float:
     raise ValueError("qk_norm_rope_kv: inv_freq is not θ^(−2i/D) for any θ")
 
 
-def _reference(spec: Spec, q, k, v, positions, table, q_norm, k_norm, inv_freq, eps: float):
-    """(q_out bf16 [B, HQ, D], the written key entries bf16 [B, HKV, D], the written value
+def _reference(spec: Spec, qkv, positions, table, q_norm, k_norm, inv_freq, eps: float):
+    """qkv [B, (HQ + 2·HKV)·D] holds the q heads, then the k heads, then the v heads. (q_out bf16 [B, HQ, D], the written key entries bf16 [B, HKV, D], the written value
     entries bf16 [B, HKV, D]). The caches are updated in place, so the reference gives the
     entries row b writes at (`cache_entry`); every other cache entry must be unchanged."""
     b, hq, hkv, d = spec["B"], spec["HQ"], spec["HKV"], spec["D"]
+    q, k, v = qkv.view(b, hq + 2 * hkv, d).split((hq, hkv, hkv), dim=1)
     qn = reference.rms_norm(q.view(b, hq, d), q_norm, eps)
     kn = reference.rms_norm(k.view(b, hkv, d), k_norm, eps)
     if spec["ROPE"]:
         theta, pos = _theta(inv_freq, d), positions.long()
         qn, kn = reference.apply_rope(qn, pos, theta), reference.apply_rope(kn, pos, theta)
-    return qn, kn, v.view(b, hkv, d).clone()
+    return qn, kn, v.clone()
 
 
 def cache_entry(spec: Spec, positions: torch.Tensor,
@@ -157,7 +159,7 @@ def make_args(spec: Spec, *, gen: torch.Generator, device="cuda", positions=None
     """One fresh argument list in declared order. positions: a list of B ints (default:
     random in [0, max_position)). Paged (RING = 0): T = the most pages a row needs, every
     table entry a distinct page of NB = B·T + spare_pages, shuffled; ring: NB = B +
-    spare_pages slots, each row its own. q, k, v ~ N(0, 1) (projection outputs); q_norm,
+    spare_pages slots, each row its own. qkv ~ N(0, 1) (the fused projection's output); q_norm,
     k_norm like the synthetic checkpoints (√2·(1 + 0.05·N(0, 1))); inv_freq for `theta`;
     q_out and both caches NaN."""
     b, hq, hkv, d, p = spec["B"], spec["HQ"], spec["HKV"], spec["D"], spec["P"]
@@ -182,17 +184,17 @@ def make_args(spec: Spec, *, gen: torch.Generator, device="cuda", positions=None
     def nan(*shape):
         return torch.full(shape, float("nan"), dtype=torch.bfloat16, device=device)
 
-    return [randn(b, hq * d), randn(b, hkv * d), randn(b, hkv * d),
+    return [randn(b, (hq + 2 * hkv) * d),
             pos.to(torch.int32).to(device), table.to(torch.int32).to(device),
             norm_w(), norm_w(), rope_inv_freq(d, theta, device),
             nan(b, hq, d), nan(nb, hkv, p, d), nan(nb, hkv, p, d), eps]
 
 
 def bytes_moved(spec: Spec, args) -> int:
-    """Least DRAM bytes of one launch: q, k, v, positions, one table entry per row and the
+    """Least DRAM bytes of one launch: qkv, positions, one table entry per row and the
     weights read; q_out and one key and one value entry per row and KV head written."""
     b, hq, hkv, d = spec["B"], spec["HQ"], spec["HKV"], spec["D"]
-    acts = b * (hq + 2 * hkv) * d * 2  # q, k, v in
+    acts = b * (hq + 2 * hkv) * d * 2  # qkv in
     outs = b * (hq + 2 * hkv) * d * 2  # q_out, key and value entries out
     weights = 2 * d * 2 + (d // 2 * 8 if spec["ROPE"] else 0)
     return acts + outs + weights + b * 4 * 2
@@ -282,10 +284,10 @@ def _build(spec: Spec):
         return out
 
     @cute.kernel
-    def qk_norm_rope_kv_kernel(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor,
-                               mpos: cute.Tensor, mtab: cute.Tensor, mqn: cute.Tensor,
-                               mkn: cute.Tensor, mfreq: cute.Tensor, mqo: cute.Tensor,
-                               mkc: cute.Tensor, mvc: cute.Tensor, eps: cutlass.Float32):
+    def qk_norm_rope_kv_kernel(mqkv: cute.Tensor, mpos: cute.Tensor, mtab: cute.Tensor,
+                               mqn: cute.Tensor, mkn: cute.Tensor, mfreq: cute.Tensor,
+                               mqo: cute.Tensor, mkc: cute.Tensor, mvc: cute.Tensor,
+                               eps: cutlass.Float32):
         lane, _, _ = cute.arch.thread_idx()
         head, row, _ = cute.arch.block_idx()
         ln = cutlass.min(lane, lanes - 1) if cutlass.const_expr(ragged) else lane
@@ -312,10 +314,11 @@ def _build(spec: Spec):
         ro = cute.make_rmem_tensor((e, 2), BFloat16)
         live = lane < lanes
         pos = mpos[row]
+        gqkv = cute.flat_divide(mqkv, (1, e))  # (1, E, B, (HQ + 2·HKV)·D/E); head x at x·D/E
         if head < hq:
-            gq = cute.flat_divide(mq, (1, e))  # (1, E, B, HQ·D/E)
             for hf in cutlass.range_constexpr(2):
-                cute.copy(ld, gq[0, None, row, head * (d // e) + hf * lanes + ln], rx[None, hf])
+                cute.copy(ld, gqkv[0, None, row, head * (d // e) + hf * lanes + ln],
+                          rx[None, hf])
             y = norm_rope(rx, widen(wq_bits), freqs, pos, lane, eps)
             for hf in cutlass.range_constexpr(2):
                 for i in cutlass.range_constexpr(e):
@@ -330,9 +333,8 @@ def _build(spec: Spec):
             entry = pos % p
             kv = head - hq
             if kv < hkv:
-                gk = cute.flat_divide(mk, (1, e))
                 for hf in cutlass.range_constexpr(2):
-                    cute.copy(ld, gk[0, None, row, kv * (d // e) + hf * lanes + ln],
+                    cute.copy(ld, gqkv[0, None, row, head * (d // e) + hf * lanes + ln],
                               rx[None, hf])
                 y = norm_rope(rx, widen(wk_bits), freqs, pos, lane, eps)
                 for hf in cutlass.range_constexpr(2):
@@ -344,9 +346,8 @@ def _build(spec: Spec):
                         cute.copy(st, ro[None, hf], gkc[0, 0, None, kv, entry, hf * lanes + ln])
             else:
                 kv = kv - hkv
-                gv = cute.flat_divide(mv, (1, e))
                 for hf in cutlass.range_constexpr(2):
-                    cute.copy(ld, gv[0, None, row, kv * (d // e) + hf * lanes + ln],
+                    cute.copy(ld, gqkv[0, None, row, head * (d // e) + hf * lanes + ln],
                               rx[None, hf])
                 gvc = page_chunks(mvc, page)
                 if cutlass.const_expr(not ragged) or live:
@@ -356,11 +357,11 @@ def _build(spec: Spec):
     launch = _launch(spec)
 
     @cute.jit
-    def qk_norm_rope_kv(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor, mpos: cute.Tensor,
-                        mtab: cute.Tensor, mqn: cute.Tensor, mkn: cute.Tensor,
-                        mfreq: cute.Tensor, mqo: cute.Tensor, mkc: cute.Tensor,
-                        mvc: cute.Tensor, eps: cutlass.Float32, stream: cuda.CUstream):
-        qk_norm_rope_kv_kernel(mq, mk, mv, mpos, mtab, mqn, mkn, mfreq, mqo, mkc, mvc,
+    def qk_norm_rope_kv(mqkv: cute.Tensor, mpos: cute.Tensor, mtab: cute.Tensor,
+                        mqn: cute.Tensor, mkn: cute.Tensor, mfreq: cute.Tensor,
+                        mqo: cute.Tensor, mkc: cute.Tensor, mvc: cute.Tensor,
+                        eps: cutlass.Float32, stream: cuda.CUstream):
+        qk_norm_rope_kv_kernel(mqkv, mpos, mtab, mqn, mkn, mfreq, mqo, mkc, mvc,
                                eps).launch(grid=launch.grid, block=launch.block,
                                            smem=launch.smem, stream=stream, use_pdl=True)
 

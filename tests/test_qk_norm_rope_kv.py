@@ -46,8 +46,9 @@ def kernel_cos_sin(angle: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def emulate(spec, args) -> None:
     """Write q_out and the caches of `args` as the kernel does (independent of reference.py)."""
-    q, k, v, positions, table, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, eps = args
+    qkv, positions, table, q_norm, k_norm, inv_freq, q_out, k_cache, v_cache, eps = args
     b, hq, hkv, d, p = spec["B"], spec["HQ"], spec["HKV"], spec["D"], spec["P"]
+    q, k, v = qkv[:, :hq * d], qkv[:, hq * d:(hq + hkv) * d], qkv[:, (hq + hkv) * d:]
     half = d // 2
     for row in range(b):
         pos = int(positions[row])
@@ -119,11 +120,13 @@ def test_make_args_are_valid():
                     assert v.isnan().all()
                 else:
                     assert not v.double().isnan().any() and v.double().abs().sum() > 0
-            table, nb = args[4], dims["NB"]
+            assert args[0].shape == (4, (cfg.num_attention_heads
+                                         + 2 * cfg.num_key_value_heads) * cfg.head_dim)
+            table, nb = args[2], dims["NB"]
             assert table.unique().numel() == table.numel() and int(table.max()) < nb
             assert dims["T"] == (1 if spec["RING"] else 6)
-            assert args[3].tolist() == pos
-            assert torch.equal(args[7], qk.rope_inv_freq(cfg.head_dim, 10000.0))
+            assert args[1].tolist() == pos
+            assert torch.equal(args[5], qk.rope_inv_freq(cfg.head_dim, 10000.0))
 
 
 def test_theta_is_recovered_from_the_table():
@@ -159,17 +162,17 @@ def test_reference_matches_the_emulated_kernel(preset):
         args = qk.make_args(spec, gen=_gen(2), device="cpu", positions=pos,
                             eps=cfg.rms_norm_eps, theta=cfg.rope_theta)
         emulate(spec, args)
-        q_ref, k_ref, v_ref = qk._reference(spec, *args[:8], args[-1])
-        pages, entries = qk.cache_entry(spec, args[3], args[4])
-        k_got, v_got = args[9][pages, :, entries], args[10][pages, :, entries]
-        for got, ref in ((args[8], q_ref), (k_got, k_ref)):
+        q_ref, k_ref, v_ref = qk._reference(spec, *args[:6], args[-1])
+        pages, entries = qk.cache_entry(spec, args[1], args[2])
+        k_got, v_got = args[7][pages, :, entries], args[8][pages, :, entries]
+        for got, ref in ((args[6], q_ref), (k_got, k_ref)):
             rel = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
             assert rel < 2e-3, (spec.id, rel)
             assert (got != ref).double().mean() < 0.02  # a few rounding flips at most
         assert torch.equal(v_got, v_ref)
-        written = torch.zeros(args[9].shape[:3], dtype=torch.bool)
+        written = torch.zeros(args[7].shape[:3], dtype=torch.bool)
         written[pages, :, entries] = True
-        for cache in args[9:11]:
+        for cache in args[7:9]:
             assert (~cache.isnan().any(-1) == written).all()
 
 
@@ -177,9 +180,9 @@ def test_rope_changes_keys_and_positions_matter():
     """With ROPE = 1 the key at position p differs from the unrotated one except at p = 0."""
     spec = next(s for s in qk._specs(TINY, (2,)) if s["ROPE"])
     args = qk.make_args(spec, gen=_gen(3), device="cpu", positions=[0, 40])
-    _, k_rope, _ = qk._reference(spec, *args[:8], args[-1])
+    _, k_rope, _ = qk._reference(spec, *args[:6], args[-1])
     flat = qk.KERNEL.spec(**{**spec.as_dict(), "ROPE": 0})
-    _, k_flat, _ = qk._reference(flat, *args[:8], args[-1])
+    _, k_flat, _ = qk._reference(flat, *args[:6], args[-1])
     assert torch.equal(k_rope[0], k_flat[0]) and not torch.equal(k_rope[1], k_flat[1])
 
 

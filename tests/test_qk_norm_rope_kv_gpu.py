@@ -4,7 +4,7 @@
 Run on the H200 through tools/gpu_check.sh with a kernel cache holding the model specs of both
 presets (both layer kinds: sliding ring with RoPE, paged full layer without).
 
-Every case draws fresh random q, k, v (make_args), a shuffled table of distinct pages long
+Every case draws a fresh random fused qkv (make_args), a shuffled table of distinct pages long
 enough for the largest position, and NaN-poisoned q_out and caches. Positions cover 0, 1,
 P − 1, P (a page edge, or the ring's wrap to entry 0), several rows at different positions,
 and positions near 262,143 (where an fp32 RoPE angle would be off by ~0.016 rad).
@@ -31,7 +31,7 @@ REL_TOL = 1e-2
 MAX_FLIPS = 0.01  # share of q_out / key elements that may differ (≥ 2; ~1e-4 expected)
 PRESETS = ("tiny", "full")
 MAX_POS = 262_143
-OUT_Q, OUT_K, OUT_V = 8, 9, 10  # q_out, k_cache, v_cache in the argument list
+OUT_Q, OUT_K, OUT_V = 6, 7, 8  # q_out, k_cache, v_cache in the argument list
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_matches_reference(kset, case):
     assert not q_out.isnan().any(), f"{what}: unwritten (NaN) q_out"
     _check_close(f"{what}: q_out", q_out, q_ref)
 
-    pages, entries = qk.cache_entry(spec, args[3], args[4])
+    pages, entries = qk.cache_entry(spec, args[1], args[2])
     for name, cache, ref in (("key", args[OUT_K], k_ref), ("value", args[OUT_V], v_ref)):
         got = cache[pages, :, entries]  # [B, HKV, D]
         assert not got.isnan().any(), f"{what}: {name} entry not (fully) written"
@@ -121,14 +121,14 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("spec", [s for s in _specs("full") if s["B"] in (1, 8)],
                          ids=lambda s: s.key)
 def test_pdl_consumer_never_reads_its_input_early(kset, spec):
-    """Behind a slow producer that overwrites q, k, v or the positions, every PDL replay must
+    """Behind a slow producer that overwrites qkv or the positions, every PDL replay must
     equal the run without PDL (tests/test_kernels_gpu.py's pattern). The table is left out:
     its stale words would be page ids out of range if the kernel did read them early."""
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
     consumer = kset.get("qk_norm_rope_kv", **spec.as_dict())
     pos = [spec["P"] + 3 + 97 * i for i in range(spec["B"])]
-    for target in (0, 1, 2, 3):  # q, k, v, positions
+    for target in (0, 1):  # qkv, positions
         args = qk.make_args(spec, gen=_gen(7), device="cuda", positions=pos)
         (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1)
         assert not want[0].isnan().any()

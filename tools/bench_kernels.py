@@ -384,6 +384,12 @@ def run_chains(ctx: Ctx, rows, buckets) -> list[dict]:
     return out
 
 
+def _plain_gemv(spec: Spec) -> bool:
+    """False for the fused, normed QKV specs (NORM / ROWSCALE: other arguments and bytes than a
+    plain GEMV of the shape); the kernels' own GPU tests and bench_layer time those."""
+    return not any(spec.as_dict().get(f, 0) for f in ("NORM", "ROWSCALE"))
+
+
 def load_kernels(cfg, buckets, cache_dir):
     """(KernelSet or None, defs, specs, picks, error). specs[name]: what the kernel declares
     for `cfg`, its module's `bench_specs(cfg, buckets)` (every variant) where it has one, and
@@ -395,7 +401,8 @@ def load_kernels(cfg, buckets, cache_dir):
             defs[name] = registry((name,))[0]
             mod = importlib.import_module(f"flint_graph.kernels.{name}")
             extra = getattr(mod, "bench_specs", lambda c, b: [])(cfg, buckets)
-            specs[name] = unique_specs([*defs[name].specs(cfg, buckets), *extra])
+            specs[name] = unique_specs([s for s in [*defs[name].specs(cfg, buckets), *extra]
+                                        if _plain_gemv(s)])
             picks[name] = getattr(mod, "spec_for", None)
         except Exception as e:
             log(f"kernel {name}: not usable ({type(e).__name__}: {e})")
@@ -412,7 +419,7 @@ def load_kernels(cfg, buckets, cache_dir):
         name, values = meta.get("kernel"), meta.get("values")
         if name in defs and meta.get("arch") == kset.arch and isinstance(values, dict):
             s = Spec.of(name, **values)
-            if s not in specs[name] and kset.cache.problem(defs[name], s, kset.arch) is None:
+            if s not in specs[name] and _plain_gemv(s) and kset.cache.problem(defs[name], s, kset.arch) is None:
                 specs[name].append(s)
     return kset, defs, specs, picks, None
 
