@@ -26,25 +26,38 @@ bf16 in, fp32 accumulate):
   * Keys outside [lo, p] get logit −inf, and their V words are zeroed by a select (unwritten
     cache entries may hold NaN; 0·NaN would poison the MMA).
 Warps are merged through shared memory into the CTA's partial (normalised o, log2-sum-exp
-lse; an empty chunk writes o = 0, lse = −inf). Each CTA then fences (gpu scope) and bumps
-counters[b, kvh]; the CTA that sees n − 1 fences again, reads the n partials with ld.global.cg
-(written by other SMs; bypasses L1), combines them with the sink (added to the denominator
-once, whatever n), writes out and resets the counter to 0 for the next launch.
+lse; an empty chunk writes o = 0, lse = −inf). Each CTA then syncs and its thread 0 bumps
+counters[b, kvh] with atom.acq_rel.gpu (cooperative groups' grid-sync pattern: the barrier
+plus the cumulative release publish every thread's partial); the CTA that sees n − 1 syncs
+again, reads the n partials with ld.global.cg (written by other SMs; bypasses L1), combines
+them with the sink (added to the denominator once, whatever n), writes out and resets the
+counter to 0 for the next launch.
 
 Split heuristic (`row_splits`, in the kernel and mirrored here): tiles = number of 32-key
-tiles in the visible range, n = min(SPLITS, ceil(tiles / 8)): one tile per warp at least, so
-short contexts use few CTAs; SPLITS (`splits_for`) gives ~128 CTAs for full layers at every
-bucket (one per SM of the H200's 132: at 100K, 32 splits per KV head at B = 1, 98 tiles per
-CTA), and for sliding layers as many as a window's 17 tiles can use (3 at W = 513).
-chunk = ceil(tiles/n) tiles. When n is clamped to SPLITS the last chunks can be empty (257
-tiles in 32 splits of 9 leave 3): such a CTA writes o = 0, lse = −inf and still counts
-towards the n arrivals.
+tiles in the visible range, m = `min_tiles`, n = min(SPLITS, ceil(tiles / m)),
+chunk = max(m, ceil(tiles / n)) tiles per split. A short range is a latency problem, not a
+bandwidth one: a CTA reading 8 tiles (128 KB) alone is slower than several SMs reading a few
+each, but every partial adds 4 KB to what the combining CTA reads; the H200 sweep in the
+constants' comments puts the best m at 3 to 4 tiles (most warps of such a CTA idle).
+SPLITS (`splits_for`) gives ~128 CTAs for full layers at every bucket (one per SM of the
+H200's 132: at 100K, 32 splits per KV head at B = 1, 98 tiles per CTA), and for sliding
+layers the same bound, capped at ceil(17 / m) for a window's 17 tiles (6 at W = 513).
+When n is clamped to SPLITS the last chunks can be empty (257 tiles in 32 splits of 9
+leave 3): such a CTA writes o = 0, lse = −inf and still counts towards the n arrivals.
 
-Not yet done for speed (measure first): a second CTA per SM (222 registers now allow one), cp.async
-multi-stage loads, and a combine that reads the partials with more CTAs than one.
+Latency: the dependent round trips of a launch are positions (with q, the ring slot and, paged,
+a guess of the warp's first page id, right whenever chunk = m: every short row; else the
+page is loaded once p is known) -> K/V -> partial store + counter atomic (its release waits
+for the stores) -> every lse and the first ≤ 32 partials of a head. In both load rounds an
+XOR fold into a value ptxas cannot prove zero keeps the loads ahead of their first use (it
+would otherwise sink them past the `split < n` exit or the first exp2).
 
-PDL: nothing is read before `griddepcontrol.wait` (q, positions, table, the cache and the
-counters are inputs; the sinks are needed only at the combine).
+Not yet done for speed (measure first): a second CTA per SM (228 registers now allow one),
+fewer warps per CTA for short rows, cp.async multi-stage loads, and a combine through a
+thread-block cluster's shared memory instead of global memory and a counter.
+
+PDL: only the sinks (a weight; each thread loads those of its combine heads) are read before
+`griddepcontrol.wait`; q, positions, table, the cache and the counters are inputs.
 Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2. Expected ~2e-3: the bf16 output rounding
 (≤ 2^-9 per element), plus fp32 summation order, ex2.approx / lg2.approx (~2^-22 relative) and
 the hi/lo-split P (~2^-16); the combine's rescaling is exact up to fp32 rounding.
@@ -62,7 +75,10 @@ from flint_graph.kernels.spec import BUCKETS, KV_PAGE, KernelDef, Launch, Spec, 
 WARPS = 8  # warps per CTA
 TILE = 32  # keys per warp step: 4 QK key columns of 8, 2 PV k-steps of 16
 KSUB = TILE // 16
-CTA_TARGET = 128  # full layers: SPLITS·HKV·B ≈ this many CTAs (one per SM, 132 on the H200)
+CTA_TARGET = 128  # SPLITS·HKV·B ≈ this many CTAs at most (one per SM, 132 on the H200)
+# `min_tiles` per layer kind, from an H200 sweep of the tiles per split (B = 1):
+MIN_TILES_FULL = 4  # 1K keys: 1 tile 8.1 µs, 2: 7.1, 4: 6.9, 8: 7.6 (32 partials cost more)
+MIN_TILES_SLIDING = 3  # W = 513: 1 tile 6.8 µs, 2: 6.4, 3: 6.3, 4: 6.35, 6: 6.8
 LOG2E = 1.4426950408889634
 
 
@@ -72,20 +88,32 @@ def _max_tiles(window: int) -> int:
     return -(-(window - 1) // TILE) + 1
 
 
+def min_tiles(window: int) -> int:
+    """Fewest tiles one split of a row takes before the row uses another split (a short row
+    spreads over n = ceil(tiles / min_tiles) CTAs): small, so a short range is read by many
+    SMs at once, each with one round trip of loads; the combine's extra partials (4 KB each,
+    read in the same round trip) cost less than a CTA reading 8 tiles (128 KB) alone."""
+    return MIN_TILES_SLIDING if window else MIN_TILES_FULL
+
+
 def splits_for(b: int, window: int, num_kv_heads: int) -> int:
-    """SPLITS (the most chunks of one row) for bucket b: full layers (window 0) ~CTA_TARGET
-    CTAs in all; sliding layers as many chunks as a full window has tiles per CTA."""
+    """SPLITS (the most chunks of one row) for bucket b: ~CTA_TARGET CTAs in all (one per SM),
+    and for sliding layers no more chunks than a full window has `min_tiles` runs of tiles."""
     n = max(1, CTA_TARGET // (b * num_kv_heads))
     if window:
-        n = min(n, -(-_max_tiles(window) // WARPS))
+        n = min(n, -(-_max_tiles(window) // min_tiles(window)))
     return n
 
 
-def row_splits(num_tiles: int, splits: int) -> tuple[int, int]:
+def row_splits(num_tiles: int, splits: int, window: int = 0) -> tuple[int, int]:
     """(n, chunk): the splits one row with `num_tiles` visible tiles uses, and the tiles per
-    split. Mirrors the kernel (split i covers tiles [i·chunk, min((i+1)·chunk, num_tiles)))."""
-    n = min(splits, -(-num_tiles // WARPS))
-    return n, -(-num_tiles // n)
+    split: n = min(SPLITS, ceil(num_tiles / m)), chunk = max(m, ceil(num_tiles / n)) with
+    m = min_tiles(window), so a short row's chunks are m tiles each (the last one fewer) and
+    the kernel can guess a split's first page before it knows the position. Mirrors the
+    kernel (split i covers tiles [i·chunk, min((i+1)·chunk, num_tiles)))."""
+    m = min_tiles(window)
+    n = min(splits, -(-num_tiles // m))
+    return n, max(m, -(-num_tiles // n))
 
 
 def visible_range(p: int, window: int) -> tuple[int, int]:
@@ -126,10 +154,9 @@ def _args(spec: Spec):
 
 
 def _smem_layout(spec: Spec) -> list[tuple[str, int]]:
-    """Shared buffers (name, fp32/i32 words): per-warp O, m, l; the combine's lse; a flag."""
+    """Shared buffers (name, fp32/i32 words): per-warp O, m, l; a flag."""
     g, d = spec["HQ"] // spec["HKV"], spec["D"]
-    return [("o", WARPS * g * d), ("m", WARPS * g), ("l", WARPS * g),
-            ("lse", g * spec["SPLITS"]), ("flag", 4)]
+    return [("o", WARPS * g * d), ("m", WARPS * g), ("l", WARPS * g), ("flag", 4)]
 
 
 def _launch(spec: Spec) -> Launch:
@@ -257,7 +284,7 @@ def bytes_moved(spec: Spec, args) -> int:
 
 def _ops():
     """Inline-PTX helpers (global loads/stores by byte address, fences, atomics, fast math)."""
-    from cutlass import Float32, Int64, Uint32
+    from cutlass import Float32, Int32, Int64, Uint32
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T
 
@@ -279,14 +306,31 @@ def _ops():
             return [Uint32(res)]
         return [Uint32(llvm.extractvalue(T.i32(), res, [i])) for i in range(n)]
 
+    def ld_words_if(a, n, ok):
+        """ld_words(a, n, cg=True) where ok (i32) ≠ 0, else n zeros: a predicated load in one
+        asm block, so no branch keeps it from issuing with the loads around it."""
+        vec = {1: "", 2: ".v2", 4: ".v4"}[n]
+        outs = "{" + ", ".join(f"${i}" for i in range(n)) + "}" if n > 1 else "$0"
+        zero = " ".join(f"@!p mov.b32 ${i}, 0;" for i in range(n))
+        ret = llvm.StructType.get_literal([T.i32()] * n) if n > 1 else T.i32()
+        res = asm(ret, [addr(a), Int32(ok).ir_value()],
+                  f"{{ .reg .pred p; setp.ne.b32 p, ${n + 1}, 0; "
+                  f"@p ld.global.cg{vec}.u32 {outs}, [${n}]; {zero} }}",
+                  ",".join(["=r"] * n + ["l", "r"]))
+        if n == 1:
+            return [Uint32(res)]
+        return [Uint32(llvm.extractvalue(T.i32(), res, [i])) for i in range(n)]
+
+    def ld_nc_f32(a):
+        """One fp32 weight at a byte address (ld.global.nc: LDG.CONSTANT, may go before the
+        PDL wait)."""
+        return as_f32(Uint32(asm(T.i32(), [addr(a)], "ld.global.nc.b32 $0, [$1];", "=r,l")))
+
     def as_f32(w):
         return Float32(llvm.bitcast(T.f32(), Uint32(w).ir_value()))
 
     def ld_cg_f32(a, n):
         return [as_f32(w) for w in ld_words(a, n, cg=True)]
-
-    def fence():
-        asm(None, [], "fence.acq_rel.gpu;", "~{memory}")
 
     def atom_inc(a):
         return Uint32(asm(T.i32(), [addr(a)], "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;",
@@ -308,7 +352,7 @@ def _ops():
         return Uint32(asm(T.i32(), [Float32(hi).ir_value(), Float32(lo).ir_value()],
                           "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", side=False))
 
-    return dict(ld_words=ld_words, ld_cg_f32=ld_cg_f32, as_f32=as_f32, fence=fence,
+    return dict(ld_words=ld_words, ld_words_if=ld_words_if, ld_nc_f32=ld_nc_f32, ld_cg_f32=ld_cg_f32, as_f32=as_f32, 
                 atom_inc=atom_inc, st_zero=st_zero, ex2=ex2, lg2=lg2, pack_bf16=pack_bf16)
 
 
@@ -334,7 +378,8 @@ def _build(spec: Spec):
     qk_scale = LOG2E / math.sqrt(d)
     row_bytes = d * 2
     items = g_heads * d // 4  # combine: (head, 4 values of d) per thread item
-    unroll = min(16, splits)
+    unroll = min(splits, 32)  # partials per combine round (all lse in round 1)
+    mt = min_tiles(window)
     ninf = float("-inf")
     launch = _launch(spec)
 
@@ -354,55 +399,79 @@ def _build(spec: Spec):
             (WARPS, g_heads), stride=(g_heads, 1)), byte_alignment=16)
         s_l = alloc.allocate_tensor(Float32, cute.make_layout(
             (WARPS, g_heads), stride=(g_heads, 1)), byte_alignment=16)
-        s_lse = alloc.allocate_tensor(Float32, cute.make_layout(
-            (g_heads, splits), stride=(splits, 1)), byte_alignment=16)
         s_flag = alloc.allocate_tensor(Int32, cute.make_layout((4,)), byte_alignment=16)
 
+        # the sinks (a weight) of this thread's combine heads, in flight before the wait
+        rsink = cute.make_rmem_tensor((-(-items // threads),), Float32)
+        for it in cutlass.range_constexpr(-(-items // threads)):
+            hs = cutlass.min((tid + it * threads) // (d // 4), g_heads - 1)
+            rsink[it] = ops["ld_nc_f32"](msinks.iterator.toint()
+                                          + Int64(kvh * g_heads + hs) * 4)
         du.griddepcontrol_wait_after_loads()  # everything below is a predecessor's output
         cute.arch.griddepcontrol_launch_dependents()
 
+        # loads that do not depend on the position go out with it: one round trip for all
         p = mpos[b]
+        # q as the A operand (rows = heads g; rows ≥ G and g + 8 zero), permuted d
+        rq = cute.make_rmem_tensor((4 * kchunks,), Uint32)
+        hg = cutlass.min(g, g_heads - 1)
+        qaddr = mq.iterator.toint() + (Int64(b * hq + kvh * g_heads + hg) * d + 8 * t) * 2
+        for c in cutlass.range_constexpr(kchunks):
+            qw = ops["ld_words"](qaddr + 64 * c, 4)
+            for i in cutlass.range_constexpr(4):
+                rq[4 * c + i] = cutlass.select_(g < g_heads, qw[i], Uint32(0))
+        kbase = mk.iterator.toint()
+        vbase = mv.iterator.toint()
+        head_stride = Int64(size * row_bytes)
+        kvh_off = Int64(kvh) * head_stride
+        slot = Int32(0)
+        if cutlass.const_expr(ring == 1):
+            slot = mtable[b, 0]
+        slot_off = Int64(slot) * Int64(hkv) * head_stride + kvh_off
+        # paged: the page of this warp's first tile when the row is short (chunk = mt tiles,
+        # split·mt + warp), guessed before p is known; reloaded below if the guess is wrong
+        guess = Int32(0)
+        guess_pg = Int32(0)
+        if cutlass.const_expr(ring == 0):
+            guess = cutlass.min((split * mt + warp) // (size // TILE), mtable.shape[1] - 1)
+            guess_pg = mtable[b, guess]
+
         lo = Int32(0)
         if cutlass.const_expr(window > 0):
             lo = cutlass.max(p - (window - 1), Int32(0))
         t0 = lo // TILE
         t1 = p // TILE + 1
-        ntiles = t1 - t0
-        n = cutlass.min(Int32(splits), (ntiles + (WARPS - 1)) // WARPS)
-        chunk = (ntiles + n - 1) // n
+        # ptxas would sink the q and table loads below the `split < n` exit (a second round
+        # trip after p's): n takes (every such word & zero), a zero it cannot prove
+        zero = Uint32(p) >> 31  # positions are ≥ 0
+        fold = rq[0]
+        for i in cutlass.range_constexpr(1, 4 * kchunks):
+            fold = fold ^ rq[i]
+        if cutlass.const_expr(ring == 1):
+            fold = fold ^ Uint32(slot)
+        else:
+            fold = fold ^ Uint32(guess_pg)
+        ntiles = t1 - t0 + Int32(fold & zero)
+        n = cutlass.min(Int32(splits), (ntiles + (mt - 1)) // mt)  # `row_splits`
+        chunk = cutlass.max((ntiles + n - 1) // n, Int32(mt))
         my_lo = t0 + split * chunk
         my_hi = cutlass.min(my_lo + chunk, t1)
         if split < n:
-            kbase = mk.iterator.toint()
-            vbase = mv.iterator.toint()
-            head_stride = Int64(size * row_bytes)
-            kvh_off = Int64(kvh) * head_stride
-            slot_off = Int64(0)
-            if cutlass.const_expr(ring == 1):
-                slot_off = Int64(mtable[b, 0]) * Int64(hkv) * head_stride + kvh_off
-
-            # q as the A operand (rows = heads g; rows ≥ G and g + 8 zero), permuted d
-            rq = cute.make_rmem_tensor((4 * kchunks,), Uint32)
-            hg = cutlass.min(g, g_heads - 1)
-            qaddr = mq.iterator.toint() + (Int64(b * hq + kvh * g_heads + hg) * d + 8 * t) * 2
-            for c in cutlass.range_constexpr(kchunks):
-                qw = ops["ld_words"](qaddr + 64 * c, 4)
-                for i in cutlass.range_constexpr(4):
-                    rq[4 * c + i] = cutlass.select_(g < g_heads, qw[i], Uint32(0))
             acc = cute.make_rmem_tensor((ksteps, 4), Float32)
             acc.fill(0.0)
             st = cute.make_rmem_tensor((2,), Float32)  # running max (log2 units), sum
             st[0] = Float32(ninf)
             st[1] = Float32(0.0)
-            zero = Uint32(p) >> 31  # positions are ≥ 0
             rk = cute.make_rmem_tensor((2 * KSUB, 4 * kchunks), Uint32)
             rv = cute.make_rmem_tensor((4 * KSUB, 2, run), Uint32)
             # page id of this warp's next tile, loaded a step ahead (clamped into the row's
             # pages) so no step starts with a dependent table load
             rpg = cute.make_rmem_tensor((1,), Int32)
-            rpg[0] = Int32(0)
+            rpg[0] = guess_pg
             if cutlass.const_expr(ring == 0):
-                rpg[0] = mtable[b, cutlass.min(my_lo + warp, t1 - 1) // (size // TILE)]
+                first = cutlass.min(my_lo + warp, t1 - 1) // (size // TILE)
+                if first != guess:
+                    rpg[0] = mtable[b, first]
             for tile in cutlass.range(my_lo + warp, my_hi, WARPS):
                 key0 = tile * TILE
                 page_off = slot_off
@@ -538,48 +607,72 @@ def _build(spec: Spec):
                     if d0 == 0:
                         mlp[b, kvh, split, h] = cutlass.select_(has, mu + ops["lg2"](ll),
                                                                 Float32(ninf))
-            ops["fence"]()  # release this thread's partial stores at gpu scope
+            # the barrier orders every thread's partial stores before thread 0's acq_rel
+            # atomic, whose release is cumulative (gpu scope); its acquire, followed by the
+            # barrier, orders the other CTAs' partials before every thread's loads below: the
+            # pattern of cooperative groups' grid sync, one MEMBAR instead of one per thread
             cute.arch.sync_threads()
             cnt = mcnt.iterator.toint() + Int64(b * hkv + kvh) * 4
             if tid == 0:
                 s_flag[0] = Int32(ops["atom_inc"](cnt))
             cute.arch.sync_threads()
             if s_flag[0] == n - 1:  # the last CTA of (b, kvh): combine the n partials
-                ops["fence"]()  # acquire: the other CTAs' partials are visible below
                 lbase = mlp.iterator.toint() + Int64((b * hkv + kvh) * splits) * g_heads * 4
-                for it in cutlass.range_constexpr(-(-(g_heads * splits) // threads)):
-                    kl = tid + it * threads
-                    if kl < g_heads * splits:
-                        hl, il = kl // splits, kl % splits
-                        icl = cutlass.min(il, n - 1)
-                        lv = ops["ld_cg_f32"](lbase + Int64(icl * g_heads + hl) * 4, 1)[0]
-                        s_lse[hl, il] = cutlass.select_(il < n, lv, Float32(ninf))
-                cute.arch.sync_threads()
                 obase = mop.iterator.toint() + Int64((b * hkv + kvh) * splits) * (
                     g_heads * d * 4)
                 for it in cutlass.range_constexpr(-(-items // threads)):
                     item = tid + it * threads
                     if item < items:
                         h, d0 = item // (d // 4), (item % (d // 4)) * 4
-                        sink = msinks[kvh * g_heads + h] * LOG2E
+                        # round 1 loads every lse of head h and the first `unroll` partials
+                        # together (predicated off past n: no traffic for unused splits)
+                        lw = []
+                        for i in cutlass.range_constexpr(splits):
+                            ok = cutlass.select_(Int32(i) < n, Int32(1), Int32(0))
+                            lw.append(ops["ld_words_if"](lbase + Int64(i * g_heads + h) * 4, 1,
+                                                         ok)[0])
+                        pw = []
+                        for u in cutlass.range_constexpr(unroll):
+                            ok = cutlass.select_(Int32(u) < n, Int32(1), Int32(0))
+                            pw.append(ops["ld_words_if"](
+                                obase + Int64((u * g_heads + h) * d + d0) * 4, 4, ok))
+                        # as in the main loop: the first lse use takes (every word & zero), so
+                        # ptxas issues all these loads before any of them is waited for
+                        fold = lw[0]
+                        for i in cutlass.range_constexpr(1, splits):
+                            fold = fold ^ lw[i]
+                        for u in cutlass.range_constexpr(unroll):
+                            for e in cutlass.range_constexpr(4):
+                                fold = fold ^ pw[u][e]
+                        lw[0] = lw[0] ^ (fold & zero)
+                        lv = [ops["as_f32"](w) for w in lw]
+                        po = [[ops["as_f32"](w) for w in ws] for ws in pw]
+                        sink = rsink[it] * LOG2E
                         mm = sink
                         for i in cutlass.range_constexpr(splits):
-                            mm = cutlass.max(mm, s_lse[h, i])
+                            lv[i] = cutlass.select_(Int32(i) < n, lv[i], Float32(ninf))
+                            mm = cutlass.max(mm, lv[i])
                         den = ex2(sink - mm)
+                        wt = []
                         for i in cutlass.range_constexpr(splits):
-                            den = den + ex2(s_lse[h, i] - mm)
+                            wt.append(cutlass.select_(Int32(i) < n, ex2(lv[i] - mm),
+                                                      Float32(0.0)))
+                            den = den + wt[i]
                         num = cute.make_rmem_tensor((4,), Float32)
                         num.fill(0.0)
-                        for grp in cutlass.range((n + unroll - 1) // unroll):
-                            for u in cutlass.range_constexpr(unroll):
-                                si = grp * unroll + u
-                                sic = cutlass.min(si, n - 1)
-                                wf = cutlass.select_(si < n, ex2(s_lse[h, sic] - mm),
-                                                     Float32(0.0))
-                                po = ops["ld_cg_f32"](
-                                    obase + Int64((sic * g_heads + h) * d + d0) * 4, 4)
-                                for e in cutlass.range_constexpr(4):
-                                    num[e] = num[e] + po[e] * wf
+                        for u in cutlass.range_constexpr(unroll):
+                            for e in cutlass.range_constexpr(4):
+                                num[e] = num[e] + po[u][e] * wt[u]
+                        for grp in cutlass.range_constexpr(1, -(-splits // unroll)):
+                            if grp * unroll < n:  # later rounds: only rows with > unroll splits
+                                for u in cutlass.range_constexpr(unroll):
+                                    si = grp * unroll + u
+                                    if cutlass.const_expr(si < splits):
+                                        sic = cutlass.min(Int32(si), n - 1)
+                                        pg = ops["ld_cg_f32"](
+                                            obase + Int64((sic * g_heads + h) * d + d0) * 4, 4)
+                                        for e in cutlass.range_constexpr(4):
+                                            num[e] = num[e] + pg[e] * wt[si]
                         inv = Float32(1.0) / den
                         col = (kvh * g_heads + h) * d + d0
                         for e in cutlass.range_constexpr(4):

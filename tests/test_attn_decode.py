@@ -101,35 +101,57 @@ def test_pages_are_shuffled_and_distinct():
     assert flat != sorted(flat)  # not in allocation order
 
 
+def _model_splits():
+    """(SPLITS, window) of every spec the model and the bench compile, both presets."""
+    return sorted({(s["SPLITS"], s["W"]) for p in PRESETS for s in ad.bench_specs(
+        FlintConfig.preset(p), (1, 2, 4, 8))})
+
+
 def test_row_splits_cover_the_range():
     """Every row's chunks tile its range exactly, none empty, at most SPLITS of them; long
     rows use them all."""
-    for splits in {s["SPLITS"] for p in PRESETS for s in ad.bench_specs(
-            FlintConfig.preset(p), (1, 2, 4, 8))}:
+    for splits, window in _model_splits():
+        mt = ad.min_tiles(window)
         for tiles in range(1, 3000):
-            n, chunk = ad.row_splits(tiles, splits)
+            n, chunk = ad.row_splits(tiles, splits, window)
             spans = [(i * chunk, min((i + 1) * chunk, tiles)) for i in range(n)]
             assert 1 <= n <= splits and spans[0][0] == 0 and max(hi for _, hi in spans) == tiles
             assert all(a[1] == b[0] or b[0] >= tiles for a, b in zip(spans, spans[1:]))
-            if n < splits:  # short rows: ≤ one tile per warp, no empty split
-                assert chunk <= ad.WARPS and all(lo < hi for lo, hi in spans)
-            if tiles >= ad.WARPS * splits:
+            assert chunk >= mt
+            if n < splits:  # short rows: min_tiles per split (the last one less), none empty
+                assert chunk == mt and all(lo < hi for lo, hi in spans)
+            if tiles >= mt * splits:
                 assert n == splits
+
+
+def test_min_tiles_is_at_most_a_warp_each():
+    """A short row's split never holds more tiles than the CTA has warps (one load round trip
+    per CTA), and the heuristic is per layer kind."""
+    for window in (0, 17, 513):
+        assert 1 <= ad.min_tiles(window) <= ad.WARPS
+    assert ad.min_tiles(0) == ad.MIN_TILES_FULL and ad.min_tiles(513) == ad.MIN_TILES_SLIDING
 
 
 def test_splits_fill_the_gpu():
     """Full layers: ~128 CTAs (132 SMs on the H200) at every bucket; 100K keys at B = 1 get
-    32 splits per KV head. Sliding (W = 513): a window's 17 tiles over at most 3 CTAs."""
+    32 splits per KV head, 1K keys ceil(32 / MIN_TILES_FULL). Sliding (W = 513): a window's
+    17 tiles in runs of MIN_TILES_SLIDING, at most ~128 CTAs, every split used by a full
+    window."""
     cfg = FlintConfig.preset("full")
     for spec in ad._specs(cfg, (1, 2, 4, 8)):
+        b, hkv, w = spec["B"], spec["HKV"], spec["W"]
         if spec["RING"]:
-            assert spec["SPLITS"] == 3
-            lo, hi = ad.visible_range(10_000, spec["W"])
-            assert ad.row_splits(hi // ad.TILE - lo // ad.TILE + 1, 3)[0] == 3
+            want = min(ad.CTA_TARGET // (b * hkv), -(-17 // ad.MIN_TILES_SLIDING))
+            assert spec["SPLITS"] == want and spec["SPLITS"] * b * hkv <= ad.CTA_TARGET
+            for p in (10_000, 10_015, 10_016):  # every alignment of the window: 17 tiles
+                lo, hi = ad.visible_range(p, w)
+                tiles = hi // ad.TILE - lo // ad.TILE + 1
+                assert tiles == 17 and ad.row_splits(tiles, want, w)[0] == want
         else:
-            assert spec["SPLITS"] * spec["HKV"] * spec["B"] == ad.CTA_TARGET
+            assert spec["SPLITS"] * hkv * b == ad.CTA_TARGET
     full_b1 = _spec("full", 1, 0)
     assert ad.row_splits(-(-100_000 // ad.TILE), full_b1["SPLITS"])[0] == 32
+    assert ad.row_splits(1024 // ad.TILE, full_b1["SPLITS"])[0] == -(-32 // ad.MIN_TILES_FULL)
 
 
 def test_bytes_moved_counts_the_visible_kv():

@@ -121,19 +121,21 @@ def _split_cases():
 
 def _position_for_splits(spec, n: int) -> int:
     """The smallest position whose visible range the kernel cuts into n splits."""
-    for p in range(ad.WARPS * ad.TILE * spec["SPLITS"] + spec["W"] + 1):
-        lo, hi = ad.visible_range(p, spec["W"])
-        if ad.row_splits(hi // ad.TILE - lo // ad.TILE + 1, spec["SPLITS"])[0] == n:
+    w = spec["W"]
+    for p in range(ad.min_tiles(w) * ad.TILE * spec["SPLITS"] + w + 1):
+        lo, hi = ad.visible_range(p, w)
+        if ad.row_splits(hi // ad.TILE - lo // ad.TILE + 1, spec["SPLITS"], w)[0] == n:
             return p
     raise AssertionError(f"{spec.id}: no position gives {n} splits")
 
 
 def _position_with_empty_splits(spec) -> int | None:
     """A position whose row uses all SPLITS with the last chunks empty (n clamped), if any."""
-    for p in range(ad.TILE * (ad.WARPS * spec["SPLITS"] + 1), 40_000, ad.TILE):
-        lo, hi = ad.visible_range(p, spec["W"])
+    w = spec["W"]
+    for p in range(ad.TILE * (ad.min_tiles(w) * spec["SPLITS"] + 1), 40_000, ad.TILE):
+        lo, hi = ad.visible_range(p, w)
         tiles = hi // ad.TILE - lo // ad.TILE + 1
-        n, chunk = ad.row_splits(tiles, spec["SPLITS"])
+        n, chunk = ad.row_splits(tiles, spec["SPLITS"], w)
         if (n - 1) * chunk >= tiles:
             return p
     return None
