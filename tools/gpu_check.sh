@@ -6,7 +6,8 @@
 #   device run: carry [".whl", ".kcache"], command: bash tools/gpu_check.sh
 # Steps: install the carried wheels, the GPU tests (kernels against their references, the PDL
 # ordering test, the reference model on CUDA), the kernel microbenchmark, the decode-kernel and
-# layer benchmark (tools/bench_layer.py; SKIP_LAYER_BENCH=1 skips it), and (unless
+# layer benchmark (tools/bench_layer.py; SKIP_LAYER_BENCH=1 skips it), the whole decode step
+# captured per bucket at full size (tools/bench_step.py; SKIP_STEP_BENCH=1 skips it), and (unless
 # SKIP_FULL=1) the CLI at full 40B size plus the eager baseline. Logs land in $OUT; a short
 # summary is printed last.
 set -uo pipefail
@@ -34,6 +35,12 @@ if [ -z "${SKIP_LAYER_BENCH:-}" ]; then
   timeout "${LAYER_BENCH_TIMEOUT:-300}" python3 tools/bench_layer.py --out "$OUT" \
     ${LAYER_BENCH_ARGS:-} > "$OUT/bench-layer.log" 2>&1
   echo "decode-kernel / layer bench: exit $? (log: bench-layer.log, table: bench_layer.md)"
+fi
+
+if [ -z "${SKIP_STEP_BENCH:-}" ]; then
+  timeout "${STEP_BENCH_TIMEOUT:-300}" python3 tools/bench_step.py --out "$OUT" \
+    ${STEP_BENCH_ARGS:---reference} > "$OUT/bench-step.log" 2>&1
+  echo "decode-step bench: exit $? (log: bench-step.log, table: bench_step.md)"
 fi
 
 if [ -z "${SKIP_FULL:-}" ]; then
