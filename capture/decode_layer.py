@@ -146,10 +146,10 @@ def fuse_qkv(w: LayerWeights) -> list[torch.Tensor]:
     `w.q_proj`, `k_proj`, `v_proj` are rebound to row views of the stacked tensors, so the
     weights are held once (the reference path, prefill, reads the same memory); the stacked
     tensors are kept on `w` so every bucket's layer shares them."""
-    done = getattr(w, "_fused_qkv", None)
-    if done is not None:
-        return done
     parts = [w.q_proj, w.k_proj, w.v_proj]
+    done = getattr(w, "_fused_qkv", None)
+    if done is not None and all(a is b for a, b in zip(done[0], parts)):
+        return done[1]  # still the views made last time: the weights were not replaced
     rows = [p.shape[0] for p in parts]
     if isinstance(w.q_proj, NVFP4Weight):
         codes = torch.cat([p.codes for p in parts])
@@ -163,7 +163,7 @@ def fuse_qkv(w: LayerWeights) -> list[torch.Tensor]:
         views = list(stacked.split(rows))
         out = [stacked]
     w.q_proj, w.k_proj, w.v_proj = views
-    w._fused_qkv = out
+    w._fused_qkv = (views, out)
     return out
 
 

@@ -239,7 +239,9 @@ def test_fifo_as_model_is_refused_without_blocking(tmp_path):
 
 @pytest.mark.gpu
 def test_cuda_engine_matches_reference_loop_and_seeds_reproduce(tiny_ckpt):
-    llm = LLM(tiny_ckpt, device="cuda", progress=False)
+    # The reference engine on CUDA (the graph engine has its own test file).
+    llm = LLM(tiny_ckpt, device="cuda", progress=False,
+              engine=EngineConfig(engine="reference"))
     prompt = "The decode step reads every weight once"
     out = llm.generate(prompt, GREEDY)[0]
     assert out.token_ids == _manual_greedy(llm, llm.tokenizer.encode(prompt), 12)

@@ -3,10 +3,14 @@ against the reference model token by token: tiny config, BF16 and NVFP4 weights,
 and one padding row in the bucket of 4, past the sliding window (its ring wraps).
 
 Every step feeds each row the reference's greedy token, so both paths always see the same
-tokens; compared per step: the logits (‖out − ref‖/‖ref‖ ≤ 3e-2: 6 layers of the layer test's
-bf16 rounding chain (≤ 2e-2 each, errors far smaller in practice) plus the LM head's bf16
-logits, 2^-9), and the greedy pick, which must equal the reference's unless the reference's
-top two logits lie within 2% of the logits' RMS (then rounding may swap them).
+tokens; compared per step: the logits' ‖out − ref‖/‖ref‖ and the greedy pick, which must equal
+the reference's unless the reference's top two logits lie within 2% of the logits' RMS (then
+rounding may swap them). Bounds: the median over all steps and rows ≤ 1e-2 (6 layers of the
+layer test's bf16 rounding chain plus the LM head's bf16 logits, 2^-9; measured ~3e-3), and at
+most 1 in 20 (step, row) pairs above 3e-2, none above 0.3: with 8 experts and top-2 routing
+the tiny model meets near-ties in its router, where an ulp of difference in the normed input
+picks the other expert and moves that step's logits by ~10% (seen once in 270 pairs on the
+H200; tests/test_decode_layer_gpu.py checks each layer strictly, following the kernel's picks).
 """
 
 import pytest
@@ -48,6 +52,7 @@ def test_graph_step_follows_the_reference(kset, fmt):
     seqs = [ref.new_sequence() for _ in range(live)]
     tokens = torch.randint(0, cfg.vocab_size, (live,), generator=gen).tolist()
     slots = [2, 0, 1]  # not the row order
+    rels = []
     for step in range(STEPS):
         rows = [Row(slot=slots[r], token=tokens[r], position=step) for r in range(live)]
         graph.set_rows(rows)
@@ -58,8 +63,8 @@ def test_graph_step_follows_the_reference(kset, fmt):
         want = ref.forward(seqs, [torch.tensor([t]) for t in tokens])
         for r in range(live):
             got, ref_logits = graph.logits[r], want[r][-1]
-            rel = ((got - ref_logits).norm() / ref_logits.norm()).item()
-            assert rel <= LOGIT_TOL, f"{fmt} step {step} row {r}: logits rel {rel:.2e}"
+            rels.append(((got - ref_logits).norm() / ref_logits.norm()).item())
+            assert rels[-1] <= 0.3, f"{fmt} step {step} row {r}: logits rel {rels[-1]:.2e}"
             pick, ref_pick = int(graph.next_ids[r]), int(ref_logits.argmax())
             assert pick == int(got.argmax()), "greedy sampler disagrees with its logits"
             if pick != ref_pick:
@@ -69,6 +74,10 @@ def test_graph_step_follows_the_reference(kset, fmt):
                                          f"reference {ref_pick} (gap {gap:.3g}, rms {rms:.3g})"
             tokens[r] = ref_pick
         assert not graph.logits[:live].isnan().any()
+    rels.sort()
+    assert rels[len(rels) // 2] <= 1e-2, f"{fmt}: median logits rel {rels[len(rels) // 2]:.2e}"
+    over = sum(r > LOGIT_TOL for r in rels)
+    assert over <= len(rels) // 20, f"{fmt}: {over} of {len(rels)} steps above {LOGIT_TOL}"
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
@@ -96,6 +105,7 @@ def test_graph_decodes_after_a_chunked_prefill(kset, fmt):
         assert torch.equal(got, want)
         seqs.append(seq)
         tokens.append(int(want.argmax()))
+    rels = []
     for step in range(STEPS // 3):
         graph.set_rows([Row(slot=r, token=tokens[r], position=lens[r] + step)
                         for r in range(3)])
@@ -106,6 +116,9 @@ def test_graph_decodes_after_a_chunked_prefill(kset, fmt):
         want = ref.forward(seqs, [torch.tensor([t]) for t in tokens])
         for r in range(3):
             got, ref_logits = graph.logits[r], want[r][-1]
-            rel = ((got - ref_logits).norm() / ref_logits.norm()).item()
-            assert rel <= LOGIT_TOL, f"{fmt} step {step} row {r}: logits rel {rel:.2e}"
+            rels.append(((got - ref_logits).norm() / ref_logits.norm()).item())
+            assert rels[-1] <= 0.3, f"{fmt} step {step} row {r}: logits rel {rels[-1]:.2e}"
             tokens[r] = int(ref_logits.argmax())
+    rels.sort()  # the same bounds as above (router near-ties)
+    assert rels[len(rels) // 2] <= 1e-2, f"{fmt}: median logits rel {rels[len(rels) // 2]:.2e}"
+    assert sum(r > LOGIT_TOL for r in rels) <= len(rels) // 20
