@@ -103,7 +103,9 @@ class LLM:
             (defaults to the GGUF's own directory).
         device: "cuda", "cpu" or a torch.device; None picks CUDA when present.
         progress: show progress bars while loading.
-        engine: runtime knobs (EngineConfig: max_slots, prefill_chunk_tokens, cpu_threads;
+        engine: runtime knobs (EngineConfig: max_slots, prefill_chunk_tokens, cpu_threads,
+            engine ("auto" | "graph" | "reference"; a plain string is taken as this field),
+            max_context;
             on the CPU a small model gets one thread unless told otherwise, see
             engine_config.apply_cpu_threads).
     Raises CheckpointError / ConfigError for a missing, corrupt or inconsistent checkpoint,
@@ -113,7 +115,13 @@ class LLM:
     def __init__(self, model: str | Path | None = None, hf_config_path: str | Path | None = None,
                  device: str | torch.device | None = None, progress: bool = True,
                  engine: EngineConfig | None = None):
-        engine = engine or EngineConfig()
+        if isinstance(engine, str):
+            engine = EngineConfig(engine=engine)  # the CLI's spelling: engine="graph"
+        elif engine is None:
+            engine = EngineConfig()
+        elif not isinstance(engine, EngineConfig):
+            raise InvalidRequestError(f"engine: expected an EngineConfig or one of 'auto', "
+                                      f"'graph', 'reference', found {type(engine).__name__}")
         if model is not None and (not isinstance(model, (str, Path)) or not str(model)):
             raise InvalidRequestError(f"model {model!r}: expected a checkpoint directory or "
                                       ".gguf path (or None for the embedded default)")

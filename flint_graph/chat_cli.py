@@ -94,7 +94,8 @@ class ChatSession:
             import readline  # noqa: F401  (line editing and history for input())
         _read_bad_bytes_as_surrogates()
         c.print(f"[bold]flint-graph chat[/] · {self.llm.cfg.num_hidden_layers} layers · "
-                f"{self.llm.device} · thinking {'on' if self.enable_thinking else 'off'}"
+                f"{self.llm.device} · {self.llm.engine.name} engine · "
+                f"thinking {'on' if self.enable_thinking else 'off'}"
                 + (f" · {_count(len(self.tools), 'tool')}" if self.tools else ""))
         c.print(f"[dim]{HELP}[/]")
         while True:

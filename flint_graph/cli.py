@@ -154,9 +154,14 @@ def load_llm(args: argparse.Namespace):
     if args.model is not None and not Path(args.model).exists():
         raise InvalidRequestError(f"{args.model}: no such checkpoint (expected a BF16 "
                                   "checkpoint directory or an NVFP4 .gguf file)")
-    return LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
-               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
-                                   max_context=args.max_context))
+    llm = LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
+              engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
+                                  max_context=args.max_context))
+    if llm.device.type == "cuda" and llm.engine.name == "reference" and args.engine == "auto":
+        # On a GPU the slow path is a surprise worth one line; on the CPU it is the only one.
+        print(f"flint-graph: note: decoding with the reference engine (slow): "
+              f"{llm.engine.fallback_reason}", file=sys.stderr)
+    return llm
 
 
 def read_prompt(args: argparse.Namespace) -> str:

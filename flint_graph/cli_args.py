@@ -140,7 +140,7 @@ def _build_kernels_args(p: argparse.ArgumentParser) -> None:
                         "~/.cache/flint_graph/kernels)")
     p.add_argument("--buckets", type=_buckets,
                    default=(1, 2, 4, 8), metavar="B,B,...",
-                   help="decode batch buckets to specialise for, each 1 to 8 (default: "
+                   help="decode batch buckets to specialise for, powers of two up to 8 (default: "
                         "1,2,4,8)")
     p.add_argument("--force", action="store_true", help="rebuild entries that are up to date")
     p.add_argument("--jobs", type=positive_int, metavar="N",
@@ -164,6 +164,11 @@ def _buckets(text: str) -> tuple[int, ...]:
     if max(sizes) > MAX_BATCH:
         raise argparse.ArgumentTypeError(f"batch size {max(sizes)} is above {MAX_BATCH}, the "
                                          f"most rows the kernels handle; found {text!r}")
+    odd = [b for b in sizes if b & (b - 1)]
+    if odd:  # the MoE router's warp reductions and the engine's buckets are powers of two
+        raise argparse.ArgumentTypeError(f"batch size {odd[0]} is not a batch bucket; expected "
+                                         f"powers of two up to {MAX_BATCH} (1,2,4,8), found "
+                                         f"{text!r}")
     return sizes
 
 

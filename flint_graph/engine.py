@@ -41,7 +41,8 @@ class Engine:
         apply_cpu_threads(engine, device, ckpt.cfg.hidden_size)
         self.model = ReferenceModel(ckpt.cfg, ckpt.weights, device)
         self.runner, self.fallback_reason = self._graph_runner(ckpt, engine, tokenizer_vocab)
-        self.max_slots = engine.max_slots
+        # the graph engine holds at most one KV slot per row of the largest bucket
+        self.max_slots = len(self.runner.free_slots) if self.runner else engine.max_slots
         self.prefill_chunk_tokens = engine.prefill_chunk_tokens
         self.tokenizer_vocab = tokenizer_vocab
         self.waiting: deque[Request] = deque()

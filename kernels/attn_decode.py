@@ -321,10 +321,10 @@ def _ops():
             return [Uint32(res)]
         return [Uint32(llvm.extractvalue(T.i32(), res, [i])) for i in range(n)]
 
-    def ld_nc_f32(a):
-        """One fp32 weight at a byte address (ld.global.nc: LDG.CONSTANT, may go before the
-        PDL wait)."""
-        return as_f32(Uint32(asm(T.i32(), [addr(a)], "ld.global.nc.b32 $0, [$1];", "=r,l")))
+    def ld_nc_u32(a):
+        """One 32-bit weight word at a byte address (ld.global.nc: LDG.CONSTANT, may go before
+        the PDL wait)."""
+        return Uint32(asm(T.i32(), [addr(a)], "ld.global.nc.b32 $0, [$1];", "=r,l"))
 
     def as_f32(w):
         return Float32(llvm.bitcast(T.f32(), Uint32(w).ir_value()))
@@ -352,7 +352,7 @@ def _ops():
         return Uint32(asm(T.i32(), [Float32(hi).ir_value(), Float32(lo).ir_value()],
                           "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", side=False))
 
-    return dict(ld_words=ld_words, ld_words_if=ld_words_if, ld_nc_f32=ld_nc_f32, ld_cg_f32=ld_cg_f32, as_f32=as_f32, 
+    return dict(ld_words=ld_words, ld_words_if=ld_words_if, ld_nc_u32=ld_nc_u32, ld_cg_f32=ld_cg_f32, as_f32=as_f32, 
                 atom_inc=atom_inc, st_zero=st_zero, ex2=ex2, lg2=lg2, pack_bf16=pack_bf16)
 
 
@@ -403,11 +403,15 @@ def _build(spec: Spec):
 
         # the sinks (a weight) of this thread's combine heads, in flight before the wait
         rsink = cute.make_rmem_tensor((-(-items // threads),), Float32)
+        sink_words = []
         for it in cutlass.range_constexpr(-(-items // threads)):
             hs = cutlass.min((tid + it * threads) // (d // 4), g_heads - 1)
-            rsink[it] = ops["ld_nc_f32"](msinks.iterator.toint()
-                                          + Int64(kvh * g_heads + hs) * 4)
-        du.griddepcontrol_wait_after_loads()  # everything below is a predecessor's output
+            sink_words.append(ops["ld_nc_u32"](msinks.iterator.toint()
+                                               + Int64(kvh * g_heads + hs) * 4))
+            rsink[it] = ops["as_f32"](sink_words[-1])
+        # everything below is a predecessor's output; the sinks' words feed the wait, so ptxas
+        # keeps their loads above it (it sank them below ACQBULK in some specialisations)
+        du.griddepcontrol_wait_after_values(sink_words)
         cute.arch.griddepcontrol_launch_dependents()
 
         # loads that do not depend on the position go out with it: one round trip for all

@@ -487,3 +487,14 @@ def test_think_close_after_a_call_in_reasoning_never_reaches_content(tiny_llm, m
     assert (msg.reasoning_content, msg.content) == ("Need.", "moreanswer")
     assert [c.arguments for c in msg.tool_calls] == [{"city": "Oslo"}]
     assert msg.finish_reason == "tool_calls"
+
+
+def test_engine_argument_accepts_a_name_and_refuses_other_types(tiny_ckpt):
+    """LLM(engine="graph") used to fail with AttributeError after the checkpoint loaded."""
+    llm = LLM(tiny_ckpt, device="cpu", progress=False, engine="reference")
+    assert llm.engine.name == "reference"
+    with pytest.raises(InvalidRequestError, match="engine: expected an EngineConfig or one of"):
+        LLM(tiny_ckpt, device="cpu", progress=False, engine={"engine": "graph"})
+    with pytest.raises(InvalidRequestError, match="engine 'fast'"):
+        LLM(tiny_ckpt, device="cpu", progress=False, engine="fast")
+

@@ -441,6 +441,9 @@ def test_build_kernels_refuses_a_directory_of_other_files(tmp_path, capsys):
     (["--config", ""], r"argument --config: expected a path, found ''"),
     (["--buckets", "1,16"], r"argument --buckets: batch size 16 is above 8, the most rows the "
                             r"kernels handle; found '1,16'"),
+    # compiled ~10 kernels, then failed inside moe_router's warp reduction
+    (["--buckets", "1,3"], r"argument --buckets: batch size 3 is not a batch bucket; expected "
+                           r"powers of two up to 8 \(1,2,4,8\), found '1,3'"),
 ])
 def test_build_kernels_usage_errors(argv, message, capsys):
     """Before, --out '' built into the current directory and --buckets 16 compiled GEMVs that
