@@ -52,8 +52,9 @@ class DecodeGraph:
     of the LM head)."""
 
     def __init__(self, kset, cfg: FlintConfig, weights: FlintWeights, kv: KVCache, batch: int,
-                 vocab_limit: int | None = None):
+                 vocab_limit: int | None = None, *, pdl: bool = True):
         self.cfg, self.weights, self.kv, self.batch = cfg, weights, kv, batch
+        self.pdl = pdl  # False: plain stream order between our kernels (for comparison)
         dev = weights.final_norm.device
         b = batch
         self.bufs = StepBuffers.allocate(cfg, b, kv.pages_per_slot, device=dev)
@@ -113,10 +114,12 @@ class DecodeGraph:
     def _body(self) -> None:
         cfg, w, bf = self.cfg, self.weights, self.bufs
         bf.stream.copy_(reference.embed(w.embed, self.ids))
+        pdl = None if self.pdl else False
         for layer, kv in zip(self.layers, self.kv.layers):
-            layer.launch(bf, kv)
-        self.norm.launch(bf.stream, bf.zeros, w.final_norm, bf.residual, bf.h, cfg.rms_norm_eps)
-        self.head.launch(bf.h, *self.head_args, self.logits_bf16)
+            layer.launch(bf, kv, pdl=pdl)
+        self.norm.launch(bf.stream, bf.zeros, w.final_norm, bf.residual, bf.h, cfg.rms_norm_eps,
+                         pdl=pdl)
+        self.head.launch(bf.h, *self.head_args, self.logits_bf16, pdl=pdl)
         self.logits.copy_(self.logits_bf16)
         if self.vocab_limit < cfg.vocab_size:
             self.logits[:, self.vocab_limit:] = float("-inf")
@@ -139,6 +142,31 @@ class DecodeGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self._body()
+
+    def graph_nodes(self) -> dict[str, int]:
+        """Node counts by type ("kernel", "memcpy", "memset", ...) of the step's CUDA graph,
+        read from a separate capture with the driver's graph API: what one replay launches,
+        torch's ops included. Raises RuntimeError where torch or the driver cannot say."""
+        import cuda.bindings.driver as cu
+
+        try:
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+        except TypeError as e:  # torch without keep_graph
+            raise RuntimeError(f"torch {torch.__version__} cannot keep a captured graph") from e
+        with torch.cuda.graph(g):
+            self._body()
+        graph = cu.CUgraph(g.raw_cuda_graph())
+        err, _, n = cu.cuGraphGetNodes(graph, 0)
+        err2, nodes, n = cu.cuGraphGetNodes(graph, n)
+        if err != cu.CUresult.CUDA_SUCCESS or err2 != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuGraphGetNodes: {err} / {err2}")
+        counts: dict[str, int] = {}
+        for node in nodes[:n]:
+            err, kind = cu.cuGraphNodeGetType(node)
+            name = kind.name.removeprefix("CU_GRAPH_NODE_TYPE_").lower()
+            counts[name] = counts.get(name, 0) + 1
+        del g
+        return counts
 
     def replay(self) -> None:
         """Run the captured step on the current stream (after `set_rows`)."""

@@ -63,6 +63,11 @@ def run_format(kset, cfg, weights, fmt, buckets, contexts, copy_bw, replays) -> 
         graph.set_rows([Row(slot=i, token=1 + i, position=contexts[0] - 1) for i in range(b)])
         graph.capture()
         capture_s = time.perf_counter() - t0
+        try:
+            nodes = graph.graph_nodes()  # what one replay launches, torch's ops included
+        except RuntimeError as e:
+            nodes = {"unknown": str(e)}
+        log(f"B={b}: graph nodes {nodes}")
         for ctx in contexts:
             graph.set_rows([Row(slot=i, token=1 + i, position=ctx - 1) for i in range(b)])
             times = _replays(graph, replays)
@@ -71,6 +76,7 @@ def run_format(kset, cfg, weights, fmt, buckets, contexts, copy_bw, replays) -> 
             rec = {"format": fmt, "B": b, "context": ctx, "ms": med,
                    "p90_ms": statistics.quantiles(times, n=10)[-1], "floor_ms": floor,
                    "frac_floor": floor / med, "kernels": graph.kernels_per_step,
+                   "graph_nodes": nodes,
                    "capture_s": capture_s}
             log(json.dumps(rec))
             out.append(rec)
