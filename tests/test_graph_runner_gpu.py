@@ -135,3 +135,22 @@ def test_graph_node_count(kset, weights):
     graph.run_eager()
     nodes = graph.graph_nodes()
     assert nodes.get("kernel", 0) >= graph.kernels_per_step, nodes
+
+
+def test_the_greedy_graph_picks_what_the_sampler_picks_at_temperature_zero(kset, weights):
+    from flint_graph.capture.decode_step import DecodeGraph, Row
+    from flint_graph.capture.kv_cache import KVCache
+
+    graph = DecodeGraph(kset, CFG, weights, KVCache(CFG, num_slots=3, max_tokens=64), batch=4)
+    toks = _tokens(3, 9).tolist()
+    for step in range(20):
+        graph.set_rows([Row(slot=s, token=t, position=step) for s, t in enumerate(toks)])
+        if graph.graph is None:
+            graph.capture()
+        graph.replay()
+        want_ids, want_logits = graph.next_ids.clone(), graph.logits.clone()
+        graph.replay(greedy=True)  # rewrites the same KV entries with the same values
+        assert torch.equal(graph.logits, want_logits)
+        assert torch.equal(graph.next_ids[:3], want_ids[:3]), f"step {step}"
+        toks = want_ids[:3].tolist()
+
