@@ -372,8 +372,10 @@ def _output(req: Request) -> GenerationOutput:
     return out
 
 
-def output_to_json(out: GenerationOutput) -> str:
-    """`out` as one JSON object (the CLI's `generate --json`)."""
+def output_to_json(out: GenerationOutput, engine: str | None = None) -> str:
+    """`out` as one JSON object (the CLI's `generate --json`); `engine`, when given, names the
+    engine that decoded it ("graph" or "reference")."""
+    extra = {"engine": engine} if engine is not None else {}
     return json.dumps({
         "token_ids": out.token_ids,
         "text": out.text,
@@ -385,4 +387,5 @@ def output_to_json(out: GenerationOutput) -> str:
         "ttft_ms": out.ttft_ms,
         "ms_per_token": out.ms_per_token,
         "errors": out.errors,
+        **extra,
     }, ensure_ascii=False)

@@ -216,11 +216,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         stream.close()  # the request ends with finish_reason "abort"
         if args.json:  # the plain output already streamed it: --json reports it now
-            print(output_to_json(stream.output))
+            print(output_to_json(stream.output, llm.engine.name))
         raise
     out = stream.output
     if args.json:
-        print(output_to_json(out))
+        print(output_to_json(out, llm.engine.name))
         return 0
     if shown_reasoning:
         sys.stderr.write("\n")

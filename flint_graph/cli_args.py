@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="send the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object: token_ids, text, reasoning_content, "
-                          "content, tool_calls, finish_reason, ttft_ms, ms_per_token, errors")
+                          "content, tool_calls, finish_reason, ttft_ms, ms_per_token, errors, "
+                          "engine (graph or reference)")
     _sampling_args(gen)
     gen.set_defaults(command="generate")
 
