@@ -70,7 +70,7 @@ class GraphRunner:
             self.graphs[b] = g
             self.timings[f"capture_B{b}_s"] = time.perf_counter() - t0
         self.kernels_per_step = {b: g.kernels_per_step for b, g in self.graphs.items()}
-        self.memory = {"weights": weights.nbytes, "kv_cache": self.kv.nbytes,
+        self.memory = {"weights": weights.nbytes(), "kv_cache": self.kv.nbytes,
                        "peak_allocated": torch.cuda.max_memory_allocated(dev)}
 
     def alloc_slot(self) -> int:

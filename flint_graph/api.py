@@ -12,6 +12,7 @@ ConfigError, InvalidRequestError, ContextLengthError, TemplateError) naming what
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,7 +132,9 @@ class LLM:
             from flint_graph.make_checkpoint import ensure_default_checkpoint
 
             model = ensure_default_checkpoint(progress=progress)
+        t0 = time.perf_counter()
         self.checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
+        loaded = time.perf_counter()
         self.cfg = self.checkpoint.cfg
         self.tokenizer = FlintTokenizer.from_dir(self.checkpoint.config_dir)
         self.generation_config = self.checkpoint.generation_config
@@ -141,6 +144,7 @@ class LLM:
                 f"{self.tokenizer.vocab_size} tokens but config.json vocab_size is "
                 f"{self.cfg.vocab_size}; the LM head has no row for the rest")
         self.engine = Engine(self.checkpoint, self.device, self.tokenizer.vocab_size, engine)
+        self.startup = startup_report(self, loaded - t0, time.perf_counter() - loaded)
 
     # -- raw completion ---------------------------------------------------------------------
 
@@ -369,6 +373,24 @@ def _output(req: Request) -> GenerationOutput:
         out.content = parsed.content
         out.tool_calls = list(parsed.tool_calls)
         out.errors = list(parsed.errors)
+    return out
+
+
+def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
+    """What start-up cost and holds: seconds for the checkpoint (read + NVFP4 repack) and the
+    engine (graph engine: KV allocation and each bucket's capture, kernel-cache load included),
+    our kernel launches per step per bucket, and bytes of weights and KV cache."""
+    eng = llm.engine
+    out: dict[str, Any] = {"engine": eng.name, "checkpoint_s": round(load_s, 3),
+                           "engine_s": round(engine_s, 3),
+                           "weights_bytes": llm.checkpoint.weights.nbytes()}
+    if eng.runner is not None:
+        out.update({k: round(v, 3) for k, v in eng.runner.timings.items()})
+        out["kernels_per_step"] = eng.runner.kernels_per_step
+        out["kv_cache_bytes"] = eng.runner.kv.nbytes
+        out["context_limit"] = eng.context_limit
+    else:
+        out["fallback_reason"] = eng.fallback_reason
     return out
 
 

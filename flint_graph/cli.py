@@ -16,6 +16,7 @@ and the console script reaches `main` within a millisecond or so.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import sys
@@ -157,6 +158,8 @@ def load_llm(args: argparse.Namespace):
     llm = LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
                                   max_context=args.max_context))
+    if getattr(args, "stats", False):
+        print("flint-graph: start-up " + json.dumps(llm.startup), file=sys.stderr)
     if llm.device.type == "cuda" and llm.engine.name == "reference" and args.engine == "auto":
         # On a GPU the slow path is a surprise worth one line; on the CPU it is the only one.
         print(f"flint-graph: note: decoding with the reference engine (slow): "

@@ -200,6 +200,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=positive_int, metavar="N",
                    help="KV tokens per sequence for the graph engine (default: what fits in "
                         "80%% of the free GPU memory, up to the model's limit)")
+    p.add_argument("--stats", action="store_true",
+                   help="print the start-up report on stderr (JSON): engine, seconds for the "
+                        "checkpoint (read + repack) and the engine (KV cache, kernel cache, "
+                        "capture per bucket), kernels per step per bucket, bytes of weights "
+                        "and KV cache")
     p.add_argument("--tools", metavar="TOOLS.json", type=Path,
                    help="JSON file with a list of OpenAI-style function tools the model may call")
     p.add_argument("--no-think", dest="enable_thinking", action="store_false",

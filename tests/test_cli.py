@@ -363,3 +363,13 @@ def test_build_kernels_bad_buckets_are_one_clear_line(capsys, value):
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"argument --buckets: expected comma-separated batch sizes >= 1 (e.g. 1,2,4,8), " \
            f"found {value!r}" in err
+
+
+def test_stats_prints_the_start_up_report(capsys, tiny_ckpt):
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 2,
+                        "--device", "cpu", "--stats")
+    assert code == 0, err
+    line = next(t for t in err.splitlines() if t.startswith("flint-graph: start-up "))
+    report = json.loads(line.removeprefix("flint-graph: start-up "))
+    assert report["engine"] == "reference" and "needs CUDA" in report["fallback_reason"]
+    assert report["checkpoint_s"] >= 0 and report["weights_bytes"] > 0
