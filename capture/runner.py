@@ -84,10 +84,12 @@ class GraphRunner:
         if slot not in self.free_slots:
             self.free_slots.append(slot)
 
-    def prefill(self, slot: int, prompt: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
-        """Write prompt int [T] into `slot` (from position 0), in chunks; float32 logits [V] of
-        its last token."""
-        return self.model.prefill(SlotKV(self.kv, slot), prompt, chunk_tokens)
+    def prefill(self, slot: int, prompt: torch.Tensor, chunk_tokens: int,
+                start: int = 0) -> torch.Tensor:
+        """Write prompt tokens int [T] into `slot` at positions start … start+T−1, in chunks;
+        float32 logits [V] of the last one. A prompt may come in parts (start = tokens already
+        written)."""
+        return self.model.prefill(SlotKV(self.kv, slot, start), prompt, chunk_tokens)
 
     def decode(self, rows: list[Row]) -> tuple[list[int], torch.Tensor]:
         """One decode step for `rows` (1 ≤ len ≤ max_slots): (sampled ids, float32 logits

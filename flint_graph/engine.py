@@ -3,8 +3,10 @@
 Prefill runs the plain reference model (`reference.py`). Decode steps run either on it or, on a
 CUDA machine with the kernel cache, by replaying the captured decode graph of the smallest batch
 bucket that holds the rows (`capture/runner.py`), behind the same `Engine.step()`. Scheduling
-follows DESIGN §3 at its simplest: up to `max_slots` running sequences; each step first admits
-waiting requests (prefill, first token), then runs one decode step over all running rows.
+follows DESIGN §3 at its simplest: up to `max_slots` sequences; each step admits waiting
+requests into free slots, prefills at most `prefill_tokens_per_step` prompt tokens (oldest
+first, a long prompt over several steps, so running streams keep their pace), then runs one
+decode step over all running rows.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ class Engine:
         # the graph engine holds at most one KV slot per row of the largest bucket
         self.max_slots = len(self.runner.free_slots) if self.runner else engine.max_slots
         self.prefill_chunk_tokens = engine.prefill_chunk_tokens
+        # prompt tokens prefilled per step, so running streams keep their pace (DESIGN §3)
+        self.prefill_tokens_per_step = (engine.prefill_tokens_per_step
+                                        or engine.prefill_chunk_tokens)
+        self.prefilling: list[Request] = []  # admitted, prompt not yet fully in the KV cache
+        self._prefilled: dict[int, int] = {}  # request id -> prompt tokens already prefilled
         self.tokenizer_vocab = tokenizer_vocab
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -83,7 +90,7 @@ class Engine:
     @property
     def has_work(self) -> bool:
         """True while any request waits for prefill or is being decoded."""
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.prefilling or self.running)
 
     def add(self, req: Request) -> None:
         """Queue `req`; it is prefilled by a later `step()`."""
@@ -98,22 +105,40 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestDelta]:
-        """Admit and prefill waiting requests, then one decode step; returns every delta."""
+        """Admit waiting requests into free slots, run up to `prefill_tokens_per_step` prompt
+        tokens of prefill (oldest request first; a request whose prompt completes samples its
+        first token), then one decode step over the running rows; returns every delta."""
         deltas: list[RequestDelta] = []
         admitted: list[Request] = []
-        while self.waiting and len(self.running) < self.max_slots:
+        while self.waiting and len(self.running) + len(self.prefilling) < self.max_slots:
             req = self.waiting.popleft()
-            prompt = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device)
             if self.runner:
-                self._slot[req.id] = slot = self.runner.alloc_slot()
-                logits = self.runner.prefill(slot, prompt, self.prefill_chunk_tokens)
+                self._slot[req.id] = self.runner.alloc_slot()
             else:
-                kv = self.model.new_sequence()
-                logits = self.model.prefill(kv, prompt, self.prefill_chunk_tokens)
-                self._kv[req.id] = kv
-            self.running.append(req)
-            admitted.append(req)
-            deltas += self._sample_and_append([req], logits[None])
+                self._kv[req.id] = self.model.new_sequence()
+            self.prefilling.append(req)
+            self._prefilled[req.id] = 0
+        budget = self.prefill_tokens_per_step
+        for req in list(self.prefilling):
+            done = self._prefilled[req.id]
+            n = min(budget, len(req.prompt_ids) - done)
+            if n <= 0:
+                break
+            part = torch.tensor(req.prompt_ids[done:done + n], dtype=torch.long,
+                                device=self.device)
+            if self.runner:
+                logits = self.runner.prefill(self._slot[req.id], part,
+                                             self.prefill_chunk_tokens, start=done)
+            else:
+                logits = self.model.prefill(self._kv[req.id], part, self.prefill_chunk_tokens)
+            self._prefilled[req.id] = done = done + n
+            budget -= n
+            if done == len(req.prompt_ids):
+                self.prefilling.remove(req)
+                del self._prefilled[req.id]
+                self.running.append(req)
+                admitted.append(req)
+                deltas += self._sample_and_append([req], logits[None])
         # Rows admitted this step already got their first token from prefill.
         rows = [r for r in self.running if not r.is_finished and r not in admitted]
         if rows and self.runner:
@@ -167,6 +192,9 @@ class Engine:
     def _retire(self, req: Request) -> None:
         if req in self.running:
             self.running.remove(req)
+        if req in self.prefilling:
+            self.prefilling.remove(req)
+            self._prefilled.pop(req.id, None)
         self._kv.pop(req.id, None)
         slot = self._slot.pop(req.id, None)
         if slot is not None:

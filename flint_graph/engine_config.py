@@ -23,6 +23,9 @@ class EngineConfig:
 
     max_slots: int = 8  # most sequences decoded together (DESIGN §3: the largest bucket)
     prefill_chunk_tokens: int = 2048  # prompt tokens per prefill forward (bounds memory)
+    # prompt tokens prefilled between two decode steps (None = prefill_chunk_tokens): a long
+    # prompt arriving cannot stall running streams for longer than this much prefill
+    prefill_tokens_per_step: int | None = None
     cpu_threads: int | None = None  # torch CPU threads; None = automatic (apply_cpu_threads)
     # "graph": decode steps by CUDA-graph replay of the AOT kernels (CUDA and a kernel cache
     # needed); "reference": the plain PyTorch model; "auto": graph where it can run, else
@@ -34,9 +37,10 @@ class EngineConfig:
         if self.engine not in ENGINES:
             raise InvalidRequestError(f"engine {self.engine!r}: expected one of "
                                       f"{', '.join(ENGINES)}")
-        for name in ("max_slots", "prefill_chunk_tokens", "cpu_threads", "max_context"):
+        optional = ("cpu_threads", "max_context", "prefill_tokens_per_step")
+        for name in ("max_slots", "prefill_chunk_tokens", *optional):
             value = getattr(self, name)
-            if name in ("cpu_threads", "max_context") and value is None:
+            if name in optional and value is None:
                 continue
             if type(value) is not int or value < 1:
                 raise InvalidRequestError(f"{name} {value!r}: expected an integer >= 1")

@@ -352,8 +352,9 @@ def _ops():
         return Uint32(asm(T.i32(), [Float32(hi).ir_value(), Float32(lo).ir_value()],
                           "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", side=False))
 
-    return dict(ld_words=ld_words, ld_words_if=ld_words_if, ld_nc_u32=ld_nc_u32, ld_cg_f32=ld_cg_f32, as_f32=as_f32, 
-                atom_inc=atom_inc, st_zero=st_zero, ex2=ex2, lg2=lg2, pack_bf16=pack_bf16)
+    return dict(ld_words=ld_words, ld_words_if=ld_words_if, ld_nc_u32=ld_nc_u32,
+                ld_cg_f32=ld_cg_f32, as_f32=as_f32, atom_inc=atom_inc, st_zero=st_zero, ex2=ex2,
+                lg2=lg2, pack_bf16=pack_bf16)
 
 
 def _build(spec: Spec):

@@ -149,9 +149,9 @@ def build_cache(root: str | Path, todo: Sequence[tuple[KernelDef, Spec]],
     """Compile what `todo` needs for each arch into `root`; reuse valid entries.
 
     `workers` compile processes (default: one per CPU, at most 8) run the compiles; this process
-    writes the results.
-    Returns counts {"built", "reused", "total"}. Compile workers are spawned processes: a
-    script that calls this needs the `if __name__ == "__main__":` guard. The manifest is rewritten after every build, so
+    writes the results; they are spawned processes, so a script that calls this needs the
+    `if __name__ == "__main__":` guard.
+    Returns counts {"built", "reused", "total"}. The manifest is rewritten after every build, so
     an interrupted run keeps what it finished; files are replaced atomically, and one build at
     a time writes a directory (a second waits for the first, then reuses what it built). A
     directory without a manifest must be empty or hold only cubins, so that a mistyped --out

@@ -498,3 +498,27 @@ def test_engine_argument_accepts_a_name_and_refuses_other_types(tiny_ckpt):
     with pytest.raises(InvalidRequestError, match="engine 'fast'"):
         LLM(tiny_ckpt, device="cpu", progress=False, engine="fast")
 
+
+
+def test_a_long_prompt_is_prefilled_between_decode_steps(tiny_ckpt):
+    """A request arriving with a long prompt is prefilled `prefill_tokens_per_step` tokens per
+    step while a running stream still gets one token every step; both outputs equal their solo
+    runs (the engine's prefill parts continue the cache exactly where the last one stopped)."""
+    llm = LLM(tiny_ckpt, device="cpu", progress=False,
+              engine=EngineConfig(prefill_chunk_tokens=16, prefill_tokens_per_step=32))
+    p = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    long_ids = [(7 * i) % 500 + 3 for i in range(150)]  # 5 steps of prefill at 32 per step
+    solo_a = llm.generate("first", p)[0].token_ids
+    solo_b = llm.generate([long_ids], p)[0].token_ids
+    eng = llm.engine
+    a = llm._request(llm.tokenizer.encode("first"), p, None)
+    b = llm._request(long_ids, p, None)
+    eng.add(a)
+    eng.step()
+    eng.add(b)
+    for i in range(4):  # b prefills for 5 steps; a decodes on each of them
+        eng.step()
+        assert a.num_generated == 2 + i and b.num_generated == 0
+    while eng.has_work:
+        eng.step()
+    assert a.output_ids == solo_a and b.output_ids == solo_b
