@@ -11,6 +11,7 @@ decode step over all running rows.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 import torch
@@ -56,6 +57,7 @@ class Engine:
         self.running: list[Request] = []
         self._kv: dict[int, SequenceKV] = {}
         self._slot: dict[int, int] = {}
+        self._lock = threading.RLock()  # add / abort / step from several threads
 
     def _graph_runner(self, ckpt: LoadedCheckpoint, engine: EngineConfig, vocab: int):
         """(GraphRunner or None, why not). Raises ConfigError when engine="graph" cannot run."""
@@ -93,21 +95,30 @@ class Engine:
         return bool(self.waiting or self.prefilling or self.running)
 
     def add(self, req: Request) -> None:
-        """Queue `req`; it is prefilled by a later `step()`."""
-        self.waiting.append(req)
+        """Queue `req`; it is prefilled by a later `step()`. Safe from any thread."""
+        with self._lock:
+            self.waiting.append(req)
 
     def abort(self, req: Request) -> RequestDelta:
-        """Stop `req` now (finish reason "abort") and free its KV cache."""
-        if req in self.waiting:
-            self.waiting.remove(req)
-        self._retire(req)
-        return req.finish("abort")
+        """Stop `req` now (finish reason "abort") and free its KV cache (slot). Safe from any
+        thread; waits for a step in progress."""
+        with self._lock:
+            if req in self.waiting:
+                self.waiting.remove(req)
+            self._retire(req)
+            return req.finish("abort")
 
-    @torch.inference_mode()
     def step(self) -> list[RequestDelta]:
         """Admit waiting requests into free slots, run up to `prefill_tokens_per_step` prompt
         tokens of prefill (oldest request first; a request whose prompt completes samples its
-        first token), then one decode step over the running rows; returns every delta."""
+        first token), then one decode step over the running rows; returns every delta.
+        Threads calling it take turns (one step at a time); every delta is also queued on its
+        request, so each consumer reads its own."""
+        with self._lock:
+            return self._step()
+
+    @torch.inference_mode()
+    def _step(self) -> list[RequestDelta]:
         deltas: list[RequestDelta] = []
         admitted: list[Request] = []
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_slots:

@@ -522,3 +522,29 @@ def test_a_long_prompt_is_prefilled_between_decode_steps(tiny_ckpt):
     while eng.has_work:
         eng.step()
     assert a.output_ids == solo_a and b.output_ids == solo_b
+
+
+def test_requests_from_several_threads_each_get_their_own_answer(tiny_ckpt):
+    """Submission is thread-safe: four threads generating at once on one LLM each get what
+    they get alone (greedy), and the engine ends idle."""
+    import threading
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    p = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    prompts = ["one", "two two", "three three three", "four"]
+    solo = {t: llm.generate(t, p)[0].token_ids for t in prompts}
+    got, errors = {}, []
+
+    def run(text):
+        try:
+            got[text] = llm.generate(text, p)[0].token_ids
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and got == solo
+    assert not llm.engine.has_work
