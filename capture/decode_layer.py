@@ -30,15 +30,19 @@ from flint_graph.weights import Linear, LayerWeights, MLPWeights, MoEWeights, NV
 BF16 = torch.bfloat16
 
 
-def _pick(kset, name: str, cfg: FlintConfig, batch: int, **want: int):
-    """The loaded kernel `name` whose model specialisation for bucket `batch` has `want`'s
-    values (exactly one must match)."""
-    kdef = kset.defs[name]
+def model_spec(kdef, cfg: FlintConfig, batch: int, **want: int) -> Spec:
+    """The model specialisation of `kdef` for bucket `batch` whose values include `want`'s,
+    e.g. RING=1 for a sliding layer. Raises ValueError unless exactly one matches."""
     found = [s for s in kdef.specs(cfg, (batch,))
              if all(s.as_dict().get(k) == v for k, v in want.items())]
     if len(found) != 1:
-        raise ValueError(f"{name}: {len(found)} specialisations for B={batch} {want}")
-    return kset.get(name, **found[0].as_dict())
+        raise ValueError(f"{kdef.name}: {len(found)} specialisations for B={batch} {want}")
+    return found[0]
+
+
+def _pick(kset, name: str, cfg: FlintConfig, batch: int, **want: int):
+    """The loaded kernel `name` at its `model_spec`."""
+    return kset.get(name, **model_spec(kset.defs[name], cfg, batch, **want).as_dict())
 
 
 @dataclass

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels import copy_bandwidth, time_graph  # noqa: E402
 
 from flint_graph import reference  # noqa: E402
+from flint_graph.capture.decode_layer import model_spec  # noqa: E402
 from flint_graph.config import FlintConfig  # noqa: E402
 from flint_graph.kernels import registry  # noqa: E402
 from flint_graph.kernels.spec import KV_PAGE  # noqa: E402
@@ -53,13 +54,6 @@ def log(msg: str) -> None:
 
 def _module(name: str):
     return importlib.import_module(f"flint_graph.kernels.{name}")
-
-
-def _pick(kdef, cfg, b: int, **want):
-    found = [s for s in kdef.specs(cfg, (b,))
-             if all(s.as_dict().get(k) == v for k, v in want.items())]
-    assert len(found) == 1, (kdef.name, b, want, found)
-    return found[0]
 
 
 def _rel(out, ref) -> float:
@@ -120,7 +114,7 @@ def _reroute(name: str, spec, args, gen):
 
 def bench_kernel(kset, cfg, name, want, kw, label, l2: int, copy_bw: float, gen) -> dict:
     mod, kdef = _module(name), registry((name,))[0]
-    spec = _pick(kdef, cfg, want["B"], **{k: v for k, v in want.items() if k != "B"})
+    spec = model_spec(kdef, cfg, want["B"], **{k: v for k, v in want.items() if k != "B"})
     rec = {"kernel": name, "case": label, "spec": spec.key}
     kern = kset.get(name, **spec.as_dict())
     decls = list(kdef.args(spec))
@@ -164,7 +158,6 @@ def bench_layers(kset, cfg, preset: str, quick: bool, copy_bw: float) -> list[di
     """Whole decoder layers from the kernels (graph + PDL) against the eager reference."""
     import types
 
-    from flint_graph.capture.decode_layer import DecodeLayer, StepBuffers, allocate_kv
     from flint_graph.make_checkpoint import quantize_weights
     from flint_graph.synthetic import make_layer_weights
 
