@@ -160,6 +160,9 @@ def load_llm(args: argparse.Namespace):
                                   max_context=args.max_context))
     if getattr(args, "stats", False):
         print("flint-graph: start-up " + json.dumps(llm.startup), file=sys.stderr)
+    if args.max_context is not None and llm.engine.name == "reference":
+        print("flint-graph: note: --max-context sizes the graph engine's KV cache; the reference "
+              "engine running here grows its cache as needed and ignores it", file=sys.stderr)
     if llm.device.type == "cuda" and llm.engine.name == "reference" and args.engine == "auto":
         # On a GPU the slow path is a surprise worth one line; on the CPU it is the only one.
         print(f"flint-graph: note: decoding with the reference engine (slow): "

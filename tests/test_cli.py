@@ -373,3 +373,9 @@ def test_stats_prints_the_start_up_report(capsys, tiny_ckpt):
     report = json.loads(line.removeprefix("flint-graph: start-up "))
     assert report["engine"] == "reference" and "needs CUDA" in report["fallback_reason"]
     assert report["checkpoint_s"] >= 0 and report["weights_bytes"] > 0
+
+
+def test_max_context_on_the_reference_engine_says_it_is_ignored(capsys, tiny_ckpt):
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 2,
+                        "--device", "cpu", "--max-context", 10)
+    assert code == 0 and "--max-context sizes the graph engine's KV cache" in err
