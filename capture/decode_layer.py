@@ -91,7 +91,7 @@ class StepBuffers:
             return torch.empty(shape, dtype=dtype, device=device)
 
         i32, f32 = torch.int32, torch.float32
-        splits = sorted({attn_decode.splits_for(b, w, hkv) for w in (cfg.sliding_window, 0)})
+        splits = sorted({attn_decode.splits_for(w, hkv) for w in (cfg.sliding_window, 0)})
         return cls(
             stream=t(b, h), residual=t(b, h), residual2=t(b, h),
             zeros=torch.zeros(b, h, dtype=BF16, device=device), h=t(b, h), o=t(b, h),

@@ -15,8 +15,10 @@ bf16 (the reference keeps them fp32): a relative change of at most 2^-9 per logi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from flint_graph import reference
@@ -43,6 +45,46 @@ class Row:
     draw_index: int = 0  # the counter of the sampler's random stream (tokens generated so far)
 
 
+class StepInputs:
+    """Every per-step input of a decode graph in one device buffer, filled from one pinned
+    host buffer by one asynchronous copy (instead of one pageable copy per tensor).
+
+    fields: name -> (torch dtype, shape), each placed at a 16-byte aligned offset. `device`
+    name -> device tensor (views the graph captures; fixed for its lifetime); `begin()` waits
+    until the previous upload has left the staging buffer and returns name -> numpy view of it;
+    `upload()` enqueues the copy on the current stream."""
+
+    def __init__(self, fields: dict[str, tuple[torch.dtype, tuple[int, ...]]], device):
+        layout, size = {}, 0
+        for name, (dtype, shape) in fields.items():
+            size = -(-size // 16) * 16
+            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            layout[name] = (size, nbytes, dtype, shape)
+            size += nbytes
+        self._dev = torch.zeros(size, dtype=torch.uint8, device=device)
+        self._host = torch.zeros(size, dtype=torch.uint8, pin_memory=True)
+        raw = self._host.numpy()
+        self.device = {n: self._dev[o:o + k].view(dt).view(shape)
+                       for n, (o, k, dt, shape) in layout.items()}
+        self._np = {n: raw[o:o + k].view(_NUMPY[dt]).reshape(shape)
+                    for n, (o, k, dt, shape) in layout.items()}
+        self._done = torch.cuda.Event()
+        self._pending = False
+
+    def begin(self) -> dict[str, np.ndarray]:
+        if self._pending:
+            self._done.synchronize()
+        return self._np
+
+    def upload(self) -> None:
+        self._dev.copy_(self._host, non_blocking=True)
+        self._done.record()
+        self._pending = True
+
+
+_NUMPY = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32}
+
+
 class DecodeGraph:
     """The decode step of bucket `batch` over `weights` (on the GPU) and `kv`.
 
@@ -67,15 +109,20 @@ class DecodeGraph:
         self.head_args = ([head.codes, head.scales, head.scale2.float().reshape(1)]
                           if isinstance(head, NVFP4Weight) else [head])
         v = cfg.vocab_size
-        self.ids = torch.zeros(b, dtype=torch.int64, device=dev)
+        i32, i64, f32 = torch.int32, torch.int64, torch.float32
+        self.inputs = StepInputs({
+            "positions": (i32, (b,)), "row_mask": (i32, (b,)), "ring_table": (i32, (b, 1)),
+            "page_table": (i32, (b, kv.pages_per_slot)), "ids": (i64, (b,)),
+            "temperature": (f32, (b,)), "top_k": (i64, (b,)), "top_p": (f32, (b,)),
+            "seeds": (i64, (b,)), "draw_index": (i64, (b,))}, dev)
+        dv = self.inputs.device
+        self.bufs.positions, self.bufs.row_mask = dv["positions"], dv["row_mask"]
+        self.bufs.ring_table, self.bufs.page_table = dv["ring_table"], dv["page_table"]
+        self.ids, self.temperature, self.top_k = dv["ids"], dv["temperature"], dv["top_k"]
+        self.top_p, self.seeds, self.draw_index = dv["top_p"], dv["seeds"], dv["draw_index"]
         self.logits_bf16 = torch.empty(b, v, dtype=torch.bfloat16, device=dev)
         self.logits = torch.empty(b, v, dtype=torch.float32, device=dev)
         self.next_ids = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.temperature = torch.zeros(b, dtype=torch.float32, device=dev)
-        self.top_k = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.top_p = torch.ones(b, dtype=torch.float32, device=dev)
-        self.seeds = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.draw_index = torch.zeros(b, dtype=torch.int64, device=dev)
         self.vocab_limit = vocab_limit if vocab_limit is not None else v
         self.graph: torch.cuda.CUDAGraph | None = None
         self.greedy_graph: torch.cuda.CUDAGraph | None = None
@@ -86,8 +133,8 @@ class DecodeGraph:
         return sum(layer.kernels_per_launch for layer in self.layers) + 2
 
     def set_rows(self, rows: list[Row]) -> None:
-        """Fill the static input buffers for this step (host → device copies, before replay).
-        Raises ValueError for more rows than the bucket, a bad slot or a position past the
+        """Fill the static input buffers for this step (one asynchronous host → device copy on
+        the current stream, before replay). Raises ValueError for more rows than the bucket, a bad slot or a position past the
         cache."""
         b, kv = self.batch, self.kv
         if len(rows) > b:
@@ -99,18 +146,20 @@ class DecodeGraph:
                 raise ValueError(f"slot {r.slot}: expected 0 to {kv.num_slots - 1}")
             if not 0 <= r.position < kv.max_tokens:
                 raise ValueError(f"position {r.position}: the cache holds {kv.max_tokens} tokens")
-        bf = self.bufs
-        bf.positions.copy_(torch.tensor([r.position for r in full], dtype=torch.int32))
-        bf.row_mask.copy_(torch.tensor([1] * len(rows) + [0] * (b - len(rows)),
-                                       dtype=torch.int32))
-        bf.ring_table.copy_(torch.tensor([[r.slot] for r in full], dtype=torch.int32))
-        bf.page_table.copy_(torch.stack([kv.page_table(r.slot) for r in full]))
-        self.ids.copy_(torch.tensor([r.token for r in full], dtype=torch.int64))
-        self.temperature.copy_(torch.tensor([r.temperature for r in full], dtype=torch.float32))
-        self.top_k.copy_(torch.tensor([r.top_k for r in full], dtype=torch.int64))
-        self.top_p.copy_(torch.tensor([r.top_p for r in full], dtype=torch.float32))
-        self.seeds.copy_(torch.tensor([r.seed for r in full], dtype=torch.int64))
-        self.draw_index.copy_(torch.tensor([r.draw_index for r in full], dtype=torch.int64))
+        h = self.inputs.begin()  # numpy views of the pinned staging buffer
+        live = len(rows)
+        h["positions"][:] = [r.position for r in full]
+        h["row_mask"][:] = [1] * live + [0] * (b - live)
+        h["ring_table"][:, 0] = [r.slot for r in full]
+        for i, r in enumerate(full):
+            h["page_table"][i] = kv.page_table(r.slot)
+        h["ids"][:] = [r.token for r in full]
+        h["temperature"][:] = [r.temperature for r in full]
+        h["top_k"][:] = [r.top_k for r in full]
+        h["top_p"][:] = [r.top_p for r in full]
+        h["seeds"][:] = [r.seed for r in full]
+        h["draw_index"][:] = [r.draw_index for r in full]
+        self.inputs.upload()
 
     def _body(self, greedy: bool = False) -> None:
         cfg, w, bf = self.cfg, self.weights, self.bufs

@@ -7,8 +7,8 @@ decode kernels read. `decode(rows)` picks the smallest bucket that holds the row
 graph's static buffers, replays it and returns the sampled ids and the fp32 logits.
 
 Start-up captures every bucket up to `max_slots` (a warm-up step on the scratch slot first), so
-the first request pays no capture. `timings` records seconds per phase (kernel load + capture
-per bucket), `memory` the bytes of weights, KV cache and the torch allocator's peak.
+the first request pays no capture. `timings` records seconds per phase (KV allocation, then
+per bucket the kernel-cache load with the layers' set-up, and the capture), `memory` the bytes of weights, KV cache and the torch allocator's peak.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from flint_graph.capture.decode_step import DecodeGraph, Row
 from flint_graph.capture.kv_cache import KVCache, SlotKV
 from flint_graph.config import FlintConfig
+from flint_graph.errors import ConfigError
 from flint_graph.kernels.spec import BUCKETS
 from flint_graph.reference import ReferenceModel
 from flint_graph.weights import FlintWeights
@@ -44,7 +45,9 @@ class GraphRunner:
     """KV cache + captured decode graphs for `max_slots` (≤ 8) concurrent sequences.
 
     Raises KernelCacheError / LaunchError when a kernel is missing from the cache (and cannot be
-    built here), ValueError when the config has a shape the kernels do not support."""
+    built here), ValueError when the config has a shape the kernels do not support, ConfigError
+    when the KV cache or a bucket's graph does not fit in GPU memory (naming what and the flags
+    that shrink it)."""
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, model: ReferenceModel,
                  max_slots: int, max_context: int | None, vocab_limit: int, kset=None):
@@ -56,7 +59,16 @@ class GraphRunner:
         dev = weights.final_norm.device
         t0 = time.perf_counter()
         tokens = kv_tokens_for(cfg, max_slots, max_context, dev)
-        self.kv = KVCache(cfg, max_slots, tokens, device=dev)
+        try:
+            self.kv = KVCache(cfg, max_slots, tokens, device=dev)
+        except torch.OutOfMemoryError as e:
+            free, _ = torch.cuda.mem_get_info(dev)
+            need = (max_slots + 1) * (tokens * cfg.kv_bytes_per_token
+                                      + cfg.sliding_kv_bytes_per_slot)
+            raise ConfigError(
+                f"out of GPU memory for the KV cache: {max_slots} slots + 1 scratch × {tokens} "
+                f"tokens need ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free after the "
+                f"weights; lower --max-context (EngineConfig.max_context) or EngineConfig.max_slots") from e
         self.context_limit = min(self.kv.max_tokens, cfg.max_position_embeddings)
         self.timings["kv_alloc_s"] = time.perf_counter() - t0
         self.kset = kset or KernelSet()
@@ -64,12 +76,24 @@ class GraphRunner:
         self.graphs: dict[int, DecodeGraph] = {}
         for b in [b for b in BUCKETS if b <= max_slots] or [max_slots]:
             t0 = time.perf_counter()
-            g = DecodeGraph(self.kset, cfg, weights, self.kv, b, vocab_limit)
-            g.set_rows([])  # warm-up and capture touch only the scratch slot
-            g.capture()
+            try:
+                g = DecodeGraph(self.kset, cfg, weights, self.kv, b, vocab_limit)
+                t1 = time.perf_counter()
+                g.set_rows([])  # warm-up and capture touch only the scratch slot
+                g.capture()
+            except torch.OutOfMemoryError as e:
+                raise ConfigError(
+                    f"out of GPU memory capturing the decode graph of bucket {b} (its buffers "
+                    f"and workspaces, after {self.kv.nbytes / 2**30:.1f} GiB of KV cache); "
+                    f"lower --max-context (EngineConfig.max_context) or EngineConfig.max_slots") from e
             self.graphs[b] = g
-            self.timings[f"capture_B{b}_s"] = time.perf_counter() - t0
+            self.timings[f"kernel_load_B{b}_s"] = t1 - t0
+            self.timings[f"capture_B{b}_s"] = time.perf_counter() - t1
+        self.timings["kernel_cache_s"] = sum(v for k, v in self.timings.items()
+                                             if k.startswith("kernel_load_"))
         self.kernels_per_step = {b: g.kernels_per_step for b, g in self.graphs.items()}
+        self._ids_host = torch.zeros(max(BUCKETS), dtype=torch.int64, pin_memory=True)
+        self._ids_ready = torch.cuda.Event()
         self.memory = {"weights": weights.nbytes(), "kv_cache": self.kv.nbytes,
                        "peak_allocated": torch.cuda.max_memory_allocated(dev)}
 
@@ -98,4 +122,8 @@ class GraphRunner:
         g = self.graphs[b]
         g.set_rows(rows)
         g.replay(greedy=all(r.temperature == 0 for r in rows))
-        return g.next_ids[:len(rows)].tolist(), g.logits[:len(rows)]
+        ids = self._ids_host[:len(rows)]
+        ids.copy_(g.next_ids[:len(rows)], non_blocking=True)  # to pinned memory, no extra sync
+        self._ids_ready.record()
+        self._ids_ready.synchronize()
+        return ids.tolist(), g.logits[:len(rows)]

@@ -38,12 +38,13 @@ class GenerationOutput:
 
     token_ids: generated ids (the stop token included when one ended it); text: visible text
     (special tokens and any matched stop string removed); finish_reason: "stop" | "length" |
-    "abort", or for chat "tool_calls" when the model stopped after calling at least one tool
+    "abort" | "error" (a decode step failed; the reason is in errors), or for chat "tool_calls" when the model stopped after calling at least one tool
     (OpenAI's convention; a call cut off by max_tokens still says "length"); ttft_ms:
     submission to first token (ms); ms_per_token: mean time per output token after the first
     (TPOT, ms; None with fewer than two tokens). For chat requests reasoning_content / content /
     tool_calls hold the parsed split, errors the malformed or rejected calls, the repairs made
-    and the arguments that fit no reading of their schema ("tool call N: ...").
+    and the arguments that fit no reading of their schema ("tool call N: ..."), and for any
+    request the engine's own failures ("decode step failed: ...").
     """
 
     prompt_token_ids: list[int]
@@ -373,16 +374,22 @@ def _output(req: Request) -> GenerationOutput:
         out.content = parsed.content
         out.tool_calls = list(parsed.tool_calls)
         out.errors = list(parsed.errors)
+    out.errors += req.errors
     return out
 
 
 def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
-    """What start-up cost and holds: seconds for the checkpoint (read + NVFP4 repack) and the
-    engine (graph engine: KV allocation and each bucket's capture, kernel-cache load included),
-    our kernel launches per step per bucket, and bytes of weights and KV cache."""
+    """What start-up cost and holds, in seconds and bytes: checkpoint_s (the whole load), split
+    into checkpoint_read_s (file read and copy to the device) and repack_s (NVFP4 block
+    permutation, GGUF only); engine_s (graph engine: kv_alloc_s, then per bucket
+    kernel_load_B{b}_s (kernel-cache entries loaded and the layers set up) and capture_B{b}_s;
+    kernel_cache_s their load total); kernels_per_step per bucket (our launches), and bytes of
+    weights and KV cache."""
     eng = llm.engine
+    repack = llm.checkpoint.timings.get("repack_s", 0.0)
     out: dict[str, Any] = {"engine": eng.name, "checkpoint_s": round(load_s, 3),
-                           "engine_s": round(engine_s, 3),
+                           "checkpoint_read_s": round(load_s - repack, 3),
+                           "repack_s": round(repack, 3), "engine_s": round(engine_s, 3),
                            "weights_bytes": llm.checkpoint.weights.nbytes()}
     if eng.runner is not None:
         out.update({k: round(v, 3) for k, v in eng.runner.timings.items()})

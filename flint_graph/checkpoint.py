@@ -9,7 +9,7 @@ directory when it holds a config.json). Names and extensions never decide anythi
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ class LoadedCheckpoint:
     """A loaded model: config, weights on the requested device, and where its side files live.
 
     config_dir holds config.json, tokenizer.json, tokenizer_config.json and (optionally)
-    generation_config.json; generation_config is that file parsed ({} when absent).
+    generation_config.json; generation_config is that file parsed ({} when absent). timings:
+    seconds of the load's phases that are not the file read ("repack_s" for a GGUF).
     """
 
     cfg: FlintConfig
@@ -45,6 +46,7 @@ class LoadedCheckpoint:
     format: WeightFormat
     config_dir: Path
     generation_config: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)  # "repack_s" (NVFP4), seconds
 
 
 def read_generation_config(config_dir: str | Path) -> dict[str, Any]:
@@ -156,8 +158,10 @@ def load_checkpoint(path: str | Path, hf_config_path: str | Path | None = None,
     else:
         from flint_graph.gguf_checkpoint import load_gguf
 
-        weights = load_gguf(gguf, cfg, device, progress)
+        timings: dict[str, float] = {}
+        weights = load_gguf(gguf, cfg, device, progress, timings)
         # a GGUF may hold BF16 linears too: report what was loaded, not what the file type hints
         is_fp4 = isinstance(weights.layers[0].q_proj, NVFP4Weight) if weights.layers else True
         fmt = WeightFormat.NVFP4 if is_fp4 else WeightFormat.BF16
-    return LoadedCheckpoint(cfg, weights, fmt, config_dir, generation_config)
+    return LoadedCheckpoint(cfg, weights, fmt, config_dir, generation_config,
+                            timings if gguf is not None else {})

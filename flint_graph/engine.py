@@ -152,16 +152,32 @@ class Engine:
                 deltas += self._sample_and_append([req], logits[None])
         # Rows admitted this step already got their first token from prefill.
         rows = [r for r in self.running if not r.is_finished and r not in admitted]
-        if rows and self.runner:
-            deltas += self._graph_decode(rows)
-        elif rows:
-            seqs = [self._kv[r.id] for r in rows]
-            last = [torch.tensor([r.output_ids[-1]], device=self.device) for r in rows]
-            logits = torch.stack([lg[-1] for lg in self.model.forward(seqs, last)])
-            deltas += self._sample_and_append(rows, logits)
+        try:
+            deltas += self._decode(rows) if rows else []
+        except (FlintError, ValueError, RuntimeError) as e:
+            # Reported to the requests of this step only; the engine takes new ones. A CUDA
+            # fault that poisons the context cannot be survived in-process, but it is reported
+            # the same way rather than crashing the caller's loop.
+            deltas += [self._fail(r, f"decode step failed: {type(e).__name__}: {e}")
+                       for r in rows]
         for r in [r for r in self.running if r.is_finished]:
             self._retire(r)
         return deltas
+
+    def _decode(self, rows: list[Request]) -> list[RequestDelta]:
+        if self.runner:
+            return self._graph_decode(rows)
+        seqs = [self._kv[r.id] for r in rows]
+        last = [torch.tensor([r.output_ids[-1]], device=self.device) for r in rows]
+        logits = torch.stack([lg[-1] for lg in self.model.forward(seqs, last)])
+        return self._sample_and_append(rows, logits)
+
+    @staticmethod
+    def _fail(req: Request, why: str) -> RequestDelta:
+        req.errors.append(why)
+        delta = req.finish("error")
+        delta.errors.append(why)
+        return delta
 
     def _graph_decode(self, rows: list[Request]) -> list[RequestDelta]:
         """One graph replay for `rows`; rows whose stop ids are still banned (min_tokens) are

@@ -24,6 +24,7 @@ F32 or BF16 into the containers' dtypes: norms bf16, sinks/router/bias float32.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,11 +310,22 @@ def _few(names: list[str], limit: int = 8) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def _load_one(spec: TensorSpec, t, side, device: torch.device) -> torch.Tensor | NVFP4Weight:
+def _synced_clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _load_one(spec: TensorSpec, t, side, device: torch.device,
+              timings: dict[str, float] | None = None) -> torch.Tensor | NVFP4Weight:
     host = torch.from_numpy(t.data)
     if t.tensor_type == NVFP4:
         # Permute on the device; copy=True so a CPU result never aliases the file mapping.
-        codes, scales = nvfp4.from_ggml_blocks(host.to(device, copy=True))
+        blocks = host.to(device, copy=True)
+        t0 = _synced_clock(device)
+        codes, scales = nvfp4.from_ggml_blocks(blocks)
+        if timings is not None:
+            timings["repack_s"] = timings.get("repack_s", 0.0) + _synced_clock(device) - t0
         if side is None:
             scale2 = torch.ones((), dtype=torch.float32)
         else:
@@ -326,7 +338,7 @@ def _load_one(spec: TensorSpec, t, side, device: torch.device) -> torch.Tensor |
 
 
 def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
-              progress: bool = True) -> FlintWeights:
+              progress: bool = True, timings: dict[str, float] | None = None) -> FlintWeights:
     """Load a Flint NVFP4 GGUF into `FlintWeights` on `device`.
 
     Everything is validated before any tensor goes to the device: the file (exists, parses),
@@ -340,6 +352,9 @@ def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
 
     Raises CheckpointError naming the path and tensor (expected vs found) or ConfigError naming
     the metadata key. When loading fails part way, nothing it allocated stays on the device.
+    `timings`, when given, gets "repack_s": seconds spent permuting NVFP4 blocks (the device
+    synchronised around each, so the figure is the repack's own; the rest of the load is the
+    file read and the copy to the device).
     """
     path, reader = _open(path)
     meta = _metadata(reader)
@@ -355,7 +370,7 @@ def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
         total = sum(t.n_bytes for _, t, _ in plan)
         with progress_bar(progress, f"loading {path.name}", total) as advance:
             for spec, t, side in plan:
-                loaded[spec.name] = _load_one(spec, t, side, device)
+                loaded[spec.name] = _load_one(spec, t, side, device, timings)
                 advance(t.n_bytes)
         return _assemble(cfg, loaded)
     except BaseException:

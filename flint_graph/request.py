@@ -32,7 +32,8 @@ class RequestDelta:
     `arguments` JSON in fragments; `ToolCallDelta.error` withdraws a call that turned out
     malformed); errors: repairs and malformed calls (output_parser);
     finish_reason: None while running, else "stop" | "tool_calls" (the model stopped after
-    calling at least one tool, OpenAI's convention) | "length" | "abort".
+    calling at least one tool, OpenAI's convention) | "length" | "abort" | "error" (the engine
+    could not run the request's step; the reason is in errors).
     """
 
     request_id: int
@@ -77,6 +78,7 @@ class Request:
         self.pending: deque[RequestDelta] = deque()
         self.text = ""
         self.finish_reason: str | None = None
+        self.errors: list[str] = []  # the engine's, e.g. a failed decode step (finish "error")
         self._detok = IncrementalDetokenizer(tokenizer, self.prompt_ids)
         self._stop = StopChecker(list(params.stop or []))
         self.parser = parser

@@ -39,9 +39,10 @@ chunk = max(m, ceil(tiles / n)) tiles per split. A short range is a latency prob
 bandwidth one: a CTA reading 8 tiles (128 KB) alone is slower than several SMs reading a few
 each, but every partial adds 4 KB to what the combining CTA reads; the H200 sweep in the
 constants' comments puts the best m at 3 to 4 tiles (most warps of such a CTA idle).
-SPLITS (`splits_for`) gives ~128 CTAs for full layers at every bucket (one per SM of the
-H200's 132: at 100K, 32 splits per KV head at B = 1, 98 tiles per CTA), and for sliding
-layers the same bound, capped at ceil(17 / m) for a window's 17 tiles (6 at W = 513).
+SPLITS (`splits_for`) gives ~128 CTAs per row for full layers (one per SM of the H200's
+132: at 100K, 32 splits per KV head, 98 tiles per CTA), and for sliding layers the same bound,
+capped at ceil(17 / m) for a window's 17 tiles (6 at W = 513). It does not depend on the
+bucket, so a row is split the same way alone or among 7 others (batch invariance).
 When n is clamped to SPLITS the last chunks can be empty (257 tiles in 32 splits of 9
 leave 3): such a CTA writes o = 0, lse = −inf and still counts towards the n arrivals.
 
@@ -96,10 +97,13 @@ def min_tiles(window: int) -> int:
     return MIN_TILES_SLIDING if window else MIN_TILES_FULL
 
 
-def splits_for(b: int, window: int, num_kv_heads: int) -> int:
-    """SPLITS (the most chunks of one row) for bucket b: ~CTA_TARGET CTAs in all (one per SM),
-    and for sliding layers no more chunks than a full window has `min_tiles` runs of tiles."""
-    n = max(1, CTA_TARGET // (b * num_kv_heads))
+def splits_for(window: int, num_kv_heads: int) -> int:
+    """SPLITS (the most chunks of one row), the same at every bucket: ~CTA_TARGET CTAs for one
+    row (one per SM), and for sliding layers no more chunks than a full window has `min_tiles`
+    runs of tiles. A row's split count, hence its summation order, then depends on its own
+    length only, so its output is bitwise the same in any bucket beside any other rows (batch
+    invariance); larger buckets just launch more CTAs (B·HKV·SPLITS)."""
+    n = max(1, CTA_TARGET // num_kv_heads)
     if window:
         n = min(n, -(-_max_tiles(window) // min_tiles(window)))
     return n
@@ -178,7 +182,7 @@ def _kinds(cfg) -> list[tuple[int, int, int]]:
 def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     return [KERNEL.spec(B=b, HQ=hq, HKV=hkv, D=d, P=p, RING=ring, W=w,
-                        SPLITS=splits_for(b, w, hkv))
+                        SPLITS=splits_for(w, hkv))
             for b in buckets for ring, p, w in _kinds(cfg)]
 
 

@@ -108,6 +108,28 @@ def test_stream_concatenates_to_output_and_abort_frees_slot(tiny_llm):
     assert not tiny_llm.engine.has_work
 
 
+def test_a_failed_decode_step_ends_its_requests_and_the_engine_serves_new_ones(tiny_llm,
+                                                                              monkeypatch):
+    model = tiny_llm.engine.model
+    real, calls = model.forward, []
+
+    def forward_failing_once(seqs, tokens):
+        calls.append(len(seqs))
+        if len(calls) == 2:
+            raise RuntimeError("injected fault")
+        return real(seqs, tokens)
+
+    monkeypatch.setattr(model, "forward", forward_failing_once)
+    outs = tiny_llm.generate(["first", "second"], GREEDY)
+    assert calls[1] == 2  # both rows were in the failing step
+    for out in outs:
+        assert out.finish_reason == "error" and len(out.token_ids) == 2
+        assert out.errors == ["decode step failed: RuntimeError: injected fault"]
+    assert not tiny_llm.engine.has_work
+    again = tiny_llm.generate("after the fault", GREEDY)[0]
+    assert again.finish_reason == "length" and again.errors == []
+
+
 def test_chat_pipeline_parses_reasoning_and_typed_tool_call(tiny_llm, monkeypatch):
     tools = [{"type": "function", "function": {
         "name": "get_weather", "parameters": {"type": "object", "properties": {

@@ -56,6 +56,7 @@ def test_gguf_file_loads_as_nvfp4_with_sibling_config(ckpt_dir):
     ck = load_checkpoint(ckpt_dir / GGUF_NAME, progress=False)
     assert ck.format is WeightFormat.NVFP4 and ck.config_dir == ckpt_dir
     assert isinstance(ck.weights.layers[3].ffn.up, NVFP4Weight)
+    assert ck.timings["repack_s"] > 0  # the start-up report's repack phase
     assert_same_model(ck, load_checkpoint(ckpt_dir, progress=False))
 
 

@@ -373,6 +373,8 @@ def test_stats_prints_the_start_up_report(capsys, tiny_ckpt):
     report = json.loads(line.removeprefix("flint-graph: start-up "))
     assert report["engine"] == "reference" and "needs CUDA" in report["fallback_reason"]
     assert report["checkpoint_s"] >= 0 and report["weights_bytes"] > 0
+    assert report["checkpoint_read_s"] + report["repack_s"] == pytest.approx(
+        report["checkpoint_s"], abs=2e-3)
 
 
 def test_max_context_on_the_reference_engine_says_it_is_ignored(capsys, tiny_ckpt):

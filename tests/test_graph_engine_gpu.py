@@ -61,3 +61,37 @@ def test_seeded_sampling_repeats(llms):
     a = graph.generate(PROMPTS[:2], params)
     b = graph.generate(PROMPTS[:2], params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_out_of_memory_for_the_kv_cache_names_it_and_the_flag(tiny_ckpt, monkeypatch):
+    from flint_graph.capture import runner
+    from flint_graph.errors import ConfigError
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 58.00 GiB")
+
+    monkeypatch.setattr(runner, "KVCache", no_memory)
+    with pytest.raises(ConfigError, match="out of GPU memory for the KV cache.*--max-context"):
+        LLM(tiny_ckpt, device="cuda", progress=False,
+            engine=EngineConfig(engine="graph", max_context=4000))
+
+
+def test_a_failed_replay_ends_its_requests_and_the_engine_serves_new_ones(llms, monkeypatch):
+    graph, _ = llms
+    runner, calls = graph.engine.runner, []
+    real = runner.decode
+
+    def decode_failing_once(rows):
+        calls.append(len(rows))
+        if len(calls) == 3:
+            raise ValueError("injected fault")
+        return real(rows)
+
+    monkeypatch.setattr(runner, "decode", decode_failing_once)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    outs = graph.generate(PROMPTS[:2], params)
+    assert all(o.finish_reason == "error" and len(o.token_ids) == 3 for o in outs)
+    assert outs[0].errors == ["decode step failed: ValueError: injected fault"]
+    assert len(runner.free_slots) == graph.engine.max_slots  # their slots came back
+    again = graph.generate(PROMPTS[2], params)[0]
+    assert again.finish_reason == "length" and len(again.token_ids) == 8
