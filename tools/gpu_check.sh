@@ -20,8 +20,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
   || { cat "$OUT/install.log"; exit 1; }
 export PYTHONUNBUFFERED=1
+export FLINT_TEST_REPORT=${FLINT_TEST_REPORT:-$OUT/test-report}  # per-test JSON (greedy 256, nodes)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pytest -q -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 \
+timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
+  ${GPU_TESTS:-tests} 2>&1 \
   | tee "$OUT/gpu-tests.log" | tail -25
 status=${PIPESTATUS[0]}  # GPU test failures decide the exit code, whatever runs after
 
