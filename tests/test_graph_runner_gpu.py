@@ -1,17 +1,31 @@
 """The graph engine's properties that issue 9 lists, on the tiny and the full config with BF16 and
 NVFP4 weights (capture/runner.py, capture/decode_step.py, the reference model as the oracle):
 
-  (a, b, e) a 256-token greedy generation from a real chat prompt, longer than the sliding
-      window (the rings wrap), checked step by step against the reference run on the same
-      tokens: the graph's pick equals the reference's argmax, or the reference's logits of the
-      two picks are within TIE of their RMS; the next-token distributions' KL(ref ‖ graph) at
-      temperature 1 has median ≤ KL_MEDIAN and max ≤ KL_MAX. Why these bounds: the graph rounds
-      the LM-head logits to bf16 (2^-9 relative) and each layer's kernels round where the
-      reference does but sum in another order (≤ 1e-2 relative per layer output, see
-      test_decode_layer_gpu.py); a logits error δ gives KL ≈ Var_p(δ)/2, ~1e-5 for δ ~ 1e-2·rms.
-      A router near-tie (an ulp of h picks the other expert) can move one step's logits more,
-      hence the looser max. With $FLINT_TEST_REPORT set, each run writes its per-step numbers
-      (mismatches with their gaps, KL quantiles) to that folder as JSON.
+  (a, b, e) 256 greedy tokens from a real chat prompt, longer than the sliding window (the
+      rings wrap), in two ways. Lockstep: at every position the graph's step and the
+      reference's step start from the same KV cache (the reference reads and writes the
+      graph's slot through SlotKV, after the graph's replay), so each step's error is its own,
+      not carried over; the tokens fed are the reference's greedy picks (its free run). There
+      the next-token distributions' KL(ref ‖ graph) at temperature 1 has median ≤ KL_MEDIAN
+      and every step ≤ KL_MAX, and the graph's argmax equals the reference's unless the
+      reference's logits of the two ids are within TIE of their RMS or within FLIP_SIGMAS
+      standard deviations of that step's own logits error (δ_a − δ_b has σ = √2·rel·rms, so
+      3.2σ ≈ 4.5·rel·rms). The error itself is bounded against the reference's own
+      sensitivity: every PROBE_EVERY steps the reference's step is run again with one bf16 ulp
+      added to one element of the token's embedding, and the graph's logits error (median over
+      steps) must stay within NOISE_FACTOR of what that single ulp does to the reference
+      (KL within NOISE_FACTOR²), or within 1e-2 / KL_MEDIAN when that is larger. Every step's
+      KL ≤ KL_MAX. Free run: the graph generates 256 tokens on its own cache from the same
+      prefill; at its first divergence from the reference's tokens the reference's gap obeys
+      the same rule with the free run's error at that step. Why the errors exist: the graph
+      rounds the LM-head logits to bf16 (2^-9 relative) and the layers round where the
+      reference does but sum in another order (≤ 1e-2 relative per layer,
+      test_decode_layer_gpu.py); an ulp at a router near-tie picks another expert. The full
+      config's random weights amplify such differences over 49 layers (measured on the H200:
+      one ulp of one embedding element moves the reference's own logits by several %), the
+      tiny config's 6 layers barely (~2e-3). With $FLINT_TEST_REPORT set (a file path), each
+      run appends its numbers (KL and error quantiles, the probes, every mismatch with its gap,
+      the free run's divergence) as one JSON line.
   (c) a request's logits, hence its tokens (seeded sampling), are bitwise the same alone (B=1)
       and as any row of buckets 2, 3→4 and 8 beside other requests of other lengths, greedy,
       seeded and unseeded: every kernel's summation order depends on the row only.
@@ -26,6 +40,7 @@ Plus the captured graph's node count and the greedy-only graph's agreement with 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -44,8 +59,11 @@ MODELS = [("tiny", "bf16"), ("tiny", "nvfp4"), ("full", "bf16"), ("full", "nvfp4
 MAX_CONTEXT = 2304
 GREEDY_TOKENS = 256
 TIE = 2e-2  # of the reference logits' RMS: a swap of the top two below this is rounding
+FLIP_SIGMAS = 4.5  # ... or below this many times the step's logits error (rel · rms)
 KL_MEDIAN = 1e-3
 KL_MAX = 5e-2
+PROBE_EVERY = 32
+NOISE_FACTOR = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +86,13 @@ def model(request, kset):
     ref = ReferenceModel(cfg, weights, "cuda")
     runner = GraphRunner(cfg, weights, ref, max_slots=8, max_context=MAX_CONTEXT,
                          vocab_limit=cfg.vocab_size, kset=kset)
-    yield SimpleNamespace(cfg=cfg, weights=weights, ref=ref, runner=runner,
-                          name=f"{preset}-{fmt}")
+    ns = SimpleNamespace(cfg=cfg, weights=weights, ref=ref, runner=runner,
+                         name=f"{preset}-{fmt}")
+    yield ns
+    # Failed tests' tracebacks keep `ns` alive: empty it so the next model (80 GB) fits.
+    ns.__dict__.clear()
     del runner, ref, weights
+    gc.collect()
     torch.cuda.empty_cache()
 
 
@@ -92,11 +114,25 @@ class _Slots:
             self.runner.free_slot(s)
 
 
-def _report(name: str, data: dict) -> None:
-    folder = os.environ.get("FLINT_TEST_REPORT")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / f"{name}.json").write_text(json.dumps(data, indent=1))
+def _report(data: dict) -> None:
+    path = os.environ.get("FLINT_TEST_REPORT")
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(data) + "\n")
+
+
+class _KVSnapshot:
+    """The runner's whole KV cache, saved so a test can decode the same positions again (a
+    decode step overwrites ring entries that an earlier position's window still needs)."""
+
+    def __init__(self, kv):
+        self.kv, self.saved = kv, [(layer.k.clone(), layer.v.clone()) for layer in kv.layers]
+
+    def restore(self):
+        for layer, (k, v) in zip(self.kv.layers, self.saved):
+            layer.k.copy_(k)
+            layer.v.copy_(v)
 
 
 def _chat_prompt(tiny_ckpt, min_tokens: int) -> torch.Tensor:
@@ -118,53 +154,108 @@ def _chat_prompt(tiny_ckpt, min_tokens: int) -> torch.Tensor:
         reps *= 2
 
 
+class _NudgedEmbedding:
+    """One bf16 ulp added to element 0 of `token`'s embedding row while inside."""
+
+    def __init__(self, weights, token: int):
+        self.row = weights.embed[token]
+
+    def __enter__(self):
+        self.saved = self.row[0].clone()
+        self.row[0:1].view(torch.int16).add_(1)  # next bf16 value away from zero
+
+    def __exit__(self, *exc):
+        self.row[0] = self.saved
+
+
+def _kl(want, got):
+    """KL(softmax(want) ‖ softmax(got)) per row, float32 [N]."""
+    return torch.sum(torch.softmax(want, -1) * (torch.log_softmax(want, -1)
+                                                 - torch.log_softmax(got, -1)), -1)
+
+
+def _rel(got, want):
+    return (got - want).norm(dim=-1) / want.norm(dim=-1)
+
+
 def test_b_greedy_generation_follows_the_reference(model, tiny_ckpt):
     """(a), (b), (e): see the module docstring."""
     from flint_graph.capture.decode_step import Row
+    from flint_graph.capture.kv_cache import SlotKV
 
     cfg, runner, ref = model.cfg, model.runner, model.ref
     prompt = _chat_prompt(tiny_ckpt, cfg.sliding_window - GREEDY_TOKENS // 2).cuda()
     n = len(prompt)
     assert n + GREEDY_TOKENS > cfg.sliding_window  # the decode wraps every ring
-    with _Slots(runner, 1) as (slot,):
-        first = runner.prefill(slot, prompt, 256)
-        tokens, graph_logits = [int(first.argmax())], []
-        for i in range(GREEDY_TOKENS):
-            ids, logits = runner.decode([Row(slot=slot, token=tokens[-1], position=n + i)])
+
+    def ref_step(slot, token, pos):
+        return ref.forward([SlotKV(runner.kv, slot, pos)],
+                           [torch.tensor([token], device="cuda")])[0][-1]
+
+    with _Slots(runner, 2) as (lock, free):
+        first = runner.prefill(lock, prompt, 256)
+        assert torch.equal(runner.prefill(free, prompt, 256), first)
+        tokens, graph_logits, ref_logits, probes = [int(first.argmax())], [], [], []
+        for i in range(GREEDY_TOKENS):  # lockstep: both steps start from the same cache
+            _, logits = runner.decode([Row(slot=lock, token=tokens[-1], position=n + i)])
             graph_logits.append(logits[0].clone())
-            tokens.append(ids[0])
-    seq = ref.new_sequence()
-    assert torch.equal(ref.prefill(seq, prompt, 256), first)
-    want = ref.forward([seq], [torch.tensor(tokens[:-1], device="cuda")])[0]  # [256, V]
-    got = torch.stack(graph_logits)
-    kl = torch.sum(torch.softmax(want, -1) * (torch.log_softmax(want, -1)
-                                               - torch.log_softmax(got, -1)), -1)
+            if i % PROBE_EVERY == 0:
+                with _NudgedEmbedding(model.weights, tokens[-1]):
+                    probes.append(ref_step(lock, tokens[-1], n + i))
+            ref_logits.append(ref_step(lock, tokens[-1], n + i))  # rewrites entry n + i
+            tokens.append(int(ref_logits[-1].argmax()))
+        free_tokens, free_logits = [tokens[0]], []
+        for i in range(GREEDY_TOKENS):
+            ids, logits = runner.decode([Row(slot=free, token=free_tokens[-1], position=n + i)])
+            free_logits.append(logits[0].clone())
+            free_tokens.append(ids[0])
+    got, want = torch.stack(graph_logits), torch.stack(ref_logits)
+    kl, rel = _kl(want, got), _rel(got, want)
+    probed = want[::PROBE_EVERY]
+    noise_rel = _rel(torch.stack(probes), probed)
+    noise_kl = _kl(probed, torch.stack(probes))
     rms = want.pow(2).mean(-1).sqrt()
-    rel = (got - want).norm(dim=-1) / want.norm(dim=-1)
+
+    def explained(step, pick, ref_pick, err_rel):
+        gap = (want[step, ref_pick] - want[step, pick]).item() / rms[step].item()
+        return gap, gap <= max(TIE, FLIP_SIGMAS * err_rel)
+
     mismatches = []
     for i in range(GREEDY_TOKENS):
-        pick, ref_pick = tokens[i + 1], int(want[i].argmax())
-        assert pick == int(got[i].argmax()), f"step {i}: greedy pick is not its logits' argmax"
+        pick, ref_pick = int(got[i].argmax()), tokens[i + 1]
         if pick != ref_pick:
-            gap = (want[i, ref_pick] - want[i, pick]).item()
+            gap, ok = explained(i, pick, ref_pick, rel[i].item())
             mismatches.append({"step": i, "graph": pick, "reference": ref_pick,
-                               "gap_over_rms": gap / rms[i].item()})
+                               "gap_over_rms": round(gap, 5),
+                               "logits_rel": round(rel[i].item(), 5), "explained": ok})
+    diverge = next((i for i, (a, b) in enumerate(zip(free_tokens, tokens)) if a != b), None)
+    free = {"first_divergence": diverge}
+    if diverge is not None:  # both runs fed the same tokens up to there
+        step = diverge - 1
+        err = _rel(free_logits[step], want[step]).item()
+        gap, ok = explained(step, free_tokens[diverge], tokens[diverge], err)
+        free.update(gap_over_rms=round(gap, 5), logits_rel=round(err, 5), explained=ok)
     q = torch.tensor([0.5, 0.9, 0.99, 1.0], device=kl.device, dtype=kl.dtype)
-    report = {"model": model.name, "prompt_tokens": n, "steps": GREEDY_TOKENS,
-              "kl_quantiles_50_90_99_max": torch.quantile(kl, q).tolist(),
-              "logits_rel_quantiles_50_90_99_max": torch.quantile(rel, q).tolist(),
-              "mismatches": mismatches}
-    _report(f"greedy256-{model.name}", report)
-    for m in mismatches:
-        assert m["gap_over_rms"] <= TIE, f"{model.name}: {m}"
-    assert kl.median().item() <= KL_MEDIAN, report
-    assert kl.max().item() <= KL_MAX, report
+    report = {"test": "greedy256", "model": model.name, "prompt_tokens": n,
+              "steps": GREEDY_TOKENS,
+              "kl_q50_q90_q99_max": [round(x, 7) for x in torch.quantile(kl, q).tolist()],
+              "logits_rel_q50_q90_q99_max": [round(x, 5) for x in
+                                             torch.quantile(rel, q).tolist()],
+              "one_ulp_probe_rel": [round(x, 5) for x in noise_rel.tolist()],
+              "one_ulp_probe_kl": [round(x, 7) for x in noise_kl.tolist()],
+              "lockstep_mismatches": mismatches, "free_run": free}
+    _report(report)
+    assert all(m["explained"] for m in mismatches), report
+    assert free.get("explained", True), report
+    assert rel.median() <= max(1e-2, NOISE_FACTOR * noise_rel.median()), report
+    assert kl.median() <= max(KL_MEDIAN, NOISE_FACTOR ** 2 * noise_kl.median()), report
+    assert kl.max() <= KL_MAX, report
 
 
 def _decode_together(model, slots, prompts, firsts, x_row, steps=4):
     """Decode the prefilled `slots` together for `steps` steps, the request under test at row
     x_row (sampled, seed 1234) and its neighbours greedy, seeded or unseeded: its [steps]
-    logits (cloned) and sampled ids. Reruns rewrite the same KV entries with the same values."""
+    logits (cloned) and sampled ids."""
     from flint_graph.capture.decode_step import Row
 
     params = [dict(temperature=0.0), dict(temperature=1.0, seed=77),
@@ -184,11 +275,14 @@ def _decode_together(model, slots, prompts, firsts, x_row, steps=4):
 
 def test_c_a_request_decodes_the_same_alone_and_in_every_bucket(model):
     cfg, runner = model.cfg, model.runner
-    prompts = [_tokens(cfg, n, 30 + n) for n in (1200, 40, 700, 2000, 5, 300, 900, 1500)]
+    prompts = [_tokens(cfg, n, 30 + n) for n in (1200, 40, 600, 5, 70, 30, 90, 20)]
     with _Slots(runner, 8) as slots:  # x (1,200 tokens: many attention splits) is slot 0
-        firsts = [int(runner.prefill(s, p.cuda(), 512).argmax()) for s, p in zip(slots, prompts)]
+        firsts = [int(runner.prefill(s, p.cuda(), 2048).argmax())
+                  for s, p in zip(slots, prompts)]
+        snapshot = _KVSnapshot(runner.kv)
         alone = _decode_together(model, slots[:1], prompts[:1], firsts[:1], 0)
         for n_others, x_row in ((1, 1), (2, 0), (3, 2), (7, 5)):  # buckets 2, 4 (a pad), 4, 8
+            snapshot.restore()
             order = list(range(1, n_others + 1))
             order.insert(x_row, 0)
             got = _decode_together(model, [slots[i] for i in order],
@@ -256,10 +350,12 @@ def test_d_the_padding_rows_state_cannot_reach_the_live_rows(model):
     runs = []
     with _Slots(runner, 3) as slots:
         firsts = [int(runner.prefill(s, p.cuda(), 512).argmax()) for s, p in zip(slots, prompts)]
+        snapshot = _KVSnapshot(runner.kv)
         for fill in (None, float("nan"), 1e30, -1e30):
+            snapshot.restore()
             _fill_scratch(runner.kv, fill)
             toks, run = list(firsts), []
-            for step in range(3):  # each run rewrites the same entries with the same values
+            for step in range(3):
                 ids, logits = runner.decode(
                     [Row(slot=s, token=t, position=len(p) + step)
                      for s, p, t in zip(slots, prompts, toks)])
@@ -318,9 +414,9 @@ def test_graph_node_count(model):
     graph = model.runner.graphs[1]
     nodes = graph.graph_nodes()
     assert nodes.get("kernel", 0) >= graph.kernels_per_step, nodes
-    _report(f"graph-nodes-{model.name}", {b: {"sampling": g.graph_nodes(),
-                                              "greedy": g.graph_nodes(greedy=True)}
-                                          for b, g in model.runner.graphs.items()})
+    _report({"test": "graph_nodes", "model": model.name,
+             "nodes": {b: {"sampling": g.graph_nodes(), "greedy": g.graph_nodes(greedy=True)}
+                       for b, g in model.runner.graphs.items()}})
 
 
 def test_the_greedy_graph_picks_what_the_sampler_picks_at_temperature_zero(model):

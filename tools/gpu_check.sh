@@ -20,7 +20,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
   || { cat "$OUT/install.log"; exit 1; }
 export PYTHONUNBUFFERED=1
-export FLINT_TEST_REPORT=${FLINT_TEST_REPORT:-$OUT/test-report}  # per-test JSON (greedy 256, nodes)
+export FLINT_TEST_REPORT=${FLINT_TEST_REPORT:-$OUT/test-report.jsonl}  # per-test JSON lines
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
   ${GPU_TESTS:-tests} 2>&1 \
