@@ -275,8 +275,10 @@ def _decode_together(model, slots, prompts, firsts, x_row, steps=4):
 
 def test_c_a_request_decodes_the_same_alone_and_in_every_bucket(model):
     cfg, runner = model.cfg, model.runner
-    prompts = [_tokens(cfg, n, 30 + n) for n in (1200, 40, 600, 5, 70, 30, 90, 20)]
-    with _Slots(runner, 8) as slots:  # x (1,200 tokens: many attention splits) is slot 0
+    # x (600 tokens: 5 attention splits of its full layers at every bucket; before SPLITS was
+    # made bucket-independent, B = 8 split it in 4) is slot 0
+    prompts = [_tokens(cfg, n, 30 + n) for n in (600, 40, 300, 5, 70, 30, 90, 20)]
+    with _Slots(runner, 8) as slots:
         firsts = [int(runner.prefill(s, p.cuda(), 2048).argmax())
                   for s, p in zip(slots, prompts)]
         snapshot = _KVSnapshot(runner.kv)
@@ -349,7 +351,8 @@ def test_d_the_padding_rows_state_cannot_reach_the_live_rows(model):
     prompts = [_tokens(cfg, n, 50 + n) for n in (33, 600, 90)]
     runs = []
     with _Slots(runner, 3) as slots:
-        firsts = [int(runner.prefill(s, p.cuda(), 512).argmax()) for s, p in zip(slots, prompts)]
+        firsts = [int(runner.prefill(s, p.cuda(), 2048).argmax())
+                  for s, p in zip(slots, prompts)]
         snapshot = _KVSnapshot(runner.kv)
         for fill in (None, float("nan"), 1e30, -1e30):
             snapshot.restore()
@@ -375,11 +378,11 @@ def test_f_a_concurrent_prefill_leaves_a_decoding_row_bitwise_unchanged(model):
     runs = []
     for with_prefill in (False, True):
         with _Slots(runner, 2) as (a, b):
-            tok = int(runner.prefill(a, prompt, 16).argmax())
+            tok = int(runner.prefill(a, prompt, 40).argmax())
             run = []
             for i in range(12):
                 if with_prefill and i == 6:
-                    runner.prefill(b, other, 512)
+                    runner.prefill(b, other, 2048)
                 ids, logits = runner.decode([Row(slot=a, token=tok, position=40 + i)])
                 run.append(logits[0].clone())
                 tok = ids[0]
