@@ -1,16 +1,19 @@
 """The whole decode step for one batch bucket, from the kernels, captured in one CUDA graph.
 
-embedding → every `DecodeLayer` → final RMSNorm → LM-head GEMV → sampler (DESIGN §3 "Decode
-graph"). Every per-step input lives in a static device buffer owned by `DecodeGraph` for the
-graph's lifetime; `set_rows` fills them from the host before a replay, and no captured node
-reads host memory. The embedding lookup, the fp32 cast of the logits and the sampler are torch
-ops inside the graph (no kernel of ours yet); everything else is our kernels with PDL.
+embedding → every `DecodeLayer` → final RMSNorm → LM-head GEMV → sampler kernel
+(`kernels/sample_tokens.py`: temperature, top-k, top-p, greedy per row, counter-based draws keyed
+by (seed, token index)) (DESIGN §3 "Decode graph"). Every per-step input lives in one static
+device buffer owned by `DecodeGraph` for the graph's lifetime; `set_rows` fills it from pinned
+host memory with one asynchronous copy before a replay, and no captured node reads host memory.
+The embedding lookup is a torch op inside the graph; everything else is our kernels with PDL.
 
 The KV cache is `kv_cache.KVCache`; padding rows of a bucket point at its scratch slot, so they
 never touch a live request's KV.
 
 Numerics: as `ReferenceModel` except that the LM head's logits come out of the GEMV rounded to
-bf16 (the reference keeps them fp32): a relative change of at most 2^-9 per logit.
+bf16 (the reference keeps them fp32): a relative change of at most 2^-9 per logit. The sampler
+draws from integer weights (2^40 · exp((l − l_max)/T), exact sums): the same token as
+`sampling.sample` unless the draw falls within ~2e-6 relative of a CDF step.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from flint_graph.capture.decode_layer import DecodeLayer, StepBuffers
 from flint_graph.capture.kv_cache import KVCache
 from flint_graph.config import FlintConfig
 from flint_graph.kernels import gemv_bf16, gemv_nvfp4
+from flint_graph.kernels.spec import DTYPES
 from flint_graph.sampling import sample
 from flint_graph.weights import FlintWeights, NVFP4Weight
 
@@ -82,6 +86,7 @@ class StepInputs:
         self._pending = True
 
 
+TOP_K_CAP = 2**31 - 1  # the sampler reads top_k as int32; anything this large means "all"
 _NUMPY = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32}
 
 
@@ -89,14 +94,16 @@ class DecodeGraph:
     """The decode step of bucket `batch` over `weights` (on the GPU) and `kv`.
 
     `set_rows(rows)` (at most `batch` rows; the rest become padding rows on the scratch slot),
-    then `replay()` (or `run_eager()` before `capture()`); results in `logits` float32 [B, V]
-    and `next_ids` int64 [B]. `vocab_limit`: ids at or above it are never sampled (padding rows
-    of the LM head)."""
+    then `replay()` (or `run_eager()` before `capture()`); results in `logits_bf16` [B, V]
+    (`logits`: a float32 copy) and `next_ids` int64 [B]. `vocab_limit`: ids at or above it are
+    never sampled (padding rows of the LM head)."""
 
     def __init__(self, kset, cfg: FlintConfig, weights: FlintWeights, kv: KVCache, batch: int,
-                 vocab_limit: int | None = None, *, pdl: bool = True):
+                 vocab_limit: int | None = None, *, pdl: bool = True,
+                 torch_sampler: bool = False):
         self.cfg, self.weights, self.kv, self.batch = cfg, weights, kv, batch
         self.pdl = pdl  # False: plain stream order between our kernels (for comparison)
+        self.torch_sampler = torch_sampler  # True: sampling.sample in the graph (comparison)
         dev = weights.final_norm.device
         b = batch
         self.bufs = StepBuffers.allocate(cfg, b, kv.pages_per_slot, device=dev)
@@ -113,7 +120,7 @@ class DecodeGraph:
         self.inputs = StepInputs({
             "positions": (i32, (b,)), "row_mask": (i32, (b,)), "ring_table": (i32, (b, 1)),
             "page_table": (i32, (b, kv.pages_per_slot)), "ids": (i64, (b,)),
-            "temperature": (f32, (b,)), "top_k": (i64, (b,)), "top_p": (f32, (b,)),
+            "temperature": (f32, (b,)), "top_k": (i32, (b,)), "top_p": (f32, (b,)),
             "seeds": (i64, (b,)), "draw_index": (i64, (b,))}, dev)
         dv = self.inputs.device
         self.bufs.positions, self.bufs.row_mask = dv["positions"], dv["row_mask"]
@@ -121,16 +128,20 @@ class DecodeGraph:
         self.ids, self.temperature, self.top_k = dv["ids"], dv["temperature"], dv["top_k"]
         self.top_p, self.seeds, self.draw_index = dv["top_p"], dv["seeds"], dv["draw_index"]
         self.logits_bf16 = torch.empty(b, v, dtype=torch.bfloat16, device=dev)
-        self.logits = torch.empty(b, v, dtype=torch.float32, device=dev)
         self.next_ids = torch.zeros(b, dtype=torch.int64, device=dev)
         self.vocab_limit = vocab_limit if vocab_limit is not None else v
+        self.sampler = kset.get("sample_tokens", B=b, V=v, VLIM=v)
+        # its workspaces: zero before the first launch, left zero by every launch
+        self.sampler_ws = [torch.zeros(a.shape, dtype=getattr(torch, DTYPES[a.dtype][0]),
+                                       device=dev)
+                           for a in self.sampler.args if getattr(a, "role", "") == "workspace"]
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.greedy_graph: torch.cuda.CUDAGraph | None = None
 
     @property
     def kernels_per_step(self) -> int:
-        """Our kernel launches in one step (torch ops for embedding/sampling not counted)."""
-        return sum(layer.kernels_per_launch for layer in self.layers) + 2
+        """Our kernel launches in one step: the layers', the final norm, the LM head and the
+        sampler (the torch embedding lookup not counted; `graph_nodes` counts everything)."""
+        return sum(layer.kernels_per_launch for layer in self.layers) + 3
 
     def set_rows(self, rows: list[Row]) -> None:
         """Fill the static input buffers for this step (one asynchronous host → device copy on
@@ -155,13 +166,13 @@ class DecodeGraph:
             h["page_table"][i] = kv.page_table(r.slot)
         h["ids"][:] = [r.token for r in full]
         h["temperature"][:] = [r.temperature for r in full]
-        h["top_k"][:] = [r.top_k for r in full]
+        h["top_k"][:] = [min(r.top_k, TOP_K_CAP) for r in full]
         h["top_p"][:] = [r.top_p for r in full]
         h["seeds"][:] = [r.seed for r in full]
         h["draw_index"][:] = [r.draw_index for r in full]
         self.inputs.upload()
 
-    def _body(self, greedy: bool = False) -> None:
+    def _body(self) -> None:
         cfg, w, bf = self.cfg, self.weights, self.bufs
         bf.stream.copy_(reference.embed(w.embed, self.ids))
         pdl = None if self.pdl else False
@@ -170,14 +181,21 @@ class DecodeGraph:
         self.norm.launch(bf.stream, bf.zeros, w.final_norm, bf.residual, bf.h, cfg.rms_norm_eps,
                          pdl=pdl)
         self.head.launch(bf.h, *self.head_args, self.logits_bf16, pdl=pdl)
-        self.logits.copy_(self.logits_bf16)
         if self.vocab_limit < cfg.vocab_size:
-            self.logits[:, self.vocab_limit:] = float("-inf")
-        if greedy:  # every row at temperature 0: argmax (first maximum, as sample's greedy)
-            self.next_ids.copy_(self.logits.argmax(-1))
-        else:
-            self.next_ids.copy_(sample(self.logits, self.temperature, self.top_k, self.top_p,
-                                       self.seeds, self.draw_index))
+            self.logits_bf16[:, self.vocab_limit:] = float("-inf")
+        if self.torch_sampler:
+            self.next_ids.copy_(sample(self.logits_bf16.float(), self.temperature,
+                                       self.top_k.long(), self.top_p, self.seeds,
+                                       self.draw_index))
+            return
+        self.sampler.launch(self.logits_bf16, self.temperature, self.top_k, self.top_p,
+                            self.seeds, self.draw_index, self.next_ids, *self.sampler_ws,
+                            pdl=pdl)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """The last step's logits as float32 [B, V] (a copy; -inf at ids ≥ vocab_limit)."""
+        return self.logits_bf16.float()
 
     def run_eager(self) -> None:
         """One step without the graph (same kernels, launched one by one)."""
@@ -195,13 +213,8 @@ class DecodeGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self._body()
-        # A second graph for steps whose rows are all greedy: the sampler's sort and cumsums
-        # (~80 kernels, ~0.2 ms at V = 151,552) become one argmax.
-        self.greedy_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.greedy_graph):
-            self._body(greedy=True)
 
-    def graph_nodes(self, greedy: bool = False) -> dict[str, int]:
+    def graph_nodes(self) -> dict[str, int]:
         """Node counts by type ("kernel", "memcpy", "memset", ...) of the step's CUDA graph,
         read from a separate capture with the driver's graph API: what one replay launches,
         torch's ops included. Raises RuntimeError where torch or the driver cannot say."""
@@ -212,7 +225,7 @@ class DecodeGraph:
         except TypeError as e:  # torch without keep_graph
             raise RuntimeError(f"torch {torch.__version__} cannot keep a captured graph") from e
         with torch.cuda.graph(g):
-            self._body(greedy)
+            self._body()
         graph = cu.CUgraph(g.raw_cuda_graph())
         err, _, n = cu.cuGraphGetNodes(graph, 0)
         err2, nodes, n = cu.cuGraphGetNodes(graph, n)
@@ -226,9 +239,8 @@ class DecodeGraph:
         del g
         return counts
 
-    def replay(self, greedy: bool = False) -> None:
-        """Run the captured step on the current stream (after `set_rows`); greedy: the graph
-        that takes the argmax, for steps whose live rows all have temperature 0."""
+    def replay(self) -> None:
+        """Run the captured step on the current stream (after `set_rows`)."""
         if self.graph is None:
             raise RuntimeError("DecodeGraph.replay before capture()")
-        (self.greedy_graph if greedy else self.graph).replay()
+        self.graph.replay()

@@ -50,7 +50,8 @@ class GraphRunner:
     that shrink it)."""
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, model: ReferenceModel,
-                 max_slots: int, max_context: int | None, vocab_limit: int, kset=None):
+                 max_slots: int, max_context: int | None, vocab_limit: int, kset=None,
+                 torch_sampler: bool = False):
         from flint_graph.capture.launcher import KernelSet
 
         if not 1 <= max_slots <= max(BUCKETS):
@@ -77,7 +78,8 @@ class GraphRunner:
         for b in [b for b in BUCKETS if b <= max_slots] or [max_slots]:
             t0 = time.perf_counter()
             try:
-                g = DecodeGraph(self.kset, cfg, weights, self.kv, b, vocab_limit)
+                g = DecodeGraph(self.kset, cfg, weights, self.kv, b, vocab_limit,
+                                torch_sampler=torch_sampler)
                 t1 = time.perf_counter()
                 g.set_rows([])  # warm-up and capture touch only the scratch slot
                 g.capture()
@@ -116,14 +118,14 @@ class GraphRunner:
         return self.model.prefill(SlotKV(self.kv, slot, start), prompt, chunk_tokens)
 
     def decode(self, rows: list[Row]) -> tuple[list[int], torch.Tensor]:
-        """One decode step for `rows` (1 ≤ len ≤ max_slots): (sampled ids, float32 logits
+        """One decode step for `rows` (1 ≤ len ≤ max_slots): (sampled ids, bf16 logits
         [len(rows), V], a view valid until the next decode)."""
         b = min(b for b in self.graphs if b >= len(rows))
         g = self.graphs[b]
         g.set_rows(rows)
-        g.replay(greedy=all(r.temperature == 0 for r in rows))
+        g.replay()
         ids = self._ids_host[:len(rows)]
         ids.copy_(g.next_ids[:len(rows)], non_blocking=True)  # to pinned memory, no extra sync
         self._ids_ready.record()
         self._ids_ready.synchronize()
-        return ids.tolist(), g.logits[:len(rows)]
+        return ids.tolist(), g.logits_bf16[:len(rows)]

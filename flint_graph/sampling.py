@@ -11,9 +11,9 @@ descending-logit order (stable sort: ties go to the lower id). One hash per row,
 entry, so the cost is the sort plus the cumsum top-p needs anyway. A seeded request gets the same
 token whatever else is in the batch and whichever bucket runs it. The hash is bit-identical on
 CPU and CUDA and the math after it is float64, so the two agree unless a uniform lands within
-~1e-15 of a CDF step (checked on the H200 by the gpu test). Graph replay on the H200 at V=151552:
-~180 us at B=1, ~320 us at B=8 (97 kernels, ~140 us of it the sort); a fused kernel should
-replace this path.
+~1e-15 of a CDF step (checked on the H200 by the gpu test). This is the reference engine's
+sampler (and the graph engine's for rows resampled on the host); the captured decode graph runs
+the same order of operations in one kernel, `kernels/sample_tokens.py`, with integer weights.
 
 Shape legend: B batch rows, V vocab.
 """
