@@ -172,12 +172,14 @@ class DecodeGraph:
         h["draw_index"][:] = [r.draw_index for r in full]
         self.inputs.upload()
 
-    def _body(self) -> None:
+    def _body(self, after_layer=None) -> None:
         cfg, w, bf = self.cfg, self.weights, self.bufs
         bf.stream.copy_(reference.embed(w.embed, self.ids))
         pdl = None if self.pdl else False
-        for layer, kv in zip(self.layers, self.kv.layers):
+        for i, (layer, kv) in enumerate(zip(self.layers, self.kv.layers)):
             layer.launch(bf, kv, pdl=pdl)
+            if after_layer is not None:
+                after_layer(i, bf)
         self.norm.launch(bf.stream, bf.zeros, w.final_norm, bf.residual, bf.h, cfg.rms_norm_eps,
                          pdl=pdl)
         self.head.launch(bf.h, *self.head_args, self.logits_bf16, pdl=pdl)
@@ -197,9 +199,11 @@ class DecodeGraph:
         """The last step's logits as float32 [B, V] (a copy; -inf at ids ≥ vocab_limit)."""
         return self.logits_bf16.float()
 
-    def run_eager(self) -> None:
-        """One step without the graph (same kernels, launched one by one)."""
-        self._body()
+    def run_eager(self, after_layer=None) -> None:
+        """One step without the graph (same kernels, launched one by one). `after_layer(i,
+        bufs)`, when given, runs after layer i's kernels are enqueued (e.g. to copy out its
+        buffers when looking for the first layer where two runs differ)."""
+        self._body(after_layer)
 
     def capture(self) -> None:
         """Warm up once on a side stream, then capture the step into one CUDA graph. The warm-up

@@ -12,7 +12,10 @@ docstring of gemv_nvfp4.py explains the bit tricks.
   * `tiles` m16 tiles per CTA (16 * tiles rows) share each x load and x PRMT (B fragments);
   * split-K epilogue: each warp stores its fp32 16x8 tile(s) once, at a slot rotated per lane
     (conflict-free STS); each output (row, batch column) then has its `warps` partials
-    contiguous, and one thread sums them with warps/4 LDS.128 (the order does not matter).
+    contiguous, and one thread loads them with warps/4 LDS.128, undoes the rotation (selects)
+    and sums them in warp order. The order matters: the rotation depends on the batch column,
+    so summing in slot order gave a row other roundings in other batch positions (found by the
+    batch-invariance test on the full NVFP4 config: one o-projection output off by an ulp).
 The HMMA chain of a step is split over 4 accumulator sets (2 per tile when tiles = 2).
 
 `row_rstd` and `normed` are the NORM=1 prologue of the fused QKV GEMVs (gemv_nvfp4 and
@@ -122,6 +125,17 @@ def _tree_sum(vals):
     while len(vals) > 1:
         vals = [vals[i] + vals[i + 1] for i in range(0, len(vals), 2)]
     return vals[0]
+
+
+def _rotate(cutlass, vals, r):
+    """[vals[(j + r) % n] for j], r a dynamic int in [0, n), n a power of two: log2(n) rounds
+    of selects (a dynamic register index would spill to local memory)."""
+    n, bit = len(vals), 1
+    while bit < n:
+        take = (r & bit) != 0
+        vals = [cutlass.select_(take, vals[(j + bit) % n], vals[j]) for j in range(n)]
+        bit *= 2
+    return vals
 
 
 def kernel_pw(b_rows: int, k: int, warps: int, tiles: int, pre: int, depth: int):
@@ -265,7 +279,12 @@ def kernel_pw(b_rows: int, k: int, warps: int, tiles: int, pre: int, depth: int)
             o = ln.tidx + base
             if o < rows_cta * b_rows:
                 part = sp[None, o].load()
-                total = _tree_sum([part[w] for w in range(warps)])
+                # Warp w's partial of o sits at slot (w + r) % warps, r from the lane (g, t)
+                # that held o: sum in warp order, so o's summation order is the same for
+                # every batch column (a row's output must not depend on its place in the
+                # batch: batch invariance).
+                r = ((o % rows_cta) % 8 // q + (8 // q) * (o // rows_cta // 2)) % warps
+                total = _tree_sum(_rotate(cutlass, [part[w] for w in range(warps)], r))
                 n = ln.n0 + o % rows_cta
                 if n < ln.n:
                     my[o // rows_cta, n] = (total * alpha).to(BFloat16)
