@@ -24,8 +24,8 @@ from flint_graph.chat_template import Segment, render_chat_segments
 from flint_graph.checkpoint import load_checkpoint
 from flint_graph.engine import Engine
 from flint_graph.engine_config import EngineConfig, pick_device
-from flint_graph.errors import (CheckpointError, ContextLengthError, InvalidRequestError,
-                                TemplateError)
+from flint_graph.errors import (CheckpointError, ConfigError, ContextLengthError,
+                                InvalidRequestError, TemplateError)
 from flint_graph.output_parser import OutputParser, ToolCall
 from flint_graph.request import Request, RequestDelta
 from flint_graph.sampling import SamplingParams
@@ -128,6 +128,10 @@ class LLM:
             raise InvalidRequestError(f"model {model!r}: expected a checkpoint directory or "
                                       ".gguf path (or None for the embedded default)")
         self.device = pick_device(device)
+        if engine.engine == "graph" and self.device.type != "cuda":
+            # Refuse before reading a checkpoint that may be tens of GB.
+            raise ConfigError(f"engine=graph: the graph engine needs CUDA and this run is on "
+                              f"{self.device}; use engine auto or reference (--engine)")
         if model is None:
             # The generator is only needed for the embedded default: import it only then.
             from flint_graph.make_checkpoint import ensure_default_checkpoint

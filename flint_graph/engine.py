@@ -65,7 +65,7 @@ class Engine:
             return None, "engine=reference"
         why = None
         if self.device.type != "cuda":
-            why = f"the graph engine needs CUDA; running on {self.device}"
+            why = f"the graph engine needs CUDA; this run is on {self.device}"
         else:
             try:
                 from flint_graph.capture.runner import GraphRunner

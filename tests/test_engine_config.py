@@ -102,11 +102,17 @@ def test_engine_choice_and_max_context_are_validated():
         EngineConfig(max_context=0)
 
 
-def test_graph_engine_on_the_cpu_says_it_needs_cuda(tiny_ckpt):
-    from flint_graph import LLM
+def test_graph_engine_on_the_cpu_says_it_needs_cuda_before_loading(tiny_ckpt, monkeypatch):
+    from flint_graph import LLM, api
     from flint_graph.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="engine=graph: the graph engine needs CUDA"):
-        LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(engine="graph"))
+    def no_load(*args, **kwargs):
+        raise AssertionError("the checkpoint was read before the refusal")
+
+    with monkeypatch.context() as m:
+        m.setattr(api, "load_checkpoint", no_load)
+        with pytest.raises(ConfigError, match="engine=graph: the graph engine needs CUDA and "
+                                              "this run is on cpu; use engine auto or reference"):
+            LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(engine="graph"))
     llm = LLM(tiny_ckpt, device="cpu", progress=False)  # auto falls back, saying why
     assert llm.engine.name == "reference" and "needs CUDA" in llm.engine.fallback_reason
