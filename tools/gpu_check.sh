@@ -8,8 +8,9 @@
 # ordering test, the reference model on CUDA), the kernel microbenchmark, the decode-kernel and
 # layer benchmark (tools/bench_layer.py; SKIP_LAYER_BENCH=1 skips it), the whole decode step
 # captured per bucket at full size (tools/bench_step.py; SKIP_STEP_BENCH=1 skips it), and (unless
-# SKIP_FULL=1) the CLI at full 40B size plus the eager baseline. Logs land in $OUT; a short
-# summary is printed last.
+# SKIP_FULL=1) the CLI at full 40B size (with --stats: the start-up phases) plus the eager
+# baseline. Logs land in $OUT (all of them also in $OUT/run.tgz); a short summary is printed
+# last.
 set -uo pipefail
 OUT=${OUT:-/tmp/flint-out}
 WORK=${WORK:-/tmp/flint-full}
@@ -57,9 +58,9 @@ if [ -z "${SKIP_FULL:-}" ]; then
       *) extra="";; esac
     t0=$(date +%s)
     flint-graph generate "$WORK/model-nvfp4.gguf" --prompt "$PROMPT" --max-tokens ${TOKENS:-64} \
-      --seed 0 $extra --json > "$OUT/generate-$i.json" 2> "$OUT/generate-$i.err"
+      --seed 0 --stats $extra --json > "$OUT/generate-$i.json" 2> "$OUT/generate-$i.err"
     echo "generate run $i ($extra): exit $?, process wall $(( $(date +%s) - t0 )) s"
-    tail -2 "$OUT/generate-$i.err"
+    grep "start-up" "$OUT/generate-$i.err" | cut -c1-400; tail -1 "$OUT/generate-$i.err"
   done
   python3 - "$OUT" <<'PY'
 import json, sys
@@ -75,6 +76,12 @@ PY
   [ -n "${SKIP_BASELINE:-}" ] || python3 tools/baseline.py --out "$OUT" --work "$WORK" --reuse \
     2>&1 | tee "$OUT/baseline.log" | tail -8
 fi
+# The device tool returns at most 8 files: everything goes into one archive, and the files read
+# first stay beside it.
+(cd "$OUT" && tar -czf /tmp/flint-run.tgz --exclude=run.tgz . && mv /tmp/flint-run.tgz run.tgz \
+  && find . -type f ! -name run.tgz ! -name gpu-tests.log ! -name bench_step.md \
+       ! -name bench_step.json ! -name test-report.jsonl ! -name bench_layer.md \
+       ! -name bench_kernels.md -delete)
 echo "=== GPU tests: $(tail -1 "$OUT/gpu-tests.log")"
 [ -f "$OUT/bench_kernels.md" ] && cat "$OUT/bench_kernels.md"
 [ "$status" -eq 0 ] || echo "GPU TESTS FAILED (pytest exit $status)"
