@@ -123,6 +123,7 @@ class DecodeGraph:
             "temperature": (f32, (b,)), "top_k": (i32, (b,)), "top_p": (f32, (b,)),
             "seeds": (i64, (b,)), "draw_index": (i64, (b,))}, dev)
         dv = self.inputs.device
+        self._table_slots: list[int | None] = [None] * b  # slot whose pages each row holds
         self.bufs.positions, self.bufs.row_mask = dv["positions"], dv["row_mask"]
         self.bufs.ring_table, self.bufs.page_table = dv["ring_table"], dv["page_table"]
         self.ids, self.temperature, self.top_k = dv["ids"], dv["temperature"], dv["top_k"]
@@ -162,8 +163,10 @@ class DecodeGraph:
         h["positions"][:] = [r.position for r in full]
         h["row_mask"][:] = [1] * live + [0] * (b - live)
         h["ring_table"][:, 0] = [r.slot for r in full]
-        for i, r in enumerate(full):
-            h["page_table"][i] = kv.page_table(r.slot)
+        for i, r in enumerate(full):  # a slot's pages are fixed: rewrite a row on a new slot
+            if self._table_slots[i] != r.slot:
+                h["page_table"][i] = kv.page_table(r.slot)
+                self._table_slots[i] = r.slot
         h["ids"][:] = [r.token for r in full]
         h["temperature"][:] = [r.temperature for r in full]
         h["top_k"][:] = [min(r.top_k, TOP_K_CAP) for r in full]
