@@ -37,7 +37,8 @@ from flint_graph import nvfp4
 from flint_graph.config import GGUF_ARCH, FlintConfig
 from flint_graph.errors import CheckpointError
 from flint_graph.progress import progress_bar
-from flint_graph.weights import FlintWeights, LayerWeights, MLPWeights, MoEWeights, NVFP4Weight
+from flint_graph.weights import (FiniteCheck, FlintWeights, LayerWeights, MLPWeights, MoEWeights,
+                                 NVFP4Weight)
 
 NVFP4, BF16, F32 = GGMLQuantizationType.NVFP4, GGMLQuantizationType.BF16, GGMLQuantizationType.F32
 LINEAR, NORM, SINKS, FP32 = "linear", "norm", "sinks", "fp32"  # TensorSpec.kind
@@ -350,8 +351,9 @@ def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
     not is refused, naming the missing sidecars. BF16 linears stay bf16; norms load as bf16;
     sinks, router and bias as float32.
 
-    Raises CheckpointError naming the path and tensor (expected vs found) or ConfigError naming
-    the metadata key. When loading fails part way, nothing it allocated stays on the device.
+    Raises CheckpointError naming the path and tensor (expected vs found, or NaN/infinite values
+    in a BF16/F32 tensor) or ConfigError naming the metadata key. When loading fails part
+    way, nothing it allocated stays on the device.
     `timings`, when given, gets "repack_s": seconds spent permuting NVFP4 blocks (the device
     synchronised around each, so the figure is the repack's own; the rest of the load is the
     file read and the copy to the device).
@@ -366,12 +368,16 @@ def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
     plan = _validate(cfg, reader, path)
     device = torch.device(device)
     loaded: dict[str, Any] = {}
+    finite = FiniteCheck()
     try:
         total = sum(t.n_bytes for _, t, _ in plan)
         with progress_bar(progress, f"loading {path.name}", total) as advance:
             for spec, t, side in plan:
                 loaded[spec.name] = _load_one(spec, t, side, device, timings)
+                if isinstance(loaded[spec.name], torch.Tensor):
+                    finite.add(spec.name, loaded[spec.name])
                 advance(t.n_bytes)
+        finite.raise_if_any(path)
         return _assemble(cfg, loaded)
     except BaseException:
         loaded.clear()

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from flint_graph.config import FlintConfig
 from flint_graph.errors import CheckpointError
 from flint_graph.progress import progress_bar
-from flint_graph.weights import (FlintWeights, LayerWeights, MLPWeights, MoEWeights,
+from flint_graph.weights import (FiniteCheck, FlintWeights, LayerWeights, MLPWeights, MoEWeights,
                                  NVFP4Weight, expert_weight)
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -300,7 +300,8 @@ def load_safetensors(model_dir: str | Path, cfg: FlintConfig,
     experts are copied into stacks allocated there (gate/up [E, M, H], down [E, H, M]).
     Linears, norms, embeddings come back BF16; router [E, H], router_bias [E], sinks [heads] F32.
     Without `qk_norm` the q/k norms are ones [D]; without `attention_sinks` sinks are -inf.
-    Raises CheckpointError naming the path/tensor, expected and found.
+    Raises CheckpointError naming the path/tensor, expected and found, and for NaN or infinite
+    values in any floating tensor (`weights.FiniteCheck`).
     """
     model_dir, dev = Path(model_dir), torch.device(device)
     if not model_dir.is_dir():
@@ -314,15 +315,21 @@ def load_safetensors(model_dir: str | Path, cfg: FlintConfig,
         files = {p: stack.enter_context(safe_open(str(p), framework="pt", device=str(dev)))
                  for p in sorted(set(shards.values()))}
 
+        finite = FiniteCheck()
+
         def get(name: str) -> torch.Tensor:
             spec = specs[name]
             t = files[shards[name]].get_tensor(name).to(dev, _TORCH_DTYPE[spec.dtype])
+            finite.add(name, t)
             advance(_spec_bytes(spec))
             return t
 
         layers = [_load_layer(cfg, i, get, dev, specs) for i in range(cfg.num_hidden_layers)]
-        return FlintWeights(embed=get("model.embed_tokens.weight"), layers=layers,
-                            final_norm=get("model.norm.weight"), lm_head=get("lm_head.weight"))
+        weights = FlintWeights(embed=get("model.embed_tokens.weight"), layers=layers,
+                               final_norm=get("model.norm.weight"),
+                               lm_head=get("lm_head.weight"))
+    finite.raise_if_any(model_dir)
+    return weights
 
 
 def _load_layer(cfg: FlintConfig, i: int, get: Callable[[str], torch.Tensor],

@@ -165,3 +165,35 @@ def _map(obj, fn):
 
 def _nbytes(t) -> int:
     return t.nbytes if isinstance(t, NVFP4Weight) else t.numel() * t.element_size()
+
+
+class FiniteCheck:
+    """Counts NaN/inf in floating weights as a loader reads them, without a host sync per
+    tensor, and names the offenders at the end: random bytes in a file whose header is intact
+    otherwise load silently and decode to NaN logits.
+
+    `add(name, t)` queues a count for a floating tensor (integer tensors: NVFP4 codes and
+    scales, are skipped); `raise_if_any(path)` raises CheckpointError naming `path`, the first
+    tensors with non-finite values and how many each holds."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.counts: list[torch.Tensor] = []
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        if t.is_floating_point():
+            self.names.append(name)
+            self.counts.append(t.numel() - torch.isfinite(t).sum())
+
+    def raise_if_any(self, path) -> None:
+        from flint_graph.errors import CheckpointError
+
+        if not self.counts:
+            return
+        counts = torch.stack(self.counts).tolist()  # one sync for the whole checkpoint
+        bad = [(n, c) for n, c in zip(self.names, counts) if c]
+        if bad:
+            listed = ", ".join(f"{n} ({c} values)" for n, c in bad[:5])
+            more = f" and {len(bad) - 5} more tensors" if len(bad) > 5 else ""
+            raise CheckpointError(f"{path}: NaN or infinite weights in {listed}{more}; the "
+                                  "file is damaged or was not written by a float converter")

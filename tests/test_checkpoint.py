@@ -159,3 +159,22 @@ def test_shards_without_index_are_refused_not_silently_swapped_for_the_gguf(tmp_
     (out / "model.safetensors.index.json").unlink()
     with pytest.raises(CheckpointError, match="no model.safetensors.index.json"):
         load_checkpoint(out, progress=False)
+
+
+def test_nan_or_inf_weights_are_refused_naming_the_tensor(ckpt_dir, tmp_path):
+    """A shard whose header is intact but whose floats were damaged (here: one NaN and one inf
+    written into two tensors) must not load and decode to NaN logits."""
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt_dir, bad)
+    shard = next(p for p in bad.glob("*.safetensors"))
+    tensors = load_file(str(shard))
+    name = next(n for n in tensors if n.endswith("self_attn.o_proj.weight"))
+    tensors[name][0, 0] = float("nan")
+    other = next(n for n in tensors if n.endswith("input_layernorm.weight"))
+    tensors[other][1] = float("inf")
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"{bad}: NaN or infinite weights in .*"
+                                              rf"({name}|{other}) \(1 values\)"):
+        load_checkpoint(bad, progress=False)
