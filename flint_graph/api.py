@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from flint_graph.chat_template import Segment, render_chat_segments
-from flint_graph.checkpoint import load_checkpoint
+from flint_graph.checkpoint import LoadedCheckpoint, load_checkpoint
 from flint_graph.engine import Engine
 from flint_graph.engine_config import EngineConfig, pick_device
 from flint_graph.errors import (CheckpointError, ConfigError, ContextLengthError,
@@ -138,7 +138,23 @@ class LLM:
 
             model = ensure_default_checkpoint(progress=progress)
         t0 = time.perf_counter()
-        self.checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
+        checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
+        self._start(checkpoint, engine, time.perf_counter() - t0)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: LoadedCheckpoint, device: str | torch.device | None = None,
+                        engine: EngineConfig | None = None) -> LLM:
+        """An LLM over weights already in memory (e.g. synthetic ones made by `flint-graph
+        bench`): `checkpoint.weights` on `device`, side files in `checkpoint.config_dir`. Raises
+        as the constructor, minus the file errors."""
+        self = cls.__new__(cls)
+        self.device = pick_device(device)
+        self._start(checkpoint, engine or EngineConfig(), 0.0)
+        return self
+
+    def _start(self, checkpoint: LoadedCheckpoint, engine: EngineConfig, load_s: float) -> None:
+        """Tokenizer, generation defaults and the engine for a loaded checkpoint."""
+        self.checkpoint = checkpoint
         loaded = time.perf_counter()
         self.cfg = self.checkpoint.cfg
         self.tokenizer = FlintTokenizer.from_dir(self.checkpoint.config_dir)
@@ -149,7 +165,7 @@ class LLM:
                 f"{self.tokenizer.vocab_size} tokens but config.json vocab_size is "
                 f"{self.cfg.vocab_size}; the LM head has no row for the rest")
         self.engine = Engine(self.checkpoint, self.device, self.tokenizer.vocab_size, engine)
-        self.startup = startup_report(self, loaded - t0, time.perf_counter() - loaded)
+        self.startup = startup_report(self, load_s, time.perf_counter() - loaded)
 
     # -- raw completion ---------------------------------------------------------------------
 

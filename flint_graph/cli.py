@@ -1,4 +1,4 @@
-"""The `flint-graph` command: chat, generate, make-checkpoint, build-kernels.
+"""The `flint-graph` command: chat, generate, make-checkpoint, build-kernels, bench, trace.
 
 Each subcommand parses its flags (`cli_args`), builds the public API objects and prints. Bad
 input ends in one line on stderr and exit status 2, never a traceback (set FLINT_GRAPH_DEBUG=1
@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 from flint_graph.errors import FlintError, InvalidRequestError
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = None
     try:
         previous = _exit_on_sigint()  # first statement: Ctrl-C from here on ends cleanly
+        t_entry = time.perf_counter()  # bench measures cold start from here
         from flint_graph.cli_args import build_parser
 
         parser = build_parser()
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in modules:
             importlib.import_module(name)
         _restore_sigint(previous)  # from here Ctrl-C raises KeyboardInterrupt: cleanups run
+        args.t_entry = t_entry
         return run(args)
     except SystemExit as e:  # argparse: --help, --version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
@@ -278,6 +281,18 @@ def _cmd_build_kernels(args: argparse.Namespace) -> int:
     return build.run(args)
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from flint_graph.perf.cli import run_bench_cmd
+
+    return run_bench_cmd(args)
+
+
+def _cmd_trace(args: argparse.Namespace) -> int:
+    from flint_graph.perf.cli import run_trace_cmd
+
+    return run_trace_cmd(args)
+
+
 # Each command and the modules it imports during start-up, where Ctrl-C exits at once (see the
 # module docstring). The embedded default checkpoint needs make_checkpoint too.
 COMMANDS = {
@@ -286,6 +301,8 @@ COMMANDS = {
     "generate": (_cmd_generate, ("flint_graph.api", "flint_graph.make_checkpoint")),
     "make-checkpoint": (_cmd_make_checkpoint, ("flint_graph.make_checkpoint",)),
     "build-kernels": (_cmd_build_kernels, ("flint_graph.kernels.build",)),
+    "bench": (_cmd_bench, ("flint_graph.perf.bench", "flint_graph.perf.bench_report")),
+    "trace": (_cmd_trace, ("flint_graph.perf.trace", "flint_graph.perf.trace_report")),
 }
 
 

@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand; `args.command` names the one chosen."""
     p = ArgParser(
         prog="flint-graph",
-        description="Run the Flint 40B MoE LLM: interactive chat, one-shot generation, and "
-                    "synthetic checkpoints in the real formats. Without MODEL, the embedded "
+        description="Run the Flint 40B MoE LLM: interactive chat, one-shot generation, "
+                    "synthetic checkpoints in the real formats, latency benchmarks and traces. Without MODEL, the embedded "
                     "default (a tiny synthetic checkpoint, built on first use) is used.")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "GPU machine only reads the cache.")
     _build_kernels_args(bk)
     bk.set_defaults(command="build-kernels")
+    from flint_graph.perf.cli import add_bench_parser, add_trace_parser
+
+    add_bench_parser(sub, positive_int, _buckets)
+    add_trace_parser(sub, positive_int, _buckets)
     return p
 
 

@@ -313,8 +313,14 @@ class ReferenceModel:
             x = x[[e - 1 for e in ends]]
             ends = list(range(1, len(lens) + 1))
         h = rms_norm(x, w.final_norm, cfg.rms_norm_eps, dtype=dt)
-        logits = h.float() @ dense(w.lm_head, torch.float32).T  # [ΣT, V] fp32, not rounded
+        logits = lm_head(h, w.lm_head)
         return list(logits.tensor_split(ends[:-1]))
+
+
+def lm_head(h: torch.Tensor, w: Linear) -> torch.Tensor:
+    """Logits float32 [T, V] of the final-normed stream h bf16 [T, H] and the LM head w [V, H]:
+    computed in fp32 and not rounded (the graph engine's GEMV rounds them to bf16)."""
+    return h.float() @ dense(w, torch.float32).T
 
 
 def decoder_layer(cfg: FlintConfig, lw: LayerWeights, layer: int, x: torch.Tensor,

@@ -7,7 +7,8 @@
 # Steps: install the carried wheels, the GPU tests (kernels against their references, the PDL
 # ordering test, the reference model on CUDA), the kernel microbenchmark, the decode-kernel and
 # layer benchmark (tools/bench_layer.py; SKIP_LAYER_BENCH=1 skips it), the whole decode step
-# captured per bucket at full size (tools/bench_step.py; SKIP_STEP_BENCH=1 skips it), and (unless
+# captured per bucket at full size with the reference beside it (`flint-graph bench`) and a
+# traced step (`flint-graph trace`) (SKIP_STEP_BENCH=1 skips both), and (unless
 # SKIP_FULL=1) the CLI at full 40B size (with --stats: the start-up phases) plus the eager
 # baseline. Logs land in $OUT (all of them also in $OUT/run.tgz); a short summary is printed
 # last.
@@ -41,15 +42,33 @@ if [ -z "${SKIP_LAYER_BENCH:-}" ]; then
 fi
 
 if [ -z "${SKIP_STEP_BENCH:-}" ]; then
-  timeout "${STEP_BENCH_TIMEOUT:-300}" python3 tools/bench_step.py --out "$OUT" \
-    ${STEP_BENCH_ARGS:---reference} > "$OUT/bench-step.log" 2>&1
-  echo "decode-step bench: exit $? (log: bench-step.log, table: bench_step.md)"
+  # the decode-step matrix of the full config in both formats (synthetic weights in memory,
+  # BF16 then snapped to NVFP4), with the eager reference on the same cells; then one traced
+  # step per format at the longest context
+  timeout "${STEP_BENCH_TIMEOUT:-420}" flint-graph bench --preset full --no-progress \
+    --json "$OUT/bench.json" --markdown "$OUT/bench.md" ${STEP_BENCH_ARGS:-} \
+    > "$OUT/bench.log" 2>&1
+  echo "flint-graph bench: exit $? (log: bench.log, tables: bench.md, figures: bench.json)"
+  for fmt in ${TRACE_FORMATS:-nvfp4}; do
+    timeout "${TRACE_TIMEOUT:-200}" flint-graph trace --preset full --format "$fmt" \
+      --context "${TRACE_CONTEXT:-100000}" --no-progress --out "$OUT/trace-$fmt.json" \
+      --html "$OUT/trace-$fmt.html" ${TRACE_ARGS:-} > "$OUT/trace-$fmt.log" 2>&1
+    echo "flint-graph trace ($fmt): exit $? (log: trace-$fmt.log, timeline: trace-$fmt.json)"
+  done
 fi
 
 if [ -z "${SKIP_FULL:-}" ]; then
   rm -rf "$WORK"
   flint-graph make-checkpoint --preset full --format gguf --out "$WORK" --no-progress \
     2>&1 | tee "$OUT/make-checkpoint.log" | tail -4
+  # the real cold start: process start to first token on the GGUF, phase by phase
+  timeout "${GGUF_BENCH_TIMEOUT:-240}" flint-graph bench "$WORK/model-nvfp4.gguf" --buckets 1 \
+    --contexts 1024 --steps 20 --baseline-steps 2 --prefill-tokens 2048 --no-progress \
+    --json "$OUT/bench-gguf.json" > "$OUT/bench-gguf.log" 2>&1
+  echo "flint-graph bench on the GGUF: exit $? (log: bench-gguf.log)"
+  grep -A12 -i "cold start" "$OUT/bench-gguf.log" | head -14
+  [ -n "${SKIP_GENERATE:-}" ] && SKIP_BASELINE=1
+  [ -n "${SKIP_GENERATE:-}" ] || {
   PROMPT="Explain why a decode step is bound by memory bandwidth."
   # runs 1-2: the default engine (graph on this machine), seeded sampling, twice; run 3: greedy
   # on the graph engine, run 4: greedy on the reference engine (the oracle), compared after
@@ -73,16 +92,18 @@ print(f"same seed -> same ids: {a['token_ids'] == b['token_ids']}")
 same = next((i for i, (x, y) in enumerate(zip(g['token_ids'], r['token_ids'])) if x != y), None)
 print("greedy graph vs reference: " + ("identical" if same is None else f"first differ at {same}"))
 PY
+  }
   [ -n "${SKIP_BASELINE:-}" ] || python3 tools/baseline.py --out "$OUT" --work "$WORK" --reuse \
     2>&1 | tee "$OUT/baseline.log" | tail -8
 fi
 # The device tool returns at most 8 files: everything goes into one archive, and the files read
 # first stay beside it.
 (cd "$OUT" && tar -czf /tmp/flint-run.tgz --exclude=run.tgz . && mv /tmp/flint-run.tgz run.tgz \
-  && find . -type f ! -name run.tgz ! -name gpu-tests.log ! -name bench_step.md \
-       ! -name bench_step.json ! -name test-report.jsonl ! -name bench_layer.md \
-       ! -name bench_kernels.md -delete)
+  && find . -type f ! -name run.tgz ! -name gpu-tests.log ! -name bench.md \
+       ! -name bench.json ! -name test-report.jsonl ! -name trace-nvfp4.json \
+       ! -name trace-nvfp4.html ! -name bench-gguf.json -delete)
 echo "=== GPU tests: $(tail -1 "$OUT/gpu-tests.log")"
 [ -f "$OUT/bench_kernels.md" ] && cat "$OUT/bench_kernels.md"
+[ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"  # the summary table, printed last
 [ "$status" -eq 0 ] || echo "GPU TESTS FAILED (pytest exit $status)"
 exit "$status"

@@ -1,0 +1,409 @@
+"""`flint-graph bench`: decode, end-to-end, prefill and cold-start figures of one model in one
+process, with the eager reference (and on request a `torch.compile`d one) timed on the same work.
+
+What is timed, per weight format:
+- decode step, per (bucket B, context): the graph engine's captured step replayed `steps` times
+  (CUDA events around each replay; median and p90), and the reference model's step on the same
+  (B, context) `baseline_steps` times (synchronised wall clock). The KV cache holds random values
+  (a synthetic fill, not a prefill: the kernels read the same bytes; timing only). The step
+  includes sampling (even rows sampled, odd rows greedy).
+- end to end: `LLM.generate` on B copies of a short chat prompt, `e2e_tokens` tokens each with
+  EOS ignored: TPOT (ms per token after the first: the host loop, detokenizer and stop checks
+  included) and TTFT.
+- prefill: TTFT of one `prefill_tokens`-token prompt (chunked prefill plus the first token).
+- cold start (a checkpoint path only): CLI entry → first token, split into the start-up report's
+  phases. Synthetic weights (`--preset`) are made in memory: no checkpoint read to time.
+The floor of a step is `FlintConfig.decode_step_bytes` / the copy bandwidth measured in this run.
+Output: the dict documented in perf/bench_report.py (schema "flint-graph-bench").
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from flint_graph.config import FlintConfig
+from flint_graph.errors import InvalidRequestError
+from flint_graph.perf.machine import header
+from flint_graph.perf.roofline import copy_bandwidth, floor_ms
+
+DEFAULT_CONTEXTS = (1024, 8192, 32768, 100000)
+DEFAULT_PREFILL = 8192
+KV_FILL = "synthetic: random KV values (not a prefill), timing only"
+PROMPT = "Explain why a decode step is bound by memory bandwidth."
+
+
+@dataclass
+class BenchOptions:
+    """What `run_bench` measures. model: a checkpoint path, else `preset` synthetic weights in
+    `formats`; contexts: None = DEFAULT_CONTEXTS below the model's limit; prefill_tokens: None =
+    DEFAULT_PREFILL (half the model's limit when smaller); t_entry: perf_counter at CLI entry
+    (cold start is measured from it)."""
+
+    model: str | None = None
+    preset: str = "tiny"
+    formats: tuple[str, ...] = ("bf16", "nvfp4")
+    device: str | None = None
+    engine: str = "auto"
+    buckets: tuple[int, ...] = (1, 2, 4, 8)
+    contexts: tuple[int, ...] | None = None
+    steps: int = 50
+    baseline_steps: int = 3
+    compiled: bool = False
+    e2e_tokens: int = 64
+    prefill_tokens: int | None = None
+    seed: int = 0
+    progress: bool = True
+    t_entry: float | None = None
+    command: str = "flint-graph bench"
+    log: object = field(default=print)
+
+
+def plan_contexts(cfg: FlintConfig, contexts, prefill_tokens) -> tuple[list[int], int]:
+    """(contexts, prefill tokens) that fit the model: each context + 1 token ≤ the model's
+    limit. Raises InvalidRequestError naming --contexts / --prefill-tokens and the limit."""
+    limit = cfg.max_position_embeddings
+    if contexts is None:
+        contexts = [c for c in DEFAULT_CONTEXTS if c < limit] or [limit // 2]
+    bad = [c for c in contexts if not 1 <= c < limit]
+    if bad:
+        raise InvalidRequestError(f"--contexts {bad[0]}: expected 1 to {limit - 1} (the model "
+                                  f"holds {limit} tokens)")
+    if prefill_tokens is None:
+        prefill_tokens = min(DEFAULT_PREFILL, limit // 2)
+    if not 1 <= prefill_tokens < limit:
+        raise InvalidRequestError(f"--prefill-tokens {prefill_tokens}: expected 1 to "
+                                  f"{limit - 1} (the model holds {limit} tokens)")
+    return sorted(set(contexts)), prefill_tokens
+
+
+def step_record(engine: str, fmt: str, b: int, ctx: int, times_ms: list[float], cfg, copy_bw):
+    """One decode record: median / p90 ms, tokens/s, bytes, floor and fraction of it."""
+    med = statistics.median(times_ms)
+    p90 = statistics.quantiles(times_ms, n=10)[-1] if len(times_ms) > 1 else med
+    nbytes = cfg.decode_step_bytes(b, ctx, fmt)["total"]
+    fl = floor_ms(nbytes, copy_bw)
+    return {"engine": engine, "format": fmt, "B": b, "context": ctx, "median_ms": med,
+            "p90_ms": p90, "steps": len(times_ms), "tokens_per_s": b / med * 1e3,
+            "bytes": nbytes, "floor_ms": fl, "fraction": fl / med}
+
+
+# -- the model under test --------------------------------------------------------------------
+
+def _side_files(cfg: FlintConfig, seed: int) -> Path:
+    """config.json, tokenizer and generation_config for synthetic in-memory weights."""
+    import json
+
+    from flint_graph.chat_template import GLM47_CHAT_TEMPLATE
+    from flint_graph.make_checkpoint import TOKENIZER_MAX_VOCAB, generation_config
+    from flint_graph.tokenizer import write_tokenizer_files
+
+    d = Path(tempfile.mkdtemp(prefix="flint-bench-"))
+    ids = write_tokenizer_files(d, min(cfg.vocab_size, TOKENIZER_MAX_VOCAB),
+                                GLM47_CHAT_TEMPLATE, seed=seed)
+    (d / "generation_config.json").write_text(json.dumps(generation_config(ids)))
+    (d / "config.json").write_text(json.dumps(cfg.to_dict()))
+    return d
+
+
+def _engine_config(o: BenchOptions, kv_tokens: int):
+    from flint_graph.engine_config import EngineConfig
+
+    return EngineConfig(engine=o.engine, max_slots=max(o.buckets), max_context=kv_tokens)
+
+
+def sources(o: BenchOptions, kv_tokens: int):
+    """Yields (format, LLM) per weight format: the checkpoint's one, or the preset's synthetic
+    weights (BF16, then the same snapped to NVFP4 in place)."""
+    from flint_graph.api import LLM
+    from flint_graph.checkpoint import LoadedCheckpoint, WeightFormat, read_generation_config
+    from flint_graph.engine_config import pick_device
+
+    if o.model is not None:
+        llm = LLM(o.model, device=o.device, progress=o.progress,
+                  engine=_engine_config(o, kv_tokens))
+        yield llm.checkpoint.format.value, llm
+        return
+    from flint_graph.make_checkpoint import quantize_weights
+    from flint_graph.synthetic import make_weights
+
+    cfg, dev = FlintConfig.preset(o.preset), pick_device(o.device)
+    side = _side_files(cfg, o.seed)
+    weights = make_weights(cfg, o.seed, dev, progress=o.progress)
+    for fmt in ("bf16", "nvfp4"):
+        if fmt == "nvfp4":
+            quantize_weights(weights, progress=False)  # the LM head and embedding stay BF16
+        if fmt not in o.formats:
+            continue
+        ckpt = LoadedCheckpoint(cfg, weights, WeightFormat(fmt), side,
+                                read_generation_config(side))
+        yield fmt, LLM.from_checkpoint(ckpt, dev, _engine_config(o, kv_tokens))
+
+
+def cfg_of(o: BenchOptions) -> FlintConfig:
+    """The config the run will use, read before any weights (to check the flags early)."""
+    if o.model is None:
+        return FlintConfig.preset(o.preset)
+    path = Path(o.model)
+    if not path.exists():
+        raise InvalidRequestError(f"{path}: no such checkpoint (expected a BF16 checkpoint "
+                                  "directory or an NVFP4 .gguf file)")
+    config = (path if path.is_dir() else path.parent) / "config.json"
+    if not config.is_file():
+        raise InvalidRequestError(f"{config}: not found; bench reads the model's config.json "
+                                  "beside the checkpoint")
+    return FlintConfig.from_json(config)
+
+
+# -- measurements ----------------------------------------------------------------------------
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def graph_steps(runner, b: int, ctx: int, steps: int) -> list[float]:
+    """ms per replay of bucket b's captured step with every row at position ctx (the KV cache
+    already filled): CUDA events around each replay, after 3 warm-ups."""
+    from flint_graph.capture.decode_step import Row
+
+    g = runner.graphs[b]
+    g.set_rows([Row(slot=i, token=1 + i, position=ctx, temperature=1.0 - i % 2, top_k=20,
+                    top_p=0.95, seed=i, draw_index=ctx) for i in range(b)])
+    for _ in range(3):
+        g.replay()
+    out = []
+    for _ in range(steps):
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        out.append(a.elapsed_time(e))
+    return out
+
+
+def reference_kv(model, b: int, ctx: int) -> list:
+    """b sequences of `ctx` cached tokens of random KV (full layers hold ctx + 1 rows so the
+    timed token's K/V goes in without growing the cache)."""
+    cfg = model.cfg
+    seqs = []
+    for _ in range(b):
+        s = model.new_sequence()
+        for i, w in enumerate(s.windows):
+            if w is None:
+                shape = (ctx + 1, cfg.num_key_value_heads, cfg.head_dim)
+                s.k[i] = torch.randn(shape, device=model.device).to(model.act_dtype)
+                s.v[i] = torch.randn(shape, device=model.device).to(model.act_dtype)
+            else:
+                s.k[i].normal_()
+                s.v[i].normal_()
+        s.num_tokens = ctx
+        seqs.append(s)
+    return seqs
+
+
+def reference_steps(model, b: int, ctx: int, steps: int, forward=None) -> list[float]:
+    """ms per reference decode step (forward + sampling, synchronised) of b rows at context
+    ctx, after one warm-up. `forward` replaces model.forward (the compiled baseline)."""
+    from flint_graph.sampling import sample
+
+    dev, forward = model.device, forward or model.forward
+    seqs = reference_kv(model, b, ctx)
+    tokens = [torch.tensor([1 + i], device=dev) for i in range(b)]
+    temp = torch.tensor([1.0 - i % 2 for i in range(b)], device=dev)
+    top_k = torch.full((b,), 20, device=dev)
+    top_p = torch.full((b,), 0.95, device=dev)
+    seeds = torch.arange(b, device=dev)
+    pos = torch.full((b,), ctx, device=dev)
+    out = []
+    with torch.inference_mode():
+        for i in range(steps + 1):
+            for s in seqs:
+                s.num_tokens = ctx
+            _sync(dev)
+            t0 = time.perf_counter()
+            logits = torch.cat(forward(seqs, tokens))
+            sample(logits, temp, top_k, top_p, seeds, pos)
+            _sync(dev)
+            if i:
+                out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _fits(model, b: int, ctx: int) -> bool:
+    if model.device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(model.device)
+    return b * (ctx + 1) * model.cfg.kv_bytes_per_token * 1.3 < 0.9 * free
+
+
+def e2e_record(llm, fmt: str, b: int, tokens: int, prompt_ids: list[int], engine=None) -> dict:
+    """TPOT and TTFT of b identical chat prompts decoded together, EOS ignored."""
+    from flint_graph.sampling import SamplingParams
+
+    outs = llm.generate([prompt_ids] * b, SamplingParams(max_tokens=tokens, ignore_eos=True))
+    return {"engine": engine or llm.engine.name, "format": fmt, "B": b,
+            "prompt_tokens": len(prompt_ids), "tokens": tokens,
+            "ms_per_token": statistics.median(o.ms_per_token for o in outs),
+            "ttft_ms": statistics.median(o.ttft_ms for o in outs)}
+
+
+def prefill_record(llm, fmt: str, n: int) -> dict:
+    """Time to the first token of one n-token prompt (chunked prefill + one step)."""
+    from flint_graph.sampling import SamplingParams
+
+    ids = [(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(n)]
+    out = llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))[0]
+    return {"engine": llm.engine.name, "format": fmt, "tokens": n, "ms": out.ttft_ms,
+            "tokens_per_s": n / out.ttft_ms * 1e3}
+
+
+def graph_nodes_per_bucket(runner) -> dict[str, int]:
+    """Kernel nodes of each bucket's captured step (our launches where the driver cannot say)."""
+    out = {}
+    for b, g in runner.graphs.items():
+        try:
+            out[str(b)] = g.graph_nodes().get("kernel", 0)
+        except RuntimeError:
+            out[str(b)] = g.kernels_per_step
+    return out
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+def run_bench(o: BenchOptions) -> dict:
+    """Every figure of one bench run as the "flint-graph-bench" dict. Raises
+    InvalidRequestError / ConfigError / CheckpointError for bad flags or models (before the
+    long work where it can)."""
+    from flint_graph.engine_config import pick_device
+    from flint_graph.progress import progress_bar
+
+    cfg = cfg_of(o)
+    contexts, prefill_n = plan_contexts(cfg, o.contexts, o.prefill_tokens)
+    dev = pick_device(o.device)
+    if o.engine == "graph" and dev.type != "cuda":
+        raise InvalidRequestError(f"--engine graph: needs CUDA, this run is on {dev}")
+    source = o.model or f"preset {o.preset} (synthetic, seed {o.seed}, in memory)"
+    res = header("flint-graph-bench", cfg, str(source), dev, o.command)
+    res.update(copy_bw=copy_bandwidth(dev), kv_fill=KV_FILL, cold_start=None,
+               kernels_per_step={}, decode=[], e2e=[], prefill=[], errors=[],
+               settings={"buckets": list(o.buckets), "contexts": contexts, "steps": o.steps,
+                         "baseline_steps": o.baseline_steps, "e2e_tokens": o.e2e_tokens,
+                         "prefill_tokens": prefill_n})
+    kv_tokens = min(cfg.max_position_embeddings,
+                    max(max(contexts) + 1, prefill_n + 1, 512 + o.e2e_tokens))
+    n_formats = 1 if o.model else len(o.formats)
+    cells = n_formats * (len(o.buckets) * len(contexts) * (2 + o.compiled) + len(o.buckets) + 2)
+    with progress_bar(o.progress, "bench", cells, unit="steps") as advance:
+        for fmt, llm in sources(o, kv_tokens):
+            _bench_one(o, res, fmt, llm, contexts, prefill_n, advance)
+            del llm
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    return res
+
+
+def _bench_one(o, res, fmt, llm, contexts, prefill_n, advance) -> None:
+    from flint_graph.chat_template import render_chat
+
+    cfg, runner, dev = llm.cfg, llm.engine.runner, llm.device
+    prompt = llm.tokenizer.encode(render_chat(llm.tokenizer.chat_template,
+                                              [{"role": "user", "content": PROMPT}]))
+    first = e2e_record(llm, fmt, 1, 1, prompt)  # the first token after start-up
+    if res["cold_start"] is None:
+        res["cold_start"] = _cold_start(o, llm, fmt, first["ttft_ms"] / 1e3)
+    if runner is None and dev.type == "cuda":
+        res["errors"].append(f"graph engine not running ({fmt}): {llm.engine.fallback_reason}")
+    if runner is not None:
+        res["kernels_per_step"][fmt] = graph_nodes_per_bucket(runner)
+    for b in o.buckets:
+        res["e2e"].append(e2e_record(llm, fmt, b, o.e2e_tokens, prompt))
+        advance(1)
+    if runner is not None:  # the same request on the reference engine: the baseline
+        ref = _reference_llm(llm)
+        res["e2e"].append(e2e_record(ref, fmt, 1, max(4, o.baseline_steps + 1), prompt))
+        del ref
+    advance(1)
+    res["prefill"].append(prefill_record(llm, fmt, prefill_n))
+    advance(1)
+    if runner is not None:
+        for layer in runner.kv.layers:
+            layer.k.normal_()
+            layer.v.normal_()
+        for b in o.buckets:
+            for ctx in contexts:
+                res["decode"].append(step_record("graph", fmt, b, ctx,
+                                                 graph_steps(runner, b, ctx, o.steps), cfg,
+                                                 res["copy_bw"]))
+                advance(1)
+    model = llm.engine.model
+    baselines = [("reference", None)]
+    if o.compiled:
+        baselines.append(("compiled", _compiled_forward(model, res)))
+    for name, fwd in baselines:
+        for b in o.buckets:
+            for ctx in contexts:
+                advance(1)
+                if name == "compiled" and fwd is None:
+                    continue
+                if not _fits(model, b, ctx):
+                    res["errors"].append(f"{name} {fmt} B={b} context {ctx}: its KV cache "
+                                         "does not fit beside the graph engine's; skipped")
+                    continue
+                try:
+                    times = reference_steps(model, b, ctx, o.baseline_steps, fwd)
+                except Exception as e:  # noqa: BLE001  a baseline failing must not end the run
+                    res["errors"].append(f"{name} {fmt} B={b} context {ctx}: "
+                                         f"{type(e).__name__}: {str(e)[:200]}")
+                    continue
+                finally:
+                    gc.collect()
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+                res["decode"].append(step_record(name, fmt, b, ctx, times, cfg, res["copy_bw"]))
+    if runner is None:
+        advance(len(o.buckets) * len(contexts))
+
+
+def _reference_llm(llm):
+    """The same weights behind the reference engine (no copy: same device)."""
+    from flint_graph.api import LLM
+    from flint_graph.engine_config import EngineConfig
+
+    return LLM.from_checkpoint(llm.checkpoint, llm.device, EngineConfig(engine="reference"))
+
+
+def _compiled_forward(model, res):
+    """model.forward under torch.compile (CUDA graphs via mode "reduce-overhead" on CUDA);
+    None, with the reason in res["errors"], when it cannot compile."""
+    try:
+        mode = "reduce-overhead" if model.device.type == "cuda" else "default"
+        return torch.compile(model.forward, mode=mode, dynamic=False)
+    except Exception as e:  # noqa: BLE001
+        res["errors"].append(f"compiled reference: torch.compile failed: {type(e).__name__}: "
+                             f"{str(e)[:200]}")
+        return None
+
+
+def _cold_start(o: BenchOptions, llm, fmt: str, first_token_s: float) -> dict:
+    """Start-up phases (seconds) and the total from the CLI's entry to the first token."""
+    s = llm.startup
+    phases = {k: s[k] for k in ("checkpoint_read_s", "repack_s", "kv_alloc_s",
+                                "kernel_cache_s") if k in s}
+    phases["capture_s"] = round(sum(v for k, v in s.items() if k.startswith("capture_B")), 3)
+    phases["first_token_s"] = round(first_token_s, 3)
+    now = time.perf_counter()
+    total = now - o.t_entry if o.t_entry is not None else None
+    note = ("from the CLI's entry (imports included) to the first token of a short chat prompt"
+            if o.model else "synthetic weights made in memory: no checkpoint read or repack; "
+            "pass a checkpoint path for the real cold start (total includes making the weights)")
+    return {"format": fmt, "total_s": total and round(total, 3), "phases": phases,
+            "note": note}

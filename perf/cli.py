@@ -1,0 +1,246 @@
+"""The `bench` and `trace` subcommands of `flint-graph`: their flags (imported while the CLI
+starts, so nothing heavy here) and what they run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+BENCH_FIGURES = """\
+figures (one process, one run):
+  decode ms     median and p90 of the decode step: the graph engine's captured step replayed
+                --steps times (CUDA events), the reference engines' step --baseline-steps
+                times (synchronised wall clock); every row at the given context, the KV cache
+                filled with random values (timing only), sampling included.
+  tokens/s      B / median step time.
+  floor ms      the fewest bytes the step must move (weights once, routed experts expected to
+                be touched by B tokens, the KV of every row) / the copy bandwidth measured at
+                the start of this run (a 2 GiB device-to-device copy on CUDA).
+  % of floor    floor / measured: 100% would be a step at copy speed.
+  ×ref, ×comp   the eager reference's (or, with --compiled, torch.compile's) median / the graph
+                engine's, on the same (format, B, context).
+  e2e ms/token  TPOT of LLM.generate on B copies of a short chat prompt, --e2e-tokens tokens
+                each, EOS ignored: host loop, sampling, detokenizer and stop checks included.
+  TTFT          submission to first token of that prompt.
+  prefill       TTFT of one --prefill-tokens-token prompt: chunked prefill + first token.
+  cold start    with a checkpoint path: CLI entry to the first token, split into checkpoint
+                read, repack (GGUF), KV allocation, kernel-cache load, graph capture and first
+                token (synthetic --preset weights are made in memory: no read to time).
+  kernels/step  kernel nodes in each bucket's captured decode graph.
+--json FILE keeps every figure with the machine (GPU, driver, torch, cuda-bindings, CuTe DSL),
+the config hash and the git revision; --compare A.json B.json prints what changed."""
+
+TRACE_FIGURES = """\
+figures:
+  µs            a kernel's duration, median over --steps steps. Graph engine: CUPTI kernel
+                records (torch.profiler) of CUDA-graph replays, PDL overlap included.
+                Reference engine: wall clock around each top-level op (synchronised on CUDA).
+  bytes         what the kernel must move (weights, KV, activations); % BW = bytes / µs as a
+                fraction of the copy bandwidth measured in this run.
+  share         µs / the step's time (first kernel start to last kernel end).
+  kinds         totals per kind (embedding, attention, gemv, moe, norm, lm_head, sampling,
+                other) and "gap": step time covered by no kernel (launch latency, bubbles).
+  floor         the kind's bytes / copy bandwidth.
+  kernels/step  kernel nodes in the captured graph.
+--out FILE writes the JSON, which is also a Chrome-trace / Perfetto timeline (open it at
+ui.perfetto.dev or chrome://tracing); --html FILE a self-contained page plotting the step by
+kind against the floor; --compare A.json B.json diffs two saved traces."""
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        vals = ()
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what} >= 1, found {text!r}")
+    return vals
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    """--contexts: token counts; 8K / 100k style suffixes allowed."""
+    out = []
+    for part in text.split(","):
+        p = part.strip().lower()
+        mult = 1024 if p.endswith("k") else 1
+        try:
+            out.append(int(p[:-1] if mult > 1 else p) * mult)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated token counts (e.g. "
+                                             f"1024,8192 or 1k,8k), found {text!r}") from None
+    return _ints(",".join(map(str, out)), "token counts")
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    vals = tuple(x.strip() for x in text.split(","))
+    if not vals or any(v not in ("bf16", "nvfp4") for v in vals):
+        raise argparse.ArgumentTypeError(f"expected bf16, nvfp4 or bf16,nvfp4, found {text!r}")
+    return vals
+
+
+def _common(p: argparse.ArgumentParser, positive_int) -> None:
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="a BF16 checkpoint directory or NVFP4 .gguf file (its config.json "
+                        "beside it); default: synthetic weights of --preset made in memory")
+    p.add_argument("--preset", choices=("tiny", "full"), default="tiny",
+                   help="config of the synthetic weights when no MODEL is given (default: "
+                        "%(default)s; full = the 40B shape, needs a large GPU)")
+    p.add_argument("--device", metavar="DEV", help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--engine", choices=("auto", "graph", "reference"), default="auto",
+                   help="engine under test: graph (CUDA + kernel cache), reference, or auto "
+                        "(graph where it can run; default)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="hide progress bars")
+
+
+def add_bench_parser(sub, positive_int, buckets) -> None:
+    """`flint-graph bench`."""
+    p = sub.add_parser("bench", help="decode latency per bucket and context against the roofline "
+                                     "and the eager reference; e2e, prefill, TTFT, cold start",
+                       description="Benchmark the decode runtime in one run: decode step times "
+                                   "per batch bucket and context, next to the roofline floor "
+                                   "and the eager reference; end-to-end TPOT, TTFT, prefill "
+                                   "and cold start.",
+                       epilog=BENCH_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, positive_int)
+    p.add_argument("--formats", type=_formats, default=("bf16", "nvfp4"), metavar="F,F",
+                   help="weight formats of the synthetic weights (default: bf16,nvfp4; a "
+                        "checkpoint has its own)")
+    p.add_argument("--buckets", type=buckets, default=(1, 2, 4, 8), metavar="B,B,...",
+                   help="batch buckets (default: 1,2,4,8)")
+    p.add_argument("--contexts", type=_contexts, metavar="N,N,...",
+                   help="context lengths in tokens, e.g. 1k,8k,32k,100000 (default: "
+                        "1024,8192,32768,100000, those below the model's limit)")
+    p.add_argument("--steps", type=positive_int, default=50, metavar="N",
+                   help="timed replays per graph cell (default: %(default)s)")
+    p.add_argument("--baseline-steps", type=positive_int, default=3, metavar="N",
+                   help="timed steps per reference cell (default: %(default)s)")
+    p.add_argument("--compiled", action="store_true",
+                   help="also time the reference under torch.compile (CUDA graphs on CUDA; "
+                        "slow to compile)")
+    p.add_argument("--e2e-tokens", type=positive_int, default=64, metavar="N",
+                   help="tokens per request in the end-to-end run (default: %(default)s)")
+    p.add_argument("--prefill-tokens", type=positive_int, metavar="N",
+                   help="prompt length of the prefill timing (default: 8192, or half the "
+                        "model's limit when smaller)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write every figure as JSON")
+    p.add_argument("--markdown", type=Path, metavar="FILE", help="write the tables as markdown")
+    p.add_argument("--compare", type=Path, nargs=2, metavar=("A.json", "B.json"),
+                   help="print what changed from run A to run B (runs nothing)")
+    p.set_defaults(command="bench")
+
+
+def add_trace_parser(sub, positive_int, buckets) -> None:
+    """`flint-graph trace`."""
+    p = sub.add_parser("trace", help="one decode step per kernel: times, bytes, bandwidth, "
+                                     "totals per kind, a Perfetto timeline",
+                       description="Trace the decode step: per kernel its layer, kind, time, "
+                                   "bytes and bandwidth; totals per kind with the gaps; the "
+                                   "graph's kernel count; a Chrome-trace/Perfetto timeline.",
+                       epilog=TRACE_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, positive_int)
+    p.add_argument("--format", dest="formats", type=_formats, default=("nvfp4",),
+                   metavar="F", help="weight format of the synthetic weights (default: nvfp4)")
+    p.add_argument("--batch", type=buckets, default=(1,), metavar="B",
+                   help="batch bucket (default: 1)")
+    p.add_argument("--context", type=_contexts, default=(1024,), metavar="N",
+                   help="tokens in every row's KV cache (default: 1024)")
+    p.add_argument("--steps", type=positive_int, default=5, metavar="N",
+                   help="steps traced; times are medians (default: %(default)s)")
+    p.add_argument("--top", type=positive_int, default=20, metavar="N",
+                   help="slowest kernels listed on screen (default: %(default)s)")
+    p.add_argument("--out", type=Path, metavar="FILE",
+                   help="write the trace JSON (also a Perfetto / chrome://tracing timeline)")
+    p.add_argument("--html", type=Path, metavar="FILE",
+                   help="write a self-contained HTML plot of the step by kind vs the floor")
+    p.add_argument("--compare", type=Path, nargs=2, metavar=("A.json", "B.json"),
+                   help="diff two saved traces (runs nothing)")
+    p.set_defaults(command="trace")
+
+
+def _options(args, command: str):
+    from flint_graph.perf.bench import BenchOptions
+
+    o = BenchOptions(model=args.model, preset=args.preset, formats=args.formats,
+                     device=args.device, engine=args.engine, seed=args.seed,
+                     progress=args.progress, t_entry=getattr(args, "t_entry", None),
+                     command=command, steps=args.steps)
+    return o
+
+
+def _write(path: Path, text: str) -> None:
+    from flint_graph.errors import InvalidRequestError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as e:
+        raise InvalidRequestError(f"{path}: cannot write ({e.strerror or e})") from None
+
+
+def _command_line() -> str:
+    return "flint-graph " + " ".join(sys.argv[1:])
+
+
+def run_bench_cmd(args) -> int:
+    """Run (or compare) benchmarks; print the tables; write --json / --markdown."""
+    from rich.console import Console
+
+    from flint_graph.perf import bench_report
+
+    console = Console()
+    if args.compare:
+        a, b = (bench_report.load(p) for p in args.compare)
+        bench_report.print_compare(a, b, console)
+        return 0
+    for p in (args.json, args.markdown):
+        if p is not None and p.is_dir():
+            from flint_graph.errors import InvalidRequestError
+            raise InvalidRequestError(f"{p}: is a directory; expected a file name")
+    from flint_graph.perf.bench import run_bench
+
+    o = _options(args, _command_line())
+    o.buckets, o.contexts = args.buckets, args.contexts
+    o.baseline_steps, o.compiled = args.baseline_steps, args.compiled
+    o.e2e_tokens, o.prefill_tokens = args.e2e_tokens, args.prefill_tokens
+    res = run_bench(o)
+    if args.json:  # first: the figures survive whatever happens to the tables
+        _write(args.json, json.dumps(res, indent=1) + "\n")
+    if args.markdown:
+        _write(args.markdown, bench_report.markdown(res) + "\n")
+    bench_report.print_report(res, console)
+    for p in (args.json, args.markdown):
+        if p:
+            console.print(f"wrote {p}")
+    return 0
+
+
+def run_trace_cmd(args) -> int:
+    """Trace (or compare traces); print the breakdown; write --out / --html."""
+    from rich.console import Console
+
+    from flint_graph.perf import trace_report
+
+    console = Console()
+    if args.compare:
+        a, b = (trace_report.load(p) for p in args.compare)
+        trace_report.print_compare(a, b, console)
+        return 0
+    from flint_graph.perf.trace import run_trace
+
+    o = _options(args, _command_line())
+    o.buckets, o.contexts = args.batch, args.context
+    tr = run_trace(o)
+    if args.out:
+        _write(args.out, json.dumps(trace_report.to_file_json(tr)) + "\n")
+    if args.html:
+        _write(args.html, trace_report.html_plot(tr))
+    trace_report.print_trace(tr, console, top=args.top)
+    if args.out:
+        console.print(f"wrote {args.out} (open it at ui.perfetto.dev or chrome://tracing)")
+    if args.html:
+        console.print(f"wrote {args.html}")
+    return 0

@@ -1,0 +1,86 @@
+"""What a benchmark or trace ran on and what it ran: machine, versions, git revision, config
+hash — so two saved runs can be compared knowing whether they are comparable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from flint_graph.config import FlintConfig
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _version(*dists: str) -> str | None:
+    for d in dists:
+        try:
+            return metadata.version(d)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def machine_info(device: torch.device) -> dict:
+    """GPU name and driver (None on the CPU), torch / CUDA / cuda-bindings / CuTe DSL versions,
+    Python and the CPU."""
+    cuda = device.type == "cuda"
+    return {"device": device.type,
+            "gpu": torch.cuda.get_device_name(device) if cuda else None,
+            "driver": _driver() if cuda else None,
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cuda_bindings": _version("cuda-bindings", "cuda-python"),
+            "cutlass_dsl": _version("nvidia-cutlass-dsl"),
+            "python": platform.python_version(),
+            "cpu": f"{platform.machine()} ({os.cpu_count()} threads, torch uses "
+                   f"{torch.get_num_threads()})"}
+
+
+def git_rev() -> str | None:
+    """Short revision of the checkout this code runs from ("+dirty" when it has uncommitted
+    changes), else $FLINT_GIT_REV (set it where the tree was copied without .git, e.g. the
+    device machine), else None."""
+    try:
+        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        if rev.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain",
+                                    "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return rev.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("FLINT_GIT_REV") or None
+
+
+def config_hash(cfg: FlintConfig) -> str:
+    """12 hex digits of the SHA-256 of the config's canonical JSON: equal for the same model
+    shape, whatever the checkpoint's path or format."""
+    text = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def header(schema: str, cfg: FlintConfig, source: str, device: torch.device,
+           command: str) -> dict:
+    """The fields every bench and trace JSON starts with (see perf/bench_report.py)."""
+    return {"schema": schema, "version": 1,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
+            "machine": machine_info(device), "git_rev": git_rev(),
+            "model": {"source": source, "config_hash": config_hash(cfg),
+                      "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size}}

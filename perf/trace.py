@@ -1,0 +1,263 @@
+"""`flint-graph trace`: one decode step (median of N) broken down per kernel.
+
+Where the times come from:
+- graph engine (CUDA): CUPTI kernel records, through `torch.profiler`, of N replays of the
+  bucket's captured CUDA graph — the step exactly as it runs, PDL overlap included. Each record
+  is matched, in launch order, to the step's launch plan (`DecodeGraph`'s kernels and the
+  byte counts of `roofline.step_kernels`), which names its layer and kind.
+- reference engine (CPU or CUDA): the reference model's step with each top-level op
+  (`reference.embed`, `rms_norm`, `linear`, `apply_rope`, `attention`, `moe`, `swiglu`,
+  `residual_add`, `lm_head`, then `sampling.sample`) timed by wall clock, synchronised on CUDA;
+  bytes = the op's tensor arguments and result (MoE: the experts the step's routing is expected
+  to touch). Time outside these ops (KV-cache updates, Python) shows up as "gap".
+The KV cache holds random values (a synthetic fill, timing only). Output: the
+"flint-graph-trace" dict documented in perf/trace_report.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from flint_graph.config import FlintConfig
+from flint_graph.errors import InvalidRequestError
+from flint_graph.perf.machine import header
+from flint_graph.perf.roofline import copy_bandwidth, step_kernels
+
+KV_FILL = "synthetic: random KV values (not a prefill), timing only"
+
+
+def _graph_plan(runner, b: int, fmt: str, context: int) -> list[dict]:
+    """Launch plan of bucket b's step: roofline.step_kernels with each of our kernels' cubin
+    symbol (what the profiler reports) attached."""
+    g = runner.graphs[b]
+    plan = step_kernels(runner.cfg, fmt, b, context)
+    ours = []
+    for layer in g.layers:
+        ffn = [layer.router] if layer.moe else [layer.norm]
+        ours += [layer.qkv[0], layer.prep, layer.attn, layer.o[0], *ffn, layer.gate_up,
+                 layer.down]
+    ours += [g.norm, g.head, g.sampler]
+    for p, k in zip(plan[1:], ours):  # plan[0] is the embedding lookup (a torch op)
+        p["symbol"], p["spec"] = k.meta.get("symbol"), k.spec.id
+    return plan
+
+
+def _profile_replays(g, steps: int) -> list[dict]:
+    """Kernel records {name, ts, dur} (µs) of `steps` replays, from torch.profiler's trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            g.replay()
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "t.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    return sorted(({"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])}
+                   for e in events if e.get("cat") == "kernel" and "dur" in e),
+                  key=lambda e: e["ts"])
+
+
+def _match(plan: list[dict], records: list[dict]) -> list[dict]:
+    """Name one step's kernel records (sorted by start) from the plan: our kernels in order by
+    symbol; a torch kernel before the first of ours is the embedding lookup, any other is
+    "other" (e.g. the vocabulary mask of padded LM-head rows)."""
+    ours = [p for p in plan if p.get("symbol")]
+    out, j = [], 0
+    for r in records:
+        if j < len(ours) and r["name"] == ours[j]["symbol"]:
+            p = ours[j]
+            j += 1
+            out.append({"name": p["name"], "layer": p["layer"], "kind": p["kind"],
+                        "bytes": p["bytes"], "grid": p.get("spec")})
+        elif j == 0:
+            out.append({"name": "embedding", "layer": None, "kind": "embedding",
+                        "bytes": plan[0]["bytes"], "grid": r["name"][:80]})
+        else:
+            out.append({"name": r["name"][:80], "layer": None, "kind": "other", "bytes": None,
+                        "grid": None})
+    if j != len(ours):
+        raise RuntimeError(f"profiler records matched {j} of the step's {len(ours)} kernels "
+                           "(were some kernels not recorded?)")
+    return out
+
+
+def trace_graph(runner, fmt: str, b: int, context: int, steps: int) -> dict:
+    """Per-kernel times of bucket b's captured step at `context` (every row at that position)."""
+    from flint_graph.capture.decode_step import Row
+
+    for layer in runner.kv.layers:
+        layer.k.normal_()
+        layer.v.normal_()
+    g = runner.graphs[b]
+    g.set_rows([Row(slot=i, token=1 + i, position=context, temperature=1.0 - i % 2, top_k=20,
+                    top_p=0.95, seed=i, draw_index=context) for i in range(b)])
+    records = _profile_replays(g, steps)
+    if not records or len(records) % steps:
+        raise RuntimeError(f"torch.profiler returned {len(records)} kernel records for {steps} "
+                           "replays (CUPTI may not see kernels inside CUDA graphs here)")
+    per = len(records) // steps
+    runs = [records[i * per:(i + 1) * per] for i in range(steps)]
+    named = _match(_graph_plan(runner, b, fmt, context), runs[0])
+    kernels = []
+    for i, k in enumerate(named):
+        starts = [r[i]["ts"] - r[0]["ts"] for r in runs]
+        kernels.append({"index": i, **k, "start_us": statistics.median(starts),
+                        "us": statistics.median(r[i]["dur"] for r in runs)})
+    step_us = statistics.median(max(e["ts"] + e["dur"] for e in r) - r[0]["ts"] for r in runs)
+    try:
+        nodes = g.graph_nodes()
+    except RuntimeError:
+        nodes = None
+    return {"source": "CUPTI kernel records (torch.profiler) of CUDA-graph replays",
+            "graph_nodes": nodes, "kernels_per_step": (nodes or {}).get("kernel", len(named)),
+            "step_us": step_us, "kernels": kernels}
+
+
+# -- the reference model's step ----------------------------------------------------------------
+
+_KINDS = {"embed": "embedding", "rms_norm": "norm", "linear": "gemv", "apply_rope": "attention",
+          "attention": "attention", "moe": "moe", "swiglu": "gemv", "residual_add": "other",
+          "lm_head": "lm_head"}
+
+
+def _nbytes(v) -> int:
+    from flint_graph.weights import NVFP4Weight
+
+    if isinstance(v, NVFP4Weight):
+        return v.nbytes
+    return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+
+
+@contextlib.contextmanager
+def _timed_ops(dev: torch.device, moe_bytes: float, events: list, clock: list):
+    """Wrap the reference module's top-level ops so each call appends an event."""
+    from flint_graph import reference
+
+    saved = {n: getattr(reference, n) for n in (*_KINDS, "decoder_layer")}
+    state = {"depth": 0, "layer": None}
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def wrap(name, fn):
+        def run(*args, **kw):
+            if state["depth"]:
+                return fn(*args, **kw)
+            state["depth"] += 1
+            try:
+                sync()
+                t0 = time.perf_counter()
+                out = fn(*args, **kw)
+                sync()
+                t1 = time.perf_counter()
+            finally:
+                state["depth"] -= 1
+            # the embedding reads rows, not its table; MoE the experts it is expected to touch
+            nbytes = (moe_bytes if name == "moe" else 2 * _nbytes(out) if name == "embed" else
+                      sum(_nbytes(a) for a in args) + _nbytes(out))
+            events.append({"name": name, "layer": state["layer"], "kind": _KINDS[name],
+                           "bytes": float(nbytes), "grid": None,
+                           "start_us": (t0 - clock[0]) * 1e6, "us": (t1 - t0) * 1e6})
+            return out
+        return run
+
+    def layer_fn(cfg, lw, layer, *args, **kw):
+        state["layer"] = layer
+        try:
+            return saved["decoder_layer"](cfg, lw, layer, *args, **kw)
+        finally:
+            state["layer"] = None
+
+    try:
+        for n in _KINDS:
+            setattr(reference, n, wrap(n, saved[n]))
+        reference.decoder_layer = layer_fn
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(reference, n, fn)
+
+
+def trace_reference(model, fmt: str, b: int, context: int, steps: int) -> dict:
+    """Per-op times of the reference model's decode step (b rows at `context`), median of N."""
+    from flint_graph.perf.bench import reference_kv
+    from flint_graph.sampling import sample
+
+    cfg, dev = model.cfg, model.device
+    n_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    moe_bytes = sum(k["bytes"] for k in step_kernels(cfg, fmt, b, context)
+                    if k["kind"] == "moe") / max(1, n_moe)
+    seqs = reference_kv(model, b, context)
+    tokens = [torch.tensor([1 + i], device=dev) for i in range(b)]
+    params = (torch.tensor([1.0 - i % 2 for i in range(b)], device=dev),
+              torch.full((b,), 20, device=dev), torch.full((b,), 0.95, device=dev),
+              torch.arange(b, device=dev), torch.full((b,), context, device=dev))
+    runs, walls = [], []
+    with torch.inference_mode():
+        for i in range(steps + 1):  # the first is a warm-up
+            for s in seqs:
+                s.num_tokens = context
+            events, clock = [], [0.0]
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            with _timed_ops(dev, moe_bytes, events, clock):
+                clock[0] = time.perf_counter()
+                logits = torch.cat(model.forward(seqs, tokens))
+                t0 = time.perf_counter()
+                sample(logits, *params)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                t1 = time.perf_counter()
+            events.append({"name": "sample", "layer": None, "kind": "sampling",
+                           "bytes": float(logits.numel() * 4), "grid": None,
+                           "start_us": (t0 - clock[0]) * 1e6, "us": (t1 - t0) * 1e6})
+            if i:
+                runs.append(events)
+                walls.append((t1 - clock[0]) * 1e6)
+    kernels = [{"index": i, **{k: v for k, v in e.items() if k not in ("start_us", "us")},
+                "start_us": statistics.median(r[i]["start_us"] for r in runs),
+                "us": statistics.median(r[i]["us"] for r in runs)}
+               for i, e in enumerate(runs[0])]
+    where = "synchronised after each op" if dev.type == "cuda" else "CPU"
+    return {"source": f"wall clock around each top-level op of the reference model ({where})",
+            "graph_nodes": None, "kernels_per_step": None,
+            "step_us": statistics.median(walls), "kernels": kernels}
+
+
+def run_trace(o) -> dict:
+    """One trace as the "flint-graph-trace" dict. `o`: BenchOptions (model / preset / formats[0]
+    / device / engine) plus the batch `o.buckets[0]`, `o.contexts[0]` and `o.steps`. Raises
+    InvalidRequestError for a context beyond the model or a bucket above what the engine holds,
+    ConfigError when engine "graph" cannot run here."""
+    from flint_graph.perf.bench import cfg_of, sources
+
+    cfg: FlintConfig = cfg_of(o)
+    b, ctx = o.buckets[0], o.contexts[0]
+    if not 1 <= ctx < cfg.max_position_embeddings:
+        raise InvalidRequestError(f"--context {ctx}: expected 1 to "
+                                  f"{cfg.max_position_embeddings - 1} (the model's limit)")
+    fmt, llm = next(sources(o, ctx + 1))
+    dev = llm.device
+    res = header("flint-graph-trace", cfg, o.model or f"preset {o.preset} (synthetic, in memory)",
+                 dev, o.command)
+    runner = llm.engine.runner
+    res.update(engine=llm.engine.name, format=fmt, B=b, context=ctx, steps=o.steps,
+               copy_bw=copy_bandwidth(dev), kv_fill=KV_FILL)
+    if runner is not None:
+        res.update(trace_graph(runner, fmt, b, ctx, o.steps))
+    else:
+        res.update(trace_reference(llm.engine.model, fmt, b, ctx, o.steps))
+    return res

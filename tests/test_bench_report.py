@@ -1,0 +1,274 @@
+"""perf/bench_report.py on hand-made results: the decode and summary tables' arithmetic (ratios,
+tokens/s, % of floor), missing fields printed as "-", markdown, comparing two runs and its
+warnings, and load()'s errors. CPU only, no torch."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+from rich.console import Console
+
+from flint_graph.errors import InvalidRequestError
+from flint_graph.perf import bench_report as br
+
+H200 = {"device": "cuda", "gpu": "NVIDIA H200", "driver": "580.1", "torch": "2.11.0",
+        "cuda": "13.0", "cuda_bindings": "13.0.1", "cutlass_dsl": "4.8.1", "python": "3.12.3",
+        "cpu": "x86_64 (16 threads)"}
+CPU = {"device": "cpu", "gpu": None, "driver": None, "torch": "2.11.0", "cuda": None,
+       "cuda_bindings": None, "cutlass_dsl": None, "python": "3.12.3", "cpu": "x86_64 (8 threads)"}
+
+
+def _decode(engine, fmt, b, ctx, median_ms, floor_ms=0.459, **kw) -> dict:
+    """A decode record with tokens/s and fraction derived as perf/bench.py derives them."""
+    return {"engine": engine, "format": fmt, "B": b, "context": ctx, "median_ms": median_ms,
+            "p90_ms": median_ms + 0.05, "steps": 50, "tokens_per_s": b / median_ms * 1e3,
+            "bytes": floor_ms * 4.28e9, "floor_ms": floor_ms, "fraction": floor_ms / median_ms,
+            **kw}
+
+
+def cuda_result() -> dict:
+    """A full CUDA run: graph + reference + compiled, two formats, cold start, kernels."""
+    return {
+        "schema": "flint-graph-bench", "version": 1, "created": "2026-11-30T21:00:00Z",
+        "command": "flint-graph bench --preset tiny --compiled", "machine": dict(H200),
+        "git_rev": "22dcfba+dirty",
+        "model": {"source": "preset tiny (synthetic, in memory)", "config_hash": "3f2a9c1b0d4e",
+                  "layers": 49, "hidden": 2048},
+        "copy_bw": 4.28e12, "kv_fill": "synthetic: random KV values, timing only",
+        "cold_start": {"format": "nvfp4", "total_s": 12.1,
+                       "phases": {"checkpoint_read_s": 6.0, "repack_s": 1.2, "kv_alloc_s": 0.1,
+                                  "kernel_cache_s": 0.5, "capture_s": 1.1,
+                                  "first_token_s": 3.2}, "note": "from the CLI's entry"},
+        "kernels_per_step": {"nvfp4": {"1": 347, "2": 347}, "bf16": {"1": 340}},
+        "decode": [_decode("graph", "nvfp4", 1, 1024, 1.75),
+                   _decode("graph", "nvfp4", 2, 1024, 1.80, floor_ms=0.47),
+                   _decode("graph", "bf16", 1, 1024, 3.0, floor_ms=1.2),
+                   _decode("reference", "nvfp4", 1, 1024, 329.0),
+                   _decode("reference", "nvfp4", 2, 1024, 340.0, floor_ms=0.47),
+                   _decode("compiled", "nvfp4", 1, 1024, 10.5)],
+        "e2e": [{"engine": "graph", "format": "nvfp4", "B": 1, "prompt_tokens": 30,
+                 "tokens": 64, "ms_per_token": 1.81, "ttft_ms": 40.2},
+                {"engine": "reference", "format": "nvfp4", "B": 1, "prompt_tokens": 30,
+                 "tokens": 4, "ms_per_token": 330.0, "ttft_ms": 900.0}],
+        "prefill": [{"engine": "graph", "format": "nvfp4", "tokens": 8192, "ms": 3900.0,
+                     "tokens_per_s": 2100.5}],
+        "errors": ["compiled nvfp4 B=2 context 1024: [Errno 12] out of memory"],
+    }
+
+
+def cpu_result() -> dict:
+    """A CPU run: reference records only, no cold start, optional fields missing or None."""
+    return {
+        "schema": "flint-graph-bench", "version": 1, "created": "2026-11-30T22:00:00Z",
+        "command": "flint-graph bench --device cpu", "machine": dict(CPU), "git_rev": None,
+        "model": {"source": "preset tiny (synthetic, in memory)", "config_hash": "3f2a9c1b0d4e",
+                  "layers": 2, "hidden": 64},
+        "copy_bw": 2.5e10, "kv_fill": "synthetic: random KV values, timing only",
+        "cold_start": None, "kernels_per_step": {},
+        # the second record lacks p90 / floor / tokens/s / fraction: derived or "-"
+        "decode": [_decode("reference", "bf16", 1, 128, 20.0, floor_ms=0.5),
+                   {"engine": "reference", "format": "bf16", "B": 4, "context": 128,
+                    "median_ms": 25.0, "p90_ms": None, "steps": 3}],
+        "e2e": [{"engine": "reference", "format": "bf16", "B": 1, "prompt_tokens": 30,
+                 "tokens": 8, "ms_per_token": None, "ttft_ms": 55.0}],
+        "prefill": [], "errors": [],
+    }
+
+
+def _text(*renderables) -> str:
+    console = Console(record=True, width=160)
+    for r in renderables:
+        console.print(r)
+    return console.export_text()
+
+
+def _row(text: str, *starts: str) -> list[str]:
+    """The cells of the first table row whose leading cells are `starts`."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in re.split("[│┃]", line.strip("│┃ "))]
+        if cells[:len(starts)] == list(starts):
+            return cells
+    raise AssertionError(f"no row starting {starts} in\n{text}")
+
+
+def test_decode_table_ratios_and_floor():
+    text = _text(br.decode_table(cuda_result()))
+    head = _row(text, "format", "B", "context")
+    row = dict(zip(head, _row(text, "nvfp4", "1", "1024")))
+    assert row["engine"] == "graph"
+    assert (row["median ms"], row["floor ms"]) == ("1.750", "0.459")
+    assert row["% of floor"] == "26.2"  # 0.459 / 1.75
+    assert row["tokens/s"] == "571.4"  # 1 / 1.75 ms
+    assert row["reference ms"] == "329.000" and row["×ref"] == "188×"  # 329 / 1.75
+    assert row["compiled ms"] == "10.500" and row["×comp"] == "6.00×"  # 10.5 / 1.75
+    # no compiled record for B=2: "-", and the reference ratio 340 / 1.8
+    row2 = dict(zip(head, _row(text, "nvfp4", "2", "1024")))
+    assert (row2["×ref"], row2["compiled ms"], row2["×comp"]) == ("189×", "-", "-")
+    # bf16 has the graph engine only: its baseline cells are "-"
+    assert _row(text, "bf16", "1", "1024")[-4:] == ["-", "-", "-", "-"]
+    assert "copy BW 4.28 TB/s" in text and "random KV values" in text
+    assert "floor ms = bytes the step must move / copy BW" in " ".join(text.split())
+
+
+def test_decode_table_cpu_run_shows_the_reference():
+    text = _text(br.decode_table(cpu_result()))
+    head = _row(text, "format", "B", "context")
+    # the reference fills median … tokens/s: no columns of its own to repeat them
+    assert head[-1] == "tokens/s" and "reference ms" not in head
+    row = dict(zip(head, _row(text, "bf16", "1", "128")))
+    assert (row["engine"], row["median ms"], row["% of floor"]) == ("reference", "20.000", "2.5")
+    bare = dict(zip(head, _row(text, "bf16", "4", "128")))
+    # tokens/s derived (4 / 25 ms); the missing p90 / floor / fraction print "-"
+    assert bare["tokens/s"] == "160.0"
+    assert (bare["p90 ms"], bare["floor ms"], bare["% of floor"]) == ("-", "-", "-")
+    assert "copy BW 25.0 GB/s" in text
+    # torch.compile on the CPU: its own columns, no ratio without the graph engine
+    res = cpu_result()
+    res["decode"].append(_decode("compiled", "bf16", 1, 128, 8.0))
+    text = _text(br.decode_table(res))
+    row = _row(text, "bf16", "1", "128")
+    assert row[3] == "reference" and row[-2:] == ["8.000", "-"]
+    assert _row(text, "bf16", "4", "128")[-2:] == ["-", "-"]
+
+
+def test_summary_table():
+    text = _text(br.summary_table(cuda_result()))
+    assert "1.81 ms/token, TTFT 40.2 ms" in text
+    assert "330.00 ms/token, TTFT 900.0 ms" in text
+    assert "prefill 8192 tokens" in text and "3900.0 ms, 2100.5 tokens/s" in text
+    assert _row(text, "cold start")[1:] == ["-", "nvfp4", "12.10 s"]
+    assert _row(text, "checkpoint read")[-1] == "6.00 s"
+    assert _row(text, "first token")[-1] == "3.20 s"
+    assert "B=1: 347, B=2: 347" in text and "B=1: 340" in text
+    cpu = _text(br.summary_table(cpu_result()))
+    assert "-, TTFT 55.0 ms" in cpu and "│ cold start" not in cpu
+
+
+def test_markdown_header_and_tables():
+    md = br.markdown(cuda_result())
+    first = md.splitlines()[0]
+    for want in ("NVIDIA H200", "driver 580.1", "git 22dcfba+dirty", "config 3f2a9c1b0d4e",
+                 "2026-11-30T21:00:00Z"):
+        assert want in first
+    assert "| nvfp4 | 1 | 1024 | graph | 1.750 | 1.800 | 0.459 | 26.2 | 571.4 | 329.000 | 188× " \
+           "| 10.500 | 6.00× |" in md
+    assert "| cold start | - | nvfp4 | 12.10 s |" in md
+    assert md.rstrip().endswith("- compiled nvfp4 B=2 context 1024: [Errno 12] out of memory")
+    cpu = br.markdown(cpu_result())
+    assert "CPU x86_64 (8 threads)" in cpu.splitlines()[0] and "git -" in cpu.splitlines()[0]
+    assert "Did not run" not in cpu
+
+
+def test_print_report():
+    console = Console(record=True, width=160)
+    br.print_report(cuda_result(), console)
+    text = console.export_text()
+    assert text.startswith("NVIDIA H200 (driver 580.1, CUDA 13.0), torch 2.11.0")
+    assert "188×" in text and "12.10 s" in text
+    # an error's "[Errno 12]" is printed as text, not taken for rich markup
+    assert "did not run: compiled nvfp4 B=2 context 1024: [Errno 12] out of memory" in text
+    console = Console(record=True, width=160)
+    br.print_report(cpu_result() | {"decode": [], "e2e": []}, console)
+    assert "no decode figures" in console.export_text()
+
+
+def test_compare_matches_records_and_signs():
+    a, b = cuda_result(), cuda_result()
+    b["decode"][0].update(median_ms=1.70, tokens_per_s=1 / 1.70 * 1e3)
+    b["decode"] = [r for r in b["decode"] if r["engine"] != "compiled"]
+    b["decode"].append(_decode("graph", "nvfp4", 4, 1024, 2.0))
+    b["cold_start"]["phases"]["repack_s"] = 0.0
+    a["cold_start"]["phases"]["repack_s"] = 0.0
+    b["kernels_per_step"]["nvfp4"]["1"] = 300
+    got = {e["what"]: e for e in br.compare(a, b)}
+    med = got["decode graph nvfp4 B=1 ctx=1024 median_ms"]
+    assert (med["a"], med["b"], med["better"], med["note"]) == (1.75, 1.70, "lower", "")
+    assert med["change"] == pytest.approx(1.70 / 1.75 - 1)  # −2.86%: faster
+    tps = got["decode graph nvfp4 B=1 ctx=1024 tokens_per_s"]
+    assert tps["change"] == pytest.approx(1.75 / 1.70 - 1) and tps["better"] == "higher"
+    only_a = got["decode compiled nvfp4 B=1 ctx=1024 median_ms"]
+    assert (only_a["a"], only_a["b"], only_a["change"], only_a["note"]) == \
+           (10.5, None, None, "only in A")
+    only_b = got["decode graph nvfp4 B=4 ctx=1024 median_ms"]
+    assert (only_b["a"], only_b["b"], only_b["note"]) == (None, 2.0, "only in B")
+    assert got["cold_start nvfp4 repack_s"]["change"] is None  # a is 0
+    assert got["cold_start nvfp4 total_s"]["change"] == 0.0
+    k = got["kernels_per_step nvfp4 B=1"]
+    assert (k["a"], k["b"], k["better"]) == (347, 300, None)
+    assert got["e2e graph nvfp4 B=1 ttft_ms"]["better"] == "lower"
+    assert got["prefill graph nvfp4 tokens=8192 tokens_per_s"]["better"] == "higher"
+    # identical runs: every change 0, nothing only on one side
+    same = br.compare(a, copy.deepcopy(a))
+    assert same and all(e["change"] in (0.0, None) and not e["note"] for e in same)
+
+
+def test_compare_warnings():
+    a = cuda_result()
+    assert br.compare_warnings(a, copy.deepcopy(a)) == []
+    b = copy.deepcopy(a) | {"copy_bw": 4.28e12 * 1.04}  # within 5%
+    assert br.compare_warnings(a, b) == []
+    b = cpu_result()
+    b["model"]["config_hash"] = "ffffffffffff"
+    w = br.compare_warnings(a, b)
+    assert len(w) == 3
+    assert "different GPU: A NVIDIA H200, B none (CPU)" in w[0]
+    assert "3f2a9c1b0d4e" in w[1] and "ffffffffffff" in w[1]
+    assert "copy bandwidth differs by -99.4%" in w[2] and "25.0 GB/s" in w[2]
+
+
+def test_print_compare_colours_and_warnings():
+    a, b = cuda_result(), cuda_result()
+    b["decode"][0]["median_ms"] = 1.60  # 8.6% faster: green
+    b["decode"][1]["median_ms"] = 1.98  # 10% slower: red
+    b["decode"][2]["median_ms"] = 3.03  # 1%: below the threshold, dim
+    b["decode"][0]["tokens_per_s"] = 625.0  # more tokens/s: green
+    b["machine"]["gpu"] = "NVIDIA B200"
+    console = Console(record=True, width=160, force_terminal=True, color_system="standard")
+    br.print_compare(a, b, console)
+    styled = console.export_text(styles=True)
+    plain = _strip(styled)
+    assert plain.index("warning: different GPU") < plain.index("median_ms")
+    assert "git 22dcfba+dirty" in plain and "2026-11-30T21:00:00Z" in plain
+    def style_of(change: str) -> str:  # the ANSI code the change cell is printed in
+        return re.search(r"\x1b\[([0-9;]+)m *" + re.escape(change), styled).group(1)
+
+    assert style_of("-8.6%") == "32" and style_of("+9.4%") == "32"  # green; 625 / 571.4
+    assert style_of("+10.0%") == "31"  # red
+    assert style_of("+1.0%") == "2"  # dim
+
+
+def _strip(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def test_load_ok_and_errors(tmp_path):
+    good = tmp_path / "bench.json"
+    good.write_text(json.dumps(cuda_result()))
+    assert br.load(good) == cuda_result()
+    cases = {"missing.json": (None, "no such file"),
+             "not.json": ("{'schema': oops", "not JSON"),
+             "list.json": ("[1, 2]", "a JSON list, not an object"),
+             "noschema.json": ('{"version": 1}', 'no "schema" field'),
+             "trace.json": (json.dumps({"schema": "flint-graph-trace", "version": 1}),
+                            "this file is from flint-graph trace --out"),
+             "v2.json": (json.dumps(cuda_result() | {"version": 2}), "version 2")}
+    for name, (body, why) in cases.items():
+        p = tmp_path / name
+        if body is not None:
+            p.write_text(body)
+        with pytest.raises(InvalidRequestError) as e:
+            br.load(p)
+        msg = str(e.value)
+        assert str(p) in msg and why in msg and "flint-graph-bench" in msg, msg
+
+
+def test_formatting_helpers():
+    assert [br.ratio(x) for x in (188.04, 18.84, 1.884, None)] == ["188×", "18.8×", "1.88×", "-"]
+    assert br.bandwidth(4.28e12) == "4.28 TB/s" and br.bandwidth(9.5e11) == "950.0 GB/s"
+    assert br.bandwidth(None) == "-"
+    assert [br.num(x, 2, " ms") for x in (1.234, 0.01234, 7, None)] == \
+           ["1.23 ms", "0.0123 ms", "7 ms", "-"]
+    assert br.rel_change(2.0, 1.0) == -0.5 and br.rel_change(0, 1.0) is None

@@ -1,0 +1,133 @@
+"""`flint-graph bench` and `flint-graph trace` on the CPU: byte counts, context planning, the
+reference engine's figures, the JSON they write, and their errors. (Tables, comparisons and the
+timeline format: tests/test_bench_report.py and tests/test_trace_report.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flint_graph.cli import main
+from flint_graph.config import FlintConfig
+from flint_graph.errors import InvalidRequestError
+from flint_graph.perf.bench import plan_contexts, step_record
+from flint_graph.perf.machine import config_hash
+from flint_graph.perf.roofline import step_kernels
+
+SMALL = ["--preset", "tiny", "--device", "cpu", "--no-progress"]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "full"])
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+@pytest.mark.parametrize("b,ctx", [(1, 1024), (8, 100000)])
+def test_step_kernels_split_the_step_floor(preset, fmt, b, ctx):
+    cfg = FlintConfig.preset(preset)
+    ks = step_kernels(cfg, fmt, b, ctx)
+    # 7 launches per layer, then the final norm, the LM head and the sampler, after the lookup
+    assert len(ks) == 7 * cfg.num_hidden_layers + 4
+    total = cfg.decode_step_bytes(b, ctx, fmt)["total"]
+    # the per-kernel counts add activations the step floor leaves out: a few % at most
+    assert total <= sum(k["bytes"] for k in ks) <= total * (1.005 if preset == "full" else 1.05)
+    assert {k["kind"] for k in ks} == {"embedding", "gemv", "attention", "norm", "moe",
+                                       "lm_head", "sampling"}
+
+
+def test_attention_bytes_follow_the_window():
+    cfg = FlintConfig.preset("full")
+    ks = {(k["name"], k["layer"]): k["bytes"] for k in step_kernels(cfg, "nvfp4", 1, 100000)}
+    sliding = next(i for i in range(cfg.num_hidden_layers) if cfg.is_sliding(i))
+    full = next(i for i in range(cfg.num_hidden_layers) if not cfg.is_sliding(i))
+    per_token = 2 * cfg.kv_dim * 2
+    assert ks[("attn_decode", full)] >= 100001 * per_token
+    assert ks[("attn_decode", sliding)] < (cfg.sliding_window + 64) * per_token
+
+
+def test_contexts_fit_the_model():
+    tiny = FlintConfig.preset("tiny")  # 4096 positions
+    assert plan_contexts(tiny, None, None) == ([1024], 2048)
+    assert plan_contexts(FlintConfig.preset("full"), None, None) == (
+        [1024, 8192, 32768, 100000], 8192)
+    with pytest.raises(InvalidRequestError, match="--contexts 5000: expected 1 to 4095"):
+        plan_contexts(tiny, (1024, 5000), None)
+    with pytest.raises(InvalidRequestError, match="--prefill-tokens 4096"):
+        plan_contexts(tiny, None, 4096)
+
+
+def test_step_record_arithmetic():
+    cfg = FlintConfig.preset("tiny")
+    r = step_record("graph", "bf16", 4, 1024, [2.0, 1.0, 3.0], cfg, copy_bw=1e9)
+    assert r["median_ms"] == 2.0 and r["tokens_per_s"] == pytest.approx(2000.0)
+    assert r["bytes"] == cfg.decode_step_bytes(4, 1024, "bf16")["total"]
+    assert r["floor_ms"] == pytest.approx(r["bytes"] / 1e9 * 1e3)
+    assert r["fraction"] == pytest.approx(r["floor_ms"] / 2.0)
+
+
+def test_config_hash_is_the_shape_not_the_object():
+    assert config_hash(FlintConfig.preset("tiny")) == config_hash(FlintConfig.preset("tiny"))
+    assert config_hash(FlintConfig.preset("tiny")) != config_hash(FlintConfig.preset("full"))
+
+
+def test_bench_on_the_cpu_writes_every_figure(tmp_path, capsys):
+    out, md = tmp_path / "b.json", tmp_path / "b.md"
+    rc = main(["bench", *SMALL, "--contexts", "300,600", "--buckets", "1,2", "--steps", "2",
+               "--baseline-steps", "2", "--e2e-tokens", "3", "--prefill-tokens", "40",
+               "--json", str(out), "--markdown", str(md)])
+    assert rc == 0, capsys.readouterr().err
+    r = json.loads(out.read_text())
+    assert r["schema"] == "flint-graph-bench" and r["machine"]["device"] == "cpu"
+    assert r["model"]["config_hash"] == config_hash(FlintConfig.preset("tiny"))
+    cells = {(d["engine"], d["format"], d["B"], d["context"]) for d in r["decode"]}
+    assert cells == {("reference", f, b, c) for f in ("bf16", "nvfp4") for b in (1, 2)
+                     for c in (300, 600)}
+    assert all(d["median_ms"] > 0 and 0 < d["fraction"] for d in r["decode"])
+    assert {(e["format"], e["B"]) for e in r["e2e"]} == {(f, b) for f in ("bf16", "nvfp4")
+                                                       for b in (1, 2)}
+    assert all(p["tokens"] == 40 and p["ms"] > 0 for p in r["prefill"])
+    assert r["cold_start"]["phases"]["first_token_s"] > 0
+    assert r["kv_fill"].startswith("synthetic") and r["copy_bw"] > 0
+    assert "reference" in md.read_text()
+    rc = main(["bench", "--compare", str(out), str(out)])
+    assert rc == 0
+
+
+def test_trace_on_the_cpu_writes_a_timeline(tmp_path, capsys):
+    out, page = tmp_path / "t.json", tmp_path / "t.html"
+    rc = main(["trace", *SMALL, "--context", "200", "--steps", "2", "--out", str(out),
+               "--html", str(page)])
+    assert rc == 0, capsys.readouterr().err
+    t = json.loads(out.read_text())
+    assert t["schema"] == "flint-graph-trace" and t["engine"] == "reference"
+    assert t["traceEvents"] and t["step_us"] > 0
+    cfg = FlintConfig.preset("tiny")
+    layers = {k["layer"] for k in t["kernels"]} - {None}
+    assert layers == set(range(cfg.num_hidden_layers))
+    kinds = {k["kind"] for k in t["kernels"]}
+    assert {"embedding", "attention", "gemv", "moe", "norm", "lm_head", "sampling"} <= kinds
+    assert all(k["us"] >= 0 and k["start_us"] >= 0 for k in t["kernels"])
+    assert "<svg" in page.read_text()
+    assert main(["trace", "--compare", str(out), str(out)]) == 0
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["bench", *SMALL, "--contexts", "5000"], "--contexts 5000: expected 1 to 4095"),
+    (["bench", *SMALL, "--contexts", "abc"], "comma-separated token counts"),
+    (["bench", *SMALL, "--buckets", "3"], "not a batch bucket"),
+    (["bench", *SMALL, "--formats", "fp8"], "expected bf16, nvfp4"),
+    (["bench", "--device", "cpu", "--engine", "graph"], "needs CUDA"),
+    (["bench", "/nonexistent/model.gguf", "--device", "cpu"], "no such checkpoint"),
+    (["bench", "--compare", "/nonexistent/a.json", "/nonexistent/b.json"], "a.json"),
+    (["trace", *SMALL, "--context", "4096"], "--context 4096"),
+    (["trace", "--compare", "/nonexistent/a.json", "/nonexistent/b.json"], "a.json"),
+])
+def test_bad_input_gets_one_line(argv, expect, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expect in err and "Traceback" not in err
+
+
+def test_a_bench_file_is_not_a_trace(tmp_path, capsys):
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"schema": "flint-graph-bench", "version": 1}))
+    assert main(["trace", "--compare", str(f), str(f)]) == 2
+    assert str(f) in capsys.readouterr().err
