@@ -7,9 +7,9 @@ What is timed, per weight format:
   (B, context) `baseline_steps` times (synchronised wall clock). The KV cache holds random values
   (a synthetic fill, not a prefill: the kernels read the same bytes; timing only). The step
   includes sampling (even rows sampled, odd rows greedy).
-- end to end: `LLM.generate` on B copies of a short chat prompt, `e2e_tokens` tokens each with
-  EOS ignored: TPOT (ms per token after the first: the host loop, detokenizer and stop checks
-  included) and TTFT.
+- end to end: B copies of a short chat prompt, `e2e_tokens` tokens each with EOS ignored,
+  through the engine's own loop: TPOT once all B rows decode (the host loop, sampling,
+  detokenizer and stop checks included) and TTFT.
 - prefill: TTFT of one `prefill_tokens`-token prompt (chunked prefill plus the first token).
 - cold start (a checkpoint path only): CLI entry → first token, split into the start-up report's
   phases. Synthetic weights (`--preset`) are made in memory: no checkpoint read to time.
@@ -245,14 +245,41 @@ def _fits(model, b: int, ctx: int) -> bool:
 
 
 def e2e_record(llm, fmt: str, b: int, tokens: int, prompt_ids: list[int], engine=None) -> dict:
-    """TPOT and TTFT of b identical chat prompts decoded together, EOS ignored."""
+    """End to end at batch b: b identical chat prompts (EOS ignored) through the engine's own
+    loop (`Engine.step`: scheduling, the step, sampling, detokenizer, stop checks). TTFT: the
+    median request's submission to first token (prefills run one after another, so it grows
+    with b); ms_per_token: the median wall time of the steps in which all b rows decode (no
+    prefill in them), i.e. the TPOT each request sees once the batch is full."""
     from flint_graph.sampling import SamplingParams
 
-    outs = llm.generate([prompt_ids] * b, SamplingParams(max_tokens=tokens, ignore_eos=True))
-    return {"engine": engine or llm.engine.name, "format": fmt, "B": b,
-            "prompt_tokens": len(prompt_ids), "tokens": tokens,
-            "ms_per_token": statistics.median(o.ms_per_token for o in outs),
-            "ttft_ms": statistics.median(o.ttft_ms for o in outs)}
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    reqs = [llm._request(prompt_ids, params, None) for _ in range(b)]
+    eng = llm.engine
+    t0 = time.perf_counter()
+    for r in reqs:
+        eng.add(r)
+    first: dict[int, float] = {}
+    steady: list[float] = []
+    try:
+        while any(not r.is_finished for r in reqs):
+            full = (all(r.output_ids for r in reqs) and not eng.waiting and not eng.prefilling
+                    and all(len(r.output_ids) < tokens for r in reqs))
+            t = time.perf_counter()
+            eng.step()
+            if full:
+                steady.append((time.perf_counter() - t) * 1e3)
+            for r in reqs:
+                if r.output_ids and r.id not in first:
+                    first[r.id] = (time.perf_counter() - t0) * 1e3
+    finally:
+        for r in reqs:
+            if not r.is_finished:
+                eng.abort(r)
+            r.pending.clear()
+    return {"engine": engine or eng.name, "format": fmt, "B": b,
+            "prompt_tokens": len(prompt_ids), "tokens": tokens, "steady_steps": len(steady),
+            "ms_per_token": statistics.median(steady) if steady else None,
+            "ttft_ms": statistics.median(first.values())}
 
 
 def prefill_record(llm, fmt: str, n: int) -> dict:
@@ -317,7 +344,7 @@ def _bench_one(o, res, fmt, llm, contexts, prefill_n, advance) -> None:
     cfg, runner, dev = llm.cfg, llm.engine.runner, llm.device
     prompt = llm.tokenizer.encode(render_chat(llm.tokenizer.chat_template,
                                               [{"role": "user", "content": PROMPT}]))
-    first = e2e_record(llm, fmt, 1, 1, prompt)  # the first token after start-up
+    first = e2e_record(llm, fmt, 1, 1, prompt)  # the first token after start-up (cold start)
     if res["cold_start"] is None:
         res["cold_start"] = _cold_start(o, llm, fmt, first["ttft_ms"] / 1e3)
     if runner is None and dev.type == "cuda":

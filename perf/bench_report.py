@@ -41,8 +41,9 @@ DECODE_CAPTION = (
     "tokens/s = B / median; engine: whose step fills median … tokens/s (the graph engine when "
     "it ran); ×ref, ×comp = that baseline's median ms / the graph engine's median ms.")
 SUMMARY_CAPTION = (
-    "end to end: ms per token after the first (TPOT) of LLM.generate, host loop and "
-    "detokenizer included; TTFT: submission to first token; prefill: one prompt of N tokens, "
+    "end to end: ms per token (TPOT) once all B rows decode, through the engine's own loop "
+    "(sampling, detokenizer, stop checks included); TTFT: the median request's submission to "
+    "first token (the B prompts prefill one after another); prefill: one prompt of N tokens, "
     "chunked, first token included; cold start: CLI entry to first token, then its phases; "
     "kernels per step: kernel nodes in each bucket's captured decode graph.")
 

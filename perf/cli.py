@@ -21,9 +21,11 @@ figures (one process, one run):
   % of floor    floor / measured: 100% would be a step at copy speed.
   ×ref, ×comp   the eager reference's (or, with --compiled, torch.compile's) median / the graph
                 engine's, on the same (format, B, context).
-  e2e ms/token  TPOT of LLM.generate on B copies of a short chat prompt, --e2e-tokens tokens
-                each, EOS ignored: host loop, sampling, detokenizer and stop checks included.
-  TTFT          submission to first token of that prompt.
+  e2e ms/token  TPOT at batch B: B copies of a short chat prompt, --e2e-tokens tokens each,
+                EOS ignored, through the engine's own loop; the median step once all B rows
+                decode (host loop, sampling, detokenizer and stop checks included).
+  TTFT          the median request's submission to first token (the B prompts prefill one
+                after another, so it grows with B).
   prefill       TTFT of one --prefill-tokens-token prompt: chunked prefill + first token.
   cold start    with a checkpoint path: CLI entry to the first token, split into checkpoint
                 read, repack (GGUF), KV allocation, kernel-cache load, graph capture and first
@@ -34,9 +36,12 @@ the config hash and the git revision; --compare A.json B.json prints what change
 
 TRACE_FIGURES = """\
 figures:
-  µs            a kernel's duration, median over --steps steps. Graph engine: CUPTI kernel
-                records (torch.profiler) of CUDA-graph replays, PDL overlap included.
-                Reference engine: wall clock around each top-level op (synchronised on CUDA).
+  µs            a kernel's share of the step, median over --steps steps: from its start or
+                the previous kernel's end, whichever is later, to its end (under PDL a kernel
+                starts early and waits for its predecessor; the wait is not counted; the raw
+                duration is span_us in the JSON). Graph engine: CUPTI kernel records
+                (torch.profiler) of CUDA-graph replays. Reference engine: wall clock around
+                each top-level op (synchronised on CUDA).
   bytes         what the kernel must move (weights, KV, activations); % BW = bytes / µs as a
                 fraction of the copy bandwidth measured in this run.
   share         µs / the step's time (first kernel start to last kernel end).

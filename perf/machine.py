@@ -53,9 +53,11 @@ def machine_info(device: torch.device) -> dict:
 
 
 def git_rev() -> str | None:
-    """Short revision of the checkout this code runs from ("+dirty" when it has uncommitted
-    changes), else $FLINT_GIT_REV (set it where the tree was copied without .git, e.g. the
-    device machine), else None."""
+    """$FLINT_GIT_REV when set (a copied tree, e.g. on the device machine, may carry a stale
+    .git or none), else the short revision of the checkout this code runs from ("+dirty" with
+    uncommitted changes to tracked files), else None."""
+    if os.environ.get("FLINT_GIT_REV"):
+        return os.environ["FLINT_GIT_REV"]
     try:
         rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, timeout=10)
@@ -66,7 +68,7 @@ def git_rev() -> str | None:
             return rev.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("FLINT_GIT_REV") or None
+    return None
 
 
 def config_hash(cfg: FlintConfig) -> str:

@@ -4,7 +4,8 @@ Where the times come from:
 - graph engine (CUDA): CUPTI kernel records, through `torch.profiler`, of N replays of the
   bucket's captured CUDA graph — the step exactly as it runs, PDL overlap included. Each record
   is matched, in launch order, to the step's launch plan (`DecodeGraph`'s kernels and the
-  byte counts of `roofline.step_kernels`), which names its layer and kind.
+  byte counts of `roofline.step_kernels`), which names its layer and kind. A kernel's "us" is
+  its exclusive share of the step (see `exclusive`); its raw duration is "span_us".
 - reference engine (CPU or CUDA): the reference model's step with each top-level op
   (`reference.embed`, `rms_norm`, `linear`, `apply_rope`, `attention`, `moe`, `swiglu`,
   `residual_add`, `lm_head`, then `sampling.sample`) timed by wall clock, synchronised on CUDA;
@@ -93,6 +94,22 @@ def _match(plan: list[dict], records: list[dict]) -> list[dict]:
     return out
 
 
+def exclusive(records: list[dict]) -> list[dict]:
+    """Each kernel's share of one step's time (records sorted by start, µs): from its start or
+    the end of every earlier kernel, whichever is later, to its end. Under PDL a kernel starts
+    while its predecessor runs and waits at griddepcontrol.wait; that wait is the
+    predecessor's time, not its own. The intervals are disjoint, so with the gaps they add up
+    to the step. Also launch_us / span_us: its raw start and start-to-end duration."""
+    t0, done, out = records[0]["ts"], records[0]["ts"], []
+    for r in records:
+        end = r["ts"] + r["dur"]
+        start = max(r["ts"], done)
+        out.append({"start_us": start - t0, "us": max(0.0, end - start),
+                    "launch_us": r["ts"] - t0, "span_us": r["dur"]})
+        done = max(done, end)
+    return out
+
+
 def trace_graph(runner, fmt: str, b: int, context: int, steps: int) -> dict:
     """Per-kernel times of bucket b's captured step at `context` (every row at that position)."""
     from flint_graph.capture.decode_step import Row
@@ -110,11 +127,12 @@ def trace_graph(runner, fmt: str, b: int, context: int, steps: int) -> dict:
     per = len(records) // steps
     runs = [records[i * per:(i + 1) * per] for i in range(steps)]
     named = _match(_graph_plan(runner, b, fmt, context), runs[0])
+    spans = [exclusive(r) for r in runs]
     kernels = []
     for i, k in enumerate(named):
-        starts = [r[i]["ts"] - r[0]["ts"] for r in runs]
-        kernels.append({"index": i, **k, "start_us": statistics.median(starts),
-                        "us": statistics.median(r[i]["dur"] for r in runs)})
+        kernels.append({"index": i, **k,
+                        **{f: statistics.median(sp[i][f] for sp in spans)
+                           for f in ("start_us", "us", "launch_us", "span_us")}})
     step_us = statistics.median(max(e["ts"] + e["dur"] for e in r) - r[0]["ts"] for r in runs)
     try:
         nodes = g.graph_nodes()
@@ -231,6 +249,8 @@ def trace_reference(model, fmt: str, b: int, context: int, steps: int) -> dict:
                 "start_us": statistics.median(r[i]["start_us"] for r in runs),
                 "us": statistics.median(r[i]["us"] for r in runs)}
                for i, e in enumerate(runs[0])]
+    for k in kernels:  # one op at a time: its span is its share
+        k["launch_us"], k["span_us"] = k["start_us"], k["us"]
     where = "synchronised after each op" if dev.type == "cuda" else "CPU"
     return {"source": f"wall clock around each top-level op of the reference model ({where})",
             "graph_nodes": None, "kernels_per_step": None,

@@ -38,8 +38,8 @@ CSS = ("body{font:14px sans-serif;margin:20px}svg text{font:12px sans-serif}tabl
        "collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
        "i{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}")
 KIND_CAPTION = (
-    "µs: summed kernel durations (kernels overlap under PDL, so kinds may add up to more than "
-    "the step); gap: step time covered by no kernel (launch latency, bubbles); share = µs / "
+    "µs: summed kernel times (each kernel's share of the step: from its start or the previous "
+    "kernel's end, whichever is later, to its end; kinds and gap add up to the step); gap: step time covered by no kernel (launch latency, bubbles); share = µs / "
     "step µs; floor µs = bytes / copy BW ({bw}, measured in this run; \"-\" where a kernel's "
     "bytes are unknown); % BW = bytes / µs as a fraction of copy BW; total: the whole step.")
 

@@ -131,3 +131,16 @@ def test_a_bench_file_is_not_a_trace(tmp_path, capsys):
     f.write_text(json.dumps({"schema": "flint-graph-bench", "version": 1}))
     assert main(["trace", "--compare", str(f), str(f)]) == 2
     assert str(f) in capsys.readouterr().err
+
+
+def test_exclusive_time_splits_overlapping_kernels():
+    from flint_graph.perf.trace import exclusive
+
+    # b starts under a (PDL) and ends after it; c hides entirely under b; d starts after a gap
+    recs = [{"ts": 10.0, "dur": 5.0}, {"ts": 12.0, "dur": 6.0}, {"ts": 13.0, "dur": 2.0},
+            {"ts": 20.0, "dur": 1.0}]
+    ex = exclusive(recs)
+    assert [e["us"] for e in ex] == [5.0, 3.0, 0.0, 1.0]
+    assert [e["start_us"] for e in ex] == [0.0, 5.0, 8.0, 10.0]
+    assert [e["span_us"] for e in ex] == [5.0, 6.0, 2.0, 1.0]
+    assert sum(e["us"] for e in ex) + 2.0 == 21.0 - 10.0  # plus the 2 µs gap: the whole step
