@@ -390,6 +390,9 @@ def _bench_one(o, res, fmt, llm, contexts, prefill_n, advance) -> None:
                 except Exception as e:  # noqa: BLE001  a baseline failing must not end the run
                     res["errors"].append(f"{name} {fmt} B={b} context {ctx}: "
                                          f"{type(e).__name__}: {str(e)[:200]}")
+                    if name == "compiled":  # it would fail (slowly) the same way again
+                        res["errors"].append(f"compiled {fmt}: remaining cells skipped")
+                        fwd = None
                     continue
                 finally:
                     gc.collect()

@@ -269,13 +269,16 @@ def run_trace(o) -> dict:
     if not 1 <= ctx < cfg.max_position_embeddings:
         raise InvalidRequestError(f"--context {ctx}: expected 1 to "
                                   f"{cfg.max_position_embeddings - 1} (the model's limit)")
+    from flint_graph.engine_config import pick_device
+
+    bw = copy_bandwidth(pick_device(o.device))  # before the weights, as bench measures it
     fmt, llm = next(sources(o, ctx + 1))
     dev = llm.device
     res = header("flint-graph-trace", cfg, o.model or f"preset {o.preset} (synthetic, in memory)",
                  dev, o.command)
     runner = llm.engine.runner
     res.update(engine=llm.engine.name, format=fmt, B=b, context=ctx, steps=o.steps,
-               copy_bw=copy_bandwidth(dev), kv_fill=KV_FILL)
+               copy_bw=bw, kv_fill=KV_FILL)
     if runner is not None:
         res.update(trace_graph(runner, fmt, b, ctx, o.steps))
     else:
