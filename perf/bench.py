@@ -30,7 +30,7 @@ import torch
 
 from flint_graph.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
-from flint_graph.perf.machine import header
+from flint_graph.perf.machine import header, machine_info
 from flint_graph.perf.roofline import copy_bandwidth, floor_ms
 
 DEFAULT_CONTEXTS = (1024, 8192, 32768, 100000)
@@ -330,6 +330,7 @@ def run_bench(o: BenchOptions) -> dict:
     cells = n_formats * (len(o.buckets) * len(contexts) * (2 + o.compiled) + len(o.buckets) + 2)
     with progress_bar(o.progress, "bench", cells, unit="steps") as advance:
         for fmt, llm in sources(o, kv_tokens):
+            res["machine"] = machine_info(dev)  # the engine may have set torch's threads
             _bench_one(o, res, fmt, llm, contexts, prefill_n, advance)
             del llm
             gc.collect()
@@ -428,10 +429,13 @@ def _cold_start(o: BenchOptions, llm, fmt: str, first_token_s: float) -> dict:
     s = llm.startup
     phases = {k: s[k] for k in ("checkpoint_read_s", "repack_s", "kv_alloc_s",
                                 "kernel_cache_s") if k in s}
-    phases["capture_s"] = round(sum(v for k, v in s.items() if k.startswith("capture_B")), 3)
+    captures = [v for k, v in s.items() if k.startswith("capture_B")]
+    phases["capture_s"] = round(sum(captures), 3) if captures else None  # no graph engine
     phases["first_token_s"] = round(first_token_s, 3)
     now = time.perf_counter()
     total = now - o.t_entry if o.t_entry is not None else None
+    if total is not None:  # imports, tokenizer, (synthetic) weights: what the phases miss
+        phases["other_s"] = round(total - sum(v for v in phases.values() if v), 3)
     note = ("from the CLI's entry (imports included) to the first token of a short chat prompt"
             if o.model else "synthetic weights made in memory: no checkpoint read or repack; "
             "pass a checkpoint path for the real cold start (total includes making the weights)")

@@ -139,7 +139,8 @@ def rich_table(title: str, cols, rows, caption: str, left: int = 1) -> Table:
     Cells from the JSON are escaped, so a "[" in a name never reads as rich markup."""
     t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for i, c in enumerate(cols):
-        t.add_column(escape(c), justify="left" if i < left else "right")
+        # a figure is folded, never cut, on a narrow terminal
+        t.add_column(escape(c), justify="left" if i < left else "right", overflow="fold")
     for r in rows:
         t.add_row(*(x if isinstance(x, Text) else escape(str(x)) for x in r))
     return t
@@ -223,7 +224,7 @@ def _summary_grid(result: dict) -> tuple[list[str], list[list[str]]]:
     if cs:
         rows.append(["cold start", "-", cs.get("format") or "-",
                      num(cs.get("total_s"), 2, " s")])
-        rows += [[f"  {_phase_name(k)}", "", "", num(v, 2, " s")]
+        rows += [[f"  {_phase_name(k)}", "", "", "-" if v is None else f"{v:.3f} s"]
                  for k, v in (cs.get("phases") or {}).items()]
         if cs.get("note"):
             rows.append(["  note", "", "", cs["note"]])
@@ -345,6 +346,14 @@ def compare_warnings(a: dict, b: dict) -> list[str]:
         out.append(f"copy bandwidth differs by {ca:+.1%}: A {bandwidth(a.get('copy_bw'))}, B "
                    f"{bandwidth(b.get('copy_bw'))} (another machine, clock or load?): floors "
                    "and fractions move with it")
+    sa, sb = a.get("settings") or {}, b.get("settings") or {}
+    for key in sorted(set(sa) | set(sb)):
+        if sa.get(key) != sb.get(key):
+            out.append(f"different {key}: A {sa.get(key)}, B {sb.get(key)}: only the figures "
+                       "both runs have are compared")
+    fa, fb = ({d.get("format") for d in r.get("decode") or []} for r in (a, b))
+    if fa != fb:
+        out.append(f"different weight formats: A {sorted(fa)}, B {sorted(fb)}")
     return out
 
 

@@ -6,52 +6,71 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 BENCH_FIGURES = """\
 figures (one process, one run):
-  decode ms     median and p90 of the decode step: the graph engine's captured step replayed
-                --steps times (CUDA events), the reference engines' step --baseline-steps
-                times (synchronised wall clock); every row at the given context, the KV cache
-                filled with random values (timing only), sampling included.
-  tokens/s      B / median step time.
-  floor ms      the fewest bytes the step must move (weights once, routed experts expected to
-                be touched by B tokens, the KV of every row) / the copy bandwidth measured at
-                the start of this run (a 2 GiB device-to-device copy on CUDA).
-  % of floor    floor / measured: 100% would be a step at copy speed.
-  ×ref, ×comp   the eager reference's (or, with --compiled, torch.compile's) median / the graph
-                engine's, on the same (format, B, context).
-  e2e ms/token  TPOT at batch B: B copies of a short chat prompt, --e2e-tokens tokens each,
-                EOS ignored, through the engine's own loop; the median step once all B rows
-                decode (host loop, sampling, detokenizer and stop checks included).
-  TTFT          the median request's submission to first token (the B prompts prefill one
-                after another, so it grows with B).
-  prefill       TTFT of one --prefill-tokens-token prompt: chunked prefill + first token.
-  cold start    with a checkpoint path: CLI entry to the first token, split into checkpoint
-                read, repack (GGUF), KV allocation, kernel-cache load, graph capture and first
-                token (synthetic --preset weights are made in memory: no read to time).
-  kernels/step  kernel nodes in each bucket's captured decode graph.
---json FILE keeps every figure with the machine (GPU, driver, torch, cuda-bindings, CuTe DSL),
-the config hash and the git revision; --compare A.json B.json prints what changed."""
+  engine        whose step a row's first figures are: graph (the captured CUDA
+                graph), else reference (no graph engine here, e.g. the CPU)
+  median, p90   ms per decode step: the graph engine's step replayed --steps
+                times (CUDA events), the reference's --baseline-steps times
+                (synchronised wall clock); every row at the given context, the
+                KV cache filled with random values, sampling included
+  tokens/s      B / median step time
+  copy BW       a buffer copy (read + write) timed at the start of the run:
+                2 GiB device-to-device on CUDA, 256 MiB on the CPU
+  floor ms      the fewest bytes the step must move (weights once, the routed
+                experts B tokens are expected to touch, every row's KV), over
+                the copy BW
+  % of floor    floor / median: 100% would be a step at copy speed
+  reference ms  the eager reference's median on the same (format, B, context);
+  compiled ms   with --compiled, torch.compile's (CUDA graphs on CUDA)
+  ×ref, ×comp   that baseline's median / the graph engine's median
+  e2e ms/token  TPOT at batch B: B copies of a short chat prompt, --e2e-tokens
+                tokens each (EOS ignored) through the engine's own loop: the
+                median step once all B rows decode (host loop, sampling,
+                detokenizer, stop checks included)
+  TTFT          the median request's submission to first token (the B prompts
+                prefill one after another, so it grows with B)
+  prefill       TTFT of one --prefill-tokens prompt: chunked prefill + 1 token
+  cold start    CLI entry to first token, split into checkpoint read, repack
+                (GGUF), KV allocation, kernel-cache load, graph capture, first
+                token and the rest (imports, tokenizer; synthetic --preset
+                weights are made in memory, so no checkpoint read)
+  kernels/step  kernel nodes in each bucket's captured decode graph
+--json FILE keeps every figure with the machine (GPU, driver, torch,
+cuda-bindings, CuTe DSL), the config hash and the git revision; --compare
+A.json B.json prints what changed, B against A (warning when the GPU, model
+or settings differ)."""
 
 TRACE_FIGURES = """\
 figures:
-  µs            a kernel's share of the step, median over --steps steps: from its start or
-                the previous kernel's end, whichever is later, to its end (under PDL a kernel
-                starts early and waits for its predecessor; the wait is not counted; the raw
-                duration is span_us in the JSON). Graph engine: CUPTI kernel records
-                (torch.profiler) of CUDA-graph replays. Reference engine: wall clock around
-                each top-level op (synchronised on CUDA).
-  bytes         what the kernel must move (weights, KV, activations); % BW = bytes / µs as a
-                fraction of the copy bandwidth measured in this run.
-  share         µs / the step's time (first kernel start to last kernel end).
-  kinds         totals per kind (embedding, attention, gemv, moe, norm, lm_head, sampling,
-                other) and "gap": step time covered by no kernel (launch latency, bubbles).
-  floor         the kind's bytes / copy bandwidth.
-  kernels/step  kernel nodes in the captured graph.
---out FILE writes the JSON, which is also a Chrome-trace / Perfetto timeline (open it at
-ui.perfetto.dev or chrome://tracing); --html FILE a self-contained page plotting the step by
-kind against the floor; --compare A.json B.json diffs two saved traces."""
+  #, index      the kernel's place in the step's launch order
+  start µs      where its time begins, from the step's first kernel start
+  µs            its share of the step: from its start or the previous
+                kernel's end, whichever is later, to its end (under PDL a
+                kernel starts early and waits for its predecessor; the wait is
+                not counted; span_us in the JSON is the raw duration). Graph
+                engine: CUPTI kernel records (torch.profiler) of CUDA-graph
+                replays; reference engine: wall clock around each top-level op
+                (synchronised on CUDA). The step shown is the median-length one
+                of --steps.
+  MB            bytes (10^6) the kernel must move: weights, KV, activations
+  % BW          MB / µs as a fraction of the copy bandwidth measured in this
+                run (a read-only kernel may exceed a read + write copy)
+  share         µs / the step's time (first kernel start to last kernel end)
+  count         kernels of that kind
+  kinds         embedding, attention, gemv, moe, norm, lm_head, sampling,
+                other; gap = step time covered by no kernel (launch latency,
+                bubbles); kinds and gap add up to the step
+  floor µs      the kind's MB / copy bandwidth
+  graph nodes   node types of the captured graph; kernels/step its kernels
+                ("-" on the reference engine, which has no graph)
+--out FILE writes the JSON, which is also a Chrome-trace / Perfetto timeline
+(open it at ui.perfetto.dev or chrome://tracing); --html FILE a
+self-contained page plotting the step by kind against the floor; --compare
+A.json B.json diffs two saved traces."""
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -105,10 +124,10 @@ def add_bench_parser(sub, positive_int, buckets) -> None:
     """`flint-graph bench`."""
     p = sub.add_parser("bench", help="decode latency per bucket and context against the roofline "
                                      "and the eager reference; e2e, prefill, TTFT, cold start",
-                       description="Benchmark the decode runtime in one run: decode step times "
-                                   "per batch bucket and context, next to the roofline floor "
-                                   "and the eager reference; end-to-end TPOT, TTFT, prefill "
-                                   "and cold start.",
+                       description=textwrap.fill(
+                           "Benchmark the decode runtime in one run: decode step times per "
+                           "batch bucket and context, next to the roofline floor and the eager "
+                           "reference; end-to-end TPOT, TTFT, prefill and cold start.", 79),
                        epilog=BENCH_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, positive_int)
     p.add_argument("--formats", type=_formats, default=("bf16", "nvfp4"), metavar="F,F",
@@ -142,9 +161,10 @@ def add_trace_parser(sub, positive_int, buckets) -> None:
     """`flint-graph trace`."""
     p = sub.add_parser("trace", help="one decode step per kernel: times, bytes, bandwidth, "
                                      "totals per kind, a Perfetto timeline",
-                       description="Trace the decode step: per kernel its layer, kind, time, "
-                                   "bytes and bandwidth; totals per kind with the gaps; the "
-                                   "graph's kernel count; a Chrome-trace/Perfetto timeline.",
+                       description=textwrap.fill(
+                           "Trace the decode step: per kernel its layer, kind, time, bytes and "
+                           "bandwidth; totals per kind with the gaps; the graph's kernel count; "
+                           "a Chrome-trace/Perfetto timeline.", 79),
                        epilog=TRACE_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, positive_int)
     p.add_argument("--format", dest="formats", type=_formats, default=("nvfp4",),
@@ -154,7 +174,7 @@ def add_trace_parser(sub, positive_int, buckets) -> None:
     p.add_argument("--context", type=_contexts, default=(1024,), metavar="N",
                    help="tokens in every row's KV cache (default: 1024)")
     p.add_argument("--steps", type=positive_int, default=5, metavar="N",
-                   help="steps traced; times are medians (default: %(default)s)")
+                   help="steps traced; the one of median length is reported (default: %(default)s)")
     p.add_argument("--top", type=positive_int, default=20, metavar="N",
                    help="slowest kernels listed on screen (default: %(default)s)")
     p.add_argument("--out", type=Path, metavar="FILE",

@@ -1,4 +1,4 @@
-"""`flint-graph trace`: one decode step (median of N) broken down per kernel.
+"""`flint-graph trace`: one decode step (the median-length one of N) broken down per kernel.
 
 Where the times come from:
 - graph engine (CUDA): CUPTI kernel records, through `torch.profiler`, of N replays of the
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -110,6 +109,15 @@ def exclusive(records: list[dict]) -> list[dict]:
     return out
 
 
+def median_step(runs: list[list[dict]]) -> tuple[list[dict], float, list[float]]:
+    """The step of median length among `runs` (each: records {ts, dur} in µs, sorted by ts):
+    its kernels' `exclusive` spans, its length (first start to last end) and every run's length.
+    One real step rather than per-kernel medians, so its kernels tile it exactly."""
+    lengths = [max(r["ts"] + r["dur"] for r in run) - run[0]["ts"] for run in runs]
+    mid = sorted(range(len(runs)), key=lambda i: lengths[i])[(len(runs) - 1) // 2]
+    return exclusive(runs[mid]), lengths[mid], lengths
+
+
 def trace_graph(runner, fmt: str, b: int, context: int, steps: int) -> dict:
     """Per-kernel times of bucket b's captured step at `context` (every row at that position)."""
     from flint_graph.capture.decode_step import Row
@@ -127,20 +135,15 @@ def trace_graph(runner, fmt: str, b: int, context: int, steps: int) -> dict:
     per = len(records) // steps
     runs = [records[i * per:(i + 1) * per] for i in range(steps)]
     named = _match(_graph_plan(runner, b, fmt, context), runs[0])
-    spans = [exclusive(r) for r in runs]
-    kernels = []
-    for i, k in enumerate(named):
-        kernels.append({"index": i, **k,
-                        **{f: statistics.median(sp[i][f] for sp in spans)
-                           for f in ("start_us", "us", "launch_us", "span_us")}})
-    step_us = statistics.median(max(e["ts"] + e["dur"] for e in r) - r[0]["ts"] for r in runs)
+    spans, step_us, all_us = median_step(runs)
+    kernels = [{"index": i, **k, **sp} for i, (k, sp) in enumerate(zip(named, spans))]
     try:
         nodes = g.graph_nodes()
     except RuntimeError:
         nodes = None
     return {"source": "CUPTI kernel records (torch.profiler) of CUDA-graph replays",
             "graph_nodes": nodes, "kernels_per_step": (nodes or {}).get("kernel", len(named)),
-            "step_us": step_us, "kernels": kernels}
+            "step_us": step_us, "step_us_all": all_us, "kernels": kernels}
 
 
 # -- the reference model's step ----------------------------------------------------------------
@@ -210,7 +213,8 @@ def _timed_ops(dev: torch.device, moe_bytes: float, events: list, clock: list):
 
 
 def trace_reference(model, fmt: str, b: int, context: int, steps: int) -> dict:
-    """Per-op times of the reference model's decode step (b rows at `context`), median of N."""
+    """Per-op times of the reference model's decode step (b rows at `context`): the
+    median-length step of N."""
     from flint_graph.perf.bench import reference_kv
     from flint_graph.sampling import sample
 
@@ -223,7 +227,7 @@ def trace_reference(model, fmt: str, b: int, context: int, steps: int) -> dict:
     params = (torch.tensor([1.0 - i % 2 for i in range(b)], device=dev),
               torch.full((b,), 20, device=dev), torch.full((b,), 0.95, device=dev),
               torch.arange(b, device=dev), torch.full((b,), context, device=dev))
-    runs, walls = [], []
+    runs = []
     with torch.inference_mode():
         for i in range(steps + 1):  # the first is a warm-up
             for s in seqs:
@@ -244,17 +248,14 @@ def trace_reference(model, fmt: str, b: int, context: int, steps: int) -> dict:
                            "start_us": (t0 - clock[0]) * 1e6, "us": (t1 - t0) * 1e6})
             if i:
                 runs.append(events)
-                walls.append((t1 - clock[0]) * 1e6)
-    kernels = [{"index": i, **{k: v for k, v in e.items() if k not in ("start_us", "us")},
-                "start_us": statistics.median(r[i]["start_us"] for r in runs),
-                "us": statistics.median(r[i]["us"] for r in runs)}
-               for i, e in enumerate(runs[0])]
-    for k in kernels:  # one op at a time: its span is its share
-        k["launch_us"], k["span_us"] = k["start_us"], k["us"]
+    spans, step_us, all_us = median_step(
+        [[{"ts": e["start_us"], "dur": e["us"]} for e in r] for r in runs])
+    kernels = [{"index": i, **{k: v for k, v in e.items() if k not in ("start_us", "us")}, **sp}
+               for i, (e, sp) in enumerate(zip(runs[all_us.index(step_us)], spans))]
     where = "synchronised after each op" if dev.type == "cuda" else "CPU"
     return {"source": f"wall clock around each top-level op of the reference model ({where})",
             "graph_nodes": None, "kernels_per_step": None,
-            "step_us": statistics.median(walls), "kernels": kernels}
+            "step_us": step_us, "step_us_all": all_us, "kernels": kernels}
 
 
 def run_trace(o) -> dict:
@@ -274,7 +275,8 @@ def run_trace(o) -> dict:
     bw = copy_bandwidth(pick_device(o.device))  # before the weights, as bench measures it
     fmt, llm = next(sources(o, ctx + 1))
     dev = llm.device
-    res = header("flint-graph-trace", cfg, o.model or f"preset {o.preset} (synthetic, in memory)",
+    res = header("flint-graph-trace", cfg,
+                 o.model or f"preset {o.preset} (synthetic, seed {o.seed}, in memory)",
                  dev, o.command)
     runner = llm.engine.runner
     res.update(engine=llm.engine.name, format=fmt, B=b, context=ctx, steps=o.steps,

@@ -156,7 +156,7 @@ def _title(trace: dict) -> str:
 def _header_lines(trace: dict) -> list[str]:
     step, floor = trace.get("step_us"), _step_floor(trace)
     nodes = ", ".join(f"{k} {v}" for k, v in (trace.get("graph_nodes") or {}).items()) or "-"
-    what = f"{_title(trace)}; median of {num(trace.get('steps'))} steps"
+    what = f"{_title(trace)}; the median-length step of {num(trace.get('steps'))}"
     count = f"graph nodes: {nodes}; kernels per step: {num(trace.get('kernels_per_step'))}"
     return [header_line(trace), f"{what}; times: {trace.get('source') or '-'}",
             f"{count}; copy BW {bandwidth(trace.get('copy_bw'))}; KV cache: "

@@ -140,8 +140,8 @@ def test_summary_table():
     assert "330.00 ms/token, TTFT 900.0 ms" in text
     assert "prefill 8192 tokens" in text and "3900.0 ms, 2100.5 tokens/s" in text
     assert _row(text, "cold start")[1:] == ["-", "nvfp4", "12.10 s"]
-    assert _row(text, "checkpoint read")[-1] == "6.00 s"
-    assert _row(text, "first token")[-1] == "3.20 s"
+    assert _row(text, "checkpoint read")[-1] == "6.000 s"
+    assert _row(text, "first token")[-1] == "3.200 s"
     assert "B=1: 347, B=2: 347" in text and "B=1: 340" in text
     cpu = _text(br.summary_table(cpu_result()))
     assert "-, TTFT 55.0 ms" in cpu and "│ cold start" not in cpu
@@ -205,6 +205,13 @@ def test_compare_matches_records_and_signs():
     assert same and all(e["change"] in (0.0, None) and not e["note"] for e in same)
 
 
+def test_compare_warns_about_other_settings():
+    a, b = cuda_result(), cuda_result()
+    a["settings"], b["settings"] = {"buckets": [1, 8]}, {"buckets": [1, 4]}
+    assert br.compare_warnings(a, b) == ["different buckets: A [1, 8], B [1, 4]: only the "
+                                         "figures both runs have are compared"]
+
+
 def test_compare_warnings():
     a = cuda_result()
     assert br.compare_warnings(a, copy.deepcopy(a)) == []
@@ -213,7 +220,7 @@ def test_compare_warnings():
     b = cpu_result()
     b["model"]["config_hash"] = "ffffffffffff"
     w = br.compare_warnings(a, b)
-    assert len(w) == 3
+    assert len(w) == 4 and "different weight formats" in w[3]  # the CPU run has BF16 only
     assert "different GPU: A NVIDIA H200, B none (CPU)" in w[0]
     assert "3f2a9c1b0d4e" in w[1] and "ffffffffffff" in w[1]
     assert "copy bandwidth differs by -99.4%" in w[2] and "25.0 GB/s" in w[2]

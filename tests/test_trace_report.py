@@ -207,7 +207,7 @@ def test_print_trace_numbers():
     console = Console(record=True, width=160)
     tr.print_trace(trace, console, top=2)
     text = console.export_text()
-    for want in ("graph engine, nvfp4, B=1, context 1024 tokens; median of 5 steps",
+    for want in ("graph engine, nvfp4, B=1, context 1024 tokens; the median-length step of 5",
                  "graph nodes: kernel 4, memcpy 1; kernels per step: 4; copy BW 1.00 TB/s",
                  "step 100.0 µs; floor 30.0 µs (bytes / copy BW) = 30.0% of the step",
                  "the 2 slowest kernels", "attn[bold]x", "all 4 kernels are in the trace JSON"):
