@@ -236,7 +236,7 @@ def ensure_default_checkpoint(progress: bool = True) -> Path:
 
 # -- command line ---------------------------------------------------------------------------
 
-def _check_memory(cfg: FlintConfig, device: torch.device) -> None:
+def check_memory(cfg: FlintConfig, device: torch.device) -> None:
     """Refuse up front when the BF16 weights cannot fit where they are generated (the `full`
     preset needs ~80 GB), instead of swapping for minutes and dying."""
     need = cfg.total_params * 2
@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = (FlintConfig.from_json(args.config_path) if args.config_path
            else FlintConfig.preset(args.preset or DEFAULT_PRESET))
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
-    _check_memory(cfg, pick_device(args.device))
+    check_memory(cfg, pick_device(args.device))
     summary = write_checkpoint(cfg, args.out_dir, formats, args.seed, args.device,
                                args.progress, args.quantize_embeddings, args.overwrite)
     out = Console()

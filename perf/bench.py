@@ -83,6 +83,9 @@ def plan_contexts(cfg: FlintConfig, contexts, prefill_tokens) -> tuple[list[int]
     return sorted(set(contexts)), prefill_tokens
 
 
+E2E_PROMPT_ROOM = 64  # the e2e chat prompt's tokens, with a margin
+
+
 def step_record(engine: str, fmt: str, b: int, ctx: int, times_ms: list[float], cfg, copy_bw):
     """One decode record: median / p90 ms, tokens/s, bytes, floor and fraction of it."""
     med = statistics.median(times_ms)
@@ -133,7 +136,10 @@ def sources(o: BenchOptions, kv_tokens: int):
     from flint_graph.make_checkpoint import quantize_weights
     from flint_graph.synthetic import make_weights
 
+    from flint_graph.make_checkpoint import check_memory
+
     cfg, dev = FlintConfig.preset(o.preset), pick_device(o.device)
+    check_memory(cfg, dev)  # the full preset's BF16 weights need ~80 GB: refuse up front
     side = _side_files(cfg, o.seed)
     weights = make_weights(cfg, o.seed, dev, progress=o.progress)
     for fmt in ("bf16", "nvfp4"):
@@ -156,8 +162,9 @@ def cfg_of(o: BenchOptions) -> FlintConfig:
                                   "directory or an NVFP4 .gguf file)")
     config = (path if path.is_dir() else path.parent) / "config.json"
     if not config.is_file():
-        raise InvalidRequestError(f"{config}: not found; bench reads the model's config.json "
-                                  "beside the checkpoint")
+        kind = "directory" if path.is_dir() else "file"
+        raise InvalidRequestError(f"{path}: not a checkpoint ({kind} without a config.json "
+                                  f"beside it: {config} not found)")
     return FlintConfig.from_json(config)
 
 
@@ -314,6 +321,12 @@ def run_bench(o: BenchOptions) -> dict:
 
     cfg = cfg_of(o)
     contexts, prefill_n = plan_contexts(cfg, o.contexts, o.prefill_tokens)
+    limit = cfg.max_position_embeddings
+    if o.e2e_tokens + E2E_PROMPT_ROOM > limit:
+        raise InvalidRequestError(f"--e2e-tokens {o.e2e_tokens}: expected at most "
+                                  f"{limit - E2E_PROMPT_ROOM} (the model holds {limit} tokens, "
+                                  "prompt included)")
+    o.buckets = tuple(sorted(set(o.buckets)))
     dev = pick_device(o.device)
     if o.engine == "graph" and dev.type != "cuda":
         raise InvalidRequestError(f"--engine graph: needs CUDA, this run is on {dev}")

@@ -128,9 +128,14 @@ def read_json(path, schema: str, versions=VERSIONS) -> dict:
                 else f"schema {found!r}" if found else 'no "schema" field')
         hint = f" (this file is from {WRITER[found]})" if found in WRITER else ""
         raise InvalidRequestError(f"{p}: {what}{hint}; expected {want}")
-    if data.get("version") not in versions:
+    version = data.get("version")
+    if isinstance(version, bool) or version not in versions:
         raise InvalidRequestError(f"{p}: {schema} version {data.get('version')!r}; expected "
                                   f"{want} (written by a newer flint-graph?)")
+    from flint_graph.perf.schema import SPECS, check
+
+    if schema in SPECS:
+        check(p, data, SPECS[schema])
     return data
 
 

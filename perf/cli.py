@@ -97,6 +97,13 @@ def _contexts(text: str) -> tuple[int, ...]:
     return _ints(",".join(map(str, out)), "token counts")
 
 
+def _path(text: str) -> Path:
+    """A file flag's value; an empty one (Path("") is ".") is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a file name, found {text!r}")
+    return Path(text)
+
+
 def _formats(text: str) -> tuple[str, ...]:
     vals = tuple(x.strip() for x in text.split(","))
     if not vals or any(v not in ("bf16", "nvfp4") for v in vals):
@@ -150,9 +157,9 @@ def add_bench_parser(sub, positive_int, buckets) -> None:
     p.add_argument("--prefill-tokens", type=positive_int, metavar="N",
                    help="prompt length of the prefill timing (default: 8192, or half the "
                         "model's limit when smaller)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write every figure as JSON")
-    p.add_argument("--markdown", type=Path, metavar="FILE", help="write the tables as markdown")
-    p.add_argument("--compare", type=Path, nargs=2, metavar=("A.json", "B.json"),
+    p.add_argument("--json", type=_path, metavar="FILE", help="write every figure as JSON")
+    p.add_argument("--markdown", type=_path, metavar="FILE", help="write the tables as markdown")
+    p.add_argument("--compare", type=_path, nargs=2, metavar=("A.json", "B.json"),
                    help="print what changed from run A to run B (runs nothing)")
     p.set_defaults(command="bench")
 
@@ -168,7 +175,8 @@ def add_trace_parser(sub, positive_int, buckets) -> None:
                        epilog=TRACE_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, positive_int)
     p.add_argument("--format", dest="formats", type=_formats, default=("nvfp4",),
-                   metavar="F", help="weight format of the synthetic weights (default: nvfp4)")
+                   metavar="F", help="weight format of the synthetic weights (default: nvfp4; "
+                                     "a checkpoint has its own)")
     p.add_argument("--batch", type=buckets, default=(1,), metavar="B",
                    help="batch bucket (default: 1)")
     p.add_argument("--context", type=_contexts, default=(1024,), metavar="N",
@@ -177,11 +185,11 @@ def add_trace_parser(sub, positive_int, buckets) -> None:
                    help="steps traced; the one of median length is reported (default: %(default)s)")
     p.add_argument("--top", type=positive_int, default=20, metavar="N",
                    help="slowest kernels listed on screen (default: %(default)s)")
-    p.add_argument("--out", type=Path, metavar="FILE",
+    p.add_argument("--out", type=_path, metavar="FILE",
                    help="write the trace JSON (also a Perfetto / chrome://tracing timeline)")
-    p.add_argument("--html", type=Path, metavar="FILE",
+    p.add_argument("--html", type=_path, metavar="FILE",
                    help="write a self-contained HTML plot of the step by kind vs the floor")
-    p.add_argument("--compare", type=Path, nargs=2, metavar=("A.json", "B.json"),
+    p.add_argument("--compare", type=_path, nargs=2, metavar=("A.json", "B.json"),
                    help="diff two saved traces (runs nothing)")
     p.set_defaults(command="trace")
 
@@ -194,6 +202,46 @@ def _options(args, command: str):
                      progress=args.progress, t_entry=getattr(args, "t_entry", None),
                      command=command, steps=args.steps)
     return o
+
+
+def check_outputs(args, flags: tuple[str, ...]) -> None:
+    """Before any work: each output flag names a writable file, no two name the same one, and
+    none overwrites a file of the checkpoint being measured (MODEL, or its directory's files).
+    Also refuses output flags beside --compare, which writes nothing. Raises
+    InvalidRequestError naming the flag."""
+    from flint_graph.errors import InvalidRequestError
+
+    given = {f: getattr(args, f.lstrip("-").replace("-", "_")) for f in flags}
+    given = {f: p for f, p in given.items() if p is not None}
+    if args.compare and given:
+        raise InvalidRequestError(f"{', '.join(given)}: --compare reads two saved files and "
+                                  "writes nothing; run without it to measure")
+    model = Path(args.model).resolve() if args.model else None
+    inside = model if model and model.is_dir() else model.parent if model else None
+    seen: dict[Path, str] = {}
+    for flag, path in given.items():
+        if not str(path).strip():
+            raise InvalidRequestError(f"{flag}: expected a file name, found an empty path")
+        full = path.resolve()
+        if full in seen:
+            raise InvalidRequestError(f"{flag} and {seen[full]} name the same file {path}; "
+                                      "give each its own")
+        seen[full] = flag
+        if full.is_dir():
+            raise InvalidRequestError(f"{flag} {path}: is a directory; expected a file name")
+        if model and (full == model or (full.exists() and full.parent == inside)):
+            raise InvalidRequestError(f"{flag} {path}: would overwrite a file of the checkpoint "
+                                      f"{args.model}; write it elsewhere")
+        existed = full.exists()
+        try:  # a real probe: permission bits say little to root or on /proc
+            full.parent.mkdir(parents=True, exist_ok=True)
+            with open(full, "a"):
+                pass
+            if not existed:
+                full.unlink()
+        except OSError as e:
+            raise InvalidRequestError(f"{flag} {path}: cannot write there "
+                                      f"({e.strerror or e})") from None
 
 
 def _write(path: Path, text: str) -> None:
@@ -217,14 +265,11 @@ def run_bench_cmd(args) -> int:
     from flint_graph.perf import bench_report
 
     console = Console()
+    check_outputs(args, ("--json", "--markdown"))
     if args.compare:
         a, b = (bench_report.load(p) for p in args.compare)
         bench_report.print_compare(a, b, console)
         return 0
-    for p in (args.json, args.markdown):
-        if p is not None and p.is_dir():
-            from flint_graph.errors import InvalidRequestError
-            raise InvalidRequestError(f"{p}: is a directory; expected a file name")
     from flint_graph.perf.bench import run_bench
 
     o = _options(args, _command_line())
@@ -250,11 +295,19 @@ def run_trace_cmd(args) -> int:
     from flint_graph.perf import trace_report
 
     console = Console()
+    check_outputs(args, ("--out", "--html"))
     if args.compare:
         a, b = (trace_report.load(p) for p in args.compare)
         trace_report.print_compare(a, b, console)
         return 0
+    from flint_graph.errors import InvalidRequestError
     from flint_graph.perf.trace import run_trace
+
+    for flag, vals in (("--batch", args.batch), ("--context", args.context),
+                       ("--format", args.formats)):
+        if len(vals) != 1:
+            raise InvalidRequestError(f"{flag}: trace takes one value, found "
+                                      f"{','.join(map(str, vals))}")
 
     o = _options(args, _command_line())
     o.buckets, o.contexts = args.batch, args.context

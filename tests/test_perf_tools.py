@@ -126,6 +126,88 @@ def test_bad_input_gets_one_line(argv, expect, capsys):
     assert expect in err and "Traceback" not in err
 
 
+def test_outputs_never_overwrite_the_checkpoint_or_each_other(tmp_path, capsys):
+    from flint_graph.make_checkpoint import write_checkpoint
+
+    ck = tmp_path / "ck"
+    write_checkpoint(FlintConfig.preset("tiny"), ck, ("gguf",), device="cpu", progress=False)
+    gguf, before = ck / "model-nvfp4.gguf", (ck / "model-nvfp4.gguf").read_bytes()
+    cases = [
+        (["trace", str(gguf), "--device", "cpu", "--out", str(gguf)], "would overwrite"),
+        (["trace", str(ck), "--device", "cpu", "--out", str(ck / "config.json")],
+         "would overwrite"),
+        (["bench", str(gguf), "--device", "cpu", "--json", str(ck / "config.json")],
+         "would overwrite"),
+        (["bench", *SMALL, "--json", str(tmp_path / "x"), "--markdown", str(tmp_path / "x")],
+         "name the same file"),
+        (["trace", *SMALL, "--out", str(tmp_path / "y"), "--html", str(tmp_path / "./y")],
+         "name the same file"),
+        (["trace", *SMALL, "--out", str(tmp_path)], "is a directory"),
+        (["bench", *SMALL, "--json", ""], "argument --json: expected a file name"),
+        (["bench", *SMALL, "--json", "/proc/flint/x.json"], "cannot write there"),
+        (["bench", "--compare", "a.json", "b.json", "--json", str(tmp_path / "z")],
+         "writes nothing"),
+    ]
+    for argv, expect in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert expect in err, (argv, err)
+    assert gguf.read_bytes() == before
+    assert json.loads((ck / "config.json").read_text())["model_type"] == "flint"
+
+
+@pytest.mark.parametrize("flag,value", [("--batch", "2,4"), ("--context", "200,300"),
+                                        ("--format", "bf16,nvfp4")])
+def test_trace_takes_one_value_per_flag(flag, value, capsys):
+    assert main(["trace", *SMALL, flag, value]) == 2
+    assert f"{flag}: trace takes one value" in capsys.readouterr().err
+
+
+def test_bench_refuses_what_cannot_run(capsys):
+    assert main(["bench", *SMALL, "--e2e-tokens", "5000"]) == 2
+    assert "--e2e-tokens 5000: expected at most 4032" in capsys.readouterr().err
+    assert main(["bench", "--preset", "full", "--device", "cpu", "--no-progress"]) == 2
+    assert "BF16 weights need" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field,value,expect", [
+    ("decode", "abc", "field decode is 'abc'; expected a JSON list"),
+    ("decode", [None], "field decode[0] is None; expected a JSON object"),
+    ("decode", [{"engine": "graph", "format": "bf16", "B": 1, "context": 9,
+                 "median_ms": "fast"}], "field decode[0].median_ms is 'fast'"),
+    ("decode", [{"engine": "graph", "format": "bf16", "B": 1, "context": 9,
+                 "median_ms": True}], "decode[0].median_ms is True"),
+    ("kernels_per_step", [1], "field kernels_per_step is [1]; expected a JSON object"),
+    ("cold_start", {"total_s": "x"}, "cold_start.total_s is 'x'"),
+    ("model", "x", "field model is 'x'"),
+    ("version", True, "version True"),
+])
+def test_compare_names_the_bad_field(tmp_path, capsys, field, value, expect):
+    good = {"schema": "flint-graph-bench", "version": 1, "machine": {}, "model": {}}
+    assert main(["bench", "--compare", _save(tmp_path / "a.json", good),
+                 _save(tmp_path / "b.json", good)]) == 0
+    capsys.readouterr()
+    bad = _save(tmp_path / "c.json", good | {field: value})
+    assert main(["bench", "--compare", bad, str(tmp_path / "a.json")]) == 2
+    err = capsys.readouterr().err
+    assert expect in err and "internal error" not in err, err
+
+
+def test_trace_compare_names_the_bad_field(tmp_path, capsys):
+    t = {"schema": "flint-graph-trace", "version": 1, "machine": {}, "model": {},
+         "engine": "graph", "format": "nvfp4", "B": 1, "context": 9, "copy_bw": 1e12,
+         "step_us": 10.0, "kernels": [{"name": "k", "kind": "gemv", "start_us": 0.0,
+                                       "us": "x"}]}
+    f = _save(tmp_path / "t.json", t)
+    assert main(["trace", "--compare", f, f]) == 2
+    assert "field kernels[0].us is 'x'" in capsys.readouterr().err
+
+
+def _save(path, doc) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
 def test_a_bench_file_is_not_a_trace(tmp_path, capsys):
     f = tmp_path / "x.json"
     f.write_text(json.dumps({"schema": "flint-graph-bench", "version": 1}))
