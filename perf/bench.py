@@ -31,6 +31,8 @@ import torch
 from flint_graph.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
 from flint_graph.perf.machine import header, machine_info
+from flint_graph.perf.measure import (e2e_record, graph_nodes_per_bucket, graph_steps,
+                                      prefill_record, reference_fits, reference_steps)
 from flint_graph.perf.roofline import copy_bandwidth, floor_ms
 
 DEFAULT_CONTEXTS = (1024, 8192, 32768, 100000)
@@ -168,148 +170,6 @@ def cfg_of(o: BenchOptions) -> FlintConfig:
     return FlintConfig.from_json(config)
 
 
-# -- measurements ----------------------------------------------------------------------------
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def graph_steps(runner, b: int, ctx: int, steps: int) -> list[float]:
-    """ms per replay of bucket b's captured step with every row at position ctx (the KV cache
-    already filled): CUDA events around each replay, after 3 warm-ups."""
-    from flint_graph.capture.decode_step import Row
-
-    g = runner.graphs[b]
-    g.set_rows([Row(slot=i, token=1 + i, position=ctx, temperature=1.0 - i % 2, top_k=20,
-                    top_p=0.95, seed=i, draw_index=ctx) for i in range(b)])
-    for _ in range(3):
-        g.replay()
-    out = []
-    for _ in range(steps):
-        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        out.append(a.elapsed_time(e))
-    return out
-
-
-def reference_kv(model, b: int, ctx: int) -> list:
-    """b sequences of `ctx` cached tokens of random KV (full layers hold ctx + 1 rows so the
-    timed token's K/V goes in without growing the cache)."""
-    cfg = model.cfg
-    seqs = []
-    for _ in range(b):
-        s = model.new_sequence()
-        for i, w in enumerate(s.windows):
-            if w is None:
-                shape = (ctx + 1, cfg.num_key_value_heads, cfg.head_dim)
-                s.k[i] = torch.randn(shape, device=model.device).to(model.act_dtype)
-                s.v[i] = torch.randn(shape, device=model.device).to(model.act_dtype)
-            else:
-                s.k[i].normal_()
-                s.v[i].normal_()
-        s.num_tokens = ctx
-        seqs.append(s)
-    return seqs
-
-
-def reference_steps(model, b: int, ctx: int, steps: int, forward=None) -> list[float]:
-    """ms per reference decode step (forward + sampling, synchronised) of b rows at context
-    ctx, after one warm-up. `forward` replaces model.forward (the compiled baseline)."""
-    from flint_graph.sampling import sample
-
-    dev, forward = model.device, forward or model.forward
-    seqs = reference_kv(model, b, ctx)
-    tokens = [torch.tensor([1 + i], device=dev) for i in range(b)]
-    temp = torch.tensor([1.0 - i % 2 for i in range(b)], device=dev)
-    top_k = torch.full((b,), 20, device=dev)
-    top_p = torch.full((b,), 0.95, device=dev)
-    seeds = torch.arange(b, device=dev)
-    pos = torch.full((b,), ctx, device=dev)
-    out = []
-    with torch.inference_mode():
-        for i in range(steps + 1):
-            for s in seqs:
-                s.num_tokens = ctx
-            _sync(dev)
-            t0 = time.perf_counter()
-            logits = torch.cat(forward(seqs, tokens))
-            sample(logits, temp, top_k, top_p, seeds, pos)
-            _sync(dev)
-            if i:
-                out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
-def _fits(model, b: int, ctx: int) -> bool:
-    if model.device.type != "cuda":
-        return True
-    free, _ = torch.cuda.mem_get_info(model.device)
-    return b * (ctx + 1) * model.cfg.kv_bytes_per_token * 1.3 < 0.9 * free
-
-
-def e2e_record(llm, fmt: str, b: int, tokens: int, prompt_ids: list[int], engine=None) -> dict:
-    """End to end at batch b: b identical chat prompts (EOS ignored) through the engine's own
-    loop (`Engine.step`: scheduling, the step, sampling, detokenizer, stop checks). TTFT: the
-    median request's submission to first token (prefills run one after another, so it grows
-    with b); ms_per_token: the median wall time of the steps in which all b rows decode (no
-    prefill in them), i.e. the TPOT each request sees once the batch is full."""
-    from flint_graph.sampling import SamplingParams
-
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    reqs = [llm._request(prompt_ids, params, None) for _ in range(b)]
-    eng = llm.engine
-    t0 = time.perf_counter()
-    for r in reqs:
-        eng.add(r)
-    first: dict[int, float] = {}
-    steady: list[float] = []
-    try:
-        while any(not r.is_finished for r in reqs):
-            full = (all(r.output_ids for r in reqs) and not eng.waiting and not eng.prefilling
-                    and all(len(r.output_ids) < tokens for r in reqs))
-            t = time.perf_counter()
-            eng.step()
-            if full:
-                steady.append((time.perf_counter() - t) * 1e3)
-            for r in reqs:
-                if r.output_ids and r.id not in first:
-                    first[r.id] = (time.perf_counter() - t0) * 1e3
-    finally:
-        for r in reqs:
-            if not r.is_finished:
-                eng.abort(r)
-            r.pending.clear()
-    return {"engine": engine or eng.name, "format": fmt, "B": b,
-            "prompt_tokens": len(prompt_ids), "tokens": tokens, "steady_steps": len(steady),
-            "ms_per_token": statistics.median(steady) if steady else None,
-            "ttft_ms": statistics.median(first.values())}
-
-
-def prefill_record(llm, fmt: str, n: int) -> dict:
-    """Time to the first token of one n-token prompt (chunked prefill + one step)."""
-    from flint_graph.sampling import SamplingParams
-
-    ids = [(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(n)]
-    out = llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))[0]
-    return {"engine": llm.engine.name, "format": fmt, "tokens": n, "ms": out.ttft_ms,
-            "tokens_per_s": n / out.ttft_ms * 1e3}
-
-
-def graph_nodes_per_bucket(runner) -> dict[str, int]:
-    """Kernel nodes of each bucket's captured step (our launches where the driver cannot say)."""
-    out = {}
-    for b, g in runner.graphs.items():
-        try:
-            out[str(b)] = g.graph_nodes().get("kernel", 0)
-        except RuntimeError:
-            out[str(b)] = g.kernels_per_step
-    return out
-
-
 # -- the run -----------------------------------------------------------------------------------
 
 def run_bench(o: BenchOptions) -> dict:
@@ -395,7 +255,7 @@ def _bench_one(o, res, fmt, llm, contexts, prefill_n, advance) -> None:
                 advance(1)
                 if name == "compiled" and fwd is None:
                     continue
-                if not _fits(model, b, ctx):
+                if not reference_fits(model, b, ctx):
                     res["errors"].append(f"{name} {fmt} B={b} context {ctx}: its KV cache "
                                          "does not fit beside the graph engine's; skipped")
                     continue

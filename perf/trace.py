@@ -215,7 +215,7 @@ def _timed_ops(dev: torch.device, moe_bytes: float, events: list, clock: list):
 def trace_reference(model, fmt: str, b: int, context: int, steps: int) -> dict:
     """Per-op times of the reference model's decode step (b rows at `context`): the
     median-length step of N."""
-    from flint_graph.perf.bench import reference_kv
+    from flint_graph.perf.measure import reference_kv
     from flint_graph.sampling import sample
 
     cfg, dev = model.cfg, model.device
