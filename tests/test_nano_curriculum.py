@@ -1,0 +1,93 @@
+"""The flint-nano curriculum (nano/curriculum.py): right answers, disjoint splits, tool calls
+that our own parser reads back with their types, recall keys far behind their questions, and
+train masks on exactly the assistant's output."""
+
+from __future__ import annotations
+
+import pytest
+
+from flint_graph.make_checkpoint import ensure_default_checkpoint
+from flint_graph.nano.curriculum import (TOOLS, arithmetic, episodes, in_split, recall,
+                                         supervised, tool_use)
+from flint_graph.output_parser import parse_output
+from flint_graph.tokenizer import FlintTokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return FlintTokenizer.from_dir(ensure_default_checkpoint(progress=False))
+
+
+def test_episodes_are_reproducible_and_split():
+    a = episodes(3, 40, "train", recall_pairs=10, recall_questions=2)
+    assert [e.messages for e in a] == [e.messages for e in episodes(3, 40, "train", 10, 2)]
+    with pytest.raises(ValueError, match="split 'test'"):
+        episodes(0, 1, "test")
+
+
+def test_arithmetic_is_right_and_held_out_pairs_never_train():
+    import random
+
+    rng = random.Random(0)
+    for split in ("train", "heldout"):
+        for _ in range(300):
+            e = arithmetic(rng, split)
+            m = e.meta
+            assert m["answer"] == (m["a"] + m["b"] if m["op"] == "+" else m["a"] - m["b"]) >= 0
+            assert e.messages[-1]["content"] == str(m["answer"])
+            assert e.messages[-1]["reasoning_content"].endswith(f"So it is {m['answer']}.")
+            pair = (m["a"], m["b"]) if in_split(split, m["a"], m["b"]) else (m["b"], m["a"])
+            assert in_split(split, *pair) and not in_split(
+                "heldout" if split == "train" else "train", *pair)
+
+
+def test_tool_calls_parse_back_with_their_types(tok):
+    import random
+
+    from flint_graph.chat_template import render_chat
+
+    rng = random.Random(1)
+    for split in ("train", "heldout"):
+        tools = TOOLS["train"] + (TOOLS["heldout"] if split == "heldout" else [])
+        seen = set()
+        for _ in range(60):
+            e = tool_use(rng, split)
+            call = e.meta["call"]
+            seen.add(call["name"])
+            prompt = render_chat(tok.chat_template, e.messages[:1], e.tools)
+            full = render_chat(tok.chat_template, e.messages[:2], e.tools,
+                               add_generation_prompt=False)
+            parsed = parse_output(full[len(prompt):], tools, finish_reason="stop")
+            assert [(c.name, c.arguments) for c in parsed.tool_calls] == [
+                (call["name"], call["arguments"])], (full[len(prompt):], parsed.errors)
+        assert ("book_table" in seen) == (split == "heldout")  # a tool training never sees
+
+
+def test_recall_asks_only_keys_far_behind_the_question(tok):
+    import random
+
+    e = recall(random.Random(2), "train", pairs=400, questions=8)
+    ids, mask = supervised(e, tok)
+    text = tok.decode(ids, skip_special=False)
+    for key, answer in zip(e.meta["asked"], e.meta["answers"]):
+        stored = text.index(f"{key} = {answer}")
+        asked = text.index(f"{key}?") if f"{key}?" in text else text.rindex(key)
+        # a token is at least one character here: the distance in tokens is at least this
+        assert len(tok.encode(text[stored:asked])) > 513  # beyond the full model's window
+
+
+def test_masks_cover_exactly_the_assistant_output(tok):
+    for e in episodes(5, 30, "train", recall_pairs=12, recall_questions=3):
+        ids, mask = supervised(e, tok)
+        assert len(ids) == len(mask)
+        trained = tok.decode([i for i, m in zip(ids, mask) if m], skip_special=False)
+        for m in e.messages:
+            if m["role"] == "assistant":
+                assert m["reasoning_content"] in trained
+                assert (m.get("content") or "") in trained
+            elif m["role"] == "user":
+                assert m["content"].splitlines()[0] not in trained
+        assert ids[-1] == tok.token_id("<|endoftext|>") and mask[-1]
+        stops = {tok.token_id(t) for t in ("<|user|>", "<|observation|>", "<|endoftext|>")}
+        turns = sum(m["role"] == "assistant" for m in e.messages)
+        assert sum(1 for i, m in zip(ids, mask) if m and i in stops) == turns
