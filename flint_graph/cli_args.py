@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _build_kernels_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", choices=("tiny", "full"), default="tiny",
+    src.add_argument("--preset", choices=("tiny", "nano", "full"), default="tiny",
                      help="packaged config whose shapes to compile (default: %(default)s)")
     src.add_argument("--config", type=_nonempty_path, metavar="CONFIG.json",
                      help="an HF-style config.json instead of a preset (e.g. a real checkpoint's)")

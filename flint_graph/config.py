@@ -20,7 +20,7 @@ from flint_graph.jsonfile import read_json_object
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 ARCHITECTURE = "FlintForCausalLM"
-PRESETS = ("tiny", "full")
+PRESETS = ("tiny", "full", "nano")  # nano: flint-nano's shape (issue 11), every feature at small scale
 
 # NVFP4 quantises along K in 64-value GGML blocks (DESIGN §2), so every K of a linear must divide.
 NVFP4_BLOCK = 64
@@ -106,7 +106,9 @@ class FlintConfig:
 
     @classmethod
     def preset(cls, name: str) -> FlintConfig:
-        """The packaged `tiny` (CPU-sized, every feature present) or `full` (40B) config."""
+        """The packaged `tiny` (CPU-sized, every feature present), `nano` (flint-nano: Flint's
+        layer pattern, window, GQA group and head size at ~16M parameters) or `full` (40B)
+        config."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
         text = resources.files("flint_graph.presets").joinpath(f"{name}.json").read_text()

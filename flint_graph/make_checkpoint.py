@@ -55,13 +55,11 @@ def snap_to_nvfp4(w: torch.Tensor, per_expert: bool) -> NVFP4Weight:
     return NVFP4Weight(codes, scales, s2)
 
 
-def quantize_weights(weights: FlintWeights, quantize_embeddings: bool = False,
-                     progress: bool = True) -> FlintWeights:
-    """Replace, in place and one tensor at a time, every linear of `weights` by its NVFP4 form
-    (q/k/v/o, dense MLP, routed expert stacks with per-expert scale2, shared experts; embedding
-    and LM head only with `quantize_embeddings`). Each BF16 tensor is freed once replaced, so
-    peak memory is the BF16 model plus one tensor's temporaries. Returns `weights`."""
-    slots: list[tuple[Any, str, bool]] = []  # (owner, attribute, per_expert)
+def linear_slots(weights: FlintWeights) -> list[tuple[Any, str, bool]]:
+    """Where the NVFP4 linears live: (owner object, attribute, per_expert) for q/k/v/o, the
+    dense MLPs, the routed expert stacks (per-expert scale2) and the shared experts. The
+    embedding, LM head, norms, sinks and router stay out (DESIGN §2)."""
+    slots: list[tuple[Any, str, bool]] = []
     for lw in weights.layers:
         slots += [(lw, n, False) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         ffn = lw.ffn
@@ -70,6 +68,16 @@ def quantize_weights(weights: FlintWeights, quantize_embeddings: bool = False,
             slots += [(ffn, n, True) for n in ("gate", "up", "down")]
         if dense_mlp is not None:
             slots += [(dense_mlp, n, False) for n in ("gate", "up", "down")]
+    return slots
+
+
+def quantize_weights(weights: FlintWeights, quantize_embeddings: bool = False,
+                     progress: bool = True) -> FlintWeights:
+    """Replace, in place and one tensor at a time, every linear of `weights` by its NVFP4 form
+    (q/k/v/o, dense MLP, routed expert stacks with per-expert scale2, shared experts; embedding
+    and LM head only with `quantize_embeddings`). Each BF16 tensor is freed once replaced, so
+    peak memory is the BF16 model plus one tensor's temporaries. Returns `weights`."""
+    slots = linear_slots(weights)
     if quantize_embeddings:
         slots += [(weights, "embed", False), (weights, "lm_head", False)]
     todo = [s for s in slots if isinstance(getattr(s[0], s[1]), torch.Tensor)]

@@ -115,7 +115,7 @@ def _common(p: argparse.ArgumentParser, positive_int) -> None:
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="a BF16 checkpoint directory or NVFP4 .gguf file (its config.json "
                         "beside it); default: synthetic weights of --preset made in memory")
-    p.add_argument("--preset", choices=("tiny", "full"), default="tiny",
+    p.add_argument("--preset", choices=("tiny", "nano", "full"), default="tiny",
                    help="config of the synthetic weights when no MODEL is given (default: "
                         "%(default)s; full = the 40B shape, needs a large GPU)")
     p.add_argument("--device", metavar="DEV", help="cuda or cpu (default: cuda when present)")
