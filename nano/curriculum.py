@@ -217,7 +217,8 @@ def recall(rng: random.Random, split: str, pairs: int, questions: int,
     doc = "\n".join(f"K{k} = {v}" for k, v in zip(keys, vals))
     msgs: list[dict] = [{"role": "user", "content": "Remember these values.\n" + doc},
                         _say("I will keep the list in mind.", "Ready.")]
-    asked = rng.sample(range(max(1, int(pairs * far_fraction))), min(questions, pairs))
+    far = max(1, int(pairs * far_fraction))
+    asked = rng.sample(range(far), min(questions, far))  # a short list gets fewer questions
     for i in asked:
         msgs.append(_ask(rng, split, "recall", k=f"K{keys[i]}"))
         msgs.append(_say(f"K{keys[i]} was in the list.", str(vals[i])))

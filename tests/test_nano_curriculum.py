@@ -91,3 +91,11 @@ def test_masks_cover_exactly_the_assistant_output(tok):
         stops = {tok.token_id(t) for t in ("<|user|>", "<|observation|>", "<|endoftext|>")}
         turns = sum(m["role"] == "assistant" for m in e.messages)
         assert sum(1 for i, m in zip(ids, mask) if m and i in stops) == turns
+
+
+@pytest.mark.parametrize("pairs,questions", [(1, 16), (5, 16), (40, 16), (3, 1)])
+def test_short_recall_lists_ask_fewer_questions(pairs, questions):
+    import random
+
+    e = recall(random.Random(0), "train", pairs=pairs, questions=questions)
+    assert 1 <= len(e.meta["asked"]) == len(set(e.meta["asked"])) <= min(questions, pairs)
