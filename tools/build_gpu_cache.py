@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the kernel cache the H200 runs carry (it has no CuTe DSL and never compiles there,
-../shared/device.md): every model specialisation of the tiny and full configs, every variant a
-kernel module lists in `bench_specs`, and the test-only kernels, for sm_90a, into
+../shared/device.md): every model specialisation of the tiny, nano (flint-nano) and full configs, every variant a
+kernel module lists in `bench_specs` (nano too: flint-nano, issue 11), and the test-only kernels, for sm_90a, into
 .kcache/kernels (what tools/gpu_check.sh points FLINT_GRAPH_CACHE at).
 
     python tools/build_gpu_cache.py [--out .kcache/kernels] [--arch sm_90a] [--jobs N]
@@ -27,7 +27,7 @@ def todo() -> list:
     for name in MODEL_KERNELS:
         (kdef,) = registry((name,))
         module = importlib.import_module(f"flint_graph.kernels.{name}")
-        for preset in ("tiny", "full"):
+        for preset in ("tiny", "nano", "full"):
             cfg = FlintConfig.preset(preset)
             specs = kdef.specs(cfg, BUCKETS)
             specs += getattr(module, "bench_specs", lambda c, b: [])(cfg, BUCKETS)
