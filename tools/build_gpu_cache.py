@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Build the kernel cache the H200 runs carry (it has no CuTe DSL and never compiles there,
-../shared/device.md): every model specialisation of the tiny, nano (flint-nano) and full configs, every variant a
-kernel module lists in `bench_specs` (nano too: flint-nano, issue 11), and the test-only kernels, for sm_90a, into
-.kcache/kernels (what tools/gpu_check.sh points FLINT_GRAPH_CACHE at).
+../shared/device.md): every model specialisation of the tiny, nano (flint-nano, issue 11) and
+full configs, every variant a kernel module lists in `bench_specs`, and the test-only kernels,
+for sm_90a, into .kcache/kernels (what tools/gpu_check.sh points FLINT_GRAPH_CACHE at).
 
     python tools/build_gpu_cache.py [--out .kcache/kernels] [--arch sm_90a] [--jobs N]
 Incremental: entries already up to date are kept.
