@@ -130,6 +130,20 @@ def _install(tmp: Path, out_dir: Path, overwrite: bool) -> None:
     os.replace(tmp, out_dir)  # rename(2) replaces an empty directory atomically
 
 
+def write_side_files(cfg: FlintConfig, out_dir: Path, seed: int = DEFAULT_SEED) -> None:
+    """What a checkpoint holds besides its weights, into `out_dir`: config.json, the tokenizer
+    (tokenizer.json, tokenizer_config.json with the GLM-4.7 chat template; min(vocab_size,
+    TOKENIZER_MAX_VOCAB) tokens, trained from `seed`) and generation_config.json."""
+    from flint_graph.chat_template import GLM47_CHAT_TEMPLATE
+    from flint_graph.tokenizer import write_tokenizer_files
+
+    ids = write_tokenizer_files(out_dir, min(cfg.vocab_size, TOKENIZER_MAX_VOCAB),
+                                GLM47_CHAT_TEMPLATE, seed=seed)
+    (out_dir / "generation_config.json").write_text(
+        json.dumps(generation_config(ids), indent=2) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+
 def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
                      formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS,
                      seed: int = DEFAULT_SEED, device: torch.device | str | None = None,
@@ -146,10 +160,8 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
     "seconds": {step: s}}. Raises ConfigError for a bad `formats`/`device`, CheckpointError when
     `out_dir` exists non-empty without `overwrite`.
     """
-    from flint_graph.chat_template import GLM47_CHAT_TEMPLATE
     from flint_graph.gguf_checkpoint import write_gguf
     from flint_graph.synthetic import make_weights
-    from flint_graph.tokenizer import write_tokenizer_files
 
     formats = tuple(formats)
     if not formats or any(f not in FORMATS for f in formats):
@@ -170,10 +182,7 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
 
     try:
         tmp.chmod(0o755)
-        ids = write_tokenizer_files(tmp, min(cfg.vocab_size, TOKENIZER_MAX_VOCAB),
-                                    GLM47_CHAT_TEMPLATE, seed=seed)
-        (tmp / "generation_config.json").write_text(
-            json.dumps(generation_config(ids), indent=2) + "\n")
+        write_side_files(cfg, tmp, seed)
         t = lap("tokenizer", t0)
         weights = make_weights(cfg, seed, dev, progress=progress)
         t = lap("weights", t)
@@ -186,7 +195,6 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
             write_gguf(tmp / GGUF_NAME, cfg, weights, progress=progress)
             t = lap("gguf", t)
         del weights
-        (tmp / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
         marker = {"version": MARKER_VERSION, "seed": seed, "formats": list(formats),
                   "quantize_embeddings": quantize_embeddings, "device_type": dev.type,

@@ -103,17 +103,10 @@ def step_record(engine: str, fmt: str, b: int, ctx: int, times_ms: list[float], 
 
 def _side_files(cfg: FlintConfig, seed: int) -> Path:
     """config.json, tokenizer and generation_config for synthetic in-memory weights."""
-    import json
-
-    from flint_graph.chat_template import GLM47_CHAT_TEMPLATE
-    from flint_graph.make_checkpoint import TOKENIZER_MAX_VOCAB, generation_config
-    from flint_graph.tokenizer import write_tokenizer_files
+    from flint_graph.make_checkpoint import write_side_files
 
     d = Path(tempfile.mkdtemp(prefix="flint-bench-"))
-    ids = write_tokenizer_files(d, min(cfg.vocab_size, TOKENIZER_MAX_VOCAB),
-                                GLM47_CHAT_TEMPLATE, seed=seed)
-    (d / "generation_config.json").write_text(json.dumps(generation_config(ids)))
-    (d / "config.json").write_text(json.dumps(cfg.to_dict()))
+    write_side_files(cfg, d, seed)
     return d
 
 

@@ -258,17 +258,26 @@ def _command_line() -> str:
     return "flint-graph " + " ".join(sys.argv[1:])
 
 
-def run_bench_cmd(args) -> int:
-    """Run (or compare) benchmarks; print the tables; write --json / --markdown."""
+def _start(args, report, outputs: tuple[str, ...]):
+    """Check the output flags; with --compare print the comparison (report: bench_report or
+    trace_report) and return None, else the rich Console the run prints on."""
     from rich.console import Console
 
+    console = Console()
+    check_outputs(args, outputs)
+    if not args.compare:
+        return console
+    a, b = (report.load(p) for p in args.compare)
+    report.print_compare(a, b, console)
+    return None
+
+
+def run_bench_cmd(args) -> int:
+    """Run (or compare) benchmarks; print the tables; write --json / --markdown."""
     from flint_graph.perf import bench_report
 
-    console = Console()
-    check_outputs(args, ("--json", "--markdown"))
-    if args.compare:
-        a, b = (bench_report.load(p) for p in args.compare)
-        bench_report.print_compare(a, b, console)
+    console = _start(args, bench_report, ("--json", "--markdown"))
+    if console is None:
         return 0
     from flint_graph.perf.bench import run_bench
 
@@ -290,15 +299,10 @@ def run_bench_cmd(args) -> int:
 
 def run_trace_cmd(args) -> int:
     """Trace (or compare traces); print the breakdown; write --out / --html."""
-    from rich.console import Console
-
     from flint_graph.perf import trace_report
 
-    console = Console()
-    check_outputs(args, ("--out", "--html"))
-    if args.compare:
-        a, b = (trace_report.load(p) for p in args.compare)
-        trace_report.print_compare(a, b, console)
+    console = _start(args, trace_report, ("--out", "--html"))
+    if console is None:
         return 0
     from flint_graph.errors import InvalidRequestError
     from flint_graph.perf.trace import run_trace

@@ -91,22 +91,12 @@ def _events(n: int):
             for _ in range(n)]
 
 
-def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 15) -> float:
-    """Bytes/s of a device-to-device copy (read + write), median of `reps` after 3 warm-ups."""
-    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=DEVICE)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    ev = _events(reps)
-    for a, b in ev:
-        a.record()
-        dst.copy_(src)
-        b.record()
-    torch.cuda.synchronize()
-    ms = statistics.median(a.elapsed_time(b) for a, b in ev)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * nbytes / (ms * 1e-3)
+def copy_bandwidth() -> float:
+    """Bytes/s of a 2 GiB device-to-device copy (flint_graph.perf.roofline, shared with
+    `flint-graph bench` and `trace`)."""
+    from flint_graph.perf.roofline import copy_bandwidth as measure
+
+    return measure(torch.device(DEVICE))
 
 
 def time_graph(body, reset=None) -> list[float]:

@@ -23,21 +23,18 @@ from pathlib import Path
 
 import torch
 
-from flint_graph.chat_template import GLM47_CHAT_TEMPLATE
 from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import GGUF_NAME, generation_config
+from flint_graph.make_checkpoint import GGUF_NAME, write_side_files
 from flint_graph.nano.curriculum import episodes, supervised
 from flint_graph.nano.qat import episode_loss, export, fake_quant, parameters, trainable
-from flint_graph.tokenizer import FlintTokenizer, write_tokenizer_files
+from flint_graph.tokenizer import FlintTokenizer
 
 
 def side_files(cfg: FlintConfig, d: Path) -> FlintTokenizer:
     """config.json, tokenizer and generation_config in `d` (written once)."""
     if not (d / "tokenizer.json").is_file():
         d.mkdir(parents=True, exist_ok=True)
-        ids = write_tokenizer_files(d, cfg.vocab_size, GLM47_CHAT_TEMPLATE, seed=0)
-        (d / "generation_config.json").write_text(json.dumps(generation_config(ids), indent=2))
-        (d / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        write_side_files(cfg, d, seed=0)
     return FlintTokenizer.from_dir(d)
 
 
