@@ -130,15 +130,18 @@ def _install(tmp: Path, out_dir: Path, overwrite: bool) -> None:
     os.replace(tmp, out_dir)  # rename(2) replaces an empty directory atomically
 
 
-def write_side_files(cfg: FlintConfig, out_dir: Path, seed: int = DEFAULT_SEED) -> None:
+def write_side_files(cfg: FlintConfig, out_dir: Path, seed: int = DEFAULT_SEED,
+                     corpus=None, split_digits: bool = False) -> None:
     """What a checkpoint holds besides its weights, into `out_dir`: config.json, the tokenizer
     (tokenizer.json, tokenizer_config.json with the GLM-4.7 chat template; min(vocab_size,
-    TOKENIZER_MAX_VOCAB) tokens, trained from `seed`) and generation_config.json."""
+    TOKENIZER_MAX_VOCAB) tokens, trained from `seed` on `corpus`, default the built-in one,
+    digits split with `split_digits`) and generation_config.json."""
     from flint_graph.chat_template import GLM47_CHAT_TEMPLATE
     from flint_graph.tokenizer import write_tokenizer_files
 
     ids = write_tokenizer_files(out_dir, min(cfg.vocab_size, TOKENIZER_MAX_VOCAB),
-                                GLM47_CHAT_TEMPLATE, seed=seed)
+                                GLM47_CHAT_TEMPLATE, seed=seed, corpus=corpus,
+                                split_digits=split_digits)
     (out_dir / "generation_config.json").write_text(
         json.dumps(generation_config(ids), indent=2) + "\n")
     (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")

@@ -103,8 +103,11 @@ def build_corpus(vocab_size: int, seed: int = 0) -> list[str]:
     return lines
 
 
-def train_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
-    """Train a byte-level BPE on the built-in corpus and append the GLM-4.7 added tokens.
+def train_tokenizer(vocab_size: int, seed: int = 0, corpus: Iterable[str] | None = None,
+                    split_digits: bool = False) -> Tokenizer:
+    """Train a byte-level BPE on `corpus` (default: the built-in one, `build_corpus`) and append
+    the GLM-4.7 added tokens. `split_digits` makes every digit its own pre-token (so numbers
+    are spelled digit by digit, as flint-nano's arithmetic reasons them).
 
     Ids: 0..255 bytes and the BPE merges first, then `GLM47_SPECIAL_TOKENS` in order (as GLM puts
     its added tokens after the BPE vocab). Total size <= `vocab_size` (equal in practice; a model's
@@ -117,7 +120,9 @@ def train_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
         raise ConfigError(f"vocab_size: expected >= {min_size} (256 bytes + "
                           f"{len(GLM47_SPECIAL_TOKENS)} added tokens), found {vocab_size}")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                  byte_level]) if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(GLM47_SPECIAL_TOKENS),
@@ -125,7 +130,8 @@ def train_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(build_corpus(vocab_size, seed), trainer=trainer)
+    lines = build_corpus(vocab_size, seed) if corpus is None else corpus
+    tok.train_from_iterator(lines, trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t in GLM47_CONTROL_TOKENS])  # fmt: skip
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in GLM47_TEXT_TAGS])
@@ -133,9 +139,10 @@ def train_tokenizer(vocab_size: int, seed: int = 0) -> Tokenizer:
 
 
 def write_tokenizer_files(
-    out_dir: Path, vocab_size: int, chat_template: str, seed: int = 0
+    out_dir: Path, vocab_size: int, chat_template: str, seed: int = 0,
+    corpus: Iterable[str] | None = None, split_digits: bool = False,
 ) -> dict[str, int]:
-    """Train (`train_tokenizer`) and write `tokenizer.json` and `tokenizer_config.json` (HF
+    """Train (`train_tokenizer(vocab_size, seed, corpus, split_digits)`) and write `tokenizer.json` and `tokenizer_config.json` (HF
     layout: added_tokens_decoder, eos/pad = <|endoftext|>, no BOS, `chat_template`) into `out_dir`.
 
     Returns {token string: id} for every entry of `GLM47_SPECIAL_TOKENS`, e.g. the generator's
@@ -143,7 +150,7 @@ def write_tokenizer_files(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(vocab_size, seed)
+    tok = train_tokenizer(vocab_size, seed, corpus, split_digits)
     tok.save(str(out_dir / "tokenizer.json"))
     decoder = {
         str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized,

@@ -278,3 +278,16 @@ def supervised(ep: Episode, tokenizer) -> tuple[list[int], list[bool]]:
     ids.append(tokenizer.token_id("<|endoftext|>"))  # after the final answer
     mask.append(True)
     return ids, mask
+
+
+def tokenizer_corpus(n: int = 4000, seed: int = 0) -> list[str]:
+    """Text to train flint-nano's tokenizer on: `n` rendered training episodes (GLM-4.7
+    template, short recall lists) plus the built-in general corpus, so chat outside the
+    curriculum still tokenizes compactly."""
+    from flint_graph.chat_template import GLM47_CHAT_TEMPLATE, render_chat
+    from flint_graph.tokenizer import build_corpus
+
+    texts = [render_chat(GLM47_CHAT_TEMPLATE, ep.messages, ep.tools, add_generation_prompt=False,
+                         clear_thinking=False)
+             for ep in episodes(seed, n, "train", recall_pairs=8, recall_questions=4)]
+    return texts + build_corpus(4096, seed)

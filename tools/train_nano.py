@@ -1,106 +1,260 @@
 #!/usr/bin/env python3
 """Train flint-nano with NVFP4 quantisation-aware training (issue 11), resumably, and export it.
 
-    python tools/train_nano.py --state DIR [--preset nano] [--minutes 9] [--device cuda]
+    python tools/train_nano.py --state DIR [--minutes 9] [--device cuda]
     python tools/train_nano.py --state DIR --export CKPT_DIR     # BF16 shards + NVFP4 GGUF
 
-Each run continues from DIR/state.pt when it exists (master weights, optimiser, step; small
-enough to carry between device runs) and stops after --minutes or --steps, saving the state.
-Every step draws fresh episodes of the curriculum (nano/curriculum.py) for that step's seed, so
-a resumed run sees new data; the recall episodes grow with the step (--recall-pairs, up to
---recall-max). The loss curve goes to DIR/loss.jsonl (one line per --log-every steps).
-The export's GGUF holds exactly the NVFP4 values the forward pass trained on, and its BF16
-shards are their exact dequantisation (nano/qat.py).
+Each step trains on two fresh batches of the curriculum (nano/curriculum.py): --batch short
+episodes (tool calls, arithmetic, string tasks) and --recall-batch long key-value recall
+episodes with many questions each. The recall list starts at --recall-pairs and grows by a
+quarter whenever the answer digits of the recall batch are predicted right ≥ 90% of the time
+(moving average), up to --recall-max. Batches are made by worker processes ahead of the GPU.
+
+The forward pass is nano/batched.py (the reference model's function, batched, with SDPA
+attention) on fake-quantised NVFP4 linears (nano/qat.py), under BF16 autocast on CUDA. The
+router's correction bias is not trained by gradient: after each step it moves by --bias-rate
+towards equal expert load (DeepSeek-V3's auxiliary-loss-free balancing).
+
+DIR/state.pt holds the master weights in BF16 plus the step, recall length and balance state
+(32 MB: small enough to carry to and from a device run); AdamW's moments are not kept, so a
+resumed run warms its learning rate up again over --warmup steps. The state is saved every
+--save-every minutes and at the end. The loss curve goes to DIR/loss.jsonl. The export's GGUF
+holds exactly the NVFP4 values the forward pass trained on, and its BF16 shards are their
+exact dequantisation.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing as mp
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from flint_graph.config import FlintConfig
 from flint_graph.make_checkpoint import GGUF_NAME, write_side_files
-from flint_graph.nano.curriculum import episodes, supervised
-from flint_graph.nano.qat import episode_loss, export, fake_quant, parameters, trainable
+from flint_graph.nano import batched
+from flint_graph.nano.curriculum import episodes, supervised, tokenizer_corpus
+from flint_graph.nano.qat import export, fake_quant, parameters, trainable
 from flint_graph.tokenizer import FlintTokenizer
+from flint_graph.weights import MoEWeights
+
+SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1))
+RECALL_MIX = (("recall", 1),)
 
 
 def side_files(cfg: FlintConfig, d: Path) -> FlintTokenizer:
-    """config.json, tokenizer and generation_config in `d` (written once)."""
+    """config.json, flint-nano's tokenizer (trained on the curriculum, digits split) and
+    generation_config in `d`, written once."""
     if not (d / "tokenizer.json").is_file():
         d.mkdir(parents=True, exist_ok=True)
-        write_side_files(cfg, d, seed=0)
+        write_side_files(cfg, d, seed=0, corpus=tokenizer_corpus(), split_digits=True)
     return FlintTokenizer.from_dir(d)
 
 
-def load_state(path: Path, cfg: FlintConfig, device: str, lr: float):
-    """(master weights, optimiser, step): from `path` when it exists, else fresh."""
+# -- batches (worker processes) --------------------------------------------------------------
+
+_TOK: FlintTokenizer | None = None
+
+
+def _init_worker(side: str) -> None:
+    global _TOK
+    torch.set_num_threads(1)
+    _TOK = FlintTokenizer.from_dir(side)
+
+
+def pad_batch(eps, tok: FlintTokenizer) -> dict[str, np.ndarray]:
+    """ids int64 [B, T] (right-padded with <|endoftext|>), mask bool [B, T] (train on the
+    next-token prediction of position t+1 from t: mask[t] = supervised[t+1]) and answer bool
+    [B, T] (the supervised tokens within 4 after `</think>`: the answer digits)."""
+    rows = [supervised(e, tok) for e in eps]
+    t = max(len(ids) for ids, _ in rows)
+    pad, end_think = tok.token_id("<|endoftext|>"), tok.token_id("</think>")
+    ids = np.full((len(rows), t), pad, dtype=np.int64)
+    mask = np.zeros((len(rows), t), dtype=bool)
+    for r, (i, m) in enumerate(rows):
+        ids[r, :len(i)] = i
+        mask[r, :len(m) - 1] = m[1:]
+    ans = np.zeros_like(mask)  # position t predicts ids[t+1]: answer when </think> is ≤ 4 back
+    for j in range(4):
+        ans[:, j:] |= ids[:, :t - j] == end_think
+    return {"ids": ids, "mask": mask, "answer": ans & mask}
+
+
+def make_batches(job: tuple) -> tuple[dict, dict]:
+    """(short batch, recall batch) for one step: job = (step, batch, recall_batch, pairs,
+    questions)."""
+    step, batch, recall_batch, pairs, questions = job
+    short = episodes(2 * step, batch, "train", mix=SHORT_MIX)
+    long = episodes(2 * step + 1, recall_batch, "train", recall_pairs=pairs,
+                    recall_questions=questions, mix=RECALL_MIX)
+    return pad_batch(short, _TOK), pad_batch(long, _TOK)
+
+
+# -- state -----------------------------------------------------------------------------------
+
+
+def load_state(path: Path, cfg: FlintConfig, device: str, recall_pairs: int):
+    """(master weights float32, state dict): from `path` when it exists, else fresh."""
     w = trainable(cfg, 0, device)
-    opt = torch.optim.AdamW(parameters(w), lr=lr, weight_decay=0.0)
-    step = 0
+    st = {"step": 0, "recall_pairs": recall_pairs}
     if path.is_file():
-        st = torch.load(path, map_location=device)
-        for p, saved in zip(parameters(w), st["params"]):
-            p.data.copy_(saved)
-        opt.load_state_dict(st["opt"])
-        step = st["step"]
-    return w, opt, step
+        saved = torch.load(path, map_location=device)
+        params = parameters(w)
+        if len(saved["params"]) != len(params):
+            raise SystemExit(f"{path}: {len(saved['params'])} tensors; the {cfg} model has "
+                             f"{len(params)}")
+        for p, s in zip(params, saved["params"]):
+            p.data.copy_(s)
+        st = {k: v for k, v in saved.items() if k != "params"}
+    return w, st
 
 
-def save_state(path: Path, w, opt, step: int) -> None:
+def save_state(path: Path, w, st: dict) -> None:
+    """BF16 master weights (router and its bias float32) plus `st`, replaced atomically."""
+    params = [p.detach().cpu() for p in parameters(w)]
+    keep32 = {id(t) for lw in w.layers if isinstance(lw.ffn, MoEWeights)
+              for t in (lw.ffn.router, lw.ffn.router_bias)}
+    params = [p if id(q) in keep32 else p.bfloat16()
+              for p, q in zip(params, parameters(w))]
     tmp = path.with_suffix(".tmp")
-    torch.save({"params": [p.detach().cpu() for p in parameters(w)], "opt": opt.state_dict(),
-                "step": step}, tmp)
+    torch.save({"params": params, **st}, tmp)
     tmp.replace(path)  # a run killed mid-save keeps the previous state
 
 
+# -- training --------------------------------------------------------------------------------
+
+
+def batch_loss(cfg, fq, b: dict, device, loads) -> tuple[torch.Tensor, float]:
+    """(mean cross-entropy over the batch's supervised targets, answer-digit accuracy)."""
+    ids = torch.from_numpy(b["ids"]).to(device, non_blocking=True)
+    mask = torch.from_numpy(b["mask"]).to(device)
+    hidden = batched.forward(cfg, fq, ids, loads)
+    target = ids[:, 1:][mask[:, :-1]]
+    lg = batched.logits(fq, hidden[:, :-1][mask[:, :-1]])
+    loss = F.cross_entropy(lg, target)
+    ans = torch.from_numpy(b["answer"]).to(device)[:, :-1][mask[:, :-1]]
+    acc = (lg.argmax(-1) == target)[ans].float().mean().item() if ans.any() else float("nan")
+    return loss, acc
+
+
+def rebalance(w, loads: list[torch.Tensor], rate: float) -> None:
+    """Move each MoE layer's correction bias by `rate` towards equal expert load."""
+    moe = [lw.ffn for lw in w.layers if isinstance(lw.ffn, MoEWeights)]
+    per_layer = len(loads) // max(1, len(moe))
+    for j, m in enumerate(moe):
+        load = sum(loads[j + k * len(moe)] for k in range(per_layer)).float()
+        with torch.no_grad():
+            m.router_bias += rate * torch.sign(load.mean() - load)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.split("\n")[1:]))
     ap.add_argument("--state", type=Path, required=True, help="state directory (resumed)")
     ap.add_argument("--preset", default="nano", help="model config (default: nano)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--minutes", type=float, default=9.0, help="stop after this wall time")
     ap.add_argument("--steps", type=int, default=10**9, help="stop after this many steps")
-    ap.add_argument("--batch", type=int, default=8, help="episodes per step")
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--batch", type=int, default=48, help="short episodes per step")
+    ap.add_argument("--recall-batch", type=int, default=4, help="recall episodes per step")
     ap.add_argument("--recall-pairs", type=int, default=40, help="recall list length at step 0")
-    ap.add_argument("--recall-max", type=int, default=1500, help="recall list length cap")
+    ap.add_argument("--recall-max", type=int, default=700,
+                    help="recall list length cap (12 tokens per pair)")
+    ap.add_argument("--questions", type=int, default=32, help="questions per recall episode")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=50, help="learning-rate warmup steps per run")
+    ap.add_argument("--anneal", action="store_true",
+                    help="cosine-decay the learning rate to 10%% over this run's --minutes")
+    ap.add_argument("--bias-rate", type=float, default=1e-3)
+    ap.add_argument("--workers", type=int, default=max(1, min(12, (mp.cpu_count() or 2) - 2)))
+    ap.add_argument("--save-every", type=float, default=2.0, help="minutes between saves")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--export", type=Path, metavar="CKPT_DIR",
                     help="write the checkpoint (BF16 shards + NVFP4 GGUF) and exit")
     args = ap.parse_args(argv)
     cfg = FlintConfig.preset(args.preset)
-    tok = side_files(cfg, args.state / "side")
+    side = args.state / "side"
+    side_files(cfg, side)
     state = args.state / "state.pt"
-    w, opt, step = load_state(state, cfg, args.device, args.lr)
+    w, st = load_state(state, cfg, args.device, args.recall_pairs)
     if args.export:
-        return _export(cfg, w, args.state / "side", args.export)
-    t0, end = time.perf_counter(), time.perf_counter() + 60 * args.minutes
+        return _export(cfg, w, side, args.export)
+    return train(cfg, w, st, args, side, state)
+
+
+def train(cfg, w, st, args, side: Path, state: Path) -> int:
+    """The loop: prefetch batches in workers, step, rebalance, grow the recall list, log, save."""
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    opt = torch.optim.AdamW(parameters(w), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    t0 = time.perf_counter()
+    end, next_save = t0 + 60 * args.minutes, t0 + 60 * args.save_every
     log = (args.state / "loss.jsonl").open("a")
-    start = step
-    while step - start < args.steps and time.perf_counter() < end:
-        pairs = min(args.recall_max, args.recall_pairs + step // 4)
-        eps = episodes(step, args.batch, "train", recall_pairs=pairs, recall_questions=16)
-        fq = fake_quant(w)
-        loss = sum(episode_loss(cfg, fq, *supervised(e, tok)) for e in eps) / len(eps)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters(w), 1.0)
-        opt.step()
-        step += 1
-        if step % args.log_every == 0 or step == start + 1:
-            rec = {"step": step, "loss": round(loss.item(), 4), "recall_pairs": pairs,
-                   "s": round(time.perf_counter() - t0, 1)}
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-            print(json.dumps(rec), flush=True)
-    save_state(state, w, opt, step)
-    print(f"saved {state} at step {step} ({step - start} this run)")
+    start, acc_ema, toks = st["step"], None, 0
+    pool = mp.get_context("spawn").Pool(args.workers, _init_worker, (str(side),))
+    pending: deque = deque()
+
+    def job(s):
+        return (s, args.batch, args.recall_batch, st["recall_pairs"], args.questions)
+
+    for k in range(2 * args.workers):
+        pending.append(pool.apply_async(make_batches, (job(start + k),)))
+    try:
+        while st["step"] - start < args.steps and time.perf_counter() < end:
+            step = st["step"]
+            short, long = pending.popleft().get()
+            pending.append(pool.apply_async(make_batches, (job(step + len(pending) + 1),)))
+            lr = args.lr * min(1.0, (step - start + 1) / args.warmup)
+            if args.anneal:
+                done = min(1.0, (time.perf_counter() - t0) / (end - t0))
+                lr *= 0.1 + 0.45 * (1 + math.cos(math.pi * done))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loads: list[torch.Tensor] = []
+            with torch.autocast(dev.type, torch.bfloat16, enabled=dev.type == "cuda"):
+                fq = fake_quant(w)
+                ls, _ = batch_loss(cfg, fq, short, dev, loads)
+                ll, acc = batch_loss(cfg, fq, long, dev, loads)
+                loss = (ls + ll) / 2
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters(w), 1.0)
+            opt.step()
+            rebalance(w, loads, args.bias_rate)
+            st["step"] = step + 1
+            toks += short["ids"].size + long["ids"].size
+            if not math.isnan(acc):
+                acc_ema = acc if acc_ema is None else 0.9 * acc_ema + 0.1 * acc
+            if acc_ema is not None and acc_ema >= 0.9 and st["recall_pairs"] < args.recall_max:
+                st["recall_pairs"] = min(args.recall_max, int(st["recall_pairs"] * 1.25) + 1)
+                acc_ema = None
+            if st["step"] % args.log_every == 0 or step == start:
+                s = time.perf_counter() - t0
+                rec = {"step": st["step"], "loss": round(loss.item(), 4),
+                       "short": round(ls.item(), 4), "recall": round(ll.item(), 4),
+                       "recall_acc": None if acc_ema is None else round(acc_ema, 3),
+                       "recall_pairs": st["recall_pairs"], "recall_tokens": long["ids"].shape[1],
+                       "lr": round(lr, 6), "tok_s": round(toks / s), "s": round(s, 1)}
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                print(json.dumps(rec), flush=True)
+            if time.perf_counter() > next_save:
+                save_state(state, w, st)
+                next_save += 60 * args.save_every
+    finally:
+        pool.terminate()
+        save_state(state, w, st)
+    print(f"saved {state} at step {st['step']} ({st['step'] - start} this run)")
     return 0
 
 
