@@ -266,6 +266,26 @@ class LLM:
         to content; its index is not reused). The whole ToolCall also arrives in
         `delta.tool_calls` when its `</tool_call>` does. `ToolCallDelta.to_openai()` gives the
         OpenAI `delta.tool_calls[]` entry."""
+        req = self._chat_request(messages, tools, params, enable_thinking=enable_thinking,
+                                 tool_choice=tool_choice, **template_kwargs)
+        return RequestStream(self, req, enable_thinking)
+
+    def chat_batch(self, conversations: list[tuple[list[dict[str, Any]], list[dict] | None]],
+                   params: SamplingParams | None = None, *, enable_thinking: bool = True,
+                   **template_kwargs: Any) -> list[ChatMessage]:
+        """`chat` for many conversations at once, run as one batch by the scheduler (as many
+        at a time as the engine has slots): conversations is a list of (messages, tools).
+        Returns one ChatMessage per conversation, in order. Raises as `chat`."""
+        reqs = [self._chat_request(m, t, params, enable_thinking=enable_thinking,
+                                   tool_choice=None, **template_kwargs)
+                for m, t in conversations]
+        self._run(reqs)
+        return [_message(r, enable_thinking) for r in reqs]
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _chat_request(self, messages, tools, params, *, enable_thinking: bool,
+                      tool_choice: str | None, **template_kwargs: Any) -> Request:
         segments = self._render_segments(messages, tools, enable_thinking=enable_thinking,
                                          tool_choice=tool_choice, **template_kwargs)
         # With tools, a call to an undeclared one is reported and left visible as content.
@@ -275,10 +295,7 @@ class LLM:
         declared = (tools or []) if tool_choice != "none" else []
         parser = OutputParser(tools=declared, thinking=enable_thinking)
         check_prompt_text("".join(s.text for s in segments))
-        req = self._request(self.tokenizer.encode_segments(segments), params, parser=parser)
-        return RequestStream(self, req, enable_thinking)
-
-    # -- internals --------------------------------------------------------------------------
+        return self._request(self.tokenizer.encode_segments(segments), params, parser=parser)
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -375,13 +392,16 @@ class RequestStream:
     @property
     def message(self) -> ChatMessage:
         """The assistant ChatMessage parsed from the output (chat requests)."""
-        out = _output(self._req)
-        # Thinking off still reports reasoning the model opened itself with <think>.
-        thinking = self._thinking or bool(out.reasoning_content)
-        return ChatMessage(content=out.content or "",
-                           reasoning_content=out.reasoning_content if thinking else None,
-                           tool_calls=out.tool_calls, finish_reason=out.finish_reason,
-                           output=out)
+        return _message(self._req, self._thinking)
+
+
+def _message(req: Request, thinking: bool) -> ChatMessage:
+    out = _output(req)
+    # Thinking off still reports reasoning the model opened itself with <think>.
+    thinking = thinking or bool(out.reasoning_content)
+    return ChatMessage(content=out.content or "",
+                       reasoning_content=out.reasoning_content if thinking else None,
+                       tool_calls=out.tool_calls, finish_reason=out.finish_reason, output=out)
 
 
 def _output(req: Request) -> GenerationOutput:

@@ -1,4 +1,5 @@
-"""The `flint-graph` command: chat, generate, make-checkpoint, build-kernels, bench, trace.
+"""The `flint-graph` command: chat, generate, make-checkpoint, build-kernels, bench, trace,
+eval.
 
 Each subcommand parses its flags (`cli_args`), builds the public API objects and prints. Bad
 input ends in one line on stderr and exit status 2, never a traceback (set FLINT_GRAPH_DEBUG=1
@@ -293,6 +294,12 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return run_trace_cmd(args)
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from flint_graph.nano.eval_cli import cmd_eval
+
+    return cmd_eval(args)
+
+
 # Each command and the modules it imports during start-up, where Ctrl-C exits at once (see the
 # module docstring). The embedded default checkpoint needs make_checkpoint too.
 COMMANDS = {
@@ -303,6 +310,8 @@ COMMANDS = {
     "build-kernels": (_cmd_build_kernels, ("flint_graph.kernels.build",)),
     "bench": (_cmd_bench, ("flint_graph.perf.bench", "flint_graph.perf.bench_report")),
     "trace": (_cmd_trace, ("flint_graph.perf.trace", "flint_graph.perf.trace_report")),
+    "eval": (_cmd_eval, ("flint_graph.api", "flint_graph.make_checkpoint",
+                         "flint_graph.nano.evals")),
 }
 
 

@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub, positive_int, _buckets)
     add_trace_parser(sub, positive_int, _buckets)
+    from flint_graph.nano.eval_cli import add_eval_parser
+
+    add_eval_parser(sub, positive_int)
     return p
 
 

@@ -54,31 +54,46 @@ FIELDS = ["status", "country", "author", "origin"]
 WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "gamma", "harbor", "iris",
          "juniper", "kelp", "lotus", "maple", "nectar", "onyx", "pepper", "quartz", "raven"]
 
-PHRASES = {
-    "train": {
-        "weather": ["What's the weather in {city} for the next {days} days? Use {unit}.",
-                    "Give me a {days}-day forecast for {city} in {unit}."],
-        "calc": ["Use the calculator for {expr}.", "Please compute {expr} with the calculator."],
-        "convert": ["Convert {value} {src} to {dst}.", "How many {dst} is {value} {src}?"],
-        "lookup": ["Find up to {limit} {table} where {field} is {value}.",
-                   "Show {limit} rows of {table} with {field} = {value}."],
-        "add": ["What is {a} plus {b}?", "Add {a} and {b}.", "Sum {a} and {b}, please."],
-        "sub": ["What is {a} minus {b}?", "Subtract {b} from {a}."],
-        "reverse": ["Reverse the word {w}.", "Spell {w} backwards."],
-        "recall": ["What is the value of {k}?", "Which number belongs to {k}?"],
-    },
-    "heldout": {
-        "weather": ["I'm going to {city}: forecast for {days} days please, {unit}."],
-        "calc": ["Could the calculator work out {expr}?"],
-        "convert": ["I have {value} {src}; what is that in {dst}?"],
-        "lookup": ["Query {table}: {field} equal to {value}, at most {limit} results."],
-        "add": ["If I have {a} and get {b} more, how many do I have?"],
-        "sub": ["Take {b} away from {a}. What is left?"],
-        "reverse": ["Write {w} in reverse order."],
-        "recall": ["Tell me the number stored under {k}."],
-        "book": ["Book {restaurant} for {size}{where}; {note}."],
-    },
+# A request is LEAD + CORE + TAIL. Every core is seen in training; the held-out split uses lead-ins
+# and closings training never sees, so held-out phrasings are new sentences around known requests.
+LEADS = {"train": ["", "", "Hi! ", "Quick question: ", "Please help. ", "Hello. ", "Hey, ",
+                   "OK. ", "Question: ", "I need this: ", "Can you help? "],
+         "heldout": ["Good morning! ", "One more thing: ", "Sorry to bother you. "]}
+TAILS = {"train": ["", "", " Thanks.", " Thank you!", " Please be quick.", " Cheers.",
+                   " I appreciate it."],
+         "heldout": [" Much obliged.", " Many thanks in advance."]}
+CORES = {
+    "weather": ["What's the weather in {city} for the next {days} days? Use {unit}.",
+                "Give me a {days}-day forecast for {city} in {unit}.",
+                "I'm going to {city}: forecast for {days} days please, {unit}.",
+                "Forecast for {city}, {days} days, in {unit}."],
+    "calc": ["Use the calculator for {expr}.", "Please compute {expr} with the calculator.",
+             "Could the calculator work out {expr}?", "Calculator: {expr}"],
+    "convert": ["Convert {value} {src} to {dst}.", "How many {dst} is {value} {src}?",
+                "I have {value} {src}; what is that in {dst}?"],
+    "lookup": ["Find up to {limit} {table} where {field} is {value}.",
+               "Show {limit} rows of {table} with {field} = {value}.",
+               "Query {table}: {field} equal to {value}, at most {limit} results."],
+    "generic": ["Use {tool} with {args}.", "Call {tool}: {args}.", "Please run {tool} for {args}.",
+                "{tool} with {args}, please."],
+    "add": ["What is {a} plus {b}?", "Add {a} and {b}.", "Sum {a} and {b}, please.",
+            "Compute {a} + {b}.", "How much is {a} plus {b}?", "{a} + {b} = ?",
+            "If I have {a} and get {b} more, how many do I have?", "Add {b} to {a}."],
+    "sub": ["What is {a} minus {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}.",
+            "Take {b} away from {a}. What is left?", "How much is {a} minus {b}?",
+            "{a} - {b} = ?", "If I have {a} and give away {b}, how many are left?"],
+    "reverse": ["Reverse the word {w}.", "Spell {w} backwards.", "Write {w} in reverse order.",
+                "What is {w} backwards?"],
+    "recall": ["What is the value of {k}?", "Which number belongs to {k}?",
+               "Tell me the number stored under {k}.", "What was {k}?", "{k}?",
+               "Look up {k} in the list."],
 }
+
+
+def phrase(rng: random.Random, split: str, skill: str, **kw) -> str:
+    """A request for `skill` in `split`'s phrasing: a lead-in, a core sentence, a closing."""
+    lead, core, tail = rng.choice(LEADS[split]), rng.choice(CORES[skill]), rng.choice(TAILS[split])
+    return lead + core.format(**kw) + tail
 
 
 @dataclass
@@ -99,7 +114,7 @@ def in_split(split: str, *key) -> bool:
 
 
 def _ask(rng, split, skill, **kw) -> dict:
-    return {"role": "user", "content": rng.choice(PHRASES[split][skill]).format(**kw)}
+    return {"role": "user", "content": phrase(rng, split, skill, **kw)}
 
 
 def _say(reasoning: str, content: str = "", calls: list[dict] | None = None) -> dict:
@@ -130,13 +145,16 @@ def _digits(a: int, b: int, op: str) -> str:
     return "; ".join(steps)
 
 
-def arithmetic(rng: random.Random, split: str) -> Episode:
-    """a + b or a − b (a ≥ b) with 2–4 digit operands, answered after column reasoning."""
+def arithmetic(rng: random.Random, split: str, digits: int | None = None,
+               op: str | None = None) -> Episode:
+    """a + b or a − b (a ≥ b) with 2–4 digit operands (both of `digits` digits when given),
+    answered after column reasoning; `op` "+" or "-" (default: drawn)."""
+    lo, hi = (10, 9999) if digits is None else (10 ** (digits - 1), 10 ** digits - 1)
     while True:
-        a, b = rng.randint(10, 9999), rng.randint(10, 9999)
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
         if in_split(split, a, b):
             break
-    op = rng.choice("+-")
+    op = op or rng.choice("+-")
     if op == "-" and b > a:
         a, b = b, a
     ans = a + b if op == "+" else a - b
@@ -154,9 +172,65 @@ def string_task(rng: random.Random, split: str) -> Episode:
     return Episode("string", [q, _say(why, w[::-1])], meta={"answer": w[::-1]})
 
 
-def _call(rng: random.Random, split: str) -> tuple[dict, dict, str]:
-    """(user message, the call it asks for, a JSON result)."""
-    skill = rng.choice(["weather", "calc", "convert", "lookup"] + ["book"] * (split == "heldout"))
+# Generated tools (training only) teach reading a schema: random names, parameters and types,
+# asked for in the generic style ("Use NAME with PARAM VALUE, ..."). None of their words is the
+# held-out tool's.
+VERBS = ["get", "set", "find", "send", "create", "check", "list", "order", "reserve", "schedule",
+         "cancel", "track", "update", "rate"]
+NOUNS = ["invoice", "ticket", "parcel", "meeting", "alarm", "playlist", "recipe", "ride", "room",
+         "payment", "reminder", "score", "song", "flight", "coupon"]
+PARAMS = ["name", "count", "date", "priority", "urgent", "notes", "amount", "label", "tags",
+          "private", "size", "level", "config", "email", "quantity", "express", "details",
+          "max_items", "dry_run", "user_name", "retry_count", "extra", "owner", "color",
+          "is_public", "seat_count", "settings", "title"]
+_O = {"type": "object"}
+_TYPES = [_S, _I, _B, _O]
+
+
+def generated_tool(rng: random.Random, taken: tuple[str, ...] = ()) -> dict:
+    """A random tool: verb_noun name (not in `taken`), 1-4 parameters of random names and
+    types, all required."""
+    name = next(n for n in iter(lambda: f"{rng.choice(VERBS)}_{rng.choice(NOUNS)}", None)
+                if n not in taken)
+    props = {p: rng.choice(_TYPES) for p in rng.sample(PARAMS, rng.randint(1, 4))}
+    return _tool(name, f"{name.split('_')[0].title()} a {name.split('_')[1]}.", props,
+                 list(props))
+
+
+def _value(rng: random.Random, schema: dict):
+    kind = schema["type"]
+    if kind == "string":
+        return rng.choice(WORDS).title() + rng.choice(["", " " + rng.choice(WORDS).title()])
+    if kind == "integer":
+        return rng.randint(1, 500)
+    if kind == "boolean":
+        return rng.random() < .5
+    return {k: rng.choice([rng.random() < .5, rng.randint(1, 99), rng.choice(WORDS)])
+            for k in rng.sample(WORDS, rng.randint(1, 2))}
+
+
+def _spoken(v) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return json.dumps(v) if isinstance(v, dict) else str(v)
+
+
+def _generic(rng: random.Random, split: str, tool: dict) -> tuple[dict, dict]:
+    """(user message, call) asking for `tool` in the generic style with random arguments."""
+    fn = tool["function"]
+    args = {k: _value(rng, sch) for k, sch in fn["parameters"]["properties"].items()}
+    said = [f"{k.replace('_', ' ')} {_spoken(v)}" for k, v in args.items()]
+    text = said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
+    return _ask(rng, split, "generic", tool=fn["name"], args=text), \
+        {"name": fn["name"], "arguments": args}
+
+
+def _call(rng: random.Random, split: str, extra: list[dict]) -> tuple[dict, dict, str]:
+    """(user message, the call it asks for, a JSON result); `extra` are generated tools
+    offered besides the fixed ones (training asks for one of them half the time)."""
+    skills = ["weather", "calc", "convert", "lookup"] + (["book"] if split == "heldout" else
+                                                         ["generic"] * 4 * bool(extra))
+    skill = rng.choice(skills)
     if skill == "weather":
         city, days, metric = rng.choice(CITIES[split]), rng.randint(1, 7), rng.random() < .5
         user = _ask(rng, split, "weather", city=city, days=days,
@@ -184,22 +258,21 @@ def _call(rng: random.Random, split: str) -> tuple[dict, dict, str]:
                                                 "limit": limit}}
         result = {"rows": rng.randint(0, limit)}
     else:
-        name, size, out = rng.choice(WORDS).title() + " Bistro", rng.randint(1, 12), \
-            rng.random() < .5
-        note = rng.choice(["no extra requests", "a high chair needed"])
-        opts = {"high_chair": note.endswith("needed")}
-        user = _ask(rng, split, "book", restaurant=name, size=size,
-                    where=" outside" if out else " inside", note=note)
-        call = {"name": "book_table", "arguments": {"restaurant": name, "party_size": size,
-                                                    "outdoor": out, "options": opts}}
-        result = {"confirmed": True, "table": rng.randint(1, 40)}
+        tool = TOOLS["heldout"][0] if skill == "book" else rng.choice(extra)
+        user, call = _generic(rng, split, tool)
+        result = {"ok": True, "id": rng.randint(100, 999)}
     return user, call, json.dumps(result)
 
 
 def tool_use(rng: random.Random, split: str) -> Episode:
-    """Ask → reasoning + one typed tool call → the tool's result → an answer that uses it."""
-    tools = TOOLS["train"] + (TOOLS["heldout"] if split == "heldout" else [])
-    user, call, result = _call(rng, split)
+    """Ask → reasoning + one typed tool call → the tool's result → an answer that uses it.
+    Training offers the fixed tools plus 1-2 generated ones; held-out, the fixed ones plus
+    `book_table`, which training never sees."""
+    extra: list[dict] = []
+    for _ in range(rng.randint(1, 2) if split == "train" else 0):
+        extra.append(generated_tool(rng, tuple(t["function"]["name"] for t in extra)))
+    tools = TOOLS["train"] + (TOOLS["heldout"] if split == "heldout" else extra)
+    user, call, result = _call(rng, split, extra)
     args = ", ".join(f"{k}={json.dumps(v)}" for k, v in call["arguments"].items())
     msgs = [user, _say(f"This needs {call['name']} with {args}.", calls=[call]),
             {"role": "tool", "content": result},
@@ -216,7 +289,7 @@ def recall(rng: random.Random, split: str, pairs: int, questions: int,
     vals = [rng.randint(1000, 9999) for _ in keys]
     doc = "\n".join(f"K{k} = {v}" for k, v in zip(keys, vals))
     msgs: list[dict] = [{"role": "user", "content": "Remember these values.\n" + doc},
-                        _say("I will keep the list in mind.", "Ready.")]
+                        _say("", "Ready.")]  # context, as chat shows an old turn
     far = max(1, int(pairs * far_fraction))
     asked = rng.sample(range(far), min(questions, far))  # a short list gets fewer questions
     for i in asked:
@@ -249,10 +322,9 @@ def supervised(ep: Episode, tokenizer) -> tuple[list[int], list[bool]]:
     """(token ids of the whole rendered episode, per-token train mask): True on each assistant
     turn's output (reasoning, `</think>`, content, tool calls) and on the stop token after it
     (the next role marker, or `<|endoftext|>` after the last turn; episodes end with an
-    answer). Rendered with
-    clear_thinking=False so every turn keeps its reasoning, as the model sees its current turn.
-    Raises ValueError when an assistant turn has no reasoning (its output could not be told
-    from the template's)."""
+    answer). Rendered with clear_thinking=False so every trained turn keeps its reasoning, as
+    the model sees its current turn. An assistant turn without reasoning is context, not
+    trained: it renders as chat shows an older turn (a bare `</think>` before its content)."""
     from flint_graph.chat_template import render_chat
 
     tpl = tokenizer.chat_template
@@ -263,7 +335,7 @@ def supervised(ep: Episode, tokenizer) -> tuple[list[int], list[bool]]:
         if m["role"] != "assistant":
             continue
         if not m.get("reasoning_content"):
-            raise ValueError(f"message {i}: an assistant turn without reasoning")
+            continue  # context: rendered inside the next trained turn's prompt
         prompt = render_chat(tpl, ep.messages[:i], ep.tools, clear_thinking=False)
         full = render_chat(tpl, ep.messages[:i + 1], ep.tools, add_generation_prompt=False,
                            clear_thinking=False)

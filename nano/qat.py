@@ -1,7 +1,7 @@
-"""Quantisation-aware training of flint-nano (issue 11): the forward pass is the reference
-model's own (`ReferenceModel`, activations in float32), run on weights whose every NVFP4 linear
-is fake-quantised — snapped to its NVFP4 value in the forward pass, with the gradient passed
-straight through to the float32 master weight (the straight-through estimator).
+"""Quantisation-aware training of flint-nano (issue 11): the training forward (nano/batched.py,
+the reference model's function) runs on weights whose every NVFP4 linear is fake-quantised:
+snapped to its NVFP4 value in the forward pass, with the gradient passed straight through to
+the float32 master weight (the straight-through estimator).
 
 Because the fake-quantised value is exactly what `snap_to_nvfp4` exports, the exported NVFP4
 checkpoint computes what was trained, and its BF16 twin is the exact dequantisation of it
@@ -11,11 +11,9 @@ checkpoint computes what was trained, and its BF16 twin is the exact dequantisat
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from flint_graph.config import FlintConfig
 from flint_graph.make_checkpoint import linear_slots, snap_to_nvfp4
-from flint_graph.reference import ReferenceModel
 from flint_graph.synthetic import make_weights
 from flint_graph.weights import FlintWeights, _walk
 
@@ -62,16 +60,3 @@ def export(w: FlintWeights) -> FlintWeights:
     for owner, name, per_expert in linear_slots(out):
         setattr(owner, name, snap_to_nvfp4(getattr(owner, name), per_expert))
     return out
-
-
-def episode_loss(cfg: FlintConfig, weights: FlintWeights, ids: list[int],
-                 mask: list[bool]) -> torch.Tensor:
-    """Mean next-token cross-entropy over the masked positions of one episode (ids [T]),
-    through the reference model's forward on `weights` (fake-quantised or not), float32."""
-    model = ReferenceModel(cfg, weights, weights.final_norm.device, act_dtype=torch.float32)
-    seq = model.new_sequence()
-    x = torch.tensor(ids[:-1], device=model.device)
-    logits = model.forward([seq], [x])[0]  # [T-1, V]
-    target = torch.tensor(ids[1:], device=model.device)
-    m = torch.tensor(mask[1:], device=model.device)
-    return F.cross_entropy(logits[m], target[m])

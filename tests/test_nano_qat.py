@@ -1,6 +1,6 @@
 """QAT of flint-nano (nano/qat.py) on the tiny config: the fake-quantised forward is the
-exported NVFP4 checkpoint's forward, gradients reach every master weight, and a few steps on
-one episode lower its loss."""
+exported NVFP4 checkpoint's forward, and through the training forward (nano/batched.py)
+gradients reach every master weight and a few steps on one episode lower its loss."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from flint_graph.config import FlintConfig
 from flint_graph.make_checkpoint import ensure_default_checkpoint
 from flint_graph.nano.curriculum import episodes, supervised
-from flint_graph.nano.qat import episode_loss, export, fake_quant, parameters, trainable
+from flint_graph.nano import batched
+from flint_graph.nano.qat import export, fake_quant, parameters, trainable
 from flint_graph.reference import ReferenceModel
 from flint_graph.tokenizer import FlintTokenizer
 from flint_graph.weights import NVFP4Weight
@@ -48,8 +49,12 @@ def test_training_steps_lower_the_loss_and_reach_every_weight(setup):
     params = parameters(w)
     opt = torch.optim.AdamW(params, lr=3e-3)
     losses = []
+    x, target = torch.tensor([ids[:-1]]), torch.tensor(ids[1:])
+    keep = torch.tensor(mask[1:])
     for step in range(6):
-        loss = episode_loss(cfg, fake_quant(w), ids, mask)
+        fq = fake_quant(w)
+        lg = batched.logits(fq, batched.forward(cfg, fq, x)[0])
+        loss = torch.nn.functional.cross_entropy(lg[keep], target[keep])
         opt.zero_grad()
         loss.backward()
         if step == 0:

@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=48, help="short episodes per step")
     ap.add_argument("--recall-batch", type=int, default=4, help="recall episodes per step")
     ap.add_argument("--recall-pairs", type=int, default=40, help="recall list length at step 0")
-    ap.add_argument("--recall-max", type=int, default=700,
+    ap.add_argument("--recall-max", type=int, default=1300,
                     help="recall list length cap (12 tokens per pair)")
     ap.add_argument("--questions", type=int, default=32, help="questions per recall episode")
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -237,7 +237,7 @@ def train(cfg, w, st, args, side: Path, state: Path) -> int:
                 acc_ema = acc if acc_ema is None else 0.9 * acc_ema + 0.1 * acc
             if acc_ema is not None and acc_ema >= 0.9 and st["recall_pairs"] < args.recall_max:
                 st["recall_pairs"] = min(args.recall_max, int(st["recall_pairs"] * 1.25) + 1)
-                acc_ema = None
+                acc_ema = 0.0  # the longer lists must be earned over several steps
             if st["step"] % args.log_every == 0 or step == start:
                 s = time.perf_counter() - t0
                 rec = {"step": st["step"], "loss": round(loss.item(), 4),

@@ -1,0 +1,88 @@
+"""flint-nano as the embedded default checkpoint (issue 11).
+
+The package ships flint-nano's NVFP4 GGUF with its side files (config.json, tokenizer,
+generation_config.json) in `flint_graph/nano/flint-nano/`. On first use `ensure_nano_checkpoint`
+copies them into the cache and writes the BF16 shards beside them, the exact dequantisation of
+the GGUF (the export wrote the same bytes: tools/train_nano.py), so the cache directory is a
+complete checkpoint in both formats: the directory loads as BF16, DIR/model-nvfp4.gguf as NVFP4.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from importlib import resources
+from pathlib import Path
+
+from flint_graph.errors import CheckpointError
+from flint_graph.paths import cache_root
+
+GGUF_NAME = "model-nvfp4.gguf"
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+MARKER = ".flint-nano.json"
+
+
+def packaged_dir() -> Path:
+    """The package's flint-nano folder (GGUF + side files)."""
+    return Path(str(resources.files("flint_graph.nano") / "flint-nano"))
+
+
+def is_packaged() -> bool:
+    """Whether this install carries flint-nano's files."""
+    d = packaged_dir()
+    return all((d / f).is_file() for f in (GGUF_NAME, *SIDE_FILES))
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def ensure_nano_checkpoint(progress: bool = True) -> Path:
+    """The cache directory holding flint-nano in both formats, made on first use (and again
+    when the packaged GGUF changed or the cached copy is damaged). Returns the directory.
+    Raises CheckpointError when the package lacks the files or the cache is not writable."""
+    from rich.console import Console
+
+    src = packaged_dir()
+    if not is_packaged():
+        raise CheckpointError(f"{src}: flint-nano's files are missing from this install "
+                              f"(expected {GGUF_NAME} and {', '.join(SIDE_FILES)})")
+    digest = _digest(src / GGUF_NAME)
+    out = cache_root() / f"flint-nano-{digest[:12]}"
+    if _complete(out, digest):
+        return out
+    Console(stderr=True).print(f"flint-graph: unpacking flint-nano into {out} (once)")
+    try:
+        _build(src, out, digest, progress)
+    except OSError as e:
+        if not _complete(out, digest):  # else another process finished it
+            raise CheckpointError(f"{out}: cannot unpack flint-nano ({e}); set "
+                                  "FLINT_GRAPH_CACHE to a writable directory") from None
+    return out
+
+
+def _complete(out: Path, digest: str) -> bool:
+    try:
+        m = json.loads((out / MARKER).read_text())
+        return m["gguf_sha256"] == digest and all(
+            (out / name).stat().st_size == size for name, size in m["files"].items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _build(src: Path, out: Path, digest: str, progress: bool) -> None:
+    from flint_graph.checkpoint import load_checkpoint
+    from flint_graph.hf_checkpoint import write_safetensors
+
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in (GGUF_NAME, *SIDE_FILES):
+        shutil.copyfile(src / name, tmp / name)
+    ck = load_checkpoint(tmp / GGUF_NAME, tmp, "cpu", progress)
+    write_safetensors(tmp, ck.cfg, ck.weights, progress=progress)
+    files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+    (tmp / MARKER).write_text(json.dumps({"gguf_sha256": digest, "files": files}, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)

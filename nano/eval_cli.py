@@ -1,0 +1,171 @@
+"""The `eval` subcommand of `flint-graph`: its flags (imported while the CLI starts, so nothing
+heavy here) and what it runs (nano/evals.py holds the suite)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+EVAL_FIGURES = """\
+figures (held-out cases of the flint-nano curriculum, greedy decoding):
+  tools valid   one call parsed, to a declared tool, with the schema's
+                required arguments each of its declared type
+  tools exact   valid, and the intended tool with exactly the intended
+                arguments
+  arith         3-digit addition and subtraction answered exactly
+  recall@C      a key-value list of about C tokens, one question for a key
+                more than C/2 tokens back; the value answered exactly
+  targets       tools valid >= 95% and exact >= 90%, arith >= 90%,
+                recall@4096 >= 90% (what flint-nano is trained to)
+--compare REF.json holds this run to a saved one (e.g. the reference
+engine's): a metric is within noise when the two differ by at most two
+standard errors of their difference; identical answers are counted too.
+--plant BUG runs with a deliberate bug (window-1, no-sink, rope-on-nope,
+router-bias-bf16) to show the suite catches it.
+Exit status: 0; 1 with --check when a target is missed or --compare finds a
+metric outside noise; 2 for bad input."""
+
+
+def add_eval_parser(sub, positive_int) -> None:
+    """`flint-graph eval`."""
+    from flint_graph.nano.evals import PLANTS
+
+    p = sub.add_parser("eval", help="accuracy suite: tool calls, arithmetic, long-context "
+                                    "recall (flint-nano's skills), on any engine",
+                       description=textwrap.fill(
+                           "Score a checkpoint on held-out tool-calling, arithmetic and "
+                           "long-context recall cases through the chat API, on the chosen "
+                           "engine; compare with a saved run.", 79),
+                       epilog=EVAL_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="BF16 checkpoint directory or NVFP4 .gguf (default: the embedded one)")
+    p.add_argument("--suite", default="tools,arith,recall", metavar="S,..",
+                   help="suites to run (default: %(default)s)")
+    p.add_argument("--n", type=positive_int, default=50, metavar="N",
+                   help="cases per suite and per recall context (default: %(default)s)")
+    p.add_argument("--contexts", default="1024,4096,16384", metavar="C,..",
+                   help="recall contexts in tokens (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="case seed (default: 0)")
+    p.add_argument("--batch", type=positive_int, default=8, metavar="B",
+                   help="requests decoded together (default: %(default)s)")
+    p.add_argument("--device", metavar="DEV", help="torch device (default: cuda when present)")
+    p.add_argument("--engine", choices=("auto", "graph", "reference"), default="auto",
+                   help="decode path (default: auto = graph where it can run)")
+    p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads for torch")
+    p.add_argument("--plant", choices=PLANTS, metavar="BUG",
+                   help=f"run with a deliberate bug: {', '.join(PLANTS)}")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the report and every case")
+    p.add_argument("--compare", type=Path, metavar="REF.json",
+                   help="hold this run to a saved report (same --n/--seed/--contexts)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when a target is missed or --compare finds a metric outside "
+                        "noise")
+    p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(command="eval")
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    from flint_graph.errors import InvalidRequestError
+
+    try:
+        vals = tuple(int(x.strip().lower().replace("k", "000")) for x in text.split(","))
+    except ValueError:
+        vals = ()
+    if not vals or min(vals) < 128:
+        raise InvalidRequestError(f"--contexts {text!r}: expected comma-separated token counts "
+                                  ">= 128, e.g. 1024,4096")
+    return vals
+
+
+def cmd_eval(args) -> int:
+    """Run the suite and print the table; exit status as EVAL_FIGURES says."""
+    from flint_graph.api import LLM
+    from flint_graph.checkpoint import load_checkpoint
+    from flint_graph.engine_config import EngineConfig, pick_device
+    from flint_graph.errors import InvalidRequestError
+    from flint_graph.nano import evals
+
+    suites = evals.parse_suites(args.suite)
+    contexts = _contexts(args.contexts)
+    ref = _read_report(args.compare) if args.compare else None
+    if args.json is not None and args.json.exists() and args.json.is_dir():
+        raise InvalidRequestError(f"--json {args.json}: is a directory; expected a file name")
+    model = args.model
+    if model is None:
+        from flint_graph.make_checkpoint import ensure_default_checkpoint
+
+        model = ensure_default_checkpoint(progress=args.progress)
+    elif not Path(model).exists():
+        raise InvalidRequestError(f"{model}: no such checkpoint (expected a BF16 checkpoint "
+                                  "directory or an NVFP4 .gguf file)")
+    device = pick_device(args.device)
+    ckpt = load_checkpoint(model, None, device, args.progress)
+    if args.plant:
+        ckpt = evals.plant(ckpt, args.plant)
+    llm = LLM.from_checkpoint(ckpt, device, EngineConfig(engine=args.engine,
+                                                         cpu_threads=args.threads))
+    cases = evals.build_cases(suites, args.n, args.seed, contexts)
+    report = evals.run(llm, cases, args.batch, args.progress)
+    report.update({"model": str(model), "format": ckpt.format.value, "engine": llm.engine.name,
+                   "device": str(device), "plant": args.plant, "n": args.n, "seed": args.seed,
+                   "suites": list(suites), "contexts": list(contexts)})
+    if ref is not None:
+        report["compare"] = evals.compare(report, ref)
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    _print(report)
+    missed = [t for t in report["targets"] if not t["met"]]
+    out_of_noise = ref is not None and not report["compare"]["within_noise"]
+    return 1 if args.check and (missed or out_of_noise) else 0
+
+
+def _read_report(path: Path) -> dict:
+    from flint_graph.errors import InvalidRequestError
+
+    try:
+        rep = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidRequestError(f"--compare {path}: cannot read an eval report ({e})") from None
+    if not isinstance(rep, dict) or not isinstance(rep.get("groups"), dict) or \
+            not isinstance(rep.get("cases"), list):
+        raise InvalidRequestError(f"--compare {path}: not an eval report (expected the JSON "
+                                  "that `flint-graph eval --json` writes)")
+    return rep
+
+
+def _print(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"eval: {report['model']} ({report['format']}, {report['engine']} engine"
+                    f"{', plant ' + report['plant'] if report['plant'] else ''}), "
+                    f"{report['seconds']} s")
+    cmp_rows = {(r["group"], r["metric"]): r for r in report.get("compare", {}).get("rows", [])}
+    for col in ("suite", "n", "metric", "score", "target") + (("reference", "Δ (noise)")
+                                                               if cmp_rows else ()):
+        t.add_column(col, justify="left" if col in ("suite", "metric") else "right")
+    targets = {(x["group"], x["metric"]): x for x in report["targets"]}
+    for grp, g in report["groups"].items():
+        for m in ("valid", "exact", "correct"):
+            if m not in g:
+                continue
+            tg = targets.get((grp, m))
+            row = [grp, str(g["n"]), m, f"{100 * g[m]:.1f}%",
+                   "" if tg is None else f"≥{100 * tg['target']:.0f}% "
+                                         f"{'met' if tg['met'] else 'MISSED'}"]
+            if cmp_rows:
+                c = cmp_rows.get((grp, m))
+                row += ["", ""] if c is None else [
+                    f"{100 * c['reference']:.1f}%",
+                    f"{100 * c['diff']:+.1f} (±{100 * c['noise']:.1f})"
+                    f"{'' if c['within'] else ' OUTSIDE'}"]
+            t.add_row(*row)
+    Console().print(t)
+    if "compare" in report:
+        c = report["compare"]
+        print(f"identical answers: {100 * c['identical_answers']:.1f}% of {c['compared']}; "
+              f"{'within noise' if c['within_noise'] else 'OUTSIDE NOISE'}")
+    sys.stdout.flush()

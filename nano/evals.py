@@ -1,0 +1,237 @@
+"""The accuracy suite of `flint-graph eval` (issue 11): what flint-nano has learned, measured
+through the public chat API on any engine, so every engine path is held to the same numbers.
+
+Cases come from the curriculum's held-out split (nano/curriculum.py): tools, phrasings, cities
+and number pairs the training never saw. Every case is one chat request decoded greedily.
+
+- tools: one user request with the tools offered. `valid`: exactly one call was parsed, to a
+  declared tool, with every required argument, no undeclared one, and each value of its
+  schema's type (tool_schema.admits). `exact`: valid, and name and arguments equal the intended
+  call (types included: 3 is not "3" nor 3.0).
+- arith: 3-digit addition and subtraction; `correct`: the answer content is the number.
+- recall@C: a list of key = value lines filling about C tokens, then one question for a key in
+  the list's first half (more than C/2 tokens back: beyond the 513-token window at 4K and 16K,
+  so only the full-attention layers can answer); `correct`: the content is the value.
+
+Targets (reference path): tools valid ≥ 95% with exact ≥ 90%, arith ≥ 90%, recall@4096 ≥ 90%.
+`compare` holds a run to a reference run: a metric is within noise when the two proportions
+differ by at most two standard errors of their difference (pooled), and it also reports how
+many answers are identical.
+
+`plant` applies a deliberate bug to a loaded checkpoint (config or weights, so it reaches every
+engine that reads them): the suite must catch each one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from flint_graph.errors import InvalidRequestError
+from flint_graph.nano.curriculum import arithmetic, recall, tool_use
+from flint_graph.tool_schema import admits, tool_schemas
+
+SUITES = ("tools", "arith", "recall")
+DEFAULT_CONTEXTS = (1024, 4096, 16384)
+TARGETS = {("tools", "valid"): 0.95, ("tools", "exact"): 0.90, ("arith", "correct"): 0.90,
+           ("recall@4096", "correct"): 0.90}
+PLANTS = ("window-1", "no-sink", "rope-on-nope", "router-bias-bf16")
+TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
+MAX_NEW_TOKENS = {"tools": 160, "arith": 160, "recall": 48}
+
+
+@dataclass
+class Case:
+    """One eval request: `group` it is scored under ("tools", "arith", "recall@4096"), chat
+    `messages` and `tools`, and `expect` (the intended call {"name", "arguments"}, or the answer
+    text)."""
+
+    group: str
+    index: int
+    messages: list[dict]
+    tools: list[dict] | None
+    expect: Any
+
+    @property
+    def suite(self) -> str:
+        return self.group.split("@")[0]
+
+
+def parse_suites(text: str) -> tuple[str, ...]:
+    """"tools,arith" -> ("tools", "arith"); raises InvalidRequestError naming --suite."""
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    bad = [s for s in names if s not in SUITES]
+    if bad or not names:
+        raise InvalidRequestError(f"--suite {text!r}: expected a comma-separated subset of "
+                                  f"{','.join(SUITES)}")
+    return names
+
+
+def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
+                contexts: tuple[int, ...] = DEFAULT_CONTEXTS) -> list[Case]:
+    """`n` held-out cases per suite (per context for recall), reproducible from `seed`."""
+    cases: list[Case] = []
+    for suite in suites:
+        for ctx in (contexts if suite == "recall" else (None,)):
+            group = f"recall@{ctx}" if ctx else suite
+            rng = random.Random(f"eval/{seed}/{group}")
+            for i in range(n):
+                if suite == "tools":
+                    ep = tool_use(rng, "heldout")
+                    cases.append(Case(group, i, ep.messages[:1], ep.tools, ep.meta["call"]))
+                elif suite == "arith":
+                    ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
+                    cases.append(Case(group, i, ep.messages[:1], None, str(ep.meta["answer"])))
+                else:
+                    pairs = max(4, (ctx - 64) // TOKENS_PER_PAIR)
+                    ep = recall(rng, "heldout", pairs, 1)
+                    cases.append(Case(group, i, ep.messages[:3], None,
+                                      str(ep.meta["answers"][0])))
+    return cases
+
+
+def score(case: Case, msg) -> dict[str, bool]:
+    """The case's metrics for the assistant ChatMessage `msg` (module docstring)."""
+    if case.suite != "tools":
+        return {"correct": msg.content.strip() == case.expect}
+    calls = msg.tool_calls
+    valid = len(calls) == 1 and _typed(calls[0], case.tools)
+    exact = valid and calls[0].name == case.expect["name"] and \
+        _same(calls[0].arguments, case.expect["arguments"])
+    return {"valid": valid, "exact": exact}
+
+
+def _typed(call, tools: list[dict]) -> bool:
+    schemas = tool_schemas(tools)
+    spec = next((t["function"] for t in tools if t["function"]["name"] == call.name), None)
+    if spec is None:
+        return False
+    schema = schemas[call.name]
+    params = spec["parameters"]
+    required = set(params.get("required", []))
+    args = call.arguments
+    return (required <= args.keys() and args.keys() <= params["properties"].keys()
+            and all(admits(schema.param(k), v, schema.root) for k, v in args.items()))
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _got(msg) -> Any:
+    if msg.tool_calls:
+        return [{"name": c.name, "arguments": c.arguments} for c in msg.tool_calls]
+    return msg.content
+
+
+def run(llm, cases: list[Case], batch: int = 8, progress: bool = True) -> dict[str, Any]:
+    """Decode every case greedily through `llm.chat_batch`, `batch` at a time, and score it.
+    Returns {"groups": {group: {"n", metric: fraction}}, "targets": [...], "cases": [...],
+    "seconds"}."""
+    from flint_graph.progress import progress_bar
+    from flint_graph.sampling import SamplingParams
+
+    t0 = time.perf_counter()
+    records = []
+    with progress_bar(progress, "eval", len(cases), unit="steps") as advance:
+        for b in range(0, len(cases), batch):
+            chunk = cases[b:b + batch]
+            limit = max(MAX_NEW_TOKENS[c.suite] for c in chunk)
+            msgs = llm.chat_batch([(c.messages, c.tools) for c in chunk],
+                                  SamplingParams(temperature=0.0, max_tokens=limit))
+            for c, m in zip(chunk, msgs):
+                records.append({"group": c.group, "index": c.index, "expect": c.expect,
+                                "got": _got(m), **score(c, m)})
+            advance(len(chunk))
+    return summarize(records, time.perf_counter() - t0)
+
+
+def summarize(records: list[dict], seconds: float = 0.0) -> dict[str, Any]:
+    """Per-group fractions and the targets' verdicts from per-case records."""
+    groups: dict[str, dict[str, Any]] = {}
+    for r in records:
+        g = groups.setdefault(r["group"], {"n": 0})
+        g["n"] += 1
+        for k in ("valid", "exact", "correct"):
+            if k in r:
+                g[k] = g.get(k, 0) + int(r[k])
+    for g in groups.values():
+        for k in ("valid", "exact", "correct"):
+            if k in g:
+                g[k] = round(g[k] / g["n"], 4)
+    targets = [{"group": grp, "metric": m, "target": t, "value": groups[grp][m],
+                "met": groups[grp][m] >= t}
+               for (grp, m), t in TARGETS.items() if grp in groups]
+    return {"groups": groups, "targets": targets, "cases": records,
+            "seconds": round(seconds, 1)}
+
+
+def compare(run_: dict, ref: dict) -> dict[str, Any]:
+    """Hold `run_` to the reference run `ref` (same cases): per group and metric the two
+    fractions, their difference, the noise bound (2 pooled standard errors) and whether it is
+    within; plus the share of identical answers. `within_noise` is True when every metric is."""
+    rows = []
+    for grp, g in run_["groups"].items():
+        r = ref["groups"].get(grp)
+        if r is None:
+            continue
+        for m in ("valid", "exact", "correct"):
+            if m not in g or m not in r:
+                continue
+            n1, n2 = g["n"], r["n"]
+            p = (g[m] * n1 + r[m] * n2) / (n1 + n2)
+            bound = 2 * math.sqrt(max(p * (1 - p), 0.25 / (n1 + n2)) * (1 / n1 + 1 / n2))
+            diff = g[m] - r[m]
+            rows.append({"group": grp, "metric": m, "value": g[m], "reference": r[m],
+                         "diff": round(diff, 4), "noise": round(bound, 4),
+                         "within": abs(diff) <= bound})
+    key = {(c["group"], c["index"]): c["got"] for c in ref["cases"]}
+    same = [c["got"] == key[(c["group"], c["index"])] for c in run_["cases"]
+            if (c["group"], c["index"]) in key]
+    return {"rows": rows, "within_noise": all(r["within"] for r in rows),
+            "identical_answers": round(sum(same) / max(1, len(same)), 4),
+            "compared": len(same)}
+
+
+# -- planted bugs ----------------------------------------------------------------------------
+
+
+def plant(checkpoint, bug: str):
+    """A copy of a LoadedCheckpoint with `bug` (one of PLANTS) built in; raises
+    InvalidRequestError for an unknown name.
+
+    window-1: the sliding window one token short. no-sink: every sink logit −10⁴ (its
+    exp vanishes: as if dropped). rope-on-nope: the first full-attention layer rotates its
+    q/k too. router-bias-bf16: the correction bias rounded to BF16 (it must stay FP32)."""
+    import torch
+
+    from flint_graph.config import FlintConfig
+    from flint_graph.weights import MoEWeights
+
+    if bug not in PLANTS:
+        raise InvalidRequestError(f"--plant {bug!r}: expected one of {', '.join(PLANTS)}")
+    cfg, w = checkpoint.cfg, checkpoint.weights
+    if bug == "window-1":
+        cfg = dataclasses.replace(cfg, sliding_window=cfg.sliding_window - 1)
+    elif bug == "rope-on-nope":
+        first_full = next(i for i in range(cfg.num_hidden_layers) if not cfg.uses_rope(i))
+
+        class _RopeEverywhere(FlintConfig):
+            def uses_rope(self, layer: int) -> bool:
+                return layer == first_full or super().uses_rope(layer)
+
+        cfg = _RopeEverywhere(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    else:
+        w = dataclasses.replace(w, layers=[dataclasses.replace(lw) for lw in w.layers])
+        for lw in w.layers:
+            if bug == "no-sink":
+                lw.sinks = torch.full_like(lw.sinks, -1e4)
+            elif isinstance(lw.ffn, MoEWeights):
+                lw.ffn = dataclasses.replace(
+                    lw.ffn, router_bias=lw.ffn.router_bias.bfloat16().to(lw.ffn.router_bias.dtype))
+    return dataclasses.replace(checkpoint, cfg=cfg, weights=w)

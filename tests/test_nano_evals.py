@@ -1,0 +1,149 @@
+"""The eval suite's logic (nano/evals.py, nano/eval_cli.py) without a trained model: held-out
+cases, scoring of tool calls by schema, the noise rule of --compare, the planted bugs, and the
+CLI's errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from flint_graph.checkpoint import LoadedCheckpoint, WeightFormat
+from flint_graph.config import FlintConfig
+from flint_graph.nano import evals
+from flint_graph.nano.curriculum import TOOLS, in_split
+from flint_graph.synthetic import make_weights
+
+
+def _msg(content="", calls=()):
+    return SimpleNamespace(content=content, tool_calls=[
+        SimpleNamespace(name=n, arguments=a) for n, a in calls])
+
+
+def test_cases_are_held_out_and_reproducible():
+    a = evals.build_cases(("tools", "arith", "recall"), 6, seed=3, contexts=(1024, 4096))
+    b = evals.build_cases(("tools", "arith", "recall"), 6, seed=3, contexts=(1024, 4096))
+    assert [c.messages for c in a] == [c.messages for c in b]
+    assert [c.group for c in a].count("recall@4096") == 6
+    arith = [c for c in a if c.suite == "arith"]
+    assert all(len(c.expect) <= 4 for c in arith)
+    tools = [c for c in a if c.suite == "tools"]
+    assert all(any(t["function"]["name"] == "book_table" for t in c.tools) for c in tools)
+
+
+def test_recall_asks_a_key_in_the_first_half():
+    for c in evals.build_cases(("recall",), 5, seed=0, contexts=(4096,)):
+        listing = c.messages[0]["content"]
+        key = re.search(r"K(\d{4})", c.messages[2]["content"]).group(1)
+        at = listing.index(f"K{key} =")
+        assert at < len(listing) / 2
+        assert f"K{key} = {c.expect}" in listing
+
+
+def test_arith_cases_are_three_digit_held_out_pairs():
+    for c in evals.build_cases(("arith",), 20, seed=1):
+        nums = [int(t.strip("?.,")) for t in c.messages[0]["content"].split()
+                if t.strip("?.,").isdigit()]
+        assert len(nums) == 2 and all(100 <= n <= 999 for n in nums)
+        assert in_split("heldout", *nums) or in_split("heldout", *nums[::-1])
+
+
+def _tool_case():
+    call = {"name": "get_weather", "arguments": {"city": "Hanoi", "days": 3, "metric": True}}
+    return evals.Case("tools", 0, [], TOOLS["train"] + TOOLS["heldout"], call)
+
+
+@pytest.mark.parametrize("calls, valid, exact", [
+    ([("get_weather", {"city": "Hanoi", "days": 3, "metric": True})], True, True),
+    ([("get_weather", {"city": "Hanoi", "days": 4, "metric": True})], True, False),
+    ([("get_weather", {"city": "Hanoi", "days": "3", "metric": True})], False, False),
+    ([("get_weather", {"city": "Hanoi", "days": 3, "metric": 1})], False, False),
+    ([("get_weather", {"city": "Hanoi", "days": 3})], False, False),  # a required one missing
+    ([("get_weather", {"city": "Hanoi", "days": 3, "metric": True, "x": 1})], False, False),
+    ([("get_forecast", {"city": "Hanoi", "days": 3, "metric": True})], False, False),
+    ([("get_weather", {"city": "Hanoi", "days": 3, "metric": True})] * 2, False, False),
+    ([], False, False),
+])
+def test_tool_call_scoring(calls, valid, exact):
+    assert evals.score(_tool_case(), _msg(calls=calls)) == {"valid": valid, "exact": exact}
+
+
+def test_answer_scoring_strips_blanks_only():
+    c = evals.Case("arith", 0, [], None, "1234")
+    assert evals.score(c, _msg(" 1234\n")) == {"correct": True}
+    assert evals.score(c, _msg("1234.")) == {"correct": False}
+
+
+def _report(hits: list[bool]) -> dict:
+    return evals.summarize([{"group": "arith", "index": i, "expect": "1", "got": str(int(h)),
+                             "correct": h} for i, h in enumerate(hits)])
+
+
+def test_compare_noise_rule():
+    ref = _report([True] * 45 + [False] * 5)
+    same = evals.compare(ref, ref)
+    assert same["within_noise"] and same["identical_answers"] == 1.0
+    near = evals.compare(_report([True] * 43 + [False] * 7), ref)  # 86% vs 90%: noise at n=50
+    assert near["within_noise"]
+    far = evals.compare(_report([True] * 25 + [False] * 25), ref)  # 50% vs 90%
+    assert not far["within_noise"] and far["rows"][0]["diff"] == -0.4
+    assert ref["targets"][0]["met"] and not far["rows"][0]["within"]
+
+
+@pytest.fixture(scope="module")
+def nano_checkpoint(tmp_path_factory):
+    cfg = FlintConfig.preset("nano")
+    w = make_weights(cfg, 0, "cpu")
+    return LoadedCheckpoint(cfg, w, WeightFormat.BF16, tmp_path_factory.mktemp("c"), {})
+
+
+def test_plants(nano_checkpoint):
+    ck = nano_checkpoint
+    win = evals.plant(ck, "window-1")
+    assert win.cfg.sliding_window == ck.cfg.sliding_window - 1
+    rope = evals.plant(ck, "rope-on-nope")
+    full = [i for i in range(ck.cfg.num_hidden_layers) if not ck.cfg.uses_rope(i)]
+    assert rope.cfg.uses_rope(full[0]) and not rope.cfg.uses_rope(full[1])
+    assert all(rope.cfg.uses_rope(i) for i in range(ck.cfg.num_hidden_layers) if i not in full)
+    sink = evals.plant(ck, "no-sink")
+    assert all((lw.sinks <= -1e4).all() for lw in sink.weights.layers)
+    assert all(lw.sinks.max() > -1e3 for lw in ck.weights.layers)  # the original is untouched
+    bias = evals.plant(ck, "router-bias-bf16")
+    moe = [(a.ffn.router_bias, b.ffn.router_bias) for i, (a, b) in
+           enumerate(zip(ck.weights.layers, bias.weights.layers)) if ck.cfg.is_moe(i)]
+    assert moe and all(b.dtype == torch.float32 for _, b in moe)
+    assert all(torch.equal(b, a.bfloat16().float()) for a, b in moe)
+    assert any(not torch.equal(a, b) for a, b in moe)
+    with pytest.raises(Exception, match="--plant"):
+        evals.plant(ck, "nope")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "flint_graph.cli", "eval", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--suite", "tools,poetry"], "--suite"),
+    (["--contexts", "4k,abc"], "--contexts"),
+    (["--contexts", "64"], "--contexts"),
+    (["/no/such/ckpt"], "no such checkpoint"),
+])
+def test_cli_bad_input_is_one_line(args, needle):
+    out = _cli(*args, "--quiet")
+    assert out.returncode == 2, out.stderr
+    assert needle in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cli_compare_refuses_a_non_report(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"groups": 3}))
+    out = _cli("--compare", str(bad), "--quiet")
+    assert out.returncode == 2 and "not an eval report" in out.stderr
