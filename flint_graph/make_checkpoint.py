@@ -214,8 +214,8 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
 
 # -- the embedded default -------------------------------------------------------------------
 
-def default_checkpoint_dir() -> Path:
-    """Where the embedded default lives: $FLINT_GRAPH_CACHE/tiny-seed0, else
+def tiny_checkpoint_dir() -> Path:
+    """Where the tiny synthetic checkpoint lives: $FLINT_GRAPH_CACHE/tiny-seed0, else
     $XDG_CACHE_HOME/flint_graph/tiny-seed0, else ~/.cache/flint_graph/tiny-seed0."""
     return cache_root() / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
 
@@ -234,21 +234,31 @@ def is_complete(out_dir: Path, cfg: FlintConfig, seed: int, formats: tuple[str, 
 
 
 def ensure_default_checkpoint(progress: bool = True) -> Path:
-    """The embedded default checkpoint (tiny preset, seed 0, BF16 + GGUF, built on the CPU so
-    every machine gets the same bytes): reused when complete, else built now (saying so and
-    where on stderr). Returns its directory. Raises CheckpointError if it cannot be written."""
+    """The embedded default checkpoint: flint-nano, the trained miniature Flint that ships in
+    the package (nano/embedded.py), unpacked into the cache with both formats on first use.
+    Returns its directory. Raises CheckpointError if it cannot be unpacked."""
+    from flint_graph.nano.embedded import ensure_nano_checkpoint
+
+    return ensure_nano_checkpoint(progress)
+
+
+def ensure_tiny_checkpoint(progress: bool = True) -> Path:
+    """The tiny synthetic checkpoint (tiny preset, seed 0, BF16 + GGUF, built on the CPU so
+    every machine gets the same bytes), for tests and the graph engine's small checks: reused
+    when complete, else built now (saying so and where on stderr). Returns its directory.
+    Raises CheckpointError if it cannot be written."""
     from rich.console import Console
 
-    out_dir, cfg = default_checkpoint_dir(), FlintConfig.preset(DEFAULT_PRESET)
+    out_dir, cfg = tiny_checkpoint_dir(), FlintConfig.preset(DEFAULT_PRESET)
     if is_complete(out_dir, cfg, DEFAULT_SEED, FORMATS):
         return out_dir
-    Console(stderr=True).print(f"flint-graph: building the default checkpoint ({DEFAULT_PRESET} "
-                               f"preset, seed {DEFAULT_SEED}) in {out_dir} (once)")
+    Console(stderr=True).print(f"flint-graph: building the {DEFAULT_PRESET} checkpoint "
+                               f"(seed {DEFAULT_SEED}) in {out_dir} (once)")
     try:
         write_checkpoint(cfg, out_dir, FORMATS, DEFAULT_SEED, "cpu", progress, overwrite=True)
     except OSError as e:
         if not is_complete(out_dir, cfg, DEFAULT_SEED, FORMATS):  # else another process won
-            raise CheckpointError(f"{out_dir}: cannot build the default checkpoint ({e}); set "
+            raise CheckpointError(f"{out_dir}: cannot build the tiny checkpoint ({e}); set "
                                   "FLINT_GRAPH_CACHE to a writable directory") from None
     return out_dir
 

@@ -158,12 +158,12 @@ def test_bad_arguments_refused(cfg, written, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_default_checkpoint_built_once_then_reused(cfg, tmp_path, monkeypatch, capsys):
+def test_tiny_checkpoint_built_once_then_reused(cfg, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLINT_GRAPH_CACHE", str(tmp_path / "cache"))
-    d = mk.default_checkpoint_dir()
+    d = mk.tiny_checkpoint_dir()
     assert d == tmp_path / "cache" / "tiny-seed0"
-    assert mk.ensure_default_checkpoint(progress=False) == d
-    assert "building the default checkpoint" in capsys.readouterr().err
+    assert mk.ensure_tiny_checkpoint(progress=False) == d
+    assert "building the tiny checkpoint" in capsys.readouterr().err
     assert mk.is_complete(d, cfg, 0, mk.FORMATS)
     assert load_checkpoint(d, progress=False).cfg == cfg
     stamps = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
@@ -172,7 +172,7 @@ def test_default_checkpoint_built_once_then_reused(cfg, tmp_path, monkeypatch, c
         raise AssertionError("the cached default checkpoint was rebuilt")
 
     monkeypatch.setattr(mk, "write_checkpoint", no_rebuild)
-    assert mk.ensure_default_checkpoint(progress=False) == d
+    assert mk.ensure_tiny_checkpoint(progress=False) == d
     assert capsys.readouterr().err == ""
     assert stamps == {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
     # a damaged cache (a file shorter than the marker records) is rebuilt, not trusted
@@ -181,7 +181,7 @@ def test_default_checkpoint_built_once_then_reused(cfg, tmp_path, monkeypatch, c
     with (d / mk.GGUF_NAME).open("r+b") as f:
         f.truncate(100)
     assert not mk.is_complete(d, cfg, 0, mk.FORMATS)
-    mk.ensure_default_checkpoint(progress=False)
+    mk.ensure_tiny_checkpoint(progress=False)
     assert mk.is_complete(d, cfg, 0, mk.FORMATS)
 
 

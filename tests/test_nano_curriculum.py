@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from flint_graph.make_checkpoint import ensure_default_checkpoint
+from flint_graph.make_checkpoint import ensure_tiny_checkpoint
 from flint_graph.nano.curriculum import (TOOLS, arithmetic, episodes, in_split, recall,
                                          supervised, tool_use)
 from flint_graph.output_parser import parse_output
@@ -15,7 +15,7 @@ from flint_graph.tokenizer import FlintTokenizer
 
 @pytest.fixture(scope="module")
 def tok():
-    return FlintTokenizer.from_dir(ensure_default_checkpoint(progress=False))
+    return FlintTokenizer.from_dir(ensure_tiny_checkpoint(progress=False))
 
 
 def test_episodes_are_reproducible_and_split():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import ensure_default_checkpoint
+from flint_graph.make_checkpoint import ensure_tiny_checkpoint
 from flint_graph.nano.curriculum import episodes, supervised
 from flint_graph.nano import batched
 from flint_graph.nano.qat import export, fake_quant, parameters, trainable
@@ -20,7 +20,7 @@ from flint_graph.weights import NVFP4Weight
 @pytest.fixture(scope="module")
 def setup():
     cfg = FlintConfig.preset("tiny")
-    tok = FlintTokenizer.from_dir(ensure_default_checkpoint(progress=False))
+    tok = FlintTokenizer.from_dir(ensure_tiny_checkpoint(progress=False))
     ep = episodes(0, 1, "train", recall_pairs=4, recall_questions=1,
                   mix=(("arith", 1),))[0]
     return cfg, tok, supervised(ep, tok)

@@ -1,0 +1,60 @@
+"""flint-nano as the embedded default (nano/embedded.py): the package carries its NVFP4 GGUF
+and side files (≤ 25 MB); the first use unpacks them into the cache with BF16 shards that are
+the GGUF's exact dequantisation; later uses reuse it; a damaged copy is rebuilt."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from flint_graph.checkpoint import load_checkpoint
+from flint_graph.config import FlintConfig
+from flint_graph.errors import CheckpointError
+from flint_graph.make_checkpoint import linear_slots, write_checkpoint
+from flint_graph.nano import embedded
+
+
+def test_the_package_carries_flint_nano():
+    assert embedded.is_packaged()
+    d = embedded.packaged_dir()
+    assert (d / embedded.GGUF_NAME).stat().st_size <= 25 * 2**20
+    assert FlintConfig.from_json(d / "config.json") == FlintConfig.preset("nano")
+
+
+@pytest.fixture
+def packaged(tmp_path, monkeypatch):
+    src = tmp_path / "pkg"
+    write_checkpoint(FlintConfig.preset("tiny"), tmp_path / "w", ("gguf",), progress=False)
+    src.mkdir()
+    for name in (embedded.GGUF_NAME, *embedded.SIDE_FILES):
+        shutil.copy(tmp_path / "w" / name, src / name)
+    monkeypatch.setattr(embedded, "packaged_dir", lambda: src)
+    monkeypatch.setenv("FLINT_GRAPH_CACHE", str(tmp_path / "cache"))
+    return src
+
+
+def test_unpacked_once_in_both_formats(packaged, monkeypatch, capsys):
+    d = embedded.ensure_nano_checkpoint(progress=False)
+    assert "unpacking flint-nano" in capsys.readouterr().err
+    bf16 = load_checkpoint(d, device="cpu", progress=False)
+    fp4 = load_checkpoint(d / embedded.GGUF_NAME, device="cpu", progress=False)
+    assert bf16.format.value == "bf16" and fp4.format.value == "nvfp4"
+    for (o1, n, _), (o2, _, _) in zip(linear_slots(bf16.weights), linear_slots(fp4.weights)):
+        assert torch.equal(getattr(o1, n), getattr(o2, n).dequantize(torch.bfloat16)), n
+    monkeypatch.setattr(embedded, "_build", lambda *a: pytest.fail("rebuilt a good copy"))
+    assert embedded.ensure_nano_checkpoint(progress=False) == d
+    monkeypatch.undo()
+    monkeypatch.setattr(embedded, "packaged_dir", lambda: packaged)
+    monkeypatch.setenv("FLINT_GRAPH_CACHE", str(d.parent))
+    with (d / "config.json").open("a") as f:  # damaged: sizes no longer match the marker
+        f.write(" ")
+    assert embedded.ensure_nano_checkpoint(progress=False) == d
+    assert load_checkpoint(d, device="cpu", progress=False).cfg == bf16.cfg
+
+
+def test_missing_files_are_named(packaged):
+    (packaged / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="flint-nano's files are missing"):
+        embedded.ensure_nano_checkpoint(progress=False)
