@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# flint-nano's accuracy suite on the H200, one device call (issue 11): the reference engine,
+# then the graph engine in BF16 and NVFP4 held to it (--compare), then each planted bug.
+# Reports land in $OUT (eval-*.json, plants.json, eval.log). Needs the kernel cache in .kcache
+# (tools/build_gpu_cache.py) and the gguf wheel in .whl; N (default 50) cases per suite; CK a
+# checkpoint directory (default: the embedded flint-nano); DEADLINE (epoch seconds) cuts each
+# step's time so the call ends by then.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  .whl/*.whl && export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+export FLINT_GRAPH_CACHE=$PWD/.kcache PYTHONUNBUFFERED=1
+N=${N:-50}
+PN=${PLANT_N:-30}
+CTX=${CONTEXTS:-1024,4096,16384}
+log=$OUT/eval.log
+ev() {
+  local t=${T:-150}
+  if [ -n "${DEADLINE:-}" ]; then
+    local left=$(( DEADLINE - $(date +%s) - 5 ))
+    [ "$left" -lt 20 ] && { echo "skipped (deadline): $*" | tee -a "$log"; return; }
+    [ "$left" -lt "$t" ] && t=$left
+  fi
+  timeout "$t" flint-graph eval --quiet --n "$N" --contexts "$CTX" "$@" 2>&1 | tee -a "$log"; }
+ck=${CK:-$(python3 -c "from flint_graph.make_checkpoint import ensure_default_checkpoint as e
+print(e(progress=False))")}
+echo "== reference engine (BF16) $ck" | tee -a "$log"
+ev "$ck" --engine reference --json "$OUT/eval-ref.json"
+echo "== graph engine, BF16" | tee -a "$log"
+ev "$ck" --engine graph --compare "$OUT/eval-ref.json" --json "$OUT/eval-graph-bf16.json"
+echo "== graph engine, NVFP4 GGUF" | tee -a "$log"
+ev "$ck/model-nvfp4.gguf" --engine graph --compare "$OUT/eval-ref.json" \
+  --json "$OUT/eval-graph-nvfp4.json"
+mkdir -p /tmp/plants
+for bug in ${PLANTS:-window-1 no-sink rope-on-nope router-bias-bf16}; do
+  echo "== plant $bug (reference engine)" | tee -a "$log"
+  N=$PN ev "$ck" --engine reference --plant "$bug" --compare "$OUT/eval-ref.json" \
+    --json "/tmp/plants/ref-$bug.json"
+done
+for bug in ${GRAPH_PLANTS:-no-sink router-bias-bf16}; do
+  echo "== plant $bug (graph engine)" | tee -a "$log"
+  N=$PN ev "$ck" --engine graph --plant "$bug" --compare "$OUT/eval-ref.json" \
+    --json "/tmp/plants/graph-$bug.json"
+done
+python3 - "$OUT/plants.json" /tmp/plants/*.json <<'PY'
+import json, sys
+out = {p.split("/")[-1][:-5]: json.load(open(p)) for p in sys.argv[2:]}
+for r in out.values():
+    r.pop("cases", None)
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+PY
+echo "done" | tee -a "$log"
