@@ -88,9 +88,13 @@ def _report(hits: list[bool]) -> dict:
 def test_compare_noise_rule():
     ref = _report([True] * 45 + [False] * 5)
     same = evals.compare(ref, ref)
-    assert same["within_noise"] and same["identical_answers"] == 1.0
+    assert same["within_noise"] and same["identical_answers"] == 1.0 and same["passed"]
     near = evals.compare(_report([True] * 43 + [False] * 7), ref)  # 86% vs 90%: noise at n=50
     assert near["within_noise"]
+    # ...but two answers in 50 changed: 96% identical passes; four (92%) fail
+    assert near["identical_answers"] == 0.96 and near["passed"]
+    four = evals.compare(_report([True] * 41 + [False] * 9), ref)
+    assert four["within_noise"] and four["identical_answers"] == 0.92 and not four["passed"]
     far = evals.compare(_report([True] * 25 + [False] * 25), ref)  # 50% vs 90%
     assert not far["within_noise"] and far["rows"][0]["diff"] == -0.4
     assert ref["targets"][0]["met"] and not far["rows"][0]["within"]

@@ -41,3 +41,28 @@ def test_train_resume_export(tmp_path):
     for (o1, name, _), (o2, _, _) in pairs:
         assert torch.equal(getattr(o1, name), getattr(o2, name).dequantize(torch.bfloat16)), name
     assert torch.equal(bf16.weights.lm_head, fp4.weights.lm_head)
+
+
+def test_pad_batch_marks_next_token_targets_and_answer_digits(tmp_path):
+    import importlib.util
+    import random
+
+    from flint_graph.make_checkpoint import ensure_tiny_checkpoint
+    from flint_graph.nano.curriculum import recall, supervised
+    from flint_graph.tokenizer import FlintTokenizer
+
+    spec = importlib.util.spec_from_file_location("train_nano", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tok = FlintTokenizer.from_dir(ensure_tiny_checkpoint(progress=False))
+    eps = [recall(random.Random(s), "train", pairs=6, questions=2) for s in range(2)]
+    b = mod.pad_batch(eps, tok)
+    for r, e in enumerate(eps):
+        ids, mask = supervised(e, tok)
+        n = len(ids)
+        assert b["ids"][r, :n].tolist() == ids
+        assert b["mask"][r, :n - 1].tolist() == mask[1:] and not b["mask"][r, n - 1:].any()
+        # the answer positions predict exactly the answers' tokens (and what follows them)
+        predicted = [ids[t + 1] for t in range(n - 1) if b["answer"][r, t]]
+        answers = "".join(str(a) for a in e.meta["answers"])
+        assert answers in tok.decode(predicted)
