@@ -91,8 +91,13 @@ def cmd_eval(args) -> int:
     suites = evals.parse_suites(args.suite)
     contexts = _contexts(args.contexts)
     ref = _read_report(args.compare) if args.compare else None
-    if args.json is not None and args.json.exists() and args.json.is_dir():
-        raise InvalidRequestError(f"--json {args.json}: is a directory; expected a file name")
+    if args.json is not None:
+        _check_writable(args.json)
+    cases = evals.build_cases(suites, args.n, args.seed, contexts)
+    if ref is not None and not {c.group for c in cases} & ref["groups"].keys():
+        raise InvalidRequestError(f"--compare {args.compare}: no case in common with this run "
+                                  f"(it has {', '.join(ref['groups']) or 'none'}; use the same "
+                                  "--suite and --contexts)")
     model = args.model
     if model is None:
         from flint_graph.make_checkpoint import ensure_default_checkpoint
@@ -107,7 +112,6 @@ def cmd_eval(args) -> int:
         ckpt = evals.plant(ckpt, args.plant)
     llm = LLM.from_checkpoint(ckpt, device, EngineConfig(engine=args.engine,
                                                          cpu_threads=args.threads))
-    cases = evals.build_cases(suites, args.n, args.seed, contexts)
     report = evals.run(llm, cases, args.batch, args.progress)
     report.update({"model": str(model), "format": ckpt.format.value, "engine": llm.engine.name,
                    "device": str(device), "plant": args.plant, "n": args.n, "seed": args.seed,
@@ -120,6 +124,21 @@ def cmd_eval(args) -> int:
     missed = [t for t in report["targets"] if not t["met"]]
     failed = ref is not None and not report["compare"]["passed"]
     return 1 if args.check and (missed or failed) else 0
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse, before any work, a --json that cannot be written."""
+    import os
+
+    from flint_graph.errors import InvalidRequestError
+
+    if path.is_dir():
+        raise InvalidRequestError(f"--json {path}: is a directory; expected a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK) or (
+            path.exists() and not os.access(path, os.W_OK)):
+        raise InvalidRequestError(f"--json {path}: cannot write there (no such directory "
+                                  "or no permission)")
 
 
 def _read_report(path: Path) -> dict:

@@ -138,6 +138,9 @@ def _cli(*args):
     (["--contexts", "4k,abc"], "--contexts"),
     (["--contexts", "64"], "--contexts"),
     (["/no/such/ckpt"], "no such checkpoint"),
+    (["--json", "/no/such/dir/out.json"], "cannot write there"),
+    (["--plant", "typo"], "--plant"),
+    (["--n", "0"], "--n"),
 ])
 def test_cli_bad_input_is_one_line(args, needle):
     out = _cli(*args, "--quiet")
@@ -151,3 +154,10 @@ def test_cli_compare_refuses_a_non_report(tmp_path):
     bad.write_text(json.dumps({"groups": 3}))
     out = _cli("--compare", str(bad), "--quiet")
     assert out.returncode == 2 and "not an eval report" in out.stderr
+
+
+def test_cli_compare_needs_cases_in_common(tmp_path):
+    other = tmp_path / "r.json"
+    other.write_text(json.dumps({"groups": {"recall@999": {"n": 1}}, "cases": []}))
+    out = _cli("--compare", str(other), "--suite", "arith", "--quiet", "--device", "cpu")
+    assert out.returncode == 2 and "no case in common" in out.stderr
