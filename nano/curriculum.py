@@ -268,10 +268,8 @@ def tool_use(rng: random.Random, split: str) -> Episode:
     """Ask → reasoning + one typed tool call → the tool's result → an answer that uses it.
     Training offers the fixed tools plus 1-2 generated ones; held-out, the fixed ones plus
     `book_table`, which training never sees."""
-    extra: list[dict] = []
-    for _ in range(rng.randint(1, 2) if split == "train" else 0):
-        extra.append(generated_tool(rng, tuple(t["function"]["name"] for t in extra)))
-    tools = TOOLS["train"] + (TOOLS["heldout"] if split == "heldout" else extra)
+    tools = offered_tools(rng, split)
+    extra = tools[len(TOOLS["train"]):] if split == "train" else []
     user, call, result = _call(rng, split, extra)
     args = ", ".join(f"{k}={json.dumps(v)}" for k, v in call["arguments"].items())
     msgs = [user, _say(f"This needs {call['name']} with {args}.", calls=[call]),
@@ -303,7 +301,9 @@ def episodes(seed: int, n: int, split: str = "train", recall_pairs: int = 400,
              recall_questions: int = 16, mix=(("tool", 4), ("arith", 3), ("string", 1),
                                               ("recall", 1))):
     """`n` episodes of `split` drawn with the weights of `mix`, reproducible from `seed`.
-    Raises ValueError for an unknown split."""
+    Arithmetic and string episodes offer tools half the time and still answer directly, so a
+    chat with tools declared does not turn every request into a call. Raises ValueError for
+    an unknown split."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {SPLITS}")
     rng = random.Random(f"{seed}/{split}")
@@ -311,11 +311,25 @@ def episodes(seed: int, n: int, split: str = "train", recall_pairs: int = 400,
     out = []
     for _ in range(n):
         kind = rng.choices(kinds, weights)[0]
-        out.append(arithmetic(rng, split) if kind == "arith" else
-                   string_task(rng, split) if kind == "string" else
-                   tool_use(rng, split) if kind == "tool" else
-                   recall(rng, split, recall_pairs, recall_questions))
+        ep = (arithmetic(rng, split) if kind == "arith" else
+              string_task(rng, split) if kind == "string" else
+              tool_use(rng, split) if kind == "tool" else
+              recall(rng, split, recall_pairs, recall_questions))
+        if kind in ("arith", "string") and rng.random() < 0.5:
+            ep.tools = offered_tools(rng, split)
+        out.append(ep)
     return out
+
+
+def offered_tools(rng: random.Random, split: str) -> list[dict]:
+    """The tools a request in `split` sees: the fixed ones plus 1-2 generated ones (training)
+    or the held-out tool."""
+    if split == "heldout":
+        return TOOLS["train"] + TOOLS["heldout"]
+    extra: list[dict] = []
+    for _ in range(rng.randint(1, 2)):
+        extra.append(generated_tool(rng, tuple(t["function"]["name"] for t in extra)))
+    return TOOLS["train"] + extra
 
 
 def supervised(ep: Episode, tokenizer) -> tuple[list[int], list[bool]]:

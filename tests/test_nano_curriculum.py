@@ -104,3 +104,16 @@ def test_short_recall_lists_ask_fewer_questions(pairs, questions):
 
     e = recall(random.Random(0), "train", pairs=pairs, questions=questions)
     assert 1 <= len(e.meta["asked"]) == len(set(e.meta["asked"])) <= min(questions, pairs)
+
+
+def test_direct_answers_are_trained_with_tools_offered_too(tok):
+    eps = episodes(4, 200, "train", recall_pairs=4, recall_questions=1)
+    arith = [e for e in eps if e.kind == "arith"]
+    with_tools = [e for e in arith if e.tools]
+    assert 0.3 < len(with_tools) / len(arith) < 0.7
+    for e in with_tools[:5]:  # rendered with the tools, still answered without a call
+        ids, mask = supervised(e, tok)
+        text = tok.decode(ids, skip_special=False)
+        assert "<tools>" in text or "calculator" in text
+        assert "<tool_call>" not in tok.decode([i for i, m in zip(ids, mask) if m],
+                                               skip_special=False)
