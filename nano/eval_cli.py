@@ -15,6 +15,8 @@ figures (held-out cases of the flint-nano curriculum, greedy decoding):
                 required arguments each of its declared type
   tools exact   valid, and the intended tool with exactly the intended
                 arguments
+  tools-direct  3-digit arithmetic with the tools offered: answered exactly,
+                without calling a tool
   arith         3-digit addition and subtraction answered exactly
   recall@C      a key-value list of about C tokens, one question for a key
                 more than C/2 tokens back; the value answered exactly

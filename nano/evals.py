@@ -8,6 +8,9 @@ and number pairs the training never saw. Every case is one chat request decoded 
   declared tool, with every required argument, no undeclared one, and each value of its
   schema's type (tool_schema.admits). `exact`: valid, and name and arguments equal the intended
   call (types included: 3 is not "3" nor 3.0).
+- tools-direct (with the tools suite): 3-digit arithmetic asked with the tools offered;
+  `correct`: no call, and the answer is the number (a chat with tools declared must still
+  answer plain questions).
 - arith: 3-digit addition and subtraction; `correct`: the answer content is the number.
 - recall@C: a list of key = value lines filling about C tokens, then one question for a key in
   the list's first half (more than C/2 tokens back: beyond the 513-token window at 4K and 16K,
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flint_graph.errors import InvalidRequestError
-from flint_graph.nano.curriculum import arithmetic, recall, tool_use
+from flint_graph.nano.curriculum import TOOLS, arithmetic, recall, tool_use
 from flint_graph.tool_schema import admits, tool_schemas
 
 SUITES = ("tools", "arith", "recall")
@@ -46,7 +49,7 @@ TARGETS = {("tools", "valid"): 0.95, ("tools", "exact"): 0.90, ("arith", "correc
 AGREE_MIN = 0.95  # identical answers an engine must share with the reference run
 PLANTS = ("window-1", "no-sink", "rope-on-nope", "router-bias-bf16")
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
-MAX_NEW_TOKENS = {"tools": 160, "arith": 160, "recall": 48}
+MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48}
 
 
 @dataclass
@@ -81,17 +84,23 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
     """`n` held-out cases per suite (per context for recall), reproducible from `seed`."""
     cases: list[Case] = []
     for suite in suites:
-        for ctx in (contexts if suite == "recall" else (None,)):
-            group = f"recall@{ctx}" if ctx else suite
-            rng = random.Random(f"eval/{seed}/{group}")
+        groups = ([f"recall@{c}" for c in contexts] if suite == "recall" else
+                  ["tools", "tools-direct"] if suite == "tools" else [suite])
+        for group in groups:
+            rng = random.Random(f"eval/{seed}/{group}")  # one stream per group: stable cases
             for i in range(n):
-                if suite == "tools":
+                if group == "tools-direct":
+                    ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
+                    cases.append(Case(group, i, ep.messages[:1],
+                                      TOOLS["train"] + TOOLS["heldout"], str(ep.meta["answer"])))
+                elif suite == "tools":
                     ep = tool_use(rng, "heldout")
                     cases.append(Case(group, i, ep.messages[:1], ep.tools, ep.meta["call"]))
                 elif suite == "arith":
                     ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
                     cases.append(Case(group, i, ep.messages[:1], None, str(ep.meta["answer"])))
                 else:
+                    ctx = int(group.split("@")[1])
                     pairs = max(4, (ctx - 64) // TOKENS_PER_PAIR)
                     ep = recall(rng, "heldout", pairs, 1)
                     cases.append(Case(group, i, ep.messages[:3], None,
@@ -101,8 +110,8 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
 
 def score(case: Case, msg) -> dict[str, bool]:
     """The case's metrics for the assistant ChatMessage `msg` (module docstring)."""
-    if case.suite != "tools":
-        return {"correct": msg.content.strip() == case.expect}
+    if case.suite != "tools":  # an answer; also with tools offered, it must not call one
+        return {"correct": not msg.tool_calls and msg.content.strip() == case.expect}
     calls = msg.tool_calls
     valid = len(calls) == 1 and _typed(calls[0], case.tools)
     exact = valid and calls[0].name == case.expect["name"] and \

@@ -161,3 +161,12 @@ def test_cli_compare_needs_cases_in_common(tmp_path):
     other.write_text(json.dumps({"groups": {"recall@999": {"n": 1}}, "cases": []}))
     out = _cli("--compare", str(other), "--suite", "arith", "--quiet", "--device", "cpu")
     assert out.returncode == 2 and "no case in common" in out.stderr
+
+
+def test_tools_direct_cases_offer_tools_and_must_not_call():
+    cases = [c for c in evals.build_cases(("tools",), 4, seed=0) if c.group == "tools-direct"]
+    assert len(cases) == 4 and all(c.tools for c in cases)
+    c = cases[0]
+    assert evals.score(c, _msg(c.expect)) == {"correct": True}
+    call = ("calculator", {"expression": "1 + 2"})
+    assert evals.score(c, _msg(c.expect, calls=[call])) == {"correct": False}
