@@ -10,7 +10,8 @@
 # captured per bucket at full size with the reference beside it (`flint-graph bench`) and a
 # traced step (`flint-graph trace`) (SKIP_STEP_BENCH=1 skips both), and (unless
 # SKIP_FULL=1) the CLI at full 40B size (with --stats: the start-up phases) plus the eager
-# baseline. Logs land in $OUT (all of them also in $OUT/run.tgz); a short summary is printed
+# baseline, and flint-nano's accuracy suite on every engine with the planted bugs
+# (tools/gpu_eval_nano.sh; SKIP_NANO_EVAL=1 skips it). Logs land in $OUT (all of them also in $OUT/run.tgz); a short summary is printed
 # last.
 set -uo pipefail
 OUT=${OUT:-/tmp/flint-out}
@@ -55,6 +56,15 @@ if [ -z "${SKIP_STEP_BENCH:-}" ]; then
       --html "$OUT/trace-$fmt.html" ${TRACE_ARGS:-} > "$OUT/trace-$fmt.log" 2>&1
     echo "flint-graph trace ($fmt): exit $? (log: trace-$fmt.log, timeline: trace-$fmt.json)"
   done
+fi
+
+if [ -z "${SKIP_NANO_EVAL:-}" ]; then
+  # flint-nano's accuracy suite on every engine, planted bugs included (tools/gpu_eval_nano.sh)
+  mkdir -p "$OUT/nano"
+  OUT="$OUT/nano" N=${NANO_N:-30} PLANT_N=${NANO_PLANT_N:-20} \
+    DEADLINE=$(( $(date +%s) + ${NANO_EVAL_SECONDS:-300} )) bash tools/gpu_eval_nano.sh \
+    > "$OUT/nano-eval.log" 2>&1
+  grep -E "identical answers|^== " "$OUT/nano-eval.log" | head -20
 fi
 
 if [ -z "${SKIP_FULL:-}" ]; then
