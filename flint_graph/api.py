@@ -1,7 +1,7 @@
 """The Python API: `LLM(model).generate / stream / chat / stream_chat` (DESIGN §3 data flow).
 
     from flint_graph import LLM, SamplingParams
-    llm = LLM()                                  # embedded default: the tiny synthetic checkpoint
+    llm = LLM()                                  # embedded default: flint-nano
     out = llm.generate(["Hello"], SamplingParams(max_tokens=16, seed=0))[0]
     msg = llm.chat([{"role": "user", "content": "Hi"}])
 
@@ -100,7 +100,8 @@ class LLM:
 
     Args:
         model: a BF16 checkpoint directory or an NVFP4 GGUF file; None = the embedded default
-            (the `tiny` synthetic checkpoint, built into a cache directory on first use).
+            (flint-nano, the trained miniature Flint that ships in the package, unpacked into a
+            cache directory with its BF16 twin on first use; nano/embedded.py).
         hf_config_path: directory with config.json / tokenizer / generation_config for a GGUF
             (defaults to the GGUF's own directory).
         device: "cuda", "cpu" or a torch.device; None picks CUDA when present.

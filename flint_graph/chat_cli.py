@@ -30,6 +30,7 @@ from flint_graph.live_text import printable, tail_lines
 
 __all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
 
+COMMANDS = ("/exit", "/quit", "/reset", "/save", "/reasoning", "/help")
 HELP = ("/reset  start a new conversation · /save FILE  save the transcript as JSON · "
         "/reasoning  show the last reasoning · /exit  quit (or Ctrl-D)")
 
@@ -116,7 +117,8 @@ class ChatSession:
             if not self._text_ok(line, "message"):
                 continue
             self.messages.append({"role": "user", "content": line})
-            self.answer()
+            if self.answer() == "exit":
+                return 0
 
     def command(self, line: str) -> str | None:
         """Run one slash command; returns "exit" for /exit."""
@@ -147,8 +149,10 @@ class ChatSession:
             self.console.print(f"[red]unknown command {cmd}[/]  [dim]{HELP}[/]")
         return None
 
-    def answer(self) -> None:
-        """Generate assistant turns until one ends without tool calls (or is stopped)."""
+    def answer(self) -> str | None:
+        """Generate assistant turns until one ends without tool calls (or is stopped). At a
+        tool-result prompt the slash commands still work (/reset ends the tool loop, /exit
+        returns "exit"); an empty result is asked for again."""
         while True:
             try:
                 stream = self.llm.stream_chat(self.messages, self.tools, self.params,
@@ -166,20 +170,29 @@ class ChatSession:
                     self.console.print(f"[yellow]{hint}[/]")
                 if self.messages and self.messages[-1]["role"] == "user":
                     self.messages.pop()
-                return
+                return None
             if msg.finish_reason == "abort" and not (msg.content or msg.reasoning_content
                                                      or msg.tool_calls):
-                return  # stopped before any text: an empty assistant turn would only mislead
+                return None  # stopped before any text: an empty assistant turn would mislead
             self.messages.append(msg.to_dict())
             if not msg.tool_calls or msg.finish_reason == "abort":
-                return
+                return None
             for call in msg.tool_calls:
                 while True:  # a result that cannot be sent would fail every later turn
                     try:
                         result = self.console.input(f"[bold magenta]result of {call.name}>[/] ")
                     except (EOFError, KeyboardInterrupt):
                         self.console.print("[dim]tool loop stopped[/]")
-                        return
+                        return None
+                    if result.split(" ")[0] in COMMANDS:
+                        done = self.command(result.strip())
+                        if done == "exit" or result.split(" ")[0] == "/reset":
+                            return done
+                        continue
+                    if not result.strip():
+                        self.console.print(f"[dim]type the result of {call.name} (e.g. its "
+                                           "JSON), or /reset to drop this request[/]")
+                        continue
                     if self._text_ok(result, "result"):
                         break
                 self.messages.append({"role": "tool", "content": result,

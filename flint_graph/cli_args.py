@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgParser(
         prog="flint-graph",
         description="Run the Flint 40B MoE LLM: interactive chat, one-shot generation, "
-                    "synthetic checkpoints in the real formats, latency benchmarks and traces. Without MODEL, the embedded "
-                    "default (a tiny synthetic checkpoint, built on first use) is used.")
+                    "synthetic checkpoints in the real formats, latency benchmarks, traces and "
+                    "an accuracy suite. Without MODEL, the embedded default (flint-nano, a "
+                    "trained miniature Flint, unpacked on first use) is used.")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
     p.commands = sub.choices  # name -> subparser, for errors that argparse raises at the top
@@ -191,7 +192,7 @@ def _nonempty_path(text: str) -> Path:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="BF16 checkpoint directory or NVFP4 .gguf file (default: the embedded "
-                        "tiny checkpoint, built into a cache directory on first use)")
+                        "flint-nano, unpacked into a cache directory on first use)")
     p.add_argument("--hf-config-path", metavar="DIR",
                    help="directory with config.json, tokenizer and generation_config.json for "
                         "a GGUF (default: the GGUF's own directory)")

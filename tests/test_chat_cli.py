@@ -264,3 +264,39 @@ def test_ctrl_c_before_the_first_token_leaves_no_empty_answer_in_history(tiny_ll
     assert [m["role"] for m in s.messages] == ["user"]  # the question stays, no empty answer
     footer = console.file.getvalue().splitlines()[-1]
     assert footer.startswith("0 tokens") and footer.endswith("· stopped")
+
+
+@pytest.fixture(scope="module")
+def nano_llm():
+    from flint_graph.api import LLM
+
+    return LLM(device="cpu", progress=False)  # flint-nano: it calls the tools it is offered
+
+
+NANO_TOOLS = json.loads((Path(__file__).parent.parent / "examples" / "tools.json").read_text())
+GREEDY = SamplingParams(temperature=0.0, max_tokens=120)
+
+
+def test_commands_work_at_the_tool_result_prompt(nano_llm):
+    # "/reset" typed as the result used to go to the model as the tool's output
+    s, console = _session(nano_llm, ["Convert 120 km to mi.", "", "/help", "/reset", "/exit"],
+                          params=GREEDY, tools=NANO_TOOLS)
+    assert s.run() == 0
+    out = console.file.getvalue()
+    assert "tool call: convert_units" in out and "type the result of convert_units" in out
+    assert "conversation reset" in out and s.messages == []
+
+
+def test_exit_at_the_tool_result_prompt_ends_the_chat(nano_llm):
+    s, _ = _session(nano_llm, ["Convert 120 km to mi.", "/exit", "never read"], params=GREEDY,
+                    tools=NANO_TOOLS)
+    assert s.run() == 0
+    assert [m["role"] for m in s.messages] == ["user", "assistant"]
+
+
+def test_a_tool_result_gets_an_answer(nano_llm):
+    s, console = _session(nano_llm, ["Convert 120 km to mi.", '{"value": 74.56, "unit": "mi"}',
+                                     "/exit"], params=GREEDY, tools=NANO_TOOLS)
+    assert s.run() == 0
+    assert [m["role"] for m in s.messages] == ["user", "assistant", "tool", "assistant"]
+    assert "74.56" in s.messages[-1]["content"]
