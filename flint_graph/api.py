@@ -57,6 +57,7 @@ class GenerationOutput:
     content: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # with SamplingParams(logprobs=True)
 
 
 @dataclass
@@ -408,7 +409,8 @@ def _message(req: Request, thinking: bool) -> ChatMessage:
 def _output(req: Request) -> GenerationOutput:
     ttft, tpot = req.timing()
     out = GenerationOutput(req.prompt_ids, list(req.output_ids), req.text,
-                           req.finish_reason or "abort", ttft, tpot)
+                           req.finish_reason or "abort", ttft, tpot,
+                           logprobs=list(req.logprobs))
     if req.parser is not None:
         parsed = req.parser.result()
         out.reasoning_content = parsed.reasoning

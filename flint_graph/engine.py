@@ -192,6 +192,8 @@ class Engine:
         ids, logits = self.runner.decode(steps)
         banned = [i for i, r in enumerate(rows)
                   if r.num_generated < r.params.min_tokens and r.eos_ids]
+        drawn = [i for i in range(len(rows)) if i not in banned]
+        _record_logprobs([rows[i] for i in drawn], logits[drawn], [ids[i] for i in drawn])
         deltas = self._sample_and_append([rows[i] for i in banned], logits[banned].clone()) \
             if banned else []
         return deltas + [r.append(t) for i, (r, t) in enumerate(zip(rows, ids))
@@ -200,6 +202,7 @@ class Engine:
     def _sample_and_append(self, rows: list[Request], logits: torch.Tensor) -> list[RequestDelta]:
         logits = logits.float()
         logits[:, self.tokenizer_vocab:] = float("-inf")
+        unbanned = logits.clone() if any(r.params.logprobs for r in rows) else logits
         for i, r in enumerate(rows):
             # Before min_tokens no stop id may be drawn (ignore_eos already left EOS out).
             if r.num_generated < r.params.min_tokens and r.eos_ids:
@@ -214,6 +217,7 @@ class Engine:
             positions=torch.tensor([r.num_generated for r in rows], device=dev,
                                    dtype=torch.long),
         ).tolist()
+        _record_logprobs(rows, unbanned, ids)
         return [r.append(t) for r, t in zip(rows, ids)]
 
     def _retire(self, req: Request) -> None:
@@ -226,3 +230,17 @@ class Engine:
         slot = self._slot.pop(req.id, None)
         if slot is not None:
             self.runner.free_slot(slot)
+
+
+def _record_logprobs(rows: list[Request], logits: torch.Tensor, ids: list[int]) -> None:
+    """Append to each row that asked (params.logprobs) the log-probability of its token under
+    the step's logits [len(rows), V] (softmax, before temperature / top-k / top-p; a padded
+    vocabulary is already -inf)."""
+    want = [i for i, r in enumerate(rows) if r.params.logprobs]
+    if not want:
+        return
+    lp = torch.log_softmax(logits[want].float(), dim=-1)
+    picked = lp[torch.arange(len(want), device=lp.device),
+                torch.tensor([ids[i] for i in want], device=lp.device)].tolist()
+    for i, v in zip(want, picked):
+        rows[i].logprobs.append(v)

@@ -54,6 +54,8 @@ class SamplingParams:
         `with_defaults` it holds the explicit ids plus the EOS ids (the EOS ids left out when
         ignore_eos). Stored as a tuple.
     ignore_eos: keep generating through EOS ids (explicit stop_token_ids still stop).
+    logprobs: record each generated token's log-probability (natural log) under the model's
+        own distribution: the softmax of its logits, before temperature, top-k and top-p.
 
     Raises InvalidRequestError (from `validate`, run on construction and on `dataclasses.replace`)
     naming the argument, the expected range and the value found.
@@ -68,6 +70,7 @@ class SamplingParams:
     stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] | None = None
     ignore_eos: bool = False
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         # Normalise containers so the frozen object is hashable and immune to caller mutation.
@@ -113,6 +116,8 @@ class SamplingParams:
                     _bad("stop_token_ids", "integers >= 0", i)
         if not isinstance(self.ignore_eos, bool):
             _bad("ignore_eos", "a bool", self.ignore_eos)
+        if not isinstance(self.logprobs, bool):
+            _bad("logprobs", "a bool", self.logprobs)
 
     def with_defaults(self, generation_config: dict[str, Any]) -> SamplingParams:
         """Fill the None fields from a parsed generation_config.json.

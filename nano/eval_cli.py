@@ -191,4 +191,8 @@ def _print(report: dict) -> None:
               f"(pass ≥ {100 * c['agree_min']:.0f}%); metrics "
               f"{'within noise' if c['within_noise'] else 'OUTSIDE NOISE'}: "
               f"{'PASSED' if c['passed'] else 'FAILED'}")
+        if c.get("logprob_tokens"):
+            print(f"log-probabilities of the {c['logprob_tokens']} tokens both decoded alike: "
+                  f"mean |Δ| {c['logprob_mean_abs_diff']:.2e}, max "
+                  f"{c['logprob_max_abs_diff']:.2e} nats")
     sys.stdout.flush()

@@ -156,10 +156,13 @@ def run(llm, cases: list[Case], batch: int = 8, progress: bool = True) -> dict[s
             chunk = cases[b:b + batch]
             limit = max(MAX_NEW_TOKENS[c.suite] for c in chunk)
             msgs = llm.chat_batch([(c.messages, c.tools) for c in chunk],
-                                  SamplingParams(temperature=0.0, max_tokens=limit))
+                                  SamplingParams(temperature=0.0, max_tokens=limit,
+                                                 logprobs=True))
             for c, m in zip(chunk, msgs):
                 records.append({"group": c.group, "index": c.index, "expect": c.expect,
-                                "got": _got(m), "text": m.output.text, **score(c, m)})
+                                "got": _got(m), "text": m.output.text,
+                                "logprobs": [round(x, 5) for x in m.output.logprobs],
+                                **score(c, m)})
             advance(len(chunk))
     return summarize(records, time.perf_counter() - t0)
 
@@ -212,10 +215,17 @@ def compare(run_: dict, ref: dict) -> dict[str, Any]:
     same = [a["got"] == b["got"] for a, b in pairs]
     texts = [a.get("text") == b.get("text") for a, b in pairs if "text" in a and "text" in b]
     agree = round(sum(same) / max(1, len(same)), 4)
+    # Where both decoded the same tokens, how far apart the two models' log-probabilities of
+    # those tokens are: a finer view than the answers (reported, not yet a pass criterion).
+    deltas = [abs(x - y) for a, b in pairs if a.get("text") == b.get("text")
+              for x, y in zip(a.get("logprobs") or [], b.get("logprobs") or [])]
     within = all(r["within"] for r in rows)
     return {"rows": rows, "within_noise": within, "identical_answers": agree,
             "identical_outputs": round(sum(texts) / len(texts), 4) if texts else None,
             "compared": len(same), "agree_min": AGREE_MIN,
+            "logprob_tokens": len(deltas),
+            "logprob_mean_abs_diff": round(sum(deltas) / len(deltas), 6) if deltas else None,
+            "logprob_max_abs_diff": round(max(deltas), 6) if deltas else None,
             "passed": within and agree >= AGREE_MIN}
 
 

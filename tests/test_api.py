@@ -570,3 +570,25 @@ def test_requests_from_several_threads_each_get_their_own_answer(tiny_ckpt):
         t.join(timeout=60)
     assert not errors and got == solo
     assert not llm.engine.has_work
+
+
+def test_logprobs_are_the_models_own(tiny_llm):
+    # Each generated token's log-probability is log_softmax of the step's logits at that token,
+    # before temperature: a sampled run at T=2 reports the same numbers as a full forward.
+    import torch
+
+    from flint_graph.reference import ReferenceModel
+
+    out = tiny_llm.generate("The weather is", SamplingParams(max_tokens=6, temperature=2.0,
+                                                             seed=3, logprobs=True,
+                                                             ignore_eos=True))[0]
+    assert len(out.logprobs) == len(out.token_ids) == 6
+    ids = out.prompt_token_ids + out.token_ids
+    m = ReferenceModel(tiny_llm.cfg, tiny_llm.checkpoint.weights, "cpu")
+    logits = m.forward([m.new_sequence()], [torch.tensor(ids[:-1])])[0]
+    logits[:, tiny_llm.tokenizer.vocab_size:] = float("-inf")
+    want = torch.log_softmax(logits, -1)[len(out.prompt_token_ids) - 1:]
+    want = want[torch.arange(6), torch.tensor(out.token_ids)]
+    # one forward over the whole sequence vs prefill + decode steps: BF16 rounding may differ
+    assert torch.allclose(torch.tensor(out.logprobs), want, atol=0.05), (out.logprobs, want)
+    assert not tiny_llm.generate("x", SamplingParams(max_tokens=2))[0].logprobs  # off by default

@@ -170,3 +170,14 @@ def test_tools_direct_cases_offer_tools_and_must_not_call():
     assert evals.score(c, _msg(c.expect)) == {"correct": True}
     call = ("calculator", {"expression": "1 + 2"})
     assert evals.score(c, _msg(c.expect, calls=[call])) == {"correct": False}
+
+
+def test_compare_reports_logprob_distance_on_identical_outputs():
+    def rep(lps, text="a"):
+        return {"groups": {"arith": {"n": 1, "correct": 1.0}},
+                "cases": [{"group": "arith", "index": 0, "got": "1", "text": text,
+                           "logprobs": lps, "correct": True}]}
+    c = evals.compare(rep([-0.1, -0.5]), rep([-0.1, -0.3]))
+    assert c["logprob_tokens"] == 2 and c["logprob_max_abs_diff"] == 0.2
+    assert abs(c["logprob_mean_abs_diff"] - 0.1) < 1e-9
+    assert evals.compare(rep([-0.1], "a"), rep([-0.2], "b"))["logprob_tokens"] == 0
