@@ -192,8 +192,9 @@ class Engine:
         ids, logits = self.runner.decode(steps)
         banned = [i for i, r in enumerate(rows)
                   if r.num_generated < r.params.min_tokens and r.eos_ids]
-        drawn = [i for i in range(len(rows)) if i not in banned]
-        _record_logprobs([rows[i] for i in drawn], logits[drawn], [ids[i] for i in drawn])
+        if any(r.params.logprobs for r in rows):  # off the decode hot path unless asked
+            drawn = [i for i in range(len(rows)) if i not in banned]
+            _record_logprobs([rows[i] for i in drawn], logits[drawn], [ids[i] for i in drawn])
         deltas = self._sample_and_append([rows[i] for i in banned], logits[banned].clone()) \
             if banned else []
         return deltas + [r.append(t) for i, (r, t) in enumerate(zip(rows, ids))

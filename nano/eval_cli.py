@@ -35,6 +35,7 @@ fails; 2 for bad input."""
 def add_eval_parser(sub, positive_int) -> None:
     """`flint-graph eval`."""
     from flint_graph.nano.evals import PLANTS
+    from flint_graph.perf.cli import _path
 
     p = sub.add_parser("eval", help="accuracy suite: tool calls, arithmetic, long-context "
                                     "recall (flint-nano's skills), on any engine",
@@ -49,8 +50,9 @@ def add_eval_parser(sub, positive_int) -> None:
                    help="suites to run (default: %(default)s)")
     p.add_argument("--n", type=positive_int, default=50, metavar="N",
                    help="cases per suite and per recall context (default: %(default)s)")
-    p.add_argument("--contexts", default="1024,4096,16384", metavar="C,..",
-                   help="recall contexts in tokens (default: %(default)s)")
+    p.add_argument("--contexts", type=_recall_contexts, default=(1024, 4096, 16384),
+                   metavar="C,..",
+                   help="recall contexts in tokens, e.g. 1024,4k (default: 1024,4096,16384)")
     p.add_argument("--seed", type=int, default=0, help="case seed (default: 0)")
     p.add_argument("--batch", type=positive_int, default=8, metavar="B",
                    help="requests decoded together (default: %(default)s)")
@@ -60,7 +62,7 @@ def add_eval_parser(sub, positive_int) -> None:
     p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads for torch")
     p.add_argument("--plant", choices=PLANTS, metavar="BUG",
                    help=f"run with a deliberate bug: {', '.join(PLANTS)}")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the report and every case")
+    p.add_argument("--json", type=_path, metavar="FILE", help="write the report and every case")
     p.add_argument("--compare", type=Path, metavar="REF.json",
                    help="hold this run to a saved report (same --n/--seed/--contexts)")
     p.add_argument("--check", action="store_true",
@@ -69,16 +71,14 @@ def add_eval_parser(sub, positive_int) -> None:
     p.set_defaults(command="eval")
 
 
-def _contexts(text: str) -> tuple[int, ...]:
-    from flint_graph.errors import InvalidRequestError
+def _recall_contexts(text: str) -> tuple[int, ...]:
+    """--contexts: bench's token-count syntax (1024,4k), each at least 128 tokens."""
+    from flint_graph.perf.cli import _contexts
 
-    try:
-        vals = tuple(int(x.strip().lower().replace("k", "000")) for x in text.split(","))
-    except ValueError:
-        vals = ()
-    if not vals or min(vals) < 128:
-        raise InvalidRequestError(f"--contexts {text!r}: expected comma-separated token counts "
-                                  ">= 128, e.g. 1024,4096")
+    vals = _contexts(text)
+    if min(vals) < 128:
+        raise argparse.ArgumentTypeError(f"expected recall contexts of at least 128 tokens, "
+                                         f"found {text!r}")
     return vals
 
 
@@ -89,12 +89,12 @@ def cmd_eval(args) -> int:
     from flint_graph.engine_config import EngineConfig, pick_device
     from flint_graph.errors import InvalidRequestError
     from flint_graph.nano import evals
+    from flint_graph.perf.cli import check_outputs
 
     suites = evals.parse_suites(args.suite)
-    contexts = _contexts(args.contexts)
+    contexts = args.contexts
     ref = _read_report(args.compare) if args.compare else None
-    if args.json is not None:
-        _check_writable(args.json)
+    check_outputs(args, ("--json",), compare_runs=True)
     cases = evals.build_cases(suites, args.n, args.seed, contexts)
     if ref is not None and not {c.group for c in cases} & ref["groups"].keys():
         raise InvalidRequestError(f"--compare {args.compare}: no case in common with this run "
@@ -126,21 +126,6 @@ def cmd_eval(args) -> int:
     missed = [t for t in report["targets"] if not t["met"]]
     failed = ref is not None and not report["compare"]["passed"]
     return 1 if args.check and (missed or failed) else 0
-
-
-def _check_writable(path: Path) -> None:
-    """Refuse, before any work, a --json that cannot be written."""
-    import os
-
-    from flint_graph.errors import InvalidRequestError
-
-    if path.is_dir():
-        raise InvalidRequestError(f"--json {path}: is a directory; expected a file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK) or (
-            path.exists() and not os.access(path, os.W_OK)):
-        raise InvalidRequestError(f"--json {path}: cannot write there (no such directory "
-                                  "or no permission)")
 
 
 def _read_report(path: Path) -> dict:

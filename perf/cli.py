@@ -204,16 +204,17 @@ def _options(args, command: str):
     return o
 
 
-def check_outputs(args, flags: tuple[str, ...]) -> None:
+def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False) -> None:
     """Before any work: each output flag names a writable file, no two name the same one, and
     none overwrites a file of the checkpoint being measured (MODEL, or its directory's files).
-    Also refuses output flags beside --compare, which writes nothing. Raises
-    InvalidRequestError naming the flag."""
+    Unless `compare_runs` (eval: --compare holds a new run to a saved one), also refuses output
+    flags beside --compare, which then writes nothing. Raises InvalidRequestError naming the
+    flag."""
     from flint_graph.errors import InvalidRequestError
 
     given = {f: getattr(args, f.lstrip("-").replace("-", "_")) for f in flags}
     given = {f: p for f, p in given.items() if p is not None}
-    if args.compare and given:
+    if args.compare and given and not compare_runs:
         raise InvalidRequestError(f"{', '.join(given)}: --compare reads two saved files and "
                                   "writes nothing; run without it to measure")
     model = Path(args.model).resolve() if args.model else None

@@ -138,7 +138,7 @@ def _cli(*args):
     (["--contexts", "4k,abc"], "--contexts"),
     (["--contexts", "64"], "--contexts"),
     (["/no/such/ckpt"], "no such checkpoint"),
-    (["--json", "/no/such/dir/out.json"], "cannot write there"),
+    (["--json", __file__ + "/out.json"], "cannot write there"),  # a file is no directory
     (["--plant", "typo"], "--plant"),
     (["--n", "0"], "--n"),
 ])
