@@ -233,6 +233,10 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False) -> N
         if model and (full == model or (full.exists() and full.parent == inside)):
             raise InvalidRequestError(f"{flag} {path}: would overwrite a file of the checkpoint "
                                       f"{args.model}; write it elsewhere")
+        above = next(a for a in full.parents if a.exists())
+        if not above.is_dir():
+            raise InvalidRequestError(f"{flag} {path}: cannot write there ({above} is a file, "
+                                      "not a directory)")
         existed = full.exists()
         try:  # a real probe: permission bits say little to root or on /proc
             full.parent.mkdir(parents=True, exist_ok=True)

@@ -138,7 +138,7 @@ def _cli(*args):
     (["--contexts", "4k,abc"], "--contexts"),
     (["--contexts", "64"], "--contexts"),
     (["/no/such/ckpt"], "no such checkpoint"),
-    (["--json", __file__ + "/out.json"], "cannot write there"),  # a file is no directory
+    (["--json", __file__ + "/out.json"], "is a file, not a directory"),
     (["--plant", "typo"], "--plant"),
     (["--n", "0"], "--n"),
 ])
