@@ -137,21 +137,28 @@ def _digits(a: int, b: int, op: str) -> str:
             carry = s // 10
         else:
             s = x - y - carry
-            carry = int(s < 0)
-            steps.append(f"{x}-{y}={s + 10 * carry}{' borrow' if carry else ''}")
+            borrow_in, carry = carry, int(s < 0)
+            steps.append(f"{x}-{y}-{borrow_in}={s + 10 * carry}{' borrow' if carry else ''}")
             out.append(s + 10 * carry)
     if carry and op == "+":
         out.append(carry)
     return "; ".join(steps)
 
 
+OPERAND_DIGITS = (1, 2, 3, 3, 3, 4, 4)  # drawn per operand; 3 digits (the eval's) most often
+
+
 def arithmetic(rng: random.Random, split: str, digits: int | None = None,
                op: str | None = None) -> Episode:
-    """a + b or a − b (a ≥ b) with 2–4 digit operands (both of `digits` digits when given),
-    answered after column reasoning; `op` "+" or "-" (default: drawn)."""
-    lo, hi = (10, 9999) if digits is None else (10 ** (digits - 1), 10 ** digits - 1)
+    """a + b or a − b (a ≥ b), answered after column reasoning. Each operand's length is drawn
+    from OPERAND_DIGITS (a uniform draw over 10..9999 would make nine in ten operands 4-digit
+    and under-train the rest), or both have `digits` digits; `op` "+" or "-" (default: drawn)."""
+    def draw() -> int:
+        d = digits or rng.choice(OPERAND_DIGITS)
+        return rng.randint(10 ** (d - 1), 10 ** d - 1)
+
     while True:
-        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        a, b = draw(), draw()
         if in_split(split, a, b):
             break
     op = op or rng.choice("+-")
@@ -187,20 +194,60 @@ _O = {"type": "object"}
 _TYPES = [_S, _I, _B, _O]
 
 
+# Coined words (training only) make the model copy strings it has never seen: a city, a tool or
+# parameter name, a value. Trained on a few fixed cities and names only, it wrote "Paris" for
+# every held-out city and invented training tool names for the held-out tool.
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr",
+           "st", "gl", "sh", "ch")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "y")
+_CODAS = ("", "", "n", "r", "s", "l", "x", "nd")
+# what the held-out split asks for: coined words never spell one of these
+HELDOUT_WORDS = frozenset({c.lower() for c in CITIES["heldout"]} | {
+    "book", "table", "book_table", "restaurant", "party", "party_size", "outdoor", "options"})
+
+
+def coined(rng: random.Random, syllables: tuple[int, int] = (1, 3)) -> str:
+    """A pronounceable made-up lower-case word of 1-3 syllables, none of HELDOUT_WORDS."""
+    while True:
+        w = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS)
+                    for _ in range(rng.randint(*syllables))) + rng.choice(_CODAS)
+        if w not in HELDOUT_WORDS:
+            return w
+
+
+def _name(rng: random.Random, split: str) -> str:
+    """A place or value name: from WORDS, or (training, half the time) coined."""
+    if split == "train" and rng.random() < .5:
+        return " ".join(coined(rng).title() for _ in range(rng.randint(1, 2)))
+    return rng.choice(WORDS).title() + rng.choice(["", " " + rng.choice(WORDS).title()])
+
+
 def generated_tool(rng: random.Random, taken: tuple[str, ...] = ()) -> dict:
-    """A random tool: verb_noun name (not in `taken`), 1-4 parameters of random names and
+    """A random tool: verb_noun name (not in `taken`, nor a fixed or held-out tool's), each
+    part from VERBS/NOUNS or coined; 1-4 parameters named from PARAMS or coined, of random
     types, all required."""
-    name = next(n for n in iter(lambda: f"{rng.choice(VERBS)}_{rng.choice(NOUNS)}", None)
-                if n not in taken)
-    props = {p: rng.choice(_TYPES) for p in rng.sample(PARAMS, rng.randint(1, 4))}
+    def part(words):
+        return rng.choice(words) if rng.random() < .5 else coined(rng, (1, 2))
+
+    fixed = {t["function"]["name"] for s in SPLITS for t in TOOLS[s]}
+    name = next(n for n in iter(lambda: f"{part(VERBS)}_{part(NOUNS)}", None)
+                if n not in taken and n not in fixed and n not in HELDOUT_WORDS)
+    names: list[str] = []
+    count = rng.randint(1, 4)
+    while len(names) < count:
+        p = rng.choice(PARAMS) if rng.random() < .5 else "_".join(
+            coined(rng, (1, 2)) for _ in range(rng.randint(1, 2)))
+        if p not in names and p not in HELDOUT_WORDS:
+            names.append(p)
+    props = {p: rng.choice(_TYPES) for p in names}
     return _tool(name, f"{name.split('_')[0].title()} a {name.split('_')[1]}.", props,
                  list(props))
 
 
-def _value(rng: random.Random, schema: dict):
+def _value(rng: random.Random, split: str, schema: dict):
     kind = schema["type"]
     if kind == "string":
-        return rng.choice(WORDS).title() + rng.choice(["", " " + rng.choice(WORDS).title()])
+        return _name(rng, split)
     if kind == "integer":
         return rng.randint(1, 500)
     if kind == "boolean":
@@ -218,7 +265,7 @@ def _spoken(v) -> str:
 def _generic(rng: random.Random, split: str, tool: dict) -> tuple[dict, dict]:
     """(user message, call) asking for `tool` in the generic style with random arguments."""
     fn = tool["function"]
-    args = {k: _value(rng, sch) for k, sch in fn["parameters"]["properties"].items()}
+    args = {k: _value(rng, split, sch) for k, sch in fn["parameters"]["properties"].items()}
     said = [f"{k.replace('_', ' ')} {_spoken(v)}" for k, v in args.items()]
     text = said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
     return _ask(rng, split, "generic", tool=fn["name"], args=text), \
@@ -232,7 +279,9 @@ def _call(rng: random.Random, split: str, extra: list[dict]) -> tuple[dict, dict
                                                          ["generic"] * 4 * bool(extra))
     skill = rng.choice(skills)
     if skill == "weather":
-        city, days, metric = rng.choice(CITIES[split]), rng.randint(1, 7), rng.random() < .5
+        city = (coined(rng).title() if split == "train" and rng.random() < .5 else
+                rng.choice(CITIES[split]))
+        days, metric = rng.randint(1, 7), rng.random() < .5
         user = _ask(rng, split, "weather", city=city, days=days,
                     unit="celsius" if metric else "fahrenheit")
         call = {"name": "get_weather", "arguments": {"city": city, "days": days,
@@ -250,8 +299,9 @@ def _call(rng: random.Random, split: str, extra: list[dict]) -> tuple[dict, dict
                                                        "to_unit": dst}}
         result = {"value": round(value * rng.uniform(0.2, 3.5), 2), "unit": dst}
     elif skill == "lookup":
-        table, fld, val, limit = (rng.choice(TABLES), rng.choice(FIELDS), rng.choice(WORDS),
-                                  rng.randint(1, 20))
+        table, fld = rng.choice(TABLES), rng.choice(FIELDS)
+        val = coined(rng) if split == "train" and rng.random() < .5 else rng.choice(WORDS)
+        limit = rng.randint(1, 20)
         user = _ask(rng, split, "lookup", table=table, field=fld, value=val, limit=limit)
         call = {"name": "lookup", "arguments": {"table": table, "filter": {"field": fld,
                                                                            "equals": val},
