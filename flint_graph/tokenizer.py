@@ -273,6 +273,17 @@ class FlintTokenizer:
         """Ids that end an assistant turn: <|endoftext|>, <|user|>, <|observation|>."""
         return tuple(self.special_ids[t] for t in CHAT_STOP_TOKENS)
 
+    def word_pieces(self) -> tuple[str, ...]:
+        """The vocabulary's lower-case ASCII word pieces of 2+ letters, without the leading
+        space a piece may carry (" ano" and "ano" are both "ano"), sorted. flint-nano's
+        curriculum coins words from them so that copying is trained on every such token."""
+        out = set()
+        for i in range(self._tok.get_vocab_size()):
+            s = self._tok.decode([i], skip_special_tokens=False).strip()
+            if len(s) >= 2 and s.isascii() and s.isalpha() and s.islower():
+                out.add(s)
+        return tuple(sorted(out))
+
     def encode(self, text: str) -> list[int]:
         """Ids of `text`; adds no BOS (the chat template writes [gMASK]<sop>). Added-token strings
         in the text (e.g. "<|user|>") become their single ids."""

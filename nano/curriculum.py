@@ -206,11 +206,26 @@ HELDOUT_WORDS = frozenset({c.lower() for c in CITIES["heldout"]} | {
     "book", "table", "book_table", "restaurant", "party", "party_size", "outdoor", "options"})
 
 
+_PIECES: list[str] = []
+
+
+def coin_from(pieces) -> None:
+    """Coin half of the words from `pieces` (a tokenizer's word pieces,
+    FlintTokenizer.word_pieces()) from now on in this process. Held-out names are spelled with
+    tokens that the curriculum's own words never show (two in three of the vocabulary never
+    appeared in training), and a model cannot copy a token it has never learned to copy."""
+    _PIECES[:] = sorted(set(pieces))
+
+
 def coined(rng: random.Random, syllables: tuple[int, int] = (1, 3)) -> str:
-    """A pronounceable made-up lower-case word of 1-3 syllables, none of HELDOUT_WORDS."""
+    """A made-up lower-case word, none of HELDOUT_WORDS: pronounceable syllables, or (after
+    coin_from, half the time) one or two vocabulary pieces."""
     while True:
-        w = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS)
-                    for _ in range(rng.randint(*syllables))) + rng.choice(_CODAS)
+        if _PIECES and rng.random() < .5:
+            w = "".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 2)))
+        else:
+            w = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS)
+                        for _ in range(rng.randint(*syllables))) + rng.choice(_CODAS)
         if w not in HELDOUT_WORDS:
             return w
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from flint_graph.config import FlintConfig
 from flint_graph.make_checkpoint import GGUF_NAME, write_side_files
 from flint_graph.nano import batched
-from flint_graph.nano.curriculum import episodes, supervised, tokenizer_corpus
+from flint_graph.nano.curriculum import coin_from, episodes, supervised, tokenizer_corpus
 from flint_graph.nano.qat import export, fake_quant, parameters, trainable
 from flint_graph.tokenizer import FlintTokenizer
 from flint_graph.weights import MoEWeights
@@ -68,6 +68,7 @@ def _init_worker(side: str) -> None:
     global _TOK
     torch.set_num_threads(1)
     _TOK = FlintTokenizer.from_dir(side)
+    coin_from(_TOK.word_pieces())  # copying is trained on every word piece of the vocabulary
 
 
 def pad_batch(eps, tok: FlintTokenizer) -> dict[str, np.ndarray]:
