@@ -91,9 +91,22 @@ CORES = {
 
 
 def phrase(rng: random.Random, split: str, skill: str, **kw) -> str:
-    """A request for `skill` in `split`'s phrasing: a lead-in, a core sentence, a closing."""
+    """A request for `skill` in `split`'s phrasing: a lead-in, a core sentence, a closing.
+    Training replaces the lead-in or the closing by a sentence of coined words a third of the
+    time, so words around a request that the model has never seen do not derail it (held-out
+    closings like "Many thanks in advance." did)."""
     lead, core, tail = rng.choice(LEADS[split]), rng.choice(CORES[skill]), rng.choice(TAILS[split])
+    if split == "train" and rng.random() < 1 / 3:
+        if rng.random() < .5:
+            lead = _filler(rng) + " "
+        else:
+            tail = " " + _filler(rng)
     return lead + core.format(**kw) + tail
+
+
+def _filler(rng: random.Random) -> str:
+    words = [coined(rng) for _ in range(rng.randint(2, 6))]
+    return " ".join(words).capitalize() + rng.choice(".!?")
 
 
 @dataclass
