@@ -24,8 +24,10 @@ figures (held-out cases of the flint-nano curriculum, greedy decoding):
                 recall@4096 >= 90% (what flint-nano is trained to)
 --compare REF.json holds this run to a saved one (e.g. the reference
 engine's) on the same cases: it passes when every metric is within noise
-(the two differ by at most two standard errors of their difference) and at
-least 95% of the answers are identical.
+(the two differ by at most two standard errors of their difference), at
+least 95% of the answers are identical, and the log-probabilities of the
+tokens both decoded alike differ by at most 1.5e-4 nats on average (by 0 when
+the same engine, device kind, --batch and --threads made both runs).
 --plant BUG runs with a deliberate bug (window-1, no-sink, rope-on-nope,
 router-bias-bf16) to show the suite catches it.
 Exit status: 0; 1 with --check when a target is missed or the --compare
@@ -117,7 +119,8 @@ def cmd_eval(args) -> int:
     report = evals.run(llm, cases, args.batch, args.progress)
     report.update({"model": str(model), "format": ckpt.format.value, "engine": llm.engine.name,
                    "device": str(device), "plant": args.plant, "n": args.n, "seed": args.seed,
-                   "suites": list(suites), "contexts": list(contexts)})
+                   "suites": list(suites), "contexts": list(contexts), "batch": args.batch,
+                   "threads": args.threads})
     if ref is not None:
         report["compare"] = evals.compare(report, ref)
     if args.json is not None:
@@ -178,6 +181,8 @@ def _print(report: dict) -> None:
               f"{'PASSED' if c['passed'] else 'FAILED'}")
         if c.get("logprob_tokens"):
             print(f"log-probabilities of the {c['logprob_tokens']} tokens both decoded alike: "
-                  f"mean |Δ| {c['logprob_mean_abs_diff']:.2e}, max "
+                  f"mean |Δ| {c['logprob_mean_abs_diff']:.2e} (pass ≤ "
+                  f"{c['logprob_tolerance']:.0e}: "
+                  f"{'within' if c['logprob_within'] else 'OUTSIDE'}), max "
                   f"{c['logprob_max_abs_diff']:.2e} nats")
     sys.stdout.flush()

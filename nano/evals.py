@@ -47,6 +47,15 @@ DEFAULT_CONTEXTS = (1024, 4096, 16384)
 TARGETS = {("tools", "valid"): 0.95, ("tools", "exact"): 0.90, ("arith", "correct"): 0.90,
            ("recall@4096", "correct"): 0.90}
 AGREE_MIN = 0.95  # identical answers an engine must share with the reference run
+# Log-probability parity: the mean |Δ| (nats) of the tokens both runs decoded alike may be at
+# most this. The same engine on the same kind of device with the same batch and threads computes
+# identical logits (a clean CPU rerun: 0), so there any difference is a different function.
+# Across engines and devices the rounding differs. Measured against the H200 reference run
+# (docs/nano.md): the clean graph engine 4.6e-5 (n = 30) and 6.7e-5 (its first 20 cases), BF16
+# and NVFP4 alike; the CPU reference engine 6.9e-5 and 1.0e-4; a dropped sink on the graph
+# engine 2.2e-4. A BF16-rounded router bias (7.2e-5 on the graph engine) is below that noise.
+LOGPROB_TOL_SAME = 0.0
+LOGPROB_TOL_OTHER = 1.5e-4
 PLANTS = ("window-1", "no-sink", "rope-on-nope", "router-bias-bf16")
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
 MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48}
@@ -187,11 +196,22 @@ def summarize(records: list[dict], seconds: float = 0.0) -> dict[str, Any]:
             "seconds": round(seconds, 1)}
 
 
+def same_setup(run_: dict, ref: dict) -> bool:
+    """Whether two reports come from the same engine on the same kind of device with the same
+    batch and CPU threads (so their logits should be bit-identical)."""
+    def key(r):
+        return (r.get("engine"), str(r.get("device", "")).split(":")[0], r.get("batch"),
+                r.get("threads"))
+    return None not in key(run_)[:2] and key(run_) == key(ref)
+
+
 def compare(run_: dict, ref: dict) -> dict[str, Any]:
     """Hold `run_` to the reference run `ref` (same cases): per group and metric the two
     fractions, their difference, the noise bound (2 pooled standard errors) and whether it is
-    within; the share of identical answers; `passed` when every metric is within noise and
-    the share is at least AGREE_MIN."""
+    within; the share of identical answers; the mean |Δ| of the log-probabilities of the tokens
+    both decoded alike and its tolerance (LOGPROB_TOL_SAME for the same setup, else
+    LOGPROB_TOL_OTHER). `passed` when every metric is within noise, the share is at least
+    AGREE_MIN and the mean |Δ| is within its tolerance (when both runs recorded them)."""
     rows = []
     mine = {(c["group"], c["index"]) for c in run_["cases"]}
     ref_groups = summarize([c for c in ref["cases"] if (c["group"], c["index"]) in mine])["groups"]
@@ -216,17 +236,22 @@ def compare(run_: dict, ref: dict) -> dict[str, Any]:
     texts = [a.get("text") == b.get("text") for a, b in pairs if "text" in a and "text" in b]
     agree = round(sum(same) / max(1, len(same)), 4)
     # Where both decoded the same tokens, how far apart the two models' log-probabilities of
-    # those tokens are: a finer view than the answers (reported, not yet a pass criterion).
+    # those tokens are: a finer view than the answers, which a confident model keeps through
+    # a small bug (no plant changed an answer of the checkpoint of 2026-12-01 on the H200).
     deltas = [abs(x - y) for a, b in pairs if a.get("text") == b.get("text")
               for x, y in zip(a.get("logprobs") or [], b.get("logprobs") or [])]
+    mean = sum(deltas) / len(deltas) if deltas else None
+    tol = LOGPROB_TOL_SAME if same_setup(run_, ref) else LOGPROB_TOL_OTHER
+    lp_ok = mean is None or mean <= tol
     within = all(r["within"] for r in rows)
     return {"rows": rows, "within_noise": within, "identical_answers": agree,
             "identical_outputs": round(sum(texts) / len(texts), 4) if texts else None,
             "compared": len(same), "agree_min": AGREE_MIN,
             "logprob_tokens": len(deltas),
-            "logprob_mean_abs_diff": round(sum(deltas) / len(deltas), 6) if deltas else None,
+            "logprob_mean_abs_diff": None if mean is None else round(mean, 7),
             "logprob_max_abs_diff": round(max(deltas), 6) if deltas else None,
-            "passed": within and agree >= AGREE_MIN}
+            "logprob_tolerance": tol, "logprob_within": lp_ok,
+            "passed": within and agree >= AGREE_MIN and lp_ok}
 
 
 # -- planted bugs ----------------------------------------------------------------------------

@@ -181,3 +181,28 @@ def test_compare_reports_logprob_distance_on_identical_outputs():
     assert c["logprob_tokens"] == 2 and c["logprob_max_abs_diff"] == 0.2
     assert abs(c["logprob_mean_abs_diff"] - 0.1) < 1e-9
     assert evals.compare(rep([-0.1], "a"), rep([-0.2], "b"))["logprob_tokens"] == 0
+
+
+def test_compare_logprob_tolerance_depends_on_the_setup():
+    def rep(lp, engine="graph", device="cuda:0", batch=8, threads=None):
+        return {"groups": {"arith": {"n": 1, "correct": 1.0}}, "engine": engine,
+                "device": device, "batch": batch, "threads": threads,
+                "cases": [{"group": "arith", "index": 0, "got": "1", "text": "a",
+                           "logprobs": [-0.5, lp], "correct": True}]}
+    ref = rep(-0.1, engine="reference", device="cuda")
+    # the clean graph engine on the H200: 4.6e-5..6.7e-5 from the reference; a dropped sink 2.2e-4
+    assert evals.compare(rep(-0.1 - 1e-4), ref)["passed"]
+    bad = evals.compare(rep(-0.1 - 5e-4), ref)
+    assert not bad["logprob_within"] and not bad["passed"]
+    assert bad["logprob_tolerance"] == evals.LOGPROB_TOL_OTHER
+    # the same engine, device kind, batch and threads: any difference is a different function
+    again = rep(-0.1, engine="reference", device="cuda:0")
+    assert evals.compare(again, ref)["passed"]
+    shifted = evals.compare(rep(-0.1 - 2e-5, engine="reference", device="cuda:0"), ref)
+    assert shifted["logprob_tolerance"] == 0.0 and not shifted["passed"]
+    other_batch = evals.compare(rep(-0.1 - 2e-5, engine="reference", batch=1), ref)
+    assert other_batch["logprob_tolerance"] == evals.LOGPROB_TOL_OTHER and other_batch["passed"]
+    # reports without log-probabilities are held to answers and metrics only
+    old = {k: v for k, v in ref.items()}
+    old["cases"] = [dict(ref["cases"][0], logprobs=[])]
+    assert evals.compare(rep(-0.3), old)["passed"]
