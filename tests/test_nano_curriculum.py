@@ -117,3 +117,35 @@ def test_direct_answers_are_trained_with_tools_offered_too(tok):
         assert "<tools>" in text or "calculator" in text
         assert "<tool_call>" not in tok.decode([i for i, m in zip(ids, mask) if m],
                                                skip_special=False)
+
+
+def test_coined_words_teach_copying_without_touching_the_held_out_split(tok):
+    import random
+
+    from flint_graph.nano import curriculum
+    from flint_graph.nano.evals import build_cases
+
+    pieces = tok.word_pieces()
+    assert pieces and all(p.isalpha() and p.islower() and len(p) >= 2 for p in pieces)
+    before = [(c.messages, c.expect) for c in build_cases(("tools", "arith"), 6)]
+    curriculum.coin_from(["xq", "zv"])
+    try:
+        rng = random.Random(0)
+        words = [curriculum.coined(rng) for _ in range(400)]
+        assert not set(words) & curriculum.HELDOUT_WORDS
+        assert any(set(w) <= set("xqzv") for w in words)  # pieces are used...
+        assert any(not set(w) <= set("xqzv") for w in words)  # ...and syllables too
+        # training requests name coined cities and tools; the held-out split is unchanged
+        asks = " ".join(tool_use(rng, "train").messages[0]["content"] for _ in range(60))
+        assert "xq" in asks or "zv" in asks or "Xq" in asks or "Zv" in asks
+        assert [(c.messages, c.expect) for c in build_cases(("tools", "arith"), 6)] == before
+    finally:
+        curriculum.coin_from([])
+
+
+def test_training_operands_have_every_length():
+    import random
+
+    rng = random.Random(0)
+    lengths = [len(str(arithmetic(rng, "train").meta["b"])) for _ in range(700)]
+    assert {1, 2, 3, 4} <= set(lengths) and lengths.count(3) > len(lengths) / 4
