@@ -257,6 +257,25 @@ def compare(run_: dict, ref: dict) -> dict[str, Any]:
 # -- planted bugs ----------------------------------------------------------------------------
 
 
+def planted_config(cfg, bug: str):
+    """`cfg` (a FlintConfig) with `bug`'s config change built in (window-1, rope-on-nope), or
+    `cfg` itself for the plants that change weights. tools/build_gpu_cache.py compiles the
+    graph engine's kernels for these configs too."""
+    from flint_graph.config import FlintConfig
+
+    if bug == "window-1":
+        return dataclasses.replace(cfg, sliding_window=cfg.sliding_window - 1)
+    if bug == "rope-on-nope":
+        first_full = next(i for i in range(cfg.num_hidden_layers) if not cfg.uses_rope(i))
+
+        class _RopeEverywhere(FlintConfig):
+            def uses_rope(self, layer: int) -> bool:
+                return layer == first_full or super().uses_rope(layer)
+
+        return _RopeEverywhere(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    return cfg
+
+
 def plant(checkpoint, bug: str):
     """A copy of a LoadedCheckpoint with `bug` (one of PLANTS) built in; raises
     InvalidRequestError for an unknown name.
@@ -266,23 +285,12 @@ def plant(checkpoint, bug: str):
     q/k too. router-bias-bf16: the correction bias rounded to BF16 (it must stay FP32)."""
     import torch
 
-    from flint_graph.config import FlintConfig
     from flint_graph.weights import MoEWeights
 
     if bug not in PLANTS:
         raise InvalidRequestError(f"--plant {bug!r}: expected one of {', '.join(PLANTS)}")
-    cfg, w = checkpoint.cfg, checkpoint.weights
-    if bug == "window-1":
-        cfg = dataclasses.replace(cfg, sliding_window=cfg.sliding_window - 1)
-    elif bug == "rope-on-nope":
-        first_full = next(i for i in range(cfg.num_hidden_layers) if not cfg.uses_rope(i))
-
-        class _RopeEverywhere(FlintConfig):
-            def uses_rope(self, layer: int) -> bool:
-                return layer == first_full or super().uses_rope(layer)
-
-        cfg = _RopeEverywhere(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
-    else:
+    cfg, w = planted_config(checkpoint.cfg, bug), checkpoint.weights
+    if bug in ("no-sink", "router-bias-bf16"):
         w = dataclasses.replace(w, layers=[dataclasses.replace(lw) for lw in w.layers])
         for lw in w.layers:
             if bug == "no-sink":

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Build the kernel cache the H200 runs carry (it has no CuTe DSL and never compiles there,
 ../shared/device.md): every model specialisation of the tiny, nano (flint-nano, issue 11) and
-full configs, every variant a kernel module lists in `bench_specs`, and the test-only kernels,
+full configs, flint-nano with the planted config bugs of `flint-graph eval --plant` (window-1,
+rope-on-nope), every variant a kernel module lists in `bench_specs`, and the test-only kernels,
 for sm_90a, into .kcache/kernels (what tools/gpu_check.sh points FLINT_GRAPH_CACHE at).
 
     python tools/build_gpu_cache.py [--out .kcache/kernels] [--arch sm_90a] [--jobs N]
@@ -19,6 +20,7 @@ from flint_graph.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, registry
 from flint_graph.kernels.build import build_cache, model_specs
 from flint_graph.kernels.spec import BUCKETS, unique_specs
+from flint_graph.nano.evals import planted_config
 
 
 def todo() -> list:
@@ -32,6 +34,9 @@ def todo() -> list:
             specs = kdef.specs(cfg, BUCKETS)
             specs += getattr(module, "bench_specs", lambda c, b: [])(cfg, BUCKETS)
             out += [(kdef, s) for s in unique_specs(specs)]
+        for bug in ("window-1", "rope-on-nope"):  # `eval --plant` on the graph engine
+            out += [(kdef, s) for s in kdef.specs(planted_config(FlintConfig.preset("nano"), bug),
+                                                  BUCKETS)]
     return out + model_specs(None, (), registry(TEST_KERNELS))
 
 

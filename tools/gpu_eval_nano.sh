@@ -37,7 +37,7 @@ for bug in ${PLANTS:-window-1 no-sink rope-on-nope router-bias-bf16}; do
   N=$PN ev "$ck" --engine reference --plant "$bug" --compare "$OUT/eval-ref.json" \
     --json "/tmp/plants/ref-$bug.json"
 done
-for bug in ${GRAPH_PLANTS:-no-sink router-bias-bf16}; do
+for bug in ${GRAPH_PLANTS:-no-sink router-bias-bf16 window-1 rope-on-nope}; do
   echo "== plant $bug (graph engine)" | tee -a "$log"
   N=$PN ev "$ck" --engine graph --plant "$bug" --compare "$OUT/eval-ref.json" \
     --json "/tmp/plants/graph-$bug.json"
