@@ -31,8 +31,10 @@ from flint_graph.live_text import printable, tail_lines
 __all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
 
 COMMANDS = ("/exit", "/quit", "/reset", "/save", "/reasoning", "/help")
-HELP = ("/reset  start a new conversation · /save FILE  save the transcript as JSON · "
+HELP = ('""" starts and ends a message of several lines · '
+        "/reset  start a new conversation · /save FILE  save the transcript as JSON · "
         "/reasoning  show the last reasoning · /exit  quit (or Ctrl-D)")
+FENCE = '"""'  # a message of several lines is fenced by it, as in ollama's terminal chat
 
 
 def save_transcript(path: str | Path, messages: list[dict[str, Any]]) -> Path:
@@ -108,9 +110,14 @@ class ChatSession:
             except KeyboardInterrupt:
                 c.print("\n[dim](/exit or Ctrl-D quits)[/]")
                 continue
+            fenced = line.lstrip().startswith(FENCE)
+            if fenced:
+                line = self._read_fenced(line.lstrip()[len(FENCE):])
+                if line is None:
+                    return 0
             if not line.strip():
                 continue
-            if line.startswith("/"):
+            if line.startswith("/") and not fenced:  # a fenced message is sent as typed
                 if self.command(line.strip()) == "exit":
                     return 0
                 continue
@@ -119,6 +126,22 @@ class ChatSession:
             self.messages.append({"role": "user", "content": line})
             if self.answer() == "exit":
                 return 0
+
+    def _read_fenced(self, first: str) -> str | None:
+        """The lines of a message fenced by FENCE (the opening line's rest is its first line),
+        up to the line that ends with FENCE; None when the input ends first (quit)."""
+        lines = [first]
+        while not lines[-1].rstrip().endswith(FENCE) or len(lines) == 1 and not first.strip():
+            try:
+                lines.append(self.console.input("[bold green]...>[/] "))
+            except EOFError:
+                self.console.print()
+                return None
+            except KeyboardInterrupt:
+                self.console.print("\n[dim](message dropped)[/]")
+                return ""
+        lines[-1] = lines[-1].rstrip()[:-len(FENCE)]
+        return "\n".join(lines).strip("\n")
 
     def command(self, line: str) -> str | None:
         """Run one slash command; returns "exit" for /exit."""

@@ -300,3 +300,34 @@ def test_a_tool_result_gets_an_answer(nano_llm):
     assert s.run() == 0
     assert [m["role"] for m in s.messages] == ["user", "assistant", "tool", "assistant"]
     assert "74.56" in s.messages[-1]["content"]
+
+
+def test_a_fenced_message_of_several_lines_is_one_turn(nano_llm):
+    import random
+
+    from flint_graph.nano.curriculum import recall
+
+    # 40 pairs: with a handful the untrained reply to the list itself derails the answer
+    ep = recall(random.Random(3), "heldout", pairs=40, questions=1)
+    lines = ep.messages[0]["content"].splitlines()
+    s, _ = _session(nano_llm, ['"""' + lines[0], *lines[1:], '"""', ep.messages[2]["content"],
+                               '"""/reset is text here"""', "/exit"], params=GREEDY)
+    assert s.run() == 0
+    users = [m["content"] for m in s.messages if m["role"] == "user"]
+    assert users[0] == ep.messages[0]["content"]  # the list, as one message
+    assert s.messages[3]["content"].strip() == str(ep.meta["answers"][0])
+    assert users[2] == "/reset is text here"  # fenced: sent, not run as a command
+
+
+def test_a_fence_left_open_at_the_end_of_input_quits_without_sending(tiny_llm):
+    s, console = _session(tiny_llm, [])
+    it = iter(['"""', "half a message"])
+
+    def read(prompt=""):
+        try:
+            return next(it)
+        except StopIteration:
+            raise EOFError from None  # Ctrl-D, or the end of piped input
+
+    console.input = read  # type: ignore[method-assign]
+    assert s.run() == 0 and s.messages == []
