@@ -48,10 +48,14 @@ def add_eval_parser(sub, positive_int) -> None:
                        epilog=EVAL_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="BF16 checkpoint directory or NVFP4 .gguf (default: the embedded one)")
+    p.add_argument("--hf-config-path", metavar="DIR",
+                   help="directory with config.json, tokenizer and generation_config.json for "
+                        "a GGUF (default: the GGUF's own directory)")
     p.add_argument("--suite", default="tools,arith,recall", metavar="S,..",
                    help="suites to run (default: %(default)s)")
-    p.add_argument("--n", type=positive_int, default=50, metavar="N",
-                   help="cases per suite and per recall context (default: %(default)s)")
+    p.add_argument("--n", type=_case_count, default=50, metavar="N",
+                   help=f"cases per suite and per recall context, 1 to {MAX_N} "
+                        "(default: %(default)s)")
     p.add_argument("--contexts", type=_recall_contexts, default=(1024, 4096, 16384),
                    metavar="C,..",
                    help="recall contexts in tokens, e.g. 1024,4k (default: 1024,4096,16384)")
@@ -71,6 +75,21 @@ def add_eval_parser(sub, positive_int) -> None:
                    help="exit 1 when a target is missed or the --compare fails")
     p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(command="eval")
+
+
+MAX_N = 10_000  # cases per group; more would take days on the reference engine
+
+
+def _case_count(text: str) -> int:
+    """--n: 1..MAX_N."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_N:
+        raise argparse.ArgumentTypeError(f"expected a case count from 1 to {MAX_N}, found "
+                                         f"{text!r}")
+    return n
 
 
 def _recall_contexts(text: str) -> tuple[int, ...]:
@@ -96,26 +115,44 @@ def cmd_eval(args) -> int:
     suites = evals.parse_suites(args.suite)
     contexts = args.contexts
     ref = _read_report(args.compare) if args.compare else None
-    check_outputs(args, ("--json",), compare_runs=True)
-    cases = evals.build_cases(suites, args.n, args.seed, contexts)
-    if ref is not None and not {c.group for c in cases} & ref["groups"].keys():
-        raise InvalidRequestError(f"--compare {args.compare}: no case in common with this run "
-                                  f"(it has {', '.join(ref['groups']) or 'none'}; use the same "
-                                  "--suite and --contexts)")
+    if ref is not None and ref.get("seed", args.seed) != args.seed:
+        raise InvalidRequestError(f"--compare {args.compare}: made with --seed {ref['seed']}, "
+                                  f"this run has --seed {args.seed}; its cases differ, so pass "
+                                  "the same --seed")
+    if args.json is not None and args.compare is not None and \
+            args.json.resolve() == args.compare.resolve():
+        raise InvalidRequestError(f"--json {args.json}: is the --compare report; write the new "
+                                  "one elsewhere so the reference is kept")
     model = args.model
-    if model is None:
+    if model is None:  # resolved first, so that --json cannot overwrite one of its files
         from flint_graph.make_checkpoint import ensure_default_checkpoint
 
-        model = ensure_default_checkpoint(progress=args.progress)
+        model = args.model = str(ensure_default_checkpoint(progress=args.progress))
     elif not Path(model).exists():
         raise InvalidRequestError(f"{model}: no such checkpoint (expected a BF16 checkpoint "
                                   "directory or an NVFP4 .gguf file)")
+    check_outputs(args, ("--json",), compare_runs=True)
+    cases = evals.build_cases(suites, args.n, args.seed, contexts)
+    common = {(c.group, c.index) for c in cases} & {(c["group"], c["index"])
+                                                     for c in (ref or {}).get("cases", [])}
+    if ref is not None and not common:
+        raise InvalidRequestError(f"--compare {args.compare}: no case in common with this run "
+                                  f"(it has {', '.join(ref['groups']) or 'none'}; use the same "
+                                  "--suite and --contexts)")
     device = pick_device(args.device)
-    ckpt = load_checkpoint(model, None, device, args.progress)
+    ckpt = load_checkpoint(model, args.hf_config_path, device, args.progress)
     if args.plant:
         ckpt = evals.plant(ckpt, args.plant)
     llm = LLM.from_checkpoint(ckpt, device, EngineConfig(engine=args.engine,
                                                          cpu_threads=args.threads))
+    limit = llm.engine.context_limit
+    too_long = [c for c in contexts if "recall" in suites
+                and c + evals.MAX_NEW_TOKENS["recall"] > limit]
+    if too_long:
+        raise InvalidRequestError(
+            f"--contexts {too_long[0]}: a recall prompt of about that many tokens plus its "
+            f"answer does not fit the model's context limit of {limit} tokens; use at most "
+            f"{limit - evals.MAX_NEW_TOKENS['recall']}")
     report = evals.run(llm, cases, args.batch, args.progress)
     report.update({"model": str(model), "format": ckpt.format.value, "engine": llm.engine.name,
                    "device": str(device), "plant": args.plant, "n": args.n, "seed": args.seed,
@@ -134,15 +171,16 @@ def cmd_eval(args) -> int:
 def _read_report(path: Path) -> dict:
     from flint_graph.errors import InvalidRequestError
 
+    from flint_graph.nano.evals import check_report
+
     try:
         rep = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidRequestError(f"--compare {path}: cannot read an eval report ({e})") from None
-    if not isinstance(rep, dict) or not isinstance(rep.get("groups"), dict) or \
-            not isinstance(rep.get("cases"), list):
-        raise InvalidRequestError(f"--compare {path}: not an eval report (expected the JSON "
-                                  "that `flint-graph eval --json` writes)")
-    return rep
+    except RecursionError:
+        raise InvalidRequestError(f"--compare {path}: cannot read an eval report (nested too "
+                                  "deeply)") from None
+    return check_report(rep, f"--compare {path}")
 
 
 def _print(report: dict) -> None:
@@ -175,14 +213,15 @@ def _print(report: dict) -> None:
     Console().print(t)
     if "compare" in report:
         c = report["compare"]
+        agree_ok = c["identical_answers"] >= c["agree_min"]
         print(f"identical answers: {100 * c['identical_answers']:.1f}% of {c['compared']} "
-              f"(pass ≥ {100 * c['agree_min']:.0f}%); metrics "
-              f"{'within noise' if c['within_noise'] else 'OUTSIDE NOISE'}: "
-              f"{'PASSED' if c['passed'] else 'FAILED'}")
+              f"(pass ≥ {100 * c['agree_min']:.0f}%: {'ok' if agree_ok else 'TOO FEW'})")
+        print(f"metrics: {'within noise' if c['within_noise'] else 'OUTSIDE NOISE'}")
         if c.get("logprob_tokens"):
             print(f"log-probabilities of the {c['logprob_tokens']} tokens both decoded alike: "
-                  f"mean |Δ| {c['logprob_mean_abs_diff']:.2e} (pass ≤ "
-                  f"{c['logprob_tolerance']:.0e}: "
+                  f"mean |Δ| {c['logprob_mean_abs_diff']:.3g} nats (pass ≤ "
+                  f"{c['logprob_tolerance']:.3g}: "
                   f"{'within' if c['logprob_within'] else 'OUTSIDE'}), max "
-                  f"{c['logprob_max_abs_diff']:.2e} nats")
+                  f"{c['logprob_max_abs_diff']:.3g}")
+        print(f"compare: {'PASSED' if c['passed'] else 'FAILED'}")
     sys.stdout.flush()

@@ -58,6 +58,8 @@ LOGPROB_TOL_SAME = 0.0
 LOGPROB_TOL_OTHER = 1.5e-4
 PLANTS = ("window-1", "no-sink", "rope-on-nope", "router-bias-bf16")
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
+MAX_RECALL_PAIRS = 9000  # distinct keys K1000..K9999
+METRICS = ("valid", "exact", "correct")
 MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48}
 
 
@@ -88,6 +90,11 @@ def parse_suites(text: str) -> tuple[str, ...]:
     return names
 
 
+def max_recall_context() -> int:
+    """The largest recall context (tokens) the key space allows."""
+    return MAX_RECALL_PAIRS * TOKENS_PER_PAIR + 64
+
+
 def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
                 contexts: tuple[int, ...] = DEFAULT_CONTEXTS) -> list[Case]:
     """`n` held-out cases per suite (per context for recall), reproducible from `seed`."""
@@ -111,6 +118,10 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
                 else:
                     ctx = int(group.split("@")[1])
                     pairs = max(4, (ctx - 64) // TOKENS_PER_PAIR)
+                    if pairs > MAX_RECALL_PAIRS:
+                        raise InvalidRequestError(
+                            f"--contexts {ctx}: a recall list holds at most {MAX_RECALL_PAIRS} "
+                            f"keys (K1000..K9999), about {max_recall_context()} tokens")
                     ep = recall(rng, "heldout", pairs, 1)
                     cases.append(Case(group, i, ep.messages[:3], None,
                                       str(ep.meta["answers"][0])))
@@ -198,10 +209,11 @@ def summarize(records: list[dict], seconds: float = 0.0) -> dict[str, Any]:
 
 def same_setup(run_: dict, ref: dict) -> bool:
     """Whether two reports come from the same engine on the same kind of device with the same
-    batch and CPU threads (so their logits should be bit-identical)."""
+    batch, CPU threads and case list (suites, n, contexts, seed: they decide which requests
+    share a batch), so their logits should be bit-identical."""
     def key(r):
         return (r.get("engine"), str(r.get("device", "")).split(":")[0], r.get("batch"),
-                r.get("threads"))
+                r.get("threads"), r.get("suites"), r.get("n"), r.get("contexts"), r.get("seed"))
     return None not in key(run_)[:2] and key(run_) == key(ref)
 
 
@@ -248,10 +260,68 @@ def compare(run_: dict, ref: dict) -> dict[str, Any]:
             "identical_outputs": round(sum(texts) / len(texts), 4) if texts else None,
             "compared": len(same), "agree_min": AGREE_MIN,
             "logprob_tokens": len(deltas),
-            "logprob_mean_abs_diff": None if mean is None else round(mean, 7),
+            "logprob_mean_abs_diff": mean,
             "logprob_max_abs_diff": round(max(deltas), 6) if deltas else None,
             "logprob_tolerance": tol, "logprob_within": lp_ok,
             "passed": within and agree >= AGREE_MIN and lp_ok}
+
+
+def check_report(rep: Any, name: str) -> dict:
+    """`rep` if it is an eval report as `flint-graph eval --json` writes it, checked field by
+    field before any work (a bad field would otherwise fail after the whole run); raises
+    InvalidRequestError naming `name` and the first bad field. Reports older than a field
+    (no "logprobs", "text", "seed") are accepted."""
+    def bad(field: str, expected: str, found: Any = None, missing: bool = False):
+        what = "nothing" if missing else _short(found)
+        raise InvalidRequestError(f"{name}: {field}: expected {expected}, found {what}")
+
+    if not isinstance(rep, dict):
+        bad("the file", "a JSON object (the report `flint-graph eval --json` writes)", rep)
+    groups, cases = rep.get("groups"), rep.get("cases")
+    if not isinstance(groups, dict):
+        bad("groups", "an object of per-group scores", groups, "groups" not in rep)
+    for g, v in groups.items():
+        if not isinstance(v, dict) or type(v.get("n")) is not int or v["n"] < 1:
+            bad(f"groups.{g}", 'an object with a case count "n" ≥ 1', v)
+        for m in METRICS:
+            if m in v and not (type(v[m]) in (int, float) and 0 <= v[m] <= 1):
+                bad(f"groups.{g}.{m}", "a fraction from 0 to 1", v[m])
+    if not isinstance(cases, list) or not cases:
+        bad("cases", "a non-empty list of scored cases", cases, "cases" not in rep)
+    for i, c in enumerate(cases):
+        f = f"cases[{i}]"
+        if not isinstance(c, dict):
+            bad(f, "an object", c)
+        if not isinstance(c.get("group"), str):
+            bad(f"{f}.group", "a group name", c.get("group"), "group" not in c)
+        if type(c.get("index")) is not int or c["index"] < 0:
+            bad(f"{f}.index", "a case number ≥ 0", c.get("index"), "index" not in c)
+        if "got" not in c:
+            bad(f"{f}.got", "the answer", missing=True)
+        scored = [m for m in METRICS if m in c]
+        if not scored or scored == ["valid"] or scored == ["exact"]:
+            bad(f, 'a score ("valid" and "exact", or "correct")', sorted(c))
+        for m in scored:
+            if type(c[m]) is not bool:
+                bad(f"{f}.{m}", "true or false", c[m])
+        if c.get("text") is not None and not isinstance(c["text"], str):
+            bad(f"{f}.text", "the output text", c["text"])
+        lps = c.get("logprobs")
+        if lps is not None and not isinstance(lps, list):
+            bad(f"{f}.logprobs", "a list of log-probabilities", lps)
+        for j, x in enumerate(lps or []):
+            # comparisons, not float(): a 400-digit integer would overflow; NaN fails them
+            if type(x) not in (int, float) or not -1e4 <= x <= 1e-3:
+                bad(f"{f}.logprobs[{j}]", "a finite log-probability (nats, ≤ 0)", x)
+    for k in ("n", "seed"):
+        if k in rep and type(rep[k]) is not int:
+            bad(k, "an integer", rep[k])
+    return rep
+
+
+def _short(x: Any) -> str:
+    text = json.dumps(x) if isinstance(x, (dict, list, str)) or x is None else repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # -- planted bugs ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 
 from flint_graph.checkpoint import LoadedCheckpoint, WeightFormat
 from flint_graph.config import FlintConfig
+from flint_graph.errors import InvalidRequestError
 from flint_graph.nano import evals
 from flint_graph.nano.curriculum import TOOLS, in_split
 from flint_graph.synthetic import make_weights
@@ -141,6 +142,8 @@ def _cli(*args):
     (["--json", __file__ + "/out.json"], "is a file, not a directory"),
     (["--plant", "typo"], "--plant"),
     (["--n", "0"], "--n"),
+    (["--n", "100000000"], "--n"),  # used to hang building the cases
+    (["--suite", "recall", "--contexts", "200000"], "at most 9000 keys"),
 ])
 def test_cli_bad_input_is_one_line(args, needle):
     out = _cli(*args, "--quiet")
@@ -153,12 +156,14 @@ def test_cli_compare_refuses_a_non_report(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"groups": 3}))
     out = _cli("--compare", str(bad), "--quiet")
-    assert out.returncode == 2 and "not an eval report" in out.stderr
+    assert out.returncode == 2 and "groups: expected an object" in out.stderr
 
 
 def test_cli_compare_needs_cases_in_common(tmp_path):
     other = tmp_path / "r.json"
-    other.write_text(json.dumps({"groups": {"recall@999": {"n": 1}}, "cases": []}))
+    other.write_text(json.dumps({"groups": {"recall@999": {"n": 1, "correct": 1.0}},
+                                 "cases": [{"group": "recall@999", "index": 0, "got": "1",
+                                            "correct": True}]}))
     out = _cli("--compare", str(other), "--suite", "arith", "--quiet", "--device", "cpu")
     assert out.returncode == 2 and "no case in common" in out.stderr
 
@@ -206,3 +211,84 @@ def test_compare_logprob_tolerance_depends_on_the_setup():
     old = {k: v for k, v in ref.items()}
     old["cases"] = [dict(ref["cases"][0], logprobs=[])]
     assert evals.compare(rep(-0.3), old)["passed"]
+
+
+def _good_report():
+    return {"groups": {"arith": {"n": 1, "correct": 1.0}}, "seed": 0, "n": 1,
+            "cases": [{"group": "arith", "index": 0, "got": "1", "text": "a</think>1",
+                       "logprobs": [-0.1, 0.0], "correct": True}]}
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda r: r["cases"][0].update(logprobs=["x"]), "cases[0].logprobs[0]"),
+    (lambda r: r["cases"][0].update(logprobs=[None]), "cases[0].logprobs[0]"),
+    (lambda r: r["cases"][0].update(logprobs=[float("nan")]), "cases[0].logprobs[0]"),
+    (lambda r: r["cases"][0].update(logprobs=[float("-inf")]), "cases[0].logprobs[0]"),
+    (lambda r: r["cases"][0].update(logprobs=[-10 ** 400]), "cases[0].logprobs[0]"),
+    (lambda r: r["cases"][0].update(logprobs=5), "cases[0].logprobs"),
+    (lambda r: r["cases"][0].update(logprobs={"a": 1}), "cases[0].logprobs"),
+    (lambda r: r["cases"][0].pop("group"), "cases[0].group"),
+    (lambda r: r["cases"][0].update(group=["arith"]), "cases[0].group"),
+    (lambda r: r["cases"][0].pop("index"), "cases[0].index"),
+    (lambda r: r["cases"][0].pop("got"), "cases[0].got"),
+    (lambda r: r["cases"][0].pop("correct"), "cases[0]: expected a score"),
+    (lambda r: r["cases"][0].update(correct="yes"), "cases[0].correct"),
+    (lambda r: r["cases"][0].update(correct=None), "cases[0].correct"),
+    (lambda r: r["cases"][0].update(text=3), "cases[0].text"),
+    (lambda r: r.update(cases=[1, 2]), "cases[0]: expected an object"),
+    (lambda r: r.update(cases=[]), "cases: expected a non-empty list"),
+    (lambda r: r.pop("cases"), "cases: expected a non-empty list of scored cases, found nothing"),
+    (lambda r: r["groups"].update(arith={"n": 0}), "groups.arith"),
+    (lambda r: r["groups"]["arith"].update(correct=2), "groups.arith.correct"),
+    (lambda r: r.update(seed="0"), "seed"),
+])
+def test_reports_are_checked_field_by_field_before_any_work(change, field):
+    rep = _good_report()
+    assert evals.check_report(rep, "R") is rep
+    change(rep)
+    with pytest.raises(InvalidRequestError, match=re.escape(f"R: {field}")):
+        evals.check_report(rep, "R")
+
+
+def test_old_reports_without_logprobs_or_text_are_accepted():
+    rep = _good_report()
+    rep["cases"][0].pop("logprobs")
+    rep["cases"][0].pop("text")
+    rep.pop("seed")
+    assert evals.check_report(rep, "R") is rep
+
+
+def test_cli_compare_refuses_bad_reports_and_keeps_the_reference(tmp_path):
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps(_good_report()))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200000 + "]" * 200000)
+    for args, needle in (
+            (["--compare", str(deep)], "nested too deeply"),
+            (["--compare", str(ref), "--json", str(ref)], "is the --compare report"),
+            (["--compare", str(ref), "--seed", "7"], "made with --seed 0"),
+    ):
+        out = _cli(*args, "--suite", "arith", "--quiet", "--device", "cpu")
+        assert out.returncode == 2 and needle in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    assert json.loads(ref.read_text()) == _good_report()
+
+
+def test_cli_contexts_beyond_the_model_limit_fail_before_decoding():
+    out = _cli("--suite", "recall", "--n", "1", "--contexts", "40000", "--quiet", "--device",
+               "cpu")
+    assert out.returncode == 2 and "--contexts 40000" in out.stderr
+    assert "context limit of 32768" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_zero_tolerance_needs_the_same_case_list():
+    def rep(n, lp):
+        r = _good_report()
+        r.update(engine="reference", device="cpu", batch=8, threads=None, suites=["arith"],
+                 contexts=[1024], n=n)
+        r["cases"][0]["logprobs"] = [lp]
+        return r
+    assert evals.compare(rep(3, -0.1), rep(3, -0.1))["logprob_tolerance"] == 0.0
+    # another --n batches the requests differently: the cross-setup tolerance applies
+    other = evals.compare(rep(5, -0.1 - 1e-7), rep(3, -0.1))
+    assert other["logprob_tolerance"] == evals.LOGPROB_TOL_OTHER and other["passed"]
