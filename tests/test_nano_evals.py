@@ -292,3 +292,14 @@ def test_zero_tolerance_needs_the_same_case_list():
     # another --n batches the requests differently: the cross-setup tolerance applies
     other = evals.compare(rep(5, -0.1 - 1e-7), rep(3, -0.1))
     assert other["logprob_tolerance"] == evals.LOGPROB_TOL_OTHER and other["passed"]
+
+
+def test_cli_json_cannot_overwrite_the_embedded_checkpoint():
+    from flint_graph.make_checkpoint import ensure_default_checkpoint
+
+    config = ensure_default_checkpoint(progress=False) / "config.json"
+    before = config.read_bytes()
+    out = _cli("--json", str(config), "--suite", "arith", "--n", "1", "--quiet", "--device",
+               "cpu")
+    assert out.returncode == 2 and "would overwrite a file of the checkpoint" in out.stderr
+    assert config.read_bytes() == before
