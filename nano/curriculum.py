@@ -112,7 +112,7 @@ def _filler(rng: random.Random) -> str:
 @dataclass
 class Episode:
     """One conversation: OpenAI messages (assistant turns carry reasoning_content), the tools
-    offered, and what it tests ("tool", "arith", "string", "recall")."""
+    offered, and what it tests ("tool", "arith", "string", "recall", "remember")."""
 
     kind: str
     messages: list[dict]
@@ -356,16 +356,35 @@ def tool_use(rng: random.Random, split: str) -> Episode:
     return Episode("tool", msgs, tools, meta={"call": call})
 
 
+READY = "Ready."  # the reply to a list of values
+
+
+def _key_values(rng: random.Random, pairs: int) -> tuple[list[int], list[int], dict]:
+    """(keys, values, the user message listing them as "K1234 = 5678" lines)."""
+    keys = rng.sample(range(1000, 10000), pairs)
+    vals = [rng.randint(1000, 9999) for _ in keys]
+    doc = "\n".join(f"K{k} = {v}" for k, v in zip(keys, vals))
+    return keys, vals, {"role": "user", "content": "Remember these values.\n" + doc}
+
+
+def remember(rng: random.Random, split: str) -> Episode:
+    """A list of 2-40 key = value lines answered with READY after a short reasoning: what a
+    recall episode shows as its (untrained) context turn, trained here on its own, so that in
+    a chat the reply to a pasted list is READY and the question after it sees what training
+    showed (in one sequence with the questions it could not be: chat drops an older turn's
+    reasoning, training keeps it)."""
+    pairs = rng.randint(2, 40)
+    _, _, listing = _key_values(rng, pairs)
+    return Episode("remember", [listing, _say(f"A list of {pairs} values to keep.", READY)])
+
+
 def recall(rng: random.Random, split: str, pairs: int, questions: int,
            far_fraction: float = 0.5) -> Episode:
     """A user message listing `pairs` key = value lines, then `questions` turns each asking one
     key from the first `far_fraction` of the list (far behind the question: with enough pairs,
     beyond the sliding window, so only the full-attention layers can answer)."""
-    keys = rng.sample(range(1000, 10000), pairs)
-    vals = [rng.randint(1000, 9999) for _ in keys]
-    doc = "\n".join(f"K{k} = {v}" for k, v in zip(keys, vals))
-    msgs: list[dict] = [{"role": "user", "content": "Remember these values.\n" + doc},
-                        _say("", "Ready.")]  # context, as chat shows an old turn
+    keys, vals, listing = _key_values(rng, pairs)
+    msgs: list[dict] = [listing, _say("", READY)]  # context, as chat shows an old turn
     far = max(1, int(pairs * far_fraction))
     asked = rng.sample(range(far), min(questions, far))  # a short list gets fewer questions
     for i in asked:
@@ -392,6 +411,7 @@ def episodes(seed: int, n: int, split: str = "train", recall_pairs: int = 400,
         ep = (arithmetic(rng, split) if kind == "arith" else
               string_task(rng, split) if kind == "string" else
               tool_use(rng, split) if kind == "tool" else
+              remember(rng, split) if kind == "remember" else
               recall(rng, split, recall_pairs, recall_questions))
         if kind in ("arith", "string") and rng.random() < 0.5:
             ep.tools = offered_tools(rng, split)

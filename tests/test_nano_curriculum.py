@@ -149,3 +149,25 @@ def test_training_operands_have_every_length():
     rng = random.Random(0)
     lengths = [len(str(arithmetic(rng, "train").meta["b"])) for _ in range(700)]
     assert {1, 2, 3, 4} <= set(lengths) and lengths.count(3) > len(lengths) / 4
+
+
+def test_a_list_is_answered_ready_as_the_recall_episodes_show_it(tok):
+    import random
+
+    from flint_graph.chat_template import render_chat
+    from flint_graph.nano.curriculum import READY, remember
+
+    ep = remember(random.Random(9), "train")
+    ids, mask = supervised(ep, tok)
+    trained = tok.decode([i for i, m in zip(ids, mask) if m], skip_special=False)
+    assert ep.messages[1]["reasoning_content"] in trained and READY in trained
+    assert "K" not in trained  # the list itself is the prompt, not trained
+    # In a chat the model's reply (reasoning and all) becomes an older turn; the next question
+    # must then see exactly what the recall episodes train on after their context turn.
+    q = {"role": "user", "content": "What was K1234?"}
+    chat = render_chat(tok.chat_template, [*ep.messages, q])
+    trained_view = render_chat(tok.chat_template,
+                               [ep.messages[0], {"role": "assistant", "content": READY,
+                                                 "reasoning_content": ""}, q],
+                               clear_thinking=False)
+    assert chat == trained_view
