@@ -36,7 +36,7 @@ fails; 2 for bad input."""
 
 def add_eval_parser(sub, positive_int) -> None:
     """`flint-graph eval`."""
-    from flint_graph.nano.evals import PLANTS
+    from flint_graph.nano.plants import PLANTS
     from flint_graph.perf.cli import _path
 
     p = sub.add_parser("eval", help="accuracy suite: tool calls, arithmetic, long-context "
@@ -110,6 +110,7 @@ def cmd_eval(args) -> int:
     from flint_graph.engine_config import EngineConfig, pick_device
     from flint_graph.errors import InvalidRequestError
     from flint_graph.nano import evals
+    from flint_graph.nano.plants import plant
     from flint_graph.perf.cli import check_outputs
 
     suites = evals.parse_suites(args.suite)
@@ -142,7 +143,7 @@ def cmd_eval(args) -> int:
     device = pick_device(args.device)
     ckpt = load_checkpoint(model, args.hf_config_path, device, args.progress)
     if args.plant:
-        ckpt = evals.plant(ckpt, args.plant)
+        ckpt = plant(ckpt, args.plant)
     llm = LLM.from_checkpoint(ckpt, device, EngineConfig(engine=args.engine,
                                                          cpu_threads=args.threads))
     limit = llm.engine.context_limit

@@ -24,13 +24,11 @@ a subtle bug (a dropped sink moved no metric beyond noise at n = 20 on the H200)
 engine computing the same function differs only where two tokens nearly tie: the graph
 engine gave identical answers on 99.3% of 150 cases there, the dropped sink on 88%.
 
-`plant` applies a deliberate bug to a loaded checkpoint (config or weights, so it reaches every
-engine that reads them): the suite must catch each one.
+The planted bugs the suite must catch are in nano/plants.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -56,7 +54,6 @@ AGREE_MIN = 0.95  # identical answers an engine must share with the reference ru
 # engine 2.2e-4. A BF16-rounded router bias (7.2e-5 on the graph engine) is below that noise.
 LOGPROB_TOL_SAME = 0.0
 LOGPROB_TOL_OTHER = 1.5e-4
-PLANTS = ("window-1", "no-sink", "rope-on-nope", "router-bias-bf16")
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
 MAX_RECALL_PAIRS = 9000  # distinct keys K1000..K9999
 METRICS = ("valid", "exact", "correct")
@@ -322,50 +319,3 @@ def check_report(rep: Any, name: str) -> dict:
 def _short(x: Any) -> str:
     text = json.dumps(x) if isinstance(x, (dict, list, str)) or x is None else repr(x)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-# -- planted bugs ----------------------------------------------------------------------------
-
-
-def planted_config(cfg, bug: str):
-    """`cfg` (a FlintConfig) with `bug`'s config change built in (window-1, rope-on-nope), or
-    `cfg` itself for the plants that change weights. tools/build_gpu_cache.py compiles the
-    graph engine's kernels for these configs too."""
-    from flint_graph.config import FlintConfig
-
-    if bug == "window-1":
-        return dataclasses.replace(cfg, sliding_window=cfg.sliding_window - 1)
-    if bug == "rope-on-nope":
-        first_full = next(i for i in range(cfg.num_hidden_layers) if not cfg.uses_rope(i))
-
-        class _RopeEverywhere(FlintConfig):
-            def uses_rope(self, layer: int) -> bool:
-                return layer == first_full or super().uses_rope(layer)
-
-        return _RopeEverywhere(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
-    return cfg
-
-
-def plant(checkpoint, bug: str):
-    """A copy of a LoadedCheckpoint with `bug` (one of PLANTS) built in; raises
-    InvalidRequestError for an unknown name.
-
-    window-1: the sliding window one token short. no-sink: every sink logit −10⁴ (its
-    exp vanishes: as if dropped). rope-on-nope: the first full-attention layer rotates its
-    q/k too. router-bias-bf16: the correction bias rounded to BF16 (it must stay FP32)."""
-    import torch
-
-    from flint_graph.weights import MoEWeights
-
-    if bug not in PLANTS:
-        raise InvalidRequestError(f"--plant {bug!r}: expected one of {', '.join(PLANTS)}")
-    cfg, w = planted_config(checkpoint.cfg, bug), checkpoint.weights
-    if bug in ("no-sink", "router-bias-bf16"):
-        w = dataclasses.replace(w, layers=[dataclasses.replace(lw) for lw in w.layers])
-        for lw in w.layers:
-            if bug == "no-sink":
-                lw.sinks = torch.full_like(lw.sinks, -1e4)
-            elif isinstance(lw.ffn, MoEWeights):
-                lw.ffn = dataclasses.replace(
-                    lw.ffn, router_bias=lw.ffn.router_bias.bfloat16().to(lw.ffn.router_bias.dtype))
-    return dataclasses.replace(checkpoint, cfg=cfg, weights=w)

@@ -18,6 +18,7 @@ from flint_graph.checkpoint import LoadedCheckpoint, WeightFormat
 from flint_graph.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
 from flint_graph.nano import evals
+from flint_graph.nano.plants import plant
 from flint_graph.nano.curriculum import TOOLS, in_split
 from flint_graph.synthetic import make_weights
 
@@ -110,23 +111,23 @@ def nano_checkpoint(tmp_path_factory):
 
 def test_plants(nano_checkpoint):
     ck = nano_checkpoint
-    win = evals.plant(ck, "window-1")
+    win = plant(ck, "window-1")
     assert win.cfg.sliding_window == ck.cfg.sliding_window - 1
-    rope = evals.plant(ck, "rope-on-nope")
+    rope = plant(ck, "rope-on-nope")
     full = [i for i in range(ck.cfg.num_hidden_layers) if not ck.cfg.uses_rope(i)]
     assert rope.cfg.uses_rope(full[0]) and not rope.cfg.uses_rope(full[1])
     assert all(rope.cfg.uses_rope(i) for i in range(ck.cfg.num_hidden_layers) if i not in full)
-    sink = evals.plant(ck, "no-sink")
+    sink = plant(ck, "no-sink")
     assert all((lw.sinks <= -1e4).all() for lw in sink.weights.layers)
     assert all(lw.sinks.max() > -1e3 for lw in ck.weights.layers)  # the original is untouched
-    bias = evals.plant(ck, "router-bias-bf16")
+    bias = plant(ck, "router-bias-bf16")
     moe = [(a.ffn.router_bias, b.ffn.router_bias) for i, (a, b) in
            enumerate(zip(ck.weights.layers, bias.weights.layers)) if ck.cfg.is_moe(i)]
     assert moe and all(b.dtype == torch.float32 for _, b in moe)
     assert all(torch.equal(b, a.bfloat16().float()) for a, b in moe)
     assert any(not torch.equal(a, b) for a, b in moe)
     with pytest.raises(Exception, match="--plant"):
-        evals.plant(ck, "nope")
+        plant(ck, "nope")
 
 
 def _cli(*args):

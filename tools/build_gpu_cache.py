@@ -20,7 +20,7 @@ from flint_graph.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, registry
 from flint_graph.kernels.build import build_cache, model_specs
 from flint_graph.kernels.spec import BUCKETS, unique_specs
-from flint_graph.nano.evals import planted_config
+from flint_graph.nano.plants import planted_config
 
 
 def todo() -> list:
