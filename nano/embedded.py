@@ -34,8 +34,13 @@ def is_packaged() -> bool:
     return all((d / f).is_file() for f in (GGUF_NAME, *SIDE_FILES))
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _digest(src: Path) -> str:
+    """SHA-256 over the packaged files (GGUF and side files), so that a changed side file
+    (e.g. the sampling defaults) also unpacks afresh."""
+    h = hashlib.sha256()
+    for name in (GGUF_NAME, *SIDE_FILES):
+        h.update(name.encode() + b"\0" + hashlib.sha256((src / name).read_bytes()).digest())
+    return h.hexdigest()
 
 
 def ensure_nano_checkpoint(progress: bool = True) -> Path:
@@ -48,7 +53,7 @@ def ensure_nano_checkpoint(progress: bool = True) -> Path:
     if not is_packaged():
         raise CheckpointError(f"{src}: flint-nano's files are missing from this install "
                               f"(expected {GGUF_NAME} and {', '.join(SIDE_FILES)})")
-    digest = _digest(src / GGUF_NAME)
+    digest = _digest(src)
     out = cache_root() / f"flint-nano-{digest[:12]}"
     if _complete(out, digest):
         return out
@@ -65,7 +70,7 @@ def ensure_nano_checkpoint(progress: bool = True) -> Path:
 def _complete(out: Path, digest: str) -> bool:
     try:
         m = json.loads((out / MARKER).read_text())
-        return m["gguf_sha256"] == digest and all(
+        return m["package_sha256"] == digest and all(
             (out / name).stat().st_size == size for name, size in m["files"].items())
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -83,6 +88,6 @@ def _build(src: Path, out: Path, digest: str, progress: bool) -> None:
     ck = load_checkpoint(tmp / GGUF_NAME, tmp, "cpu", progress)
     write_safetensors(tmp, ck.cfg, ck.weights, progress=progress)
     files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-    (tmp / MARKER).write_text(json.dumps({"gguf_sha256": digest, "files": files}, indent=1))
+    (tmp / MARKER).write_text(json.dumps({"package_sha256": digest, "files": files}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

@@ -52,10 +52,16 @@ RECALL_MIX = (("recall", 1),)
 
 def side_files(cfg: FlintConfig, d: Path) -> FlintTokenizer:
     """config.json, flint-nano's tokenizer (trained on the curriculum, digits split) and
-    generation_config in `d`, written once."""
+    generation_config in `d`, written once. flint-nano decodes greedily by default
+    (temperature 0): it is evaluated that way, and at temperature 1 a model this small
+    wanders (a new user's calculator calls miscopied their expressions)."""
     if not (d / "tokenizer.json").is_file():
         d.mkdir(parents=True, exist_ok=True)
         write_side_files(cfg, d, seed=0, corpus=tokenizer_corpus(), split_digits=True)
+    gen = json.loads((d / "generation_config.json").read_text())
+    if gen.get("temperature") != 0.0 or gen.get("do_sample") is not False:
+        gen.update(do_sample=False, temperature=0.0)
+        (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     return FlintTokenizer.from_dir(d)
 
 
