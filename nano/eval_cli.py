@@ -27,7 +27,7 @@ engine's) on the same cases: it passes when every metric is within noise
 (the two differ by at most two standard errors of their difference), at
 least 95% of the answers are identical, and the log-probabilities of the
 tokens both decoded alike differ by at most 1.5e-4 nats on average (by 0 when
-the same engine, device kind, --batch and --threads made both runs).
+the same engine, device kind, --batch, --threads and cases made both runs).
 --plant BUG runs with a deliberate bug (window-1, no-sink, rope-on-nope,
 router-bias-bf16) to show the suite catches it.
 Exit status: 0; 1 with --check when a target is missed or the --compare
@@ -171,7 +171,6 @@ def cmd_eval(args) -> int:
 
 def _read_report(path: Path) -> dict:
     from flint_graph.errors import InvalidRequestError
-
     from flint_graph.nano.evals import check_report
 
     try:
