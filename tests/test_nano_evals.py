@@ -304,3 +304,23 @@ def test_cli_json_cannot_overwrite_the_embedded_checkpoint():
                "cpu")
     assert out.returncode == 2 and "would overwrite a file of the checkpoint" in out.stderr
     assert config.read_bytes() == before
+
+
+def test_the_gpu_kernel_cache_covers_every_planted_config():
+    # `eval --plant BUG --engine graph` needs the planted config's kernels on a machine that
+    # cannot compile: tools/build_gpu_cache.py must list every one of them.
+    import importlib.util
+    from pathlib import Path
+
+    from flint_graph.kernels.build import model_specs
+    from flint_graph.nano.plants import PLANTS, planted_config
+
+    path = Path(__file__).parent.parent / "tools" / "build_gpu_cache.py"
+    spec = importlib.util.spec_from_file_location("build_gpu_cache", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    listed = {(k.name, s.key) for k, s in module.todo()}
+    for bug in PLANTS:
+        need = {(k.name, s.key) for k, s in model_specs(planted_config(FlintConfig.preset("nano"),
+                                                                       bug))}
+        assert need <= listed, (bug, sorted(need - listed)[:3])
