@@ -120,10 +120,6 @@ def cmd_eval(args) -> int:
         raise InvalidRequestError(f"--compare {args.compare}: made with --seed {ref['seed']}, "
                                   f"this run has --seed {args.seed}; its cases differ, so pass "
                                   "the same --seed")
-    if args.json is not None and args.compare is not None and \
-            args.json.resolve() == args.compare.resolve():
-        raise InvalidRequestError(f"--json {args.json}: is the --compare report; write the new "
-                                  "one elsewhere so the reference is kept")
     model = args.model
     if model is None:  # resolved first, so that --json cannot overwrite one of its files
         from flint_graph.make_checkpoint import ensure_default_checkpoint

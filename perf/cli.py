@@ -206,10 +206,10 @@ def _options(args, command: str):
 
 def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False) -> None:
     """Before any work: each output flag names a writable file, no two name the same one, and
-    none overwrites a file of the checkpoint being measured (MODEL, or its directory's files).
-    Unless `compare_runs` (eval: --compare holds a new run to a saved one), also refuses output
-    flags beside --compare, which then writes nothing. Raises InvalidRequestError naming the
-    flag."""
+    none overwrites a file of the checkpoint being measured (MODEL, or its directory's files)
+    or the --compare report. Unless `compare_runs` (eval: --compare holds a new run to a saved
+    one), also refuses output flags beside --compare, which then writes nothing. Raises
+    InvalidRequestError naming the flag."""
     from flint_graph.errors import InvalidRequestError
 
     given = {f: getattr(args, f.lstrip("-").replace("-", "_")) for f in flags}
@@ -230,6 +230,9 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False) -> N
         seen[full] = flag
         if full.is_dir():
             raise InvalidRequestError(f"{flag} {path}: is a directory; expected a file name")
+        if args.compare and full == Path(args.compare).resolve():
+            raise InvalidRequestError(f"{flag} {path}: is the --compare report; write the new "
+                                      "one elsewhere so the reference is kept")
         if model and (full == model or (full.exists() and full.parent == inside)):
             raise InvalidRequestError(f"{flag} {path}: would overwrite a file of the checkpoint "
                                       f"{args.model}; write it elsewhere")
