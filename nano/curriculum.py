@@ -112,7 +112,8 @@ def _filler(rng: random.Random) -> str:
 @dataclass
 class Episode:
     """One conversation: OpenAI messages (assistant turns carry reasoning_content), the tools
-    offered, and what it tests ("tool", "arith", "string", "recall", "remember")."""
+    offered, and what it tests ("tool", "arith", "string", "recall", "remember"; a chain is
+    its second request's kind)."""
 
     kind: str
     messages: list[dict]
@@ -408,15 +409,41 @@ def episodes(seed: int, n: int, split: str = "train", recall_pairs: int = 400,
     out = []
     for _ in range(n):
         kind = rng.choices(kinds, weights)[0]
-        ep = (arithmetic(rng, split) if kind == "arith" else
-              string_task(rng, split) if kind == "string" else
-              tool_use(rng, split) if kind == "tool" else
-              remember(rng, split) if kind == "remember" else
-              recall(rng, split, recall_pairs, recall_questions))
-        if kind in ("arith", "string") and rng.random() < 0.5:
-            ep.tools = offered_tools(rng, split)
-        out.append(ep)
+        out.append(chain(rng, split) if kind == "chain" else
+                   _draw(rng, split, kind, recall_pairs, recall_questions))
     return out
+
+
+def _draw(rng: random.Random, split: str, kind: str, recall_pairs: int = 400,
+          recall_questions: int = 16) -> Episode:
+    ep = (arithmetic(rng, split) if kind == "arith" else
+          string_task(rng, split) if kind == "string" else
+          tool_use(rng, split) if kind == "tool" else
+          remember(rng, split) if kind == "remember" else
+          recall(rng, split, recall_pairs, recall_questions))
+    if kind in ("arith", "string") and rng.random() < 0.5:
+        ep.tools = offered_tools(rng, split)
+    return ep
+
+
+def chain(rng: random.Random, split: str) -> Episode:
+    """Two requests in one conversation (tool use, arithmetic or a string task each). The
+    first is context, shown as a chat shows an older turn (reasoning dropped, not trained);
+    the second is trained. Without these, a second request in a chat got the first one's
+    answer again. The tools offered are both requests' (the second alone if their generated
+    tools clash by name)."""
+    first, second = (_draw(rng, split, rng.choice(("tool", "arith", "arith", "string")))
+                     for _ in range(2))
+    history = [dict(m, reasoning_content="") if m["role"] == "assistant" else m
+               for m in first.messages]
+    tools = second.tools
+    if first.tools:
+        mine = {t["function"]["name"]: t for t in first.tools}
+        theirs = {t["function"]["name"]: t for t in second.tools or []}
+        if any(mine[k] != theirs[k] for k in mine.keys() & theirs.keys()):
+            return second
+        tools = first.tools + [t for k, t in theirs.items() if k not in mine]
+    return Episode(second.kind, history + second.messages, tools, meta=second.meta)
 
 
 def offered_tools(rng: random.Random, split: str) -> list[dict]:

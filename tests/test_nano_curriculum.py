@@ -171,3 +171,37 @@ def test_a_list_is_answered_ready_as_the_recall_episodes_show_it(tok):
                                                  "reasoning_content": ""}, q],
                                clear_thinking=False)
     assert chat == trained_view
+
+
+def test_a_second_request_sees_the_first_as_a_chat_shows_it(tok):
+    import random
+
+    from flint_graph.chat_template import render_chat
+    from flint_graph.nano.curriculum import chain
+
+    rng = random.Random(11)
+    seen_tools = False
+    for _ in range(30):
+        ep = chain(rng, "train")
+        users = [i for i, m in enumerate(ep.messages) if m["role"] == "user"]
+        if len(users) < 2:
+            continue  # clashing generated tools: the second request alone
+        last = users[-1]
+        earlier = ep.messages[:last]
+        assert all(not m.get("reasoning_content") for m in earlier if m["role"] == "assistant")
+        # a chat that really answered the first request (reasoning and all) renders the next
+        # prompt exactly as training shows it
+        answered = [dict(m, reasoning_content="worked it out") if m["role"] == "assistant"
+                    else m for m in earlier]
+        chat = render_chat(tok.chat_template, [*answered, ep.messages[last]], ep.tools)
+        trained = render_chat(tok.chat_template, ep.messages[:last + 1], ep.tools,
+                              clear_thinking=False)
+        assert chat == trained
+        ids, mask = supervised(ep, tok)
+        text = tok.decode([i for i, m in zip(ids, mask) if m], skip_special=False)
+        assert ep.messages[-1]["content"] in text
+        # only the second request's assistant turns are trained: one </think> each
+        later = sum(m["role"] == "assistant" for m in ep.messages[last:])
+        assert text.count("</think>") == later
+        seen_tools |= any(m.get("tool_calls") for m in earlier)
+    assert seen_tools  # a tool round trip as the earlier request occurs too

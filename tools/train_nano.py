@@ -46,7 +46,7 @@ from flint_graph.nano.qat import export, fake_quant, parameters, trainable
 from flint_graph.tokenizer import FlintTokenizer
 from flint_graph.weights import MoEWeights
 
-SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1), ("remember", 1))
+SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1), ("remember", 1), ("chain", 2))
 RECALL_MIX = (("recall", 1),)
 
 
