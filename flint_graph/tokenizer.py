@@ -273,13 +273,18 @@ class FlintTokenizer:
         """Ids that end an assistant turn: <|endoftext|>, <|user|>, <|observation|>."""
         return tuple(self.special_ids[t] for t in CHAT_STOP_TOKENS)
 
-    def word_pieces(self) -> tuple[str, ...]:
+    def word_pieces(self, leading_space: bool = False) -> tuple[str, ...]:
         """The vocabulary's lower-case ASCII word pieces of 2+ letters, without the leading
-        space a piece may carry (" ano" and "ano" are both "ano"), sorted. flint-nano's
-        curriculum coins words from them so that copying is trained on every such token."""
+        space a piece may carry (" ano" and "ano" are both "ano"), sorted. With
+        `leading_space`, only the pieces that are a token with a leading space (" ano"): the
+        ones a word after a space starts with. flint-nano's curriculum coins words from them so
+        that copying is trained on every such token."""
         out = set()
         for i in range(self._tok.get_vocab_size()):
-            s = self._tok.decode([i], skip_special_tokens=False).strip()
+            t = self._tok.decode([i], skip_special_tokens=False)
+            s = t.strip()
+            if leading_space and t != " " + s:
+                continue
             if len(s) >= 2 and s.isascii() and s.isalpha() and s.islower():
                 out.add(s)
         return tuple(sorted(out))

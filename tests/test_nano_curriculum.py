@@ -143,6 +143,38 @@ def test_coined_words_teach_copying_without_touching_the_held_out_split(tok):
         curriculum.coin_from([])
 
 
+def test_every_lead_token_is_written_in_training():
+    """A held-out name is copied through tokens with a leading space (" book" of book_table);
+    the model cannot write a token it was never trained to write, and before the repeat task
+    two in three of them never were."""
+    from flint_graph.nano import curriculum
+    from flint_graph.nano.embedded import packaged_dir
+    from flint_graph.nano.evals import build_cases
+
+    tok = FlintTokenizer.from_dir(packaged_dir())  # flint-nano's own
+
+    leads = tok.word_pieces(leading_space=True)
+    assert leads and set(leads) <= set(tok.word_pieces())
+    assert "book" in leads and all(len(tok.encode(" " + p)) == 1 for p in leads)
+    before = [(c.messages, c.expect) for c in build_cases(("tools", "arith"), 6)]
+    curriculum.coin_from(tok.word_pieces(), leads)
+    try:
+        eps = episodes(0, 1200, "train", mix=(("repeat", 1),))
+        written = set()
+        for e in eps:
+            answer = e.meta["answer"]
+            assert e.messages[-1]["content"] == answer and answer in e.messages[0]["content"]
+            assert not set(answer.split()) & curriculum.HELDOUT_WORDS
+            ids, mask = supervised(e, tok)
+            written.update(i for i, m in zip(ids, mask) if m)
+        lead_ids = {tok.encode(" " + p)[0] for p in leads}
+        assert len(lead_ids & written) >= 0.9 * len(lead_ids)
+        assert tok.encode(" book")[0] in written
+        assert [(c.messages, c.expect) for c in build_cases(("tools", "arith"), 6)] == before
+    finally:
+        curriculum.coin_from([])
+
+
 def test_training_operands_have_every_length():
     import random
 

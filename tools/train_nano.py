@@ -46,7 +46,8 @@ from flint_graph.nano.qat import export, fake_quant, parameters, trainable
 from flint_graph.tokenizer import FlintTokenizer
 from flint_graph.weights import MoEWeights
 
-SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1), ("remember", 1), ("chain", 2))
+SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1), ("repeat", 2), ("remember", 1),
+             ("chain", 2))
 RECALL_MIX = (("recall", 1),)
 
 
@@ -74,7 +75,8 @@ def _init_worker(side: str) -> None:
     global _TOK
     torch.set_num_threads(1)
     _TOK = FlintTokenizer.from_dir(side)
-    coin_from(_TOK.word_pieces())  # copying is trained on every word piece of the vocabulary
+    # copying is trained on every word piece of the vocabulary
+    coin_from(_TOK.word_pieces(), _TOK.word_pieces(leading_space=True))
 
 
 def pad_batch(eps, tok: FlintTokenizer) -> dict[str, np.ndarray]:
