@@ -454,6 +454,12 @@ def _draw(rng: random.Random, split: str, kind: str, recall_pairs: int = 400,
     return ep
 
 
+def older_turns(messages: list[dict]) -> list[dict]:
+    """A finished request as a chat shows it later: its assistant turns without reasoning
+    (the template then writes a bare `</think>`), so they are context, not trained."""
+    return [dict(m, reasoning_content="") if m["role"] == "assistant" else m for m in messages]
+
+
 def chain(rng: random.Random, split: str) -> Episode:
     """Two requests in one conversation (tool use, arithmetic or a string task each). The
     first is context, shown as a chat shows an older turn (reasoning dropped, not trained);
@@ -462,8 +468,7 @@ def chain(rng: random.Random, split: str) -> Episode:
     tools clash by name)."""
     first, second = (_draw(rng, split, rng.choice(("tool", "arith", "arith", "string")))
                      for _ in range(2))
-    history = [dict(m, reasoning_content="") if m["role"] == "assistant" else m
-               for m in first.messages]
+    history = older_turns(first.messages)
     tools = second.tools
     if first.tools:
         mine = {t["function"]["name"]: t for t in first.tools}

@@ -51,7 +51,7 @@ def add_eval_parser(sub, positive_int) -> None:
     p.add_argument("--hf-config-path", metavar="DIR",
                    help="directory with config.json, tokenizer and generation_config.json for "
                         "a GGUF (default: the GGUF's own directory)")
-    p.add_argument("--suite", default="tools,arith,recall", metavar="S,..",
+    p.add_argument("--suite", default="tools,arith,recall,chain", metavar="S,..",
                    help="suites to run (default: %(default)s)")
     p.add_argument("--n", type=_case_count, default=50, metavar="N",
                    help=f"cases per suite and per recall context, 1 to {MAX_N} "

@@ -15,6 +15,11 @@ and number pairs the training never saw. Every case is one chat request decoded 
 - recall@C: a list of key = value lines filling about C tokens, then one question for a key in
   the list's first half (more than C/2 tokens back: beyond the 513-token window at 4K and 16K,
   so only the full-attention layers can answer); `correct`: the content is the value.
+- chain: a second request in one chat, after a first one answered (shown as chat shows an
+  older turn, reasoning dropped). chain-tools: a held-out tool request after an arithmetic
+  one, scored as tools; chain-arith: arithmetic after a tool request with its result and
+  answer, the tools still offered, scored as arith. (A model that never saw two requests in
+  one chat answered the second with the first one's answer.)
 
 Targets (reference path): tools valid ≥ 95% with exact ≥ 90%, arith ≥ 90%, recall@4096 ≥ 90%.
 `compare` holds a run to a reference run on the same cases. It passes when every metric is
@@ -37,10 +42,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from flint_graph.errors import InvalidRequestError
-from flint_graph.nano.curriculum import TOOLS, arithmetic, recall, tool_use
+from flint_graph.nano.curriculum import TOOLS, arithmetic, older_turns, recall, tool_use
 from flint_graph.tool_schema import admits, tool_schemas
 
-SUITES = ("tools", "arith", "recall")
+SUITES = ("tools", "arith", "recall", "chain")
 DEFAULT_CONTEXTS = (1024, 4096, 16384)
 TARGETS = {("tools", "valid"): 0.95, ("tools", "exact"): 0.90, ("arith", "correct"): 0.90,
            ("recall@4096", "correct"): 0.90}
@@ -57,7 +62,8 @@ LOGPROB_TOL_OTHER = 1.5e-4
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
 MAX_RECALL_PAIRS = 9000  # distinct keys K1000..K9999
 METRICS = ("valid", "exact", "correct")
-MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48}
+MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48,
+                  "chain-tools": 160, "chain-arith": 160}
 
 
 @dataclass
@@ -98,7 +104,8 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
     cases: list[Case] = []
     for suite in suites:
         groups = ([f"recall@{c}" for c in contexts] if suite == "recall" else
-                  ["tools", "tools-direct"] if suite == "tools" else [suite])
+                  ["tools", "tools-direct"] if suite == "tools" else
+                  ["chain-tools", "chain-arith"] if suite == "chain" else [suite])
         for group in groups:
             rng = random.Random(f"eval/{seed}/{group}")  # one stream per group: stable cases
             for i in range(n):
@@ -109,6 +116,16 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
                 elif suite == "tools":
                     ep = tool_use(rng, "heldout")
                     cases.append(Case(group, i, ep.messages[:1], ep.tools, ep.meta["call"]))
+                elif group == "chain-tools":
+                    first = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
+                    ep = tool_use(rng, "heldout")
+                    ask = older_turns(first.messages) + ep.messages[:1]
+                    cases.append(Case(group, i, ask, ep.tools, ep.meta["call"]))
+                elif group == "chain-arith":
+                    first = tool_use(rng, "heldout")
+                    ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
+                    ask = older_turns(first.messages) + ep.messages[:1]
+                    cases.append(Case(group, i, ask, first.tools, str(ep.meta["answer"])))
                 elif suite == "arith":
                     ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
                     cases.append(Case(group, i, ep.messages[:1], None, str(ep.meta["answer"])))
@@ -127,7 +144,7 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
 
 def score(case: Case, msg) -> dict[str, bool]:
     """The case's metrics for the assistant ChatMessage `msg` (module docstring)."""
-    if case.suite != "tools":  # an answer; also with tools offered, it must not call one
+    if not isinstance(case.expect, dict):  # an answer; with tools offered it must not call one
         return {"correct": not msg.tool_calls and msg.content.strip() == case.expect}
     calls = msg.tool_calls
     valid = len(calls) == 1 and _typed(calls[0], case.tools)

@@ -178,6 +178,31 @@ def test_tools_direct_cases_offer_tools_and_must_not_call():
     assert evals.score(c, _msg(c.expect, calls=[call])) == {"correct": False}
 
 
+def test_chain_cases_ask_a_second_request_after_an_answered_one():
+    """The second request of a chat sees the first as chat shows an older turn: answered,
+    reasoning dropped (as nano/curriculum's chain episodes train it)."""
+    cases = evals.build_cases(("chain",), 4, seed=0)
+    tools, arith = ([c for c in cases if c.group == g] for g in ("chain-tools", "chain-arith"))
+    assert len(tools) == len(arith) == 4
+    for c in cases:
+        assert [m["role"] for m in c.messages][-1] == "user" and len(c.messages) >= 3
+        assert all(m.get("reasoning_content") == "" for m in c.messages
+                   if m["role"] == "assistant")
+        assert c.messages[1]["content"] or c.messages[1].get("tool_calls")
+    # the first request of chain-arith used a tool; the second must answer without one
+    assert all(c.messages[2]["role"] == "tool" and c.tools for c in arith)
+    c = arith[0]
+    assert evals.score(c, _msg(c.expect)) == {"correct": True}
+    assert evals.score(c, _msg(c.expect, calls=[("calculator", {"expression": "1"})])) == \
+        {"correct": False}
+    c = tools[0]
+    call = (c.expect["name"], c.expect["arguments"])
+    assert evals.score(c, _msg(calls=[call])) == {"valid": True, "exact": True}
+    # the held-out eval cases of the other suites are the same with chain in the list
+    assert [x.messages for x in evals.build_cases(("tools", "chain"), 4) if x.group == "tools"] \
+        == [x.messages for x in evals.build_cases(("tools",), 4) if x.group == "tools"]
+
+
 def test_compare_reports_logprob_distance_on_identical_outputs():
     def rep(lps, text="a"):
         return {"groups": {"arith": {"n": 1, "correct": 1.0}},

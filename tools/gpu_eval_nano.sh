@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # flint-nano's accuracy suite on the H200, one device call (issue 11): the reference engine,
-# then the graph engine in BF16 and NVFP4 held to it (--compare), then each planted bug.
-# Reports land in $OUT (eval-*.json, plants.json, eval.log). Needs the kernel cache in .kcache
-# (tools/build_gpu_cache.py) and the gguf wheel in .whl; N (default 50) cases per suite; CK a
-# checkpoint directory (default: the embedded flint-nano); DEADLINE (epoch seconds) cuts each
-# step's time so the call ends by then.
+# then the graph engine in BF16 (twice: the rerun must be bit-identical) and NVFP4 held to it
+# (--compare), then each planted bug on the graph engine, a reference rerun (bit-identical) and
+# each planted bug on the reference engine. Reports land in $OUT (eval-*.json, eval.log,
+# plants.json: each plant's and rerun's verdicts; plant-reports.tgz: those reports in full).
+# Needs the kernel cache in .kcache (tools/build_gpu_cache.py) and the gguf wheel in .whl;
+# N (default 50) cases per suite, PLANT_N per plant run; CK a checkpoint directory (default:
+# the embedded flint-nano); DEADLINE (epoch seconds) cuts each step's time so the call ends
+# by then.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -28,20 +31,25 @@ echo "== reference engine (BF16) $ck" | tee -a "$log"
 ev "$ck" --engine reference --json "$OUT/eval-ref.json"
 echo "== graph engine, BF16" | tee -a "$log"
 ev "$ck" --engine graph --compare "$OUT/eval-ref.json" --json "$OUT/eval-graph-bf16.json"
+mkdir -p /tmp/plants
+echo "== graph engine, BF16, again (same setup: must be bit-identical)" | tee -a "$log"
+ev "$ck" --engine graph --compare "$OUT/eval-graph-bf16.json" --json /tmp/plants/rerun-graph.json
 echo "== graph engine, NVFP4 GGUF" | tee -a "$log"
 ev "$ck/model-nvfp4.gguf" --engine graph --compare "$OUT/eval-ref.json" \
   --json "$OUT/eval-graph-nvfp4.json"
-mkdir -p /tmp/plants
-for bug in ${PLANTS:-window-1 no-sink rope-on-nope router-bias-bf16}; do
-  echo "== plant $bug (reference engine)" | tee -a "$log"
-  N=$PN ev "$ck" --engine reference --plant "$bug" --compare "$OUT/eval-ref.json" \
-    --json "/tmp/plants/ref-$bug.json"
-done
 for bug in ${GRAPH_PLANTS:-no-sink router-bias-bf16 window-1 rope-on-nope}; do
   echo "== plant $bug (graph engine)" | tee -a "$log"
   N=$PN ev "$ck" --engine graph --plant "$bug" --compare "$OUT/eval-ref.json" \
     --json "/tmp/plants/graph-$bug.json"
 done
+echo "== reference engine again (same setup: must be bit-identical)" | tee -a "$log"
+ev "$ck" --engine reference --compare "$OUT/eval-ref.json" --json /tmp/plants/rerun-ref.json
+for bug in ${PLANTS:-window-1 no-sink rope-on-nope router-bias-bf16}; do
+  echo "== plant $bug (reference engine)" | tee -a "$log"
+  N=$PN ev "$ck" --engine reference --plant "$bug" --compare "$OUT/eval-ref.json" \
+    --json "/tmp/plants/ref-$bug.json"
+done
+tar czf "$OUT/plant-reports.tgz" -C /tmp/plants .
 python3 - "$OUT/plants.json" /tmp/plants/*.json <<'PY'
 import json, sys
 out = {p.split("/")[-1][:-5]: json.load(open(p)) for p in sys.argv[2:]}
