@@ -40,6 +40,20 @@ def model_spec(kdef, cfg: FlintConfig, batch: int, **want: int) -> Spec:
     return found[0]
 
 
+def layer_kernels(cfg: FlintConfig, layer: int, moe: bool, fmt: int) -> dict[str, dict[str, int]]:
+    """The values that pick each per-layer kernel's specialisation (`model_spec`) for `layer`:
+    name -> {spec key: value}. Every way two layers of one config can differ must be here (a
+    config whose full layers differ in RoPE, as --plant rope-on-nope builds, found two
+    qk_norm_rope_kv specialisations when only RING picked). `fmt` is 1 for NVFP4 weights."""
+    sliding, topk = int(cfg.is_sliding(layer)), cfg.num_experts_per_tok if moe else 0
+    out = {"rmsnorm": {}, "qk_norm_rope_kv": {"RING": sliding, "ROPE": int(cfg.uses_rope(layer))},
+           "attn_decode": {"RING": sliding}, "moe_gate_up": {"TOPK": topk, "FMT": fmt},
+           "moe_down": {"TOPK": topk, "FMT": fmt}}
+    if moe:
+        out["moe_router"] = {}
+    return out
+
+
 def _pick(kset, name: str, cfg: FlintConfig, batch: int, **want: int):
     """The loaded kernel `name` at its `model_spec`."""
     return kset.get(name, **model_spec(kset.defs[name], cfg, batch, **want).as_dict())
@@ -191,16 +205,14 @@ class DecodeLayer:
         self.o = kset.get(spec.kernel, **spec.as_dict()), _weight_args(weights.o_proj)
         spec = gemv.fused_qkv_spec(batch, cfg)
         self.qkv = kset.get(spec.kernel, **spec.as_dict()), fuse_qkv(weights)
-        b = batch
-        self.norm = _pick(kset, "rmsnorm", cfg, b)
-        self.prep = _pick(kset, "qk_norm_rope_kv", cfg, b, RING=int(self.sliding))
-        self.attn = _pick(kset, "attn_decode", cfg, b, RING=int(self.sliding))
+        want = layer_kernels(cfg, layer, self.moe, self.fmt)
+        picked = {name: _pick(kset, name, cfg, batch, **w) for name, w in want.items()}
+        self.norm, self.prep, self.attn = (picked[k] for k in ("rmsnorm", "qk_norm_rope_kv",
+                                                               "attn_decode"))
         self.splits = self.attn.spec["SPLITS"]
-        topk = cfg.num_experts_per_tok if self.moe else 0
-        self.gate_up = _pick(kset, "moe_gate_up", cfg, b, TOPK=topk, FMT=self.fmt)
-        self.down = _pick(kset, "moe_down", cfg, b, TOPK=topk, FMT=self.fmt)
+        self.gate_up, self.down = picked["moe_gate_up"], picked["moe_down"]
         if self.moe:
-            self.router = _pick(kset, "moe_router", cfg, b)
+            self.router = picked["moe_router"]
         dev = weights.attn_norm.device
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, dev)
         self.sinks = (weights.sinks.float() if cfg.attention_sinks else

@@ -18,7 +18,7 @@ from flint_graph.checkpoint import LoadedCheckpoint, WeightFormat
 from flint_graph.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
 from flint_graph.nano import evals
-from flint_graph.nano.plants import plant
+from flint_graph.nano.plants import PLANTS, plant
 from flint_graph.nano.curriculum import TOOLS, in_split
 from flint_graph.synthetic import make_weights
 
@@ -338,7 +338,7 @@ def test_the_gpu_kernel_cache_covers_every_planted_config():
     from pathlib import Path
 
     from flint_graph.kernels.build import model_specs
-    from flint_graph.nano.plants import PLANTS, planted_config
+    from flint_graph.nano.plants import planted_config
 
     path = Path(__file__).parent.parent / "tools" / "build_gpu_cache.py"
     spec = importlib.util.spec_from_file_location("build_gpu_cache", path)
@@ -349,3 +349,24 @@ def test_the_gpu_kernel_cache_covers_every_planted_config():
         need = {(k.name, s.key) for k, s in model_specs(planted_config(FlintConfig.preset("nano"),
                                                                        bug))}
         assert need <= listed, (bug, sorted(need - listed)[:3])
+
+
+@pytest.mark.parametrize("bug", (None,) + PLANTS)
+def test_every_layer_picks_exactly_one_kernel_specialisation(bug):
+    # The graph engine picks each layer's kernels from the bucket's specialisations by the
+    # values in layer_kernels; two matches stopped `--plant rope-on-nope --engine graph` on the
+    # H200 (its full layers differ in RoPE).
+    from flint_graph.capture.decode_layer import layer_kernels, model_spec
+    from flint_graph.kernels import registry
+    from flint_graph.kernels.spec import BUCKETS
+    from flint_graph.nano.plants import planted_config
+
+    defs = {k.name: k for k in registry()}
+    for preset in ("tiny", "nano", "full"):
+        cfg = FlintConfig.preset(preset)
+        cfg = planted_config(cfg, bug) if bug else cfg
+        for layer in range(cfg.num_hidden_layers):
+            for fmt in (0, 1):
+                for name, want in layer_kernels(cfg, layer, cfg.is_moe(layer), fmt).items():
+                    for b in BUCKETS:
+                        model_spec(defs[name], cfg, b, **want)  # raises unless exactly one
