@@ -54,11 +54,14 @@ AGREE_MIN = 0.95  # identical answers an engine must share with the reference ru
 # most this. The same engine on the same kind of device with the same batch and threads computes
 # identical logits (a clean CPU rerun: 0), so there any difference is a different function.
 # Across engines and devices the rounding differs. Measured against the H200 reference run
-# (docs/nano.md): the clean graph engine 4.6e-5 (n = 30) and 6.7e-5 (its first 20 cases), BF16
-# and NVFP4 alike; the CPU reference engine 6.9e-5 and 1.0e-4; a dropped sink on the graph
-# engine 2.2e-4. A BF16-rounded router bias (7.2e-5 on the graph engine) is below that noise.
+# (docs/nano.md), clean: the graph engine 4.6e-5 (step 4469) and 1.37e-4 (step 5929, with the
+# chain suite), NVFP4 4.6e-5 and 1.25e-4; the CPU reference engine 6.9e-5 and 1.0e-4. Planted,
+# on the graph engine: a dropped sink 2.2e-4 and 4.2e-4, a window one short 2.4e-4, a
+# BF16-rounded router bias 2.3e-4 (step 5929; 7.2e-5 at step 4469, below the noise). The
+# tolerance sits between the largest clean value and the smallest caught plant (1.24x and
+# 1.29x margins).
 LOGPROB_TOL_SAME = 0.0
-LOGPROB_TOL_OTHER = 1.5e-4
+LOGPROB_TOL_OTHER = 1.7e-4
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
 MAX_RECALL_PAIRS = 9000  # distinct keys K1000..K9999
 METRICS = ("valid", "exact", "correct")

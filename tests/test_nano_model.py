@@ -54,9 +54,24 @@ def test_recall_beyond_the_window(llm):
     assert msg.content.strip() == str(ep.meta["answers"][0])
 
 
+def test_a_second_request_in_one_chat_gets_its_own_answer(llm):
+    # as the chat keeps the conversation; step 4469 answered the second request with the
+    # first one's result
+    msgs = [{"role": "user", "content": "Convert 120 km to mi."}]
+    call = llm.chat(msgs, TOOLS, GREEDY)
+    msgs += [call.to_dict(), {"role": "tool", "content": '{"value": 74.56, "unit": "mi"}'}]
+    msgs += [llm.chat(msgs, TOOLS, GREEDY).to_dict(),
+             {"role": "user", "content": "What is 457 plus 368?"}]
+    msg = llm.chat(msgs, TOOLS, GREEDY)
+    assert not msg.tool_calls and msg.content.strip() == "825"
+
+
 def test_eval_subset_floors(llm):
-    cases = evals.build_cases(("tools", "arith", "recall"), 8, seed=0, contexts=(1024,))
+    cases = evals.build_cases(("tools", "arith", "recall", "chain"), 8, seed=0,
+                              contexts=(1024,))
     groups = evals.run(llm, cases, batch=8, progress=False)["groups"]
     assert groups["recall@1024"]["correct"] >= 0.875, groups
     assert groups["tools"]["exact"] >= 0.75 and groups["tools-direct"]["correct"] >= 0.875, groups
     assert groups["arith"]["correct"] >= 0.875, groups
+    assert groups["chain-tools"]["exact"] >= 0.625 and groups["chain-arith"]["correct"] >= 0.625, \
+        groups
