@@ -426,9 +426,11 @@ def episodes(seed: int, n: int, split: str = "train", recall_pairs: int = 400,
              recall_questions: int = 16, mix=(("tool", 4), ("arith", 3), ("string", 1),
                                               ("recall", 1))):
     """`n` episodes of `split` drawn with the weights of `mix`, reproducible from `seed`.
-    Arithmetic, string and repeat episodes offer tools half the time and still answer directly, so a
-    chat with tools declared does not turn every request into a call. Raises ValueError for
-    an unknown split."""
+    Kinds: tool, arith, string, repeat, remember, recall (lists of `recall_pairs`),
+    recall-short (4-40 pairs, 1-4 questions: a list a chat user pastes) and chain. All but
+    tool, recall and chain offer tools half the time and still answer directly, so a chat with
+    tools declared does not turn every request into a call (a pasted list got a tool call).
+    Raises ValueError for an unknown split."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {SPLITS}")
     rng = random.Random(f"{seed}/{split}")
@@ -448,8 +450,9 @@ def _draw(rng: random.Random, split: str, kind: str, recall_pairs: int = 400,
           repeat_task(rng, split) if kind == "repeat" else
           tool_use(rng, split) if kind == "tool" else
           remember(rng, split) if kind == "remember" else
+          recall(rng, split, rng.randint(4, 40), rng.randint(1, 4)) if kind == "recall-short" else
           recall(rng, split, recall_pairs, recall_questions))
-    if kind in ("arith", "string", "repeat") and rng.random() < 0.5:
+    if kind in ("arith", "string", "repeat", "remember", "recall-short") and rng.random() < 0.5:
         ep.tools = offered_tools(rng, split)
     return ep
 
@@ -461,22 +464,22 @@ def older_turns(messages: list[dict]) -> list[dict]:
 
 
 def chain(rng: random.Random, split: str) -> Episode:
-    """Two requests in one conversation (tool use, arithmetic or a string task each). The
-    first is context, shown as a chat shows an older turn (reasoning dropped, not trained);
-    the second is trained. Without these, a second request in a chat got the first one's
-    answer again. The tools offered are both requests' (the second alone if their generated
-    tools clash by name)."""
-    first, second = (_draw(rng, split, rng.choice(("tool", "arith", "arith", "string")))
-                     for _ in range(2))
-    history = older_turns(first.messages)
-    tools = second.tools
-    if first.tools:
-        mine = {t["function"]["name"]: t for t in first.tools}
-        theirs = {t["function"]["name"]: t for t in second.tools or []}
-        if any(mine[k] != theirs[k] for k in mine.keys() & theirs.keys()):
-            return second
-        tools = first.tools + [t for k, t in theirs.items() if k not in mine]
-    return Episode(second.kind, history + second.messages, tools, meta=second.meta)
+    """Two or three requests in one conversation (tool use, arithmetic or a string task each).
+    The earlier ones are context, shown as a chat shows older turns (reasoning dropped, not
+    trained); the last is trained. Without these, a second request in a chat got the first
+    one's answer again, and with two requests only, a third often went wrong. The tools
+    offered are all the requests' (the last one's alone if two generated tools clash by
+    name)."""
+    reqs = [_draw(rng, split, rng.choice(("tool", "arith", "arith", "string")))
+            for _ in range(rng.choice((2, 2, 3)))]
+    last, tools = reqs[-1], {}
+    for ep in reqs:
+        for t in ep.tools or []:
+            if tools.setdefault(t["function"]["name"], t) != t:
+                return last
+    history = [m for ep in reqs[:-1] for m in older_turns(ep.messages)]
+    return Episode(last.kind, history + last.messages, list(tools.values()) or None,
+                   meta=last.meta)
 
 
 def offered_tools(rng: random.Random, split: str) -> list[dict]:

@@ -20,6 +20,10 @@ figures (held-out cases of the flint-nano curriculum, greedy decoding):
   arith         3-digit addition and subtraction answered exactly
   recall@C      a key-value list of about C tokens, one question for a key
                 more than C/2 tokens back; the value answered exactly
+  chain-tools   a held-out tool request as the second request of a chat,
+                after an answered arithmetic one; scored as tools
+  chain-arith   3-digit arithmetic as the second request, after a tool
+                request with its result and answer; scored as arith
   targets       tools valid >= 95% and exact >= 90%, arith >= 90%,
                 recall@4096 >= 90% (what flint-nano is trained to)
 --compare REF.json holds this run to a saved one (e.g. the reference
@@ -40,11 +44,12 @@ def add_eval_parser(sub, positive_int) -> None:
     from flint_graph.perf.cli import _path
 
     p = sub.add_parser("eval", help="accuracy suite: tool calls, arithmetic, long-context "
-                                    "recall (flint-nano's skills), on any engine",
+                                    "recall, two-request chats (flint-nano's skills), on any "
+                                    "engine",
                        description=textwrap.fill(
-                           "Score a checkpoint on held-out tool-calling, arithmetic and "
-                           "long-context recall cases through the chat API, on the chosen "
-                           "engine; compare with a saved run.", 79),
+                           "Score a checkpoint on held-out tool-calling, arithmetic, "
+                           "long-context recall and two-request chat cases through the chat "
+                           "API, on the chosen engine; compare with a saved run.", 79),
                        epilog=EVAL_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="BF16 checkpoint directory or NVFP4 .gguf (default: the embedded one)")

@@ -212,7 +212,7 @@ def test_a_second_request_sees_the_first_as_a_chat_shows_it(tok):
     from flint_graph.nano.curriculum import chain
 
     rng = random.Random(11)
-    seen_tools = False
+    seen_tools = seen_three = False
     for _ in range(30):
         ep = chain(rng, "train")
         users = [i for i, m in enumerate(ep.messages) if m["role"] == "user"]
@@ -236,4 +236,24 @@ def test_a_second_request_sees_the_first_as_a_chat_shows_it(tok):
         later = sum(m["role"] == "assistant" for m in ep.messages[last:])
         assert text.count("</think>") == later
         seen_tools |= any(m.get("tool_calls") for m in earlier)
-    assert seen_tools  # a tool round trip as the earlier request occurs too
+        seen_three |= len(users) == 3
+    assert seen_tools  # a tool round trip as an earlier request occurs too
+    assert seen_three  # and three requests in one chat
+
+
+def test_short_lists_are_recalled_with_and_without_tools(tok):
+    # a chat user pastes short lists, often with tools declared; trained only on long lists
+    # without tools, the model called a tool for a 10-line list and answered "Ready." to the
+    # question after it
+    eps = episodes(3, 60, "train", mix=(("recall-short", 1), ("remember", 1)))
+    short = [e for e in eps if e.kind == "recall"]
+    assert short and any(e.tools for e in short) and any(not e.tools for e in short)
+    assert any(e.tools for e in eps if e.kind == "remember")
+    for e in short:
+        listing = e.messages[0]["content"]
+        assert 4 <= listing.count(" = ") <= 40
+        for k, v in zip(e.meta["asked"], e.meta["answers"]):
+            assert f"{k} = {v}" in listing
+        ids, mask = supervised(e, tok)
+        text = tok.decode([i for i, m in zip(ids, mask) if m], skip_special=False)
+        assert "<tool_call>" not in text and all(str(v) in text for v in e.meta["answers"])

@@ -47,7 +47,7 @@ from flint_graph.tokenizer import FlintTokenizer
 from flint_graph.weights import MoEWeights
 
 SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1), ("repeat", 2), ("remember", 1),
-             ("chain", 2))
+             ("recall-short", 1), ("chain", 3))
 RECALL_MIX = (("recall", 1),)
 
 
