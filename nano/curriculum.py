@@ -166,7 +166,8 @@ OPERAND_DIGITS = (1, 2, 3, 3, 3, 4, 4)  # drawn per operand; 3 digits (the eval'
 
 def arithmetic(rng: random.Random, split: str, digits: int | None = None,
                op: str | None = None) -> Episode:
-    """a + b or a − b (a ≥ b), answered after column reasoning. Each operand's length is drawn
+    """a + b or a − b (a ≥ b, or in training now and then a < b with a negative answer),
+    answered after column reasoning. Each operand's length is drawn
     from OPERAND_DIGITS (a uniform draw over 10..9999 would make nine in ten operands 4-digit
     and under-train the rest), or both have `digits` digits; `op` "+" or "-" (default: drawn)."""
     def draw() -> int:
@@ -178,11 +179,18 @@ def arithmetic(rng: random.Random, split: str, digits: int | None = None,
         if in_split(split, a, b):
             break
     op = op or rng.choice("+-")
-    if op == "-" and b > a:
+    # a quarter of the training subtractions with a < b keep it, answered negative (250 - 750
+    # gave 500 before); the held-out split draws nothing more, so its cases stay the same
+    negative = split == "train" and op == "-" and b > a and rng.random() < 0.25
+    if op == "-" and b > a and not negative:
         a, b = b, a
     ans = a + b if op == "+" else a - b
     q = _ask(rng, split, "add" if op == "+" else "sub", a=a, b=b)
-    why = f"{a} {op} {b}, column by column: {_digits(a, b, op)}. So it is {ans}."
+    if negative:
+        why = (f"{b} is more than {a}, so the answer is negative: {b} - {a}, column by column: "
+               f"{_digits(b, a, op)}. So it is {ans}.")
+    else:
+        why = f"{a} {op} {b}, column by column: {_digits(a, b, op)}. So it is {ans}."
     return Episode("arith", [q, _say(why, str(ans))], meta={"a": a, "b": b, "op": op,
                                                               "answer": ans})
 

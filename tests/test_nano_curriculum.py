@@ -33,7 +33,8 @@ def test_arithmetic_is_right_and_held_out_pairs_never_train():
         for _ in range(300):
             e = arithmetic(rng, split)
             m = e.meta
-            assert m["answer"] == (m["a"] + m["b"] if m["op"] == "+" else m["a"] - m["b"]) >= 0
+            assert m["answer"] == (m["a"] + m["b"] if m["op"] == "+" else m["a"] - m["b"])
+            assert m["answer"] >= 0 or split == "train"  # negative answers: training only
             assert e.messages[-1]["content"] == str(m["answer"])
             assert e.messages[-1]["reasoning_content"].endswith(f"So it is {m['answer']}.")
             pair = (m["a"], m["b"]) if in_split(split, m["a"], m["b"]) else (m["b"], m["a"])
@@ -257,3 +258,17 @@ def test_short_lists_are_recalled_with_and_without_tools(tok):
         ids, mask = supervised(e, tok)
         text = tok.decode([i for i, m in zip(ids, mask) if m], skip_special=False)
         assert "<tool_call>" not in text and all(str(v) in text for v in e.meta["answers"])
+
+
+def test_some_training_subtractions_are_negative():
+    import random
+
+    rng = random.Random(4)
+    eps = [arithmetic(rng, "train", op="-") for _ in range(400)]
+    neg = [e for e in eps if e.meta["answer"] < 0]
+    assert 0.05 < len(neg) / len(eps) < 0.25
+    for e in neg:
+        a, b = e.meta["a"], e.meta["b"]
+        assert e.meta["answer"] == a - b and e.messages[-1]["content"] == str(a - b)
+        assert f"{b} - {a}, column by column" in e.messages[-1]["reasoning_content"]
+    assert all(arithmetic(rng, "heldout", op="-").meta["answer"] >= 0 for _ in range(200))

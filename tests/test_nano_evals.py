@@ -373,3 +373,16 @@ def test_every_layer_picks_exactly_one_kernel_specialisation(bug):
                 for name, want in layer_kernels(cfg, layer, cfg.is_moe(layer), fmt).items():
                     for b in BUCKETS:
                         model_spec(defs[name], cfg, b, **want)  # raises unless exactly one
+
+
+def test_cases_are_those_of_the_shipped_h200_report():
+    # curriculum changes must leave the held-out cases alone, or reports stop being comparable
+    from pathlib import Path
+
+    rep = json.loads((Path(__file__).parent.parent / "docs/nano/step5929/eval-ref.json")
+                     .read_text())
+    assert rep["n"] == 30 and rep["seed"] == 0
+    cases = evals.build_cases(evals.parse_suites(",".join(rep["suites"])), rep["n"], rep["seed"],
+                              tuple(rep["contexts"]))
+    want = {(c["group"], c["index"]): c["expect"] for c in rep["cases"]}
+    assert {(c.group, c.index): c.expect for c in cases} == want
