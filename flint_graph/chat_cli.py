@@ -135,7 +135,8 @@ class ChatSession:
             try:
                 lines.append(self.console.input("[bold green]...>[/] "))
             except EOFError:
-                self.console.print()
+                self.console.print(f"\n[yellow]the input ended inside a {FENCE} block: that "
+                                   "text was not sent[/]")
                 return None
             except KeyboardInterrupt:
                 self.console.print("\n[dim](message dropped)[/]")
@@ -175,7 +176,9 @@ class ChatSession:
     def answer(self) -> str | None:
         """Generate assistant turns until one ends without tool calls (or is stopped). At a
         tool-result prompt the slash commands still work (/reset ends the tool loop, /exit
-        returns "exit"); an empty result is asked for again."""
+        returns "exit"); an empty result, or one too long for the context, is asked for
+        again."""
+        pending = None  # the tool calls whose results were just added to the history
         while True:
             try:
                 stream = self.llm.stream_chat(self.messages, self.tools, self.params,
@@ -185,6 +188,15 @@ class ChatSession:
                 kind = "error" if isinstance(e, FlintError) else \
                     f"internal error: {type(e).__name__}"
                 self.console.print(Text(f"{kind}: {e}", style="red"))
+                if isinstance(e, ContextLengthError) and pending:
+                    # the results just typed are what overflowed: kept, every later turn
+                    # would fail the same way
+                    del self.messages[-len(pending):]
+                    self.console.print(f"[yellow]{RESULT_TOO_LONG}[/]")
+                    done = self._read_results(pending)
+                    if done:
+                        return "exit" if done == "exit" else None
+                    continue
                 if isinstance(e, ContextLengthError):  # every later turn would fail the same way
                     # ... unless the new message is all there is: then /reset would not help.
                     alone = self.messages[-1:] and self.messages[-1]["role"] == "user" and all(
@@ -200,26 +212,43 @@ class ChatSession:
             self.messages.append(msg.to_dict())
             if not msg.tool_calls or msg.finish_reason == "abort":
                 return None
-            for call in msg.tool_calls:
-                while True:  # a result that cannot be sent would fail every later turn
-                    try:
-                        result = self.console.input(f"[bold magenta]result of {call.name}>[/] ")
-                    except (EOFError, KeyboardInterrupt):
-                        self.console.print("[dim]tool loop stopped[/]")
-                        return None
-                    if result.split(" ")[0] in COMMANDS:
-                        done = self.command(result.strip())
-                        if done == "exit" or result.split(" ")[0] == "/reset":
-                            return done
-                        continue
-                    if not result.strip():
-                        self.console.print(f"[dim]type the result of {call.name} (e.g. its "
-                                           "JSON), or /reset to drop this request[/]")
-                        continue
-                    if self._text_ok(result, "result"):
-                        break
-                self.messages.append({"role": "tool", "content": result,
-                                      "tool_call_id": call.id})
+            pending = msg.tool_calls
+            done = self._read_results(pending)
+            if done:
+                return "exit" if done == "exit" else None
+
+    def _read_results(self, calls) -> str | None:
+        """Ask for each call's result and add it to the history as a tool message. Returns
+        None when all were added, "exit" for /exit, "stop" when the tool loop ends otherwise
+        (/reset, Ctrl-C, the end of the input). A result of several lines is fenced by FENCE,
+        as a message is."""
+        for call in calls:
+            while True:  # a result that cannot be sent would fail every later turn
+                try:
+                    result = self.console.input(f"[bold magenta]result of {call.name}>[/] ")
+                except (EOFError, KeyboardInterrupt):
+                    self.console.print("[dim]tool loop stopped[/]")
+                    return "stop"
+                fenced = result.lstrip().startswith(FENCE)
+                if fenced:
+                    result = self._read_fenced(result.lstrip()[len(FENCE):])
+                    if result is None:
+                        return "exit"
+                elif result.split(" ")[0] in COMMANDS:
+                    done = self.command(result.strip())
+                    if done == "exit":
+                        return "exit"
+                    if result.split(" ")[0] == "/reset":
+                        return "stop"
+                    continue
+                if not result.strip():
+                    self.console.print(f"[dim]type the result of {call.name} (e.g. its "
+                                       "JSON), or /reset to drop this request[/]")
+                    continue
+                if self._text_ok(result, "result"):
+                    break
+            self.messages.append({"role": "tool", "content": result, "tool_call_id": call.id})
+        return None
 
     def _text_ok(self, text: str, what: str) -> bool:
         """Whether typed text can be sent; if not (a byte that is not UTF-8, read as a lone
@@ -309,6 +338,8 @@ class ChatSession:
 
 CONTEXT_FULL = ("the conversation fills the model's context: /reset starts a new one "
                 "(/save FILE keeps this one first)")
+RESULT_TOO_LONG = ("that result does not fit the model's context: type a shorter one, or /reset "
+                   "to drop this request")
 MESSAGE_TOO_LONG = ("that message alone does not fit the model's context (the conversation "
                     "holds nothing else): shorten it")
 

@@ -24,7 +24,7 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from flint_graph import SamplingParams
-from flint_graph.chat_cli import CONTEXT_FULL, MESSAGE_TOO_LONG, ChatSession
+from flint_graph.chat_cli import CONTEXT_FULL, MESSAGE_TOO_LONG, RESULT_TOO_LONG, ChatSession
 from flint_graph.live_text import (PLACEHOLDER, char_width, live_safe, printable, tail_lines,
                                    text_width)
 
@@ -302,6 +302,31 @@ def test_a_tool_result_gets_an_answer(nano_llm):
     assert "74.56" in s.messages[-1]["content"]
 
 
+def test_a_tool_result_of_several_lines_is_fenced_too(nano_llm):
+    # '"""' at the result prompt used to go to the model as the result, and each later line
+    # as a message of its own
+    s, _ = _session(nano_llm, ["Convert 120 km to mi.", '"""', '{"value": 74.56,',
+                               ' "unit": "mi"}', '"""', "/exit"], params=GREEDY, tools=NANO_TOOLS)
+    assert s.run() == 0
+    assert [m["role"] for m in s.messages] == ["user", "assistant", "tool", "assistant"]
+    assert s.messages[2]["content"] == '{"value": 74.56,\n "unit": "mi"}'
+
+
+def test_a_result_too_long_for_the_context_is_asked_for_again(nano_llm, monkeypatch):
+    # kept in the history, it made every later turn fail until /reset
+    small = dataclasses.replace(nano_llm.cfg, max_position_embeddings=1024)
+    monkeypatch.setattr(nano_llm, "cfg", small)
+    monkeypatch.setattr(nano_llm.engine, "cfg", small)  # where the context limit is read
+    s, console = _session(nano_llm, ["Convert 120 km to mi.", "K1234 = 5678 " * 300,
+                                     '{"value": 74.56, "unit": "mi"}', "/exit"],
+                          params=GREEDY, tools=NANO_TOOLS)
+    assert s.run() == 0
+    out = console.file.getvalue()
+    assert "context limit" in out and RESULT_TOO_LONG in out and CONTEXT_FULL not in out
+    assert [m["role"] for m in s.messages] == ["user", "assistant", "tool", "assistant"]
+    assert s.messages[2]["content"] == '{"value": 74.56, "unit": "mi"}'
+
+
 def test_a_fenced_message_of_several_lines_is_one_turn(nano_llm):
     import random
 
@@ -331,3 +356,4 @@ def test_a_fence_left_open_at_the_end_of_input_quits_without_sending(tiny_llm):
 
     console.input = read  # type: ignore[method-assign]
     assert s.run() == 0 and s.messages == []
+    assert 'inside a """ block: that text was not sent' in console.file.getvalue()
