@@ -74,7 +74,7 @@ def add_eval_parser(sub, positive_int) -> None:
     p.add_argument("--plant", choices=PLANTS, metavar="BUG",
                    help=f"run with a deliberate bug: {', '.join(PLANTS)}")
     p.add_argument("--json", type=_path, metavar="FILE", help="write the report and every case")
-    p.add_argument("--compare", type=Path, metavar="REF.json",
+    p.add_argument("--compare", type=_path, metavar="REF.json",
                    help="hold this run to a saved report (same --n/--seed/--contexts)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when a target is missed or the --compare fails")
@@ -101,10 +101,13 @@ def _recall_contexts(text: str) -> tuple[int, ...]:
     """--contexts: bench's token-count syntax (1024,4k), each at least 128 tokens."""
     from flint_graph.perf.cli import _contexts
 
-    vals = _contexts(text)
+    try:
+        vals = _contexts(text)
+    except argparse.ArgumentTypeError:
+        vals = (0,)
     if min(vals) < 128:
-        raise argparse.ArgumentTypeError(f"expected recall contexts of at least 128 tokens, "
-                                         f"found {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated recall contexts of at "
+                                         f"least 128 tokens (e.g. 1024,4k), found {text!r}")
     return vals
 
 
@@ -137,9 +140,10 @@ def cmd_eval(args) -> int:
     cases = evals.build_cases(suites, args.n, args.seed, contexts)
     common = {(c.group, c.index) for c in cases} & {(c["group"], c["index"])
                                                      for c in (ref or {}).get("cases", [])}
+    theirs = [c["group"] for c in (ref or {}).get("cases", [])]
     if ref is not None and not common:
         raise InvalidRequestError(f"--compare {args.compare}: no case in common with this run "
-                                  f"(it has {', '.join(ref['groups']) or 'none'}; use the same "
+                                  f"(it has {', '.join(dict.fromkeys(theirs))}; use the same "
                                   "--suite and --contexts)")
     device = pick_device(args.device)
     ckpt = load_checkpoint(model, args.hf_config_path, device, args.progress)
@@ -224,5 +228,8 @@ def _print(report: dict) -> None:
                   f"{c['logprob_tolerance']:.3g}: "
                   f"{'within' if c['logprob_within'] else 'OUTSIDE'}), max "
                   f"{c['logprob_max_abs_diff']:.3g}")
+        if c.get("logprob_length_mismatches"):
+            print(f"{c['logprob_length_mismatches']} outputs alike in both runs have "
+                  "log-probability lists of different lengths (a report edited or cut)")
         print(f"compare: {'PASSED' if c['passed'] else 'FAILED'}")
     sys.stdout.flush()

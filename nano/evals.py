@@ -65,6 +65,7 @@ LOGPROB_TOL_OTHER = 1.7e-4
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
 MAX_RECALL_PAIRS = 9000  # distinct keys K1000..K9999
 METRICS = ("valid", "exact", "correct")
+TOOL_GROUPS = ("tools", "chain-tools")  # scored "valid" and "exact"; the others "correct"
 MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48,
                   "chain-tools": 160, "chain-arith": 160}
 
@@ -240,7 +241,8 @@ def compare(run_: dict, ref: dict) -> dict[str, Any]:
     within; the share of identical answers; the mean |Δ| of the log-probabilities of the tokens
     both decoded alike and its tolerance (LOGPROB_TOL_SAME for the same setup, else
     LOGPROB_TOL_OTHER). `passed` when every metric is within noise, the share is at least
-    AGREE_MIN and the mean |Δ| is within its tolerance (when both runs recorded them)."""
+    AGREE_MIN and the mean |Δ| is within its tolerance (when both runs recorded them), and no
+    output alike in both has log-probability lists of different lengths."""
     rows = []
     mine = {(c["group"], c["index"]) for c in run_["cases"]}
     ref_groups = summarize([c for c in ref["cases"] if (c["group"], c["index"]) in mine])["groups"]
@@ -267,8 +269,11 @@ def compare(run_: dict, ref: dict) -> dict[str, Any]:
     # Where both decoded the same tokens, how far apart the two models' log-probabilities of
     # those tokens are: a finer view than the answers, which a confident model keeps through
     # a small bug (no plant changed an answer of the checkpoint of 2026-12-01 on the H200).
-    deltas = [abs(x - y) for a, b in pairs if a.get("text") == b.get("text")
-              for x, y in zip(a.get("logprobs") or [], b.get("logprobs") or [])]
+    alike = [(a.get("logprobs") or [], b.get("logprobs") or []) for a, b in pairs
+             if a.get("text") == b.get("text")]
+    # the same text is the same tokens: lists of other lengths are not the same run's
+    mismatched = sum(1 for x, y in alike if x and y and len(x) != len(y))
+    deltas = [abs(x - y) for xs, ys in alike for x, y in zip(xs, ys)]
     mean = sum(deltas) / len(deltas) if deltas else None
     tol = LOGPROB_TOL_SAME if same_setup(run_, ref) else LOGPROB_TOL_OTHER
     lp_ok = mean is None or mean <= tol
@@ -280,7 +285,8 @@ def compare(run_: dict, ref: dict) -> dict[str, Any]:
             "logprob_mean_abs_diff": mean,
             "logprob_max_abs_diff": round(max(deltas), 6) if deltas else None,
             "logprob_tolerance": tol, "logprob_within": lp_ok,
-            "passed": within and agree >= AGREE_MIN and lp_ok}
+            "logprob_length_mismatches": mismatched,
+            "passed": within and agree >= AGREE_MIN and lp_ok and not mismatched}
 
 
 def check_report(rep: Any, name: str) -> dict:
@@ -305,6 +311,7 @@ def check_report(rep: Any, name: str) -> dict:
                 bad(f"groups.{g}.{m}", "a fraction from 0 to 1", v[m])
     if not isinstance(cases, list) or not cases:
         bad("cases", "a non-empty list of scored cases", cases, "cases" not in rep)
+    seen: set = set()
     for i, c in enumerate(cases):
         f = f"cases[{i}]"
         if not isinstance(c, dict):
@@ -315,9 +322,18 @@ def check_report(rep: Any, name: str) -> dict:
             bad(f"{f}.index", "a case number ≥ 0", c.get("index"), "index" not in c)
         if "got" not in c:
             bad(f"{f}.got", "the answer", missing=True)
+        if not _known_group(c["group"]):
+            bad(f"{f}.group", "a group of the suite (tools, tools-direct, arith, recall@C, "
+                "chain-tools, chain-arith)", c["group"])
+        if (c["group"], c["index"]) in seen:
+            bad(f, f'one case per group and index; {c["group"]} {c["index"]} comes twice',
+                c["index"])
+        seen.add((c["group"], c["index"]))
         scored = [m for m in METRICS if m in c]
-        if not scored or scored == ["valid"] or scored == ["exact"]:
-            bad(f, 'a score ("valid" and "exact", or "correct")', sorted(c))
+        want = ["valid", "exact"] if c["group"] in TOOL_GROUPS else ["correct"]
+        if scored != want:
+            bad(f, f"a score: {' and '.join(map(json.dumps, want))} for group {c['group']}",
+                sorted(c))
         for m in scored:
             if type(c[m]) is not bool:
                 bad(f"{f}.{m}", "true or false", c[m])
@@ -333,9 +349,24 @@ def check_report(rep: Any, name: str) -> dict:
     for k in ("n", "seed"):
         if k in rep and type(rep[k]) is not int:
             bad(k, "an integer", rep[k])
+    counts: dict[str, int] = {}
+    for c in cases:
+        counts[c["group"]] = counts.get(c["group"], 0) + 1
+    for g, v in groups.items():
+        if counts.get(g) != v["n"]:
+            bad(f"groups.{g}.n", f"the number of its cases ({counts.get(g, 0)})", v["n"])
+    for g in counts.keys() - groups.keys():
+        bad(f"groups.{g}", "the scores of the group its cases name", missing=True)
     return rep
 
 
+def _known_group(group: str) -> bool:
+    if group in ("tools", "tools-direct", "arith", "chain-tools", "chain-arith"):
+        return True
+    suite, _, ctx = group.partition("@")
+    return suite == "recall" and ctx.isdigit()
+
+
 def _short(x: Any) -> str:
-    text = json.dumps(x) if isinstance(x, (dict, list, str)) or x is None else repr(x)
+    text = json.dumps(x) if isinstance(x, (dict, list, str, bool)) or x is None else repr(x)
     return text if len(text) <= 60 else text[:57] + "..."

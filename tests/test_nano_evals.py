@@ -203,6 +203,16 @@ def test_chain_cases_ask_a_second_request_after_an_answered_one():
         == [x.messages for x in evals.build_cases(("tools",), 4) if x.group == "tools"]
 
 
+def test_compare_fails_on_log_probabilities_of_another_length():
+    # the same text must have the same tokens; a cut list was compared on its prefix and passed
+    ref = _good_report()
+    run = _good_report()
+    run["cases"][0]["logprobs"] = [-0.1]
+    got = evals.compare(run, ref)
+    assert got["logprob_length_mismatches"] == 1 and not got["passed"]
+    assert evals.compare(_good_report(), ref)["passed"]
+
+
 def test_compare_reports_logprob_distance_on_identical_outputs():
     def rep(lps, text="a"):
         return {"groups": {"arith": {"n": 1, "correct": 1.0}},
@@ -270,6 +280,17 @@ def _good_report():
     (lambda r: r["groups"].update(arith={"n": 0}), "groups.arith"),
     (lambda r: r["groups"]["arith"].update(correct=2), "groups.arith.correct"),
     (lambda r: r.update(seed="0"), "seed"),
+    (lambda r: r.update(seed=True), "seed: expected an integer, found true"),
+    # found by a bad-input helper: accepted, then compared with made-up or missing figures
+    (lambda r: r["cases"][0].update(valid=True, exact=True), 'cases[0]: expected a score: '
+                                                             '"correct" for group arith'),
+    (lambda r: r["cases"][0].update(group="chain-tools"), "cases[0]: expected a score: "
+                                                          '"valid" and "exact"'),
+    (lambda r: r["cases"][0].update(group="bogus"), "cases[0].group: expected a group"),
+    (lambda r: r["cases"].append(dict(r["cases"][0])), "cases[1]: expected one case per group"),
+    (lambda r: r["groups"].update(bogus={"n": 1}), "groups.bogus.n: expected the number"),
+    (lambda r: r["groups"]["arith"].update(n=10 ** 400), "groups.arith.n: expected the number"),
+    (lambda r: r["groups"].pop("arith"), "groups.arith: expected the scores"),
 ])
 def test_reports_are_checked_field_by_field_before_any_work(change, field):
     rep = _good_report()
