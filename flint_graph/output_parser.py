@@ -23,8 +23,9 @@ flint_graph/tool_schema.py types its values. Decisions (tests/test_output_parser
   reasoning (cut off mid-thought); any other ("stop", None, ...) means the model ended it, so it
   is the answer: result() has it as content only, and finish()'s delta repeats it as content
   (it was already streamed as reasoning).
-- Errors (`errors`): malformed or rejected calls (their raw text becomes content), repairs and
-  arguments that fit no reading of their schema, each as "tool call N: ...".
+- Errors (`errors`): malformed or rejected calls (their raw text becomes content), repairs,
+  arguments that fit no reading of their schema and required arguments a kept call lacks,
+  each as "tool call N: ...".
 """
 
 from __future__ import annotations
@@ -236,6 +237,12 @@ class OutputParser:
         self._buf, self._call = reader.buf, None
         self._num_started += reader.started
         if reader.call is not None:
+            schema = (self._schemas or {}).get(reader.call.name)
+            missing = [k for k in (schema.required if schema else ()) if k not in
+                       reader.call.arguments]
+            if missing:  # kept: the caller decides; vLLM passes such calls on unchecked
+                self._error(f"tool call {self._num_calls}: {reader.call.name}: missing required "
+                            f"argument{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
             self._tool_calls.append(reader.call)
             self._delta.tool_calls.append(reader.call)
             self._state = STRIP

@@ -40,12 +40,14 @@ _COMBINATORS = ("allOf", "anyOf", "oneOf")
 
 @dataclass(frozen=True)
 class ToolSchema:
-    """One tool's parameters: `root` (the base of its "#/..." references) and the schema of
-    each declared property (`extra`: the additionalProperties schema for the others, if any)."""
+    """One tool's parameters: `root` (the base of its "#/..." references), the schema of
+    each declared property (`extra`: the additionalProperties schema for the others, if any)
+    and the names its top-level "required" lists."""
 
     root: Any
     properties: dict[str, Any]
     extra: Any = None
+    required: tuple[str, ...] = ()
 
     def param(self, key: str) -> Any:
         """The schema of argument `key`, or None when the tool does not describe it."""
@@ -75,8 +77,11 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
         params = fn.get("parameters")
         root = params if isinstance(params, dict) else {}
         extra = root.get("additionalProperties")
+        required = root.get("required")
         schemas[name] = ToolSchema(root, _properties(root, root, 0),
-                                   extra if isinstance(extra, dict) else None)
+                                   extra if isinstance(extra, dict) else None,
+                                   tuple(k for k in required if isinstance(k, str))
+                                   if isinstance(required, list) else ())
     return schemas
 
 

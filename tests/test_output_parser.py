@@ -754,3 +754,18 @@ def test_long_word_after_call_tag_is_read_in_linear_time():
     parser.finish("stop")
     assert time.perf_counter() - start < 2.0
     assert parser.result().content == "<tool_call>" + "abcd" * 20_000
+
+
+def test_a_call_without_a_required_argument_is_kept_and_reported():
+    # `generate --tools` printed get_weather {"city": "Celsius"} with no error, though the
+    # schema requires days and metric
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                         "metric": {"type": "boolean"}},
+        "required": ["city", "days", "metric"]}}}]
+    out = parse_output(f"x</think>{WEATHER_PARIS}", tools)
+    assert [c.name for c in out.tool_calls] == ["get_weather"]
+    assert out.errors == ["tool call 1: get_weather: missing required arguments days, metric"]
+    full = WEATHER_PARIS.replace("</tool_call>", "<arg_key>days</arg_key><arg_value>2</arg_value>"
+                                 "<arg_key>metric</arg_key><arg_value>true</arg_value></tool_call>")
+    assert parse_output(f"x</think>{full}", tools).errors == []
