@@ -148,7 +148,7 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
 
 def score(case: Case, msg) -> dict[str, bool]:
     """The case's metrics for the assistant ChatMessage `msg` (module docstring)."""
-    if not isinstance(case.expect, dict):  # an answer; with tools offered it must not call one
+    if case.group not in TOOL_GROUPS:  # an answer; with tools offered it must not call one
         return {"correct": not msg.tool_calls and msg.content.strip() == case.expect}
     calls = msg.tool_calls
     valid = len(calls) == 1 and _typed(calls[0], case.tools)
