@@ -6,7 +6,10 @@ rope-on-nope), every variant a kernel module lists in `bench_specs`, and the tes
 for sm_90a, into .kcache/kernels (what tools/gpu_check.sh points FLINT_GRAPH_CACHE at).
 
     python tools/build_gpu_cache.py [--out .kcache/kernels] [--arch sm_90a] [--jobs N]
-Incremental: entries already up to date are kept.
+                                    [--preset nano]
+Incremental: entries already up to date are kept. The whole cache is about 750 compiles (over an
+hour on 2 cores); `--preset nano` builds only what `tools/gpu_eval_nano.sh` runs (flint-nano and
+its planted configs, about 100 compiles).
 """
 
 from __future__ import annotations
@@ -23,21 +26,30 @@ from flint_graph.kernels.spec import BUCKETS, unique_specs
 from flint_graph.nano.plants import planted_config
 
 
-def todo() -> list:
-    """(KernelDef, Spec) pairs: model specs and bench variants of both presets, test kernels."""
+PRESETS = ("tiny", "nano", "full")
+
+
+def todo(presets: tuple[str, ...] = PRESETS) -> list:
+    """(KernelDef, Spec) pairs: model specs of `presets` (nano's planted configs with nano), and,
+    when all presets are asked for, the bench variants and the test kernels."""
+    everything = set(presets) == set(PRESETS)
     out = []
     for name in MODEL_KERNELS:
         (kdef,) = registry((name,))
         module = importlib.import_module(f"flint_graph.kernels.{name}")
-        for preset in ("tiny", "nano", "full"):
+        for preset in presets:
             cfg = FlintConfig.preset(preset)
             specs = kdef.specs(cfg, BUCKETS)
-            specs += getattr(module, "bench_specs", lambda c, b: [])(cfg, BUCKETS)
+            if everything:
+                specs += getattr(module, "bench_specs", lambda c, b: [])(cfg, BUCKETS)
             out += [(kdef, s) for s in unique_specs(specs)]
-        for bug in ("window-1", "rope-on-nope"):  # `eval --plant` on the graph engine
-            out += [(kdef, s) for s in kdef.specs(planted_config(FlintConfig.preset("nano"), bug),
-                                                  BUCKETS)]
-    return out + model_specs(None, (), registry(TEST_KERNELS))
+        if "nano" in presets:
+            for bug in ("window-1", "rope-on-nope"):  # `eval --plant` on the graph engine
+                cfg = planted_config(FlintConfig.preset("nano"), bug)
+                out += [(kdef, s) for s in kdef.specs(cfg, BUCKETS)]
+    if everything:
+        out += model_specs(None, (), registry(TEST_KERNELS))
+    return out
 
 
 def main() -> int:
@@ -45,9 +57,13 @@ def main() -> int:
     p.add_argument("--out", default=".kcache/kernels", help="cache directory")
     p.add_argument("--arch", action="append", choices=("sm_90a", "sm_100a"))
     p.add_argument("--jobs", type=int, help="compile processes (default: one per CPU)")
+    p.add_argument("--preset", action="append", choices=PRESETS,
+                   help="build only this config's kernels (repeatable; default: every preset, "
+                        "the bench variants and the test kernels)")
     args = p.parse_args()
     t0 = time.perf_counter()
-    counts = build_cache(args.out, todo(), args.arch or ["sm_90a"], workers=args.jobs)
+    work = todo(tuple(args.preset or PRESETS))
+    counts = build_cache(args.out, work, args.arch or ["sm_90a"], workers=args.jobs)
     print(f"{args.out}: {counts} in {time.perf_counter() - t0:.0f} s")
     return 0
 

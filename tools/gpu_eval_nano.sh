@@ -4,8 +4,8 @@
 # (--compare), then each planted bug on the graph engine, a reference rerun (bit-identical) and
 # each planted bug on the reference engine. Reports land in $OUT (eval-*.json, eval.log,
 # plants.json: each plant's and rerun's verdicts; plant-reports.tgz: those reports in full).
-# Needs the kernel cache in .kcache (tools/build_gpu_cache.py) and the gguf wheel in .whl;
-# N (default 50) cases per suite, PLANT_N per plant run; CK a checkpoint directory (default:
+# Needs the kernel cache in .kcache (`tools/build_gpu_cache.py --preset nano`, ~100 compiles)
+# and the gguf wheel in .whl; N (default 50) cases per suite, PLANT_N per plant run; CK a checkpoint directory (default:
 # the embedded flint-nano); DEADLINE (epoch seconds) cuts each step's time so the call ends
 # by then.
 set -uo pipefail
