@@ -7,7 +7,8 @@
 # Needs the kernel cache in .kcache (`tools/build_gpu_cache.py --preset nano`, ~100 compiles)
 # and the gguf wheel in .whl; N (default 50) cases per suite, PLANT_N per plant run; CK a checkpoint directory (default:
 # the embedded flint-nano); DEADLINE (epoch seconds) cuts each step's time so the call ends
-# by then.
+# by then. REF=REPORT skips the clean runs and holds only the plants to that reference report;
+# GRAPH_PLANTS / PLANTS list the plants to run on each engine (empty: none).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -27,24 +28,30 @@ ev() {
   timeout "$t" flint-graph eval --quiet --n "$N" --contexts "$CTX" "$@" 2>&1 | tee -a "$log"; }
 ck=${CK:-$(python3 -c "from flint_graph.make_checkpoint import ensure_default_checkpoint as e
 print(e(progress=False))")}
-echo "== reference engine (BF16) $ck" | tee -a "$log"
-ev "$ck" --engine reference --json "$OUT/eval-ref.json"
-echo "== graph engine, BF16" | tee -a "$log"
-ev "$ck" --engine graph --compare "$OUT/eval-ref.json" --json "$OUT/eval-graph-bf16.json"
 mkdir -p /tmp/plants
-echo "== graph engine, BF16, again (same setup: must be bit-identical)" | tee -a "$log"
-ev "$ck" --engine graph --compare "$OUT/eval-graph-bf16.json" --json /tmp/plants/rerun-graph.json
-echo "== graph engine, NVFP4 GGUF" | tee -a "$log"
-ev "$ck/model-nvfp4.gguf" --engine graph --compare "$OUT/eval-ref.json" \
-  --json "$OUT/eval-graph-nvfp4.json"
-for bug in ${GRAPH_PLANTS:-no-sink router-bias-bf16 window-1 rope-on-nope}; do
+if [ -n "${REF:-}" ]; then
+  cp "$REF" "$OUT/eval-ref.json"
+else
+  echo "== reference engine (BF16) $ck" | tee -a "$log"
+  ev "$ck" --engine reference --json "$OUT/eval-ref.json"
+  echo "== graph engine, BF16" | tee -a "$log"
+  ev "$ck" --engine graph --compare "$OUT/eval-ref.json" --json "$OUT/eval-graph-bf16.json"
+  echo "== graph engine, BF16, again (same setup: must be bit-identical)" | tee -a "$log"
+  ev "$ck" --engine graph --compare "$OUT/eval-graph-bf16.json" --json /tmp/plants/rerun-graph.json
+  echo "== graph engine, NVFP4 GGUF" | tee -a "$log"
+  ev "$ck/model-nvfp4.gguf" --engine graph --compare "$OUT/eval-ref.json" \
+    --json "$OUT/eval-graph-nvfp4.json"
+fi
+for bug in ${GRAPH_PLANTS-no-sink router-bias-bf16 window-1 rope-on-nope}; do
   echo "== plant $bug (graph engine)" | tee -a "$log"
   N=$PN ev "$ck" --engine graph --plant "$bug" --compare "$OUT/eval-ref.json" \
     --json "/tmp/plants/graph-$bug.json"
 done
-echo "== reference engine again (same setup: must be bit-identical)" | tee -a "$log"
-ev "$ck" --engine reference --compare "$OUT/eval-ref.json" --json /tmp/plants/rerun-ref.json
-for bug in ${PLANTS:-window-1 no-sink rope-on-nope router-bias-bf16}; do
+if [ -z "${REF:-}" ]; then
+  echo "== reference engine again (same setup: must be bit-identical)" | tee -a "$log"
+  ev "$ck" --engine reference --compare "$OUT/eval-ref.json" --json /tmp/plants/rerun-ref.json
+fi
+for bug in ${PLANTS-window-1 no-sink rope-on-nope router-bias-bf16}; do
   echo "== plant $bug (reference engine)" | tee -a "$log"
   N=$PN ev "$ck" --engine reference --plant "$bug" --compare "$OUT/eval-ref.json" \
     --json "/tmp/plants/ref-$bug.json"
