@@ -66,3 +66,42 @@ def test_pad_batch_marks_next_token_targets_and_answer_digits(tmp_path):
         predicted = [ids[t + 1] for t in range(n - 1) if b["answer"][r, t]]
         answers = "".join(str(a) for a in e.meta["answers"])
         assert answers in tok.decode(predicted)
+
+
+def test_init_starts_a_new_state_from_an_exported_checkpoint(tmp_path):
+    # state.pt is gitignored and gone on a fresh machine: --init picks training up from the
+    # exported model, and exporting that state again gives back the same weights (the NVFP4
+    # snap of an NVFP4 value is itself).
+    state, ck = tmp_path / "state", tmp_path / "ckpt"
+    _run("--state", str(state), "--steps", "1", *FAST)
+    _run("--state", str(state), "--preset", "tiny", "--export", str(ck))
+    for i, src in enumerate((ck, ck / "model-nvfp4.gguf")):
+        new, again = tmp_path / f"new{i}", tmp_path / f"again{i}"
+        assert "at step 8" in _run("--state", str(new), "--init", str(src), "--first-step", "7",
+                                   "--steps", "1", *FAST)
+        steps = [json.loads(x)["step"] for x in (new / "loss.jsonl").read_text().splitlines()]
+        assert steps == [8]
+        fresh = tmp_path / f"fresh{i}"  # no training step: the export must round-trip exactly
+        _run("--state", str(fresh), "--preset", "tiny", "--init", str(src), "--steps", "0",
+             "--device", "cpu")
+        _run("--state", str(fresh), "--preset", "tiny", "--export", str(again))
+        a = load_checkpoint(ck, device="cpu", progress=False).weights
+        b = load_checkpoint(again, device="cpu", progress=False).weights
+        from flint_graph.weights import _walk
+        for x, y in zip(_walk(a), _walk(b)):
+            assert torch.equal(x, y)
+
+
+def test_init_refuses_an_existing_state_and_another_config(tmp_path):
+    state = tmp_path / "state"
+    _run("--state", str(state), "--steps", "1", *FAST)
+    out = subprocess.run([sys.executable, str(TOOL), "--state", str(state), "--init",
+                          str(tmp_path), *FAST], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "exists" in out.stderr and "Traceback" not in out.stderr
+    from flint_graph.make_checkpoint import ensure_default_checkpoint
+
+    nano = ensure_default_checkpoint(progress=False)
+    out = subprocess.run([sys.executable, str(TOOL), "--state", str(tmp_path / "s2"), "--init",
+                          str(nano), *FAST], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--preset 'tiny'" in out.stderr, out.stderr[-500:]
+    assert "Traceback" not in out.stderr

@@ -3,6 +3,7 @@
 
     python tools/train_nano.py --state DIR [--minutes 9] [--device cuda]
     python tools/train_nano.py --state DIR --export CKPT_DIR     # BF16 shards + NVFP4 GGUF
+    python tools/train_nano.py --state DIR --init nano/flint-nano --first-step 5930 ...
 
 Each step trains on two fresh batches of the curriculum (nano/curriculum.py): --batch short
 episodes (tool calls, arithmetic, string tasks) and --recall-batch long key-value recall
@@ -18,7 +19,9 @@ towards equal expert load (DeepSeek-V3's auxiliary-loss-free balancing).
 DIR/state.pt holds the master weights in BF16 plus the step, recall length and balance state
 (32 MB: small enough to carry to and from a device run); AdamW's moments are not kept, so a
 resumed run warms its learning rate up again over --warmup steps. The state is saved every
---save-every minutes and at the end. The loss curve goes to DIR/loss.jsonl. The export's GGUF
+--save-every minutes and at the end. The loss curve goes to DIR/loss.jsonl. Without a state
+(a fresh machine: .nano/ is not in git), `--init nano/flint-nano --first-step 5930
+--recall-pairs 1300` starts one from the shipped checkpoint's weights. The export's GGUF
 holds exactly the NVFP4 values the forward pass trained on, and its BF16 shards are their
 exact dequantisation.
 """
@@ -126,6 +129,35 @@ def load_state(path: Path, cfg: FlintConfig, device: str, recall_pairs: int):
     return w, st
 
 
+def init_from_checkpoint(w, cfg: FlintConfig, preset: str, ckpt: Path, device: str) -> None:
+    """Set the master weights `w` to a checkpoint's values (a BF16 directory or an NVFP4 GGUF,
+    e.g. the shipped flint-nano): a new state resumes from an exported model when its own
+    state.pt is gone. Raises SystemExit naming the checkpoint when its config is not `cfg`."""
+    from flint_graph.checkpoint import load_checkpoint
+    from flint_graph.weights import NVFP4Weight, _walk
+
+    from flint_graph.errors import FlintError
+
+    try:
+        ck = load_checkpoint(ckpt, device=device, progress=False)
+    except FlintError as e:
+        raise SystemExit(f"--init: {e}") from None
+    if ck.cfg != cfg:
+        raise SystemExit(f"--init {ckpt}: its config.json is not the --preset {preset!r} "
+                         "config (expected the same model)")
+    src = list(_walk(ck.weights))
+    params = parameters(w)
+    if len(src) != len(params):
+        raise SystemExit(f"--init {ckpt}: {len(src)} tensors; the model has {len(params)}")
+    with torch.no_grad():
+        for p, t in zip(params, src):
+            t = t.dequantize(torch.float32) if isinstance(t, NVFP4Weight) else t
+            if t.shape != p.shape:
+                raise SystemExit(f"--init {ckpt}: a tensor of shape {tuple(t.shape)} where the "
+                                 f"model has {tuple(p.shape)}")
+            p.copy_(t.float())
+
+
 def save_state(path: Path, w, st: dict) -> None:
     """BF16 master weights (router and its bias float32) plus `st`, replaced atomically."""
     params = [p.detach().cpu() for p in parameters(w)]
@@ -192,12 +224,29 @@ def main(argv=None) -> int:
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--export", type=Path, metavar="CKPT_DIR",
                     help="write the checkpoint (BF16 shards + NVFP4 GGUF) and exit")
+    ap.add_argument("--init", type=Path, metavar="CKPT",
+                    help="start a new state from this checkpoint's weights (a BF16 directory or "
+                         "NVFP4 GGUF of the same config, e.g. nano/flint-nano) instead of the "
+                         "seeded initialisation; refused when --state already holds a state")
+    ap.add_argument("--first-step", type=int, default=0,
+                    help="step number a new state starts at; it seeds the batches, so a state "
+                         "started from a trained checkpoint should start past that "
+                         "checkpoint's steps (flint-nano: 5929) to see new episodes")
     args = ap.parse_args(argv)
     cfg = FlintConfig.preset(args.preset)
     side = args.state / "side"
-    side_files(cfg, side)
     state = args.state / "state.pt"
+    if (args.init or args.first_step) and state.is_file():
+        raise SystemExit(f"--init/--first-step start a new state, and {state} exists "
+                         "(resume it without them, or give another --state)")
+    if args.first_step < 0:
+        raise SystemExit(f"--first-step {args.first_step}: expected a step number >= 0")
+    side_files(cfg, side)
     w, st = load_state(state, cfg, args.device, args.recall_pairs)
+    if args.init:
+        init_from_checkpoint(w, cfg, args.preset, args.init, args.device)
+    if not state.is_file():
+        st["step"] = args.first_step
     if args.export:
         return _export(cfg, w, side, args.export)
     return train(cfg, w, st, args, side, state)
