@@ -92,6 +92,26 @@ def test_init_starts_a_new_state_from_an_exported_checkpoint(tmp_path):
             assert torch.equal(x, y)
 
 
+def test_init_from_the_shipped_checkpoint_keeps_its_tokenizer(tmp_path):
+    # side_files would train a tokenizer from today's curriculum, which is not the one the
+    # shipped weights were trained with: a new state must take the checkpoint's own.
+    from flint_graph.nano.embedded import SIDE_FILES, packaged_dir
+    from flint_graph.weights import NVFP4Weight, _walk
+
+    nano, state, again = packaged_dir(), tmp_path / "state", tmp_path / "again"
+    _run("--state", str(state), "--init", str(nano), "--first-step", "5930", "--steps", "0",
+         "--device", "cpu")
+    _run("--state", str(state), "--export", str(again))
+    for name in SIDE_FILES:
+        assert (again / name).read_bytes() == (nano / name).read_bytes(), name
+    a = load_checkpoint(nano, device="cpu", progress=False).weights
+    b = load_checkpoint(again / "model-nvfp4.gguf", device="cpu", progress=False).weights
+    for x, y in zip(_walk(a), _walk(b)):
+        if isinstance(x, NVFP4Weight):
+            x, y = x.dequantize(torch.float32), y.dequantize(torch.float32)
+        assert torch.equal(x, y)
+
+
 def test_init_refuses_an_existing_state_and_another_config(tmp_path):
     state = tmp_path / "state"
     _run("--state", str(state), "--steps", "1", *FAST)

@@ -129,14 +129,17 @@ def load_state(path: Path, cfg: FlintConfig, device: str, recall_pairs: int):
     return w, st
 
 
-def init_from_checkpoint(w, cfg: FlintConfig, preset: str, ckpt: Path, device: str) -> None:
-    """Set the master weights `w` to a checkpoint's values (a BF16 directory or an NVFP4 GGUF,
-    e.g. the shipped flint-nano): a new state resumes from an exported model when its own
-    state.pt is gone. Raises SystemExit naming the checkpoint when its config is not `cfg`."""
-    from flint_graph.checkpoint import load_checkpoint
-    from flint_graph.weights import NVFP4Weight, _walk
+def load_init(ckpt: Path, cfg: FlintConfig, preset: str, device: str, side: Path):
+    """The checkpoint `ckpt` (a BF16 directory or an NVFP4 GGUF, e.g. the shipped flint-nano)
+    that a new state starts from, with its side files (embedded.SIDE_FILES) copied into
+    `side`: its weights only mean something with its own tokenizer, and the one side_files
+    would train from today's curriculum is another. Raises SystemExit naming the checkpoint
+    when it does not load or its config is not `cfg` (the --preset `preset`)."""
+    import shutil
 
+    from flint_graph.checkpoint import load_checkpoint
     from flint_graph.errors import FlintError
+    from flint_graph.nano.embedded import SIDE_FILES
 
     try:
         ck = load_checkpoint(ckpt, device=device, progress=False)
@@ -145,6 +148,19 @@ def init_from_checkpoint(w, cfg: FlintConfig, preset: str, ckpt: Path, device: s
     if ck.cfg != cfg:
         raise SystemExit(f"--init {ckpt}: its config.json is not the --preset {preset!r} "
                          "config (expected the same model)")
+    side.mkdir(parents=True, exist_ok=True)
+    for name in SIDE_FILES:
+        if (ck.config_dir / name).is_file():
+            shutil.copy(ck.config_dir / name, side / name)
+    return ck
+
+
+def init_from_checkpoint(w, ck, ckpt: Path) -> None:
+    """Set the master weights `w` to the loaded checkpoint `ck`'s values (NVFP4 dequantised):
+    a new state resumes from an exported model when its own state.pt is gone. Raises
+    SystemExit naming `ckpt` when a tensor's count or shape differs."""
+    from flint_graph.weights import NVFP4Weight, _walk
+
     src = list(_walk(ck.weights))
     params = parameters(w)
     if len(src) != len(params):
@@ -241,10 +257,11 @@ def main(argv=None) -> int:
                          "(resume it without them, or give another --state)")
     if args.first_step < 0:
         raise SystemExit(f"--first-step {args.first_step}: expected a step number >= 0")
+    ck = args.init and load_init(args.init, cfg, args.preset, args.device, side)
     side_files(cfg, side)
     w, st = load_state(state, cfg, args.device, args.recall_pairs)
-    if args.init:
-        init_from_checkpoint(w, cfg, args.preset, args.init, args.device)
+    if ck:
+        init_from_checkpoint(w, ck, args.init)
     if not state.is_file():
         st["step"] = args.first_step
     if args.export:
