@@ -165,23 +165,26 @@ OPERAND_DIGITS = (1, 2, 3, 3, 3, 4, 4)  # drawn per operand; 3 digits (the eval'
 
 
 def arithmetic(rng: random.Random, split: str, digits: int | None = None,
-               op: str | None = None) -> Episode:
+               op: str | None = None, negative: bool | None = None) -> Episode:
     """a + b or a − b (a ≥ b, or in training now and then a < b with a negative answer),
     answered after column reasoning. Each operand's length is drawn
     from OPERAND_DIGITS (a uniform draw over 10..9999 would make nine in ten operands 4-digit
-    and under-train the rest), or both have `digits` digits; `op` "+" or "-" (default: drawn)."""
+    and under-train the rest), or both have `digits` digits; `op` "+" or "-" (default: drawn).
+    `negative=True` asks a − b with a < b (the eval's held-out negative differences; pass
+    op="-")."""
     def draw() -> int:
         d = digits or rng.choice(OPERAND_DIGITS)
         return rng.randint(10 ** (d - 1), 10 ** d - 1)
 
     while True:
         a, b = draw(), draw()
-        if in_split(split, a, b):
+        if in_split(split, a, b) and (not negative or a < b):
             break
     op = op or rng.choice("+-")
     # a quarter of the training subtractions with a < b keep it, answered negative (250 - 750
     # gave 500 before); the held-out split draws nothing more, so its cases stay the same
-    negative = split == "train" and op == "-" and b > a and rng.random() < 0.25
+    if negative is None:
+        negative = split == "train" and op == "-" and b > a and rng.random() < 0.25
     if op == "-" and b > a and not negative:
         a, b = b, a
     ans = a + b if op == "+" else a - b

@@ -24,6 +24,11 @@ figures (held-out cases of the flint-nano curriculum, greedy decoding):
                 after an answered arithmetic one; scored as tools
   chain-arith   3-digit arithmetic as the second request, after a tool
                 request with its result and answer; scored as arith
+  chat-chain3   (suite chat, not run by default) 3-digit arithmetic as the
+                third request, after a tool request and an arithmetic one
+  chat-negative (chat) a - b with a < b, 3 digits: the negative answer
+  chat-list     (chat) a pasted list of 4-40 key = value lines, one
+                question; tools offered in every other case
   targets       tools valid >= 95% and exact >= 90%, arith >= 90%,
                 recall@4096 >= 90% (what flint-nano is trained to)
 --compare REF.json holds this run to a saved one (e.g. the reference

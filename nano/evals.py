@@ -20,6 +20,12 @@ and number pairs the training never saw. Every case is one chat request decoded 
   one, scored as tools; chain-arith: arithmetic after a tool request with its result and
   answer, the tools still offered, scored as arith. (A model that never saw two requests in
   one chat answered the second with the first one's answer.)
+- chat (not in the default suites, so that the shipped reports keep their case list): what a
+  chat user asked beyond the issue's suites, each scored as arith. chat-chain3: 3-digit
+  arithmetic as the third request, after a tool request and an arithmetic one (either
+  order); chat-negative: a − b with a < b, 3 digits, the answer negative; chat-list: a pasted
+  list of 4-40 key = value lines, then one question for a key in its first half, with the
+  tools offered in every other case (a chat with tools declared must still answer it).
 
 Targets (reference path): tools valid ≥ 95% with exact ≥ 90%, arith ≥ 90%, recall@4096 ≥ 90%.
 `compare` holds a run to a reference run on the same cases. It passes when every metric is
@@ -45,7 +51,8 @@ from flint_graph.errors import InvalidRequestError
 from flint_graph.nano.curriculum import TOOLS, arithmetic, older_turns, recall, tool_use
 from flint_graph.tool_schema import admits, tool_schemas
 
-SUITES = ("tools", "arith", "recall", "chain")
+SUITES = ("tools", "arith", "recall", "chain", "chat")
+DEFAULT_SUITES = ("tools", "arith", "recall", "chain")  # the shipped reports' case list
 DEFAULT_CONTEXTS = (1024, 4096, 16384)
 TARGETS = {("tools", "valid"): 0.95, ("tools", "exact"): 0.90, ("arith", "correct"): 0.90,
            ("recall@4096", "correct"): 0.90}
@@ -67,7 +74,9 @@ MAX_RECALL_PAIRS = 9000  # distinct keys K1000..K9999
 METRICS = ("valid", "exact", "correct")
 TOOL_GROUPS = ("tools", "chain-tools")  # scored "valid" and "exact"; the others "correct"
 MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48,
-                  "chain-tools": 160, "chain-arith": 160}
+                  "chain-tools": 160, "chain-arith": 160, "chat-chain3": 160,
+                  "chat-negative": 160, "chat-list": 48}
+CHAT_GROUPS = ("chat-chain3", "chat-negative", "chat-list")
 
 
 @dataclass
@@ -109,7 +118,8 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
     for suite in suites:
         groups = ([f"recall@{c}" for c in contexts] if suite == "recall" else
                   ["tools", "tools-direct"] if suite == "tools" else
-                  ["chain-tools", "chain-arith"] if suite == "chain" else [suite])
+                  ["chain-tools", "chain-arith"] if suite == "chain" else
+                  list(CHAT_GROUPS) if suite == "chat" else [suite])
         for group in groups:
             rng = random.Random(f"eval/{seed}/{group}")  # one stream per group: stable cases
             for i in range(n):
@@ -130,6 +140,23 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
                     ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
                     ask = older_turns(first.messages) + ep.messages[:1]
                     cases.append(Case(group, i, ask, first.tools, str(ep.meta["answer"])))
+                elif group == "chat-chain3":
+                    earlier = [tool_use(rng, "heldout"),
+                               arithmetic(rng, "heldout", digits=3, op="+-"[i // 2 % 2])]
+                    if i % 2:
+                        earlier.reverse()
+                    ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
+                    ask = [m for e in earlier for m in older_turns(e.messages)] + ep.messages[:1]
+                    tools = next(e.tools for e in earlier if e.tools)
+                    cases.append(Case(group, i, ask, tools, str(ep.meta["answer"])))
+                elif group == "chat-negative":
+                    ep = arithmetic(rng, "heldout", digits=3, op="-", negative=True)
+                    cases.append(Case(group, i, ep.messages[:1], None, str(ep.meta["answer"])))
+                elif group == "chat-list":
+                    ep = recall(rng, "heldout", rng.randint(4, 40), 1)
+                    cases.append(Case(group, i, ep.messages[:3],
+                                      TOOLS["train"] + TOOLS["heldout"] if i % 2 else None,
+                                      str(ep.meta["answers"][0])))
                 elif suite == "arith":
                     ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
                     cases.append(Case(group, i, ep.messages[:1], None, str(ep.meta["answer"])))
@@ -361,7 +388,7 @@ def check_report(rep: Any, name: str) -> dict:
 
 
 def _known_group(group: str) -> bool:
-    if group in ("tools", "tools-direct", "arith", "chain-tools", "chain-arith"):
+    if group in ("tools", "tools-direct", "arith", "chain-tools", "chain-arith", *CHAT_GROUPS):
         return True
     suite, _, ctx = group.partition("@")
     return suite == "recall" and ctx.isdigit()

@@ -203,6 +203,35 @@ def test_chain_cases_ask_a_second_request_after_an_answered_one():
         == [x.messages for x in evals.build_cases(("tools",), 4) if x.group == "tools"]
 
 
+def test_chat_cases_ask_what_chat_users_asked():
+    """chat-chain3: a third request after a tool request and an arithmetic one; chat-negative:
+    a − b with a < b; chat-list: a short pasted list, tools offered in every other case. All
+    scored as answers."""
+    cases = evals.build_cases(("chat",), 6, seed=0)
+    by = {g: [c for c in cases if c.group == g] for g in evals.CHAT_GROUPS}
+    assert all(len(v) == 6 for v in by.values())
+    for c in by["chat-chain3"]:
+        roles = [m["role"] for m in c.messages]
+        assert roles.count("user") == 3 and "tool" in roles and roles[-1] == "user" and c.tools
+        assert all(m.get("reasoning_content") == "" for m in c.messages
+                   if m["role"] == "assistant")
+    for c in by["chat-negative"]:
+        assert int(c.expect) < 0 and c.tools is None
+        x, y = (int(v) for v in re.findall(r"\d+", c.messages[0]["content"])[:2])
+        assert -int(c.expect) == abs(x - y)
+    for c in by["chat-list"]:
+        assert [m["role"] for m in c.messages] == ["user", "assistant", "user"]
+        assert c.expect in c.messages[0]["content"]
+    assert [bool(c.tools) for c in by["chat-list"]] == [False, True] * 3
+    c = by["chat-list"][1]
+    assert evals.score(c, _msg(c.expect)) == {"correct": True}
+    assert evals.score(c, _msg(c.expect, calls=[("lookup", {"query": "K1"})])) == \
+        {"correct": False}
+    # the default suites' cases do not change with chat in the list
+    assert evals.build_cases(evals.DEFAULT_SUITES, 3)[0].messages == \
+        evals.build_cases(evals.DEFAULT_SUITES + ("chat",), 3)[0].messages
+
+
 def test_compare_fails_on_log_probabilities_of_another_length():
     # the same text must have the same tokens; a cut list was compared on its prefix and passed
     ref = _good_report()

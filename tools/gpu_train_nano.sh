@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Continue flint-nano's training on the H200 from a checkpoint and score the result, in one
+# device call (issue 11; the training state is not in git, so a run starts from the shipped
+# checkpoint with `train_nano.py --init`).
+#   1. the reference engine on INIT's own chat suite (eval-base-chat.json), for comparison;
+#   2. MINUTES of training from INIT (TRAIN_ARGS passed on), loss in loss.jsonl, log in
+#      train.log;
+#   3. the export's NVFP4 GGUF (model-nvfp4.gguf: its side files are INIT's);
+#   4. the reference engine on the export, SUITES at N cases each (eval-ref.json).
+# Hold the graph engine to eval-ref.json afterwards with tools/gpu_eval_nano.sh (CK=...).
+# Needs the gguf wheel in .whl (../shared/device.md); INIT (default: the embedded flint-nano),
+# FIRST_STEP (default 5930: past flint-nano's 5929 steps, so the batches are new), MINUTES
+# (default 4), N (default 30), SUITES (default tools,arith,recall,chain,chat).
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  .whl/*.whl && export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+export FLINT_GRAPH_CACHE=$PWD/.kcache PYTHONUNBUFFERED=1
+base=$(python3 -c "from flint_graph.make_checkpoint import ensure_default_checkpoint as e
+print(e(progress=False))")
+init=${INIT:-$base}
+log=$OUT/eval.log
+echo "== chat suite, reference engine, $init" | tee -a "$log"
+flint-graph eval "$init" --quiet --engine reference --suite chat --n "${N:-30}" \
+  --json "$OUT/eval-base-chat.json" 2>&1 | tee -a "$log"
+echo "== training from $init" | tee -a "$log"
+python3 tools/train_nano.py --state /tmp/state --device cuda --init "$init" \
+  --first-step "${FIRST_STEP:-5930}" --recall-pairs 1300 --minutes "${MINUTES:-4}" \
+  ${TRAIN_ARGS:-} > "$OUT/train.log" 2>&1 || { tail -20 "$OUT/train.log"; exit 1; }
+tail -3 "$OUT/train.log" | tee -a "$log"
+cp /tmp/state/loss.jsonl "$OUT/loss.jsonl"
+python3 tools/train_nano.py --state /tmp/state --export /tmp/ck | tee -a "$log"
+cp /tmp/ck/model-nvfp4.gguf "$OUT/"
+echo "== reference engine, the export" | tee -a "$log"
+flint-graph eval /tmp/ck --quiet --engine reference --n "${N:-30}" \
+  --suite "${SUITES:-tools,arith,recall,chain,chat}" --json "$OUT/eval-ref.json" 2>&1 \
+  | tee -a "$log"
+echo done | tee -a "$log"
