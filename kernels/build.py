@@ -164,6 +164,9 @@ def build_cache(root: str | Path, todo: Sequence[tuple[KernelDef, Spec]],
         if arch not in ARCHS:
             raise KernelBuildError(f"--arch {arch}: expected one of {', '.join(ARCHS)}")
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise KernelBuildError(f"--out {root}: a file, not a directory; expected a new or empty "
+                               "directory or an existing kernel cache")
     try:
         root.mkdir(parents=True, exist_ok=True)
         others = [] if (root / MANIFEST).exists() else sorted(
@@ -180,7 +183,9 @@ def build_cache(root: str | Path, todo: Sequence[tuple[KernelDef, Spec]],
                                f"expected a new or empty directory or an existing kernel cache")
     with _exclusive(root):
         cache = KernelCache(root)  # read under the lock: what an earlier build added is kept
-        jobs = [(k, s, a) for a in archs for k, s in todo]
+        # one job per cache entry: specs repeat across configs (a planted config shares most
+        # of its model's kernels), and a repeat would compile again
+        jobs = list({entry_id(s, a): (k, s, a) for a in archs for k, s in todo}.values())
         stale = [j for j in jobs if force or cache.problem(*j) is not None]
         counts = {"built": 0, "reused": len(jobs) - len(stale), "total": len(jobs)}
         with progress_bar(progress, "compiling kernels", len(jobs), unit="steps") as advance:

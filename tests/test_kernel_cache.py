@@ -465,3 +465,29 @@ def test_build_kernels_imports_torch_during_start_up():
     code = "import sys, flint_graph.kernels.build; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_build_compiles_a_repeated_spec_once(built, tmp_path, monkeypatch):
+    # a planted config shares most of its model's kernels: `tools/build_gpu_cache.py --preset
+    # nano` listed 280 jobs for 104 entries and compiled the repeats again
+    from flint_graph.kernels import build
+
+    root = _copy(built, tmp_path)
+    kdef = registry(("rmsnorm",))[0]
+    spec = kdef.spec(B=1, H=64)
+    _edit(root, entry_id(spec, "sm_90a"), lambda e, m, r: m.update(source_hash="0" * 64))
+    real, calls = build.compile_spec, []
+    monkeypatch.setattr(build, "compile_spec", lambda *a: calls.append(a) or real(*a))
+    counts = build.build_cache(root, [(kdef, spec)] * 3, ["sm_90a"], progress=False, workers=1)
+    assert len(calls) == 1 and counts == {"built": 1, "reused": 0, "total": 1}
+
+
+def test_build_names_an_out_path_that_is_a_file(tmp_path):
+    from flint_graph.kernels.build import KernelBuildError, build_cache
+
+    f = tmp_path / "cache"
+    f.write_text("mine")
+    kdef = registry(("rmsnorm",))[0]
+    with pytest.raises(KernelBuildError, match="a file, not a directory"):
+        build_cache(f, [(kdef, kdef.spec(B=1, H=64))], ["sm_90a"], progress=False)
+    assert f.read_text() == "mine"

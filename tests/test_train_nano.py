@@ -125,3 +125,32 @@ def test_init_refuses_an_existing_state_and_another_config(tmp_path):
                           str(nano), *FAST], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "--preset 'tiny'" in out.stderr, out.stderr[-500:]
     assert "Traceback" not in out.stderr
+
+
+def test_bad_state_paths_and_a_checkpoint_without_its_tokenizer_are_refused(tmp_path):
+    import shutil
+
+    from flint_graph.nano.embedded import GGUF_NAME, packaged_dir
+
+    def refused(*args: str) -> str:
+        out = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-800:]
+        return out.stderr
+
+    f = tmp_path / "file"
+    f.write_text("mine")
+    assert "a file; expected a state directory" in refused("--state", str(f), *FAST)
+    assert f.read_text() == "mine"
+    (tmp_path / "d" / "state.pt").mkdir(parents=True)
+    assert "is not a file" in refused("--state", str(tmp_path / "d"), *FAST)
+    assert "--export trains nothing" in refused("--state", str(tmp_path / "e"), "--first-step",
+                                                "3", "--export", str(tmp_path / "x"), *FAST)
+    # weights without their tokenizer: a regenerated one would be another (its merges differ)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", GGUF_NAME):
+        shutil.copy(packaged_dir() / name, bare / name)
+    err = refused("--state", str(tmp_path / "s"), "--init", str(bare), "--device", "cpu")
+    assert "no tokenizer.json or tokenizer_config.json" in err
+    assert not (tmp_path / "s" / "state.pt").exists()

@@ -148,6 +148,11 @@ def load_init(ckpt: Path, cfg: FlintConfig, preset: str, device: str, side: Path
     if ck.cfg != cfg:
         raise SystemExit(f"--init {ckpt}: its config.json is not the --preset {preset!r} "
                          "config (expected the same model)")
+    missing = [n for n in ("tokenizer.json", "tokenizer_config.json")
+               if not (ck.config_dir / n).is_file()]
+    if missing:
+        raise SystemExit(f"--init {ckpt}: no {' or '.join(missing)} in {ck.config_dir}; the "
+                         "weights need the tokenizer they were trained with")
     side.mkdir(parents=True, exist_ok=True)
     for name in SIDE_FILES:
         if (ck.config_dir / name).is_file():
@@ -252,6 +257,13 @@ def main(argv=None) -> int:
     cfg = FlintConfig.preset(args.preset)
     side = args.state / "side"
     state = args.state / "state.pt"
+    if args.state.exists() and not args.state.is_dir():
+        raise SystemExit(f"--state {args.state}: a file; expected a state directory")
+    if state.exists() and not state.is_file():
+        raise SystemExit(f"--state {args.state}: {state} is not a file; expected the saved "
+                         "state (or nothing, for a new state)")
+    if args.first_step and args.export:
+        raise SystemExit("--first-step starts a new state for training; --export trains nothing")
     if (args.init or args.first_step) and state.is_file():
         raise SystemExit(f"--init/--first-step start a new state, and {state} exists "
                          "(resume it without them, or give another --state)")
