@@ -124,6 +124,7 @@ def test_init_refuses_an_existing_state_and_another_config(tmp_path):
     out = subprocess.run([sys.executable, str(TOOL), "--state", str(tmp_path / "s2"), "--init",
                           str(nano), *FAST], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "--preset 'tiny'" in out.stderr, out.stderr[-500:]
+    assert "hidden_size 256 (--preset: 64)" in out.stderr  # names what differs
     assert "Traceback" not in out.stderr
 
 

@@ -146,8 +146,13 @@ def load_init(ckpt: Path, cfg: FlintConfig, preset: str, device: str, side: Path
     except FlintError as e:
         raise SystemExit(f"--init: {e}") from None
     if ck.cfg != cfg:
+        from dataclasses import fields
+
+        diff = [f"{f.name} {getattr(ck.cfg, f.name)!r} (--preset: {getattr(cfg, f.name)!r})"
+                for f in fields(cfg) if getattr(ck.cfg, f.name) != getattr(cfg, f.name)]
         raise SystemExit(f"--init {ckpt}: its config.json is not the --preset {preset!r} "
-                         "config (expected the same model)")
+                         f"config (expected the same model): {'; '.join(diff[:3])}"
+                         + (f" and {len(diff) - 3} more" if len(diff) > 3 else ""))
     missing = [n for n in ("tokenizer.json", "tokenizer_config.json")
                if not (ck.config_dir / n).is_file()]
     if missing:
