@@ -481,4 +481,3 @@ def test_build_compiles_a_repeated_spec_once(built, tmp_path, monkeypatch):
     monkeypatch.setattr(build, "compile_spec", lambda *a: calls.append(a) or real(*a))
     counts = build.build_cache(root, [(kdef, spec)] * 3, ["sm_90a"], progress=False, workers=1)
     assert len(calls) == 1 and counts == {"built": 1, "reused": 0, "total": 1}
-

@@ -16,13 +16,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/flint-out}
 WORK=${WORK:-/tmp/flint-full}
-mkdir -p "$OUT"
-export FLINT_GRAPH_CACHE=${FLINT_GRAPH_CACHE:-$PWD/.kcache}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
-  || { cat "$OUT/install.log"; exit 1; }
-export PYTHONUNBUFFERED=1
+. tools/device_setup.sh
 export FLINT_TEST_REPORT=${FLINT_TEST_REPORT:-$OUT/test-report.jsonl}  # per-test JSON lines
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \

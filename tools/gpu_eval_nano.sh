@@ -4,16 +4,14 @@
 # (--compare), then each planted bug on the graph engine, a reference rerun (bit-identical) and
 # each planted bug on the reference engine. Reports land in $OUT (eval-*.json, eval.log,
 # plants.json: each plant's and rerun's verdicts; plant-reports.tgz: those reports in full).
-# Needs the kernel cache in .kcache (`tools/build_gpu_cache.py --preset nano`, ~100 compiles)
-# and the gguf wheel in .whl; N (default 50) cases per suite, PLANT_N per plant run; CK a checkpoint directory (default:
-# the embedded flint-nano); DEADLINE (epoch seconds) cuts each step's time so the call ends
-# by then. REF=REPORT skips the clean runs and holds only the plants to that reference report;
-# GRAPH_PLANTS / PLANTS list the plants to run on each engine (empty: none).
+# Needs the kernel cache in .kcache (`tools/build_gpu_cache.py --preset nano`, 104 compiles)
+# and the gguf wheel in .whl; N (default 50) cases per suite, PLANT_N per plant run; CK a
+# checkpoint directory (default: the embedded flint-nano); DEADLINE (epoch seconds) cuts each
+# step's time so the call ends by then. REF=REPORT skips the clean runs and holds only the
+# plants to that reference report; GRAPH_PLANTS / PLANTS list the plants to run on each engine
+# (empty: none).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl && export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-export FLINT_GRAPH_CACHE=$PWD/.kcache PYTHONUNBUFFERED=1
+. tools/device_setup.sh
 N=${N:-50}
 PN=${PLANT_N:-30}
 CTX=${CONTEXTS:-1024,4096,16384}

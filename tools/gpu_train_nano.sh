@@ -13,10 +13,7 @@
 # (default 4), N (default 30), SUITES (default tools,arith,recall,chain,chat), DEVICE (default
 # cuda; cpu for a smoke test).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl && export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-export FLINT_GRAPH_CACHE=$PWD/.kcache PYTHONUNBUFFERED=1
+. tools/device_setup.sh
 base=$(python3 -c "from flint_graph.make_checkpoint import ensure_default_checkpoint as e
 print(e(progress=False))")
 init=${INIT:-$base}

@@ -1,0 +1,9 @@
+# Sourced by the tools/gpu_*.sh scripts at the start of a device call: installs the carried
+# gguf wheel (the H200 has no registry, ../shared/device.md) and this package, and points the
+# kernel and checkpoint cache at the carried .kcache. Needs OUT; the install log goes there.
+mkdir -p "$OUT"
+export FLINT_GRAPH_CACHE=${FLINT_GRAPH_CACHE:-$PWD/.kcache} PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
+  || { cat "$OUT/install.log"; exit 1; }
