@@ -62,10 +62,11 @@ class SlotKV:
         self.pages = cache.page_table(slot).to(dev).long()
         self.windows = [cache.cfg.sliding_window if kv.ring else None for kv in cache.layers]
 
-    def update(self, layer: int, k_new: torch.Tensor,
-               v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, *,
+               gather: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Store k_new, v_new bf16 [T, HKV, D] at positions num_tokens … and return (k, v, k_pos)
-        of every key the new queries may see, as SequenceKV.update."""
+        of every key the new queries may see, as SequenceKV.update (None when not `gather`:
+        the prefill kernel reads the cache itself, before this write)."""
         kv, n, t = self.cache.layers[layer], self.num_tokens, k_new.shape[0]
         dev = k_new.device
         if n + t > self.cache.max_tokens:
@@ -76,18 +77,21 @@ class SlotKV:
             page, entry = self.pages[new // KV_PAGE], new % KV_PAGE
             kv.k[page, :, entry] = k_new
             kv.v[page, :, entry] = v_new
+            if not gather:
+                return None
             pos = torch.arange(n + t, device=dev)
             page, entry = self.pages[pos // KV_PAGE], pos % KV_PAGE
             return kv.k[page, :, entry], kv.v[page, :, entry], pos
         w = self.windows[layer]
         ring_k, ring_v = kv.k[self.slot], kv.v[self.slot]  # [HKV, W, D]
         old = torch.arange(max(0, n - w + 1), n, device=dev)  # read before the ring is overwritten
-        k = torch.cat([ring_k[:, old % w].transpose(0, 1), k_new])
-        v = torch.cat([ring_v[:, old % w].transpose(0, 1), v_new])
+        if gather:
+            k = torch.cat([ring_k[:, old % w].transpose(0, 1), k_new])
+            v = torch.cat([ring_v[:, old % w].transpose(0, 1), v_new])
         keep = new[-w:]
         ring_k[:, keep % w] = k_new[-w:].transpose(0, 1)
         ring_v[:, keep % w] = v_new[-w:].transpose(0, 1)
-        return k, v, torch.cat([old, new])
+        return (k, v, torch.cat([old, new])) if gather else None
 
     def advance(self, num_tokens: int) -> None:
         """Count `num_tokens` more tokens as cached (after every layer's update)."""

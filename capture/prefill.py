@@ -1,0 +1,358 @@
+"""Prefill on the GPU: a prompt, chunk by chunk, through the whole model, writing the KV layout
+the decode graph reads (capture/kv_cache.py) and returning the last token's logits (DESIGN §3
+"Prefill", issue 21).
+
+One chunk of T tokens at positions n … n+T−1 runs per layer:
+  attention norm → [q; k; v] as one GEMM → Q/K RMSNorm → RoPE (RoPE layers) → attention over
+  the slot's cached keys (positions < n) and the chunk's own → KV write → o GEMM → residual →
+  FFN norm → dense SwiGLU, or router + grouped expert GEMMs + shared expert → residual;
+then the final norm and the LM head on the last token only.
+
+Attention has three implementations (`ATTENTION`):
+  * "kernel": `kernels/attn_prefill.py`, the CuTe DSL flash-attention prefill (AOT cubin).
+    It reads the prefix from the ring or the pages and the chunk's keys from the chunk's own
+    K/V, so the ring is written after it: a chunk never overwrites ring entries its own later
+    queries still need, whatever its size (the ring stays W entries; no chunk is split).
+  * "sdpa": torch's memory-efficient SDPA with a mask and its log-sum-exp, the sink applied
+    as out·sigmoid(lse − sink): the torch-ops baseline the bench compares with.
+  * "reference": `reference.attention` on the gathered keys (CPU tests; the oracle).
+The projections are cuBLAS GEMMs through torch (bf16 in, fp32 accumulate, one rounding; the
+issue allows cuBLAS for BF16 where it is faster than ours); the experts run as
+`torch._grouped_mm` over the tokens sorted by expert with offsets computed on the device (no
+host synchronisation). NVFP4 weights are decoded per layer into a BF16 scratch (experts: the
+layer's whole stack, once per chunk; never the whole model at once): e2m1·e4m3 is exact in
+BF16, the second-level scale2 is folded in with one BF16 rounding per weight (the reference
+multiplies in fp32), a difference far inside the tolerances below. A CuTe DSL grouped W4A16
+GEMM that decodes in registers is the next step (docs/prefill.md).
+
+Numerics follow `reference.py` op for op (DESIGN §4): every GEMM accumulates in fp32 and rounds
+once to bf16; norms, router logits (fp32, `route`), the SwiGLU product and the MoE combine
+(fp32, experts added in ascending id, then the shared expert) round where the reference does.
+So only summation order differs (and attention's bf16 P in the kernel, see attn_prefill.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flint_graph import nvfp4, reference
+from flint_graph.capture.decode_layer import fuse_qkv
+from flint_graph.capture.kv_cache import KVCache, SlotKV
+from flint_graph.config import FlintConfig
+from flint_graph.errors import ConfigError, ContextLengthError, InvalidRequestError
+from flint_graph.weights import FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight
+
+BF16 = torch.bfloat16
+ATTENTION = ("kernel", "sdpa", "reference")
+LM_HEAD_ROWS = 16384  # vocabulary rows of an NVFP4 LM head decoded at a time
+DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 index temporaries)
+
+
+# -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
+
+
+class NVFP4Decoder:
+    """Decodes NVIDIA-layout NVFP4 (weights.NVFP4Weight) into BF16 with two table lookups.
+
+    `pairs[byte]` is the bf16 pair (low nibble, high nibble) of one code byte and `scale[byte]`
+    the bf16 value of one E4M3 scale byte; both products are exact in bf16 (≤ 6 significant
+    bits). scale2 (per tensor, per expert or per row) multiplies last, one bf16 rounding."""
+
+    def __init__(self, device: torch.device):
+        e4m3, e2m1 = nvfp4._tables(device)
+        b = torch.arange(256, device=device)
+        self.pairs = torch.stack([e2m1[b & 0xF], e2m1[b >> 4]], dim=-1).to(BF16)  # [256, 2]
+        self.scale = e4m3.to(BF16)  # [256]; every E4M3 value is a bf16 value
+
+    def into(self, out: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+             scale2: torch.Tensor) -> torch.Tensor:
+        """Write bf16 [..., N, K] of codes uint8 [..., N, K/2], scales uint8 [..., N, K/16] and
+        scale2 fp32 broadcastable to [..., N, 1] into `out`; returns `out`."""
+        *lead, n, half = codes.shape
+        vals = self.pairs[codes.int()].view(*lead, n, half // 8, 16)
+        vals.mul_(self.scale[scales.int()].unsqueeze(-1))
+        out.copy_(vals.view(*lead, n, 2 * half))
+        return out.mul_(scale2.to(BF16)) if not _all_ones(scale2) else out
+
+    def dense(self, w: Linear, row_scale2: torch.Tensor | None = None) -> torch.Tensor:
+        """`w` as bf16 [N, K]: a BF16 weight as it is, an NVFP4 one decoded (row_scale2 fp32
+        [N] replaces its scale2, for stacked projections)."""
+        if not isinstance(w, NVFP4Weight):
+            return w
+        s2 = row_scale2[:, None] if row_scale2 is not None else w.scale2.float().reshape(1, 1)
+        out = torch.empty(w.shape, dtype=BF16, device=w.device)
+        return self.into(out, w.codes, w.scales, s2)
+
+    def experts(self, out: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
+        """An expert stack [E, N, K/2] decoded into `out` bf16 [E, N, K], DEQUANT_EXPERTS
+        experts per pass."""
+        e_total = w.codes.shape[0]
+        s2 = w.scale2.float().reshape(-1)
+        s2 = s2.expand(e_total) if s2.numel() == 1 else s2
+        for e0 in range(0, e_total, DEQUANT_EXPERTS):
+            e1 = min(e_total, e0 + DEQUANT_EXPERTS)
+            self.into(out[e0:e1], w.codes[e0:e1], w.scales[e0:e1], s2[e0:e1, None, None])
+        return out
+
+
+def _all_ones(t: torch.Tensor) -> bool:
+    return t.numel() == 1 and float(t) == 1.0
+
+
+# -- MoE as grouped GEMMs ------------------------------------------------------------------------
+
+
+def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, gate: torch.Tensor,
+                up: torch.Tensor, down: torch.Tensor, shared) -> torch.Tensor:
+    """Routed experts + shared expert of `reference.moe` as grouped GEMMs: h bf16 [T, H] ->
+    bf16 [T, H].
+
+    gate, up: bf16 [E, M, H] and down bf16 [E, H, M] (the checkpoint's stacks or an NVFP4
+    decode); shared: (gate, up, down) bf16 or None. Routing is `reference.route` (fp32 logits,
+    the correction bias only in the pick). The T·K (token, expert) pairs are sorted by expert
+    id; per-expert counts become int32 offsets on the device and `torch._grouped_mm` runs
+    each expert's rows (no host synchronisation). Each token then adds its experts' outputs in
+    ascending id, in fp32, as the reference's loop over experts does."""
+    t, k = h.shape[0], cfg.num_experts_per_tok
+    e_total = gate.shape[0]
+    ids, weights = reference.route(h, w.router, w.router_bias, k, cfg.routed_scaling_factor,
+                                   cfg.norm_topk_prob)
+    ids, order = ids.sort(dim=-1)  # ascending expert id per token: the reference's add order
+    weights = weights.gather(-1, order)
+    flat = ids.reshape(-1)
+    perm = torch.argsort(flat, stable=True)  # pair index (token·K + slot), grouped by expert
+    offs = torch.cumsum(torch.bincount(flat, minlength=e_total), 0).to(torch.int32)
+    xs = h[perm // k]  # [T·K, H], gathered rows
+    g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
+    u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
+    a = (F.silu(g.float()) * u.float()).to(BF16)
+    y_sorted = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)  # [T·K, H] bf16
+    y = torch.empty_like(y_sorted)
+    y[perm] = y_sorted
+    y = y.view(t, k, -1)
+    acc = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+    for j in range(k):
+        acc += y[:, j].float() * weights[:, j, None]
+    if shared is not None:
+        acc += swiglu(h, *shared).float()
+    return acc.to(BF16)
+
+
+def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+           down: torch.Tensor) -> torch.Tensor:
+    """`reference.swiglu` on bf16 weights with cuBLAS GEMMs: x bf16 [T, H] -> bf16 [T, H]."""
+    a = (F.silu(F.linear(x, gate).float()) * F.linear(x, up).float()).to(BF16)
+    return F.linear(a, down)
+
+
+# -- attention -------------------------------------------------------------------------------
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+                   k_pos: torch.Tensor, sinks: torch.Tensor | None,
+                   window: int | None, block: int = 2048) -> torch.Tensor:
+    """The torch-ops baseline of `reference.attention` (same arguments and result, bf16
+    [T, Hq, D]) on CUDA: torch's memory-efficient SDPA kernel with an additive mask for the
+    causal window and its log-sum-exp, the sink applied as out·sigmoid(lse − sink). K/V heads
+    are repeated for GQA; queries go in blocks of `block`, each with only the keys its window
+    can reach."""
+    t, hq, d = q.shape
+    g = hq // k.shape[1]
+    kh = k.repeat_interleave(g, dim=1).transpose(0, 1)[None]  # [1, Hq, S, D]
+    vh = v.repeat_interleave(g, dim=1).transpose(0, 1)[None]
+    out = []
+    for b0 in range(0, t, block):
+        qp = q_pos[b0:b0 + block]
+        keep = k_pos <= qp.max()
+        if window is not None:
+            keep &= k_pos > qp.min() - window
+        idx = keep.nonzero().squeeze(1)
+        kp = k_pos[idx]
+        s = idx.numel()
+        visible = kp[None, :] <= qp[:, None]
+        if window is not None:
+            visible &= kp[None, :] > qp[:, None] - window
+        pad = -(-s // 16) * 16  # the kernel wants the mask's rows 16-element aligned
+        bias = torch.full((qp.numel(), pad), float("-inf"), dtype=q.dtype, device=q.device)
+        bias[:, :s].masked_fill_(visible, 0.0)
+        qh = q[b0:b0 + block].transpose(0, 1)[None]
+        o, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            qh, kh[:, :, idx], vh[:, :, idx], bias[:, :s][None, None].expand(1, hq, -1, -1),
+            True, 0.0, False, scale=d ** -0.5)[:2]
+        o = o[0].transpose(0, 1)  # [Tb, Hq, D]
+        if sinks is not None:
+            lse = lse[0, :, :qp.numel()].transpose(0, 1)  # [Tb, Hq], natural log
+            o = (o.float() * torch.sigmoid(lse - sinks.float())[..., None]).to(q.dtype)
+        out.append(o)
+    return torch.cat(out)
+
+
+# -- the prefill ---------------------------------------------------------------------------------
+
+
+class Prefill:
+    """Chunked prefill of one slot of a `KVCache` on the GPU (module docstring).
+
+    cfg, weights: the model (on the cache's device; weights as `GraphRunner` holds them);
+    attention: one of ATTENTION; kset: the KernelSet whose `attn_prefill` cubins run attention
+    when attention == "kernel". Raises ValueError for an unknown attention, and LaunchError /
+    KernelCacheError when the kernel path lacks its cubins."""
+
+    def __init__(self, cfg: FlintConfig, weights: FlintWeights, kv: KVCache,
+                 attention: str = "kernel", kset=None):
+        if attention not in ATTENTION:
+            raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTION)}")
+        self.cfg, self.w, self.kv, self.attention = cfg, weights, kv, attention
+        dev = weights.final_norm.device
+        self.device = dev
+        self.dec = NVFP4Decoder(dev)
+        self.qkv = [fuse_qkv(lw) for lw in weights.layers]  # [q; k; v] rows, held once
+        self._scratch: dict[str, torch.Tensor] = {}
+        hq = cfg.num_attention_heads
+        self.sinks = [lw.sinks.float().contiguous() if cfg.attention_sinks
+                      else torch.full((hq,), float("-inf"), device=dev)
+                      for lw in weights.layers]
+        self.kernels = {}
+        if attention == "kernel":
+            from flint_graph.capture.launcher import KernelSet
+            from flint_graph.kernels import attn_prefill
+
+            kset = kset or KernelSet()
+            for spec in attn_prefill.KERNEL.specs(cfg, ()):
+                self.kernels[spec["RING"]] = kset.get(spec.kernel, **spec.as_dict())
+            self._start = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, tokens: torch.Tensor, chunk_tokens: int,
+                start: int = 0) -> torch.Tensor:
+        """Write int tokens [T] into `slot` at positions start … start+T−1, `chunk_tokens` at a
+        time; float32 logits [V] of the last one (the LM head runs for it only).
+
+        Raises InvalidRequestError for an empty or out-of-vocabulary prompt or chunk_tokens < 1,
+        ContextLengthError when start + T passes the slot's KV capacity (before any work), and
+        ConfigError naming --prefill-chunk when a chunk runs out of GPU memory."""
+        t = tokens.numel()
+        if chunk_tokens < 1:
+            raise InvalidRequestError(f"chunk_tokens = {chunk_tokens}; expected >= 1")
+        if tokens.dim() != 1 or t == 0 or tokens.is_floating_point():
+            raise InvalidRequestError(f"prompt: expected a non-empty 1-D integer tensor, found "
+                                      f"{tokens.dtype} {tuple(tokens.shape)}")
+        cap = min(self.kv.max_tokens, self.cfg.max_position_embeddings)
+        if start + t > cap:
+            raise ContextLengthError(f"prompt: {start} cached + {t} new tokens exceed the "
+                                     f"KV cache's {cap} tokens per slot")
+        tokens = tokens.to(self.device, torch.int64)
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            raise InvalidRequestError(f"prompt: ids span [{lo}, {hi}]; expected [0, vocab_size "
+                                      f"= {self.cfg.vocab_size})")
+        seq = SlotKV(self.kv, slot, start)
+        x = None
+        for b in range(0, t, chunk_tokens):
+            part = tokens[b:b + chunk_tokens]
+            try:
+                x = self._chunk(seq, part)
+            except torch.OutOfMemoryError as e:
+                raise ConfigError(
+                    f"out of GPU memory prefilling a {part.numel()}-token chunk; lower "
+                    f"--prefill-chunk (EngineConfig.prefill_chunk_tokens, now "
+                    f"{chunk_tokens})") from e
+            seq.advance(part.numel())
+        h = reference.rms_norm(x[-1:], self.w.final_norm, self.cfg.rms_norm_eps)
+        return self._lm_head(h)[0]
+
+    def _chunk(self, seq: SlotKV, ids: torch.Tensor) -> torch.Tensor:
+        """The residual stream bf16 [T, H] after every layer, for `ids` at seq.num_tokens …"""
+        x = reference.embed(self.w.embed, ids)
+        pos = torch.arange(seq.num_tokens, seq.num_tokens + ids.numel(), device=self.device)
+        for i, lw in enumerate(self.w.layers):
+            x = self._layer(i, lw, x, seq, pos)
+        return x
+
+    def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor, seq: SlotKV,
+               pos: torch.Tensor) -> torch.Tensor:
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        t = x.shape[0]
+        h = reference.rms_norm(x, lw.attn_norm, eps)
+        qkv = self._qkv(i)
+        y = F.linear(h, qkv)
+        q, k, v = y.split([hq * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = q.view(t, hq, d), k.view(t, hkv, d), v.reshape(t, hkv, d)
+        if cfg.qk_norm:
+            q = reference.rms_norm(q, lw.q_norm, eps)
+            k = reference.rms_norm(k, lw.k_norm, eps)
+        if cfg.uses_rope(i):
+            q = reference.apply_rope(q, pos, cfg.rope_theta)
+            k = reference.apply_rope(k, pos, cfg.rope_theta)
+        a = self._attention(i, q, k.contiguous(), v.contiguous(), seq, pos)
+        x = reference.residual_add(x, F.linear(a, self.dec.dense(lw.o_proj)))
+        h = reference.rms_norm(x, lw.ffn_norm, eps)
+        if isinstance(lw.ffn, MoEWeights):
+            y = moe_grouped(h, lw.ffn, cfg, *self._experts(lw.ffn), self._shared(lw.ffn))
+        else:
+            f = lw.ffn
+            y = swiglu(h, self.dec.dense(f.gate), self.dec.dense(f.up), self.dec.dense(f.down))
+        return reference.residual_add(x, y)
+
+    def _qkv(self, i: int) -> torch.Tensor:
+        """Layer i's [q; k; v] weight, bf16 [Q + 2·KV, H]."""
+        parts = self.qkv[i]
+        if len(parts) == 1:
+            return parts[0]
+        codes, scales, row_s2 = parts
+        return self.dec.dense(NVFP4Weight(codes, scales, row_s2[:1]), row_scale2=row_s2)
+
+    def _experts(self, w: MoEWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not isinstance(w.gate, NVFP4Weight):
+            return w.gate, w.up, w.down
+        return tuple(self.dec.experts(self._buffer(name, m.shape), m)
+                     for name, m in (("gate", w.gate), ("up", w.up), ("down", w.down)))
+
+    def _shared(self, w: MoEWeights):
+        s = w.shared
+        return None if s is None else tuple(self.dec.dense(m) for m in (s.gate, s.up, s.down))
+
+    def _buffer(self, name: str, shape) -> torch.Tensor:
+        """A bf16 scratch of `shape`, allocated once per name (the per-layer NVFP4 decode)."""
+        buf = self._scratch.get(name)
+        if buf is None or tuple(buf.shape) != tuple(shape):
+            buf = self._scratch[name] = torch.empty(shape, dtype=BF16, device=self.device)
+        return buf
+
+    def _attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   seq: SlotKV, pos: torch.Tensor) -> torch.Tensor:
+        """Attention of the chunk's queries bf16 [T, Hq, D] -> bf16 [T, Hq·D]; stores the
+        chunk's k, v bf16 [T, Hkv, D] in the slot's ring or pages."""
+        cfg = self.cfg
+        window = cfg.sliding_window if cfg.is_sliding(i) else None
+        if self.attention != "kernel":
+            k_all, v_all, k_pos = seq.update(i, k, v)
+            sinks = self.w.layers[i].sinks if cfg.attention_sinks else None
+            fn = sdpa_attention if self.attention == "sdpa" else reference.attention
+            return fn(q, k_all, v_all, pos, k_pos, sinks, window).reshape(q.shape[0], -1)
+        kv = self.kv.layers[i]
+        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=BF16, device=self.device)
+        table = (torch.tensor([seq.slot], dtype=torch.int32, device=self.device) if kv.ring
+                 else seq.pages.to(torch.int32))
+        self._start.fill_(seq.num_tokens)
+        self.kernels[int(kv.ring)].launch(q.contiguous(), k, v, kv.k, kv.v, table, self._start,
+                                          self.sinks[i], out)
+        seq.update(i, k, v, gather=False)  # after the kernel: it read the ring's old entries
+        return out
+
+    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        """float32 logits [R, V] of the final-normed rows h bf16 [R, H]: a bf16 GEMM (the graph
+        engine's LM head also rounds logits to bf16), NVFP4 decoded LM_HEAD_ROWS rows at a
+        time."""
+        w = self.w.lm_head
+        if not isinstance(w, NVFP4Weight):
+            return F.linear(h, w).float()
+        out = []
+        for r0 in range(0, w.shape[0], LM_HEAD_ROWS):
+            part = NVFP4Weight(w.codes[r0:r0 + LM_HEAD_ROWS], w.scales[r0:r0 + LM_HEAD_ROWS],
+                               w.scale2)
+            out.append(F.linear(h, self.dec.dense(part)).float())
+        return torch.cat(out, dim=-1)
+
