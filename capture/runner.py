@@ -1,9 +1,9 @@
 """The fast decode path behind `Engine`: the KV cache, one captured decode graph per batch
 bucket, slot bookkeeping and chunked prefill into the cache (DESIGN §3).
 
-`GraphRunner.prefill` runs the reference model's math through `kv_cache.SlotKV` (torch ops:
-correctness first; NVFP4 is dequantised per layer, as the reference does), writing the layout the
-decode kernels read. `decode(rows)` picks the smallest bucket that holds the rows, fills its
+`GraphRunner.prefill` runs `capture/prefill.py` (the CuTe DSL prefill attention inside cuBLAS and
+grouped expert GEMMs; `prefill="torch"` swaps in torch's SDPA, `"reference"` the reference model
+through `kv_cache.SlotKV`), writing the layout the decode kernels read. `decode(rows)` picks the smallest bucket that holds the rows, fills its
 graph's static buffers, replays it and returns the sampled ids and the fp32 logits.
 
 Start-up captures every bucket up to `max_slots` (a warm-up step on the scratch slot first), so
@@ -51,7 +51,7 @@ class GraphRunner:
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, model: ReferenceModel,
                  max_slots: int, max_context: int | None, vocab_limit: int, kset=None,
-                 torch_sampler: bool = False):
+                 torch_sampler: bool = False, prefill: str = "kernel"):
         from flint_graph.capture.launcher import KernelSet
 
         if not 1 <= max_slots <= max(BUCKETS):
@@ -94,6 +94,13 @@ class GraphRunner:
         self.timings["kernel_cache_s"] = sum(v for k, v in self.timings.items()
                                              if k.startswith("kernel_load_"))
         self.kernels_per_step = {b: g.kernels_per_step for b, g in self.graphs.items()}
+        self.prefill_path = prefill
+        self.prefiller = None
+        if prefill != "reference":
+            from flint_graph.capture.prefill import Prefill
+
+            self.prefiller = Prefill(cfg, weights, self.kv, "kernel" if prefill == "kernel"
+                                     else "sdpa", kset=self.kset)
         self._ids_host = torch.zeros(max(BUCKETS), dtype=torch.int64, pin_memory=True)
         self._ids_ready = torch.cuda.Event()
         self.memory = {"weights": weights.nbytes(), "kv_cache": self.kv.nbytes,
@@ -114,8 +121,10 @@ class GraphRunner:
                 start: int = 0) -> torch.Tensor:
         """Write prompt tokens int [T] into `slot` at positions start … start+T−1, in chunks;
         float32 logits [V] of the last one. A prompt may come in parts (start = tokens already
-        written)."""
-        return self.model.prefill(SlotKV(self.kv, slot, start), prompt, chunk_tokens)
+        written). Raises as `Prefill.prefill`."""
+        if self.prefiller is None:
+            return self.model.prefill(SlotKV(self.kv, slot, start), prompt, chunk_tokens)
+        return self.prefiller.prefill(slot, prompt, chunk_tokens, start)
 
     def decode(self, rows: list[Row]) -> tuple[list[int], torch.Tensor]:
         """One decode step for `rows` (1 ≤ len ≤ max_slots): (sampled ids, bf16 logits

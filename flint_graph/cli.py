@@ -161,7 +161,9 @@ def load_llm(args: argparse.Namespace):
                                   "checkpoint directory or an NVFP4 .gguf file)")
     llm = LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
-                                  max_context=args.max_context))
+                                  max_context=args.max_context, prefill=args.prefill,
+                                  **({"prefill_chunk_tokens": args.prefill_chunk}
+                                     if args.prefill_chunk else {})))
     if getattr(args, "stats", False):
         print("flint-graph: start-up " + json.dumps(llm.startup), file=sys.stderr)
     if args.max_context is not None and llm.engine.name == "reference":

@@ -282,6 +282,27 @@ class FlintConfig:
         return (c["attention"] + c["attention_small"] + c["dense_mlp"] + c["shared"]
                 + c["router"] + c["lm_head"] + n_moe * self.num_experts_per_tok * c["expert"])
 
+    def prefill_flops(self, tokens: int, start: int = 0) -> dict[str, float]:
+        """Matmul FLOPs of prefilling `tokens` tokens after `start` cached ones (2 per
+        multiply-add), counted from the config: {"linear", "attention", "lm_head", "total"}.
+
+        linear: 2 × the parameters a token touches in its projections, router, dense MLP,
+        shared and top-k experts (DESIGN §3: 4.24 GFLOP per token at full size); attention:
+        4·D·Hq per visible (query, key) pair (QKᵀ and PV; causal, the window on sliding layers);
+        lm_head: 2·V·H for the last token only."""
+        c = self.param_counts()
+        per_token = 2 * (self.active_params - c["lm_head"])
+        pairs_full = sum(start + i + 1 for i in range(tokens)) if tokens < 4096 else (
+            tokens * start + tokens * (tokens + 1) // 2)
+        w = self.sliding_window
+        pairs_sliding = sum(min(start + i + 1, w) for i in range(tokens))
+        attn = 4 * self.head_dim * self.num_attention_heads * (
+            self.num_full_layers * pairs_full + self.num_sliding_layers * pairs_sliding)
+        head = 2 * self.vocab_size * self.hidden_size
+        linear = float(per_token * tokens)
+        return {"linear": linear, "attention": float(attn), "lm_head": float(head),
+                "total": linear + attn + head}
+
     def expected_experts_touched(self, batch: int) -> float:
         """Expected distinct routed experts per MoE layer for `batch` tokens routed uniformly
         at random: E * (1 - (1 - k/E)^batch)."""

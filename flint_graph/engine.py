@@ -71,7 +71,8 @@ class Engine:
                 from flint_graph.capture.runner import GraphRunner
 
                 return GraphRunner(self.cfg, self.model.weights, self.model,
-                                   min(engine.max_slots, 8), engine.max_context, vocab), None
+                                   min(engine.max_slots, 8), engine.max_context, vocab,
+                                   prefill=engine.prefill), None
             except (ImportError, FlintError, ValueError, RuntimeError) as e:
                 why = f"{type(e).__name__}: {e}"
         if engine.engine == "graph":
@@ -137,11 +138,19 @@ class Engine:
                 break
             part = torch.tensor(req.prompt_ids[done:done + n], dtype=torch.long,
                                 device=self.device)
-            if self.runner:
-                logits = self.runner.prefill(self._slot[req.id], part,
-                                             self.prefill_chunk_tokens, start=done)
-            else:
-                logits = self.model.prefill(self._kv[req.id], part, self.prefill_chunk_tokens)
+            try:
+                if self.runner:
+                    logits = self.runner.prefill(self._slot[req.id], part,
+                                                 self.prefill_chunk_tokens, start=done)
+                else:
+                    logits = self.model.prefill(self._kv[req.id], part,
+                                                self.prefill_chunk_tokens)
+            except (FlintError, ValueError, RuntimeError) as e:
+                # this request ends; the others (and later requests) go on
+                deltas.append(self._fail(req, f"prefill failed: {type(e).__name__}: {e}"))
+                self._retire(req)
+                budget -= n
+                continue
             self._prefilled[req.id] = done = done + n
             budget -= n
             if done == len(req.prompt_ids):

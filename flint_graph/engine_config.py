@@ -15,6 +15,10 @@ from flint_graph.errors import InvalidRequestError
 
 
 ENGINES = ("auto", "graph", "reference")
+# How the graph engine prefills a prompt (capture/prefill.py): "kernel" = the CuTe DSL attention
+# with cuBLAS / grouped GEMMs around it; "torch" = the same with torch's SDPA for attention (the
+# torch-ops baseline); "reference" = the plain reference model (slow; the oracle).
+PREFILLS = ("kernel", "torch", "reference")
 
 
 @dataclass(frozen=True)
@@ -32,11 +36,16 @@ class EngineConfig:
     # reference (the reason is kept in Engine.fallback_reason).
     engine: str = "auto"
     max_context: int | None = None  # KV tokens per sequence (graph engine); None = what fits
+    prefill: str = "kernel"  # graph engine's prefill path, one of PREFILLS
+
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise InvalidRequestError(f"engine {self.engine!r}: expected one of "
                                       f"{', '.join(ENGINES)}")
+        if self.prefill not in PREFILLS:
+            raise InvalidRequestError(f"prefill {self.prefill!r}: expected one of "
+                                      f"{', '.join(PREFILLS)}")
         optional = ("cpu_threads", "max_context", "prefill_tokens_per_step")
         for name in ("max_slots", "prefill_chunk_tokens", *optional):
             value = getattr(self, name)

@@ -167,3 +167,111 @@ def griddepcontrol_wait_after_values(values, *, loc=None, ip=None) -> None:
          "{\n\t.shared .align 4 .b32 pdl_order_word;\n\t"
          "st.volatile.shared.b32 [pdl_order_word], $0;\n\tgriddepcontrol.wait;\n\t}",
          "r,~{memory}", loc, ip, side_effects=True)
+
+
+# -- tensor-core tiles: shared-memory staging, ldmatrix, fast math (the prefill kernels) -------
+
+
+def _i64(v, loc, ip):
+    return Int64(v).ir_value(loc=loc, ip=ip)
+
+
+@dsl_user_op
+def smem_addr(tensor, *, loc=None, ip=None) -> Uint32:
+    """The 32-bit shared-window address of a shared-memory tensor's first byte (what cp.async,
+    ldmatrix and ld.shared take)."""
+    generic = tensor.iterator.toint(loc=loc, ip=ip)
+    return Uint32(_asm(T.i32(), [_i64(generic, loc, ip)],
+                       "{\n\t.reg .u64 a;\n\tcvta.to.shared.u64 a, $1;\n\tcvt.u32.u64 $0, a;\n\t}",
+                       "=r,l", loc, ip))
+
+
+@dsl_user_op
+def ld_weight_u32(addr, *, loc=None, ip=None) -> Uint32:
+    """One 32-bit weight word at a global byte address (ld.global.nc, volatile: stays in program
+    order with the PDL wait)."""
+    return Uint32(_ld_nc(".b32", 1, addr, loc, ip))
+
+
+@dsl_user_op
+def ld_u32(addr, *, loc=None, ip=None) -> Uint32:
+    """One 32-bit word at a global byte address (plain ld.global: data a predecessor wrote)."""
+    return Uint32(_asm(T.i32(), [_i64(addr, loc, ip)], "ld.global.b32 $0, [$1];", "=r,l",
+                       loc, ip, side_effects=True))
+
+
+@dsl_user_op
+def ld_u32_if(addr, pred, *, loc=None, ip=None) -> Uint32:
+    """ld_u32(addr) where `pred` holds, else 0, as one predicated load (no branch)."""
+    from cutlass import Int32
+
+    return Uint32(_asm(T.i32(), [_i64(addr, loc, ip), Int32(pred).ir_value(loc=loc, ip=ip)],
+                       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\tmov.b32 $0, 0;\n\t"
+                       "@p ld.global.b32 $0, [$1];\n\t}", "=r,l,r", loc, ip, side_effects=True))
+
+
+@dsl_user_op
+def st_u32(addr, value, *, loc=None, ip=None) -> None:
+    """Store one 32-bit word at a global byte address."""
+    _asm(None, [_i64(addr, loc, ip), _u32(value, loc, ip)], "st.global.b32 [$0], $1;",
+         "l,r,~{memory}", loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def cp_async_16(dst, src, nbytes, *, loc=None, ip=None) -> None:
+    """cp.async of 16 bytes from global byte address `src` to shared address `dst` (u32); only
+    the first `nbytes` (0 or 16) are read, the rest zero-filled (L2 only: .cg)."""
+    from cutlass import Int32
+
+    _asm(None, [_u32(dst, loc, ip), _i64(src, loc, ip), Int32(nbytes).ir_value(loc=loc, ip=ip)],
+         "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", loc, ip,
+         side_effects=True)
+
+
+@dsl_user_op
+def cp_async_commit(*, loc=None, ip=None) -> None:
+    """Close the group of cp.async issued since the last commit."""
+    _asm(None, [], "cp.async.commit_group;", "~{memory}", loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def cp_async_wait(pending: int, *, loc=None, ip=None) -> None:
+    """Wait until at most `pending` committed cp.async groups of this thread are in flight."""
+    _asm(None, [], f"cp.async.wait_group {pending};", "~{memory}", loc, ip, side_effects=True)
+
+
+def _ldmatrix(addr, trans: bool, loc, ip) -> list:
+    res = _asm(llvm.StructType.get_literal([T.i32()] * 4), [_u32(addr, loc, ip)],
+               f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16 "
+               "{$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,~{memory}", loc, ip, side_effects=True)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def ldmatrix_x4(addr, *, loc=None, ip=None) -> list:
+    """Four 8x8 bf16 matrices from shared memory: lanes 8i … 8i+7 give the row addresses of
+    matrix i (16 bytes each); register i of lane (g, t) holds row g, columns 2t, 2t+1 of
+    matrix i (the mma B fragment of a row-major [n][k] tile)."""
+    return _ldmatrix(addr, False, loc, ip)
+
+
+@dsl_user_op
+def ldmatrix_x4_trans(addr, *, loc=None, ip=None) -> list:
+    """ldmatrix_x4 transposed: register i of lane (g, t) holds rows 2t, 2t+1 of column g of
+    matrix i (the mma B fragment of a row-major [k][n] tile)."""
+    return _ldmatrix(addr, True, loc, ip)
+
+
+@dsl_user_op
+def ex2(x, *, loc=None, ip=None) -> Float32:
+    """2^x (ex2.approx.ftz.f32: ~2^-22 relative; 2^-inf = 0)."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)],
+                        "ex2.approx.ftz.f32 $0, $1;", "=f,f", loc, ip))
+
+
+@dsl_user_op
+def pack_bf16(lo, hi, *, loc=None, ip=None) -> Uint32:
+    """bf16x2 {lo, hi} (lo in bits 0-15) of two fp32 values, round to nearest even."""
+    return Uint32(_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip),
+                                 Float32(lo).ir_value(loc=loc, ip=ip)],
+                       "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", loc, ip))

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Prefill benchmark on the GPU (issue 21): the prefill (capture/prefill.py) with the CuTe DSL
+attention kernel beside the torch-ops baseline (the same GEMMs with torch's SDPA for attention),
+in one run, at the full config's shapes with synthetic weights held in memory, BF16 then NVFP4.
+
+    python tools/bench_prefill.py [--preset full] [--tokens 512,2048,8192,32768]
+                                  [--chunk 8192] [--out DIR] [--formats bf16,nvfp4]
+
+For each format, path and prompt length: the median wall time of a whole prefill (every chunk,
+the last token's logits on the host: the TTFT less tokenisation and sampling), tokens/s, and
+MFU = FLOPs (`FlintConfig.prefill_flops`) / time over the dense BF16 matmul rate measured in the
+same run (torch.matmul 8192³). Then a per-kernel breakdown of one chunk (torch.profiler: CUDA
+time by kernel name, our cubins included). Writes prefill.json and prefill.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def matmul_peak(n: int = 8192, reps: int = 20) -> float:
+    """Dense BF16 matmul FLOP/s of torch.matmul at n³ (median of `reps` timed runs)."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def time_prefill(pre, prompt: torch.Tensor, chunk: int, reps: int) -> float:
+    """Median seconds of `reps` whole prefills of `prompt` into slot 0 (logits on the host)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        logits = pre.prefill(0, prompt, chunk)
+        logits.cpu()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def breakdown(pre, prompt: torch.Tensor, chunk: int, top: int = 25) -> str:
+    """CUDA time by kernel of one prefill of `prompt` (torch.profiler's table, our cubins
+    included: CUPTI sees every launch)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        pre.prefill(0, prompt, chunk)
+        torch.cuda.synchronize()
+    for key in ("self_device_time_total", "self_cuda_time_total"):
+        try:
+            return prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=70)
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return "(no profiler table)"
+
+
+def main() -> int:
+    from flint_graph.capture.kv_cache import KVCache
+    from flint_graph.capture.prefill import Prefill
+    from flint_graph.config import FlintConfig
+    from flint_graph.make_checkpoint import quantize_weights
+    from flint_graph.synthetic import make_weights
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="full")
+    p.add_argument("--tokens", default="512,2048,8192,32768")
+    p.add_argument("--chunk", type=int, default=8192)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--formats", default="bf16,nvfp4")
+    p.add_argument("--paths", default="kernel,sdpa")
+    p.add_argument("--out", default="out")
+    p.add_argument("--profile-tokens", type=int, default=8192)
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    lengths = [int(x) for x in args.tokens.split(",")]
+    cfg = FlintConfig.preset(args.preset)
+    peak = matmul_peak()
+    print(f"dense BF16 matmul 8192^3: {peak / 1e12:.0f} TFLOP/s", flush=True)
+    res = {"preset": args.preset, "matmul_peak_flops": peak, "chunk": args.chunk,
+           "gpu": torch.cuda.get_device_name(), "rows": [], "breakdown": {}}
+    t0 = time.perf_counter()
+    weights = make_weights(cfg, 1, "cuda")
+    print(f"weights in {time.perf_counter() - t0:.0f} s", flush=True)
+    kv = KVCache(cfg, num_slots=1, max_tokens=max(lengths) + 1)
+    gen = torch.Generator().manual_seed(0)
+    for fmt in ("bf16", "nvfp4"):
+        if fmt == "nvfp4":
+            quantize_weights(weights, progress=False)
+            torch.cuda.empty_cache()
+        if fmt not in args.formats.split(","):
+            continue
+        for path in args.paths.split(","):
+            pre = Prefill(cfg, weights, kv, attention=path)
+            pre.prefill(0, torch.randint(0, cfg.vocab_size, (300,), generator=gen), args.chunk)
+            for n in lengths:
+                prompt = torch.randint(0, cfg.vocab_size, (n,), generator=gen)
+                try:
+                    s = time_prefill(pre, prompt, args.chunk, args.reps if n <= 8192 else 1)
+                except Exception as e:  # noqa: BLE001 - report and go on with the others
+                    print(f"{fmt} {path} {n}: {type(e).__name__}: {e}", flush=True)
+                    continue
+                fl = cfg.prefill_flops(n)["total"]
+                row = {"format": fmt, "path": path, "tokens": n, "ms": s * 1e3,
+                       "tokens_per_s": n / s, "tflops": fl / s / 1e12, "mfu": fl / s / peak}
+                res["rows"].append(row)
+                print(json.dumps(row), flush=True)
+            if args.profile_tokens:
+                prompt = torch.randint(0, cfg.vocab_size, (args.profile_tokens,), generator=gen)
+                res["breakdown"][f"{fmt}/{path}"] = breakdown(pre, prompt, args.chunk)
+            del pre
+            torch.cuda.empty_cache()
+    (out / "prefill.json").write_text(json.dumps(res, indent=1))
+    lines = [f"GPU {res['gpu']}; dense BF16 matmul {peak / 1e12:.0f} TFLOP/s (8192³, same run); "
+             f"chunk {args.chunk}", "", "| format | path | tokens | ms | tokens/s | TFLOP/s | MFU |",
+             "|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['format']} | {r['path']} | {r['tokens']} | {r['ms']:.1f} | "
+                     f"{r['tokens_per_s']:.0f} | {r['tflops']:.0f} | {r['mfu']:.1%} |")
+    for key, table in res["breakdown"].items():
+        lines += ["", f"{key}, {args.profile_tokens} tokens: CUDA time by kernel", "", "```",
+                  table, "```"]
+    (out / "prefill.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
