@@ -204,6 +204,8 @@ class Prefill:
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTION)}")
         self.cfg, self.w, self.kv, self.attention = cfg, weights, kv, attention
+        # cuBLAS may otherwise reduce split-K partials in bf16; DESIGN §4 rounds once
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
         dev = weights.final_norm.device
         self.device = dev
         self.dec = NVFP4Decoder(dev)
