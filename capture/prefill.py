@@ -19,11 +19,12 @@ Attention has three implementations (`ATTENTION`):
 The projections are cuBLAS GEMMs through torch (bf16 in, fp32 accumulate, one rounding; the
 issue allows cuBLAS for BF16 where it is faster than ours); the experts run as
 `torch._grouped_mm` over the tokens sorted by expert with offsets computed on the device (no
-host synchronisation). NVFP4 weights are decoded per layer into a BF16 scratch (experts: the
-layer's whole stack, once per chunk; never the whole model at once): e2m1·e4m3 is exact in
-BF16, the second-level scale2 is folded in with one BF16 rounding per weight (the reference
-multiplies in fp32), a difference far inside the tolerances below. A CuTe DSL grouped W4A16
-GEMM that decodes in registers is the next step (docs/prefill.md).
+host synchronisation). NVFP4 weights are decoded per layer into a BF16 scratch (the experts:
+the layer's whole stack, once per chunk, by `kernels/nvfp4_unpack.py` on the kernel path; never
+the whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply scale2 in fp32 after an fp32-output GEMM, exactly as the
+reference; for the experts (`torch._grouped_mm` has only a bf16 output) scale2 is folded into
+the decoded weights, one bf16 rounding per weight (≤ 2^-9). A CuTe DSL grouped W4A16 GEMM that
+decodes in registers and scales in its fp32 epilogue is the next step (docs/prefill.md).
 
 Numerics follow `reference.py` op for op (DESIGN §4): every GEMM accumulates in fp32 and rounds
 once to bf16; norms, router logits (fp32, `route`), the SwiGLU product and the MoE combine
@@ -66,23 +67,30 @@ class NVFP4Decoder:
         self.scale = e4m3.to(BF16)  # [256]; every E4M3 value is a bf16 value
 
     def into(self, out: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-             scale2: torch.Tensor) -> torch.Tensor:
+             scale2: torch.Tensor | None) -> torch.Tensor:
         """Write bf16 [..., N, K] of codes uint8 [..., N, K/2], scales uint8 [..., N, K/16] and
-        scale2 fp32 broadcastable to [..., N, 1] into `out`; returns `out`."""
+        scale2 fp32 broadcastable to [..., N, 1] (None: no scale2) into `out`; returns `out`."""
         *lead, n, half = codes.shape
         vals = self.pairs[codes.int()].view(*lead, n, half // 8, 16)
         vals.mul_(self.scale[scales.int()].unsqueeze(-1))
         out.copy_(vals.view(*lead, n, 2 * half))
-        return out.mul_(scale2.to(BF16)) if not _all_ones(scale2) else out
+        return out if scale2 is None else out.mul_(scale2.to(BF16))
 
-    def dense(self, w: Linear, row_scale2: torch.Tensor | None = None) -> torch.Tensor:
-        """`w` as bf16 [N, K]: a BF16 weight as it is, an NVFP4 one decoded (row_scale2 fp32
-        [N] replaces its scale2, for stacked projections)."""
-        if not isinstance(w, NVFP4Weight):
-            return w
-        s2 = row_scale2[:, None] if row_scale2 is not None else w.scale2.float().reshape(1, 1)
+    def unscaled(self, w: NVFP4Weight) -> torch.Tensor:
+        """e2m1·e4m3 of `w` as bf16 [N, K] (exact), scale2 left out."""
         out = torch.empty(w.shape, dtype=BF16, device=w.device)
-        return self.into(out, w.codes, w.scales, s2)
+        return self.into(out, w.codes, w.scales, None)
+
+    def linear(self, x: torch.Tensor, w: Linear,
+               row_scale2: torch.Tensor | None = None) -> torch.Tensor:
+        """x bf16 [T, K] @ wᵀ -> bf16 [T, N], rounded once as `reference.linear`: BF16 weights
+        by a cuBLAS GEMM; NVFP4 decoded without scale2 (exact in bf16), multiplied in fp32
+        (cuBLAS with fp32 output on CUDA) and scaled by scale2 (or `row_scale2` fp32 [N], per
+        output row, for stacked projections) before the one rounding."""
+        if not isinstance(w, NVFP4Weight):
+            return F.linear(x, w)
+        s2 = row_scale2 if row_scale2 is not None else w.scale2.float().reshape(())
+        return (_matmul_f32(x, self.unscaled(w)) * s2).to(BF16)
 
     def experts(self, out: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
         """An expert stack [E, N, K/2] decoded into `out` bf16 [E, N, K], DEQUANT_EXPERTS
@@ -96,8 +104,11 @@ class NVFP4Decoder:
         return out
 
 
-def _all_ones(t: torch.Tensor) -> bool:
-    return t.numel() == 1 and float(t) == 1.0
+def _matmul_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x bf16 [T, K] @ w bf16 [N, K]ᵀ with fp32 products, sums and output, float32 [T, N]."""
+    if x.is_cuda:
+        return torch.mm(x, w.t(), out_dtype=torch.float32)
+    return x.float() @ w.float().t()
 
 
 # -- MoE as grouped GEMMs ------------------------------------------------------------------------
@@ -109,11 +120,11 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, gate: torch.Te
     bf16 [T, H].
 
     gate, up: bf16 [E, M, H] and down bf16 [E, H, M] (the checkpoint's stacks or an NVFP4
-    decode); shared: (gate, up, down) bf16 or None. Routing is `reference.route` (fp32 logits,
+    decode); shared: the shared expert as a function bf16 [T, H] -> bf16 [T, H], or None. Routing is `reference.route` (fp32 logits,
     the correction bias only in the pick). The T·K (token, expert) pairs are sorted by expert
     id; per-expert counts become int32 offsets on the device and `torch._grouped_mm` runs
     each expert's rows (no host synchronisation). Each token then adds its experts' outputs in
-    ascending id, in fp32, as the reference's loop over experts does."""
+    ascending id, in fp32 (one batched product; the reference adds them one by one)."""
     t, k = h.shape[0], cfg.num_experts_per_tok
     e_total = gate.shape[0]
     ids, weights = reference.route(h, w.router, w.router_bias, k, cfg.routed_scaling_factor,
@@ -122,28 +133,45 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, gate: torch.Te
     weights = weights.gather(-1, order)
     flat = ids.reshape(-1)
     perm = torch.argsort(flat, stable=True)  # pair index (token·K + slot), grouped by expert
-    offs = torch.cumsum(torch.bincount(flat, minlength=e_total), 0).to(torch.int32)
-    xs = h[perm // k]  # [T·K, H], gathered rows
+    # per-expert counts by a scatter-add (torch.bincount reads the max id back to the host)
+    counts = torch.zeros(e_total, dtype=torch.int32, device=h.device)
+    counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    xs = h.index_select(0, perm // k)  # [T·K, H], gathered rows
     g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
     u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
     a = (F.silu(g.float()) * u.float()).to(BF16)
     y_sorted = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)  # [T·K, H] bf16
-    y = torch.empty_like(y_sorted)
-    y[perm] = y_sorted
-    y = y.view(t, k, -1)
-    acc = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
-    for j in range(k):
-        acc += y[:, j].float() * weights[:, j, None]
+    y = torch.empty_like(y_sorted).index_copy_(0, perm, y_sorted).view(t, k, -1)
+    acc = torch.bmm(weights[:, None, :], y.float())[:, 0]  # [T, H] fp32
     if shared is not None:
-        acc += swiglu(h, *shared).float()
+        acc += shared(h).float()
     return acc.to(BF16)
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-           down: torch.Tensor) -> torch.Tensor:
-    """`reference.swiglu` on bf16 weights with cuBLAS GEMMs: x bf16 [T, H] -> bf16 [T, H]."""
-    a = (F.silu(F.linear(x, gate).float()) * F.linear(x, up).float()).to(BF16)
-    return F.linear(a, down)
+def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear,
+           linear=F.linear) -> torch.Tensor:
+    """`reference.swiglu` with `linear` (x bf16 [T, K], weight) -> bf16 [T, N] for each
+    projection: x bf16 [T, H] -> bf16 [T, H]."""
+    a = (F.silu(linear(x, gate).float()) * linear(x, up).float()).to(BF16)
+    return linear(a, down)
+
+
+# -- norms and RoPE (reference.py's math, fewer passes) -------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """`reference.rms_norm` (fp32, one rounding to bf16) through torch's fused RMSNorm:
+    x [..., N] -> bf16 [..., N]."""
+    return F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps).to(BF16)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`reference.apply_rope` on x bf16 [T, heads, D] with the chunk's tables cos, sin fp32
+    [T, 1, D] (`reference.rope_cos_sin`, computed once per chunk for every layer)."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(BF16)
 
 
 # -- attention -------------------------------------------------------------------------------
@@ -215,15 +243,19 @@ class Prefill:
         self.sinks = [lw.sinks.float().contiguous() if cfg.attention_sinks
                       else torch.full((hq,), float("-inf"), device=dev)
                       for lw in weights.layers]
-        self.kernels = {}
+        self.kernels, self.unpack = {}, None
         if attention == "kernel":
             from flint_graph.capture.launcher import KernelSet
-            from flint_graph.kernels import attn_prefill
+            from flint_graph.kernels import attn_prefill, nvfp4_unpack
 
             kset = kset or KernelSet()
             for spec in attn_prefill.KERNEL.specs(cfg, ()):
                 self.kernels[spec["RING"]] = kset.get(spec.kernel, **spec.as_dict())
             self._start = torch.zeros(1, dtype=torch.int32, device=dev)
+            moe = [lw.ffn for lw in weights.layers if isinstance(lw.ffn, MoEWeights)]
+            if moe and isinstance(moe[0].gate, NVFP4Weight):
+                (spec,) = nvfp4_unpack.KERNEL.specs(cfg, ())
+                self.unpack = kset.get(spec.kernel, **spec.as_dict())
 
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: torch.Tensor, chunk_tokens: int,
@@ -268,53 +300,71 @@ class Prefill:
         """The residual stream bf16 [T, H] after every layer, for `ids` at seq.num_tokens …"""
         x = reference.embed(self.w.embed, ids)
         pos = torch.arange(seq.num_tokens, seq.num_tokens + ids.numel(), device=self.device)
+        self._prepare(seq, pos)
         for i, lw in enumerate(self.w.layers):
             x = self._layer(i, lw, x, seq, pos)
         return x
+
+    def _prepare(self, seq: SlotKV, pos: torch.Tensor) -> None:
+        """What every layer of a chunk at positions `pos` int64 [T] shares: the RoPE tables
+        (`reference.rope_cos_sin`, fp32 [T, 1, D]) and the kernel's ring slot / page table."""
+        cos, sin = reference.rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta)
+        self._rope = cos[:, None, :], sin[:, None, :]
+        self._tables = {True: torch.tensor([seq.slot], dtype=torch.int32, device=self.device),
+                        False: seq.pages.to(torch.int32)}
 
     def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor, seq: SlotKV,
                pos: torch.Tensor) -> torch.Tensor:
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         t = x.shape[0]
-        h = reference.rms_norm(x, lw.attn_norm, eps)
-        qkv = self._qkv(i)
-        y = F.linear(h, qkv)
+        h = rms_norm(x, lw.attn_norm, eps)
+        y = self._qkv(i, h)
         q, k, v = y.split([hq * d, hkv * d, hkv * d], dim=-1)
         q, k, v = q.view(t, hq, d), k.view(t, hkv, d), v.reshape(t, hkv, d)
         if cfg.qk_norm:
-            q = reference.rms_norm(q, lw.q_norm, eps)
-            k = reference.rms_norm(k, lw.k_norm, eps)
+            q = rms_norm(q, lw.q_norm, eps)
+            k = rms_norm(k, lw.k_norm, eps)
         if cfg.uses_rope(i):
-            q = reference.apply_rope(q, pos, cfg.rope_theta)
-            k = reference.apply_rope(k, pos, cfg.rope_theta)
+            q, k = rope(q, *self._rope), rope(k, *self._rope)
         a = self._attention(i, q, k.contiguous(), v.contiguous(), seq, pos)
-        x = reference.residual_add(x, F.linear(a, self.dec.dense(lw.o_proj)))
-        h = reference.rms_norm(x, lw.ffn_norm, eps)
+        x = reference.residual_add(x, self.dec.linear(a, lw.o_proj))
+        h = rms_norm(x, lw.ffn_norm, eps)
         if isinstance(lw.ffn, MoEWeights):
             y = moe_grouped(h, lw.ffn, cfg, *self._experts(lw.ffn), self._shared(lw.ffn))
         else:
             f = lw.ffn
-            y = swiglu(h, self.dec.dense(f.gate), self.dec.dense(f.up), self.dec.dense(f.down))
+            y = swiglu(h, f.gate, f.up, f.down, self.dec.linear)
         return reference.residual_add(x, y)
 
-    def _qkv(self, i: int) -> torch.Tensor:
-        """Layer i's [q; k; v] weight, bf16 [Q + 2·KV, H]."""
+    def _qkv(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """h bf16 [T, H] through layer i's stacked [q; k; v] -> bf16 [T, Q + 2·KV]."""
         parts = self.qkv[i]
         if len(parts) == 1:
-            return parts[0]
+            return F.linear(h, parts[0])
         codes, scales, row_s2 = parts
-        return self.dec.dense(NVFP4Weight(codes, scales, row_s2[:1]), row_scale2=row_s2)
+        return self.dec.linear(h, NVFP4Weight(codes, scales, row_s2[:1]), row_scale2=row_s2)
 
     def _experts(self, w: MoEWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if not isinstance(w.gate, NVFP4Weight):
             return w.gate, w.up, w.down
-        return tuple(self.dec.experts(self._buffer(name, m.shape), m)
-                     for name, m in (("gate", w.gate), ("up", w.up), ("down", w.down)))
+        out = []
+        for name, m in (("gate", w.gate), ("up", w.up), ("down", w.down)):
+            buf = self._buffer(name, m.shape)
+            if self.unpack is None:
+                out.append(self.dec.experts(buf, m))
+                continue
+            e = m.codes.shape[0]
+            s2 = m.scale2.float().reshape(-1).expand(e).contiguous()
+            self.unpack.launch(m.codes.view(-1, 8), m.scales.view(-1), s2, buf.view(-1, 16))
+            out.append(buf)
+        return tuple(out)
 
     def _shared(self, w: MoEWeights):
         s = w.shared
-        return None if s is None else tuple(self.dec.dense(m) for m in (s.gate, s.up, s.down))
+        if s is None:
+            return None
+        return lambda h: swiglu(h, s.gate, s.up, s.down, self.dec.linear)
 
     def _buffer(self, name: str, shape) -> torch.Tensor:
         """A bf16 scratch of `shape`, allocated once per name (the per-layer NVFP4 decode)."""
@@ -336,10 +386,9 @@ class Prefill:
             return fn(q, k_all, v_all, pos, k_pos, sinks, window).reshape(q.shape[0], -1)
         kv = self.kv.layers[i]
         out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=BF16, device=self.device)
-        table = (torch.tensor([seq.slot], dtype=torch.int32, device=self.device) if kv.ring
-                 else seq.pages.to(torch.int32))
         self._start.fill_(seq.num_tokens)
-        self.kernels[int(kv.ring)].launch(q.contiguous(), k, v, kv.k, kv.v, table, self._start,
+        self.kernels[int(kv.ring)].launch(q.contiguous(), k, v, kv.k, kv.v,
+                                          self._tables[bool(kv.ring)], self._start,
                                           self.sinks[i], out)
         seq.update(i, k, v, gather=False)  # after the kernel: it read the ring's old entries
         return out
@@ -347,7 +396,7 @@ class Prefill:
     def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
         """float32 logits [R, V] of the final-normed rows h bf16 [R, H]: a bf16 GEMM (the graph
         engine's LM head also rounds logits to bf16), NVFP4 decoded LM_HEAD_ROWS rows at a
-        time."""
+        time and scaled by scale2 after the GEMM."""
         w = self.w.lm_head
         if not isinstance(w, NVFP4Weight):
             return F.linear(h, w).float()
@@ -355,6 +404,6 @@ class Prefill:
         for r0 in range(0, w.shape[0], LM_HEAD_ROWS):
             part = NVFP4Weight(w.codes[r0:r0 + LM_HEAD_ROWS], w.scales[r0:r0 + LM_HEAD_ROWS],
                                w.scale2)
-            out.append(F.linear(h, self.dec.dense(part)).float())
+            out.append(F.linear(h, self.dec.unscaled(part)).float() * w.scale2.float())
         return torch.cat(out, dim=-1)
 

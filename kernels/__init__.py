@@ -19,8 +19,8 @@ import importlib
 
 # Kernel families the model runs, by module name (each defines KERNEL = KernelDef(...)).
 MODEL_KERNELS = ("rmsnorm", "gemv_bf16", "gemv_nvfp4", "qk_norm_rope_kv", "attn_decode",
-                 "attn_prefill",
-                 "moe_router", "moe_gate_up", "moe_down", "sample_tokens")
+                 "moe_router", "moe_gate_up", "moe_down", "sample_tokens",
+                 "attn_prefill", "nvfp4_unpack")
 # Test-only kernels, built into every cache so the GPU tests can run wherever the cache goes.
 TEST_KERNELS = ("slow_producer", "early_reader")
 

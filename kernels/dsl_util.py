@@ -275,3 +275,24 @@ def pack_bf16(lo, hi, *, loc=None, ip=None) -> Uint32:
     return Uint32(_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip),
                                  Float32(lo).ir_value(loc=loc, ip=ip)],
                        "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", loc, ip))
+
+
+@dsl_user_op
+def ld_weight_v2(addr, *, loc=None, ip=None) -> list:
+    """8 weight bytes at an 8-byte aligned global byte address, as 2 u32 (ld.global.nc.v2)."""
+    res = _ld_nc(".v2.u32", 2, addr, loc, ip)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2)]
+
+
+@dsl_user_op
+def ld_weight_u8(addr, *, loc=None, ip=None) -> Uint32:
+    """One weight byte at a global byte address, zero-extended."""
+    return Uint32(_ld_nc(".u8", 1, addr, loc, ip))
+
+
+@dsl_user_op
+def st_v4(addr, words, *, loc=None, ip=None) -> None:
+    """Store 4 u32 (16 bytes) at a 16-byte aligned global byte address."""
+    _asm(None, [_i64(addr, loc, ip)] + [_u32(w, loc, ip) for w in words],
+         "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}", loc, ip,
+         side_effects=True)

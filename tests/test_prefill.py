@@ -3,13 +3,13 @@ MoE, the per-layer NVFP4 decode, the chunking and the KV writes against the refe
 both weight formats; its errors; and the engine ending only the request whose prefill fails.
 (The CuTe DSL attention path runs in tests/test_prefill_gpu.py on the H200.)
 
-Tolerance: the prefill's GEMMs round as the reference's (bf16 out of fp32 accumulation) and on
-the CPU with BF16 weights it is bitwise the reference; its LM head rounds logits to bf16 like the
-graph engine's. With NVFP4 weights whose scale2 is not a power of two, folding scale2 into the
-bf16 decode rounds each weight once (≤ 2^-9), about one extra bf16 rounding per projection
-output, which the tiny model amplifies layer by layer (measured on the KV: 0.4% after layer 1,
-1.4% after layer 4). Bounds: ‖Δlogits‖/‖logits‖ ≤ 1e-2 and the same greedy pick; KV per layer
-≤ 3e-2.
+Tolerance: the prefill's GEMMs round as the reference's (bf16 out of fp32 accumulation; NVFP4
+dense projections scale by scale2 in fp32 before that rounding) and on the CPU it is bitwise the
+reference here; its LM head rounds logits to bf16 like the graph engine's:
+‖Δlogits‖/‖logits‖ ≤ 1e-2 with the same greedy pick, and the KV per layer ≤ 1e-2.
+(Expert stacks fold scale2 into their bf16 decode, one rounding per weight: the synthetic
+checkpoints' expert scale2 are powers of two, so that rounding is exercised on the GPU tests'
+perturbed weights only.)
 """
 
 import pytest
@@ -27,7 +27,7 @@ from flint_graph.synthetic import make_weights
 CFG = FlintConfig.preset("tiny")
 PROMPT = 150  # > two KV pages and many tiny windows (17)
 TOL = 1e-2
-KV_TOL = 3e-2
+KV_TOL = 1e-2
 
 
 @pytest.fixture(scope="module", params=["bf16", "nvfp4"])

@@ -253,6 +253,7 @@ def test_each_layer_matches_the_reference_layer(kset, preset, fmt):
     ref_chunk = ref.new_sequence()  # the reference's own cache for the chunk: copy of `seq`
     ref_chunk.k, ref_chunk.v, ref_chunk.num_tokens = ([t.clone() for t in seq.k],
                                                       [t.clone() for t in seq.v], prefix)
+    pre._prepare(slot, pos)
     for i, lw in enumerate(w.layers):
         want = reference.decoder_layer(cfg, lw, i, x, [ref_chunk], [tokens])
         got = pre._layer(i, lw, x, slot, pos)

@@ -79,7 +79,9 @@ def main() -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")
-    p.add_argument("--tokens", default="512,2048,8192,32768")
+    p.add_argument("--tokens", default="25,512,2048,8192,32768")
+    p.add_argument("--kernel-tokens", default="100000",
+                   help="longer prompts timed on the kernel path only (the baseline takes minutes)")
     p.add_argument("--chunk", type=int, default=8192)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--formats", default="bf16,nvfp4")
@@ -91,6 +93,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     lengths = [int(x) for x in args.tokens.split(",")]
+    longer = [int(x) for x in args.kernel_tokens.split(",") if x]
     cfg = FlintConfig.preset(args.preset)
     peak = matmul_peak()
     print(f"dense BF16 matmul 8192^3: {peak / 1e12:.0f} TFLOP/s", flush=True)
@@ -99,7 +102,7 @@ def main() -> int:
     t0 = time.perf_counter()
     weights = make_weights(cfg, 1, "cuda")
     print(f"weights in {time.perf_counter() - t0:.0f} s", flush=True)
-    kv = KVCache(cfg, num_slots=1, max_tokens=max(lengths) + 1)
+    kv = KVCache(cfg, num_slots=1, max_tokens=max(lengths + longer) + 1)
     gen = torch.Generator().manual_seed(0)
     for fmt in ("bf16", "nvfp4"):
         if fmt == "nvfp4":
@@ -110,7 +113,7 @@ def main() -> int:
         for path in args.paths.split(","):
             pre = Prefill(cfg, weights, kv, attention=path)
             pre.prefill(0, torch.randint(0, cfg.vocab_size, (300,), generator=gen), args.chunk)
-            for n in lengths:
+            for n in lengths + (longer if path == "kernel" else []):
                 prompt = torch.randint(0, cfg.vocab_size, (n,), generator=gen)
                 try:
                     s = time_prefill(pre, prompt, args.chunk, args.reps if n <= 8192 else 1)

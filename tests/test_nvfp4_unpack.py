@@ -1,0 +1,28 @@
+"""CPU checks of nvfp4_unpack's declaration and reference (kernels/nvfp4_unpack.py)."""
+
+import torch
+
+from flint_graph import nvfp4
+from flint_graph.config import FlintConfig
+from flint_graph.kernels import nvfp4_unpack as nu
+from flint_graph.kernels.spec import check_spec
+
+
+def test_reference_is_the_formats_dequantisation_rounded_once():
+    spec = nu.KERNEL.specs(FlintConfig.preset("tiny"), ())[0]
+    args = nu.make_args(spec, gen=torch.Generator().manual_seed(0), device="cpu")
+    codes, scales, scale2, _ = args
+    (got,) = nu._reference(spec, *args)
+    e, n, k = spec["E"], FlintConfig.preset("tiny").moe_intermediate_size, \
+        FlintConfig.preset("tiny").hidden_size
+    want = nvfp4.dequantize(codes.view(e, n, k // 2), scales.view(e, n, k // 16), scale2,
+                            torch.float32).to(torch.bfloat16)
+    assert torch.equal(got.view(e, n, k), want)
+
+
+def test_specs_cover_every_expert_shape():
+    for preset in ("tiny", "nano", "full"):
+        cfg = FlintConfig.preset(preset)
+        (spec,) = nu.KERNEL.specs(cfg, ())
+        check_spec(nu.KERNEL, spec)
+        assert spec["SPE"] * 16 == cfg.moe_intermediate_size * cfg.hidden_size
