@@ -60,7 +60,9 @@ class NVFP4Decoder:
     the bf16 value of one E4M3 scale byte; both products are exact in bf16 (≤ 6 significant
     bits). scale2 (per tensor, per expert or per row) multiplies last, one bf16 rounding."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, kernel=None):
+        self.kernel = kernel  # nvfp4_unpack at E = 1 (the kernel path), else the tables below
+        self.one = torch.ones(1, device=device)
         e4m3, e2m1 = nvfp4._tables(device)
         b = torch.arange(256, device=device)
         self.pairs = torch.stack([e2m1[b & 0xF], e2m1[b >> 4]], dim=-1).to(BF16)  # [256, 2]
@@ -79,6 +81,10 @@ class NVFP4Decoder:
     def unscaled(self, w: NVFP4Weight) -> torch.Tensor:
         """e2m1·e4m3 of `w` as bf16 [N, K] (exact), scale2 left out."""
         out = torch.empty(w.shape, dtype=BF16, device=w.device)
+        if self.kernel is not None and w.codes.is_contiguous() and w.scales.is_contiguous():
+            self.kernel.launch(w.codes.view(-1, 8), w.scales.view(-1), self.one,
+                               out.view(-1, 16))
+            return out
         return self.into(out, w.codes, w.scales, None)
 
     def linear(self, x: torch.Tensor, w: Linear,
@@ -161,9 +167,18 @@ def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear,
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """`reference.rms_norm` (fp32, one rounding to bf16) through torch's fused RMSNorm:
-    x [..., N] -> bf16 [..., N]."""
+    """`reference.rms_norm` through torch's fused RMSNorm: x bf16 [..., N], w bf16 [N] ->
+    bf16 [..., N]. On CUDA the kernel computes in fp32 and rounds its output once, as the
+    reference; on the CPU torch's bf16 path would round between steps, so it runs in fp32."""
+    if x.is_cuda and x.dtype == BF16 and w.dtype == BF16:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
     return F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps).to(BF16)
+
+
+def residual_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`reference.residual_add` (bf16 + bf16 added in fp32, rounded once) in one kernel: torch
+    adds bf16 tensors in fp32 and rounds once."""
+    return x + y
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -252,9 +267,13 @@ class Prefill:
             for spec in attn_prefill.KERNEL.specs(cfg, ()):
                 self.kernels[spec["RING"]] = kset.get(spec.kernel, **spec.as_dict())
             self._start = torch.zeros(1, dtype=torch.int32, device=dev)
+            unpack = {s["E"]: s for s in nvfp4_unpack.KERNEL.specs(cfg, ())}
+            if isinstance(weights.layers[0].q_proj, NVFP4Weight) or isinstance(
+                    weights.lm_head, NVFP4Weight):
+                self.dec.kernel = kset.get("nvfp4_unpack", **unpack[1].as_dict())
             moe = [lw.ffn for lw in weights.layers if isinstance(lw.ffn, MoEWeights)]
             if moe and isinstance(moe[0].gate, NVFP4Weight):
-                (spec,) = nvfp4_unpack.KERNEL.specs(cfg, ())
+                spec = unpack[cfg.n_routed_experts]
                 self.unpack = kset.get(spec.kernel, **spec.as_dict())
 
     @torch.inference_mode()
@@ -328,14 +347,14 @@ class Prefill:
         if cfg.uses_rope(i):
             q, k = rope(q, *self._rope), rope(k, *self._rope)
         a = self._attention(i, q, k.contiguous(), v.contiguous(), seq, pos)
-        x = reference.residual_add(x, self.dec.linear(a, lw.o_proj))
+        x = residual_add(x, self.dec.linear(a, lw.o_proj))
         h = rms_norm(x, lw.ffn_norm, eps)
         if isinstance(lw.ffn, MoEWeights):
             y = moe_grouped(h, lw.ffn, cfg, *self._experts(lw.ffn), self._shared(lw.ffn))
         else:
             f = lw.ffn
             y = swiglu(h, f.gate, f.up, f.down, self.dec.linear)
-        return reference.residual_add(x, y)
+        return residual_add(x, y)
 
     def _qkv(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """h bf16 [T, H] through layer i's stacked [q; k; v] -> bf16 [T, Q + 2·KV]."""

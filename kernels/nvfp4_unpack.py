@@ -21,6 +21,10 @@ from flint_graph import nvfp4
 from flint_graph.kernels.spec import KernelDef, Launch, Spec, TensorArg
 
 THREADS = 256
+# SPE of the one-matrix specialisation (E = 1): every sub-block takes scale2[0]. The prefill
+# decodes dense NVFP4 projections with it and scale2 = 1, applying their scale2 in fp32 after
+# the GEMM.
+DENSE_SPE = 1 << 30
 
 
 def _args(spec: Spec):
@@ -35,12 +39,13 @@ def _launch(spec: Spec) -> Launch:
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
-    """One specialisation per expert matrix shape of `cfg` (gate/up [M, H], down [H, M])."""
+    """The one-matrix specialisation, and one per expert stack shape of `cfg` (gate/up
+    [M, H], down [H, M])."""
     e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    if not e:
-        return []
-    out = [KERNEL.spec(E=e, SPE=m * h // 16)]
-    return out  # gate, up and down have M·H values per expert alike
+    out = [KERNEL.spec(E=1, SPE=DENSE_SPE)]
+    if e:  # gate, up and down have M·H values per expert alike
+        out.append(KERNEL.spec(E=e, SPE=m * h // 16))
+    return out
 
 
 def _reference(spec: Spec, codes, scales, scale2, out):
@@ -55,9 +60,10 @@ def _reference(spec: Spec, codes, scales, scale2, out):
 def make_args(spec: Spec, *, gen: torch.Generator, experts: int | None = None,
               device: str = "cuda") -> list:
     """Random codes and scale bytes (every byte value, 0x7F and bit 7 included), scale2 not a
-    power of two, out poisoned with NaN, for `experts` experts (default E)."""
+    power of two, out poisoned with NaN, for `experts` experts (default E); the one-matrix
+    specialisation gets 4096 sub-blocks."""
     e = experts or spec["E"]
-    s = e * spec["SPE"]
+    s = e * min(spec["SPE"], 4096)
     on = gen.device
     codes = torch.randint(0, 256, (s, 8), generator=gen, device=on, dtype=torch.int32)
     scales = torch.randint(0, 256, (s,), generator=gen, device=on, dtype=torch.int32)
@@ -92,8 +98,7 @@ def _build(spec: Spec):
             normal = du.as_f32(((ex + Uint32(120)) << 23) | (man << 20))
             sub = Float32(man) * Float32(2.0 ** -9)
             sc = cutlass.select_(ex == Uint32(0), sub, normal)
-            sc = cutlass.select_((b & Uint32(0x7F)) == Uint32(0x7F), Float32(0.0), sc)
-            sc = sc * s2
+            sc = cutlass.select_((b == Uint32(0)) | (b == Uint32(0x7F)), Float32(0.0), sc)
             du.griddepcontrol_wait_after_values([w[0], w[1], b, sc2])
             words = []
             for i in cutlass.range_constexpr(8):  # value pairs (2i, 2i + 1) share byte i
@@ -105,8 +110,10 @@ def _build(spec: Spec):
                     mag = cutlass.select_(m < Float32(4.0), m * Float32(0.5),
                                           cutlass.select_(m < Float32(6.0), m - Float32(2.0),
                                                           m * Float32(2.0) - Float32(8.0)))
-                    v = mag * sc
-                    pair.append(cutlass.select_((c & Uint32(8)) != Uint32(0), -v, v))
+                    v = (mag * sc) * s2  # e2m1·e4m3 is exact; one fp32 rounding, as the reference
+                    # code 8 is +0, as `nvfp4._tables` has it
+                    neg = ((c & Uint32(8)) != Uint32(0)) & (m != Float32(0.0))
+                    pair.append(cutlass.select_(neg, -v, v))
                 words.append(du.pack_bf16(pair[0], pair[1]))
             ob = mo.iterator.toint() + Int64(s) * 32
             du.st_v4(ob, words[:4])

@@ -9,7 +9,7 @@ from flint_graph.kernels.spec import check_spec
 
 
 def test_reference_is_the_formats_dequantisation_rounded_once():
-    spec = nu.KERNEL.specs(FlintConfig.preset("tiny"), ())[0]
+    spec = nu.KERNEL.specs(FlintConfig.preset("tiny"), ())[1]
     args = nu.make_args(spec, gen=torch.Generator().manual_seed(0), device="cpu")
     codes, scales, scale2, _ = args
     (got,) = nu._reference(spec, *args)
@@ -23,6 +23,8 @@ def test_reference_is_the_formats_dequantisation_rounded_once():
 def test_specs_cover_every_expert_shape():
     for preset in ("tiny", "nano", "full"):
         cfg = FlintConfig.preset(preset)
-        (spec,) = nu.KERNEL.specs(cfg, ())
-        check_spec(nu.KERNEL, spec)
-        assert spec["SPE"] * 16 == cfg.moe_intermediate_size * cfg.hidden_size
+        dense, stack = nu.KERNEL.specs(cfg, ())
+        for spec in (dense, stack):
+            check_spec(nu.KERNEL, spec)
+        assert dense["E"] == 1
+        assert stack["SPE"] * 16 == cfg.moe_intermediate_size * cfg.hidden_size

@@ -18,7 +18,7 @@ def test_unpack_is_bitwise_the_reference(preset):
 
     kset = KernelSet(kernels=registry(("nvfp4_unpack",)))
     for spec in nu.KERNEL.specs(FlintConfig.preset(preset), ()):
-        for experts in (1, 3, spec["E"]):
+        for experts in sorted({1, min(3, spec["E"]), spec["E"]}):
             args = nu.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(experts),
                                 experts=experts)
             kset.get("nvfp4_unpack", **spec.as_dict()).launch(*args)

@@ -125,6 +125,14 @@ def main() -> int:
                        "tokens_per_s": n / s, "tflops": fl / s / 1e12, "mfu": fl / s / peak}
                 res["rows"].append(row)
                 print(json.dumps(row), flush=True)
+            # where a short prompt's time goes on the host (CPU self time by op)
+            from torch.profiler import ProfilerActivity, profile
+
+            short = torch.randint(0, cfg.vocab_size, (25,), generator=gen)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                pre.prefill(0, short, args.chunk)
+            res["breakdown"][f"{fmt}/{path} host, 25 tokens"] = prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60)
             if args.profile_tokens:
                 prompt = torch.randint(0, cfg.vocab_size, (args.profile_tokens,), generator=gen)
                 res["breakdown"][f"{fmt}/{path}"] = breakdown(pre, prompt, args.chunk)
