@@ -7,7 +7,8 @@ reference, compiled ahead of time into a cubin cache.
 | `build.py` | the AOT compile (needs the DSL, no GPU) into cubins + manifest |
 | `cache.py` | reading and verifying the cache (no DSL: what the GPU box uses) |
 | `cubin.py` | reading parameter layout, block and registers out of a cubin |
-| `rmsnorm.py`, `gemv_bf16.py`, `gemv_nvfp4.py`, ... | one kernel family each |
+| `rmsnorm.py`, `gemv_bf16.py`, `gemv_nvfp4.py`, ... | one decode kernel family each |
+| `attn_prefill.py`, `nvfp4_unpack.py` | the prefill's kernels (docs/prefill.md) |
 | `examples.py` | fresh random arguments for each kernel (GPU tests, microbenchmark) |
 | `slow_producer.py`, `early_reader.py` | test-only: the PDL ordering test's slow producer, and |
 | | a consumer that breaks the rule on purpose |
