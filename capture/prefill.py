@@ -110,6 +110,13 @@ class NVFP4Decoder:
         return out
 
 
+_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _matmul_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x bf16 [T, K] @ w bf16 [N, K]ᵀ with fp32 products, sums and output, float32 [T, N]."""
     if x.is_cuda:
@@ -246,6 +253,9 @@ class Prefill:
                  attention: str = "kernel", kset=None):
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTION)}")
+        if attention != "reference" and kv.layers[0].k.device.type != "cuda":
+            raise ValueError(f"attention {attention!r} runs on CUDA only; this KV cache is on "
+                             f"{kv.layers[0].k.device} (use attention='reference')")
         self.cfg, self.w, self.kv, self.attention = cfg, weights, kv, attention
         # cuBLAS may otherwise reduce split-K partials in bf16; DESIGN §4 rounds once
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
@@ -267,30 +277,42 @@ class Prefill:
             for spec in attn_prefill.KERNEL.specs(cfg, ()):
                 self.kernels[spec["RING"]] = kset.get(spec.kernel, **spec.as_dict())
             self._start = torch.zeros(1, dtype=torch.int32, device=dev)
-            unpack = {s["E"]: s for s in nvfp4_unpack.KERNEL.specs(cfg, ())}
+            dense, *stacks = nvfp4_unpack.KERNEL.specs(cfg, ())  # the E = 1 matrix one first
             if isinstance(weights.layers[0].q_proj, NVFP4Weight) or isinstance(
                     weights.lm_head, NVFP4Weight):
-                self.dec.kernel = kset.get("nvfp4_unpack", **unpack[1].as_dict())
+                self.dec.kernel = kset.get("nvfp4_unpack", **dense.as_dict())
             moe = [lw.ffn for lw in weights.layers if isinstance(lw.ffn, MoEWeights)]
             if moe and isinstance(moe[0].gate, NVFP4Weight):
-                spec = unpack[cfg.n_routed_experts]
-                self.unpack = kset.get(spec.kernel, **spec.as_dict())
+                self.unpack = kset.get("nvfp4_unpack", **stacks[0].as_dict())
 
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: torch.Tensor, chunk_tokens: int,
                 start: int = 0) -> torch.Tensor:
         """Write int tokens [T] into `slot` at positions start … start+T−1, `chunk_tokens` at a
-        time; float32 logits [V] of the last one (the LM head runs for it only).
+        time; float32 logits [V] of the last one (the LM head runs for it only). `start` must be
+        the number of tokens the slot already holds (the engine's bookkeeping: the cache does
+        not record it).
 
-        Raises InvalidRequestError for an empty or out-of-vocabulary prompt or chunk_tokens < 1,
-        ContextLengthError when start + T passes the slot's KV capacity (before any work), and
+        Raises InvalidRequestError (before any work) for a slot outside 0 … num_slots − 1 (the
+        scratch slot included), a prompt that is not a non-empty 1-D tensor of an integer dtype
+        or has ids outside the vocabulary, a start that is not an int ≥ 0, a chunk_tokens that
+        is not an int ≥ 1; ContextLengthError when start + T passes the slot's KV capacity;
         ConfigError naming --prefill-chunk when a chunk runs out of GPU memory."""
-        t = tokens.numel()
-        if chunk_tokens < 1:
-            raise InvalidRequestError(f"chunk_tokens = {chunk_tokens}; expected >= 1")
-        if tokens.dim() != 1 or t == 0 or tokens.is_floating_point():
+        if not _is_int(slot) or not 0 <= slot < self.kv.num_slots:
+            raise InvalidRequestError(f"slot {slot!r}: expected an int in 0 … "
+                                      f"{self.kv.num_slots - 1}")
+        if not _is_int(chunk_tokens) or chunk_tokens < 1:
+            raise InvalidRequestError(f"chunk_tokens = {chunk_tokens!r}; expected an int >= 1")
+        if not _is_int(start) or start < 0:
+            raise InvalidRequestError(f"start = {start!r}; expected an int >= 0 (the tokens "
+                                      "already in the slot)")
+        if (not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.numel() == 0
+                or tokens.dtype not in _ID_DTYPES):
+            what = (f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor)
+                    else type(tokens).__name__)
             raise InvalidRequestError(f"prompt: expected a non-empty 1-D integer tensor, found "
-                                      f"{tokens.dtype} {tuple(tokens.shape)}")
+                                      f"{what}")
+        t = tokens.numel()
         cap = min(self.kv.max_tokens, self.cfg.max_position_embeddings)
         if start + t > cap:
             raise ContextLengthError(f"prompt: {start} cached + {t} new tokens exceed the "

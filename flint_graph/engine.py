@@ -145,7 +145,7 @@ class Engine:
                 else:
                     logits = self.model.prefill(self._kv[req.id], part,
                                                 self.prefill_chunk_tokens)
-            except (FlintError, ValueError, RuntimeError) as e:
+            except Exception as e:  # noqa: BLE001 - any failure ends this request only
                 # this request ends; the others (and later requests) go on
                 deltas.append(self._fail(req, f"prefill failed: {type(e).__name__}: {e}"))
                 self._retire(req)

@@ -60,10 +60,12 @@ def tokens_per_cta(spec: Spec) -> int:
 
 def _check(spec: Spec) -> None:
     hq, hkv, d = spec["HQ"], spec["HKV"], spec["D"]
-    if hq % hkv or hq // hkv not in (1, 2, 4, 8, 16):
+    if hkv < 1 or hq % hkv or hq // hkv not in (1, 2, 4, 8, 16):
         raise ValueError(f"attn_prefill: HQ / HKV = {hq} / {hkv} must be 1, 2, 4, 8 or 16")
     if d % 32 or d > 256:
         raise ValueError(f"attn_prefill: head dim D = {d} must be a multiple of 32, ≤ 256")
+    if spec["RING"] not in (0, 1):
+        raise ValueError(f"attn_prefill: RING = {spec['RING']}; expected 0 (pages) or 1 (ring)")
     if spec["RING"]:
         if spec["W"] != spec["P"] or spec["P"] < 1:
             raise ValueError(f"attn_prefill: a ring needs W = P ≥ 1, found W = {spec['W']}, "

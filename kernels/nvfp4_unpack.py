@@ -28,6 +28,8 @@ DENSE_SPE = 1 << 30
 
 
 def _args(spec: Spec):
+    if spec["E"] < 1 or spec["SPE"] < 1:
+        raise ValueError(f"nvfp4_unpack: E = {spec['E']}, SPE = {spec['SPE']}; expected ≥ 1")
     return (TensorArg("codes", "u8", ("S", 8), "weight", align=8),
             TensorArg("scales", "u8", ("S",), "weight", align=1),
             TensorArg("scale2", "f32", (spec["E"],), "weight", align=4),
@@ -63,6 +65,8 @@ def make_args(spec: Spec, *, gen: torch.Generator, experts: int | None = None,
     power of two, out poisoned with NaN, for `experts` experts (default E); the one-matrix
     specialisation gets 4096 sub-blocks."""
     e = experts or spec["E"]
+    if not 1 <= e <= spec["E"]:
+        raise ValueError(f"experts = {e}: expected 1 … E = {spec['E']}")
     s = e * min(spec["SPE"], 4096)
     on = gen.device
     codes = torch.randint(0, 256, (s, 8), generator=gen, device=on, dtype=torch.int32)

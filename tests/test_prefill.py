@@ -129,10 +129,36 @@ def test_bad_prompts_are_refused_before_any_work(model):
     assert cache.layers[0].k.isnan().all(), "a refused prompt wrote the cache"
     with pytest.raises(ValueError, match="attention 'flash'"):
         Prefill(CFG, model.weights, cache, attention="flash")
+    with pytest.raises(ValueError, match="runs on CUDA only"):
+        Prefill(CFG, model.weights, cache, attention="sdpa")
+
+
+@pytest.mark.parametrize("call, match", [
+    (dict(slot=-1), "slot -1: expected an int in 0 … 1"),
+    (dict(slot=2), "slot 2"),  # the scratch slot: padding rows only
+    (dict(slot=0.5), "slot 0.5"),
+    (dict(tokens=torch.tensor([True, False])), "integer tensor, found torch.bool"),
+    (dict(tokens=torch.tensor([1 + 0j])), "integer tensor, found torch.complex64"),
+    (dict(tokens=[1, 2]), "integer tensor, found list"),
+    (dict(start=-3), "start = -3"),
+    (dict(start=2.5), "start = 2.5"),
+    (dict(chunk=2.5), "chunk_tokens = 2.5"),
+    (dict(chunk=True), "chunk_tokens = True"),
+    (dict(chunk=None), "chunk_tokens = None"),
+])
+def test_bad_arguments_name_themselves_and_write_nothing(model, call, match):
+    """The tester's cases: each refused up front; a negative slot used to write another slot."""
+    cache = KVCache(CFG, num_slots=2, max_tokens=KV_PAGE, device="cpu")
+    pre = Prefill(CFG, model.weights, cache, attention="reference")
+    args = dict(slot=0, tokens=torch.tensor([1, 2, 3]), chunk=8, start=0) | call
+    with pytest.raises(InvalidRequestError, match=match):
+        pre.prefill(args["slot"], args["tokens"], args["chunk"], start=args["start"])
+    assert all(kv.k.isnan().all() for kv in cache.layers), "a refused call wrote the cache"
 
 
 def test_a_failing_prefill_ends_only_its_request(tiny_llm, monkeypatch):
-    """A prefill that raises ends that request with finish reason "error"; the next one runs."""
+    """A prefill that raises (any exception, not only FlintError) ends that request with finish
+    reason "error"; the other request of the batch runs."""
     from flint_graph.sampling import SamplingParams
 
     engine = tiny_llm.engine
@@ -142,7 +168,7 @@ def test_a_failing_prefill_ends_only_its_request(tiny_llm, monkeypatch):
     def flaky(seq, tokens, chunk):
         calls.append(1)
         if len(calls) == 1:
-            raise RuntimeError("CUDA out of memory (simulated)")
+            raise TypeError("an unexpected failure inside the prefill (simulated)")
         return real(seq, tokens, chunk)
 
     monkeypatch.setattr(engine.model, "prefill", flaky)
