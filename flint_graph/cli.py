@@ -169,6 +169,10 @@ def load_llm(args: argparse.Namespace):
     if args.max_context is not None and llm.engine.name == "reference":
         print("flint-graph: note: --max-context sizes the graph engine's KV cache; the reference "
               "engine running here grows its cache as needed and ignores it", file=sys.stderr)
+    if args.prefill != "kernel" and llm.engine.name == "reference":
+        print(f"flint-graph: note: --prefill {args.prefill} picks the graph engine's prompt "
+              "path; the reference engine running here prefills with the plain model",
+              file=sys.stderr)
     if llm.device.type == "cuda" and llm.engine.name == "reference" and args.engine == "auto":
         # On a GPU the slow path is a surprise worth one line; on the CPU it is the only one.
         print(f"flint-graph: note: decoding with the reference engine (slow): "

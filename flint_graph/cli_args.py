@@ -206,12 +206,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "and the kernel cache, see flint-graph build-kernels); reference = the "
                         "plain PyTorch model; auto (default) = graph where it can run")
     p.add_argument("--prefill", choices=("kernel", "torch", "reference"), default="kernel",
-                   help="graph engine's prompt path: kernel (default) = the CuTe DSL prefill "
+                   help="graph engine's prompt path (GPU only; the reference engine always "
+                        "prefills with the plain model): kernel (default) = the CuTe DSL prefill "
                         "attention with cuBLAS and grouped expert GEMMs; torch = torch's SDPA "
                         "for attention (the baseline); reference = the plain PyTorch model")
     p.add_argument("--prefill-chunk", type=positive_int, metavar="N",
-                   help="prompt tokens per prefill chunk (default: 2048; lower it if a long "
-                        "prompt runs out of GPU memory)")
+                   help="prompt tokens per prefill chunk, on either engine (default: 2048; "
+                        "lower it if a long prompt runs out of memory)")
     p.add_argument("--max-context", type=positive_int, metavar="N",
                    help="KV tokens per sequence for the graph engine (default: what fits in "
                         "80%% of the free GPU memory, up to the model's limit)")
