@@ -1,7 +1,7 @@
 """The whole decode step for one batch bucket, from the kernels, captured in one CUDA graph.
 
 embedding → every `DecodeLayer` → final RMSNorm → LM-head GEMV → sampler kernel
-(`kernels/sample_tokens.py`: temperature, top-k, top-p, greedy per row, counter-based draws keyed
+(`kernels/decode/sample_tokens.py`: temperature, top-k, top-p, greedy per row, counter-based draws keyed
 by (seed, token index)) (DESIGN §3 "Decode graph"). Every per-step input lives in one static
 device buffer owned by `DecodeGraph` for the graph's lifetime; `set_rows` fills it from pinned
 host memory with one asynchronous copy before a replay, and no captured node reads host memory.
@@ -28,8 +28,8 @@ from flint_graph import reference
 from flint_graph.capture.decode_layer import DecodeLayer, StepBuffers
 from flint_graph.capture.kv_cache import KVCache
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import gemv_bf16, gemv_nvfp4
-from flint_graph.kernels.spec import DTYPES
+from flint_graph.kernels.decode import gemv_bf16, gemv_nvfp4
+from flint_graph.kernels.toolchain.spec import DTYPES
 from flint_graph.sampling import sample
 from flint_graph.weights import FlintWeights, NVFP4Weight
 

@@ -19,7 +19,7 @@ import torch
 
 from flint_graph.capture.decode_layer import LayerKV, allocate_kv
 from flint_graph.config import FlintConfig
-from flint_graph.kernels.spec import KV_PAGE
+from flint_graph.kernels.toolchain.spec import KV_PAGE
 
 
 class KVCache:

@@ -6,7 +6,7 @@ stream with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so the kernel
 its predecessor finishes and meets it at `griddepcontrol.wait`. Launches record into
 `torch.cuda.graph` capture like any other stream work.
 
-Arguments are checked on the host against the kernel's declaration (kernels/spec.py) before
+Arguments are checked on the host against the kernel's declaration (kernels/toolchain/spec.py) before
 anything reaches the driver: dtype, device, dense layout, contiguity, static extents, equal
 dynamic extents, pointer alignment; scalars' type (ints for i32/i64, never bool) and range.
 They are packed by the manifest's parameter layout, which the build checked against the cubin's
@@ -26,8 +26,8 @@ import torch
 
 from flint_graph.errors import FlintError
 from flint_graph.kernels import registry
-from flint_graph.kernels.cache import CacheEntry, KernelCache, arch_for_capability
-from flint_graph.kernels.spec import KernelDef, Launch, ScalarArg, Spec, TensorArg
+from flint_graph.kernels.toolchain.cache import CacheEntry, KernelCache, arch_for_capability
+from flint_graph.kernels.toolchain.spec import KernelDef, Launch, ScalarArg, Spec, TensorArg
 
 _TORCH = {"bf16": (torch.bfloat16,), "f32": (torch.float32,), "f64": (torch.float64,),
           "u8": (torch.uint8,),

@@ -9,7 +9,7 @@ One chunk of T tokens at positions n … n+T−1 runs per layer:
 then the final norm and the LM head on the last token only.
 
 Attention has three implementations (`ATTENTION`):
-  * "kernel": `kernels/attn_prefill.py`, the CuTe DSL flash-attention prefill (AOT cubin).
+  * "kernel": `kernels/prefill/attn_prefill.py`, the CuTe DSL flash-attention prefill (AOT cubin).
     It reads the prefix from the ring or the pages and the chunk's keys from the chunk's own
     K/V, so the ring is written after it: a chunk never overwrites ring entries its own later
     queries still need, whatever its size (the ring stays W entries; no chunk is split).
@@ -20,7 +20,7 @@ The projections are cuBLAS GEMMs through torch (bf16 in, fp32 accumulate, one ro
 issue allows cuBLAS for BF16 where it is faster than ours); the experts run as
 `torch._grouped_mm` over the tokens sorted by expert with offsets computed on the device (no
 host synchronisation). NVFP4 weights are decoded per layer into a BF16 scratch (the experts:
-the layer's whole stack, once per chunk, by `kernels/nvfp4_unpack.py` on the kernel path; never
+the layer's whole stack, once per chunk, by `kernels/prefill/nvfp4_unpack.py` on the kernel path; never
 the whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply scale2 in fp32 after an fp32-output GEMM, exactly as the
 reference; for the experts (`torch._grouped_mm` has only a bf16 output) scale2 is folded into
 the decoded weights, one bf16 rounding per weight (≤ 2^-9). A CuTe DSL grouped W4A16 GEMM that
@@ -271,7 +271,7 @@ class Prefill:
         self.kernels, self.unpack = {}, None
         if attention == "kernel":
             from flint_graph.capture.launcher import KernelSet
-            from flint_graph.kernels import attn_prefill, nvfp4_unpack
+            from flint_graph.kernels.prefill import attn_prefill, nvfp4_unpack
 
             kset = kset or KernelSet()
             for spec in attn_prefill.KERNEL.specs(cfg, ()):

@@ -21,7 +21,7 @@ from flint_graph.capture.decode_step import DecodeGraph, Row
 from flint_graph.capture.kv_cache import KVCache, SlotKV
 from flint_graph.config import FlintConfig
 from flint_graph.errors import ConfigError
-from flint_graph.kernels.spec import BUCKETS
+from flint_graph.kernels.toolchain.spec import BUCKETS
 from flint_graph.reference import ReferenceModel
 from flint_graph.weights import FlintWeights
 

@@ -283,7 +283,7 @@ def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_kernels(args: argparse.Namespace) -> int:
-    from flint_graph.kernels import build
+    from flint_graph.kernels.toolchain import build
 
     return build.run(args)
 
@@ -313,7 +313,7 @@ COMMANDS = {
                          "flint_graph.chat_cli")),
     "generate": (_cmd_generate, ("flint_graph.api", "flint_graph.make_checkpoint")),
     "make-checkpoint": (_cmd_make_checkpoint, ("flint_graph.make_checkpoint",)),
-    "build-kernels": (_cmd_build_kernels, ("flint_graph.kernels.build",)),
+    "build-kernels": (_cmd_build_kernels, ("flint_graph.kernels.toolchain.build",)),
     "bench": (_cmd_bench, ("flint_graph.perf.bench", "flint_graph.perf.bench_report")),
     "trace": (_cmd_trace, ("flint_graph.perf.trace", "flint_graph.perf.trace_report")),
     "eval": (_cmd_eval, ("flint_graph.api", "flint_graph.make_checkpoint",

@@ -161,7 +161,7 @@ def _build_kernels_args(p: argparse.ArgumentParser) -> None:
 def _buckets(text: str) -> tuple[int, ...]:
     """--buckets: comma-separated batch sizes from 1 to MAX_BATCH (argparse reports the
     ArgumentTypeError's text as "argument --buckets: ...")."""
-    from flint_graph.kernels.spec import MAX_BATCH  # light: no torch, no DSL
+    from flint_graph.kernels.toolchain.spec import MAX_BATCH  # light: no torch, no DSL
 
     try:
         sizes = tuple(int(b) for b in text.split(","))

@@ -13,7 +13,7 @@ token whatever else is in the batch and whichever bucket runs it. The hash is bi
 CPU and CUDA and the math after it is float64, so the two agree unless a uniform lands within
 ~1e-15 of a CDF step (checked on the H200 by the gpu test). This is the reference engine's
 sampler (and the graph engine's for rows resampled on the host); the captured decode graph runs
-the same order of operations in one kernel, `kernels/sample_tokens.py`, with integer weights.
+the same order of operations in one kernel, `kernels/decode/sample_tokens.py`, with integer weights.
 
 Shape legend: B batch rows, V vocab.
 """

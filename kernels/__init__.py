@@ -1,17 +1,14 @@
 """CuTe DSL kernels (`flint_graph.kernels`), one family per file with its plain-PyTorch
-reference, compiled ahead of time into a cubin cache.
+reference, compiled ahead of time into a cubin cache. Grouped by what a reader looks for:
 
-| file | owns |
+| folder | holds |
 |---|---|
-| `spec.py` | how a kernel is declared: arguments, specialisations, launch shape |
-| `build.py` | the AOT compile (needs the DSL, no GPU) into cubins + manifest |
-| `cache.py` | reading and verifying the cache (no DSL: what the GPU box uses) |
-| `cubin.py` | reading parameter layout, block and registers out of a cubin |
-| `rmsnorm.py`, `gemv_bf16.py`, `gemv_nvfp4.py`, ... | one decode kernel family each |
-| `attn_prefill.py`, `nvfp4_unpack.py` | the prefill's kernels (docs/prefill.md) |
-| `examples.py` | fresh random arguments for each kernel (GPU tests, microbenchmark) |
-| `slow_producer.py`, `early_reader.py` | test-only: the PDL ordering test's slow producer, and |
-| | a consumer that breaks the rule on purpose |
+| `toolchain/` | how a kernel is declared (`spec.py`), the AOT build (`build.py`, needs the DSL, no GPU), reading and verifying the cache (`cache.py`, no DSL: the GPU box's side), cubin and SASS readers (`cubin.py`, `sass.py`), one-instruction DSL helpers (`dsl_util.py`), fresh random test arguments (`examples.py`) |
+| `decode/` | the decode step's kernels (docs/decode-kernels.md): `rmsnorm`, the GEMVs (`gemv_bf16`, `gemv_nvfp4` with `gemv_mma`), `qk_norm_rope_kv`, `attn_decode`, `moe_router`, `moe_gate_up`, `moe_down`, `sample_tokens` |
+| `prefill/` | the prefill's kernels (docs/prefill.md): `attn_prefill`, `nvfp4_unpack` |
+| `pdl_check/` | test-only: the PDL ordering test's slow producer and a consumer that breaks the rule on purpose |
+
+Each kernel's GPU test is `tests/test_<name>_gpu.py`, its CPU checks `tests/test_<name>.py`.
 """
 
 from __future__ import annotations
@@ -24,8 +21,23 @@ MODEL_KERNELS = ("rmsnorm", "gemv_bf16", "gemv_nvfp4", "qk_norm_rope_kv", "attn_
                  "attn_prefill", "nvfp4_unpack")
 # Test-only kernels, built into every cache so the GPU tests can run wherever the cache goes.
 TEST_KERNELS = ("slow_producer", "early_reader")
+# The folder of each kernel module (and of the decode GEMVs' shared building blocks).
+FOLDER = {**{n: "decode" for n in MODEL_KERNELS[:9] + ("gemv_mma",)},
+          "attn_prefill": "prefill", "nvfp4_unpack": "prefill",
+          "slow_producer": "pdl_check", "early_reader": "pdl_check"}
+
+
+def kernel_module(name: str):
+    """The module of kernel family `name` (e.g. "attn_decode" -> flint_graph.kernels.decode.
+    attn_decode). Raises KeyError for a name that is not a kernel module."""
+    return importlib.import_module(f"{__name__}.{FOLDER[name]}.{name}")
+
+
+def source_path(name: str) -> str:
+    """A kernel module's file relative to this package, e.g. "decode/attn_decode.py"."""
+    return f"{FOLDER[name]}/{name}.py"
 
 
 def registry(names=MODEL_KERNELS):
     """The KernelDef of each named kernel module (imports no DSL)."""
-    return [importlib.import_module(f"{__name__}.{n}").KERNEL for n in names]
+    return [kernel_module(n).KERNEL for n in names]

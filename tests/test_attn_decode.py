@@ -1,5 +1,5 @@
 """CPU checks of attn_decode's declarations, argument builder, reference and split heuristic
-(kernels/attn_decode.py; no GPU, no DSL). The kernel itself runs in test_attn_decode_gpu.py."""
+(kernels/decode/attn_decode.py; no GPU, no DSL). The kernel itself runs in test_attn_decode_gpu.py."""
 
 import math
 
@@ -8,8 +8,8 @@ import torch
 
 from flint_graph.capture.launcher import check_args
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import attn_decode as ad
-from flint_graph.kernels.spec import check_spec
+from flint_graph.kernels.decode import attn_decode as ad
+from flint_graph.kernels.toolchain.spec import check_spec
 
 PRESETS = ("tiny", "full")
 

@@ -1,4 +1,4 @@
-"""GPU tests of attn_decode (kernels/attn_decode.py) against `reference.attention`.
+"""GPU tests of attn_decode (kernels/decode/attn_decode.py) against `reference.attention`.
 
 Run on the H200 through tools/gpu_check.sh with a kernel cache holding attn_decode's
 `bench_specs` (the model specs plus their SPLITS = 1 variants) for both presets.
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import attn_decode as ad
+from flint_graph.kernels.decode import attn_decode as ad
 from flint_graph.kernels import registry
 
 pytestmark = pytest.mark.gpu

@@ -1,5 +1,5 @@
 """CPU checks of attn_prefill's declaration, its reference and its test arguments
-(kernels/attn_prefill.py); the kernel itself runs in tests/test_attn_prefill_gpu.py and compiles
+(kernels/prefill/attn_prefill.py); the kernel itself runs in tests/test_attn_prefill_gpu.py and compiles
 for both archs in tests/test_kernel_cache.py."""
 
 import pytest
@@ -7,8 +7,8 @@ import torch
 
 from flint_graph import reference
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import attn_prefill as ap
-from flint_graph.kernels.spec import check_spec
+from flint_graph.kernels.prefill import attn_prefill as ap
+from flint_graph.kernels.toolchain.spec import check_spec
 
 
 @pytest.mark.parametrize("preset", ["tiny", "nano", "full"])

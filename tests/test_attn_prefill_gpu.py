@@ -1,4 +1,4 @@
-"""GPU tests of attn_prefill (kernels/attn_prefill.py) against `reference.attention`.
+"""GPU tests of attn_prefill (kernels/prefill/attn_prefill.py) against `reference.attention`.
 
 Every case draws fresh Gaussian q, chunk keys and cache (full layers: a shuffled, non-contiguous
 page table with spare pages; sliding layers: a ring among three), poisons every cache entry no
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import attn_prefill as ap
+from flint_graph.kernels.prefill import attn_prefill as ap
 from flint_graph.kernels import registry
 
 pytestmark = pytest.mark.gpu

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from flint_graph.kernels import kernel_module
 from flint_graph import reference
 from flint_graph.config import FlintConfig
-from flint_graph.kernels.rmsnorm import KERNEL as RMSNORM
-from flint_graph.kernels.spec import KernelDef, Launch, Spec, TensorArg
+from flint_graph.kernels.decode.rmsnorm import KERNEL as RMSNORM
+from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec, TensorArg
 from flint_graph.weights import NVFP4Weight
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_kernels.py"
@@ -263,7 +264,7 @@ def test_real_kernel_declarations_plan_and_count_bytes(bench):
     assert "rmsnorm" in defs and (kset is None) == (err is not None)
     rows = bench.plan(cfg, defs, specs, (1, 8), tuple(cfg.dense_linear_shapes()), picks)
     for impl in set(defs) & set(bench.GEMVS):
-        mod = importlib.import_module(f"flint_graph.kernels.{impl}")
+        mod = kernel_module(impl)
         if hasattr(mod, "bench_specs"):
             assert set(mod.bench_specs(cfg, (1, 8))) <= set(specs[impl])
         mine = [r for r in rows if r["impl"] == impl]

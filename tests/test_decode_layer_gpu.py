@@ -25,7 +25,7 @@ import torch
 
 from flint_graph import reference
 from flint_graph.config import FlintConfig
-from flint_graph.kernels.spec import BUCKETS, KV_PAGE
+from flint_graph.kernels.toolchain.spec import BUCKETS, KV_PAGE
 from flint_graph.make_checkpoint import quantize_weights
 from flint_graph.synthetic import make_layer_weights
 from flint_graph.weights import MoEWeights, NVFP4Weight

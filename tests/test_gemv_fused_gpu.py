@@ -25,8 +25,9 @@ import torch
 
 from flint_graph import reference
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import gemv_bf16, gemv_nvfp4, registry
-from flint_graph.kernels.spec import BUCKETS
+from flint_graph.kernels import registry
+from flint_graph.kernels.decode import gemv_bf16, gemv_nvfp4
+from flint_graph.kernels.toolchain.spec import BUCKETS
 from flint_graph.weights import NVFP4Weight
 
 pytestmark = pytest.mark.gpu

@@ -14,9 +14,9 @@ import torch
 
 from flint_graph.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, registry
-from flint_graph.kernels.cache import (ARCHS, MANIFEST, KernelCache, KernelCacheError,
+from flint_graph.kernels.toolchain.cache import (ARCHS, MANIFEST, KernelCache, KernelCacheError,
                                        cubin_name, dsl_version, entry_id)
-from flint_graph.kernels.cubin import cubin_sm, read_cubin
+from flint_graph.kernels.toolchain.cubin import cubin_sm, read_cubin
 
 pytestmark = pytest.mark.skipif(dsl_version() is None, reason="needs nvidia-cutlass-dsl")
 
@@ -26,7 +26,7 @@ REQUIRED = {"kernel", "key", "values", "arch", "symbol", "params", "param_bytes"
 
 
 def _todo():
-    from flint_graph.kernels.build import model_specs
+    from flint_graph.kernels.toolchain.build import model_specs
 
     todo = []
     for preset in ("tiny", "full"):
@@ -39,7 +39,7 @@ def _todo():
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
     """One cache with every kernel of both configs and the test kernels, for both archs."""
-    from flint_graph.kernels.build import build_cache
+    from flint_graph.kernels.toolchain.build import build_cache
 
     root = tmp_path_factory.mktemp("kernels")
     todo = _todo()
@@ -121,7 +121,7 @@ def test_packing_follows_the_manifest(built):
 
 
 def test_rebuild_reuses_every_valid_entry(built, tmp_path):
-    from flint_graph.kernels.build import build_cache
+    from flint_graph.kernels.toolchain.build import build_cache
 
     root = _copy(built, tmp_path)
     counts = build_cache(root, built[1][:6], ARCHS, progress=False)
@@ -162,7 +162,7 @@ def test_stale_entry_is_refused_then_rebuilt_on_demand(built, tmp_path):
     man = json.loads((root / MANIFEST).read_text())
     man["entries"][entry_id(spec, "sm_90a")]["source_hash"] = "0" * 64
     (root / MANIFEST).write_text(json.dumps(man))
-    with pytest.raises(KernelCacheError, match=r"stale \(kernels/rmsnorm.py or what"):
+    with pytest.raises(KernelCacheError, match=r"stale \(kernels/decode/rmsnorm.py or what"):
         KernelCache(root).get(kdef, spec, "sm_90a", build=False)
     entry = KernelCache(root).get(kdef, spec, "sm_90a")  # the DSL is here: rebuilt and added
     assert entry.meta["source_hash"] != "0" * 64
@@ -276,7 +276,7 @@ def test_edited_entries_are_never_loaded(built, tmp_path, change, message):
 
 def test_build_replaces_an_entry_it_cannot_read(built, tmp_path, capsys):
     """An entry of the wrong JSON type or with a non-string cubin is rebuilt, not a crash."""
-    from flint_graph.kernels.build import build_cache
+    from flint_graph.kernels.toolchain.build import build_cache
 
     root = _copy(built, tmp_path)
     kdef, spec = _one(built)
@@ -301,7 +301,7 @@ def test_specialisations_a_kernel_cannot_take_are_refused(built, tmp_path):
     """B > 8 compiled before (the GEMVs then leave rows 8.. wrong), as did H = 68 (rows not
     16-byte aligned, the last 4 columns never written); a missing or unknown value was a
     KeyError. Now each names the specialisation, from the cache and from the build."""
-    from flint_graph.kernels.build import KernelBuildError, build_cache
+    from flint_graph.kernels.toolchain.build import KernelBuildError, build_cache
 
     root = _copy(built, tmp_path)
     rms, gemv = registry(("rmsnorm", "gemv_nvfp4"))
@@ -331,7 +331,7 @@ def test_local_memory_is_read_from_the_cubin(built, tmp_path):
     # the same cubin with its frame-size record (attr 0x11 in .nv.info) set to 6992 bytes
     kdef, spec = _one(built)
     elf = bytearray((root / cubin_name(spec, "sm_90a")).read_bytes())
-    from flint_graph.kernels.cubin import _sections
+    from flint_graph.kernels.toolchain.cubin import _sections
 
     off, size = _sections(bytes(elf))[".nv.info"]
     i = off
@@ -346,7 +346,7 @@ def test_local_memory_is_read_from_the_cubin(built, tmp_path):
 def test_malformed_cubins_raise_only_cubin_format_errors(built):
     import random
 
-    from flint_graph.kernels.cubin import CubinFormatError
+    from flint_graph.kernels.toolchain.cubin import CubinFormatError
 
     kdef, spec = _one(built)
     elf = (built[0] / cubin_name(spec, "sm_90a")).read_bytes()
@@ -370,7 +370,7 @@ def test_a_second_build_waits_and_keeps_the_first_ones_entries(built, tmp_path):
     import fcntl
     import threading
 
-    from flint_graph.kernels.build import LOCK, build_cache
+    from flint_graph.kernels.toolchain.build import LOCK, build_cache
 
     root = _copy(built, tmp_path)
     kdef = registry(("rmsnorm",))[0]
@@ -396,7 +396,7 @@ def test_a_second_build_waits_and_keeps_the_first_ones_entries(built, tmp_path):
 
 
 def test_an_interrupted_build_leaves_a_consistent_cache(built, tmp_path, monkeypatch):
-    from flint_graph.kernels import build
+    from flint_graph.kernels.toolchain import build
 
     root = _copy(built, tmp_path)
     kdef = registry(("rmsnorm",))[0]
@@ -465,7 +465,7 @@ def test_build_kernels_imports_torch_during_start_up():
     import subprocess
     import sys
 
-    code = "import sys, flint_graph.kernels.build; print('torch' in sys.modules)"
+    code = "import sys, flint_graph.kernels.toolchain.build; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
 
@@ -473,7 +473,7 @@ def test_build_kernels_imports_torch_during_start_up():
 def test_build_compiles_a_repeated_spec_once(built, tmp_path, monkeypatch):
     # a planted config shares most of its model's kernels: `tools/build_gpu_cache.py --preset
     # nano` listed 280 jobs for 104 entries and compiled the repeats again
-    from flint_graph.kernels import build
+    from flint_graph.kernels.toolchain import build
 
     root = _copy(built, tmp_path)
     kdef = registry(("rmsnorm",))[0]

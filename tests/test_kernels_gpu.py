@@ -1,7 +1,7 @@
 """GPU tests of the AOT kernels against their plain-PyTorch references, and the PDL ordering test.
 
 Run on the H200 through tools/gpu_check.sh with a kernel cache built on a CPU machine
-(FLINT_GRAPH_CACHE points at it). Every case draws fresh random inputs (kernels/examples.py)
+(FLINT_GRAPH_CACHE points at it). Every case draws fresh random inputs (kernels/toolchain/examples.py)
 and poisons outputs with NaN before the launch, so an unwritten element fails.
 
 Tolerances (DESIGN §4): ‖out − ref‖/‖ref‖ ≤ 1e-2 for bf16 outputs. Both sides accumulate in
@@ -10,18 +10,17 @@ element, ~2e-3 norm-wise) plus fp32 summation-order noise (~1e-6); 1e-2 leaves r
 more. The residual output of rmsnorm is one fp32 add of two bf16 values, rounded once: exact.
 """
 
-import importlib
 
 import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import registry
-from flint_graph.kernels.examples import example_args
-from flint_graph.kernels.spec import BUCKETS, TensorArg
+from flint_graph.kernels import registry, kernel_module
+from flint_graph.kernels.toolchain.examples import example_args
+from flint_graph.kernels.toolchain.spec import BUCKETS, TensorArg
 
 pytestmark = pytest.mark.gpu
-# Kernels whose inputs are plain random tensors (kernels/examples.py). The decode-step kernels
+# Kernels whose inputs are plain random tensors (kernels/toolchain/examples.py). The decode-step kernels
 # read ids, positions and tables, so each builds valid arguments itself (its make_args) and
 # has its own test file.
 GENERIC = ("rmsnorm", "gemv_bf16", "gemv_nvfp4")
@@ -47,7 +46,7 @@ def _cases(name: str):
     `bench_specs`, else its model specs) and every dense shape both configs need, plus output
     widths that end in a partial tile."""
     kdef = registry((name,))[0]
-    module = importlib.import_module(f"flint_graph.kernels.{name}")
+    module = kernel_module(name)
     out = []
     for preset in ("tiny", "full"):
         cfg = FlintConfig.preset(preset)

@@ -8,7 +8,7 @@ import torch
 
 from flint_graph.capture.kv_cache import KVCache, SlotKV
 from flint_graph.config import FlintConfig
-from flint_graph.kernels.spec import KV_PAGE
+from flint_graph.kernels.toolchain.spec import KV_PAGE
 from flint_graph.reference import ReferenceModel
 from flint_graph.synthetic import make_weights
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flint_graph.capture.launcher import LaunchError, check_args, pack_args
-from flint_graph.kernels.spec import Launch, ScalarArg, Spec, TensorArg, param_layout
+from flint_graph.kernels.toolchain.spec import Launch, ScalarArg, Spec, TensorArg, param_layout
 
 DECLS = (TensorArg("x", "bf16", (2, 64), "input"),
          TensorArg("w", "bf16", ("N", 64), "weight"),
@@ -113,6 +113,6 @@ def test_every_declarable_dtype_can_be_launched():
     """A dtype a kernel may declare (spec.DTYPES) must be one the launcher checks and packs: a
     missing one (f64 once) failed only at launch, on the GPU."""
     from flint_graph.capture import launcher
-    from flint_graph.kernels.spec import DTYPES
+    from flint_graph.kernels.toolchain.spec import DTYPES
 
     assert set(DTYPES) <= set(launcher._TORCH)

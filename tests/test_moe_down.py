@@ -12,8 +12,8 @@ import torch
 from flint_graph import nvfp4
 from flint_graph.capture.launcher import check_args
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import moe_down as md
-from flint_graph.kernels.spec import check_spec
+from flint_graph.kernels.decode import moe_down as md
+from flint_graph.kernels.toolchain.spec import check_spec
 
 REL_TOL = 1e-2  # the per-row formulation rounds like the reference; only fp32 order differs
 

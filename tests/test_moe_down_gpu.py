@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import moe_down as md
+from flint_graph.kernels.decode import moe_down as md
 from flint_graph.kernels import registry
-from flint_graph.kernels.spec import BUCKETS
+from flint_graph.kernels.toolchain.spec import BUCKETS
 from test_kernels_gpu import _graph_outputs
 
 pytestmark = pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""CPU checks of kernels/moe_gate_up.py without the DSL: its declarations, make_args, its
+"""CPU checks of kernels/decode/moe_gate_up.py without the DSL: its declarations, make_args, its
 reference against an independent float64 formulation, and bytes_moved (the kernel itself is
 tested on the GPU in test_moe_gate_up_gpu.py)."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import moe_gate_up as mgu
-from flint_graph.kernels.spec import BUCKETS, check_spec
+from flint_graph.kernels.decode import moe_gate_up as mgu
+from flint_graph.kernels.toolchain.spec import BUCKETS, check_spec
 
 TINY = FlintConfig.preset("tiny")
 

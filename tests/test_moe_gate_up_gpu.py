@@ -1,4 +1,4 @@
-"""GPU tests of kernels/moe_gate_up.py (kernel 7) against its reference, and its PDL ordering.
+"""GPU tests of kernels/decode/moe_gate_up.py (kernel 7) against its reference, and its PDL ordering.
 
 Tolerance: ‖out − ref‖/‖ref‖ ≤ 1e-2 for act (per used slot) and act_sh. The weight products are
 exact on both sides, so g and u differ from `reference.linear` only by the fp32 summation order
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import moe_gate_up as mgu
+from flint_graph.kernels.decode import moe_gate_up as mgu
 from flint_graph.kernels import registry
-from flint_graph.kernels.spec import BUCKETS
+from flint_graph.kernels.toolchain.spec import BUCKETS
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 1e-2

@@ -1,4 +1,4 @@
-"""CPU tests of the moe_router declarations (kernels/moe_router.py): specialisations, make_args,
+"""CPU tests of the moe_router declarations (kernels/decode/moe_router.py): specialisations, make_args,
 the reference against an independent slow formulation, bytes_moved, and a dry run of the GPU
 test's input builders and checks with reference outputs in place of the kernel's. No DSL, no GPU.
 """
@@ -11,8 +11,8 @@ import torch
 
 import test_moe_router_gpu as g
 from flint_graph.config import FlintConfig
-from flint_graph.kernels.moe_router import KERNEL, bytes_moved, make_args
-from flint_graph.kernels.spec import BUCKETS, TensorArg, check_spec
+from flint_graph.kernels.decode.moe_router import KERNEL, bytes_moved, make_args
+from flint_graph.kernels.toolchain.spec import BUCKETS, TensorArg, check_spec
 
 PRESETS = ("tiny", "full")
 DTYPE = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32}

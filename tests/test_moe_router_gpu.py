@@ -1,7 +1,7 @@
-"""GPU tests of the moe_router kernel (kernels/moe_router.py) against `reference.residual_add`,
+"""GPU tests of the moe_router kernel (kernels/decode/moe_router.py) against `reference.residual_add`,
 `reference.rms_norm` and `reference.route`, and its PDL ordering.
 
-Tolerances (module docstring of kernels/moe_router.py):
+Tolerances (module docstring of kernels/decode/moe_router.py):
 - residual_out: bit-exact (one fp32 add of two bf16 values, rounded once).
 - h: ‖h − ref‖/‖ref‖ ≤ 1e-2 (bf16 output; the hardware rsqrt and another summation order may
   flip the last bit of a few elements).
@@ -23,8 +23,8 @@ import torch
 from flint_graph import reference
 from flint_graph.config import FlintConfig
 from flint_graph.kernels import registry
-from flint_graph.kernels.moe_router import KERNEL, make_args, slot_list
-from flint_graph.kernels.spec import BUCKETS
+from flint_graph.kernels.decode.moe_router import KERNEL, make_args, slot_list
+from flint_graph.kernels.toolchain.spec import BUCKETS
 
 pytestmark = pytest.mark.gpu
 H_REL = 1e-2

@@ -390,7 +390,7 @@ def test_the_gpu_kernel_cache_covers_every_planted_config():
     import importlib.util
     from pathlib import Path
 
-    from flint_graph.kernels.build import model_specs
+    from flint_graph.kernels.toolchain.build import model_specs
     from flint_graph.nano.plants import planted_config
 
     path = Path(__file__).parent.parent / "tools" / "build_gpu_cache.py"
@@ -413,7 +413,7 @@ def test_every_layer_picks_exactly_one_kernel_specialisation(bug):
     # H200 (its full layers differ in RoPE).
     from flint_graph.capture.decode_layer import layer_kernels, model_spec
     from flint_graph.kernels import registry
-    from flint_graph.kernels.spec import BUCKETS
+    from flint_graph.kernels.toolchain.spec import BUCKETS
     from flint_graph.nano.plants import planted_config
 
     defs = {k.name: k for k in registry()}

@@ -1,11 +1,11 @@
-"""CPU checks of nvfp4_unpack's declaration and reference (kernels/nvfp4_unpack.py)."""
+"""CPU checks of nvfp4_unpack's declaration and reference (kernels/prefill/nvfp4_unpack.py)."""
 
 import torch
 
 from flint_graph import nvfp4
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import nvfp4_unpack as nu
-from flint_graph.kernels.spec import check_spec
+from flint_graph.kernels.prefill import nvfp4_unpack as nu
+from flint_graph.kernels.toolchain.spec import check_spec
 
 
 def test_reference_is_the_formats_dequantisation_rounded_once():

@@ -1,4 +1,4 @@
-"""GPU test of nvfp4_unpack (kernels/nvfp4_unpack.py): every code and scale byte (0x7F, bit 7
+"""GPU test of nvfp4_unpack (kernels/prefill/nvfp4_unpack.py): every code and scale byte (0x7F, bit 7
 and subnormal scales included) and scale2 that is not a power of two decode bitwise as the
 reference (fp32 product, one bf16 rounding); the NaN-poisoned output is written everywhere."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import nvfp4_unpack as nu
+from flint_graph.kernels.prefill import nvfp4_unpack as nu
 from flint_graph.kernels import registry
 
 pytestmark = pytest.mark.gpu

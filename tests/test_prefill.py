@@ -19,7 +19,7 @@ from flint_graph.capture.kv_cache import KVCache, SlotKV
 from flint_graph.capture.prefill import NVFP4Decoder, Prefill, moe_grouped
 from flint_graph.config import FlintConfig
 from flint_graph.errors import ContextLengthError, InvalidRequestError
-from flint_graph.kernels.spec import KV_PAGE
+from flint_graph.kernels.toolchain.spec import KV_PAGE
 from flint_graph.make_checkpoint import quantize_weights
 from flint_graph.reference import ReferenceModel, moe, rms_norm
 from flint_graph.synthetic import make_weights

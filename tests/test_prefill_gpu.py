@@ -101,7 +101,7 @@ def _median_ok(rels: list, what: str) -> None:
 def _check_kv(cache, ref_seq, slot: int, tokens: int, what: str, rels: list,
               tol: float = MAX_TOL) -> None:
     """Every entry the prefill wrote equals the reference's SequenceKV within `tol`."""
-    from flint_graph.kernels.spec import KV_PAGE
+    from flint_graph.kernels.toolchain.spec import KV_PAGE
 
     w = cache.cfg.sliding_window
     for i, kv in enumerate(cache.layers):

@@ -1,5 +1,5 @@
 """CPU tests of qk_norm_rope_kv's declarations, argument builder, reference and angle math
-(kernels/qk_norm_rope_kv.py); the kernel itself runs in tests/test_qk_norm_rope_kv_gpu.py.
+(kernels/decode/qk_norm_rope_kv.py); the kernel itself runs in tests/test_qk_norm_rope_kv_gpu.py.
 
 `emulate` below is an independent formulation of what the kernel computes, step by step in
 torch on the CPU (fp32 norm, the kernel's fp64 octant reduction and Taylor polynomials for
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from flint_graph.config import FULL, FlintConfig
-from flint_graph.kernels import qk_norm_rope_kv as qk
-from flint_graph.kernels.spec import KV_PAGE, TensorArg
+from flint_graph.kernels.decode import qk_norm_rope_kv as qk
+from flint_graph.kernels.toolchain.spec import KV_PAGE, TensorArg
 
 TINY = FlintConfig.preset("tiny")
 FULL_CFG = FlintConfig.preset("full")

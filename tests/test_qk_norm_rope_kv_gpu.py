@@ -1,4 +1,4 @@
-"""GPU tests of qk_norm_rope_kv (kernels/qk_norm_rope_kv.py) against `reference.rms_norm` and
+"""GPU tests of qk_norm_rope_kv (kernels/decode/qk_norm_rope_kv.py) against `reference.rms_norm` and
 `reference.apply_rope`, and its KV-cache write.
 
 Run on the H200 through tools/gpu_check.sh with a kernel cache holding the model specs of both
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import qk_norm_rope_kv as qk
+from flint_graph.kernels.decode import qk_norm_rope_kv as qk
 from flint_graph.kernels import registry
 
 pytestmark = pytest.mark.gpu

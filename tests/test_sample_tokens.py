@@ -1,4 +1,4 @@
-"""CPU tests of sample_tokens (kernels/sample_tokens.py): declarations and specs, the reference's
+"""CPU tests of sample_tokens (kernels/decode/sample_tokens.py): declarations and specs, the reference's
 properties (greedy, top-k, top-p, VLIM, NaN, determinism, agreement with flint_graph.sampling), a
 plain-Python model of the kernel's histogram algorithm against the reference, a dry run of the GPU
 test's builders and checks, and the sm_90a compile of every model spec (where the DSL is installed).
@@ -12,9 +12,9 @@ import torch
 import test_sample_tokens_gpu as g
 from flint_graph import sampling
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import sample_tokens as st
-from flint_graph.kernels.cache import dsl_version
-from flint_graph.kernels.spec import BUCKETS, TensorArg, check_spec
+from flint_graph.kernels.decode import sample_tokens as st
+from flint_graph.kernels.toolchain.cache import dsl_version
+from flint_graph.kernels.toolchain.spec import BUCKETS, TensorArg, check_spec
 from flint_graph.sampling import counter_uniform, filtered_probs, sample
 
 PRESETS = ("tiny", "full")
@@ -362,7 +362,7 @@ def test_gpu_checks_catch_wrong_outputs():
 def test_compiles_for_sm90a(preset):
     """B = 1 and 8 of the model specs and the short-vocab variant: one kernel, the declared
     parameter layout (compile_spec checks it), PDL wait with no load before it, no spills."""
-    from flint_graph.kernels.build import compile_spec
+    from flint_graph.kernels.toolchain.build import compile_spec
 
     cfg = FlintConfig.preset(preset)
     for spec in st.bench_specs(cfg, (1, 8)):

@@ -1,4 +1,4 @@
-"""GPU tests of the sample_tokens kernel (kernels/sample_tokens.py) against its `_reference`, and
+"""GPU tests of the sample_tokens kernel (kernels/decode/sample_tokens.py) against its `_reference`, and
 its PDL ordering.
 
 No tolerance: the contract is exact (integer weights from the same fp32 operations in torch, integer
@@ -15,8 +15,8 @@ import torch
 
 from flint_graph.config import FlintConfig
 from flint_graph.kernels import registry
-from flint_graph.kernels.sample_tokens import KERNEL, bench_specs, make_args
-from flint_graph.kernels.spec import BUCKETS
+from flint_graph.kernels.decode.sample_tokens import KERNEL, bench_specs, make_args
+from flint_graph.kernels.toolchain.spec import BUCKETS
 
 pytestmark = pytest.mark.gpu
 PRESETS = ("tiny", "full")

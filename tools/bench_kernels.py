@@ -26,7 +26,6 @@ DIR/bench_kernels.md (the table for docs/perf-log.md), DIR/bench_kernels_rows.md
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import statistics
@@ -40,9 +39,9 @@ import torch.nn.functional as F
 
 from flint_graph import reference
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import registry
-from flint_graph.kernels.examples import example_args, example_tensor
-from flint_graph.kernels.spec import BUCKETS, ScalarArg, Spec, unique_specs
+from flint_graph.kernels import registry, kernel_module
+from flint_graph.kernels.toolchain.examples import example_args, example_tensor
+from flint_graph.kernels.toolchain.spec import BUCKETS, ScalarArg, Spec, unique_specs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ is not a package
 import bench_report  # noqa: E402
@@ -146,7 +145,7 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
 
 
 def base_args(ctx: Ctx, kdef, spec: Spec, ext: dict) -> list:
-    """Fresh random args (kernels/examples.py). The weights are drawn once per shape and kept
+    """Fresh random args (kernels/toolchain/examples.py). The weights are drawn once per shape and kept
     for the other B and variants (drawing the LM head on the host takes seconds)."""
     decls, shapes = list(kdef.args(spec)), {a.name: s for a, s in arg_shapes(kdef, spec, ext)}
     key = (kdef.name, tuple((a.name, shapes[a.name]) for a in decls if _role(a) == "weight"))
@@ -389,7 +388,7 @@ def load_kernels(cfg, buckets, cache_dir):
     for name in GENERIC_KERNELS:
         try:
             defs[name] = registry((name,))[0]
-            mod = importlib.import_module(f"flint_graph.kernels.{name}")
+            mod = kernel_module(name)
             extra = getattr(mod, "bench_specs", lambda c, b: [])(cfg, buckets)
             specs[name] = unique_specs([s for s in [*defs[name].specs(cfg, buckets), *extra]
                                         if _plain_gemv(s)])
@@ -399,7 +398,7 @@ def load_kernels(cfg, buckets, cache_dir):
             defs.pop(name, None)
     try:
         from flint_graph.capture.launcher import KernelSet
-        from flint_graph.kernels.cache import KernelCache
+        from flint_graph.kernels.toolchain.cache import KernelCache
 
         kset = KernelSet(cache=KernelCache(cache_dir) if cache_dir else None,
                          kernels=list(defs.values()) or None)

@@ -22,7 +22,6 @@ reported BAD without a time otherwise. Output: DIR/bench_layer.json and DIR/benc
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import statistics
@@ -39,8 +38,8 @@ from bench_kernels import copy_bandwidth, time_graph  # noqa: E402
 from flint_graph import reference  # noqa: E402
 from flint_graph.capture.decode_layer import model_spec  # noqa: E402
 from flint_graph.config import FlintConfig  # noqa: E402
-from flint_graph.kernels import registry  # noqa: E402
-from flint_graph.kernels.spec import KV_PAGE  # noqa: E402
+from flint_graph.kernels import registry, kernel_module  # noqa: E402
+from flint_graph.kernels.toolchain.spec import KV_PAGE  # noqa: E402
 
 KERNELS = ("rmsnorm", "gemv_bf16", "gemv_nvfp4", "qk_norm_rope_kv", "attn_decode",
            "moe_router", "moe_gate_up", "moe_down")
@@ -53,7 +52,7 @@ def log(msg: str) -> None:
 
 
 def _module(name: str):
-    return importlib.import_module(f"flint_graph.kernels.{name}")
+    return kernel_module(name)
 
 
 def _rel(out, ref) -> float:

@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from flint_graph.kernels.spec import DTYPES, ScalarArg, Spec, unique_specs
+from flint_graph.kernels.toolchain.spec import DTYPES, ScalarArg, Spec, unique_specs
 
 GEMVS = ("gemv_bf16", "gemv_nvfp4")
 TARGET_SHAPES = ("lm_head", "q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")  # --quick set

@@ -15,15 +15,14 @@ its planted configs: 104 compiles, about 2 minutes on 2 cores).
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import time
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, registry
-from flint_graph.kernels.build import build_cache, model_specs
-from flint_graph.kernels.cache import KernelCacheError
-from flint_graph.kernels.spec import BUCKETS, unique_specs
+from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, registry, kernel_module
+from flint_graph.kernels.toolchain.build import build_cache, model_specs
+from flint_graph.kernels.toolchain.cache import KernelCacheError
+from flint_graph.kernels.toolchain.spec import BUCKETS, unique_specs
 from flint_graph.nano.plants import planted_config
 
 
@@ -37,7 +36,7 @@ def todo(presets: tuple[str, ...] = PRESETS) -> list:
     out = []
     for name in MODEL_KERNELS:
         (kdef,) = registry((name,))
-        module = importlib.import_module(f"flint_graph.kernels.{name}")
+        module = kernel_module(name)
         for preset in presets:
             cfg = FlintConfig.preset(preset)
             specs = kdef.specs(cfg, BUCKETS)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from flint_graph.kernels.spec import DTYPES, KernelDef, ScalarArg, Spec, TensorArg
+from flint_graph.kernels.toolchain.spec import DTYPES, KernelDef, ScalarArg, Spec, TensorArg
 
 _DTYPE = {name: getattr(torch, torch_name) for name, (torch_name, _) in DTYPES.items()}
 

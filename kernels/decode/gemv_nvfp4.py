@@ -53,7 +53,7 @@ import math
 import torch
 
 from flint_graph import reference
-from flint_graph.kernels.spec import (BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg,
+from flint_graph.kernels.toolchain.spec import (BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg,
                                       unique_specs)
 from flint_graph.weights import NVFP4Weight
 
@@ -177,7 +177,7 @@ def _build(spec: Spec):
     if norm:
         return _build_norm(spec, _kernel_mma(b_rows, k, WARPS[v], bool(rowscale), True))
     if v in PW:
-        from flint_graph.kernels.gemv_mma import kernel_pw
+        from flint_graph.kernels.decode.gemv_mma import kernel_pw
 
         kernel = kernel_pw(b_rows, k, *PW[v])
     else:
@@ -222,13 +222,13 @@ def _kernel_mma(b_rows: int, k: int, warps: int, rowscale: bool = False, norm: b
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int64, Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     nch = k // 32  # 32-k lane chunks per row
     steps = math.ceil(nch / (4 * warps))  # lane chunk = t + 4 * (warp + warps * step)
     full = nch // (4 * warps)  # steps in which every lane's chunk exists
     depth = min(steps, PREFETCH)
-    from flint_graph.kernels.gemv_mma import frag_ops, normed, row_rstd
+    from flint_graph.kernels.decode.gemv_mma import frag_ops, normed, row_rstd
 
     dequant, xpairs, scales = frag_ops()
 
@@ -370,7 +370,7 @@ def _kernel_fma(b_rows: int, k: int):
     import cutlass.cute as cute
     from cutlass import BFloat16, Float16, Float32, Int64, Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     rpw = V0_RPW
     nch = k // 32
@@ -473,4 +473,4 @@ def _kernel_fma(b_rows: int, k: int):
 
 
 KERNEL = KernelDef(name="gemv_nvfp4", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py", "gemv_mma.py"))
+                   reference=_reference, source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py"))

@@ -47,7 +47,7 @@ S = min(E, B·TOPK) slots.
 import math
 
 from flint_graph import reference
-from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg
+from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -195,7 +195,7 @@ def _build(spec: Spec):
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     b_rows, h, e_all, topk, norm = spec["B"], spec["H"], spec["E"], spec["TOPK"], spec["NORM"]
     epc, s_slots = _epc(spec), _slots(spec)
@@ -499,4 +499,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="moe_router", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py",))
+                   reference=_reference, source_files=("toolchain/dsl_util.py",))

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from flint_graph.errors import FlintError
-from flint_graph.kernels.cubin import CubinFormatError, cubin_sm, read_cubin
-from flint_graph.kernels.spec import KernelDef, Spec, check_spec, param_layout
+from flint_graph.kernels.toolchain.cubin import CubinFormatError, cubin_sm, read_cubin
+from flint_graph.kernels.toolchain.spec import KernelDef, Spec, check_spec, param_layout
 from flint_graph.paths import cache_root
 
 MANIFEST = "manifest.json"
@@ -67,15 +67,17 @@ def dsl_version() -> str | None:
 
 
 # The builder's own files: what they record in a manifest entry changes with them.
-BUILDER_FILES = ("build.py", "sass.py", "cubin.py")
+BUILDER_FILES = ("toolchain/build.py", "toolchain/sass.py", "toolchain/cubin.py")
 
 
 def source_hash(kdef: KernelDef) -> str:
     """sha256 over the kernel's module file, its declared extra source files and the builder's
     files: a change in any of them makes its cubins stale."""
-    here = Path(__file__).parent
+    from flint_graph.kernels import source_path
+
+    here = Path(__file__).parent.parent  # the kernels package: names are relative to it
     h = hashlib.sha256()
-    for name in (f"{kdef.name}.py", *kdef.source_files, *BUILDER_FILES):
+    for name in (source_path(kdef.name), *kdef.source_files, *BUILDER_FILES):
         h.update(name.encode() + b"\0" + (here / name).read_bytes())
     return h.hexdigest()
 
@@ -182,7 +184,7 @@ class KernelCache:
         the command that builds it."""
         why, data = self._verify(kdef, spec, arch)
         if why is not None and build and dsl_version() is not None:
-            from flint_graph.kernels.build import build_cache
+            from flint_graph.kernels.toolchain.build import build_cache
 
             build_cache(self.root, [(kdef, spec)], [arch], progress=False)
             self.manifest = read_manifest(self.root)

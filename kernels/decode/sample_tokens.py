@@ -48,7 +48,7 @@ import math
 import struct
 from types import SimpleNamespace
 
-from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg
+from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg
 
 NT = 512  # threads per CTA
 WARPS = NT // 32
@@ -222,7 +222,7 @@ def _build(spec: Spec):
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     vlim = spec["VLIM"]
     row_elems = spec["V"]
@@ -634,4 +634,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="sample_tokens", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py",))
+                   reference=_reference, source_files=("toolchain/dsl_util.py",))

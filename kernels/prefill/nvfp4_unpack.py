@@ -18,7 +18,7 @@ Tolerance (GPU test): bitwise equal to `nvfp4.dequantize(..., float32)` rounded 
 import torch
 
 from flint_graph import nvfp4
-from flint_graph.kernels.spec import KernelDef, Launch, Spec, TensorArg
+from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec, TensorArg
 
 THREADS = 256
 # SPE of the one-matrix specialisation (E = 1): every sub-block takes scale2[0]. The prefill
@@ -82,7 +82,7 @@ def _build(spec: Spec):
     import cutlass.cute as cute
     from cutlass import Float32, Int64, Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     spe = spec["SPE"]
     launch = _launch(spec)
@@ -134,4 +134,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="nvfp4_unpack", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py",))
+                   reference=_reference, source_files=("toolchain/dsl_util.py",))

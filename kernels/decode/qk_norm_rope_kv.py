@@ -46,7 +46,7 @@ import math
 import torch
 
 from flint_graph import reference
-from flint_graph.kernels.spec import (BUCKETS, KV_PAGE, KernelDef, Launch, ScalarArg, Spec,
+from flint_graph.kernels.toolchain.spec import (BUCKETS, KV_PAGE, KernelDef, Launch, ScalarArg, Spec,
                                       TensorArg, unique_specs)
 
 # π/2 as three parts of ≤ 33 significant bits (fdlibm's split; their sum is π/2 − 8.5e-32):
@@ -206,7 +206,7 @@ def _build(spec: Spec):
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Float64, Int32, Int64, Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     hq, hkv, d, p = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
     ring, rope = bool(spec["RING"]), bool(spec["ROPE"])
@@ -369,4 +369,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="qk_norm_rope_kv", args=_args, launch=_launch, specs=_specs,
-                   build=_build, reference=_reference, source_files=("dsl_util.py",))
+                   build=_build, reference=_reference, source_files=("toolchain/dsl_util.py",))

@@ -59,7 +59,7 @@ import math
 import torch
 
 from flint_graph import reference
-from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
+from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
 from flint_graph.weights import NVFP4Weight, expert_weight
 
 ROWS = 16  # output rows per CTA (one m16 tile)
@@ -318,8 +318,8 @@ def _body(spec: Spec):
     from cutlass import BFloat16, Float32, Int32, Int64, Uint32
     from cutlass.cutlass_dsl import dsl_user_op
 
-    from flint_graph.kernels import dsl_util as du
-    from flint_graph.kernels.gemv_mma import frag_ops
+    from flint_graph.kernels.toolchain import dsl_util as du
+    from flint_graph.kernels.decode.gemv_mma import frag_ops
 
     b_rows, h, m, ms, fmt = spec["B"], spec["H"], spec["M"], spec["MS"], spec["FMT"]
     routed, n_slots, warps = spec["TOPK"] > 0, slots(spec), _warps(spec)
@@ -638,4 +638,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="moe_down", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py", "gemv_mma.py"))
+                   reference=_reference, source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py"))

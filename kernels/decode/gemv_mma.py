@@ -29,7 +29,7 @@ def frag_ops():
     """(dequant, xpairs, scales): the per-register fragment math, as DSL functions."""
     from cutlass import Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     mask_out = 0x81C081C0  # bf16x2: sign 15 and magnitude bits 6..8, both halves
     two120, two119 = 0x7B807B80, 0x7B007B00  # bf16x2 (2^120, 2^120), (2^119, 2^119)
@@ -108,7 +108,7 @@ def normed(xw, ww, rstd):
     import cutlass.cute as cute
     from cutlass import BFloat16, Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     rh = cute.make_rmem_tensor((8,), BFloat16)
     for i in range(4):
@@ -145,7 +145,7 @@ def kernel_pw(b_rows: int, k: int, warps: int, tiles: int, pre: int, depth: int)
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int64, Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     dequant, xpairs, scales = frag_ops()
     rows_cta = 16 * tiles

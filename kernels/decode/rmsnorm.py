@@ -21,7 +21,7 @@ bf16 sum of two bf16 values rounded once, so it must be bit-equal.
 import math
 
 from flint_graph import reference
-from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg
+from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg
 
 VEC = 8  # bf16 values per 16-byte load
 
@@ -57,7 +57,7 @@ def _build(spec: Spec):
     import cutlass
     import cutlass.cute as cute
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     h = spec["H"]
     chunks = h // VEC
@@ -124,4 +124,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="rmsnorm", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py",))
+                   reference=_reference, source_files=("toolchain/dsl_util.py",))

@@ -71,7 +71,7 @@ import math
 import torch
 
 from flint_graph import reference
-from flint_graph.kernels.spec import BUCKETS, KV_PAGE, KernelDef, Launch, Spec, TensorArg
+from flint_graph.kernels.toolchain.spec import BUCKETS, KV_PAGE, KernelDef, Launch, Spec, TensorArg
 
 WARPS = 8  # warps per CTA
 TILE = 32  # keys per warp step: 4 QK key columns of 8, 2 PV k-steps of 16
@@ -367,7 +367,7 @@ def _build(spec: Spec):
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int32, Int64, Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     _check(spec)
     hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
@@ -701,4 +701,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="attn_decode", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py",))
+                   reference=_reference, source_files=("toolchain/dsl_util.py",))

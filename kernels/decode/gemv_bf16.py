@@ -31,7 +31,7 @@ MMAs: y = linear(rms_norm(x, norm_w, eps)).
 import math
 
 from flint_graph import reference
-from flint_graph.kernels.spec import (BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg,
+from flint_graph.kernels.toolchain.spec import (BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg,
                                       unique_specs)
 
 ROWS = 16  # output rows per CTA (one m16 tile), every variant
@@ -148,8 +148,8 @@ def _kernel_mma(b_rows: int, k: int, warps: int, prefetch: int, norm: bool = Fal
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int64, Uint32
 
-    from flint_graph.kernels import dsl_util as du
-    from flint_graph.kernels.gemv_mma import normed, row_rstd
+    from flint_graph.kernels.toolchain import dsl_util as du
+    from flint_graph.kernels.decode.gemv_mma import normed, row_rstd
 
     nch = k // VEC  # 8-k lane chunks per row
     steps = math.ceil(nch / (4 * warps))  # lane chunk = t + 4 * (warp + warps * step)
@@ -276,7 +276,7 @@ def _kernel_fma(b_rows: int, k: int):
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int64, Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     rpw = V0_RPW
     nch = k // VEC
@@ -357,4 +357,4 @@ def _kernel_fma(b_rows: int, k: int):
 
 
 KERNEL = KernelDef(name="gemv_bf16", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py", "gemv_mma.py"))
+                   reference=_reference, source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py"))

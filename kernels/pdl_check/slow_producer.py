@@ -7,7 +7,7 @@ bytes and its output differs from the run without PDL. Words are int32: any tens
 size is a multiple of 4 can be viewed as such.
 """
 
-from flint_graph.kernels.spec import KernelDef, Launch, ScalarArg, Spec, TensorArg
+from flint_graph.kernels.toolchain.spec import KernelDef, Launch, ScalarArg, Spec, TensorArg
 
 THREADS = 256
 

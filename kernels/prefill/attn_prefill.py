@@ -44,7 +44,7 @@ import math
 import torch
 
 from flint_graph import reference
-from flint_graph.kernels.spec import KV_PAGE, KernelDef, Launch, Spec, TensorArg
+from flint_graph.kernels.toolchain.spec import KV_PAGE, KernelDef, Launch, Spec, TensorArg
 
 WARPS = 8
 BN = 64  # keys per tile (= KV_PAGE: a tile of a full layer is one page)
@@ -193,7 +193,7 @@ def _build(spec: Spec):
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64, Uint32
 
-    from flint_graph.kernels import dsl_util as du
+    from flint_graph.kernels.toolchain import dsl_util as du
 
     _check(spec)
     hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
@@ -418,4 +418,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="attn_prefill", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py",))
+                   reference=_reference, source_files=("toolchain/dsl_util.py",))

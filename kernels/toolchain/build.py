@@ -27,12 +27,12 @@ from typing import Any, Iterator, Sequence
 import torch  # noqa: F401
 
 from flint_graph.kernels import registry
-from flint_graph.kernels.cache import (ARCHS, MANIFEST, KernelCache, KernelCacheError,
+from flint_graph.kernels.toolchain.cache import (ARCHS, MANIFEST, KernelCache, KernelCacheError,
                                        cubin_name, dsl_version, entry_id, source_hash,
                                        write_manifest)
-from flint_graph.kernels.cubin import read_cubin
-from flint_graph.kernels.sass import pdl_load_order
-from flint_graph.kernels.spec import (KernelDef, ScalarArg, Spec, TensorArg, check_spec,
+from flint_graph.kernels.toolchain.cubin import read_cubin
+from flint_graph.kernels.toolchain.sass import pdl_load_order
+from flint_graph.kernels.toolchain.spec import (KernelDef, ScalarArg, Spec, TensorArg, check_spec,
                                       param_layout, unique_specs)
 from flint_graph.progress import progress_bar
 
@@ -112,7 +112,7 @@ def compile_spec(kdef: KernelDef, spec: Spec, arch: str) -> tuple[dict[str, Any]
     body = ptx[ptx.index(".entry"):]
     # Plain (non-.nc) global loads read what a predecessor may still be writing: none may come
     # before the wait, in the PTX and (where nvdisasm is installed) in the SASS, where ptxas
-    # may have moved the wait (kernels/sass.py). The GPU slow-producer test is the proof.
+    # may have moved the wait (kernels/toolchain/sass.py). The GPU slow-producer test is the proof.
     head = body.split("griddepcontrol.wait", 1)[0] if "griddepcontrol.wait" in body else ""
     early = len(re.findall(r"\bld\.global(?!\.nc)[\w:.]*", head))
     try:
@@ -285,7 +285,7 @@ def run(args: Any) -> int:
     each --arch into --out. Prints one summary line; raises KernelBuildError, ConfigError."""
     from flint_graph.config import FlintConfig
     from flint_graph.kernels import TEST_KERNELS
-    from flint_graph.kernels.cache import default_cache_dir
+    from flint_graph.kernels.toolchain.cache import default_cache_dir
 
     cfg = FlintConfig.from_json(args.config) if args.config else FlintConfig.preset(args.preset)
     archs = args.arch or ["sm_90a"]

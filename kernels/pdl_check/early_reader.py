@@ -2,7 +2,7 @@
 `griddepcontrol.wait`), so the ordering test can show it catches such a kernel: behind the
 slow producer, with PDL on, it copies the stale input at least some of the time."""
 
-from flint_graph.kernels.spec import KernelDef, Launch, Spec, TensorArg
+from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec, TensorArg
 
 THREADS = 256
 

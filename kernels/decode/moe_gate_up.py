@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from flint_graph import reference
-from flint_graph.kernels.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
+from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
 from flint_graph.nvfp4 import E2M1_GRID, ue4m3_to_float
 from flint_graph.weights import NVFP4Weight, expert_weight
 
@@ -313,8 +313,8 @@ def _body(spec: Spec):
     from cutlass import BFloat16, Float32, Int32, Int64, Uint32
     from cutlass.cutlass_dsl import dsl_user_op
 
-    from flint_graph.kernels import dsl_util as du
-    from flint_graph.kernels.gemv_mma import frag_ops
+    from flint_graph.kernels.toolchain import dsl_util as du
+    from flint_graph.kernels.decode.gemv_mma import frag_ops
 
     b_rows, k, m, ms, fmt = spec["B"], spec["H"], spec["M"], spec["MS"], spec["FMT"]
     moe, nvfp4 = spec["TOPK"] > 0, fmt == 1
@@ -512,4 +512,4 @@ def _body(spec: Spec):
 
 
 KERNEL = KernelDef(name="moe_gate_up", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("dsl_util.py", "gemv_mma.py"))
+                   reference=_reference, source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py"))
