@@ -2,7 +2,6 @@
 and files, and the whole run on the CPU with fake kernels (they write their reference's result,
 or a wrong one) and a stubbed timer, so everything except the CUDA timing runs here."""
 
-import importlib
 import importlib.util
 import json
 import subprocess
