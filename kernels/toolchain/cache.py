@@ -137,7 +137,10 @@ class KernelCache:
             return (f"{eid}: the entry records kernel {meta.get('kernel')!r}, key "
                     f"{meta.get('key')!r}, values {meta.get('values')!r}"), b""
         if meta.get("source_hash") != source_hash(kdef):
-            return f"{eid}: stale (kernels/{kdef.name}.py or what it builds with changed)", b""
+            from flint_graph.kernels import source_path
+
+            return (f"{eid}: stale (kernels/{source_path(kdef.name)} or what it builds with "
+                    "changed)", b"")
         here = dsl_version()
         if here is not None and meta.get("dsl_version") != here:
             return f"{eid}: stale (built with DSL {meta.get('dsl_version')}, installed {here})", b""
