@@ -10,7 +10,10 @@ What is timed, per weight format:
 - end to end: B copies of a short chat prompt, `e2e_tokens` tokens each with EOS ignored,
   through the engine's own loop: TPOT once all B rows decode (the host loop, sampling,
   detokenizer and stop checks included) and TTFT.
-- prefill: TTFT of one `prefill_tokens`-token prompt (chunked prefill plus the first token).
+- prefill: TTFT of one prompt per `prefill_tokens` length (chunked prefill plus the first
+  token), with tokens/s and, on CUDA, TFLOP/s and MFU against the dense BF16 matmul rate measured
+  in the same run; on the graph engine the torch-ops baseline (the same prefill with torch's
+  SDPA for attention) beside each.
 - cold start (a checkpoint path only): CLI entry → first token, split into the start-up report's
   phases. Synthetic weights (`--preset`) are made in memory: no checkpoint read to time.
 The floor of a step is `FlintConfig.decode_step_bytes` / the copy bandwidth measured in this run.
@@ -32,7 +35,8 @@ from flint_graph.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
 from flint_graph.perf.machine import header, machine_info
 from flint_graph.perf.measure import (e2e_record, graph_nodes_per_bucket, graph_steps,
-                                      prefill_record, reference_fits, reference_steps)
+                                      matmul_peak_flops, prefill_baseline_record, prefill_record,
+                                      reference_fits, reference_steps)
 from flint_graph.perf.roofline import copy_bandwidth, floor_ms
 
 DEFAULT_CONTEXTS = (1024, 8192, 32768, 100000)
@@ -59,7 +63,7 @@ class BenchOptions:
     baseline_steps: int = 3
     compiled: bool = False
     e2e_tokens: int = 64
-    prefill_tokens: int | None = None
+    prefill_tokens: tuple[int, ...] | None = None
     seed: int = 0
     progress: bool = True
     t_entry: float | None = None
@@ -67,8 +71,8 @@ class BenchOptions:
     log: object = field(default=print)
 
 
-def plan_contexts(cfg: FlintConfig, contexts, prefill_tokens) -> tuple[list[int], int]:
-    """(contexts, prefill tokens) that fit the model: each context + 1 token ≤ the model's
+def plan_contexts(cfg: FlintConfig, contexts, prefill_tokens) -> tuple[list[int], list[int]]:
+    """(contexts, prefill lengths) that fit the model: each context + 1 token ≤ the model's
     limit. Raises InvalidRequestError naming --contexts / --prefill-tokens and the limit."""
     limit = cfg.max_position_embeddings
     if contexts is None:
@@ -78,11 +82,14 @@ def plan_contexts(cfg: FlintConfig, contexts, prefill_tokens) -> tuple[list[int]
         raise InvalidRequestError(f"--contexts {bad[0]}: expected 1 to {limit - 1} (the model "
                                   f"holds {limit} tokens)")
     if prefill_tokens is None:
-        prefill_tokens = min(DEFAULT_PREFILL, limit // 2)
-    if not 1 <= prefill_tokens < limit:
-        raise InvalidRequestError(f"--prefill-tokens {prefill_tokens}: expected 1 to "
+        prefill_tokens = [min(DEFAULT_PREFILL, limit // 2)]
+    if isinstance(prefill_tokens, int):
+        prefill_tokens = [prefill_tokens]
+    bad = [n for n in prefill_tokens if not 1 <= n < limit]
+    if bad:
+        raise InvalidRequestError(f"--prefill-tokens {bad[0]}: expected 1 to "
                                   f"{limit - 1} (the model holds {limit} tokens)")
-    return sorted(set(contexts)), prefill_tokens
+    return sorted(set(contexts)), sorted(set(prefill_tokens))
 
 
 E2E_PROMPT_ROOM = 64  # the e2e chat prompt's tokens, with a margin
@@ -191,9 +198,11 @@ def run_bench(o: BenchOptions) -> dict:
                          "baseline_steps": o.baseline_steps, "e2e_tokens": o.e2e_tokens,
                          "prefill_tokens": prefill_n})
     kv_tokens = min(cfg.max_position_embeddings,
-                    max(max(contexts) + 1, prefill_n + 1, 512 + o.e2e_tokens))
+                    max(max(contexts) + 1, max(prefill_n) + 1, 512 + o.e2e_tokens))
+    res["matmul_peak_flops"] = matmul_peak_flops(dev)
     n_formats = 1 if o.model else len(o.formats)
-    cells = n_formats * (len(o.buckets) * len(contexts) * (2 + o.compiled) + len(o.buckets) + 2)
+    cells = n_formats * (len(o.buckets) * len(contexts) * (2 + o.compiled) + len(o.buckets) + 2
+                         + len(prefill_n) - 1)
     with progress_bar(o.progress, "bench", cells, unit="steps") as advance:
         for fmt, llm in sources(o, kv_tokens):
             res["machine"] = machine_info(dev)  # the engine may have set torch's threads
@@ -226,8 +235,12 @@ def _bench_one(o, res, fmt, llm, contexts, prefill_n, advance) -> None:
         res["e2e"].append(e2e_record(ref, fmt, 1, max(4, o.baseline_steps + 1), prompt))
         del ref
     advance(1)
-    res["prefill"].append(prefill_record(llm, fmt, prefill_n))
-    advance(1)
+    for n in prefill_n:
+        res["prefill"].append(prefill_record(llm, fmt, n, res.get("matmul_peak_flops")))
+        base = prefill_baseline_record(llm, fmt, n, res.get("matmul_peak_flops"))
+        if base is not None:
+            res["prefill"].append(base)
+        advance(1)
     if runner is not None:
         for layer in runner.kv.layers:
             layer.k.normal_()

@@ -217,6 +217,8 @@ def _e2e_row(r: dict) -> list[str]:
 
 def _prefill_row(r: dict) -> list[str]:
     value = f"{num(r.get('ms'), 1, ' ms')}, {num(r.get('tokens_per_s'), 1, ' tokens/s')}"
+    if r.get("mfu") is not None:
+        value += f", {num(r.get('tflops'), 0, ' TFLOP/s')}, MFU {r['mfu']:.1%}"
     return [f"prefill {num(r.get('tokens'))} tokens", r.get("engine") or "-",
             r.get("format") or "-", value]
 

@@ -33,7 +33,9 @@ figures (one process, one run):
                 detokenizer, stop checks included)
   TTFT          the median request's submission to first token (the B prompts
                 prefill one after another, so it grows with B)
-  prefill       TTFT of one --prefill-tokens prompt: chunked prefill + 1 token
+  prefill       TTFT of one prompt per --prefill-tokens length: chunked prefill + 1
+                token; on CUDA also TFLOP/s and MFU (against the BF16 matmul rate
+                measured in the run) and, on the graph engine, the torch-ops baseline
   cold start    CLI entry to first token, split into checkpoint read, repack
                 (GGUF), KV allocation, kernel-cache load, graph capture, first
                 token and the rest (imports, tokenizer; synthetic --preset
@@ -154,9 +156,9 @@ def add_bench_parser(sub, positive_int, buckets) -> None:
                         "slow to compile)")
     p.add_argument("--e2e-tokens", type=positive_int, default=64, metavar="N",
                    help="tokens per request in the end-to-end run (default: %(default)s)")
-    p.add_argument("--prefill-tokens", type=positive_int, metavar="N",
-                   help="prompt length of the prefill timing (default: 8192, or half the "
-                        "model's limit when smaller)")
+    p.add_argument("--prefill-tokens", type=_contexts, metavar="N,N,...",
+                   help="prompt lengths of the prefill timing, e.g. 512,2k,8k,32k (default: "
+                        "8192, or half the model's limit when smaller)")
     p.add_argument("--json", type=_path, metavar="FILE", help="write every figure as JSON")
     p.add_argument("--markdown", type=_path, metavar="FILE", help="write the tables as markdown")
     p.add_argument("--compare", type=_path, nargs=2, metavar=("A.json", "B.json"),

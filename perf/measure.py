@@ -131,14 +131,70 @@ def e2e_record(llm, fmt: str, b: int, tokens: int, prompt_ids: list[int], engine
             "ttft_ms": statistics.median(first.values())}
 
 
-def prefill_record(llm, fmt: str, n: int) -> dict:
-    """Time to the first token of one n-token prompt (chunked prefill + one step)."""
+def matmul_peak_flops(device, n: int = 8192, reps: int = 20) -> float | None:
+    """Dense BF16 matmul FLOP/s of torch.matmul at n³ on a CUDA device (median of `reps`
+    timed runs after 3 warm-ups): the peak MFU is taken against, measured in the run that
+    reports it. None on the CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def _prefill_figures(cfg, n: int, seconds: float, peak: float | None) -> dict:
+    """tokens/s, and with a measured matmul peak the TFLOP/s and MFU of an n-token prefill
+    (FLOPs from `FlintConfig.prefill_flops`)."""
+    out = {"tokens_per_s": n / seconds}
+    if peak:
+        flops = cfg.prefill_flops(n)["total"]
+        out.update(tflops=flops / seconds / 1e12, mfu=flops / seconds / peak)
+    return out
+
+
+def prefill_record(llm, fmt: str, n: int, peak: float | None = None) -> dict:
+    """Time to the first token of one n-token prompt (chunked prefill + one step); tokens/s,
+    and TFLOP/s and MFU against `peak` (FLOP/s) when given."""
     from flint_graph.sampling import SamplingParams
 
     ids = [(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(n)]
     out = llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))[0]
     return {"engine": llm.engine.name, "format": fmt, "tokens": n, "ms": out.ttft_ms,
-            "tokens_per_s": n / out.ttft_ms * 1e3}
+            **_prefill_figures(llm.cfg, n, out.ttft_ms / 1e3, peak)}
+
+
+def prefill_baseline_record(llm, fmt: str, n: int, peak: float | None = None) -> dict | None:
+    """The torch-ops baseline of the graph engine's prefill on the same weights and KV cache
+    (capture/prefill.py with torch's SDPA for attention): one n-token prefill into a free
+    slot, logits on the host, after a warm-up. None unless the graph engine runs."""
+    from flint_graph.capture.prefill import Prefill
+
+    runner = llm.engine.runner
+    if runner is None or runner.prefiller is None or not runner.free_slots:
+        return None
+    base = Prefill(llm.cfg, runner.prefiller.w, runner.kv, attention="sdpa")
+    ids = torch.tensor([(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(n)])
+    slot = runner.alloc_slot()
+    try:
+        base.prefill(slot, ids[:min(n, 64)], 2048)  # warm-up: cuBLAS and SDPA set-up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        base.prefill(slot, ids, llm.engine.prefill_chunk_tokens).cpu()
+        s = time.perf_counter() - t0
+    finally:
+        runner.free_slot(slot)
+    return {"engine": "torch-ops", "format": fmt, "tokens": n, "ms": s * 1e3,
+            **_prefill_figures(llm.cfg, n, s, peak)}
 
 
 def graph_nodes_per_bucket(runner) -> dict[str, int]:

@@ -19,10 +19,10 @@ _DECODE = {"engine": "str", "format": "str", "B": "int", "context": "int", "medi
 _E2E = {"engine": "str", "format": "str", "B": "int", "tokens?": "?int",
         "prompt_tokens?": "?int", "ms_per_token?": "?num", "ttft_ms?": "?num"}
 _PREFILL = {"engine": "str", "format": "str", "tokens": "int", "ms": "?num",
-            "tokens_per_s?": "?num"}
+            "tokens_per_s?": "?num", "tflops?": "?num", "mfu?": "?num"}
 _COLD = {"format?": "?str", "total_s?": "?num", "phases?": ("map", "?num"), "note?": "?str"}
 
-BENCH = {"machine": "dict", "model": "dict", "copy_bw?": "?num", "decode?": [_DECODE],
+BENCH = {"machine": "dict", "model": "dict", "copy_bw?": "?num", "matmul_peak_flops?": "?num", "decode?": [_DECODE],
          "e2e?": [_E2E], "prefill?": [_PREFILL], "cold_start?": ("?", _COLD),
          "kernels_per_step?": ("map", ("map", "int")), "errors?": ["str"],
          "settings?": ("?", "dict")}

@@ -54,7 +54,9 @@ def cuda_result() -> dict:
                 {"engine": "reference", "format": "nvfp4", "B": 1, "prompt_tokens": 30,
                  "tokens": 4, "ms_per_token": 330.0, "ttft_ms": 900.0}],
         "prefill": [{"engine": "graph", "format": "nvfp4", "tokens": 8192, "ms": 3900.0,
-                     "tokens_per_s": 2100.5}],
+                     "tokens_per_s": 2100.5},
+                    {"engine": "torch-ops", "format": "nvfp4", "tokens": 8192, "ms": 1099.7,
+                     "tokens_per_s": 7449.3, "tflops": 40.7, "mfu": 0.0529}],
         "errors": ["compiled nvfp4 B=2 context 1024: [Errno 12] out of memory"],
     }
 
@@ -139,6 +141,7 @@ def test_summary_table():
     assert "1.81 ms/token, TTFT 40.2 ms" in text
     assert "330.00 ms/token, TTFT 900.0 ms" in text
     assert "prefill 8192 tokens" in text and "3900.0 ms, 2100.5 tokens/s" in text
+    assert "1099.7 ms, 7449.3 tokens/s, 41 TFLOP/s, MFU 5.3%" in text  # the baseline row
     assert _row(text, "cold start")[1:] == ["-", "nvfp4", "12.10 s"]
     assert _row(text, "checkpoint read")[-1] == "6.000 s"
     assert _row(text, "first token")[-1] == "3.200 s"

@@ -45,13 +45,14 @@ def test_attention_bytes_follow_the_window():
 
 def test_contexts_fit_the_model():
     tiny = FlintConfig.preset("tiny")  # 4096 positions
-    assert plan_contexts(tiny, None, None) == ([1024], 2048)
+    assert plan_contexts(tiny, None, None) == ([1024], [2048])
     assert plan_contexts(FlintConfig.preset("full"), None, None) == (
-        [1024, 8192, 32768, 100000], 8192)
+        [1024, 8192, 32768, 100000], [8192])
+    assert plan_contexts(tiny, None, (2048, 512, 512)) == ([1024], [512, 2048])
     with pytest.raises(InvalidRequestError, match="--contexts 5000: expected 1 to 4095"):
         plan_contexts(tiny, (1024, 5000), None)
     with pytest.raises(InvalidRequestError, match="--prefill-tokens 4096"):
-        plan_contexts(tiny, None, 4096)
+        plan_contexts(tiny, None, (512, 4096))
 
 
 def test_step_record_arithmetic():

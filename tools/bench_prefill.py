@@ -25,23 +25,6 @@ from pathlib import Path
 import torch
 
 
-def matmul_peak(n: int = 8192, reps: int = 20) -> float:
-    """Dense BF16 matmul FLOP/s of torch.matmul at n³ (median of `reps` timed runs)."""
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        a @ b
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return 2 * n ** 3 / statistics.median(times)
-
-
 def time_prefill(pre, prompt: torch.Tensor, chunk: int, reps: int) -> float:
     """Median seconds of `reps` whole prefills of `prompt` into slot 0 (logits on the host)."""
     times = []
@@ -75,6 +58,7 @@ def main() -> int:
     from flint_graph.capture.prefill import Prefill
     from flint_graph.config import FlintConfig
     from flint_graph.make_checkpoint import quantize_weights
+    from flint_graph.perf.measure import matmul_peak_flops
     from flint_graph.synthetic import make_weights
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -95,7 +79,7 @@ def main() -> int:
     lengths = [int(x) for x in args.tokens.split(",")]
     longer = [int(x) for x in args.kernel_tokens.split(",") if x]
     cfg = FlintConfig.preset(args.preset)
-    peak = matmul_peak()
+    peak = matmul_peak_flops("cuda")
     print(f"dense BF16 matmul 8192^3: {peak / 1e12:.0f} TFLOP/s", flush=True)
     res = {"preset": args.preset, "matmul_peak_flops": peak, "chunk": args.chunk,
            "gpu": torch.cuda.get_device_name(), "rows": [], "breakdown": {}}
