@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import registry, kernel_module
+from flint_graph.kernels import kernel_module, registry
 from flint_graph.kernels.toolchain.examples import example_args
 from flint_graph.kernels.toolchain.spec import BUCKETS, TensorArg
 

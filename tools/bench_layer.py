@@ -38,7 +38,7 @@ from bench_kernels import copy_bandwidth, time_graph  # noqa: E402
 from flint_graph import reference  # noqa: E402
 from flint_graph.capture.decode_layer import model_spec  # noqa: E402
 from flint_graph.config import FlintConfig  # noqa: E402
-from flint_graph.kernels import registry, kernel_module  # noqa: E402
+from flint_graph.kernels import kernel_module, registry  # noqa: E402
 from flint_graph.kernels.toolchain.spec import KV_PAGE  # noqa: E402
 
 KERNELS = ("rmsnorm", "gemv_bf16", "gemv_nvfp4", "qk_norm_rope_kv", "attn_decode",

@@ -19,7 +19,7 @@ import sys
 import time
 
 from flint_graph.config import FlintConfig
-from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, registry, kernel_module
+from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, kernel_module, registry
 from flint_graph.kernels.toolchain.build import build_cache, model_specs
 from flint_graph.kernels.toolchain.cache import KernelCacheError
 from flint_graph.kernels.toolchain.spec import BUCKETS, unique_specs
