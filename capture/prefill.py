@@ -20,9 +20,9 @@ The projections are cuBLAS GEMMs through torch (bf16 in, fp32 accumulate, one ro
 issue allows cuBLAS for BF16 where it is faster than ours); the experts run as
 `torch._grouped_mm` over the tokens sorted by expert with offsets computed on the device (no
 host synchronisation). NVFP4 weights are decoded per layer into a BF16 scratch (the experts:
-the layer's whole stack, once per chunk, by `kernels/prefill/nvfp4_unpack.py` on the kernel path; never
-the whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply scale2 in fp32 after an fp32-output GEMM, exactly as the
-reference; for the experts (`torch._grouped_mm` has only a bf16 output) scale2 is folded into
+the layer's whole stack, once per chunk, by `kernels/prefill/nvfp4_unpack.py` on the kernel
+path; never the whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply
+scale2 in fp32 after an fp32-output GEMM, exactly as the reference; for the experts (`torch._grouped_mm` has only a bf16 output) scale2 is folded into
 the decoded weights, one bf16 rounding per weight (≤ 2^-9). A CuTe DSL grouped W4A16 GEMM that
 decodes in registers and scales in its fp32 epilogue is the next step (docs/prefill.md).
 
@@ -133,8 +133,8 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, gate: torch.Te
     bf16 [T, H].
 
     gate, up: bf16 [E, M, H] and down bf16 [E, H, M] (the checkpoint's stacks or an NVFP4
-    decode); shared: the shared expert as a function bf16 [T, H] -> bf16 [T, H], or None. Routing is `reference.route` (fp32 logits,
-    the correction bias only in the pick). The T·K (token, expert) pairs are sorted by expert
+    decode); shared: the shared expert as a function bf16 [T, H] -> bf16 [T, H], or None.
+    Routing is `reference.route` (fp32 logits, the correction bias only in the pick). The T·K (token, expert) pairs are sorted by expert
     id; per-expert counts become int32 offsets on the device and `torch._grouped_mm` runs
     each expert's rows (no host synchronisation). Each token then adds its experts' outputs in
     ascending id, in fp32 (one batched product; the reference adds them one by one)."""
@@ -170,7 +170,7 @@ def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear,
     return linear(a, down)
 
 
-# -- norms and RoPE (reference.py's math, fewer passes) -------------------------------------------
+# -- norm and residual (reference.py's math, fewer passes) ------------------------------------
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -186,14 +186,6 @@ def residual_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """`reference.residual_add` (bf16 + bf16 added in fp32, rounded once) in one kernel: torch
     adds bf16 tensors in fp32 and rounds once."""
     return x + y
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`reference.apply_rope` on x bf16 [T, heads, D] with the chunk's tables cos, sin fp32
-    [T, 1, D] (`reference.rope_cos_sin`, computed once per chunk for every layer)."""
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(BF16)
 
 
 # -- attention -------------------------------------------------------------------------------
@@ -367,7 +359,7 @@ class Prefill:
             q = rms_norm(q, lw.q_norm, eps)
             k = rms_norm(k, lw.k_norm, eps)
         if cfg.uses_rope(i):
-            q, k = rope(q, *self._rope), rope(k, *self._rope)
+            q, k = reference.rotate(q, *self._rope), reference.rotate(k, *self._rope)
         a = self._attention(i, q, k.contiguous(), v.contiguous(), seq, pos)
         x = residual_add(x, self.dec.linear(a, lw.o_proj))
         h = rms_norm(x, lw.ffn_norm, eps)

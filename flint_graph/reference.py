@@ -70,7 +70,14 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float, *,
     """Rotate x bf16 [T, heads, D] by its token positions int64 [T] (HF rotate-half:
     out = x·cos + cat(−x₂, x₁)·sin with x₁, x₂ the two halves of D). FP32, rounded once."""
     cos, sin = rope_cos_sin(positions, x.shape[-1], theta)
-    cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D]
+    return rotate(x, cos[:, None, :], sin[:, None, :], dtype=dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+           dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
+    """`apply_rope`'s rotation with given tables: x [T, heads, D], cos and sin fp32 [T, 1, D]
+    (`rope_cos_sin`; the prefill computes them once per chunk for every layer). FP32, rounded
+    once."""
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(dtype)

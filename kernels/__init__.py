@@ -3,10 +3,16 @@ reference, compiled ahead of time into a cubin cache. Grouped by what a reader l
 
 | folder | holds |
 |---|---|
-| `toolchain/` | how a kernel is declared (`spec.py`), the AOT build (`build.py`, needs the DSL, no GPU), reading and verifying the cache (`cache.py`, no DSL: the GPU box's side), cubin and SASS readers (`cubin.py`, `sass.py`), one-instruction DSL helpers (`dsl_util.py`), fresh random test arguments (`examples.py`) |
-| `decode/` | the decode step's kernels (docs/decode-kernels.md): `rmsnorm`, the GEMVs (`gemv_bf16`, `gemv_nvfp4` with `gemv_mma`), `qk_norm_rope_kv`, `attn_decode`, `moe_router`, `moe_gate_up`, `moe_down`, `sample_tokens` |
+| `toolchain/` | declaring a kernel (`spec.py`); the AOT build (`build.py`: needs the DSL, |
+| | no GPU); reading and verifying the cache (`cache.py`: no DSL, the GPU box's side); |
+| | cubin and SASS readers (`cubin.py`, `sass.py`); one-instruction DSL helpers |
+| | (`dsl_util.py`); fresh random test arguments (`examples.py`) |
+| `decode/` | the decode step's kernels (docs/decode-kernels.md): `rmsnorm`, the GEMVs |
+| | (`gemv_bf16`, `gemv_nvfp4` with `gemv_mma`), `qk_norm_rope_kv`, `attn_decode`, |
+| | `moe_router`, `moe_gate_up`, `moe_down`, `sample_tokens` |
 | `prefill/` | the prefill's kernels (docs/prefill.md): `attn_prefill`, `nvfp4_unpack` |
-| `pdl_check/` | test-only: the PDL ordering test's slow producer and a consumer that breaks the rule on purpose |
+| `pdl_check/` | test-only: the PDL ordering test's slow producer, and a consumer that |
+| | breaks the rule on purpose |
 
 Each kernel's GPU test is `tests/test_<name>_gpu.py`, its CPU checks `tests/test_<name>.py`.
 """

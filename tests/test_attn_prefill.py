@@ -1,6 +1,6 @@
 """CPU checks of attn_prefill's declaration, its reference and its test arguments
-(kernels/prefill/attn_prefill.py); the kernel itself runs in tests/test_attn_prefill_gpu.py and compiles
-for both archs in tests/test_kernel_cache.py."""
+(kernels/prefill/attn_prefill.py); the kernel itself runs in tests/test_attn_prefill_gpu.py and
+compiles for both archs in tests/test_kernel_cache.py."""
 
 import pytest
 import torch

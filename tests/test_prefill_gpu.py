@@ -107,7 +107,8 @@ def _check_kv(cache, ref_seq, slot: int, tokens: int, what: str, rels: list,
     for i, kv in enumerate(cache.layers):
         if kv.ring:
             pos = torch.arange(max(0, tokens - w), tokens, device="cuda")
-            got_k, got_v = kv.k[slot][:, pos % w].transpose(0, 1), kv.v[slot][:, pos % w].transpose(0, 1)
+            got_k = kv.k[slot][:, pos % w].transpose(0, 1)
+            got_v = kv.v[slot][:, pos % w].transpose(0, 1)
             want_k, want_v = ref_seq.k[i][pos % w], ref_seq.v[i][pos % w]
         else:
             pos = torch.arange(tokens, device="cuda")
