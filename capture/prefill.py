@@ -39,15 +39,21 @@ import torch.nn.functional as F
 
 from flint_graph import nvfp4, reference
 from flint_graph.capture.decode_layer import fuse_qkv
-from flint_graph.capture.kv_cache import KVCache, SlotKV
+from flint_graph.capture.kv_cache import KVCache
 from flint_graph.config import FlintConfig
 from flint_graph.errors import ConfigError, ContextLengthError, InvalidRequestError
+from flint_graph.kernels.prefill import attn_prefill
+from flint_graph.kernels.toolchain.spec import KV_PAGE
 from flint_graph.weights import FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight
 
 BF16 = torch.bfloat16
 ATTENTION = ("kernel", "sdpa", "reference")
 LM_HEAD_ROWS = 16384  # vocabulary rows of an NVFP4 LM head decoded at a time
 DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 index temporaries)
+# Chunk sizes captured as CUDA graphs (kernel path): a chunk runs as the smallest bucket that
+# holds it, padded. Eager launches cost ~80 per layer, ~4,000 per chunk at full size (about
+# 80 ms of host time on the H200 whatever the chunk's size); a replay costs one.
+GRAPH_BUCKETS = (16, 64, 256, 512, 1024, 2048)
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
@@ -239,7 +245,12 @@ class Prefill:
     cfg, weights: the model (on the cache's device; weights as `GraphRunner` holds them);
     attention: one of ATTENTION; kset: the KernelSet whose `attn_prefill` cubins run attention
     when attention == "kernel". Raises ValueError for an unknown attention, and LaunchError /
-    KernelCacheError when the kernel path lacks its cubins."""
+    KernelCacheError when the kernel path lacks its cubins.
+
+    A chunk's per-chunk facts live in device tensors (start, valid tokens, slot, page table),
+    and every KV write goes through device-computed destinations, so one chunk body serves
+    eager runs and CUDA-graph replays alike (`capture`): a chunk padded to a bucket sends its
+    padding rows' keys to the scratch slot, and the LM head reads row valid − 1."""
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, kv: KVCache,
                  attention: str = "kernel", kset=None):
@@ -260,15 +271,25 @@ class Prefill:
         self.sinks = [lw.sinks.float().contiguous() if cfg.attention_sinks
                       else torch.full((hq,), float("-inf"), device=dev)
                       for lw in weights.layers]
+        self.specs = {spec["RING"]: spec for spec in attn_prefill.KERNEL.specs(cfg, ())}
+        # the chunk's description, read by the body on the device (static for graph replays)
+        self._start = torch.zeros(1, dtype=torch.int32, device=dev)  # tokens already cached
+        self._valid = torch.ones(1, dtype=torch.int64, device=dev)  # real tokens in the chunk
+        self._slot = torch.zeros(1, dtype=torch.int32, device=dev)  # a ring's table
+        self._pages = torch.zeros(kv.pages_per_slot, dtype=torch.int32, device=dev)
+        self._rows = torch.arange(max(GRAPH_BUCKETS), device=dev)
+        self._h_last = torch.zeros(1, cfg.hidden_size, dtype=BF16, device=dev)
+        self._start_host = 0  # the same start for the host-side gathers of "sdpa"/"reference"
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.head_graph: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
         self.kernels, self.unpack = {}, None
         if attention == "kernel":
             from flint_graph.capture.launcher import KernelSet
-            from flint_graph.kernels.prefill import attn_prefill, nvfp4_unpack
+            from flint_graph.kernels.prefill import nvfp4_unpack
 
             kset = kset or KernelSet()
-            for spec in attn_prefill.KERNEL.specs(cfg, ()):
-                self.kernels[spec["RING"]] = kset.get(spec.kernel, **spec.as_dict())
-            self._start = torch.zeros(1, dtype=torch.int32, device=dev)
+            for ring, spec in self.specs.items():
+                self.kernels[ring] = kset.get(spec.kernel, **spec.as_dict())
             dense, *stacks = nvfp4_unpack.KERNEL.specs(cfg, ())  # the E = 1 matrix one first
             if isinstance(weights.layers[0].q_proj, NVFP4Weight) or isinstance(
                     weights.lm_head, NVFP4Weight):
@@ -277,13 +298,57 @@ class Prefill:
             if moe and isinstance(moe[0].gate, NVFP4Weight):
                 self.unpack = kset.get("nvfp4_unpack", **stacks[0].as_dict())
 
+    # -- CUDA graphs -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def capture(self, max_tokens: int) -> list[int]:
+        """Capture the chunk body as one CUDA graph per bucket of GRAPH_BUCKETS below
+        `max_tokens` (the largest chunk the engine sends, capped at the largest bucket and the
+        slot's capacity; itself a bucket), and the final norm + LM head as one more; returns
+        the buckets. Kernel attention only (the others gather on the host): raises
+        RuntimeError otherwise. Warm-up and capture write only the scratch slot. All graphs
+        share one memory pool: they never run at once."""
+        if self.attention != "kernel":
+            raise RuntimeError(f"prefill graphs need attention='kernel', not "
+                               f"{self.attention!r}")
+        top = min(max_tokens, max(GRAPH_BUCKETS), self.kv.max_tokens)
+        buckets = sorted({b for b in GRAPH_BUCKETS if b < top} | {top})
+        pool = torch.cuda.graph_pool_handle()
+        self._set_slot(self.kv.scratch)
+        side = torch.cuda.Stream()
+        for tb in reversed(buckets):  # the largest first: the pool then fits every later one
+            ids = torch.zeros(tb, dtype=torch.int64, device=self.device)
+            self.describe_chunk(0, tb)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._body(ids)
+                self._head()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self._body(ids)
+            self.graphs[tb] = (g, ids)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            logits = self._head()
+        self.head_graph = (g, logits)
+        torch.cuda.synchronize()
+        return buckets
+
+    def _bucket(self, n: int) -> int | None:
+        fits = [b for b in self.graphs if b >= n]
+        return min(fits) if fits else None
+
+    # -- the prefill ---------------------------------------------------------------------
+
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: torch.Tensor, chunk_tokens: int,
                 start: int = 0) -> torch.Tensor:
         """Write int tokens [T] into `slot` at positions start … start+T−1, `chunk_tokens` at a
         time; float32 logits [V] of the last one (the LM head runs for it only). `start` must be
         the number of tokens the slot already holds (the engine's bookkeeping: the cache does
-        not record it).
+        not record it). A chunk no larger than a captured bucket replays that bucket's graph.
 
         Raises InvalidRequestError (before any work) for a slot outside 0 … num_slots − 1 (the
         scratch slot included), a prompt that is not a non-empty 1-D tensor of an integer dtype
@@ -314,39 +379,86 @@ class Prefill:
         if lo < 0 or hi >= self.cfg.vocab_size:
             raise InvalidRequestError(f"prompt: ids span [{lo}, {hi}]; expected [0, vocab_size "
                                       f"= {self.cfg.vocab_size})")
-        seq = SlotKV(self.kv, slot, start)
-        x = None
+        self._set_slot(slot)
         for b in range(0, t, chunk_tokens):
             part = tokens[b:b + chunk_tokens]
             try:
-                x = self._chunk(seq, part)
+                self.run_chunk(part, start + b)
             except torch.OutOfMemoryError as e:
                 raise ConfigError(
                     f"out of GPU memory prefilling a {part.numel()}-token chunk; lower "
                     f"--prefill-chunk (EngineConfig.prefill_chunk_tokens, now "
                     f"{chunk_tokens})") from e
-            seq.advance(part.numel())
-        h = reference.rms_norm(x[-1:], self.w.final_norm, self.cfg.rms_norm_eps)
-        return self._lm_head(h)[0]
+        if self.head_graph is not None:
+            self.head_graph[0].replay()
+            return self.head_graph[1][0].clone()
+        return self._head()[0]
 
-    def _chunk(self, seq: SlotKV, ids: torch.Tensor) -> torch.Tensor:
-        """The residual stream bf16 [T, H] after every layer, for `ids` at seq.num_tokens …"""
+    @torch.inference_mode()
+    def run_chunk(self, ids: torch.Tensor, start: int, pad_to: int | None = None) -> None:
+        """One chunk, ids int64 [n] on the device at positions start …, of the slot last set by
+        `prefill`; leaves its last token's final-normed state for the LM head. A captured bucket
+        that holds n replays its graph; else the body runs eagerly, padded to `pad_to` tokens
+        when given (what a replay does, for the CPU tests)."""
+        n = ids.numel()
+        self.describe_chunk(start, n)
+        tb = self._bucket(n)
+        if tb is not None:
+            g, static = self.graphs[tb]
+            static[:n].copy_(ids)
+            static[n:].zero_()
+            g.replay()
+            return
+        if pad_to is not None and pad_to > n:
+            ids = torch.cat([ids, ids.new_zeros(pad_to - n)])
+        self._body(ids)
+
+    def describe_chunk(self, start: int, tokens: int) -> None:
+        """Set the next chunk's start (tokens already cached) and real token count in the
+        device tensors the body reads (`run_chunk` does it; tests driving `_layer` call it)."""
+        self._start.fill_(start)
+        self._start_host = start
+        self._valid.fill_(tokens)
+
+    def _set_slot(self, slot: int) -> None:
+        self._slot.fill_(slot)
+        self._pages.copy_(self.kv.page_table(slot))
+
+    def _body(self, ids: torch.Tensor) -> None:
+        """Every layer for ids int64 [Tb] (rows ≥ valid are padding), then the final norm of
+        row valid − 1 into `_h_last`."""
         x = reference.embed(self.w.embed, ids)
-        pos = torch.arange(seq.num_tokens, seq.num_tokens + ids.numel(), device=self.device)
-        self._prepare(seq, pos)
+        pos = self._prepare(ids.numel())
         for i, lw in enumerate(self.w.layers):
-            x = self._layer(i, lw, x, seq, pos)
-        return x
+            x = self._layer(i, lw, x, pos)
+        last = x.index_select(0, self._valid - 1)
+        self._h_last.copy_(reference.rms_norm(last, self.w.final_norm, self.cfg.rms_norm_eps))
 
-    def _prepare(self, seq: SlotKV, pos: torch.Tensor) -> None:
-        """What every layer of a chunk at positions `pos` int64 [T] shares: the RoPE tables
-        (`reference.rope_cos_sin`, fp32 [T, 1, D]) and the kernel's ring slot / page table."""
+    def _head(self) -> torch.Tensor:
+        return self._lm_head(self._h_last)
+
+    def _prepare(self, tb: int) -> torch.Tensor:
+        """What every layer of a chunk of `tb` rows shares, from the device-side start / valid
+        / slot / page table: positions int64 [Tb] (returned), the RoPE tables
+        (`reference.rope_cos_sin`, fp32 [Tb, 1, D]) and the KV write destinations. A sliding
+        layer keeps the last W real tokens (earlier ones would share their ring entries); the
+        others, and padding rows, go to the scratch slot."""
+        rows = self._rows[:tb] if tb <= self._rows.numel() else torch.arange(
+            tb, device=self.device)
+        pos = self._start.long() + rows
         cos, sin = reference.rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta)
         self._rope = cos[:, None, :], sin[:, None, :]
-        self._tables = {True: torch.tensor([seq.slot], dtype=torch.int32, device=self.device),
-                        False: seq.pages.to(torch.int32)}
+        valid = rows < self._valid
+        pps, scratch = self.kv.pages_per_slot, self.kv.scratch
+        page = self._pages.long()[(pos // KV_PAGE).clamp_(max=pps - 1)]
+        self._dst = {False: (torch.where(valid, page, scratch * pps), pos % KV_PAGE)}
+        w = self.cfg.sliding_window
+        if w:
+            keep = valid & (rows >= self._valid - w)
+            self._dst[True] = (torch.where(keep, self._slot.long(), scratch), pos % w)
+        return pos
 
-    def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor, seq: SlotKV,
+    def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor,
                pos: torch.Tensor) -> torch.Tensor:
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -360,7 +472,7 @@ class Prefill:
             k = rms_norm(k, lw.k_norm, eps)
         if cfg.uses_rope(i):
             q, k = reference.rotate(q, *self._rope), reference.rotate(k, *self._rope)
-        a = self._attention(i, q, k.contiguous(), v.contiguous(), seq, pos)
+        a = self._attention(i, q, k.contiguous(), v.contiguous(), pos)
         x = residual_add(x, self.dec.linear(a, lw.o_proj))
         h = rms_norm(x, lw.ffn_norm, eps)
         if isinstance(lw.ffn, MoEWeights):
@@ -407,23 +519,28 @@ class Prefill:
         return buf
 
     def _attention(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   seq: SlotKV, pos: torch.Tensor) -> torch.Tensor:
-        """Attention of the chunk's queries bf16 [T, Hq, D] -> bf16 [T, Hq·D]; stores the
-        chunk's k, v bf16 [T, Hkv, D] in the slot's ring or pages."""
-        cfg = self.cfg
-        window = cfg.sliding_window if cfg.is_sliding(i) else None
-        if self.attention != "kernel":
-            k_all, v_all, k_pos = seq.update(i, k, v)
+                   pos: torch.Tensor) -> torch.Tensor:
+        """Attention of the chunk's queries bf16 [T, Hq, D] -> bf16 [T, Hq·D]; then stores the
+        chunk's k, v bf16 [T, Hkv, D] in the slot's ring or pages (after: the queries still
+        read the ring entries the chunk overwrites)."""
+        cfg, kv = self.cfg, self.kv.layers[i]
+        spec = self.specs[int(kv.ring)]
+        table = self._slot if kv.ring else self._pages
+        if self.attention == "kernel":
+            out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=BF16,
+                              device=self.device)
+            self.kernels[int(kv.ring)].launch(q.contiguous(), k, v, kv.k, kv.v, table,
+                                              self._start, self.sinks[i], out)
+        else:
+            k_all, v_all, k_pos = attn_prefill.gather_keys(spec, k, v, kv.k, kv.v, table,
+                                                           self._start_host)
+            window = cfg.sliding_window if cfg.is_sliding(i) else None
             sinks = self.w.layers[i].sinks if cfg.attention_sinks else None
             fn = sdpa_attention if self.attention == "sdpa" else reference.attention
-            return fn(q, k_all, v_all, pos, k_pos, sinks, window).reshape(q.shape[0], -1)
-        kv = self.kv.layers[i]
-        out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=BF16, device=self.device)
-        self._start.fill_(seq.num_tokens)
-        self.kernels[int(kv.ring)].launch(q.contiguous(), k, v, kv.k, kv.v,
-                                          self._tables[bool(kv.ring)], self._start,
-                                          self.sinks[i], out)
-        seq.update(i, k, v, gather=False)  # after the kernel: it read the ring's old entries
+            out = fn(q, k_all, v_all, pos, k_pos, sinks, window).reshape(q.shape[0], -1)
+        where, entry = self._dst[bool(kv.ring)]
+        kv.k[where, :, entry] = k
+        kv.v[where, :, entry] = v
         return out
 
     def _lm_head(self, h: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,9 @@ grouped expert GEMMs; `prefill="torch"` swaps in torch's SDPA, `"reference"` the
 through `kv_cache.SlotKV`), writing the layout the decode kernels read. `decode(rows)` picks the smallest bucket that holds the rows, fills its
 graph's static buffers, replays it and returns the sampled ids and the fp32 logits.
 
-Start-up captures every bucket up to `max_slots` (a warm-up step on the scratch slot first), so
-the first request pays no capture. `timings` records seconds per phase (KV allocation, then
+Start-up captures every bucket up to `max_slots` (a warm-up step on the scratch slot first), and
+the kernel prefill's chunk body once per prefill bucket (`Prefill.capture`), so the first
+request pays no capture. `timings` records seconds per phase (KV allocation, then
 per bucket the kernel-cache load with the layers' set-up, and the capture), `memory` the bytes of weights, KV cache and the torch allocator's peak.
 """
 
@@ -51,7 +52,8 @@ class GraphRunner:
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, model: ReferenceModel,
                  max_slots: int, max_context: int | None, vocab_limit: int, kset=None,
-                 torch_sampler: bool = False, prefill: str = "kernel"):
+                 torch_sampler: bool = False, prefill: str = "kernel",
+                 prefill_chunk: int = 2048, prefill_graphs: bool = True):
         from flint_graph.capture.launcher import KernelSet
 
         if not 1 <= max_slots <= max(BUCKETS):
@@ -101,6 +103,17 @@ class GraphRunner:
 
             self.prefiller = Prefill(cfg, weights, self.kv, "kernel" if prefill == "kernel"
                                      else "sdpa", kset=self.kset)
+        self.prefill_buckets: list[int] = []
+        if prefill == "kernel" and prefill_graphs:
+            t0 = time.perf_counter()
+            try:
+                self.prefill_buckets = self.prefiller.capture(prefill_chunk)
+            except torch.OutOfMemoryError as e:
+                raise ConfigError(
+                    f"out of GPU memory capturing the prefill graphs (chunks up to "
+                    f"{prefill_chunk} tokens); lower --prefill-chunk, --max-context or pass "
+                    f"--no-prefill-graphs") from e
+            self.timings["capture_prefill_s"] = time.perf_counter() - t0
         self._ids_host = torch.zeros(max(BUCKETS), dtype=torch.int64, pin_memory=True)
         self._ids_ready = torch.cuda.Event()
         self.memory = {"weights": weights.nbytes(), "kv_cache": self.kv.nbytes,

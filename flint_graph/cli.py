@@ -162,6 +162,7 @@ def load_llm(args: argparse.Namespace):
     llm = LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
                                   max_context=args.max_context, prefill=args.prefill,
+                                  prefill_graphs=args.prefill_graphs,
                                   **({"prefill_chunk_tokens": args.prefill_chunk}
                                      if args.prefill_chunk else {})))
     if getattr(args, "stats", False):

@@ -210,6 +210,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "prefills with the plain model): kernel (default) = the CuTe DSL prefill "
                         "attention with cuBLAS and grouped expert GEMMs; torch = torch's SDPA "
                         "for attention (the baseline); reference = the plain PyTorch model")
+    p.add_argument("--no-prefill-graphs", dest="prefill_graphs", action="store_false",
+                   help="kernel prefill: launch each chunk's kernels one by one instead of "
+                        "replaying the CUDA graphs captured at start-up per chunk size (for "
+                        "comparisons; the graphs cut ~80 ms of host launches per chunk)")
     p.add_argument("--prefill-chunk", type=positive_int, metavar="N",
                    help="prompt tokens per prefill chunk, on either engine (default: 2048; "
                         "lower it if a long prompt runs out of memory)")

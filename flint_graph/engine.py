@@ -72,7 +72,11 @@ class Engine:
 
                 return GraphRunner(self.cfg, self.model.weights, self.model,
                                    min(engine.max_slots, 8), engine.max_context, vocab,
-                                   prefill=engine.prefill), None
+                                   prefill=engine.prefill,
+                                   prefill_chunk=min(engine.prefill_chunk_tokens,
+                                                     engine.prefill_tokens_per_step
+                                                     or engine.prefill_chunk_tokens),
+                                   prefill_graphs=engine.prefill_graphs), None
             except (ImportError, FlintError, ValueError, RuntimeError) as e:
                 why = f"{type(e).__name__}: {e}"
         if engine.engine == "graph":

@@ -37,12 +37,18 @@ class EngineConfig:
     engine: str = "auto"
     max_context: int | None = None  # KV tokens per sequence (graph engine); None = what fits
     prefill: str = "kernel"  # graph engine's prefill path, one of PREFILLS
+    # kernel prefill: replay chunks of up to prefill_chunk_tokens (≤ 2048) as CUDA graphs
+    # captured at start-up, one per chunk-size bucket (capture/prefill.py GRAPH_BUCKETS)
+    prefill_graphs: bool = True
 
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise InvalidRequestError(f"engine {self.engine!r}: expected one of "
                                       f"{', '.join(ENGINES)}")
+        if not isinstance(self.prefill_graphs, bool):
+            raise InvalidRequestError(f"prefill_graphs {self.prefill_graphs!r}: expected "
+                                      "True or False")
         if self.prefill not in PREFILLS:
             raise InvalidRequestError(f"prefill {self.prefill!r}: expected one of "
                                       f"{', '.join(PREFILLS)}")

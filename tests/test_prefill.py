@@ -89,6 +89,33 @@ def test_a_prompt_in_two_calls_equals_one(model, prompt):
     assert _rel(parts, whole) <= TOL and int(parts.argmax()) == int(whole.argmax())
 
 
+@pytest.mark.parametrize("real,pad", [(1, 16), (5, 16), (17, 64), (40, 64), (30, 30)])
+def test_a_padded_chunk_equals_the_unpadded_one(model, prompt, real, pad):
+    """What a bucket's graph replay does, eagerly on the CPU: the chunk padded with id 0 up to
+    `pad` rows gives the same logits and writes the same KV into its slot (tiny's window is
+    17, so pads of 64 overrun the ring: the last W real tokens must win); the padding rows'
+    keys go to the scratch slot only. A prefix of 23 tokens is cached first."""
+    head, chunk = prompt[:23], prompt[23:23 + real]
+    caches, logits = [], []
+    for pad_to in (None, pad):
+        cache = KVCache(CFG, num_slots=2, max_tokens=PROMPT, device="cpu")
+        pre = Prefill(CFG, model.weights, cache, attention="reference")
+        pre.prefill(1, head, 64)
+        pre.run_chunk(chunk, start=23, pad_to=pad_to)
+        with torch.inference_mode():
+            logits.append(pre._head()[0])
+        caches.append(cache)
+    assert torch.equal(logits[0], logits[1])
+    for i, (a, b) in enumerate(zip(*(c.layers for c in caches))):
+        if a.ring:
+            got, want = b.k[1], a.k[1]
+        else:
+            pages = caches[0].page_table(1).long()
+            got, want = b.k[pages], a.k[pages]
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), f"layer {i}"
+        assert a.k[0].isnan().all() and b.k[0].isnan().all(), f"layer {i}: slot 0 written"
+
+
 def test_grouped_moe_matches_the_reference_moe(model):
     """Routing, the sort by expert, the device offsets and the per-token combine in ascending
     expert id reproduce `reference.moe` (tokens that no expert shares, experts no token picks)."""

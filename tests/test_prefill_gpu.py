@@ -132,9 +132,12 @@ def kset():
     return KernelSet(kernels=registry())
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("preset", ["tiny", "full"])
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
-def test_prefill_matches_reference(kset, preset, fmt):
+def test_prefill_matches_reference(kset, preset, fmt, graphs):
+    """Eager, and replaying the per-bucket CUDA graphs (chunks padded to 16, 64, 256, ...
+    2048 rows; chunks above 2048 eager): same tolerances."""
     from flint_graph.capture.kv_cache import KVCache
     from flint_graph.capture.prefill import Prefill
 
@@ -147,7 +150,9 @@ def test_prefill_matches_reference(kset, preset, fmt):
         want = ref.prefill(seq, prompt, chunk_tokens=2048)
         cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
         pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
-        what = f"{preset} {fmt} prompt {tokens} chunk {chunk}"
+        if graphs:
+            pre.capture(2048)
+        what = f"{preset} {fmt} prompt {tokens} chunk {chunk}" + (" graphs" if graphs else "")
         got = pre.prefill(1, prompt, chunk)
         _check_logits(got, want, what, logit_rels)
         _check_kv(cache, seq, 1, tokens, what, kv_rels)
@@ -156,8 +161,9 @@ def test_prefill_matches_reference(kset, preset, fmt):
     _median_ok(kv_rels, f"{preset} {fmt} KV")
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("preset", ["tiny", "full"])
-def test_prefill_in_two_calls_continues_the_cached_prefix(kset, preset):
+def test_prefill_in_two_calls_continues_the_cached_prefix(kset, preset, graphs):
     """A prompt prefilled as a prefix then the rest (start > 0) equals the whole at once."""
     from flint_graph.capture.kv_cache import KVCache
     from flint_graph.capture.prefill import Prefill
@@ -172,6 +178,8 @@ def test_prefill_in_two_calls_continues_the_cached_prefix(kset, preset):
         want = ref.prefill(seq, prompt, chunk_tokens=2048)
         cache = KVCache(cfg, num_slots=1, max_tokens=total)
         pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
+        if graphs:
+            pre.capture(256)
         pre.prefill(0, prompt[:cut], 256)
         got = pre.prefill(0, prompt[cut:], 256, start=cut)
         what = f"{preset} prompt {total} cut at {cut}"
@@ -250,20 +258,21 @@ def test_each_layer_matches_the_reference_layer(kset, preset, fmt):
     cache = KVCache(cfg, num_slots=1, max_tokens=prefix + tokens)
     pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
     ref.prefill(SlotKV(cache, 0), prompt[:prefix], 2048)  # the reference's prefix KV, in place
-    slot = SlotKV(cache, 0, prefix)
     pos = torch.arange(prefix, prefix + tokens, device="cuda")
     x = reference.embed(w.embed, prompt[prefix:])
     ref_chunk = ref.new_sequence()  # the reference's own cache for the chunk: copy of `seq`
     ref_chunk.k, ref_chunk.v, ref_chunk.num_tokens = ([t.clone() for t in seq.k],
                                                       [t.clone() for t in seq.v], prefix)
-    pre._prepare(slot, pos)
+    pre._set_slot(0)
+    pre.describe_chunk(prefix, tokens)
+    assert torch.equal(pre._prepare(tokens), pos)
     for i, lw in enumerate(w.layers):
         want = reference.decoder_layer(cfg, lw, i, x, [ref_chunk], [tokens])
-        got = pre._layer(i, lw, x, slot, pos)
+        with torch.inference_mode():
+            got = pre._layer(i, lw, x, pos)
         rel = _rel(got, want)
         assert rel <= LAYER_TOL, f"{preset} {fmt} layer {i}: output rel err {rel:.2e}"
         x = want
     ref_chunk.advance(tokens)
-    slot.advance(tokens)
     rels = []
     _check_kv(cache, ref_chunk, 0, prefix + tokens, f"{preset} {fmt} layers", rels, LAYER_TOL)

@@ -69,7 +69,11 @@ def main() -> int:
     p.add_argument("--chunk", type=int, default=8192)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--formats", default="bf16,nvfp4")
-    p.add_argument("--paths", default="kernel,sdpa")
+    p.add_argument("--paths", default="graph,kernel,sdpa",
+                   help="graph = the kernel path replaying its CUDA graphs (chunks of "
+                        "--graph-chunk, the engine's default), kernel = launched eagerly, "
+                        "sdpa = the torch-ops baseline")
+    p.add_argument("--graph-chunk", type=int, default=2048)
     p.add_argument("--out", default="out")
     p.add_argument("--profile-tokens", type=int, default=8192)
     args = p.parse_args()
@@ -95,17 +99,24 @@ def main() -> int:
         if fmt not in args.formats.split(","):
             continue
         for path in args.paths.split(","):
-            pre = Prefill(cfg, weights, kv, attention=path)
-            pre.prefill(0, torch.randint(0, cfg.vocab_size, (300,), generator=gen), args.chunk)
-            for n in lengths + (longer if path == "kernel" else []):
+            chunk = args.graph_chunk if path == "graph" else args.chunk
+            pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path)
+            if path == "graph":
+                t0 = time.perf_counter()
+                buckets = pre.capture(chunk)
+                res[f"capture_{fmt}_s"] = time.perf_counter() - t0
+                print(f"{fmt}: captured buckets {buckets} in "
+                      f"{res[f'capture_{fmt}_s']:.1f} s", flush=True)
+            pre.prefill(0, torch.randint(0, cfg.vocab_size, (300,), generator=gen), chunk)
+            for n in lengths + (longer if path in ("kernel", "graph") else []):
                 prompt = torch.randint(0, cfg.vocab_size, (n,), generator=gen)
                 try:
-                    s = time_prefill(pre, prompt, args.chunk, args.reps if n <= 8192 else 1)
+                    s = time_prefill(pre, prompt, chunk, args.reps if n <= 8192 else 1)
                 except Exception as e:  # noqa: BLE001 - report and go on with the others
                     print(f"{fmt} {path} {n}: {type(e).__name__}: {e}", flush=True)
                     continue
                 fl = cfg.prefill_flops(n)["total"]
-                row = {"format": fmt, "path": path, "tokens": n, "ms": s * 1e3,
+                row = {"format": fmt, "path": path, "chunk": chunk, "tokens": n, "ms": s * 1e3,
                        "tokens_per_s": n / s, "tflops": fl / s / 1e12, "mfu": fl / s / peak}
                 res["rows"].append(row)
                 print(json.dumps(row), flush=True)
@@ -114,20 +125,21 @@ def main() -> int:
 
             short = torch.randint(0, cfg.vocab_size, (25,), generator=gen)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                pre.prefill(0, short, args.chunk)
+                pre.prefill(0, short, chunk)
             res["breakdown"][f"{fmt}/{path} host, 25 tokens"] = prof.key_averages().table(
                 sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60)
             if args.profile_tokens:
                 prompt = torch.randint(0, cfg.vocab_size, (args.profile_tokens,), generator=gen)
-                res["breakdown"][f"{fmt}/{path}"] = breakdown(pre, prompt, args.chunk)
+                res["breakdown"][f"{fmt}/{path}"] = breakdown(pre, prompt, chunk)
             del pre
             torch.cuda.empty_cache()
     (out / "prefill.json").write_text(json.dumps(res, indent=1))
     lines = [f"GPU {res['gpu']}; dense BF16 matmul {peak / 1e12:.0f} TFLOP/s (8192³, same run); "
-             f"chunk {args.chunk}", "", "| format | path | tokens | ms | tokens/s | TFLOP/s | MFU |",
-             "|---|---|---|---|---|---|---|"]
+             f"chunk {args.chunk}", "", "| format | path | chunk | tokens | ms | tokens/s | TFLOP/s | MFU |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['format']} | {r['path']} | {r['tokens']} | {r['ms']:.1f} | "
+        lines.append(f"| {r['format']} | {r['path']} | {r['chunk']} | {r['tokens']} | "
+                     f"{r['ms']:.1f} | "
                      f"{r['tokens_per_s']:.0f} | {r['tflops']:.0f} | {r['mfu']:.1%} |")
     for key, table in res["breakdown"].items():
         lines += ["", f"{key}, {args.profile_tokens} tokens: CUDA time by kernel", "", "```",
