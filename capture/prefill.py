@@ -53,7 +53,7 @@ DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 inde
 # Chunk sizes captured as CUDA graphs (kernel path): a chunk runs as the smallest bucket that
 # holds it, padded. Eager launches cost ~80 per layer, ~4,000 per chunk at full size (about
 # 80 ms of host time on the H200 whatever the chunk's size); a replay costs one.
-GRAPH_BUCKETS = (16, 64, 256, 512, 1024, 2048)
+GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
@@ -133,34 +133,47 @@ def _matmul_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 # -- MoE as grouped GEMMs ------------------------------------------------------------------------
 
 
-def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, gate: torch.Tensor,
-                up: torch.Tensor, down: torch.Tensor, shared) -> torch.Tensor:
+def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, shared,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
     """Routed experts + shared expert of `reference.moe` as grouped GEMMs: h bf16 [T, H] ->
     bf16 [T, H].
 
-    gate, up: bf16 [E, M, H] and down bf16 [E, H, M] (the checkpoint's stacks or an NVFP4
-    decode); shared: the shared expert as a function bf16 [T, H] -> bf16 [T, H], or None.
-    Routing is `reference.route` (fp32 logits, the correction bias only in the pick). The T·K (token, expert) pairs are sorted by expert
-    id; per-expert counts become int32 offsets on the device and `torch._grouped_mm` runs
-    each expert's rows (no host synchronisation). Each token then adds its experts' outputs in
-    ascending id, in fp32 (one batched product; the reference adds them one by one)."""
+    experts: a function of the per-expert pair counts int32 [E] (on the device) returning the
+    stacks gate, up bf16 [E, M, H] and down bf16 [E, H, M]: the checkpoint's, or an NVFP4
+    decode that may skip experts with no pair (their groups are empty: nothing reads them);
+    shared: the shared expert as a function bf16 [T, H] -> bf16 [T, H], or None; valid: bool
+    [T], False for a bucket's padding rows, which select no expert (their pairs get the
+    virtual id E, sort after every real pair and fall outside every group) and a zero MoE
+    output. Routing is `reference.route` (fp32 logits, the correction bias only in the
+    pick). The T·K (token, expert) pairs are sorted by expert id; per-expert counts become
+    int32 offsets on the device and `torch._grouped_mm` runs each expert's rows (no host
+    synchronisation). Each token then adds its experts' outputs in ascending id, in fp32 (one
+    batched product; the reference adds them one by one)."""
     t, k = h.shape[0], cfg.num_experts_per_tok
-    e_total = gate.shape[0]
+    e_total = w.router.shape[0]
     ids, weights = reference.route(h, w.router, w.router_bias, k, cfg.routed_scaling_factor,
                                    cfg.norm_topk_prob)
+    if valid is not None:
+        ids = torch.where(valid[:, None], ids, e_total)
+        weights = weights * valid[:, None]
     ids, order = ids.sort(dim=-1)  # ascending expert id per token: the reference's add order
     weights = weights.gather(-1, order)
     flat = ids.reshape(-1)
     perm = torch.argsort(flat, stable=True)  # pair index (token·K + slot), grouped by expert
     # per-expert counts by a scatter-add (torch.bincount reads the max id back to the host)
-    counts = torch.zeros(e_total, dtype=torch.int32, device=h.device)
+    counts = torch.zeros(e_total + 1, dtype=torch.int32, device=h.device)
     counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    counts = counts[:e_total]
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    gate, up, down = experts(counts)
     xs = h.index_select(0, perm // k)  # [T·K, H], gathered rows
     g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
     u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
     a = (F.silu(g.float()) * u.float()).to(BF16)
     y_sorted = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)  # [T·K, H] bf16
+    if valid is not None:  # the GEMMs leave rows past the last group unwritten
+        real = torch.arange(t * k, device=h.device) < offs[-1]
+        y_sorted = torch.where(real[:, None], y_sorted, 0.0)
     y = torch.empty_like(y_sorted).index_copy_(0, perm, y_sorted).view(t, k, -1)
     acc = torch.bmm(weights[:, None, :], y.float())[:, 0]  # [T, H] fp32
     if shared is not None:
@@ -448,7 +461,7 @@ class Prefill:
         pos = self._start.long() + rows
         cos, sin = reference.rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta)
         self._rope = cos[:, None, :], sin[:, None, :]
-        valid = rows < self._valid
+        valid = self._row_valid = rows < self._valid
         pps, scratch = self.kv.pages_per_slot, self.kv.scratch
         page = self._pages.long()[(pos // KV_PAGE).clamp_(max=pps - 1)]
         self._dst = {False: (torch.where(valid, page, scratch * pps), pos % KV_PAGE)}
@@ -476,7 +489,8 @@ class Prefill:
         x = residual_add(x, self.dec.linear(a, lw.o_proj))
         h = rms_norm(x, lw.ffn_norm, eps)
         if isinstance(lw.ffn, MoEWeights):
-            y = moe_grouped(h, lw.ffn, cfg, *self._experts(lw.ffn), self._shared(lw.ffn))
+            y = moe_grouped(h, lw.ffn, cfg, lambda counts: self._experts(lw.ffn, counts),
+                            self._shared(lw.ffn), self._row_valid)
         else:
             f = lw.ffn
             y = swiglu(h, f.gate, f.up, f.down, self.dec.linear)
@@ -490,7 +504,10 @@ class Prefill:
         codes, scales, row_s2 = parts
         return self.dec.linear(h, NVFP4Weight(codes, scales, row_s2[:1]), row_scale2=row_s2)
 
-    def _experts(self, w: MoEWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _experts(self, w: MoEWeights, counts: torch.Tensor):
+        """The layer's expert stacks bf16 (gate, up [E, M, H], down [E, H, M]): BF16 as held;
+        NVFP4 decoded into the per-layer scratch, on the kernel path only the experts whose
+        pair count int32 [E] is nonzero (nvfp4_unpack's SKIP)."""
         if not isinstance(w.gate, NVFP4Weight):
             return w.gate, w.up, w.down
         out = []
@@ -501,7 +518,8 @@ class Prefill:
                 continue
             e = m.codes.shape[0]
             s2 = m.scale2.float().reshape(-1).expand(e).contiguous()
-            self.unpack.launch(m.codes.view(-1, 8), m.scales.view(-1), s2, buf.view(-1, 16))
+            self.unpack.launch(m.codes.view(-1, 8), m.scales.view(-1), s2, counts,
+                               buf.view(-1, 16))
             out.append(buf)
         return tuple(out)
 

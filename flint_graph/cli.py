@@ -163,6 +163,7 @@ def load_llm(args: argparse.Namespace):
               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
                                   max_context=args.max_context, prefill=args.prefill,
                                   prefill_graphs=args.prefill_graphs,
+                                  prefill_step_ms=args.prefill_step_ms,
                                   **({"prefill_chunk_tokens": args.prefill_chunk}
                                      if args.prefill_chunk else {})))
     if getattr(args, "stats", False):

@@ -44,6 +44,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
 class _VersionAction(argparse.Action):
     """`--version`, reading the installed version only when asked (importlib.metadata is slow
     to import)."""
@@ -215,8 +226,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "replaying the CUDA graphs captured at start-up per chunk size (for "
                         "comparisons; the graphs cut ~80 ms of host launches per chunk)")
     p.add_argument("--prefill-chunk", type=positive_int, metavar="N",
-                   help="prompt tokens per prefill chunk, on either engine (default: 2048; "
-                        "lower it if a long prompt runs out of memory)")
+                   help="prompt tokens per prefill chunk, on either engine (default: 8192 on "
+                        "the graph engine's kernel prefill, else 2048; lower it if a long "
+                        "prompt runs out of memory)")
+    p.add_argument("--prefill-step-ms", type=positive_float, metavar="MS", default=50.0,
+                   help="while other requests are generating, prefill about this many ms of a "
+                        "new prompt per step (predicted from the prefills timed so far): lower "
+                        "keeps their tokens coming more evenly, higher gets the new prompt's "
+                        "first token sooner (default: 50)")
     p.add_argument("--max-context", type=positive_int, metavar="N",
                    help="KV tokens per sequence for the graph engine (default: what fits in "
                         "80%% of the free GPU memory, up to the model's limit)")

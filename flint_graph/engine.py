@@ -1,24 +1,27 @@
 """The generation engine: admit requests, prefill, batched decode steps, sample, hand tokens on.
 
-Prefill runs the plain reference model (`reference.py`). Decode steps run either on it or, on a
-CUDA machine with the kernel cache, by replaying the captured decode graph of the smallest batch
-bucket that holds the rows (`capture/runner.py`), behind the same `Engine.step()`. Scheduling
+On a CUDA machine with the kernel cache, prompts run through the GPU prefill (`capture/
+prefill.py`) and decode steps replay the captured decode graph of the smallest batch bucket that
+holds the rows (`capture/runner.py`); elsewhere both run on the plain reference model
+(`reference.py`), behind the same `Engine.step()`. Scheduling
 follows DESIGN §3 at its simplest: up to `max_slots` sequences; each step admits waiting
-requests into free slots, prefills at most `prefill_tokens_per_step` prompt tokens (oldest
-first, a long prompt over several steps, so running streams keep their pace), then runs one
-decode step over all running rows.
+requests into free slots, prefills prompt tokens oldest first (while other rows decode only as
+many as `PrefillPacer` predicts to fit in `prefill_step_ms`, so running streams keep their pace;
+with none decoding, whole prompts), then runs one decode step over all running rows.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import torch
 
 from flint_graph.checkpoint import LoadedCheckpoint
-from flint_graph.engine_config import EngineConfig, apply_cpu_threads
+from flint_graph.engine_config import EngineConfig, apply_cpu_threads, default_prefill_chunk
 from flint_graph.errors import ConfigError, FlintError
+from flint_graph.prefill_pacer import PrefillPacer
 from flint_graph.reference import ReferenceModel, SequenceKV
 from flint_graph.request import Request, RequestDelta
 from flint_graph.sampling import sample
@@ -46,10 +49,10 @@ class Engine:
         self.runner, self.fallback_reason = self._graph_runner(ckpt, engine, tokenizer_vocab)
         # the graph engine holds at most one KV slot per row of the largest bucket
         self.max_slots = len(self.runner.free_slots) if self.runner else engine.max_slots
-        self.prefill_chunk_tokens = engine.prefill_chunk_tokens
+        self.prefill_chunk_tokens = default_prefill_chunk(
+            engine, self.runner is not None and self.runner.prefill_path == "kernel")
         # prompt tokens prefilled per step, so running streams keep their pace (DESIGN §3)
-        self.prefill_tokens_per_step = (engine.prefill_tokens_per_step
-                                        or engine.prefill_chunk_tokens)
+        self.pacer = PrefillPacer(engine.prefill_step_ms, engine.prefill_tokens_per_step)
         self.prefilling: list[Request] = []  # admitted, prompt not yet fully in the KV cache
         self._prefilled: dict[int, int] = {}  # request id -> prompt tokens already prefilled
         self.tokenizer_vocab = tokenizer_vocab
@@ -70,12 +73,12 @@ class Engine:
             try:
                 from flint_graph.capture.runner import GraphRunner
 
+                chunk = default_prefill_chunk(engine, engine.prefill == "kernel")
                 return GraphRunner(self.cfg, self.model.weights, self.model,
                                    min(engine.max_slots, 8), engine.max_context, vocab,
                                    prefill=engine.prefill,
-                                   prefill_chunk=min(engine.prefill_chunk_tokens,
-                                                     engine.prefill_tokens_per_step
-                                                     or engine.prefill_chunk_tokens),
+                                   prefill_chunk=min(chunk, engine.prefill_tokens_per_step
+                                                     or chunk),
                                    prefill_graphs=engine.prefill_graphs), None
             except (ImportError, FlintError, ValueError, RuntimeError) as e:
                 why = f"{type(e).__name__}: {e}"
@@ -114,8 +117,8 @@ class Engine:
             return req.finish("abort")
 
     def step(self) -> list[RequestDelta]:
-        """Admit waiting requests into free slots, run up to `prefill_tokens_per_step` prompt
-        tokens of prefill (oldest request first; a request whose prompt completes samples its
+        """Admit waiting requests into free slots, run the prefill budget of `PrefillPacer` (oldest
+        request first; a request whose prompt completes samples its
         first token), then one decode step over the running rows; returns every delta.
         Threads calling it take turns (one step at a time); every delta is also queued on its
         request, so each consumer reads its own."""
@@ -134,14 +137,17 @@ class Engine:
                 self._kv[req.id] = self.model.new_sequence()
             self.prefilling.append(req)
             self._prefilled[req.id] = 0
-        budget = self.prefill_tokens_per_step
+        # while rows decode, a step prefills what fits in its time budget (PrefillPacer)
+        budget = self.pacer.budget(decoding=bool(self.running))
         for req in list(self.prefilling):
             done = self._prefilled[req.id]
-            n = min(budget, len(req.prompt_ids) - done)
+            n = len(req.prompt_ids) - done if budget is None else min(
+                budget, len(req.prompt_ids) - done)
             if n <= 0:
                 break
             part = torch.tensor(req.prompt_ids[done:done + n], dtype=torch.long,
                                 device=self.device)
+            t0 = time.perf_counter()
             try:
                 if self.runner:
                     logits = self.runner.prefill(self._slot[req.id], part,
@@ -149,14 +155,17 @@ class Engine:
                 else:
                     logits = self.model.prefill(self._kv[req.id], part,
                                                 self.prefill_chunk_tokens)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # the pacer times the GPU's work
             except Exception as e:  # noqa: BLE001 - any failure ends this request only
                 # this request ends; the others (and later requests) go on
                 deltas.append(self._fail(req, f"prefill failed: {type(e).__name__}: {e}"))
                 self._retire(req)
-                budget -= n
+                budget = None if budget is None else budget - n
                 continue
+            self.pacer.observe(n, (time.perf_counter() - t0) * 1e3)
             self._prefilled[req.id] = done = done + n
-            budget -= n
+            budget = None if budget is None else budget - n
             if done == len(req.prompt_ids):
                 self.prefilling.remove(req)
                 del self._prefilled[req.id]

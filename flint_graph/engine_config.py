@@ -26,10 +26,15 @@ class EngineConfig:
     """How the engine runs a model (not what the model is)."""
 
     max_slots: int = 8  # most sequences decoded together (DESIGN §3: the largest bucket)
-    prefill_chunk_tokens: int = 2048  # prompt tokens per prefill forward (bounds memory)
-    # prompt tokens prefilled between two decode steps (None = prefill_chunk_tokens): a long
-    # prompt arriving cannot stall running streams for longer than this much prefill
+    # prompt tokens per prefill forward (bounds memory); None = default_prefill_chunk(): 8192
+    # on the graph engine's kernel prefill (a chunk's fixed cost, the expert weights read once,
+    # spread over more tokens), 2048 elsewhere (the reference attention's score matrices)
+    prefill_chunk_tokens: int | None = None
+    # at most this many prompt tokens prefilled in one step (None = no cap)
     prefill_tokens_per_step: int | None = None
+    # while other requests decode, a step's prefill is sized to take about this many ms
+    # (predicted from the prefills timed so far, prefill_pacer.py); None = no time bound
+    prefill_step_ms: float | None = 50.0
     cpu_threads: int | None = None  # torch CPU threads; None = automatic (apply_cpu_threads)
     # "graph": decode steps by CUDA-graph replay of the AOT kernels (CUDA and a kernel cache
     # needed); "reference": the plain PyTorch model; "auto": graph where it can run, else
@@ -46,13 +51,19 @@ class EngineConfig:
         if self.engine not in ENGINES:
             raise InvalidRequestError(f"engine {self.engine!r}: expected one of "
                                       f"{', '.join(ENGINES)}")
+        ms = self.prefill_step_ms
+        if ms is not None and (isinstance(ms, bool) or not isinstance(ms, (int, float))
+                               or not 0 < ms < float("inf")):
+            raise InvalidRequestError(f"prefill_step_ms {ms!r}: expected a number of "
+                                      "milliseconds > 0, or None")
         if not isinstance(self.prefill_graphs, bool):
             raise InvalidRequestError(f"prefill_graphs {self.prefill_graphs!r}: expected "
                                       "True or False")
         if self.prefill not in PREFILLS:
             raise InvalidRequestError(f"prefill {self.prefill!r}: expected one of "
                                       f"{', '.join(PREFILLS)}")
-        optional = ("cpu_threads", "max_context", "prefill_tokens_per_step")
+        optional = ("cpu_threads", "max_context", "prefill_tokens_per_step",
+                    "prefill_chunk_tokens")
         for name in ("max_slots", "prefill_chunk_tokens", *optional):
             value = getattr(self, name)
             if name in optional and value is None:
@@ -127,3 +138,11 @@ def pick_device(device: str | torch.device | None) -> torch.device:
         raise InvalidRequestError(f"device {device!r}: this machine has "
                                   f"{torch.cuda.device_count()} CUDA device(s)")
     return dev
+
+
+def default_prefill_chunk(engine: EngineConfig, kernel_prefill: bool) -> int:
+    """Prompt tokens per prefill chunk: engine.prefill_chunk_tokens, else 8192 where the graph
+    engine's kernel prefill runs and 2048 elsewhere (EngineConfig.prefill_chunk_tokens)."""
+    if engine.prefill_chunk_tokens is not None:
+        return engine.prefill_chunk_tokens
+    return 8192 if kernel_prefill else 2048

@@ -35,8 +35,9 @@ from flint_graph.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
 from flint_graph.perf.machine import header, machine_info
 from flint_graph.perf.measure import (e2e_record, graph_nodes_per_bucket, graph_steps,
-                                      matmul_peak_flops, prefill_baseline_record, prefill_record,
-                                      reference_fits, reference_steps)
+                                      interleave_record, matmul_peak_flops,
+                                      prefill_baseline_record, prefill_record, reference_fits,
+                                      reference_steps)
 from flint_graph.perf.roofline import copy_bandwidth, floor_ms
 
 DEFAULT_CONTEXTS = (1024, 8192, 32768, 100000)
@@ -64,6 +65,7 @@ class BenchOptions:
     compiled: bool = False
     e2e_tokens: int = 64
     prefill_tokens: tuple[int, ...] | None = None
+    interleave: tuple[int, ...] | None = None  # prompt lengths arriving while a stream decodes
     seed: int = 0
     progress: bool = True
     t_entry: float | None = None
@@ -187,22 +189,32 @@ def run_bench(o: BenchOptions) -> dict:
                                   f"{limit - E2E_PROMPT_ROOM} (the model holds {limit} tokens, "
                                   "prompt included)")
     o.buckets = tuple(sorted(set(o.buckets)))
+    inter = list(o.interleave or ())
+    if inter and max(o.buckets) < 1 + len(inter):
+        raise InvalidRequestError(f"--interleave {','.join(map(str, inter))}: needs "
+                                  f"{1 + len(inter)} sequences at once (the stream and each "
+                                  f"prompt); --buckets goes up to {max(o.buckets)}")
+    bad = [n for n in inter if not 1 <= n < limit - 64]
+    if bad:
+        raise InvalidRequestError(f"--interleave {bad[0]}: expected 1 to {limit - 65} (the "
+                                  f"model's {limit} tokens)")
     dev = pick_device(o.device)
     if o.engine == "graph" and dev.type != "cuda":
         raise InvalidRequestError(f"--engine graph: needs CUDA, this run is on {dev}")
     source = o.model or f"preset {o.preset} (synthetic, seed {o.seed}, in memory)"
     res = header("flint-graph-bench", cfg, str(source), dev, o.command)
     res.update(copy_bw=copy_bandwidth(dev), kv_fill=KV_FILL, cold_start=None,
-               kernels_per_step={}, decode=[], e2e=[], prefill=[], errors=[],
+               kernels_per_step={}, decode=[], e2e=[], prefill=[], interleave=[], errors=[],
                settings={"buckets": list(o.buckets), "contexts": contexts, "steps": o.steps,
                          "baseline_steps": o.baseline_steps, "e2e_tokens": o.e2e_tokens,
-                         "prefill_tokens": prefill_n})
+                         "prefill_tokens": prefill_n, "interleave": inter})
     kv_tokens = min(cfg.max_position_embeddings,
-                    max(max(contexts) + 1, max(prefill_n) + 1, 512 + o.e2e_tokens))
+                    max(max(contexts) + 1, max(prefill_n) + 1, 512 + o.e2e_tokens,
+                        max(inter, default=0) + 1))
     res["matmul_peak_flops"] = matmul_peak_flops(dev)
     n_formats = 1 if o.model else len(o.formats)
     cells = n_formats * (len(o.buckets) * len(contexts) * (2 + o.compiled) + len(o.buckets) + 2
-                         + len(prefill_n) - 1)
+                         + len(prefill_n) - 1 + bool(inter))
     with progress_bar(o.progress, "bench", cells, unit="steps") as advance:
         for fmt, llm in sources(o, kv_tokens):
             res["machine"] = machine_info(dev)  # the engine may have set torch's threads
@@ -240,6 +252,10 @@ def _bench_one(o, res, fmt, llm, contexts, prefill_n, advance) -> None:
         base = prefill_baseline_record(llm, fmt, n, res.get("matmul_peak_flops"))
         if base is not None:
             res["prefill"].append(base)
+        advance(1)
+    if o.interleave:
+        for step_ms in (llm.engine.pacer.step_ms, None):
+            res["interleave"].append(interleave_record(llm, fmt, list(o.interleave), step_ms))
         advance(1)
     if runner is not None:
         for layer in runner.kv.layers:

@@ -223,10 +223,24 @@ def _prefill_row(r: dict) -> list[str]:
             r.get("format") or "-", value]
 
 
+def _interleave_row(r: dict) -> list[str]:
+    pace = r.get("prefill_step_ms")
+    how = f"paced {num(pace, 0, ' ms')}" if pace is not None else "unpaced"
+    ttft = ", ".join(f"{k}: {num(v, 0, ' ms')}" for k, v in (r.get("ttft_ms") or {}).items())
+    value = (f"TPOT p50 {num(r.get('tpot_p50_ms'), 1, ' ms')}, p99 "
+             f"{num(r.get('tpot_p99_ms'), 1, ' ms')}, max {num(r.get('tpot_max_ms'), 1, ' ms')};"
+             f" TTFT {ttft}")
+    prompts = "+".join(num(n) for n in r.get("prompts") or [])
+    return [f"stream while {prompts} arrive ({how})", r.get("engine") or "-",
+            r.get("format") or "-", value]
+
+
 def _summary_grid(result: dict) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows of the summary: e2e, prefill, cold start and kernels per step."""
+    """Columns and rows of the summary: e2e, prefill, interleave, cold start and kernels per
+    step."""
     rows = [_e2e_row(r) for r in result.get("e2e") or []]
     rows += [_prefill_row(r) for r in result.get("prefill") or []]
+    rows += [_interleave_row(r) for r in result.get("interleave") or []]
     cs = result.get("cold_start")
     if cs:
         rows.append(["cold start", "-", cs.get("format") or "-",

@@ -36,6 +36,10 @@ figures (one process, one run):
   prefill       TTFT of one prompt per --prefill-tokens length: chunked prefill + 1
                 token; on CUDA also TFLOP/s and MFU (against the BF16 matmul rate
                 measured in the run) and, on the graph engine, the torch-ops baseline
+  interleave    with --interleave 8k,32k: a running stream's time per token
+                (p50, p99, max) while those prompts arrive together, and their
+                TTFT, with the engine's --prefill-step-ms pacing and without it
+                (whole prompts in one step); needs --buckets up to 1 + their count
   cold start    CLI entry to first token, split into checkpoint read, repack
                 (GGUF), KV allocation, kernel-cache load, graph capture, first
                 token and the rest (imports, tokenizer; synthetic --preset
@@ -159,6 +163,9 @@ def add_bench_parser(sub, positive_int, buckets) -> None:
     p.add_argument("--prefill-tokens", type=_contexts, metavar="N,N,...",
                    help="prompt lengths of the prefill timing, e.g. 512,2k,8k,32k (default: "
                         "8192, or half the model's limit when smaller)")
+    p.add_argument("--interleave", type=_contexts, metavar="N,N,...",
+                   help="prompt lengths arriving together while a stream decodes, e.g. "
+                        "8k,32k (default: none; see interleave above)")
     p.add_argument("--json", type=_path, metavar="FILE", help="write every figure as JSON")
     p.add_argument("--markdown", type=_path, metavar="FILE", help="write the tables as markdown")
     p.add_argument("--compare", type=_path, nargs=2, metavar=("A.json", "B.json"),
@@ -295,6 +302,7 @@ def run_bench_cmd(args) -> int:
     o.buckets, o.contexts = args.buckets, args.contexts
     o.baseline_steps, o.compiled = args.baseline_steps, args.compiled
     o.e2e_tokens, o.prefill_tokens = args.e2e_tokens, args.prefill_tokens
+    o.interleave = args.interleave
     res = run_bench(o)
     if args.json:  # first: the figures survive whatever happens to the tables
         _write(args.json, json.dumps(res, indent=1) + "\n")

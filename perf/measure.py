@@ -197,6 +197,54 @@ def prefill_baseline_record(llm, fmt: str, n: int, peak: float | None = None) ->
             **_prefill_figures(llm.cfg, n, s, peak)}
 
 
+def interleave_record(llm, fmt: str, lengths: list[int], step_ms: float | None,
+                      warm_tokens: int = 8) -> dict:
+    """A running stream's time per token while long prompts arrive (issue 21 item 2).
+
+    Stream A (a 64-token prompt, EOS ignored) decodes `warm_tokens` tokens; then one prompt per
+    `lengths` entry arrives at once (max_tokens 1). Every step until the last of them has its
+    first token gives A exactly one token: the wall time of those steps is A's time per token
+    (p50, p99, max), beside each long prompt's TTFT from its arrival. The engine's pacer runs
+    with `step_ms` (None: whole prompts in one step) and is restored after."""
+    from flint_graph.sampling import SamplingParams
+
+    eng = llm.engine
+    vocab = llm.tokenizer.vocab_size - 1
+    saved = eng.pacer.step_ms
+    eng.pacer.step_ms = step_ms
+    a = llm._request([(3 * i) % vocab + 1 for i in range(64)],
+                     SamplingParams(max_tokens=10 ** 6, ignore_eos=True), None)
+    longs = [llm._request([(7 * i + n) % vocab + 1 for i in range(n)],
+                          SamplingParams(max_tokens=1, ignore_eos=True), None) for n in lengths]
+    try:
+        eng.add(a)
+        while len(a.output_ids) < warm_tokens:
+            eng.step()
+        t0 = time.perf_counter()
+        for r in longs:
+            eng.add(r)
+        steps, ttft = [], {}
+        while len(ttft) < len(longs):
+            t = time.perf_counter()
+            eng.step()
+            steps.append((time.perf_counter() - t) * 1e3)
+            for n, r in zip(lengths, longs):
+                if r.output_ids and n not in ttft:
+                    ttft[n] = (time.perf_counter() - t0) * 1e3
+    finally:
+        for r in [a, *longs]:
+            if not r.is_finished:
+                eng.abort(r)
+            r.pending.clear()
+        eng.pacer.step_ms = saved
+    q = sorted(steps)
+    return {"engine": eng.name, "format": fmt, "prefill_step_ms": step_ms,
+            "prompts": list(lengths), "steps": len(steps),
+            "tpot_p50_ms": statistics.median(q),
+            "tpot_p99_ms": q[min(len(q) - 1, int(0.99 * len(q)))], "tpot_max_ms": q[-1],
+            "ttft_ms": {str(n): v for n, v in ttft.items()}}
+
+
 def graph_nodes_per_bucket(runner) -> dict[str, int]:
     """Kernel nodes of each bucket's captured step (our launches where the driver cannot say)."""
     out = {}

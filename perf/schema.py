@@ -20,10 +20,14 @@ _E2E = {"engine": "str", "format": "str", "B": "int", "tokens?": "?int",
         "prompt_tokens?": "?int", "ms_per_token?": "?num", "ttft_ms?": "?num"}
 _PREFILL = {"engine": "str", "format": "str", "tokens": "int", "ms": "?num",
             "tokens_per_s?": "?num", "tflops?": "?num", "mfu?": "?num"}
+_INTERLEAVE = {"engine": "str", "format": "str", "prefill_step_ms": "?num",
+               "prompts": ["int"], "steps": "int", "tpot_p50_ms": "num", "tpot_p99_ms": "num",
+               "tpot_max_ms": "num", "ttft_ms": ("map", "?num")}
 _COLD = {"format?": "?str", "total_s?": "?num", "phases?": ("map", "?num"), "note?": "?str"}
 
 BENCH = {"machine": "dict", "model": "dict", "copy_bw?": "?num", "matmul_peak_flops?": "?num", "decode?": [_DECODE],
-         "e2e?": [_E2E], "prefill?": [_PREFILL], "cold_start?": ("?", _COLD),
+         "e2e?": [_E2E], "prefill?": [_PREFILL], "interleave?": [_INTERLEAVE],
+         "cold_start?": ("?", _COLD),
          "kernels_per_step?": ("map", ("map", "int")), "errors?": ["str"],
          "settings?": ("?", "dict")}
 TRACE = {"machine": "dict", "model": "dict", "engine": "str", "format": "str", "B": "int",

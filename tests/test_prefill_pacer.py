@@ -1,0 +1,106 @@
+"""The prefill budget per engine step (flint_graph/prefill_pacer.py) and the engine following
+it: whole prompts when nothing decodes, a time-sized share while rows decode, the hard cap."""
+
+import pytest
+
+from flint_graph.engine_config import EngineConfig, default_prefill_chunk
+from flint_graph.errors import InvalidRequestError
+from flint_graph.prefill_pacer import FIRST_TOKENS, MIN_TOKENS, PrefillPacer
+
+
+def test_nothing_decoding_means_no_bound_unless_capped():
+    assert PrefillPacer(50.0).budget(decoding=False) is None
+    assert PrefillPacer(50.0, max_tokens=300).budget(decoding=False) == 300
+    assert PrefillPacer(None).budget(decoding=True) is None
+
+
+def test_the_budget_follows_the_fitted_line():
+    p = PrefillPacer(50.0)
+    assert p.budget(decoding=True) == FIRST_TOKENS  # nothing timed yet
+    for n in (25, 512, 2048, 512):
+        p.observe(n, 20.0 + 0.03 * n)  # 20 ms fixed + 30 µs per token
+    fixed, per_token = p.line()
+    assert fixed == pytest.approx(20.0) and per_token == pytest.approx(0.03)
+    assert p.budget(decoding=True) in (999, 1000)  # (50 − 20) / 0.03, floating point
+    assert p.predict_ms(1000) == pytest.approx(50.0)
+    assert PrefillPacer(50.0, max_tokens=700).budget(decoding=True) == FIRST_TOKENS
+    capped = PrefillPacer(50.0, max_tokens=100)
+    capped.samples.extend(p.samples)
+    assert capped.budget(decoding=True) == 100
+
+
+def test_a_budget_below_the_fixed_cost_still_moves_the_prompt():
+    p = PrefillPacer(5.0)
+    p.observe(16, 20.0)
+    p.observe(64, 21.0)
+    assert p.budget(decoding=True) == MIN_TOKENS
+
+
+def test_one_size_or_noise_gives_no_line_and_no_free_tokens():
+    p = PrefillPacer(50.0)
+    p.observe(64, 10.0)
+    p.observe(64, 12.0)
+    assert p.line() is None and p.predict_ms(10) is None
+    p.observe(128, 9.0)  # slower for fewer tokens: the slope is clamped, never negative
+    assert p.line()[1] > 0
+    assert p.budget(decoding=True) >= MIN_TOKENS
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "50", True])
+def test_engine_config_refuses_bad_step_ms(bad):
+    with pytest.raises(InvalidRequestError, match="prefill_step_ms"):
+        EngineConfig(prefill_step_ms=bad)
+
+
+def test_default_chunk_depends_on_the_prefill_path():
+    assert default_prefill_chunk(EngineConfig(), kernel_prefill=True) == 8192
+    assert default_prefill_chunk(EngineConfig(), kernel_prefill=False) == 2048
+    assert default_prefill_chunk(EngineConfig(prefill_chunk_tokens=300), True) == 300
+
+
+def test_engine_prefills_a_time_sized_share_while_a_row_decodes(tiny_llm, monkeypatch):
+    """Row A decodes; B's long prompt arrives: B is prefilled in shares of the pacer's budget,
+    and A gets a token every step meanwhile."""
+    from flint_graph.sampling import SamplingParams
+
+    eng = tiny_llm.engine
+    monkeypatch.setattr(eng.pacer, "budget", lambda decoding: 40 if decoding else None)
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    a = tiny_llm._request([5, 6, 7], params, None)
+    eng.add(a)
+    eng.step()
+    assert len(a.output_ids) == 1  # prefilled whole (nothing decoding): its first token
+    b = tiny_llm._request(list(range(1, 131)), params, None)
+    eng.add(b)
+    seen = []
+    while not b.output_ids:
+        before = len(a.output_ids)
+        eng.step()
+        assert len(a.output_ids) == before + 1
+        seen.append(eng._prefilled.get(b.id, len(b.prompt_ids)))
+    assert seen == [40, 80, 120, 130]
+    for r in (a, b):
+        eng.abort(r)
+
+
+@pytest.mark.parametrize("step_ms", [50.0, None])
+def test_interleave_record_times_the_stream_while_prompts_arrive(tiny_llm, step_ms):
+    from flint_graph.perf import schema
+    from flint_graph.perf.bench_report import _interleave_row
+    from flint_graph.perf.measure import interleave_record
+
+    r = interleave_record(tiny_llm, "bf16", [40, 90], step_ms, warm_tokens=3)
+    schema.check("interleave", r, schema._INTERLEAVE)
+    assert set(r["ttft_ms"]) == {"40", "90"} and r["steps"] >= 1
+    assert r["tpot_p50_ms"] <= r["tpot_p99_ms"] <= r["tpot_max_ms"]
+    assert tiny_llm.engine.pacer.step_ms == 50.0  # restored
+    assert not tiny_llm.engine.has_work
+    assert "40+90" in _interleave_row(r)[0]
+
+
+def test_bench_refuses_interleave_without_enough_slots():
+    from flint_graph.perf.bench import BenchOptions, run_bench
+
+    with pytest.raises(InvalidRequestError, match="--interleave"):
+        run_bench(BenchOptions(preset="tiny", device="cpu", buckets=(1, 2), interleave=(64, 64),
+                               progress=False))
