@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from flint_graph import nvfp4, reference
 from flint_graph.capture.decode_layer import fuse_qkv
 from flint_graph.capture.kv_cache import KVCache
+from flint_graph.capture.prefill_row_moe import GROUP, RowGroupMoE
 from flint_graph.config import FlintConfig
 from flint_graph.errors import ConfigError, ContextLengthError, InvalidRequestError
 from flint_graph.kernels.prefill import attn_prefill
@@ -54,6 +55,10 @@ DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 inde
 # holds it, padded. Eager launches cost ~80 per layer, ~4,000 per chunk at full size (about
 # 80 ms of host time on the H200 whatever the chunk's size); a replay costs one.
 GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# NVFP4 MoE layers of chunks up to this many rows run on the decode kernels in groups of 8
+# (capture/prefill_row_moe.py: W4A16, no BF16 decode of the experts); larger ones decode the
+# touched experts and run grouped GEMMs (measured crossover: docs/perf-log.md)
+ROW_MOE_MAX = 128
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
@@ -158,11 +163,7 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
         weights = weights * valid[:, None]
     ids, order = ids.sort(dim=-1)  # ascending expert id per token: the reference's add order
     weights = weights.gather(-1, order)
-    flat = ids.reshape(-1)
-    perm = torch.argsort(flat, stable=True)  # pair index (token·K + slot), grouped by expert
-    # per-expert counts by a scatter-add (torch.bincount reads the max id back to the host)
-    counts = torch.zeros(e_total + 1, dtype=torch.int32, device=h.device)
-    counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    perm, counts = group_pairs(ids.reshape(-1), e_total + 1)
     counts = counts[:e_total]
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     gate, up, down = experts(counts)
@@ -179,6 +180,30 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     if shared is not None:
         acc += shared(h).float()
     return acc.to(BF16)
+
+
+COUNTING_PAIRS = 4096  # group_pairs counts (one-hot) up to this many pairs, sorts above
+
+
+def group_pairs(flat: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pair indices grouped by id, in pair order within an id, and the count per id:
+    flat int64 [P] with values in 0 … bins − 1 -> (perm int64 [P], counts int32 [bins]); perm
+    is `torch.argsort(flat, stable=True)`. Up to COUNTING_PAIRS pairs by counting (a one-hot
+    [P, bins] and its running sum: a few small kernels where a radix sort of a few hundred
+    keys took ~27 µs on the H200), else by that sort and a scatter-add (torch.bincount would
+    read the largest id back to the host)."""
+    p = flat.numel()
+    if p > COUNTING_PAIRS:
+        counts = torch.zeros(bins, dtype=torch.int32, device=flat.device)
+        counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        return torch.argsort(flat, stable=True), counts
+    onehot = (flat[:, None] == torch.arange(bins, device=flat.device)).int()  # [P, bins]
+    running = onehot.cumsum(0, dtype=torch.int32)
+    counts = running[-1]
+    rank = running.gather(1, flat[:, None])[:, 0] - 1  # earlier pairs with the same id
+    dest = (torch.cumsum(counts, 0, dtype=torch.int32) - counts)[flat] + rank
+    perm = torch.empty_like(flat).scatter_(0, dest.long(), torch.arange(p, device=flat.device))
+    return perm, counts
 
 
 def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear,
@@ -266,7 +291,7 @@ class Prefill:
     padding rows' keys to the scratch slot, and the LM head reads row valid − 1."""
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, kv: KVCache,
-                 attention: str = "kernel", kset=None):
+                 attention: str = "kernel", kset=None, row_moe_max: int = ROW_MOE_MAX):
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTION)}")
         if attention != "reference" and kv.layers[0].k.device.type != "cuda":
@@ -295,7 +320,8 @@ class Prefill:
         self._start_host = 0  # the same start for the host-side gathers of "sdpa"/"reference"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.head_graph: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
-        self.kernels, self.unpack = {}, None
+        self.kernels, self.unpack, self.row_moe = {}, None, None
+        self.row_moe_max = row_moe_max
         if attention == "kernel":
             from flint_graph.capture.launcher import KernelSet
             from flint_graph.kernels.prefill import nvfp4_unpack
@@ -310,6 +336,8 @@ class Prefill:
             moe = [lw.ffn for lw in weights.layers if isinstance(lw.ffn, MoEWeights)]
             if moe and isinstance(moe[0].gate, NVFP4Weight):
                 self.unpack = kset.get("nvfp4_unpack", **stacks[0].as_dict())
+                if row_moe_max >= GROUP:
+                    self.row_moe = RowGroupMoE(kset, cfg, weights.layers)
 
     # -- CUDA graphs -----------------------------------------------------------------------
 
@@ -462,6 +490,7 @@ class Prefill:
         cos, sin = reference.rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta)
         self._rope = cos[:, None, :], sin[:, None, :]
         valid = self._row_valid = rows < self._valid
+        self._row_mask = valid.int()
         pps, scratch = self.kv.pages_per_slot, self.kv.scratch
         page = self._pages.long()[(pos // KV_PAGE).clamp_(max=pps - 1)]
         self._dst = {False: (torch.where(valid, page, scratch * pps), pos % KV_PAGE)}
@@ -486,7 +515,11 @@ class Prefill:
         if cfg.uses_rope(i):
             q, k = reference.rotate(q, *self._rope), reference.rotate(k, *self._rope)
         a = self._attention(i, q, k.contiguous(), v.contiguous(), pos)
-        x = residual_add(x, self.dec.linear(a, lw.o_proj))
+        o = self.dec.linear(a, lw.o_proj)
+        if (self.row_moe is not None and isinstance(lw.ffn, MoEWeights) and t % GROUP == 0
+                and t <= self.row_moe_max):
+            return self.row_moe.run(i, lw, x, o, self._row_mask)
+        x = residual_add(x, o)
         h = rms_norm(x, lw.ffn_norm, eps)
         if isinstance(lw.ffn, MoEWeights):
             y = moe_grouped(h, lw.ffn, cfg, lambda counts: self._experts(lw.ffn, counts),

@@ -203,3 +203,14 @@ def test_a_failing_prefill_ends_only_its_request(tiny_llm, monkeypatch):
     first, second = tiny_llm.generate(["hello", "hello"], params)
     assert first.finish_reason == "error" and "prefill failed" in first.errors[0]
     assert second.finish_reason in ("length", "stop") and second.token_ids
+
+
+@pytest.mark.parametrize("pairs", [1, 7, 150, 4096, 4097, 9000])
+def test_group_pairs_is_a_stable_argsort_with_counts(pairs, monkeypatch):
+    from flint_graph.capture.prefill import group_pairs
+
+    flat = torch.randint(0, 9, (pairs,), generator=torch.Generator().manual_seed(pairs))
+    flat[0] = 8  # the padding id (the last bin) included
+    perm, counts = group_pairs(flat, 9)
+    assert torch.equal(perm, torch.argsort(flat, stable=True))
+    assert torch.equal(counts, torch.bincount(flat, minlength=9).int())

@@ -74,6 +74,10 @@ def main() -> int:
                         "--graph-max tokens replay CUDA graphs, larger ones run eagerly), "
                         "kernel = every chunk launched eagerly, sdpa = the torch-ops baseline")
     p.add_argument("--graph-max", type=int, default=2048)
+    p.add_argument("--row-moe-max", default="128",
+                   help="NVFP4: chunks up to this many rows run the MoE on the decode kernels "
+                        "(capture/prefill_row_moe.py); several values (e.g. 0,64,128,256) time "
+                        "the graph path once per value")
     p.add_argument("--out", default="out")
     p.add_argument("--profile-tokens", type=int, default=8192)
     args = p.parse_args()
@@ -90,7 +94,7 @@ def main() -> int:
     t0 = time.perf_counter()
     weights = make_weights(cfg, 1, "cuda")
     print(f"weights in {time.perf_counter() - t0:.0f} s", flush=True)
-    kv = KVCache(cfg, num_slots=1, max_tokens=max(lengths + longer) + 1)
+    kv = KVCache(cfg, num_slots=1, max_tokens=max(lengths + longer + [300]) + 1)  # 300: warm-up
     gen = torch.Generator().manual_seed(0)
     for fmt in ("bf16", "nvfp4"):
         if fmt == "nvfp4":
@@ -98,9 +102,13 @@ def main() -> int:
             torch.cuda.empty_cache()
         if fmt not in args.formats.split(","):
             continue
-        for path in args.paths.split(","):
+        sweep = [int(v) for v in args.row_moe_max.split(",")]
+        runs = [(path, r) for path in args.paths.split(",")
+                for r in (sweep if fmt == "nvfp4" and path == "graph" else sweep[-1:])]
+        for path, row_moe in runs:
             chunk = args.chunk
-            pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path)
+            pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
+                          row_moe_max=row_moe)
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))
@@ -116,7 +124,8 @@ def main() -> int:
                     print(f"{fmt} {path} {n}: {type(e).__name__}: {e}", flush=True)
                     continue
                 fl = cfg.prefill_flops(n)["total"]
-                row = {"format": fmt, "path": path, "chunk": chunk, "tokens": n, "ms": s * 1e3,
+                row = {"format": fmt, "path": path, "row_moe_max": row_moe, "chunk": chunk,
+                       "tokens": n, "ms": s * 1e3,
                        "tokens_per_s": n / s, "tflops": fl / s / 1e12, "mfu": fl / s / peak}
                 res["rows"].append(row)
                 print(json.dumps(row), flush=True)
@@ -126,19 +135,20 @@ def main() -> int:
             short = torch.randint(0, cfg.vocab_size, (25,), generator=gen)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 pre.prefill(0, short, chunk)
-            res["breakdown"][f"{fmt}/{path} host, 25 tokens"] = prof.key_averages().table(
+            res["breakdown"][f"{fmt}/{path}/{row_moe} host, 25 tokens"] = prof.key_averages().table(
                 sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60)
             if args.profile_tokens:
                 prompt = torch.randint(0, cfg.vocab_size, (args.profile_tokens,), generator=gen)
-                res["breakdown"][f"{fmt}/{path}"] = breakdown(pre, prompt, chunk)
+                res["breakdown"][f"{fmt}/{path}/{row_moe}"] = breakdown(pre, prompt, chunk)
             del pre
             torch.cuda.empty_cache()
     (out / "prefill.json").write_text(json.dumps(res, indent=1))
     lines = [f"GPU {res['gpu']}; dense BF16 matmul {peak / 1e12:.0f} TFLOP/s (8192³, same run); "
-             f"chunk {args.chunk}", "", "| format | path | chunk | tokens | ms | tokens/s | TFLOP/s | MFU |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"chunk {args.chunk}", "", "| format | path | row MoE ≤ | chunk | tokens | ms | tokens/s | TFLOP/s | MFU |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['format']} | {r['path']} | {r['chunk']} | {r['tokens']} | "
+        lines.append(f"| {r['format']} | {r['path']} | {r['row_moe_max']} | {r['chunk']} | "
+                     f"{r['tokens']} | "
                      f"{r['ms']:.1f} | "
                      f"{r['tokens_per_s']:.0f} | {r['tflops']:.0f} | {r['mfu']:.1%} |")
     for key, table in res["breakdown"].items():
