@@ -55,10 +55,12 @@ DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 inde
 # holds it, padded. Eager launches cost ~80 per layer, ~4,000 per chunk at full size (about
 # 80 ms of host time on the H200 whatever the chunk's size); a replay costs one.
 GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
-# NVFP4 MoE layers of chunks up to this many rows run on the decode kernels in groups of 8
-# (capture/prefill_row_moe.py: W4A16, no BF16 decode of the experts); larger ones decode the
-# touched experts and run grouped GEMMs (measured crossover: docs/perf-log.md)
-ROW_MOE_MAX = 128
+# MoE layers of chunks up to this many rows run on the decode kernels in groups of 8
+# (capture/prefill_row_moe.py; NVFP4: W4A16, no BF16 decode of the experts); larger chunks
+# run grouped GEMMs. Per weight format, from the crossover measured on the H200
+# (docs/perf-log.md): NVFP4 at 25 tokens 44.9 -> 14.2 ms, at 256 91.0 -> 79.3 ms, at 512 the
+# grouped path wins.
+ROW_MOE_MAX = {"nvfp4": 256, "bf16": 0}
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
@@ -291,7 +293,7 @@ class Prefill:
     padding rows' keys to the scratch slot, and the LM head reads row valid − 1."""
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, kv: KVCache,
-                 attention: str = "kernel", kset=None, row_moe_max: int = ROW_MOE_MAX):
+                 attention: str = "kernel", kset=None, row_moe_max: int | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTION)}")
         if attention != "reference" and kv.layers[0].k.device.type != "cuda":
@@ -321,7 +323,9 @@ class Prefill:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.head_graph: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
         self.kernels, self.unpack, self.row_moe = {}, None, None
-        self.row_moe_max = row_moe_max
+        moe = [lw.ffn for lw in weights.layers if isinstance(lw.ffn, MoEWeights)]
+        fmt = "nvfp4" if moe and isinstance(moe[0].gate, NVFP4Weight) else "bf16"
+        self.row_moe_max = ROW_MOE_MAX[fmt] if row_moe_max is None else row_moe_max
         if attention == "kernel":
             from flint_graph.capture.launcher import KernelSet
             from flint_graph.kernels.prefill import nvfp4_unpack
@@ -333,11 +337,10 @@ class Prefill:
             if isinstance(weights.layers[0].q_proj, NVFP4Weight) or isinstance(
                     weights.lm_head, NVFP4Weight):
                 self.dec.kernel = kset.get("nvfp4_unpack", **dense.as_dict())
-            moe = [lw.ffn for lw in weights.layers if isinstance(lw.ffn, MoEWeights)]
-            if moe and isinstance(moe[0].gate, NVFP4Weight):
+            if fmt == "nvfp4":
                 self.unpack = kset.get("nvfp4_unpack", **stacks[0].as_dict())
-                if row_moe_max >= GROUP:
-                    self.row_moe = RowGroupMoE(kset, cfg, weights.layers)
+            if moe and self.row_moe_max >= GROUP:
+                self.row_moe = RowGroupMoE(kset, cfg, weights.layers)
 
     # -- CUDA graphs -----------------------------------------------------------------------
 

@@ -74,10 +74,11 @@ def main() -> int:
                         "--graph-max tokens replay CUDA graphs, larger ones run eagerly), "
                         "kernel = every chunk launched eagerly, sdpa = the torch-ops baseline")
     p.add_argument("--graph-max", type=int, default=2048)
-    p.add_argument("--row-moe-max", default="128",
-                   help="NVFP4: chunks up to this many rows run the MoE on the decode kernels "
-                        "(capture/prefill_row_moe.py); several values (e.g. 0,64,128,256) time "
-                        "the graph path once per value")
+    p.add_argument("--row-moe-max", default="",
+                   help="chunks up to this many rows run the MoE on the decode kernels "
+                        "(capture/prefill_row_moe.py; default: prefill.ROW_MOE_MAX per "
+                        "format); several values (e.g. 0,64,128,256) time the graph path once "
+                        "per value")
     p.add_argument("--out", default="out")
     p.add_argument("--profile-tokens", type=int, default=8192)
     args = p.parse_args()
@@ -102,9 +103,9 @@ def main() -> int:
             torch.cuda.empty_cache()
         if fmt not in args.formats.split(","):
             continue
-        sweep = [int(v) for v in args.row_moe_max.split(",")]
+        sweep = [int(v) for v in args.row_moe_max.split(",") if v] or [None]
         runs = [(path, r) for path in args.paths.split(",")
-                for r in (sweep if fmt == "nvfp4" and path == "graph" else sweep[-1:])]
+                for r in (sweep if path == "graph" else [None])]
         for path, row_moe in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
@@ -124,7 +125,7 @@ def main() -> int:
                     print(f"{fmt} {path} {n}: {type(e).__name__}: {e}", flush=True)
                     continue
                 fl = cfg.prefill_flops(n)["total"]
-                row = {"format": fmt, "path": path, "row_moe_max": row_moe, "chunk": chunk,
+                row = {"format": fmt, "path": path, "row_moe_max": pre.row_moe_max, "chunk": chunk,
                        "tokens": n, "ms": s * 1e3,
                        "tokens_per_s": n / s, "tflops": fl / s / 1e12, "mfu": fl / s / peak}
                 res["rows"].append(row)
