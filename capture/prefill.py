@@ -59,8 +59,8 @@ GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 # (capture/prefill_row_moe.py; NVFP4: W4A16, no BF16 decode of the experts); larger chunks
 # run grouped GEMMs. Per weight format, from the crossover measured on the H200
 # (docs/perf-log.md): NVFP4 at 25 tokens 44.9 -> 14.2 ms, at 256 91.0 -> 79.3 ms, at 512 the
-# grouped path wins.
-ROW_MOE_MAX = {"nvfp4": 256, "bf16": 0}
+# grouped path wins; BF16 at 25 tokens 26.4 -> 18.1 ms, equal at 64, worse at 128.
+ROW_MOE_MAX = {"nvfp4": 256, "bf16": 32}
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------

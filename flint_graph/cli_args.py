@@ -229,11 +229,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="prompt tokens per prefill chunk, on either engine (default: 8192 on "
                         "the graph engine's kernel prefill, else 2048; lower it if a long "
                         "prompt runs out of memory)")
-    p.add_argument("--prefill-step-ms", type=positive_float, metavar="MS", default=50.0,
+    p.add_argument("--prefill-step-ms", type=positive_float, metavar="MS", default=200.0,
                    help="while other requests are generating, prefill about this many ms of a "
                         "new prompt per step (predicted from the prefills timed so far): lower "
                         "keeps their tokens coming more evenly, higher gets the new prompt's "
-                        "first token sooner (default: 50)")
+                        "first token sooner (default: 200)")
     p.add_argument("--max-context", type=positive_int, metavar="N",
                    help="KV tokens per sequence for the graph engine (default: what fits in "
                         "80%% of the free GPU memory, up to the model's limit)")

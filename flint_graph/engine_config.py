@@ -34,7 +34,7 @@ class EngineConfig:
     prefill_tokens_per_step: int | None = None
     # while other requests decode, a step's prefill is sized to take about this many ms
     # (predicted from the prefills timed so far, prefill_pacer.py); None = no time bound
-    prefill_step_ms: float | None = 50.0
+    prefill_step_ms: float | None = 200.0
     cpu_threads: int | None = None  # torch CPU threads; None = automatic (apply_cpu_threads)
     # "graph": decode steps by CUDA-graph replay of the AOT kernels (CUDA and a kernel cache
     # needed); "reference": the plain PyTorch model; "auto": graph where it can run, else

@@ -10,10 +10,14 @@ chunk size). Until two prefills of different sizes have been timed the budget is
 FIRST_TOKENS; it never falls below MIN_TOKENS (a step_ms below the fixed part would otherwise
 prefill a token per step).
 
-The trade-off, in numbers from the H200 (docs/perf-log.md): a 2K chunk costs about 80 ms and
-512 tokens about 45 ms at full size in BF16, so the default 50 ms keeps a running stream's p99
-time per token near 50 ms while a long prompt arrives, and stretches that prompt's prefill by
-the decode steps in between and by paying the fixed part per step.
+The trade-off, in numbers from the H200 (full size, `flint-graph bench --interleave 8k,32k`,
+docs/perf-log.md): a chunk has a fixed cost of ~15-35 ms (the expert weights read once, ~4,000
+small kernels) beside ~0.03-0.05 ms per token, so a small step budget spends most of each step
+on the fixed part. At 50 ms a running stream kept a p50 / p99 time per token of 54 / 79 ms
+(BF16) while an 8K and a 32K prompt arrived, but the 32K prompt's first token took 22 s instead
+of 1.5 s; unpaced, the stream stalled once for 1.8 s. The default, 200 ms, spends about a fifth
+of a step on the fixed part: the stream's tokens slow to ~5 per second while a long prompt
+prefills, and the prompt's prefill takes about a quarter longer than alone.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class PrefillPacer:
     bound); max_tokens: a hard cap per step either way (None: none). Raises ValueError for a
     step_ms that is not > 0 or a max_tokens that is not ≥ 1."""
 
-    def __init__(self, step_ms: float | None = 50.0, max_tokens: int | None = None):
+    def __init__(self, step_ms: float | None = 200.0, max_tokens: int | None = None):
         if step_ms is not None and not step_ms > 0:
             raise ValueError(f"step_ms {step_ms!r}: expected a number > 0 (or None)")
         if max_tokens is not None and max_tokens < 1:
