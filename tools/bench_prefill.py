@@ -73,7 +73,7 @@ def main() -> int:
                    help="graph = the kernel path as the engine runs it (chunks of up to "
                         "--graph-max tokens replay CUDA graphs, larger ones run eagerly), "
                         "kernel = every chunk launched eagerly, sdpa = the torch-ops baseline")
-    p.add_argument("--graph-max", type=int, default=2048)
+    p.add_argument("--graph-max", type=int, default=4096)
     p.add_argument("--row-moe-max", default="",
                    help="chunks up to this many rows run the MoE on the decode kernels "
                         "(capture/prefill_row_moe.py; default: prefill.ROW_MOE_MAX per "
