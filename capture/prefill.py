@@ -52,11 +52,12 @@ ATTENTION = ("kernel", "sdpa", "reference")
 LM_HEAD_ROWS = 16384  # vocabulary rows of an NVFP4 LM head decoded at a time
 DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 index temporaries)
 # Chunk sizes captured as CUDA graphs (kernel path): a chunk runs as the smallest bucket that
-# holds it, padded. Eager launches cost ~80 per layer, ~4,000 per chunk at full size (about
+# holds it, padded (steps of 1.5× above 512: padding 2,621 tokens to 4,096 cost more than the
+# launches it saved, 226 vs 243 ms end to end on the H200). Eager launches cost ~80 per layer, ~4,000 per chunk at full size (about
 # 80 ms of host time on the H200 whatever the chunk's size); a replay costs one. Above 4096
 # tokens a chunk's GPU time (8K: ~276 ms) is far above its launches, which overlap it, so
 # larger chunks run eagerly and hold no graph memory.
-GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
 # MoE layers of chunks up to this many rows run on the decode kernels in groups of 8
 # (capture/prefill_row_moe.py; NVFP4: W4A16, no BF16 decode of the experts); larger chunks
 # run grouped GEMMs. Per weight format, from the crossover measured on the H200
