@@ -53,8 +53,9 @@ LM_HEAD_ROWS = 16384  # vocabulary rows of an NVFP4 LM head decoded at a time
 DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 index temporaries)
 # Chunk sizes captured as CUDA graphs (kernel path): a chunk runs as the smallest bucket that
 # holds it, padded (steps of 1.5× above 512: padding 2,621 tokens to 4,096 cost more than the
-# launches it saved, 226 vs 243 ms end to end on the H200). Eager launches cost ~80 per layer, ~4,000 per chunk at full size (about
-# 80 ms of host time on the H200 whatever the chunk's size); a replay costs one. Above 4096
+# launches it saved, 226 vs 243 ms end to end on the H200). Eager launches cost ~80 per
+# layer, ~4,000 per chunk at full size (about 80 ms of host time on the H200 whatever the
+# chunk's size); a replay costs one. Above 4096
 # tokens a chunk's GPU time (8K: ~276 ms) is far above its launches, which overlap it, so
 # larger chunks run eagerly and hold no graph memory.
 GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
@@ -380,6 +381,12 @@ class Prefill:
         with torch.cuda.graph(g, pool=pool):
             logits = self._head()
         self.head_graph = (g, logits)
+        # a graph's first launch also uploads it to the device (tens of ms at this size): do
+        # it now, on the scratch slot, so the first request runs at full speed
+        for tb, (graph, _) in self.graphs.items():
+            self.describe_chunk(0, tb)
+            graph.replay()
+        g.replay()
         torch.cuda.synchronize()
         return buckets
 
