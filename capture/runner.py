@@ -114,6 +114,10 @@ class GraphRunner:
                     f"{prefill_chunk} tokens); lower --prefill-chunk, --max-context or pass "
                     f"--no-prefill-graphs") from e
             self.timings["capture_prefill_s"] = time.perf_counter() - t0
+        if self.prefiller is not None:
+            # the torch ops around a replay (validation, copies) load their kernels on first
+            # use: run them once here, into slot 0 (a slot's next owner overwrites it)
+            self.prefiller.prefill(0, torch.zeros(1, dtype=torch.long), prefill_chunk)
         self._ids_host = torch.zeros(max(BUCKETS), dtype=torch.int64, pin_memory=True)
         self._ids_ready = torch.cuda.Event()
         self.memory = {"weights": weights.nbytes(), "kv_cache": self.kv.nbytes,

@@ -49,6 +49,8 @@ class Engine:
         self.runner, self.fallback_reason = self._graph_runner(ckpt, engine, tokenizer_vocab)
         # the graph engine holds at most one KV slot per row of the largest bucket
         self.max_slots = len(self.runner.free_slots) if self.runner else engine.max_slots
+        if self.runner is not None:
+            self._warm_up_sampler()
         self.prefill_chunk_tokens = default_prefill_chunk(
             engine, self.runner is not None and self.runner.prefill_path == "kernel")
         # prompt tokens prefilled per step, so running streams keep their pace (DESIGN §3)
@@ -221,6 +223,17 @@ class Engine:
             if banned else []
         return deltas + [r.append(t) for i, (r, t) in enumerate(zip(rows, ids))
                          if i not in banned]
+
+    def _warm_up_sampler(self) -> None:
+        """Draw once from dummy logits: CUDA loads the sampler's kernels on their first use
+        (tens of ms the first request would otherwise wait for its first token)."""
+        dev = self.device
+        logits = torch.zeros(1, self.cfg.vocab_size, device=dev)
+        logits[:, self.tokenizer_vocab:] = float("-inf")
+        sample(logits, temperature=torch.ones(1, device=dev),
+               top_k=torch.zeros(1, dtype=torch.long, device=dev),
+               top_p=torch.ones(1, device=dev), seeds=torch.zeros(1, dtype=torch.long, device=dev),
+               positions=torch.zeros(1, dtype=torch.long, device=dev)).tolist()
 
     def _sample_and_append(self, rows: list[Request], logits: torch.Tensor) -> list[RequestDelta]:
         logits = logits.float()
