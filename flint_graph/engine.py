@@ -49,8 +49,6 @@ class Engine:
         self.runner, self.fallback_reason = self._graph_runner(ckpt, engine, tokenizer_vocab)
         # the graph engine holds at most one KV slot per row of the largest bucket
         self.max_slots = len(self.runner.free_slots) if self.runner else engine.max_slots
-        if self.runner is not None:
-            self._warm_up_sampler()
         self.prefill_chunk_tokens = default_prefill_chunk(
             engine, self.runner is not None and self.runner.prefill_path == "kernel")
         # prompt tokens prefilled per step, so running streams keep their pace (DESIGN §3)
@@ -58,6 +56,7 @@ class Engine:
         self.prefilling: list[Request] = []  # admitted, prompt not yet fully in the KV cache
         self._prefilled: dict[int, int] = {}  # request id -> prompt tokens already prefilled
         self.tokenizer_vocab = tokenizer_vocab
+        self._warm_up_sampler()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._kv: dict[int, SequenceKV] = {}
