@@ -143,6 +143,19 @@ class GraphRunner:
             return self.model.prefill(SlotKV(self.kv, slot, start), prompt, chunk_tokens)
         return self.prefiller.prefill(slot, prompt, chunk_tokens, start)
 
+    def save_rings(self, slot: int) -> list:
+        """A copy of `slot`'s sliding-window rings: per layer (k, v) bf16 [HKV, W, D], or None
+        for a full layer (a KV-reuse snapshot, flint_graph/prefix_cache.py)."""
+        return [(kv.k[slot].clone(), kv.v[slot].clone()) if kv.ring else None
+                for kv in self.kv.layers]
+
+    def load_rings(self, slot: int, rings: list) -> None:
+        """Write rings saved by `save_rings` back into `slot`."""
+        for kv, saved in zip(self.kv.layers, rings):
+            if saved is not None:
+                kv.k[slot].copy_(saved[0])
+                kv.v[slot].copy_(saved[1])
+
     def decode(self, rows: list[Row]) -> tuple[list[int], torch.Tensor]:
         """One decode step for `rows` (1 ≤ len ≤ max_slots): (sampled ids, bf16 logits
         [len(rows), V], a view valid until the next decode)."""

@@ -41,7 +41,8 @@ class GenerationOutput:
     "abort" | "error" (its prefill or a decode step failed; the reason is in errors), or for chat "tool_calls" when the model stopped after calling at least one tool
     (OpenAI's convention; a call cut off by max_tokens still says "length"); ttft_ms:
     submission to first token (ms); ms_per_token: mean time per output token after the first
-    (TPOT, ms; None with fewer than two tokens). For chat requests reasoning_content / content /
+    (TPOT, ms; None with fewer than two tokens); cached_tokens: prompt tokens served from the
+    KV of an earlier sequence (EngineConfig.kv_reuse) rather than prefilled. For chat requests reasoning_content / content /
     tool_calls hold the parsed split, errors the malformed or rejected calls, the repairs made
     and the arguments that fit no reading of their schema ("tool call N: ..."), and for any
     request the engine's own failures ("decode step failed: ...").
@@ -58,6 +59,8 @@ class GenerationOutput:
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # with SamplingParams(logprobs=True)
+    # prompt tokens whose KV came from an earlier sequence instead of a prefill (issue 22)
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -410,7 +413,7 @@ def _output(req: Request) -> GenerationOutput:
     ttft, tpot = req.timing()
     out = GenerationOutput(req.prompt_ids, list(req.output_ids), req.text,
                            req.finish_reason or "abort", ttft, tpot,
-                           logprobs=list(req.logprobs))
+                           logprobs=list(req.logprobs), cached_tokens=req.cached_tokens)
     if req.parser is not None:
         parsed = req.parser.result()
         out.reasoning_content = parsed.reasoning
@@ -458,6 +461,8 @@ def output_to_json(out: GenerationOutput, engine: str | None = None) -> str:
         "finish_reason": out.finish_reason,
         "ttft_ms": out.ttft_ms,
         "ms_per_token": out.ms_per_token,
+        "prompt_tokens": len(out.prompt_token_ids),
+        "cached_tokens": out.cached_tokens,
         "errors": out.errors,
         **extra,
     }, ensure_ascii=False)

@@ -164,6 +164,7 @@ def load_llm(args: argparse.Namespace):
                                   max_context=args.max_context, prefill=args.prefill,
                                   prefill_graphs=args.prefill_graphs,
                                   prefill_step_ms=args.prefill_step_ms,
+                                  kv_reuse=args.kv_reuse,
                                   **({"prefill_chunk_tokens": args.prefill_chunk}
                                      if args.prefill_chunk else {})))
     if getattr(args, "stats", False):

@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="send the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object: token_ids, text, reasoning_content, "
-                          "content, tool_calls, finish_reason, ttft_ms, ms_per_token, errors, "
+                          "content, tool_calls, finish_reason, ttft_ms, ms_per_token, prompt_tokens, "
+                          "cached_tokens, errors, "
                           "engine (graph or reference)")
     _sampling_args(gen)
     gen.set_defaults(command="generate")
@@ -225,6 +226,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="kernel prefill: launch each chunk's kernels one by one instead of "
                         "replaying the CUDA graphs captured at start-up per chunk size (for "
                         "comparisons; the graphs cut ~80 ms of host launches per chunk)")
+    p.add_argument("--no-kv-reuse", dest="kv_reuse", action="store_false",
+                   help="prefill every prompt whole instead of continuing the finished sequence "
+                        "that shares its longest prefix (chat turns, tool results: only the "
+                        "new tokens are prefilled by default)")
     p.add_argument("--prefill-chunk", type=positive_int, metavar="N",
                    help="prompt tokens per prefill chunk, on either engine (default: 8192 on "
                         "the graph engine's kernel prefill, else 2048; lower it if a long "

@@ -22,6 +22,7 @@ from flint_graph.checkpoint import LoadedCheckpoint
 from flint_graph.engine_config import EngineConfig, apply_cpu_threads, default_prefill_chunk
 from flint_graph.errors import ConfigError, FlintError
 from flint_graph.prefill_pacer import PrefillPacer
+from flint_graph.prefix_cache import MAX_SNAPSHOTS, PrefixCache, Retained
 from flint_graph.reference import ReferenceModel, SequenceKV
 from flint_graph.request import Request, RequestDelta
 from flint_graph.sampling import sample
@@ -53,6 +54,9 @@ class Engine:
             engine, self.runner is not None and self.runner.prefill_path == "kernel")
         # prompt tokens prefilled per step, so running streams keep their pace (DESIGN §3)
         self.pacer = PrefillPacer(engine.prefill_step_ms, engine.prefill_tokens_per_step)
+        # finished sequences kept for reuse (issue 22): as many as there are slots
+        self.prefix_cache = PrefixCache(self.max_slots if engine.kv_reuse else 0)
+        self._snapshots: dict[int, dict[int, object]] = {}  # request id -> position -> rings
         self.prefilling: list[Request] = []  # admitted, prompt not yet fully in the KV cache
         self._prefilled: dict[int, int] = {}  # request id -> prompt tokens already prefilled
         self.tokenizer_vocab = tokenizer_vocab
@@ -132,12 +136,7 @@ class Engine:
         admitted: list[Request] = []
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_slots:
             req = self.waiting.popleft()
-            if self.runner:
-                self._slot[req.id] = self.runner.alloc_slot()
-            else:
-                self._kv[req.id] = self.model.new_sequence()
-            self.prefilling.append(req)
-            self._prefilled[req.id] = 0
+            self._admit(req)
         # while rows decode, a step prefills what fits in its time budget (PrefillPacer)
         budget = self.pacer.budget(decoding=bool(self.running))
         for req in list(self.prefilling):
@@ -170,6 +169,11 @@ class Engine:
             if done == len(req.prompt_ids):
                 self.prefilling.remove(req)
                 del self._prefilled[req.id]
+                if self.prefix_cache.capacity:  # where the next chat turn will diverge
+                    snaps = self._snapshots.setdefault(req.id, {})
+                    snaps[done] = self._save_rings(req)
+                    for old_pos in sorted(snaps)[:-MAX_SNAPSHOTS]:
+                        del snaps[old_pos]
                 self.running.append(req)
                 admitted.append(req)
                 deltas += self._sample_and_append([req], logits[None])
@@ -255,16 +259,95 @@ class Engine:
         _record_logprobs(rows, unbanned, ids)
         return [r.append(t) for r, t in zip(rows, ids)]
 
+    # -- KV reuse (flint_graph/prefix_cache.py) ---------------------------------------------
+
+    def _admit(self, req: Request) -> None:
+        """Give `req` a KV cache: the retained sequence sharing the longest usable prefix with
+        its prompt (prefill resumes after it: req.cached_tokens), else a fresh one."""
+        m = self.prefix_cache.take(req.prompt_ids) if self.prefix_cache.capacity else None
+        if m is None:
+            if self.runner:
+                self._slot[req.id] = self._alloc_slot()
+            else:
+                self._kv[req.id] = self.model.new_sequence()
+            self._prefilled[req.id] = 0
+        else:
+            if self.runner:
+                self._slot[req.id] = m.entry.kv
+            else:
+                self._kv[req.id] = m.entry.kv
+                m.entry.kv.num_tokens = m.reuse
+            if m.snapshot is not None:
+                self._load_rings(req, m.entry.snapshots[m.snapshot])
+            # rings saved at or before the resume point still describe this sequence
+            self._snapshots[req.id] = {p: r for p, r in m.entry.snapshots.items()
+                                       if p <= m.reuse}
+            self._prefilled[req.id] = m.reuse
+            req.cached_tokens = m.reuse
+        self.prefilling.append(req)
+
+    def _alloc_slot(self) -> int:
+        """A free graph-engine slot, evicting the least recently used retained sequence when
+        none is free."""
+        if not self.runner.free_slots:
+            victim = self.prefix_cache.evict()
+            if victim is not None:
+                self.runner.free_slot(victim.kv)
+        return self.runner.alloc_slot()
+
+    def _save_rings(self, req: Request):
+        """A copy of `req`'s sliding-window rings (the reference's per-layer K/V rings, or the
+        graph engine's slot rows)."""
+        if self.runner:
+            return self.runner.save_rings(self._slot[req.id])
+        seq = self._kv[req.id]
+        return [(k.clone(), v.clone()) if w else None
+                for k, v, w in zip(seq.k, seq.v, seq.windows)]
+
+    def _load_rings(self, req: Request, rings) -> None:
+        if self.runner:
+            self.runner.load_rings(self._slot[req.id], rings)
+            return
+        seq = self._kv[req.id]
+        for i, saved in enumerate(rings):
+            if saved is not None:
+                seq.k[i].copy_(saved[0])
+                seq.v[i].copy_(saved[1])
+
+    def _cached_tokens(self, req: Request) -> int:
+        """Tokens whose KV `req`'s cache holds: the prompt and every output token but the
+        last (sampled, never fed back)."""
+        if not self.runner:
+            return self._kv[req.id].num_tokens
+        return len(req.prompt_ids) + max(0, req.num_generated - 1)
+
     def _retire(self, req: Request) -> None:
+        """Drop `req` from the engine. Its KV is retained for reuse when its prompt was fully
+        prefilled and nothing failed (finish stop / length / abort after the prefill); a
+        request that failed or was cut off mid-prefill leaves nothing reusable."""
+        keep = (self.prefix_cache.capacity and req in self.running and req.finish_reason in
+                (None, "stop", "length", "abort", "tool_calls") and not req.errors)
+        if keep:
+            n = self._cached_tokens(req)
+            ids = (req.prompt_ids + req.output_ids)[:n]
+            kv = self._slot[req.id] if self.runner else self._kv[req.id]
+            evicted = self.prefix_cache.add(
+                Retained(ids, kv, self._snapshots.get(req.id, {})))
+        else:
+            evicted = []
         if req in self.running:
             self.running.remove(req)
         if req in self.prefilling:
             self.prefilling.remove(req)
             self._prefilled.pop(req.id, None)
-        self._kv.pop(req.id, None)
+        self._snapshots.pop(req.id, None)
+        kv = self._kv.pop(req.id, None)
         slot = self._slot.pop(req.id, None)
-        if slot is not None:
+        if not keep and slot is not None:
             self.runner.free_slot(slot)
+        for e in evicted:
+            if self.runner:
+                self.runner.free_slot(e.kv)
 
 
 def _record_logprobs(rows: list[Request], logits: torch.Tensor, ids: list[int]) -> None:

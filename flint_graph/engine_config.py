@@ -45,6 +45,9 @@ class EngineConfig:
     # kernel prefill: replay chunks of up to prefill_chunk_tokens (≤ 2048) as CUDA graphs
     # captured at start-up, one per chunk-size bucket (capture/prefill.py GRAPH_BUCKETS)
     prefill_graphs: bool = True
+    # keep finished sequences' KV and serve a request from the one sharing the longest prefix
+    # of token ids (flint_graph/prefix_cache.py); outputs equal a cold start's
+    kv_reuse: bool = True
 
 
     def __post_init__(self) -> None:
@@ -56,6 +59,8 @@ class EngineConfig:
                                or not 0 < ms < float("inf")):
             raise InvalidRequestError(f"prefill_step_ms {ms!r}: expected a number of "
                                       "milliseconds > 0, or None")
+        if not isinstance(self.kv_reuse, bool):
+            raise InvalidRequestError(f"kv_reuse {self.kv_reuse!r}: expected True or False")
         if not isinstance(self.prefill_graphs, bool):
             raise InvalidRequestError(f"prefill_graphs {self.prefill_graphs!r}: expected "
                                       "True or False")

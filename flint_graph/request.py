@@ -74,6 +74,7 @@ class Request:
         self._limits = replace(params, max_tokens=self.max_new_tokens,
                                min_tokens=min(params.min_tokens, self.max_new_tokens))
         self.output_ids: list[int] = []
+        self.cached_tokens = 0  # prompt tokens served from a retained sequence's KV (issue 22)
         self.logprobs: list[float] = []  # per output token, when params.logprobs
         # Deltas not yet taken by whoever consumes this request (a stream, or generate()).
         self.pending: deque[RequestDelta] = deque()

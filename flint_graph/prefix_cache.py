@@ -1,0 +1,130 @@
+"""Multi-turn KV reuse (issue 22): which finished sequence a new request can continue, and from
+where.
+
+The engine keeps the KV of recently finished sequences ("retained", least recently used first
+out) with the token ids it holds. A new request takes the retained sequence sharing the longest
+prefix of ids with its prompt and prefills only the rest; full-attention layers keep their KV up
+to the resume point as it is. Sliding-window layers need the W − 1 keys before the resume point,
+but their ring of W entries holds only the last W positions written, so a sequence of n cached
+tokens can resume at n or n − 1 only (the query at position r reads keys r − W + 1 … r − 1, all
+in a ring holding n − W … n − 1 exactly when r ≥ n − 1). To resume earlier the engine keeps ring
+snapshots taken where a later prompt is likely to diverge: at the end of each prompt's prefill
+(position P). GLM-4.7's next chat turn re-renders the previous generation prompt
+`<|assistant|><think>` as `<|assistant|></think>…`, so it diverges at P − 1, which a snapshot
+at P serves; a tool loop continues past the whole previous sequence, served by its live ring.
+Anything else falls back to a cold prefill, never to a wrong ring.
+
+Engine-agnostic: `Retained.kv` and the snapshot values are whatever the engine stores (a
+reference `SequenceKV` and ring copies, or a graph-engine slot and ring copies); this module
+only decides.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def resume_point(cached: int, snapshots, lcp: int, prompt_len: int) -> tuple[int, int | None]:
+    """(r, snapshot) for a prompt of `prompt_len` ids sharing `lcp` leading ids with a sequence
+    of `cached` tokens whose rings were also saved at the positions in `snapshots`: prefill
+    resumes at position r (r tokens reused; 0 = cold), restoring the rings of `snapshot` first
+    (None: the live rings serve). r leaves at least one prompt token to prefill (its logits
+    give the first output token) and never passes the cached tokens."""
+    top = min(lcp, prompt_len - 1, cached)
+    if top <= 0:
+        return 0, None
+    if top >= cached - 1:
+        return top, None
+    best = (0, None)
+    for s in snapshots:
+        r = min(top, s)
+        if r >= s - 1 and r > best[0]:
+            best = (r, s)
+    return best
+
+
+_clock = itertools.count()
+MAX_SNAPSHOTS = 2  # ring snapshots kept per sequence (each: every sliding layer's ring)
+
+
+@dataclass
+class Retained:
+    """A finished sequence kept for reuse: `ids` are the tokens whose KV `kv` holds (positions
+    0 … len(ids) − 1); `snapshots` maps a position to the rings saved there."""
+
+    ids: list[int]
+    kv: object
+    snapshots: dict[int, object] = field(default_factory=dict)
+    last_used: int = field(default_factory=lambda: next(_clock))
+
+
+@dataclass
+class Match:
+    """What `PrefixCache.take` found: the entry (now removed from the cache), the resume point
+    and the snapshot to restore (None: the live rings)."""
+
+    entry: Retained
+    reuse: int
+    snapshot: int | None
+
+
+class PrefixCache:
+    """Retained sequences, at most `capacity` (0 disables reuse). Not thread-safe: the engine
+    calls it under its own lock."""
+
+    def __init__(self, capacity: int):
+        if capacity < 0:
+            raise ValueError(f"capacity {capacity}: expected >= 0")
+        self.capacity = capacity
+        self.entries: list[Retained] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, entry: Retained) -> list[Retained]:
+        """Keep `entry`; returns the entries evicted to make room (least recently used first),
+        or [entry] itself when the cache is disabled or the sequence is empty: the caller frees
+        what comes back."""
+        if self.capacity == 0 or not entry.ids:
+            return [entry]
+        self.entries.append(entry)
+        out = []
+        while len(self.entries) > self.capacity:
+            out.append(self.evict())
+        return out
+
+    def evict(self) -> Retained | None:
+        """Remove and return the least recently used entry (None when empty)."""
+        if not self.entries:
+            return None
+        victim = min(self.entries, key=lambda e: e.last_used)
+        self.entries.remove(victim)
+        return victim
+
+    def take(self, prompt: list[int]) -> Match | None:
+        """The entry that lets `prompt` reuse the most tokens, removed from the cache, or None
+        when no entry lets it reuse any (the cache is left as it was)."""
+        best: Match | None = None
+        for e in self.entries:
+            r, snap = resume_point(len(e.ids), e.snapshots, common_prefix(e.ids, prompt),
+                                   len(prompt))
+            if r > 0 and (best is None or r > best.reuse):
+                best = Match(e, r, snap)
+        if best is not None:
+            self.entries.remove(best.entry)
+        return best
+
+    def clear(self) -> list[Retained]:
+        """Remove every entry; returns them (the caller frees their KV)."""
+        out, self.entries = self.entries, []
+        return out

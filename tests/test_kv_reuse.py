@@ -1,0 +1,223 @@
+"""Multi-turn KV reuse (flint_graph/prefix_cache.py, Engine): where a request may resume, the
+retained-sequence cache, and on the reference engine (CPU) greedy outputs with reuse equal to a
+cold start's over scripted conversations, with the prompt tokens actually served from the cache.
+
+The tiny model's window is 17 (ring of 17 entries), so prompts of a few dozen tokens already
+overwrite their rings: every resume below exercises the ring rules. Outputs are compared
+token for token: a resumed prefill runs the same reference ops on fewer rows, which on the CPU
+gives the same bits here (checked, not assumed: the KV test compares contents exactly too).
+"""
+
+import random
+
+import pytest
+import torch
+
+from flint_graph.engine_config import EngineConfig
+from flint_graph.errors import InvalidRequestError
+from flint_graph.prefix_cache import PrefixCache, Retained, common_prefix, resume_point
+from flint_graph.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+
+
+# -- where a request may resume --------------------------------------------------------------
+
+@pytest.mark.parametrize("cached,snaps,lcp,prompt,want", [
+    (100, [], 100, 150, (100, None)),  # continues the whole sequence (tool loop)
+    (100, [], 150, 150, (100, None)),
+    (100, [], 99, 150, (99, None)),  # one before the end: the ring's spare entry serves
+    (100, [], 98, 150, (0, None)),  # the ring has lost position 98 − W + 1: cold
+    (100, [60], 59, 150, (59, 60)),  # GLM-4.7's next turn: diverges one before the snapshot
+    (100, [60], 60, 150, (60, 60)),
+    (100, [60], 80, 150, (60, 60)),  # between snapshot and end: the snapshot
+    (100, [60], 58, 150, (0, None)),
+    (100, [30, 60], 30, 150, (30, 30)),
+    (100, [], 100, 100, (99, None)),  # a prompt that is the whole sequence: one token to run
+    (100, [], 100, 60, (0, None)),  # a strict prefix, no ring saved there: cold
+    (100, [60], 100, 60, (59, 60)),
+    (5, [], 0, 10, (0, None)),
+    (5, [], 3, 1, (0, None)),  # a one-token prompt always prefills
+])
+def test_resume_point(cached, snaps, lcp, prompt, want):
+    assert resume_point(cached, snaps, lcp, prompt) == want
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_cache_keeps_the_most_recent_and_takes_the_longest_match():
+    c = PrefixCache(2)
+    a, b, d = Retained([1, 2, 3, 4], "a"), Retained([1, 2, 9, 9], "b"), Retained([7, 7], "d")
+    assert c.add(a) == [] and c.add(b) == []
+    assert c.add(d) == [a]  # least recently used out
+    m = c.take([1, 2, 9, 9, 5])
+    assert m.entry is b and m.reuse == 4 and len(c) == 1
+    assert c.take([3, 3]) is None and len(c) == 1
+    assert PrefixCache(0).add(a) == [a]
+    with pytest.raises(ValueError):
+        PrefixCache(-1)
+
+
+def test_reuse_never_serves_a_prompt_that_differs_inside_the_reused_prefix():
+    rng = random.Random(0)
+    for _ in range(2000):
+        cache = PrefixCache(4)
+        for k in range(4):
+            ids = [rng.randrange(4) for _ in range(rng.randrange(1, 30))]
+            snaps = {p: None for p in rng.sample(range(1, len(ids) + 1),
+                                                 min(2, len(ids)))}
+            cache.add(Retained(ids, k, snaps))
+        prompt = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        m = cache.take(prompt)
+        if m is not None:
+            assert 0 < m.reuse < len(prompt)
+            assert m.entry.ids[:m.reuse] == prompt[:m.reuse]
+            assert m.snapshot is None or m.snapshot - 1 <= m.reuse <= m.snapshot
+
+
+def test_engine_config_refuses_a_non_bool_kv_reuse():
+    with pytest.raises(InvalidRequestError, match="kv_reuse"):
+        EngineConfig(kv_reuse=1)
+
+
+# -- the engine, reuse on and off ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llms(tiny_ckpt):
+    from flint_graph import LLM
+
+    on = LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(max_slots=4))
+    off = LLM(tiny_ckpt, device="cpu", progress=False,
+              engine=EngineConfig(max_slots=4, kv_reuse=False))
+    return on, off
+
+
+def _chat(llm, turns: list[str], tools=None, enable_thinking=True):
+    """A conversation: each user turn, the assistant's reply appended as the chat API returns
+    it; returns (output ids per turn, cached tokens per turn)."""
+    msgs, ids, cached = [], [], []
+    for t in turns:
+        msgs.append({"role": "user", "content": t})
+        msg = llm.chat(msgs, tools=tools, params=GREEDY, enable_thinking=enable_thinking)
+        ids.append(msg.output.token_ids)
+        cached.append(msg.output.cached_tokens)
+        msgs.append({"role": "assistant", "content": msg.content or "",
+                     "reasoning_content": msg.reasoning_content})
+    return ids, cached
+
+
+def test_multi_turn_chat_equals_a_cold_start_and_reuses_the_history(llms):
+    on, off = llms
+    turns = [f"turn {i}: say something about the number {i * 37}" for i in range(12)]
+    got, cached = _chat(on, turns)
+    want, none = _chat(off, turns)
+    assert got == want
+    assert not any(none)
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
+
+
+def test_a_tool_loop_reuses_almost_every_prompt_token(llms):
+    on, off = llms
+    tools = [{"type": "function", "function": {
+        "name": "lookup", "description": "look a key up",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
+                       "required": ["key"]}}}]
+    outs = {}
+    for name, llm in (("on", on), ("off", off)):
+        msgs = [{"role": "user", "content": "find the values of keys a, b and c"}]
+        ids, fractions = [], []
+        for step in range(5):
+            msg = llm.chat(msgs, tools=tools, params=GREEDY)
+            ids.append(msg.output.token_ids)
+            fractions.append(msg.output.cached_tokens / len(msg.output.prompt_token_ids))
+            msgs.append({"role": "assistant", "content": msg.content or "",
+                         "reasoning_content": msg.reasoning_content,
+                         "tool_calls": [{"type": "function", "function": {
+                             "name": "lookup", "arguments": {"key": "abc"[step % 3]}}}]})
+            msgs.append({"role": "tool", "content": f"value {step}: {'x' * (step + 3)}"})
+        outs[name] = (ids, fractions)
+    assert outs["on"][0] == outs["off"][0]
+    assert all(f > 0.5 for f in outs["on"][1][1:]), outs["on"][1]
+
+
+def test_interleaved_diverging_and_prefix_prompts_equal_cold_starts(llms):
+    """Two conversations taking turns on one engine; a third that repeats the first's opening
+    then diverges at its second turn; a raw prompt that is a strict prefix of an earlier one;
+    the same prompt twice."""
+    on, off = llms
+    a = [f"alpha {i} " * 3 for i in range(4)]
+    b = [f"beta {i} " * 5 for i in range(4)]
+    c = a[:1] + ["gamma diverges here"] + a[2:3]
+    results = {}
+    for name, llm in (("on", on), ("off", off)):
+        out = []
+        ma, mb = [], []
+        for ta, tb in zip(a, b):
+            for msgs, t in ((ma, ta), (mb, tb)):
+                msgs.append({"role": "user", "content": t})
+                msg = llm.chat(msgs, params=GREEDY)
+                out.append(msg.output.token_ids)
+                msgs.append({"role": "assistant", "content": msg.content or ""})
+        out += _chat(llm, c)[0]
+        long = list(range(5, 70))
+        out += [o.token_ids for o in llm.generate([long, long[:40], long[:40], long],
+                                                  GREEDY)]
+        results[name] = out
+    assert results["on"] == results["off"]
+
+
+def test_resumed_prefill_writes_the_kv_a_cold_prefill_writes(llms):
+    """After a resume inside the ring window (one token before the snapshot) and one exactly at
+    it, the sequence's KV (every ring entry, every full-layer position) equals a cold
+    prefill's of the same ids."""
+    on, _ = llms
+    eng = on.engine
+    base = list(range(3, 43))  # 40 tokens: the tiny rings (17) wrap twice
+    for resume, tail in ((39, [50, 51, 52]), (40, [60, 61])):
+        eng.prefix_cache.clear()
+        first = on.generate([base], SamplingParams(temperature=0.0, max_tokens=4))[0]
+        prompt = base[:resume] + tail
+        req = on._request(prompt, SamplingParams(temperature=0.0, max_tokens=1), None)
+        eng.add(req)
+        with eng._lock, torch.inference_mode():
+            eng._admit(eng.waiting.popleft())
+            assert req.cached_tokens == resume, (req.cached_tokens, first.token_ids)
+            seq = eng._kv[req.id]
+            eng.model.prefill(seq, torch.tensor(prompt[resume:]), 64)
+            cold = eng.model.new_sequence()
+            eng.model.prefill(cold, torch.tensor(prompt), 64)
+        n = len(prompt)
+        for i, w in enumerate(seq.windows):
+            got, want = (seq.k[i], cold.k[i]) if w else (seq.k[i][:n], cold.k[i][:n])
+            assert torch.equal(got, want), f"layer {i}"
+        eng.abort(req)
+        eng.prefix_cache.clear()
+
+
+def test_failed_or_half_prefilled_requests_leave_nothing_to_reuse(llms, monkeypatch):
+    on, _ = llms
+    eng = on.engine
+    eng.prefix_cache.clear()
+    req = on._request(list(range(1, 60)), SamplingParams(max_tokens=3), None)
+    eng.add(req)
+    monkeypatch.setattr(eng.pacer, "budget", lambda decoding: 10)
+    eng.step()  # 10 of 59 prompt tokens prefilled
+    assert req in eng.prefilling
+    eng.abort(req)
+    assert len(eng.prefix_cache) == 0
+    monkeypatch.undo()
+    bad = on._request(list(range(1, 20)), SamplingParams(max_tokens=3), None)
+    real = eng.model.prefill
+
+    def failing(*a, **k):
+        raise RuntimeError("simulated prefill fault")
+
+    monkeypatch.setattr(eng.model, "prefill", failing)
+    eng.add(bad)
+    eng.step()
+    assert bad.finish_reason == "error" and len(eng.prefix_cache) == 0
+    monkeypatch.setattr(eng.model, "prefill", real)
