@@ -261,6 +261,16 @@ class Engine:
 
     # -- KV reuse (flint_graph/prefix_cache.py) ---------------------------------------------
 
+    def drop_retained(self) -> int:
+        """Forget every retained sequence (their KV slots go back); returns how many. Safe
+        from any thread."""
+        with self._lock:
+            gone = self.prefix_cache.clear()
+            for e in gone:
+                if self.runner:
+                    self.runner.free_slot(e.kv)
+            return len(gone)
+
     def _admit(self, req: Request) -> None:
         """Give `req` a KV cache: the retained sequence sharing the longest usable prefix with
         its prompt (prefill resumes after it: req.cached_tokens), else a fresh one."""

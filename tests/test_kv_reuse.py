@@ -178,7 +178,7 @@ def test_resumed_prefill_writes_the_kv_a_cold_prefill_writes(llms):
     eng = on.engine
     base = list(range(3, 43))  # 40 tokens: the tiny rings (17) wrap twice
     for resume, tail in ((39, [50, 51, 52]), (40, [60, 61])):
-        eng.prefix_cache.clear()
+        eng.drop_retained()
         first = on.generate([base], SamplingParams(temperature=0.0, max_tokens=4))[0]
         prompt = base[:resume] + tail
         req = on._request(prompt, SamplingParams(temperature=0.0, max_tokens=1), None)
@@ -195,7 +195,7 @@ def test_resumed_prefill_writes_the_kv_a_cold_prefill_writes(llms):
             got, want = (seq.k[i], cold.k[i]) if w else (seq.k[i][:n], cold.k[i][:n])
             assert torch.equal(got, want), f"layer {i}"
         eng.abort(req)
-        eng.prefix_cache.clear()
+        eng.drop_retained()
 
 
 def test_failed_or_half_prefilled_requests_leave_nothing_to_reuse(llms, monkeypatch):

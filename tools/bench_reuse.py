@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""TTFT per chat turn with KV reuse on and off (issue 22), full-size synthetic weights in memory:
+a first user message of about --history tokens, then --turns short turns, greedy, the same
+conversation twice on one engine (reuse on, then off by capacity 0). Prints and writes
+reuse.json under --out: per turn the prompt tokens, cached tokens and TTFT (ms).
+
+    python tools/bench_reuse.py [--preset full] [--format bf16] [--history 8000] [--turns 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def conversation(llm, first: str, turns: int, max_tokens: int) -> list[dict]:
+    from flint_graph.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    msgs, rows = [{"role": "user", "content": first}], []
+    for t in range(turns):
+        msg = llm.chat(msgs, params=params)
+        out = msg.output
+        rows.append({"turn": t, "prompt_tokens": len(out.prompt_token_ids),
+                     "cached_tokens": out.cached_tokens, "ttft_ms": out.ttft_ms})
+        print(json.dumps(rows[-1]), flush=True)
+        msgs += [{"role": "assistant", "content": msg.content or ""},
+                 {"role": "user", "content": f"and what about item {t * 11}? answer briefly"}]
+    return rows
+
+
+def main() -> int:
+    from flint_graph.perf.bench import BenchOptions, sources
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="full")
+    p.add_argument("--format", default="bf16", choices=("bf16", "nvfp4"))
+    p.add_argument("--history", type=int, default=8000, help="approximate tokens of turn 1")
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--out", default="out")
+    args = p.parse_args()
+    items = max(1, args.history * 170 // 2621)  # 170 items made 2,621 tokens (perf-log)
+    first = "Summarize this log. " + " ".join(
+        f"line {i}: step {i * 7 % 13} ok, value {i * 31 % 97}." for i in range(items))
+    o = BenchOptions(preset=args.preset, formats=(args.format,), progress=False, buckets=(1,))
+    res = {}
+    for fmt, llm in sources(o, args.history + 4096):
+        if fmt != args.format:
+            continue
+        res["on"] = conversation(llm, first, args.turns, args.max_tokens)
+        llm.engine.drop_retained()
+        llm.engine.prefix_cache.capacity = 0  # reuse off, same engine and weights
+        res["off"] = conversation(llm, first, args.turns, args.max_tokens)
+        break
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "reuse.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
