@@ -430,7 +430,10 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
     permutation, GGUF only); engine_s (graph engine: kv_alloc_s, then per bucket
     kernel_load_B{b}_s (kernel-cache entries loaded and the layers set up) and capture_B{b}_s;
     kernel_cache_s their load total); kernels_per_step per bucket (our launches), and bytes of
-    weights and KV cache."""
+    weights and KV cache; kv_reuse: how many finished sequences the engine may retain
+    (retained_max, 0 = reuse off; on the graph engine they hold KV slots counted in
+    kv_cache_bytes) and the bytes of one ring snapshot (snapshot_bytes; up to
+    snapshots_per_sequence per retained or running sequence, on the engine's device)."""
     eng = llm.engine
     repack = llm.checkpoint.timings.get("repack_s", 0.0)
     out: dict[str, Any] = {"engine": eng.name, "checkpoint_s": round(load_s, 3),
@@ -444,6 +447,11 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
         out["context_limit"] = eng.context_limit
     else:
         out["fallback_reason"] = eng.fallback_reason
+    from flint_graph.prefix_cache import MAX_SNAPSHOTS
+
+    out["kv_reuse"] = {"retained_max": eng.prefix_cache.capacity,
+                       "snapshot_bytes": llm.cfg.sliding_kv_bytes_per_slot,
+                       "snapshots_per_sequence": MAX_SNAPSHOTS}
     return out
 
 

@@ -5,6 +5,7 @@ conversation twice on one engine (reuse on, then off by capacity 0). Prints and 
 reuse.json under --out: per turn the prompt tokens, cached tokens and TTFT (ms).
 
     python tools/bench_reuse.py [--preset full] [--format bf16] [--history 8000] [--turns 6]
+    python tools/bench_reuse.py --model nano --device cpu     # the embedded flint-nano
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def main() -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")
+    p.add_argument("--model", help="a checkpoint path, or 'nano' for the embedded flint-nano "
+                                   "(default: --preset's synthetic weights)")
+    p.add_argument("--device", default=None)
     p.add_argument("--format", default="bf16", choices=("bf16", "nvfp4"))
     p.add_argument("--history", type=int, default=8000, help="approximate tokens of turn 1")
     p.add_argument("--turns", type=int, default=6)
@@ -45,10 +49,16 @@ def main() -> int:
     items = max(1, args.history * 170 // 2621)  # 170 items made 2,621 tokens (perf-log)
     first = "Summarize this log. " + " ".join(
         f"line {i}: step {i * 7 % 13} ok, value {i * 31 % 97}." for i in range(items))
-    o = BenchOptions(preset=args.preset, formats=(args.format,), progress=False, buckets=(1,))
+    model = args.model
+    if model == "nano":
+        from flint_graph.make_checkpoint import ensure_default_checkpoint
+
+        model = str(ensure_default_checkpoint())
+    o = BenchOptions(preset=args.preset, formats=(args.format,), progress=False, buckets=(1,),
+                     model=model, device=args.device)
     res = {}
     for fmt, llm in sources(o, args.history + 4096):
-        if fmt != args.format:
+        if fmt != args.format and model is None:
             continue
         res["on"] = conversation(llm, first, args.turns, args.max_tokens)
         llm.engine.drop_retained()
