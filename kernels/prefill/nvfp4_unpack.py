@@ -17,8 +17,9 @@ was there (nothing reads them: their GEMM groups are empty). A short prompt touc
 
 PDL: SKIP = 0 reads only weights, all before `griddepcontrol.wait`; the wait guards its stores
 (the scratch it writes is what the previous layer's expert GEMMs read). SKIP = 1 reads counts
-(an input) after the wait, in every thread, then its weights (only the needed ones: a prefetch
-before the wait would read every expert).
+(an input) after the wait, in every thread, then its codes and scales (only the needed ones: a
+prefetch before the wait would read every expert); only its expert's scale2 word is loaded
+before the wait.
 Tolerance (GPU test): bitwise equal to `nvfp4.dequantize(..., float32)` rounded to bf16 where
 decoded; with SKIP, skipped experts' rows untouched (still the NaN poison).
 """
@@ -156,10 +157,14 @@ def _build(spec: Spec):
             tid, _, _ = cute.arch.thread_idx()
             bx, _, _ = cute.arch.block_idx()
             s = bx * THREADS + tid
-            cute.arch.griddepcontrol_wait()
+            # the expert's scale2 (one word per CTA) is the weight worth having in flight
+            e = cutlass.min(s, mc.shape[0] - 1) // spe
+            sc2 = du.ld_weight_u32(m2.iterator.toint() + Int64(e) * 4)
+            du.griddepcontrol_wait_after_values([sc2])
             if s < mc.shape[0]:
-                if du.ld_u32(mn.iterator.toint() + Int64(s // spe) * 4) != Uint32(0):
-                    w, b, sc2 = load(mc, ms, m2, s)
+                if du.ld_u32(mn.iterator.toint() + Int64(e) * 4) != Uint32(0):
+                    w = du.ld_weight_v2(mc.iterator.toint() + Int64(s) * 8)
+                    b = du.ld_weight_u8(ms.iterator.toint() + Int64(s))
                     s2, sc = scales_of(b, sc2)
                     store(s, w, s2, sc, mo)
 
