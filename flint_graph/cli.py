@@ -172,6 +172,10 @@ def load_llm(args: argparse.Namespace):
     if args.max_context is not None and llm.engine.name == "reference":
         print("flint-graph: note: --max-context sizes the graph engine's KV cache; the reference "
               "engine running here grows its cache as needed and ignores it", file=sys.stderr)
+    if not args.prefill_graphs and llm.engine.name == "reference":
+        print("flint-graph: note: --no-prefill-graphs concerns the graph engine's kernel "
+              "prefill; the reference engine running here has no graphs to turn off",
+              file=sys.stderr)
     if args.prefill != "kernel" and llm.engine.name == "reference":
         print(f"flint-graph: note: --prefill {args.prefill} picks the graph engine's prompt "
               "path; the reference engine running here prefills with the plain model",

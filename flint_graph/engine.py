@@ -138,7 +138,8 @@ class Engine:
             req = self.waiting.popleft()
             self._admit(req)
         # while rows decode, a step prefills what fits in its time budget (PrefillPacer)
-        budget = self.pacer.budget(decoding=bool(self.running))
+        budget = self.pacer.budget(decoding=bool(self.running), start=next(
+            (self._prefilled[r.id] for r in self.prefilling), 0))
         for req in list(self.prefilling):
             done = self._prefilled[req.id]
             n = len(req.prompt_ids) - done if budget is None else min(
@@ -163,7 +164,7 @@ class Engine:
                 self._retire(req)
                 budget = None if budget is None else budget - n
                 continue
-            self.pacer.observe(n, (time.perf_counter() - t0) * 1e3)
+            self.pacer.observe(n, (time.perf_counter() - t0) * 1e3, start=done)
             self._prefilled[req.id] = done = done + n
             budget = None if budget is None else budget - n
             if done == len(req.prompt_ids):

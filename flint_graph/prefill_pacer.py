@@ -2,31 +2,43 @@
 
 While other requests are decoding, every step's prefill delays their next token, so a step
 prefills only as many tokens as fit in `step_ms`, predicted from the prefills this engine has
-timed: ms(n) ≈ fixed + per_token · n, a least-squares line through the last SAMPLES calls (the
-fixed part is what a chunk costs whatever its size: weight reads of the expert GEMMs, launches;
-it is why a smaller budget costs the prompt more in total). With nothing decoding there is no
-one to keep waiting: the whole remaining prompt goes in one step (in chunks of the engine's
-chunk size). Until two prefills of different sizes have been timed the budget is
-FIRST_TOKENS; it never falls below MIN_TOKENS (a step_ms below the fixed part would otherwise
-prefill a token per step).
+timed. A prefill of n tokens after s cached ones costs about
+
+    ms(n, s) ≈ a + d·s + n·(b + c·s)
+
+a fixed part per call (the expert weights read once, thousands of small kernels; on the
+reference engine the cache gathered once per layer: d·s) and a part per token (the GEMMs, b,
+and attention over the prefix, c·s). The four coefficients are a least-squares fit over the last
+SAMPLES calls; with too few distinct samples for that, a line in n alone; with less, the budget
+is FIRST_TOKENS. With nothing decoding there is no one to keep waiting: the whole remaining
+prompt goes in one step (in chunks of the engine's chunk size).
+
+Two floors keep a long prompt moving: at least MIN_TOKENS, and at least as many tokens as the
+fixed part is worth (n·per-token ≥ fixed), so even where the fixed part alone passes `step_ms`
+(late in a very long prompt) a step spends at most half its time on it.
 
 The trade-off, in numbers from the H200 (full size, `flint-graph bench --interleave 8k,32k`,
-docs/perf-log.md): a chunk has a fixed cost of ~15-35 ms (the expert weights read once, ~4,000
-small kernels) beside ~0.03-0.05 ms per token, so a small step budget spends most of each step
-on the fixed part. At 50 ms a running stream kept a p50 / p99 time per token of 54 / 79 ms
-(BF16) while an 8K and a 32K prompt arrived, but the 32K prompt's first token took 22 s instead
-of 1.5 s; unpaced, the stream stalled once for 1.8 s. The default, 200 ms, spends about a fifth
-of a step on the fixed part: the stream's tokens slow to ~5 per second while a long prompt
-prefills, and the prompt's prefill takes about a quarter longer than alone.
+docs/perf-log.md): a chunk has a fixed cost of ~15-35 ms beside ~0.03-0.05 ms per token, so a
+small step budget spends most of each step on the fixed part. At 50 ms a running stream kept a
+p50 / p99 time per token of 54 / 79 ms (BF16) while an 8K and a 32K prompt arrived, but the 32K
+prompt's first token took 22 s instead of 1.5 s; unpaced, the stream stalled once for 1.8 s.
+The default, 200 ms, gave 217 / 272 ms per token and 2.1 s for the 32K prompt.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 SAMPLES = 32  # prefill calls the fit remembers
-FIRST_TOKENS = 256  # the budget while decoding, before the line is known
+FIRST_TOKENS = 256  # the budget while decoding, before anything is known
 MIN_TOKENS = 64  # the least a step prefills while decoding: a prompt always moves on
+MAX_TOKENS = 1 << 30  # where a budget stops being a bound
+
+
+def _finite_positive(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v > 0)
 
 
 class PrefillPacer:
@@ -34,49 +46,65 @@ class PrefillPacer:
 
     step_ms: the prefill time a step may add while other requests decode (None: no time
     bound); max_tokens: a hard cap per step either way (None: none). Raises ValueError for a
-    step_ms that is not > 0 or a max_tokens that is not ≥ 1."""
+    step_ms that is not a finite number > 0 or a max_tokens that is not an int ≥ 1."""
 
     def __init__(self, step_ms: float | None = 200.0, max_tokens: int | None = None):
-        if step_ms is not None and not step_ms > 0:
-            raise ValueError(f"step_ms {step_ms!r}: expected a number > 0 (or None)")
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"max_tokens {max_tokens!r}: expected an integer >= 1 (or None)")
+        if step_ms is not None and not _finite_positive(step_ms):
+            raise ValueError(f"step_ms {step_ms!r}: expected a finite number > 0 (or None)")
+        if max_tokens is not None and (not isinstance(max_tokens, int)
+                                       or isinstance(max_tokens, bool) or max_tokens < 1):
+            raise ValueError(f"max_tokens {max_tokens!r}: expected an int >= 1 (or None)")
         self.step_ms, self.max_tokens = step_ms, max_tokens
-        self.samples: deque[tuple[int, float]] = deque(maxlen=SAMPLES)
+        self.samples: deque[tuple[int, int, float]] = deque(maxlen=SAMPLES)
 
-    def observe(self, tokens: int, ms: float) -> None:
-        """Record one prefill call: `tokens` prompt tokens took `ms` milliseconds."""
-        if tokens > 0 and ms >= 0:
-            self.samples.append((tokens, ms))
+    def observe(self, tokens: int, ms: float, start: int = 0) -> None:
+        """Record one prefill call: `tokens` prompt tokens after `start` cached ones took `ms`
+        milliseconds. Anything but finite positive numbers is ignored."""
+        if (_finite_positive(tokens) and _finite_positive(ms) and tokens < MAX_TOKENS
+                and isinstance(start, (int, float)) and math.isfinite(start) and start >= 0):
+            self.samples.append((int(tokens), int(start), float(ms)))
 
-    def line(self) -> tuple[float, float] | None:
-        """(fixed ms, ms per token) fitted to the samples, or None before two distinct sizes."""
-        if len({n for n, _ in self.samples}) < 2:
+    def cost(self) -> tuple[float, float, float, float] | None:
+        """(a, d, b, c) of ms(n, s) ≈ a + d·s + n·(b + c·s) fitted to the samples (d = c = 0
+        when the starts do not vary enough; all ≥ 0), or None before two distinct sizes."""
+        if len({n for n, _, _ in self.samples}) < 2:
             return None
-        k = len(self.samples)
-        mx = sum(n for n, _ in self.samples) / k
-        my = sum(m for _, m in self.samples) / k
-        sxx = sum((n - mx) ** 2 for n, _ in self.samples)
-        slope = sum((n - mx) * (m - my) for n, m in self.samples) / sxx
-        slope = max(slope, 1e-6)  # timing noise must not make tokens look free
-        return max(0.0, my - slope * mx), slope
+        import torch
 
-    def predict_ms(self, tokens: int) -> float | None:
-        """Predicted ms of a `tokens`-token prefill, or None while the line is unknown."""
-        fit = self.line()
-        return None if fit is None else fit[0] + fit[1] * tokens
+        rows = torch.tensor([[1.0, s, n, n * s] for n, s, _ in self.samples],
+                            dtype=torch.float64)
+        y = torch.tensor([[m] for _, _, m in self.samples], dtype=torch.float64)
+        if len({s for _, s, _ in self.samples}) < 2 or len(self.samples) < 4:
+            rows = rows[:, [0, 2]]
+        scale = rows.abs().amax(0).clamp(min=1.0)  # columns of very different sizes
+        sol = torch.linalg.lstsq(rows / scale, y).solution[:, 0] / scale
+        coef = [max(0.0, float(v)) if math.isfinite(float(v)) else 0.0 for v in sol]
+        a, d, b, c = coef if len(coef) == 4 else (coef[0], 0.0, coef[1], 0.0)
+        if b + c <= 0:  # noise: fall back to the mean cost per token, no fixed part
+            b = sum(m for _, _, m in self.samples) / sum(n for n, _, _ in self.samples)
+        return a, d, b, c
 
-    def budget(self, decoding: bool) -> int | None:
-        """Prompt tokens this step may prefill: None = no bound (nothing decoding and no
-        max_tokens), else ≥ 1 (≥ MIN_TOKENS unless max_tokens is lower)."""
+    def predict_ms(self, tokens: int, start: int = 0) -> float | None:
+        """Predicted ms of prefilling `tokens` after `start` cached, or None while unknown."""
+        fit = self.cost()
+        if fit is None:
+            return None
+        a, d, b, c = fit
+        return a + d * start + tokens * (b + c * start)
+
+    def budget(self, decoding: bool, start: int = 0) -> int | None:
+        """Prompt tokens this step may prefill for a prompt with `start` tokens already cached:
+        None = no bound (nothing decoding and no max_tokens), else an int ≥ 1 (≥ MIN_TOKENS
+        unless max_tokens is lower)."""
         cap = self.max_tokens
         if not decoding or self.step_ms is None:
             return cap
-        fit = self.line()
+        fit = self.cost()
         if fit is None:
             n = FIRST_TOKENS
         else:
-            fixed, per_token = fit
-            n = int((self.step_ms - fixed) / per_token) if self.step_ms > fixed else 0
-        n = max(MIN_TOKENS, n)
+            a, d, b, c = fit
+            fixed, per_token = a + d * start, max(b + c * start, 1e-9)
+            n = max((self.step_ms - fixed) / per_token, fixed / per_token, MIN_TOKENS)
+            n = int(min(n, MAX_TOKENS))
         return n if cap is None else min(n, cap)

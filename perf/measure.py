@@ -205,7 +205,8 @@ def interleave_record(llm, fmt: str, lengths: list[int], step_ms: float | None,
     `lengths` entry arrives at once (max_tokens 1). Every step until the last of them has its
     first token gives A exactly one token: the wall time of those steps is A's time per token
     (p50, p99, max), beside each long prompt's TTFT from its arrival. The engine's pacer runs
-    with `step_ms` (None: whole prompts in one step) and is restored after."""
+    with `step_ms` (None: whole prompts in one step) and is restored after. ttft_ms is keyed by
+    length (numbered where a length repeats); None for a prompt that failed."""
     from flint_graph.sampling import SamplingParams
 
     eng = llm.engine
@@ -224,13 +225,16 @@ def interleave_record(llm, fmt: str, lengths: list[int], step_ms: float | None,
         for r in longs:
             eng.add(r)
         steps, ttft = [], {}
+        # a prompt's label: its length, numbered when a length repeats
+        labels = [str(n) if lengths.count(n) == 1 else f"{n} ({i + 1})"
+                  for i, n in enumerate(lengths)]
         while len(ttft) < len(longs):
             t = time.perf_counter()
             eng.step()
             steps.append((time.perf_counter() - t) * 1e3)
-            for n, r in zip(lengths, longs):
-                if r.output_ids and n not in ttft:
-                    ttft[n] = (time.perf_counter() - t0) * 1e3
+            for label, r in zip(labels, longs):
+                if label not in ttft and (r.output_ids or r.is_finished):
+                    ttft[label] = (time.perf_counter() - t0) * 1e3 if r.output_ids else None
     finally:
         for r in [a, *longs]:
             if not r.is_finished:
@@ -242,7 +246,7 @@ def interleave_record(llm, fmt: str, lengths: list[int], step_ms: float | None,
             "prompts": list(lengths), "steps": len(steps),
             "tpot_p50_ms": statistics.median(q),
             "tpot_p99_ms": q[min(len(q) - 1, int(0.99 * len(q)))], "tpot_max_ms": q[-1],
-            "ttft_ms": {str(n): v for n, v in ttft.items()}}
+            "ttft_ms": ttft}
 
 
 def graph_nodes_per_bucket(runner) -> dict[str, int]:

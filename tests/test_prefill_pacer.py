@@ -19,8 +19,8 @@ def test_the_budget_follows_the_fitted_line():
     assert p.budget(decoding=True) == FIRST_TOKENS  # nothing timed yet
     for n in (25, 512, 2048, 512):
         p.observe(n, 20.0 + 0.03 * n)  # 20 ms fixed + 30 µs per token
-    fixed, per_token = p.line()
-    assert fixed == pytest.approx(20.0) and per_token == pytest.approx(0.03)
+    a, d, b, c = p.cost()
+    assert a == pytest.approx(20.0) and b == pytest.approx(0.03) and d == c == 0
     assert p.budget(decoding=True) in (999, 1000)  # (50 − 20) / 0.03, floating point
     assert p.predict_ms(1000) == pytest.approx(50.0)
     assert PrefillPacer(50.0, max_tokens=700).budget(decoding=True) == FIRST_TOKENS
@@ -29,21 +29,51 @@ def test_the_budget_follows_the_fitted_line():
     assert capped.budget(decoding=True) == 100
 
 
+def test_the_cost_grows_with_the_cached_prefix():
+    """ms = 5 + 0.001·s + n·(0.02 + 1e-5·s): later in a long prompt a step takes fewer tokens,
+    and where the fixed part alone passes the budget it still takes as many tokens as that
+    part is worth."""
+    p = PrefillPacer(200.0)
+    for n in (64, 256, 1024):
+        for s in (0, 4000, 16000, 32000):
+            p.observe(n, 5 + 0.001 * s + n * (0.02 + 1e-5 * s), start=s)
+    assert p.predict_ms(100, 20000) == pytest.approx(5 + 20 + 100 * 0.22, rel=1e-6)
+    early, late = p.budget(True, start=0), p.budget(True, start=30000)
+    assert early > late >= MIN_TOKENS
+    slow = PrefillPacer(10.0)
+    slow.samples.extend(p.samples)
+    fixed, per = 5 + 0.001 * 30000, 0.02 + 1e-5 * 30000
+    assert slow.budget(True, start=30000) == int(fixed / per)  # 35 ms fixed > 10 ms budget
+
+
 def test_a_budget_below_the_fixed_cost_still_moves_the_prompt():
     p = PrefillPacer(5.0)
     p.observe(16, 20.0)
     p.observe(64, 21.0)
-    assert p.budget(decoding=True) == MIN_TOKENS
+    assert p.budget(decoding=True) >= MIN_TOKENS
 
 
-def test_one_size_or_noise_gives_no_line_and_no_free_tokens():
+def test_noise_odd_observations_and_huge_budgets_never_break_the_budget():
     p = PrefillPacer(50.0)
     p.observe(64, 10.0)
     p.observe(64, 12.0)
-    assert p.line() is None and p.predict_ms(10) is None
-    p.observe(128, 9.0)  # slower for fewer tokens: the slope is clamped, never negative
-    assert p.line()[1] > 0
+    assert p.cost() is None and p.predict_ms(10) is None
+    p.observe(128, 9.0)  # slower for fewer tokens: no negative or zero cost per token
+    assert p.cost()[2] > 0
     assert p.budget(decoding=True) >= MIN_TOKENS
+    for bad in [(10, float("inf")), (1e308, 5.0), (float("inf"), 5.0), (10, "5"),
+                (10, None), (-3, 5.0), (10, float("nan")), (True, 5.0), (10, 5.0, -1),
+                (10, 5.0, float("nan"))]:
+        p.observe(*bad)
+    assert len(p.samples) == 3
+    huge = PrefillPacer(1e306)
+    huge.samples.extend(p.samples)
+    n = huge.budget(decoding=True)
+    assert isinstance(n, int) and n >= 1
+    for args in [{"step_ms": "50"}, {"step_ms": float("inf")}, {"step_ms": True},
+                 {"max_tokens": "5"}, {"max_tokens": 2.5}, {"max_tokens": 0}]:
+        with pytest.raises(ValueError):
+            PrefillPacer(**args)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "50", True])
@@ -64,7 +94,7 @@ def test_engine_prefills_a_time_sized_share_while_a_row_decodes(tiny_llm, monkey
     from flint_graph.sampling import SamplingParams
 
     eng = tiny_llm.engine
-    monkeypatch.setattr(eng.pacer, "budget", lambda decoding: 40 if decoding else None)
+    monkeypatch.setattr(eng.pacer, "budget", lambda decoding, start=0: 40 if decoding else None)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     a = tiny_llm._request([5, 6, 7], params, None)
     eng.add(a)
@@ -81,6 +111,13 @@ def test_engine_prefills_a_time_sized_share_while_a_row_decodes(tiny_llm, monkey
     assert seen == [40, 80, 120, 130]
     for r in (a, b):
         eng.abort(r)
+
+
+def test_interleave_record_tells_repeated_lengths_apart(tiny_llm):
+    from flint_graph.perf.measure import interleave_record
+
+    r = interleave_record(tiny_llm, "bf16", [40, 40], 50.0, warm_tokens=2)
+    assert set(r["ttft_ms"]) == {"40 (1)", "40 (2)"}
 
 
 @pytest.mark.parametrize("step_ms", [50.0, None])
