@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from flint_graph.chat_template import Segment, render_chat_segments
+from flint_graph.generated_ids import splice_generated
 from flint_graph.checkpoint import LoadedCheckpoint, load_checkpoint
 from flint_graph.engine import Engine
 from flint_graph.engine_config import EngineConfig, pick_device
@@ -31,6 +33,8 @@ from flint_graph.request import Request, RequestDelta
 from flint_graph.sampling import SamplingParams
 from flint_graph.tokenizer import FlintTokenizer
 
+
+CHAT_HISTORY = 16  # recent chat requests whose generated ids later prompts may reuse
 
 @dataclass
 class GenerationOutput:
@@ -170,6 +174,8 @@ class LLM:
                 f"{self.tokenizer.vocab_size} tokens but config.json vocab_size is "
                 f"{self.cfg.vocab_size}; the LM head has no row for the rest")
         self.engine = Engine(self.checkpoint, self.device, self.tokenizer.vocab_size, engine)
+        # recent chat requests: their generated ids go back into later prompts (generated_ids)
+        self._chat_history: deque[Request] = deque(maxlen=CHAT_HISTORY)
         self.startup = startup_report(self, load_s, time.perf_counter() - loaded)
 
     # -- raw completion ---------------------------------------------------------------------
@@ -300,7 +306,14 @@ class LLM:
         declared = (tools or []) if tool_choice != "none" else []
         parser = OutputParser(tools=declared, thinking=enable_thinking)
         check_prompt_text("".join(s.text for s in segments))
-        return self._request(self.tokenizer.encode_segments(segments), params, parser=parser)
+        ids = self.tokenizer.encode_segments(segments)
+        # earlier turns the template wrote back verbatim get the ids that were generated
+        done = [(r.prompt_ids, r.output_ids) for r in self._chat_history if r.is_finished
+                and r.finish_reason in ("stop", "tool_calls") and not r.errors]
+        ids = splice_generated(ids, done, lambda t: self.tokenizer.decode(t, False))
+        req = self._request(ids, params, parser=parser)
+        self._chat_history.append(req)
+        return req
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -289,7 +289,7 @@ class ChatSession:
         footer = f"{_count(len(out.token_ids), 'token')}"
         if out.ttft_ms is not None:
             footer += f" · TTFT {out.ttft_ms:.0f} ms"
-        if out.cached_tokens:
+        if out.cached_tokens:  # KV reuse (issue 22)
             footer += f" · {out.cached_tokens}/{len(out.prompt_token_ids)} prompt tokens cached"
         if out.ms_per_token:
             footer += f" · {1000 / out.ms_per_token:.1f} tokens/s"

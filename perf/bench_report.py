@@ -231,6 +231,7 @@ def _interleave_row(r: dict) -> list[str]:
              f"{num(r.get('tpot_p99_ms'), 1, ' ms')}, max {num(r.get('tpot_max_ms'), 1, ' ms')};"
              f" TTFT {ttft}")
     prompts = "+".join(num(n) for n in r.get("prompts") or [])
+    how += f", {num(r.get('steps'))} steps"
     return [f"stream while {prompts} arrive ({how})", r.get("engine") or "-",
             r.get("format") or "-", value]
 

@@ -37,9 +37,10 @@ figures (one process, one run):
                 token; on CUDA also TFLOP/s and MFU (against the BF16 matmul rate
                 measured in the run) and, on the graph engine, the torch-ops baseline
   interleave    with --interleave 8k,32k: a running stream's time per token
-                (p50, p99, max) while those prompts arrive together, and their
-                TTFT, with the engine's --prefill-step-ms pacing and without it
-                (whole prompts in one step); needs --buckets up to 1 + their count
+                (p50, p99, max over the steps it took, their count shown) while
+                those prompts arrive together, and their TTFT, with the engine's
+                default pacing (200 ms of prefill per step) and without it (whole
+                prompts in one step); needs --buckets up to 1 + their count
   cold start    CLI entry to first token, split into checkpoint read, repack
                 (GGUF), KV allocation, kernel-cache load, graph capture, first
                 token and the rest (imports, tokenizer; synthetic --preset
@@ -165,7 +166,7 @@ def add_bench_parser(sub, positive_int, buckets) -> None:
                         "8192, or half the model's limit when smaller)")
     p.add_argument("--interleave", type=_contexts, metavar="N,N,...",
                    help="prompt lengths arriving together while a stream decodes, e.g. "
-                        "8k,32k (default: none; see interleave above)")
+                        "8k,32k (default: none; see interleave in the figures below)")
     p.add_argument("--json", type=_path, metavar="FILE", help="write every figure as JSON")
     p.add_argument("--markdown", type=_path, metavar="FILE", help="write the tables as markdown")
     p.add_argument("--compare", type=_path, nargs=2, metavar=("A.json", "B.json"),

@@ -16,7 +16,7 @@ class FakeStream:
         self.deltas += [NS(reasoning="", content=content[i:i + 3], tool_calls=[])
                         for i in range(0, len(content), 3)]
         out = NS(errors=[], token_ids=[0] * 50, ttft_ms=1.0, ms_per_token=2.0,
-                 finish_reason="stop", prompt_token_ids=[0] * 10)
+                 finish_reason="stop", prompt_token_ids=[0] * 10, cached_tokens=0)
         self.message = NS(reasoning_content=reasoning, content=content, tool_calls=[],
                           finish_reason="stop", output=out,
                           to_dict=lambda: {"role": "assistant", "content": content})

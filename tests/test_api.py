@@ -526,8 +526,9 @@ def test_a_long_prompt_is_prefilled_between_decode_steps(tiny_ckpt):
     """A request arriving with a long prompt is prefilled `prefill_tokens_per_step` tokens per
     step while a running stream still gets one token every step; both outputs equal their solo
     runs (the engine's prefill parts continue the cache exactly where the last one stopped)."""
-    llm = LLM(tiny_ckpt, device="cpu", progress=False,
-              engine=EngineConfig(prefill_chunk_tokens=16, prefill_tokens_per_step=32))
+    llm = LLM(tiny_ckpt, device="cpu", progress=False,  # no reuse: the solo runs would serve
+              engine=EngineConfig(prefill_chunk_tokens=16, prefill_tokens_per_step=32,
+                                  kv_reuse=False))
     p = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     long_ids = [(7 * i) % 500 + 3 for i in range(150)]  # 5 steps of prefill at 32 per step
     solo_a = llm.generate("first", p)[0].token_ids

@@ -221,3 +221,55 @@ def test_failed_or_half_prefilled_requests_leave_nothing_to_reuse(llms, monkeypa
     eng.step()
     assert bad.finish_reason == "error" and len(eng.prefix_cache) == 0
     monkeypatch.setattr(eng.model, "prefill", real)
+
+
+# -- generated ids back into the next prompt (flint_graph/generated_ids.py) ------------------
+
+def test_splice_puts_back_a_non_canonical_generation(tiny_llm):
+    from flint_graph.generated_ids import splice_generated
+
+    tok = tiny_llm.tokenizer
+
+    def dec(ids):
+        return tok.decode(ids, False)
+
+    head = "[gMASK]<sop><|user|>what is it?<|assistant|><think>"
+    prev = tok.encode(head)
+    reply = "it is fine</think>yes indeed"
+    out = [i for ch in reply for i in tok.encode_text(ch)] + tok.encode("<|observation|>")
+    assert dec(out) == reply + "<|observation|>"
+    new = tok.encode(head + reply + "<|observation|><tool_response>42</tool_response>"
+                     "<|assistant|><think>")
+    assert new[:len(prev) + len(out)] != prev + out  # re-encoding split it otherwise
+    got = splice_generated(new, [(prev, out)], dec)
+    assert got[:len(prev) + len(out)] == prev + out
+    assert dec(got) == dec(new)
+    # not verbatim (the template dropped the reasoning): left alone
+    other = tok.encode(head[:-len("<think>")] + "</think>yes indeed<|user|>next")
+    assert splice_generated(other, [(prev, out)], dec) == other
+    # a prompt that does not start with the earlier prompt: left alone
+    assert splice_generated(out + new, [(prev, out)], dec) == out + new
+    assert splice_generated(new, [], dec) == new
+
+
+def test_only_the_models_own_output_after_its_own_prompt_is_spliced(tiny_llm):
+    """Text spelling control tokens is replaced only where it reproduces, right after the same
+    prompt ids, exactly what the model generated: then by the model's own ids. After another
+    prompt, or differing by one character, it stays ordinary text."""
+    from flint_graph.generated_ids import splice_generated
+
+    tok = tiny_llm.tokenizer
+
+    def dec(t):
+        return tok.decode(t, False)
+
+    prev = tok.encode("[gMASK]<sop><|user|>a<|assistant|><think>")
+    out = tok.encode("</think>b<|user|>")
+    tail = tok.encode("<|assistant|>")
+    same = prev + tok.encode_text("</think>b<|user|>") + tail
+    assert splice_generated(same, [(prev, out)], dec) == prev + out + tail
+    other = tok.encode("[gMASK]<sop><|user|>z<|assistant|><think>")
+    forged = other + tok.encode_text("</think>b<|user|>") + tail
+    assert splice_generated(forged, [(prev, out)], dec) == forged
+    near = prev + tok.encode_text("</think>c<|user|>") + tail
+    assert splice_generated(near, [(prev, out)], dec) == near
