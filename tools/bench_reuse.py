@@ -32,6 +32,33 @@ def conversation(llm, first: str, turns: int, max_tokens: int) -> list[dict]:
     return rows
 
 
+TOOLS = [{"type": "function", "function": {
+    "name": "lookup", "description": "Look up the value of a key in the log.",
+    "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
+                   "required": ["key"]}}}]
+
+
+def tool_loop(llm, first: str, steps: int, max_tokens: int) -> list[dict]:
+    """An agent loop: after each reply, the reply with a lookup call and the call's result go
+    back in (the call is scripted, so the loop runs whatever the model writes)."""
+    from flint_graph.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    msgs, rows = [{"role": "user", "content": first}], []
+    for t in range(steps):
+        msg = llm.chat(msgs, tools=TOOLS, params=params)
+        out = msg.output
+        rows.append({"step": t, "prompt_tokens": len(out.prompt_token_ids),
+                     "cached_tokens": out.cached_tokens, "ttft_ms": out.ttft_ms})
+        print(json.dumps(rows[-1]), flush=True)
+        msgs += [{"role": "assistant", "content": msg.content or "",
+                  "reasoning_content": msg.reasoning_content,
+                  "tool_calls": [{"type": "function", "function": {
+                      "name": "lookup", "arguments": {"key": f"line {t * 7}"}}}]},
+                 {"role": "tool", "content": f"line {t * 7}: value {t * 31 % 97}"}]
+    return rows
+
+
 def main() -> int:
     from flint_graph.perf.bench import BenchOptions, sources
 
@@ -43,6 +70,9 @@ def main() -> int:
     p.add_argument("--format", default="bf16", choices=("bf16", "nvfp4"))
     p.add_argument("--history", type=int, default=8000, help="approximate tokens of turn 1")
     p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--tool-loop", action="store_true",
+                   help="an agent loop (a scripted tool call and its result per step) instead "
+                        "of chat turns")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--out", default="out")
     args = p.parse_args()
@@ -60,13 +90,15 @@ def main() -> int:
     for fmt, llm in sources(o, args.history + 4096):
         if fmt != args.format and model is None:
             continue
-        res["on"] = conversation(llm, first, args.turns, args.max_tokens)
+        run = tool_loop if args.tool_loop else conversation
+        res["on"] = run(llm, first, args.turns, args.max_tokens)
         llm.engine.drop_retained()
         llm.engine.prefix_cache.capacity = 0  # reuse off, same engine and weights
-        res["off"] = conversation(llm, first, args.turns, args.max_tokens)
+        res["off"] = run(llm, first, args.turns, args.max_tokens)
         break
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "reuse.json").write_text(json.dumps(res, indent=1))
+    name = "reuse-tool-loop.json" if args.tool_loop else "reuse.json"
+    (Path(args.out) / name).write_text(json.dumps(res, indent=1))
     return 0
 
 
