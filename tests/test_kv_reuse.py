@@ -112,7 +112,7 @@ def _chat(llm, turns: list[str], tools=None, enable_thinking=True):
 
 def test_multi_turn_chat_equals_a_cold_start_and_reuses_the_history(llms):
     on, off = llms
-    turns = [f"turn {i}: say something about the number {i * 37}" for i in range(12)]
+    turns = [f"turn {i}: say something about the number {i * 37}" for i in range(20)]
     got, cached = _chat(on, turns)
     want, none = _chat(off, turns)
     assert got == want
