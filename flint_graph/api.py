@@ -392,7 +392,7 @@ class RequestStream:
     GenerationOutput and, for chat requests, `.message` its ChatMessage."""
 
     def __init__(self, llm: LLM, req: Request, thinking: bool = False):
-        self._req, self._thinking = req, thinking
+        self._llm, self._req, self._thinking = llm, req, thinking
         self._deltas = llm._stream(req)
 
     def __iter__(self) -> Iterator[RequestDelta]:
@@ -401,6 +401,11 @@ class RequestStream:
     def close(self) -> None:
         """Abort the request if it is still running (e.g. on Ctrl-C)."""
         self._deltas.close()
+
+    def cancel(self) -> None:
+        """Abort the request from any thread, even while another one is iterating this
+        stream (which then ends with finish reason "abort"): a server whose client left."""
+        self._llm.engine.abort(self._req)
 
     @property
     def output(self) -> GenerationOutput:

@@ -313,6 +313,26 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return cmd_eval(args)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the OpenAI HTTP API until Ctrl-C (flint_graph/server)."""
+    from pathlib import Path
+
+    try:
+        import uvicorn
+
+        from flint_graph.server.app import create_app
+    except ImportError as e:
+        raise InvalidRequestError(f"flint-graph serve needs the serve extra ({e.name} is "
+                                  "missing): pip install 'flint-graph[serve]'") from None
+    llm = load_llm(args)
+    name = args.served_model_name or (Path(args.model).stem if args.model else "flint-nano")
+    app = create_app(llm, name, api_key=args.api_key)
+    print(f"flint-graph: serving {name!r} ({llm.engine.name} engine) on "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 # Each command and the modules it imports during start-up, where Ctrl-C exits at once (see the
 # module docstring). The embedded default checkpoint needs make_checkpoint too.
 COMMANDS = {
@@ -325,6 +345,7 @@ COMMANDS = {
     "trace": (_cmd_trace, ("flint_graph.perf.trace", "flint_graph.perf.trace_report")),
     "eval": (_cmd_eval, ("flint_graph.api", "flint_graph.make_checkpoint",
                          "flint_graph.nano.evals")),
+    "serve": (_cmd_serve, ("flint_graph.api", "flint_graph.make_checkpoint")),
 }
 
 

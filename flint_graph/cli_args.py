@@ -121,6 +121,24 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_args(gen)
     gen.set_defaults(command="generate")
 
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat completions, "
+                                       "completions, models, health)",
+                         description="Serve a Flint checkpoint over the OpenAI HTTP API: POST "
+                                     "/v1/chat/completions and /v1/completions (streamed as "
+                                     "server-sent events with stream: true), GET /v1/models "
+                                     "and /health. Needs the serve extra (FastAPI, uvicorn).")
+    _model_args(srv, conversation=False)
+    srv.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default: %(default)s, this machine only)")
+    srv.add_argument("--port", type=positive_int, default=8000,
+                     help="TCP port (default: %(default)s)")
+    srv.add_argument("--api-key", metavar="KEY",
+                     help="require 'Authorization: Bearer KEY' on /v1 routes")
+    srv.add_argument("--served-model-name", metavar="NAME",
+                     help="the model id clients send and /v1/models lists (default: the "
+                          "checkpoint's file or directory name, or flint-nano)")
+    srv.set_defaults(command="serve")
+
     mk = sub.add_parser("make-checkpoint", help="write a synthetic Flint checkpoint (BF16 "
                                                 "safetensors and/or NVFP4 GGUF)",
                         description="Write a seeded synthetic checkpoint in exactly the real "
@@ -201,7 +219,9 @@ def _nonempty_path(text: str) -> Path:
     return Path(text)
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
+    """MODEL and the engine flags; with `conversation`, also --tools and --no-think (a
+    server takes those per request instead)."""
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="BF16 checkpoint directory or NVFP4 .gguf file (default: the embedded "
                         "flint-nano, unpacked into a cache directory on first use)")
@@ -247,6 +267,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "checkpoint (read + repack) and the engine (KV cache, kernel cache, "
                         "capture per bucket), kernels per step per bucket, bytes of weights "
                         "and KV cache")
+    if not conversation:
+        return
     p.add_argument("--tools", metavar="TOOLS.json", type=Path,
                    help="JSON file with a list of OpenAI-style function tools the model may call")
     p.add_argument("--no-think", dest="enable_thinking", action="store_false",

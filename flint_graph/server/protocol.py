@@ -1,0 +1,156 @@
+"""The OpenAI HTTP API's request bodies and responses, as `flint-graph serve` speaks them
+(issue 23): which fields a request may carry, how they become `SamplingParams` and chat
+arguments, and the JSON of responses, stream chunks and errors.
+
+Follows the OpenAI API reference for `POST /v1/chat/completions`, `POST /v1/completions` and
+`GET /v1/models` (object names, field names, `finish_reason` values, the `usage` block, the
+error body `{"error": {"message", "type", "param", "code"}}`). A field the engine cannot honour
+is refused with a 400 naming it, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from flint_graph.errors import InvalidRequestError
+from flint_graph.sampling import SamplingParams
+
+# fields accepted as they are; anything else is refused unless listed in NEUTRAL
+CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "top_k",
+               "seed", "max_tokens", "max_completion_tokens", "stop", "logprobs", "stream",
+               "stream_options", "chat_template_kwargs", "user", "n", "parallel_tool_calls"}
+COMPLETION_FIELDS = {"model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens",
+                     "stop", "logprobs", "stream", "stream_options", "user", "n", "echo"}
+# fields the engine honours only at their neutral value (what the client sends by default)
+NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None,
+           "top_logprobs": 0, "n": 1, "echo": False, "parallel_tool_calls": True,
+           "response_format": None, "suffix": None, "best_of": 1}
+
+
+class APIError(Exception):
+    """An error the server answers with `status` and an OpenAI error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = (status, message, param,
+                                                                        kind, code)
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error body."""
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+def _bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def check_fields(body: Any, allowed: set[str]) -> Mapping[str, Any]:
+    """`body` as a mapping whose every field is allowed or at its neutral value. Raises APIError
+    400 naming the first field that is not."""
+    if not isinstance(body, Mapping):
+        raise _bad(f"request body: expected a JSON object, found {type(body).__name__}")
+    for key, value in body.items():
+        if key in NEUTRAL and value in (NEUTRAL[key], None):
+            continue
+        if key not in allowed or key in NEUTRAL:
+            what = (f"{key} = {value!r:.60}: this server supports only {NEUTRAL[key]!r}"
+                    if key in NEUTRAL else f"{key}: not a field this server supports")
+            raise _bad(what, key)
+    return body
+
+
+def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
+    """SamplingParams from the request's temperature, top_p, top_k, seed, max_tokens (or
+    max_completion_tokens), stop and logprobs. Raises APIError 400 naming the field."""
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, (str, list)):
+        raise _bad("stop: expected a string or a list of strings", "stop")
+    logprobs = body.get("logprobs", False)
+    if not isinstance(logprobs, bool):
+        raise _bad("logprobs: expected true or false", "logprobs")
+    try:
+        return SamplingParams(temperature=body.get("temperature"), top_p=body.get("top_p"),
+                              top_k=body.get("top_k"), seed=body.get("seed"),
+                              max_tokens=limit, stop=stop or (), logprobs=logprobs)
+    except InvalidRequestError as e:
+        raise _bad(str(e)) from None
+
+
+def include_usage(body: Mapping[str, Any]) -> bool:
+    """stream_options.include_usage (only meaningful with stream)."""
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, Mapping):
+        raise _bad("stream_options: expected an object", "stream_options")
+    return bool(opts.get("include_usage", False))
+
+
+def enable_thinking(body: Mapping[str, Any]) -> bool:
+    """chat_template_kwargs.enable_thinking (default true, GLM-4.7's default)."""
+    kw = body.get("chat_template_kwargs") or {}
+    if not isinstance(kw, Mapping):
+        raise _bad("chat_template_kwargs: expected an object", "chat_template_kwargs")
+    unknown = set(kw) - {"enable_thinking"}
+    if unknown:
+        raise _bad(f"chat_template_kwargs.{sorted(unknown)[0]}: not a template option this "
+                   "server supports (enable_thinking)", "chat_template_kwargs")
+    value = kw.get("enable_thinking", True)
+    if not isinstance(value, bool):
+        raise _bad("chat_template_kwargs.enable_thinking: expected true or false",
+                   "chat_template_kwargs")
+    return value
+
+
+def new_id(prefix: str) -> str:
+    """A response id, e.g. chatcmpl-<32 hex>."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """The usage block (cached prompt tokens under prompt_tokens_details, as OpenAI)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def chat_message(msg) -> dict[str, Any]:
+    """An assistant ChatMessage as the response's `message` (arguments as JSON strings;
+    reasoning under both names clients read: reasoning_content and reasoning)."""
+    out: dict[str, Any] = {"role": "assistant", "content": msg.content or None}
+    if msg.reasoning_content:
+        out["reasoning_content"] = out["reasoning"] = msg.reasoning_content
+    if msg.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments_json()}}
+                             for c in msg.tool_calls]
+    return out
+
+
+def chat_response(rid: str, model: str, msg) -> dict[str, Any]:
+    """The non-streamed chat.completion object."""
+    out = msg.output
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": chat_message(msg),
+                         "finish_reason": msg.finish_reason, "logprobs": None}],
+            "usage": usage(len(out.prompt_token_ids), len(out.token_ids), out.cached_tokens)}
+
+
+def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any],
+               finish_reason: str | None = None) -> dict[str, Any]:
+    """One chat.completion.chunk with one choice."""
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                         "logprobs": None}]}
+
+
+def usage_chunk(rid: str, model: str, created: int, out) -> dict[str, Any]:
+    """The last chunk when stream_options.include_usage: no choices, the usage block."""
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [],
+            "usage": usage(len(out.prompt_token_ids), len(out.token_ids), out.cached_tokens)}

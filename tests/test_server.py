@@ -1,0 +1,138 @@
+"""`flint-graph serve` (flint_graph/server) on the tiny checkpoint, over a real socket with the
+official `openai` client: models, health, chat completions and completions, streamed and not,
+the streaming contract's framing (one id, the role first, finish_reason once and last, the usage
+chunk), errors as OpenAI error bodies naming the field, the API key, and a client that
+disconnects mid-stream ending its request."""
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+KEY = "test-key"
+MODEL = "flint-tiny"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt):
+    from flint_graph import LLM
+    from flint_graph.server.app import create_app
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(create_app(llm, MODEL, api_key=KEY), host="127.0.0.1", port=port,
+                            log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    yield llm, f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=server[1] + "/v1", api_key=KEY, max_retries=0)
+
+
+def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, dict]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    with urllib.request.urlopen(server[1] + "/health", timeout=10) as r:
+        assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+
+
+def test_chat_streamed_equals_not_streamed_at_temperature_zero(client):
+    msgs = [{"role": "user", "content": "Say something."}]
+    full = client.chat.completions.create(model=MODEL, messages=msgs, temperature=0,
+                                          max_tokens=12)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=msgs, temperature=0, max_tokens=12, stream=True,
+        stream_options={"include_usage": True}))
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [(i, ch.finish_reason) for i, c in enumerate(chunks) for ch in c.choices
+                if ch.finish_reason]
+    assert len(finishes) == 1 and finishes[0][0] == len(chunks) - 2  # then the usage chunk
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
+                        for c in chunks if c.choices)
+    msg = full.choices[0].message
+    assert content == (msg.content or "")
+    assert reasoning == (getattr(msg, "reasoning_content", None) or "")
+    assert finishes[0][1] == full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 12 and full.usage.prompt_tokens > 0
+
+
+def test_completions(client):
+    full = client.completions.create(model=MODEL, prompt="The capital of", temperature=0,
+                                     max_tokens=8)
+    streamed = list(client.completions.create(model=MODEL, prompt="The capital of",
+                                              temperature=0, max_tokens=8, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == full.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == full.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("extra,param", [({"n": 2}, "n"), ({"logit_bias": {"5": 1}},
+                                                            "logit_bias"),
+                                         ({"frobnicate": 1}, "frobnicate"),
+                                         ({"temperature": -1}, None),
+                                         ({"top_logprobs": 3}, "top_logprobs")])
+def test_fields_the_engine_cannot_honour_get_a_400_naming_them(server, extra, param):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+    status, err = _post(server[1] + "/v1/chat/completions", body)
+    assert status == 400 and err["error"]["type"] == "invalid_request_error"
+    if param:
+        assert err["error"]["param"] == param and param in err["error"]["message"]
+    else:
+        assert "temperature" in err["error"]["message"]
+
+
+def test_bad_roles_keys_and_models(server):
+    url = server[1] + "/v1/chat/completions"
+    status, err = _post(url, {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]})
+    assert status == 400 and "role" in err["error"]["message"]
+    assert _post(url, {"model": MODEL, "messages": []}, key=None)[0] == 401
+    assert _post(url, {"model": MODEL, "messages": []}, key="wrong")[0] == 401
+    status, err = _post(url, {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})
+    assert status == 404 and err["error"]["code"] == "model_not_found"
+
+
+def test_a_client_that_disconnects_ends_its_request(server, client):
+    llm = server[0]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Go on and on."}],
+        max_tokens=2000, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    for _ in range(200):
+        if not llm.engine.has_work:
+            break
+        time.sleep(0.05)
+    assert not llm.engine.has_work, "the request kept running after its client left"
