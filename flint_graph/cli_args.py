@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "completions, models, health)",
                          description="Serve a Flint checkpoint over the OpenAI HTTP API: POST "
                                      "/v1/chat/completions and /v1/completions (streamed as "
-                                     "server-sent events with stream: true), GET /v1/models "
-                                     "and /health. Needs the serve extra (FastAPI, uvicorn).")
+                                     "server-sent events with stream: true), GET /v1/models, "
+                                     "/health and /metrics (Prometheus). Needs the serve "
+                                     "extra (FastAPI, uvicorn, prometheus-client).")
     _model_args(srv, conversation=False)
     srv.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default: %(default)s, this machine only)")

@@ -4,6 +4,7 @@ the streaming contract's framing (one id, the role first, finish_reason once and
 chunk), errors as OpenAI error bodies naming the field, the API key, and a client that
 disconnects mid-stream ending its request."""
 
+import contextlib
 import json
 import socket
 import threading
@@ -20,16 +21,15 @@ KEY = "test-key"
 MODEL = "flint-tiny"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_ckpt):
-    from flint_graph import LLM
+@contextlib.contextmanager
+def _serving(llm, name: str):
+    """`create_app(llm)` on uvicorn in a thread, on a free local port: yields the base URL."""
     from flint_graph.server.app import create_app
 
-    llm = LLM(tiny_ckpt, device="cpu", progress=False)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(llm, MODEL, api_key=KEY), host="127.0.0.1", port=port,
+    config = uvicorn.Config(create_app(llm, name, api_key=KEY), host="127.0.0.1", port=port,
                             log_level="warning")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -38,9 +38,20 @@ def server(tiny_ckpt):
         if srv.started:
             break
         time.sleep(0.05)
-    yield llm, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt):
+    from flint_graph import LLM
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    with _serving(llm, MODEL) as url:
+        yield llm, url
 
 
 @pytest.fixture()
@@ -136,3 +147,48 @@ def test_a_client_that_disconnects_ends_its_request(server, client):
             break
         time.sleep(0.05)
     assert not llm.engine.has_work, "the request kept running after its client left"
+
+
+def test_metrics_count_requests_tokens_and_latency(server, client):
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                   max_tokens=3, temperature=0)
+    with urllib.request.urlopen(server[1] + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert r.headers["content-type"].startswith("text/plain")
+    for name in ("flint_requests_total", "flint_generation_tokens_total",
+                 "flint_time_to_first_token_seconds_bucket", "flint_requests_running",
+                 "flint_requests_waiting", "flint_retained_sequences"):
+        assert name in text, name
+    assert 'flint_requests_total{finish_reason="length",route="chat"}' in text
+
+
+def test_streamed_tool_call_deltas_concatenate_to_the_call(tmp_path):
+    """flint-nano calls convert_units for this request (greedy); streamed over HTTP, the first
+    delta of the call has its id, type and whole name, the argument fragments concatenate to
+    the non-streamed call's arguments, and finish_reason is tool_calls once."""
+    from flint_graph import LLM
+    from flint_graph.engine_config import EngineConfig
+    from flint_graph.make_checkpoint import ensure_default_checkpoint
+
+    tools = json.loads(open("examples/tools.json").read())
+    # no KV reuse: the second request must prefill as the first did (docs/kv-reuse.md)
+    llm = LLM(ensure_default_checkpoint(progress=False), device="cpu", progress=False,
+              engine=EngineConfig(kv_reuse=False))
+    with _serving(llm, "flint-nano") as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        ask = {"model": "flint-nano", "tools": tools, "temperature": 0, "max_tokens": 120,
+               "messages": [{"role": "user", "content": "Convert 10 kg to pounds"}]}
+        full = c.chat.completions.create(**ask)
+        chunks = list(c.chat.completions.create(**ask, stream=True))
+    call = full.choices[0].message.tool_calls[0]
+    assert full.choices[0].finish_reason == "tool_calls" and call.function.name == "convert_units"
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    first = deltas[0]
+    assert first.index == 0 and first.id and first.type == "function"
+    assert first.function.name == "convert_units"
+    assert all(d.function.name in (None, "") for d in deltas[1:])
+    args = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(args) == json.loads(call.function.arguments)
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices
+                and ch.choices[0].finish_reason]
+    assert finishes == ["tool_calls"]

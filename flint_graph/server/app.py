@@ -1,6 +1,7 @@
 """`flint-graph serve`'s ASGI app (FastAPI): the OpenAI HTTP API on one `LLM` (issue 23).
 
-Routes: GET /health, GET /v1/models, POST /v1/chat/completions and POST /v1/completions,
+Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions and
+POST /v1/completions,
 streamed as server-sent events when the request says `stream`. Every request runs on the one
 engine: a handler drives its own request's stream in a worker thread, and the engine's steps
 advance every running request at once (`Engine.step` serialises them), so concurrent clients
@@ -16,17 +17,19 @@ from typing import Any
 import anyio
 # FastAPI reads the handlers' annotations at run time: Request must be a module-level name
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from flint_graph.errors import FlintError
 from flint_graph.server import protocol as p
+from flint_graph.server.metrics import ServerMetrics
 
 
 def create_app(llm, model_name: str, api_key: str | None = None):
     """The FastAPI app serving `llm` as model `model_name`; with `api_key`, every /v1 route
     wants `Authorization: Bearer <api_key>` (401 otherwise)."""
     app = FastAPI(title="flint-graph", docs_url=None, redoc_url=None)
+    metrics = ServerMetrics(llm.engine)
 
     @app.exception_handler(p.APIError)
     async def _api_error(_request: Request, e: p.APIError):
@@ -57,6 +60,11 @@ def create_app(llm, model_name: str, api_key: str | None = None):
     async def health():
         return {"status": "ok", "engine": llm.engine.name}
 
+    @app.get("/metrics")
+    async def prometheus():
+        data, kind = metrics.render()
+        return Response(data, media_type=kind)
+
     @app.get("/v1/models")
     async def models(request: Request):
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -76,6 +84,7 @@ def create_app(llm, model_name: str, api_key: str | None = None):
         messages, tools = body.get("messages"), body.get("tools")
         if not body.get("stream"):
             msg = await run_in_threadpool(llm.chat, messages, tools, params, **kwargs)
+            metrics.record("chat", msg.output)
             return p.chat_response(p.new_id("chatcmpl"), model_name, msg)
         stream = llm.stream_chat(messages, tools, params, **kwargs)  # validates before the 200
         usage = p.include_usage(body)
@@ -99,6 +108,7 @@ def create_app(llm, model_name: str, api_key: str | None = None):
                     yield p.chat_chunk(rid, model_name, created, delta)
         finally:
             stream.close()  # aborts the request when the client went away mid-stream
+            metrics.record("chat", stream.output)
         msg = stream.message
         yield p.chat_chunk(rid, model_name, created, {}, msg.finish_reason)
         if usage:
@@ -114,6 +124,7 @@ def create_app(llm, model_name: str, api_key: str | None = None):
             raise p.APIError(400, "prompt: expected a string or a list of token ids", "prompt")
         if not body.get("stream"):
             out = (await run_in_threadpool(llm.generate, [prompt], params))[0]
+            metrics.record("completions", out)
             return {"id": p.new_id("cmpl"), "object": "text_completion",
                     "created": int(time.time()), "model": model_name,
                     "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason,
@@ -140,6 +151,7 @@ def create_app(llm, model_name: str, api_key: str | None = None):
                     yield chunk(d.text, None)
         finally:
             stream.close()
+            metrics.record("completions", stream.output)
         out = stream.output
         yield chunk("", out.finish_reason)
         if usage:
