@@ -192,3 +192,25 @@ def test_streamed_tool_call_deltas_concatenate_to_the_call(tmp_path):
     finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices
                 and ch.choices[0].finish_reason]
     assert finishes == ["tool_calls"]
+
+
+def test_reasoning_sent_back_under_either_name_reaches_the_template(client):
+    """In a tool loop the reasoning after the last user message stays in the prompt (GLM-4.7):
+    sent back as reasoning_content or as reasoning, it adds the same tokens."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {}}}}]
+
+    def prompt_tokens(extra: dict) -> int:
+        msgs = [{"role": "user", "content": "call f"},
+                {"role": "assistant", "content": "", **extra,
+                 "tool_calls": [{"id": "call_0", "type": "function",
+                                 "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_0", "content": "done"}]
+        r = client.chat.completions.create(model=MODEL, messages=msgs, tools=tools,
+                                           max_tokens=1, temperature=0)
+        return r.usage.prompt_tokens
+
+    bare = prompt_tokens({})
+    named = prompt_tokens({"reasoning_content": "I should call f now."})
+    assert named > bare
+    assert prompt_tokens({"reasoning": "I should call f now."}) == named
