@@ -19,12 +19,17 @@ Attention has three implementations (`ATTENTION`):
 The projections are cuBLAS GEMMs through torch (bf16 in, fp32 accumulate, one rounding; the
 issue allows cuBLAS for BF16 where it is faster than ours); the experts run as
 `torch._grouped_mm` over the tokens sorted by expert with offsets computed on the device (no
-host synchronisation). NVFP4 weights are decoded per layer into a BF16 scratch (the experts:
-the layer's whole stack, once per chunk, by `kernels/prefill/nvfp4_unpack.py` on the kernel
-path; never the whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply
-scale2 in fp32 after an fp32-output GEMM, exactly as the reference; for the experts (`torch._grouped_mm` has only a bf16 output) scale2 is folded into
-the decoded weights, one bf16 rounding per weight (≤ 2^-9). A CuTe DSL grouped W4A16 GEMM that
-decodes in registers and scales in its fp32 epilogue is the next step (docs/prefill.md).
+host synchronisation), or, for chunks up to ROW_MOE_MAX rows, on the decode kernels in groups
+of 8 rows (capture/prefill_row_moe.py). NVFP4 weights are decoded per layer into a BF16 scratch
+(the experts: those the chunk touches, by `kernels/prefill/nvfp4_unpack.py` on the kernel path;
+never the whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply scale2 in
+fp32 after an fp32-output GEMM, exactly as the reference; for the experts (`torch._grouped_mm`
+has only a bf16 output) scale2 is folded into the decoded weights, one bf16 rounding per weight
+(≤ 2^-9). A CuTe DSL grouped W4A16 GEMM that decodes in registers and scales in its fp32
+epilogue is the next step (docs/prefill.md).
+
+Chunks of up to 4096 tokens replay CUDA graphs captured per bucket (`Prefill.capture`): every
+per-chunk fact the body reads is a device tensor, so one graph serves every request.
 
 Numerics follow `reference.py` op for op (DESIGN §4): every GEMM accumulates in fp32 and rounds
 once to bf16; norms, router logits (fp32, `route`), the SwiGLU product and the MoE combine
