@@ -324,12 +324,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise InvalidRequestError(f"flint-graph serve needs the serve extra ({e.name} is "
                                   "missing): pip install 'flint-graph[serve]'") from None
-    llm = load_llm(args)
+    if args.model is not None and not Path(args.model).exists():  # before listening
+        raise InvalidRequestError(f"{args.model}: no such checkpoint (expected a BF16 "
+                                  "checkpoint directory or an NVFP4 .gguf file)")
     name = args.served_model_name or (Path(args.model).stem if args.model else "flint-nano")
-    app = create_app(llm, name, api_key=args.api_key)
-    print(f"flint-graph: serving {name!r} ({llm.engine.name} engine) on "
-          f"http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    failed: list[str] = []
+
+    def stop(message: str) -> None:  # the model did not load: say why and shut down
+        failed.append(message)
+        server.should_exit = True
+
+    app = create_app(lambda: load_llm(args), name, api_key=args.api_key, on_error=stop)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level="warning"))
+    print(f"flint-graph: serving {name!r} on http://{args.host}:{args.port}/v1 (loading the "
+          "model: GET /health answers 503 until it is ready)", file=sys.stderr)
+    server.run()
+    if failed:
+        raise InvalidRequestError(f"the model did not load: {failed[0]}")
     return 0
 
 

@@ -22,15 +22,15 @@ MODEL = "flint-tiny"
 
 
 @contextlib.contextmanager
-def _serving(llm, name: str):
+def _serving(llm, name: str, on_error=None):
     """`create_app(llm)` on uvicorn in a thread, on a free local port: yields the base URL."""
     from flint_graph.server.app import create_app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(llm, name, api_key=KEY), host="127.0.0.1", port=port,
-                            log_level="warning")
+    config = uvicorn.Config(create_app(llm, name, api_key=KEY, on_error=on_error),
+                            host="127.0.0.1", port=port, log_level="warning")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -214,3 +214,50 @@ def test_reasoning_sent_back_under_either_name_reaches_the_template(client):
     named = prompt_tokens({"reasoning_content": "I should call f now."})
     assert named > bare
     assert prompt_tokens({"reasoning": "I should call f now."}) == named
+
+
+def test_health_says_loading_then_ready_and_routes_wait(tiny_ckpt):
+    """With a loader instead of an LLM the app answers at once: 503 while the model loads
+    (health "loading", /v1 routes an error body), then 200; a loader that fails turns health
+    into 503 "error" with the reason and calls on_error."""
+    from flint_graph import LLM
+
+    gate = threading.Event()
+
+    def slow():
+        gate.wait(30)
+        return LLM(tiny_ckpt, device="cpu", progress=False)
+
+    with _serving(slow, MODEL) as url:
+        status, body = _get(url + "/health")
+        assert status == 503 and body == {"status": "loading"}
+        status, err = _post(url + "/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "hi"}]})
+        assert status == 503 and err["error"]["code"] == "model_not_ready"
+        gate.set()
+        for _ in range(200):
+            if _get(url + "/health")[0] == 200:
+                break
+            time.sleep(0.05)
+        assert _get(url + "/health") == (200, {"status": "ok", "engine": "reference"})
+    errors = []
+
+    def broken():
+        raise FileNotFoundError("no checkpoint here")
+
+    with _serving(broken, MODEL, on_error=errors.append) as url:
+        for _ in range(100):
+            status, body = _get(url + "/health")
+            if body.get("status") == "error":
+                break
+            time.sleep(0.05)
+        assert status == 503 and "no checkpoint here" in body["error"]
+    assert errors and "FileNotFoundError" in errors[0]
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

@@ -9,7 +9,9 @@ share batched decode steps. A streaming client that disconnects has its request 
 next chunk. Bodies are checked by `protocol.py`; errors are OpenAI error bodies.
 """
 
+import contextlib
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -25,11 +27,45 @@ from flint_graph.server import protocol as p
 from flint_graph.server.metrics import ServerMetrics
 
 
-def create_app(llm, model_name: str, api_key: str | None = None):
+def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
     """The FastAPI app serving `llm` as model `model_name`; with `api_key`, every /v1 route
-    wants `Authorization: Bearer <api_key>` (401 otherwise)."""
-    app = FastAPI(title="flint-graph", docs_url=None, redoc_url=None)
-    metrics = ServerMetrics(llm.engine)
+    wants `Authorization: Bearer <api_key>` (401 otherwise).
+
+    `llm` is an LLM, or a function returning one, called in a background thread when the app
+    starts: until it returns, /health answers 503 {"status": "loading"} and every other route
+    503; if it raises, /health answers 503 {"status": "error", "error": ...} and
+    `on_error(message)` is called (the CLI stops the server with it)."""
+    state: dict[str, Any] = {"llm": None, "metrics": None, "error": None}
+
+    def _loaded(model) -> None:
+        state["metrics"] = ServerMetrics(model.engine)
+        state["llm"] = model
+
+    def _load() -> None:
+        try:
+            _loaded(llm())
+        except BaseException as e:  # noqa: BLE001 - reported on /health and to on_error
+            state["error"] = f"{type(e).__name__}: {e}"
+            if on_error is not None:
+                on_error(state["error"])
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        if callable(llm) and not hasattr(llm, "engine"):
+            threading.Thread(target=_load, name="flint-graph-load", daemon=True).start()
+        else:
+            _loaded(llm)
+        yield
+
+    app = FastAPI(title="flint-graph", docs_url=None, redoc_url=None, lifespan=lifespan)
+
+    def _ready():
+        """The LLM, or APIError 503 while it loads (or failed to)."""
+        if state["llm"] is None:
+            why = (f"the model failed to load ({state['error']})" if state["error"] else
+                   "the model is still loading; GET /health answers 200 once it is ready")
+            raise p.APIError(503, why, kind="server_error", code="model_not_ready")
+        return state["llm"]
 
     @app.exception_handler(p.APIError)
     async def _api_error(_request: Request, e: p.APIError):
@@ -58,11 +94,16 @@ def create_app(llm, model_name: str, api_key: str | None = None):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "engine": llm.engine.name}
+        if state["llm"] is None:
+            status = {"status": "error", "error": state["error"]} if state["error"] else \
+                {"status": "loading"}
+            return JSONResponse(status, status_code=503)
+        return {"status": "ok", "engine": state["llm"].engine.name}
 
     @app.get("/metrics")
     async def prometheus():
-        data, kind = metrics.render()
+        _ready()
+        data, kind = state["metrics"].render()
         return Response(data, media_type=kind)
 
     @app.get("/v1/models")
@@ -70,12 +111,14 @@ def create_app(llm, model_name: str, api_key: str | None = None):
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
             raise p.APIError(401, "missing or wrong API key (Authorization: Bearer ...)",
                              kind="authentication_error", code="invalid_api_key")
+        _ready()
         return {"object": "list", "data": [{"id": model_name, "object": "model",
                                             "created": int(time.time()),
                                             "owned_by": "flint-graph"}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        llm, metrics = _ready(), state["metrics"]
         body = p.check_fields(await _body(request), p.CHAT_FIELDS)
         _model(body)
         params = p.sampling_params(body)
@@ -108,7 +151,7 @@ def create_app(llm, model_name: str, api_key: str | None = None):
                     yield p.chat_chunk(rid, model_name, created, delta)
         finally:
             stream.close()  # aborts the request when the client went away mid-stream
-            metrics.record("chat", stream.output)
+            state["metrics"].record("chat", stream.output)
         msg = stream.message
         yield p.chat_chunk(rid, model_name, created, {}, msg.finish_reason)
         if usage:
@@ -116,6 +159,7 @@ def create_app(llm, model_name: str, api_key: str | None = None):
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        llm, metrics = _ready(), state["metrics"]
         body = p.check_fields(await _body(request), p.COMPLETION_FIELDS)
         _model(body)
         params = p.sampling_params(body)
@@ -151,7 +195,7 @@ def create_app(llm, model_name: str, api_key: str | None = None):
                     yield chunk(d.text, None)
         finally:
             stream.close()
-            metrics.record("completions", stream.output)
+            state["metrics"].record("completions", stream.output)
         out = stream.output
         yield chunk("", out.finish_reason)
         if usage:
