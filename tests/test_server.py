@@ -261,3 +261,27 @@ def _get(url: str) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def test_concurrent_streams_each_get_their_own_complete_answer(server, client):
+    """Six clients stream at once on the one engine (their steps batch): each stream has one
+    id, its role first and its finish_reason once, and its text is its own request's."""
+    results: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        results[i] = list(client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"request {i}"}],
+            max_tokens=8 + i, temperature=0, stream=True,
+            stream_options={"include_usage": True}))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(results) == list(range(6))
+    for i, chunks in results.items():
+        assert len({c.id for c in chunks}) == 1
+        assert chunks[0].choices[0].delta.role == "assistant"
+        finishes = [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason]
+        assert finishes == ["length"] and chunks[-1].usage.completion_tokens == 8 + i
