@@ -335,8 +335,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     app = create_app(lambda: load_llm(args), name, api_key=args.api_key, on_error=stop)
+    # on Ctrl-C / SIGTERM, requests still open after 5 s are cancelled (and aborted)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level="warning"))
+                                           log_level="warning", timeout_graceful_shutdown=5))
     print(f"flint-graph: serving {name!r} on http://{args.host}:{args.port}/v1 (loading the "
           "model: GET /health answers 503 until it is ready)", file=sys.stderr)
     server.run()

@@ -285,3 +285,64 @@ def test_concurrent_streams_each_get_their_own_complete_answer(server, client):
         assert chunks[0].choices[0].delta.role == "assistant"
         finishes = [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason]
         assert finishes == ["length"] and chunks[-1].usage.completion_tokens == 8 + i
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": True,
+      "stream_options": {"include_usage": "no"}}, 400, "include_usage"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": True}, 400, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "echo": False}, 400, "echo"),
+    ({"messages": [{"role": "user", "content": "x"}], "user": {"id": 1}}, 400, "user"),
+    ({"messages": [{"role": "user", "content": "x"}], "model": 123}, 400, "model"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": ""}, 400, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2,
+      "max_tokens": "garbage"}, 400, "max_tokens"),
+])
+def test_hostile_fields_found_by_a_trial(server, body, status, needle):
+    code, err = _post(server[1] + "/v1/chat/completions", body)
+    assert code == status and needle in err["error"]["message"], err
+
+
+def test_malformed_bodies_and_routes_get_openai_errors(server):
+    url = server[1]
+    deep = ("[" * 100000 + "]" * 100000).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", deep, method="POST",
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400 and "JSON" in json.loads(e.value.read())["error"]["message"]
+    big = urllib.request.Request(url + "/v1/chat/completions", b"x", method="POST",
+                                 headers={"Authorization": f"Bearer {KEY}",
+                                          "Content-Length": str(64 << 20)})
+    with pytest.raises((urllib.error.HTTPError, ConnectionError, OSError)) as e:
+        urllib.request.urlopen(big, timeout=30)
+    if isinstance(e.value, urllib.error.HTTPError):
+        assert e.value.code == 413
+    for method, path, code in (("GET", "/v1/chat/completions", 405), ("GET", "/nowhere", 404),
+                               ("GET", "/openapi.json", 404)):
+        r = urllib.request.Request(url + path, method=method)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(r, timeout=10)
+        assert e.value.code == code and "error" in json.loads(e.value.read())
+
+
+def test_a_non_streamed_request_ends_when_its_client_leaves(server):
+    llm = server[0]
+    body = json.dumps({"messages": [{"role": "user", "content": "Go on."}],
+                       "max_tokens": 3000, "temperature": 0}).encode()
+    req = urllib.request.Request(server[1] + "/v1/chat/completions", body, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {KEY}"})
+    with pytest.raises(OSError):  # the client gives up (a read timeout)
+        urllib.request.urlopen(req, timeout=0.5)
+    for _ in range(200):
+        if not llm.engine.has_work:
+            break
+        time.sleep(0.05)
+    assert not llm.engine.has_work, "the request kept running after its client left"
+    with urllib.request.urlopen(server[1] + "/metrics", timeout=10) as r:
+        assert 'flint_requests_total{finish_reason="abort",route="chat"}' in r.read().decode()

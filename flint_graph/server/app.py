@@ -21,6 +21,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flint_graph.errors import FlintError
 from flint_graph.server import protocol as p
@@ -56,8 +57,25 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
         else:
             _loaded(llm)
         yield
+        if state["llm"] is not None:  # shutting down: nothing keeps generating
+            eng = state["llm"].engine
+            for req in list(eng.waiting) + list(eng.prefilling) + list(eng.running):
+                eng.abort(req)
 
-    app = FastAPI(title="flint-graph", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = FastAPI(title="flint-graph", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    app.router.redirect_slashes = False
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
+                f"{request.url.path}"}.get(e.status_code, str(e.detail))
+        return JSONResponse(p.APIError(e.status_code, what).body(), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(_request: Request, e: Exception):  # ours: one line, never a traceback
+        return JSONResponse(p.APIError(500, f"internal error: {type(e).__name__}: {e}",
+                                       kind="server_error").body(), status_code=500)
 
     def _ready():
         """The LLM, or APIError 503 while it loads (or failed to)."""
@@ -81,10 +99,22 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
             if auth != f"Bearer {api_key}":
                 raise p.APIError(401, "missing or wrong API key (Authorization: Bearer ...)",
                                  kind="authentication_error", code="invalid_api_key")
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > p.MAX_BODY_BYTES:
+            raise _too_large()
+        raw = bytearray()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > p.MAX_BODY_BYTES:
+                raise _too_large()
         try:
-            return await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise p.APIError(400, "request body: expected JSON") from None
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep, too
+            raise p.APIError(400, "request body: could not parse it as JSON") from None
+
+    def _too_large() -> p.APIError:
+        return p.APIError(413, f"request body: larger than {p.MAX_BODY_BYTES >> 20} MiB",
+                          code="request_too_large")
 
     def _model(body) -> None:
         name = body.get("model")
@@ -119,39 +149,36 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         llm, metrics = _ready(), state["metrics"]
-        body = p.check_fields(await _body(request), p.CHAT_FIELDS)
+        body = p.check_fields(await _body(request), p.CHAT_FIELDS, p.CHAT_NEUTRAL)
         _model(body)
         params = p.sampling_params(body)
-        thinking = p.enable_thinking(body)
-        kwargs = {"enable_thinking": thinking, "tool_choice": body.get("tool_choice")}
-        messages, tools = body.get("messages"), body.get("tools")
-        if not body.get("stream"):
-            msg = await run_in_threadpool(llm.chat, messages, tools, params, **kwargs)
-            metrics.record("chat", msg.output)
-            return p.chat_response(p.new_id("chatcmpl"), model_name, msg)
-        stream = llm.stream_chat(messages, tools, params, **kwargs)  # validates before the 200
+        kwargs = {"enable_thinking": p.enable_thinking(body),
+                  "tool_choice": body.get("tool_choice")}
         usage = p.include_usage(body)
-        return StreamingResponse(_sse(request, _chat_events(stream, usage), stream.cancel),
-                                 media_type="text/event-stream")
+        # building the prompt encodes it: off the event loop (a huge message takes seconds)
+        stream = await run_in_threadpool(llm.stream_chat, body.get("messages"),
+                                         body.get("tools"), params, **kwargs)
+        events = _chat_events(stream, usage)
+        if body.get("stream"):
+            return StreamingResponse(_sse(request, events, stream, "chat", metrics),
+                                     media_type="text/event-stream")
+        await _drain(request, events, stream, "chat", metrics)
+        return p.chat_response(p.new_id("chatcmpl"), model_name, stream.message)
 
     def _chat_events(stream, usage: bool) -> Iterator[dict]:
         rid, created = p.new_id("chatcmpl"), int(time.time())
         yield p.chat_chunk(rid, model_name, created, {"role": "assistant", "content": ""})
-        try:
-            for d in stream:
-                delta: dict[str, Any] = {}
-                if d.reasoning:
-                    delta["reasoning_content"] = delta["reasoning"] = d.reasoning
-                if d.content:
-                    delta["content"] = d.content
-                calls = [c.to_openai() for c in d.tool_call_deltas if not c.error]
-                if calls:
-                    delta["tool_calls"] = calls
-                if delta:
-                    yield p.chat_chunk(rid, model_name, created, delta)
-        finally:
-            stream.close()  # aborts the request when the client went away mid-stream
-            state["metrics"].record("chat", stream.output)
+        for d in stream:
+            delta: dict[str, Any] = {}
+            if d.reasoning:
+                delta["reasoning_content"] = delta["reasoning"] = d.reasoning
+            if d.content:
+                delta["content"] = d.content
+            calls = [c.to_openai() for c in d.tool_call_deltas if not c.error]
+            if calls:
+                delta["tool_calls"] = calls
+            if delta:
+                yield p.chat_chunk(rid, model_name, created, delta)
         msg = stream.message
         yield p.chat_chunk(rid, model_name, created, {}, msg.finish_reason)
         if usage:
@@ -160,25 +187,26 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
     @app.post("/v1/completions")
     async def completions(request: Request):
         llm, metrics = _ready(), state["metrics"]
-        body = p.check_fields(await _body(request), p.COMPLETION_FIELDS)
+        body = p.check_fields(await _body(request), p.COMPLETION_FIELDS, p.COMPLETION_NEUTRAL)
         _model(body)
         params = p.sampling_params(body)
         prompt = body.get("prompt")
         if not isinstance(prompt, (str, list)):
             raise p.APIError(400, "prompt: expected a string or a list of token ids", "prompt")
-        if not body.get("stream"):
-            out = (await run_in_threadpool(llm.generate, [prompt], params))[0]
-            metrics.record("completions", out)
-            return {"id": p.new_id("cmpl"), "object": "text_completion",
-                    "created": int(time.time()), "model": model_name,
-                    "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason,
-                                 "logprobs": None}],
-                    "usage": p.usage(len(out.prompt_token_ids), len(out.token_ids),
-                                     out.cached_tokens)}
-        stream = llm.stream(prompt, params)
-        return StreamingResponse(
-            _sse(request, _completion_events(stream, p.include_usage(body)), stream.cancel),
-            media_type="text/event-stream")
+        usage = p.include_usage(body)
+        stream = await run_in_threadpool(llm.stream, prompt, params)
+        events = _completion_events(stream, usage)
+        if body.get("stream"):
+            return StreamingResponse(_sse(request, events, stream, "completions", metrics),
+                                     media_type="text/event-stream")
+        await _drain(request, events, stream, "completions", metrics)
+        out = stream.output
+        return {"id": p.new_id("cmpl"), "object": "text_completion",
+                "created": int(time.time()), "model": model_name,
+                "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason,
+                             "logprobs": None}],
+                "usage": p.usage(len(out.prompt_token_ids), len(out.token_ids),
+                                 out.cached_tokens)}
 
     def _completion_events(stream, usage: bool) -> Iterator[dict]:
         rid, created = p.new_id("cmpl"), int(time.time())
@@ -189,13 +217,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
                     "choices": [{"index": 0, "text": text, "finish_reason": finish,
                                  "logprobs": None}]}
 
-        try:
-            for d in stream:
-                if d.text:
-                    yield chunk(d.text, None)
-        finally:
-            stream.close()
-            state["metrics"].record("completions", stream.output)
+        for d in stream:
+            if d.text:
+                yield chunk(d.text, None)
         out = stream.output
         yield chunk("", out.finish_reason)
         if usage:
@@ -204,11 +228,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
                    "usage": p.usage(len(out.prompt_token_ids), len(out.token_ids),
                                     out.cached_tokens)}
 
-    async def _sse(request: Request, events: Iterator[dict], cancel) -> AsyncIterator[str]:
-        """The events as SSE lines, pulled from a worker thread. When the client goes away
-        (Starlette then cancels this generator, possibly while a worker is inside `next`),
-        `cancel` aborts the request in the engine from a shielded worker, and the worker's
-        iteration ends on its own."""
+    async def _pump(request: Request, events: Iterator[dict], stream, route: str,
+                    metrics, ended: list | None = None) -> AsyncIterator[dict]:
+        """The events, pulled from a worker thread while the client is connected. When it goes
+        away (or Starlette cancels the response, possibly while a worker is inside `next`),
+        the request is aborted in the engine from a shielded worker and the worker's iteration
+        ends on its own. The request is counted in the metrics once, however it ended."""
         done, finished = object(), False
         try:
             while True:
@@ -217,12 +242,27 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
                 event = await run_in_threadpool(next, events, done)
                 if event is done:
                     finished = True
-                    break
-                yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-            yield "data: [DONE]\n\n"
+                    if ended is not None:
+                        ended.append(True)
+                    return
+                yield event
         finally:
-            if not finished:
-                with anyio.CancelScope(shield=True):
-                    await run_in_threadpool(cancel)
+            with anyio.CancelScope(shield=True):
+                if not finished:
+                    await run_in_threadpool(stream.cancel)
+                metrics.record(route, stream.output)
+
+    async def _sse(request, events, stream, route, metrics) -> AsyncIterator[str]:
+        """The events as server-sent events, then [DONE] when the stream ended normally."""
+        ended: list = []
+        async for event in _pump(request, events, stream, route, metrics, ended):
+            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+        if ended:
+            yield "data: [DONE]\n\n"
+
+    async def _drain(request, events, stream, route, metrics) -> None:
+        """Run a non-streamed request to its end; a client that leaves aborts it."""
+        async for _ in _pump(request, events, stream, route, metrics):
+            pass
 
     return app

@@ -18,16 +18,21 @@ from typing import Any
 from flint_graph.errors import InvalidRequestError
 from flint_graph.sampling import SamplingParams
 
-# fields accepted as they are; anything else is refused unless listed in NEUTRAL
+# fields accepted as they are; anything else is refused unless listed in the route's NEUTRAL
 CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "top_k",
-               "seed", "max_tokens", "max_completion_tokens", "stop", "logprobs", "stream",
-               "stream_options", "chat_template_kwargs", "user", "n", "parallel_tool_calls"}
+               "seed", "max_tokens", "max_completion_tokens", "stop", "stream",
+               "stream_options", "chat_template_kwargs", "user"}
 COMPLETION_FIELDS = {"model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens",
-                     "stop", "logprobs", "stream", "stream_options", "user", "n", "echo"}
-# fields the engine honours only at their neutral value (what the client sends by default)
-NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None,
-           "top_logprobs": 0, "n": 1, "echo": False, "parallel_tool_calls": True,
-           "response_format": None, "suffix": None, "best_of": 1}
+                     "stop", "stream", "stream_options", "user"}
+# fields honoured only at their neutral value (what clients send by default), per route; the
+# value must match in type too (n: true is not n: 1)
+_SHARED_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "n": 1,
+                   "logprobs": False}
+CHAT_NEUTRAL = {**_SHARED_NEUTRAL, "top_logprobs": 0, "parallel_tool_calls": True,
+                "response_format": None}
+COMPLETION_NEUTRAL = {**_SHARED_NEUTRAL, "logprobs": None, "echo": False, "suffix": None,
+                      "best_of": 1}
+MAX_BODY_BYTES = 16 << 20  # far above any prompt that fits the 262K-token context
 
 
 class APIError(Exception):
@@ -49,37 +54,50 @@ def _bad(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
 
 
-def check_fields(body: Any, allowed: set[str]) -> Mapping[str, Any]:
-    """`body` as a mapping whose every field is allowed or at its neutral value. Raises APIError
-    400 naming the first field that is not."""
+def _neutral(value, neutral) -> bool:
+    return value is None or (type(value) is type(neutral) and value == neutral)
+
+
+def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mapping[str, Any]:
+    """`body` as a mapping whose every field is allowed, or in `neutral` at its neutral value;
+    also the types of model, user, stream and stream_options. Raises APIError 400 naming the
+    first field that is not."""
     if not isinstance(body, Mapping):
         raise _bad(f"request body: expected a JSON object, found {type(body).__name__}")
     for key, value in body.items():
-        if key in NEUTRAL and value in (NEUTRAL[key], None):
-            continue
-        if key not in allowed or key in NEUTRAL:
-            what = (f"{key} = {value!r:.60}: this server supports only {NEUTRAL[key]!r}"
-                    if key in NEUTRAL else f"{key}: not a field this server supports")
-            raise _bad(what, key)
+        if key in neutral:
+            if not _neutral(value, neutral[key]):
+                raise _bad(f"{key} = {value!r:.60}: this server supports only "
+                           f"{neutral[key]!r}", key)
+        elif key not in allowed:
+            raise _bad(f"{key}: not a field this server supports", key)
+    for key in ("model", "user"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise _bad(f"{key}: expected a string, found {type(body[key]).__name__}", key)
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise _bad("stream: expected true or false", "stream")
+    if body.get("stream_options") is not None and not body.get("stream"):
+        raise _bad("stream_options: only allowed when stream is true", "stream_options")
     return body
 
 
 def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
     """SamplingParams from the request's temperature, top_p, top_k, seed, max_tokens (or
     max_completion_tokens), stop and logprobs. Raises APIError 400 naming the field."""
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, (str, list)):
         raise _bad("stop: expected a string or a list of strings", "stop")
-    logprobs = body.get("logprobs", False)
-    if not isinstance(logprobs, bool):
-        raise _bad("logprobs: expected true or false", "logprobs")
-    try:
-        return SamplingParams(temperature=body.get("temperature"), top_p=body.get("top_p"),
-                              top_k=body.get("top_k"), seed=body.get("seed"),
-                              max_tokens=limit, stop=stop or (), logprobs=logprobs)
-    except InvalidRequestError as e:
-        raise _bad(str(e)) from None
+    if stop == "":
+        raise _bad("stop: expected a non-empty string", "stop")
+    for key in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed"):
+        try:  # each field that is present is checked, even where another one wins
+            SamplingParams(**{"max_tokens" if key.startswith("max") else key: body.get(key)})
+        except InvalidRequestError as e:
+            raise _bad(f"{key}: {e}", key) from None
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    return SamplingParams(temperature=body.get("temperature"), top_p=body.get("top_p"),
+                          top_k=body.get("top_k"), seed=body.get("seed"), max_tokens=limit,
+                          stop=stop or ())
 
 
 def include_usage(body: Mapping[str, Any]) -> bool:
@@ -87,7 +105,14 @@ def include_usage(body: Mapping[str, Any]) -> bool:
     opts = body.get("stream_options") or {}
     if not isinstance(opts, Mapping):
         raise _bad("stream_options: expected an object", "stream_options")
-    return bool(opts.get("include_usage", False))
+    unknown = set(opts) - {"include_usage"}
+    if unknown:
+        raise _bad(f"stream_options.{sorted(unknown)[0]}: not an option this server supports "
+                   "(include_usage)", "stream_options")
+    value = opts.get("include_usage", False)
+    if not isinstance(value, bool):
+        raise _bad("stream_options.include_usage: expected true or false", "stream_options")
+    return value
 
 
 def enable_thinking(body: Mapping[str, Any]) -> bool:
