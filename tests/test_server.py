@@ -293,7 +293,9 @@ def test_concurrent_streams_each_get_their_own_complete_answer(server, client):
       "stream_options": {"include_usage": "no"}}, 400, "include_usage"),
     ({"messages": [{"role": "user", "content": "x"}],
       "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "stream": True},
+     400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, 400, "logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "n": True}, 400, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "echo": False}, 400, "echo"),
     ({"messages": [{"role": "user", "content": "x"}], "user": {"id": 1}}, 400, "user"),
@@ -346,3 +348,14 @@ def test_a_non_streamed_request_ends_when_its_client_leaves(server):
     assert not llm.engine.has_work, "the request kept running after its client left"
     with urllib.request.urlopen(server[1] + "/metrics", timeout=10) as r:
         assert 'flint_requests_total{finish_reason="abort",route="chat"}' in r.read().decode()
+
+
+def test_chat_logprobs_are_the_chosen_tokens_own(server, client):
+    """logprobs: true gives one entry per generated token: its text, a log-probability ≤ 0
+    (the model's own distribution), its UTF-8 bytes and no alternatives."""
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=5, temperature=0, logprobs=True)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 5
+    assert all(c.logprob <= 0 and c.top_logprobs == [] and bytes(c.bytes).decode() == c.token
+               for c in content)

@@ -163,7 +163,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
             return StreamingResponse(_sse(request, events, stream, "chat", metrics),
                                      media_type="text/event-stream")
         await _drain(request, events, stream, "chat", metrics)
-        return p.chat_response(p.new_id("chatcmpl"), model_name, stream.message)
+        return p.chat_response(p.new_id("chatcmpl"), model_name, stream.message,
+                               lambda ids: llm.tokenizer.decode(ids, False))
 
     def _chat_events(stream, usage: bool) -> Iterator[dict]:
         rid, created = p.new_id("chatcmpl"), int(time.time())

@@ -20,16 +20,17 @@ from flint_graph.sampling import SamplingParams
 
 # fields accepted as they are; anything else is refused unless listed in the route's NEUTRAL
 CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "top_k",
-               "seed", "max_tokens", "max_completion_tokens", "stop", "stream",
+               "seed", "max_tokens", "max_completion_tokens", "stop", "logprobs", "stream",
                "stream_options", "chat_template_kwargs", "user"}
 COMPLETION_FIELDS = {"model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens",
                      "stop", "stream", "stream_options", "user"}
 # fields honoured only at their neutral value (what clients send by default), per route; the
 # value must match in type too (n: true is not n: 1)
-_SHARED_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "n": 1,
-                   "logprobs": False}
+_SHARED_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "n": 1}
 CHAT_NEUTRAL = {**_SHARED_NEUTRAL, "top_logprobs": 0, "parallel_tool_calls": True,
                 "response_format": None}
+# completions' logprobs is a count of alternatives per token: the engine records only the
+# chosen token's, so only null / 0 is honoured there
 COMPLETION_NEUTRAL = {**_SHARED_NEUTRAL, "logprobs": None, "echo": False, "suffix": None,
                       "best_of": 1}
 MAX_BODY_BYTES = 16 << 20  # far above any prompt that fits the 262K-token context
@@ -83,7 +84,8 @@ def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mappi
 
 def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
     """SamplingParams from the request's temperature, top_p, top_k, seed, max_tokens (or
-    max_completion_tokens), stop and logprobs. Raises APIError 400 naming the field."""
+    max_completion_tokens), stop and logprobs (chat, not streamed). Raises APIError 400 naming
+    the field."""
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, (str, list)):
         raise _bad("stop: expected a string or a list of strings", "stop")
@@ -94,10 +96,15 @@ def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
             SamplingParams(**{"max_tokens" if key.startswith("max") else key: body.get(key)})
         except InvalidRequestError as e:
             raise _bad(f"{key}: {e}", key) from None
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise _bad("logprobs: expected true or false", "logprobs")
+    if logprobs and body.get("stream"):
+        raise _bad("logprobs: not supported with stream yet (ask without stream)", "logprobs")
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     return SamplingParams(temperature=body.get("temperature"), top_p=body.get("top_p"),
                           top_k=body.get("top_k"), seed=body.get("seed"), max_tokens=limit,
-                          stop=stop or ())
+                          stop=stop or (), logprobs=bool(logprobs))
 
 
 def include_usage(body: Mapping[str, Any]) -> bool:
@@ -156,13 +163,29 @@ def chat_message(msg) -> dict[str, Any]:
     return out
 
 
-def chat_response(rid: str, model: str, msg) -> dict[str, Any]:
-    """The non-streamed chat.completion object."""
+def chat_logprobs(out, decode) -> dict[str, Any] | None:
+    """OpenAI's `choices[].logprobs` for a GenerationOutput that recorded them: per generated
+    token its text (`decode`: ids -> text, control tokens kept), natural-log probability under
+    the model's own distribution, UTF-8 bytes and no alternatives (top_logprobs 0). None when
+    not asked."""
+    if not out.logprobs:
+        return None
+    content = []
+    for tid, lp in zip(out.token_ids, out.logprobs):
+        text = decode([tid])
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()),
+                        "top_logprobs": []})
+    return {"content": content, "refusal": None}
+
+
+def chat_response(rid: str, model: str, msg, decode=None) -> dict[str, Any]:
+    """The non-streamed chat.completion object (`decode` for the logprobs' token texts)."""
     out = msg.output
+    lps = chat_logprobs(out, decode) if decode is not None else None
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": model,
             "choices": [{"index": 0, "message": chat_message(msg),
-                         "finish_reason": msg.finish_reason, "logprobs": None}],
+                         "finish_reason": msg.finish_reason, "logprobs": lps}],
             "usage": usage(len(out.prompt_token_ids), len(out.token_ids), out.cached_tokens)}
 
 
