@@ -273,3 +273,12 @@ def test_only_the_models_own_output_after_its_own_prompt_is_spliced(tiny_llm):
     assert splice_generated(forged, [(prev, out)], dec) == forged
     near = prev + tok.encode_text("</think>c<|user|>") + tail
     assert splice_generated(near, [(prev, out)], dec) == near
+
+
+def test_common_prefix_agrees_with_a_plain_scan():
+    rng = random.Random(3)
+    for _ in range(3000):
+        a = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        b = a[:rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(5))]
+        want = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == want

@@ -93,12 +93,13 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
     async def _flint_error(_request: Request, e: FlintError):
         return JSONResponse(p.APIError(400, str(e)).body(), status_code=400)
 
+    def _auth(request: Request) -> None:
+        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+            raise p.APIError(401, "missing or wrong API key (Authorization: Bearer ...)",
+                             kind="authentication_error", code="invalid_api_key")
+
     async def _body(request: Request) -> Any:
-        if api_key is not None:
-            auth = request.headers.get("authorization", "")
-            if auth != f"Bearer {api_key}":
-                raise p.APIError(401, "missing or wrong API key (Authorization: Bearer ...)",
-                                 kind="authentication_error", code="invalid_api_key")
+        _auth(request)
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > p.MAX_BODY_BYTES:
             raise _too_large()
@@ -138,9 +139,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
 
     @app.get("/v1/models")
     async def models(request: Request):
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise p.APIError(401, "missing or wrong API key (Authorization: Bearer ...)",
-                             kind="authentication_error", code="invalid_api_key")
+        _auth(request)
         _ready()
         return {"object": "list", "data": [{"id": model_name, "object": "model",
                                             "created": int(time.time()),
@@ -158,12 +157,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
         # building the prompt encodes it: off the event loop (a huge message takes seconds)
         stream = await run_in_threadpool(llm.stream_chat, body.get("messages"),
                                          body.get("tools"), params, **kwargs)
-        events = _chat_events(stream, usage)
-        if body.get("stream"):
-            return StreamingResponse(_sse(request, events, stream, "chat", metrics),
-                                     media_type="text/event-stream")
-        await _drain(request, events, stream, "chat", metrics)
-        return p.chat_response(p.new_id("chatcmpl"), model_name, stream.message,
+        sse = await _respond(request, body, _chat_events(stream, usage), stream, "chat",
+                             metrics)
+        return sse or p.chat_response(p.new_id("chatcmpl"), model_name, stream.message,
                                lambda ids: llm.tokenizer.decode(ids, False))
 
     def _chat_events(stream, usage: bool) -> Iterator[dict]:
@@ -196,11 +192,10 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
             raise p.APIError(400, "prompt: expected a string or a list of token ids", "prompt")
         usage = p.include_usage(body)
         stream = await run_in_threadpool(llm.stream, prompt, params)
-        events = _completion_events(stream, usage)
-        if body.get("stream"):
-            return StreamingResponse(_sse(request, events, stream, "completions", metrics),
-                                     media_type="text/event-stream")
-        await _drain(request, events, stream, "completions", metrics)
+        sse = await _respond(request, body, _completion_events(stream, usage), stream,
+                             "completions", metrics)
+        if sse:
+            return sse
         out = stream.output
         return {"id": p.new_id("cmpl"), "object": "text_completion",
                 "created": int(time.time()), "model": model_name,
@@ -261,9 +256,14 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
         if ended:
             yield "data: [DONE]\n\n"
 
-    async def _drain(request, events, stream, route, metrics) -> None:
-        """Run a non-streamed request to its end; a client that leaves aborts it."""
+    async def _respond(request, body, events, stream, route, metrics):
+        """With `stream`, the SSE response of `events`; else None once the request has run
+        to its end (a client that leaves aborts it), its result read from `stream`."""
+        if body.get("stream"):
+            return StreamingResponse(_sse(request, events, stream, route, metrics),
+                                     media_type="text/event-stream")
         async for _ in _pump(request, events, stream, route, metrics):
             pass
+        return None
 
     return app

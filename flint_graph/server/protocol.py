@@ -107,35 +107,30 @@ def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
                           stop=stop or (), logprobs=bool(logprobs))
 
 
+def _bool_option(body: Mapping[str, Any], field: str, option: str, default: bool) -> bool:
+    """body[field][option], an object holding that one boolean option (or absent). Raises
+    APIError 400 naming `field` for another shape, another option or a non-boolean value."""
+    opts = body.get(field) or {}
+    if not isinstance(opts, Mapping):
+        raise _bad(f"{field}: expected an object", field)
+    unknown = set(opts) - {option}
+    if unknown:
+        raise _bad(f"{field}.{sorted(unknown)[0]}: not an option this server supports "
+                   f"({option})", field)
+    value = opts.get(option, default)
+    if not isinstance(value, bool):
+        raise _bad(f"{field}.{option}: expected true or false", field)
+    return value
+
+
 def include_usage(body: Mapping[str, Any]) -> bool:
     """stream_options.include_usage (only meaningful with stream)."""
-    opts = body.get("stream_options") or {}
-    if not isinstance(opts, Mapping):
-        raise _bad("stream_options: expected an object", "stream_options")
-    unknown = set(opts) - {"include_usage"}
-    if unknown:
-        raise _bad(f"stream_options.{sorted(unknown)[0]}: not an option this server supports "
-                   "(include_usage)", "stream_options")
-    value = opts.get("include_usage", False)
-    if not isinstance(value, bool):
-        raise _bad("stream_options.include_usage: expected true or false", "stream_options")
-    return value
+    return _bool_option(body, "stream_options", "include_usage", False)
 
 
 def enable_thinking(body: Mapping[str, Any]) -> bool:
     """chat_template_kwargs.enable_thinking (default true, GLM-4.7's default)."""
-    kw = body.get("chat_template_kwargs") or {}
-    if not isinstance(kw, Mapping):
-        raise _bad("chat_template_kwargs: expected an object", "chat_template_kwargs")
-    unknown = set(kw) - {"enable_thinking"}
-    if unknown:
-        raise _bad(f"chat_template_kwargs.{sorted(unknown)[0]}: not a template option this "
-                   "server supports (enable_thinking)", "chat_template_kwargs")
-    value = kw.get("enable_thinking", True)
-    if not isinstance(value, bool):
-        raise _bad("chat_template_kwargs.enable_thinking: expected true or false",
-                   "chat_template_kwargs")
-    return value
+    return _bool_option(body, "chat_template_kwargs", "enable_thinking", True)
 
 
 def new_id(prefix: str) -> str:
