@@ -323,7 +323,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from flint_graph.server.app import create_app
     except ImportError as e:
         raise InvalidRequestError(f"flint-graph serve needs the serve extra ({e.name} is "
-                                  "missing): pip install 'flint-graph[serve]'") from None
+                                  "missing): in the project's directory, pip install -e "
+                                  "'.[serve]'") from None
     if args.model is not None and not Path(args.model).exists():  # before listening
         raise InvalidRequestError(f"{args.model}: no such checkpoint (expected a BF16 "
                                   "checkpoint directory or an NVFP4 .gguf file)")
