@@ -150,7 +150,8 @@ def _matmul_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, shared,
-                valid: torch.Tensor | None = None) -> torch.Tensor:
+                valid: torch.Tensor | None = None, *, router_split: torch.Tensor | None = None,
+                combine=None) -> torch.Tensor:
     """Routed experts + shared expert of `reference.moe` as grouped GEMMs: h bf16 [T, H] ->
     bf16 [T, H].
 
@@ -164,11 +165,22 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     pick). The T·K (token, expert) pairs are sorted by expert id; per-expert counts become
     int32 offsets on the device and `torch._grouped_mm` runs each expert's rows (no host
     synchronisation). Each token then adds its experts' outputs in ascending id, in fp32 (one
-    batched product; the reference adds them one by one)."""
+    batched product; the reference adds them one by one).
+
+    router_split: bf16 [3E, H], the fp32 router as three bf16 parts (`split_router`): the
+    logits are then three tensor-core GEMMs with fp32 output, summed (exact products; only the
+    fp32 summation order differs from x·routerᵀ). combine: the `moe_combine` kernel's step as a
+    function (y_sorted bf16 [T·K, H], pos int32 [T, K], weights fp32 [T, K], shared bf16 [T, H]
+    or None) -> its result, which moe_grouped then returns (the caller's residual add folded
+    in); it replaces the scatter, the fp32 product and the roundings below."""
     t, k = h.shape[0], cfg.num_experts_per_tok
     e_total = w.router.shape[0]
+    logits = None
+    if router_split is not None:
+        parts = _matmul_f32(h, router_split).view(t, 3, e_total)
+        logits = (parts[:, 2] + parts[:, 1]) + parts[:, 0]  # smallest first
     ids, weights = reference.route(h, w.router, w.router_bias, k, cfg.routed_scaling_factor,
-                                   cfg.norm_topk_prob)
+                                   cfg.norm_topk_prob, logits=logits)
     if valid is not None:
         ids = torch.where(valid[:, None], ids, e_total)
         weights = weights * valid[:, None]
@@ -183,6 +195,10 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
     a = (F.silu(g.float()) * u.float()).to(BF16)
     y_sorted = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)  # [T·K, H] bf16
+    if combine is not None:  # rows of padding pairs are never read: no masking needed
+        pos = torch.empty_like(perm).scatter_(0, perm, torch.arange(t * k, device=h.device))
+        return combine(y_sorted, pos.view(t, k).int(), weights.contiguous(),
+                       shared(h) if shared is not None else None)
     if valid is not None:  # the GEMMs leave rows past the last group unwritten
         real = torch.arange(t * k, device=h.device) < offs[-1]
         y_sorted = torch.where(real[:, None], y_sorted, 0.0)
@@ -191,6 +207,18 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     if shared is not None:
         acc += shared(h).float()
     return acc.to(BF16)
+
+
+def split_router(router: torch.Tensor) -> torch.Tensor:
+    """An fp32 router [E, H] as bf16 [3E, H]: hi, mid and lo parts whose fp32 sum is the
+    router to ~2^-24 relative (three 8-bit significands), stacked for one GEMM. bf16 × bf16
+    products are exact in fp32, so x·partᵀ summed over the parts gives x·routerᵀ up to fp32
+    summation order (`moe_grouped`)."""
+    r = router.float()
+    hi = r.to(BF16)
+    mid = (r - hi.float()).to(BF16)
+    lo = (r - hi.float() - mid.float()).to(BF16)
+    return torch.cat([hi, mid, lo]).contiguous()
 
 
 COUNTING_PAIRS = 4096  # group_pairs counts (one-hot) up to this many pairs, sorts above
@@ -332,6 +360,12 @@ class Prefill:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.head_graph: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
         self.kernels, self.unpack, self.row_moe = {}, None, None
+        # the kernel path's fused elementwise steps (kernels/prefill/): Q/K norm + RoPE per
+        # RoPE kind, and the MoE combine + residual; None/{} on the torch-ops paths
+        self.qk_norm_rope: dict[int, object] = {}
+        self.combine = None
+        self._valid32 = torch.ones(1, dtype=torch.int32, device=dev)
+        self.routers: list[torch.Tensor | None] = [None] * len(weights.layers)
         moe = [lw.ffn for lw in weights.layers if isinstance(lw.ffn, MoEWeights)]
         fmt = "nvfp4" if moe and isinstance(moe[0].gate, NVFP4Weight) else "bf16"
         self.row_moe_max = ROW_MOE_MAX[fmt] if row_moe_max is None else row_moe_max
@@ -350,6 +384,15 @@ class Prefill:
                 self.unpack = kset.get("nvfp4_unpack", **stacks[0].as_dict())
             if moe and self.row_moe_max >= GROUP:
                 self.row_moe = RowGroupMoE(kset, cfg, weights.layers)
+            from flint_graph.kernels.prefill import moe_combine, qk_norm_rope
+
+            for spec in qk_norm_rope.KERNEL.specs(cfg, ()):
+                self.qk_norm_rope[spec["ROPE"]] = kset.get("qk_norm_rope", **spec.as_dict())
+            self.inv_freq = qk_norm_rope.decode.rope_inv_freq(cfg.head_dim, cfg.rope_theta, dev)
+            for spec in moe_combine.KERNEL.specs(cfg, ()):
+                self.combine = kset.get("moe_combine", **spec.as_dict())
+            self.routers = [split_router(lw.ffn.router) if isinstance(lw.ffn, MoEWeights)
+                            else None for lw in weights.layers]
 
     # -- CUDA graphs -----------------------------------------------------------------------
 
@@ -478,6 +521,7 @@ class Prefill:
         self._start.fill_(start)
         self._start_host = start
         self._valid.fill_(tokens)
+        self._valid32.fill_(tokens)
 
     def _set_slot(self, slot: int) -> None:
         self._slot.fill_(slot)
@@ -505,6 +549,7 @@ class Prefill:
         rows = self._rows[:tb] if tb <= self._rows.numel() else torch.arange(
             tb, device=self.device)
         pos = self._start.long() + rows
+        self._pos32 = pos.int()
         cos, sin = reference.rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta)
         self._rope = cos[:, None, :], sin[:, None, :]
         valid = self._row_valid = rows < self._valid
@@ -525,13 +570,19 @@ class Prefill:
         t = x.shape[0]
         h = rms_norm(x, lw.attn_norm, eps)
         y = self._qkv(i, h)
-        q, k, v = y.split([hq * d, hkv * d, hkv * d], dim=-1)
-        q, k, v = q.view(t, hq, d), k.view(t, hkv, d), v.reshape(t, hkv, d)
-        if cfg.qk_norm:
-            q = rms_norm(q, lw.q_norm, eps)
-            k = rms_norm(k, lw.k_norm, eps)
-        if cfg.uses_rope(i):
-            q, k = reference.rotate(q, *self._rope), reference.rotate(k, *self._rope)
+        if self.qk_norm_rope:
+            q = torch.empty(t, hq, d, dtype=BF16, device=self.device)
+            k, v = torch.empty(2, t, hkv, d, dtype=BF16, device=self.device).unbind(0)
+            self.qk_norm_rope[int(cfg.uses_rope(i))].launch(
+                y, self._pos32, lw.q_norm, lw.k_norm, self.inv_freq, q, k, v, eps)
+        else:
+            q, k, v = y.split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k, v = q.view(t, hq, d), k.view(t, hkv, d), v.reshape(t, hkv, d)
+            if cfg.qk_norm:
+                q = rms_norm(q, lw.q_norm, eps)
+                k = rms_norm(k, lw.k_norm, eps)
+            if cfg.uses_rope(i):
+                q, k = reference.rotate(q, *self._rope), reference.rotate(k, *self._rope)
         a = self._attention(i, q, k.contiguous(), v.contiguous(), pos)
         o = self.dec.linear(a, lw.o_proj)
         if (self.row_moe is not None and isinstance(lw.ffn, MoEWeights) and t % GROUP == 0
@@ -540,8 +591,19 @@ class Prefill:
         x = residual_add(x, o)
         h = rms_norm(x, lw.ffn_norm, eps)
         if isinstance(lw.ffn, MoEWeights):
+            combine = None
+            if self.combine is not None:
+                def combine(y_sorted, pos, weights, shared):
+                    out = torch.empty_like(x)
+                    self.combine.launch(y_sorted, pos, weights, *(() if shared is None
+                                                                  else (shared,)),
+                                        x, self._valid32, out)
+                    return out
             y = moe_grouped(h, lw.ffn, cfg, lambda counts: self._experts(lw.ffn, counts),
-                            self._shared(lw.ffn), self._row_valid)
+                            self._shared(lw.ffn), self._row_valid,
+                            router_split=self.routers[i], combine=combine)
+            if combine is not None:
+                return y  # the residual add is in the kernel
         else:
             f = lw.ffn
             y = swiglu(h, f.gate, f.up, f.down, self.dec.linear)

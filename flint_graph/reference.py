@@ -124,13 +124,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
 
 
 def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int,
-          scaling: float, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+          scaling: float, norm: bool, *,
+          logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3 `noaux_tc` routing (DESIGN §1) -> (ids int64 [T, K], weights fp32 [T, K]).
 
     x bf16 [T, H]; router fp32 [E, H]; bias fp32 [E]. logits = x·routerᵀ in fp32, s = sigmoid;
     pick the top-k of s + bias; weights are the picked s (bias excluded), divided by their sum
-    when `norm`, times `scaling`."""
-    s = torch.sigmoid(x.float() @ router.float().T)  # [T, E]
+    when `norm`, times `scaling`. `logits` fp32 [T, E], when given, stands for x·routerᵀ (a
+    caller that computes the same sums faster, e.g. capture/prefill.py on tensor cores)."""
+    if logits is None:
+        logits = x.float() @ router.float().T
+    s = torch.sigmoid(logits)  # [T, E]
     ids = torch.topk(s + bias.float(), top_k, dim=-1).indices  # [T, K]
     w = s.gather(-1, ids)
     if norm:

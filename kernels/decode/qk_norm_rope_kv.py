@@ -201,6 +201,14 @@ def bytes_moved(spec: Spec, args) -> int:
 
 
 def _build(spec: Spec):
+    return build(spec, prefill=False)
+
+
+def build(spec: Spec, prefill: bool):
+    """The jit function of the decode kernel (`spec` has B, P, RING), or with `prefill` of
+    kernels/prefill/qk_norm_rope.py: rows from the qkv tensor's extent, no table, keys and
+    values stored to contiguous k_out / v_out [T, HKV, D] (the prefill writes its cache after
+    attention)."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
@@ -208,8 +216,9 @@ def _build(spec: Spec):
 
     from flint_graph.kernels.toolchain import dsl_util as du
 
-    hq, hkv, d, p = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
-    ring, rope = bool(spec["RING"]), bool(spec["ROPE"])
+    hq, hkv, d = spec["HQ"], spec["HKV"], spec["D"]
+    p = 1 if prefill else spec["P"]
+    ring, rope = prefill or bool(spec["RING"]), bool(spec["ROPE"])
     e, lanes = lane_split(d)
     half = d // 2
     ragged = lanes < 32  # small heads: lanes ≥ `lanes` idle
@@ -283,11 +292,17 @@ def _build(spec: Spec):
             out[1][i] = y[1][i] * c + y[0][i] * s
         return out
 
-    @cute.kernel
-    def qk_norm_rope_kv_kernel(mqkv: cute.Tensor, mpos: cute.Tensor, mtab: cute.Tensor,
-                               mqn: cute.Tensor, mkn: cute.Tensor, mfreq: cute.Tensor,
-                               mqo: cute.Tensor, mkc: cute.Tensor, mvc: cute.Tensor,
-                               eps: cutlass.Float32):
+    def kv_slot(m, page, entry, kv, c):
+        """E-element chunk c of KV head kv's entry: of page `page`, entry `entry` of a cache
+        (decode), or of row `page` of the contiguous k_out / v_out [T, HKV, D] (prefill)."""
+        if cutlass.const_expr(prefill):
+            return cute.flat_divide(m, (1, 1, e))[0, 0, None, page, kv, c]
+        return page_chunks(m, page)[0, 0, None, kv, entry, c]
+
+    @cute.jit
+    def body(mqkv: cute.Tensor, mpos: cute.Tensor, mtab: cute.Tensor, mqn: cute.Tensor,
+             mkn: cute.Tensor, mfreq: cute.Tensor, mqo: cute.Tensor, mkc: cute.Tensor,
+             mvc: cute.Tensor, eps: cutlass.Float32):
         lane, _, _ = cute.arch.thread_idx()
         head, row, _ = cute.arch.block_idx()
         ln = cutlass.min(lane, lanes - 1) if cutlass.const_expr(ragged) else lane
@@ -328,9 +343,11 @@ def _build(spec: Spec):
                 for hf in cutlass.range_constexpr(2):
                     cute.copy(st, ro[None, hf], gqo[0, 0, None, row, head, hf * lanes + ln])
         else:
-            col = Int32(0) if cutlass.const_expr(ring) else pos // p
-            page = mtab[row, col]
-            entry = pos % p
+            page, entry = row, Int32(0)
+            if cutlass.const_expr(not prefill):
+                col = Int32(0) if cutlass.const_expr(ring) else pos // p
+                page = mtab[row, col]
+                entry = pos % p
             kv = head - hq
             if kv < hkv:
                 for hf in cutlass.range_constexpr(2):
@@ -340,19 +357,44 @@ def _build(spec: Spec):
                 for hf in cutlass.range_constexpr(2):
                     for i in cutlass.range_constexpr(e):
                         ro[i, hf] = y[hf][i].to(BFloat16)
-                gkc = page_chunks(mkc, page)  # (1, 1, E, HKV, P, D/E)
                 if cutlass.const_expr(not ragged) or live:
                     for hf in cutlass.range_constexpr(2):
-                        cute.copy(st, ro[None, hf], gkc[0, 0, None, kv, entry, hf * lanes + ln])
+                        cute.copy(st, ro[None, hf], kv_slot(mkc, page, entry, kv,
+                                                            hf * lanes + ln))
             else:
                 kv = kv - hkv
                 for hf in cutlass.range_constexpr(2):
                     cute.copy(ld, gqkv[0, None, row, head * (d // e) + hf * lanes + ln],
                               rx[None, hf])
-                gvc = page_chunks(mvc, page)
                 if cutlass.const_expr(not ragged) or live:
                     for hf in cutlass.range_constexpr(2):
-                        cute.copy(st, rx[None, hf], gvc[0, 0, None, kv, entry, hf * lanes + ln])
+                        cute.copy(st, rx[None, hf], kv_slot(mvc, page, entry, kv,
+                                                            hf * lanes + ln))
+
+    if prefill:
+        @cute.kernel
+        def qk_norm_rope_kernel(mqkv: cute.Tensor, mpos: cute.Tensor, mqn: cute.Tensor,
+                                mkn: cute.Tensor, mfreq: cute.Tensor, mqo: cute.Tensor,
+                                mko: cute.Tensor, mvo: cute.Tensor, eps: cutlass.Float32):
+            body(mqkv, mpos, mpos, mqn, mkn, mfreq, mqo, mko, mvo, eps)  # no table
+
+        @cute.jit
+        def qk_norm_rope(mqkv: cute.Tensor, mpos: cute.Tensor, mqn: cute.Tensor,
+                         mkn: cute.Tensor, mfreq: cute.Tensor, mqo: cute.Tensor,
+                         mko: cute.Tensor, mvo: cute.Tensor, eps: cutlass.Float32,
+                         stream: cuda.CUstream):
+            qk_norm_rope_kernel(mqkv, mpos, mqn, mkn, mfreq, mqo, mko, mvo, eps).launch(
+                grid=(hq + 2 * hkv, mqkv.shape[0], 1), block=[32, 1, 1], stream=stream,
+                use_pdl=True)
+
+        return qk_norm_rope
+
+    @cute.kernel
+    def qk_norm_rope_kv_kernel(mqkv: cute.Tensor, mpos: cute.Tensor, mtab: cute.Tensor,
+                               mqn: cute.Tensor, mkn: cute.Tensor, mfreq: cute.Tensor,
+                               mqo: cute.Tensor, mkc: cute.Tensor, mvc: cute.Tensor,
+                               eps: cutlass.Float32):
+        body(mqkv, mpos, mtab, mqn, mkn, mfreq, mqo, mkc, mvc, eps)
 
     launch = _launch(spec)
 

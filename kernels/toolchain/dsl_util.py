@@ -211,6 +211,33 @@ def ld_u32_if(addr, pred, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
+def ld_v4(addr, *, loc=None, ip=None) -> list:
+    """16 bytes at a 16-byte aligned global byte address, as 4 u32 (plain ld.global.v4: data a
+    predecessor wrote; volatile, so it stays below the PDL wait)."""
+    res = _asm(llvm.StructType.get_literal([T.i32()] * 4), [_i64(addr, loc, ip)],
+               "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", loc, ip,
+               side_effects=True)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def mul_rn_f32(a, b, *, loc=None, ip=None) -> Float32:
+    """a·b in fp32, rounded to nearest even: an explicit .rn, so ptxas never contracts it into
+    an FMA with a following add (a reference that rounds the product first needs that)."""
+    return Float32(_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip),
+                                  Float32(b).ir_value(loc=loc, ip=ip)],
+                        "mul.rn.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+
+
+@dsl_user_op
+def add_rn_f32(a, b, *, loc=None, ip=None) -> Float32:
+    """a + b in fp32, rounded to nearest even (explicit .rn: never contracted, see mul_rn_f32)."""
+    return Float32(_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip),
+                                  Float32(b).ir_value(loc=loc, ip=ip)],
+                        "add.rn.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+
+
+@dsl_user_op
 def st_u32(addr, value, *, loc=None, ip=None) -> None:
     """Store one 32-bit word at a global byte address."""
     _asm(None, [_i64(addr, loc, ip), _u32(value, loc, ip)], "st.global.b32 [$0], $1;",

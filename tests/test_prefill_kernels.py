@@ -1,0 +1,104 @@
+"""CPU checks of the prefill's elementwise kernels' declarations and references (moe_combine,
+qk_norm_rope in kernels/prefill/) and of the prefill steps that feed them (capture/prefill.py):
+the MoE with the kernel's combine and the three-part bf16 router equals `reference.moe` plus
+the residual add; the split router sums back to the fp32 router. (The kernels themselves run
+in tests/test_prefill_kernels_gpu.py on the H200.)
+
+Tolerances: moe_grouped with the combine's reference is held to `reference.moe` within 1e-2
+(‖Δ‖/‖ref‖, as tests/test_prefill.py: the same bf16 roundings, fp32 summation order apart)
+with every routing pick the same; the split router's logits to the fp32 product within 1e-6
+relative (each part product is exact; only the fp32 summation order differs).
+"""
+
+import pytest
+import torch
+
+from flint_graph import reference
+from flint_graph.capture.kv_cache import KVCache
+from flint_graph.capture.prefill import Prefill, moe_grouped, split_router
+from flint_graph.config import FlintConfig
+from flint_graph.kernels.prefill import moe_combine as mc
+from flint_graph.kernels.prefill import qk_norm_rope as qr
+from flint_graph.kernels.toolchain.spec import check_spec
+from flint_graph.synthetic import make_weights
+
+CFG = FlintConfig.preset("tiny")
+
+
+@pytest.mark.parametrize("preset", ["tiny", "nano", "full"])
+def test_specs_declare_every_kind_the_model_needs(preset):
+    cfg = FlintConfig.preset(preset)
+    (combine,) = mc.KERNEL.specs(cfg, ())
+    check_spec(mc.KERNEL, combine)
+    assert (combine["H"], combine["K"], combine["SHARED"]) == (
+        cfg.hidden_size, cfg.num_experts_per_tok, 1)
+    ropes = {s["ROPE"] for s in qr.KERNEL.specs(cfg, ())}
+    assert ropes == {int(cfg.uses_rope(i)) for i in range(cfg.num_hidden_layers)}
+    for spec in qr.KERNEL.specs(cfg, ()):
+        check_spec(qr.KERNEL, spec)
+        assert len(qr.make_args(spec, gen=torch.Generator().manual_seed(0), device="cpu")) \
+            == len(qr.KERNEL.args(spec))
+
+
+def test_combine_reference_adds_in_order_and_keeps_padding_rows():
+    (spec,) = mc.KERNEL.specs(CFG, ())
+    args = mc.make_args(spec, gen=torch.Generator().manual_seed(1), tokens=9, valid=6,
+                        device="cpu")
+    y, pos, w, shared, x, valid, out = args
+    (got,) = mc._reference(spec, *args)
+    assert torch.equal(got[6:], x[6:]), "padding rows must be x unchanged"
+    assert not got[:6].isnan().any(), "a padding pair's NaN row reached a real row"
+    acc = torch.zeros(6, spec["H"])
+    for j in range(spec["K"]):  # one term at a time, as reference.moe adds experts
+        acc = acc + y[pos[:6, j].long()].float() * w[:6, j, None]
+    want = reference.residual_add(x[:6], (acc + shared[:6].float()).bfloat16())
+    assert torch.equal(got[:6], want)
+
+
+def test_qk_norm_rope_reference_is_the_decode_kernels():
+    spec = qr.KERNEL.specs(CFG, ())[-1]
+    args = qr.make_args(spec, gen=torch.Generator().manual_seed(2), tokens=5, start=600,
+                        theta=CFG.rope_theta, device="cpu")
+    q, k, v = qr._reference(spec, *args)
+    hq, hkv, d = spec["HQ"], spec["HKV"], spec["D"]
+    qkv = args[0].view(5, hq + 2 * hkv, d)
+    want = reference.rms_norm(qkv[:, :hq], args[2], 1e-5)
+    if spec["ROPE"]:
+        want = reference.apply_rope(want, torch.arange(600, 605), CFG.rope_theta)
+    assert torch.equal(q, want)
+    assert torch.equal(v, qkv[:, hq + hkv:])
+
+
+def test_split_router_sums_back_to_the_fp32_router():
+    r = torch.randn(64, 96, generator=torch.Generator().manual_seed(3)) * 0.02
+    parts = split_router(r).float().view(3, 64, 96)
+    assert ((parts.sum(0) - r).abs() <= r.abs() * 2.0 ** -23).all()
+    x = torch.randn(17, 96, generator=torch.Generator().manual_seed(4)).bfloat16()
+    p = (x.float() @ split_router(r).float().t()).view(17, 3, 64)
+    got = (p[:, 2] + p[:, 1]) + p[:, 0]
+    want = x.float() @ r.t()
+    assert ((got - want).norm() / want.norm()).item() <= 1e-6
+
+
+def test_moe_with_the_combine_and_split_router_is_the_reference_moe_plus_residual():
+    w = make_weights(CFG, 4, "cpu")
+    lw = w.layers[CFG.first_k_dense_replace]
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(33, CFG.hidden_size, generator=gen).bfloat16()
+    h = reference.rms_norm(x, lw.ffn_norm, CFG.rms_norm_eps)
+    valid = torch.arange(33) < 30  # three padding rows
+    (spec,) = mc.KERNEL.specs(CFG, ())
+    nvalid = torch.tensor([30], dtype=torch.int32)
+
+    def combine(y_sorted, pos, weights, shared):
+        assert pos.dtype == torch.int32 and weights.dtype == torch.float32
+        return mc._reference(spec, y_sorted, pos, weights, shared, x, nvalid, None)[0]
+
+    pre = Prefill(CFG, w, KVCache(CFG, 1, 64, device="cpu"), attention="reference")
+    got = moe_grouped(h, lw.ffn, CFG, lambda c: pre._experts(lw.ffn, c), pre._shared(lw.ffn),
+                      valid, router_split=split_router(lw.ffn.router), combine=combine)
+    want = reference.residual_add(x[:30], reference.moe(
+        h[:30], lw.ffn, CFG.num_experts_per_tok, CFG.routed_scaling_factor, CFG.norm_topk_prob))
+    rel = ((got[:30].float() - want.float()).norm() / want.float().norm()).item()
+    assert rel <= 1e-2
+    assert torch.equal(got[30:], x[30:])
