@@ -151,7 +151,7 @@ def _matmul_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, shared,
                 valid: torch.Tensor | None = None, *, router_split: torch.Tensor | None = None,
-                combine=None) -> torch.Tensor:
+                combine=None, act=None) -> torch.Tensor:
     """Routed experts + shared expert of `reference.moe` as grouped GEMMs: h bf16 [T, H] ->
     bf16 [T, H].
 
@@ -172,7 +172,8 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     fp32 summation order differs from x·routerᵀ). combine: the `moe_combine` kernel's step as a
     function (y_sorted bf16 [T·K, H], pos int32 [T, K], weights fp32 [T, K], shared bf16 [T, H]
     or None) -> its result, which moe_grouped then returns (the caller's residual add folded
-    in); it replaces the scatter, the fp32 product and the roundings below."""
+    in); it replaces the scatter, the fp32 product and the roundings below. act: SwiGLU's
+    activation as `silu_mul` (default: it)."""
     t, k = h.shape[0], cfg.num_experts_per_tok
     e_total = w.router.shape[0]
     logits = None
@@ -193,7 +194,7 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     xs = h.index_select(0, perm // k)  # [T·K, H], gathered rows
     g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
     u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
-    a = (F.silu(g.float()) * u.float()).to(BF16)
+    a = (act or silu_mul)(g, u)
     y_sorted = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)  # [T·K, H] bf16
     if combine is not None:  # rows of padding pairs are never read: no masking needed
         pos = torch.empty_like(perm).scatter_(0, perm, torch.arange(t * k, device=h.device))
@@ -245,12 +246,17 @@ def group_pairs(flat: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tens
     return perm, counts
 
 
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation bf16(silu(g)·u), in fp32 rounded once (`reference.swiglu`):
+    g, u bf16 [R, M] -> bf16 [R, M]. The torch ops; the kernel path uses `swiglu`'s kernel."""
+    return (F.silu(g.float()) * u.float()).to(BF16)
+
+
 def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear,
-           linear=F.linear) -> torch.Tensor:
+           linear=F.linear, act=silu_mul) -> torch.Tensor:
     """`reference.swiglu` with `linear` (x bf16 [T, K], weight) -> bf16 [T, N] for each
-    projection: x bf16 [T, H] -> bf16 [T, H]."""
-    a = (F.silu(linear(x, gate).float()) * linear(x, up).float()).to(BF16)
-    return linear(a, down)
+    projection and `act` (as `silu_mul`) between them: x bf16 [T, H] -> bf16 [T, H]."""
+    return linear(act(linear(x, gate), linear(x, up)), down)
 
 
 # -- norm and residual (reference.py's math, fewer passes) ------------------------------------
@@ -364,6 +370,7 @@ class Prefill:
         # RoPE kind, and the MoE combine + residual; None/{} on the torch-ops paths
         self.qk_norm_rope: dict[int, object] = {}
         self.combine = None
+        self.act = silu_mul
         self._valid32 = torch.ones(1, dtype=torch.int32, device=dev)
         self.routers: list[torch.Tensor | None] = [None] * len(weights.layers)
         moe = [lw.ffn for lw in weights.layers if isinstance(lw.ffn, MoEWeights)]
@@ -389,6 +396,11 @@ class Prefill:
             for spec in qk_norm_rope.KERNEL.specs(cfg, ()):
                 self.qk_norm_rope[spec["ROPE"]] = kset.get("qk_norm_rope", **spec.as_dict())
             self.inv_freq = qk_norm_rope.decode.rope_inv_freq(cfg.head_dim, cfg.rope_theta, dev)
+            from flint_graph.kernels.prefill import swiglu as swiglu_kernel
+
+            (spec,) = swiglu_kernel.KERNEL.specs(cfg, ())
+            self._swiglu = kset.get("swiglu", **spec.as_dict())
+            self.act = self._silu_mul
             for spec in moe_combine.KERNEL.specs(cfg, ()):
                 self.combine = kset.get("moe_combine", **spec.as_dict())
             self.routers = [split_router(lw.ffn.router) if isinstance(lw.ffn, MoEWeights)
@@ -601,12 +613,12 @@ class Prefill:
                     return out
             y = moe_grouped(h, lw.ffn, cfg, lambda counts: self._experts(lw.ffn, counts),
                             self._shared(lw.ffn), self._row_valid,
-                            router_split=self.routers[i], combine=combine)
+                            router_split=self.routers[i], combine=combine, act=self.act)
             if combine is not None:
                 return y  # the residual add is in the kernel
         else:
             f = lw.ffn
-            y = swiglu(h, f.gate, f.up, f.down, self.dec.linear)
+            y = swiglu(h, f.gate, f.up, f.down, self.dec.linear, self.act)
         return residual_add(x, y)
 
     def _qkv(self, i: int, h: torch.Tensor) -> torch.Tensor:
@@ -640,7 +652,13 @@ class Prefill:
         s = w.shared
         if s is None:
             return None
-        return lambda h: swiglu(h, s.gate, s.up, s.down, self.dec.linear)
+        return lambda h: swiglu(h, s.gate, s.up, s.down, self.dec.linear, self.act)
+
+    def _silu_mul(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """`silu_mul` by the swiglu kernel (kernels/prefill/swiglu.py)."""
+        a = torch.empty_like(g)
+        self._swiglu.launch(g.reshape(-1), u.reshape(-1), a.view(-1))
+        return a
 
     def _buffer(self, name: str, shape) -> torch.Tensor:
         """A bf16 scratch of `shape`, allocated once per name (the per-layer NVFP4 decode)."""

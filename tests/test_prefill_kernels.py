@@ -19,6 +19,7 @@ from flint_graph.capture.prefill import Prefill, moe_grouped, split_router
 from flint_graph.config import FlintConfig
 from flint_graph.kernels.prefill import moe_combine as mc
 from flint_graph.kernels.prefill import qk_norm_rope as qr
+from flint_graph.kernels.prefill import swiglu as sw
 from flint_graph.kernels.toolchain.spec import check_spec
 from flint_graph.synthetic import make_weights
 
@@ -38,6 +39,19 @@ def test_specs_declare_every_kind_the_model_needs(preset):
         check_spec(qr.KERNEL, spec)
         assert len(qr.make_args(spec, gen=torch.Generator().manual_seed(0), device="cpu")) \
             == len(qr.KERNEL.args(spec))
+
+
+def test_swiglu_reference_is_the_reference_activation():
+    (spec,) = sw.KERNEL.specs(CFG, ())
+    g, u, a = sw.make_args(spec, gen=torch.Generator().manual_seed(6), device="cpu")
+    x = torch.randn(4, CFG.hidden_size, generator=torch.Generator().manual_seed(7)).bfloat16()
+    gate = torch.randn(8, CFG.hidden_size).bfloat16()
+    up = torch.randn(8, CFG.hidden_size).bfloat16()
+    down = torch.eye(8, dtype=torch.bfloat16)
+    want = reference.swiglu(x, gate, up, down)
+    (got,) = sw._reference(spec, reference.linear(x, gate), reference.linear(x, up))
+    assert torch.equal(reference.linear(got, down), want)
+    assert sw._reference(spec, g, u)[0].shape == g.shape
 
 
 def test_combine_reference_adds_in_order_and_keeps_padding_rows():

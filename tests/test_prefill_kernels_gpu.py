@@ -1,5 +1,6 @@
 """GPU tests of the prefill's elementwise kernels against their references: moe_combine
-(kernels/prefill/moe_combine.py) and qk_norm_rope (kernels/prefill/qk_norm_rope.py), both
+(kernels/prefill/moe_combine.py), qk_norm_rope (kernels/prefill/qk_norm_rope.py) and swiglu
+(kernels/prefill/swiglu.py), both
 configs, chunk lengths that are no multiple of anything (1, 77, 1000), padding rows, positions
 near the context limit; and the PDL ordering test for each input behind a slow producer.
 
@@ -7,7 +8,8 @@ Every case draws fresh random inputs and NaN-poisoned outputs (each module's mak
 Tolerances: moe_combine bitwise (it performs the reference's operations in its order, each
 rounded on its own); qk_norm_rope as the decode kernel it shares its code with
 (tests/test_qk_norm_rope_kv_gpu.py): rel. ≤ 1e-2 and at most 1% of q/k elements different at
-all, values bit-exact.
+all, values bit-exact; swiglu rel. ≤ 1e-2 and at most 1% of the elements different (the
+hardware exp's last ulp may flip the one bf16 rounding).
 """
 
 import pytest
@@ -17,6 +19,7 @@ from flint_graph.config import FlintConfig
 from flint_graph.kernels import registry
 from flint_graph.kernels.prefill import moe_combine as mc
 from flint_graph.kernels.prefill import qk_norm_rope as qr
+from flint_graph.kernels.prefill import swiglu as sw
 
 pytestmark = pytest.mark.gpu
 PRESETS = ("tiny", "full")
@@ -26,7 +29,8 @@ PRESETS = ("tiny", "full")
 def kset():
     from flint_graph.capture.launcher import KernelSet
 
-    return KernelSet(kernels=registry(("moe_combine", "qk_norm_rope", "slow_producer")))
+    return KernelSet(kernels=registry(("moe_combine", "qk_norm_rope", "swiglu",
+                                        "slow_producer")))
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -75,6 +79,23 @@ def test_qk_norm_rope_matches_reference(kset, preset, tokens, start):
         _check_close(f"{what}: q_out", args[5], q_ref)
         _check_close(f"{what}: k_out", args[6], k_ref.reshape(args[6].shape))
         assert torch.equal(args[7], v_ref.reshape(args[7].shape)), f"{what}: v_out not a copy"
+
+
+@pytest.mark.parametrize("rows,width", [(1, 8), (77, 512), (3, 10944), (4099, 512)])
+def test_swiglu_matches_reference(kset, rows, width):
+    (spec,) = sw.KERNEL.specs(FlintConfig.preset("full"), ())
+    args = sw.make_args(spec, gen=_gen(rows), rows=rows, width=width)
+    kset.get("swiglu", **spec.as_dict()).launch(*args)
+    torch.cuda.synchronize()
+    (want,) = sw._reference(spec, *args)
+    assert not args[2].isnan().any(), f"{rows}x{width}: unwritten"
+    _check_close(f"swiglu {rows}x{width}", args[2], want)
+
+
+def test_pdl_swiglu_reads_inputs_after_the_wait(kset):
+    (spec,) = sw.KERNEL.specs(FlintConfig.preset("full"), ())
+    args = sw.make_args(spec, gen=_gen(8), rows=300, width=512)
+    _pdl_check(kset, sw.KERNEL, spec, args, ("g", "u"))
 
 
 def _pdl_check(kset, kdef, spec, args, targets):

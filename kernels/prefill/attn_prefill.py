@@ -21,7 +21,8 @@ unwritten NaN entry never reaches a product). Rows are padded to D + 8 values so
 reads are free of bank conflicts. Per tile and warp, on mma.sync m16n8k16 (bf16 in, fp32 out):
 S = Q·Kᵀ (Q fragments held in registers for the whole loop, K by ldmatrix), online softmax in
 log2 units (ex2.approx), P rounded to bf16 as the A operand of O += P·V (V by ldmatrix.trans).
-Only tiles that cross a row's causal edge or window start evaluate the mask. P is rounded to
+Only tiles that cross a row's causal edge or window start evaluate the mask. CTAs take query
+blocks last first (the longest causal rows start first; the short ones fill the last wave). P is rounded to
 bf16 alone, not split into hi + lo parts as attn_decode does: on the H200 (2026-12-01) the split
 cost a third more attention time (a full layer at 8K: 2.83 -> 3.75 ms) and moved flint-nano's
 log-probability gap to the reference only from 2.43e-4 to 2.33e-4 nats. The running max
@@ -251,7 +252,11 @@ def _build(spec: Spec):
                             mkc: cute.Tensor, mvc: cute.Tensor, mtable: cute.Tensor,
                             mstart: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
-        qblk, kvh, _ = cute.arch.block_idx()
+        blk, kvh, _ = cute.arch.block_idx()
+        nblk, _, _ = cute.arch.grid_dim()
+        # the last query block first: causal work grows with the block, and the GPU starts
+        # CTAs in block order, so the longest ones start first and the short ones fill the tail
+        qblk = nblk - 1 - blk
         warp, lane = tid // 32, tid % 32
         g, t = lane // 4, lane % 4
         alloc = cutlass.memory.SmemAllocator()
