@@ -54,6 +54,13 @@ from flint_graph.kernels.toolchain.spec import (BUCKETS, KV_PAGE, KernelDef, Lau
 PIO2 = (float.fromhex("0x1.921fb544p+0"), float.fromhex("0x1.0b4611a6p-34"),
         float.fromhex("0x1.3198a2ep-69"))
 TWO_OVER_PI = 2.0 / math.pi
+# The prefill build's warps per CTA, one head each (a CTA per head and row, as decode has it,
+# made an 8K chunk 327K one-warp CTAs: 395 µs per layer on the H200, latency-bound)
+PREFILL_WARPS = 8
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 # Taylor coefficients on |r| ≤ π/4: sin r = r + r³·Σ SIN[n]·r^(2n) (to r^15),
 # cos r = 1 + r²·Σ COS[n]·r^(2n) (to r^16); truncation below 5e-17.
 SIN_COEFS = tuple((-1) ** n / math.factorial(2 * n + 1) for n in range(1, 8))
@@ -302,9 +309,8 @@ def build(spec: Spec, prefill: bool):
     @cute.jit
     def body(mqkv: cute.Tensor, mpos: cute.Tensor, mtab: cute.Tensor, mqn: cute.Tensor,
              mkn: cute.Tensor, mfreq: cute.Tensor, mqo: cute.Tensor, mkc: cute.Tensor,
-             mvc: cute.Tensor, eps: cutlass.Float32):
+             mvc: cute.Tensor, eps: cutlass.Float32, head: Int32, row: Int32):
         lane, _, _ = cute.arch.thread_idx()
-        head, row, _ = cute.arch.block_idx()
         ln = cutlass.min(lane, lanes - 1) if cutlass.const_expr(ragged) else lane
         # PDL prologue: weights only
         wq_bits, wk_bits = load_norm_w(mqn, ln), load_norm_w(mkn, ln)
@@ -376,7 +382,11 @@ def build(spec: Spec, prefill: bool):
         def qk_norm_rope_kernel(mqkv: cute.Tensor, mpos: cute.Tensor, mqn: cute.Tensor,
                                 mkn: cute.Tensor, mfreq: cute.Tensor, mqo: cute.Tensor,
                                 mko: cute.Tensor, mvo: cute.Tensor, eps: cutlass.Float32):
-            body(mqkv, mpos, mpos, mqn, mkn, mfreq, mqo, mko, mvo, eps)  # no table
+            group, row, _ = cute.arch.block_idx()
+            _, sub, _ = cute.arch.thread_idx()
+            head = group * PREFILL_WARPS + sub
+            if head < hq + 2 * hkv:
+                body(mqkv, mpos, mpos, mqn, mkn, mfreq, mqo, mko, mvo, eps, head, row)
 
         @cute.jit
         def qk_norm_rope(mqkv: cute.Tensor, mpos: cute.Tensor, mqn: cute.Tensor,
@@ -384,8 +394,8 @@ def build(spec: Spec, prefill: bool):
                          mko: cute.Tensor, mvo: cute.Tensor, eps: cutlass.Float32,
                          stream: cuda.CUstream):
             qk_norm_rope_kernel(mqkv, mpos, mqn, mkn, mfreq, mqo, mko, mvo, eps).launch(
-                grid=(hq + 2 * hkv, mqkv.shape[0], 1), block=[32, 1, 1], stream=stream,
-                use_pdl=True)
+                grid=(ceil_div(hq + 2 * hkv, PREFILL_WARPS), mqkv.shape[0], 1),
+                block=[32, PREFILL_WARPS, 1], stream=stream, use_pdl=True)
 
         return qk_norm_rope
 
@@ -394,7 +404,8 @@ def build(spec: Spec, prefill: bool):
                                mqn: cute.Tensor, mkn: cute.Tensor, mfreq: cute.Tensor,
                                mqo: cute.Tensor, mkc: cute.Tensor, mvc: cute.Tensor,
                                eps: cutlass.Float32):
-        body(mqkv, mpos, mtab, mqn, mkn, mfreq, mqo, mkc, mvc, eps)
+        head, row, _ = cute.arch.block_idx()
+        body(mqkv, mpos, mtab, mqn, mkn, mfreq, mqo, mkc, mvc, eps, head, row)
 
     launch = _launch(spec)
 

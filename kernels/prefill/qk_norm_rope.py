@@ -14,7 +14,8 @@ Replaces, per layer of an 8K chunk, about ten torch passes over the 64 MB query 
 strided RMSNorm, an fp32 copy, the rotate-half negation and concatenation, two products, a sum
 and a rounding) with one read of qkv and one write of q, k and v.
 
-Design and PDL: as the decode kernel (one warp per head and row; grid (HQ + 2·HKV, T)); the
+Design and PDL: as the decode kernel (one warp per head and row), PREFILL_WARPS heads of a
+row per CTA (grid (⌈(HQ + 2·HKV) / 8⌉, T): one warp per CTA was latency-bound); the
 norm weights and the inv_freq table are loaded before griddepcontrol.wait, qkv and positions
 only after it, in every thread.
 
@@ -48,7 +49,9 @@ def _args(spec: Spec):
 
 
 def _launch(spec: Spec) -> Launch:
-    return Launch(grid=(spec["HQ"] + 2 * spec["HKV"], ("T", 1), 1), block=(32, 1, 1))
+    heads = spec["HQ"] + 2 * spec["HKV"]
+    return Launch(grid=(decode.ceil_div(heads, decode.PREFILL_WARPS), ("T", 1), 1),
+                  block=(32, decode.PREFILL_WARPS, 1))
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
