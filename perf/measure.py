@@ -93,6 +93,13 @@ def reference_fits(model, b: int, ctx: int) -> bool:
     return b * (ctx + 1) * model.cfg.kv_bytes_per_token * 1.3 < 0.9 * free
 
 
+def cold(llm) -> None:
+    """Forget the engine's retained sequences, so the next request prefills its whole prompt:
+    every timed prompt here shares a prefix with an earlier one (the same chat prompt, ids
+    0 … n), which KV reuse would otherwise serve from the cache (docs/kv-reuse.md)."""
+    llm.engine.drop_retained()
+
+
 def e2e_record(llm, fmt: str, b: int, tokens: int, prompt_ids: list[int], engine=None) -> dict:
     """End to end at batch b: b identical chat prompts (EOS ignored) through the engine's own
     loop (`Engine.step`: scheduling, the step, sampling, detokenizer, stop checks). TTFT: the
@@ -104,6 +111,7 @@ def e2e_record(llm, fmt: str, b: int, tokens: int, prompt_ids: list[int], engine
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     reqs = [llm._request(prompt_ids, params, None) for _ in range(b)]
     eng = llm.engine
+    cold(llm)
     t0 = time.perf_counter()
     for r in reqs:
         eng.add(r)
@@ -168,8 +176,10 @@ def prefill_record(llm, fmt: str, n: int, peak: float | None = None) -> dict:
     from flint_graph.sampling import SamplingParams
 
     ids = [(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(n)]
+    cold(llm)
     out = llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))[0]
     return {"engine": llm.engine.name, "format": fmt, "tokens": n, "ms": out.ttft_ms,
+            "cached_tokens": out.cached_tokens,
             **_prefill_figures(llm.cfg, n, out.ttft_ms / 1e3, peak)}
 
 
@@ -180,6 +190,7 @@ def prefill_baseline_record(llm, fmt: str, n: int, peak: float | None = None) ->
     from flint_graph.capture.prefill import Prefill
 
     runner = llm.engine.runner
+    cold(llm)  # retained sequences would hold the slot this needs
     if runner is None or runner.prefiller is None or not runner.free_slots:
         return None
     base = Prefill(llm.cfg, runner.prefiller.w, runner.kv, attention="sdpa")
@@ -217,6 +228,7 @@ def interleave_record(llm, fmt: str, lengths: list[int], step_ms: float | None,
                      SamplingParams(max_tokens=10 ** 6, ignore_eos=True), None)
     longs = [llm._request([(7 * i + n) % vocab + 1 for i in range(n)],
                           SamplingParams(max_tokens=1, ignore_eos=True), None) for n in lengths]
+    cold(llm)
     try:
         eng.add(a)
         while len(a.output_ids) < warm_tokens:

@@ -227,3 +227,15 @@ def test_exclusive_time_splits_overlapping_kernels():
     assert [e["start_us"] for e in ex] == [0.0, 5.0, 8.0, 10.0]
     assert [e["span_us"] for e in ex] == [5.0, 6.0, 2.0, 1.0]
     assert sum(e["us"] for e in ex) + 2.0 == 21.0 - 10.0  # plus the 2 µs gap: the whole step
+
+
+def test_timed_prompts_never_reuse_an_earlier_ones_kv(tiny_llm):
+    """The bench's prompts share prefixes (ids 0 … n; the same chat prompt at every B): each
+    timed prefill must start cold, not from a sequence KV reuse retained (a 2K figure that
+    was really 1.5K new tokens: the 2026-12-02 device run 3)."""
+    from flint_graph.perf.measure import prefill_record
+
+    first = prefill_record(tiny_llm, "bf16", 16)
+    second = prefill_record(tiny_llm, "bf16", 48)
+    assert first["cached_tokens"] == 0 and second["cached_tokens"] == 0
+    tiny_llm.engine.drop_retained()
