@@ -12,7 +12,9 @@ flint_graph/tool_schema.py types its values. Decisions (tests/test_output_parser
   is dropped (with the blanks after it), so no tag text reaches content.
 - Thinking off: no reasoning unless the model opens it itself: output that starts (after
   blanks) with `<think>` has that reasoning split out as with thinking on; a leading bare
-  `</think>` is dropped. Elsewhere `<think>` / `</think>` are plain content.
+  `</think>` is dropped (with the blanks around it). Elsewhere `<think>` / `</think>` are plain
+  content, and an output that starts with neither keeps its leading whitespace (an answer that
+  begins with an indented code line stays indented).
 - Tools: a list with at least one tool, or None (any name, no schema: values JSON-decoded when
   they parse), turns call parsing on. No tools (`[]`) turns it off: `<tool_call>` text is plain
   content and no warnings arise, as in vLLM, which runs no tool parser for a request without
@@ -191,7 +193,7 @@ class OutputParser:
                 return True
         if not final and (THINK_OPEN.startswith(rest) or THINK_CLOSE.startswith(rest)):
             return False  # blank or a prefix of a reasoning tag: cannot tell yet
-        self._state = STRIP
+        self._state = CONTENT  # the answer as written, leading blanks included
         return True
 
     def _ends(self, channel: str) -> tuple[str, ...]:

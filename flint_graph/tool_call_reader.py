@@ -22,7 +22,9 @@ output parser shows as content. Decisions (tests/test_output_parser.py checks ea
 - Streaming (OpenAI's ChoiceDeltaToolCall): the name goes out as soon as the tag after it
   arrives (unless it is not a declared tool), then the arguments as JSON text fragments: a
   value whose schema admits only strings streams as it arrives (its text is the value, whatever
-  follows), any other value goes out whole at its `</arg_value>`, and `}` at `</tool_call>`. The
+  follows), any other value goes out whole at its `</arg_value>`, and `}` at `</tool_call>`; a
+  tool whose parameters are a choice of object schemas (tool_schema.py) types its values only
+  once the call is whole, so its arguments go out in one piece at `</tool_call>`. The
   fragments of a call concatenate to exactly `ToolCall.arguments_json()`. A streamed call that
   then turns out malformed gets a last delta with `error` set: it is withdrawn.
 """
@@ -127,6 +129,7 @@ class CallReader:
         self._name, self._key = "", ""
         self._keys: list[str] = []
         self._args: dict[str, Any] = {}
+        self._texts: dict[str, str] = {}  # values as written, for a tool typed as a whole
         self._value: list[str] = []
         self._streaming_value = False
         self._problem: str | None = None  # a reason to reject the call once it is read
@@ -337,13 +340,21 @@ class CallReader:
         self._key, self._streaming_value = key, False
 
     def _schema(self) -> tuple[Any, Any]:
-        tool = (self._schemas or {}).get(self._name)
+        tool = self._tool
         return (tool.param(self._key), tool.root) if tool is not None else (None, None)
+
+    @property
+    def _tool(self) -> ToolSchema | None:
+        return (self._schemas or {}).get(self._name)
+
+    @property
+    def _as_a_whole(self) -> bool:  # typed once the call is whole (tool_schema.py)
+        return self._tool is not None and bool(self._tool.variants)
 
     def _open_value(self) -> None:
         self._state, self._value = VALUE, []
         schema, root = self._schema()
-        self._streaming_value = self._live and only_strings(schema, root)
+        self._streaming_value = self._live and not self._as_a_whole and only_strings(schema, root)
         if self._streaming_value:  # its text is its value: open the JSON string now
             self._delta(f"{'{' if not self._args else ', '}{_dumps(self._key)}: \"")
 
@@ -359,6 +370,9 @@ class CallReader:
         self._state = NEXT
         if self._problem is not None:
             return
+        if self._as_a_whole:
+            self._texts[self._key] = text
+            return
         schema, root = self._schema()
         value, note = type_argument(text, schema, root)
         if note is not None:
@@ -372,7 +386,13 @@ class CallReader:
     def _complete(self) -> bool:
         if self._problem is not None:
             return self._reject(self._problem, "".join(self._raw))
-        self._delta("}" if self._args else "{}")
+        if self._as_a_whole:
+            self._args, notes = self._tool.type_arguments(self._texts)
+            for note in notes:
+                self._on_error(f"tool call {self._number}: {self._name} {note}")
+            self._delta(_dumps(self._args))
+        else:
+            self._delta("}" if self._args else "{}")
         self.call = ToolCall(self._name, self._args, f"call_{self._index}")
         self._done = True
         return True

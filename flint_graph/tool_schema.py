@@ -12,8 +12,11 @@ fixed depth and counts as "anything".
 
 `type_argument(text, schema, root)` picks, in this order, the first reading the schema admits:
   1. None, for the text `null` (blanks around it ignored);
-  2. the text verbatim, as a string (so a string parameter keeps "2", "true", " x " as written);
-  3. the stripped text JSON-decoded, when that gives a non-string;
+  2. the stripped text JSON-decoded, when that gives a non-string: so a parameter that is a
+     string or a number (boolean, array, object) reads `7` as 7 and `[1, 2]` as a list, as
+     SGLang's, llama.cpp's and Ollama's GLM-4.x parsers do;
+  3. the text verbatim, as a string (so a string-only parameter keeps "2", "true", " x " as
+     written);
   4. True / False for the Python spellings `True` / `False`;
   5. one repair step, reported in the note: a quoted number or boolean (`"42"` -> 42) and a
      backslash-escaped or JSON-quoted array/object (`[{\\"id\\": 1}]` -> [{"id": 1}]).
@@ -21,6 +24,15 @@ Nothing admitted: the text is kept verbatim as a string and the note says it doe
 parameter without a schema, or whose schema says nothing about types, is JSON-decoded when
 that works and kept as text otherwise. So a schema that admits only strings always yields the
 verbatim text: `only_strings` tells the parser such a value can be streamed as it arrives.
+
+Parameters whose root is a choice of object schemas (`anyOf` / `oneOf` at the root, also
+reached through the root's `$ref` or `allOf`), told apart by a sibling argument (a `const`
+"kind", say), are typed as a whole: `ToolSchema.type_arguments` tries each alternative in
+order (every combination of one branch per choice, at most MAX_VARIANTS) and keeps the first
+under which every argument fits and every key that alternative requires is present, whatever
+the order of the keys. When none fits, the arguments are typed key by key over the merged
+branches (as for any other tool) and a note says they fit no alternative. Such a tool's
+values depend on later keys, so its arguments are not streamed value by value.
 """
 
 from __future__ import annotations
@@ -36,22 +48,45 @@ from flint_graph.errors import InvalidRequestError
 _MAX_DEPTH = 32  # nesting of $ref/allOf/...; deeper counts as "anything" (cycles end here)
 _NO_JSON = object()
 _COMBINATORS = ("allOf", "anyOf", "oneOf")
+MAX_VARIANTS = 64  # alternatives of a root choice tried one by one (more: key by key only)
 
 
 @dataclass(frozen=True)
 class ToolSchema:
     """One tool's parameters: `root` (the base of its "#/..." references), the schema of
-    each declared property (`extra`: the additionalProperties schema for the others, if any)
-    and the names its top-level "required" lists."""
+    each declared property (`extra`: the additionalProperties schema for the others, if any),
+    the names its top-level "required" lists, and, for a root that is a choice of object
+    schemas, each alternative (`variants`: ToolSchemas of one branch per choice)."""
 
     root: Any
     properties: dict[str, Any]
     extra: Any = None
     required: tuple[str, ...] = ()
+    variants: tuple["ToolSchema", ...] = ()
 
     def param(self, key: str) -> Any:
         """The schema of argument `key`, or None when the tool does not describe it."""
         return self.properties.get(key, self.extra)
+
+    def type_arguments(self, texts: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+        """Type a whole call's arguments (key -> text as written) -> (key -> value, notes per
+        key "'key': note" or for the whole call). Without variants: `type_argument` key by
+        key. With variants: the first alternative that types every argument without a note
+        and has every key it requires (module docstring)."""
+        for v in self.variants:
+            typed = {k: type_argument(t, v.param(k), self.root) for k, t in texts.items()}
+            if all(note is None for _, note in typed.values()) and all(
+                    k in texts for k in v.required):
+                return {k: value for k, (value, _) in typed.items()}, []
+        args, notes = {}, []
+        for k, t in texts.items():
+            args[k], note = type_argument(t, self.param(k), self.root)
+            if note is not None:
+                notes.append(f"argument {k!r}: {note}")
+        if self.variants:
+            notes.append(f"the arguments fit none of the {len(self.variants)} alternatives of "
+                         "the tool's parameters (anyOf/oneOf); typed key by key")
+        return args, notes
 
 
 def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
@@ -78,11 +113,79 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
         root = params if isinstance(params, dict) else {}
         extra = root.get("additionalProperties")
         required = root.get("required")
+        variants = tuple(ToolSchema(root, _properties(v, root, 0),
+                                    extra if isinstance(extra, dict) else None,
+                                    _required(v, root, 0))
+                         for v in _root_variants(root))
         schemas[name] = ToolSchema(root, _properties(root, root, 0),
                                    extra if isinstance(extra, dict) else None,
                                    tuple(k for k in required if isinstance(k, str))
-                                   if isinstance(required, list) else ())
+                                   if isinstance(required, list) else (), variants)
     return schemas
+
+
+def _has_properties(schema: Any, root: Any) -> bool:
+    return bool(_properties(schema, root, 0))
+
+
+def _root_variants(root: Any) -> list[Any]:
+    """The alternatives of a parameters schema whose root (or the root's $ref target or allOf
+    parts) holds an anyOf/oneOf of object schemas: copies of the root with each such choice
+    narrowed to one branch (every combination, in order), or [] when the root has no such
+    choice or more than MAX_VARIANTS combinations."""
+    out = _variants(root, root, 0)
+    return out if 1 < len(out) <= MAX_VARIANTS else []
+
+
+def _variants(schema: Any, root: Any, depth: int) -> list[Any]:
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return [schema]
+    options: list[list[tuple[str, Any]]] = []  # per place: (key, narrowed value) choices
+    target = _deref(schema, root)
+    if target is not None:
+        options.append([("$ref", t) for t in _variants(target, root, depth + 1)])
+    parts = _list(schema, "allOf")
+    for i, part in enumerate(parts):
+        options.append([(f"allOf.{i}", v) for v in _variants(part, root, depth + 1)])
+    for group in ("anyOf", "oneOf"):
+        branches = _list(schema, group)
+        if len(branches) > 1 and all(_has_properties(b, root) for b in branches):
+            options.append([(group, b) for b in branches])
+    combos: list[dict] = [dict(schema)]
+    for choices in options:
+        if len(choices) == 1 and choices[0][0] != "$ref":
+            continue  # nothing to choose here
+        nxt = []
+        for base in combos:
+            for key, value in choices:
+                v = dict(base)
+                if key == "$ref":  # inline the (narrowed) target in place of the reference
+                    v.pop("$ref", None)
+                    v["allOf"] = [*(v.get("allOf") or []), value]
+                elif key.startswith("allOf."):  # parts keep their places (a $ref inlined
+                    cur = list(v["allOf"])        # above comes after them)
+                    cur[int(key.split(".")[1])] = value
+                    v["allOf"] = cur
+                else:
+                    v[key] = [value]
+                nxt.append(v)
+                if len(nxt) > MAX_VARIANTS:
+                    return nxt
+        combos = nxt
+    return combos
+
+
+def _required(schema: Any, root: Any, depth: int) -> tuple[str, ...]:
+    """The keys an (already narrowed) parameters schema requires: its own "required", its
+    $ref target's, its allOf parts' and those of a one-branch anyOf/oneOf."""
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return ()
+    out = [k for k in _list(schema, "required") if isinstance(k, str)]
+    subs = [_deref(schema, root), *_list(schema, "allOf")]
+    subs += [b for g in ("anyOf", "oneOf") for b in _list(schema, g) if len(_list(schema, g)) == 1]
+    for sub in subs:
+        out += [k for k in _required(sub, root, depth + 1) if k not in out]
+    return tuple(dict.fromkeys(out))
 
 
 def _properties(schema: Any, root: Any, depth: int) -> dict[str, Any]:
@@ -256,10 +359,10 @@ def type_argument(text: str, schema: Any, root: Any) -> tuple[Any, str | None]:
 
     if stripped == "null" and fits(None):
         return None, None
+    if decoded is not _NO_JSON and not isinstance(decoded, str) and fits(decoded):
+        return decoded, None  # string-or-number etc.: the JSON reading, as other parsers do
     if fits(text):
         return text, None
-    if decoded is not _NO_JSON and not isinstance(decoded, str) and fits(decoded):
-        return decoded, None
     if stripped in ("True", "False") and fits(stripped == "True"):
         return stripped == "True", None
     if isinstance(decoded, str):  # the value was JSON-quoted: "42", "true", "[1, 2]"

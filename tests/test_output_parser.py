@@ -188,8 +188,8 @@ CASES = {
     ),
     "thinking_off_tags_are_text": (
         "\n  Use `a<b` and <b>bold</b>; a literal <think> or </think> stays.",
-        {"thinking": False},
-        out("", "Use `a<b` and <b>bold</b>; a literal <think> or </think> stays."),
+        {"thinking": False},  # leading whitespace kept (issue 23 item 6)
+        out("", "\n  Use `a<b` and <b>bold</b>; a literal <think> or </think> stays."),
     ),
     "code_value_verbatim": (
         "I need to create the page.</think>I'll write the file now.\n<tool_call>write_file"
@@ -577,7 +577,16 @@ TYPING = [  # (parameters schema, value text, expected value, error word or None
     ({"properties": {"level": {"const": "null"}}}, "null", "null", None),
     ({"properties": {"level": {"const": 3}}}, "3", 3, None),
     ({"properties": {"level": {"enum": [True, False]}}}, "true", True, None),
-    ({"properties": {"level": {"enum": [1, "1"]}}}, "1", "1", None),  # strings as written win
+    # string-or-X: the JSON reading wins where it fits (as SGLang, llama.cpp and Ollama)
+    ({"properties": {"level": {"enum": [1, "1"]}}}, "1", 1, None),
+    ({"properties": {"level": {"type": ["string", "integer"]}}}, "7", 7, None),
+    ({"properties": {"level": {"type": ["string", "integer"]}}}, "007", "007", None),
+    ({"properties": {"level": {"type": ["string", "number"]}}}, "seven", "seven", None),
+    ({"properties": {"level": {"type": ["string", "array"]}}}, "[1, 2]", [1, 2], None),
+    ({"properties": {"level": {"type": ["string", "object"]}}}, '{"a": 1}', {"a": 1}, None),
+    ({"properties": {"level": {"anyOf": [{"type": "string"}, {"type": "boolean"}]}}}, "true",
+     True, None),
+    ({"properties": {"level": {"type": ["string", "integer"]}}}, "1.5", "1.5", None),
     ({"properties": {"level": {"type": ["integer", "null"]}}}, "null", None, None),
     ({"properties": {"level": {"type": "string"}}}, "null", "null", None),
     ({"definitions": {"N": {"type": "integer"}},
@@ -637,6 +646,50 @@ def test_arguments_typed_by_the_whole_schema(params, text, value, word):
     assert type(got) is type(value)  # 1 == 1.0 == True: the JSON type must match too
     if word is not None:
         assert word in result.errors[0] and "level" in result.errors[0], result.errors
+
+
+TEXT_OR_COUNT = [{"type": "object", "properties": {"kind": {"const": "text"},
+                                                   "value": {"type": "string"}}},
+                 {"type": "object", "properties": {"kind": {"const": "count"},
+                                                   "value": {"type": "integer"}}}]
+BRANCHED = [  # (parameters schema, (key, text) in call order, expected arguments, error word)
+    ({"anyOf": TEXT_OR_COUNT}, [("kind", "count"), ("value", "7")], {"kind": "count", "value": 7},
+     None),
+    ({"anyOf": TEXT_OR_COUNT}, [("value", "7"), ("kind", "count")], {"value": 7, "kind": "count"},
+     None),  # the selecting key after the value it selects
+    ({"anyOf": TEXT_OR_COUNT}, [("kind", "text"), ("value", "7")], {"kind": "text", "value": "7"},
+     None),
+    ({"oneOf": TEXT_OR_COUNT}, [("value", "7"), ("kind", "text")], {"value": "7", "kind": "text"},
+     None),
+    ({"anyOf": TEXT_OR_COUNT}, [("kind", "count"), ("value", "many")],
+     {"kind": "count", "value": "many"}, "fit none of the 2 alternatives"),
+    ({"$ref": "#/$defs/Q", "$defs": {"Q": {"anyOf": [{"$ref": "#/$defs/T"}, {"$ref": "#/$defs/C"}]},
+                                     "T": TEXT_OR_COUNT[0], "C": TEXT_OR_COUNT[1]}},
+     [("value", "7"), ("kind", "count")], {"value": 7, "kind": "count"}, None),  # through $ref
+    ({"allOf": [{"properties": {"id": {"type": "integer"}}}, {"oneOf": TEXT_OR_COUNT}]},
+     [("value", "7"), ("id", "3"), ("kind", "count")], {"value": 7, "id": 3, "kind": "count"},
+     None),  # through allOf, beside a common key
+    ({"anyOf": [{"properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+                 "required": ["a", "b"]},
+                {"properties": {"a": {"type": "integer"}}}]},
+     [("a", "5")], {"a": 5}, None),  # the first branch needs b: the second fits
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("params", "pairs", "arguments", "word"), BRANCHED)
+def test_arguments_fit_one_branch_of_a_root_choice(params, pairs, arguments, word):
+    """Issue 23 item 6: a root anyOf/oneOf of object schemas types the arguments by the branch
+    the other values select, in any key order, or reports that none fits; streamed or not."""
+    tools = [{"type": "function", "function": {"name": "inspect", "parameters": params}}]
+    body = "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>" for k, v in pairs)
+    raw = f"<tool_call>inspect{body}</tool_call>"
+    expected = out("", "", [call("inspect", 0, **arguments)], errors=word is not None)
+    result = check_all_chunkings(f"</think>{raw}", expected, tools=tools)
+    got = result.tool_calls[0].arguments
+    assert [type(got[k]) for k in arguments] == [type(v) for v in arguments.values()]
+    assert list(got) == list(arguments)  # the call's key order
+    if word is not None:
+        assert word in result.errors[0], result.errors
 
 
 def test_type_argument_directly():
