@@ -335,7 +335,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         failed.append(message)
         server.should_exit = True
 
-    app = create_app(lambda: load_llm(args), name, api_key=args.api_key, on_error=stop)
+    app = create_app(lambda: load_llm(args), name, api_key=args.api_key, on_error=stop,
+                     max_waiting=args.max_waiting)
     # on Ctrl-C / SIGTERM, requests still open after 5 s are cancelled (and aborted)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level="warning", timeout_graceful_shutdown=5))

@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", metavar="NAME",
                      help="the model id clients send and /v1/models lists (default: the "
                           "checkpoint's file or directory name, or flint-nano)")
+    srv.add_argument("--max-waiting", type=positive_int, default=256, metavar="N",
+                     help="requests that may wait for a free slot, in arrival order; past "
+                          "them a request gets 429 at once (default: %(default)s)")
     srv.set_defaults(command="serve")
 
     mk = sub.add_parser("make-checkpoint", help="write a synthetic Flint checkpoint (BF16 "

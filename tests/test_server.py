@@ -23,14 +23,15 @@ MODEL = "flint-tiny"
 
 
 @contextlib.contextmanager
-def _serving(llm, name: str, on_error=None):
-    """`create_app(llm)` on uvicorn in a thread, on a free local port: yields the base URL."""
+def _serving(llm, name: str, on_error=None, **options):
+    """`create_app(llm, **options)` on uvicorn in a thread, on a free local port: yields the
+    base URL."""
     from flint_graph.server.app import create_app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(llm, name, api_key=KEY, on_error=on_error),
+    config = uvicorn.Config(create_app(llm, name, api_key=KEY, on_error=on_error, **options),
                             host="127.0.0.1", port=port, log_level="warning")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)

@@ -10,6 +10,7 @@ next chunk. Bodies are checked by `protocol.py`; errors are OpenAI error bodies.
 """
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -28,9 +29,12 @@ from flint_graph.server import protocol as p
 from flint_graph.server.metrics import ServerMetrics
 
 
-def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
+def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
+               max_waiting: int | None = 256):
     """The FastAPI app serving `llm` as model `model_name`; with `api_key`, every /v1 route
-    wants `Authorization: Bearer <api_key>` (401 otherwise).
+    wants `Authorization: Bearer <api_key>` (401 otherwise). Requests beyond the engine's
+    slots wait in arrival order; with `max_waiting`, one that finds that many already waiting
+    gets 429 at once (code "too_many_requests"), before any work.
 
     `llm` is an LLM, or a function returning one, called in a background thread when the app
     starts: until it returns, /health answers 503 {"status": "loading"} and every other route
@@ -145,11 +149,20 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
                                             "created": int(time.time()),
                                             "owned_by": "flint-graph"}]}
 
+    def _room(llm) -> None:
+        """429 when `max_waiting` requests already wait for a slot (the queue's bound)."""
+        waiting = len(llm.engine.waiting)
+        if max_waiting is not None and waiting >= max_waiting:
+            raise p.APIError(429, f"server busy: {waiting} requests already wait for a slot "
+                                  f"(flint-graph serve --max-waiting {max_waiting}); retry "
+                                  "later", kind="rate_limit_error", code="too_many_requests")
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         llm, metrics = _ready(), state["metrics"]
         body = p.check_fields(await _body(request), p.CHAT_FIELDS, p.CHAT_NEUTRAL)
         _model(body)
+        _room(llm)
         params = p.sampling_params(body)
         kwargs = {"enable_thinking": p.enable_thinking(body),
                   "tool_choice": body.get("tool_choice")}
@@ -157,12 +170,21 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
         # building the prompt encodes it: off the event loop (a huge message takes seconds)
         stream = await run_in_threadpool(llm.stream_chat, body.get("messages"),
                                          body.get("tools"), params, **kwargs)
-        sse = await _respond(request, body, _chat_events(stream, usage), stream, "chat",
+        seen = {"reasoning": [], "content": []}
+        sse = await _respond(request, body, _chat_events(stream, usage, seen), stream, "chat",
                              metrics)
-        return sse or p.chat_response(p.new_id("chatcmpl"), model_name, stream.message,
+        if sse:
+            return sse
+        # the response is what the stream would have delivered, joined: an output that ends
+        # inside reasoning with finish "stop" streams as reasoning, then (once known to be the
+        # answer) again as content, so it is in both fields here too
+        reasoning = "".join(seen["reasoning"])
+        msg = dataclasses.replace(stream.message, reasoning_content=reasoning or None,
+                                  content="".join(seen["content"]))
+        return p.chat_response(p.new_id("chatcmpl"), model_name, msg,
                                lambda ids: llm.tokenizer.decode(ids, False))
 
-    def _chat_events(stream, usage: bool) -> Iterator[dict]:
+    def _chat_events(stream, usage: bool, seen: dict | None = None) -> Iterator[dict]:
         rid, created = p.new_id("chatcmpl"), int(time.time())
         yield p.chat_chunk(rid, model_name, created, {"role": "assistant", "content": ""})
         for d in stream:
@@ -171,6 +193,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
                 delta["reasoning_content"] = delta["reasoning"] = d.reasoning
             if d.content:
                 delta["content"] = d.content
+            if seen is not None:
+                seen["reasoning"].append(d.reasoning or "")
+                seen["content"].append(d.content or "")
             calls = [c.to_openai() for c in d.tool_call_deltas if not c.error]
             if calls:
                 delta["tool_calls"] = calls
@@ -186,6 +211,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None):
         llm, metrics = _ready(), state["metrics"]
         body = p.check_fields(await _body(request), p.COMPLETION_FIELDS, p.COMPLETION_NEUTRAL)
         _model(body)
+        _room(llm)
         params = p.sampling_params(body)
         prompt = body.get("prompt")
         if not isinstance(prompt, (str, list)):

@@ -1,0 +1,126 @@
+"""A load test of `flint-graph serve` (issue 23 item 4) on the tiny checkpoint, CPU, a real
+socket and the official `openai` client: 8 concurrent streaming clients × 50 requests, 10% of
+them closed mid-stream; every completed answer must equal the same request run alone (greedy),
+the engine must end with nothing running, waiting or held for the cancelled requests, and the
+process's memory must come back to its level after a warm-up round. Then the queue's bound:
+requests past `max_waiting` get 429 at once."""
+
+import gc
+import threading
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+from test_server import KEY, _post, _serving  # noqa: E402
+
+CLIENTS, PER_CLIENT = 8, 50
+MODEL = "flint-tiny"
+RSS_SLACK = 64 << 20  # bytes of resident memory the load may leave behind (allocator noise)
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _request(c: int, j: int) -> dict:
+    return {"model": MODEL, "temperature": 0, "max_tokens": 3 + (7 * c + j) % 11,
+            "messages": [{"role": "user", "content": f"client {c} asks question {j}"}]}
+
+
+def _cancelled(j: int) -> bool:
+    return j % 10 == 3  # 10% of each client's requests
+
+
+def _solo(client, body: dict) -> str:
+    out = client.chat.completions.create(**body)
+    msg = out.choices[0].message
+    return (getattr(msg, "reasoning_content", None) or "") + "|" + (msg.content or "")
+
+
+def test_eight_streaming_clients_match_their_solo_answers(tiny_ckpt):
+    from flint_graph import LLM
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    eng = llm.engine
+    with _serving(llm, MODEL) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        solo = {}
+        for c in range(CLIENTS):  # each request alone, cold: the reference answers
+            for j in range(PER_CLIENT):
+                if not _cancelled(j):
+                    eng.drop_retained()
+                    solo[c, j] = _solo(client, _request(c, j))
+        eng.drop_retained()
+        gc.collect()
+        baseline = _rss()
+        got: dict[tuple[int, int], str] = {}
+        errors: list[BaseException] = []
+
+        def run(c: int) -> None:
+            try:
+                for j in range(PER_CLIENT):
+                    stream = client.chat.completions.create(**_request(c, j), stream=True)
+                    if _cancelled(j):
+                        next(iter(stream))  # the role chunk, then leave mid-stream
+                        stream.close()
+                        continue
+                    reasoning, content, finishes = [], [], []
+                    for chunk in stream:
+                        for ch in chunk.choices:
+                            reasoning.append(getattr(ch.delta, "reasoning_content", None) or "")
+                            content.append(ch.delta.content or "")
+                            if ch.finish_reason:
+                                finishes.append(ch.finish_reason)
+                    assert len(finishes) == 1, (c, j, finishes)
+                    got[c, j] = "".join(reasoning) + "|" + "".join(content)
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(c,)) for c in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        assert not errors, errors[0]
+        assert set(got) == set(solo)
+        wrong = [k for k in solo if got[k] != solo[k]]
+        assert not wrong, f"{len(wrong)} answers differ from their solo runs, e.g. {wrong[0]}: " \
+                          f"{got[wrong[0]]!r} vs {solo[wrong[0]]!r}"
+        for _ in range(100):  # cancellations land between engine steps
+            if not (eng.waiting or eng.running or eng.prefilling):
+                break
+            threading.Event().wait(0.05)
+        assert not (eng.waiting or eng.running or eng.prefilling)
+        eng.drop_retained()
+        gc.collect()
+        assert _rss() - baseline < RSS_SLACK, f"RSS grew {(_rss() - baseline) >> 20} MiB"
+
+
+def test_requests_past_the_queue_bound_get_429(tiny_ckpt):
+    from flint_graph import LLM
+    from flint_graph.request import Request
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    with _serving(llm, MODEL, max_waiting=2) as url:
+        body = _request(0, 0)
+        with llm.engine._lock:  # two requests already wait (no step runs while we hold it)
+            fillers = [Request.__new__(Request) for _ in range(2)]
+            llm.engine.waiting.extend(fillers)
+        try:
+            code, err = _post(url + "/v1/chat/completions", body)
+            assert code == 429 and err["error"]["code"] == "too_many_requests", err
+            assert "--max-waiting 2" in err["error"]["message"]
+            code, err = _post(url + "/v1/completions",
+                              {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+            assert code == 429, err
+        finally:
+            for f in fillers:
+                llm.engine.waiting.remove(f)
+        code, out = _post(url + "/v1/chat/completions", body)
+        assert code == 200, out
