@@ -21,11 +21,11 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import attn_decode, gemv_bf16, gemv_nvfp4
 from flint_graph.kernels.decode.qk_norm_rope_kv import rope_inv_freq
 from flint_graph.kernels.toolchain.spec import KV_PAGE, Spec
-from flint_graph.weights import Linear, LayerWeights, MLPWeights, MoEWeights, NVFP4Weight
+from flint_graph.checkpoints.weights import Linear, LayerWeights, MLPWeights, MoEWeights, NVFP4Weight
 
 BF16 = torch.bfloat16
 

@@ -27,11 +27,11 @@ import torch
 from flint_graph import reference
 from flint_graph.capture.decode_layer import DecodeLayer, StepBuffers
 from flint_graph.capture.kv_cache import KVCache
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import gemv_bf16, gemv_nvfp4
 from flint_graph.kernels.toolchain.spec import DTYPES
-from flint_graph.sampling import sample
-from flint_graph.weights import FlintWeights, NVFP4Weight
+from flint_graph.runtime.sampling import sample
+from flint_graph.checkpoints.weights import FlintWeights, NVFP4Weight
 
 
 @dataclass

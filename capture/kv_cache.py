@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from flint_graph.capture.decode_layer import LayerKV, allocate_kv
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.toolchain.spec import KV_PAGE
 
 

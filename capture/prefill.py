@@ -42,15 +42,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flint_graph import nvfp4, reference
+from flint_graph import reference
+
+from flint_graph.checkpoints import nvfp4
 from flint_graph.capture.decode_layer import fuse_qkv
 from flint_graph.capture.kv_cache import KVCache
 from flint_graph.capture.prefill_row_moe import GROUP, RowGroupMoE
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError, ContextLengthError, InvalidRequestError
 from flint_graph.kernels.prefill import attn_prefill
 from flint_graph.kernels.toolchain.spec import KV_PAGE
-from flint_graph.weights import FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight
+from flint_graph.checkpoints.weights import FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight
 
 BF16 = torch.bfloat16
 ATTENTION = ("kernel", "sdpa", "reference")

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from flint_graph.capture.decode_layer import _weight_args, model_spec
-from flint_graph.config import FlintConfig
-from flint_graph.weights import MoEWeights, NVFP4Weight
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.weights import MoEWeights, NVFP4Weight
 
 GROUP = 8  # rows per group: the decode kernels' largest bucket
 

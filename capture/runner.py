@@ -20,11 +20,11 @@ import torch
 
 from flint_graph.capture.decode_step import DecodeGraph, Row
 from flint_graph.capture.kv_cache import KVCache, SlotKV
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError
 from flint_graph.kernels.toolchain.spec import BUCKETS
 from flint_graph.reference import ReferenceModel
-from flint_graph.weights import FlintWeights
+from flint_graph.checkpoints.weights import FlintWeights
 
 KV_MEMORY_FRACTION = 0.8  # of the free GPU memory after weights, for the KV cache by default
 
@@ -145,7 +145,7 @@ class GraphRunner:
 
     def save_rings(self, slot: int) -> list:
         """A copy of `slot`'s sliding-window rings: per layer (k, v) bf16 [HKV, W, D], or None
-        for a full layer (a KV-reuse snapshot, flint_graph/prefix_cache.py)."""
+        for a full layer (a KV-reuse snapshot, flint_graph/runtime/prefix_cache.py)."""
         return [(kv.k[slot].clone(), kv.v[slot].clone()) if kv.ring else None
                 for kv in self.kv.layers]
 

@@ -1,7 +1,7 @@
 """flint_graph: a low-latency decode runtime for the Flint 40B mixture-of-experts LLM.
 
 Public entry points: `LLM` (load a checkpoint, generate / stream / chat) and `SamplingParams`.
-They are imported lazily so that `import flint_graph.config` stays light.
+They are imported lazily so that `import flint_graph.checkpoints.config` stays light.
 """
 
 __all__ = ["LLM", "SamplingParams", "ChatMessage", "GenerationOutput"]
@@ -13,7 +13,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name == "SamplingParams":
-        from flint_graph.sampling import SamplingParams
+        from flint_graph.runtime.sampling import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'flint_graph' has no attribute {name!r}")

@@ -21,17 +21,17 @@ from typing import Any
 
 import torch
 
-from flint_graph.chat_template import Segment, render_chat_segments
-from flint_graph.generated_ids import splice_generated
-from flint_graph.checkpoint import LoadedCheckpoint, load_checkpoint
-from flint_graph.engine import Engine
-from flint_graph.engine_config import EngineConfig, pick_device
+from flint_graph.chat.chat_template import Segment, render_chat_segments
+from flint_graph.chat.generated_ids import splice_generated
+from flint_graph.checkpoints.checkpoint import LoadedCheckpoint, load_checkpoint
+from flint_graph.runtime.engine import Engine
+from flint_graph.runtime.engine_config import EngineConfig, pick_device
 from flint_graph.errors import (CheckpointError, ConfigError, ContextLengthError,
                                 InvalidRequestError, TemplateError)
-from flint_graph.output_parser import OutputParser, ToolCall
-from flint_graph.request import Request, RequestDelta
-from flint_graph.sampling import SamplingParams
-from flint_graph.tokenizer import FlintTokenizer
+from flint_graph.chat.output_parser import OutputParser, ToolCall
+from flint_graph.runtime.request import Request, RequestDelta
+from flint_graph.runtime.sampling import SamplingParams
+from flint_graph.chat.tokenizer import FlintTokenizer
 
 
 CHAT_HISTORY = 16  # recent chat requests whose generated ids later prompts may reuse
@@ -143,7 +143,7 @@ class LLM:
                               f"{self.device}; use engine auto or reference (--engine)")
         if model is None:
             # The generator is only needed for the embedded default: import it only then.
-            from flint_graph.make_checkpoint import ensure_default_checkpoint
+            from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
             model = ensure_default_checkpoint(progress=progress)
         t0 = time.perf_counter()
@@ -465,7 +465,7 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
         out["context_limit"] = eng.context_limit
     else:
         out["fallback_reason"] = eng.fallback_reason
-    from flint_graph.prefix_cache import MAX_SNAPSHOTS
+    from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS
 
     out["kv_reuse"] = {"retained_max": eng.prefix_cache.capacity,
                        "snapshot_bytes": llm.cfg.sliding_kv_bytes_per_slot,

@@ -113,7 +113,7 @@ def build_parser():
 
 def sampling_params(args: argparse.Namespace):
     """SamplingParams from the sampling flags (unset flags take the checkpoint defaults)."""
-    from flint_graph.sampling import SamplingParams
+    from flint_graph.runtime.sampling import SamplingParams
 
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                           top_p=args.top_p, top_k=args.top_k, seed=args.seed,
@@ -136,7 +136,7 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
         raise InvalidRequestError(f"{path}: not valid JSON ({e})") from None
     except RecursionError:
         raise InvalidRequestError(f"{path}: not valid JSON (nested too deeply to read)") from None
-    from flint_graph.chat_template import validate_tools
+    from flint_graph.chat.chat_template import validate_tools
 
     if not isinstance(tools, list):
         raise InvalidRequestError(f"{path}: expected a JSON list of tools, found "
@@ -154,7 +154,7 @@ def load_llm(args: argparse.Namespace):
     from pathlib import Path
 
     from flint_graph.api import LLM
-    from flint_graph.engine_config import EngineConfig
+    from flint_graph.runtime.engine_config import EngineConfig
 
     if args.model is not None and not Path(args.model).exists():
         raise InvalidRequestError(f"{args.model}: no such checkpoint (expected a BF16 "
@@ -267,7 +267,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from flint_graph.chat_cli import ChatSession
+    from flint_graph.terminal.chat_cli import ChatSession
 
     tools = load_tools(args.tools)
     params = sampling_params(args)
@@ -284,7 +284,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
-    from flint_graph import make_checkpoint
+    from flint_graph.checkpoints import make_checkpoint
 
     return make_checkpoint.run(args)
 
@@ -351,16 +351,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 # Each command and the modules it imports during start-up, where Ctrl-C exits at once (see the
 # module docstring). The embedded default checkpoint needs make_checkpoint too.
 COMMANDS = {
-    "chat": (_cmd_chat, ("flint_graph.api", "flint_graph.make_checkpoint",
-                         "flint_graph.chat_cli")),
-    "generate": (_cmd_generate, ("flint_graph.api", "flint_graph.make_checkpoint")),
-    "make-checkpoint": (_cmd_make_checkpoint, ("flint_graph.make_checkpoint",)),
+    "chat": (_cmd_chat, ("flint_graph.api", "flint_graph.checkpoints.make_checkpoint",
+                         "flint_graph.terminal.chat_cli")),
+    "generate": (_cmd_generate, ("flint_graph.api", "flint_graph.checkpoints.make_checkpoint")),
+    "make-checkpoint": (_cmd_make_checkpoint, ("flint_graph.checkpoints.make_checkpoint",)),
     "build-kernels": (_cmd_build_kernels, ("flint_graph.kernels.toolchain.build",)),
     "bench": (_cmd_bench, ("flint_graph.perf.bench", "flint_graph.perf.bench_report")),
     "trace": (_cmd_trace, ("flint_graph.perf.trace", "flint_graph.perf.trace_report")),
-    "eval": (_cmd_eval, ("flint_graph.api", "flint_graph.make_checkpoint",
+    "eval": (_cmd_eval, ("flint_graph.api", "flint_graph.checkpoints.make_checkpoint",
                          "flint_graph.nano.evals")),
-    "serve": (_cmd_serve, ("flint_graph.api", "flint_graph.make_checkpoint")),
+    "serve": (_cmd_serve, ("flint_graph.api", "flint_graph.checkpoints.make_checkpoint")),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flint_graph import make_checkpoint_args
+from flint_graph.checkpoints import make_checkpoint_args
 
 EXIT_BAD_INPUT = 2
 

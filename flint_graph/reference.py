@@ -21,9 +21,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import CheckpointError, ContextLengthError, InvalidRequestError
-from flint_graph.weights import (FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight,
+from flint_graph.checkpoints.weights import (FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight,
                                 dense, expert_weight)
 
 ACT_DTYPE = torch.bfloat16  # default activation / KV dtype (DESIGN §4)

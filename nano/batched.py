@@ -22,9 +22,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.reference import rope_cos_sin
-from flint_graph.weights import FlintWeights, MoEWeights
+from flint_graph.checkpoints.weights import FlintWeights, MoEWeights
 
 _PAD = 8  # extra head dims carrying the sink (kept a multiple of 8 for the fused kernels)
 

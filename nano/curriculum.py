@@ -511,7 +511,7 @@ def supervised(ep: Episode, tokenizer) -> tuple[list[int], list[bool]]:
     answer). Rendered with clear_thinking=False so every trained turn keeps its reasoning, as
     the model sees its current turn. An assistant turn without reasoning is context, not
     trained: it renders as chat shows an older turn (a bare `</think>` before its content)."""
-    from flint_graph.chat_template import render_chat
+    from flint_graph.chat.chat_template import render_chat
 
     tpl = tokenizer.chat_template
     ids: list[int] = []
@@ -542,8 +542,8 @@ def tokenizer_corpus(n: int = 4000, seed: int = 0) -> list[str]:
     """Text to train flint-nano's tokenizer on: `n` rendered training episodes (GLM-4.7
     template, short recall lists) plus the built-in general corpus, so chat outside the
     curriculum still tokenizes compactly."""
-    from flint_graph.chat_template import GLM47_CHAT_TEMPLATE, render_chat
-    from flint_graph.tokenizer import build_corpus
+    from flint_graph.chat.chat_template import GLM47_CHAT_TEMPLATE, render_chat
+    from flint_graph.chat.tokenizer import build_corpus
 
     texts = [render_chat(GLM47_CHAT_TEMPLATE, ep.messages, ep.tools, add_generation_prompt=False,
                          clear_thinking=False)

@@ -77,8 +77,8 @@ def _complete(out: Path, digest: str) -> bool:
 
 
 def _build(src: Path, out: Path, digest: str, progress: bool) -> None:
-    from flint_graph.checkpoint import load_checkpoint
-    from flint_graph.hf_checkpoint import write_safetensors
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
+    from flint_graph.checkpoints.hf_checkpoint import write_safetensors
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

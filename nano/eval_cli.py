@@ -119,8 +119,8 @@ def _recall_contexts(text: str) -> tuple[int, ...]:
 def cmd_eval(args) -> int:
     """Run the suite and print the table; exit status as EVAL_FIGURES says."""
     from flint_graph.api import LLM
-    from flint_graph.checkpoint import load_checkpoint
-    from flint_graph.engine_config import EngineConfig, pick_device
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
+    from flint_graph.runtime.engine_config import EngineConfig, pick_device
     from flint_graph.errors import InvalidRequestError
     from flint_graph.nano import evals
     from flint_graph.nano.plants import plant
@@ -135,7 +135,7 @@ def cmd_eval(args) -> int:
                                   "the same --seed")
     model = args.model
     if model is None:  # resolved first, so that --json cannot overwrite one of its files
-        from flint_graph.make_checkpoint import ensure_default_checkpoint
+        from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
         model = args.model = str(ensure_default_checkpoint(progress=args.progress))
     elif not Path(model).exists():

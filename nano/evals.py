@@ -49,7 +49,7 @@ from typing import Any
 
 from flint_graph.errors import InvalidRequestError
 from flint_graph.nano.curriculum import TOOLS, arithmetic, older_turns, recall, tool_use
-from flint_graph.tool_schema import admits, tool_schemas
+from flint_graph.chat.tool_schema import admits, tool_schemas
 
 SUITES = ("tools", "arith", "recall", "chain", "chat")
 DEFAULT_SUITES = ("tools", "arith", "recall", "chain")  # the shipped reports' case list
@@ -211,8 +211,8 @@ def run(llm, cases: list[Case], batch: int = 8, progress: bool = True) -> dict[s
     """Decode every case greedily through `llm.chat_batch`, `batch` at a time, and score it.
     Returns {"groups": {group: {"n", metric: fraction}}, "targets": [...], "cases": [...],
     "seconds"}."""
-    from flint_graph.progress import progress_bar
-    from flint_graph.sampling import SamplingParams
+    from flint_graph.terminal.progress import progress_bar
+    from flint_graph.runtime.sampling import SamplingParams
 
     t0 = time.perf_counter()
     records = []

@@ -21,7 +21,7 @@ def planted_config(cfg, bug: str):
     """`cfg` (a FlintConfig) with `bug`'s config change built in (window-1, rope-on-nope), or
     `cfg` itself for the plants that change weights. tools/build_gpu_cache.py compiles the
     graph engine's kernels for these configs too."""
-    from flint_graph.config import FlintConfig
+    from flint_graph.checkpoints.config import FlintConfig
 
     if bug == "window-1":
         return dataclasses.replace(cfg, sliding_window=cfg.sliding_window - 1)
@@ -41,7 +41,7 @@ def plant(checkpoint, bug: str):
     raises InvalidRequestError naming --plant for an unknown name."""
     import torch
 
-    from flint_graph.weights import MoEWeights
+    from flint_graph.checkpoints.weights import MoEWeights
 
     if bug not in PLANTS:
         raise InvalidRequestError(f"--plant {bug!r}: expected one of {', '.join(PLANTS)}")

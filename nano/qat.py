@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import linear_slots, snap_to_nvfp4
-from flint_graph.synthetic import make_weights
-from flint_graph.weights import FlintWeights, _walk
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.make_checkpoint import linear_slots, snap_to_nvfp4
+from flint_graph.checkpoints.synthetic import make_weights
+from flint_graph.checkpoints.weights import FlintWeights, _walk
 
 
 def trainable(cfg: FlintConfig, seed: int, device="cpu") -> FlintWeights:
@@ -25,7 +25,7 @@ def trainable(cfg: FlintConfig, seed: int, device="cpu") -> FlintWeights:
 
 
 def _as_leaves(w: FlintWeights) -> FlintWeights:
-    from flint_graph.weights import _map
+    from flint_graph.checkpoints.weights import _map
 
     return _map(w, lambda t: t.detach().float().requires_grad_(True))
 
@@ -49,7 +49,7 @@ def fake_quant(w: FlintWeights) -> FlintWeights:
 def export(w: FlintWeights) -> FlintWeights:
     """The checkpoint weights: NVFP4 linears (what `fake_quant` trained), everything else in
     its stored dtype (BF16; the router and its bias float32, sinks float32)."""
-    from flint_graph.weights import _map
+    from flint_graph.checkpoints.weights import _map
 
     out = _map(w, lambda t: t.detach().bfloat16())
     for lw, src in zip(out.layers, w.layers):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
 from flint_graph.perf.machine import header, machine_info
 from flint_graph.perf.measure import (e2e_record, graph_nodes_per_bucket, graph_steps,
@@ -112,7 +112,7 @@ def step_record(engine: str, fmt: str, b: int, ctx: int, times_ms: list[float], 
 
 def _side_files(cfg: FlintConfig, seed: int) -> Path:
     """config.json, tokenizer and generation_config for synthetic in-memory weights."""
-    from flint_graph.make_checkpoint import write_side_files
+    from flint_graph.checkpoints.make_checkpoint import write_side_files
 
     d = Path(tempfile.mkdtemp(prefix="flint-bench-"))
     write_side_files(cfg, d, seed)
@@ -120,7 +120,7 @@ def _side_files(cfg: FlintConfig, seed: int) -> Path:
 
 
 def _engine_config(o: BenchOptions, kv_tokens: int):
-    from flint_graph.engine_config import EngineConfig
+    from flint_graph.runtime.engine_config import EngineConfig
 
     return EngineConfig(engine=o.engine, max_slots=max(o.buckets), max_context=kv_tokens)
 
@@ -129,18 +129,18 @@ def sources(o: BenchOptions, kv_tokens: int):
     """Yields (format, LLM) per weight format: the checkpoint's one, or the preset's synthetic
     weights (BF16, then the same snapped to NVFP4 in place)."""
     from flint_graph.api import LLM
-    from flint_graph.checkpoint import LoadedCheckpoint, WeightFormat, read_generation_config
-    from flint_graph.engine_config import pick_device
+    from flint_graph.checkpoints.checkpoint import LoadedCheckpoint, WeightFormat, read_generation_config
+    from flint_graph.runtime.engine_config import pick_device
 
     if o.model is not None:
         llm = LLM(o.model, device=o.device, progress=o.progress,
                   engine=_engine_config(o, kv_tokens))
         yield llm.checkpoint.format.value, llm
         return
-    from flint_graph.make_checkpoint import quantize_weights
-    from flint_graph.synthetic import make_weights
+    from flint_graph.checkpoints.make_checkpoint import quantize_weights
+    from flint_graph.checkpoints.synthetic import make_weights
 
-    from flint_graph.make_checkpoint import check_memory
+    from flint_graph.checkpoints.make_checkpoint import check_memory
 
     cfg, dev = FlintConfig.preset(o.preset), pick_device(o.device)
     check_memory(cfg, dev)  # the full preset's BF16 weights need ~80 GB: refuse up front
@@ -178,8 +178,8 @@ def run_bench(o: BenchOptions) -> dict:
     """Every figure of one bench run as the "flint-graph-bench" dict. Raises
     InvalidRequestError / ConfigError / CheckpointError for bad flags or models (before the
     long work where it can)."""
-    from flint_graph.engine_config import pick_device
-    from flint_graph.progress import progress_bar
+    from flint_graph.runtime.engine_config import pick_device
+    from flint_graph.terminal.progress import progress_bar
 
     cfg = cfg_of(o)
     contexts, prefill_n = plan_contexts(cfg, o.contexts, o.prefill_tokens)
@@ -227,7 +227,7 @@ def run_bench(o: BenchOptions) -> dict:
 
 
 def _bench_one(o, res, fmt, llm, contexts, prefill_n, advance) -> None:
-    from flint_graph.chat_template import render_chat
+    from flint_graph.chat.chat_template import render_chat
 
     cfg, runner, dev = llm.cfg, llm.engine.runner, llm.device
     prompt = llm.tokenizer.encode(render_chat(llm.tokenizer.chat_template,
@@ -302,7 +302,7 @@ def _bench_one(o, res, fmt, llm, contexts, prefill_n, advance) -> None:
 def _reference_llm(llm):
     """The same weights behind the reference engine (no copy: same device)."""
     from flint_graph.api import LLM
-    from flint_graph.engine_config import EngineConfig
+    from flint_graph.runtime.engine_config import EngineConfig
 
     return LLM.from_checkpoint(llm.checkpoint, llm.device, EngineConfig(engine="reference"))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -59,7 +59,7 @@ def reference_kv(model, b: int, ctx: int) -> list:
 def reference_steps(model, b: int, ctx: int, steps: int, forward=None) -> list[float]:
     """ms per reference decode step (forward + sampling, synchronised) of b rows at context
     ctx, after one warm-up. `forward` replaces model.forward (the compiled baseline)."""
-    from flint_graph.sampling import sample
+    from flint_graph.runtime.sampling import sample
 
     dev, forward = model.device, forward or model.forward
     seqs = reference_kv(model, b, ctx)
@@ -106,7 +106,7 @@ def e2e_record(llm, fmt: str, b: int, tokens: int, prompt_ids: list[int], engine
     median request's submission to first token (prefills run one after another, so it grows
     with b); ms_per_token: the median wall time of the steps in which all b rows decode (no
     prefill in them), i.e. the TPOT each request sees once the batch is full."""
-    from flint_graph.sampling import SamplingParams
+    from flint_graph.runtime.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     reqs = [llm._request(prompt_ids, params, None) for _ in range(b)]
@@ -173,7 +173,7 @@ def _prefill_figures(cfg, n: int, seconds: float, peak: float | None) -> dict:
 def prefill_record(llm, fmt: str, n: int, peak: float | None = None) -> dict:
     """Time to the first token of one n-token prompt (chunked prefill + one step); tokens/s,
     and TFLOP/s and MFU against `peak` (FLOP/s) when given."""
-    from flint_graph.sampling import SamplingParams
+    from flint_graph.runtime.sampling import SamplingParams
 
     ids = [(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(n)]
     cold(llm)
@@ -218,7 +218,7 @@ def interleave_record(llm, fmt: str, lengths: list[int], step_ms: float | None,
     (p50, p99, max), beside each long prompt's TTFT from its arrival. The engine's pacer runs
     with `step_ms` (None: whole prompts in one step) and is restored after. ttft_ms is keyed by
     length (numbered where a length repeats); None for a prompt that failed."""
-    from flint_graph.sampling import SamplingParams
+    from flint_graph.runtime.sampling import SamplingParams
 
     eng = llm.engine
     vocab = llm.tokenizer.vocab_size - 1

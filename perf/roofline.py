@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 
 BF16, F32, I32 = 2, 4, 4
 NVFP4_BYTES_PER_PARAM = 0.5 + 1 / 16  # E2M1 codes + one E4M3 scale per 16 values

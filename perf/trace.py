@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
 from flint_graph.perf.machine import header
 from flint_graph.perf.roofline import copy_bandwidth, step_kernels
@@ -154,7 +154,7 @@ _KINDS = {"embed": "embedding", "rms_norm": "norm", "linear": "gemv", "apply_rop
 
 
 def _nbytes(v) -> int:
-    from flint_graph.weights import NVFP4Weight
+    from flint_graph.checkpoints.weights import NVFP4Weight
 
     if isinstance(v, NVFP4Weight):
         return v.nbytes
@@ -216,7 +216,7 @@ def trace_reference(model, fmt: str, b: int, context: int, steps: int) -> dict:
     """Per-op times of the reference model's decode step (b rows at `context`): the
     median-length step of N."""
     from flint_graph.perf.measure import reference_kv
-    from flint_graph.sampling import sample
+    from flint_graph.runtime.sampling import sample
 
     cfg, dev = model.cfg, model.device
     n_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
@@ -270,7 +270,7 @@ def run_trace(o) -> dict:
     if not 1 <= ctx < cfg.max_position_embeddings:
         raise InvalidRequestError(f"--context {ctx}: expected 1 to "
                                   f"{cfg.max_position_embeddings - 1} (the model's limit)")
-    from flint_graph.engine_config import pick_device
+    from flint_graph.runtime.engine_config import pick_device
 
     bw = copy_bandwidth(pick_device(o.device))  # before the weights, as bench measures it
     fmt, llm = next(sources(o, ctx + 1))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import write_checkpoint
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.make_checkpoint import write_checkpoint
 
 
 def build_tiny(root: Path) -> Path:

@@ -13,7 +13,7 @@ import torch
 from conftest_ckpt import scripted_sampler
 
 from flint_graph import LLM, SamplingParams
-from flint_graph.engine_config import EngineConfig
+from flint_graph.runtime.engine_config import EngineConfig
 from flint_graph.errors import (CheckpointError, ContextLengthError, InvalidRequestError,
                                 TemplateError)
 from flint_graph.reference import ReferenceModel
@@ -138,7 +138,7 @@ def test_chat_pipeline_parses_reasoning_and_typed_tool_call(tiny_llm, monkeypatc
                    "<arg_key>city</arg_key><arg_value>São Paulo</arg_value>"
                    "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call><|observation|>")
     script = tiny_llm.tokenizer.encode(script_text)
-    monkeypatch.setattr("flint_graph.engine.sample", scripted_sampler(script))
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", scripted_sampler(script))
     msg = tiny_llm.chat([{"role": "user", "content": "Weather?"}], tools=tools,
                         params=SamplingParams(max_tokens=200))
     assert msg.reasoning_content == "check the weather"
@@ -155,7 +155,7 @@ def test_chat_pipeline_parses_reasoning_and_typed_tool_call(tiny_llm, monkeypatc
 def test_chat_undeclared_tool_call_stays_visible(tiny_llm, monkeypatch):
     text = "hm</think><tool_call>rm_rf<arg_key>path</arg_key><arg_value>/</arg_value>" \
            "</tool_call><|user|>"
-    monkeypatch.setattr("flint_graph.engine.sample",
+    monkeypatch.setattr("flint_graph.runtime.engine.sample",
                         scripted_sampler(tiny_llm.tokenizer.encode(text)))
     tools = [{"type": "function", "function": {"name": "ls"}}]
     msg = tiny_llm.chat([{"role": "user", "content": "hi"}], tools=tools,
@@ -298,8 +298,8 @@ def test_interleaved_streams_and_queued_requests_lose_nothing(tiny_llm, tiny_ckp
 def test_tokenizer_larger_than_model_vocab_is_refused(tmp_path, tiny_ckpt):
     import shutil
 
-    from flint_graph.chat_template import GLM47_CHAT_TEMPLATE
-    from flint_graph.tokenizer import write_tokenizer_files
+    from flint_graph.chat.chat_template import GLM47_CHAT_TEMPLATE
+    from flint_graph.chat.tokenizer import write_tokenizer_files
 
     d = tmp_path / "ckpt"
     shutil.copytree(tiny_ckpt, d)
@@ -376,7 +376,7 @@ def test_terminal_chat_tool_results_and_input_stay_text(tiny_llm, monkeypatch):
 
     from rich.console import Console
 
-    from flint_graph.chat_cli import ChatSession
+    from flint_graph.terminal.chat_cli import ChatSession
 
     tok = tiny_llm.tokenizer
     tools = [{"type": "function", "function": {"name": "lookup"}}]
@@ -394,7 +394,7 @@ def test_terminal_chat_tool_results_and_input_stay_text(tiny_llm, monkeypatch):
             return current(logits, temperature, top_k, top_p, seeds, positions)
 
         encode = tok.encode_segments
-        monkeypatch.setattr("flint_graph.engine.sample", sampler)
+        monkeypatch.setattr("flint_graph.runtime.engine.sample", sampler)
         monkeypatch.setattr(tok, "encode_segments", lambda s: prompts.append(encode(s)) or
                             prompts[-1])
         console = Console(file=io.StringIO(), width=100, force_terminal=False)
@@ -435,7 +435,7 @@ def test_empty_prompt_list_and_missing_content_are_named(tiny_llm):
 def _scripted_chat(llm, monkeypatch, text, **kw):
     """stream_chat whose model output is `text` (tokenized raw, so tags are their ids); returns
     (the deltas, the stream)."""
-    monkeypatch.setattr("flint_graph.engine.sample",
+    monkeypatch.setattr("flint_graph.runtime.engine.sample",
                         scripted_sampler(llm.tokenizer.encode(text)))
     kw.setdefault("params", SamplingParams(max_tokens=400))
     stream = llm.stream_chat([{"role": "user", "content": "go"}], **kw)

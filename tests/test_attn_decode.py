@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flint_graph.capture.launcher import check_args
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import attn_decode as ad
 from flint_graph.kernels.toolchain.spec import check_spec
 

@@ -18,7 +18,7 @@ launch at the same tolerance (they differ only in the fp32 order of the combine)
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import attn_decode as ad
 from flint_graph.kernels import registry
 

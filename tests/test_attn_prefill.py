@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flint_graph import reference
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.prefill import attn_prefill as ap
 from flint_graph.kernels.toolchain.spec import check_spec
 

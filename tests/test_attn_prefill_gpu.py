@@ -20,7 +20,7 @@ and ex2.approx (~2^-22) add nothing visible.
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.prefill import attn_prefill as ap
 from flint_graph.kernels import registry
 

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 from flint_graph import reference
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import kernel_module
 from flint_graph.kernels.decode.rmsnorm import KERNEL as RMSNORM
 from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec, TensorArg
-from flint_graph.weights import NVFP4Weight
+from flint_graph.checkpoints.weights import NVFP4Weight
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_kernels.py"
 

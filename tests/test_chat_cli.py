@@ -24,8 +24,8 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from flint_graph import SamplingParams
-from flint_graph.chat_cli import CONTEXT_FULL, MESSAGE_TOO_LONG, RESULT_TOO_LONG, ChatSession
-from flint_graph.live_text import (PLACEHOLDER, char_width, live_safe, printable, tail_lines,
+from flint_graph.terminal.chat_cli import CONTEXT_FULL, MESSAGE_TOO_LONG, RESULT_TOO_LONG, ChatSession
+from flint_graph.terminal.live_text import (PLACEHOLDER, char_width, live_safe, printable, tail_lines,
                                    text_width)
 
 # Characters terminals disagree on (emoji, modifiers, ZWJ, variation selectors, flags, combining
@@ -121,7 +121,7 @@ def test_header_counts_tools_in_the_singular_and_plural(tiny_llm):
 
 def test_printed_answer_and_transcript_keep_the_real_text(tiny_llm, monkeypatch, tmp_path):
     text = "x</think>ok 👍🏽 e\u0301 \x1b[31m done<|user|>"
-    monkeypatch.setattr("flint_graph.engine.sample",
+    monkeypatch.setattr("flint_graph.runtime.engine.sample",
                         scripted_sampler(tiny_llm.tokenizer.encode(text)))
     path = tmp_path / "t.json"
     s, console = _session(tiny_llm, ["hi", f"/save {path}", "/exit"],
@@ -202,7 +202,7 @@ TMUX_DRIVER = """
 import sys
 sys.path.insert(0, {tests!r})
 from chat_fakes import FakeLLM
-from flint_graph.chat_cli import ChatSession
+from flint_graph.terminal.chat_cli import ChatSession
 ChatSession(FakeLLM({reasoning!r}, {content!r}, delay_s=0.002), None).run()
 """
 

@@ -1,4 +1,4 @@
-"""load_checkpoint (flint_graph/checkpoint.py, DESIGN §2): the format comes from file content,
+"""load_checkpoint (flint_graph/checkpoints/checkpoint.py, DESIGN §2): the format comes from file content,
 never from a name; bad paths are refused with a message that names them and says what to do.
 
 Weights are compared exactly (torch.equal): loading moves bits and the synthetic checkpoint is
@@ -11,13 +11,13 @@ import shutil
 import pytest
 import torch
 
-from flint_graph.checkpoint import (LoadedCheckpoint, WeightFormat, load_checkpoint,
+from flint_graph.checkpoints.checkpoint import (LoadedCheckpoint, WeightFormat, load_checkpoint,
                                     read_generation_config)
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import CheckpointError
-from flint_graph.make_checkpoint import GGUF_NAME, write_checkpoint
-from flint_graph.synthetic import make_layer_weights
-from flint_graph.weights import NVFP4Weight
+from flint_graph.checkpoints.make_checkpoint import GGUF_NAME, write_checkpoint
+from flint_graph.checkpoints.synthetic import make_layer_weights
+from flint_graph.checkpoints.weights import NVFP4Weight
 
 SEED = 7
 
@@ -149,10 +149,10 @@ def test_read_generation_config(ckpt_dir, tmp_path):
 
 
 def test_shards_without_index_are_refused_not_silently_swapped_for_the_gguf(tmp_path):
-    from flint_graph.checkpoint import load_checkpoint
-    from flint_graph.config import FlintConfig
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
+    from flint_graph.checkpoints.config import FlintConfig
     from flint_graph.errors import CheckpointError
-    from flint_graph.make_checkpoint import write_checkpoint
+    from flint_graph.checkpoints.make_checkpoint import write_checkpoint
 
     out = tmp_path / "ck"
     write_checkpoint(FlintConfig.preset("tiny"), out, progress=False, device="cpu")

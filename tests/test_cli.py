@@ -11,7 +11,7 @@ from conftest_ckpt import scripted_sampler
 from rich.console import Console
 
 from flint_graph import SamplingParams
-from flint_graph.chat_cli import ChatSession, save_transcript
+from flint_graph.terminal.chat_cli import ChatSession, save_transcript
 from flint_graph.cli import build_parser, main
 from flint_graph.errors import FlintError
 
@@ -121,7 +121,7 @@ def test_chat_tool_loop_asks_for_result(tiny_llm, monkeypatch):
         return current(logits, temperature, top_k, top_p, seeds, positions)
 
     current = None
-    monkeypatch.setattr("flint_graph.engine.sample", sampler)
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", sampler)
     s, console = _session(tiny_llm, ["find it", "42 results", "/exit"], tools=tools,
                           max_tokens=100)
     s.run()
@@ -145,7 +145,7 @@ def test_save_transcript_is_atomic(tmp_path, monkeypatch):
 
 
 def test_chat_unknown_command_ctrl_c_at_prompt_and_control_chars(tiny_llm):
-    from flint_graph.chat_cli import printable
+    from flint_graph.terminal.chat_cli import printable
 
     assert printable("a\x1b[31mb\rc\n\td\x7f") == "a\u241b[31mb\u240dc\n\td\u2421"
     inputs = iter(["/frobnicate", KeyboardInterrupt, "/exit"])
@@ -260,7 +260,7 @@ def test_tool_call_finish_reason_in_json_and_chat_footer(capsys, monkeypatch, ti
     path.write_text(json.dumps(tools))
     text = ("x</think><tool_call>lookup<arg_key>q</arg_key><arg_value>flint</arg_value>"
             "</tool_call><|observation|>")
-    monkeypatch.setattr("flint_graph.engine.sample",
+    monkeypatch.setattr("flint_graph.runtime.engine.sample",
                         scripted_sampler(tiny_llm.tokenizer.encode(text)))
     code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "find", "--tools", path,
                           "--max-tokens", 100, "--json", "--device", "cpu")
@@ -276,7 +276,7 @@ def test_tool_call_finish_reason_in_json_and_chat_footer(capsys, monkeypatch, ti
         return current(logits, temperature, top_k, top_p, seeds, positions)
 
     current = None
-    monkeypatch.setattr("flint_graph.engine.sample", sampler)
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", sampler)
     s, console = _session(tiny_llm, ["find it", "the result", "/exit"], tools=tools,
                           max_tokens=100)
     s.run()
@@ -287,7 +287,7 @@ def test_tool_call_finish_reason_in_json_and_chat_footer(capsys, monkeypatch, ti
 def test_generate_without_tools_prints_no_tool_call_warnings(capsys, monkeypatch, tiny_llm,
                                                              tiny_ckpt):
     text = "x</think>Try <tool_call>grep<arg_key>q</arg_key></tool_call>.<|user|>"
-    monkeypatch.setattr("flint_graph.engine.sample",
+    monkeypatch.setattr("flint_graph.runtime.engine.sample",
                         scripted_sampler(tiny_llm.tokenizer.encode(text)))
     code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "find", "--max-tokens", 100,
                           "--device", "cpu")
@@ -324,7 +324,7 @@ def test_chat_input_that_is_not_utf8_is_asked_again(tiny_llm, monkeypatch):
         return current(logits, temperature, top_k, top_p, seeds, positions)
 
     current = None
-    monkeypatch.setattr("flint_graph.engine.sample", sampler)
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", sampler)
     s, console = _session(tiny_llm, ["find \udcff", "find it", "bad \udcff", "42", "more",
                                      "/exit"], tools=tools, max_tokens=100)
     s.run()
@@ -348,7 +348,7 @@ def test_generate_json_reports_what_was_generated_when_interrupted(capsys, monke
             raise KeyboardInterrupt
         return script(logits, temperature, top_k, top_p, seeds, positions)
 
-    monkeypatch.setattr("flint_graph.engine.sample", sampler)
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", sampler)
     code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--json",
                           "--device", "cpu")
     assert code == 130 and err.strip().endswith("\nflint-graph: interrupted")

@@ -156,7 +156,7 @@ def test_threads_flag_sets_torch_threads_and_is_validated(capsys, monkeypatch, t
     calls = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
-    monkeypatch.setattr("flint_graph.engine_config._threads_set_here", None)
+    monkeypatch.setattr("flint_graph.runtime.engine_config._threads_set_here", None)
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "x", "--max-tokens", 1,
                         "--threads", 3, "--device", "cpu")
     assert code == 0 and calls == [3], err

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError
 
 

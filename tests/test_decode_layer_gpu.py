@@ -24,11 +24,11 @@ import pytest
 import torch
 
 from flint_graph import reference
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.toolchain.spec import BUCKETS, KV_PAGE
-from flint_graph.make_checkpoint import quantize_weights
-from flint_graph.synthetic import make_layer_weights
-from flint_graph.weights import MoEWeights, NVFP4Weight
+from flint_graph.checkpoints.make_checkpoint import quantize_weights
+from flint_graph.checkpoints.synthetic import make_layer_weights
+from flint_graph.checkpoints.weights import MoEWeights, NVFP4Weight
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 2e-2

@@ -16,10 +16,10 @@ H200; tests/test_decode_layer_gpu.py checks each layer strictly, following the k
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import quantize_weights
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.make_checkpoint import quantize_weights
 from flint_graph.reference import ReferenceModel
-from flint_graph.synthetic import make_weights
+from flint_graph.checkpoints.synthetic import make_weights
 
 pytestmark = pytest.mark.gpu
 STEPS = 45  # tiny window is 17: rings wrap twice

@@ -1,6 +1,6 @@
 """Detokenizer flush (issue 6, item 5): output text = decode(prompt + output) − decode(prompt).
 
-The rule (flint_graph/tokenizer.py, `IncrementalDetokenizer`): the output's text is
+The rule (flint_graph/chat/tokenizer.py, `IncrementalDetokenizer`): the output's text is
 decode(prompt + output) with its longest common prefix with decode(prompt) removed. So a
 character the prompt leaves incomplete belongs to the output only if the output completes it,
 and otherwise never shows; a character the output itself leaves incomplete at the end comes
@@ -13,9 +13,9 @@ import random
 import pytest
 from conftest_ckpt import scripted_sampler
 
-from flint_graph.request import Request
-from flint_graph.sampling import SamplingParams
-from flint_graph.tokenizer import FlintTokenizer, IncrementalDetokenizer
+from flint_graph.runtime.request import Request
+from flint_graph.runtime.sampling import SamplingParams
+from flint_graph.chat.tokenizer import FlintTokenizer, IncrementalDetokenizer
 
 R = "\ufffd"
 # "Hello world " + F0 9F, the first two bytes of 🌶 (F0 9F 8C B6): 471 = "ld", 312 = " F0 9F".
@@ -85,7 +85,7 @@ def test_completed_character_is_emitted_once_whole(tok):
 
 def test_issue_inputs_through_generate_and_stream(tiny_llm, monkeypatch):
     for script, want in (([EOS], ""), ([64, 65, 66, EOS], "abc"), (CHILI_REST + [EOS], "🌶")):
-        monkeypatch.setattr("flint_graph.engine.sample", scripted_sampler(script))
+        monkeypatch.setattr("flint_graph.runtime.engine.sample", scripted_sampler(script))
         out = tiny_llm.generate([HELLO_CHILI], SamplingParams(max_tokens=20))[0]
         assert (out.text, out.token_ids, out.finish_reason) == (want, script, "stop")
         deltas = list(tiny_llm.stream(HELLO_CHILI, SamplingParams(max_tokens=20)))

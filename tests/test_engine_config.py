@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_graph import engine_config
-from flint_graph.engine_config import EngineConfig, apply_cpu_threads
+from flint_graph.runtime import engine_config
+from flint_graph.runtime.engine_config import EngineConfig, apply_cpu_threads
 from flint_graph.errors import InvalidRequestError
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")

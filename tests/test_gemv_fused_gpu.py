@@ -24,11 +24,11 @@ import pytest
 import torch
 
 from flint_graph import reference
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import registry
 from flint_graph.kernels.decode import gemv_bf16, gemv_nvfp4
 from flint_graph.kernels.toolchain.spec import BUCKETS
-from flint_graph.weights import NVFP4Weight
+from flint_graph.checkpoints.weights import NVFP4Weight
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 1e-2

@@ -14,10 +14,10 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize as gguf_dequantize
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import CheckpointError, ConfigError
-from flint_graph.gguf_checkpoint import load_gguf, read_gguf_metadata, write_gguf
-from flint_graph.weights import FlintWeights, LayerWeights, MLPWeights, MoEWeights, NVFP4Weight
+from flint_graph.checkpoints.gguf_checkpoint import load_gguf, read_gguf_metadata, write_gguf
+from flint_graph.checkpoints.weights import FlintWeights, LayerWeights, MLPWeights, MoEWeights, NVFP4Weight
 
 TINY = FlintConfig.preset("tiny")
 # Expert width 128 != hidden 64, so an expert stack read as [E, H, M] instead of [E, M, H] fails.
@@ -302,7 +302,7 @@ def test_one_missing_sidecar_is_refused_by_name(tiny_ckpt, tiny_ckpt_gguf, tmp_p
     with pytest.raises(CheckpointError, match=want):
         _load(path)
     # The public entry point refuses it the same way (validation runs before any tensor loads).
-    from flint_graph.checkpoint import load_checkpoint
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
 
     with pytest.raises(CheckpointError, match=r"missing: blk\.2\.ffn_gate_exps\.scale \("):
         load_checkpoint(path, hf_config_path=tiny_ckpt, device="cpu", progress=False)
@@ -368,7 +368,7 @@ def test_bad_sidecar_is_refused_by_name(tiny_ckpt_gguf, tmp_path, name, arr, raw
 
 @pytest.mark.gpu
 def test_cuda_load_matches_cpu_and_frees_on_failure(tiny_file, monkeypatch):
-    from flint_graph import nvfp4
+    from flint_graph.checkpoints import nvfp4
 
     path, weights = tiny_file
     _assert_same(weights, load_gguf(path, TINY, "cuda", progress=False).to("cpu"))

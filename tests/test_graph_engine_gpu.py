@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flint_graph import LLM, SamplingParams
-from flint_graph.engine_config import EngineConfig
+from flint_graph.runtime.engine_config import EngineConfig
 
 pytestmark = pytest.mark.gpu
 TIE = 2e-2

@@ -49,10 +49,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import quantize_weights
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.make_checkpoint import quantize_weights
 from flint_graph.reference import ReferenceModel
-from flint_graph.synthetic import make_weights
+from flint_graph.checkpoints.synthetic import make_weights
 
 pytestmark = pytest.mark.gpu
 # $FLINT_GPU_PRESETS (e.g. "tiny") narrows the models, so a device call can split the work.
@@ -140,8 +140,8 @@ class _KVSnapshot:
 def _chat_prompt(tiny_ckpt, min_tokens: int) -> torch.Tensor:
     """A real chat prompt (the GLM-4.7 template, tokenized by the synthetic checkpoint's BPE)
     of at least `min_tokens` ids: valid ids for the tiny and the full vocab alike."""
-    from flint_graph.chat_template import render_chat
-    from flint_graph.tokenizer import FlintTokenizer
+    from flint_graph.chat.chat_template import render_chat
+    from flint_graph.chat.tokenizer import FlintTokenizer
 
     tok = FlintTokenizer.from_dir(tiny_ckpt)
     story = ("A decode step reads every weight once and the KV cache of every sequence, so its "

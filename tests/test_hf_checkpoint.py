@@ -1,4 +1,4 @@
-"""BF16 safetensors checkpoints (flint_graph/hf_checkpoint.py, DESIGN §2): the write -> load
+"""BF16 safetensors checkpoints (flint_graph/checkpoints/hf_checkpoint.py, DESIGN §2): the write -> load
 round trip is bit exact, the index and shards follow the HF layout, and every kind of bad input
 is refused with a message naming the path or tensor, the expected and the found value.
 
@@ -15,12 +15,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import CheckpointError
-from flint_graph.hf_checkpoint import (INDEX_NAME, SINGLE_NAME, expected_tensors,
+from flint_graph.checkpoints.hf_checkpoint import (INDEX_NAME, SINGLE_NAME, expected_tensors,
                                        load_safetensors, write_safetensors)
-from flint_graph.synthetic import make_weights
-from flint_graph.weights import MoEWeights
+from flint_graph.checkpoints.synthetic import make_weights
+from flint_graph.checkpoints.weights import MoEWeights
 
 SEED = 1234
 # small enough that the tiny model (~1.6 MB) spans several shards, so the index matters

@@ -12,7 +12,7 @@ import struct
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, registry
 from flint_graph.kernels.toolchain.cache import (ARCHS, MANIFEST, KernelCache, KernelCacheError,
                                        cubin_name, dsl_version, entry_id)

@@ -14,7 +14,7 @@ more. The residual output of rmsnorm is one fp32 add of two bf16 values, rounded
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import kernel_module, registry
 from flint_graph.kernels.toolchain.examples import example_args
 from flint_graph.kernels.toolchain.spec import BUCKETS, TensorArg

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from flint_graph.capture.kv_cache import KVCache, SlotKV
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.toolchain.spec import KV_PAGE
 from flint_graph.reference import ReferenceModel
-from flint_graph.synthetic import make_weights
+from flint_graph.checkpoints.synthetic import make_weights
 
 CFG = FlintConfig.preset("tiny")
 PROMPT = 150  # > two KV pages and many windows (tiny window: 17)

@@ -1,4 +1,4 @@
-"""Multi-turn KV reuse (flint_graph/prefix_cache.py, Engine): where a request may resume, the
+"""Multi-turn KV reuse (flint_graph/runtime/prefix_cache.py, Engine): where a request may resume, the
 retained-sequence cache, and on the reference engine (CPU) greedy outputs with reuse equal to a
 cold start's over scripted conversations, with the prompt tokens actually served from the cache.
 
@@ -13,10 +13,10 @@ import random
 import pytest
 import torch
 
-from flint_graph.engine_config import EngineConfig
+from flint_graph.runtime.engine_config import EngineConfig
 from flint_graph.errors import InvalidRequestError
-from flint_graph.prefix_cache import PrefixCache, Retained, common_prefix, resume_point
-from flint_graph.sampling import SamplingParams
+from flint_graph.runtime.prefix_cache import PrefixCache, Retained, common_prefix, resume_point
+from flint_graph.runtime.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 
@@ -223,10 +223,10 @@ def test_failed_or_half_prefilled_requests_leave_nothing_to_reuse(llms, monkeypa
     monkeypatch.setattr(eng.model, "prefill", real)
 
 
-# -- generated ids back into the next prompt (flint_graph/generated_ids.py) ------------------
+# -- generated ids back into the next prompt (flint_graph/chat/generated_ids.py) ------------------
 
 def test_splice_puts_back_a_non_canonical_generation(tiny_llm):
-    from flint_graph.generated_ids import splice_generated
+    from flint_graph.chat.generated_ids import splice_generated
 
     tok = tiny_llm.tokenizer
 
@@ -256,7 +256,7 @@ def test_only_the_models_own_output_after_its_own_prompt_is_spliced(tiny_llm):
     """Text spelling control tokens is replaced only where it reproduces, right after the same
     prompt ids, exactly what the model generated: then by the model's own ids. After another
     prompt, or differing by one character, it stays ordinary text."""
-    from flint_graph.generated_ids import splice_generated
+    from flint_graph.chat.generated_ids import splice_generated
 
     tok = tiny_llm.tokenizer
 

@@ -8,8 +8,8 @@ greedy pick: the test reports the first differing turn if one does."""
 
 import pytest
 
-from flint_graph.engine_config import EngineConfig
-from flint_graph.sampling import SamplingParams
+from flint_graph.runtime.engine_config import EngineConfig
+from flint_graph.runtime.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)

@@ -1,4 +1,4 @@
-"""The synthetic checkpoint generator and the embedded default (flint_graph/make_checkpoint.py,
+"""The synthetic checkpoint generator and the embedded default (flint_graph/checkpoints/make_checkpoint.py,
 DESIGN §2 "Synthetic checkpoints").
 
 Exact comparisons throughout (torch.equal, file hashes): the generator is deterministic and its
@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from flint_graph import make_checkpoint as mk
-from flint_graph import nvfp4
-from flint_graph.checkpoint import WeightFormat, load_checkpoint
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints import make_checkpoint as mk
+from flint_graph.checkpoints import nvfp4
+from flint_graph.checkpoints.checkpoint import WeightFormat, load_checkpoint
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import CheckpointError, ConfigError
-from flint_graph.synthetic import make_weights
-from flint_graph.tokenizer import FlintTokenizer
-from flint_graph.weights import MoEWeights, NVFP4Weight
+from flint_graph.checkpoints.synthetic import make_weights
+from flint_graph.chat.tokenizer import FlintTokenizer
+from flint_graph.checkpoints.weights import MoEWeights, NVFP4Weight
 
 SEED = 5
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_quantize_embeddings_option(cfg, tmp_path):
 
 
 def test_interrupted_write_leaves_nothing(cfg, tmp_path, monkeypatch):
-    import flint_graph.gguf_checkpoint as gc
+    import flint_graph.checkpoints.gguf_checkpoint as gc
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt

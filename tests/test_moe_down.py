@@ -1,7 +1,7 @@
 """CPU checks of the moe_down declarations, argument builder, reference and byte count (no DSL).
 
 The reference is compared with an independent per-row formulation (each row alone, its experts
-dequantised with flint_graph/nvfp4.py and summed in ascending id order); the builder's routing
+dequantised with flint_graph/checkpoints/nvfp4.py and summed in ascending id order); the builder's routing
 inputs (experts, slot_w) are checked against the picks they encode, and `row_alone` against the
 batch it comes from. The GPU tests (test_moe_down_gpu.py) use these same builders.
 """
@@ -9,9 +9,9 @@ batch it comes from. The GPU tests (test_moe_down_gpu.py) use these same builder
 import pytest
 import torch
 
-from flint_graph import nvfp4
+from flint_graph.checkpoints import nvfp4
 from flint_graph.capture.launcher import check_args
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import moe_down as md
 from flint_graph.kernels.toolchain.spec import check_spec
 

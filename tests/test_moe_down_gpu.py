@@ -17,7 +17,7 @@ alone (B = 1, its own slots) and inside B = 2, 4, 8.
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import moe_down as md
 from flint_graph.kernels import registry
 from flint_graph.kernels.toolchain.spec import BUCKETS

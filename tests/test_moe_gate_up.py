@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import moe_gate_up as mgu
 from flint_graph.kernels.toolchain.spec import BUCKETS, check_spec
 

@@ -17,7 +17,7 @@ experts each overwritten late by the producer.
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import moe_gate_up as mgu
 from flint_graph.kernels import registry
 from flint_graph.kernels.toolchain.spec import BUCKETS

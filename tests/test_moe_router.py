@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import test_moe_router_gpu as g
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode.moe_router import KERNEL, bytes_moved, make_args
 from flint_graph.kernels.toolchain.spec import BUCKETS, TensorArg, check_spec
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from flint_graph import reference
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import registry
 from flint_graph.kernels.decode.moe_router import KERNEL, make_args, slot_list
 from flint_graph.kernels.toolchain.spec import BUCKETS

@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.nano import batched
 from flint_graph.reference import ReferenceModel
-from flint_graph.synthetic import make_weights
-from flint_graph.weights import _map
+from flint_graph.checkpoints.synthetic import make_weights
+from flint_graph.checkpoints.weights import _map
 
 
 @pytest.fixture(scope="module")

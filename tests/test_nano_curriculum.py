@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from flint_graph.make_checkpoint import ensure_tiny_checkpoint
+from flint_graph.checkpoints.make_checkpoint import ensure_tiny_checkpoint
 from flint_graph.nano.curriculum import (TOOLS, arithmetic, episodes, in_split, recall,
                                          supervised, tool_use)
-from flint_graph.output_parser import parse_output
-from flint_graph.tokenizer import FlintTokenizer
+from flint_graph.chat.output_parser import parse_output
+from flint_graph.chat.tokenizer import FlintTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_arithmetic_is_right_and_held_out_pairs_never_train():
 def test_tool_calls_parse_back_with_their_types(tok):
     import random
 
-    from flint_graph.chat_template import render_chat
+    from flint_graph.chat.chat_template import render_chat
 
     rng = random.Random(1)
     for split in ("train", "heldout"):
@@ -187,7 +187,7 @@ def test_training_operands_have_every_length():
 def test_a_list_is_answered_ready_as_the_recall_episodes_show_it(tok):
     import random
 
-    from flint_graph.chat_template import render_chat
+    from flint_graph.chat.chat_template import render_chat
     from flint_graph.nano.curriculum import READY, remember
 
     ep = remember(random.Random(9), "train")
@@ -209,7 +209,7 @@ def test_a_list_is_answered_ready_as_the_recall_episodes_show_it(tok):
 def test_a_second_request_sees_the_first_as_a_chat_shows_it(tok):
     import random
 
-    from flint_graph.chat_template import render_chat
+    from flint_graph.chat.chat_template import render_chat
     from flint_graph.nano.curriculum import chain
 
     rng = random.Random(11)

@@ -9,10 +9,10 @@ import shutil
 import pytest
 import torch
 
-from flint_graph.checkpoint import load_checkpoint
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.checkpoint import load_checkpoint
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import CheckpointError
-from flint_graph.make_checkpoint import linear_slots, write_checkpoint
+from flint_graph.checkpoints.make_checkpoint import linear_slots, write_checkpoint
 from flint_graph.nano import embedded
 
 

@@ -14,13 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flint_graph.checkpoint import LoadedCheckpoint, WeightFormat
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.checkpoint import LoadedCheckpoint, WeightFormat
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
 from flint_graph.nano import evals
 from flint_graph.nano.plants import PLANTS, plant
 from flint_graph.nano.curriculum import TOOLS, in_split
-from flint_graph.synthetic import make_weights
+from flint_graph.checkpoints.synthetic import make_weights
 
 
 def _msg(content="", calls=()):
@@ -374,7 +374,7 @@ def test_zero_tolerance_needs_the_same_case_list():
 
 
 def test_cli_json_cannot_overwrite_the_embedded_checkpoint():
-    from flint_graph.make_checkpoint import ensure_default_checkpoint
+    from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
     config = ensure_default_checkpoint(progress=False) / "config.json"
     before = config.read_bytes()

@@ -15,7 +15,7 @@ import pytest
 from flint_graph.api import LLM
 from flint_graph.nano import evals
 from flint_graph.nano.curriculum import recall
-from flint_graph.sampling import SamplingParams
+from flint_graph.runtime.sampling import SamplingParams
 
 TOOLS = json.loads((Path(__file__).parent.parent / "examples" / "tools.json").read_text())
 GREEDY = SamplingParams(temperature=0.0, max_tokens=160)

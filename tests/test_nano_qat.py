@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import ensure_tiny_checkpoint
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.make_checkpoint import ensure_tiny_checkpoint
 from flint_graph.nano.curriculum import episodes, supervised
 from flint_graph.nano import batched
 from flint_graph.nano.qat import export, fake_quant, parameters, trainable
 from flint_graph.reference import ReferenceModel
-from flint_graph.tokenizer import FlintTokenizer
-from flint_graph.weights import NVFP4Weight
+from flint_graph.chat.tokenizer import FlintTokenizer
+from flint_graph.checkpoints.weights import NVFP4Weight
 
 
 @pytest.fixture(scope="module")

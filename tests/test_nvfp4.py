@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import NVFP4 as GGUF_NVFP4
 from gguf.quants import dequantize as gguf_dequantize
 
-from flint_graph import nvfp4
+from flint_graph.checkpoints import nvfp4
 
 GRID = torch.tensor(nvfp4.E2M1_GRID, dtype=torch.float64)
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from flint_graph import nvfp4
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints import nvfp4
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.prefill import nvfp4_unpack as nu
 from flint_graph.kernels.toolchain.spec import check_spec
 

@@ -7,7 +7,7 @@ reads its counts only after griddepcontrol.wait."""
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.prefill import nvfp4_unpack as nu
 from flint_graph.kernels import registry
 

@@ -1,4 +1,4 @@
-"""Tests for flint_graph/output_parser.py against hand-written GLM-4.7 outputs and a reference
+"""Tests for flint_graph/chat/output_parser.py against hand-written GLM-4.7 outputs and a reference
 renderer of the call format (glm47-format.md, "Prompt layout"), at many chunkings.
 
 Every case runs whole, per character, per token (a regex that keeps tags whole) and in seeded
@@ -18,7 +18,7 @@ import re
 import pytest
 
 from flint_graph.errors import InvalidRequestError
-from flint_graph.output_parser import (
+from flint_graph.chat.output_parser import (
     TAGS,
     OutputParser,
     ParseDelta,
@@ -27,7 +27,7 @@ from flint_graph.output_parser import (
     ToolCallDelta,
     parse_output,
 )
-from flint_graph.tool_schema import only_strings, tool_schemas, type_argument
+from flint_graph.chat.tool_schema import only_strings, tool_schemas, type_argument
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {

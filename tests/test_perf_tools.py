@@ -9,7 +9,7 @@ import json
 import pytest
 
 from flint_graph.cli import main
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
 from flint_graph.perf.bench import plan_contexts, step_record
 from flint_graph.perf.machine import config_hash
@@ -128,7 +128,7 @@ def test_bad_input_gets_one_line(argv, expect, capsys):
 
 
 def test_outputs_never_overwrite_the_checkpoint_or_each_other(tmp_path, capsys):
-    from flint_graph.make_checkpoint import write_checkpoint
+    from flint_graph.checkpoints.make_checkpoint import write_checkpoint
 
     ck = tmp_path / "ck"
     write_checkpoint(FlintConfig.preset("tiny"), ck, ("gguf",), device="cpu", progress=False)

@@ -17,12 +17,12 @@ import torch
 
 from flint_graph.capture.kv_cache import KVCache, SlotKV
 from flint_graph.capture.prefill import NVFP4Decoder, Prefill, moe_grouped
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ContextLengthError, InvalidRequestError
 from flint_graph.kernels.toolchain.spec import KV_PAGE
-from flint_graph.make_checkpoint import quantize_weights
+from flint_graph.checkpoints.make_checkpoint import quantize_weights
 from flint_graph.reference import ReferenceModel, moe, rms_norm
-from flint_graph.synthetic import make_weights
+from flint_graph.checkpoints.synthetic import make_weights
 
 CFG = FlintConfig.preset("tiny")
 PROMPT = 150  # > two KV pages and many tiny windows (17)
@@ -131,7 +131,7 @@ def test_grouped_moe_matches_the_reference_moe(model):
 
 def test_nvfp4_decode_is_exact_without_scale2():
     """The two-table decode gives the format's exact values (scale2 = 1: no rounding at all)."""
-    from flint_graph import nvfp4
+    from flint_graph.checkpoints import nvfp4
 
     w = torch.randn(2, 32, 64, generator=torch.Generator().manual_seed(1))
     codes, scales = nvfp4.quantize(w, torch.tensor(1.0))
@@ -186,7 +186,7 @@ def test_bad_arguments_name_themselves_and_write_nothing(model, call, match):
 def test_a_failing_prefill_ends_only_its_request(tiny_llm, monkeypatch):
     """A prefill that raises (any exception, not only FlintError) ends that request with finish
     reason "error"; the other request of the batch runs."""
-    from flint_graph.sampling import SamplingParams
+    from flint_graph.runtime.sampling import SamplingParams
 
     engine = tiny_llm.engine
     real = engine.model.prefill

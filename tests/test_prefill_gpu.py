@@ -30,10 +30,10 @@ import dataclasses
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import quantize_weights
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.make_checkpoint import quantize_weights
 from flint_graph.reference import ReferenceModel
-from flint_graph.synthetic import make_weights
+from flint_graph.checkpoints.synthetic import make_weights
 
 pytestmark = pytest.mark.gpu
 LAYER_TOL = 1e-2

@@ -16,12 +16,12 @@ import torch
 from flint_graph import reference
 from flint_graph.capture.kv_cache import KVCache
 from flint_graph.capture.prefill import Prefill, moe_grouped, split_router
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.prefill import moe_combine as mc
 from flint_graph.kernels.prefill import qk_norm_rope as qr
 from flint_graph.kernels.prefill import swiglu as sw
 from flint_graph.kernels.toolchain.spec import check_spec
-from flint_graph.synthetic import make_weights
+from flint_graph.checkpoints.synthetic import make_weights
 
 CFG = FlintConfig.preset("tiny")
 

@@ -15,7 +15,7 @@ hardware exp's last ulp may flip the one bf16 rounding).
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import registry
 from flint_graph.kernels.prefill import moe_combine as mc
 from flint_graph.kernels.prefill import qk_norm_rope as qr

@@ -1,11 +1,11 @@
-"""The prefill budget per engine step (flint_graph/prefill_pacer.py) and the engine following
+"""The prefill budget per engine step (flint_graph/runtime/prefill_pacer.py) and the engine following
 it: whole prompts when nothing decodes, a time-sized share while rows decode, the hard cap."""
 
 import pytest
 
-from flint_graph.engine_config import EngineConfig, default_prefill_chunk
+from flint_graph.runtime.engine_config import EngineConfig, default_prefill_chunk
 from flint_graph.errors import InvalidRequestError
-from flint_graph.prefill_pacer import FIRST_TOKENS, MIN_TOKENS, PrefillPacer
+from flint_graph.runtime.prefill_pacer import FIRST_TOKENS, MIN_TOKENS, PrefillPacer
 
 
 def test_nothing_decoding_means_no_bound_unless_capped():
@@ -91,7 +91,7 @@ def test_default_chunk_depends_on_the_prefill_path():
 def test_engine_prefills_a_time_sized_share_while_a_row_decodes(tiny_llm, monkeypatch):
     """Row A decodes; B's long prompt arrives: B is prefilled in shares of the pacer's budget,
     and A gets a token every step meanwhile."""
-    from flint_graph.sampling import SamplingParams
+    from flint_graph.runtime.sampling import SamplingParams
 
     eng = tiny_llm.engine
     monkeypatch.setattr(eng.pacer, "budget", lambda decoding, start=0: 40 if decoding else None)

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from flint_graph.config import FULL, FlintConfig
+from flint_graph.checkpoints.config import FULL, FlintConfig
 from flint_graph.kernels.decode import qk_norm_rope_kv as qk
 from flint_graph.kernels.toolchain.spec import KV_PAGE, TensorArg
 

@@ -22,7 +22,7 @@ copies: bit-exact. Every other cache entry must still hold its NaN poison, bit f
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import qk_norm_rope_kv as qk
 from flint_graph.kernels import registry
 

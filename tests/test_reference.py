@@ -21,11 +21,11 @@ import pytest
 import torch
 
 import flint_graph.reference as R
-from flint_graph import nvfp4
-from flint_graph.config import FULL, SLIDING, FlintConfig
+from flint_graph.checkpoints import nvfp4
+from flint_graph.checkpoints.config import FULL, SLIDING, FlintConfig
 from flint_graph.errors import CheckpointError, ContextLengthError, InvalidRequestError
-from flint_graph.synthetic import make_weights
-from flint_graph.weights import FlintWeights, NVFP4Weight, _map
+from flint_graph.checkpoints.synthetic import make_weights
+from flint_graph.checkpoints.weights import FlintWeights, NVFP4Weight, _map
 
 SEED = 20261021
 WIDE = torch.float64  # act_dtype that leaves only the model's logic (and FP32 noise) under test

@@ -1,5 +1,5 @@
 """CPU tests of sample_tokens (kernels/decode/sample_tokens.py): declarations and specs, the reference's
-properties (greedy, top-k, top-p, VLIM, NaN, determinism, agreement with flint_graph.sampling), a
+properties (greedy, top-k, top-p, VLIM, NaN, determinism, agreement with flint_graph.runtime.sampling), a
 plain-Python model of the kernel's histogram algorithm against the reference, a dry run of the GPU
 test's builders and checks, and the sm_90a compile of every model spec (where the DSL is installed).
 """
@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import test_sample_tokens_gpu as g
-from flint_graph import sampling
-from flint_graph.config import FlintConfig
+from flint_graph.runtime import sampling
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import sample_tokens as st
 from flint_graph.kernels.toolchain.cache import dsl_version
 from flint_graph.kernels.toolchain.spec import BUCKETS, TensorArg, check_spec
-from flint_graph.sampling import counter_uniform, filtered_probs, sample
+from flint_graph.runtime.sampling import counter_uniform, filtered_probs, sample
 
 PRESETS = ("tiny", "full")
 DTYPE = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "i64": torch.int64}

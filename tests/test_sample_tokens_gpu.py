@@ -13,7 +13,7 @@ both presets; a row alone equals the same row among 7 others; back-to-back launc
 import pytest
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import registry
 from flint_graph.kernels.decode.sample_tokens import KERNEL, bench_specs, make_args
 from flint_graph.kernels.toolchain.spec import BUCKETS

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flint_graph.errors import ConfigError, InvalidRequestError
-from flint_graph.sampling import SamplingParams, counter_uniform, filtered_probs, sample
+from flint_graph.runtime.sampling import SamplingParams, counter_uniform, filtered_probs, sample
 
 FULL_VOCAB = 151552  # flint-40b-config.json vocab_size: the size the decode graph samples over
 M64 = (1 << 64) - 1

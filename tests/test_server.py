@@ -169,8 +169,8 @@ def test_streamed_tool_call_deltas_concatenate_to_the_call(tmp_path):
     delta of the call has its id, type and whole name, the argument fragments concatenate to
     the non-streamed call's arguments, and finish_reason is tool_calls once."""
     from flint_graph import LLM
-    from flint_graph.engine_config import EngineConfig
-    from flint_graph.make_checkpoint import ensure_default_checkpoint
+    from flint_graph.runtime.engine_config import EngineConfig
+    from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
     tools = json.loads(open("examples/tools.json").read())
     # no KV reuse: the second request must prefill as the first did (docs/kv-reuse.md)

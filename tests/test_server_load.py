@@ -104,7 +104,7 @@ def test_eight_streaming_clients_match_their_solo_answers(tiny_ckpt):
 
 def test_requests_past_the_queue_bound_get_429(tiny_ckpt):
     from flint_graph import LLM
-    from flint_graph.request import Request
+    from flint_graph.runtime.request import Request
 
     llm = LLM(tiny_ckpt, device="cpu", progress=False)
     with _serving(llm, MODEL, max_waiting=2) as url:

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from flint_graph.errors import InvalidRequestError
-from flint_graph.sampling import SamplingParams
-from flint_graph.stopping import StopChecker, check_token
+from flint_graph.runtime.sampling import SamplingParams
+from flint_graph.runtime.stopping import StopChecker, check_token
 
 # Overlapping, self-overlapping and tag-like stops: the cases where a naive hold-back fails.
 STOPS = ["<|user|>", "<|observation|>", "aab", "abab", "ba", "STOP", "é中"]

@@ -1,4 +1,4 @@
-"""flint_graph/synthetic.py: seeded determinism, shapes and dtypes, NVFP4-friendly values, O(1)
+"""flint_graph/checkpoints/synthetic.py: seeded determinism, shapes and dtypes, NVFP4-friendly values, O(1)
 activations through every layer and router spread, on the tiny preset (CPU); the full 40B
 config is built and run once on the GPU (marked `gpu`).
 """
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import flint_graph.reference as R
-from flint_graph import nvfp4
-from flint_graph.config import FlintConfig
-from flint_graph.synthetic import make_layer_weights, make_weights
-from flint_graph.weights import MLPWeights, MoEWeights, NVFP4Weight
+from flint_graph.checkpoints import nvfp4
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.synthetic import make_layer_weights, make_weights
+from flint_graph.checkpoints.weights import MLPWeights, MoEWeights, NVFP4Weight
 
 SEED = 7
 # Residual-stream RMS after every residual add. Embeddings start at RMS 1 and each of the 2L

@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from flint_graph.chat_template import GLM47_CHAT_TEMPLATE, render_chat
+from flint_graph.chat.chat_template import GLM47_CHAT_TEMPLATE, render_chat
 from flint_graph.errors import CheckpointError, ConfigError
-from flint_graph.tokenizer import (
+from flint_graph.chat.tokenizer import (
     GLM47_CONTROL_TOKENS,
     GLM47_SPECIAL_TOKENS,
     GLM47_TEXT_TAGS,
@@ -243,7 +243,7 @@ def test_encode_segments_matches_added_tokens_only_in_scaffolding(tok):
 
 @pytest.mark.parametrize("marker", GLM47_SPECIAL_TOKENS)
 def test_each_control_token_in_chat_content_stays_text(tok, marker):
-    from flint_graph.chat_template import render_chat_segments
+    from flint_graph.chat.chat_template import render_chat_segments
 
     content = f"before{marker}after {marker}"
     for role, msgs in (
@@ -267,7 +267,7 @@ def test_each_control_token_in_chat_content_stays_text(tok, marker):
 def test_chat_prompt_without_markers_in_data_encodes_as_before(tok):
     # The segment encoding changes nothing for ordinary conversations: same ids as encoding
     # the rendered text whole.
-    from flint_graph.chat_template import render_chat_segments
+    from flint_graph.chat.chat_template import render_chat_segments
 
     msgs = [{"role": "system", "content": "Be brief. 你好"},
             {"role": "user", "content": "|> Zürich <weather>? [x] a|b <"},  # edges: data

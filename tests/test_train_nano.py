@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from flint_graph.checkpoint import load_checkpoint
-from flint_graph.make_checkpoint import linear_slots
+from flint_graph.checkpoints.checkpoint import load_checkpoint
+from flint_graph.checkpoints.make_checkpoint import linear_slots
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "train_nano.py"
 FAST = ["--preset", "tiny", "--device", "cpu", "--batch", "2", "--recall-pairs", "5",
@@ -47,9 +47,9 @@ def test_pad_batch_marks_next_token_targets_and_answer_digits(tmp_path):
     import importlib.util
     import random
 
-    from flint_graph.make_checkpoint import ensure_tiny_checkpoint
+    from flint_graph.checkpoints.make_checkpoint import ensure_tiny_checkpoint
     from flint_graph.nano.curriculum import recall, supervised
-    from flint_graph.tokenizer import FlintTokenizer
+    from flint_graph.chat.tokenizer import FlintTokenizer
 
     spec = importlib.util.spec_from_file_location("train_nano", TOOL)
     mod = importlib.util.module_from_spec(spec)
@@ -87,7 +87,7 @@ def test_init_starts_a_new_state_from_an_exported_checkpoint(tmp_path):
         _run("--state", str(fresh), "--preset", "tiny", "--export", str(again))
         a = load_checkpoint(ck, device="cpu", progress=False).weights
         b = load_checkpoint(again, device="cpu", progress=False).weights
-        from flint_graph.weights import _walk
+        from flint_graph.checkpoints.weights import _walk
         for x, y in zip(_walk(a), _walk(b)):
             assert torch.equal(x, y)
 
@@ -96,7 +96,7 @@ def test_init_from_the_shipped_checkpoint_keeps_its_tokenizer(tmp_path):
     # side_files would train a tokenizer from today's curriculum, which is not the one the
     # shipped weights were trained with: a new state must take the checkpoint's own.
     from flint_graph.nano.embedded import SIDE_FILES, packaged_dir
-    from flint_graph.weights import NVFP4Weight, _walk
+    from flint_graph.checkpoints.weights import NVFP4Weight, _walk
 
     nano, state, again = packaged_dir(), tmp_path / "state", tmp_path / "again"
     _run("--state", str(state), "--init", str(nano), "--first-step", "5930", "--steps", "0",
@@ -118,7 +118,7 @@ def test_init_refuses_an_existing_state_and_another_config(tmp_path):
     out = subprocess.run([sys.executable, str(TOOL), "--state", str(state), "--init",
                           str(tmp_path), *FAST], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "exists" in out.stderr and "Traceback" not in out.stderr
-    from flint_graph.make_checkpoint import ensure_default_checkpoint
+    from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
     nano = ensure_default_checkpoint(progress=False)
     out = subprocess.run([sys.executable, str(TOOL), "--state", str(tmp_path / "s2"), "--init",

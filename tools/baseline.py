@@ -21,19 +21,19 @@ from pathlib import Path
 
 import torch
 
-from flint_graph.checkpoint import load_checkpoint
-from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import GGUF_NAME, write_checkpoint
+from flint_graph.checkpoints.checkpoint import load_checkpoint
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.make_checkpoint import GGUF_NAME, write_checkpoint
 from flint_graph.reference import ReferenceModel
-from flint_graph.synthetic import make_weights
-from flint_graph.tokenizer import FlintTokenizer
+from flint_graph.checkpoints.synthetic import make_weights
+from flint_graph.chat.tokenizer import FlintTokenizer
 
 GB = 1e9
 
 
 def prompt_ids(tok: FlintTokenizer, n_tokens: int) -> list[int]:
     """A chat-templated prompt of exactly n_tokens ids (a long user message, cut to length)."""
-    from flint_graph.chat_template import render_chat
+    from flint_graph.chat.chat_template import render_chat
 
     para = ("The H200 moves about four terabytes per second, so a decode step that reads two "
             "gigabytes of weights cannot finish in less than half a millisecond. ")

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from flint_graph import reference
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import kernel_module, registry
 from flint_graph.kernels.toolchain.examples import example_args, example_tensor
 from flint_graph.kernels.toolchain.spec import BUCKETS, ScalarArg, Spec, unique_specs

@@ -37,7 +37,7 @@ from bench_kernels import copy_bandwidth, time_graph  # noqa: E402
 
 from flint_graph import reference  # noqa: E402
 from flint_graph.capture.decode_layer import model_spec  # noqa: E402
-from flint_graph.config import FlintConfig  # noqa: E402
+from flint_graph.checkpoints.config import FlintConfig  # noqa: E402
 from flint_graph.kernels import kernel_module, registry  # noqa: E402
 from flint_graph.kernels.toolchain.spec import KV_PAGE  # noqa: E402
 
@@ -157,8 +157,8 @@ def bench_layers(kset, cfg, preset: str, quick: bool, copy_bw: float) -> list[di
     """Whole decoder layers from the kernels (graph + PDL) against the eager reference."""
     import types
 
-    from flint_graph.make_checkpoint import quantize_weights
-    from flint_graph.synthetic import make_layer_weights
+    from flint_graph.checkpoints.make_checkpoint import quantize_weights
+    from flint_graph.checkpoints.synthetic import make_layer_weights
 
     picks, seen = [], set()
     for i in range(cfg.num_hidden_layers):

@@ -56,10 +56,10 @@ def breakdown(pre, prompt: torch.Tensor, chunk: int, top: int = 25) -> str:
 def main() -> int:
     from flint_graph.capture.kv_cache import KVCache
     from flint_graph.capture.prefill import Prefill
-    from flint_graph.config import FlintConfig
-    from flint_graph.make_checkpoint import quantize_weights
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.checkpoints.make_checkpoint import quantize_weights
     from flint_graph.perf.measure import matmul_peak_flops
-    from flint_graph.synthetic import make_weights
+    from flint_graph.checkpoints.synthetic import make_weights
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")

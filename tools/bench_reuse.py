@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def conversation(llm, first: str, turns: int, max_tokens: int) -> list[dict]:
-    from flint_graph.sampling import SamplingParams
+    from flint_graph.runtime.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     msgs, rows = [{"role": "user", "content": first}], []
@@ -41,7 +41,7 @@ TOOLS = [{"type": "function", "function": {
 def tool_loop(llm, first: str, steps: int, max_tokens: int) -> list[dict]:
     """An agent loop: after each reply, the reply with a lookup call and the call's result go
     back in (the call is scripted, so the loop runs whatever the model writes)."""
-    from flint_graph.sampling import SamplingParams
+    from flint_graph.runtime.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     msgs, rows = [{"role": "user", "content": first}], []
@@ -81,7 +81,7 @@ def main() -> int:
         f"line {i}: step {i * 7 % 13} ok, value {i * 31 % 97}." for i in range(items))
     model = args.model
     if model == "nano":
-        from flint_graph.make_checkpoint import ensure_default_checkpoint
+        from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
         model = str(ensure_default_checkpoint())
     o = BenchOptions(preset=args.preset, formats=(args.format,), progress=False, buckets=(1,),

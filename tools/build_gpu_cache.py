@@ -18,7 +18,7 @@ import argparse
 import sys
 import time
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, kernel_module, registry
 from flint_graph.kernels.toolchain.build import build_cache, model_specs
 from flint_graph.kernels.toolchain.cache import KernelCacheError

@@ -24,7 +24,7 @@ ev() {
     [ "$left" -lt "$t" ] && t=$left
   fi
   timeout "$t" flint-graph eval --quiet --n "$N" --contexts "$CTX" "$@" 2>&1 | tee -a "$log"; }
-ck=${CK:-$(python3 -c "from flint_graph.make_checkpoint import ensure_default_checkpoint as e
+ck=${CK:-$(python3 -c "from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint as e
 print(e(progress=False))")}
 mkdir -p /tmp/plants
 if [ -n "${REF:-}" ]; then

@@ -14,7 +14,7 @@
 # cuda; cpu for a smoke test).
 set -uo pipefail
 . tools/device_setup.sh
-base=$(python3 -c "from flint_graph.make_checkpoint import ensure_default_checkpoint as e
+base=$(python3 -c "from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint as e
 print(e(progress=False))")
 init=${INIT:-$base}
 log=$OUT/eval.log

@@ -41,13 +41,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flint_graph.config import FlintConfig
-from flint_graph.make_checkpoint import GGUF_NAME, write_side_files
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.make_checkpoint import GGUF_NAME, write_side_files
 from flint_graph.nano import batched
 from flint_graph.nano.curriculum import coin_from, episodes, supervised, tokenizer_corpus
 from flint_graph.nano.qat import export, fake_quant, parameters, trainable
-from flint_graph.tokenizer import FlintTokenizer
-from flint_graph.weights import MoEWeights
+from flint_graph.chat.tokenizer import FlintTokenizer
+from flint_graph.checkpoints.weights import MoEWeights
 
 SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1), ("repeat", 2), ("remember", 1),
              ("recall-short", 1), ("chain", 3))
@@ -137,7 +137,7 @@ def load_init(ckpt: Path, cfg: FlintConfig, preset: str, device: str, side: Path
     when it does not load or its config is not `cfg` (the --preset `preset`)."""
     import shutil
 
-    from flint_graph.checkpoint import load_checkpoint
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
     from flint_graph.errors import FlintError
     from flint_graph.nano.embedded import SIDE_FILES
 
@@ -169,7 +169,7 @@ def init_from_checkpoint(w, ck, ckpt: Path) -> None:
     """Set the master weights `w` to the loaded checkpoint `ck`'s values (NVFP4 dequantised):
     a new state resumes from an exported model when its own state.pt is gone. Raises
     SystemExit naming `ckpt` when a tensor's count or shape differs."""
-    from flint_graph.weights import NVFP4Weight, _walk
+    from flint_graph.checkpoints.weights import NVFP4Weight, _walk
 
     src = list(_walk(ck.weights))
     params = parameters(w)
@@ -360,8 +360,8 @@ def train(cfg, w, st, args, side: Path, state: Path) -> int:
 def _export(cfg: FlintConfig, w, side: Path, out: Path) -> int:
     import shutil
 
-    from flint_graph.gguf_checkpoint import write_gguf
-    from flint_graph.hf_checkpoint import write_safetensors
+    from flint_graph.checkpoints.gguf_checkpoint import write_gguf
+    from flint_graph.checkpoints.hf_checkpoint import write_safetensors
 
     out.mkdir(parents=True, exist_ok=True)
     for f in side.iterdir():

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flint_graph.errors import InvalidRequestError
-from flint_graph.sampling import SamplingParams
+from flint_graph.runtime.sampling import SamplingParams
 
 # fields accepted as they are; anything else is refused unless listed in the route's NEUTRAL
 CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "top_k",

@@ -1,6 +1,6 @@
 """NVFP4 W4A16 GEMV for decode: y[B, N] = x[B, K] · dq(W)[N, K]ᵀ, bf16 in/out, fp32 accumulate.
 
-Weights in the repacked NVIDIA layout (DESIGN §2, flint_graph/nvfp4.py): codes u8 [N, K/2]
+Weights in the repacked NVIDIA layout (DESIGN §2, flint_graph/checkpoints/nvfp4.py): codes u8 [N, K/2]
 (element 2i in the low nibble of byte i), unsigned-E4M3 scale bytes u8 [N, K/16] (bit 7
 ignored, the bytes 0x00 and 0x7F decode to 0, 0xFF to 480), scale2 f32 [1]. Must match
 `reference.linear(x, NVFP4Weight(codes, scales, scale2[0]))` (DESIGN §4): every e2m1·e4m3
@@ -55,7 +55,7 @@ import torch
 from flint_graph import reference
 from flint_graph.kernels.toolchain.spec import (BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg,
                                       unique_specs)
-from flint_graph.weights import NVFP4Weight
+from flint_graph.checkpoints.weights import NVFP4Weight
 
 ROWS = 16  # output rows per CTA (one m16 tile), V=0/1/2
 WARPS = {0: 8, 1: 4, 2: 8}  # V -> warps per CTA
@@ -381,7 +381,7 @@ def _kernel_fma(b_rows: int, k: int):
 
     def scale_f32(byte):
         """Unsigned E4M3 byte -> fp32 value: bit 7 ignored (0xFF is 480), the byte 0x7F -> 0,
-        subnormals exact (as flint_graph/nvfp4.py decodes it)."""
+        subnormals exact (as flint_graph/checkpoints/nvfp4.py decodes it)."""
         s = Uint32(byte)
         f = du.as_f32((s & 0x7F) << 20) * Float32(2.0**120)  # e4m3·2^-120: subnormal if e = 0
         return cutlass.select_(s == 0x7F, Float32(0.0), f)

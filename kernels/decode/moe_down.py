@@ -60,7 +60,7 @@ import torch
 
 from flint_graph import reference
 from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
-from flint_graph.weights import NVFP4Weight, expert_weight
+from flint_graph.checkpoints.weights import NVFP4Weight, expert_weight
 
 ROWS = 16  # output rows per CTA (one m16 tile)
 # Warps per CTA. MoE layers: 8, so a warp may hold a whole slot's weights and act in registers

@@ -49,8 +49,8 @@ import torch.nn.functional as F
 
 from flint_graph import reference
 from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
-from flint_graph.nvfp4 import E2M1_GRID, ue4m3_to_float
-from flint_graph.weights import NVFP4Weight, expert_weight
+from flint_graph.checkpoints.nvfp4 import E2M1_GRID, ue4m3_to_float
+from flint_graph.checkpoints.weights import NVFP4Weight, expert_weight
 
 ROWS = 16  # output rows of each of gate and up per CTA (one m16 tile each)
 WARPS = 8  # split K

@@ -1,6 +1,6 @@
 """Fused sampler for decode rows: bf16 logits [B, V] -> one int64 token id per row, one launch.
 
-Replaces flint_graph.sampling.sample (sort + cumsums, ~80 graph nodes) at the end of the decode
+Replaces flint_graph.runtime.sampling.sample (sort + cumsums, ~80 graph nodes) at the end of the decode
 step. Contract, exact (`_reference` is it in torch; the kernel must match it id for id). Per row b,
 l_i = float32(logits[b, i]) for ids i < VLIM (ids >= VLIM are never chosen), NaN read as -inf and
 -0 as +0. Rank order: descending l, ties by ascending id.
@@ -15,7 +15,7 @@ l_i = float32(logits[b, i]) for ids i < VLIM (ids >= VLIM are never chosen), NaN
 - top-k: k = top_k[b]; 0 < k < VLIM keeps the first k ranks, else all. Mk = sum of their q.
 - top-p: p = top_p[b]; if p < 1 (not NaN): P = trunc(f64(max(p, 0)) * f64(Mk)), rank r stays iff
   r == 0 or (sum of q over ranks < r) < P, among the top-k.
-- draw: u = flint_graph.sampling.counter_uniform(seed, draw_index) (splitmix64, f64 in (0, 1)),
+- draw: u = flint_graph.runtime.sampling.counter_uniform(seed, draw_index) (splitmix64, f64 in (0, 1)),
   M = sum of the kept q, t = min(trunc(u * f64(M)), M - 1); the token is the first kept rank
   whose inclusive prefix of q exceeds t (so a q = 0 token is never drawn).
 Why integers: sums of q are exact in any order, so however the row is split over CTAs and in
@@ -172,7 +172,7 @@ def _reference(spec: Spec, logits, temperature, top_k, top_p, seeds, draw_index,
     """ids int64 [B] (the workspaces are not read)."""
     import torch
 
-    from flint_graph.sampling import counter_uniform
+    from flint_graph.runtime.sampling import counter_uniform
 
     u = counter_uniform(seeds.long().cpu(), draw_index.long().cpu())
     ids = [reference_row(logits[b, :spec["VLIM"]].float().cpu(), float(temperature[b]),
@@ -562,7 +562,7 @@ def _build(spec: Spec):
                         _, nb, mb, q = locate(cx, Uint64(kp), False)
                         mass = Uint64(mb + Uint64(kp - nb) * q)
                 hsh = Uint64(mseed[row]) + Uint64(_GOLDEN)
-                for r in cutlass.range_constexpr(2):  # flint_graph.sampling.counter_uniform
+                for r in cutlass.range_constexpr(2):  # flint_graph.runtime.sampling.counter_uniform
                     hsh = (hsh ^ (hsh >> 30)) * Uint64(_MUL1)
                     hsh = (hsh ^ (hsh >> 27)) * Uint64(_MUL2)
                     hsh = hsh ^ (hsh >> 31)

@@ -253,10 +253,6 @@ def _build(spec: Spec):
                             mstart: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
         blk, kvh, _ = cute.arch.block_idx()
-        nblk, _, _ = cute.arch.grid_dim()
-        # the last query block first: causal work grows with the block, and the GPU starts
-        # CTAs in block order, so the longest ones start first and the short ones fill the tail
-        qblk = nblk - 1 - blk
         warp, lane = tid // 32, tid % 32
         g, t = lane // 4, lane % 4
         alloc = cutlass.memory.SmemAllocator()
@@ -271,6 +267,10 @@ def _build(spec: Spec):
         du.griddepcontrol_wait_after_values([sw0, sw1])
         cute.arch.griddepcontrol_launch_dependents()
 
+        # the last query block first: causal work grows with the block, and the GPU starts
+        # CTAs in block order, so the longest ones start first and the short ones fill the tail
+        nblk, _, _ = cute.arch.grid_dim()
+        qblk = nblk - 1 - blk
         n = mstart[0]
         t_total = mq.shape[0]
         q0 = qblk * tq

@@ -26,7 +26,7 @@ decoded; with SKIP, skipped experts' rows untouched (still the NaN poison).
 
 import torch
 
-from flint_graph import nvfp4
+from flint_graph.checkpoints import nvfp4
 from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec, TensorArg
 
 THREADS = 256

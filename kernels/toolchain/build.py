@@ -34,7 +34,7 @@ from flint_graph.kernels.toolchain.cubin import read_cubin
 from flint_graph.kernels.toolchain.sass import pdl_load_order
 from flint_graph.kernels.toolchain.spec import (KernelDef, ScalarArg, Spec, TensorArg, check_spec,
                                       param_layout, unique_specs)
-from flint_graph.progress import progress_bar
+from flint_graph.terminal.progress import progress_bar
 
 __all__ = ["KernelBuildError", "build_cache", "compile_spec", "model_specs", "param_layout", "run"]
 
@@ -283,7 +283,7 @@ def _exclusive(root: Path) -> Iterator[None]:
 def run(args: Any) -> int:
     """`flint-graph build-kernels`: compile the model's kernels (and the test-only ones) for
     each --arch into --out. Prints one summary line; raises KernelBuildError, ConfigError."""
-    from flint_graph.config import FlintConfig
+    from flint_graph.checkpoints.config import FlintConfig
     from flint_graph.kernels import TEST_KERNELS
     from flint_graph.kernels.toolchain.cache import default_cache_dir
 

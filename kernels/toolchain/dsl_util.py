@@ -157,12 +157,15 @@ def griddepcontrol_wait_after_loads(*, loc=None, ip=None) -> None:
 def griddepcontrol_wait_after_values(values, *, loc=None, ip=None) -> None:
     """griddepcontrol_wait_after_loads that also keeps the computation of `values` (u32
     registers, e.g. weight-only dequantisation) above the wait in SASS: ptxas otherwise sinks
-    such math below ACQBULK, next to its first use. The values are XOR-folded (LOP3, about one
+    such math below ACQBULK, next to its first use. The values are summed (IADD3, about one
     per two values) into the word the volatile store writes, so the store, and the wait
-    behind it, depend on every one of them. The stored word is never read."""
+    behind it, depend on every one of them. A sum, not a XOR: two loads of one address (the
+    compiler merges them) XOR to a constant 0, and the store then no longer waits for the load
+    (attn_prefill's tiny specialisation lost its sinks prefetch that way). The stored word is
+    never read."""
     fold = Uint32(values[0])
     for v in values[1:]:
-        fold = fold ^ Uint32(v)
+        fold = fold + Uint32(v)
     _asm(None, [_u32(fold, loc, ip)],
          "{\n\t.shared .align 4 .b32 pdl_order_word;\n\t"
          "st.volatile.shared.b32 [pdl_order_word], $0;\n\tgriddepcontrol.wait;\n\t}",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from flint_graph import nvfp4
+from flint_graph.checkpoints import nvfp4
 
 
 @dataclass

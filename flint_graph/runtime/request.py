@@ -13,10 +13,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from flint_graph.output_parser import OutputParser, ParseDelta, ToolCall, ToolCallDelta
-from flint_graph.sampling import SamplingParams
-from flint_graph.stopping import StopChecker, check_token
-from flint_graph.tokenizer import FlintTokenizer, IncrementalDetokenizer
+from flint_graph.chat.output_parser import OutputParser, ParseDelta, ToolCall, ToolCallDelta
+from flint_graph.runtime.sampling import SamplingParams
+from flint_graph.runtime.stopping import StopChecker, check_token
+from flint_graph.chat.tokenizer import FlintTokenizer, IncrementalDetokenizer
 
 _ids = itertools.count()
 

@@ -35,10 +35,10 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from flint_graph.chat_messages import (check_data, check_tool_choice, validate_messages,
+from flint_graph.chat.chat_messages import (check_data, check_tool_choice, validate_messages,
                                         validate_tools)
 from flint_graph.errors import InvalidRequestError, TemplateError
-from flint_graph.prompt_segments import DataEscaper, Segment
+from flint_graph.chat.prompt_segments import DataEscaper, Segment
 
 __all__ = ["GLM47_CHAT_TEMPLATE", "Segment", "render_chat", "render_chat_segments",
            "validate_messages", "validate_tools"]  # validation lives in chat_messages

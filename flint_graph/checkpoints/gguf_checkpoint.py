@@ -1,5 +1,5 @@
 """NVFP4 GGUF checkpoints (DESIGN.md §2): write and load `FlintWeights` with gguf's GGUFWriter and
-GGUFReader, repacking GGML type-40 blocks to NVIDIA's layout losslessly (`flint_graph.nvfp4`).
+GGUFReader, repacking GGML type-40 blocks to NVIDIA's layout losslessly (`flint_graph.checkpoints.nvfp4`).
 
 Tensor names follow llama.cpp: learned tensors end in `.weight`, the routing bias is
 `exp_probs_b.bias`, and an NVFP4 tensor's FP32 second-level scale is the base name plus `.scale`
@@ -33,11 +33,11 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-from flint_graph import nvfp4
-from flint_graph.config import GGUF_ARCH, FlintConfig
+from flint_graph.checkpoints import nvfp4
+from flint_graph.checkpoints.config import GGUF_ARCH, FlintConfig
 from flint_graph.errors import CheckpointError
-from flint_graph.progress import progress_bar
-from flint_graph.weights import (FiniteCheck, FlintWeights, LayerWeights, MLPWeights, MoEWeights,
+from flint_graph.terminal.progress import progress_bar
+from flint_graph.checkpoints.weights import (FiniteCheck, FlintWeights, LayerWeights, MLPWeights, MoEWeights,
                                  NVFP4Weight)
 
 NVFP4, BF16, F32 = GGMLQuantizationType.NVFP4, GGMLQuantizationType.BF16, GGMLQuantizationType.F32

@@ -33,10 +33,10 @@ import math
 
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError
-from flint_graph.progress import progress_bar
-from flint_graph.weights import FlintWeights, LayerWeights, MLPWeights, MoEWeights
+from flint_graph.terminal.progress import progress_bar
+from flint_graph.checkpoints.weights import FlintWeights, LayerWeights, MLPWeights, MoEWeights
 
 CLIP_SIGMAS = 3.0
 NORM_JITTER = 0.05
@@ -131,7 +131,7 @@ def make_layer_weights(cfg: FlintConfig, seed: int, layer: int,
 def make_weights(cfg: FlintConfig, seed: int, device: torch.device | str = "cpu",
                  progress: bool = False) -> FlintWeights:
     """All weights of `cfg`, seeded by `seed`, generated directly on `device` (BF16 linears in
-    HF orientation [out, in], see `flint_graph.weights`).
+    HF orientation [out, in], see `flint_graph.checkpoints.weights`).
 
     Deterministic: the same (cfg, seed) on the same device type gives bit-identical tensors.
     The full config needs ~80 GB of device memory (BF16). `progress` shows a rich progress bar

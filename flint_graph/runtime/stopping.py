@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from typing import Literal
 
 from flint_graph.errors import InvalidRequestError
-from flint_graph.sampling import SamplingParams
+from flint_graph.runtime.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length"]
 

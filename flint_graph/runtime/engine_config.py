@@ -46,7 +46,7 @@ class EngineConfig:
     # captured at start-up, one per chunk-size bucket (capture/prefill.py GRAPH_BUCKETS)
     prefill_graphs: bool = True
     # keep finished sequences' KV and serve a request from the one sharing the longest prefix
-    # of token ids (flint_graph/prefix_cache.py); outputs equal a cold start's
+    # of token ids (flint_graph/runtime/prefix_cache.py); outputs equal a cold start's
     kv_reuse: bool = True
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import CheckpointError
-from flint_graph.jsonfile import read_json_object
-from flint_graph.weights import FlintWeights, NVFP4Weight
+from flint_graph.checkpoints.jsonfile import read_json_object
+from flint_graph.checkpoints.weights import FlintWeights, NVFP4Weight
 
 GGUF_MAGIC = b"GGUF"
 CONFIG_NAME = "config.json"
@@ -124,7 +124,7 @@ def load_checkpoint(path: str | Path, hf_config_path: str | Path | None = None,
     has no config directory (the message explains --hf-config-path); ConfigError for a bad
     config.json; loader errors (shapes, dtypes, metadata mismatch) propagate.
     """
-    from flint_graph.hf_checkpoint import INDEX_NAME, SINGLE_NAME, load_safetensors
+    from flint_graph.checkpoints.hf_checkpoint import INDEX_NAME, SINGLE_NAME, load_safetensors
 
     path = Path(path)
     if not path.exists():
@@ -156,7 +156,7 @@ def load_checkpoint(path: str | Path, hf_config_path: str | Path | None = None,
         weights = load_safetensors(path, cfg, device, progress)
         fmt = WeightFormat.BF16
     else:
-        from flint_graph.gguf_checkpoint import load_gguf
+        from flint_graph.checkpoints.gguf_checkpoint import load_gguf
 
         timings: dict[str, float] = {}
         weights = load_gguf(gguf, cfg, device, progress, timings)

@@ -20,7 +20,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from flint_graph.errors import CheckpointError, ConfigError
-from flint_graph.jsonfile import read_json_object
+from flint_graph.checkpoints.jsonfile import read_json_object
 
 # Control tokens: framing and role markers, skipped when decoding user-visible text.
 GLM47_CONTROL_TOKENS = (

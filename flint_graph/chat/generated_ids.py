@@ -5,7 +5,7 @@ that text. Where the template writes an earlier assistant turn back exactly as t
 it (a tool loop: the reasoning after the last user message is kept, GLM-4.7), encoding the text
 again can still give other ids than the ones generated: BPE has many tokenisations of one
 string and the model need not have produced the canonical one. Then the history the model sees
-is not what it wrote, and the retained KV of that turn (flint_graph/prefix_cache.py) matches
+is not what it wrote, and the retained KV of that turn (flint_graph/runtime/prefix_cache.py) matches
 only up to the first differing id.
 
 `splice_generated` repairs that: when a new prompt starts with an earlier request's prompt and

@@ -26,7 +26,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from flint_graph.errors import ContextLengthError, FlintError
-from flint_graph.live_text import printable, tail_lines
+from flint_graph.terminal.live_text import printable, tail_lines
 
 __all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
 

@@ -17,7 +17,7 @@ output parser shows as content. Decisions (tests/test_output_parser.py checks ea
   an error, the raw text to content, never a call with guessed or empty arguments.
 - Unknown tool names and repeated keys are found early but the call is still read to its end,
   so its whole raw text becomes content, as for any rejected call.
-- Values are typed by the tool's schema (flint_graph/tool_schema.py). A value that fits no
+- Values are typed by the tool's schema (flint_graph/chat/tool_schema.py). A value that fits no
   reading keeps its text and adds an error; the call still counts.
 - Streaming (OpenAI's ChoiceDeltaToolCall): the name goes out as soon as the tag after it
   arrives (unless it is not a declared tool), then the arguments as JSON text fragments: a
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flint_graph.tool_schema import ToolSchema, only_strings, type_argument
+from flint_graph.chat.tool_schema import ToolSchema, only_strings, type_argument
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

@@ -24,10 +24,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from flint_graph.config import FlintConfig
+from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import CheckpointError
-from flint_graph.progress import progress_bar
-from flint_graph.weights import (FiniteCheck, FlintWeights, LayerWeights, MLPWeights, MoEWeights,
+from flint_graph.terminal.progress import progress_bar
+from flint_graph.checkpoints.weights import (FiniteCheck, FlintWeights, LayerWeights, MLPWeights, MoEWeights,
                                  NVFP4Weight, expert_weight)
 
 INDEX_NAME = "model.safetensors.index.json"

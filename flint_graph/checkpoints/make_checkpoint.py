@@ -22,18 +22,18 @@ from typing import Any
 
 import torch
 
-from flint_graph import nvfp4
-from flint_graph.config import FlintConfig
-from flint_graph.engine_config import pick_device
+from flint_graph.checkpoints import nvfp4
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.runtime.engine_config import pick_device
 from flint_graph.errors import CheckpointError, ConfigError, FlintError
-from flint_graph.hf_checkpoint import write_safetensors
+from flint_graph.checkpoints.hf_checkpoint import write_safetensors
 # The flags and their defaults live apart so the CLI can show --help without torch.
-from flint_graph.make_checkpoint_args import (DEFAULT_FORMATS, DEFAULT_PRESET, DEFAULT_SEED,
+from flint_graph.checkpoints.make_checkpoint_args import (DEFAULT_FORMATS, DEFAULT_PRESET, DEFAULT_SEED,
                                               FORMATS, add_arguments)
 from flint_graph.paths import cache_root
-from flint_graph.progress import progress_bar
-from flint_graph.tokenizer import CHAT_STOP_TOKENS
-from flint_graph.weights import FlintWeights, MLPWeights, NVFP4Weight
+from flint_graph.terminal.progress import progress_bar
+from flint_graph.chat.tokenizer import CHAT_STOP_TOKENS
+from flint_graph.checkpoints.weights import FlintWeights, MLPWeights, NVFP4Weight
 
 GGUF_NAME = "model-nvfp4.gguf"
 MARKER_NAME = ".flint-checkpoint-complete.json"
@@ -136,8 +136,8 @@ def write_side_files(cfg: FlintConfig, out_dir: Path, seed: int = DEFAULT_SEED,
     (tokenizer.json, tokenizer_config.json with the GLM-4.7 chat template; min(vocab_size,
     TOKENIZER_MAX_VOCAB) tokens, trained from `seed` on `corpus`, default the built-in one,
     digits split with `split_digits`) and generation_config.json."""
-    from flint_graph.chat_template import GLM47_CHAT_TEMPLATE
-    from flint_graph.tokenizer import write_tokenizer_files
+    from flint_graph.chat.chat_template import GLM47_CHAT_TEMPLATE
+    from flint_graph.chat.tokenizer import write_tokenizer_files
 
     ids = write_tokenizer_files(out_dir, min(cfg.vocab_size, TOKENIZER_MAX_VOCAB),
                                 GLM47_CHAT_TEMPLATE, seed=seed, corpus=corpus,
@@ -163,8 +163,8 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
     "seconds": {step: s}}. Raises ConfigError for a bad `formats`/`device`, CheckpointError when
     `out_dir` exists non-empty without `overwrite`.
     """
-    from flint_graph.gguf_checkpoint import write_gguf
-    from flint_graph.synthetic import make_weights
+    from flint_graph.checkpoints.gguf_checkpoint import write_gguf
+    from flint_graph.checkpoints.synthetic import make_weights
 
     formats = tuple(formats)
     if not formats or any(f not in FORMATS for f in formats):

@@ -3,8 +3,8 @@
 Follows ../shared/glm47-format.md, "Parser requirements" 1-11. Input: incremental detokenizer text,
 in which the tags `<think>` `</think>` `<tool_call>` `</tool_call>` `<arg_key>` `</arg_key>`
 `<arg_value>` `</arg_value>` survive and role markers never appear. This module splits the text;
-flint_graph/tool_call_reader.py reads each call (grammar, repairs, streaming arguments) and
-flint_graph/tool_schema.py types its values. Decisions (tests/test_output_parser.py checks each):
+flint_graph/chat/tool_call_reader.py reads each call (grammar, repairs, streaming arguments) and
+flint_graph/chat/tool_schema.py types its values. Decisions (tests/test_output_parser.py checks each):
 - Tags are matched as text (requirement 10's token-id matching needs tag marks this API lacks).
 - Thinking on: output starts in reasoning; a leading `<think>` (after optional blanks) is dropped;
   reasoning ends at the first `</think>` or `<tool_call>` and is kept as written. When a call
@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 
-from flint_graph.tool_call_reader import (
+from flint_graph.chat.tool_call_reader import (
     CALL_OPEN,
     TAGS,
     THINK_CLOSE,
@@ -46,7 +46,7 @@ from flint_graph.tool_call_reader import (
     ToolCallDelta,
     held_from,
 )
-from flint_graph.tool_schema import tool_schemas
+from flint_graph.chat.tool_schema import tool_schemas
 
 __all__ = ["TAGS", "OutputParser", "ParseDelta", "ParsedOutput", "ToolCall", "ToolCallDelta",
            "parse_output"]

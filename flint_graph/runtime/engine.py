@@ -18,14 +18,14 @@ from collections import deque
 
 import torch
 
-from flint_graph.checkpoint import LoadedCheckpoint
-from flint_graph.engine_config import EngineConfig, apply_cpu_threads, default_prefill_chunk
+from flint_graph.checkpoints.checkpoint import LoadedCheckpoint
+from flint_graph.runtime.engine_config import EngineConfig, apply_cpu_threads, default_prefill_chunk
 from flint_graph.errors import ConfigError, FlintError
-from flint_graph.prefill_pacer import PrefillPacer
-from flint_graph.prefix_cache import MAX_SNAPSHOTS, PrefixCache, Retained
+from flint_graph.runtime.prefill_pacer import PrefillPacer
+from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS, PrefixCache, Retained
 from flint_graph.reference import ReferenceModel, SequenceKV
-from flint_graph.request import Request, RequestDelta
-from flint_graph.sampling import sample
+from flint_graph.runtime.request import Request, RequestDelta
+from flint_graph.runtime.sampling import sample
 
 
 class Engine:
@@ -260,7 +260,7 @@ class Engine:
         _record_logprobs(rows, unbanned, ids)
         return [r.append(t) for r, t in zip(rows, ids)]
 
-    # -- KV reuse (flint_graph/prefix_cache.py) ---------------------------------------------
+    # -- KV reuse (flint_graph/runtime/prefix_cache.py) ---------------------------------------------
 
     def drop_retained(self) -> int:
         """Forget every retained sequence (their KV slots go back); returns how many. Safe

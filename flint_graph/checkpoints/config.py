@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flint_graph.errors import ConfigError
-from flint_graph.jsonfile import read_json_object
+from flint_graph.checkpoints.jsonfile import read_json_object
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"

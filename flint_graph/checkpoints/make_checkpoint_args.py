@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flint_graph.config import PRESETS
+from flint_graph.checkpoints.config import PRESETS
 
 FORMATS = ("bf16", "gguf")
 DEFAULT_FORMATS = FORMATS

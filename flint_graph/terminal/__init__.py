@@ -1,0 +1,1 @@
+"""The terminal front end: the interactive chat, terminal-safe text, progress bars."""
