@@ -413,6 +413,16 @@ class RequestStream:
         return _output(self._req)
 
     @property
+    def token_ids(self) -> list[int]:
+        """The ids generated so far (the request's own list: read it, do not keep it)."""
+        return self._req.output_ids
+
+    @property
+    def logprobs(self) -> list[float]:
+        """Their log-probabilities so far, with SamplingParams(logprobs=True) (else empty)."""
+        return self._req.logprobs
+
+    @property
     def message(self) -> ChatMessage:
         """The assistant ChatMessage parsed from the output (chat requests)."""
         return _message(self._req, self._thinking)

@@ -295,8 +295,6 @@ def test_concurrent_streams_each_get_their_own_complete_answer(server, client):
       "stream_options": {"include_usage": "no"}}, 400, "include_usage"),
     ({"messages": [{"role": "user", "content": "x"}],
       "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "stream": True},
-     400, "logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, 400, "logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "n": True}, 400, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "echo": False}, 400, "echo"),
@@ -363,3 +361,32 @@ def test_chat_logprobs_are_the_chosen_tokens_own(server, client):
     assert len(content) == r.usage.completion_tokens == 5
     assert all(c.logprob <= 0 and c.top_logprobs == [] and bytes(c.bytes).decode() == c.token
                for c in content)
+
+
+def test_streamed_chat_logprobs_join_to_the_non_streamed_ones(client):
+    """With stream: true each chunk carries the logprobs of the tokens generated since the last
+    one (the last chunk those held back): joined, they are the non-streamed response's."""
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "tell me"}], max_tokens=9,
+                temperature=0, logprobs=True)
+    whole = client.chat.completions.create(**body).choices[0].logprobs.content
+    parts = [c for chunk in client.chat.completions.create(**body, stream=True)
+             for ch in chunk.choices if ch.logprobs for c in ch.logprobs.content]
+    assert [(c.token, c.logprob) for c in parts] == [(c.token, c.logprob) for c in whole]
+    assert len(parts) == 9
+
+
+def test_completion_logprobs_zero_gives_the_chosen_tokens(server, client):
+    """Completions' logprobs counts alternatives per token; the engine records none, so 0 (the
+    chosen tokens' log-probabilities) is honoured and more is refused by name."""
+    body = dict(model=MODEL, prompt="the cat", max_tokens=6, temperature=0, logprobs=0)
+    r = client.completions.create(**body)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens == 6
+    assert all(x <= 0 for x in lp.token_logprobs) and lp.top_logprobs is None
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    streamed = [c.choices[0].logprobs for c in client.completions.create(**body, stream=True)]
+    assert [t for s in streamed for t in s.tokens] == lp.tokens
+    assert [x for s in streamed for x in s.token_logprobs] == lp.token_logprobs
+    for bad in (2, -1, True, "0"):
+        code, err = _post(server[1] + "/v1/completions", {**body, "logprobs": bad})
+        assert code == 400 and err["error"]["param"] == "logprobs", (bad, err)

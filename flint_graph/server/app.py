@@ -171,8 +171,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         stream = await run_in_threadpool(llm.stream_chat, body.get("messages"),
                                          body.get("tools"), params, **kwargs)
         seen = {"reasoning": [], "content": []}
-        sse = await _respond(request, body, _chat_events(stream, usage, seen), stream, "chat",
-                             metrics)
+        decode = _decoder(llm) if params.logprobs else None
+        sse = await _respond(request, body, _chat_events(stream, usage, seen, decode), stream,
+                             "chat", metrics)
         if sse:
             return sse
         # the response is what the stream would have delivered, joined: an output that ends
@@ -181,11 +182,26 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         reasoning = "".join(seen["reasoning"])
         msg = dataclasses.replace(stream.message, reasoning_content=reasoning or None,
                                   content="".join(seen["content"]))
-        return p.chat_response(p.new_id("chatcmpl"), model_name, msg,
-                               lambda ids: llm.tokenizer.decode(ids, False))
+        return p.chat_response(p.new_id("chatcmpl"), model_name, msg, _decoder(llm))
 
-    def _chat_events(stream, usage: bool, seen: dict | None = None) -> Iterator[dict]:
+    def _decoder(llm):
+        return lambda ids: llm.tokenizer.decode(ids, False)  # control tokens kept
+
+    def _new_logprobs(stream, sent: list[int], decode) -> list[dict] | None:
+        """Chat logprobs entries of the tokens generated since the last call (`sent` holds
+        how many went out), or None when the request does not record them."""
+        if decode is None:
+            return None
+        ids, lps = stream.token_ids, stream.logprobs
+        n = min(len(ids), len(lps))
+        new = p.token_logprobs(ids[sent[0]:n], lps[sent[0]:n], decode)
+        sent[0] = n
+        return new
+
+    def _chat_events(stream, usage: bool, seen: dict | None = None,
+                     decode=None) -> Iterator[dict]:
         rid, created = p.new_id("chatcmpl"), int(time.time())
+        sent = [0]  # tokens whose logprobs went out (they ride on the chunks, in order)
         yield p.chat_chunk(rid, model_name, created, {"role": "assistant", "content": ""})
         for d in stream:
             delta: dict[str, Any] = {}
@@ -200,9 +216,17 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             if calls:
                 delta["tool_calls"] = calls
             if delta:
-                yield p.chat_chunk(rid, model_name, created, delta)
+                chunk = p.chat_chunk(rid, model_name, created, delta)
+                lps = _new_logprobs(stream, sent, decode)
+                if lps is not None:
+                    chunk["choices"][0]["logprobs"] = {"content": lps, "refusal": None}
+                yield chunk
         msg = stream.message
-        yield p.chat_chunk(rid, model_name, created, {}, msg.finish_reason)
+        last = p.chat_chunk(rid, model_name, created, {}, msg.finish_reason)
+        lps = _new_logprobs(stream, sent, decode)
+        if lps is not None:  # tokens whose text was held back (or produced none) until the end
+            last["choices"][0]["logprobs"] = {"content": lps, "refusal": None}
+        yield last
         if usage:
             yield p.usage_chunk(rid, model_name, created, msg.output)
 
@@ -212,32 +236,43 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         body = p.check_fields(await _body(request), p.COMPLETION_FIELDS, p.COMPLETION_NEUTRAL)
         _model(body)
         _room(llm)
-        params = p.sampling_params(body)
+        params = p.sampling_params(body, completion=True)
         prompt = body.get("prompt")
         if not isinstance(prompt, (str, list)):
             raise p.APIError(400, "prompt: expected a string or a list of token ids", "prompt")
         usage = p.include_usage(body)
         stream = await run_in_threadpool(llm.stream, prompt, params)
-        sse = await _respond(request, body, _completion_events(stream, usage), stream,
+        decode = _decoder(llm) if params.logprobs else None
+        sse = await _respond(request, body, _completion_events(stream, usage, decode), stream,
                              "completions", metrics)
         if sse:
             return sse
         out = stream.output
+        lps = (p.completion_logprobs(out.token_ids, out.logprobs, decode)
+               if decode is not None else None)
         return {"id": p.new_id("cmpl"), "object": "text_completion",
                 "created": int(time.time()), "model": model_name,
                 "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason,
-                             "logprobs": None}],
+                             "logprobs": lps}],
                 "usage": p.usage(len(out.prompt_token_ids), len(out.token_ids),
                                  out.cached_tokens)}
 
-    def _completion_events(stream, usage: bool) -> Iterator[dict]:
+    def _completion_events(stream, usage: bool, decode=None) -> Iterator[dict]:
         rid, created = p.new_id("cmpl"), int(time.time())
+        sent, offset = [0], [0]  # tokens whose logprobs went out; their text's length
 
         def chunk(text: str, finish: str | None) -> dict:
+            lps = None
+            if decode is not None:
+                ids, lp = stream.token_ids, stream.logprobs
+                n = min(len(ids), len(lp))
+                lps = p.completion_logprobs(ids[sent[0]:n], lp[sent[0]:n], decode, offset[0])
+                offset[0] += sum(len(t) for t in lps["tokens"])
+                sent[0] = n
             return {"id": rid, "object": "text_completion", "created": created,
                     "model": model_name,
                     "choices": [{"index": 0, "text": text, "finish_reason": finish,
-                                 "logprobs": None}]}
+                                 "logprobs": lps}]}
 
         for d in stream:
             if d.text:

@@ -23,16 +23,13 @@ CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "top_
                "seed", "max_tokens", "max_completion_tokens", "stop", "logprobs", "stream",
                "stream_options", "chat_template_kwargs", "user"}
 COMPLETION_FIELDS = {"model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens",
-                     "stop", "stream", "stream_options", "user"}
+                     "stop", "stream", "stream_options", "user", "logprobs"}
 # fields honoured only at their neutral value (what clients send by default), per route; the
 # value must match in type too (n: true is not n: 1)
 _SHARED_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "n": 1}
 CHAT_NEUTRAL = {**_SHARED_NEUTRAL, "top_logprobs": 0, "parallel_tool_calls": True,
                 "response_format": None}
-# completions' logprobs is a count of alternatives per token: the engine records only the
-# chosen token's, so only null / 0 is honoured there
-COMPLETION_NEUTRAL = {**_SHARED_NEUTRAL, "logprobs": None, "echo": False, "suffix": None,
-                      "best_of": 1}
+COMPLETION_NEUTRAL = {**_SHARED_NEUTRAL, "echo": False, "suffix": None, "best_of": 1}
 MAX_BODY_BYTES = 16 << 20  # far above any prompt that fits the 262K-token context
 
 
@@ -82,10 +79,11 @@ def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mappi
     return body
 
 
-def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
+def sampling_params(body: Mapping[str, Any], completion: bool = False) -> SamplingParams:
     """SamplingParams from the request's temperature, top_p, top_k, seed, max_tokens (or
-    max_completion_tokens), stop and logprobs (chat, not streamed). Raises APIError 400 naming
-    the field."""
+    max_completion_tokens), stop and logprobs (chat: true / false; completions: the number of
+    alternatives per token, of which the engine records none, so only 0 asks for the chosen
+    tokens' log-probabilities). Raises APIError 400 naming the field."""
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, (str, list)):
         raise _bad("stop: expected a string or a list of strings", "stop")
@@ -97,10 +95,16 @@ def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
         except InvalidRequestError as e:
             raise _bad(f"{key}: {e}", key) from None
     logprobs = body.get("logprobs")
-    if logprobs is not None and not isinstance(logprobs, bool):
+    if completion:
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or logprobs < 0):
+            raise _bad("logprobs: expected an integer >= 0 (alternatives per token)", "logprobs")
+        if logprobs:
+            raise _bad(f"logprobs: {logprobs} alternatives per token are not recorded; 0 gives "
+                       "each chosen token's log-probability", "logprobs")
+        logprobs = logprobs == 0
+    elif logprobs is not None and not isinstance(logprobs, bool):
         raise _bad("logprobs: expected true or false", "logprobs")
-    if logprobs and body.get("stream"):
-        raise _bad("logprobs: not supported with stream yet (ask without stream)", "logprobs")
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     return SamplingParams(temperature=body.get("temperature"), top_p=body.get("top_p"),
                           top_k=body.get("top_k"), seed=body.get("seed"), max_tokens=limit,
@@ -165,12 +169,31 @@ def chat_logprobs(out, decode) -> dict[str, Any] | None:
     not asked."""
     if not out.logprobs:
         return None
+    return {"content": token_logprobs(out.token_ids, out.logprobs, decode), "refusal": None}
+
+
+def token_logprobs(ids, lps, decode) -> list[dict[str, Any]]:
+    """Chat logprobs entries of tokens `ids` with log-probabilities `lps` (one per id)."""
     content = []
-    for tid, lp in zip(out.token_ids, out.logprobs):
+    for tid, lp in zip(ids, lps):
         text = decode([tid])
         content.append({"token": text, "logprob": lp, "bytes": list(text.encode()),
                         "top_logprobs": []})
-    return {"content": content, "refusal": None}
+    return content
+
+
+def completion_logprobs(ids, lps, decode, offset: int = 0) -> dict[str, Any]:
+    """The legacy completions `choices[].logprobs` of tokens `ids`: their texts, their
+    log-probabilities, no alternatives (top_logprobs null: logprobs 0 asked for none) and each
+    token's character offset into the completion text, starting at `offset`."""
+    tokens, offsets = [], []
+    for tid in ids:
+        offsets.append(offset)
+        text = decode([tid])
+        tokens.append(text)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": None,
+            "text_offset": offsets}
 
 
 def chat_response(rid: str, model: str, msg, decode=None) -> dict[str, Any]:
