@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,6 +253,8 @@ class LLM:
         model opened `<think>` itself), content, tool_calls (parsed GLM-4.7 calls, typed by the
         tools' JSON schemas) and finish_reason ("tool_calls" when it called a tool). Without
         tools (or with tool_choice "none") no calls are parsed: call-like text stays content.
+        tool_choice "required" or {"type": "function", "function": {"name": N}} makes the
+        answer a call (to N) once the model has reasoned (`forced_call`).
         Raises InvalidRequestError (bad messages, tools, params), ContextLengthError,
         TemplateError (the checkpoint's template failed).
         """
@@ -312,8 +314,26 @@ class LLM:
                 and r.finish_reason in ("stop", "tool_calls") and not r.errors]
         ids = splice_generated(ids, done, lambda t: self.tokenizer.decode(t, False))
         req = self._request(ids, params, parser=parser)
+        name = forced_call(tool_choice)
+        if name is not None:
+            self._force_call(req, name, enable_thinking)
         self._chat_history.append(req)
         return req
+
+    def _force_call(self, req: Request, name: str, thinking: bool) -> None:
+        """Make `req`'s answer a tool call (`forced_call`): `<tool_call>` and the name's ids
+        replace the draws right after the model's `</think>` (thinking on: it reasons first),
+        or at once (thinking off); an end-of-turn drawn before `</think>` becomes `</think>`
+        and the call; a `<tool_call>` the model opens itself gets only the name after it."""
+        tok = self.tokenizer
+        call_open, think_close = tok.token_id("<tool_call>"), tok.token_id("</think>")
+        tokens = [call_open, *(tok.encode_text(name) if name else [])]
+        if not thinking:
+            req.force(tokens)
+            return
+        instead = {eos: [think_close, *tokens] for eos in req.eos_ids}
+        instead[call_open] = tokens
+        req.force(tokens, after=(think_close,), instead=instead)
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -426,6 +446,20 @@ class RequestStream:
     def message(self) -> ChatMessage:
         """The assistant ChatMessage parsed from the output (chat requests)."""
         return _message(self._req, self._thinking)
+
+
+def forced_call(tool_choice: Any) -> str | None:
+    """The tool a tool_choice forces a call to: the name of a function object, "" for
+    "required" (the model picks the tool), None when it forces nothing. `LLM._force_call`
+    makes the answer start with `<tool_call>` and that name, after the model's reasoning; the
+    model has no grammar to follow after it, so what it writes is parsed as any call (an
+    undeclared name or a malformed call is reported and its text kept as content). vLLM and
+    llama.cpp force these with constrained decoding instead."""
+    if tool_choice == "required":
+        return ""
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
+        return tool_choice["function"]["name"]
+    return None
 
 
 def _message(req: Request, thinking: bool) -> ChatMessage:

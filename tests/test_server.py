@@ -182,6 +182,24 @@ def test_streamed_tool_call_deltas_concatenate_to_the_call(tmp_path):
                "messages": [{"role": "user", "content": "Convert 10 kg to pounds"}]}
         full = c.chat.completions.create(**ask)
         chunks = list(c.chat.completions.create(**ask, stream=True))
+        # tool_choice forces a call after the reasoning: named (to that tool) or "required"
+        # (the model picks), even for a greeting it would answer in words (api.forced_call)
+        hi = {**ask, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 60}
+        forced = {}
+        for choice in ({"type": "function", "function": {"name": "convert_units"}}, "required"):
+            forced[str(choice)] = c.chat.completions.create(**{**ask, "tool_choice": choice})
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        greeting = c.chat.completions.create(**hi, tool_choice=named)
+        streamed = list(c.chat.completions.create(**hi, stream=True, tool_choice=named))
+    for r in forced.values():  # the call the model makes unasked, forced or not
+        assert r.choices[0].message.tool_calls[0].function.name == "convert_units", r
+        assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == \
+            json.loads(full.choices[0].message.tool_calls[0].function.arguments)
+    g = greeting.choices[0].message  # flint-nano's arguments for it may be malformed: then the
+    assert (g.tool_calls and g.tool_calls[0].function.name == "get_weather") or \
+        (g.content or "").startswith("<tool_call>get_weather"), g  # call's text is content
+    first = [tc for ch in streamed if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert first and first[0].function.name == "get_weather" and first[0].id
     call = full.choices[0].message.tool_calls[0]
     assert full.choices[0].finish_reason == "tool_calls" and call.function.name == "convert_units"
     deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]

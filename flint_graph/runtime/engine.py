@@ -220,6 +220,7 @@ class Engine:
         ids, logits = self.runner.decode(steps)
         banned = [i for i, r in enumerate(rows)
                   if r.num_generated < r.params.min_tokens and r.eos_ids]
+        ids = [t if i in banned else rows[i].steer(t) for i, t in enumerate(ids)]
         if any(r.params.logprobs for r in rows):  # off the decode hot path unless asked
             drawn = [i for i in range(len(rows)) if i not in banned]
             _record_logprobs([rows[i] for i in drawn], logits[drawn], [ids[i] for i in drawn])
@@ -257,6 +258,7 @@ class Engine:
             positions=torch.tensor([r.num_generated for r in rows], device=dev,
                                    dtype=torch.long),
         ).tolist()
+        ids = [r.steer(t) for r, t in zip(rows, ids)]  # a forced tool call (Request.force)
         _record_logprobs(rows, unbanned, ids)
         return [r.append(t) for r, t in zip(rows, ids)]
 

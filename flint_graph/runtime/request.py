@@ -87,6 +87,40 @@ class Request:
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
         self.t_last: float | None = None
+        self._forced: list[int] = []  # tokens that replace the next draws (`force`)
+        self._force_at: frozenset[int] = frozenset()  # ids that start them when drawn
+        self._force_then: list[int] = []
+        self._force_instead: dict[int, list[int]] = {}
+
+    def force(self, tokens: list[int], *, after: tuple[int, ...] = (),
+              instead: dict[int, list[int]] | None = None) -> None:
+        """Make the output continue with `tokens` (API tool_choice: a forced tool call): at
+        once, or, with `after`, right after the first draw of one of those ids (e.g. thinking's
+        `</think>`); `instead` maps an id whose draw comes first to what replaces it and all
+        of `tokens` (EOS -> `</think>` + tokens: the call still comes), or to a shorter
+        remainder (`<tool_call>` drawn on its own -> only the name follows)."""
+        if after:
+            self._force_at, self._force_then = frozenset(after), list(tokens)
+            self._force_instead = dict(instead or {})
+        else:
+            self._forced = list(tokens)
+
+    def steer(self, token_id: int) -> int:
+        """The token to append for a draw of `token_id`: the next forced one while `force`
+        has some queued, else the draw (which may start the forced tokens: `force`)."""
+        if self._forced:
+            return self._forced.pop(0)
+        if not self._force_at:
+            return token_id
+        instead = self._force_instead.get(token_id)
+        if token_id in self._force_at or instead is not None:
+            self._force_at, then = frozenset(), self._force_then
+            if instead is None:
+                self._forced = list(then)
+                return token_id
+            self._forced = list(instead[1:])
+            return instead[0]
+        return token_id
 
     @property
     def is_finished(self) -> bool:
