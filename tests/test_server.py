@@ -408,3 +408,66 @@ def test_completion_logprobs_zero_gives_the_chosen_tokens(server, client):
     for bad in (2, -1, True, "0"):
         code, err = _post(server[1] + "/v1/completions", {**body, "logprobs": bad})
         assert code == 400 and err["error"]["param"] == "logprobs", (bad, err)
+
+
+SCRIPT_TOOLS = [
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+                                                                         "properties": {}}}},
+    {"type": "function", "function": {"name": "write_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"},
+                                         "content": {"type": "string"}}}}}]
+SCRIPTS = {  # what the model "writes" (forced token by token), and the expected message
+    "zero-argument call": ("Checking the time.</think><tool_call>get_time</tool_call>",
+                           "Checking the time.", [("get_time", {})]),
+    "call before </think>": ("I will look it up<tool_call>get_time</tool_call>",
+                             "I will look it up", [("get_time", {})]),
+    "string arguments as written": (
+        "</think><tool_call>write_file<arg_key>path</arg_key><arg_value>a.html</arg_value>"
+        "<arg_key>content</arg_key><arg_value><p>a < b</p>\n  indented line\n</arg_value>"
+        "</tool_call>", "",
+        [("write_file", {"path": "a.html", "content": "<p>a < b</p>\n  indented line\n"})]),
+}
+
+
+@pytest.mark.parametrize("case", list(SCRIPTS))
+def test_scripted_outputs_stream_as_the_contract_says(server, client, monkeypatch, case):
+    """The issue's streaming cases, through the real engine and socket: the model's output is
+    scripted (Request.force replaces every draw), so the tiny model 'writes' a zero-argument
+    call, a call before `</think>`, or string arguments with markup and newlines. Streamed:
+    the call's first delta has the id, type and whole name, its fragments join to the
+    non-streamed arguments (a string argument in several fragments, as written), reasoning
+    joins to the non-streamed reasoning, finish_reason tool_calls once."""
+    llm = server[0]
+    text, reasoning, calls = SCRIPTS[case]
+    ids = llm.tokenizer.encode_segments([(text, False)])
+    ids.append(llm.tokenizer.token_id("<|observation|>"))
+    original = type(llm)._chat_request
+
+    def scripted(self, *a, **kw):
+        req = original(self, *a, **kw)
+        req.force(ids)
+        return req
+
+    monkeypatch.setattr(type(llm), "_chat_request", scripted)
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "go"}], tools=SCRIPT_TOOLS,
+                max_tokens=len(ids) + 5, temperature=0)
+    whole = client.chat.completions.create(**body).choices[0]
+    chunks = list(client.chat.completions.create(**body, stream=True))
+    assert whole.finish_reason == "tool_calls"
+    assert (getattr(whole.message, "reasoning_content", None) or "") == reasoning
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]
+    assert got == calls
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    first = deltas[0]
+    assert first.id and first.type == "function" and first.function.name == calls[0][0]
+    joined = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(joined) == calls[0][1]
+    assert joined == whole.message.tool_calls[0].function.arguments
+    streamed_reasoning = "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or ""
+                                 for ch in chunks if ch.choices)
+    assert streamed_reasoning == reasoning
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices
+                and ch.choices[0].finish_reason]
+    assert finishes == ["tool_calls"]
+    if case == "string arguments as written":
+        assert sum(1 for d in deltas if d.function.arguments) > 3  # streamed as it arrived
