@@ -199,6 +199,10 @@ def read_prompt(args: argparse.Namespace) -> str:
         # the template's prefix. Checking here reports it as --raw does.
         raw = getattr(sys.stdin, "buffer", None)
         prompt = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
+        # the line end `echo` and editors add is not part of the prompt ("What is 250 minus
+        # 750?\n" answered 9500 where --prompt answered 500)
+        prompt = prompt[:-2] if prompt.endswith("\r\n") else prompt[:-1] \
+            if prompt.endswith("\n") else prompt
     from flint_graph.api import check_prompt_text
 
     check_prompt_text(prompt)  # before templating, so a bad byte's position is the prompt's

@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "goes to stderr, the answer to stdout.")
     _model_args(gen)
     gen.add_argument("--prompt", metavar="TEXT",
-                     help="prompt text (default: read from stdin, as UTF-8)")
+                     help="prompt text (default: read from stdin, as UTF-8, less one "
+                          "trailing line end)")
     gen.add_argument("--raw", action="store_true",
                      help="send the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true",
@@ -283,8 +284,9 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling (defaults come from the checkpoint's "
                              "generation_config.json)")
     g.add_argument("--max-tokens", type=int, metavar="N",
-                   help="most tokens to generate, reasoning included (default: up to the "
-                        "context limit)")
+                   help="most tokens to generate, reasoning included (default: the "
+                        "checkpoint's generation_config.json max_new_tokens, 512 for "
+                        "flint-nano; without one, up to the context limit)")
     g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
     g.add_argument("--top-p", type=float, metavar="P", help="nucleus mass, in (0, 1]")
     g.add_argument("--top-k", type=int, metavar="K", help="keep the K most likely (0 = off)")

@@ -50,6 +50,41 @@ def test_generate_reads_stdin_and_raw(capsys, monkeypatch, tiny_ckpt):
     assert obj["token_ids"] == ref.token_ids  # the piped text, untemplated, was the prompt
 
 
+@pytest.mark.parametrize("piped", ["from a pipe\n", "from a pipe\r\n"])
+def test_a_piped_prompt_loses_its_one_trailing_line_end(capsys, monkeypatch, tiny_ckpt, piped):
+    """`echo 'What is 250 minus 750?' | flint-graph generate` is the prompt `--prompt` gives
+    (issue 25: the newline echo adds changed the answer); only one line end goes."""
+    def ids(source):
+        monkeypatch.setattr("sys.stdin", io.StringIO(source))
+        code, out, err = _run(capsys, "generate", tiny_ckpt, "--raw", "--max-tokens", 4,
+                              "--temperature", 0, "--json", "--device", "cpu")
+        assert code == 0, err
+        return json.loads(out)["token_ids"]
+
+    want = json.loads(_run(capsys, "generate", tiny_ckpt, "--raw", "--prompt", "from a pipe",
+                           "--max-tokens", 4, "--temperature", 0, "--json", "--device",
+                           "cpu")[1])["token_ids"]
+    assert ids(piped) == want
+
+
+def test_generation_config_max_new_tokens_bounds_the_default(tiny_ckpt):
+    """A checkpoint's generation_config.json max_new_tokens is the default max_tokens
+    (flint-nano ships 512, so an answer that never ends stops); an explicit one wins."""
+    from flint_graph.runtime.sampling import SamplingParams as SP
+
+    assert SP().with_defaults({"max_new_tokens": 7}).max_tokens == 7
+    assert SP(max_tokens=3).with_defaults({"max_new_tokens": 7}).max_tokens == 3
+    assert SP().with_defaults({}).max_tokens is None
+    with pytest.raises(Exception, match="max_new_tokens"):
+        SP().with_defaults({"max_new_tokens": 0})
+    from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
+    from pathlib import Path
+
+    gen = json.loads((Path(ensure_default_checkpoint(progress=False))
+                      / "generation_config.json").read_text())
+    assert gen["max_new_tokens"] == 512
+
+
 @pytest.mark.parametrize("extra, match", [
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "1.5"], "top_p"),

@@ -122,8 +122,10 @@ class SamplingParams:
     def with_defaults(self, generation_config: dict[str, Any]) -> SamplingParams:
         """Fill the None fields from a parsed generation_config.json.
 
-        Reads temperature, top_p, top_k and eos_token_id (an int or a list of ints); a missing
-        or null key gives the neutral value (temperature 1.0, top_p 1.0, top_k 0) or no EOS id.
+        Reads temperature, top_p, top_k, max_new_tokens (the default max_tokens, as in
+        Hugging Face's GenerationConfig; absent: up to the context limit) and eos_token_id (an
+        int or a list of ints); a missing or null key gives the neutral value (temperature 1.0,
+        top_p 1.0, top_k 0) or no EOS id.
         stop_token_ids becomes the explicit ids followed by the EOS ids not already in them
         (EOS left out when ignore_eos). Raises ConfigError naming the generation_config.json
         field for a malformed value.
@@ -136,6 +138,8 @@ class SamplingParams:
                            "a number in (0, 1]")
         top_k = _gen_value(gen, "top_k", NEUTRAL_TOP_K, lambda v: _is_int(v) and v >= 0,
                            "an integer >= 0")
+        max_new = _gen_value(gen, "max_new_tokens", None, lambda v: _is_int(v) and v >= 1,
+                             "an integer >= 1")
         eos = _gen_value(gen, "eos_token_id", [], _is_id_list, "a token id or a list of ids")
         eos = [eos] if _is_int(eos) else list(eos)
         ids = list(self.stop_token_ids or ())
@@ -143,6 +147,7 @@ class SamplingParams:
             ids += [i for i in eos if i not in ids]
         return replace(
             self,
+            max_tokens=max_new if self.max_tokens is None else self.max_tokens,
             temperature=temperature if self.temperature is None else self.temperature,
             top_p=top_p if self.top_p is None else self.top_p,
             top_k=top_k if self.top_k is None else self.top_k,
