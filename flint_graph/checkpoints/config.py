@@ -389,14 +389,32 @@ class FlintConfig:
                     raise ConfigError(f"{source}: GGUF metadata lacks {key} (config.json has "
                                       f"{_plain(want)!r}); expected it in a Flint GGUF")
                 continue
-            got = found[key]
+            got = _plain(found[key])
+            kind = _kind(want)
+            if _kind(got) != kind and not (kind == "a number" and _kind(got) == "an integer"):
+                shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:60] + "…"
+                raise ConfigError(f"{source}: GGUF metadata {key} = {shown}: expected {kind} "
+                                  f"(config.json has {_plain(want)!r})")
             same = (math.isclose(float(got), float(want), rel_tol=1e-6)
-                    if isinstance(want, float) else _plain(got) == _plain(want))
+                    if isinstance(want, float) else got == _plain(want))
             if not same:
                 raise ConfigError(
                     f"{source}: GGUF metadata {key} = {_plain(got)!r} disagrees with config.json "
                     f"({_plain(want)!r})"
                 )
+
+
+def _kind(v: Any) -> str:
+    """The JSON-ish kind of a metadata value, for type checks and messages."""
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a number"
+    if isinstance(v, (list, tuple)):
+        return "a list"
+    return "a string" if isinstance(v, str) else type(v).__name__
 
 
 def _plain(v: Any) -> Any:

@@ -34,6 +34,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from flint_graph.checkpoints import nvfp4
+from flint_graph.checkpoints.gguf_structure import check_gguf_structure
 from flint_graph.checkpoints.config import GGUF_ARCH, FlintConfig
 from flint_graph.errors import CheckpointError
 from flint_graph.terminal.progress import progress_bar
@@ -221,6 +222,7 @@ def _open(path: str | Path) -> tuple[Path, GGUFReader]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: GGUF file not found")
+    check_gguf_structure(path)  # bounds, UTF-8, alignment, overlaps: before the reader trusts it
     try:
         # Copy-on-write mapping: tensors view the file without a host copy and stay writable.
         return path, GGUFReader(path, "c")
