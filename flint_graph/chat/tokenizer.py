@@ -237,7 +237,10 @@ class FlintTokenizer:
             template = named.get("default")
         jinja_path = path / "chat_template.jinja"
         if jinja_path.is_file():
-            template = jinja_path.read_text(encoding="utf-8")
+            try:
+                template = jinja_path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise CheckpointError(f"{jinja_path}: not UTF-8 text (byte {e.start})") from None
         if template is not None and not isinstance(template, str):
             raise CheckpointError(f"{path / 'tokenizer_config.json'}: chat_template: expected a "
                                   f"string, found {type(template).__name__}")  # fmt: skip

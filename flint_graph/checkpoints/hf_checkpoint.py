@@ -18,6 +18,7 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.checkpoints.jsonfile import loads
 from flint_graph.errors import CheckpointError
 from flint_graph.terminal.progress import progress_bar
 from flint_graph.checkpoints.weights import (FiniteCheck, FlintWeights, LayerWeights, MLPWeights, MoEWeights,
@@ -218,22 +220,78 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
         if not 2 <= n <= min(_MAX_HEADER_BYTES, size - 8):
             raise CheckpointError(f"{path}: not a safetensors file (bad header length)")
         try:
-            raw = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raw = loads(f.read(n))
+        except ValueError as e:  # JSON, UTF-8 or nesting
             raise CheckpointError(f"{path}: not a safetensors file (header: {e})") from None
-    out, end = {}, 0
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: not a safetensors file (the header is a "
+                              f"{type(raw).__name__}, expected a JSON object)")
+    meta = raw.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(
+            isinstance(v, str) for v in meta.values())):
+        raise CheckpointError(f"{path}: header __metadata__: expected an object of strings")
+    out, spans = {}, []
     for name, entry in raw.items():
         if name == "__metadata__":
             continue
-        try:
-            out[name] = (entry["dtype"], tuple(entry["shape"]))
-            end = max(end, int(entry["data_offsets"][1]))
-        except (KeyError, TypeError, IndexError, ValueError):
-            raise CheckpointError(f"{path}: malformed header entry for {name!r}") from None
-    if 8 + n + end > size:
-        raise CheckpointError(f"{path}: truncated; the header describes {8 + n + end} bytes, "
+        dtype, shape, offs = _header_entry(path, name, entry)
+        out[name] = (dtype, shape)
+        spans.append((offs[0], offs[1], name))
+    data = size - 8 - n
+    spans.sort()
+    at, last = 0, None
+    for begin, end, name in spans:
+        if begin < at:
+            raise CheckpointError(f"{path}: tensor {_short(name)}'s data (bytes {begin}…{end}) "
+                                  f"overlaps {_short(last)}'s")
+        at, last = end, name
+    if at > data:
+        raise CheckpointError(f"{path}: truncated; the header describes {8 + n + at} bytes, "
                               f"the file holds {size}")
+    if at < data:
+        raise CheckpointError(f"{path}: {data - at} bytes after the last tensor's data (the "
+                              "format has none: a corrupt or concatenated file)")
     return out
+
+
+# bytes per element of the safetensors dtypes a checkpoint may hold
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
+                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def _short(name: Any, limit: int = 60) -> str:
+    text = str(name)
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+def _header_entry(path: Path, name: str, entry: Any) -> tuple[str, tuple[int, ...],
+                                                              tuple[int, int]]:
+    """(dtype, shape, (begin, end)) of one safetensors header entry, each field checked:
+    CheckpointError naming the file and the tensor otherwise."""
+    where = f"{path}: header entry {_short(name)}"
+
+    def is_count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{where}: expected an object, found {type(entry).__name__}")
+    dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in _DTYPE_BYTES:
+        raise CheckpointError(f"{where}: dtype {_short(dtype)} is not a safetensors dtype")
+    if not isinstance(shape, list) or not all(is_count(d) for d in shape):
+        raise CheckpointError(f"{where}: shape {_short(shape)}: expected a list of integers "
+                              ">= 0")
+    if not (isinstance(offs, list) and len(offs) == 2 and all(is_count(o) for o in offs)
+            and offs[0] <= offs[1]):
+        raise CheckpointError(f"{where}: data_offsets {_short(offs)}: expected [begin, end] "
+                              "with 0 <= begin <= end")
+    count = 1
+    for d in shape:
+        count *= d
+    if offs[1] - offs[0] != count * _DTYPE_BYTES[dtype]:
+        raise CheckpointError(f"{where}: data_offsets span {offs[1] - offs[0]} bytes; its "
+                              f"{dtype} shape {shape} needs {count * _DTYPE_BYTES[dtype]}")
+    return dtype, tuple(shape), (offs[0], offs[1])
 
 
 def _shard_map(model_dir: Path) -> dict[str, Path]:
@@ -246,9 +304,11 @@ def _shard_map(model_dir: Path) -> dict[str, Path]:
                                   "not a BF16 safetensors checkpoint directory")
         return {name: single for name in read_safetensors_header(single)}
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        assignments = {str(k): model_dir / str(v) for k, v in weight_map.items()}
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        weight_map = loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise TypeError("weight_map maps every tensor name to a shard file name")
+        assignments = {k: model_dir / v for k, v in weight_map.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{index}: malformed index ({type(e).__name__}: {e}); expected "
                               "JSON with a 'weight_map' object") from None
     for name, shard in assignments.items():
