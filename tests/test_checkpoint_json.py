@@ -138,3 +138,38 @@ def test_the_cli_exits_2_without_a_traceback(ckpt, capsys):
 
 def test_load_checkpoint_still_loads_the_clean_copy(ckpt):
     assert load_checkpoint(ckpt, progress=False).cfg.num_hidden_layers >= 1
+
+
+def _shifted(entries, drop):
+    """The added tokens without `drop`, every later one moved down one id (what a converter
+    that skipped a token writes)."""
+    out, shift = [], 0
+    for a in entries:
+        if a["content"] == drop:
+            shift = 1
+            continue
+        out.append({**a, "id": a["id"] - shift})
+    return out
+
+
+@pytest.mark.parametrize("drop", ["[MASK]", "[sMASK]", "<eop>"])
+def test_added_tokens_that_moved_are_refused_naming_the_token(ckpt, drop):
+    """Issue 26 item 2: a tokenizer.json missing one added token shifted every later id
+    (`<|user|>` 1011 -> 1010), so the template and generation_config named other tokens;
+    now the ids are checked against tokenizer_config.json's added_tokens_decoder."""
+    path = ckpt / "tokenizer.json"
+    t = json.loads(path.read_text())
+    t["added_tokens"] = _shifted(t["added_tokens"], drop)
+    path.write_text(json.dumps(t))
+    with pytest.raises(FlintError, match=r"tokenizer\.json has the added token"):
+        _load(ckpt)
+
+
+def test_a_decoder_entry_at_another_id_is_refused(ckpt):
+    path = ckpt / "tokenizer_config.json"
+    c = json.loads(path.read_text())
+    dec = c["added_tokens_decoder"]
+    key = next(k for k, v in dec.items() if v["content"] == "<|user|>")
+    dec[str(int(key) + 100)] = dec.pop(key)
+    path.write_text(json.dumps(c))
+    _refused(ckpt, "tokenizer_config.json", "<|user|>", str(int(key) + 100))

@@ -95,3 +95,24 @@ def test_tiny_preset_has_every_feature():
     assert t.sliding_window < 64  # small enough that tests cross it
     kinds = list(t.layer_types)
     assert kinds != sorted(kinds)  # interleaved, not one block of each kind
+
+
+@pytest.mark.parametrize("field,value", [
+    ("sliding_window", 10 ** 9), ("sliding_window", 2 ** 63), ("n_routed_experts", 10 ** 7),
+    ("num_hidden_layers", 10 ** 6), ("vocab_size", 2 ** 40), ("hidden_size", 2 ** 31),
+    ("max_position_embeddings", 2 ** 62), ("head_dim", 1 << 20), ("n_shared_experts", 10 ** 6),
+])
+def test_sizes_past_their_bound_are_refused_before_use(field, value):
+    """Issue 26 item 2: sizes that fit no real model (sliding_window 1e9 allocated 128 GB,
+    2^63 raised TypeError, 1e6 layers hung building the expected-tensor list) are one
+    ConfigError naming the field, at once."""
+    import time
+
+    raw = FlintConfig.preset("tiny").to_dict()
+    raw[field] = value
+    if field == "num_hidden_layers":
+        raw["layer_types"] = ["full_attention"] * value
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=f"'{field}'.*at most"):
+        FlintConfig.from_dict(raw, source="cfg.json")
+    assert time.perf_counter() - t0 < 2

@@ -386,3 +386,35 @@ def test_cuda_load_matches_cpu_and_frees_on_failure(tiny_file, monkeypatch):
     with pytest.raises(RuntimeError, match="injected"):
         load_gguf(path, TINY, "cuda", progress=False)
     assert torch.cuda.memory_allocated() == before
+
+
+@pytest.mark.parametrize("field", ["qk_norm", "attention_sinks"])
+def test_tensors_the_config_says_do_not_exist_are_refused(tiny_file, field):
+    """Issue 26 item 2: a GGUF with q/k norms (or sinks) under a config with qk_norm (or
+    attention_sinks) false loaded and ignored them; now, as the BF16 path, the file's extra
+    tensors are refused by name; the other way round they are missing."""
+    path, _ = tiny_file
+    cfg = dataclasses.replace(TINY, **{field: False})
+    word = "attn_q_norm" if field == "qk_norm" else "attn_sinks"
+    with pytest.raises(CheckpointError, match=f"unexpected tensors.*{word}"):
+        load_gguf(path, cfg, "cpu", progress=False)
+
+
+@pytest.mark.parametrize("field", ["qk_norm", "attention_sinks"])
+def test_a_config_without_them_round_trips(tmp_path, field):
+    """Written under such a config, the file has no such tensors and loads with the neutral
+    ones (identity norms, sinks at -inf); under the full config they are missing by name."""
+    cfg = dataclasses.replace(TINY, **{field: False})
+    weights = _random_weights(cfg, seed=2, embed_nvfp4=False)
+    write_gguf(tmp_path / "m.gguf", cfg, weights, progress=False)
+    names = {t.name for t in GGUFReader(tmp_path / "m.gguf").tensors}
+    word = "attn_q_norm" if field == "qk_norm" else "attn_sinks"
+    assert not any(word in n for n in names)
+    got = load_gguf(tmp_path / "m.gguf", cfg, "cpu", progress=False)
+    lw = got.layers[0]
+    if field == "qk_norm":
+        assert torch.equal(lw.q_norm, torch.ones_like(lw.q_norm))
+    else:
+        assert torch.isneginf(lw.sinks).all()
+    with pytest.raises(CheckpointError, match=f"missing tensors.*{word}"):
+        load_gguf(tmp_path / "m.gguf", TINY, "cpu", progress=False)

@@ -195,6 +195,7 @@ class FlintTokenizer:
             raise CheckpointError(f"{source}: tokenizer.json lacks the GLM-4.7 tokens {missing} "
                                   "(each must be one added token)")  # fmt: skip
         self._vocab_size = max(vocab.values()) + 1
+        _check_added_ids(tokenizer, config, source)
         eos = config.get("eos_token", EOS_TOKEN)
         eos = eos.get("content") if isinstance(eos, dict) else eos  # HF allows {"content": ...}
         if not isinstance(eos, str):
@@ -402,3 +403,30 @@ class IncrementalDetokenizer:
             self._prefix, self._read = self._read, len(self._ids)
             self._prefix_text = self._tok.decode(self._ids[self._prefix : self._read])
         return new
+
+
+def _check_added_ids(tokenizer: Tokenizer, config: dict, source: str) -> None:
+    """Refuse a tokenizer.json whose added tokens sit at other ids than tokenizer_config.json's
+    `added_tokens_decoder` says (issue 26: a tokenizer.json missing one added token shifted
+    every later one, `<|user|>` 1011 -> 1010, so the template's and generation_config's ids
+    named other tokens). CheckpointError naming both files, the token and both ids."""
+    decoder = config.get("added_tokens_decoder")
+    if decoder is None:
+        return
+    if not isinstance(decoder, dict):
+        raise CheckpointError(f"{source}: tokenizer_config.json added_tokens_decoder: expected "
+                              f"an object of id -> token, found {type(decoder).__name__}")
+    for key, entry in decoder.items():
+        content = entry.get("content") if isinstance(entry, dict) else None
+        if not (isinstance(key, str) and key.isdigit() and isinstance(content, str)):
+            raise CheckpointError(f"{source}: tokenizer_config.json added_tokens_decoder entry "
+                                  f"{str(key)[:40]!r}: expected a decimal id -> {{'content': "
+                                  "str}")
+        at = tokenizer.token_to_id(content)
+        if at != int(key):
+            shown = content if len(content) <= 40 else content[:40] + "…"
+            where = f"id {at}" if at is not None else "no id at all"
+            raise CheckpointError(f"{source}: tokenizer.json has the added token {shown!r} at "
+                                  f"{where}, tokenizer_config.json's added_tokens_decoder at "
+                                  f"{key}: the two files disagree (a token missing from one "
+                                  "shifts every later id)")

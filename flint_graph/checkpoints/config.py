@@ -24,6 +24,16 @@ PRESETS = ("tiny", "full", "nano")  # nano: flint-nano's shape (issue 11), every
 
 # NVFP4 quantises along K in 64-value GGML blocks (DESIGN §2), so every K of a linear must divide.
 NVFP4_BLOCK = 64
+
+# Upper bounds of the size fields, far above any real Flint (40B: 49 layers, 256 experts, hidden
+# 2048, 262K context): a config past them is refused before tensors, lists or caches are sized
+# from it (issue 26: num_hidden_layers 1e6 hung building the expected-tensor list).
+SIZE_LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_hidden_layers": 1024,
+               "sliding_window": 1 << 24, "num_attention_heads": 1024,
+               "num_key_value_heads": 1024, "head_dim": 1024,
+               "max_position_embeddings": 1 << 24, "intermediate_size": 1 << 20,
+               "moe_intermediate_size": 1 << 18, "n_routed_experts": 4096,
+               "num_experts_per_tok": 256, "n_shared_experts": 64}
 GGUF_ARCH = "flint"
 GGML_EXPERT_GATING_SIGMOID = 2  # llama.cpp LLM_EXPERT_GATING_FUNC_TYPE_SIGMOID
 # The `flint.*` keys DESIGN §2 names: a Flint GGUF must carry them.
@@ -137,6 +147,14 @@ class FlintConfig:
                      "n_routed_experts", "num_experts_per_tok"):
             if getattr(self, name) <= 0:
                 raise bad(name, "a positive integer")
+            if getattr(self, name) > SIZE_LIMITS[name]:
+                raise bad(name, f"at most {SIZE_LIMITS[name]:,} (sizes are bounded before "
+                                "anything is allocated or built from them)")
+        if self.sliding_window > self.max_position_embeddings:
+            raise bad("sliding_window",
+                      f"at most max_position_embeddings = {self.max_position_embeddings}")
+        if self.n_shared_experts > SIZE_LIMITS["n_shared_experts"]:
+            raise bad("n_shared_experts", f"at most {SIZE_LIMITS['n_shared_experts']}")
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(
                 f"{source}: field 'layer_types' has {len(self.layer_types)} entries; expected "

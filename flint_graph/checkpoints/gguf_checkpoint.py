@@ -77,6 +77,13 @@ def tensor_specs(cfg: FlintConfig) -> list[TensorSpec]:
             "attn_v": ((kv, h), LINEAR), "attn_output": ((h, q), LINEAR),
             "attn_q_norm": ((d,), NORM), "attn_k_norm": ((d,), NORM),
             "attn_sinks": ((cfg.num_attention_heads,), SINKS), "ffn_norm": ((h,), NORM)}
+    # q/k norms exist only with qk_norm, sinks only with attention_sinks (as in the BF16
+    # layout): a file that has them under a config that says otherwise is refused, never
+    # loaded and ignored
+    if not cfg.qk_norm:
+        del attn["attn_q_norm"], attn["attn_k_norm"]
+    if not cfg.attention_sinks:
+        del attn["attn_sinks"]
     out = [TensorSpec("token_embd.weight", (v, h), LINEAR)]
     for i in range(cfg.num_hidden_layers):
         p = f"blk.{i}."
@@ -128,7 +135,14 @@ def _assemble(cfg: FlintConfig, t: dict[str, Any]) -> FlintWeights:
                              *(t[f"{p}ffn_{x}_exps.weight"] for x in _PROJ), shared)
         else:
             ffn = MLPWeights(*(t[f"{p}ffn_{x}.weight"] for x in _PROJ))
-        layers.append(LayerWeights(**{a: t[f"{p}{g}.weight"] for g, a in _ATTN.items()}, ffn=ffn))
+        attn = {a: t[f"{p}{g}.weight"] for g, a in _ATTN.items() if f"{p}{g}.weight" in t}
+        dev = t["token_embd.weight"].device
+        if not cfg.qk_norm:  # identity: the model skips the q/k norm when qk_norm is False
+            attn["q_norm"] = attn["k_norm"] = torch.ones(cfg.head_dim, dtype=torch.bfloat16,
+                                                         device=dev)
+        if not cfg.attention_sinks:  # e^-inf = 0: a sink column that contributes nothing
+            attn["sinks"] = torch.full((cfg.num_attention_heads,), -torch.inf, device=dev)
+        layers.append(LayerWeights(**attn, ffn=ffn))
     return FlintWeights(t["token_embd.weight"], layers, t["output_norm.weight"],
                         t["output.weight"])
 
@@ -139,6 +153,8 @@ def _write_plan(cfg: FlintConfig, weights: FlintWeights, write_scales: bool) -> 
     """[(name, byte-or-element shape, numpy dtype, raw GGML type | None, nbytes, producer)]."""
     objs, specs = _flatten(weights), tensor_specs(cfg)
     names = {s.name for s in specs}
+    optional = ("attn_q_norm.weight", "attn_k_norm.weight", "attn_sinks.weight")
+    objs = {k: v for k, v in objs.items() if k in names or not k.endswith(optional)}
     if set(objs) != names:
         odd = sorted(set(objs) ^ names)[:8]
         raise CheckpointError(f"weights do not match the config's layer structure (tensors "
