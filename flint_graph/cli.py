@@ -120,6 +120,9 @@ def sampling_params(args: argparse.Namespace):
                           stop=list(args.stop or []))
 
 
+TOOLS_MAX_BYTES = 16 << 20  # a tools.json is a few KB; the HTTP server's body cap alike
+
+
 def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
     """Read a tools.json (a JSON list of OpenAI function tools); InvalidRequestError if bad."""
     import json
@@ -127,7 +130,12 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
     if path is None:
         return None
     try:
-        tools = json.loads(path.read_text(encoding="utf-8"))  # JSON is UTF-8 (RFC 8259)
+        with open(path, "rb") as f:  # capped: `--tools /dev/zero` read until 6.7 GB
+            data = f.read(TOOLS_MAX_BYTES + 1)
+        if len(data) > TOOLS_MAX_BYTES:
+            raise InvalidRequestError(f"{path}: more than {TOOLS_MAX_BYTES >> 20} MiB; a tools "
+                                      "file is a JSON list of a few function tools")
+        tools = json.loads(data.decode("utf-8"))  # JSON is UTF-8 (RFC 8259)
     except FileNotFoundError:
         raise InvalidRequestError(f"{path}: tools file not found") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -195,6 +195,9 @@ class FlintTokenizer:
             raise CheckpointError(f"{source}: tokenizer.json lacks the GLM-4.7 tokens {missing} "
                                   "(each must be one added token)")  # fmt: skip
         self._vocab_size = max(vocab.values()) + 1
+        # no token stands for more characters than this (byte-level BPE: one character per
+        # byte), so a text of n characters has at least n / max_token_chars tokens
+        self.max_token_chars = max(1, max(len(t) for t in vocab))
         _check_added_ids(tokenizer, config, source)
         eos = config.get("eos_token", EOS_TOKEN)
         eos = eos.get("content") if isinstance(eos, dict) else eos  # HF allows {"content": ...}
