@@ -435,8 +435,13 @@ class RequestStream:
         return self._deltas
 
     def close(self) -> None:
-        """Abort the request if it is still running (e.g. on Ctrl-C)."""
-        self._deltas.close()
+        """Abort the request if it is still running (e.g. on Ctrl-C). From another thread,
+        while this stream is being iterated, it aborts the request as `cancel` does (the
+        iterating thread then ends with finish reason "abort")."""
+        try:
+            self._deltas.close()
+        except ValueError:  # "generator already executing": another thread is inside it
+            self.cancel()
 
     def cancel(self) -> None:
         """Abort the request from any thread, even while another one is iterating this

@@ -6,8 +6,22 @@ validate arguments generically.
 """
 
 
+MAX_MESSAGE = 1000  # characters of a message kept whole; longer ones are cut in the middle
+
+
 class FlintError(Exception):
-    """Base class of every error flint_graph raises for bad input or an unusable checkpoint."""
+    """Base class of every error flint_graph raises for bad input or an unusable checkpoint.
+
+    Messages quote untrusted text (a config's architecture name, a token, a key): one longer
+    than MAX_MESSAGE characters keeps its head and tail with the cut counted, so a 100 KB
+    name or a 100 MB token never floods a terminal or a log (issue 26)."""
+
+    def __init__(self, *args):
+        if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MAX_MESSAGE:
+            m = args[0]
+            cut = len(m) - (MAX_MESSAGE - 200) - 200
+            args = (f"{m[:MAX_MESSAGE - 200]} … [{cut:,} characters cut] … {m[-200:]}",)
+        super().__init__(*args)
 
 
 class ConfigError(FlintError, ValueError):

@@ -107,6 +107,11 @@ class SamplingParams:
         for s in self.stop:
             if not (isinstance(s, str) and s):
                 _bad("stop", "non-empty strings", s)
+            try:  # every other text field refuses a lone surrogate: so do stop strings
+                s.encode("utf-8")
+            except UnicodeEncodeError as e:
+                _bad("stop", f"valid UTF-8 text (a lone surrogate at character {e.start})",
+                     s[:40])
         ids = self.stop_token_ids
         if ids is not None:
             if not isinstance(ids, tuple):
