@@ -51,3 +51,37 @@ def test_close_from_another_thread_aborts_the_request(tiny_llm):
     t.join(60)
     assert done == ["abort"]
     assert len(stream.output.token_ids) < 2000
+
+
+def test_non_finite_logits_end_the_request_with_an_error(tiny_ckpt):
+    """Issue 26 item 4: NaN logits sampled id 0 forever ("!!", finish "length", no error);
+    now the request ends with finish reason "error" naming the cause, and the engine goes on
+    serving (a second, healthy request on the same engine completes)."""
+    import torch
+
+    from flint_graph import LLM
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    head = llm.engine.model.weights.lm_head if hasattr(llm.engine, "model") else None
+    saved = head.clone()
+    head.fill_(float("nan"))
+    try:
+        out = llm.generate(["hello"], SamplingParams(max_tokens=8))[0]
+    finally:
+        head.copy_(saved)
+    assert out.finish_reason == "error" and "not finite" in " ".join(out.errors), out
+    assert not llm.engine.running and not llm.engine.waiting
+    again = llm.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+    assert again.finish_reason == "length" and len(again.token_ids) == 3
+    del torch
+
+
+@pytest.mark.parametrize("field,value", [("rms_norm_eps", 1e308), ("routed_scaling_factor", 1e30),
+                                         ("rope_theta", 1e300)])
+def test_settings_that_make_every_activation_useless_are_refused(field, value):
+    from flint_graph.checkpoints.config import FlintConfig
+
+    raw = FlintConfig.preset("tiny").to_dict()
+    raw[field] = value
+    with pytest.raises(ConfigError, match=f"'{field}'.*at most"):
+        FlintConfig.from_dict(raw)

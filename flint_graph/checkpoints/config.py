@@ -188,10 +188,12 @@ class FlintConfig:
             raise bad("attention_bias", "false (Flint's projections have no bias)")
         if self.tie_word_embeddings:
             raise bad("tie_word_embeddings", "false (Flint ships a separate lm_head)")
-        for name in ("rms_norm_eps", "rope_theta", "routed_scaling_factor"):
+        for name, top in (("rms_norm_eps", 0.1), ("rope_theta", 1e12),
+                          ("routed_scaling_factor", 1e3)):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise bad(name, "a positive finite number")
+            if not (math.isfinite(value) and 0 < value <= top):
+                # far past any real model's value, each makes every activation 0 or inf
+                raise bad(name, f"a positive number at most {top:g}")
         for name, k in self.nvfp4_k_dims().items():
             if k % NVFP4_BLOCK:
                 raise ConfigError(

@@ -242,6 +242,18 @@ class Engine:
 
     def _sample_and_append(self, rows: list[Request], logits: torch.Tensor) -> list[RequestDelta]:
         logits = logits.float()
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        if not all(finite):
+            # NaN or inf logits would sample id 0 forever ("!!", finish "length", no error):
+            # end those requests with the reason instead (weights or settings out of range)
+            failed = [self._fail(r, f"the model's logits are not finite (NaN or inf) at output "
+                                    f"token {r.num_generated}: a weight or a config value is "
+                                    "out of range for this model")
+                      for r, ok in zip(rows, finite) if not ok]
+            keep = [i for i, ok in enumerate(finite) if ok]
+            if not keep:
+                return failed
+            return failed + self._sample_and_append([rows[i] for i in keep], logits[keep])
         logits[:, self.tokenizer_vocab:] = float("-inf")
         unbanned = logits.clone() if any(r.params.logprobs for r in rows) else logits
         for i, r in enumerate(rows):
