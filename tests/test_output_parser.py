@@ -822,3 +822,31 @@ def test_a_call_without_a_required_argument_is_kept_and_reported():
     full = WEATHER_PARIS.replace("</tool_call>", "<arg_key>days</arg_key><arg_value>2</arg_value>"
                                  "<arg_key>metric</arg_key><arg_value>true</arg_value></tool_call>")
     assert parse_output(f"x</think>{full}", tools).errors == []
+
+
+@pytest.mark.parametrize("params", [
+    {"allOf": [{"$ref": "#"}, {"$ref": "#"}, {"$ref": "#"}],
+     "properties": {"a": {"type": "integer"}}},  # the reported one: 3^32 expansions
+    {"anyOf": [{"$ref": "#"}, {"$ref": "#"}], "properties": {"a": {"type": "integer"}}},
+    {"$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/A"}]}},
+     "properties": {"a": {"$ref": "#/$defs/A"}}},
+])
+def test_schemas_that_expand_exponentially_are_refused_when_declared(params):
+    """Issue 26 item 5: a schema whose references fan out under a combinator was typed for
+    minutes; it is refused at once, naming the tool."""
+    import time
+
+    from flint_graph.errors import InvalidRequestError
+
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidRequestError, match="tools\\[0\\] 'f'.*expands to more than"):
+        tool_schemas([{"type": "function", "function": {"name": "f", "parameters": params}}])
+    assert time.perf_counter() - t0 < 2
+
+
+def test_a_recursive_schema_that_only_chains_is_accepted():
+    tree = {"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"},
+                                                             "v": {"type": "integer"}}}},
+            "properties": {"head": {"$ref": "#/$defs/N"}}}
+    assert "head" in tool_schemas([{"type": "function", "function": {
+        "name": "f", "parameters": tree}}])["f"].properties

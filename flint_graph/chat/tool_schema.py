@@ -49,6 +49,11 @@ _MAX_DEPTH = 32  # nesting of $ref/allOf/...; deeper counts as "anything" (cycle
 _NO_JSON = object()
 _COMBINATORS = ("allOf", "anyOf", "oneOf")
 MAX_VARIANTS = 64  # alternatives of a root choice tried one by one (more: key by key only)
+# Subschemas a tool's parameters may expand to, following $ref, the combinators, properties
+# and additionalProperties to _MAX_DEPTH: every walk below follows a subset of those edges, so
+# a schema within this budget bounds them all (`allOf: [{"$ref": "#"}]` three times expands
+# to 3^32 nodes: it is refused when declared, not typed for minutes)
+MAX_SCHEMA_NODES = 20_000
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
             raise InvalidRequestError(f"tools[{i}]: duplicate function name {name!r}")
         params = fn.get("parameters")
         root = params if isinstance(params, dict) else {}
+        _check_size(root, f"tools[{i}] {name[:60]!r}")
         extra = root.get("additionalProperties")
         required = root.get("required")
         variants = tuple(ToolSchema(root, _properties(v, root, 0),
@@ -122,6 +128,27 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
                                    tuple(k for k in required if isinstance(k, str))
                                    if isinstance(required, list) else (), variants)
     return schemas
+
+
+def _check_size(root: Any, where: str) -> None:
+    """Raise InvalidRequestError when the parameters schema expands past MAX_SCHEMA_NODES
+    subschemas (module constant): counted by an explicit stack, so no recursion either."""
+    stack, seen = [(root, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, dict) or depth > _MAX_DEPTH:
+            continue
+        seen += 1
+        if seen > MAX_SCHEMA_NODES:
+            raise InvalidRequestError(
+                f"{where}: its parameters schema expands to more than {MAX_SCHEMA_NODES:,} "
+                "subschemas through $ref / allOf / anyOf / oneOf (a reference cycle under a "
+                "combinator?); simplify it")
+        subs = [_deref(node, root), node.get("additionalProperties")]
+        subs += [s for g in _COMBINATORS for s in _list(node, g)]
+        props = node.get("properties")
+        subs += list(props.values()) if isinstance(props, dict) else []
+        stack += [(sub, depth + 1) for sub in subs if isinstance(sub, dict)]
 
 
 def _has_properties(schema: Any, root: Any) -> bool:
