@@ -354,6 +354,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                            log_level="warning", timeout_graceful_shutdown=5))
     print(f"flint-graph: serving {name!r} on http://{args.host}:{args.port}/v1 (loading the "
           "model: GET /health answers 503 until it is ready)", file=sys.stderr)
+
+    def _terminated(*_):  # a stop request, not a failure: exit 0 (systemd, docker stop)
+        raise SystemExit(0)
+
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler found here
+    signal.signal(signal.SIGTERM, _terminated)
     server.run()
     if failed:
         raise InvalidRequestError(f"the model did not load: {failed[0]}")

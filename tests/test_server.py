@@ -471,3 +471,30 @@ def test_scripted_outputs_stream_as_the_contract_says(server, client, monkeypatc
     assert finishes == ["tool_calls"]
     if case == "string arguments as written":
         assert sum(1 for d in deltas if d.function.arguments) > 3  # streamed as it arrived
+
+
+def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
+    """`docker stop` / systemd send SIGTERM: the server stops as on Ctrl-C and exits 0 (uvicorn
+    re-raised the signal after its graceful shutdown: the process died of it, status 143)."""
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "flint_graph.cli", "serve", str(tiny_ckpt),
+                          "--port", str(port), "--device", "cpu"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    break
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.25)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, p.stderr.read().decode()[-500:]
+    finally:
+        if p.poll() is None:
+            p.kill()
