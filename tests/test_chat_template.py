@@ -666,3 +666,40 @@ def test_template_that_cuts_through_a_placeholder_is_refused(template):
         segments([{"role": "user", "content": content}], template=template)
     # Without marker text there is no placeholder: the same template renders.
     assert segments([{"role": "user", "content": "x" * 70 + "y" * 10}], template=template)
+
+
+HOSTILE_TEMPLATES = {  # (template, words the TemplateError must hold)
+    "nested range loops": ("{% for i in range(100000) %}{% for j in range(100000) %}"
+                           "{% endfor %}{% endfor %}", "range"),
+    "recursive macro": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", ""),
+    "tower of powers": ("{% set n = 9 %}{{ n ** (n ** n) }}", "bits"),
+    "huge repetition": ("{{ 'a' * 500000000 }}", "longer than"),
+    "string doubling": ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
+                        "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}", ""),
+    "list doubling": ("{% set ns = namespace(s=[1]) %}{% for i in range(40) %}"
+                      "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s | length }}",
+                      "longer than"),
+    "lipsum": ("{{ lipsum(n=1000000) }}", ""),
+    "20,000 nested ifs": ("{% if true %}" * 20000 + "x" + "{% endif %}" * 20000,
+                          "nested too deeply"),
+    "deep parentheses": ("{{ " + "(" * 20000 + "1" + ")" * 20000 + " }}", ""),
+    "a huge integer as text": ("{{ (10 ** 100000) | string }}", "bits"),
+    "many calls": ("{% for i in range(100000) %}{% for j in range(30) %}{{ ''.join([]) }}"
+                   "{% endfor %}{% endfor %}", ""),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_TEMPLATES))
+def test_hostile_templates_fail_within_a_budget(case):
+    """Issue 26 item 5: each of these ran past 60 s, took gigabytes, aborted the process or
+    raised RecursionError / ValueError; now one TemplateError within the render budget."""
+    import time
+
+    from flint_graph.errors import TemplateError
+
+    template, word = HOSTILE_TEMPLATES[case]
+    t0 = time.perf_counter()
+    with pytest.raises(TemplateError) as e:
+        render_chat(template, [{"role": "user", "content": "hi"}])
+    assert word in str(e.value), str(e.value)
+    assert time.perf_counter() - t0 < 15, f"{case}: {time.perf_counter() - t0:.1f} s"
