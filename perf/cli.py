@@ -193,6 +193,9 @@ def add_trace_parser(sub, positive_int, buckets) -> None:
                    help="tokens in every row's KV cache (default: 1024)")
     p.add_argument("--steps", type=positive_int, default=5, metavar="N",
                    help="steps traced; the one of median length is reported (default: %(default)s)")
+    p.add_argument("--prefill", type=positive_int, metavar="N",
+                   help="trace one N-token prefill (the graph engine's GPU prefill, in the "
+                        "engine's chunks) instead of a decode step; its kernels kinded by name")
     p.add_argument("--top", type=positive_int, default=20, metavar="N",
                    help="slowest kernels listed on screen (default: %(default)s)")
     p.add_argument("--out", type=_path, metavar="FILE",
@@ -334,6 +337,9 @@ def run_trace_cmd(args) -> int:
 
     o = _options(args, _command_line())
     o.buckets, o.contexts = args.batch, args.context
+    o.trace_prefill = args.prefill
+    if args.prefill:  # the KV cache must hold the prompt
+        o.contexts = (max(args.context[0], args.prefill),)
     tr = run_trace(o)
     if args.out:
         _write(args.out, json.dumps(trace_report.to_file_json(tr)) + "\n")

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from flint_graph.checkpoints.config import FlintConfig
-from flint_graph.errors import InvalidRequestError
+from flint_graph.errors import ConfigError, InvalidRequestError
 from flint_graph.perf.machine import header
 from flint_graph.perf.roofline import copy_bandwidth, step_kernels
 
@@ -144,6 +144,65 @@ def trace_graph(runner, fmt: str, b: int, context: int, steps: int) -> dict:
     return {"source": "CUPTI kernel records (torch.profiler) of CUDA-graph replays",
             "graph_nodes": nodes, "kernels_per_step": (nodes or {}).get("kernel", len(named)),
             "step_us": step_us, "step_us_all": all_us, "kernels": kernels}
+
+
+# -- a prefill ---------------------------------------------------------------------------------
+
+def prefill_kind(name: str) -> str:
+    """The kind of one kernel of a prefill, from its name: our cubins by family, cuBLAS and
+    CUTLASS GEMMs (dense: "gemm"; torch's grouped GEMM over the experts: "moe"), torch's norm,
+    routing and sort kernels."""
+    n = name.lower()
+    if "attn_prefill" in n or "qk_norm_rope" in n or "flash" in n:
+        return "attention"
+    if any(k in n for k in ("moe_", "nvfp4_unpack", "swiglu", "grouped", "topk", "sort",
+                            "enable_3x_kernel")):
+        return "moe"
+    if "nvjet" in n or "gemm" in n or "cublas" in n:
+        return "gemm"
+    if "norm" in n:
+        return "norm"
+    return "other"
+
+
+def trace_prefill(runner, cfg, n: int, chunk: int, steps: int) -> dict:
+    """Per-kernel times of one n-token prefill on the graph engine's prefill (`chunk` tokens a
+    chunk, as the engine runs it: bucket graphs up to 4,096, eager above), into a free slot,
+    after a warm-up; the prefill of median length among `steps`. Kernels are named and kinded
+    from their symbols (`prefill_kind`); bytes are not counted per kernel (None)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(0))
+    slot = runner.alloc_slot()
+    try:
+        runner.prefiller.prefill(slot, ids, chunk)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                runner.prefiller.prefill(slot, ids, chunk)
+                torch.cuda.synchronize()
+    finally:
+        runner.free_slot(slot)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "t.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    records = sorted(({"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])}
+                      for e in events if e.get("cat") == "kernel" and "dur" in e),
+                     key=lambda e: e["ts"])
+    if not records or len(records) % steps:
+        raise RuntimeError(f"torch.profiler returned {len(records)} kernel records for "
+                           f"{steps} prefills")
+    per = len(records) // steps
+    runs = [records[i * per:(i + 1) * per] for i in range(steps)]
+    spans, step_us, all_us = median_step(runs)
+    kernels = [{"index": i, "name": r["name"][:80], "layer": None,
+                "kind": prefill_kind(r["name"]), "bytes": None, "grid": None, **sp}
+               for i, (r, sp) in enumerate(zip(runs[0], spans))]
+    return {"source": f"CUPTI kernel records (torch.profiler) of {steps} whole {n}-token "
+                      f"prefills ({chunk}-token chunks)",
+            "graph_nodes": None, "kernels_per_step": per, "step_us": step_us,
+            "step_us_all": all_us, "kernels": kernels, "prefill_tokens": n}
 
 
 # -- the reference model's step ----------------------------------------------------------------
@@ -281,7 +340,16 @@ def run_trace(o) -> dict:
     runner = llm.engine.runner
     res.update(engine=llm.engine.name, format=fmt, B=b, context=ctx, steps=o.steps,
                copy_bw=bw, kv_fill=KV_FILL)
-    if runner is not None:
+    prefill = getattr(o, "trace_prefill", None)
+    if prefill:
+        if runner is None or runner.prefiller is None:
+            raise ConfigError("--prefill traces the graph engine's GPU prefill; this run has "
+                              f"the {llm.engine.name} engine (a CUDA GPU and the kernel cache "
+                              "are needed)")
+        res.update(B=1, context=prefill, kv_fill="written by the prefill itself")
+        res.update(trace_prefill(runner, cfg, prefill, llm.engine.prefill_chunk_tokens,
+                                 o.steps))
+    elif runner is not None:
         res.update(trace_graph(runner, fmt, b, ctx, o.steps))
     else:
         res.update(trace_reference(llm.engine.model, fmt, b, ctx, o.steps))

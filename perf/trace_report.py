@@ -26,8 +26,10 @@ from flint_graph.perf.bench_report import (bandwidth, change_text, compare_warni
                                            rel_change, rich_table)
 
 SCHEMA = "flint-graph-trace"
-KINDS = ("embedding", "attention", "gemv", "moe", "norm", "lm_head", "sampling", "other")
-COLOURS = {"embedding": "#8c564b", "attention": "#1f77b4", "gemv": "#ff7f0e", "moe": "#2ca02c",
+KINDS = ("embedding", "attention", "gemv", "gemm", "moe", "norm", "lm_head", "sampling",
+         "other")  # gemm: a prefill's dense projections
+COLOURS = {"embedding": "#8c564b", "attention": "#1f77b4", "gemv": "#ff7f0e", "gemm": "#bcbd22",
+           "moe": "#2ca02c",
            "norm": "#9467bd", "lm_head": "#d62728", "sampling": "#e377c2", "other": "#7f7f7f",
            "gap": "#d0d0d0", "floor": "#303030"}
 CHROME_KEYS = ("traceEvents", "displayTimeUnit", "metadata")
@@ -149,6 +151,9 @@ def _step_floor(trace: dict) -> float | None:
 
 
 def _title(trace: dict) -> str:
+    if trace.get("prefill_tokens"):
+        return (f"{trace.get('engine')} engine, {trace.get('format')}, a prefill of "
+                f"{trace['prefill_tokens']} tokens (the step: the whole prefill)")
     return (f"{trace.get('engine')} engine, {trace.get('format')}, B={trace.get('B')}, "
             f"context {trace.get('context')} tokens")
 

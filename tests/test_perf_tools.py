@@ -239,3 +239,41 @@ def test_timed_prompts_never_reuse_an_earlier_ones_kv(tiny_llm):
     second = prefill_record(tiny_llm, "bf16", 48)
     assert first["cached_tokens"] == 0 and second["cached_tokens"] == 0
     tiny_llm.engine.drop_retained()
+
+
+def test_trace_prefill_needs_the_graph_engine(capsys):
+    """`flint-graph trace --prefill N` traces the GPU prefill; on the CPU it says so (exit 2)."""
+    code = main(["trace", *SMALL, "--prefill", "64"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--prefill" in err and "graph engine" in err, err
+
+
+def test_prefill_kernels_are_kinded_by_name_and_the_report_prints_them():
+    from rich.console import Console
+
+    from flint_graph.perf import trace_report
+    from flint_graph.perf.trace import exclusive, prefill_kind
+
+    names = {"kernel_cutlass_attn_prefill_kernel_tensorptr": "attention",
+             "kernel_cutlass_qk_norm_rope_kernel_x": "attention",
+             "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": "gemm",
+             "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm90": "moe",
+             "kernel_cutlass_moe_combine_kernel": "moe",
+             "kernel_cutlass_swiglu_kernel": "moe",
+             "void at::native::sbtopk::gatherTopK<float>": "moe",
+             "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel": "norm",
+             "void at::native::elementwise_kernel<128, 2>": "other"}
+    for name, kind in names.items():
+        assert prefill_kind(name) == kind, name
+    records = [{"name": n, "ts": 10.0 * i, "dur": 8.0} for i, n in enumerate(names)]
+    kernels = [{"index": i, "name": r["name"], "layer": None, "kind": prefill_kind(r["name"]),
+                "bytes": None, "grid": None, **sp}
+               for i, (r, sp) in enumerate(zip(records, exclusive(records)))]
+    trace = {"engine": "graph", "format": "nvfp4", "B": 1, "context": 8192, "steps": 1,
+             "prefill_tokens": 8192, "step_us": 88.0, "kernels": kernels, "copy_bw": 4e12,
+             "kernels_per_step": len(kernels)}
+    console = Console(record=True, width=160)
+    trace_report.print_trace(trace, console, top=5)
+    text = console.export_text()
+    assert "a prefill of 8192 tokens" in text and "gemm" in text and "attention" in text
+    assert trace_report.to_file_json(trace)["traceEvents"]
