@@ -306,6 +306,10 @@ class LLM:
         # calls are parsed at all, as vLLM runs no tool parser then: text that merely looks like
         # a call stays content, without warnings.
         declared = (tools or []) if tool_choice != "none" else []
+        name = forced_call(tool_choice)
+        if name:  # a named choice: a call to any other tool (the model may extend the forced
+            # name, "get" -> "get_weather") is reported and kept as content, never returned
+            declared = [t for t in declared if t["function"]["name"] == name]
         parser = OutputParser(tools=declared, thinking=enable_thinking)
         text = "".join(s.text for s in segments)
         check_prompt_text(text)
@@ -316,7 +320,6 @@ class LLM:
                 and r.finish_reason in ("stop", "tool_calls") and not r.errors]
         ids = splice_generated(ids, done, lambda t: self.tokenizer.decode(t, False))
         req = self._request(ids, params, parser=parser)
-        name = forced_call(tool_choice)
         if name is not None:
             self._force_call(req, name, enable_thinking)
         self._chat_history.append(req)
@@ -503,6 +506,8 @@ def _output(req: Request) -> GenerationOutput:
         out.content = parsed.content
         out.tool_calls = list(parsed.tool_calls)
         out.errors = list(parsed.errors)
+    elif req.parser_failed:  # its output is shown as written; the error says why
+        out.content = req.text
     out.errors += req.errors
     return out
 

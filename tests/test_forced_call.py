@@ -74,3 +74,23 @@ def test_the_engine_appends_the_forced_tokens(tiny_llm):
     assert len(out.logprobs) == len(out.token_ids)  # the forced tokens' own log-probabilities
     text = out.content + "".join(c.name for c in out.tool_calls)
     assert "get_weather" in text
+
+
+def test_a_named_choice_never_returns_a_call_to_another_tool(tiny_llm):
+    """A bad-input trial: tools `get` and `get_weather`, tool_choice naming `get`, and a model
+    that continues the forced name with `_weather...` gave a 200 calling get_weather. Under a
+    named choice only that tool is declared to the parser: the call is reported and kept as
+    content."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+        for n in ("get", "get_weather")]
+    tok = tiny_llm.tokenizer
+    req = tiny_llm._chat_request([{"role": "user", "content": "hi"}], tools,
+                                 SamplingParams(max_tokens=60), enable_thinking=False,
+                                 tool_choice={"type": "function", "function": {"name": "get"}})
+    req._forced += tok.encode_segments([("_weather<arg_key>city</arg_key><arg_value>Paris"
+                                         "</arg_value></tool_call>", False)])
+    req._forced.append(tok.token_id("<|observation|>"))
+    (out,) = tiny_llm._run([req])
+    assert not out.tool_calls, out.tool_calls
+    assert any("unknown tool" in e and "get_weather" in e for e in out.errors), out.errors

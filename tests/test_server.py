@@ -498,3 +498,40 @@ def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_a_client_that_leaves_while_nothing_streams_is_dropped(server, monkeypatch):
+    """A bad-input trial: while a call's arguments are not streamed (a tool typed as a whole),
+    no chunk goes out, so the disconnect went unseen and the request ran on to max_tokens.
+    Steps with nothing to send still check the client (`_pump`)."""
+    llm, url = server
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {"anyOf": [
+        {"properties": {"v": {"type": "string"}}}, {"properties": {"w": {"type": "integer"}}}]}}}]
+    ids = llm.tokenizer.encode_segments([("</think><tool_call>pick<arg_key>v</arg_key>"
+                                          "<arg_value>" + "a " * 1500, False)])
+    original = type(llm)._chat_request
+
+    def scripted(self, *a, **kw):
+        req = original(self, *a, **kw)
+        req.force(ids)
+        return req
+
+    monkeypatch.setattr(type(llm), "_chat_request", scripted)
+    step = llm.engine.step
+
+    def slow_step():  # ~10 s for the whole script: it must be cut short, not finish
+        time.sleep(0.004)
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", slow_step)
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    stream = client.chat.completions.create(model=MODEL, tools=tools, max_tokens=len(ids),
+                                            messages=[{"role": "user", "content": "go"}],
+                                            stream=True)
+    next(iter(stream))  # the role chunk
+    next(iter(stream))  # the call's name: then nothing more is sent until </tool_call>
+    t0 = time.perf_counter()
+    stream.close()
+    while llm.engine.running or llm.engine.waiting or llm.engine.prefilling:
+        assert time.perf_counter() - t0 < 3, "the request ran on after its client left"
+        time.sleep(0.02)

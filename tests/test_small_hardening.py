@@ -85,3 +85,54 @@ def test_settings_that_make_every_activation_useless_are_refused(field, value):
     raw[field] = value
     with pytest.raises(ConfigError, match=f"'{field}'.*at most"):
         FlintConfig.from_dict(raw)
+
+
+def test_a_parser_fault_ends_only_its_own_request(tiny_llm, monkeypatch):
+    """A bad-input trial found tool schemas that made the output parser raise inside the
+    engine step, which then ended every request of the step with "error" (an innocent stream
+    was killed 4 times in 4). Now the fault is contained in the request whose output it was:
+    that one ends with "error" naming it, its text shown as written; the others run on."""
+    from flint_graph.chat import tool_call_reader
+
+    real = tool_call_reader.type_argument
+
+    def boom(text, schema, root):
+        if isinstance(schema, dict) and schema.get("x-boom"):
+            raise KeyError("a schema the parser cannot handle")
+        return real(text, schema, root)
+
+    monkeypatch.setattr(tool_call_reader, "type_argument", boom)
+    tools = [{"type": "function", "function": {"name": "boom", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "x-boom": True}}}}}]
+    tok = tiny_llm.tokenizer
+    script = tok.encode_segments([("</think><tool_call>boom<arg_key>x</arg_key><arg_value>1"
+                                   "</arg_value></tool_call>", False)])
+    a = tiny_llm._chat_request([{"role": "user", "content": "a"}], tools,
+                               SamplingParams(max_tokens=len(script) + 4), enable_thinking=True,
+                               tool_choice=None)
+    a.force(script)
+    b = tiny_llm._chat_request([{"role": "user", "content": "b"}], None,
+                               SamplingParams(max_tokens=12, ignore_eos=True),
+                               enable_thinking=True, tool_choice=None)
+    out_a, out_b = tiny_llm._run([a, b])
+    assert out_a.finish_reason == "error"
+    assert any("output parser failed" in e for e in out_a.errors), out_a.errors
+    assert "<tool_call>boom" in out_a.content
+    assert out_b.finish_reason == "length" and len(out_b.token_ids) == 12
+
+
+@pytest.mark.parametrize("params", [
+    {"properties": {"x": {"type": [{}]}}},  # an unhashable type name
+    {"properties": {"x": {"$ref": "#/$defs/L/\u00b2"}}, "$defs": {"L": [1]}},  # "²" isdigit
+    {"properties": {"x": {"$ref": "#/$defs/L/" + "9" * 5000}}, "$defs": {"L": [1]}},
+    {"$ref": "#/$defs/U", "allOf": 5,
+     "$defs": {"U": {"anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}}},
+])
+def test_schemas_found_by_a_trial_parse_without_raising(params):
+    from flint_graph.chat.output_parser import parse_output
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    for key in ("x", "a"):
+        out = parse_output(f"</think><tool_call>f<arg_key>{key}</arg_key><arg_value>1"
+                           "</arg_value></tool_call>", tools=tools)
+        assert len(out.tool_calls) == 1, out

@@ -119,10 +119,15 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
         _check_size(root, f"tools[{i}] {name[:60]!r}")
         extra = root.get("additionalProperties")
         required = root.get("required")
-        variants = tuple(ToolSchema(root, _properties(v, root, 0),
-                                    extra if isinstance(extra, dict) else None,
+        alternatives = _root_variants(root)
+        if alternatives is None:
+            raise InvalidRequestError(
+                f"tools[{i}] {name[:60]!r}: its parameters are a choice of more than "
+                f"{MAX_VARIANTS} alternatives (anyOf/oneOf combinations); arguments are typed "
+                "by the one they fit, so at most that many are supported")
+        variants = tuple(ToolSchema(root, _properties(v, root, 0), _extra(v, root, 0, extra),
                                     _required(v, root, 0))
-                         for v in _root_variants(root))
+                         for v in alternatives)
         schemas[name] = ToolSchema(root, _properties(root, root, 0),
                                    extra if isinstance(extra, dict) else None,
                                    tuple(k for k in required if isinstance(k, str))
@@ -155,13 +160,37 @@ def _has_properties(schema: Any, root: Any) -> bool:
     return bool(_properties(schema, root, 0))
 
 
-def _root_variants(root: Any) -> list[Any]:
+def _root_variants(root: Any) -> list[Any] | None:
     """The alternatives of a parameters schema whose root (or the root's $ref target or allOf
     parts) holds an anyOf/oneOf of object schemas: copies of the root with each such choice
-    narrowed to one branch (every combination, in order), or [] when the root has no such
-    choice or more than MAX_VARIANTS combinations."""
+    narrowed to one branch (every combination, in order); [] when the root has no such
+    choice, None when it has more than MAX_VARIANTS combinations."""
     out = _variants(root, root, 0)
-    return out if 1 < len(out) <= MAX_VARIANTS else []
+    if len(out) > MAX_VARIANTS:
+        return None
+    return out if len(out) > 1 else []
+
+
+def _extra(schema: Any, root: Any, depth: int, default: Any) -> Any:
+    """The additionalProperties of a narrowed alternative: False if it or any part of it
+    ($ref target, allOf, a one-branch anyOf/oneOf) forbids other keys, else the first schema
+    one gives, else `default` (the root's, when a schema)."""
+    found = _extra_parts(schema, root, depth)
+    if any(e is False for e in found):
+        return False
+    schemas = [e for e in found if isinstance(e, dict)]
+    return schemas[0] if schemas else (default if isinstance(default, dict) else None)
+
+
+def _extra_parts(schema: Any, root: Any, depth: int) -> list[Any]:
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return []
+    out = [schema["additionalProperties"]] if "additionalProperties" in schema else []
+    subs = [_deref(schema, root), *_list(schema, "allOf")]
+    subs += [b for g in ("anyOf", "oneOf") for b in _list(schema, g) if len(_list(schema, g)) == 1]
+    for sub in subs:
+        out += _extra_parts(sub, root, depth + 1)
+    return out
 
 
 def _variants(schema: Any, root: Any, depth: int) -> list[Any]:
@@ -188,7 +217,7 @@ def _variants(schema: Any, root: Any, depth: int) -> list[Any]:
                 v = dict(base)
                 if key == "$ref":  # inline the (narrowed) target in place of the reference
                     v.pop("$ref", None)
-                    v["allOf"] = [*(v.get("allOf") or []), value]
+                    v["allOf"] = [*_list(v, "allOf"), value]
                 elif key.startswith("allOf."):  # parts keep their places (a $ref inlined
                     cur = list(v["allOf"])        # above comes after them)
                     cur[int(key.split(".")[1])] = value
@@ -252,7 +281,8 @@ def _deref(schema: dict, root: Any) -> Any:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif (isinstance(node, list) and part.isascii() and part.isdigit() and len(part) < 10
+              and int(part) < len(node)):  # "²" is a digit to isdigit(), not to int()
             node = node[int(part)]
         else:
             return None  # a dangling reference constrains nothing
@@ -333,7 +363,7 @@ def only_strings(schema: Any, root: Any, depth: int = 0) -> bool:
     if not isinstance(schema, dict) or depth > _MAX_DEPTH:
         return False
     kind = schema.get("type")
-    if kind == "string" or (isinstance(kind, list) and kind and set(kind) == {"string"}):
+    if kind == "string" or (isinstance(kind, list) and kind and all(k == "string" for k in kind)):
         return True
     enum = schema.get("enum")
     if isinstance(enum, list) and all(isinstance(e, str) for e in enum):

@@ -87,6 +87,7 @@ class Request:
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
         self.t_last: float | None = None
+        self._parser_failed = False  # `_parser_fault` ended parsing: finish with "error"
         self._forced: list[int] = []  # tokens that replace the next draws (`force`)
         self._force_at: frozenset[int] = frozenset()  # ids that start them when drawn
         self._force_then: list[int] = []
@@ -127,6 +128,11 @@ class Request:
         return self.finish_reason is not None
 
     @property
+    def parser_failed(self) -> bool:
+        """Whether the output parser failed on this request (`_parser_fault`)."""
+        return self._parser_failed
+
+    @property
     def num_generated(self) -> int:
         return len(self.output_ids)
 
@@ -143,6 +149,8 @@ class Request:
             self._emit(delta, self._stop.push(self._detok.push(token_id)))
             if self._stop.stopped:
                 reason = "stop"
+        if self._parser_failed and reason is None:
+            reason = "error"
         if reason is not None:
             self._finish_into(reason, delta)
         self.pending.append(delta)
@@ -168,7 +176,12 @@ class Request:
                 tail += self._stop.flush()
             self._emit(delta, tail)
         if self.parser is not None:
-            _merge(delta, self.parser.finish(reason))
+            try:
+                _merge(delta, self.parser.finish(reason))
+            except Exception as e:  # noqa: BLE001 - this request's own fault (`_emit`)
+                self._parser_fault(delta, e)
+                reason = "error"
+        if self.parser is not None:
             if reason == "stop" and self.parser.has_tool_calls:
                 # OpenAI's convention; "length" and "abort" stay, since they say the output was
                 # cut short (a call may be missing), which the caller must still learn.
@@ -191,7 +204,19 @@ class Request:
         self.text += text
         delta.text += text
         if self.parser is not None:
-            _merge(delta, self.parser.feed(text))
+            try:
+                _merge(delta, self.parser.feed(text))
+            except Exception as e:  # noqa: BLE001 - contained: see _parser_fault
+                self._parser_fault(delta, e)
+
+    def _parser_fault(self, delta: RequestDelta, e: Exception) -> None:
+        """The output parser failed on this request's output (a caller's tool schema it could
+        not handle, say): this request ends with finish reason "error" naming it, parsing
+        stops, and no other request of the engine step is touched."""
+        why = f"output parser failed: {type(e).__name__}: {str(e)[:200]}"
+        self.errors.append(why)
+        delta.errors.append(why)
+        self.parser, self._parser_failed = None, True
 
 
 def _merge(delta: RequestDelta, parsed: ParseDelta) -> None:

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -40,6 +41,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     starts: until it returns, /health answers 503 {"status": "loading"} and every other route
     503; if it raises, /health answers 503 {"status": "error", "error": ...} and
     `on_error(message)` is called (the CLI stops the server with it)."""
+    if max_waiting is not None and (not isinstance(max_waiting, int) or max_waiting < 1):
+        raise ValueError(f"max_waiting = {max_waiting!r}: expected an int >= 1 (or None: no "
+                         "bound)")
     state: dict[str, Any] = {"llm": None, "metrics": None, "error": None}
 
     def _loaded(model) -> None:
@@ -149,31 +153,58 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                                             "created": int(time.time()),
                                             "owned_by": "flint-graph"}]}
 
-    def _room(llm) -> None:
-        """429 when `max_waiting` requests already wait for a slot (the queue's bound)."""
-        waiting = len(llm.engine.waiting)
-        if max_waiting is not None and waiting >= max_waiting:
-            raise p.APIError(429, f"server busy: {waiting} requests already wait for a slot "
-                                  f"(flint-graph serve --max-waiting {max_waiting}); retry "
-                                  "later", kind="rate_limit_error", code="too_many_requests")
+    admitting = [0]  # requests accepted that have no first token yet (queued or prefilling)
+    room_lock = threading.Lock()
+
+    class _Admission:
+        """One accepted request's place in the bound; `done` (idempotent) frees it once the
+        request has its first token or has ended."""
+
+        def __init__(self):
+            self.open = True
+
+        def done(self) -> None:
+            with room_lock:
+                if self.open:
+                    self.open = False
+                    admitting[0] -= 1
+
+    def _room() -> _Admission:
+        """429 when `max_waiting` accepted requests still wait for their first token (queued
+        behind the engine's slots, or prefilling); counted here from acceptance, since many
+        arriving at once all saw an empty engine queue before any reached it."""
+        with room_lock:
+            waiting = admitting[0]
+            if max_waiting is not None and waiting >= max_waiting:
+                raise p.APIError(429, f"server busy: {waiting} requests already wait for "
+                                      f"their first token (flint-graph serve --max-waiting "
+                                      f"{max_waiting}); retry later", kind="rate_limit_error",
+                                 code="too_many_requests")
+            admitting[0] += 1
+        return _Admission()
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         llm, metrics = _ready(), state["metrics"]
         body = p.check_fields(await _body(request), p.CHAT_FIELDS, p.CHAT_NEUTRAL)
         _model(body)
-        _room(llm)
         params = p.sampling_params(body)
         kwargs = {"enable_thinking": p.enable_thinking(body),
                   "tool_choice": body.get("tool_choice")}
         usage = p.include_usage(body)
         # building the prompt encodes it: off the event loop (a huge message takes seconds)
-        stream = await run_in_threadpool(llm.stream_chat, body.get("messages"),
-                                         body.get("tools"), params, **kwargs)
+        admission = _room()
+        try:
+            stream = await run_in_threadpool(llm.stream_chat, body.get("messages"),
+                                             body.get("tools"), params, **kwargs)
+        except BaseException:
+            admission.done()
+            raise
+        weakref.finalize(stream, admission.done)  # a response never iterated frees it too
         seen = {"reasoning": [], "content": []}
         decode = _decoder(llm) if params.logprobs else None
-        sse = await _respond(request, body, _chat_events(stream, usage, seen, decode), stream,
-                             "chat", metrics)
+        sse = await _respond(request, body, _chat_events(stream, usage, seen, decode, admission),
+                             stream, "chat", metrics, admission)
         if sse:
             return sse
         # the response is what the stream would have delivered, joined: an output that ends
@@ -198,12 +229,14 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         sent[0] = n
         return new
 
-    def _chat_events(stream, usage: bool, seen: dict | None = None,
-                     decode=None) -> Iterator[dict]:
+    def _chat_events(stream, usage: bool, seen: dict | None = None, decode=None,
+                     admission=None) -> Iterator[dict]:
         rid, created = p.new_id("chatcmpl"), int(time.time())
         sent = [0]  # tokens whose logprobs went out (they ride on the chunks, in order)
         yield p.chat_chunk(rid, model_name, created, {"role": "assistant", "content": ""})
         for d in stream:
+            if admission is not None:
+                admission.done()  # it has a token: no longer waiting
             delta: dict[str, Any] = {}
             if d.reasoning:
                 delta["reasoning_content"] = delta["reasoning"] = d.reasoning
@@ -221,6 +254,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                 if lps is not None:
                     chunk["choices"][0]["logprobs"] = {"content": lps, "refusal": None}
                 yield chunk
+            else:
+                yield None  # nothing to send; `_pump` still checks the client is there
         msg = stream.message
         last = p.chat_chunk(rid, model_name, created, {}, msg.finish_reason)
         lps = _new_logprobs(stream, sent, decode)
@@ -235,16 +270,21 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         llm, metrics = _ready(), state["metrics"]
         body = p.check_fields(await _body(request), p.COMPLETION_FIELDS, p.COMPLETION_NEUTRAL)
         _model(body)
-        _room(llm)
         params = p.sampling_params(body, completion=True)
         prompt = body.get("prompt")
         if not isinstance(prompt, (str, list)):
             raise p.APIError(400, "prompt: expected a string or a list of token ids", "prompt")
         usage = p.include_usage(body)
-        stream = await run_in_threadpool(llm.stream, prompt, params)
+        admission = _room()
+        try:
+            stream = await run_in_threadpool(llm.stream, prompt, params)
+        except BaseException:
+            admission.done()
+            raise
+        weakref.finalize(stream, admission.done)
         decode = _decoder(llm) if params.logprobs else None
-        sse = await _respond(request, body, _completion_events(stream, usage, decode), stream,
-                             "completions", metrics)
+        sse = await _respond(request, body, _completion_events(stream, usage, decode, admission),
+                             stream, "completions", metrics, admission)
         if sse:
             return sse
         out = stream.output
@@ -257,7 +297,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                 "usage": p.usage(len(out.prompt_token_ids), len(out.token_ids),
                                  out.cached_tokens)}
 
-    def _completion_events(stream, usage: bool, decode=None) -> Iterator[dict]:
+    def _completion_events(stream, usage: bool, decode=None,
+                           admission=None) -> Iterator[dict]:
         rid, created = p.new_id("cmpl"), int(time.time())
         sent, offset = [0], [0]  # tokens whose logprobs went out; their text's length
 
@@ -275,8 +316,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                                  "logprobs": lps}]}
 
         for d in stream:
-            if d.text:
-                yield chunk(d.text, None)
+            if admission is not None:
+                admission.done()
+            yield chunk(d.text, None) if d.text else None  # None: only the disconnect check
         out = stream.output
         yield chunk("", out.finish_reason)
         if usage:
@@ -286,7 +328,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                                     out.cached_tokens)}
 
     async def _pump(request: Request, events: Iterator[dict], stream, route: str,
-                    metrics, ended: list | None = None) -> AsyncIterator[dict]:
+                    metrics, ended: list | None = None,
+                    admission=None) -> AsyncIterator[dict]:
         """The events, pulled from a worker thread while the client is connected. When it goes
         away (or Starlette cancels the response, possibly while a worker is inside `next`),
         the request is aborted in the engine from a shielded worker and the worker's iteration
@@ -302,28 +345,32 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                     if ended is not None:
                         ended.append(True)
                     return
-                yield event
+                if event is not None:  # None: a step with nothing to send (tokens held back,
+                    yield event        # a call's arguments not streamed): checked, not sent
         finally:
             with anyio.CancelScope(shield=True):
                 if not finished:
                     await run_in_threadpool(stream.cancel)
+                if admission is not None:
+                    admission.done()
                 metrics.record(route, stream.output)
 
-    async def _sse(request, events, stream, route, metrics) -> AsyncIterator[str]:
+    async def _sse(request, events, stream, route, metrics,
+                   admission=None) -> AsyncIterator[str]:
         """The events as server-sent events, then [DONE] when the stream ended normally."""
         ended: list = []
-        async for event in _pump(request, events, stream, route, metrics, ended):
+        async for event in _pump(request, events, stream, route, metrics, ended, admission):
             yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
         if ended:
             yield "data: [DONE]\n\n"
 
-    async def _respond(request, body, events, stream, route, metrics):
+    async def _respond(request, body, events, stream, route, metrics, admission=None):
         """With `stream`, the SSE response of `events`; else None once the request has run
         to its end (a client that leaves aborts it), its result read from `stream`."""
         if body.get("stream"):
-            return StreamingResponse(_sse(request, events, stream, route, metrics),
+            return StreamingResponse(_sse(request, events, stream, route, metrics, admission),
                                      media_type="text/event-stream")
-        async for _ in _pump(request, events, stream, route, metrics):
+        async for _ in _pump(request, events, stream, route, metrics, admission=admission):
             pass
         return None
 
