@@ -850,3 +850,21 @@ def test_a_recursive_schema_that_only_chains_is_accepted():
             "properties": {"head": {"$ref": "#/$defs/N"}}}
     assert "head" in tool_schemas([{"type": "function", "function": {
         "name": "f", "parameters": tree}}])["f"].properties
+
+
+@pytest.mark.parametrize("text,kind", [
+    ("[" * 960 + "]" * 960, "array"),  # decoded fine, failed to encode on a deeper stack
+    ('["\\ud800"]', "array"),  # a lone surrogate: no UTF-8 form
+    ('{"k\\udfff": 1}', "object"),
+])
+def test_argument_json_that_cannot_be_written_back_is_kept_as_text(text, kind):
+    """A bad-input trial: these decoded as JSON for a string-or-array parameter and then made
+    the server's response fail (500). Too deep or unencodable JSON is not a reading: the text
+    is the value (it is a string the schema admits)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "properties": {"x": {"type": ["string", kind]}}}}}]
+    out = parse_output(f"</think><tool_call>f<arg_key>x</arg_key><arg_value>{text}"
+                       "</arg_value></tool_call>", tools=tools)
+    (call,) = out.tool_calls
+    assert call.arguments == {"x": text}
+    json.dumps(call.arguments, ensure_ascii=False).encode("utf-8")

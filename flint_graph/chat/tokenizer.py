@@ -336,6 +336,21 @@ class FlintTokenizer:
             run.append(text[pos:])
         return ids + self.encode_text("".join(run))
 
+    def token_bytes(self, tid: int) -> bytes:
+        """The bytes token `tid` stands for, which for a byte-level BPE token may be part of a
+        UTF-8 character (logprobs report them: joined they rebuild the text): an added token's
+        text; a vocabulary piece through the byte-level alphabet; anything else (a tokenizer
+        that is not byte-level) its decoded text. b"" for an id the tokenizer lacks."""
+        piece = self._tok.id_to_token(int(tid))
+        if piece is None:
+            return b""
+        if piece in self._added:
+            return piece.encode("utf-8")
+        try:
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        except KeyError:
+            return self._tok.decode([int(tid)], skip_special_tokens=False).encode("utf-8")
+
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         """Text of `ids`. With skip_special, control tokens are dropped and tags kept. Bytes that
         do not form valid UTF-8 (e.g. a character cut at the end) come out as U+FFFD."""
@@ -433,3 +448,20 @@ def _check_added_ids(tokenizer: Tokenizer, config: dict, source: str) -> None:
                                   f"{where}, tokenizer_config.json's added_tokens_decoder at "
                                   f"{key}: the two files disagree (a token missing from one "
                                   "shifts every later id)")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Character -> byte of the byte-level BPE alphabet (GPT-2's, which GLM tokenizers and
+    `pre_tokenizers.ByteLevel` use): the printable Latin-1 bytes stand for themselves, the
+    other 68 bytes for the code points from 256 up, in byte order."""
+    visible = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    out = {chr(b): b for b in visible}
+    extra = 0
+    for b in range(256):
+        if b not in out.values():
+            out[chr(256 + extra)] = b
+            extra += 1
+    return out
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()

@@ -379,14 +379,40 @@ def only_strings(schema: Any, root: Any, depth: int = 0) -> bool:
                for g in ("anyOf", "oneOf"))
 
 
+MAX_JSON_DEPTH = 64  # nesting of an argument value read as JSON (deeper: kept as text)
+
+
 def _json(text: str) -> Any:
     """json.loads, or _NO_JSON. NaN and Infinity are refused, spelled out or reached by
     overflow (`1e999`): json.dumps would write them as `Infinity`, which is not JSON, into the
-    call's arguments. So is JSON nested too deeply for Python's parser."""
+    call's arguments. So is JSON nested deeper than MAX_JSON_DEPTH (960 levels decoded on the
+    engine's thread and failed to encode again on the server's deeper stack: a 500), and JSON
+    whose strings hold a lone surrogate (`"\ud800"`: no UTF-8 encoding; a 500 too)."""
     try:
-        return json.loads(text, parse_constant=_refuse, parse_float=_finite)
+        value = json.loads(text, parse_constant=_refuse, parse_float=_finite)
     except (ValueError, RecursionError):
         return _NO_JSON
+    return value if _sound(value) else _NO_JSON
+
+
+def _sound(value: Any) -> bool:
+    """No deeper than MAX_JSON_DEPTH and every string encodable as UTF-8 (an explicit stack:
+    no recursion on untrusted depth)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return False
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(v, list):
+            stack += [(x, depth + 1) for x in v]
+        elif isinstance(v, dict):
+            stack += [(x, depth + 1) for x in (*v.keys(), *v.values())]
+    return True
 
 
 def _refuse(name: str) -> Any:

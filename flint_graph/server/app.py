@@ -9,6 +9,7 @@ share batched decode steps. A streaming client that disconnects has its request 
 next chunk. Bodies are checked by `protocol.py`; errors are OpenAI error bodies.
 """
 
+import codecs
 import contextlib
 import dataclasses
 import json
@@ -99,7 +100,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
 
     @app.exception_handler(FlintError)
     async def _flint_error(_request: Request, e: FlintError):
-        return JSONResponse(p.APIError(400, str(e)).body(), status_code=400)
+        msg = str(e)
+        return JSONResponse(p.APIError(400, msg, p.field_of(msg)).body(), status_code=400)
 
     def _auth(request: Request) -> None:
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -216,7 +218,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         return p.chat_response(p.new_id("chatcmpl"), model_name, msg, _decoder(llm))
 
     def _decoder(llm):
-        return lambda ids: llm.tokenizer.decode(ids, False)  # control tokens kept
+        return llm.tokenizer.token_bytes  # id -> the bytes it stands for (logprobs)
 
     def _new_logprobs(stream, sent: list[int], decode) -> list[dict] | None:
         """Chat logprobs entries of the tokens generated since the last call (`sent` holds
@@ -288,7 +290,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         if sse:
             return sse
         out = stream.output
-        lps = (p.completion_logprobs(out.token_ids, out.logprobs, decode)
+        lps = (p.completion_logprobs(out.token_ids, out.logprobs, decode)[0]
                if decode is not None else None)
         return {"id": p.new_id("cmpl"), "object": "text_completion",
                 "created": int(time.time()), "model": model_name,
@@ -301,14 +303,15 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                            admission=None) -> Iterator[dict]:
         rid, created = p.new_id("cmpl"), int(time.time())
         sent, offset = [0], [0]  # tokens whose logprobs went out; their text's length
+        utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # across chunks
 
         def chunk(text: str, finish: str | None) -> dict:
             lps = None
             if decode is not None:
                 ids, lp = stream.token_ids, stream.logprobs
                 n = min(len(ids), len(lp))
-                lps = p.completion_logprobs(ids[sent[0]:n], lp[sent[0]:n], decode, offset[0])
-                offset[0] += sum(len(t) for t in lps["tokens"])
+                lps, offset[0] = p.completion_logprobs(ids[sent[0]:n], lp[sent[0]:n], decode,
+                                                       offset[0], utf8)
                 sent[0] = n
             return {"id": rid, "object": "text_completion", "created": created,
                     "model": model_name,

@@ -10,6 +10,8 @@ is refused with a 400 naming it, never silently dropped.
 
 from __future__ import annotations
 
+import codecs
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -31,6 +33,17 @@ CHAT_NEUTRAL = {**_SHARED_NEUTRAL, "top_logprobs": 0, "parallel_tool_calls": Tru
                 "response_format": None}
 COMPLETION_NEUTRAL = {**_SHARED_NEUTRAL, "echo": False, "suffix": None, "best_of": 1}
 MAX_BODY_BYTES = 16 << 20  # far above any prompt that fits the 262K-token context
+
+
+_FIELD_AT_START = re.compile(r"([a-z_]+)(?=[:\[. ])")
+
+
+def field_of(message: str) -> str | None:
+    """The request field an engine error message starts with ("tools[0] 'f': ...",
+    "tool_choice: ...", "messages[2].content: ..."), for the error body's `param`; None when
+    it names no field of the API."""
+    m = _FIELD_AT_START.match(message)
+    return m.group(1) if m and m.group(1) in CHAT_FIELDS | COMPLETION_FIELDS else None
 
 
 class APIError(Exception):
@@ -162,42 +175,48 @@ def chat_message(msg) -> dict[str, Any]:
     return out
 
 
-def chat_logprobs(out, decode) -> dict[str, Any] | None:
-    """OpenAI's `choices[].logprobs` for a GenerationOutput that recorded them: per generated
-    token its text (`decode`: ids -> text, control tokens kept), natural-log probability under
-    the model's own distribution, UTF-8 bytes and no alternatives (top_logprobs 0). None when
-    not asked."""
+def chat_logprobs(out, token_bytes) -> dict[str, Any] | None:
+    """OpenAI's `choices[].logprobs` for a GenerationOutput that recorded them (None when not
+    asked): `token_logprobs` of its tokens."""
     if not out.logprobs:
         return None
-    return {"content": token_logprobs(out.token_ids, out.logprobs, decode), "refusal": None}
+    return {"content": token_logprobs(out.token_ids, out.logprobs, token_bytes),
+            "refusal": None}
 
 
-def token_logprobs(ids, lps, decode) -> list[dict[str, Any]]:
-    """Chat logprobs entries of tokens `ids` with log-probabilities `lps` (one per id)."""
+def token_logprobs(ids, lps, token_bytes) -> list[dict[str, Any]]:
+    """Chat logprobs entries of tokens `ids` with natural-log probabilities `lps` (the model's
+    own distribution): each token's `bytes` as it stands for them (`token_bytes`: id -> bytes;
+    a token may hold part of a UTF-8 character, so only the joined bytes are text), its text
+    (those bytes decoded, U+FFFD for a partial character) and no alternatives."""
     content = []
     for tid, lp in zip(ids, lps):
-        text = decode([tid])
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()),
-                        "top_logprobs": []})
+        raw = token_bytes(tid)
+        content.append({"token": raw.decode("utf-8", "replace"), "logprob": lp,
+                        "bytes": list(raw), "top_logprobs": []})
     return content
 
 
-def completion_logprobs(ids, lps, decode, offset: int = 0) -> dict[str, Any]:
-    """The legacy completions `choices[].logprobs` of tokens `ids`: their texts, their
-    log-probabilities, no alternatives (top_logprobs null: logprobs 0 asked for none) and each
-    token's character offset into the completion text, starting at `offset`."""
+def completion_logprobs(ids, lps, token_bytes, offset: int = 0,
+                        decoder=None) -> tuple[dict[str, Any], int]:
+    """The legacy completions `choices[].logprobs` of tokens `ids`: their texts (as in
+    `token_logprobs`), log-probabilities, no alternatives (top_logprobs null: logprobs 0 asked
+    for none) and each token's character offset in the completion text, counted from
+    `offset` with `decoder` (an incremental UTF-8 decoder carried across calls: a token that
+    starts inside a character gets that character's offset); also the offset after them."""
+    decoder = decoder or codecs.getincrementaldecoder("utf-8")("replace")
     tokens, offsets = [], []
     for tid in ids:
+        raw = token_bytes(tid)
         offsets.append(offset)
-        text = decode([tid])
-        tokens.append(text)
-        offset += len(text)
+        tokens.append(raw.decode("utf-8", "replace"))
+        offset += len(decoder.decode(raw))
     return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": None,
-            "text_offset": offsets}
+            "text_offset": offsets}, offset
 
 
 def chat_response(rid: str, model: str, msg, decode=None) -> dict[str, Any]:
-    """The non-streamed chat.completion object (`decode` for the logprobs' token texts)."""
+    """The non-streamed chat.completion object (`decode`: token id -> bytes, for logprobs)."""
     out = msg.output
     lps = chat_logprobs(out, decode) if decode is not None else None
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
