@@ -230,6 +230,7 @@ class LLM:
         # tools is data, encoded as ordinary text (prompt_segments).
         if not messages:
             raise InvalidRequestError("messages: expected at least one message, got none")
+        self._check_prompt_size(_message_text(messages))  # before templating a huge one
         source = self.checkpoint.config_dir / "tokenizer_config.json"
         try:
             segments = render_chat_segments(
@@ -340,16 +341,17 @@ class LLM:
         instead[call_open] = tokens
         req.force(tokens, after=(think_close,), instead=instead)
 
-    def _check_prompt_size(self, text: str) -> None:
+    def _check_prompt_size(self, text: str | int) -> None:
         """Refuse text that cannot fit the context by its length alone, before tokenising it
         (a 16 MB message was tokenised whole, 9.6 s and 2.4 GB, before its token count was
         refused): no token covers more than `tokenizer.max_token_chars` characters, so more
         than context limit × that many characters are more tokens than the context holds.
         Raises ContextLengthError naming both numbers."""
         limit = self.engine.context_limit * self.tokenizer.max_token_chars
-        if len(text) > limit:
+        n = text if isinstance(text, int) else len(text)
+        if n > limit:
             raise ContextLengthError(
-                f"prompt: {len(text):,} characters cannot fit the context limit of "
+                f"prompt: {n:,} characters cannot fit the context limit of "
                 f"{self.engine.context_limit:,} tokens (at most {limit:,} characters: no token "
                 f"covers more than {self.tokenizer.max_token_chars})")
 
@@ -470,6 +472,19 @@ class RequestStream:
     def message(self) -> ChatMessage:
         """The assistant ChatMessage parsed from the output (chat requests)."""
         return _message(self._req, self._thinking)
+
+
+def _message_text(messages: Any) -> int:
+    """Characters of the text in OpenAI messages (string contents and text parts; anything
+    malformed counts 0: validation names it later): a lower bound of the prompt's length."""
+    n = 0
+    for m in messages if isinstance(messages, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        parts = content if isinstance(content, list) else [content]
+        for part in parts:
+            text = part.get("text") if isinstance(part, dict) else part
+            n += len(text) if isinstance(text, str) else 0
+    return n
 
 
 def forced_call(tool_choice: Any) -> str | None:
