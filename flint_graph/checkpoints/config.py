@@ -88,6 +88,9 @@ class FlintConfig:
         or mistyped field, or an inconsistent value.
         """
         archs = raw.get("architectures") or []
+        if not isinstance(archs, list):
+            raise ConfigError(f"{source}: field 'architectures': expected a list of names, "
+                              f"found {type(archs).__name__}")
         if ARCHITECTURE not in archs and raw.get("model_type") != GGUF_ARCH:
             raise ConfigError(
                 f"{source}: unknown architecture {archs or raw.get('model_type')!r}; "

@@ -276,7 +276,7 @@ def _header_entry(path: Path, name: str, entry: Any) -> tuple[str, tuple[int, ..
     if not isinstance(entry, dict):
         raise CheckpointError(f"{where}: expected an object, found {type(entry).__name__}")
     dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in _DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
         raise CheckpointError(f"{where}: dtype {_short(dtype)} is not a safetensors dtype")
     if not isinstance(shape, list) or not all(is_count(d) for d in shape):
         raise CheckpointError(f"{where}: shape {_short(shape)}: expected a list of integers "
