@@ -582,3 +582,13 @@ def test_engine_errors_name_their_field_in_param(server, body, param):
     as the server's own checks do (a bad-input trial found it null)."""
     code, err = _post(server[1] + "/v1/chat/completions", {"model": MODEL, **body})
     assert code == 400 and err["error"]["param"] == param, err
+
+
+def test_a_1_mb_message_is_refused_quickly_naming_the_context(server):
+    """The issue's "1 MB bodies": a message of 1 MB that no context of the model can hold is a
+    400 naming the context limit, answered before the prompt is templated or tokenised."""
+    t0 = time.perf_counter()
+    code, err = _post(server[1] + "/v1/chat/completions",
+                      {"model": MODEL, "messages": [{"role": "user", "content": "x" * (1 << 20)}]})
+    assert code == 400 and "context limit" in err["error"]["message"], err
+    assert time.perf_counter() - t0 < 5
