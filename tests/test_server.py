@@ -65,8 +65,13 @@ def _post(url: str, body: dict, key: str | None = KEY) -> tuple[int, dict]:
     req = urllib.request.Request(url, json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json",
                                           **({"Authorization": f"Bearer {key}"} if key else {})})
+    return _answer(req, 60)
+
+
+def _answer(req, timeout: float) -> tuple[int, dict]:
+    """(status, JSON body) of one request (a URL or urllib Request), error statuses included."""
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -276,11 +281,7 @@ def test_health_says_loading_then_ready_and_routes_wait(tiny_ckpt):
 
 
 def _get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return _answer(url, 10)
 
 
 def test_concurrent_streams_each_get_their_own_complete_answer(server, client):

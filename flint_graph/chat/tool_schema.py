@@ -186,11 +186,17 @@ def _extra_parts(schema: Any, root: Any, depth: int) -> list[Any]:
     if not isinstance(schema, dict) or depth > _MAX_DEPTH:
         return []
     out = [schema["additionalProperties"]] if "additionalProperties" in schema else []
-    subs = [_deref(schema, root), *_list(schema, "allOf")]
-    subs += [b for g in ("anyOf", "oneOf") for b in _list(schema, g) if len(_list(schema, g)) == 1]
-    for sub in subs:
+    for sub in _narrowed_parts(schema, root):
         out += _extra_parts(sub, root, depth + 1)
     return out
+
+
+def _narrowed_parts(schema: dict, root: Any) -> list[Any]:
+    """The parts of a narrowed alternative whose keywords all hold: its $ref target, its allOf
+    parts and the branch of a one-branch anyOf/oneOf."""
+    subs = [_deref(schema, root), *_list(schema, "allOf")]
+    return subs + [b for g in ("anyOf", "oneOf") for b in _list(schema, g)
+                   if len(_list(schema, g)) == 1]
 
 
 def _variants(schema: Any, root: Any, depth: int) -> list[Any]:
@@ -237,9 +243,7 @@ def _required(schema: Any, root: Any, depth: int) -> tuple[str, ...]:
     if not isinstance(schema, dict) or depth > _MAX_DEPTH:
         return ()
     out = [k for k in _list(schema, "required") if isinstance(k, str)]
-    subs = [_deref(schema, root), *_list(schema, "allOf")]
-    subs += [b for g in ("anyOf", "oneOf") for b in _list(schema, g) if len(_list(schema, g)) == 1]
-    for sub in subs:
+    for sub in _narrowed_parts(schema, root):
         out += [k for k in _required(sub, root, depth + 1) if k not in out]
     return tuple(dict.fromkeys(out))
 
