@@ -325,6 +325,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return cmd_eval(args)
 
 
+def _check_address(host: str, port: int) -> None:
+    """InvalidRequestError naming --host / --port when this process cannot listen there (the
+    port taken, the address not this machine's)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(infos[0][4])
+    except (OSError, OverflowError) as e:
+        raise InvalidRequestError(f"--host {host} --port {port}: cannot listen there "
+                                  f"({getattr(e, 'strerror', None) or e})") from None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Serve the OpenAI HTTP API until Ctrl-C (flint_graph/server)."""
     from pathlib import Path
@@ -341,6 +356,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"{args.model}: no such checkpoint (expected a BF16 "
                                   "checkpoint directory or an NVFP4 .gguf file)")
     name = args.served_model_name or (Path(args.model).stem if args.model else "flint-nano")
+    _check_address(args.host, args.port)  # before loading: uvicorn would report it as a trace
     failed: list[str] = []
 
     def stop(message: str) -> None:  # the model did not load: say why and shut down

@@ -33,6 +33,14 @@ class ArgParser(argparse.ArgumentParser):
         return ns
 
 
+def tcp_port(text: str) -> int:
+    """argparse type: a TCP port, 1 to 65535."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1 ... 65535, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer ≥ 1 (the error names the flag through argparse)."""
     try:
@@ -132,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(srv, conversation=False)
     srv.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default: %(default)s, this machine only)")
-    srv.add_argument("--port", type=positive_int, default=8000,
+    srv.add_argument("--port", type=tcp_port, default=8000,
                      help="TCP port (default: %(default)s)")
     srv.add_argument("--api-key", metavar="KEY",
                      help="require 'Authorization: Bearer KEY' on /v1 routes")

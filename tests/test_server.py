@@ -593,3 +593,19 @@ def test_a_1_mb_message_is_refused_quickly_naming_the_context(server):
                       {"model": MODEL, "messages": [{"role": "user", "content": "x" * (1 << 20)}]})
     assert code == 400 and "context limit" in err["error"]["message"], err
     assert time.perf_counter() - t0 < 5
+
+
+def test_serve_refuses_ports_it_cannot_listen_on(capsys, tiny_ckpt):
+    """A new-user trial: --port 70000 passed the flag check and ended in uvicorn's traceback,
+    and a port in use exited 3 with uvicorn's message. Both are one line, exit 2."""
+    from flint_graph.cli import main
+
+    assert main(["serve", str(tiny_ckpt), "--port", "70000"]) == 2
+    assert "65535" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", str(tiny_ckpt), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port}: cannot listen there" in err and "Traceback" not in err, err
