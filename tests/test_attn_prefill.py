@@ -19,7 +19,7 @@ def test_every_layer_kind_has_a_valid_specialisation(preset):
     for s in specs:
         check_spec(ap.KERNEL, s)
     assert ap.tokens_per_cta(specs[0]) * (cfg.num_attention_heads // cfg.num_key_value_heads) \
-        == 128  # 8 warps × 16 MMA rows
+        == 128  # 4 warps × 32 MMA rows
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -12,16 +12,21 @@ own later queries still need (capture/prefill.py). Must match `reference.attenti
 rounded once to bf16; a sink of −inf means no sink.
 
 Design (FlashAttention-2's loop, Dao 2023, written for this layout). Grid (ceil(T / TQ), HKV),
-8 warps. GQA packing: a CTA takes TQ = 8·16/G consecutive tokens and all G query heads of one
-KV head, so each K/V tile is loaded once for its G heads; a warp's 16 MMA rows are 16/G tokens
-× G heads (row r: token r // G, head r % G). Keys go in 64-key tiles aligned to absolute
-positions (a tile is one page of a full layer), double-buffered in shared memory by cp.async
-(16-byte copies; a copy whose key lies outside the CTA's range [lo, hi] is a zero fill, so an
-unwritten NaN entry never reaches a product). Rows are padded to D + 8 values so ldmatrix
-reads are free of bank conflicts. Per tile and warp, on mma.sync m16n8k16 (bf16 in, fp32 out):
-S = Q·Kᵀ (Q fragments held in registers for the whole loop, K by ldmatrix), online softmax in
-log2 units (ex2.approx), P rounded to bf16 as the A operand of O += P·V (V by ldmatrix.trans).
-Only tiles that cross a row's causal edge or window start evaluate the mask. CTAs take query
+4 warps of 32 MMA rows each (two m16 tiles), so every K and V fragment a warp loads by ldmatrix
+feeds two MMAs: with one m16 tile per warp (8 warps, until 2026-12-02) shared-memory reads
+matched the tensor-core time. GQA packing: a CTA takes TQ = 4·32/G consecutive tokens and all G
+query heads of one KV head, so each K/V tile is loaded once for its G heads; CTA row R is token
+R // G, head R % G. Q's rows sit in shared memory (loaded once by cp.async, read as A fragments
+each tile: there are no registers left to hold them). Keys go in 32-key tiles aligned to
+absolute positions (a page of a full layer holds two), double-buffered in shared memory by
+cp.async (16-byte copies; a copy whose key lies outside the CTA's range [lo, hi] is a zero fill,
+so an unwritten NaN entry never reaches a product). 64-key tiles spill registers (the scores
+and the output accumulator of two m-tiles take ~190 of 255). Rows are padded to D + 8 values so
+ldmatrix reads are free of bank conflicts. Per tile and warp, on mma.sync m16n8k16 (bf16 in,
+fp32 out): S = Q·Kᵀ (Q and K by ldmatrix), online softmax in log2 units (ex2.approx), P rounded
+to bf16 as the A operand of O += P·V (V by ldmatrix.trans). ~252 registers and 70 KB of shared
+memory: two CTAs per SM, so one's softmax overlaps the other's MMAs. Only tiles that cross a
+row's causal edge or window start evaluate the mask. CTAs take query
 blocks last first (the longest causal rows start first; the short ones fill the last wave). P is rounded to
 bf16 alone, not split into hi + lo parts as attn_decode does: on the H200 (2026-12-01) the split
 cost a third more attention time (a full layer at 8K: 2.83 -> 3.75 ms) and moved flint-nano's
@@ -47,16 +52,17 @@ import torch
 from flint_graph import reference
 from flint_graph.kernels.toolchain.spec import KV_PAGE, KernelDef, Launch, Spec, TensorArg
 
-WARPS = 8
-BN = 64  # keys per tile (= KV_PAGE: a tile of a full layer is one page)
+WARPS = 4
+ROWS = 32  # MMA rows per warp: two m16 tiles, so each K/V fragment loaded feeds two MMAs
+BN = 32  # keys per tile (a page of a full layer holds KV_PAGE / BN tiles)
 PAD = 8  # bf16 values of padding per shared-memory row (conflict-free ldmatrix)
 STAGES = 2
 LOG2E = 1.4426950408889634
 
 
 def tokens_per_cta(spec: Spec) -> int:
-    """TQ: query tokens per CTA (8 warps × 16 rows / G heads)."""
-    return WARPS * 16 // (spec["HQ"] // spec["HKV"])
+    """TQ: query tokens per CTA (4 warps × 32 rows / G heads)."""
+    return WARPS * ROWS // (spec["HQ"] // spec["HKV"])
 
 
 def _check(spec: Spec) -> None:
@@ -71,8 +77,8 @@ def _check(spec: Spec) -> None:
         if spec["W"] != spec["P"] or spec["P"] < 1:
             raise ValueError(f"attn_prefill: a ring needs W = P ≥ 1, found W = {spec['W']}, "
                              f"P = {spec['P']}")
-    elif spec["P"] != BN or spec["W"]:
-        raise ValueError(f"attn_prefill: paged layers need W = 0 and P = {BN}, found "
+    elif spec["P"] != KV_PAGE or spec["W"]:
+        raise ValueError(f"attn_prefill: paged layers need W = 0 and P = {KV_PAGE}, found "
                          f"W = {spec['W']}, P = {spec['P']}")
 
 
@@ -95,7 +101,7 @@ def _row_bytes(spec: Spec) -> int:
 
 
 def _launch(spec: Spec) -> Launch:
-    smem = STAGES * 2 * BN * _row_bytes(spec)
+    smem = (STAGES * 2 * BN + WARPS * ROWS) * _row_bytes(spec)  # K/V stages, then Q
     return Launch(grid=(("T", tokens_per_cta(spec)), spec["HKV"], 1),
                   block=(32 * WARPS, 1, 1), smem=smem)
 
@@ -200,15 +206,17 @@ def _build(spec: Spec):
     hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
     ring, window = spec["RING"], spec["W"]
     g_heads = hq // hkv
-    tpw = 16 // g_heads  # tokens per warp
     tq = tokens_per_cta(spec)
+    rows = WARPS * ROWS  # the CTA's MMA rows: tq tokens × G heads
     threads = 32 * WARPS
     rb = _row_bytes(spec)
     tile_bytes = BN * rb
     stage_bytes = 2 * tile_bytes
+    q_off = STAGES * stage_bytes  # Q's rows follow the K/V stages
     chunks = BN * d // 8  # 16-byte copies per K (or V) tile
     per_thread = chunks // threads if chunks >= threads else 1
     cpr = d // 8  # copies per key row
+    q_per_thread = rows * cpr // threads
     ksteps = d // 16
     dtiles = d // 8
     qk_scale = LOG2E / math.sqrt(d)
@@ -234,9 +242,9 @@ def _build(spec: Spec):
                 ent = cutlass.max(kp, Int32(0)) % size
                 src_old = (Int64(slot * hkv + kvh) * size + Int64(ent)) * (d * 2)
             else:
-                pidx = cutlass.min(cutlass.max(kp, Int32(0)) // BN, mtable.shape[0] - 1)
+                pidx = cutlass.min(cutlass.max(kp, Int32(0)) // size, mtable.shape[0] - 1)
                 page = du.ld_u32_if(tb + Int64(pidx) * 4, ok & cached)
-                src_old = (Int64(Int32(page) * hkv + kvh) * BN + Int64(kp % BN)) * (d * 2)
+                src_old = (Int64(Int32(page) * hkv + kvh) * size + Int64(kp % size)) * (d * 2)
             off = Int64(col * 16)
             dst = sbase + Uint32(stage * stage_bytes + row * rb + col * 16)
             nbytes = cutlass.select_(ok, Int32(16), Int32(0))
@@ -245,7 +253,6 @@ def _build(spec: Spec):
             du.cp_async_16(dst, ka, nbytes)
             du.cp_async_16(dst + Uint32(tile_bytes), va, nbytes)
         du.cp_async_commit()
-
 
     @cute.kernel
     def attn_prefill_kernel(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
@@ -256,11 +263,14 @@ def _build(spec: Spec):
         warp, lane = tid // 32, tid % 32
         g, t = lane // 4, lane % 4
         alloc = cutlass.memory.SmemAllocator()
-        smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((STAGES * stage_bytes,)),
+        smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
                                      byte_alignment=128)
         sbase = du.smem_addr(smem)
 
-        # the sinks of this lane's two rows (heads g % G and (g + 8) % G): a weight
+        # this lane's four rows i = 2·mt + r: CTA row 32·warp + 16·mt + g + 8·r is token
+        # row // G, head row % G of the block
+        crow = [ROWS * warp + 16 * (i // 2) + g + 8 * (i % 2) for i in range(4)]
+        # their sinks (a weight) before the wait; G divides 16, so rows i and i + 2 share a head
         sw0 = du.ld_weight_u32(msinks.iterator.toint() + Int64(kvh * g_heads + g % g_heads) * 4)
         sw1 = du.ld_weight_u32(msinks.iterator.toint()
                                + Int64(kvh * g_heads + (g + 8) % g_heads) * 4)
@@ -274,21 +284,10 @@ def _build(spec: Spec):
         n = mstart[0]
         t_total = mq.shape[0]
         q0 = qblk * tq
-        # this lane's rows: r = g and g + 8 of its warp
-        tok = [warp * tpw + g // g_heads, warp * tpw + (g + 8) // g_heads]
-        head = [kvh * g_heads + g % g_heads, kvh * g_heads + (g + 8) % g_heads]
-        qpos = [n + q0 + tok[0], n + q0 + tok[1]]
         last = t_total - 1
-        # Q fragments (A operand) for all k-steps, held for the whole loop
-        rq = cute.make_rmem_tensor((ksteps, 4), Uint32)
-        qb = mq.iterator.toint()
-        for r in cutlass.range_constexpr(2):
-            row = Int64(cutlass.min(q0 + tok[r], last) * hq + head[r]) * (d * 2)
-            for s in cutlass.range_constexpr(ksteps):
-                for half in cutlass.range_constexpr(2):
-                    rq[s, r + 2 * half] = du.ld_u32(qb + row + (16 * s + 8 * half + 2 * t) * 2)
+        qpos = [n + q0 + crow[i] // g_heads for i in range(4)]
 
-        # the CTA's key range [lo, hi] and its 64-key tiles
+        # the CTA's key range [lo, hi] and its BN-key tiles
         qmin = n + q0
         qmax = n + cutlass.min(q0 + tq - 1, last)
         lo = Int32(0)
@@ -304,17 +303,30 @@ def _build(spec: Spec):
         if cutlass.const_expr(ring == 1):
             slot = mtable[0]
 
-        acc = cute.make_rmem_tensor((dtiles, 4), Float32)
+        # Q's rows into shared memory (tokens past the chunk are zero fills), committed with
+        # the first K/V tile; every warp reads its A fragments from there by ldmatrix
+        qb = mq.iterator.toint()
+        qs = sbase + Uint32(q_off)
+        for i in range(q_per_thread):
+            c = tid + threads * i
+            row, col = c // cpr, c % cpr
+            tok = q0 + row // g_heads
+            src = Int64(cutlass.min(tok, last) * hq + kvh * g_heads + row % g_heads) * (d * 2)
+            du.cp_async_16(qs + Uint32(row * rb + col * 16), qb + src + Int64(col * 16),
+                           cutlass.select_(tok <= last, Int32(16), Int32(0)))
+
+        acc = cute.make_rmem_tensor((2, dtiles, 4), Float32)
         acc.fill(0.0)
-        st = cute.make_rmem_tensor((2, 2), Float32)  # per row: running max (log2), sum
-        for r in cutlass.range_constexpr(2):
-            sink = du.as_f32(sw0 if r == 0 else sw1) * Float32(LOG2E)
-            st[r, 0] = sink
-            st[r, 1] = cutlass.select_((t == 0) & (sink != Float32(ninf)), Float32(1.0),
+        st = cute.make_rmem_tensor((4, 2), Float32)  # per row: running max (log2), sum
+        for i in cutlass.range_constexpr(4):
+            sink = du.as_f32(sw0 if i % 2 == 0 else sw1) * Float32(LOG2E)
+            st[i, 0] = sink
+            st[i, 1] = cutlass.select_((t == 0) & (sink != Float32(ninf)), Float32(1.0),
                                        Float32(0.0))
 
         load_tile(t_first, 0, tid, kvh, n, lo, qmax, slot, sbase, kc, vc, kn, vn, tb,
                   mtable)
+        qa = qs + Uint32((ROWS * warp + lane % 16) * rb + 8 * (lane // 16) * 2)
         for it in cutlass.range(ntiles):
             tile = t_first + it
             stage = it % 2
@@ -328,88 +340,100 @@ def _build(spec: Spec):
             kb = tile * BN
             ks = sbase + Uint32(stage * stage_bytes)
             vs = ks + Uint32(tile_bytes)
-            # S = Q·Kᵀ: n-tile j holds keys kb + 8j + 2t (+1) of rows g (c0, c1), g + 8 (c2, c3)
-            sc = cute.make_rmem_tensor((BN // 2,), Float32)
-            for j in cutlass.range_constexpr(BN // 8):
-                c4 = [Float32(0.0)] * 4
-                for s in cutlass.range_constexpr(0, ksteps, 2):
-                    sa = ks + Uint32((8 * j + lane % 8) * rb + (16 * s + 8 * (lane // 8)) * 2)
-                    b = du.ldmatrix_x4(sa)
-                    c4 = du.mma_bf16_m16n8k16([rq[s, 0], rq[s, 1], rq[s, 2], rq[s, 3]],
-                                              [b[0], b[1]], c4)
-                    c4 = du.mma_bf16_m16n8k16([rq[s + 1, 0], rq[s + 1, 1], rq[s + 1, 2],
-                                               rq[s + 1, 3]], [b[2], b[3]], c4)
-                for e in cutlass.range_constexpr(4):
-                    sc[4 * j + e] = c4[e] * Float32(qk_scale)
+            # S = Q·Kᵀ for both m-tiles: n-tile j holds keys kb + 8j + 2t (+1) of rows g (c0,
+            # c1) and g + 8 (c2, c3); each K fragment feeds both m-tiles
+            sc = cute.make_rmem_tensor((2, BN // 2), Float32)
+            sc.fill(0.0)
+            for s in cutlass.range_constexpr(0, ksteps, 2):
+                a = [du.ldmatrix_x4(qa + Uint32(16 * mt * rb + (16 * (s + h)) * 2))
+                     for mt in range(2) for h in range(2)]
+                for j in cutlass.range_constexpr(BN // 8):
+                    b = du.ldmatrix_x4(ks + Uint32((8 * j + lane % 8) * rb
+                                                   + (16 * s + 8 * (lane // 8)) * 2))
+                    for mt in cutlass.range_constexpr(2):
+                        c4 = [sc[mt, 4 * j + e] for e in range(4)]
+                        c4 = du.mma_bf16_m16n8k16(a[2 * mt], [b[0], b[1]], c4)
+                        c4 = du.mma_bf16_m16n8k16(a[2 * mt + 1], [b[2], b[3]], c4)
+                        for e in cutlass.range_constexpr(4):
+                            sc[mt, 4 * j + e] = c4[e]
             # mask only where a row's causal edge or window start falls inside the tile
             edge = kb + (BN - 1) > qmin
             if cutlass.const_expr(window > 0):
                 edge = edge | (kb <= qmax - window)
-            if edge:
+            for mt in cutlass.range_constexpr(2):
                 for j in cutlass.range_constexpr(BN // 8):
                     for e in cutlass.range_constexpr(4):
-                        kp = kb + 8 * j + 2 * t + e % 2
-                        p = qpos[e // 2]
-                        ok = kp <= p
-                        if cutlass.const_expr(window > 0):
-                            ok = ok & (kp > p - window)
-                        sc[4 * j + e] = cutlass.select_(ok, sc[4 * j + e], Float32(ninf))
-            # online softmax per row (log2 units); rows' quads share max and rescale
-            pr = cute.make_rmem_tensor((BN // 2,), Float32)
-            for r in cutlass.range_constexpr(2):
-                mx = sc[2 * r]
+                        sc[mt, 4 * j + e] = sc[mt, 4 * j + e] * Float32(qk_scale)
+            if edge:
+                for mt in cutlass.range_constexpr(2):
+                    for j in cutlass.range_constexpr(BN // 8):
+                        for e in cutlass.range_constexpr(4):
+                            kp = kb + 8 * j + 2 * t + e % 2
+                            p = qpos[2 * mt + e // 2]
+                            ok = kp <= p
+                            if cutlass.const_expr(window > 0):
+                                ok = ok & (kp > p - window)
+                            sc[mt, 4 * j + e] = cutlass.select_(ok, sc[mt, 4 * j + e],
+                                                                Float32(ninf))
+            # online softmax per row (log2 units); rows' quads share max and rescale; the
+            # weights overwrite the scores
+            for i in cutlass.range_constexpr(4):
+                mt, r = i // 2, i % 2
+                mx = sc[mt, 2 * r]
                 for j in cutlass.range_constexpr(BN // 8):
                     for e in cutlass.range_constexpr(2):
-                        mx = cutlass.max(mx, sc[4 * j + 2 * r + e])
+                        mx = cutlass.max(mx, sc[mt, 4 * j + 2 * r + e])
                 mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
                 mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-                m_old = st[r, 0]
+                m_old = st[i, 0]
                 m_new = cutlass.max(m_old, mx)
                 m_use = cutlass.select_(m_new == Float32(ninf), Float32(0.0), m_new)
                 alpha = du.ex2(m_old - m_use)
                 psum = Float32(0.0)
                 for j in cutlass.range_constexpr(BN // 8):
                     for e in cutlass.range_constexpr(2):
-                        v = du.ex2(sc[4 * j + 2 * r + e] - m_use)
-                        pr[4 * j + 2 * r + e] = v
+                        v = du.ex2(sc[mt, 4 * j + 2 * r + e] - m_use)
+                        sc[mt, 4 * j + 2 * r + e] = v
                         psum = psum + v
-                st[r, 0] = m_new
-                st[r, 1] = st[r, 1] * alpha + psum
+                st[i, 0] = m_new
+                st[i, 1] = st[i, 1] * alpha + psum
                 for jd in cutlass.range_constexpr(dtiles):
-                    acc[jd, 2 * r] = acc[jd, 2 * r] * alpha
-                    acc[jd, 2 * r + 1] = acc[jd, 2 * r + 1] * alpha
-            # O += P·V: k-step kk covers keys 16kk … 16kk+15 (n-tiles 2kk, 2kk + 1 of S)
+                    acc[mt, jd, 2 * r] = acc[mt, jd, 2 * r] * alpha
+                    acc[mt, jd, 2 * r + 1] = acc[mt, jd, 2 * r + 1] * alpha
+            # O += P·V: k-step kk covers keys 16kk … 16kk+15 (n-tiles 2kk, 2kk + 1 of S); each
+            # V fragment feeds both m-tiles
             for kk in cutlass.range_constexpr(BN // 16):
-                pa = [du.pack_bf16(pr[8 * kk + 0], pr[8 * kk + 1]),
-                      du.pack_bf16(pr[8 * kk + 2], pr[8 * kk + 3]),
-                      du.pack_bf16(pr[8 * kk + 4], pr[8 * kk + 5]),
-                      du.pack_bf16(pr[8 * kk + 6], pr[8 * kk + 7])]
+                pa = [[du.pack_bf16(sc[mt, 8 * kk + 2 * e], sc[mt, 8 * kk + 2 * e + 1])
+                       for e in range(4)] for mt in range(2)]
                 for jd in cutlass.range_constexpr(0, dtiles, 2):
                     m = lane // 8
                     sa = vs + Uint32((16 * kk + 8 * (m % 2) + lane % 8) * rb
                                      + (8 * jd + 8 * (m // 2)) * 2)
                     b = du.ldmatrix_x4_trans(sa)
-                    c0 = du.mma_bf16_m16n8k16(pa, [b[0], b[1]],
-                                              [acc[jd, 0], acc[jd, 1], acc[jd, 2], acc[jd, 3]])
-                    c1 = du.mma_bf16_m16n8k16(pa, [b[2], b[3]],
-                                              [acc[jd + 1, 0], acc[jd + 1, 1], acc[jd + 1, 2],
-                                               acc[jd + 1, 3]])
-                    for e in cutlass.range_constexpr(4):
-                        acc[jd, e] = c0[e]
-                        acc[jd + 1, e] = c1[e]
+                    for mt in cutlass.range_constexpr(2):
+                        c0 = du.mma_bf16_m16n8k16(pa[mt], [b[0], b[1]],
+                                                  [acc[mt, jd, e] for e in range(4)])
+                        c1 = du.mma_bf16_m16n8k16(pa[mt], [b[2], b[3]],
+                                                  [acc[mt, jd + 1, e] for e in range(4)])
+                        for e in cutlass.range_constexpr(4):
+                            acc[mt, jd, e] = c0[e]
+                            acc[mt, jd + 1, e] = c1[e]
             cute.arch.sync_threads()  # the stage is refilled by the next iteration's load
 
         ob = mout.iterator.toint()
-        for r in cutlass.range_constexpr(2):
-            l_row = st[r, 1]
+        for i in cutlass.range_constexpr(4):
+            mt, r = i // 2, i % 2
+            l_row = st[i, 1]
             l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
             l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
             inv = Float32(1.0) / l_row
-            if q0 + tok[r] <= last:
-                row = Int64((q0 + tok[r]) * hq + head[r]) * (d * 2)
+            tok = q0 + crow[i] // g_heads
+            if tok <= last:
+                row = Int64(tok * hq + kvh * g_heads + crow[i] % g_heads) * (d * 2)
                 for jd in cutlass.range_constexpr(dtiles):
                     du.st_u32(ob + row + (8 * jd + 2 * t) * 2,
-                              du.pack_bf16(acc[jd, 2 * r] * inv, acc[jd, 2 * r + 1] * inv))
+                              du.pack_bf16(acc[mt, jd, 2 * r] * inv,
+                                           acc[mt, jd, 2 * r + 1] * inv))
 
     @cute.jit
     def attn_prefill(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor, mkc: cute.Tensor,
