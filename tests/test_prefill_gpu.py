@@ -21,7 +21,10 @@ folds scale2 into bf16 weights (≤ 2^-9 relative per weight).
     the chaotic one: medians 1.2e-2 BF16 and 1.5e-2 NVFP4 for the logits, one case at 9.7e-2;
     the full shapes lower) with some margin: over every case, the median of the logits' and KV's
     relative errors ≤ 2.5e-2, none above 0.15, and the greedy pick equal unless the
-    reference's top two lie within 2% of the logits' RMS. Decode continuing from the prefill:
+    reference's logits of the two picks lie within 2% of the logits' RMS or within 4× this
+    case's RMS logit error (each logit carries about that error, so their difference about
+    1.4× it: 4× is ~3σ; a rule tighter than the error the test accepts flips with the seed: the
+    attention kernel's 32-key tiles, 2026-12-02, moved 3 of the picks). Decode continuing from the prefill:
     median ≤ 2e-2 per step (measured 1.2e-2), at most 1 in 20 steps above 5e-2, none above 0.3.
 """
 
@@ -40,6 +43,7 @@ LAYER_TOL = 1e-2
 MEDIAN_TOL = 2.5e-2
 MAX_TOL = 0.15
 TIE = 2e-2
+TIE_ERR = 4.0
 
 
 def _cfg(preset: str) -> FlintConfig:
@@ -88,9 +92,14 @@ def _check_logits(got: torch.Tensor, want: torch.Tensor, what: str, rels: list) 
     rel = _rel(got, want)
     rels.append(rel)
     assert rel <= MAX_TOL, f"{what}: logits rel err {rel:.2e} > {MAX_TOL}"
-    top2 = want.topk(2).values
-    near_tie = (top2[0] - top2[1]) < TIE * want.pow(2).mean().sqrt()
-    assert near_tie or int(got.argmax()) == int(want.argmax()), f"{what}: greedy pick differs"
+    pick, ref_pick = int(got.argmax()), int(want.argmax())
+    if pick != ref_pick:
+        gap = (want[ref_pick] - want[pick]).item()
+        rms = want.float().pow(2).mean().sqrt().item()
+        err = (got.float() - want.float()).pow(2).mean().sqrt().item()
+        assert gap <= max(TIE * rms, TIE_ERR * err), \
+            f"{what}: picked {pick}, reference {ref_pick}: gap {gap:.3g} > {TIE} x rms " \
+            f"{rms:.3g} and > {TIE_ERR} x this case's rms logit error {err:.3g}"
 
 
 def _median_ok(rels: list, what: str) -> None:
