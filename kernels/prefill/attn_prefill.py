@@ -18,13 +18,13 @@ matched the tensor-core time. GQA packing: a CTA takes TQ = 4·32/G consecutive 
 query heads of one KV head, so each K/V tile is loaded once for its G heads; CTA row R is token
 R // G, head R % G. Q's rows sit in shared memory (loaded once by cp.async, read as A fragments
 each tile: there are no registers left to hold them). Keys go in 32-key tiles aligned to
-absolute positions (a page of a full layer holds two), double-buffered in shared memory by
-cp.async (16-byte copies; a copy whose key lies outside the CTA's range [lo, hi] is a zero fill,
+absolute positions (a page of a full layer holds two), in three shared-memory stages filled by
+cp.async two tiles ahead, so one barrier per tile suffices (16-byte copies; a copy whose key lies outside the CTA's range [lo, hi] is a zero fill,
 so an unwritten NaN entry never reaches a product). 64-key tiles spill registers (the scores
 and the output accumulator of two m-tiles take ~190 of 255). Rows are padded to D + 8 values so
 ldmatrix reads are free of bank conflicts. Per tile and warp, on mma.sync m16n8k16 (bf16 in,
 fp32 out): S = Q·Kᵀ (Q and K by ldmatrix), online softmax in log2 units (ex2.approx), P rounded
-to bf16 as the A operand of O += P·V (V by ldmatrix.trans). ~252 registers and 70 KB of shared
+to bf16 as the A operand of O += P·V (V by ldmatrix.trans). ~252 registers and 87 KB of shared
 memory: two CTAs per SM, so one's softmax overlaps the other's MMAs. Only tiles that cross a
 row's causal edge or window start evaluate the mask. CTAs take query
 blocks last first (the longest causal rows start first; the short ones fill the last wave). P is rounded to
@@ -56,7 +56,7 @@ WARPS = 4
 ROWS = 32  # MMA rows per warp: two m16 tiles, so each K/V fragment loaded feeds two MMAs
 BN = 32  # keys per tile (a page of a full layer holds KV_PAGE / BN tiles)
 PAD = 8  # bf16 values of padding per shared-memory row (conflict-free ldmatrix)
-STAGES = 2
+STAGES = 3
 LOG2E = 1.4426950408889634
 
 
@@ -267,9 +267,13 @@ def _build(spec: Spec):
                                      byte_alignment=128)
         sbase = du.smem_addr(smem)
 
-        # this lane's four rows i = 2·mt + r: CTA row 32·warp + 16·mt + g + 8·r is token
-        # row // G, head row % G of the block
-        crow = [ROWS * warp + 16 * (i // 2) + g + 8 * (i % 2) for i in range(4)]
+        # this lane's four rows i = 2·mt + r: CTA row R = 32·warp + 16·mt + g + 8·r is token
+        # R // G, head R % G of the block. The token is the lane's first plus a constant per
+        # row (G divides 16, so 16·mt + 8·r splits off exactly; for G = 16, g + 8·r < 16 adds
+        # nothing): one register for four rows, which the 3-stage loop needs to stay unspilled
+        lane_tok = (ROWS * warp) // g_heads + (g // g_heads if g_heads <= 8 else 0)
+        row_tok = [(16 * (i // 2) + 8 * (i % 2)) // g_heads for i in range(4)]
+        row_head = [g % g_heads if g_heads <= 8 else g + 8 * (i % 2) for i in range(4)]
         # their sinks (a weight) before the wait; G divides 16, so rows i and i + 2 share a head
         sw0 = du.ld_weight_u32(msinks.iterator.toint() + Int64(kvh * g_heads + g % g_heads) * 4)
         sw1 = du.ld_weight_u32(msinks.iterator.toint()
@@ -285,7 +289,8 @@ def _build(spec: Spec):
         t_total = mq.shape[0]
         q0 = qblk * tq
         last = t_total - 1
-        qpos = [n + q0 + crow[i] // g_heads for i in range(4)]
+        qpos0 = n + q0 + lane_tok
+        qpos = [qpos0 + row_tok[i] for i in range(4)]
 
         # the CTA's key range [lo, hi] and its BN-key tiles
         qmin = n + q0
@@ -324,19 +329,20 @@ def _build(spec: Spec):
             st[i, 1] = cutlass.select_((t == 0) & (sink != Float32(ninf)), Float32(1.0),
                                        Float32(0.0))
 
-        load_tile(t_first, 0, tid, kvh, n, lo, qmax, slot, sbase, kc, vc, kn, vn, tb,
-                  mtable)
+        # three stages, two tiles in flight: the load issued after iteration it's barrier
+        # refills the stage iteration it − 1 read, which every thread has left by then, so one
+        # barrier per tile suffices; loads past the range are zero fills with no global read
+        for pre in cutlass.range_constexpr(STAGES - 1):
+            load_tile(t_first + pre, pre, tid, kvh, n, lo, qmax, slot, sbase, kc, vc, kn, vn,
+                      tb, mtable)
         qa = qs + Uint32((ROWS * warp + lane % 16) * rb + 8 * (lane // 16) * 2)
         for it in cutlass.range(ntiles):
             tile = t_first + it
-            stage = it % 2
-            if it + 1 < ntiles:
-                load_tile(tile + 1, 1 - stage, tid, kvh, n, lo, qmax, slot, sbase, kc, vc, kn,
-                          vn, tb, mtable)
-                du.cp_async_wait(1)
-            else:
-                du.cp_async_wait(0)
+            stage = it % STAGES
+            du.cp_async_wait(STAGES - 2)
             cute.arch.sync_threads()
+            load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES, tid, kvh, n, lo, qmax, slot,
+                      sbase, kc, vc, kn, vn, tb, mtable)
             kb = tile * BN
             ks = sbase + Uint32(stage * stage_bytes)
             vs = ks + Uint32(tile_bytes)
@@ -418,7 +424,6 @@ def _build(spec: Spec):
                         for e in cutlass.range_constexpr(4):
                             acc[mt, jd, e] = c0[e]
                             acc[mt, jd + 1, e] = c1[e]
-            cute.arch.sync_threads()  # the stage is refilled by the next iteration's load
 
         ob = mout.iterator.toint()
         for i in cutlass.range_constexpr(4):
@@ -427,9 +432,9 @@ def _build(spec: Spec):
             l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
             l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
             inv = Float32(1.0) / l_row
-            tok = q0 + crow[i] // g_heads
+            tok = q0 + lane_tok + row_tok[i]
             if tok <= last:
-                row = Int64(tok * hq + kvh * g_heads + crow[i] % g_heads) * (d * 2)
+                row = Int64(tok * hq + kvh * g_heads + row_head[i]) * (d * 2)
                 for jd in cutlass.range_constexpr(dtiles):
                     du.st_u32(ob + row + (8 * jd + 2 * t) * 2,
                               du.pack_bf16(acc[mt, jd, 2 * r] * inv,
