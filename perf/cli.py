@@ -51,6 +51,10 @@ cuda-bindings, CuTe DSL), the config hash and the git revision; --compare
 A.json B.json prints what changed, B against A (warning when the GPU, model
 or settings differ)."""
 
+# The slowest kernels `flint-graph trace` lists, on screen and in --html alike (they were 20 and
+# 15: the page disagreed with the terminal about the same step).
+TOP_KERNELS = 20
+
 TRACE_FIGURES = """\
 figures:
   #, index      the kernel's place in the step's launch order
@@ -196,8 +200,9 @@ def add_trace_parser(sub, positive_int, buckets) -> None:
     p.add_argument("--prefill", type=positive_int, metavar="N",
                    help="trace one N-token prefill (the graph engine's GPU prefill, in the "
                         "engine's chunks) instead of a decode step; its kernels kinded by name")
-    p.add_argument("--top", type=positive_int, default=20, metavar="N",
-                   help="slowest kernels listed on screen (default: %(default)s)")
+    p.add_argument("--top", type=positive_int, default=TOP_KERNELS, metavar="N",
+                   help="slowest kernels listed, on screen and in --html (default: "
+                        "%(default)s)")
     p.add_argument("--out", type=_path, metavar="FILE",
                    help="write the trace JSON (also a Perfetto / chrome://tracing timeline)")
     p.add_argument("--html", type=_path, metavar="FILE",
@@ -344,7 +349,7 @@ def run_trace_cmd(args) -> int:
     if args.out:
         _write(args.out, json.dumps(trace_report.to_file_json(tr)) + "\n")
     if args.html:
-        _write(args.html, trace_report.html_plot(tr))
+        _write(args.html, trace_report.html_plot(tr, top=args.top))
     trace_report.print_trace(tr, console, top=args.top)
     if args.out:
         console.print(f"wrote {args.out} (open it at ui.perfetto.dev or chrome://tracing)")

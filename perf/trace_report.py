@@ -24,6 +24,7 @@ from rich.text import Text
 from flint_graph.perf.bench_report import (bandwidth, change_text, compare_warnings,
                                            header_line, megabytes, num, pct, read_json,
                                            rel_change, rich_table)
+from flint_graph.perf.cli import TOP_KERNELS
 
 SCHEMA = "flint-graph-trace"
 KINDS = ("embedding", "attention", "gemv", "gemm", "moe", "norm", "lm_head", "sampling",
@@ -184,7 +185,7 @@ def _kernel_grid(trace: dict, top: int) -> list[list]:
              pct(k["frac_bw"]), pct(k["share"])] for k in slow]
 
 
-def print_trace(trace: dict, console, top: int = 20) -> None:
+def print_trace(trace: dict, console, top: int = TOP_KERNELS) -> None:
     """Header (engine, format, B, context, steps, source, graph nodes / kernels per step, step
     and floor µs), the kind totals, the `top` slowest kernels and where the rest are."""
     for line in _header_lines(trace):
@@ -381,7 +382,7 @@ def _html_table(cols, rows) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def html_plot(trace: dict, top: int = 15) -> str:
+def html_plot(trace: dict, top: int = TOP_KERNELS) -> str:
     """A self-contained HTML page (inline SVG and CSS; no scripts, fonts or links): the title
     line, the step by kind beside the floor, µs vs floor µs per kind, the kind totals and the
     `top` slowest kernels. Every string from the trace is HTML-escaped."""

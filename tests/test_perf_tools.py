@@ -110,6 +110,16 @@ def test_trace_on_the_cpu_writes_a_timeline(tmp_path, capsys):
     assert main(["trace", "--compare", str(out), str(out)]) == 0
 
 
+def test_trace_top_sets_both_the_terminal_and_the_html_list(tmp_path, capsys):
+    page = tmp_path / "t.html"
+    rc = main(["trace", *SMALL, "--context", "200", "--steps", "1", "--top", "3",
+               "--html", str(page)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "the 3 slowest kernels" in out
+    assert "<h4>the 3 slowest kernels</h4>" in page.read_text()
+
+
 @pytest.mark.parametrize("argv,expect", [
     (["bench", *SMALL, "--contexts", "5000"], "--contexts 5000: expected 1 to 4095"),
     (["bench", *SMALL, "--contexts", "abc"], "comma-separated token counts"),

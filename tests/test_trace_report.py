@@ -11,6 +11,7 @@ from rich.console import Console
 
 from flint_graph.errors import InvalidRequestError
 from flint_graph.perf import trace_report as tr
+from flint_graph.perf.cli import TOP_KERNELS
 
 H200 = {"device": "cuda", "gpu": "NVIDIA H200", "driver": "580.1", "torch": "2.11.0",
         "cuda": "13.0", "cuda_bindings": "13.0.1", "cutlass_dsl": "4.8.1", "python": "3.12.3",
@@ -217,6 +218,20 @@ def test_print_trace_numbers():
     table = text.split("slowest kernels")[1].split("start µs: from")[0]
     rows = [line for line in table.splitlines() if line.startswith("│")]
     assert [r.split("│")[2].strip() for r in rows] == ["qkv_gemv", "attn[bold]x"]
+
+
+def test_terminal_and_html_list_the_same_slowest_kernels():
+    # The terminal listed the 20 slowest and the HTML page 15 of the same step.
+    many = _trace(500.0, [_k(i, f"k{i}", 0, "gemv", 20.0 * i, 1.0 + i, 1e6) for i in range(25)])
+    console = Console(record=True, width=160)
+    tr.print_trace(many, console)
+    page = tr.html_plot(many)
+    want = f"the {TOP_KERNELS} slowest kernels"
+    assert want in console.export_text() and f"<h4>{want}</h4>" in page
+    console = Console(record=True, width=160)
+    tr.print_trace(many, console, top=3)
+    assert "the 3 slowest kernels" in console.export_text()
+    assert "<h4>the 3 slowest kernels</h4>" in tr.html_plot(many, top=3)
 
 
 def test_html_plot_is_self_contained_and_escaped():
