@@ -284,12 +284,25 @@ def _command_line() -> str:
     return "flint-graph " + " ".join(sys.argv[1:])
 
 
-def _start(args, report, outputs: tuple[str, ...]):
-    """Check the output flags; with --compare print the comparison (report: bench_report or
-    trace_report) and return None, else the rich Console the run prints on."""
+# Wide enough for any table of ours on one line a row; rich stops a row at the console's width.
+PIPED_WIDTH = 4096
+
+
+def report_console():
+    """The rich Console that bench, trace and eval print their reports on. In a terminal it
+    takes the terminal's width. Piped or redirected, it takes the tables' own width: rich would
+    use 80 columns (or the width of the terminal stdin is on), folding kernel names and
+    figures mid-word ("attentio|n") in output that is kept, grepped or pasted."""
     from rich.console import Console
 
     console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH)
+
+
+def _start(args, report, outputs: tuple[str, ...]):
+    """Check the output flags; with --compare print the comparison (report: bench_report or
+    trace_report) and return None, else the rich Console the run prints on."""
+    console = report_console()
     check_outputs(args, outputs)
     if not args.compare:
         return console

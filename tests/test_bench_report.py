@@ -9,10 +9,12 @@ import json
 import re
 
 import pytest
+from report_console import piped, table_rows
 from rich.console import Console
 
 from flint_graph.errors import InvalidRequestError
 from flint_graph.perf import bench_report as br
+from flint_graph.perf.cli import report_console
 
 H200 = {"device": "cuda", "gpu": "NVIDIA H200", "driver": "580.1", "torch": "2.11.0",
         "cuda": "13.0", "cuda_bindings": "13.0.1", "cutlass_dsl": "4.8.1", "python": "3.12.3",
@@ -176,6 +178,21 @@ def test_print_report():
     console = Console(record=True, width=160)
     br.print_report(cpu_result() | {"decode": [], "e2e": []}, console)
     assert "no decode figures" in console.export_text()
+
+
+def test_piped_bench_tables_break_no_word(monkeypatch, capsys):
+    # At 80 columns the decode table's 13 columns folded "tokens/s" and "reference ms" mid-word.
+    piped(monkeypatch)
+    br.print_report(cuda_result(), report_console())
+    out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.startswith("┃ format"))
+    assert [c.strip() for c in head.strip("┃").split("┃")] == [
+        "format", "B", "context", "engine", "median ms", "p90 ms", "floor ms", "% of floor",
+        "tokens/s", "reference ms", "×ref", "compiled ms", "×comp"]
+    rows = table_rows(out)
+    assert len(rows) == 3 + 14 and all(r[0] for r in rows)  # one line a row
+    assert _row(out, "prefill 8192 tokens", "torch-ops")[3] == (
+        "1099.7 ms, 7449.3 tokens/s, 41 TFLOP/s, MFU 5.3%")
 
 
 def test_compare_matches_records_and_signs():

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from report_console import in_terminal, piped, table_rows
 from rich.console import Console
 
 from flint_graph.errors import InvalidRequestError
 from flint_graph.perf import trace_report as tr
-from flint_graph.perf.cli import TOP_KERNELS
+from flint_graph.perf.cli import TOP_KERNELS, report_console
 
 H200 = {"device": "cuda", "gpu": "NVIDIA H200", "driver": "580.1", "torch": "2.11.0",
         "cuda": "13.0", "cuda_bindings": "13.0.1", "cutlass_dsl": "4.8.1", "python": "3.12.3",
@@ -232,6 +233,23 @@ def test_terminal_and_html_list_the_same_slowest_kernels():
     tr.print_trace(many, console, top=3)
     assert "the 3 slowest kernels" in console.export_text()
     assert "<h4>the 3 slowest kernels</h4>" in tr.html_plot(many, top=3)
+
+
+def test_piped_trace_tables_break_no_word(monkeypatch, capsys):
+    piped(monkeypatch)
+    trace = gap_trace()
+    trace["kernels"][2]["name"] = "attn_decode_sm90_pdl_b1"
+    tr.print_trace(trace, report_console())
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert len(rows) == 6 + 4  # one line per kind and per kernel: nothing folded onto a second
+    assert ["2", "attn_decode_sm90_pdl_b1", "0", "attention"] == rows[7][:4]
+    assert all(r[0] for r in rows)
+
+
+def test_trace_in_a_terminal_keeps_its_width(monkeypatch):
+    in_terminal(monkeypatch, 80)
+    assert report_console().width == 80
 
 
 def test_html_plot_is_self_contained_and_escaped():
