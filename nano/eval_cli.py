@@ -193,13 +193,21 @@ def _read_report(path: Path) -> dict:
     return check_report(rep, f"--compare {path}")
 
 
-def _print(report: dict) -> None:
-    from rich.console import Console
+def _print(report: dict, console=None) -> None:
+    """The header line, the table of scores and the --compare verdict, on `console` (default:
+    bench's and trace's report console)."""
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"eval: {report['model']} ({report['format']}, {report['engine']} engine"
-                    f"{', plant ' + report['plant'] if report['plant'] else ''}), "
-                    f"{report['seconds']} s")
+    from flint_graph.perf.cli import report_console
+
+    console = console or report_console()
+    # The header names the checkpoint for the user to copy (README): printed above the table,
+    # unwrapped, since as the table's title it was folded to the table's 43 columns, mid-hash.
+    console.print(escape(f"eval: {report['model']} ({report['format']}, {report['engine']} "
+                         f"engine{', plant ' + report['plant'] if report['plant'] else ''}), "
+                         f"{report['seconds']} s"), soft_wrap=True, highlight=False)
+    t = Table()
     cmp_rows = {(r["group"], r["metric"]): r for r in report.get("compare", {}).get("rows", [])}
     for col in ("suite", "n", "metric", "score", "target") + (("reference", "Δ (noise)")
                                                                if cmp_rows else ()):
@@ -220,7 +228,7 @@ def _print(report: dict) -> None:
                     f"{100 * c['diff']:+.1f} (±{100 * c['noise']:.1f})"
                     f"{'' if c['within'] else ' OUTSIDE'}"]
             t.add_row(*row)
-    Console().print(t)
+    console.print(t)
     if "compare" in report:
         c = report["compare"]
         agree_ok = c["identical_answers"] >= c["agree_min"]
