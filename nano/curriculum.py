@@ -4,7 +4,10 @@ episodes in OpenAI message form, each assistant turn with `<think>` reasoning.
 Skills: tool calls with typed arguments (string, integer, boolean, object) and the tool's result
 fed back; multi-digit addition and subtraction answered after digit-by-digit reasoning; short
 string tasks; long-context key-value recall where every asked key lies far behind the question,
-with many questions per episode (many supervised answers per sequence).
+with many questions per episode (many supervised answers per sequence); greetings and small
+talk answered briefly with what the model can do, requests outside its skills refused, and the
+skills asked as people type them (nano/phrasings.py: weather questions without a unit or day
+count, unit names spelled out, word problems, terse forms, typos).
 
 `split="train"` and `split="heldout"` never share a phrasing, a tool or a number pair (a pair's
 split is a hash of it), so the eval measures generalisation, not recall of the training set.
@@ -17,6 +20,8 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+
+from flint_graph.nano import phrasings as ph
 
 SPLITS = ("train", "heldout")
 
@@ -98,12 +103,28 @@ def phrase(rng: random.Random, split: str, skill: str, **kw) -> str:
     time, so words around a request that the model has never seen do not derail it (held-out
     closings like "Many thanks in advance." did)."""
     lead, core, tail = rng.choice(LEADS[split]), rng.choice(CORES[skill]), rng.choice(TAILS[split])
+    core = _typos(rng, split, core)
     if split == "train" and rng.random() < 1 / 3:
         if rng.random() < .5:
             lead = _filler(rng) + " "
         else:
             tail = " " + _filler(rng)
     return lead + core.format(**kw) + tail
+
+
+def _typos(rng: random.Random, split: str, template: str) -> str:
+    """In training, one typo in a template word (phrasings.typo) for TYPO_RATE of requests;
+    held-out requests are left as written (their rng draws stay those of the shipped reports)."""
+    if split == "train" and rng.random() < ph.TYPO_RATE:
+        return ph.typo(rng, template)
+    return template
+
+
+def _wrapped(rng: random.Random, split: str, text: str) -> str:
+    """`text` with a lead-in and a closing of `split` half the time."""
+    if rng.random() < .5:
+        return text
+    return rng.choice(LEADS[split]) + text + rng.choice(TAILS[split])
 
 
 def _filler(rng: random.Random) -> str:
@@ -213,6 +234,97 @@ def repeat_task(rng: random.Random, split: str) -> Episode:
     q = _ask(rng, split, "repeat", ws=" ".join(words))
     return Episode("repeat", [q, _say("Word by word: " + ", ".join(words) + ".", " ".join(words))],
                    meta={"answer": " ".join(words)})
+
+
+def word_problem(rng: random.Random, split: str, digits: int | None = None,
+                 op: str | None = None) -> Episode:
+    """a + b or a − b (a ≥ b) asked as a word problem or a terse form (phrasings.WORD_PROBLEMS),
+    answered as `arithmetic` answers: column reasoning, then the number alone. Operands as
+    `arithmetic` draws them (`digits` for both, default OPERAND_DIGITS), pairs of `split`."""
+    def draw() -> int:
+        d = digits or rng.choice(OPERAND_DIGITS)
+        return rng.randint(10 ** (d - 1), 10 ** d - 1)
+
+    op = op or rng.choice("+-")
+    while True:
+        a, b = draw(), draw()
+        if op == "-" and b > a:
+            a, b = b, a
+        if in_split(split, a, b):
+            break
+    ans = a + b if op == "+" else a - b
+    name, pron = rng.choice(ph.NAMES[split])
+    tpl = _typos(rng, split, rng.choice(ph.WORD_PROBLEMS[(split, op)]))
+    text = tpl.format(a=a, b=b, name=name, pron=pron, things=rng.choice(ph.THINGS[split]))
+    why = f"{a} {op} {b}, column by column: {_digits(a, b, op)}. So it is {ans}."
+    return Episode("arith", [{"role": "user", "content": _wrapped(rng, split, text)},
+                             _say(why, str(ans))],
+                   meta={"a": a, "b": b, "op": op, "answer": ans})
+
+
+def greeting(rng: random.Random, split: str) -> Episode:
+    """A greeting or small talk (phrasings.GREETINGS), answered briefly: for hello, how and
+    who with what the model can do (phrasings.CAN); never a tool call, tools offered or not."""
+    intent = rng.choice(list(ph.GREETINGS))
+    text = _typos(rng, split, rng.choice(ph.GREETINGS[intent][split]))
+    why, answer = ph.GREETING_REPLIES[intent]
+    return Episode("greet", [{"role": "user", "content": text}, _say(why, answer)],
+                   meta={"intent": intent, "answer": answer})
+
+
+def out_of_scope(rng: random.Random, split: str) -> Episode:
+    """A request outside the skills (phrasings.OUT_OF_SCOPE), refused in one sentence that says
+    what the model can do (phrasings.REFUSAL) instead of invented text or an invented tool."""
+    text = _wrapped(rng, split, _typos(rng, split, rng.choice(ph.OUT_OF_SCOPE[split])))
+    return Episode("refuse", [{"role": "user", "content": text},
+                              _say("This is outside what I can do.", ph.REFUSAL)],
+                   meta={"answer": ph.REFUSAL})
+
+
+def _when(rng: random.Random) -> tuple[str, int]:
+    """A time phrase and the day count it asks for (phrasings.WHEN)."""
+    when, days = rng.choice(ph.WHEN)
+    if days is None:
+        days = rng.randint(2, 7)
+        when = when.format(n=days)
+    return when, days
+
+
+def _city(rng: random.Random, split: str) -> str:
+    return (coined(rng).title() if split == "train" and rng.random() < .5 else
+            rng.choice(CITIES[split]))
+
+
+def weather_ask(rng: random.Random, split: str) -> tuple[dict, dict, dict]:
+    """(user message, get_weather call, result): weather asked as people ask it
+    (phrasings.WEATHER): days from the time phrase (today 1, tomorrow 2, the weekend 3, this
+    week 7, the next n days n), metric unless fahrenheit is asked for."""
+    city, (when, days) = _city(rng, split), _when(rng)
+    text = _typos(rng, split, rng.choice(ph.WEATHER[split])).format(city=city, when=when)
+    unit = rng.choice(["", "", "celsius", "fahrenheit"])
+    if unit:
+        text += rng.choice(ph.WEATHER_UNIT[split]).format(unit=unit)
+    call = {"name": "get_weather", "arguments": {"city": city, "days": days,
+                                                 "metric": unit != "fahrenheit"}}
+    result = {"city": city, "high": rng.randint(-5, 35), "sky": rng.choice(["sun", "rain"])}
+    return {"role": "user", "content": _wrapped(rng, split, text)}, call, result
+
+
+def convert_ask(rng: random.Random, split: str) -> tuple[dict, dict, dict]:
+    """(user message, convert_units call, result): a conversion with the units named as people
+    name them (phrasings.UNIT_NAMES), either direction of a UNITS pair; the call takes the
+    symbols."""
+    src, dst = rng.choice(UNITS)
+    if rng.random() < .5:
+        src, dst = dst, src
+    value = rng.randint(1, 500)
+    tpl = _typos(rng, split, rng.choice(ph.CONVERT[split]))
+    text = tpl.format(value=value, src=rng.choice(ph.UNIT_NAMES[src]),
+                      dst=rng.choice(ph.UNIT_NAMES[dst]))
+    call = {"name": "convert_units", "arguments": {"value": value, "from_unit": src,
+                                                   "to_unit": dst}}
+    result = {"value": round(value * rng.uniform(0.2, 3.5), 2), "unit": dst}
+    return {"role": "user", "content": _wrapped(rng, split, text)}, call, result
 
 
 # Generated tools (training only) teach reading a schema: random names, parameters and types,
@@ -345,6 +457,9 @@ def _call(rng: random.Random, split: str, extra: list[dict]) -> tuple[dict, dict
     skills = ["weather", "calc", "convert", "lookup"] + (["book"] if split == "heldout" else
                                                          ["generic"] * 4 * bool(extra))
     skill = rng.choice(skills)
+    if skill in ("weather", "convert") and split == "train" and rng.random() < .5:
+        user, call, result = (weather_ask if skill == "weather" else convert_ask)(rng, split)
+        return user, call, json.dumps(result)
     if skill == "weather":
         city = (coined(rng).title() if split == "train" and rng.random() < .5 else
                 rng.choice(CITIES[split]))
@@ -438,9 +553,12 @@ def episodes(seed: int, n: int, split: str = "train", recall_pairs: int = 400,
                                               ("recall", 1))):
     """`n` episodes of `split` drawn with the weights of `mix`, reproducible from `seed`.
     Kinds: tool, arith, string, repeat, remember, recall (lists of `recall_pairs`),
-    recall-short (4-40 pairs, 1-4 questions: a list a chat user pastes) and chain. All but
-    tool, recall and chain offer tools half the time and still answer directly, so a chat with
-    tools declared does not turn every request into a call (a pasted list got a tool call).
+    recall-short (4-40 pairs, 1-4 questions: a list a chat user pastes), greet (greetings and
+    small talk), refuse (requests outside the skills) and chain. All but tool, recall and chain
+    offer tools half the time and still answer directly, so a chat with tools declared does not
+    turn every request into a call (a pasted list got a tool call). In training, a tool request
+    for the weather or a conversion is asked as people ask it half the time (weather_ask,
+    convert_ask) and an arith one as a word problem or terse form 40% of the time.
     Raises ValueError for an unknown split."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {SPLITS}")
@@ -456,14 +574,20 @@ def episodes(seed: int, n: int, split: str = "train", recall_pairs: int = 400,
 
 def _draw(rng: random.Random, split: str, kind: str, recall_pairs: int = 400,
           recall_questions: int = 16) -> Episode:
+    if kind == "arith" and split == "train" and rng.random() < 0.4:
+        kind = "word"
     ep = (arithmetic(rng, split) if kind == "arith" else
+          word_problem(rng, split) if kind == "word" else
+          greeting(rng, split) if kind == "greet" else
+          out_of_scope(rng, split) if kind == "refuse" else
           string_task(rng, split) if kind == "string" else
           repeat_task(rng, split) if kind == "repeat" else
           tool_use(rng, split) if kind == "tool" else
           remember(rng, split) if kind == "remember" else
           recall(rng, split, rng.randint(4, 40), rng.randint(1, 4)) if kind == "recall-short" else
           recall(rng, split, recall_pairs, recall_questions))
-    if kind in ("arith", "string", "repeat", "remember", "recall-short") and rng.random() < 0.5:
+    if kind in ("arith", "word", "greet", "refuse", "string", "repeat", "remember",
+                "recall-short") and rng.random() < 0.5:
         ep.tools = offered_tools(rng, split)
     return ep
 
@@ -475,14 +599,16 @@ def older_turns(messages: list[dict]) -> list[dict]:
 
 
 def chain(rng: random.Random, split: str) -> Episode:
-    """Two or three requests in one conversation (tool use, arithmetic or a string task each).
+    """Two or three requests in one conversation (tool use, arithmetic or a string task each;
+    in training also a greeting or an out-of-scope request).
     The earlier ones are context, shown as a chat shows older turns (reasoning dropped, not
     trained); the last is trained. Without these, a second request in a chat got the first
     one's answer again, and with two requests only, a third often went wrong. The tools
     offered are all the requests' (the last one's alone if two generated tools clash by
     name)."""
-    reqs = [_draw(rng, split, rng.choice(("tool", "arith", "arith", "string")))
-            for _ in range(rng.choice((2, 2, 3)))]
+    kinds = ("tool", "arith", "arith", "string") + (("greet", "refuse") if split == "train"
+                                                    else ())
+    reqs = [_draw(rng, split, rng.choice(kinds)) for _ in range(rng.choice((2, 2, 3)))]
     last, tools = reqs[-1], {}
     for ep in reqs:
         for t in ep.tools or []:

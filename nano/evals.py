@@ -20,6 +20,15 @@ and number pairs the training never saw. Every case is one chat request decoded 
   one, scored as tools; chain-arith: arithmetic after a tool request with its result and
   answer, the tools still offered, scored as arith. (A model that never saw two requests in
   one chat answered the second with the first one's answer.)
+- phrasing (not in the default suites): flint-nano's skills and small talk in sentences written
+  apart from every training template (nano/phrasings.py's held-out side; a test matches every
+  training template against them). phr-tools: a weather question without a unit or day count,
+  or a conversion with unit names spelled out, scored as tools; phr-arith: a word problem or
+  terse sum, 3 digits, scored as arith (tools offered in every other case); phr-greet: a
+  greeting or small talk, `correct` when answered briefly (1 to BRIEF characters), without a
+  tool call and not cut off by the token limit; phr-refuse: a request outside the skills,
+  `correct` as phr-greet and starting "I can't"; phr-multi: a held-out greeting answered, then
+  a phr-tools request, scored as tools.
 - chat (not in the default suites, so that the shipped reports keep their case list): what a
   chat user asked beyond the issue's suites, each scored as arith. chat-chain3: 3-digit
   arithmetic as the third request, after a tool request and an arithmetic one (either
@@ -27,7 +36,9 @@ and number pairs the training never saw. Every case is one chat request decoded 
   list of 4-40 key = value lines, then one question for a key in its first half, with the
   tools offered in every other case (a chat with tools declared must still answer it).
 
-Targets (reference path): tools valid ≥ 95% with exact ≥ 90%, arith ≥ 90%, recall@4096 ≥ 90%.
+Targets (reference path): tools valid ≥ 95% with exact ≥ 90%, arith ≥ 90%, recall@4096 ≥ 90%;
+phrasing (issue 25): phr-tools exact and phr-arith ≥ 90%, phr-greet and phr-refuse 100%. Every
+report also counts, per group, the answers cut off by the token limit (`length_hits`).
 `compare` holds a run to a reference run on the same cases. It passes when every metric is
 within noise (the two proportions differ by at most two standard errors of their difference,
 pooled) and at least AGREE_MIN of the answers are identical. Accuracy alone is too coarse for
@@ -48,14 +59,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from flint_graph.errors import InvalidRequestError
-from flint_graph.nano.curriculum import TOOLS, arithmetic, older_turns, recall, tool_use
+from flint_graph.nano.curriculum import (TOOLS, arithmetic, convert_ask, greeting, older_turns,
+                                         out_of_scope, recall, tool_use, weather_ask,
+                                         word_problem)
 from flint_graph.chat.tool_schema import admits, tool_schemas
 
-SUITES = ("tools", "arith", "recall", "chain", "chat")
+SUITES = ("tools", "arith", "recall", "chain", "chat", "phrasing")
 DEFAULT_SUITES = ("tools", "arith", "recall", "chain")  # the shipped reports' case list
 DEFAULT_CONTEXTS = (1024, 4096, 16384)
 TARGETS = {("tools", "valid"): 0.95, ("tools", "exact"): 0.90, ("arith", "correct"): 0.90,
-           ("recall@4096", "correct"): 0.90}
+           ("recall@4096", "correct"): 0.90, ("phr-tools", "exact"): 0.90,
+           ("phr-arith", "correct"): 0.90, ("phr-greet", "correct"): 1.0,
+           ("phr-refuse", "correct"): 1.0}
 AGREE_MIN = 0.95  # identical answers an engine must share with the reference run
 # Log-probability parity: the mean |Δ| (nats) of the tokens both runs decoded alike may be at
 # most this. The same engine on the same kind of device with the same batch and threads computes
@@ -72,11 +87,16 @@ LOGPROB_TOL_OTHER = 1.7e-4
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
 MAX_RECALL_PAIRS = 9000  # distinct keys K1000..K9999
 METRICS = ("valid", "exact", "correct")
-TOOL_GROUPS = ("tools", "chain-tools")  # scored "valid" and "exact"; the others "correct"
+TOOL_GROUPS = ("tools", "chain-tools", "phr-tools", "phr-multi")  # scored "valid" and "exact";
+# the others "correct"
 MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48,
                   "chain-tools": 160, "chain-arith": 160, "chat-chain3": 160,
-                  "chat-negative": 160, "chat-list": 48}
+                  "chat-negative": 160, "chat-list": 48, "phr-tools": 160, "phr-arith": 160,
+                  "phr-greet": 160, "phr-refuse": 160, "phr-multi": 160}
 CHAT_GROUPS = ("chat-chain3", "chat-negative", "chat-list")
+PHRASING_GROUPS = ("phr-tools", "phr-arith", "phr-greet", "phr-refuse", "phr-multi")
+BRIEF = 300  # characters: the longest reply phr-greet / phr-refuse count as brief
+
 
 
 @dataclass
@@ -119,11 +139,14 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
         groups = ([f"recall@{c}" for c in contexts] if suite == "recall" else
                   ["tools", "tools-direct"] if suite == "tools" else
                   ["chain-tools", "chain-arith"] if suite == "chain" else
-                  list(CHAT_GROUPS) if suite == "chat" else [suite])
+                  list(CHAT_GROUPS) if suite == "chat" else
+                  list(PHRASING_GROUPS) if suite == "phrasing" else [suite])
         for group in groups:
             rng = random.Random(f"eval/{seed}/{group}")  # one stream per group: stable cases
             for i in range(n):
-                if group == "tools-direct":
+                if suite == "phrasing":
+                    cases.append(_phrasing_case(rng, group, i))
+                elif group == "tools-direct":
                     ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
                     cases.append(Case(group, i, ep.messages[:1],
                                       TOOLS["train"] + TOOLS["heldout"], str(ep.meta["answer"])))
@@ -173,8 +196,27 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
     return cases
 
 
+def _phrasing_case(rng: random.Random, group: str, i: int) -> Case:
+    """Case `i` of a phrasing group (module docstring), from the held-out phrasings only."""
+    tools = TOOLS["train"] + TOOLS["heldout"]
+    if group in ("phr-tools", "phr-multi"):
+        user, call, _ = (weather_ask if i % 2 == 0 else convert_ask)(rng, "heldout")
+        ask = [user]
+        if group == "phr-multi":
+            ask = older_turns(greeting(rng, "heldout").messages) + ask
+        return Case(group, i, ask, tools, call)
+    ep = (word_problem(rng, "heldout", digits=3, op="+-"[i % 2]) if group == "phr-arith" else
+          greeting(rng, "heldout") if group == "phr-greet" else out_of_scope(rng, "heldout"))
+    return Case(group, i, ep.messages[:1], tools if i % 2 else None, str(ep.meta["answer"]))
+
+
 def score(case: Case, msg) -> dict[str, bool]:
     """The case's metrics for the assistant ChatMessage `msg` (module docstring)."""
+    if case.group in ("phr-greet", "phr-refuse"):
+        text = msg.content.strip()
+        brief = (not msg.tool_calls and 0 < len(text) <= BRIEF
+                 and msg.finish_reason != "length")
+        return {"correct": brief and (case.group == "phr-greet" or text.startswith("I can't"))}
     if case.group not in TOOL_GROUPS:  # an answer; with tools offered it must not call one
         return {"correct": not msg.tool_calls and msg.content.strip() == case.expect}
     calls = msg.tool_calls
@@ -226,6 +268,7 @@ def run(llm, cases: list[Case], batch: int = 8, progress: bool = True) -> dict[s
             for c, m in zip(chunk, msgs):
                 records.append({"group": c.group, "index": c.index, "expect": c.expect,
                                 "got": _got(m), "text": m.output.text,
+                                "finish": m.finish_reason,
                                 "logprobs": [round(x, 5) for x in m.output.logprobs],
                                 **score(c, m)})
             advance(len(chunk))
@@ -238,6 +281,8 @@ def summarize(records: list[dict], seconds: float = 0.0) -> dict[str, Any]:
     for r in records:
         g = groups.setdefault(r["group"], {"n": 0})
         g["n"] += 1
+        if "finish" in r:
+            g["length_hits"] = g.get("length_hits", 0) + int(r["finish"] == "length")
         for k in ("valid", "exact", "correct"):
             if k in r:
                 g[k] = g.get(k, 0) + int(r[k])
@@ -336,6 +381,10 @@ def check_report(rep: Any, name: str) -> dict:
         for m in METRICS:
             if m in v and not (type(v[m]) in (int, float) and 0 <= v[m] <= 1):
                 bad(f"groups.{g}.{m}", "a fraction from 0 to 1", v[m])
+        if "length_hits" in v and not (type(v["length_hits"]) is int
+                                       and 0 <= v["length_hits"] <= v["n"]):
+            bad(f"groups.{g}.length_hits", f"a count from 0 to its n ({v['n']})",
+                v["length_hits"])
     if not isinstance(cases, list) or not cases:
         bad("cases", "a non-empty list of scored cases", cases, "cases" not in rep)
     seen: set = set()
@@ -351,7 +400,7 @@ def check_report(rep: Any, name: str) -> dict:
             bad(f"{f}.got", "the answer", missing=True)
         if not _known_group(c["group"]):
             bad(f"{f}.group", "a group of the suite (tools, tools-direct, arith, recall@C, "
-                "chain-tools, chain-arith)", c["group"])
+                "chain-tools, chain-arith, chat-*, phr-*)", c["group"])
         if (c["group"], c["index"]) in seen:
             bad(f, f'one case per group and index; {c["group"]} {c["index"]} comes twice',
                 c["index"])
@@ -366,6 +415,10 @@ def check_report(rep: Any, name: str) -> dict:
                 bad(f"{f}.{m}", "true or false", c[m])
         if c.get("text") is not None and not isinstance(c["text"], str):
             bad(f"{f}.text", "the output text", c["text"])
+        if "finish" in c and c["finish"] not in ("stop", "length", "abort", "error",
+                                                 "tool_calls"):
+            bad(f"{f}.finish", "a finish reason (stop, length, abort, error, tool_calls)",
+                c["finish"])
         lps = c.get("logprobs")
         if lps is not None and not isinstance(lps, list):
             bad(f"{f}.logprobs", "a list of log-probabilities", lps)
@@ -388,7 +441,8 @@ def check_report(rep: Any, name: str) -> dict:
 
 
 def _known_group(group: str) -> bool:
-    if group in ("tools", "tools-direct", "arith", "chain-tools", "chain-arith", *CHAT_GROUPS):
+    if group in ("tools", "tools-direct", "arith", "chain-tools", "chain-arith", *CHAT_GROUPS,
+                 *PHRASING_GROUPS):
         return True
     suite, _, ctx = group.partition("@")
     return suite == "recall" and ctx.isdigit()

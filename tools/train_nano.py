@@ -50,7 +50,7 @@ from flint_graph.chat.tokenizer import FlintTokenizer
 from flint_graph.checkpoints.weights import MoEWeights
 
 SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1), ("repeat", 2), ("remember", 1),
-             ("recall-short", 1), ("chain", 3))
+             ("recall-short", 1), ("chain", 3), ("greet", 1), ("refuse", 1))
 RECALL_MIX = (("recall", 1),)
 
 

@@ -1,0 +1,187 @@
+"""How people talk to a chat, beyond the curriculum's request templates (issue 25): greetings and
+small talk, requests outside flint-nano's skills, and its skills asked the way people type them
+(questions without a unit or a day count, word problems, terse and polite forms, typos).
+
+Pure data and string helpers; nano/curriculum.py builds episodes from them. Every table has a
+"train" and a "heldout" side that share no sentence: the eval's phrasing suite (nano/evals.py)
+asks only held-out sentences, and tests/test_nano_phrasings.py checks, by matching every
+template as a pattern, that no training template can produce a held-out request and no held-out
+template a training one.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+# What every greeting and refusal says flint-nano can do: its trained skills, in one sentence.
+CAN = ("I can check the weather, convert units, add and subtract numbers, look up tables and "
+       "use the tools you give me.")
+REFUSAL = "I can't do that. " + CAN
+
+# intent -> its reasoning and answer; GREETINGS[intent][split] the sentences that ask it
+GREETING_REPLIES = {
+    "hello": ("A greeting.", "Hello! " + CAN),
+    "how": ("Small talk.", "I'm doing well, thanks! " + CAN),
+    "who": ("A question about me.", "I'm flint-nano, a small demo model. " + CAN),
+    "thanks": ("Thanks from the user.", "You're welcome!"),
+    "bye": ("A goodbye.", "Goodbye!"),
+}
+GREETINGS = {
+    "hello": {"train": ["Hi", "Hi!", "Hello", "Hello!", "Hey", "Hey!", "Hi there", "Hello there!",
+                        "Good morning", "Good evening!", "hi", "hello", "hey there", "Hiya",
+                        "Morning!", "Heya", "Hi :)", "Hello, anyone there?"],
+              "heldout": ["Howdy!", "Good afternoon.", "Greetings!", "Yo", "Hullo",
+                          "Salutations!"]},
+    "how": {"train": ["How are you?", "How are you doing?", "How's it going?",
+                      "Hi, how are you?", "how r u", "Hello! How are you today?"],
+            "heldout": ["How have you been?", "What's up?", "How do you do?"]},
+    "who": {"train": ["Who are you?", "What can you do?", "What are you?", "Help",
+                      "What do you do?", "What are your skills?", "help me", "What is this?"],
+            "heldout": ["Tell me about yourself.", "What are you able to do?",
+                        "Introduce yourself."]},
+    "thanks": {"train": ["Thanks", "Thank you!", "thx", "Thanks a lot.", "Great, thanks!",
+                         "ok thanks", "Nice, thank you."],
+               "heldout": ["Cheers!", "Much appreciated.", "Thank you kindly."]},
+    "bye": {"train": ["Bye", "Goodbye!", "See you", "bye!", "Good night", "That's all, bye."],
+            "heldout": ["Farewell.", "Catch you later!", "Talk soon."]},
+}
+
+# Requests outside the skills, none naming a word the generated tools are made of
+# (curriculum.VERBS / NOUNS), so no offered tool could serve one.
+OUT_OF_SCOPE = {
+    "train": ["Write a poem about the sea.", "Tell me a joke.",
+              "Translate good morning into French.", "Who won the last World Cup?",
+              "What is the capital of Peru?", "Write a story about a cat.",
+              "Summarize this article for me.", "Draw a picture of a horse.",
+              "Write Python code to sort a list.", "What is the meaning of life?",
+              "Recommend a good movie.", "Explain quantum physics.", "What time is it?",
+              "Write an email to my landlord.", "Who is the president of Chile?",
+              "Tell me a bedtime story.", "What should I cook tonight?",
+              "Explain how a car engine works.", "Give me three facts about whales.",
+              "Fix the grammar in this sentence: me and him goes home.",
+              "The capital of Italy is", "Once upon a time", "Sing me a lullaby.",
+              "What's your favourite colour?", "Write a limerick about cheese."],
+    "heldout": ["Write a long story about dragons.", "Compose a haiku about autumn.",
+                "What's the population of Brazil?",
+                "Can you explain how photosynthesis works?", "Teach me Spanish.",
+                "Write an essay on climate change.", "Who painted the Mona Lisa?",
+                "Describe the plot of Hamlet.", "The capital of France is",
+                "Suggest a name for my dog."],
+}
+
+# Weather asked as people ask it. No unit said: metric; the day count comes from WHEN.
+WEATHER = {
+    "train": ["Will it rain in {city} {when}?", "How's the weather in {city} {when}?",
+              "Is it going to be sunny in {city} {when}?",
+              "Do I need an umbrella in {city} {when}?", "Weather in {city} {when}?",
+              "weather {city} {when}", "How cold will it be in {city} {when}?",
+              "Tell me the forecast for {city} {when}.",
+              "What will the weather be in {city} {when}?", "Any rain in {city} {when}?",
+              "Check the weather in {city} {when}, please.",
+              "I'm visiting {city} {when}. What's the forecast?"],
+    "heldout": ["What's the weather like in {city} {when}?", "Will it snow in {city} {when}?",
+                "Should I pack a coat for {city} {when}?", "Is it warm in {city} {when}?",
+                "Could you see what the weather does in {city} {when}?"],
+}
+WHEN = [("today", 1), ("tomorrow", 2), ("this week", 7), ("over the weekend", 3),
+        ("for the next {n} days", None)]
+WEATHER_UNIT = {"train": [" Use {unit}.", " In {unit} please.", " ({unit})"],
+                "heldout": [" Give it in {unit}."]}
+
+# Unit conversion with unit names spelled out; the call takes the symbols (curriculum.UNITS).
+UNIT_NAMES = {"km": ["km", "kilometers", "kilometres"], "mi": ["mi", "miles"],
+              "kg": ["kg", "kilograms", "kilos"], "lb": ["lb", "lbs", "pounds"],
+              "m": ["m", "meters", "metres"], "ft": ["ft", "feet"],
+              "l": ["l", "liters", "litres"], "gal": ["gal", "gallons"]}
+CONVERT = {
+    "train": ["How many {dst} are {value} {src}?", "What's {value} {src} in {dst}?",
+              "{value} {src} in {dst}?", "Turn {value} {src} into {dst}.",
+              "convert {value} {src} to {dst}", "{value} {src} to {dst} please",
+              "Can you convert {value} {src} into {dst}?"],
+    "heldout": ["How much is {value} {src} in {dst}?", "Express {value} {src} as {dst}.",
+                "I need {value} {src} converted to {dst}.",
+                "What do {value} {src} come to in {dst}?"],
+}
+
+# Addition and subtraction as word problems and terse forms. {name}/{pron}/{things} from below.
+WORD_PROBLEMS = {
+    ("train", "+"): [
+        "{name} has {a} {things} and gets {b} more. How many {things} does {name} have now?",
+        "A box holds {a} {things}. {b} more are put in. How many are in the box now?",
+        "There are {a} {things} in one pile and {b} in another. How many altogether?",
+        "{name} walked {a} steps in the morning and {b} in the evening. How many steps in all?",
+        "what's {a}+{b}", "{a} plus {b}", "add {a} {b}", "{a}+{b}?",
+        "whats {a} and {b} together"],
+    ("train", "-"): [
+        "{name} had {a} {things} and gave {b} away. How many are left?",
+        "A shop had {a} {things} and sold {b}. How many does it have now?",
+        "What do you get if you take {b} from {a}?", "{a}-{b}", "{a} take away {b}",
+        "{name} needs {a} {things} and has {b}. How many more does {name} need?"],
+    ("heldout", "+"): [
+        "{name} has {a} {things} and finds {b} more. How many does {pron} have now?",
+        "A library owns {a} books and buys {b} more. How many books does it own now?",
+        "{name} scored {a} points, then {b} more. What is the total?",
+        "Total of {a} and {b}?"],
+    ("heldout", "-"): [
+        "A tank holds {a} liters and {b} liters are drained. How much is left?",
+        "I had {a} dollars and spent {b}. How much do I have left?",
+        "What's the difference between {a} and {b}?",
+        "{name} read {b} of the {a} pages. How many pages are left?"],
+}
+NAMES = {"train": [("Ana", "she"), ("Ben", "he"), ("Kim", "she"), ("Leo", "he"), ("Mia", "she"),
+                   ("Raj", "he"), ("Tom", "he"), ("Zoe", "she")],
+         "heldout": [("Sam", "he"), ("Eve", "she"), ("Omar", "he"), ("Lucy", "she")]}
+THINGS = {"train": ["apples", "coins", "stamps", "cards", "pens", "shells"],
+          "heldout": ["marbles", "stickers", "beads", "buttons"]}
+
+# every phrasing table, for the disjointness test: name -> {split: templates}
+TABLES = {
+    **{f"greeting/{k}": v for k, v in GREETINGS.items()},
+    "out-of-scope": OUT_OF_SCOPE,
+    "weather": WEATHER,
+    "convert": CONVERT,
+    "word+": {s: WORD_PROBLEMS[(s, "+")] for s in ("train", "heldout")},
+    "word-": {s: WORD_PROBLEMS[(s, "-")] for s in ("train", "heldout")},
+}
+
+TYPO_RATE = 0.15  # training requests with one typo in a template word
+_WORD = re.compile(r"(?<![{\w])[A-Za-z]{4,}(?![\w}])")
+
+
+def typo(rng: random.Random, template: str) -> str:
+    """`template` with one typo in one of its own words of 4+ letters (never inside a {slot},
+    so numbers, cities and units stay exact): two neighbouring letters swapped, one dropped or
+    one doubled. Unchanged when it has no such word."""
+    words = list(_WORD.finditer(template))
+    if not words:
+        return template
+    m = rng.choice(words)
+    w = m.group()
+    i = rng.randrange(1, len(w) - 1)
+    kind = rng.randrange(3)
+    w = (w[:i] + w[i + 1] + w[i] + w[i + 2:] if kind == 0 else
+         w[:i] + w[i + 1:] if kind == 1 else w[:i] + w[i] + w[i:])
+    return template[:m.start()] + w + template[m.end():]
+
+
+_NUM = r"-?\d+"
+_UNIT_WORDS = "|".join(sorted({w for ws in UNIT_NAMES.values() for w in ws}, key=len,
+                              reverse=True))
+# what each slot of a template (here and in curriculum.CORES) can hold
+SLOTS = {"k": r"K\d+", "a": _NUM, "b": _NUM, "days": _NUM, "limit": _NUM, "n": _NUM,
+         "value": r"[\w.-]+", "city": r"[A-Z][\w'-]*(?: [A-Z][\w'-]*)*",
+         "unit": "celsius|fahrenheit", "src": _UNIT_WORDS, "dst": _UNIT_WORDS,
+         "expr": r"[\d +*-]+", "w": "[a-z]+", "ws": r"[\w ]+", "tool": r"\w+", "args": ".+",
+         "table": r"\w+", "field": r"\w+", "name": r"[A-Z]\w*", "pron": "he|she",
+         "things": r"\w+",
+         "when": r"today|tomorrow|this week|over the weekend|for the next \d+ days"}
+
+
+def pattern(template: str) -> re.Pattern:
+    """A regex matching every text `template` can produce inside a request (any lead-in ending
+    in punctuation and a space before it, any closing after a space): literal text as is, each
+    {slot} as what SLOTS says it can hold. Raises KeyError for a slot SLOTS does not know."""
+    parts = re.split(r"\{(\w+)\}", template)
+    body = "".join(f"(?:{SLOTS[p]})" if i % 2 else re.escape(p) for i, p in enumerate(parts))
+    return re.compile(r"(?:^|.*[.!?:,)] )" + body + r"(?:$| .*)", re.S)
