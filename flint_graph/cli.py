@@ -275,6 +275,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     elif shown_reasoning and not out.reasoning_content and out.content:
         print("flint-graph: note: the model stopped without closing its reasoning (</think>), "
               "so that text is reported as the answer", file=sys.stderr)
+    from flint_graph.chat.tool_call_reader import CALL_OPEN
+
+    if not args.raw and not tools and CALL_OPEN in out.content:
+        # Without tools nothing parses calls (as in vLLM), so flint-nano's trained answer to
+        # "Convert 120 km to mi." reached stdout as markup with nothing saying why.
+        print(f"flint-graph: note: the answer holds a tool call ({CALL_OPEN}), shown as text "
+              "since no tools were declared; pass --tools TOOLS.json (e.g. examples/tools.json) "
+              "to have it parsed", file=sys.stderr)
     return 0
 
 

@@ -330,6 +330,29 @@ def test_generate_without_tools_prints_no_tool_call_warnings(capsys, monkeypatch
     assert "Try <tool_call>grep<arg_key>q</arg_key></tool_call>." in out
 
 
+def test_generate_without_tools_hints_at_tools_when_the_answer_is_a_call(capsys, monkeypatch,
+                                                                       tiny_llm, tiny_ckpt):
+    # flint-nano answers "Convert 120 km to mi." with a call; without --tools it reached stdout
+    # as markup with no word of --tools.
+    call = "<tool_call>convert_units<arg_key>value</arg_key><arg_value>120</arg_value></tool_call>"
+    monkeypatch.setattr("flint_graph.runtime.engine.sample",
+                        scripted_sampler(tiny_llm.tokenizer.encode(f"x</think>{call}<|user|>")))
+    argv = ("generate", tiny_ckpt, "--prompt", "Convert 120 km to mi.", "--max-tokens", 100,
+            "--device", "cpu")
+    code, out, err = _run(capsys, *argv)
+    assert code == 0 and out == f"{call}\n"  # stdout as before: the answer, markup and all
+    assert [line for line in err.splitlines() if "--tools" in line] == [
+        "flint-graph: note: the answer holds a tool call (<tool_call>), shown as text since no "
+        "tools were declared; pass --tools TOOLS.json (e.g. examples/tools.json) to have it "
+        "parsed"]
+    # --raw cannot take --tools, and an answer without a call needs no hint
+    assert "--tools" not in _run(capsys, *argv, "--raw")[2]
+    monkeypatch.setattr("flint_graph.runtime.engine.sample",
+                        scripted_sampler(tiny_llm.tokenizer.encode("x</think>74.56 mi<|user|>")))
+    code, out, err = _run(capsys, *argv)
+    assert out == "74.56 mi\n" and "--tools" not in err
+
+
 def test_deeply_nested_tools_file_is_one_line(capsys, tmp_path, tiny_ckpt):
     # json.loads raised RecursionError: "internal error", exit 1.
     deep = tmp_path / "tools.json"
