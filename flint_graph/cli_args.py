@@ -91,10 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand; `args.command` names the one chosen."""
     p = ArgParser(
         prog="flint-graph",
-        description="Run the Flint 40B MoE LLM: interactive chat, one-shot generation, "
-                    "synthetic checkpoints in the real formats, latency benchmarks, traces and "
-                    "an accuracy suite. Without MODEL, the embedded default (flint-nano, a "
-                    "trained miniature Flint, unpacked on first use) is used.")
+        description="Run Flint mixture-of-experts checkpoints (the 40B model, or any in its "
+                    "formats): interactive chat, one-shot generation, synthetic checkpoints in "
+                    "the real formats, latency benchmarks, traces and an accuracy suite. "
+                    "Without a MODEL argument, the embedded flint-nano runs: a small demo "
+                    "model (a miniature Flint trained on a few tasks, unpacked on first use), "
+                    "not the 40B model.")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
     p.commands = sub.choices  # name -> subparser, for errors that argparse raises at the top
@@ -237,7 +239,8 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
     server takes those per request instead)."""
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="BF16 checkpoint directory or NVFP4 .gguf file (default: the embedded "
-                        "flint-nano, unpacked into a cache directory on first use)")
+                        "flint-nano, a small demo model unpacked into a cache directory on "
+                        "first use)")
     p.add_argument("--hf-config-path", metavar="DIR",
                    help="directory with config.json, tokenizer and generation_config.json for "
                         "a GGUF (default: the GGUF's own directory)")

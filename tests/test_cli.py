@@ -110,6 +110,19 @@ def test_errors_are_one_line(capsys, tmp_path, tiny_ckpt):
         assert code != 0 and match in err and "Traceback" not in err
 
 
+def test_help_says_which_model_runs_without_one(capsys):
+    # It read "Run the Flint 40B MoE LLM", and the demo model that runs by default was easy to
+    # miss.
+    code, out, _ = _run(capsys, "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert ("Without a MODEL argument, the embedded flint-nano runs: a small demo model" in text
+            and "not the 40B model" in text)
+    for command in ("chat", "generate"):
+        text = " ".join(_run(capsys, command, "--help")[1].split())
+        assert "default: the embedded flint-nano, a small demo model" in text, command
+
+
 def test_every_option_has_help():
     parser = build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
