@@ -29,8 +29,21 @@ figures (held-out cases of the flint-nano curriculum, greedy decoding):
   chat-negative (chat) a - b with a < b, 3 digits: the negative answer
   chat-list     (chat) a pasted list of 4-40 key = value lines, one
                 question; tools offered in every other case
+  phr-tools     (suite phrasing, not run by default; sentences no training
+                template produces) a weather question without a unit or
+                day count, or a conversion with unit names in words;
+                scored as tools
+  phr-arith     (phrasing) a word problem or terse sum, 3 digits
+  phr-greet     (phrasing) a greeting or small talk: answered briefly
+                (1-300 characters), no tool call, not cut off
+  phr-refuse    (phrasing) a request outside the skills: as phr-greet,
+                and the answer starts "I can't"
+  phr-multi     (phrasing) a greeting answered, then a phr-tools request
   targets       tools valid >= 95% and exact >= 90%, arith >= 90%,
-                recall@4096 >= 90% (what flint-nano is trained to)
+                recall@4096 >= 90% (what flint-nano is trained to);
+                phr-tools exact and phr-arith >= 90%, phr-greet and
+                phr-refuse 100%
+Answers cut off by the token limit are counted under the table.
 --compare REF.json holds this run to a saved one (e.g. the reference
 engine's) on the same cases: it passes when every metric is within noise
 (the two differ by at most two standard errors of their difference), at
@@ -229,6 +242,10 @@ def _print(report: dict, console=None) -> None:
                     f"{'' if c['within'] else ' OUTSIDE'}"]
             t.add_row(*row)
     console.print(t)
+    cut = {grp: g["length_hits"] for grp, g in report["groups"].items() if g.get("length_hits")}
+    if cut:
+        print(f"answers cut off by the token limit: {sum(cut.values())} ("
+              + ", ".join(f"{grp} {k}" for grp, k in cut.items()) + ")")
     if "compare" in report:
         c = report["compare"]
         agree_ok = c["identical_answers"] >= c["agree_min"]
