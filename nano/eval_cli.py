@@ -34,8 +34,8 @@ figures (held-out cases of the flint-nano curriculum, greedy decoding):
                 day count, or a conversion with unit names in words;
                 scored as tools
   phr-arith     (phrasing) a word problem or terse sum, 3 digits
-  phr-greet     (phrasing) a greeting or small talk: answered briefly
-                (1-300 characters), no tool call, not cut off
+  phr-greet     (phrasing) a greeting or small talk: answered with one of
+                the trained replies, no tool call, not cut off
   phr-refuse    (phrasing) a request outside the skills: as phr-greet,
                 and the answer starts "I can't"
   phr-multi     (phrasing) a greeting answered, then a phr-tools request

@@ -25,9 +25,10 @@ and number pairs the training never saw. Every case is one chat request decoded 
   training template against them). phr-tools: a weather question without a unit or day count,
   or a conversion with unit names spelled out, scored as tools; phr-arith: a word problem or
   terse sum, 3 digits, scored as arith (tools offered in every other case); phr-greet: a
-  greeting or small talk, `correct` when answered briefly (1 to BRIEF characters), without a
-  tool call and not cut off by the token limit; phr-refuse: a request outside the skills,
-  `correct` as phr-greet and starting "I can't"; phr-multi: a held-out greeting answered, then
+  greeting or small talk, `correct` when answered with one of the trained replies
+  (phrasings.GREETING_REPLIES, any intent's), at most BRIEF characters, without a tool call and
+  not cut off by the token limit; phr-refuse: a request outside the skills, `correct` when
+  answered as briefly, starting "I can't"; phr-multi: a held-out greeting answered, then
   a phr-tools request, scored as tools.
 - chat (not in the default suites, so that the shipped reports keep their case list): what a
   chat user asked beyond the issue's suites, each scored as arith. chat-chain3: 3-digit
@@ -62,6 +63,7 @@ from flint_graph.errors import InvalidRequestError
 from flint_graph.nano.curriculum import (TOOLS, arithmetic, convert_ask, greeting, older_turns,
                                          out_of_scope, recall, tool_use, weather_ask,
                                          word_problem)
+from flint_graph.nano.phrasings import GREETING_REPLIES
 from flint_graph.chat.tool_schema import admits, tool_schemas
 
 SUITES = ("tools", "arith", "recall", "chain", "chat", "phrasing")
@@ -96,6 +98,9 @@ MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48,
 CHAT_GROUPS = ("chat-chain3", "chat-negative", "chat-list")
 PHRASING_GROUPS = ("phr-tools", "phr-arith", "phr-greet", "phr-refuse", "phr-multi")
 BRIEF = 300  # characters: the longest reply phr-greet / phr-refuse count as brief
+# a greeting's reply counts when it is one of the trained ones (any intent's): brief nonsense
+# ("ratcen", a reversed word) passed a brevity rule alone
+GREETING_ANSWERS = frozenset(answer for _, answer in GREETING_REPLIES.values())
 
 
 
@@ -216,7 +221,9 @@ def score(case: Case, msg) -> dict[str, bool]:
         text = msg.content.strip()
         brief = (not msg.tool_calls and 0 < len(text) <= BRIEF
                  and msg.finish_reason != "length")
-        return {"correct": brief and (case.group == "phr-greet" or text.startswith("I can't"))}
+        sensible = (text in GREETING_ANSWERS if case.group == "phr-greet" else
+                    text.startswith("I can't"))
+        return {"correct": brief and sensible}
     if case.group not in TOOL_GROUPS:  # an answer; with tools offered it must not call one
         return {"correct": not msg.tool_calls and msg.content.strip() == case.expect}
     calls = msg.tool_calls

@@ -159,10 +159,11 @@ def _msg(content="", calls=(), finish="stop"):
 
 @pytest.mark.parametrize("group, reply, calls, finish, correct", [
     ("phr-greet", "Hello! " + ph.CAN, (), "stop", True),
-    ("phr-greet", "Hi.", (), "stop", True),
+    ("phr-greet", "You're welcome!", (), "stop", True),  # another intent's reply still counts
+    ("phr-greet", "ratcen", (), "stop", False),  # brief nonsense does not
     ("phr-greet", "", (), "stop", False),
     ("phr-greet", "x" * (evals.BRIEF + 1), (), "stop", False),
-    ("phr-greet", "Hello!", (), "length", False),
+    ("phr-greet", "Goodbye!", (), "length", False),
     ("phr-greet", "", [("lookup", {})], "tool_calls", False),
     ("phr-refuse", ph.REFUSAL, (), "stop", True),
     ("phr-refuse", "Paris.", (), "stop", False),
