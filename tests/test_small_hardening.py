@@ -73,6 +73,27 @@ def test_non_finite_logits_end_the_request_with_an_error(tiny_ckpt):
     assert again.finish_reason == "length" and len(again.token_ids) == 3
 
 
+@pytest.mark.parametrize("ids, rows, bad", [
+    ([0, 5], [float("nan"), 1.0], [0]),  # a NaN row drew id 0 (the sampler reads NaN as -inf)
+    ([0, 0], [float("-inf"), float("inf")], [0, 1]),
+    ([0, 0], [1.0, float("nan")], [1]),  # id 0 from finite logits is a real draw
+    ([3, 4], [float("nan"), float("nan")], []),  # another id: only id-0 rows are checked
+    ([7], [1.0], []),
+])
+def test_graph_decode_rows_with_non_finite_logits_are_found_from_id_zero(ids, rows, bad):
+    """Issue 26 item 4 on the graph engine: the fused sampler answers id 0 for a row with no
+    finite logit, so `non_finite_rows` checks only rows that drew id 0 (no host sync on the
+    hot path otherwise) and names those whose logits hold NaN or inf."""
+    import torch
+
+    from flint_graph.runtime.engine import non_finite_rows
+
+    logits = torch.zeros(len(rows), 16, dtype=torch.bfloat16)
+    for i, v in enumerate(rows):
+        logits[i, 3 + i] = v
+    assert non_finite_rows(ids, logits) == bad
+
+
 @pytest.mark.parametrize("field,value", [("rms_norm_eps", 1e308), ("routed_scaling_factor", 1e30),
                                          ("rope_theta", 1e300)])
 def test_settings_that_make_every_activation_useless_are_refused(field, value):

@@ -208,8 +208,9 @@ class Engine:
         return delta
 
     def _graph_decode(self, rows: list[Request]) -> list[RequestDelta]:
-        """One graph replay for `rows`; rows whose stop ids are still banned (min_tokens) are
-        resampled here from the step's logits, the rest take the graph's draw."""
+        """One graph replay for `rows`; rows whose logits are not finite end with "error"
+        (`non_finite_rows`), rows whose stop ids are still banned (min_tokens) are resampled
+        here from the step's logits, the rest take the graph's draw."""
         from flint_graph.capture.decode_step import Row
 
         steps = [Row(slot=self._slot[r.id], token=r.output_ids[-1],
@@ -218,6 +219,15 @@ class Engine:
                      top_p=r.params.top_p, seed=r.seed, draw_index=r.num_generated)
                  for r in rows]
         ids, logits = self.runner.decode(steps)
+        bad = non_finite_rows(ids, logits)
+        failed = [self._fail(rows[i], _not_finite(rows[i])) for i in bad]
+        if bad:
+            keep = [i for i in range(len(rows)) if i not in bad]
+            rows, ids, logits = [rows[i] for i in keep], [ids[i] for i in keep], logits[keep]
+        return failed + (self._graph_decode_deltas(rows, ids, logits) if rows else [])
+
+    def _graph_decode_deltas(self, rows: list[Request], ids: list[int],
+                             logits: torch.Tensor) -> list[RequestDelta]:
         banned = [i for i, r in enumerate(rows)
                   if r.num_generated < r.params.min_tokens and r.eos_ids]
         ids = [t if i in banned else rows[i].steer(t) for i, t in enumerate(ids)]
@@ -246,10 +256,7 @@ class Engine:
         if not all(finite):
             # NaN or inf logits would sample id 0 forever ("!!", finish "length", no error):
             # end those requests with the reason instead (weights or settings out of range)
-            failed = [self._fail(r, f"the model's logits are not finite (NaN or inf) at output "
-                                    f"token {r.num_generated}: a weight or a config value is "
-                                    "out of range for this model")
-                      for r, ok in zip(rows, finite) if not ok]
+            failed = [self._fail(r, _not_finite(r)) for r, ok in zip(rows, finite) if not ok]
             keep = [i for i, ok in enumerate(finite) if ok]
             if not keep:
                 return failed
@@ -373,6 +380,25 @@ class Engine:
         for e in evicted:
             if self.runner:
                 self.runner.free_slot(e.kv)
+
+
+def _not_finite(req: Request) -> str:
+    return (f"the model's logits are not finite (NaN or inf) at output token "
+            f"{req.num_generated}: a weight or a config value is out of range for this model")
+
+
+def non_finite_rows(ids: list[int], logits: torch.Tensor) -> list[int]:
+    """Rows of a graph decode step whose logits hold NaN or inf, found without a host sync on
+    the hot path: the fused sampler (kernels/decode/sample_tokens.py) reads NaN as -inf and
+    answers id 0 for a row with no finite logit, so only rows that drew id 0 are checked (one
+    sync, for them alone). ids: the step's sampled ids; logits: [len(ids), V] on the device.
+    A row with some NaN logits that still drew another id keeps it (its NaNs counted as -inf,
+    as the sampler's contract says)."""
+    zero = [i for i, t in enumerate(ids) if t == 0]
+    if not zero:
+        return []
+    finite = torch.isfinite(logits[zero]).all(dim=-1).tolist()
+    return [i for i, ok in zip(zero, finite) if not ok]
 
 
 def _record_logprobs(rows: list[Request], logits: torch.Tensor, ids: list[int]) -> None:
