@@ -21,7 +21,8 @@ each tile: there are no registers left to hold them). Keys go in 32-key tiles al
 absolute positions (a page of a full layer holds two), in three shared-memory stages filled by
 cp.async two tiles ahead, so one barrier per tile suffices (16-byte copies; a copy whose key lies outside the CTA's range [lo, hi] is a zero fill,
 so an unwritten NaN entry never reaches a product). 64-key tiles spill registers (the scores
-and the output accumulator of two m-tiles take ~190 of 255). Rows are padded to D + 8 values so
+and the output accumulator of two m-tiles take ~190 of 255); sm_100a's ptxas spills 32-key
+tiles too, so that build takes 16-key tiles (`tile_keys`; the same launch and code otherwise). Rows are padded to D + 8 values so
 ldmatrix reads are free of bank conflicts. Per tile and warp, on mma.sync m16n8k16 (bf16 in,
 fp32 out): S = Q·Kᵀ (Q and K by ldmatrix), online softmax in log2 units (ex2.approx), P rounded
 to bf16 as the A operand of O += P·V (V by ldmatrix.trans). ~252 registers and 87 KB of shared
@@ -54,10 +55,17 @@ from flint_graph.kernels.toolchain.spec import KV_PAGE, KernelDef, Launch, Spec,
 
 WARPS = 4
 ROWS = 32  # MMA rows per warp: two m16 tiles, so each K/V fragment loaded feeds two MMAs
-BN = 32  # keys per tile (a page of a full layer holds KV_PAGE / BN tiles)
+BN = 32  # keys per tile on sm_90a (a page of a full layer holds KV_PAGE / BN tiles)
+BN_OTHER = 16  # on sm_100a (compiled in CI, not run here): with 32 its ptxas spills 26-50 values
 PAD = 8  # bf16 values of padding per shared-memory row (conflict-free ldmatrix)
 STAGES = 3
 LOG2E = 1.4426950408889634
+
+
+def tile_keys(arch: str) -> int:
+    """Keys per tile for `arch`: BN on sm_90a, BN_OTHER elsewhere. The shared memory the launch
+    declares is BN's, which fits either."""
+    return BN if arch == "sm_90a" else BN_OTHER
 
 
 def tokens_per_cta(spec: Spec) -> int:
@@ -194,7 +202,7 @@ def flops(spec: Spec, tokens: int, start: int) -> int:
     return 4 * spec["D"] * spec["HQ"] * pairs
 
 
-def _build(spec: Spec):
+def _build(spec: Spec, arch: str = "sm_90a"):
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
@@ -203,6 +211,7 @@ def _build(spec: Spec):
     from flint_graph.kernels.toolchain import dsl_util as du
 
     _check(spec)
+    bn = tile_keys(arch)
     hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
     ring, window = spec["RING"], spec["W"]
     g_heads = hq // hkv
@@ -210,10 +219,10 @@ def _build(spec: Spec):
     rows = WARPS * ROWS  # the CTA's MMA rows: tq tokens × G heads
     threads = 32 * WARPS
     rb = _row_bytes(spec)
-    tile_bytes = BN * rb
+    tile_bytes = bn * rb
     stage_bytes = 2 * tile_bytes
     q_off = STAGES * stage_bytes  # Q's rows follow the K/V stages
-    chunks = BN * d // 8  # 16-byte copies per K (or V) tile
+    chunks = bn * d // 8  # 16-byte copies per K (or V) tile
     per_thread = chunks // threads if chunks >= threads else 1
     cpr = d // 8  # copies per key row
     q_per_thread = rows * cpr // threads
@@ -226,7 +235,7 @@ def _build(spec: Spec):
     def load_tile(tile, stage, tid, kvh, n, lo, qmax, slot, sbase, kc, vc, kn, vn, tb, mtable):
         """cp.async this thread's copies of K and V tile `tile` into `stage` (a trace-time
         helper: everything dynamic comes in as an argument)."""
-        kb = tile * BN
+        kb = tile * bn
         for i in range(per_thread):
             c = tid + threads * i
             row, col = c // cpr, c % cpr
@@ -292,14 +301,14 @@ def _build(spec: Spec):
         qpos0 = n + q0 + lane_tok
         qpos = [qpos0 + row_tok[i] for i in range(4)]
 
-        # the CTA's key range [lo, hi] and its BN-key tiles
+        # the CTA's key range [lo, hi] and its bn-key tiles
         qmin = n + q0
         qmax = n + cutlass.min(q0 + tq - 1, last)
         lo = Int32(0)
         if cutlass.const_expr(window > 0):
             lo = cutlass.max(qmin - (window - 1), Int32(0))
-        t_first = lo // BN
-        ntiles = qmax // BN + 1 - t_first
+        t_first = lo // bn
+        ntiles = qmax // bn + 1 - t_first
 
         kc, vc = mkc.iterator.toint(), mvc.iterator.toint()
         kn, vn = mkn.iterator.toint(), mvn.iterator.toint()
@@ -343,17 +352,17 @@ def _build(spec: Spec):
             cute.arch.sync_threads()
             load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES, tid, kvh, n, lo, qmax, slot,
                       sbase, kc, vc, kn, vn, tb, mtable)
-            kb = tile * BN
+            kb = tile * bn
             ks = sbase + Uint32(stage * stage_bytes)
             vs = ks + Uint32(tile_bytes)
             # S = Q·Kᵀ for both m-tiles: n-tile j holds keys kb + 8j + 2t (+1) of rows g (c0,
             # c1) and g + 8 (c2, c3); each K fragment feeds both m-tiles
-            sc = cute.make_rmem_tensor((2, BN // 2), Float32)
+            sc = cute.make_rmem_tensor((2, bn // 2), Float32)
             sc.fill(0.0)
             for s in cutlass.range_constexpr(0, ksteps, 2):
                 a = [du.ldmatrix_x4(qa + Uint32(16 * mt * rb + (16 * (s + h)) * 2))
                      for mt in range(2) for h in range(2)]
-                for j in cutlass.range_constexpr(BN // 8):
+                for j in cutlass.range_constexpr(bn // 8):
                     b = du.ldmatrix_x4(ks + Uint32((8 * j + lane % 8) * rb
                                                    + (16 * s + 8 * (lane // 8)) * 2))
                     for mt in cutlass.range_constexpr(2):
@@ -363,16 +372,16 @@ def _build(spec: Spec):
                         for e in cutlass.range_constexpr(4):
                             sc[mt, 4 * j + e] = c4[e]
             # mask only where a row's causal edge or window start falls inside the tile
-            edge = kb + (BN - 1) > qmin
+            edge = kb + (bn - 1) > qmin
             if cutlass.const_expr(window > 0):
                 edge = edge | (kb <= qmax - window)
             for mt in cutlass.range_constexpr(2):
-                for j in cutlass.range_constexpr(BN // 8):
+                for j in cutlass.range_constexpr(bn // 8):
                     for e in cutlass.range_constexpr(4):
                         sc[mt, 4 * j + e] = sc[mt, 4 * j + e] * Float32(qk_scale)
             if edge:
                 for mt in cutlass.range_constexpr(2):
-                    for j in cutlass.range_constexpr(BN // 8):
+                    for j in cutlass.range_constexpr(bn // 8):
                         for e in cutlass.range_constexpr(4):
                             kp = kb + 8 * j + 2 * t + e % 2
                             p = qpos[2 * mt + e // 2]
@@ -386,7 +395,7 @@ def _build(spec: Spec):
             for i in cutlass.range_constexpr(4):
                 mt, r = i // 2, i % 2
                 mx = sc[mt, 2 * r]
-                for j in cutlass.range_constexpr(BN // 8):
+                for j in cutlass.range_constexpr(bn // 8):
                     for e in cutlass.range_constexpr(2):
                         mx = cutlass.max(mx, sc[mt, 4 * j + 2 * r + e])
                 mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
@@ -396,7 +405,7 @@ def _build(spec: Spec):
                 m_use = cutlass.select_(m_new == Float32(ninf), Float32(0.0), m_new)
                 alpha = du.ex2(m_old - m_use)
                 psum = Float32(0.0)
-                for j in cutlass.range_constexpr(BN // 8):
+                for j in cutlass.range_constexpr(bn // 8):
                     for e in cutlass.range_constexpr(2):
                         v = du.ex2(sc[mt, 4 * j + 2 * r + e] - m_use)
                         sc[mt, 4 * j + 2 * r + e] = v
@@ -408,7 +417,7 @@ def _build(spec: Spec):
                     acc[mt, jd, 2 * r + 1] = acc[mt, jd, 2 * r + 1] * alpha
             # O += P·V: k-step kk covers keys 16kk … 16kk+15 (n-tiles 2kk, 2kk + 1 of S); each
             # V fragment feeds both m-tiles
-            for kk in cutlass.range_constexpr(BN // 16):
+            for kk in cutlass.range_constexpr(bn // 16):
                 pa = [[du.pack_bf16(sc[mt, 8 * kk + 2 * e], sc[mt, 8 * kk + 2 * e + 1])
                        for e in range(4)] for mt in range(2)]
                 for jd in cutlass.range_constexpr(0, dtiles, 2):
@@ -452,4 +461,5 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="attn_prefill", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("toolchain/dsl_util.py",))
+                   reference=_reference, source_files=("toolchain/dsl_util.py",),
+                   build_takes_arch=True)

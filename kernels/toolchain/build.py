@@ -83,7 +83,8 @@ def compile_spec(kdef: KernelDef, spec: Spec, arch: str) -> tuple[dict[str, Any]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as dump:
         try:
-            compiled = cute.compile(kdef.build(spec), *_fake_args(args), options=(
+            fn = kdef.build(spec, arch) if kdef.build_takes_arch else kdef.build(spec)
+            compiled = cute.compile(fn, *_fake_args(args), options=(
                 f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir={dump}"))
         except Exception as e:
             raise KernelBuildError(f"{eid}: compile failed: {type(e).__name__}: {e}") from e

@@ -145,7 +145,9 @@ class KernelDef:
     launch(spec): grid (possibly in dynamic extents), block, dynamic smem.
     specs(cfg, buckets): every specialisation the model `cfg` (a FlintConfig) needs.
     build(spec): the `@cute.jit` function for one specialisation (imports the DSL; compile side
-        only). Its parameters: the declared args in order, then the stream.
+        only). Its parameters: the declared args in order, then the stream. With
+        `build_takes_arch`, build(spec, arch) ("sm_90a", "sm_100a"): one arch's ptxas may need
+        another tiling to fit the registers, inside the same declared launch.
     reference(spec, *tensors): plain-PyTorch outputs from flint_graph/reference.py's ops, the
         oracle the GPU tests compare with (same argument order as the kernel, outputs returned).
     source_files: files besides the kernel's own module whose change makes its cubins stale.
@@ -158,6 +160,7 @@ class KernelDef:
     build: Callable[[Spec], Callable[..., Any]]
     reference: Callable[..., Any]
     source_files: tuple[str, ...] = field(default=())
+    build_takes_arch: bool = False
 
     def spec(self, **values: int) -> Spec:
         """A Spec of this kernel from keyword values."""
