@@ -34,11 +34,26 @@ ATTN_BLOCK_ELEMS = 1 << 27  # fp32 logits per query block in `attention` (512 Mi
 # -- ops -------------------------------------------------------------------------------------
 
 
+def acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype the reference's matmuls and attention sums run in for a tensor on t's device:
+    float64 on the CPU, float32 elsewhere. Why float64 on the CPU: its GEMMs and reductions add
+    in an order that depends on how many rows (or keys) they are given, so in float32 a token's
+    bf16 result could change with the chunk it was prefilled in or the batch it was decoded
+    with, and a near-tie in the logits then flipped a greedy token (docs/kv-reuse.md). In
+    float64 the order changes only the 53-bit sum, which then rounds to the same fp32/bf16
+    value: the results are those of exact products and sums rounded once, as DESIGN §4 asks,
+    whatever the chunking. CUDA keeps float32 (its tests hold kernels to tolerances, and its
+    saved eval reports stay comparable)."""
+    return torch.float64 if t.device.type == "cpu" else torch.float32
+
+
 def linear(x: torch.Tensor, w: Linear, *, dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """x bf16 [..., K] @ w[N, K]ᵀ (BF16 or NVFP4, dequantised exactly) -> bf16 [..., N].
 
-    FP32 products and accumulation, one rounding to `dtype` (BF16, DESIGN §4)."""
-    return (x.float() @ dense(w, torch.float32).T).to(dtype)
+    Exact products, accumulation in `acc_dtype` (FP32, or FP64 on the CPU), one rounding to
+    `dtype` (BF16, DESIGN §4)."""
+    acc = acc_dtype(x)
+    return (x.to(acc) @ dense(w, acc).T).to(dtype)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, *,
@@ -98,12 +113,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
     t, hq, d = q.shape
     hkv = k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    kf = k.float().permute(1, 0, 2)  # [Hkv, S, D]
-    vf = v.float().permute(1, 0, 2)  # [Hkv, S, D]
+    acc = acc_dtype(q)
+    kf = k.to(acc).permute(1, 0, 2)  # [Hkv, S, D]
+    vf = v.to(acc).permute(1, 0, 2)  # [Hkv, S, D]
     block = max(1, ATTN_BLOCK_ELEMS // (hq * max(1, k.shape[0])))
     out = []
     for b in range(0, t, block):
-        qb = q[b:b + block].float().view(-1, hkv, hq // hkv, d).permute(1, 2, 0, 3)
+        qb = q[b:b + block].to(acc).view(-1, hkv, hq // hkv, d).permute(1, 2, 0, 3)
         s = (qb @ kf[:, None].transpose(-1, -2)) * scale  # [Hkv, G, Tb, S]
         qp, kp = q_pos[b:b + block, None], k_pos[None, :]
         visible = kp <= qp
@@ -112,7 +128,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
         s = s.masked_fill(~visible, float("-inf"))
         m = s.amax(-1, keepdim=True)  # [Hkv, G, Tb, 1]
         if sinks is not None:
-            sink = sinks.float().view(hkv, -1, 1, 1)
+            sink = sinks.float().to(acc).view(hkv, -1, 1, 1)
             m = torch.maximum(m, sink)
         p = torch.exp(s - m)
         den = p.sum(-1, keepdim=True)
@@ -133,7 +149,8 @@ def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int,
     when `norm`, times `scaling`. `logits` fp32 [T, E], when given, stands for x·routerᵀ (a
     caller that computes the same sums faster, e.g. capture/prefill.py on tensor cores)."""
     if logits is None:
-        logits = x.float() @ router.float().T
+        acc = acc_dtype(x)
+        logits = (x.to(acc) @ router.to(acc).T).float()
     s = torch.sigmoid(logits)  # [T, E]
     ids = torch.topk(s + bias.float(), top_k, dim=-1).indices  # [T, K]
     w = s.gather(-1, ids)
@@ -331,7 +348,8 @@ class ReferenceModel:
 def lm_head(h: torch.Tensor, w: Linear) -> torch.Tensor:
     """Logits float32 [T, V] of the final-normed stream h bf16 [T, H] and the LM head w [V, H]:
     computed in fp32 and not rounded (the graph engine's GEMV rounds them to bf16)."""
-    return h.float() @ dense(w, torch.float32).T
+    acc = acc_dtype(h)
+    return (h.to(acc) @ dense(w, acc).T).float()
 
 
 def decoder_layer(cfg: FlintConfig, lw: LayerWeights, layer: int, x: torch.Tensor,

@@ -120,6 +120,31 @@ def test_multi_turn_chat_equals_a_cold_start_and_reuses_the_history(llms):
     assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
 
 
+def test_reuse_and_chunk_size_leave_every_log_probability_unchanged(tiny_ckpt):
+    """Stronger than equal tokens: with reuse on and prefill chunks of 5 tokens, against reuse
+    off and whole prompts, every generated token's log-probability is the same float, turn
+    after turn. The CPU reference sums in float64 (`reference.acc_dtype`), so a token's logits
+    do not depend on the chunk it was prefilled in (docs/kv-reuse.md)."""
+    from flint_graph import LLM
+
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=True)
+    runs = {}
+    for name, cfg in (("on", EngineConfig(max_slots=2, prefill_chunk_tokens=5)),
+                      ("off", EngineConfig(max_slots=2, kv_reuse=False))):
+        llm = LLM(tiny_ckpt, device="cpu", progress=False, engine=cfg)
+        msgs, out = [], []
+        for i in range(6):
+            msgs.append({"role": "user", "content": f"question {i} about {i * 91}: "
+                                                    + " ".join(f"w{i * j}" for j in range(30))})
+            msg = llm.chat(msgs, params=params)
+            out.append((msg.output.token_ids, msg.output.logprobs, msg.output.cached_tokens))
+            msgs.append({"role": "assistant", "content": msg.content or "",
+                         "reasoning_content": msg.reasoning_content})
+        runs[name] = out
+    assert [o[:2] for o in runs["on"]] == [o[:2] for o in runs["off"]]
+    assert all(o[2] > 0 for o in runs["on"][1:]) and not any(o[2] for o in runs["off"])
+
+
 def test_a_tool_loop_reuses_almost_every_prompt_token(llms):
     on, off = llms
     tools = [{"type": "function", "function": {

@@ -5,7 +5,9 @@ Tolerances:
 - An op that rounds once to BF16 is within half a BF16 ulp (2^-9 relative) of the exact value,
   plus FP32 noise; we allow 2^-8 relative per element.
 - Whole-model comparisons of two ways to compute the same logits (prefill vs decode, batch vs
-  alone) differ only by FP32 summation order (a 40-row matmul vs 40 one-row ones, masked keys
+  alone) are bitwise equal on the CPU, where the reference sums in float64
+  (test_cpu_logits_do_not_depend_on_chunking_or_batching); elsewhere they differ only by FP32
+  summation order (a 40-row matmul vs 40 one-row ones, masked keys
   or not). That flips an occasional BF16 rounding, which moves logits by a few BF16 ulps
   (2^-8 = 3.9e-3 relative); rarely a flip lands on a router near-tie and swaps an expert for one
   token, which moves that token's logits by up to ~15%. So the BF16 check bounds the median and
@@ -233,6 +235,27 @@ def test_prefill_matches_decode_wide(tiny):
         assert seq.num_tokens == len(tokens)
         assert all(t.dtype == WIDE for t in seq.k + seq.v)
         assert _rel(last[None], step[-1:]).item() <= WIDE_MAX_REL
+
+
+def test_cpu_logits_do_not_depend_on_chunking_or_batching(tiny):
+    """On the CPU the reference sums in float64 (`acc_dtype`), so a token's logits are the same
+    bits whether its prompt was prefilled whole, in chunks or token by token, and whether it
+    was decoded alone or in a batch: what KV reuse needs for a resumed prefill to equal a cold
+    one (docs/kv-reuse.md). In float32 the BLAS summed a row in an order set by how many rows
+    it was given, and greedy picks at near-ties changed with the chunk size."""
+    cfg, w = tiny
+    model = R.ReferenceModel(cfg, w)
+    tokens = _tokens(2 * cfg.sliding_window + 6, 7, cfg.vocab_size)  # wraps the ring twice
+    step = _decode(model, tokens)
+    assert torch.equal(model.forward([model.new_sequence()], [tokens])[0], step)
+    for chunk in (5, cfg.sliding_window, cfg.sliding_window + 3):
+        seq = model.new_sequence()
+        chunked = torch.cat([model.forward([seq], [c])[0] for c in tokens.split(chunk)])
+        assert torch.equal(chunked, step), chunk
+        assert torch.equal(model.prefill(model.new_sequence(), tokens, chunk_tokens=chunk),
+                           step[-1])
+    batched, alone = _batch_vs_alone(cfg, w)
+    assert torch.equal(batched, alone)
 
 
 def _batch_vs_alone(cfg: FlintConfig, w: FlintWeights, act_dtype: torch.dtype = R.ACT_DTYPE):
