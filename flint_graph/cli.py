@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         if getattr(args, "command", None) is None:
-            parser.print_help()
+            # a usage error, one line as every other (README); --help prints the whole help
+            print(f"flint-graph: error: no command given; expected one of "
+                  f"{', '.join(COMMANDS)} (flint-graph --help explains them)", file=sys.stderr)
             return EXIT_BAD_INPUT
         run, modules = COMMANDS[args.command]
         for name in modules:
@@ -117,7 +119,7 @@ def sampling_params(args: argparse.Namespace):
 
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                           top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                          stop=list(args.stop or []))
+                          stop=list(args.stop or []), stop_on_repeat=args.stop_on_repeat)
 
 
 TOOLS_MAX_BYTES = 16 << 20  # a tools.json is a few KB; the HTTP server's body cap alike

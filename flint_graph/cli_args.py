@@ -304,3 +304,6 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, metavar="S", help="seed for reproducible sampling")
     g.add_argument("--stop", action="append", metavar="TEXT", default=None,
                    help="stop string (repeatable); it is not included in the output")
+    g.add_argument("--stop-on-repeat", type=int, metavar="N", default=0,
+                   help="end an answer whose last N tokens are one short block said over and "
+                        "over (at least 4 times), e.g. 64; N from 8 to 4096 (default: off)")

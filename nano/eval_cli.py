@@ -62,12 +62,14 @@ def add_eval_parser(sub, positive_int) -> None:
     from flint_graph.perf.cli import _path
 
     p = sub.add_parser("eval", help="accuracy suite: tool calls, arithmetic, long-context "
-                                    "recall, two-request chats (flint-nano's skills), on any "
-                                    "engine",
+                                    "recall, two-request chats (flint-nano's skills; --suite "
+                                    "phrasing: greetings and paraphrases), on any engine",
                        description=textwrap.fill(
                            "Score a checkpoint on held-out tool-calling, arithmetic, "
                            "long-context recall and two-request chat cases through the chat "
-                           "API, on the chosen engine; compare with a saved run.", 79),
+                           "API, on the chosen engine (--suite chat and --suite phrasing add "
+                           "more: a third request, greetings, out-of-scope requests and "
+                           "paraphrased skills); compare with a saved run.", 79),
                        epilog=EVAL_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="BF16 checkpoint directory or NVFP4 .gguf (default: the embedded one)")

@@ -89,6 +89,7 @@ def test_generation_config_max_new_tokens_bounds_the_default(tiny_ckpt):
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "1.5"], "top_p"),
     (["--top-k", "-1"], "top_k"),
+    (["--stop-on-repeat", "3"], "stop_on_repeat"),
     (["--prompt", "   "], "empty"),
 ])
 def test_generate_bad_values_one_line(capsys, tiny_ckpt, extra, match):
@@ -452,3 +453,38 @@ def test_max_context_on_the_reference_engine_says_it_is_ignored(capsys, tiny_ckp
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 2,
                         "--device", "cpu", "--max-context", 10)
     assert code == 0 and "--max-context sizes the graph engine's KV cache" in err
+
+
+def test_stop_on_repeat_cuts_the_answer_where_it_starts_to_loop(capsys, tiny_ckpt):
+    """--stop-on-repeat N: the answer is the free answer cut at the token that completes N
+    tokens of one block said four times or more (RepeatDetector), with finish reason "stop";
+    an answer that never loops is left whole."""
+    from flint_graph.cli import sampling_params
+    from flint_graph.cli_args import build_parser
+    from flint_graph.runtime.stopping import RepeatDetector
+
+    for cmd in ("generate", "chat"):
+        args = build_parser().parse_args([cmd, "--stop-on-repeat", "64"])
+        assert sampling_params(args).stop_on_repeat == 64
+    assert sampling_params(build_parser().parse_args(["chat"])).stop_on_repeat == 0
+    for prompt in ("count with me", "hello hello hello"):  # neither loops on this checkpoint
+        base = ["generate", tiny_ckpt, "--device", "cpu", "--prompt", prompt, "--raw",
+                "--temperature", "0", "--max-tokens", "200", "--json"]
+        _, free, _ = _run(capsys, *base)
+        code, out, err = _run(capsys, *base, "--stop-on-repeat", "8")
+        assert code == 0, err
+        free, out = json.loads(free), json.loads(out)
+        det = RepeatDetector(8)
+        cut = next((i for i, t in enumerate(free["token_ids"]) if det.push(t)), None)
+        if cut is None:
+            assert out["token_ids"] == free["token_ids"]
+        else:
+            assert out["finish_reason"] == "stop"
+            assert out["token_ids"] == free["token_ids"][:cut + 1]
+
+
+def test_no_command_is_a_one_line_usage_error(capsys):
+    code, out, err = _run(capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("flint-graph: error: no command given") and "chat" in err
+    assert len(err.strip().splitlines()) == 1

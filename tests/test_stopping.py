@@ -11,7 +11,7 @@ import pytest
 
 from flint_graph.errors import InvalidRequestError
 from flint_graph.runtime.sampling import SamplingParams
-from flint_graph.runtime.stopping import StopChecker, check_token
+from flint_graph.runtime.stopping import RepeatDetector, StopChecker, check_token
 
 # Overlapping, self-overlapping and tag-like stops: the cases where a naive hold-back fails.
 STOPS = ["<|user|>", "<|observation|>", "aab", "abab", "ba", "STOP", "é中"]
@@ -139,3 +139,60 @@ def test_check_token_with_checkpoint_defaults():
         assert check_token(1, 4, params, eos_ids) == "length"
     quiet = SamplingParams(ignore_eos=True).with_defaults(gen)
     assert check_token(8, 3, quiet, list(quiet.stop_token_ids)) is None
+
+
+# -- stop_on_repeat (issue 25: a run that repeats itself can be stopped) ---------------------
+
+
+def _first_stop(window: int, ids: list[int]) -> int | None:
+    det = RepeatDetector(window)
+    return next((i for i, t in enumerate(ids) if det.push(t)), None)
+
+
+def _periodic_tail(ids: list[int], window: int) -> bool:
+    """Brute force: the last `window` ids are one block of p <= window // 4 ids repeated."""
+    tail = ids[-window:]
+    return len(tail) == window and any(all(tail[i] == tail[i - p] for i in range(p, window))
+                                       for p in range(1, window // 4 + 1))
+
+
+@pytest.mark.parametrize("ids, window, want", [
+    ([7] * 20, 8, 7),  # "dddd…": the 8th identical id completes the window
+    ([1, 2] * 10, 8, 7),  # "rerere…"
+    ([5, 6, 7, 8, 9] * 8, 20, 19),  # a 5-id phrase, four times
+    ([5, 6, 7, 8, 9] * 3 + [5, 6, 7, 8], 20, None),  # under four repeats: goes on
+    (list(range(100)), 8, None),  # no loop
+    ([3, 4, 3, 4, 3, 4, 3, 9] + [1] * 7, 8, None),  # a loop broken just in time
+])
+def test_a_loop_is_stopped_when_the_window_holds_four_repeats(ids, window, want):
+    assert _first_stop(window, ids) == want
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_incremental_detector_agrees_with_brute_force(seed):
+    rng = random.Random(seed)
+    window = rng.choice([8, 12, 16, 33])
+    block = [rng.randrange(4) for _ in range(rng.randint(1, window // 4 + 2))]
+    ids = [rng.randrange(4) for _ in range(rng.randint(0, 20))] + block * rng.randint(1, 12)
+    ids += [rng.randrange(4) for _ in range(rng.randint(0, 5))]
+    want = next((i for i in range(len(ids)) if _periodic_tail(ids[:i + 1], window)), None)
+    assert _first_stop(window, ids) == want
+
+
+@pytest.mark.parametrize("bad", [-1, 1, 7, 4097, 2.5, True, "64"])
+def test_stop_on_repeat_takes_off_or_a_token_count(bad):
+    with pytest.raises(InvalidRequestError, match="stop_on_repeat"):
+        SamplingParams(stop_on_repeat=bad)
+
+
+def test_a_looping_request_finishes_with_stop(tiny_llm):
+    """The tiny model's greedy output at temperature 0 falls into a loop within its 300 tokens;
+    with stop_on_repeat it ends there with "stop", without running to max_tokens."""
+    params = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
+    free = tiny_llm.generate(["hello hello hello"], params)[0]
+    stopped = tiny_llm.generate(["hello hello hello"],
+                                SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True,
+                                               stop_on_repeat=16))[0]
+    cut = _first_stop(16, free.token_ids)
+    assert cut is not None, "the tiny model did not loop: pick another prompt"
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[:cut + 1]

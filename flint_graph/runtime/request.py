@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from flint_graph.chat.output_parser import OutputParser, ParseDelta, ToolCall, ToolCallDelta
 from flint_graph.runtime.sampling import SamplingParams
-from flint_graph.runtime.stopping import StopChecker, check_token
+from flint_graph.runtime.stopping import RepeatDetector, StopChecker, check_token
 from flint_graph.chat.tokenizer import FlintTokenizer, IncrementalDetokenizer
 
 _ids = itertools.count()
@@ -83,6 +83,7 @@ class Request:
         self.errors: list[str] = []  # the engine's, e.g. a failed decode step (finish "error")
         self._detok = IncrementalDetokenizer(tokenizer, self.prompt_ids)
         self._stop = StopChecker(list(params.stop or []))
+        self._repeat = RepeatDetector(params.stop_on_repeat) if params.stop_on_repeat else None
         self.parser = parser
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
@@ -149,6 +150,8 @@ class Request:
             self._emit(delta, self._stop.push(self._detok.push(token_id)))
             if self._stop.stopped:
                 reason = "stop"
+        if reason is None and self._repeat is not None and self._repeat.push(token_id):
+            reason = "stop"  # the output loops (SamplingParams.stop_on_repeat)
         if self._parser_failed and reason is None:
             reason = "error"
         if reason is not None:

@@ -36,6 +36,7 @@ _INT64_LIMIT = 1 << 63  # top_k and seeds travel in int64 buffers
 NEUTRAL_TEMPERATURE = 1.0
 NEUTRAL_TOP_P = 1.0
 NEUTRAL_TOP_K = 0
+MIN_REPEAT_WINDOW, MAX_REPEAT_WINDOW = 8, 4096  # stop_on_repeat's range (tokens)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class SamplingParams:
     ignore_eos: keep generating through EOS ids (explicit stop_token_ids still stop).
     logprobs: record each generated token's log-probability (natural log) under the model's
         own distribution: the softmax of its logits, before temperature, top-k and top-p.
+    stop_on_repeat: end the request (finish reason "stop") once its last N generated tokens are
+        one block of at most N / 4 tokens said over and over ("dddd…", "rererere…", a phrase
+        looping); 0 = off, else 8 to MAX_REPEAT_WINDOW (runtime/stopping.py, RepeatDetector).
 
     Raises InvalidRequestError (from `validate`, run on construction and on `dataclasses.replace`)
     naming the argument, the expected range and the value found.
@@ -71,6 +75,7 @@ class SamplingParams:
     stop_token_ids: Sequence[int] | None = None
     ignore_eos: bool = False
     logprobs: bool = False
+    stop_on_repeat: int = 0
 
     def __post_init__(self) -> None:
         # Normalise containers so the frozen object is hashable and immune to caller mutation.
@@ -123,6 +128,10 @@ class SamplingParams:
             _bad("ignore_eos", "a bool", self.ignore_eos)
         if not isinstance(self.logprobs, bool):
             _bad("logprobs", "a bool", self.logprobs)
+        n = self.stop_on_repeat
+        if not (_is_int(n) and (n == 0 or MIN_REPEAT_WINDOW <= n <= MAX_REPEAT_WINDOW)):
+            _bad("stop_on_repeat", f"0 (off) or a token count from {MIN_REPEAT_WINDOW} to "
+                 f"{MAX_REPEAT_WINDOW}", n)
 
     def with_defaults(self, generation_config: dict[str, Any]) -> SamplingParams:
         """Fill the None fields from a parsed generation_config.json.

@@ -4,6 +4,7 @@
 the text that could still grow into a stop string, so a partial stop string is never streamed
 and the output is the same at every chunking. `check_token` decides, per sampled id, whether
 the request ends by a stop token id / EOS ("stop") or by max_tokens ("length").
+`RepeatDetector` ends a request whose output loops (SamplingParams.stop_on_repeat).
 """
 
 from __future__ import annotations
@@ -105,3 +106,38 @@ def check_token(token_id: int, num_generated: int, params: SamplingParams,
     if params.max_tokens is not None and num_generated >= params.max_tokens:
         return "length"
     return None
+
+
+class RepeatDetector:
+    """Whether the last `window` generated ids are one block of p ≤ window // 4 ids repeated
+    (so at least four times): the loop a small or confused model falls into ("dddd…",
+    "rererere…", a phrase over and over), which only max_tokens would otherwise end.
+
+    Incremental, O(window / 4) per token: for each period p it keeps how many ids in a row have
+    equalled the id p before them; the last `window` ids have period p exactly when that run
+    reaches window − p. `push(id)` returns True from the token that completes such a tail.
+    """
+
+    MIN_REPEATS = 4
+
+    def __init__(self, window: int):
+        if not (isinstance(window, int) and window >= 2 * self.MIN_REPEATS):
+            raise InvalidRequestError(f"stop_on_repeat: expected a token count >= "
+                                      f"{2 * self.MIN_REPEATS}, found {window!r}")
+        self.window = window
+        self.periods = window // self.MIN_REPEATS
+        self._recent: list[int] = []  # the last `periods` ids, oldest first
+        self._runs = [0] * (self.periods + 1)  # index p: the run of ids equal to the id p back
+
+    def push(self, token_id: int) -> bool:
+        recent, hit = self._recent, False
+        for p in range(1, self.periods + 1):
+            if len(recent) >= p and recent[-p] == token_id:
+                self._runs[p] += 1
+                hit = hit or self._runs[p] >= self.window - p
+            else:
+                self._runs[p] = 0
+        recent.append(token_id)
+        if len(recent) > self.periods:
+            del recent[0]
+        return hit
