@@ -1,0 +1,130 @@
+"""The CPU soak (tools/soak.py, issue 26 item 8) in CI size: 8 streams for 15 s against one
+reference engine on the tiny checkpoint, with cancellations, after a 5 s warm-up; every answer
+equal to its solo run, every cancelled one a prefix of it, nothing left in the engine and
+RssAnon back within the tool's slack. The 10-minute run and its numbers are in
+docs/hardening.md.
+
+Two cancellation modes the tool has stay out of the CI run while they fail for reasons in
+flint_graph/api.py, each reproduced by an xfail test below (strict: it fails once fixed, so
+the mode can go back in): `cancel()` before the first read, and `close()` from another
+thread between two reads."""
+
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "soak.py"
+CI_MODES = "close-before-read,close-after,cancel-from-thread"
+
+
+def _soak():
+    if "soak" not in sys.modules:  # its dataclasses look their module up there
+        spec = importlib.util.spec_from_file_location("soak", TOOL)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["soak"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["soak"]
+
+
+def _llm(tiny_ckpt):
+    from flint_graph import LLM
+    from flint_graph.runtime.engine_config import EngineConfig
+
+    return LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(engine="reference"))
+
+
+def test_short_soak_matches_solo_runs_and_gives_everything_back(tiny_ckpt, tmp_path):
+    soak = _soak()
+    out = tmp_path / "soak.json"
+    args = soak.parser().parse_args(["--minutes", "0.25", "--warmup-seconds", "5", "--pool", "48",
+                                     "--modes", CI_MODES, "--sample-seconds", "5",
+                                     "--report", str(out)])
+    report = soak.soak(args, llm=_llm(tiny_ckpt))
+    out.write_text(json.dumps(report, indent=1))
+    assert report["passed"], (report["failures"], report["failure_examples"])
+    r = report["requests"]
+    assert r["total"] >= 100 and r["run_to_end"] > 0 and r["tokens_compared_equal"] > 0, r
+    assert set(r["by_mode"]) == {"none", *CI_MODES.split(",")}, r["by_mode"]
+    assert r["ended_aborted"].get("cancel-from-thread", 0) > 0, r  # some land mid-answer
+    after = report["end_state"]["after_drop"]
+    assert after["retained"] == after["waiting"] == after["running"] == 0, after
+    assert not any(after["internal"].values()), after
+    m = report["memory"]
+    assert m["growth_bytes"] <= m["slack_bytes"], m
+
+
+def test_the_checks_catch_a_wrong_or_overlong_answer():
+    soak = _soak()
+    tally = soak.Tally()
+    spec = soak.Spec(0, "raw", "hi", 4, True)
+    solo = soak.Solo([5, 6, 7, 8], "length", 0.0)
+    soak._check(tally, spec, solo, "none", [5, 6, 7, 8], "length", 1, [5, 6, 7, 8])
+    soak._check(tally, spec, solo, "cancel-from-thread", [5, 6], "abort", 0, None)
+    assert not tally.failures
+    soak._check(tally, spec, solo, "none", [5, 6, 9, 8], "length", 1, [5, 6, 9, 8])
+    soak._check(tally, spec, solo, "none", [5, 6, 7, 8], "length", 2, [5, 6, 7])
+    soak._check(tally, spec, solo, "close-after", [5, 9], "abort", 0, None)
+    soak._check(tally, spec, solo, "cancel-before-read", [5], "length", 0, None)
+    assert set(tally.failures) == {
+        "differs from its solo run", "finish reason not delivered once",
+        "deltas do not add up to the output", "cancelled output is not a prefix of its solo run",
+        "a request cancelled before its first read generated or finished otherwise "
+        "[cancel-before-read]"}, tally
+    assert tally.examples["differs from its solo run"][0]["first_difference"] == 2
+
+
+@pytest.mark.xfail(strict=True, reason="api.py LLM._stream adds a request cancel() already "
+                   "finished to the engine, which prefills it and appends a token after 'abort'")
+def test_cancel_before_the_first_read_runs_nothing(tiny_ckpt):
+    from flint_graph import SamplingParams
+
+    llm = _llm(tiny_ckpt)
+    stream = llm.stream("hello there", SamplingParams(temperature=0.0, max_tokens=1,
+                                                      ignore_eos=True))
+    stream.cancel()  # as another thread's cancel landing before the reader starts
+    assert [d.finish_reason for d in stream] == ["abort"] and not stream.token_ids
+    llm.engine.step()  # any other stream's next step
+    assert not stream.token_ids and stream.output.finish_reason == "abort", \
+        (stream.token_ids, stream.output.finish_reason)  # today: [id], "length"
+    assert not llm.engine.has_work and len(llm.engine.prefix_cache) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="api.py RequestStream.close() from another thread runs "
+                   "the generator's abort there; the reader's next() then raises ValueError")
+def test_close_from_another_thread_between_two_reads(tiny_ckpt):
+    from flint_graph import SamplingParams
+
+    llm = _llm(tiny_ckpt)
+    eng = llm.engine
+    stream = llm.stream("hello there", SamplingParams(temperature=0.0, max_tokens=50,
+                                                      ignore_eos=True))
+    reader = iter(stream)
+    next(reader)  # the reader is between two reads (e.g. writing to its socket)
+    released = threading.Event()
+
+    def step_in_progress():  # another stream's engine step holds the engine for a while
+        with eng._lock:
+            released.wait(10)
+
+    holder = threading.Thread(target=step_in_progress)
+    holder.start()
+    closer = threading.Thread(target=stream.close)
+    closer.start()
+    deadline = time.monotonic() + 10
+    while not stream._deltas.gi_running and time.monotonic() < deadline:
+        time.sleep(0.001)  # until close() runs the generator's abort in the closer thread
+    threading.Timer(0.2, released.set).start()
+    try:
+        rest = list(reader)  # today: ValueError: generator already executing
+    finally:
+        released.set()
+        holder.join()
+        closer.join()
+    assert stream.output.finish_reason == "abort" and all(
+        d.finish_reason in (None, "abort") for d in rest)
+    assert not eng.has_work
