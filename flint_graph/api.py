@@ -42,7 +42,7 @@ class GenerationOutput:
 
     token_ids: generated ids (the stop token included when one ended it); text: visible text
     (special tokens and any matched stop string removed); finish_reason: "stop" | "length" |
-    "abort" | "error" (its prefill or a decode step failed; the reason is in errors), or for chat "tool_calls" when the model stopped after calling at least one tool
+    "repeat" (a loop that SamplingParams.stop_on_repeat cut) | "abort" | "error" (its prefill or a decode step failed; the reason is in errors), or for chat "tool_calls" when the model stopped after calling at least one tool
     (OpenAI's convention; a call cut off by max_tokens still says "length"); ttft_ms:
     submission to first token (ms); ms_per_token: mean time per output token after the first
     (TPOT, ms; None with fewer than two tokens); cached_tokens: prompt tokens served from the

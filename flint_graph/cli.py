@@ -127,25 +127,19 @@ TOOLS_MAX_BYTES = 16 << 20  # a tools.json is a few KB; the HTTP server's body c
 
 def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
     """Read a tools.json (a JSON list of OpenAI function tools); InvalidRequestError if bad."""
-    import json
-
     if path is None:
         return None
-    try:
-        with open(path, "rb") as f:  # capped: `--tools /dev/zero` read until 6.7 GB
-            data = f.read(TOOLS_MAX_BYTES + 1)
-        if len(data) > TOOLS_MAX_BYTES:
-            raise InvalidRequestError(f"{path}: more than {TOOLS_MAX_BYTES >> 20} MiB; a tools "
-                                      "file is a JSON list of a few function tools")
-        tools = json.loads(data.decode("utf-8"))  # JSON is UTF-8 (RFC 8259)
+    from flint_graph.checkpoints.jsonfile import read_capped
+
+    try:  # capped: `--tools /dev/zero` read until 6.7 GB
+        tools = read_capped(path, TOOLS_MAX_BYTES)
     except FileNotFoundError:
         raise InvalidRequestError(f"{path}: tools file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except ValueError as e:
+        raise InvalidRequestError(f"{path}: {e}; a tools file is a JSON list of a few function "
+                                  "tools") from None
+    except OSError as e:
         raise InvalidRequestError(f"{path}: cannot read tools file ({e})") from None
-    except json.JSONDecodeError as e:
-        raise InvalidRequestError(f"{path}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise InvalidRequestError(f"{path}: not valid JSON (nested too deeply to read)") from None
     from flint_graph.chat.chat_template import validate_tools
 
     if not isinstance(tools, list):
@@ -224,7 +218,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args)
     tools = load_tools(args.tools)
-    if args.raw and (tools or not args.enable_thinking):
+    if args.raw and (args.tools is not None or not args.enable_thinking):
         raise InvalidRequestError("--tools and --no-think apply to the chat template; they "
                                   "cannot be used with --raw")
     params = sampling_params(args)
@@ -274,6 +268,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             and not out.tool_calls:
         print(f"flint-graph: note: max tokens ({len(out.token_ids)}) ran out while the model was "
               "still reasoning; raise --max-tokens for an answer", file=sys.stderr)
+    elif out.finish_reason == "repeat":
+        print(f"flint-graph: note: the answer repeated itself; --stop-on-repeat ended it after "
+              f"{len(out.token_ids)} tokens", file=sys.stderr)
     elif shown_reasoning and not out.reasoning_content and out.content:
         print("flint-graph: note: the model stopped without closing its reasoning (</think>), "
               "so that text is reported as the answer", file=sys.stderr)
@@ -282,9 +279,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not args.raw and not tools and CALL_OPEN in out.content:
         # Without tools nothing parses calls (as in vLLM), so flint-nano's trained answer to
         # "Convert 120 km to mi." reached stdout as markup with nothing saying why.
+        why = (f"{args.tools} declares none" if args.tools is not None else
+               "no tools were declared; pass --tools TOOLS.json (e.g. examples/tools.json) to "
+               "have it parsed")
         print(f"flint-graph: note: the answer holds a tool call ({CALL_OPEN}), shown as text "
-              "since no tools were declared; pass --tools TOOLS.json (e.g. examples/tools.json) "
-              "to have it parsed", file=sys.stderr)
+              f"since {why}", file=sys.stderr)
     return 0
 
 

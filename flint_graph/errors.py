@@ -9,6 +9,17 @@ validate arguments generically.
 MAX_MESSAGE = 1000  # characters of a message kept whole; longer ones are cut in the middle
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """repr(value) for an error message, at most `limit` characters. An integer too long for
+    Python to print (over 4,300 digits: repr raises ValueError) is described by its size."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return (f"an integer of {value.bit_length():,} bits" if isinstance(value, int)
+                else f"a {type(value).__name__} that cannot be shown")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class FlintError(Exception):
     """Base class of every error flint_graph raises for bad input or an unusable checkpoint.
 

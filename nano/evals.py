@@ -59,7 +59,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flint_graph.errors import InvalidRequestError
+from flint_graph.errors import InvalidRequestError, shown
 from flint_graph.nano.curriculum import (TOOLS, arithmetic, convert_ask, greeting, older_turns,
                                          out_of_scope, recall, tool_use, weather_ask,
                                          word_problem)
@@ -422,9 +422,9 @@ def check_report(rep: Any, name: str) -> dict:
                 bad(f"{f}.{m}", "true or false", c[m])
         if c.get("text") is not None and not isinstance(c["text"], str):
             bad(f"{f}.text", "the output text", c["text"])
-        if "finish" in c and c["finish"] not in ("stop", "length", "abort", "error",
+        if "finish" in c and c["finish"] not in ("stop", "length", "repeat", "abort", "error",
                                                  "tool_calls"):
-            bad(f"{f}.finish", "a finish reason (stop, length, abort, error, tool_calls)",
+            bad(f"{f}.finish", "a finish reason (stop, length, repeat, abort, error, tool_calls)",
                 c["finish"])
         lps = c.get("logprobs")
         if lps is not None and not isinstance(lps, list):
@@ -433,15 +433,21 @@ def check_report(rep: Any, name: str) -> dict:
             # comparisons, not float(): a 400-digit integer would overflow; NaN fails them
             if type(x) not in (int, float) or not -1e4 <= x <= 1e-3:
                 bad(f"{f}.logprobs[{j}]", "a finite log-probability (nats, ≤ 0)", x)
-    for k in ("n", "seed"):
-        if k in rep and type(rep[k]) is not int:
-            bad(k, "an integer", rep[k])
+    for k, least in (("n", 1), ("seed", 0)):
+        if k in rep and not (type(rep[k]) is int and rep[k] >= least):
+            bad(k, f"an integer >= {least}", rep[k])
     counts: dict[str, int] = {}
     for c in cases:
         counts[c["group"]] = counts.get(c["group"], 0) + 1
+    cut: dict[str, int] = {}
+    for c in cases:
+        cut[c["group"]] = cut.get(c["group"], 0) + int(c.get("finish") == "length")
     for g, v in groups.items():
         if counts.get(g) != v["n"]:
             bad(f"groups.{g}.n", f"the number of its cases ({counts.get(g, 0)})", v["n"])
+        if "length_hits" in v and v["length_hits"] != cut.get(g, 0):
+            bad(f"groups.{g}.length_hits", f"the number of its cases with finish \"length\" "
+                f"({cut.get(g, 0)})", v["length_hits"])
     for g in counts.keys() - groups.keys():
         bad(f"groups.{g}", "the scores of the group its cases name", missing=True)
     return rep
@@ -452,9 +458,12 @@ def _known_group(group: str) -> bool:
                  *PHRASING_GROUPS):
         return True
     suite, _, ctx = group.partition("@")
-    return suite == "recall" and ctx.isdigit()
+    return suite == "recall" and ctx.isascii() and ctx.isdigit()  # not "recall@²"
 
 
 def _short(x: Any) -> str:
-    text = json.dumps(x) if isinstance(x, (dict, list, str, bool)) or x is None else repr(x)
-    return text if len(text) <= 60 else text[:57] + "..."
+    try:
+        text = json.dumps(x) if isinstance(x, (dict, list, str, bool)) or x is None else None
+    except ValueError:  # an integer past 4,300 digits inside
+        text = None
+    return shown(x) if text is None else text if len(text) <= 60 else text[:57] + "..."

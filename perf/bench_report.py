@@ -17,14 +17,16 @@ Any list may be empty and any optional field missing or None: the tables print "
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from flint_graph.checkpoints.jsonfile import read_capped
 from flint_graph.errors import InvalidRequestError
+
+RESULT_MAX_BYTES = 256 << 20  # a bench or trace JSON is a few MB; a device or 1 GB file is refused
 
 SCHEMA, VERSIONS = "flint-graph-bench", (1,)
 BASELINES = ("reference", "compiled")  # what the graph engine is timed against, in column order
@@ -114,13 +116,12 @@ def read_json(path, schema: str, versions=VERSIONS) -> dict:
     p = Path(path)
     want = f"a {schema} JSON (version {'/'.join(map(str, versions))}, written by {WRITER[schema]})"
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = read_capped(p, RESULT_MAX_BYTES)
     except FileNotFoundError:
         raise InvalidRequestError(f"{p}: no such file; expected {want}") from None
-    except json.JSONDecodeError as e:
-        raise InvalidRequestError(f"{p}: not JSON ({e.msg} at line {e.lineno}); "
-                                  f"expected {want}") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except ValueError as e:
+        raise InvalidRequestError(f"{p}: {e}; expected {want}") from None
+    except OSError as e:
         raise InvalidRequestError(f"{p}: cannot read ({e}); expected {want}") from None
     found = data.get("schema") if isinstance(data, dict) else None
     if found != schema:

@@ -276,7 +276,7 @@ def test_load_ok_and_errors(tmp_path):
     good.write_text(json.dumps(cuda_result()))
     assert br.load(good) == cuda_result()
     cases = {"missing.json": (None, "no such file"),
-             "not.json": ("{'schema': oops", "not JSON"),
+             "not.json": ("{'schema': oops", "not valid JSON"),
              "list.json": ("[1, 2]", "a JSON list, not an object"),
              "noschema.json": ('{"version": 1}', 'no "schema" field'),
              "trace.json": (json.dumps({"schema": "flint-graph-trace", "version": 1}),

@@ -367,6 +367,22 @@ def test_generate_without_tools_hints_at_tools_when_the_answer_is_a_call(capsys,
     assert out == "74.56 mi\n" and "--tools" not in err
 
 
+def test_an_empty_tools_file_is_named_in_the_hint_and_refused_with_raw(capsys, monkeypatch,
+                                                                      tiny_llm, tiny_ckpt,
+                                                                      tmp_path):
+    none = tmp_path / "none.json"
+    none.write_text("[]")
+    call = "<tool_call>convert_units<arg_key>value</arg_key><arg_value>120</arg_value></tool_call>"
+    monkeypatch.setattr("flint_graph.runtime.engine.sample",
+                        scripted_sampler(tiny_llm.tokenizer.encode(f"x</think>{call}<|user|>")))
+    argv = ("generate", tiny_ckpt, "--prompt", "Convert 120 km to mi.", "--max-tokens", 100,
+            "--device", "cpu", "--tools", none)
+    code, out, err = _run(capsys, *argv)
+    assert code == 0 and f"shown as text since {none} declares none" in err
+    code, _, err = _run(capsys, *argv, "--raw")  # [] is still --tools: refused with --raw
+    assert code == 2 and "cannot be used with --raw" in err
+
+
 def test_deeply_nested_tools_file_is_one_line(capsys, tmp_path, tiny_ckpt):
     # json.loads raised RecursionError: "internal error", exit 1.
     deep = tmp_path / "tools.json"
@@ -457,7 +473,7 @@ def test_max_context_on_the_reference_engine_says_it_is_ignored(capsys, tiny_ckp
 
 def test_stop_on_repeat_cuts_the_answer_where_it_starts_to_loop(capsys, tiny_ckpt):
     """--stop-on-repeat N: the answer is the free answer cut at the token that completes N
-    tokens of one block said four times or more (RepeatDetector), with finish reason "stop";
+    tokens of one block said four times or more (RepeatDetector), with finish reason "repeat";
     an answer that never loops is left whole."""
     from flint_graph.cli import sampling_params
     from flint_graph.cli_args import build_parser
@@ -479,7 +495,7 @@ def test_stop_on_repeat_cuts_the_answer_where_it_starts_to_loop(capsys, tiny_ckp
         if cut is None:
             assert out["token_ids"] == free["token_ids"]
         else:
-            assert out["finish_reason"] == "stop"
+            assert out["finish_reason"] == "repeat"
             assert out["token_ids"] == free["token_ids"][:cut + 1]
 
 

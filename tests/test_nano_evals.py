@@ -309,7 +309,7 @@ def _good_report():
     (lambda r: r["groups"].update(arith={"n": 0}), "groups.arith"),
     (lambda r: r["groups"]["arith"].update(correct=2), "groups.arith.correct"),
     (lambda r: r.update(seed="0"), "seed"),
-    (lambda r: r.update(seed=True), "seed: expected an integer, found true"),
+    (lambda r: r.update(seed=True), "seed: expected an integer >= 0, found true"),
     # found by a bad-input helper: accepted, then compared with made-up or missing figures
     (lambda r: r["cases"][0].update(valid=True, exact=True), 'cases[0]: expected a score: '
                                                              '"correct" for group arith'),
@@ -438,3 +438,16 @@ def test_cases_are_those_of_the_shipped_h200_report():
                               tuple(rep["contexts"]))
     want = {(c["group"], c["index"]): c["expect"] for c in rep["cases"]}
     assert {(c.group, c.index): c.expect for c in cases} == want
+
+
+def test_cli_a_report_that_cannot_be_written_is_one_line(capsys):
+    """--json /dev/full passes the output check (opening it works) and fails only when the
+    report is written, after the run: one line naming it and exit 2, the scores still shown."""
+    from flint_graph.cli import main
+
+    code = main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--json", "/dev/full"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in err, err
+    assert [ln for ln in err.splitlines() if "error" in ln] == [
+        ln for ln in err.splitlines() if "--json /dev/full: cannot write the report" in ln]
+    assert "arith" in out

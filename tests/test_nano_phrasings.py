@@ -184,6 +184,13 @@ def test_answers_cut_off_by_the_limit_are_counted_per_group():
     bad = dict(rep, groups={"phr-greet": dict(rep["groups"]["phr-greet"], length_hits=9)})
     with pytest.raises(InvalidRequestError, match="length_hits"):
         evals.check_report(bad, "r.json")
+    inconsistent = dict(rep, groups={"phr-greet": dict(rep["groups"]["phr-greet"], length_hits=1)})
+    with pytest.raises(InvalidRequestError, match="length_hits.*finish"):
+        evals.check_report(inconsistent, "r.json")
+    for field, value in (("n", -3), ("seed", -1)):
+        with pytest.raises(InvalidRequestError, match=field):
+            evals.check_report(dict(rep, **{field: value}), "r.json")
+    assert not evals._known_group("recall@²") and evals._known_group("recall@4096")
     recs[0]["finish"] = "nope"
     with pytest.raises(InvalidRequestError, match=r"cases\[0\].finish"):
         evals.check_report(evals.summarize(recs), "r.json")

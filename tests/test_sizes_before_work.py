@@ -43,3 +43,37 @@ def test_tools_from_an_endless_file_are_refused(capsys, tiny_ckpt):
     err = capsys.readouterr().err
     assert code == 2 and "/dev/zero" in err and "MiB" in err, err
     assert time.perf_counter() - t0 < 20
+
+
+@pytest.mark.parametrize("argv_of", [
+    lambda f: ["eval", "--suite", "arith", "--n", "1", "--compare", f],
+    lambda f: ["generate", "--prompt", "hi", "--tools", f],
+    lambda f: ["bench", "--compare", f, f],
+])
+@pytest.mark.parametrize("make", ["device", "pipe", "big_int", "directory"])
+def test_json_inputs_are_refused_by_kind_and_size_before_parsing(capsys, tmp_path, argv_of,
+                                                                  make):
+    """Every JSON file a user names (an eval report for --compare, a tools file, a saved bench
+    result) is read by `jsonfile.read_capped`: a device or a pipe is refused unread (`eval
+    --compare /dev/zero` filled 18 GB; a pipe with no writer blocked), and an integer past
+    Python's 4,300 digits is invalid JSON (it was an internal error, exit 1)."""
+    import os
+
+    from flint_graph.cli import main
+
+    if make == "device":
+        f = "/dev/zero"
+    elif make == "pipe":
+        f = str(tmp_path / "fifo")
+        os.mkfifo(f)
+    elif make == "directory":
+        f = str(tmp_path)
+    else:
+        f = str(tmp_path / "big.json")
+        (tmp_path / "big.json").write_text('{"n": ' + "7" * 5000 + "}")
+    t0 = time.perf_counter()
+    code = main([str(a) for a in argv_of(f)])
+    err = capsys.readouterr().err
+    assert code == 2 and f in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert time.perf_counter() - t0 < 20

@@ -54,7 +54,8 @@ __all__ = ["TAGS", "OutputParser", "ParseDelta", "ParsedOutput", "ToolCall", "To
 # Parser states: the text states emit as they go; CALL hands the text to a CallReader.
 START, START_OFF, REASONING, STRIP, CONTENT, CALL = (
     "start", "start_off", "reasoning", "strip", "content", "call")
-_CUT_OFF = ("length", "abort")  # finish reasons that end the output from outside the model
+# finish reasons that end the output from outside the model
+_CUT_OFF = ("length", "abort", "repeat")
 
 
 @dataclass

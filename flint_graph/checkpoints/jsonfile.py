@@ -20,6 +20,34 @@ def loads(text: str | bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+def read_capped(path: Path, max_bytes: int) -> Any:
+    """The JSON value in `path`, a regular file of at most `max_bytes` bytes, read only that far:
+    a device, a pipe or a huge file is refused before its JSON is parsed (`eval --compare
+    /dev/zero` once filled 18 GB of memory; a pipe with no writer would block forever).
+
+    Raises FileNotFoundError, OSError when it cannot be read, and ValueError whose text is the
+    whole reason: not a regular file, larger than the cap, not UTF-8, or not valid JSON
+    (nesting too deep and integers longer than Python's 4,300 digits included)."""
+    path = Path(path)
+    if not path.is_file():
+        if not path.exists():
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        raise ValueError(f"not a regular file (a directory, device or pipe); expected a JSON "
+                         f"file of at most {max_bytes >> 20} MiB")
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"more than {max_bytes >> 20} MiB")
+    try:
+        text = data.decode("utf-8")  # JSON is UTF-8 (RFC 8259)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text ({e})") from None
+    try:
+        return loads(text)
+    except ValueError as e:  # JSONDecodeError, nesting, an integer past 4,300 digits
+        raise ValueError(f"not valid JSON ({e})") from None
+
+
 def read_json_object(path: Path, error: type[FlintError], missing: str) -> dict[str, Any]:
     """The JSON object in `path`.
 

@@ -358,7 +358,7 @@ class Engine:
         prefilled and nothing failed (finish stop / length / abort after the prefill); a
         request that failed or was cut off mid-prefill leaves nothing reusable."""
         keep = (self.prefix_cache.capacity and req in self.running and req.finish_reason in
-                (None, "stop", "length", "abort", "tool_calls") and not req.errors)
+                (None, "stop", "length", "repeat", "abort", "tool_calls") and not req.errors)
         if keep:
             n = self._cached_tokens(req)
             ids = (req.prompt_ids + req.output_ids)[:n]

@@ -32,8 +32,9 @@ class RequestDelta:
     `arguments` JSON in fragments; `ToolCallDelta.error` withdraws a call that turned out
     malformed); errors: repairs and malformed calls (output_parser);
     finish_reason: None while running, else "stop" | "tool_calls" (the model stopped after
-    calling at least one tool, OpenAI's convention) | "length" | "abort" | "error" (the engine
-    could not run the request's step; the reason is in errors).
+    calling at least one tool, OpenAI's convention) | "length" | "repeat" (the output looped
+    and SamplingParams.stop_on_repeat cut it) | "abort" | "error" (the engine could not run the
+    request's step; the reason is in errors).
     """
 
     request_id: int
@@ -151,7 +152,7 @@ class Request:
             if self._stop.stopped:
                 reason = "stop"
         if reason is None and self._repeat is not None and self._repeat.push(token_id):
-            reason = "stop"  # the output loops (SamplingParams.stop_on_repeat)
+            reason = "repeat"  # the output loops (SamplingParams.stop_on_repeat): a cut-off
         if self._parser_failed and reason is None:
             reason = "error"
         if reason is not None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from flint_graph.errors import ConfigError, InvalidRequestError
+from flint_graph.errors import ConfigError, InvalidRequestError, shown
 
 _INT64_LIMIT = 1 << 63  # top_k and seeds travel in int64 buffers
 # Values used when generation_config.json lacks a key: no scaling and no filtering (vLLM does
@@ -57,9 +57,10 @@ class SamplingParams:
     ignore_eos: keep generating through EOS ids (explicit stop_token_ids still stop).
     logprobs: record each generated token's log-probability (natural log) under the model's
         own distribution: the softmax of its logits, before temperature, top-k and top-p.
-    stop_on_repeat: end the request (finish reason "stop") once its last N generated tokens are
-        one block of at most N / 4 tokens said over and over ("dddd…", "rererere…", a phrase
-        looping); 0 = off, else 8 to MAX_REPEAT_WINDOW (runtime/stopping.py, RepeatDetector).
+    stop_on_repeat: end the request (finish reason "repeat") once its last N generated tokens are
+        one block of at most min(N / 4, 32) tokens said over and over ("dddd…", "rererere…", a
+        phrase looping); 0 = off (None too), else 8 to MAX_REPEAT_WINDOW
+        (runtime/stopping.py, RepeatDetector).
 
     Raises InvalidRequestError (from `validate`, run on construction and on `dataclasses.replace`)
     naming the argument, the expected range and the value found.
@@ -82,6 +83,8 @@ class SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())
         if isinstance(stop, Sequence):
             object.__setattr__(self, "stop", tuple(stop))
+        if self.stop_on_repeat is None:  # as the other optional fields: None is the default
+            object.__setattr__(self, "stop_on_repeat", 0)
         if isinstance(self.stop_token_ids, Sequence) and not isinstance(self.stop_token_ids, str):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         self.validate()
@@ -184,7 +187,8 @@ def _is_id_list(v: object) -> bool:
 
 
 def _bad(name: str, expected: str, found: object) -> None:
-    raise InvalidRequestError(f"sampling argument '{name}': expected {expected}, found {found!r}")
+    raise InvalidRequestError(f"sampling argument '{name}': expected {expected}, found "
+                              f"{shown(found)}")
 
 
 def _gen_value(gen: dict[str, Any], key: str, neutral: Any, ok, expected: str) -> Any:

@@ -109,23 +109,26 @@ def check_token(token_id: int, num_generated: int, params: SamplingParams,
 
 
 class RepeatDetector:
-    """Whether the last `window` generated ids are one block of p ≤ window // 4 ids repeated
-    (so at least four times): the loop a small or confused model falls into ("dddd…",
-    "rererere…", a phrase over and over), which only max_tokens would otherwise end.
+    """Whether the last `window` generated ids are one block of p ≤ min(window // 4, MAX_BLOCK)
+    ids repeated (so at least four times): the loop a small or confused model falls into
+    ("dddd…", "rererere…", a phrase over and over), which only max_tokens would otherwise end.
 
-    Incremental, O(window / 4) per token: for each period p it keeps how many ids in a row have
+    Incremental, O(p) per token: for each period p it keeps how many ids in a row have
     equalled the id p before them; the last `window` ids have period p exactly when that run
     reaches window − p. `push(id)` returns True from the token that completes such a tail.
+    Blocks are capped at MAX_BLOCK ids because the check runs on the host for every request at
+    every decode step: a window of 4,096 with blocks up to 1,024 took 52 µs a token.
     """
 
     MIN_REPEATS = 4
+    MAX_BLOCK = 32
 
     def __init__(self, window: int):
         if not (isinstance(window, int) and window >= 2 * self.MIN_REPEATS):
             raise InvalidRequestError(f"stop_on_repeat: expected a token count >= "
                                       f"{2 * self.MIN_REPEATS}, found {window!r}")
         self.window = window
-        self.periods = window // self.MIN_REPEATS
+        self.periods = min(window // self.MIN_REPEATS, self.MAX_BLOCK)
         self._recent: list[int] = []  # the last `periods` ids, oldest first
         self._runs = [0] * (self.periods + 1)  # index p: the run of ids equal to the id p back
 

@@ -299,6 +299,8 @@ class ChatSession:
             footer += f" · {CONTEXT_FULL}"
         elif out.finish_reason == "length" and not msg.content and not msg.tool_calls:
             footer += " · max tokens ran out while reasoning (raise --max-tokens)"
+        elif out.finish_reason == "repeat":
+            footer += " · the answer looped (--stop-on-repeat)"
         self.console.print(f"[dim]{footer}[/]")
         return msg
 
