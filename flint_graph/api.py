@@ -12,6 +12,7 @@ ConfigError, InvalidRequestError, ContextLengthError, TemplateError) naming what
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -435,18 +436,27 @@ class RequestStream:
     def __init__(self, llm: LLM, req: Request, thinking: bool = False):
         self._llm, self._req, self._thinking = llm, req, thinking
         self._deltas = llm._stream(req)
+        self._reader: int | None = None  # the thread iterating this stream, once one has
 
     def __iter__(self) -> Iterator[RequestDelta]:
-        return self._deltas
+        return self
+
+    def __next__(self) -> RequestDelta:
+        self._reader = threading.get_ident()
+        return next(self._deltas)
 
     def close(self) -> None:
-        """Abort the request if it is still running (e.g. on Ctrl-C). From another thread,
-        while this stream is being iterated, it aborts the request as `cancel` does (the
-        iterating thread then ends with finish reason "abort")."""
-        try:
-            self._deltas.close()
-        except ValueError:  # "generator already executing": another thread is inside it
-            self.cancel()
+        """Abort the request if it is still running (e.g. on Ctrl-C). From any thread: the
+        request is aborted in the engine (as `cancel`), and the stream's generator is closed
+        only by the thread that reads it (or when none has yet). Closing it from another thread
+        ran its cleanup there, under the engine's lock, while the reader's next read then
+        raised "generator already executing"; now that reader gets the "abort" delta."""
+        self.cancel()
+        if self._reader in (None, threading.get_ident()):
+            try:
+                self._deltas.close()
+            except ValueError:  # the reader started meanwhile and is inside it: it ends
+                pass
 
     def cancel(self) -> None:
         """Abort the request from any thread, even while another one is iterating this

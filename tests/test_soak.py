@@ -4,10 +4,12 @@ equal to its solo run, every cancelled one a prefix of it, nothing left in the e
 RssAnon back within the tool's slack. The 10-minute run and its numbers are in
 docs/hardening.md.
 
-Two cancellation modes the tool has stay out of the CI run while they fail for reasons in
-flint_graph/api.py, each reproduced by an xfail test below (strict: it fails once fixed, so
-the mode can go back in): `cancel()` before the first read, and `close()` from another
-thread between two reads."""
+Every cancellation mode the tool has runs here. Two of them first failed for reasons in
+flint_graph/api.py, each now a regression test below: `cancel()` before the first read (the
+engine queued and ran the finished request; `Engine.add` now skips a finished request), and
+`close()` from another thread between two reads (it ran the generator's cleanup in the closing
+thread, so the reader's next read raised "generator already executing"; `RequestStream.close`
+now aborts in the engine and leaves the generator to its reader)."""
 
 import importlib.util
 import json
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "soak.py"
-CI_MODES = "close-before-read,close-after,cancel-from-thread"
+CI_MODES = "close-before-read,cancel-before-read,close-after,cancel-from-thread,close-from-thread"
 
 
 def _soak():
@@ -78,8 +80,6 @@ def test_the_checks_catch_a_wrong_or_overlong_answer():
     assert tally.examples["differs from its solo run"][0]["first_difference"] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="api.py LLM._stream adds a request cancel() already "
-                   "finished to the engine, which prefills it and appends a token after 'abort'")
 def test_cancel_before_the_first_read_runs_nothing(tiny_ckpt):
     from flint_graph import SamplingParams
 
@@ -90,12 +90,10 @@ def test_cancel_before_the_first_read_runs_nothing(tiny_ckpt):
     assert [d.finish_reason for d in stream] == ["abort"] and not stream.token_ids
     llm.engine.step()  # any other stream's next step
     assert not stream.token_ids and stream.output.finish_reason == "abort", \
-        (stream.token_ids, stream.output.finish_reason)  # today: [id], "length"
+        (stream.token_ids, stream.output.finish_reason)  # it was [id], "length"
     assert not llm.engine.has_work and len(llm.engine.prefix_cache) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="api.py RequestStream.close() from another thread runs "
-                   "the generator's abort there; the reader's next() then raises ValueError")
 def test_close_from_another_thread_between_two_reads(tiny_ckpt):
     from flint_graph import SamplingParams
 
@@ -120,7 +118,7 @@ def test_close_from_another_thread_between_two_reads(tiny_ckpt):
         time.sleep(0.001)  # until close() runs the generator's abort in the closer thread
     threading.Timer(0.2, released.set).start()
     try:
-        rest = list(reader)  # today: ValueError: generator already executing
+        rest = list(reader)  # it raised ValueError: generator already executing
     finally:
         released.set()
         holder.join()

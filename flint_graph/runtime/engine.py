@@ -108,9 +108,12 @@ class Engine:
         return bool(self.waiting or self.prefilling or self.running)
 
     def add(self, req: Request) -> None:
-        """Queue `req`; it is prefilled by a later `step()`. Safe from any thread."""
+        """Queue `req`; it is prefilled by a later `step()`. Safe from any thread. A request
+        already finished (aborted before it was queued: a stream cancelled before its first
+        read) is not queued: the engine never runs a finished request."""
         with self._lock:
-            self.waiting.append(req)
+            if not req.is_finished:
+                self.waiting.append(req)
 
     def abort(self, req: Request) -> RequestDelta:
         """Stop `req` now (finish reason "abort") and free its KV cache (slot). Safe from any
