@@ -94,6 +94,16 @@ def test_cancel_before_the_first_read_runs_nothing(tiny_ckpt):
     assert not llm.engine.has_work and len(llm.engine.prefix_cache) == 0
 
 
+def _inside(thread: threading.Thread, function: str) -> bool:
+    """Whether `thread` is running `function` now (anywhere on its stack)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_close_from_another_thread_between_two_reads(tiny_ckpt):
     from flint_graph import SamplingParams
 
@@ -114,8 +124,8 @@ def test_close_from_another_thread_between_two_reads(tiny_ckpt):
     closer = threading.Thread(target=stream.close)
     closer.start()
     deadline = time.monotonic() + 10
-    while not stream._deltas.gi_running and time.monotonic() < deadline:
-        time.sleep(0.001)  # until close() runs the generator's abort in the closer thread
+    while not _inside(closer, "abort") and time.monotonic() < deadline:
+        time.sleep(0.001)  # until close() waits in Engine.abort (it did so inside the generator)
     threading.Timer(0.2, released.set).start()
     try:
         rest = list(reader)  # it raised ValueError: generator already executing

@@ -24,12 +24,13 @@ each), and under load:
 
 The RssAnon slack (32 MiB) is for the allocator: memory freed but kept by glibc in its
 arenas, which fragmentation keeps from going back to the system (on the tiny model RssAnon
-ends 6-12 MiB above the baseline while glibc's live blocks grow by 0.2 MiB and its free
-bytes by about as much as RssAnon). So glibc's live bytes (mallinfo2) are checked as well,
-within `--malloc-slack-mib` (8 MiB: bounded caches such as re's 512 compiled patterns). A
-leak is per request: the report gives each slack as bytes per request over the run, the
-growth of live objects by type (gc) and the RssAnon samples taken every `--sample-seconds`,
-with their trend over the second half. One leaked KV cache of the tiny model is ~150 KB.
+ended 4-21 MiB above the baseline in runs of 0.5-10 minutes while glibc's live blocks grew by
+0.2 MiB and its free bytes by about as much as RssAnon). So glibc's live bytes (mallinfo2)
+are checked as well, within `--malloc-slack-mib` (8 MiB: bounded caches such as re's 512
+compiled patterns). A leak is per request: the report gives each slack as bytes per request
+over the run, the growth of live objects by type (gc) and the RssAnon samples taken every
+`--sample-seconds`, with their trend over the second half. One leaked KV cache of the tiny
+model is ~150 KB.
 
     python tools/soak.py --minutes 10 --report docs/soak/report.json
     python tools/soak.py --minutes 0.5 --model nano --modes close-after,cancel-from-thread
