@@ -32,11 +32,12 @@ def _rss() -> int:
 
 
 def _request(c: int, j: int) -> dict:
-    """Mixed output lengths, 3 to 13 tokens, one short sentence each. Longer prompts and
-    answers expose the reference engine's two known limits on the CPU: its prefill is not
-    chunk-invariant (a prompt paced in chunks under load, whole alone) and its batched decode
-    is not batch-invariant (the graph engine's is, bitwise); on the random tiny model's
-    near-ties that flipped 3 answers in 360 with 1-4 sentence prompts or 40-token answers."""
+    """Mixed output lengths, 3 to 13 tokens, one short sentence each. (Before 2026-12-02 the
+    reference engine summed in float32 on the CPU, so its prefill was not chunk-invariant nor
+    its batched decode batch-invariant, and longer prompts or answers flipped 3 answers in 360
+    at the random tiny model's near-ties; it now sums in float64 there (`reference.acc_dtype`)
+    and tests/test_soak.py holds 30,000 longer ones to their solo runs. The sizes stay, to keep
+    this test's time.)"""
     return {"model": MODEL, "temperature": 0, "max_tokens": 3 + (7 * c + j) % 11,
             "messages": [{"role": "user", "content": f"client {c} asks question {j}"}]}
 
