@@ -35,9 +35,9 @@ def _request(c: int, j: int) -> dict:
     """Mixed output lengths, 3 to 13 tokens, one short sentence each. (Before 2026-12-02 the
     reference engine summed in float32 on the CPU, so its prefill was not chunk-invariant nor
     its batched decode batch-invariant, and longer prompts or answers flipped 3 answers in 360
-    at the random tiny model's near-ties; it now sums in float64 there (`reference.acc_dtype`)
-    and tests/test_soak.py holds 30,000 longer ones to their solo runs. The sizes stay, to keep
-    this test's time.)"""
+    at the random tiny model's near-ties; it now sums in float64 there (`reference.acc_dtype`),
+    and tools/soak.py held 30,014 requests with prompts up to 50 tokens to their solo runs.
+    The sizes stay, to keep this test's time.)"""
     return {"model": MODEL, "temperature": 0, "max_tokens": 3 + (7 * c + j) % 11,
             "messages": [{"role": "user", "content": f"client {c} asks question {j}"}]}
 
