@@ -155,7 +155,7 @@ def test_file_json_round_trip_and_load_errors(tmp_path):
     bench.write_text(json.dumps({"schema": "flint-graph-bench", "version": 1}))
     bad = tmp_path / "bad.json"
     bad.write_text("{")
-    for p, why in ((bench, "this file is from flint-graph bench --json"), (bad, "not JSON"),
+    for p, why in ((bench, "this file is from flint-graph bench --json"), (bad, "not valid JSON"),
                    (tmp_path / "none.json", "no such file")):
         with pytest.raises(InvalidRequestError) as e:
             tr.load(p)
