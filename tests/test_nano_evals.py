@@ -4,7 +4,6 @@ CLI's errors."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import subprocess

@@ -431,6 +431,18 @@ SCRIPTS = {  # what the model "writes" (forced token by token), and the expected
 }
 
 
+def _script_chat_output(monkeypatch, llm, ids: list[int]) -> None:
+    """Every chat request of `llm` writes `ids` (Request.force) instead of sampling."""
+    original = type(llm)._chat_request
+
+    def scripted(self, *a, **kw):
+        req = original(self, *a, **kw)
+        req.force(ids)
+        return req
+
+    monkeypatch.setattr(type(llm), "_chat_request", scripted)
+
+
 @pytest.mark.parametrize("case", list(SCRIPTS))
 def test_scripted_outputs_stream_as_the_contract_says(server, client, monkeypatch, case):
     """The issue's streaming cases, through the real engine and socket: the model's output is
@@ -443,14 +455,7 @@ def test_scripted_outputs_stream_as_the_contract_says(server, client, monkeypatc
     text, reasoning, calls = SCRIPTS[case]
     ids = llm.tokenizer.encode_segments([(text, False)])
     ids.append(llm.tokenizer.token_id("<|observation|>"))
-    original = type(llm)._chat_request
-
-    def scripted(self, *a, **kw):
-        req = original(self, *a, **kw)
-        req.force(ids)
-        return req
-
-    monkeypatch.setattr(type(llm), "_chat_request", scripted)
+    _script_chat_output(monkeypatch, llm, ids)
     body = dict(model=MODEL, messages=[{"role": "user", "content": "go"}], tools=SCRIPT_TOOLS,
                 max_tokens=len(ids) + 5, temperature=0)
     whole = client.chat.completions.create(**body).choices[0]
@@ -511,14 +516,7 @@ def test_a_client_that_leaves_while_nothing_streams_is_dropped(server, monkeypat
         {"properties": {"v": {"type": "string"}}}, {"properties": {"w": {"type": "integer"}}}]}}}]
     ids = llm.tokenizer.encode_segments([("</think><tool_call>pick<arg_key>v</arg_key>"
                                           "<arg_value>" + "a " * 1500, False)])
-    original = type(llm)._chat_request
-
-    def scripted(self, *a, **kw):
-        req = original(self, *a, **kw)
-        req.force(ids)
-        return req
-
-    monkeypatch.setattr(type(llm), "_chat_request", scripted)
+    _script_chat_output(monkeypatch, llm, ids)
     step = llm.engine.step
 
     def slow_step():  # ~10 s for the whole script: it must be cut short, not finish

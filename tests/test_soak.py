@@ -18,7 +18,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "soak.py"
 CI_MODES = "close-before-read,cancel-before-read,close-after,cancel-from-thread,close-from-thread"

@@ -20,6 +20,9 @@ def loads(text: str | bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+CHECKPOINT_JSON_MAX_BYTES = 64 << 20  # config / generation / tokenizer_config: a few KB each
+
+
 def read_capped(path: Path, max_bytes: int) -> Any:
     """The JSON value in `path`, a regular file of at most `max_bytes` bytes, read only that far:
     a device, a pipe or a huge file is refused before its JSON is parsed (`eval --compare
@@ -51,14 +54,17 @@ def read_capped(path: Path, max_bytes: int) -> Any:
 def read_json_object(path: Path, error: type[FlintError], missing: str) -> dict[str, Any]:
     """The JSON object in `path`.
 
-    Raises `error` naming the path with `missing` when the file is absent, when it is not UTF-8
-    JSON, or when the top level is not an object."""
-    if not path.is_file():
+    Raises `error` naming the path with `missing` when the file is absent, and with the reason
+    when `read_capped` refuses it (not a regular file, over 64 MiB, not UTF-8 JSON) or the top
+    level is not an object."""
+    if not path.exists():
         raise error(f"{path}: {missing}")
     try:
-        raw = loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, nesting (`loads`)
-        raise error(f"{path}: not valid JSON ({e})") from None
+        raw = read_capped(path, CHECKPOINT_JSON_MAX_BYTES)
+    except ValueError as e:  # not a regular file, too large, not UTF-8, not JSON
+        raise error(f"{path}: {e}") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read ({e})") from None
     if not isinstance(raw, dict):
         raise error(f"{path}: expected a JSON object, found {type(raw).__name__}")
     return raw
