@@ -20,13 +20,15 @@ The projections are cuBLAS GEMMs through torch (bf16 in, fp32 accumulate, one ro
 issue allows cuBLAS for BF16 where it is faster than ours); the experts run as
 `torch._grouped_mm` over the tokens sorted by expert with offsets computed on the device (no
 host synchronisation), or, for chunks up to ROW_MOE_MAX rows, on the decode kernels in groups
-of 8 rows (capture/prefill_row_moe.py). NVFP4 weights are decoded per layer into a BF16 scratch
-(the experts: those the chunk touches, by `kernels/prefill/nvfp4_unpack.py` on the kernel path;
-never the whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply scale2 in
-fp32 after an fp32-output GEMM, exactly as the reference; for the experts (`torch._grouped_mm`
+of 8 rows (capture/prefill_row_moe.py). NVFP4 experts, on the kernel path, run on the grouped
+W4A16 kernels (`kernels/prefill/grouped_w4a16.py`: codes read as they are and decoded in
+registers, scale2 in the fp32 epilogue, SwiGLU fused into gate/up); elsewhere, and for configs
+those kernels do not fit, NVFP4 weights are decoded per layer into a BF16 scratch (the experts:
+those the chunk touches, by `kernels/prefill/nvfp4_unpack.py` on the kernel path; never the
+whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply scale2 in fp32 after
+an fp32-output GEMM, exactly as the reference; for scratch-decoded experts (`torch._grouped_mm`
 has only a bf16 output) scale2 is folded into the decoded weights, one bf16 rounding per weight
-(≤ 2^-9). A CuTe DSL grouped W4A16 GEMM that decodes in registers and scales in its fp32
-epilogue is the next step (docs/prefill.md).
+(≤ 2^-9).
 
 Chunks of up to 4096 tokens replay CUDA graphs captured per bucket (`Prefill.capture`): every
 per-chunk fact the body reads is a device tensor, so one graph serves every request.
@@ -45,12 +47,12 @@ import torch.nn.functional as F
 from flint_graph import reference
 
 from flint_graph.checkpoints import nvfp4
-from flint_graph.capture.decode_layer import fuse_qkv
+from flint_graph.capture.decode_layer import _nvfp4_args, fuse_qkv
 from flint_graph.capture.kv_cache import KVCache
 from flint_graph.capture.prefill_row_moe import GROUP, RowGroupMoE
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError, ContextLengthError, InvalidRequestError
-from flint_graph.kernels.prefill import attn_prefill
+from flint_graph.kernels.prefill import attn_prefill, grouped_w4a16
 from flint_graph.kernels.toolchain.spec import KV_PAGE
 from flint_graph.checkpoints.weights import FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight
 
@@ -72,6 +74,12 @@ GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
 # (docs/perf-log.md): NVFP4 at 25 tokens 44.9 -> 14.2 ms, at 256 91.0 -> 79.3 ms, at 512 the
 # grouped path wins; BF16 at 25 tokens 26.4 -> 18.1 ms, equal at 64, worse at 128.
 ROW_MOE_MAX = {"nvfp4": 256, "bf16": 32}
+# With the grouped W4A16 kernels (kernels/prefill/grouped_w4a16.py) NVFP4 experts are read as
+# they are at every chunk size: the decode-kernel groups above only re-read them per group.
+ROW_MOE_MAX_W4A16 = 0
+# Pairs per tile of the grouped W4A16 kernels by chunk rows: the smallest NT ≥ a typical
+# expert's pairs (T·K/E: 512 tokens give Flint's experts ~12 each, 8K ~192).
+W4A16_NT = ((512, 16), (2048, 32))  # (up to this many rows, NT); above: 64
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
@@ -153,7 +161,7 @@ def _matmul_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, shared,
                 valid: torch.Tensor | None = None, *, router_split: torch.Tensor | None = None,
-                combine=None, act=None) -> torch.Tensor:
+                combine=None, act=None, grouped=None) -> torch.Tensor:
     """Routed experts + shared expert of `reference.moe` as grouped GEMMs: h bf16 [T, H] ->
     bf16 [T, H].
 
@@ -175,7 +183,9 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     function (y_sorted bf16 [T·K, H], pos int32 [T, K], weights fp32 [T, K], shared bf16 [T, H]
     or None) -> its result, which moe_grouped then returns (the caller's residual add folded
     in); it replaces the scatter, the fp32 product and the roundings below. act: SwiGLU's
-    activation as `silu_mul` (default: it)."""
+    activation as `silu_mul` (default: it). grouped: the experts' GEMMs as one function (h,
+    perm int64 [T·K], counts int32 [E]) -> y_sorted bf16 [T·K, H] (rows of padding pairs
+    unwritten), e.g. the grouped W4A16 kernels; `experts` and `act` are then unused."""
     t, k = h.shape[0], cfg.num_experts_per_tok
     e_total = w.router.shape[0]
     logits = None
@@ -192,12 +202,15 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     perm, counts = group_pairs(ids.reshape(-1), e_total + 1)
     counts = counts[:e_total]
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    gate, up, down = experts(counts)
-    xs = h.index_select(0, perm // k)  # [T·K, H], gathered rows
-    g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
-    u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
-    a = (act or silu_mul)(g, u)
-    y_sorted = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)  # [T·K, H] bf16
+    if grouped is not None:
+        y_sorted = grouped(h, perm, counts)
+    else:
+        gate, up, down = experts(counts)
+        xs = h.index_select(0, perm // k)  # [T·K, H], gathered rows
+        g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
+        u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
+        a = (act or silu_mul)(g, u)
+        y_sorted = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)  # [T·K, H] bf16
     if combine is not None:  # rows of padding pairs are never read: no masking needed
         pos = torch.empty_like(perm).scatter_(0, perm, torch.arange(t * k, device=h.device))
         return combine(y_sorted, pos.view(t, k).int(), weights.contiguous(),
@@ -231,18 +244,20 @@ def group_pairs(flat: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tens
     """Pair indices grouped by id, in pair order within an id, and the count per id:
     flat int64 [P] with values in 0 … bins − 1 -> (perm int64 [P], counts int32 [bins]); perm
     is `torch.argsort(flat, stable=True)`. Up to COUNTING_PAIRS pairs by counting (a one-hot
-    [P, bins] and its running sum: a few small kernels where a radix sort of a few hundred
-    keys took ~27 µs on the H200), else by that sort and a scatter-add (torch.bincount would
-    read the largest id back to the host)."""
+    [bins, P] and its running sum along P: a few small kernels where a radix sort of a few
+    hundred keys took ~27 µs on the H200), else by that sort and a scatter-add (torch.bincount
+    would read the largest id back to the host). The one-hot is [bins, P], so the running sum
+    runs along the contiguous dimension: as [P, bins], summed along dim 0, torch's scan took
+    545 µs per MoE layer at 3,072 pairs on the H200 (2026-12-02), half of a 512-token prefill."""
     p = flat.numel()
     if p > COUNTING_PAIRS:
         counts = torch.zeros(bins, dtype=torch.int32, device=flat.device)
         counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
         return torch.argsort(flat, stable=True), counts
-    onehot = (flat[:, None] == torch.arange(bins, device=flat.device)).int()  # [P, bins]
-    running = onehot.cumsum(0, dtype=torch.int32)
-    counts = running[-1]
-    rank = running.gather(1, flat[:, None])[:, 0] - 1  # earlier pairs with the same id
+    onehot = (flat[None, :] == torch.arange(bins, device=flat.device)[:, None]).int()
+    running = onehot.cumsum(1, dtype=torch.int32)  # [bins, P]
+    counts = running[:, -1]
+    rank = running.gather(0, flat[None, :])[0] - 1  # earlier pairs with the same id
     dest = (torch.cumsum(counts, 0, dtype=torch.int32) - counts)[flat] + rank
     perm = torch.empty_like(flat).scatter_(0, dest.long(), torch.arange(p, device=flat.device))
     return perm, counts
@@ -338,7 +353,8 @@ class Prefill:
     padding rows' keys to the scratch slot, and the LM head reads row valid − 1."""
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, kv: KVCache,
-                 attention: str = "kernel", kset=None, row_moe_max: int | None = None):
+                 attention: str = "kernel", kset=None, row_moe_max: int | None = None,
+                 w4a16: bool | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTION)}")
         if attention != "reference" and kv.layers[0].k.device.type != "cuda":
@@ -377,7 +393,18 @@ class Prefill:
         self.routers: list[torch.Tensor | None] = [None] * len(weights.layers)
         moe = [lw.ffn for lw in weights.layers if isinstance(lw.ffn, MoEWeights)]
         fmt = "nvfp4" if moe and isinstance(moe[0].gate, NVFP4Weight) else "bf16"
-        self.row_moe_max = ROW_MOE_MAX[fmt] if row_moe_max is None else row_moe_max
+        # NVFP4 experts by the grouped W4A16 kernels (kernel path, a config they fit); else
+        # decoded into a BF16 scratch for torch._grouped_mm
+        self.w4a16: dict[tuple[int, int], object] = {}
+        self.w4a16_args: dict[int, tuple[list, list]] = {}
+        self.w4a16_nt: int | None = None  # a fixed NT (benchmarks); None: by W4A16_NT
+        use_w4a16 = (attention == "kernel" and fmt == "nvfp4" and w4a16 is not False
+                      and grouped_w4a16.fits(cfg))
+        if w4a16 and not use_w4a16:
+            raise ValueError("w4a16=True needs attention='kernel', NVFP4 experts and expert "
+                             "shapes grouped_w4a16 fits")
+        default_rows = ROW_MOE_MAX_W4A16 if use_w4a16 else ROW_MOE_MAX[fmt]
+        self.row_moe_max = default_rows if row_moe_max is None else row_moe_max
         if attention == "kernel":
             from flint_graph.capture.launcher import KernelSet
             from flint_graph.kernels.prefill import nvfp4_unpack
@@ -407,6 +434,16 @@ class Prefill:
                 self.combine = kset.get("moe_combine", **spec.as_dict())
             self.routers = [split_router(lw.ffn.router) if isinstance(lw.ffn, MoEWeights)
                             else None for lw in weights.layers]
+            if use_w4a16:
+                for spec in grouped_w4a16.KERNEL.specs(cfg, ()):
+                    self.w4a16[spec["KIND"], spec["NT"]] = kset.get("grouped_w4a16",
+                                                                    **spec.as_dict())
+                e = cfg.n_routed_experts
+                for i, lw in enumerate(weights.layers):
+                    if isinstance(lw.ffn, MoEWeights):
+                        f = lw.ffn
+                        self.w4a16_args[i] = (_nvfp4_args(f.gate, e) + _nvfp4_args(f.up, e),
+                                              _nvfp4_args(f.down, e))
 
     # -- CUDA graphs -----------------------------------------------------------------------
 
@@ -613,9 +650,14 @@ class Prefill:
                                                                   else (shared,)),
                                         x, self._valid32, out)
                     return out
+            grouped = None
+            if i in self.w4a16_args:
+                def grouped(h, perm, counts):
+                    return self._grouped_w4a16(i, h, perm, counts)
             y = moe_grouped(h, lw.ffn, cfg, lambda counts: self._experts(lw.ffn, counts),
                             self._shared(lw.ffn), self._row_valid,
-                            router_split=self.routers[i], combine=combine, act=self.act)
+                            router_split=self.routers[i], combine=combine, act=self.act,
+                            grouped=grouped)
             if combine is not None:
                 return y  # the residual add is in the kernel
         else:
@@ -649,6 +691,24 @@ class Prefill:
                                buf.view(-1, 16))
             out.append(buf)
         return tuple(out)
+
+    def _grouped_w4a16(self, i: int, h: torch.Tensor, perm: torch.Tensor,
+                       counts: torch.Tensor) -> torch.Tensor:
+        """Layer i's routed experts on the grouped W4A16 kernels: h bf16 [T, H], perm int64
+        [T·K] (pairs sorted by expert), counts int32 [E] -> y_sorted bf16 [T·K, H], rows of
+        padding pairs unwritten. The tile schedule is computed on the device."""
+        cfg = self.cfg
+        t, k, e = h.shape[0], cfg.num_experts_per_tok, cfg.n_routed_experts
+        nt = self.w4a16_nt or next((n for rows, n in W4A16_NT if t <= rows), 64)
+        p = perm.numel()
+        tiles = grouped_w4a16.tile_schedule(counts, nt, grouped_w4a16.max_tiles(p, e, nt))
+        tok = (perm // k).int()
+        gate_up, down = self.w4a16_args[i]
+        act = torch.empty(p, cfg.moe_intermediate_size, dtype=BF16, device=self.device)
+        y = torch.empty(p, cfg.hidden_size, dtype=BF16, device=self.device)
+        self.w4a16[0, nt].launch(h, tok, tiles, *gate_up, act)
+        self.w4a16[1, nt].launch(act, tiles, *down, y)
+        return y
 
     def _shared(self, w: MoEWeights):
         s = w.shared

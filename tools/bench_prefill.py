@@ -79,6 +79,13 @@ def main() -> int:
                         "(capture/prefill_row_moe.py; default: prefill.ROW_MOE_MAX per "
                         "format); several values (e.g. 0,64,128,256) time the graph path once "
                         "per value")
+    p.add_argument("--moe", default="",
+                   help="NVFP4 experts on the graph path: w4a16 (the grouped W4A16 kernels), "
+                        "unpack (decoded to BF16 for torch._grouped_mm); several values time "
+                        "each (default: the prefill's own choice)")
+    p.add_argument("--nt", default="",
+                   help="pairs per tile of the W4A16 kernels (16, 32, 64; several values time "
+                        "each; default: prefill.W4A16_NT by chunk size)")
     p.add_argument("--out", default="out")
     p.add_argument("--profile-tokens", type=int, default=8192)
     args = p.parse_args()
@@ -103,13 +110,19 @@ def main() -> int:
             torch.cuda.empty_cache()
         if fmt not in args.formats.split(","):
             continue
-        sweep = [int(v) for v in args.row_moe_max.split(",") if v] or [None]
+        rows_sweep = [int(v) for v in args.row_moe_max.split(",") if v] or [None]
+        moe_sweep = [{"w4a16": True, "unpack": False}[v] for v in args.moe.split(",") if v]
+        nt_sweep = [int(v) for v in args.nt.split(",") if v] or [None]
+        sweep = [(r, m, n) for r in rows_sweep for m in (moe_sweep or [None])
+                 for n in (nt_sweep if m is not False and fmt == "nvfp4" else [None])]
         runs = [(path, r) for path in args.paths.split(",")
-                for r in (sweep if path == "graph" else [None])]
-        for path, row_moe in runs:
+                for r in (sweep if path == "graph" else [(None, None, None)])]
+        for path, (row_moe, w4a16, nt) in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
-                          row_moe_max=row_moe)
+                          row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
+            pre.w4a16_nt = nt
+            row_moe = f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))
@@ -125,7 +138,7 @@ def main() -> int:
                     print(f"{fmt} {path} {n}: {type(e).__name__}: {e}", flush=True)
                     continue
                 fl = cfg.prefill_flops(n)["total"]
-                row = {"format": fmt, "path": path, "row_moe_max": pre.row_moe_max, "chunk": chunk,
+                row = {"format": fmt, "path": path, "row_moe_max": row_moe, "chunk": chunk,
                        "tokens": n, "ms": s * 1e3,
                        "tokens_per_s": n / s, "tflops": fl / s / 1e12, "mfu": fl / s / peak}
                 res["rows"].append(row)
@@ -145,7 +158,7 @@ def main() -> int:
             torch.cuda.empty_cache()
     (out / "prefill.json").write_text(json.dumps(res, indent=1))
     lines = [f"GPU {res['gpu']}; dense BF16 matmul {peak / 1e12:.0f} TFLOP/s (8192³, same run); "
-             f"chunk {args.chunk}", "", "| format | path | row MoE ≤ | chunk | tokens | ms | tokens/s | TFLOP/s | MFU |",
+             f"chunk {args.chunk}", "", "| format | path | row MoE ≤ / experts / NT | chunk | tokens | ms | tokens/s | TFLOP/s | MFU |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         lines.append(f"| {r['format']} | {r['path']} | {r['row_moe_max']} | {r['chunk']} | "

@@ -326,3 +326,21 @@ def st_v4(addr, words, *, loc=None, ip=None) -> None:
     _asm(None, [_i64(addr, loc, ip)] + [_u32(w, loc, ip) for w in words],
          "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}", loc, ip,
          side_effects=True)
+
+
+@dsl_user_op
+def ld_shared_v4(addr, *, loc=None, ip=None) -> list:
+    """16 bytes at a 16-byte aligned shared-window address (u32), as 4 u32 (LDS.128)."""
+    res = _asm(llvm.StructType.get_literal([T.i32()] * 4), [_u32(addr, loc, ip)],
+               "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,~{memory}", loc, ip,
+               side_effects=True)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def st_shared_u16(addr, value, *, loc=None, ip=None) -> None:
+    """Store the low 16 bits of `value` at a 2-byte aligned shared-window address (u32)."""
+    _asm(None, [_u32(addr, loc, ip), _u32(value, loc, ip)],
+         "{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, $1;\n\tst.shared.b16 [$0], lo;\n\t}",
+         "r,r,~{memory}", loc, ip, side_effects=True)
+

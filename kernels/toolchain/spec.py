@@ -151,6 +151,9 @@ class KernelDef:
     reference(spec, *tensors): plain-PyTorch outputs from flint_graph/reference.py's ops, the
         oracle the GPU tests compare with (same argument order as the kernel, outputs returned).
     source_files: files besides the kernel's own module whose change makes its cubins stale.
+    routed_weights: which weights a CTA reads depends on an input (the routing result, e.g. a
+        tile's expert), so none can be loaded before griddepcontrol.wait; the build checks
+        then do not expect weight loads there.
     """
 
     name: str
@@ -161,6 +164,7 @@ class KernelDef:
     reference: Callable[..., Any]
     source_files: tuple[str, ...] = field(default=())
     build_takes_arch: bool = False
+    routed_weights: bool = False
 
     def spec(self, **values: int) -> Spec:
         """A Spec of this kernel from keyword values."""

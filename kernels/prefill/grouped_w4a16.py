@@ -1,0 +1,419 @@
+"""The routed experts of a prefill chunk as grouped W4A16 GEMMs: NVFP4 expert weights read as
+they are (4.5 bits per weight) and decoded in registers, never into a BF16 scratch.
+
+Two specialisations (KIND):
+  KIND 0, gate/up with SwiGLU: act[r] = bf16(silu(g)·u), g = bf16(x[tok[r]] · gate_eᵀ),
+    u = bf16(x[tok[r]] · up_eᵀ) for every sorted (token, expert) pair r of expert e: the rows of x
+    are gathered on load through tok (the pair's token), so no gathered copy of x exists.
+  KIND 1, down: y[r] = bf16(act[r] · down_eᵀ), rows in the same sorted order (moe_combine then
+    weights them and adds the shared expert and the residual, capture/prefill.py).
+Each must match `reference.linear` on the dequantised weights (and `reference.swiglu`'s
+activation for KIND 0): e2m1·e4m3 products are exact here, so only the fp32 summation order
+differs, plus one fp32 rounding of ·scale2 before the bf16 rounding (DESIGN §4).
+
+The pairs are sorted by expert (capture/prefill.py `group_pairs`); `tile_schedule` cuts each
+expert's pairs into tiles of NT rows on the device (no host synchronisation): tiles int32
+[NTILES, 4] = (expert, first pair, rows, 0), expert −1 for the unused tail of the bound
+NTILES = min(P, ceil(P / NT) + min(E, P)) (`max_tiles`). Grid (N_out / CTA_ROWS, NTILES): a CTA
+owns CTA_ROWS output features of one tile; consecutive CTAs share a tile (its x rows stay in
+L2) and consecutive tiles of an expert share its weights.
+
+Design ("swap AB": the weights are the MMA's M operand, the chunk's tokens its N operand, as in
+the decode GEMVs, gemv_nvfp4.py): 4 warps, each owning two m16 tiles (KIND 0: the same 16 rows
+of gate and of up, so silu(g)·u needs no second pass; KIND 1: 32 rows of down) against all NT
+tokens (NT / 8 n-tiles), so each dequantised A fragment feeds NT / 8 MMAs and each x fragment
+two. K goes in steps of BK = 128: lane quad position t takes the 32-k chunk 32t of the step,
+its codes (16 bytes) and two scale bytes per row loaded straight into registers one step ahead
+and dequantised with gemv_mma.frag_ops (bf16 e2m1·e4m3·2^-7, exact; scale2·2^7 in the fp32
+epilogue); x steps go through shared memory (cp.async, STAGES stages, two steps ahead, one
+barrier per step), rows of 256 bytes whose 16-byte units are XOR-swizzled so the LDS.128 of a
+quarter warp (two rows, four quads' units 4t + j) hit eight distinct bank groups. The
+epilogue transposes the tile through shared memory and stores whole 16-byte runs of each
+output row.
+
+PDL: the tile schedule is an input, and the experts' weights are known only from it, so every
+load follows griddepcontrol.wait (one wait at the top, in every thread).
+
+Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2 per launch; expected ~2e-3, the bf16 output
+rounding (≤ 2^-9 relative); fp32 summation order and the ·scale2 rounding may flip a bf16
+rounding of g or u (KIND 0) in rare elements, and the hardware exp's last ulp the SwiGLU
+rounding. Rows of no tile (padding pairs) are never written.
+Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile.
+"""
+
+import math
+
+import torch
+
+from flint_graph import reference
+from flint_graph.checkpoints import nvfp4
+from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec, TensorArg
+
+WARPS = 4
+BK = 128  # k per step: four lanes of a quad × 32
+STAGES = 3  # x steps in shared memory
+DEPTH = 2  # weight steps in registers (the one computed and the next)
+ROW_BYTES = BK * 2  # one x row of a step in shared memory
+NTS = (16, 32, 64)
+
+
+def cta_rows(kind: int) -> int:
+    """Output features per CTA: 4 warps × 16 rows (KIND 0, each of gate and up) or × 32."""
+    return WARPS * (16 if kind == 0 else 32)
+
+
+def max_tiles(pairs: int, experts: int, nt: int) -> int:
+    """NTILES: the most tiles `pairs` sorted pairs over `experts` experts can need (each expert
+    with pairs adds at most one partial tile; each tile holds at least one pair)."""
+    return max(1, min(pairs, -(-pairs // nt) + min(experts, pairs)))
+
+
+def tile_schedule(counts: torch.Tensor, nt: int, ntiles: int) -> torch.Tensor:
+    """int32 [ntiles, 4] (expert, first pair, rows, 0) of the tiles of NT pairs that cover the
+    pairs sorted by expert, whose counts per expert are int32 [E] (expert −1: no tile), all on
+    counts' device (no host synchronisation). `ntiles` must be ≥ what the counts need
+    (`max_tiles`), else the last pairs get no tile."""
+    c = counts.long()
+    per = (c + nt - 1) // nt
+    end = per.cumsum(0)
+    t = torch.arange(ntiles, device=counts.device)
+    e = torch.searchsorted(end, t, right=True)
+    ok = e < c.numel()
+    ec = e.clamp(max=c.numel() - 1)
+    j = t - (end[ec] - per[ec])
+    first = c.cumsum(0) - c
+    rows = (c[ec] - j * nt).clamp(max=nt)
+    out = torch.stack([torch.where(ok, ec, -1), (first[ec] + j * nt) * ok, rows * ok,
+                       torch.zeros_like(t)], dim=1)
+    return out.int().contiguous()
+
+
+def _check(spec: Spec) -> None:
+    kind, h, m, nt = spec["KIND"], spec["H"], spec["M"], spec["NT"]
+    if kind not in (0, 1):
+        raise ValueError(f"grouped_w4a16: KIND = {kind}; expected 0 (gate/up) or 1 (down)")
+    if nt not in NTS:
+        raise ValueError(f"grouped_w4a16: NT = {nt}; expected one of {NTS}")
+    if spec["E"] < 1:
+        raise ValueError(f"grouped_w4a16: E = {spec['E']}; expected ≥ 1")
+    k_dim, n_out = (h, m) if kind == 0 else (m, h)
+    if k_dim % BK or n_out % cta_rows(kind):
+        raise ValueError(f"grouped_w4a16: K = {k_dim} must be a multiple of {BK} and N = {n_out} "
+                         f"of {cta_rows(kind)} (KIND {kind})")
+
+
+def _args(spec: Spec):
+    _check(spec)
+    kind, h, m, e = spec["KIND"], spec["H"], spec["M"], spec["E"]
+
+    def stack(name, n, k):
+        return [TensorArg(f"{name}_codes", "u8", (e, n, k // 2), "weight"),
+                TensorArg(f"{name}_scales", "u8", (e, n, k // 16), "weight", align=2),
+                TensorArg(f"{name}_scale2", "f32", (e,), "weight", align=4)]
+
+    tiles = TensorArg("tiles", "i32", ("NTILES", 4), "input")
+    if kind == 0:
+        return (TensorArg("x", "bf16", ("T", h), "input"),
+                TensorArg("tok", "i32", ("P",), "input", align=4), tiles,
+                *stack("gate", m, h), *stack("up", m, h),
+                TensorArg("act", "bf16", ("P", m), "output"))
+    return (TensorArg("act", "bf16", ("P", m), "input"), tiles, *stack("down", h, m),
+            TensorArg("y", "bf16", ("P", h), "output"))
+
+
+def _smem(spec: Spec) -> int:
+    out_tile = spec["NT"] * (cta_rows(spec["KIND"]) * 2 + 16)
+    return max(STAGES * spec["NT"] * ROW_BYTES, out_tile)
+
+
+def _launch(spec: Spec) -> Launch:
+    n_out = spec["M"] if spec["KIND"] == 0 else spec["H"]
+    return Launch(grid=(n_out // cta_rows(spec["KIND"]), ("NTILES", 1), 1),
+                  block=(32 * WARPS, 1, 1), smem=_smem(spec))
+
+
+def fits(cfg) -> bool:
+    """Whether `cfg`'s expert shapes suit the kernel (H and M multiples of BK, M of 64 and H of
+    128 as outputs). Flint (2048, 512) and flint-nano (256, 128) do; the tiny test config (64,
+    64) does not, and its prefill decodes NVFP4 experts into BF16 instead."""
+    h, m = cfg.hidden_size, cfg.moe_intermediate_size
+    return bool(cfg.n_routed_experts) and h % BK == 0 and m % BK == 0 and m % cta_rows(0) == 0 \
+        and h % cta_rows(1) == 0
+
+
+def _specs(cfg, buckets=()) -> list[Spec]:
+    """Gate/up and down for every tile size NT (the prefill picks NT by chunk size); none for a
+    config the kernel does not fit (`fits`)."""
+    if not fits(cfg):
+        return []
+    e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    return [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt) for kind in (0, 1) for nt in NTS]
+
+
+def _dequant(codes, scales, scale2):
+    """fp32 [..., N, K] of a stack's codes / scales / scale2 [E] (exact: `nvfp4.dequantize`)."""
+    w = nvfp4.dequantize(codes, scales, torch.tensor(1.0, device=codes.device), torch.float32)
+    return w * scale2.float().view(-1, 1, 1)
+
+
+def _reference(spec: Spec, *args):
+    """(out,): each tile's rows through its expert (reference.linear, then reference.swiglu's
+    activation for KIND 0); rows of no tile keep `out`'s values."""
+    if spec["KIND"] == 0:
+        x, tok, tiles, gc, gs, g2, uc, us, u2, out = args
+        src = x[tok.long()]
+        first, second = _dequant(gc, gs, g2), _dequant(uc, us, u2)
+    else:
+        src, tiles, dc, ds, d2, out = args
+        first, second = _dequant(dc, ds, d2), None
+    res = out.clone()
+    for ex, p0, rows, _ in tiles.tolist():
+        if ex < 0:
+            continue
+        xs = src[p0:p0 + rows]
+        a = reference.linear(xs, first[ex].to(xs.device))
+        if second is not None:
+            u = reference.linear(xs, second[ex].to(xs.device))
+            a = (torch.nn.functional.silu(a.float()) * u.float()).to(torch.bfloat16)
+        res[p0:p0 + rows] = a
+    return (res,)
+
+
+def make_args(spec: Spec, *, gen: torch.Generator, tokens: int = 77, experts_used: int = 20,
+              device: str = "cuda", skew: bool = False) -> list:
+    """Fresh arguments: a chunk of `tokens` tokens × TOPK = 6 picks spread over
+    `experts_used` random experts (skew: one expert takes half the pairs, so it needs many
+    tiles), pairs sorted by expert, tok their tokens; codes every byte value, scale bytes
+    around 1 with 0x00, 0x7F and bit 7 among them, scale2 per expert; outputs NaN. The
+    schedule holds max_tiles rows (its unused tail expert −1)."""
+    kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
+    on = gen.device
+    pairs = tokens * 6
+    used = torch.randperm(e, generator=gen, device=on)[:max(1, min(experts_used, e))]
+    pick = used[torch.randint(0, used.numel(), (pairs,), generator=gen, device=on)]
+    if skew:
+        pick[: pairs // 2] = used[0]
+    ids, _ = pick.sort()
+    counts = torch.bincount(ids, minlength=e).int()
+    tiles = tile_schedule(counts, nt, max_tiles(pairs, e, nt))
+    k_dim, n_out = (h, m) if kind == 0 else (m, h)
+
+    def stack():
+        codes = torch.randint(0, 256, (e, n_out, k_dim // 2), generator=gen, device=on,
+                              dtype=torch.int32).to(torch.uint8)
+        scales = torch.randint(0x30, 0x40, (e, n_out, k_dim // 16), generator=gen, device=on,
+                               dtype=torch.int32)
+        special = torch.rand(scales.shape, generator=gen, device=on) < 0.01
+        scales = torch.where(special, torch.tensor([0x00, 0x7F, 0xB8], device=on)[
+            torch.randint(0, 3, scales.shape, generator=gen, device=on)], scales)
+        scale2 = torch.rand(e, generator=gen, device=on) * 0.02 + 0.005
+        return [codes, scales.to(torch.uint8), scale2]
+
+    if kind == 0:
+        x = torch.randn(tokens, h, generator=gen, device=on).to(torch.bfloat16)
+        tok = torch.randint(0, tokens, (pairs,), generator=gen, device=on, dtype=torch.int32)
+        args = [x, tok, tiles, *stack(), *stack()]
+    else:
+        act = torch.randn(pairs, m, generator=gen, device=on).to(torch.bfloat16)
+        args = [act, tiles, *stack()]
+    out = torch.full((pairs, n_out), float("nan"), dtype=torch.bfloat16, device=on)
+    return [a.to(device) for a in (*args, out)]
+
+
+def _build(spec: Spec):
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64, Uint32
+
+    from flint_graph.kernels.decode.gemv_mma import frag_ops
+    from flint_graph.kernels.toolchain import dsl_util as du
+
+    _check(spec)
+    kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
+    k_dim, n_out = (h, m) if kind == 0 else (m, h)
+    rows_cta = cta_rows(kind)
+    steps = k_dim // BK
+    ntn = nt // 8
+    threads = 32 * WARPS
+    units = ROW_BYTES // 16  # 16-byte units of an x row
+    x_per_thread = nt * units // threads
+    code_row, scale_row = k_dim // 2, k_dim // 16  # bytes per weight row
+    out_pitch = rows_cta * 2 + 16
+    out_units = rows_cta * 2 // 16
+    out_per_thread = math.ceil(nt * out_units / threads)
+    launch = _launch(spec)
+    dequant, xpairs, scales = frag_ops()
+
+    def _lane_rows(stack, base_row, g, t):
+        """(code address, scale address) of this lane's rows g and g + 8 of a stack at
+        `base_row` (its chunk 32t of a step's k)."""
+        codes, scl, _ = stack
+        return [(codes.iterator.toint() + (base_row + Int64(g + 8 * r)) * code_row
+                 + Int64(16 * t),
+                 scl.iterator.toint() + (base_row + Int64(g + 8 * r)) * scale_row
+                 + Int64(2 * t)) for r in range(2)]
+
+    def load_x(s, sbase, dst, src, nbytes):
+        """cp.async this thread's x units of step s into its stage (a trace-time helper)."""
+        base = sbase + Uint32((s % STAGES) * nt * ROW_BYTES)
+        for d, a, n in zip(dst, src, nbytes):
+            du.cp_async_16(base + d, a + Int64(s * ROW_BYTES), n)
+        du.cp_async_commit()
+
+    def load_w(s, wrows, rc, rs):
+        """This lane's codes and scale bytes of step s into register slot s % DEPTH."""
+        for i in range(2):
+            for r in range(2):
+                ca, sa = wrows[i][r]
+                words = du.ld_weight_v4(ca + Int64(s * BK // 2))
+                for j in range(4):
+                    rc[i, r, j, s % DEPTH] = words[j]
+                rs[i, r, s % DEPTH] = du.ld_weight_u16(sa + Int64(s * BK // 16))
+
+    def swz(unit, row):
+        """The physical 16-byte unit of x unit `unit` (0..15) in row `row` of a stage."""
+        return unit ^ ((((unit >> 3) & 1) << 1) | (row & 1))
+
+    @cute.jit
+    def body(mx, mtok, mtiles, stacks, mout):
+        tid, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        cute.arch.griddepcontrol_wait()  # the schedule, x and tok are the producers' outputs
+        cute.arch.griddepcontrol_launch_dependents()
+        info = du.ld_v4(mtiles.iterator.toint() + Int64(by) * 16)
+        ex, pair0, nrows = info[0], info[1], info[2]
+        if ex < Uint32(e):
+            alloc = cutlass.memory.SmemAllocator()
+            smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
+                                         byte_alignment=128)
+            sbase = du.smem_addr(smem)
+            # this thread's x copies: unit tid % 16 of rows tid // 16 + 8i (fixed over steps)
+            xb = mx.iterator.toint()
+            unit = tid % units
+            xrows = [tid // units + (threads // units) * i for i in range(x_per_thread)]
+            oks = [Uint32(row) < nrows for row in xrows]
+            if cutlass.const_expr(kind == 0):
+                srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4,
+                                      ok) for row, ok in zip(xrows, oks)]
+            else:
+                srows = [cutlass.select_(ok, pair0 + Uint32(row), Uint32(0))
+                         for row, ok in zip(xrows, oks)]
+            src = [xb + Int64(srow) * (k_dim * 2) + Int64(unit * 16) for srow in srows]
+            nbytes = [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks]
+            dst = [Uint32(row * ROW_BYTES) + Uint32(swz(unit, row) * 16) for row in xrows]
+
+            # the weight rows of this lane: m-tile i, rows g and g + 8
+            f0 = Int64(bx * rows_cta)
+            wrows = [_lane_rows(stacks[i], Int64(ex) * n_out + f0
+                                + Int64(16 * warp if kind == 0 else 32 * warp + 16 * i), g, t)
+                     for i in range(2)]
+            rc = cute.make_rmem_tensor((2, 2, 4, DEPTH), Uint32)
+            rs = cute.make_rmem_tensor((2, 2, DEPTH), Uint32)
+
+            for s in cutlass.range_constexpr(min(STAGES - 1, steps)):
+                load_x(s, sbase, dst, src, nbytes)
+            for s in cutlass.range_constexpr(min(DEPTH, steps)):
+                load_w(s, wrows, rc, rs)
+            acc = cute.make_rmem_tensor((2, ntn, 4), Float32)
+            acc.fill(0.0)
+            for s in cutlass.range_constexpr(steps):
+                du.cp_async_wait(min(STAGES - 2, steps - 1 - s))
+                cute.arch.sync_threads()
+                if cutlass.const_expr(s + STAGES - 1 < steps):
+                    load_x(s + STAGES - 1, sbase, dst, src, nbytes)
+                stage = sbase + Uint32((s % STAGES) * nt * ROW_BYTES)
+                slot = s % DEPTH
+                sc = [scales(du.prmt(rs[i, 0, slot], rs[i, 1, slot], 0x5410)) for i in range(2)]
+                for j in cutlass.range_constexpr(4):
+                    xp = []
+                    for n in cutlass.range_constexpr(ntn):
+                        row = 8 * n + g
+                        xp.append(xpairs(du.ld_shared_v4(
+                            stage + Uint32(row * ROW_BYTES) + Uint32(swz(4 * t + j, row) * 16))))
+                    for i in cutlass.range_constexpr(2):
+                        a = [[du.mul_bf16x2_by_half(p, sc[i][r], j // 2)
+                              for p in dequant(rc[i, r, j, slot])] for r in range(2)]
+                        for q in cutlass.range_constexpr(2):
+                            frag = [a[0][2 * q], a[1][2 * q], a[0][2 * q + 1], a[1][2 * q + 1]]
+                            for n in cutlass.range_constexpr(ntn):
+                                c4 = du.mma_bf16_m16n8k16(frag, [xp[n][2 * q], xp[n][2 * q + 1]],
+                                                          [acc[i, n, v] for v in range(4)])
+                                for v in cutlass.range_constexpr(4):
+                                    acc[i, n, v] = c4[v]
+                if cutlass.const_expr(s + DEPTH < steps):
+                    load_w(s + DEPTH, wrows, rc, rs)
+
+            # epilogue: scale2·2^7 (the bf16 dequantisation trick's 2^-7), round, SwiGLU
+            alpha = [du.as_f32(du.ld_weight_u32(stacks[i][2].iterator.toint() + Int64(ex) * 4))
+                     * Float32(128.0) for i in range(2)]
+            du.cp_async_wait(0)
+            cute.arch.sync_threads()  # every warp is done with the x stages: reuse them
+            for n in cutlass.range_constexpr(ntn):
+                for v in cutlass.range_constexpr(4):
+                    tok_col = 8 * n + 2 * t + v % 2
+                    feat = g + 8 * (v // 2)
+                    if cutlass.const_expr(kind == 0):
+                        gu = du.pack_bf16(acc[0, n, v] * alpha[0], acc[1, n, v] * alpha[1])
+                        gf = du.as_f32(gu << 16)
+                        uf = du.as_f32(gu & Uint32(0xFFFF0000))
+                        val = (gf / (Float32(1.0) + cute.math.exp(-gf))) * uf
+                        du.st_shared_u16(sbase + Uint32(tok_col * out_pitch
+                                                        + (16 * warp + feat) * 2),
+                                         du.pack_bf16(val, val))
+                    else:
+                        for i in cutlass.range_constexpr(2):
+                            du.st_shared_u16(sbase + Uint32(tok_col * out_pitch
+                                                            + (32 * warp + 16 * i + feat) * 2),
+                                             du.pack_bf16(acc[i, n, v] * alpha[0],
+                                                          acc[i, n, v] * alpha[0]))
+            cute.arch.sync_threads()
+            ob = mout.iterator.toint() + f0 * 2
+            for i in cutlass.range_constexpr(out_per_thread):
+                c = tid + threads * i
+                row, u = c // out_units, c % out_units
+                if Uint32(row) < nrows:
+                    words = du.ld_shared_v4(sbase + Uint32(row * out_pitch + u * 16))
+                    du.st_v4(ob + (Int64(pair0) + Int64(row)) * (n_out * 2) + Int64(u * 16),
+                             words)
+
+    if kind == 0:
+        @cute.kernel
+        def grouped_w4a16_kernel(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
+                                 gc: cute.Tensor, gs: cute.Tensor, g2: cute.Tensor,
+                                 uc: cute.Tensor, us: cute.Tensor, u2: cute.Tensor,
+                                 mout: cute.Tensor):
+            body(mx, mtok, mtiles, [(gc, gs, g2), (uc, us, u2)], mout)
+
+        @cute.jit
+        def grouped_w4a16(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
+                          gc: cute.Tensor, gs: cute.Tensor, g2: cute.Tensor, uc: cute.Tensor,
+                          us: cute.Tensor, u2: cute.Tensor, mout: cute.Tensor,
+                          stream: cuda.CUstream):
+            grouped_w4a16_kernel(mx, mtok, mtiles, gc, gs, g2, uc, us, u2, mout).launch(
+                grid=(n_out // rows_cta, mtiles.shape[0], 1), block=list(launch.block),
+                smem=launch.smem, stream=stream)
+
+        return grouped_w4a16
+
+    @cute.kernel
+    def grouped_w4a16_kernel(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
+                             ds: cute.Tensor, d2: cute.Tensor, mout: cute.Tensor):
+        body(mx, mx, mtiles, [(dc, ds, d2), (dc, ds, d2)], mout)
+
+    @cute.jit
+    def grouped_w4a16(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor, ds: cute.Tensor,
+                      d2: cute.Tensor, mout: cute.Tensor, stream: cuda.CUstream):
+        grouped_w4a16_kernel(mx, mtiles, dc, ds, d2, mout).launch(
+            grid=(n_out // rows_cta, mtiles.shape[0], 1), block=list(launch.block),
+            smem=launch.smem, stream=stream)
+
+    return grouped_w4a16
+
+
+KERNEL = KernelDef(name="grouped_w4a16", args=_args, launch=_launch, specs=_specs, build=_build,
+                   reference=_reference,
+                   source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py"),
+                   routed_weights=True)

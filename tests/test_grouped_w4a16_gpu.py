@@ -1,0 +1,119 @@
+"""GPU tests of grouped_w4a16 (kernels/prefill/grouped_w4a16.py), the prefill's W4A16 expert
+GEMMs: gate/up with SwiGLU (KIND 0, rows of x gathered through tok) and down (KIND 1), every
+tile size NT, against `_reference` (reference.linear on the exactly dequantised weights).
+
+Cases: chunks of 1, 7, 77 and 1,000 tokens (6 picks each) over few or all experts, one expert
+holding half the pairs (many tiles of one expert), both the full and the flint-nano shapes.
+Fresh random inputs every case; outputs NaN-poisoned, so a row no tile covers stays NaN and a
+covered row left unwritten shows. Tolerance ‖out − ref‖/‖ref‖ ≤ 1e-2 (expected ~2e-3: the
+bf16 output rounding; see the module docstring). PDL: behind a slow producer, each input (x or
+act, tok, the schedule) replaced by stale but valid values must not change the output.
+"""
+
+import pytest
+import torch
+
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.kernels import registry
+from flint_graph.kernels.prefill import grouped_w4a16 as gw
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def kset():
+    from flint_graph.capture.launcher import KernelSet
+
+    return KernelSet(kernels=registry(("grouped_w4a16", "slow_producer")))
+
+
+def _specs(preset):
+    return gw.KERNEL.specs(FlintConfig.preset(preset), ())
+
+
+CASES = [(1, 1, False), (7, 3, False), (77, 20, False), (77, 256, True), (1000, 256, False),
+         (1000, 8, True)]
+
+
+@pytest.mark.parametrize("preset", ["full", "nano"])
+@pytest.mark.parametrize("tokens,experts,skew", CASES)
+def test_grouped_w4a16_matches_reference(kset, preset, tokens, experts, skew):
+    for spec in _specs(preset):
+        gen = torch.Generator(device="cuda").manual_seed(tokens * 31 + experts + spec["NT"])
+        args = gw.make_args(spec, gen=gen, tokens=tokens, experts_used=experts, skew=skew)
+        out = args[-1]
+        (want,) = gw._reference(spec, *[a.clone() for a in args])
+        kset.get("grouped_w4a16", **spec.as_dict()).launch(*args)
+        torch.cuda.synchronize()
+        what = f"{spec.id} T={tokens} experts={experts} skew={skew}"
+        assert not out.isnan().any(), f"{what}: {int(out.isnan().any(1).sum())} rows unwritten"
+        rel = ((out.float() - want.float()).norm() / want.float().norm()).item()
+        assert rel <= 1e-2, f"{what}: rel err {rel:.2e} > 1e-2"
+
+
+def test_unused_tiles_write_nothing(kset):
+    """A schedule whose tiles cover only some pairs leaves the other rows as they were."""
+    spec = _specs("full")[1]
+    args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(3), tokens=50,
+                        experts_used=10)
+    tiles = args[2]
+    tiles[1::2] = torch.tensor([-1, 0, 0, 0], dtype=torch.int32, device="cuda")
+    (want,) = gw._reference(spec, *[a.clone() for a in args])
+    kset.get("grouped_w4a16", **spec.as_dict()).launch(*args)
+    torch.cuda.synchronize()
+    out = args[-1]
+    assert torch.equal(out.isnan(), want.isnan()), "rows of dropped tiles were written"
+    keep = ~want.isnan().any(1)
+    rel = ((out[keep].float() - want[keep].float()).norm() / want[keep].float().norm()).item()
+    assert rel <= 1e-2
+
+
+def _stale(name, t, tokens):
+    """Valid values other than the true ones: every tile unused, tok shifted by one token,
+    x/act random."""
+    if name == "tiles":
+        out = torch.zeros_like(t)
+        out[:, 0] = -1
+        return out
+    if name == "tok":
+        return (t + 1) % tokens
+    return torch.randn_like(t.float()).to(t.dtype)
+
+
+@pytest.mark.parametrize("kind", [0, 1])
+def test_pdl_inputs_are_read_after_the_wait(kset, kind):
+    from test_kernels_gpu import REPLAYS, SPIN_NS, _outputs, _words
+
+    spec = [s for s in _specs("full") if s["KIND"] == kind and s["NT"] == 32][0]
+    consumer = kset.get("grouped_w4a16", **spec.as_dict())
+    producer = kset.get("slow_producer")
+    names = [a.name for a in gw.KERNEL.args(spec)]
+    tokens = 300
+    args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(11),
+                        tokens=tokens, experts_used=64)
+    for name in names:
+        if gw.KERNEL.args(spec)[names.index(name)].role != "input":
+            continue
+        target = names.index(name)
+        true, stale = args[target].clone(), _stale(name, args[target], tokens)
+        results = {}
+        for pdl in (False, True):
+            stream = torch.cuda.Stream()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                with torch.cuda.graph(graph, stream=stream):
+                    _words(args[target]).copy_(_words(stale))
+                    producer.launch(_words(true), _words(args[target]), SPIN_NS, pdl=pdl)
+                    consumer.launch(*args, pdl=pdl)
+            outs = []
+            for _ in range(1 if not pdl else REPLAYS):
+                for o in _outputs(gw.KERNEL, spec, args):
+                    o.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                outs.append(args[-1].clone())
+            results[pdl] = outs
+        want = results[False][0]
+        for got in results[True]:
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), \
+                f"{spec.id}: read {name} before griddepcontrol.wait"
