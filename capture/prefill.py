@@ -75,11 +75,15 @@ GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
 # grouped path wins; BF16 at 25 tokens 26.4 -> 18.1 ms, equal at 64, worse at 128.
 ROW_MOE_MAX = {"nvfp4": 256, "bf16": 32}
 # With the grouped W4A16 kernels (kernels/prefill/grouped_w4a16.py) NVFP4 experts are read as
-# they are at every chunk size: the decode-kernel groups above only re-read them per group.
-ROW_MOE_MAX_W4A16 = 0
-# Pairs per tile of the grouped W4A16 kernels by chunk rows: the smallest NT ≥ a typical
-# expert's pairs (T·K/E: 512 tokens give Flint's experts ~12 each, 8K ~192).
-W4A16_NT = ((512, 16), (2048, 32))  # (up to this many rows, NT); above: 64
+# they are at every chunk size, and the decode-kernel groups pay only below 64 rows, where the
+# grouped path's routing glue (~50 small torch ops per layer) outweighs re-reading the experts
+# per group of 8: on the H200 (2026-12-02, tools/bench_prefill.py --row-moe-max 0,256), 25
+# tokens 18.2 ms grouped vs 12.8 ms in groups, 64 tokens 21.2 vs 23.0, 256 tokens 25.5 vs 77.3.
+ROW_MOE_MAX_W4A16 = 32
+# Pairs per tile of the grouped W4A16 kernels by chunk rows (--nt 16,32,64 on the H200,
+# 2026-12-02): 512 tokens 29.7 / 35.1 / 56.7 ms, 2K 60.4 / 58.5 / 74.4, 8K 219.8 / 194.0 / 204.7.
+W4A16_NT = ((512, 16),)  # (up to this many rows, NT); above: W4A16_NT_LARGE
+W4A16_NT_LARGE = 32
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
@@ -256,7 +260,7 @@ def group_pairs(flat: torch.Tensor, bins: int) -> tuple[torch.Tensor, torch.Tens
         return torch.argsort(flat, stable=True), counts
     onehot = (flat[None, :] == torch.arange(bins, device=flat.device)[:, None]).int()
     running = onehot.cumsum(1, dtype=torch.int32)  # [bins, P]
-    counts = running[:, -1]
+    counts = running[:, -1].contiguous()  # a kernel input (nvfp4_unpack SKIP)
     rank = running.gather(0, flat[None, :])[0] - 1  # earlier pairs with the same id
     dest = (torch.cumsum(counts, 0, dtype=torch.int32) - counts)[flat] + rank
     perm = torch.empty_like(flat).scatter_(0, dest.long(), torch.arange(p, device=flat.device))
@@ -699,7 +703,7 @@ class Prefill:
         padding pairs unwritten. The tile schedule is computed on the device."""
         cfg = self.cfg
         t, k, e = h.shape[0], cfg.num_experts_per_tok, cfg.n_routed_experts
-        nt = self.w4a16_nt or next((n for rows, n in W4A16_NT if t <= rows), 64)
+        nt = self.w4a16_nt or next((n for rows, n in W4A16_NT if t <= rows), W4A16_NT_LARGE)
         p = perm.numel()
         tiles = grouped_w4a16.tile_schedule(counts, nt, grouped_w4a16.max_tiles(p, e, nt))
         tok = (perm // k).int()
