@@ -165,7 +165,7 @@ def _matmul_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, shared,
                 valid: torch.Tensor | None = None, *, router_split: torch.Tensor | None = None,
-                combine=None, act=None, grouped=None) -> torch.Tensor:
+                combine=None, act=None) -> torch.Tensor:
     """Routed experts + shared expert of `reference.moe` as grouped GEMMs: h bf16 [T, H] ->
     bf16 [T, H].
 
@@ -187,9 +187,8 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     function (y_sorted bf16 [T·K, H], pos int32 [T, K], weights fp32 [T, K], shared bf16 [T, H]
     or None) -> its result, which moe_grouped then returns (the caller's residual add folded
     in); it replaces the scatter, the fp32 product and the roundings below. act: SwiGLU's
-    activation as `silu_mul` (default: it). grouped: the experts' GEMMs as one function (h,
-    perm int64 [T·K], counts int32 [E]) -> y_sorted bf16 [T·K, H] (rows of padding pairs
-    unwritten), e.g. the grouped W4A16 kernels; `experts` and `act` are then unused."""
+    activation as `silu_mul` (default: it). The kernel path (`Prefill`) routes and groups
+    with the moe_route kernels instead (`Prefill._moe`)."""
     t, k = h.shape[0], cfg.num_experts_per_tok
     e_total = w.router.shape[0]
     logits = None
@@ -206,15 +205,12 @@ def moe_grouped(h: torch.Tensor, w: MoEWeights, cfg: FlintConfig, experts, share
     perm, counts = group_pairs(ids.reshape(-1), e_total + 1)
     counts = counts[:e_total]
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    if grouped is not None:
-        y_sorted = grouped(h, perm, counts)
-    else:
-        gate, up, down = experts(counts)
-        xs = h.index_select(0, perm // k)  # [T·K, H], gathered rows
-        g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
-        u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
-        a = (act or silu_mul)(g, u)
-        y_sorted = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)  # [T·K, H] bf16
+    gate, up, down = experts(counts)
+    xs = h.index_select(0, perm // k)  # [T·K, H], gathered rows
+    g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
+    u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
+    a = (act or silu_mul)(g, u)
+    y_sorted = torch._grouped_mm(a, down.transpose(1, 2), offs=offs)  # [T·K, H] bf16
     if combine is not None:  # rows of padding pairs are never read: no masking needed
         pos = torch.empty_like(perm).scatter_(0, perm, torch.arange(t * k, device=h.device))
         return combine(y_sorted, pos.view(t, k).int(), weights.contiguous(),
@@ -392,6 +388,12 @@ class Prefill:
         # RoPE kind, and the MoE combine + residual; None/{} on the torch-ops paths
         self.qk_norm_rope: dict[int, object] = {}
         self.combine = None
+        # the kernel path's routing (moe_route: pick, and place per NT) and its per-expert
+        # counts, zero between layers (place resets them; each chunk zeroes them first)
+        self.pick, self.place = None, {}
+        self._counts = torch.zeros(cfg.n_routed_experts or 1, dtype=torch.int32, device=dev)
+        self.router_bias = [lw.ffn.router_bias.float().contiguous()
+                            if isinstance(lw.ffn, MoEWeights) else None for lw in weights.layers]
         self.act = silu_mul
         self._valid32 = torch.ones(1, dtype=torch.int32, device=dev)
         self.routers: list[torch.Tensor | None] = [None] * len(weights.layers)
@@ -424,7 +426,7 @@ class Prefill:
                 self.unpack = kset.get("nvfp4_unpack", **stacks[0].as_dict())
             if moe and self.row_moe_max >= GROUP:
                 self.row_moe = RowGroupMoE(kset, cfg, weights.layers)
-            from flint_graph.kernels.prefill import moe_combine, qk_norm_rope
+            from flint_graph.kernels.prefill import moe_combine, moe_route, qk_norm_rope
 
             for spec in qk_norm_rope.KERNEL.specs(cfg, ()):
                 self.qk_norm_rope[spec["ROPE"]] = kset.get("qk_norm_rope", **spec.as_dict())
@@ -436,6 +438,11 @@ class Prefill:
             self.act = self._silu_mul
             for spec in moe_combine.KERNEL.specs(cfg, ()):
                 self.combine = kset.get("moe_combine", **spec.as_dict())
+            for spec in moe_route.KERNEL.specs(cfg, ()):
+                if spec["KIND"] == 0:
+                    self.pick = kset.get("moe_route", **spec.as_dict())
+                else:
+                    self.place[spec["NT"]] = kset.get("moe_route", **spec.as_dict())
             self.routers = [split_router(lw.ffn.router) if isinstance(lw.ffn, MoEWeights)
                             else None for lw in weights.layers]
             if use_w4a16:
@@ -585,6 +592,8 @@ class Prefill:
     def _body(self, ids: torch.Tensor) -> None:
         """Every layer for ids int64 [Tb] (rows ≥ valid are padding), then the final norm of
         row valid − 1 into `_h_last`."""
+        if self.pick is not None:
+            self._counts.zero_()  # a chunk that failed half-way may have left counts behind
         x = reference.embed(self.w.embed, ids)
         pos = self._prepare(ids.numel())
         for i, lw in enumerate(self.w.layers):
@@ -646,24 +655,10 @@ class Prefill:
         x = residual_add(x, o)
         h = rms_norm(x, lw.ffn_norm, eps)
         if isinstance(lw.ffn, MoEWeights):
-            combine = None
-            if self.combine is not None:
-                def combine(y_sorted, pos, weights, shared):
-                    out = torch.empty_like(x)
-                    self.combine.launch(y_sorted, pos, weights, *(() if shared is None
-                                                                  else (shared,)),
-                                        x, self._valid32, out)
-                    return out
-            grouped = None
-            if i in self.w4a16_args:
-                def grouped(h, perm, counts):
-                    return self._grouped_w4a16(i, h, perm, counts)
+            if self.pick is not None:
+                return self._moe(i, lw, x, h)  # the residual add is in the combine kernel
             y = moe_grouped(h, lw.ffn, cfg, lambda counts: self._experts(lw.ffn, counts),
-                            self._shared(lw.ffn), self._row_valid,
-                            router_split=self.routers[i], combine=combine, act=self.act,
-                            grouped=grouped)
-            if combine is not None:
-                return y  # the residual add is in the kernel
+                            self._shared(lw.ffn), self._row_valid)
         else:
             f = lw.ffn
             y = swiglu(h, f.gate, f.up, f.down, self.dec.linear, self.act)
@@ -696,23 +691,46 @@ class Prefill:
             out.append(buf)
         return tuple(out)
 
-    def _grouped_w4a16(self, i: int, h: torch.Tensor, perm: torch.Tensor,
-                       counts: torch.Tensor) -> torch.Tensor:
-        """Layer i's routed experts on the grouped W4A16 kernels: h bf16 [T, H], perm int64
-        [T·K] (pairs sorted by expert), counts int32 [E] -> y_sorted bf16 [T·K, H], rows of
-        padding pairs unwritten. The tile schedule is computed on the device."""
-        cfg = self.cfg
+    def _moe(self, i: int, lw: LayerWeights, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Layer i's MoE block on the kernel path: the residual stream x and its FFN norm h,
+        bf16 [T, H] -> bf16 [T, H], x + moe(h). The router's logits as three tensor-core GEMMs
+        (`split_router`); routing and the grouping of the (token, expert) pairs by the
+        moe_route kernels (pick, place: no torch ops, no host synchronisation); the experts on
+        the grouped W4A16 kernels (NVFP4) or torch._grouped_mm (BF16, and NVFP4 decoded into
+        the BF16 scratch where grouped_w4a16 does not fit); the combine, the shared expert and
+        the residual add in moe_combine."""
+        cfg, f = self.cfg, lw.ffn
         t, k, e = h.shape[0], cfg.num_experts_per_tok, cfg.n_routed_experts
+        dev, i32 = self.device, torch.int32
+        parts = _matmul_f32(h, self.routers[i])  # [T, 3E]
+        ids, rank = torch.empty(2, t, k, dtype=i32, device=dev).unbind(0)
+        weights = torch.empty(t, k, dtype=torch.float32, device=dev)
+        self.pick.launch(parts, self.router_bias[i], self._valid32, self._counts, ids, weights,
+                         rank, cfg.routed_scaling_factor)
         nt = self.w4a16_nt or next((n for rows, n in W4A16_NT if t <= rows), W4A16_NT_LARGE)
-        p = perm.numel()
-        tiles = grouped_w4a16.tile_schedule(counts, nt, grouped_w4a16.max_tiles(p, e, nt))
-        tok = (perm // k).int()
-        gate_up, down = self.w4a16_args[i]
-        act = torch.empty(p, cfg.moe_intermediate_size, dtype=BF16, device=self.device)
-        y = torch.empty(p, cfg.hidden_size, dtype=BF16, device=self.device)
-        self.w4a16[0, nt].launch(h, tok, tiles, *gate_up, act)
-        self.w4a16[1, nt].launch(act, tiles, *down, y)
-        return y
+        p = t * k
+        tiles = torch.empty(grouped_w4a16.max_tiles(p, e, nt), 4, dtype=i32, device=dev)
+        offs = torch.empty(e, dtype=i32, device=dev)
+        tok = torch.empty(p, dtype=i32, device=dev)
+        pos = torch.empty(t, k, dtype=i32, device=dev)
+        self.place[nt].launch(ids, rank, self._valid32, self._counts, tiles, offs, tok, pos)
+        if i in self.w4a16_args:
+            gate_up, down = self.w4a16_args[i]
+            act = torch.empty(p, cfg.moe_intermediate_size, dtype=BF16, device=dev)
+            y = torch.empty(p, cfg.hidden_size, dtype=BF16, device=dev)
+            self.w4a16[0, nt].launch(h, tok, tiles, *gate_up, act)
+            self.w4a16[1, nt].launch(act, tiles, *down, y)
+        else:
+            gate, up, down = self._experts(f, offs.diff(prepend=offs.new_zeros(1)))
+            xs = h.index_select(0, tok)
+            g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
+            u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
+            y = torch._grouped_mm(self.act(g, u), down.transpose(1, 2), offs=offs)
+        shared = self._shared(f)
+        out = torch.empty_like(x)
+        self.combine.launch(y, pos, weights, *(() if shared is None else (shared(h),)), x,
+                            self._valid32, out)
+        return out
 
     def _shared(self, w: MoEWeights):
         s = w.shared
