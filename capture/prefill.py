@@ -153,6 +153,13 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _one_expert(w: NVFP4Weight) -> list[torch.Tensor]:
+    """codes, scales, scale2 of an NVFP4 matrix as a one-expert stack ([1, N, K/2], [1, N,
+    K/16], [1]): the grouped W4A16 kernels' arguments for the shared expert."""
+    codes, scales, s2 = _nvfp4_args(w)
+    return [codes[None], scales[None], s2.reshape(1)]
+
+
 def _matmul_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x bf16 [T, K] @ w bf16 [N, K]ᵀ with fp32 products, sums and output, float32 [T, N]."""
     if x.is_cuda:
@@ -403,6 +410,7 @@ class Prefill:
         # decoded into a BF16 scratch for torch._grouped_mm
         self.w4a16: dict[tuple[int, int], object] = {}
         self.w4a16_args: dict[int, tuple[list, list]] = {}
+        self.w4a16_shared: dict[int, tuple[list, list]] = {}  # the shared expert, E = 1
         self.w4a16_nt: int | None = None  # a fixed NT (benchmarks); None: by W4A16_NT
         use_w4a16 = (attention == "kernel" and fmt == "nvfp4" and w4a16 is not False
                       and grouped_w4a16.fits(cfg))
@@ -445,16 +453,20 @@ class Prefill:
                     self.place[spec["NT"]] = kset.get("moe_route", **spec.as_dict())
             self.routers = [split_router(lw.ffn.router) if isinstance(lw.ffn, MoEWeights)
                             else None for lw in weights.layers]
+            self._kset = kset
             if use_w4a16:
-                for spec in grouped_w4a16.KERNEL.specs(cfg, ()):
-                    self.w4a16[spec["KIND"], spec["NT"]] = kset.get("grouped_w4a16",
-                                                                    **spec.as_dict())
+                self.set_w4a16_depth(grouped_w4a16.DEPTH)
                 e = cfg.n_routed_experts
                 for i, lw in enumerate(weights.layers):
                     if isinstance(lw.ffn, MoEWeights):
                         f = lw.ffn
                         self.w4a16_args[i] = (_nvfp4_args(f.gate, e) + _nvfp4_args(f.up, e),
                                               _nvfp4_args(f.down, e))
+                        sh = f.shared
+                        if (grouped_w4a16.shared_width(cfg) and sh is not None
+                                and isinstance(sh.gate, NVFP4Weight)):
+                            one = [_one_expert(sh.gate), _one_expert(sh.up)]
+                            self.w4a16_shared[i] = (one[0] + one[1], _one_expert(sh.down))
 
     # -- CUDA graphs -----------------------------------------------------------------------
 
@@ -618,6 +630,11 @@ class Prefill:
         self._rope = cos[:, None, :], sin[:, None, :]
         valid = self._row_valid = rows < self._valid
         self._row_mask = valid.int()
+        if self.w4a16_shared:  # the shared expert as one expert holding all tb rows
+            nt = self._nt(tb)
+            ones = torch.full((1,), tb, dtype=torch.int32, device=self.device)
+            self._shared_sched = (nt, grouped_w4a16.tile_schedule(
+                ones, nt, grouped_w4a16.max_tiles(tb, 1, nt)), rows.int())
         pps, scratch = self.kv.pages_per_slot, self.kv.scratch
         page = self._pages.long()[(pos // KV_PAGE).clamp_(max=pps - 1)]
         self._dst = {False: (torch.where(valid, page, scratch * pps), pos % KV_PAGE)}
@@ -691,6 +708,21 @@ class Prefill:
             out.append(buf)
         return tuple(out)
 
+    def _nt(self, rows: int) -> int:
+        """Pairs per tile of the grouped W4A16 kernels (and the moe_route schedule) for a chunk
+        of `rows` rows: `w4a16_nt` when set, else by W4A16_NT."""
+        return self.w4a16_nt or next((n for r, n in W4A16_NT if rows <= r), W4A16_NT_LARGE)
+
+    def set_w4a16_depth(self, depth: int) -> None:
+        """Run the grouped W4A16 kernels with `depth` weight steps in registers (spec D; the
+        default grouped_w4a16.DEPTH, others for benchmarks: their cubins come from
+        tools/build_gpu_cache.py). Raises KernelCacheError when the cache lacks them."""
+        for spec in grouped_w4a16.KERNEL.specs(self.cfg, ()):
+            values = {**spec.as_dict(), "D": depth}
+            key = (spec["KIND"], spec["NT"]) if spec["E"] > 1 else ("shared", spec["KIND"],
+                                                                     spec["NT"])
+            self.w4a16[key] = self._kset.get("grouped_w4a16", **values)
+
     def _moe(self, i: int, lw: LayerWeights, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MoE block on the kernel path: the residual stream x and its FFN norm h,
         bf16 [T, H] -> bf16 [T, H], x + moe(h). The router's logits as three tensor-core GEMMs
@@ -707,7 +739,7 @@ class Prefill:
         weights = torch.empty(t, k, dtype=torch.float32, device=dev)
         self.pick.launch(parts, self.router_bias[i], self._valid32, self._counts, ids, weights,
                          rank, cfg.routed_scaling_factor)
-        nt = self.w4a16_nt or next((n for rows, n in W4A16_NT if t <= rows), W4A16_NT_LARGE)
+        nt = self._nt(t)
         p = t * k
         tiles = torch.empty(grouped_w4a16.max_tiles(p, e, nt), 4, dtype=i32, device=dev)
         offs = torch.empty(e, dtype=i32, device=dev)
@@ -726,11 +758,28 @@ class Prefill:
             g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
             u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
             y = torch._grouped_mm(self.act(g, u), down.transpose(1, 2), offs=offs)
-        shared = self._shared(f)
+        if i in self.w4a16_shared:
+            shared = [self._shared_w4a16(i, h)]
+        else:
+            run = self._shared(f)
+            shared = [] if run is None else [run(h)]
         out = torch.empty_like(x)
-        self.combine.launch(y, pos, weights, *(() if shared is None else (shared(h),)), x,
-                            self._valid32, out)
+        self.combine.launch(y, pos, weights, *shared, x, self._valid32, out)
         return out
+
+    def _shared_w4a16(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """Layer i's NVFP4 shared expert on the grouped W4A16 kernels as one expert holding
+        every row of the chunk (padding rows too: the combine never reads them): h bf16 [T, H]
+        -> bf16 [T, H]. Its schedule and token list depend only on T, so they are made once per
+        chunk (`_prepare`)."""
+        t, cfg = h.shape[0], self.cfg
+        nt, tiles, tok = self._shared_sched
+        gate_up, down = self.w4a16_shared[i]
+        act = torch.empty(t, grouped_w4a16.shared_width(cfg), dtype=BF16, device=self.device)
+        y = torch.empty(t, cfg.hidden_size, dtype=BF16, device=self.device)
+        self.w4a16["shared", 0, nt].launch(h, tok, tiles, *gate_up, act)
+        self.w4a16["shared", 1, nt].launch(act, tiles, *down, y)
+        return y
 
     def _shared(self, w: MoEWeights):
         s = w.shared

@@ -46,7 +46,7 @@ def test_bound_holds_for_the_worst_spread():
 def test_reference_is_the_expert_half_of_reference_moe():
     """KIND 0 then KIND 1 on one expert's rows give reference.swiglu's expert output."""
     cfg = FlintConfig.preset("nano")
-    specs = {(s["KIND"], s["NT"]): s for s in gw.KERNEL.specs(cfg, ())}
+    specs = {(s["KIND"], s["NT"]): s for s in gw.KERNEL.specs(cfg, ()) if s["E"] > 1}
     gen = torch.Generator().manual_seed(0)
     args0 = gw.make_args(specs[0, 16], gen=gen, tokens=9, experts_used=3, device="cpu")
     x, tok, tiles, gc, gs, g2, uc, us, u2, act = args0
@@ -67,4 +67,6 @@ def test_reference_is_the_expert_half_of_reference_moe():
 
 def test_specs_skip_configs_the_kernel_does_not_fit():
     assert gw.KERNEL.specs(FlintConfig.preset("tiny"), ()) == []
-    assert len(gw.KERNEL.specs(FlintConfig.preset("full"), ())) == 2 * len(gw.NTS)
+    specs = gw.KERNEL.specs(FlintConfig.preset("full"), ())
+    assert len(specs) == 4 * len(gw.NTS)  # routed and shared (E = 1), gate/up and down
+    assert {s["E"] for s in specs} == {1, 256} and {s["D"] for s in specs} == {gw.DEPTH}

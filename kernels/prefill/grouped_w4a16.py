@@ -38,7 +38,8 @@ Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2 per launch; expected 
 rounding (≤ 2^-9 relative); fp32 summation order and the ·scale2 rounding may flip a bf16
 rounding of g or u (KIND 0) in rare elements, and the hardware exp's last ulp the SwiGLU
 rounding. Rows of no tile (padding pairs) are never written.
-Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile.
+Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, D weight steps
+held in registers (D − 1 in flight while one is computed).
 """
 
 import math
@@ -52,7 +53,8 @@ from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec, TensorAr
 WARPS = 4
 BK = 128  # k per step: four lanes of a quad × 32
 STAGES = 3  # x steps in shared memory
-DEPTH = 2  # weight steps in registers (the one computed and the next)
+DEPTH = 2  # weight steps in registers by default (the one computed and the next): spec D
+DEPTHS = (2, 3, 4)  # D values built for benchmarks (`bench_specs`)
 ROW_BYTES = BK * 2  # one x row of a step in shared memory
 NTS = (16, 32, 64)
 
@@ -96,6 +98,8 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16: E = {spec['E']}; expected ≥ 1")
+    if spec["D"] not in DEPTHS:
+        raise ValueError(f"grouped_w4a16: D = {spec['D']}; expected one of {DEPTHS}")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16: K = {k_dim} must be a multiple of {BK} and N = {n_out} "
@@ -141,13 +145,30 @@ def fits(cfg) -> bool:
         and h % cta_rows(1) == 0
 
 
+def shared_width(cfg) -> int:
+    """The shared expert's width as a one-expert group (E = 1), or 0 when the kernels do not
+    take it (no shared expert, or a width they do not fit): the prefill then runs it on
+    cuBLAS."""
+    ms = cfg.n_shared_experts * cfg.moe_intermediate_size
+    return ms if ms and fits(cfg) and ms % BK == 0 and ms % cta_rows(0) == 0 else 0
+
+
 def _specs(cfg, buckets=()) -> list[Spec]:
-    """Gate/up and down for every tile size NT (the prefill picks NT by chunk size); none for a
-    config the kernel does not fit (`fits`)."""
+    """Gate/up and down for every tile size NT (the prefill picks NT by chunk size), for the
+    routed experts and, as one more group of one expert, the shared expert; none for a config
+    the kernel does not fit (`fits`)."""
     if not fits(cfg):
         return []
     e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    return [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt) for kind in (0, 1) for nt in NTS]
+    groups = [(e, m)] + ([(1, shared_width(cfg))] if shared_width(cfg) else [])
+    return [KERNEL.spec(KIND=kind, H=h, M=width, E=n, NT=nt, D=DEPTH) for n, width in groups
+            for kind in (0, 1) for nt in NTS]
+
+
+def bench_specs(cfg, buckets=()) -> list[Spec]:
+    """The other weight-step depths D of `_specs`' kernels (tools/bench_prefill.py --depth)."""
+    return [KERNEL.spec(**{**s.as_dict(), "D": d}) for s in _specs(cfg) for d in DEPTHS
+            if d != DEPTH]
 
 
 def _dequant(codes, scales, scale2):
@@ -231,6 +252,7 @@ def _build(spec: Spec):
 
     _check(spec)
     kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
+    depth = spec["D"]
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     rows_cta = cta_rows(kind)
     steps = k_dim // BK
@@ -262,14 +284,14 @@ def _build(spec: Spec):
         du.cp_async_commit()
 
     def load_w(s, wrows, rc, rs):
-        """This lane's codes and scale bytes of step s into register slot s % DEPTH."""
+        """This lane's codes and scale bytes of step s into register slot s % depth."""
         for i in range(2):
             for r in range(2):
                 ca, sa = wrows[i][r]
                 words = du.ld_weight_v4(ca + Int64(s * BK // 2))
                 for j in range(4):
-                    rc[i, r, j, s % DEPTH] = words[j]
-                rs[i, r, s % DEPTH] = du.ld_weight_u16(sa + Int64(s * BK // 16))
+                    rc[i, r, j, s % depth] = words[j]
+                rs[i, r, s % depth] = du.ld_weight_u16(sa + Int64(s * BK // 16))
 
     def swz(unit, row):
         """The physical 16-byte unit of x unit `unit` (0..15) in row `row` of a stage."""
@@ -310,12 +332,12 @@ def _build(spec: Spec):
             wrows = [_lane_rows(stacks[i], Int64(ex) * n_out + f0
                                 + Int64(16 * warp if kind == 0 else 32 * warp + 16 * i), g, t)
                      for i in range(2)]
-            rc = cute.make_rmem_tensor((2, 2, 4, DEPTH), Uint32)
-            rs = cute.make_rmem_tensor((2, 2, DEPTH), Uint32)
+            rc = cute.make_rmem_tensor((2, 2, 4, depth), Uint32)
+            rs = cute.make_rmem_tensor((2, 2, depth), Uint32)
 
             for s in cutlass.range_constexpr(min(STAGES - 1, steps)):
                 load_x(s, sbase, dst, src, nbytes)
-            for s in cutlass.range_constexpr(min(DEPTH, steps)):
+            for s in cutlass.range_constexpr(min(depth, steps)):
                 load_w(s, wrows, rc, rs)
             acc = cute.make_rmem_tensor((2, ntn, 4), Float32)
             acc.fill(0.0)
@@ -325,7 +347,7 @@ def _build(spec: Spec):
                 if cutlass.const_expr(s + STAGES - 1 < steps):
                     load_x(s + STAGES - 1, sbase, dst, src, nbytes)
                 stage = sbase + Uint32((s % STAGES) * nt * ROW_BYTES)
-                slot = s % DEPTH
+                slot = s % depth
                 sc = [scales(du.prmt(rs[i, 0, slot], rs[i, 1, slot], 0x5410)) for i in range(2)]
                 for j in cutlass.range_constexpr(4):
                     xp = []
@@ -343,8 +365,8 @@ def _build(spec: Spec):
                                                           [acc[i, n, v] for v in range(4)])
                                 for v in cutlass.range_constexpr(4):
                                     acc[i, n, v] = c4[v]
-                if cutlass.const_expr(s + DEPTH < steps):
-                    load_w(s + DEPTH, wrows, rc, rs)
+                if cutlass.const_expr(s + depth < steps):
+                    load_w(s + depth, wrows, rc, rs)
 
             # epilogue: scale2·2^7 (the bf16 dequantisation trick's 2^-7), round, SwiGLU
             alpha = [du.as_f32(du.ld_weight_u32(stacks[i][2].iterator.toint() + Int64(ex) * 4))
