@@ -411,6 +411,7 @@ class Prefill:
         self.w4a16: dict[tuple[int, int], object] = {}
         self.w4a16_args: dict[int, tuple[list, list]] = {}
         self.w4a16_shared: dict[int, tuple[list, list]] = {}  # the shared expert, E = 1
+        self._shared_scheds: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
         self.w4a16_nt: int | None = None  # a fixed NT (benchmarks); None: by W4A16_NT
         use_w4a16 = (attention == "kernel" and fmt == "nvfp4" and w4a16 is not False
                       and grouped_w4a16.fits(cfg))
@@ -489,6 +490,8 @@ class Prefill:
         for tb in reversed(buckets):  # the largest first: the pool then fits every later one
             ids = torch.zeros(tb, dtype=torch.int64, device=self.device)
             self.describe_chunk(0, tb)
+            if self.w4a16_shared:
+                self._shared_schedule(tb)  # host-built, outside the capture
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self._body(ids)
@@ -630,11 +633,8 @@ class Prefill:
         self._rope = cos[:, None, :], sin[:, None, :]
         valid = self._row_valid = rows < self._valid
         self._row_mask = valid.int()
-        if self.w4a16_shared:  # the shared expert as one expert holding all tb rows
-            nt = self._nt(tb)
-            ones = torch.full((1,), tb, dtype=torch.int32, device=self.device)
-            self._shared_sched = (nt, grouped_w4a16.tile_schedule(
-                ones, nt, grouped_w4a16.max_tiles(tb, 1, nt)), rows.int())
+        if self.w4a16_shared:
+            self._shared_sched = self._shared_schedule(tb)
         pps, scratch = self.kv.pages_per_slot, self.kv.scratch
         page = self._pages.long()[(pos // KV_PAGE).clamp_(max=pps - 1)]
         self._dst = {False: (torch.where(valid, page, scratch * pps), pos % KV_PAGE)}
@@ -766,6 +766,20 @@ class Prefill:
         out = torch.empty_like(x)
         self.combine.launch(y, pos, weights, *shared, x, self._valid32, out)
         return out
+
+    def _shared_schedule(self, tb: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """(NT, tiles int32 [NTILES, 4], tok int32 [tb]) of the shared expert as one expert
+        holding all tb rows: built on the host once per chunk size and kept (`capture` makes
+        each bucket's before capturing it, so a graph holds no schedule arithmetic)."""
+        got = self._shared_scheds.get(tb)
+        if got is None:
+            nt = self._nt(tb)
+            rows = [(0, r0, min(nt, tb - r0), 0) for r0 in range(0, tb, nt)]
+            rows += [(-1, 0, 0, 0)] * (grouped_w4a16.max_tiles(tb, 1, nt) - len(rows))
+            got = self._shared_scheds[tb] = (
+                nt, torch.tensor(rows, dtype=torch.int32).to(self.device),
+                torch.arange(tb, dtype=torch.int32).to(self.device))
+        return got
 
     def _shared_w4a16(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """Layer i's NVFP4 shared expert on the grouped W4A16 kernels as one expert holding
