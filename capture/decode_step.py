@@ -27,6 +27,7 @@ import torch
 from flint_graph import reference
 from flint_graph.capture.decode_layer import DecodeLayer, StepBuffers
 from flint_graph.capture.kv_cache import KVCache
+from flint_graph.capture.launcher import capture_graph
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import gemv_bf16, gemv_nvfp4
 from flint_graph.kernels.toolchain.spec import DTYPES
@@ -218,7 +219,7 @@ class DecodeGraph:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with capture_graph(self.graph):
             self._body()
 
     def graph_nodes(self) -> dict[str, int]:
@@ -231,7 +232,7 @@ class DecodeGraph:
             g = torch.cuda.CUDAGraph(keep_graph=True)
         except TypeError as e:  # torch without keep_graph
             raise RuntimeError(f"torch {torch.__version__} cannot keep a captured graph") from e
-        with torch.cuda.graph(g):
+        with capture_graph(g):
             self._body()
         graph = cu.CUgraph(g.raw_cuda_graph())
         err, _, n = cu.cuGraphGetNodes(graph, 0)

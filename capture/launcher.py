@@ -16,11 +16,13 @@ failure raises `LaunchError` naming the kernel.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import math
 import numbers
 import struct
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -238,3 +240,26 @@ class KernelSet:
         if spec not in self._loaded:
             self._loaded[spec] = Kernel(kdef, spec, self.cache.get(kdef, spec, self.arch))
         return self._loaded[spec]
+
+
+@contextlib.contextmanager
+def capture_graph(graph: torch.cuda.CUDAGraph, **kwargs: Any) -> Iterator[None]:
+    """`torch.cuda.graph(graph, **kwargs)` with Python's cyclic garbage collector paused.
+
+    torch collects garbage before a capture starts, but a collection triggered during the
+    capture can free another object's CUDA graph (cudaGraphExecDestroy) or a tensor whose
+    block waits on events, both illegal while a stream captures: the capture is invalidated
+    and the next launch fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (seen on the H200,
+    2026-12-02: prefill captures failing now and then after an earlier engine was dropped,
+    with torch's warning "operation not permitted when stream is capturing (function
+    reset)")."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, **kwargs):
+            yield
+    finally:
+        if enabled:
+            gc.enable()
+

@@ -473,6 +473,8 @@ class Prefill:
 
     @torch.inference_mode()
     def capture(self, max_tokens: int) -> list[int]:
+        from flint_graph.capture.launcher import capture_graph
+
         """Capture the chunk body as one CUDA graph per bucket of GRAPH_BUCKETS below
         `max_tokens` (the largest chunk the engine sends, capped at the largest bucket and the
         slot's capacity; itself a bucket), and the final norm + LM head as one more; returns
@@ -499,11 +501,11 @@ class Prefill:
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
+            with capture_graph(g, pool=pool):
                 self._body(ids)
             self.graphs[tb] = (g, ids)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
+        with capture_graph(g, pool=pool):
             logits = self._head()
         self.head_graph = (g, logits)
         # a graph's first launch also uploads it to the device (tens of ms at this size): do

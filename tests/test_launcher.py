@@ -116,3 +116,38 @@ def test_every_declarable_dtype_can_be_launched():
     from flint_graph.kernels.toolchain.spec import DTYPES
 
     assert set(DTYPES) <= set(launcher._TORCH)
+
+
+def test_capture_graph_pauses_the_garbage_collector(monkeypatch):
+    """A collection during a capture can destroy another graph (illegal while capturing):
+    capture_graph keeps the collector off inside and restores it after, errors included."""
+    import contextlib
+    import gc
+
+    from flint_graph.capture import launcher
+
+    seen = []
+
+    @contextlib.contextmanager
+    def fake_graph(graph, **kwargs):
+        seen.append((graph, kwargs))
+        yield
+
+    monkeypatch.setattr(launcher.torch.cuda, "graph", fake_graph)
+    assert gc.isenabled()
+    with launcher.capture_graph("g", pool="p"):
+        assert not gc.isenabled()
+    assert gc.isenabled() and seen == [("g", {"pool": "p"})]
+    try:
+        with launcher.capture_graph("g"):
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with launcher.capture_graph("g"):
+            pass
+        assert not gc.isenabled(), "a collector the caller had off stays off"
+    finally:
+        gc.enable()
