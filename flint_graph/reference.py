@@ -326,14 +326,16 @@ class ReferenceModel:
                     f"max_position_embeddings = {limit}")
 
     def _forward(self, seqs: list[SequenceKV], tokens: list[torch.Tensor],
-                 last_only: bool) -> list[torch.Tensor]:
+                 last_only: bool, probe=None) -> list[torch.Tensor]:
         cfg, w, dt = self.cfg, self.weights, self.act_dtype
         self._check(seqs, tokens)
         tokens = [t.to(self.device, torch.int64) for t in tokens]
         lens = [t.numel() for t in tokens]
         x = embed(w.embed, torch.cat(tokens), dtype=dt)  # [ΣT, H]
+        if probe is not None:
+            probe("the embedding", x)
         for i, lw in enumerate(w.layers):
-            x = decoder_layer(cfg, lw, i, x, seqs, lens, dtype=dt)
+            x = decoder_layer(cfg, lw, i, x, seqs, lens, dtype=dt, probe=probe)
         for s, n in zip(seqs, lens):
             s.advance(n)
         ends = list(itertools.accumulate(lens))
@@ -342,7 +344,31 @@ class ReferenceModel:
             ends = list(range(1, len(lens) + 1))
         h = rms_norm(x, w.final_norm, cfg.rms_norm_eps, dtype=dt)
         logits = lm_head(h, w.lm_head)
+        if probe is not None:
+            probe("the final norm", h)
+            probe("the LM head", logits)
         return list(logits.tensor_split(ends[:-1]))
+
+    def first_non_finite(self, tokens: torch.Tensor, chunk_tokens: int = 2048) -> str | None:
+        """Where NaN or inf first appears when int tokens [T] run from an empty cache: "the
+        embedding", "layer 3 (attention)", "layer 3 (MoE)" (or "(MLP)"), "the final norm",
+        "the LM head"; None when every activation stays finite. A diagnosis for a request that
+        ended on non-finite logits (the engine's error path): it reruns the tokens with an
+        isfinite check after each block, which the normal forward skips. Raises as
+        `prefill`."""
+        seen: list[str] = []
+
+        def probe(where: str, x: torch.Tensor) -> None:
+            if not seen and not bool(torch.isfinite(x).all()):
+                seen.append(where)
+
+        seq = self.new_sequence()
+        self._check([seq], [tokens])
+        for b in range(0, tokens.shape[0], chunk_tokens):
+            self._forward([seq], [tokens[b:b + chunk_tokens]], last_only=True, probe=probe)
+            if seen:
+                break
+        return seen[0] if seen else None
 
 
 def lm_head(h: torch.Tensor, w: Linear) -> torch.Tensor:
@@ -354,15 +380,19 @@ def lm_head(h: torch.Tensor, w: Linear) -> torch.Tensor:
 
 def decoder_layer(cfg: FlintConfig, lw: LayerWeights, layer: int, x: torch.Tensor,
                   seqs: list[SequenceKV], lens: list[int], *, dtype: torch.dtype = ACT_DTYPE,
-                  routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                  routing: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  probe=None) -> torch.Tensor:
     """One pre-norm decoder layer (DESIGN §1) on x bf16 [ΣT, H], the new tokens of `seqs`
     (lens[i] each, at positions seqs[i].num_tokens …): attention block then FFN block, each
     added to the residual stream. Stores the tokens' K/V in `seqs` (the caller advances them).
-    `routing` overrides the MoE routing as in `moe`."""
+    `routing` overrides the MoE routing as in `moe`; `probe(where, tensor)`, when given, sees
+    the attention block's and the FFN block's outputs (`ReferenceModel.first_non_finite`)."""
     eps = cfg.rms_norm_eps
     h = rms_norm(x, lw.attn_norm, eps, dtype=dtype)
     a = linear(attention_block(cfg, lw, layer, h, seqs, lens, dtype=dtype), lw.o_proj,
                dtype=dtype)
+    if probe is not None:
+        probe(f"layer {layer} (attention)", a)
     x = residual_add(x, a, dtype=dtype)
     h = rms_norm(x, lw.ffn_norm, eps, dtype=dtype)
     if isinstance(lw.ffn, MoEWeights):
@@ -370,6 +400,8 @@ def decoder_layer(cfg: FlintConfig, lw: LayerWeights, layer: int, x: torch.Tenso
                 cfg.norm_topk_prob, dtype=dtype, routing=routing)
     else:
         y = swiglu(h, lw.ffn.gate, lw.ffn.up, lw.ffn.down, dtype=dtype)
+    if probe is not None:
+        probe(f"layer {layer} ({'MoE' if isinstance(lw.ffn, MoEWeights) else 'MLP'})", y)
     return residual_add(x, y, dtype=dtype)
 
 

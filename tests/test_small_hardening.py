@@ -68,6 +68,7 @@ def test_non_finite_logits_end_the_request_with_an_error(tiny_ckpt):
     finally:
         head.copy_(saved)
     assert out.finish_reason == "error" and "not finite" in " ".join(out.errors), out
+    assert "first in the LM head" in " ".join(out.errors), out.errors
     assert not llm.engine.running and not llm.engine.waiting
     again = llm.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))[0]
     assert again.finish_reason == "length" and len(again.token_ids) == 3
@@ -154,3 +155,27 @@ def test_schemas_found_by_a_trial_parse_without_raising(params):
         out = parse_output(f"</think><tool_call>f<arg_key>{key}</arg_key><arg_value>1"
                            "</arg_value></tool_call>", tools=tools)
         assert len(out.tool_calls) == 1, out
+
+
+@pytest.mark.parametrize("where,poison,named", [
+    ("layer 1 (attention)", lambda w: w.layers[1].o_proj, "layer 1 (attention)"),
+    ("layer 2 (MoE)", lambda w: w.layers[2].ffn.router, "layer 2 (MoE)"),
+    ("the embedding", lambda w: w.embed, "the embedding"),
+])
+def test_non_finite_logits_name_the_layer_they_started_in(tiny_ckpt, where, poison, named):
+    """Issue 26 item 4: the error names where NaN first appeared (the reference engine
+    checks each layer's attention and FFN outputs, the embedding, the final norm and the LM
+    head: one isfinite per point, cheap next to the CPU forward)."""
+    from flint_graph import LLM
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    t = poison(llm.engine.model.weights)
+    saved = t.clone()
+    t.fill_(float("nan"))
+    try:
+        out = llm.generate(["hello"], SamplingParams(max_tokens=4))[0]
+    finally:
+        t.copy_(saved)
+    assert out.finish_reason == "error", out
+    assert f"first in {named}" in " ".join(out.errors), (where, out.errors)
+

@@ -210,6 +210,22 @@ class Engine:
         delta.errors.append(why)
         return delta
 
+    def _origin(self, req: Request) -> str | None:
+        """Where NaN/inf first appears in this request's activations, found on the error path
+        by rerunning its tokens on the reference model with a check after each block
+        (`ReferenceModel.first_non_finite`); None on the graph engine (its kernels are not
+        probed) and past DIAGNOSE_TOKENS tokens (the rerun would cost as much as the prefill).
+        """
+        if self.runner is not None:
+            return None
+        ids = list(req.prompt_ids) + list(req.output_ids)
+        if len(ids) > DIAGNOSE_TOKENS:
+            return None
+        try:
+            return self.model.first_non_finite(torch.tensor(ids, dtype=torch.long))
+        except FlintError:
+            return None
+
     def _graph_decode(self, rows: list[Request]) -> list[RequestDelta]:
         """One graph replay for `rows`; rows whose logits are not finite end with "error"
         (`non_finite_rows`), rows whose stop ids are still banned (min_tokens) are resampled
@@ -259,7 +275,8 @@ class Engine:
         if not all(finite):
             # NaN or inf logits would sample id 0 forever ("!!", finish "length", no error):
             # end those requests with the reason instead (weights or settings out of range)
-            failed = [self._fail(r, _not_finite(r)) for r, ok in zip(rows, finite) if not ok]
+            failed = [self._fail(r, _not_finite(r, self._origin(r)))
+                      for r, ok in zip(rows, finite) if not ok]
             keep = [i for i, ok in enumerate(finite) if ok]
             if not keep:
                 return failed
@@ -385,9 +402,17 @@ class Engine:
                 self.runner.free_slot(e.kv)
 
 
-def _not_finite(req: Request) -> str:
+# the longest token list `_origin` reruns to name where NaN started (about a prefill's cost)
+DIAGNOSE_TOKENS = 8192
+
+
+def _not_finite(req: Request, origin: str | None = None) -> str:
+    """The error of a request whose logits are not finite; `origin` (the reference model's
+    `SequenceKV.first_non_finite`, e.g. "layer 3 (MoE)") names where it started."""
+    where = f", first in {origin}" if origin else ""
     return (f"the model's logits are not finite (NaN or inf) at output token "
-            f"{req.num_generated}: a weight or a config value is out of range for this model")
+            f"{req.num_generated}{where}: a weight or a config value is out of range for this "
+            f"model")
 
 
 def non_finite_rows(ids: list[int], logits: torch.Tensor) -> list[int]:
