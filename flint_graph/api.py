@@ -406,6 +406,8 @@ class LLM:
         try:
             while any(not r.is_finished for r in reqs):
                 self.engine.step()
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(INTERRUPTED) from None  # the finally aborts them
         finally:
             for r in reqs:
                 if not r.is_finished:
@@ -429,6 +431,11 @@ class LLM:
             req.pending.clear()
 
 
+# What Ctrl-C raises in a script waiting in generate / chat or iterating a stream (README, "The
+# Python API"): KeyboardInterrupt with this message, its request aborted.
+INTERRUPTED = "interrupted (Ctrl-C): flint_graph aborted the request"
+
+
 class RequestStream:
     """Iterator of one request's RequestDelta objects; afterwards `.output` is its
     GenerationOutput and, for chat requests, `.message` its ChatMessage."""
@@ -443,7 +450,14 @@ class RequestStream:
 
     def __next__(self) -> RequestDelta:
         self._reader = threading.get_ident()
-        return next(self._deltas)
+        try:
+            return next(self._deltas)
+        except KeyboardInterrupt:
+            # Ctrl-C in a script's loop: the request is aborted (the generator's cleanup, or
+            # here when the signal landed outside it) and the script sees one short
+            # KeyboardInterrupt instead of a traceback through the engine and the model
+            self.cancel()
+            raise KeyboardInterrupt(INTERRUPTED) from None
 
     def close(self) -> None:
         """Abort the request if it is still running (e.g. on Ctrl-C). From any thread: the

@@ -179,3 +179,58 @@ def test_non_finite_logits_name_the_layer_they_started_in(tiny_ckpt, where, pois
     assert out.finish_reason == "error", out
     assert f"first in {named}" in " ".join(out.errors), (where, out.errors)
 
+
+
+def _interrupt_on_step(llm, monkeypatch, after: int):
+    """Make the engine's `after`-th step raise KeyboardInterrupt, as Ctrl-C would (the signal
+    lands wherever the main thread is: here deep in the engine)."""
+    calls = {"n": 0}
+    step = llm.engine.step
+
+    def interrupted_step():
+        calls["n"] += 1
+        if calls["n"] == after:
+            raise KeyboardInterrupt
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", interrupted_step)
+
+
+def _our_frames(exc: BaseException) -> list[str]:
+    import traceback
+
+    return [f.filename for f in traceback.extract_tb(exc.__traceback__)
+            if "flint_graph" in f.filename]
+
+
+@pytest.mark.parametrize("how", ["stream_chat", "stream", "chat", "generate"])
+def test_ctrl_c_in_a_script_raises_one_short_keyboard_interrupt(tiny_ckpt, monkeypatch, how):
+    """Issue 25 item 3: Ctrl-C while a script iterates stream_chat (or waits in chat /
+    generate) aborts the request and raises KeyboardInterrupt with api.INTERRUPTED from the
+    call itself, not from inside the engine and the model; the engine serves on."""
+    from flint_graph import LLM
+    from flint_graph.api import INTERRUPTED
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    params = SamplingParams(max_tokens=50, ignore_eos=True)
+    _interrupt_on_step(llm, monkeypatch, after=3)
+    msgs = [{"role": "user", "content": "hello"}]
+    with pytest.raises(KeyboardInterrupt) as info:
+        if how == "stream_chat":
+            for _ in llm.stream_chat(msgs, params=params):
+                pass
+        elif how == "stream":
+            for _ in llm.stream("hello", params):
+                pass
+        elif how == "chat":
+            llm.chat(msgs, params=params)
+        else:
+            llm.generate(["hello"], params)
+    assert str(info.value) == INTERRUPTED
+    assert info.value.__suppress_context__
+    frames = _our_frames(info.value)
+    assert all(f.endswith("api.py") for f in frames), frames  # nothing from the engine
+    assert not llm.engine.running and not llm.engine.waiting
+    monkeypatch.undo()
+    again = llm.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+    assert again.finish_reason == "length"
