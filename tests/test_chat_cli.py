@@ -357,3 +357,17 @@ def test_a_fence_left_open_at_the_end_of_input_quits_without_sending(tiny_llm):
     console.input = read  # type: ignore[method-assign]
     assert s.run() == 0 and s.messages == []
     assert 'inside a """ block: that text was not sent' in console.file.getvalue()
+
+
+def test_reasoning_cut_by_max_tokens_names_both_ways_out(tiny_llm, monkeypatch):
+    """An answer still reasoning when max_tokens ran out: the footer names --max-tokens and
+    --stop-on-repeat (a model stuck in a loop needs the second, not more tokens; a new user's
+    "Hi" on flint-nano, 2026-12-02)."""
+    monkeypatch.setattr("flint_graph.runtime.engine.sample",
+                        scripted_sampler(tiny_llm.tokenizer.encode("thinking " * 20)))
+    console = Console(file=io.StringIO(), width=400, force_terminal=False)
+    s, _ = _session(tiny_llm, ["hi", "/exit"], params=SamplingParams(max_tokens=8),
+                    console=console)
+    s.run()
+    footer = [line for line in console.file.getvalue().splitlines() if " tokens · " in line][0]
+    assert "length" in footer and "--max-tokens" in footer and "--stop-on-repeat" in footer

@@ -298,7 +298,8 @@ class ChatSession:
         if out.finish_reason == "length" and len(out.token_ids) >= room:
             footer += f" · {CONTEXT_FULL}"
         elif out.finish_reason == "length" and not msg.content and not msg.tool_calls:
-            footer += " · max tokens ran out while reasoning (raise --max-tokens)"
+            footer += (" · max tokens ran out while reasoning (raise --max-tokens; "
+                       "--stop-on-repeat N ends reasoning that loops)")
         elif out.finish_reason == "repeat":
             footer += " · the answer looped (--stop-on-repeat)"
         self.console.print(f"[dim]{footer}[/]")
