@@ -104,6 +104,23 @@ def check_prompt_text(prompt: str) -> None:
             f"prompt: not valid UTF-8 text (undecodable byte at character {e.start})") from None
 
 
+def _ctrl_c(method):
+    """Public LLM calls: Ctrl-C anywhere inside (rendering the template, tokenizing, the engine
+    loop) raises one KeyboardInterrupt(INTERRUPTED) from the call, not a traceback through
+    jinja2, the tokenizer and the model; requests already added are aborted by `_run` /
+    `_stream`'s cleanup. (A stream's own iteration is RequestStream.__next__'s.)"""
+    import functools
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(INTERRUPTED) from None
+
+    return call
+
+
 class LLM:
     """A Flint model ready to generate.
 
@@ -181,6 +198,7 @@ class LLM:
 
     # -- raw completion ---------------------------------------------------------------------
 
+    @_ctrl_c
     def generate(self, prompts: str | list[str] | list[list[int]],
                  params: SamplingParams | None = None) -> list[GenerationOutput]:
         """Complete each prompt as raw text (no chat template), batched.
@@ -203,6 +221,7 @@ class LLM:
         reqs = [self._request(self._encode(p), params, parser=None) for p in prompts]
         return self._run(reqs)
 
+    @_ctrl_c
     def stream(self, prompt: str | list[int],
                params: SamplingParams | None = None) -> RequestStream:
         """Complete one raw prompt: an iterator of RequestDelta as tokens arrive (the last one
@@ -246,6 +265,7 @@ class LLM:
             raise TemplateError(f"{source}: the chat template rendered an empty prompt")
         return segments
 
+    @_ctrl_c
     def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
              params: SamplingParams | None = None, *, enable_thinking: bool = True,
              tool_choice: str | None = None, **template_kwargs: Any) -> ChatMessage:
@@ -266,6 +286,7 @@ class LLM:
             pass
         return stream.message
 
+    @_ctrl_c
     def stream_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
                     params: SamplingParams | None = None, *, enable_thinking: bool = True,
                     tool_choice: str | None = None, **template_kwargs: Any) -> RequestStream:
@@ -285,6 +306,7 @@ class LLM:
                                  tool_choice=tool_choice, **template_kwargs)
         return RequestStream(self, req, enable_thinking)
 
+    @_ctrl_c
     def chat_batch(self, conversations: list[tuple[list[dict[str, Any]], list[dict] | None]],
                    params: SamplingParams | None = None, *, enable_thinking: bool = True,
                    **template_kwargs: Any) -> list[ChatMessage]:
@@ -406,8 +428,6 @@ class LLM:
         try:
             while any(not r.is_finished for r in reqs):
                 self.engine.step()
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(INTERRUPTED) from None  # the finally aborts them
         finally:
             for r in reqs:
                 if not r.is_finished:

@@ -252,6 +252,33 @@ def test_save_transcript_through_symlink_keeps_mode_and_refuses_dirs(tmp_path):
         save_transcript(tmp_path, [])
 
 
+@pytest.mark.parametrize("make", ["long name", "symlink loop", "file as directory"])
+def test_save_transcript_refuses_unusable_names_with_one_error(tmp_path, make):
+    """/save with a name the OS refuses raised OSError / RuntimeError before the write's own
+    error handling and ended the chat, losing the conversation (bad-input trial, 2026-12-02);
+    each is a FlintError naming the path now, which the chat shows before going on."""
+    if make == "long name":
+        path = tmp_path / ("x" * 300 + ".json")
+    elif make == "symlink loop":
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        path = tmp_path / "a"
+    else:
+        (tmp_path / "f").write_text("")
+        path = tmp_path / "f" / "t.json"
+    with pytest.raises(FlintError, match="cannot save transcript|does not exist"):
+        save_transcript(path, [{"role": "user", "content": "hi"}])
+
+
+def test_chat_goes_on_after_a_save_the_os_refuses(tiny_llm, tmp_path):
+    good = tmp_path / "ok.json"
+    s, console = _session(tiny_llm, ["hello", f"/save {tmp_path / ('x' * 300)}.json",
+                                     f"/save {good}", "/exit"])
+    assert s.run() == 0
+    assert "cannot save transcript" in console.file.getvalue()
+    assert [m["role"] for m in json.loads(good.read_text())["messages"]] == ["user", "assistant"]
+
+
 def test_chat_survives_internal_error_and_keeps_transcript(tiny_llm, tmp_path, monkeypatch):
     real = tiny_llm.stream_chat
     calls = iter([ZeroDivisionError("boom"), None])

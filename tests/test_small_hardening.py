@@ -234,3 +234,43 @@ def test_ctrl_c_in_a_script_raises_one_short_keyboard_interrupt(tiny_ckpt, monke
     monkeypatch.undo()
     again = llm.generate(["hello"], SamplingParams(max_tokens=3, ignore_eos=True))[0]
     assert again.finish_reason == "length"
+
+
+@pytest.mark.parametrize("where,how", [("tokenizer", "stream_chat"), ("tokenizer", "chat"),
+                                       ("tokenizer", "generate"), ("template", "stream_chat"),
+                                       ("template", "chat")])
+def test_ctrl_c_before_the_engine_runs_is_the_same_short_interrupt(tiny_llm_fresh, monkeypatch,
+                                                                  where, how):
+    """Ctrl-C while the chat template renders or the prompt is tokenized (a long history, a
+    batch of long prompts: bad-input trial, 2026-12-02) gave a traceback through jinja2 or the
+    tokenizer; now the same one-line interrupt as in the engine loop."""
+    from flint_graph.api import INTERRUPTED
+
+    llm = tiny_llm_fresh
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    if where == "tokenizer":
+        monkeypatch.setattr(llm.tokenizer, "encode", boom)
+        monkeypatch.setattr(llm.tokenizer, "encode_segments", boom)
+    else:
+        monkeypatch.setattr("flint_graph.api.render_chat_segments", boom)
+    msgs = [{"role": "user", "content": "hello"}]
+    with pytest.raises(KeyboardInterrupt) as info:
+        if how == "stream_chat":
+            llm.stream_chat(msgs)
+        elif how == "chat":
+            llm.chat(msgs)
+        else:
+            llm.generate(["hello"])
+    assert str(info.value) == INTERRUPTED
+    assert all(f.endswith("api.py") for f in _our_frames(info.value))
+    assert not llm.engine.running and not llm.engine.waiting
+
+
+@pytest.fixture
+def tiny_llm_fresh(tiny_ckpt):
+    from flint_graph import LLM
+
+    return LLM(tiny_ckpt, device="cpu", progress=False)

@@ -37,18 +37,27 @@ HELP = ('""" starts and ends a message of several lines · '
 FENCE = '"""'  # a message of several lines is fenced by it, as in ollama's terminal chat
 
 
-def save_transcript(path: str | Path, messages: list[dict[str, Any]]) -> Path:
-    """Write `messages` as JSON to `path` atomically (same-directory temp file, then rename).
+def save_transcript(path: str | Path, messages: list[dict[str, Any]],
+                    replaced: list | None = None) -> Path:
+    """Write `messages` as JSON to `path` atomically (same-directory temp file, then rename);
+    appends True to `replaced` when an existing file was overwritten.
 
-    Raises FlintError naming the path if the directory does not exist or is not writable."""
+    Raises FlintError naming the path if the directory does not exist or is not writable, or
+    the name cannot be a file there (too long, a symlink loop, a directory): every such case
+    is the user's to fix, and the chat goes on."""
     path = Path(path).expanduser()
-    if path.is_symlink():
-        path = path.resolve()  # replace the file the link points at, keep the link
-    if path.exists() and not path.is_file():
-        raise FlintError(f"{path}: exists and is not a regular file; choose a file name")
-    if not path.parent.is_dir():
-        raise FlintError(f"{path}: directory {path.parent} does not exist")
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    try:
+        if path.is_symlink():
+            path = path.resolve()  # replace the file the link points at, keep the link
+        if path.exists() and not path.is_file():
+            raise FlintError(f"{path}: exists and is not a regular file; choose a file name")
+        if not path.parent.is_dir():
+            raise FlintError(f"{path}: directory {path.parent} does not exist")
+        existed = path.exists()
+        mode = path.stat().st_mode & 0o777 if existed else 0o644
+    except (OSError, RuntimeError) as e:  # ENAMETOOLONG, ELOOP; RuntimeError: a symlink loop
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise FlintError(f"{path}: cannot save transcript ({why})") from None
     text = json.dumps({"messages": messages}, ensure_ascii=False, indent=2)
     tmp = None
     try:
@@ -60,6 +69,8 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]]) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
+        if existed and replaced is not None:
+            replaced.append(True)
     except OSError as e:
         raise FlintError(f"{path}: cannot save transcript ({e.strerror or e})") from None
     finally:
@@ -158,8 +169,9 @@ class ChatSession:
                 self.console.print("[red]usage: /save FILE[/]")
                 return None
             try:
-                existed = Path(arg.strip()).expanduser().exists()
-                path = save_transcript(arg.strip(), self.messages)
+                replaced: list = []
+                path = save_transcript(arg.strip(), self.messages, replaced)
+                existed = bool(replaced)
                 note = " (replaced the existing file)" if existed else ""
                 self.console.print(f"[dim]saved {len(self.messages)} messages to {path}{note}[/]")
             except FlintError as e:
