@@ -7,6 +7,7 @@ commands themselves live in `cli.py` and import what they need after parsing.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from flint_graph.checkpoints import make_checkpoint_args
@@ -14,12 +15,30 @@ from flint_graph.checkpoints import make_checkpoint_args
 EXIT_BAD_INPUT = 2
 
 
+# What argparse should take as a (negative) number rather than a flag: its own pattern sees
+# only -5 and -.5, so `--temperature -1e5` or `--top-p -inf` read as a flag ("expected one
+# argument") instead of reaching the value's own check.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$", re.I)
+SHOWN_CHARS = 60  # a longer word in an error message is cut, its length named
+
+
+def _cut(word: re.Match) -> str:
+    w = word.group()
+    return f"{w[:SHOWN_CHARS // 2]}…{w[-8:]} ({len(w):,} characters)"
+
+
 class ArgParser(argparse.ArgumentParser):
     """argparse with the CLI's error shape: one line `flint-graph: error: ...` naming the
-    --help to read, exit status 2 (argparse prints a multi-line usage first)."""
+    --help to read, exit status 2 (argparse prints a multi-line usage first); values it
+    quotes are cut to SHOWN_CHARS, and negative numbers in exponent form or ±inf are values."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if hasattr(self, "_negative_number_matcher"):  # argparse's private hook (3.8–3.13)
+            self._negative_number_matcher = NEGATIVE_NUMBER
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        message = " ".join(message.split())
+        message = re.sub(rf"\S{{{SHOWN_CHARS + 1},}}", _cut, " ".join(message.split()))
         self.exit(EXIT_BAD_INPUT, f"flint-graph: error: {message} (see {self.prog} --help)\n")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
@@ -41,12 +60,23 @@ def tcp_port(text: str) -> int:
     return value
 
 
+def integer(text: str, expected: str = "an integer") -> int:
+    """argparse type: an integer. One too long for Python to read (over 4,300 digits) is named
+    by its length, not called invalid; `expected` words the error."""
+    try:
+        return int(text)
+    except ValueError:
+        digits = text.strip().lstrip("+-")
+        if digits.isdigit() and digits.isascii():
+            raise argparse.ArgumentTypeError(
+                f"expected {expected} of at most 4,300 digits, got {len(digits):,} digits"
+            ) from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer ≥ 1 (the error names the flag through argparse)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    value = integer(text, "an integer >= 1")
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
@@ -294,16 +324,16 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling (defaults come from the checkpoint's "
                              "generation_config.json)")
-    g.add_argument("--max-tokens", type=int, metavar="N",
+    g.add_argument("--max-tokens", type=integer, metavar="N",
                    help="most tokens to generate, reasoning included (default: the "
                         "checkpoint's generation_config.json max_new_tokens, 512 for "
                         "flint-nano; without one, up to the context limit)")
     g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
     g.add_argument("--top-p", type=float, metavar="P", help="nucleus mass, in (0, 1]")
-    g.add_argument("--top-k", type=int, metavar="K", help="keep the K most likely (0 = off)")
-    g.add_argument("--seed", type=int, metavar="S", help="seed for reproducible sampling")
+    g.add_argument("--top-k", type=integer, metavar="K", help="keep the K most likely (0 = off)")
+    g.add_argument("--seed", type=integer, metavar="S", help="seed for reproducible sampling")
     g.add_argument("--stop", action="append", metavar="TEXT", default=None,
                    help="stop string (repeatable); it is not included in the output")
-    g.add_argument("--stop-on-repeat", type=int, metavar="N", default=0,
+    g.add_argument("--stop-on-repeat", type=integer, metavar="N", default=0,
                    help="end an answer whose last N tokens are one short block said over and "
                         "over (at least 4 times), e.g. 64; N from 8 to 4096 (default: off)")

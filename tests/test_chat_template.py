@@ -645,6 +645,18 @@ USER = {"role": "user", "content": "q"}
                                                 "parameters": _self_referential()}}],
      {}, "tools[0].function.parameters.properties.again", "contains itself"),
     ([USER], None, {"extra": b"<|user|>"}, "extra", "JSON data"),
+    # NaN / ±inf are no JSON numbers: they reached the prompt as `"maximum": NaN` (bad-input
+    # trial, 2026-12-02), from a tools file with a NaN literal or a Python float
+    ([USER], [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "number", "maximum": float("nan")}}}}}],
+     {}, "tools[0].function.parameters.properties.n.maximum", "not a JSON number"),
+    ([USER, {"role": "assistant", "content": "",
+             "tool_calls": [call("f", {"k": float("-inf")})]}],
+     None, {}, "messages[1].tool_calls[0].function.arguments.k", "not a JSON number"),
+    ([USER, {"role": "assistant", "content": "",
+             "tool_calls": [call("f", '{"k": Infinity}')]}],
+     None, {}, "messages[1].tool_calls[0].function.arguments.k", "not a JSON number"),
+    ([USER], None, {"extra": float("nan")}, "extra", "not a JSON number"),
 ])  # fmt: skip
 def test_data_that_is_not_json_or_not_unicode_is_refused_naming_the_field(messages, tools, kwargs,
                                                                         field, what):

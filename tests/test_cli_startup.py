@@ -114,7 +114,16 @@ def test_ctrl_c_after_start_up_is_one_line_and_restores_the_handler(capsys, monk
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["generate", "--max-tokens", "x"], "argument --max-tokens: invalid int value: 'x'"),
+    (["generate", "--max-tokens", "x"], "argument --max-tokens: expected an integer, got 'x'"),
+    # bad-input trial, 2026-12-02: a 5,000-digit number was "invalid int value" and echoed in
+    # full; negative numbers in exponent form and -inf read as flags ("expected one argument")
+    (["generate", "--top-k", "9" * 5000], "argument --top-k: expected an integer of at most "
+                                         "4,300 digits, got 5,000 digits"),
+    (["chat", "--threads", "9" * 5000], "argument --threads: expected an integer >= 1 of at "
+                                        "most 4,300 digits, got 5,000 digits"),
+    (["generate", "--seed", "x" * 5000], "argument --seed: expected an integer, got 'xxxxxx"),
+    (["generate", "--max-tokens", "-1e3"], "argument --max-tokens: expected an integer, got "
+                                           "'-1e3'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["make-checkpoint"], "the following arguments are required: --out"),
     (["chat", "--temperature"], "argument --temperature: expected one argument"),
@@ -129,6 +138,17 @@ def test_argparse_errors_are_one_line(capsys, argv, match):
     assert code == 2 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith("flint-graph: error: "), err
     assert match in err and "--help" in err
+    assert len(err) < 300, "a long value is cut in the message"
+
+
+@pytest.mark.parametrize("flag, value, field", [("--temperature", "-1e5", "temperature"),
+                                                ("--top-p", "-inf", "top_p"),
+                                                ("--temperature", "-Infinity", "temperature")])
+def test_negative_numbers_in_any_form_reach_their_own_check(capsys, tiny_ckpt, flag, value,
+                                                            field):
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--device", "cpu", "--prompt", "hi",
+                          flag, value)
+    assert code == 2 and f"sampling argument '{field}'" in err, err
 
 
 @pytest.mark.parametrize("stdin, raw", [

@@ -21,6 +21,7 @@ rendering. Errors are InvalidRequestError naming the field, e.g. `messages[2].co
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -46,7 +47,8 @@ def _check_str(value: Any, field: str, *, optional: bool) -> None:
 def check_data(value: Any, field: str, depth: int = 0) -> None:
     """Refuse what a chat template must not receive (module docstring): a value that is not
     JSON data, an object key that is not a string, a string with a lone surrogate (an
-    undecodable byte read with surrogateescape), or nesting deeper than MAX_NESTING.
+    undecodable byte read with surrogateescape), NaN or ±inf (no JSON number), or nesting
+    deeper than MAX_NESTING.
     InvalidRequestError names the field, e.g. `messages[1].tool_calls[0].function.arguments.k`."""
     if isinstance(value, str):
         try:
@@ -55,6 +57,11 @@ def check_data(value: Any, field: str, depth: int = 0) -> None:
             raise InvalidRequestError(f"{field}: not valid UTF-8 text (undecodable byte at "
                                       f"character {e.start})") from None
         return
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no NaN or Infinity (Python's json module writes them as bare words, which
+        # then reach the prompt as `"maximum": NaN`): not JSON data
+        raise InvalidRequestError(f"{field}: {value} is not a JSON number; expected a finite "
+                                  "number")
     if value is None or isinstance(value, (bool, int, float)):
         return
     if depth >= MAX_NESTING:
