@@ -456,7 +456,7 @@ class Prefill:
                             else None for lw in weights.layers]
             self._kset = kset
             if use_w4a16:
-                self.set_w4a16_depth(grouped_w4a16.DEPTH)
+                self.set_w4a16_variant()
                 e = cfg.n_routed_experts
                 for i, lw in enumerate(weights.layers):
                     if isinstance(lw.ffn, MoEWeights):
@@ -715,15 +715,17 @@ class Prefill:
         of `rows` rows: `w4a16_nt` when set, else by W4A16_NT."""
         return self.w4a16_nt or next((n for r, n in W4A16_NT if rows <= r), W4A16_NT_LARGE)
 
-    def set_w4a16_depth(self, depth: int) -> None:
-        """Run the grouped W4A16 kernels with `depth` weight steps in registers (spec D; the
-        default grouped_w4a16.DEPTH, others for benchmarks: their cubins come from
-        tools/build_gpu_cache.py). Raises KernelCacheError when the cache lacks them."""
+    def set_w4a16_variant(self, **values: int) -> None:
+        """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,
+        WS = 1 weights through shared memory: benchmark variants, whose cubins come from
+        tools/build_gpu_cache.py; none given: the defaults). Raises KernelCacheError when the
+        cache lacks them."""
+        if values.get("WS") == 0:
+            values = {k: v for k, v in values.items() if k != "WS"}  # the default has no WS
         for spec in grouped_w4a16.KERNEL.specs(self.cfg, ()):
-            values = {**spec.as_dict(), "D": depth}
             key = (spec["KIND"], spec["NT"]) if spec["E"] > 1 else ("shared", spec["KIND"],
                                                                      spec["NT"])
-            self.w4a16[key] = self._kset.get("grouped_w4a16", **values)
+            self.w4a16[key] = self._kset.get("grouped_w4a16", **{**spec.as_dict(), **values})
 
     def _moe(self, i: int, lw: LayerWeights, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MoE block on the kernel path: the residual stream x and its FFN norm h,

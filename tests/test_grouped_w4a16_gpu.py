@@ -1,6 +1,7 @@
 """GPU tests of grouped_w4a16 (kernels/prefill/grouped_w4a16.py), the prefill's W4A16 expert
 GEMMs: gate/up with SwiGLU (KIND 0, rows of x gathered through tok) and down (KIND 1), every
-tile size NT, against `_reference` (reference.linear on the exactly dequantised weights).
+tile size NT, routed (E experts) and shared (E = 1), and the WS = 1 variant (weights through
+shared memory), against `_reference` (reference.linear on the exactly dequantised weights).
 
 Cases: chunks of 1, 7, 77 and 1,000 tokens (6 picks each) over few or all experts, one expert
 holding half the pairs (many tiles of one expert), both the full and the flint-nano shapes.
@@ -28,7 +29,10 @@ def kset():
 
 
 def _specs(preset):
-    return gw.KERNEL.specs(FlintConfig.preset(preset), ())
+    """The model's specs and the weights-through-shared-memory variants (WS = 1, benchmarks)."""
+    cfg = FlintConfig.preset(preset)
+    return gw.KERNEL.specs(cfg, ()) + [s for s in gw.bench_specs(cfg)
+                                       if s.as_dict().get("WS")]
 
 
 CASES = [(1, 1, False), (7, 3, False), (77, 20, False), (77, 256, True), (1000, 256, False),

@@ -89,6 +89,9 @@ def main() -> int:
     p.add_argument("--depth", default="",
                    help="weight steps the W4A16 kernels hold in registers (2, 3, 4; several "
                         "values time each; default: grouped_w4a16.DEPTH)")
+    p.add_argument("--ws", default="",
+                   help="1: the W4A16 kernels' weights through shared memory (cp.async, "
+                        "grouped_w4a16.WS_STAGES deep); 0,1 times both (default: 0)")
     p.add_argument("--out", default="out")
     p.add_argument("--profile-tokens", type=int, default=8192)
     args = p.parse_args()
@@ -117,20 +120,24 @@ def main() -> int:
         moe_sweep = [{"w4a16": True, "unpack": False}[v] for v in args.moe.split(",") if v]
         nt_sweep = [int(v) for v in args.nt.split(",") if v] or [None]
         depth_sweep = [int(v) for v in args.depth.split(",") if v] or [None]
-        sweep = [(r, m, n, d) for r in rows_sweep for m in (moe_sweep or [None])
-                 for n in (nt_sweep if m is not False and fmt == "nvfp4" else [None])
-                 for d in (depth_sweep if m is not False and fmt == "nvfp4" else [None])]
+        ws_sweep = [int(v) for v in args.ws.split(",") if v] or [None]
+        w4 = fmt == "nvfp4"
+        sweep = [(r, m, n, d, w) for r in rows_sweep for m in (moe_sweep or [None])
+                 for n in (nt_sweep if m is not False and w4 else [None])
+                 for d in (depth_sweep if m is not False and w4 else [None])
+                 for w in (ws_sweep if m is not False and w4 else [None])]
         runs = [(path, r) for path in args.paths.split(",")
-                for r in (sweep if path == "graph" else [(None, None, None, None)])]
-        for path, (row_moe, w4a16, nt, depth) in runs:
+                for r in (sweep if path == "graph" else [(None,) * 5])]
+        for path, (row_moe, w4a16, nt, depth, ws) in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
             pre.w4a16_nt = nt
-            if depth and pre.w4a16:
-                pre.set_w4a16_depth(depth)
+            variant = {k: v for k, v in (("D", depth), ("WS", ws)) if v is not None}
+            if variant and pre.w4a16:
+                pre.set_w4a16_variant(**variant)
             row_moe = (f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
-                       f"/D{depth or 'auto'}")
+                       f"/D{depth or 'auto'}/WS{ws or 0}")
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))

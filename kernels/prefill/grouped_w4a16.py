@@ -31,6 +31,14 @@ quarter warp (two rows, four quads' units 4t + j) hit eight distinct bank groups
 epilogue transposes the tile through shared memory and stores whole 16-byte runs of each
 output row.
 
+WS = 1 (a benchmark variant, `bench_specs`; not yet measured): each step's weight rows, too, go
+through shared memory by cp.async (thread i copies CTA weight row i: 64 code bytes and 8 scale
+bytes per step), WS_STAGES steps deep, and each lane reads its fragment words back with
+LDS.128 (two rows of a quarter warp are 128 contiguous bytes: no bank conflict). Why: at 512
+tokens the default kernel reads NVFP4 at ~2 TB/s with only the next step's weights in flight
+per warp, and more register steps (D = 3, 4) did not help (perf log); staging keeps three steps
+in flight without registers (82 instead of 104 at NT 16).
+
 PDL: the tile schedule is an input, and the experts' weights are known only from it, so every
 load follows griddepcontrol.wait (one wait at the top, in every thread).
 
@@ -55,6 +63,11 @@ BK = 128  # k per step: four lanes of a quad × 32
 STAGES = 3  # x steps in shared memory
 DEPTH = 2  # weight steps in registers by default (the one computed and the next): spec D
 DEPTHS = (2, 3, 4)  # D values built for benchmarks (`bench_specs`)
+# WS = 1 (a benchmark variant): the weights of a step, like x, go through shared memory by
+# cp.async, WS_STAGES steps deep, instead of one step ahead in registers (D is then unused)
+WS_STAGES = 4
+W_ROW_BYTES = BK // 2 + BK // 16  # one weight row's codes and scale bytes of a step
+W_ROWS = WARPS * 2 * 16  # weight rows a CTA reads: two m16 tiles per warp (gate and up, or down)
 ROW_BYTES = BK * 2  # one x row of a step in shared memory
 NTS = (16, 32, 64)
 
@@ -100,6 +113,8 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16: E = {spec['E']}; expected ≥ 1")
     if spec["D"] not in DEPTHS:
         raise ValueError(f"grouped_w4a16: D = {spec['D']}; expected one of {DEPTHS}")
+    if _ws(spec) not in (0, 1):
+        raise ValueError(f"grouped_w4a16: WS = {_ws(spec)}; expected 0 or 1")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16: K = {k_dim} must be a multiple of {BK} and N = {n_out} "
@@ -125,9 +140,18 @@ def _args(spec: Spec):
             TensorArg("y", "bf16", ("P", h), "output"))
 
 
+def _stage_bytes(spec: Spec) -> int:
+    """Shared memory of one step's stage: the x tile, and with WS the CTA's weight rows."""
+    return spec["NT"] * ROW_BYTES + (W_ROWS * W_ROW_BYTES if _ws(spec) else 0)
+
+
+def _ws(spec: Spec) -> int:
+    return spec.as_dict().get("WS", 0)
+
+
 def _smem(spec: Spec) -> int:
     out_tile = spec["NT"] * (cta_rows(spec["KIND"]) * 2 + 16)
-    return max(STAGES * spec["NT"] * ROW_BYTES, out_tile)
+    return max((WS_STAGES if _ws(spec) else STAGES) * _stage_bytes(spec), out_tile)
 
 
 def _launch(spec: Spec) -> Launch:
@@ -168,7 +192,8 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 def bench_specs(cfg, buckets=()) -> list[Spec]:
     """The other weight-step depths D of `_specs`' kernels (tools/bench_prefill.py --depth)."""
     return [KERNEL.spec(**{**s.as_dict(), "D": d}) for s in _specs(cfg) for d in DEPTHS
-            if d != DEPTH]
+            if d != DEPTH] + [KERNEL.spec(**{**s.as_dict(), "WS": 1}) for s in _specs(cfg)
+                              if s["NT"] < 64]
 
 
 def _dequant(codes, scales, scale2):
@@ -266,6 +291,11 @@ def _build(spec: Spec):
     out_per_thread = math.ceil(nt * out_units / threads)
     launch = _launch(spec)
     dequant, xpairs, scales = frag_ops()
+    ws = _ws(spec)
+    stages = WS_STAGES if ws else STAGES
+    stage_bytes = _stage_bytes(spec)
+    w_codes = nt * ROW_BYTES  # with WS: the stage's weight codes [CTA row][4 chunks × 16 B]
+    w_scales = w_codes + W_ROWS * (BK // 2)  # then its scale bytes [CTA row][8 B]
 
     def _lane_rows(stack, base_row, g, t):
         """(code address, scale address) of this lane's rows g and g + 8 of a stack at
@@ -276,12 +306,32 @@ def _build(spec: Spec):
                  scl.iterator.toint() + (base_row + Int64(g + 8 * r)) * scale_row
                  + Int64(2 * t)) for r in range(2)]
 
-    def load_x(s, sbase, dst, src, nbytes):
-        """cp.async this thread's x units of step s into its stage (a trace-time helper)."""
-        base = sbase + Uint32((s % STAGES) * nt * ROW_BYTES)
+    def load_x(s, sbase, dst, src, nbytes, wsrc=None):
+        """cp.async this thread's x units of step s into its stage, and with WS the CTA weight
+        row it copies (`wsrc`: its codes and scales addresses) (a trace-time helper)."""
+        base = sbase + Uint32((s % stages) * stage_bytes)
         for d, a, n in zip(dst, src, nbytes):
             du.cp_async_16(base + d, a + Int64(s * ROW_BYTES), n)
+        if wsrc is not None:
+            row, ca, sa = wsrc
+            for c in range(4):
+                du.cp_async_16(base + Uint32(w_codes) + row * Uint32(BK // 2) + Uint32(16 * c),
+                               ca + Int64(s * BK // 2 + 16 * c), Int32(16))
+            du.cp_async_8(base + Uint32(w_scales) + row * Uint32(BK // 16),
+                          sa + Int64(s * BK // 16))
         du.cp_async_commit()
+
+    def read_w(stage, warp, g, t, rc, rs):
+        """WS: this lane's codes and scale bytes of the step in `stage` into slot 0."""
+        for i in range(2):
+            for r in range(2):
+                row = Uint32(32 * warp + 16 * i + 8 * r + g)
+                words = du.ld_shared_v4(stage + Uint32(w_codes) + row * Uint32(BK // 2)
+                                        + Uint32(16 * t))
+                for j in range(4):
+                    rc[i, r, j, 0] = words[j]
+                rs[i, r, 0] = du.ld_shared_u16(stage + Uint32(w_scales) + row * Uint32(BK // 16)
+                                               + Uint32(2 * t))
 
     def load_w(s, wrows, rc, rs):
         """This lane's codes and scale bytes of step s into register slot s % depth."""
@@ -332,22 +382,40 @@ def _build(spec: Spec):
             wrows = [_lane_rows(stacks[i], Int64(ex) * n_out + f0
                                 + Int64(16 * warp if kind == 0 else 32 * warp + 16 * i), g, t)
                      for i in range(2)]
-            rc = cute.make_rmem_tensor((2, 2, 4, depth), Uint32)
-            rs = cute.make_rmem_tensor((2, 2, depth), Uint32)
+            slots = 1 if ws else depth
+            rc = cute.make_rmem_tensor((2, 2, 4, slots), Uint32)
+            rs = cute.make_rmem_tensor((2, 2, slots), Uint32)
+            wsrc = None
+            if cutlass.const_expr(ws == 1):
+                # WS: thread tid copies CTA weight row tid = 32·warp + 16·i + rr (m-tile i)
+                wi, rr = (tid // 16) % 2, tid % 16
+                wbase = Int64(ex) * n_out + f0 + Int64(rr)
+                if cutlass.const_expr(kind == 0):
+                    wbase = wbase + Int64(16 * warp)
+                else:
+                    wbase = wbase + Int64(32 * warp) + Int64(16 * wi)
+                cs = [(st[0].iterator.toint() + wbase * code_row,
+                       st[1].iterator.toint() + wbase * scale_row) for st in stacks]
+                ca = cutlass.select_(wi == 0, cs[0][0], cs[1][0])
+                sa = cutlass.select_(wi == 0, cs[0][1], cs[1][1])
+                wsrc = (Uint32(tid), ca, sa)
 
-            for s in cutlass.range_constexpr(min(STAGES - 1, steps)):
-                load_x(s, sbase, dst, src, nbytes)
-            for s in cutlass.range_constexpr(min(depth, steps)):
-                load_w(s, wrows, rc, rs)
+            for s in cutlass.range_constexpr(min(stages - 1, steps)):
+                load_x(s, sbase, dst, src, nbytes, wsrc)
+            if cutlass.const_expr(ws == 0):
+                for s in cutlass.range_constexpr(min(depth, steps)):
+                    load_w(s, wrows, rc, rs)
             acc = cute.make_rmem_tensor((2, ntn, 4), Float32)
             acc.fill(0.0)
             for s in cutlass.range_constexpr(steps):
-                du.cp_async_wait(min(STAGES - 2, steps - 1 - s))
+                du.cp_async_wait(min(stages - 2, steps - 1 - s))
                 cute.arch.sync_threads()
-                if cutlass.const_expr(s + STAGES - 1 < steps):
-                    load_x(s + STAGES - 1, sbase, dst, src, nbytes)
-                stage = sbase + Uint32((s % STAGES) * nt * ROW_BYTES)
-                slot = s % depth
+                if cutlass.const_expr(s + stages - 1 < steps):
+                    load_x(s + stages - 1, sbase, dst, src, nbytes, wsrc)
+                stage = sbase + Uint32((s % stages) * stage_bytes)
+                slot = 0 if ws else s % depth
+                if cutlass.const_expr(ws == 1):
+                    read_w(stage, warp, g, t, rc, rs)
                 sc = [scales(du.prmt(rs[i, 0, slot], rs[i, 1, slot], 0x5410)) for i in range(2)]
                 for j in cutlass.range_constexpr(4):
                     xp = []
@@ -365,7 +433,7 @@ def _build(spec: Spec):
                                                           [acc[i, n, v] for v in range(4)])
                                 for v in cutlass.range_constexpr(4):
                                     acc[i, n, v] = c4[v]
-                if cutlass.const_expr(s + depth < steps):
+                if cutlass.const_expr(ws == 0 and s + depth < steps):
                     load_w(s + depth, wrows, rc, rs)
 
             # epilogue: scale2·2^7 (the bf16 dequantisation trick's 2^-7), round, SwiGLU

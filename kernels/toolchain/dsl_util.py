@@ -344,3 +344,20 @@ def st_shared_u16(addr, value, *, loc=None, ip=None) -> None:
          "{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, $1;\n\tst.shared.b16 [$0], lo;\n\t}",
          "r,r,~{memory}", loc, ip, side_effects=True)
 
+
+@dsl_user_op
+def cp_async_8(dst, src, *, loc=None, ip=None) -> None:
+    """cp.async of 8 bytes from global byte address `src` to shared address `dst` (u32), through
+    L1 (.ca: the only caching cp.async takes below 16 bytes)."""
+    _asm(None, [_u32(dst, loc, ip), _i64(src, loc, ip)],
+         "cp.async.ca.shared.global [$0], [$1], 8;", "r,l,~{memory}", loc, ip,
+         side_effects=True)
+
+
+@dsl_user_op
+def ld_shared_u16(addr, *, loc=None, ip=None) -> Uint32:
+    """2 bytes at a 2-byte aligned shared-window address (u32), zero-extended."""
+    return Uint32(_asm(T.i32(), [_u32(addr, loc, ip)],
+                       "{\n\t.reg .b16 h;\n\tld.shared.b16 h, [$1];\n\tcvt.u32.u16 $0, h;\n\t}",
+                       "=r,r,~{memory}", loc, ip, side_effects=True))
+
