@@ -773,16 +773,17 @@ class Prefill:
 
     def _shared_schedule(self, tb: int) -> tuple[int, torch.Tensor, torch.Tensor]:
         """(NT, tiles int32 [NTILES, 4], tok int32 [tb]) of the shared expert as one expert
-        holding all tb rows: built on the host once per chunk size and kept (`capture` makes
-        each bucket's before capturing it, so a graph holds no schedule arithmetic)."""
+        holding all tb rows, built on the host; kept for the graph buckets (`capture` makes each
+        bucket's before capturing it, so a graph holds no schedule arithmetic)."""
         got = self._shared_scheds.get(tb)
         if got is None:
             nt = self._nt(tb)
             rows = [(0, r0, min(nt, tb - r0), 0) for r0 in range(0, tb, nt)]
             rows += [(-1, 0, 0, 0)] * (grouped_w4a16.max_tiles(tb, 1, nt) - len(rows))
-            got = self._shared_scheds[tb] = (
-                nt, torch.tensor(rows, dtype=torch.int32).to(self.device),
-                torch.arange(tb, dtype=torch.int32).to(self.device))
+            got = (nt, torch.tensor(rows, dtype=torch.int32).to(self.device),
+                   torch.arange(tb, dtype=torch.int32).to(self.device))
+            if tb in GRAPH_BUCKETS:  # eager chunks come in any size: kept, they would pile up
+                self._shared_scheds[tb] = got
         return got
 
     def _shared_w4a16(self, i: int, h: torch.Tensor) -> torch.Tensor:
