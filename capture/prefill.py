@@ -492,8 +492,8 @@ class Prefill:
         for tb in reversed(buckets):  # the largest first: the pool then fits every later one
             ids = torch.zeros(tb, dtype=torch.int64, device=self.device)
             self.describe_chunk(0, tb)
-            if self.w4a16_shared:
-                self._shared_schedule(tb)  # host-built, outside the capture
+            if self.w4a16_shared:  # host-built, outside the capture, and kept for replays
+                self._shared_scheds[tb] = self._shared_schedule(tb)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self._body(ids)
@@ -782,7 +782,7 @@ class Prefill:
             rows += [(-1, 0, 0, 0)] * (grouped_w4a16.max_tiles(tb, 1, nt) - len(rows))
             got = (nt, torch.tensor(rows, dtype=torch.int32).to(self.device),
                    torch.arange(tb, dtype=torch.int32).to(self.device))
-            if tb in GRAPH_BUCKETS:  # eager chunks come in any size: kept, they would pile up
+            if tb in GRAPH_BUCKETS:  # not every eager size: they would pile up
                 self._shared_scheds[tb] = got
         return got
 
