@@ -192,8 +192,7 @@ def _build(spec: Spec):
     import cutlass
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32, Int32, Int64, Uint32
-    from cutlass._mlir.dialects import llvm
-    from cutlass.cutlass_dsl import T, dsl_user_op
+    from cutlass.cutlass_dsl import dsl_user_op
 
     from flint_graph.kernels.toolchain import dsl_util as du
 
@@ -240,25 +239,6 @@ def _build(spec: Spec):
         """One fp32 weight word at a 4-byte aligned global byte address (dsl_util's volatile
         ld.global.nc)."""
         return du.as_f32(Uint32(du._ld_nc(".b32", 1, a, loc, ip)), loc=loc, ip=ip)
-
-    @dsl_user_op
-    def f32_bits(x, *, loc=None, ip=None):
-        return Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-    def lane_best(keys, ids, svals):
-        """(key, id, s) of the largest key of a lane's candidates (ids ascending; ties keep the
-        lower id), as a depth-log2(n) tree of selects rather than a chain."""
-        items = list(zip(keys, ids, svals))
-        while len(items) > 1:
-            nxt = []
-            for a in range(0, len(items) - 1, 2):
-                (ka, ia, sa), (kb, ib, sb) = items[a], items[a + 1]
-                first = ka >= kb
-                nxt.append((cutlass.select_(first, ka, kb), cutlass.select_(first, ia, ib),
-                            cutlass.select_(first, sa, sb)))
-            items = nxt + items[len(items) - len(items) % 2:]
-        k, i, sv = items[0]
-        return Int32(k), Int32(i), Float32(sv)
 
     @cute.kernel
     def moe_router_kernel(mx: cute.Tensor, mres: cute.Tensor, mmask: cute.Tensor,
@@ -410,15 +390,14 @@ def _build(spec: Spec):
                     exc = cutlass.min(ex, e_all - 1) if cutlass.const_expr(e_all % 32) else ex
                     sc = cute.arch.load(mscores.iterator + (rb * e_all + exc), Float32,
                                         cop="cg")  # other SMs wrote it: bypass L1
-                    kbits = f32_bits(sc + rbias[j])
-                    key = kbits ^ ((kbits >> 31) & 0x7FFFFFFF)  # int order = float order
+                    key = du.order_key(sc + rbias[j])
                     if cutlass.const_expr(e_all % 32):
                         key = cutlass.select_(ex < e_all, key, Int32(INT_MIN))
                     keys.append(key)
                     sv.append(sc)
                 pick_id, pick_s = [], []
                 for r in cutlass.range_constexpr(topk):
-                    bk, bi, bs = lane_best(keys, [lane + 32 * j for j in range(cand)], sv)
+                    bk, bi, bs = du.lane_best(keys, [lane + 32 * j for j in range(cand)], sv)
                     kmax = cute.arch.warp_redux_sync(bk, "max")
                     win = cute.arch.warp_redux_sync(
                         cutlass.select_(bk == kmax, bi, Int32(e_all)), "min")

@@ -182,8 +182,6 @@ def _build(spec: Spec):
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
-    from cutlass._mlir.dialects import llvm
-    from cutlass.cutlass_dsl import T
 
     from flint_graph.kernels.toolchain import dsl_util as du
 
@@ -193,23 +191,6 @@ def _build(spec: Spec):
     ragged = e % 32 != 0
     int_min = -(2 ** 31)
 
-    def f32_bits(x, *, loc=None, ip=None):
-        return Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-    def lane_best(keys, ids, svals):
-        """(key, id, s) of the largest key among a lane's candidates (ids ascending; ties keep
-        the lower id), a tree of selects."""
-        items = list(zip(keys, ids, svals))
-        while len(items) > 1:
-            nxt = []
-            for a in range(0, len(items) - 1, 2):
-                (ka, ia, sa), (kb, ib, sb) = items[a], items[a + 1]
-                first = ka >= kb
-                nxt.append((cutlass.select_(first, ka, kb), cutlass.select_(first, ia, ib),
-                            cutlass.select_(first, sa, sb)))
-            items = nxt + items[len(items) - len(items) % 2:]
-        kk, i, sv = items[0]
-        return Int32(kk), Int32(i), Float32(sv)
 
     if spec["KIND"] == 0:
         norm = bool(spec["NORM"])
@@ -237,15 +218,14 @@ def _build(spec: Spec):
                     p = [mparts[tok, part * e + ex] for part in range(3)]
                     logit = (p[2] + p[1]) + p[0]
                     s = Float32(1.0) / (Float32(1.0) + cute.math.exp(-logit))
-                    kbits = f32_bits(s + du.as_f32(bias[j]))
-                    key = kbits ^ ((kbits >> 31) & 0x7FFFFFFF)  # int order = float order
+                    key = du.order_key(s + du.as_f32(bias[j]))
                     if cutlass.const_expr(ragged):  # lanes past the last expert: never picked
                         key = cutlass.select_(lane + 32 * j < e, key, Int32(int_min))
                     keys.append(key)
                     sv.append(s)
                 pick_id, pick_s = [], []
                 for r in cutlass.range_constexpr(k):
-                    bk, bi, bs = lane_best(keys, [lane + 32 * j for j in range(cand)], sv)
+                    bk, bi, bs = du.lane_best(keys, [lane + 32 * j for j in range(cand)], sv)
                     kmax = cute.arch.warp_redux_sync(bk, "max")
                     win = cute.arch.warp_redux_sync(cutlass.select_(bk == kmax, bi, Int32(e)),
                                                     "min")

@@ -14,7 +14,8 @@ to its first use; `ld_weight_*` are volatile asm, which LLVM keeps in program or
 
 from __future__ import annotations
 
-from cutlass import Float32, Int64, Uint32
+import cutlass
+from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -360,4 +361,31 @@ def ld_shared_u16(addr, *, loc=None, ip=None) -> Uint32:
     return Uint32(_asm(T.i32(), [_u32(addr, loc, ip)],
                        "{\n\t.reg .b16 h;\n\tld.shared.b16 h, [$1];\n\tcvt.u32.u16 $0, h;\n\t}",
                        "=r,r,~{memory}", loc, ip, side_effects=True))
+
+
+# -- top-k over a warp (the routers: kernels/decode/moe_router.py, kernels/prefill/moe_route.py) --
+
+
+@dsl_user_op
+def order_key(x, *, loc=None, ip=None) -> Int32:
+    """An int32 whose signed order is the float order of fp32 `x` (negative floats' magnitude
+    bits flipped), so the largest float wins an integer max (warp_redux_sync)."""
+    bits = Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def lane_best(keys, ids, svals):
+    """(key, id, s) of the largest key among a lane's candidates (ids ascending; ties keep the
+    lower id), as a depth-log2(n) tree of selects rather than a chain (trace-time helper)."""
+    items = list(zip(keys, ids, svals))
+    while len(items) > 1:
+        nxt = []
+        for a in range(0, len(items) - 1, 2):
+            (ka, ia, sa), (kb, ib, sb) = items[a], items[a + 1]
+            first = ka >= kb
+            nxt.append((cutlass.select_(first, ka, kb), cutlass.select_(first, ia, ib),
+                        cutlass.select_(first, sa, sb)))
+        items = nxt + items[len(items) - len(items) % 2:]
+    k, i, sv = items[0]
+    return Int32(k), Int32(i), Float32(sv)
 
