@@ -86,38 +86,21 @@ def _stale(name, t, tokens):
 
 @pytest.mark.parametrize("kind", [0, 1])
 def test_pdl_inputs_are_read_after_the_wait(kset, kind):
-    from test_kernels_gpu import REPLAYS, SPIN_NS, _outputs, _words
+    from test_kernels_gpu import REPLAYS, _graph_outputs
 
     spec = [s for s in _specs("full") if s["KIND"] == kind and s["NT"] == 32][0]
     consumer = kset.get("grouped_w4a16", **spec.as_dict())
-    producer = kset.get("slow_producer")
-    names = [a.name for a in gw.KERNEL.args(spec)]
+    decl = gw.KERNEL.args(spec)
     tokens = 300
     args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(11),
                         tokens=tokens, experts_used=64)
-    for name in names:
-        if gw.KERNEL.args(spec)[names.index(name)].role != "input":
+    for target, a in enumerate(decl):
+        if a.role != "input":
             continue
-        target = names.index(name)
-        true, stale = args[target].clone(), _stale(name, args[target], tokens)
-        results = {}
-        for pdl in (False, True):
-            stream = torch.cuda.Stream()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(stream):
-                with torch.cuda.graph(graph, stream=stream):
-                    _words(args[target]).copy_(_words(stale))
-                    producer.launch(_words(true), _words(args[target]), SPIN_NS, pdl=pdl)
-                    consumer.launch(*args, pdl=pdl)
-            outs = []
-            for _ in range(1 if not pdl else REPLAYS):
-                for o in _outputs(gw.KERNEL, spec, args):
-                    o.fill_(float("nan"))
-                graph.replay()
-                torch.cuda.synchronize()
-                outs.append(args[-1].clone())
-            results[pdl] = outs
-        want = results[False][0]
-        for got in results[True]:
-            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), \
-                f"{spec.id}: read {name} before griddepcontrol.wait"
+        stale = _stale(a.name, args[target], tokens)
+        (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1,
+                                 stale=stale)
+        for got in _graph_outputs(kset, consumer, args, target, pdl=True, replays=REPLAYS,
+                                  stale=stale):
+            assert torch.equal(got[0].view(torch.int16), want[0].view(torch.int16)), \
+                f"{spec.id}: read {a.name} before griddepcontrol.wait"

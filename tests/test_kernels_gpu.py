@@ -132,12 +132,17 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32).view(-1)
 
 
-def _graph_outputs(kset, consumer, args, target, pdl: bool, replays: int):
+def _graph_outputs(kset, consumer, args, target, pdl: bool, replays: int, stale=None,
+                   prepare=None):
     """Capture [reset target to stale, slow producer writes the true values, consumer] once,
-    replay it; returns the consumer's outputs after each replay (cloned)."""
+    replay it; returns the consumer's outputs after each replay (cloned). stale: the values
+    the target holds until the producer's write (default random; index inputs need values
+    that stay in bounds); prepare: run before each replay instead of poisoning the outputs
+    (NaN, or −1 for integers), for outputs that must start from a given state."""
     kdef = consumer.kdef
-    true, stale = args[target].clone(), torch.randn_like(args[target].float()).to(
-        args[target].dtype)
+    true = args[target].clone()
+    if stale is None:
+        stale = torch.randn_like(args[target].float()).to(args[target].dtype)
     producer = kset.get("slow_producer")
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
@@ -148,8 +153,11 @@ def _graph_outputs(kset, consumer, args, target, pdl: bool, replays: int):
             consumer.launch(*args, pdl=pdl)
     outs = []
     for _ in range(replays):
-        for o in _outputs(kdef, consumer.spec, args):
-            o.fill_(float("nan") if o.dtype.is_floating_point else -1)
+        if prepare is not None:
+            prepare()
+        else:
+            for o in _outputs(kdef, consumer.spec, args):
+                o.fill_(float("nan") if o.dtype.is_floating_point else -1)
         graph.replay()
         torch.cuda.synchronize()
         outs.append([o.clone() for o in _outputs(kdef, consumer.spec, args)])

@@ -134,11 +134,10 @@ def test_pdl_inputs_are_read_after_the_wait(kset, kind):
     """Each input (and place's counts) behind a slow producer: with PDL the result equals the
     run without it, every replay. pick's ranks depend on the atomics' order, so pick is held to
     counts, ids and weights bitwise and its ranks to being a valid numbering."""
-    from test_kernels_gpu import REPLAYS, SPIN_NS, _words
+    from test_kernels_gpu import REPLAYS, _graph_outputs
 
     spec = _specs("full", kind)[0]
     consumer = kset.get("moe_route", **spec.as_dict())
-    producer = kset.get("slow_producer")
     decl = mr.KERNEL.args(spec)
     fresh = mr.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(3), tokens=300)
     written = [i for i, a in enumerate(decl) if getattr(a, "role", "") in ("output",
@@ -147,26 +146,15 @@ def test_pdl_inputs_are_read_after_the_wait(kset, kind):
         if getattr(a, "role", "") not in ("input", "workspace"):
             continue
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in fresh]
-        true, stale = args[target].clone(), _stale(a.name, args[target])
-        results = {}
-        for pdl in (False, True):
-            stream = torch.cuda.Stream()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(stream):
-                with torch.cuda.graph(graph, stream=stream):
-                    _words(args[target]).copy_(_words(stale))
-                    producer.launch(_words(true), _words(args[target]), SPIN_NS, pdl=pdl)
-                    consumer.launch(*args, pdl=pdl)
-            outs = []
-            for _ in range(1 if not pdl else REPLAYS):
-                for i in written:  # every replay starts from the fresh state
-                    args[i].copy_(fresh[i])
-                graph.replay()
-                torch.cuda.synchronize()
-                outs.append([args[i].clone() for i in written])
-            results[pdl] = outs
-        want = results[False][0]
-        for got in results[True]:
+
+        def prepare():  # every replay starts from the fresh state (pick's counts at zero)
+            for i in written:
+                args[i].copy_(fresh[i])
+
+        run = dict(stale=_stale(a.name, args[target]), prepare=prepare)
+        (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1, **run)
+        for got in _graph_outputs(kset, consumer, args, target, pdl=True, replays=REPLAYS,
+                                  **run):
             if kind == 0:
                 counts, ids, w, rank = got
                 assert torch.equal(counts, want[0]) and torch.equal(ids, want[1]) and \
