@@ -60,13 +60,8 @@ def test_non_finite_logits_end_the_request_with_an_error(tiny_ckpt):
     from flint_graph import LLM
 
     llm = LLM(tiny_ckpt, device="cpu", progress=False)
-    head = llm.engine.model.weights.lm_head  # the reference engine's (CPU)
-    saved = head.clone()
-    head.fill_(float("nan"))
-    try:
-        out = llm.generate(["hello"], SamplingParams(max_tokens=8))[0]
-    finally:
-        head.copy_(saved)
+    # the reference engine's (CPU) LM head
+    out = _generate_with_nan(llm, llm.engine.model.weights.lm_head, max_tokens=8)
     assert out.finish_reason == "error" and "not finite" in " ".join(out.errors), out
     assert "first in the LM head" in " ".join(out.errors), out.errors
     assert not llm.engine.running and not llm.engine.waiting
@@ -157,28 +152,31 @@ def test_schemas_found_by_a_trial_parse_without_raising(params):
         assert len(out.tool_calls) == 1, out
 
 
-@pytest.mark.parametrize("where,poison,named", [
-    ("layer 1 (attention)", lambda w: w.layers[1].o_proj, "layer 1 (attention)"),
-    ("layer 2 (MoE)", lambda w: w.layers[2].ffn.router, "layer 2 (MoE)"),
-    ("the embedding", lambda w: w.embed, "the embedding"),
+def _generate_with_nan(llm, tensor, max_tokens: int):
+    """The output of one request while `tensor` (a weight) is all NaN; the weight is restored
+    after, whatever happens."""
+    saved = tensor.clone()
+    tensor.fill_(float("nan"))
+    try:
+        return llm.generate(["hello"], SamplingParams(max_tokens=max_tokens))[0]
+    finally:
+        tensor.copy_(saved)
+
+
+@pytest.mark.parametrize("poison,named", [
+    (lambda w: w.layers[1].o_proj, "layer 1 (attention)"),
+    (lambda w: w.layers[2].ffn.router, "layer 2 (MoE)"),
+    (lambda w: w.embed, "the embedding"),
 ])
-def test_non_finite_logits_name_the_layer_they_started_in(tiny_ckpt, where, poison, named):
-    """Issue 26 item 4: the error names where NaN first appeared (the reference engine
-    checks each layer's attention and FFN outputs, the embedding, the final norm and the LM
-    head: one isfinite per point, cheap next to the CPU forward)."""
+def test_non_finite_logits_name_the_layer_they_started_in(tiny_ckpt, poison, named):
+    """Issue 26 item 4: the error names where NaN first appeared. The reference engine reruns
+    the failed request's tokens with a check after each block (error path only)."""
     from flint_graph import LLM
 
     llm = LLM(tiny_ckpt, device="cpu", progress=False)
-    t = poison(llm.engine.model.weights)
-    saved = t.clone()
-    t.fill_(float("nan"))
-    try:
-        out = llm.generate(["hello"], SamplingParams(max_tokens=4))[0]
-    finally:
-        t.copy_(saved)
+    out = _generate_with_nan(llm, poison(llm.engine.model.weights), max_tokens=4)
     assert out.finish_reason == "error", out
-    assert f"first in {named}" in " ".join(out.errors), (where, out.errors)
-
+    assert f"first in {named}" in " ".join(out.errors), out.errors
 
 
 def _interrupt_on_step(llm, monkeypatch, after: int):
