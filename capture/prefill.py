@@ -691,10 +691,10 @@ class Prefill:
         codes, scales, row_s2 = parts
         return self.dec.linear(h, NVFP4Weight(codes, scales, row_s2[:1]), row_scale2=row_s2)
 
-    def _experts(self, w: MoEWeights, counts: torch.Tensor):
+    def _experts(self, w: MoEWeights, counts: torch.Tensor | None):
         """The layer's expert stacks bf16 (gate, up [E, M, H], down [E, H, M]): BF16 as held;
         NVFP4 decoded into the per-layer scratch, on the kernel path only the experts whose
-        pair count int32 [E] is nonzero (nvfp4_unpack's SKIP)."""
+        pair count int32 [E] is nonzero (nvfp4_unpack's SKIP; counts may be None for BF16)."""
         if not isinstance(w.gate, NVFP4Weight):
             return w.gate, w.up, w.down
         out = []
@@ -757,7 +757,10 @@ class Prefill:
             self.w4a16[0, nt].launch(h, tok, tiles, *gate_up, act)
             self.w4a16[1, nt].launch(act, tiles, *down, y)
         else:
-            gate, up, down = self._experts(f, offs.diff(prepend=offs.new_zeros(1)))
+            # the per-expert counts only an NVFP4 decode reads (it skips untouched experts)
+            counts = offs.diff(prepend=offs.new_zeros(1)) if isinstance(f.gate, NVFP4Weight) \
+                else None
+            gate, up, down = self._experts(f, counts)
             xs = h.index_select(0, tok)
             g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
             u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
