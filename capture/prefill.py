@@ -473,14 +473,14 @@ class Prefill:
 
     @torch.inference_mode()
     def capture(self, max_tokens: int) -> list[int]:
-        from flint_graph.capture.launcher import capture_graph
-
         """Capture the chunk body as one CUDA graph per bucket of GRAPH_BUCKETS below
         `max_tokens` (the largest chunk the engine sends, capped at the largest bucket and the
         slot's capacity; itself a bucket), and the final norm + LM head as one more; returns
         the buckets. Kernel attention only (the others gather on the host): raises
         RuntimeError otherwise. Warm-up and capture write only the scratch slot. All graphs
         share one memory pool: they never run at once."""
+        from flint_graph.capture.launcher import capture_graph
+
         if self.attention != "kernel":
             raise RuntimeError(f"prefill graphs need attention='kernel', not "
                                f"{self.attention!r}")
@@ -781,10 +781,9 @@ class Prefill:
         got = self._shared_scheds.get(tb)
         if got is None:
             nt = self._nt(tb)
-            rows = [(0, r0, min(nt, tb - r0), 0) for r0 in range(0, tb, nt)]
-            rows += [(-1, 0, 0, 0)] * (grouped_w4a16.max_tiles(tb, 1, nt) - len(rows))
-            got = (nt, torch.tensor(rows, dtype=torch.int32).to(self.device),
-                   torch.arange(tb, dtype=torch.int32).to(self.device))
+            tiles = grouped_w4a16.tile_schedule(torch.tensor([tb], dtype=torch.int32), nt,
+                                                grouped_w4a16.max_tiles(tb, 1, nt))
+            got = (nt, tiles.to(self.device), torch.arange(tb, dtype=torch.int32).to(self.device))
             if tb in GRAPH_BUCKETS:  # not every eager size: they would pile up
                 self._shared_scheds[tb] = got
         return got

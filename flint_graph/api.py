@@ -11,6 +11,7 @@ ConfigError, InvalidRequestError, ContextLengthError, TemplateError) naming what
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -109,7 +110,6 @@ def _ctrl_c(method):
     loop) raises one KeyboardInterrupt(INTERRUPTED) from the call, not a traceback through
     jinja2, the tokenizer and the model; requests already added are aborted by `_run` /
     `_stream`'s cleanup. (A stream's own iteration is RequestStream.__next__'s.)"""
-    import functools
 
     @functools.wraps(method)
     def call(*args, **kwargs):
