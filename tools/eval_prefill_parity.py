@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""flint-nano's eval on the graph engine with the prefill's parts swapped one at a time, each
+held to a saved reference report: where the log-probability gap of `flint-graph eval --compare`
+comes from (issue 21). GPU only; one device call.
+
+    python tools/eval_prefill_parity.py --ref docs/nano/2026-12-02/eval-ref.json \
+        [--variants kernel,kernel-refattn,torch-refattn,torch] [--model CK] [--out DIR]
+
+Variants (the decode graph is the same in all):
+  kernel          the kernel prefill as shipped (CUDA graphs per chunk size)
+  kernel-refattn  the kernel prefill's kernels for everything but attention, which is
+                  `reference.attention` (fp32 throughout) on the gathered keys
+  torch-refattn   the torch-ops prefill (cuBLAS, torch norms, grouped GEMMs) with
+                  `reference.attention`
+  torch           the torch-ops prefill with torch's SDPA (the baseline)
+A variant whose gap drops to the reference prefill's (1.37e-4 nats, perf log 2026-12-02) names
+the part that makes the rest. Prints one line per variant and writes DIR/parity.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+VARIANTS = ("kernel", "kernel-refattn", "torch-refattn", "torch")
+
+
+def run_variant(name: str, model: str, ref: dict, n: int) -> dict:
+    """The eval report of one variant, with its comparison to `ref`."""
+    import torch
+
+    from flint_graph.api import LLM
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
+    from flint_graph.nano import evals
+    from flint_graph.runtime.engine_config import EngineConfig
+
+    kernel = name.startswith("kernel")
+    cfg = EngineConfig(engine="graph", prefill="kernel" if kernel else "torch",
+                       prefill_graphs=name == "kernel")
+    dev = torch.device("cuda")
+    llm = LLM.from_checkpoint(load_checkpoint(model, None, dev, False), dev, cfg)
+    if name.endswith("refattn"):
+        llm.engine.runner.prefiller.attention = "reference"
+    cases = evals.build_cases(tuple(ref["suites"]), n, ref.get("seed", 0),
+                              tuple(ref["contexts"]))
+    t0 = time.perf_counter()
+    rep = evals.run(llm, cases, ref.get("batch", 8), progress=False)
+    rep.update(seed=ref.get("seed", 0), suites=ref["suites"], contexts=ref["contexts"],
+               engine="graph", device="cuda", format=ref.get("format"), variant=name)
+    rep["compare"] = evals.compare(rep, ref)
+    rep["seconds"] = round(time.perf_counter() - t0, 1)
+    del llm
+    torch.cuda.empty_cache()
+    return rep
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ref", required=True, help="reference eval report (flint-graph eval --json)")
+    p.add_argument("--model", help="checkpoint (default: the embedded flint-nano, BF16)")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--n", type=int, help="cases per suite (default: the reference report's)")
+    p.add_argument("--out", default="out")
+    args = p.parse_args()
+    ref = json.loads(Path(args.ref).read_text())
+    model = args.model
+    if model is None:
+        from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
+
+        model = str(ensure_default_checkpoint(progress=False))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = {}
+    for name in args.variants.split(","):
+        if name not in VARIANTS:
+            p.error(f"--variants {name}: expected some of {', '.join(VARIANTS)}")
+        rep = run_variant(name, model, ref, args.n or ref["n"])
+        c = rep["compare"]
+        rows[name] = {"identical_answers": c["identical_answers"],
+                      "logprob_mean_abs_diff": c["logprob_mean_abs_diff"],
+                      "logprob_tokens": c["logprob_tokens"], "passed": c["passed"],
+                      "seconds": rep["seconds"]}
+        (out / f"eval-{name}.json").write_text(json.dumps(rep, indent=1) + "\n")
+        print(f"{name:16s} identical {100 * c['identical_answers']:.1f}%  mean |Δlogprob| "
+              f"{c['logprob_mean_abs_diff']:.3e} over {c['logprob_tokens']} tokens  "
+              f"{'PASSED' if c['passed'] else 'FAILED'}  ({rep['seconds']} s)", flush=True)
+    (out / "parity.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
