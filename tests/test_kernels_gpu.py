@@ -138,8 +138,12 @@ def _graph_outputs(kset, consumer, args, target, pdl: bool, replays: int, stale=
     replay it; returns the consumer's outputs after each replay (cloned). stale: the values
     the target holds until the producer's write (default random; index inputs need values
     that stay in bounds); prepare: run before each replay instead of poisoning the outputs
-    (NaN, or −1 for integers), for outputs that must start from a given state."""
+    (NaN, or −1 for integers), for outputs that must start from a given state, and once before
+    the true values are taken (a kernel that consumes an input, as moe_route's place resets
+    counts, would otherwise leave the next call zeros as its true values)."""
     kdef = consumer.kdef
+    if prepare is not None:
+        prepare()
     true = args[target].clone()
     if stale is None:
         stale = torch.randn_like(args[target].float()).to(args[target].dtype)
