@@ -717,15 +717,18 @@ class Prefill:
 
     def set_w4a16_variant(self, **values: int) -> None:
         """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,
-        WS = 1 weights through shared memory: benchmark variants, whose cubins come from
-        tools/build_gpu_cache.py; none given: the defaults). Raises KernelCacheError when the
-        cache lacks them."""
+        WS = 1 weights through shared memory for NT ≤ WS_MAX_NT: benchmark variants, whose
+        cubins come from tools/build_gpu_cache.py; none given: the defaults). Raises
+        KernelCacheError when the cache lacks them."""
         if values.get("WS") == 0:
             values = {k: v for k, v in values.items() if k != "WS"}  # the default has no WS
         for spec in grouped_w4a16.KERNEL.specs(self.cfg, ()):
             key = (spec["KIND"], spec["NT"]) if spec["E"] > 1 else ("shared", spec["KIND"],
                                                                      spec["NT"])
-            self.w4a16[key] = self._kset.get("grouped_w4a16", **{**spec.as_dict(), **values})
+            mine = dict(values)
+            if spec["NT"] > grouped_w4a16.WS_MAX_NT:
+                mine.pop("WS", None)  # not built for tiles this large: the default serves
+            self.w4a16[key] = self._kset.get("grouped_w4a16", **{**spec.as_dict(), **mine})
 
     def _moe(self, i: int, lw: LayerWeights, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MoE block on the kernel path: the residual stream x and its FFN norm h,

@@ -66,6 +66,7 @@ DEPTHS = (2, 3, 4)  # D values built for benchmarks (`bench_specs`)
 # WS = 1 (a benchmark variant): the weights of a step, like x, go through shared memory by
 # cp.async, WS_STAGES steps deep, instead of one step ahead in registers (D is then unused)
 WS_STAGES = 4
+WS_MAX_NT = 32  # WS = 1 is built for NT ≤ this (bench_specs); larger tiles keep WS = 0
 W_ROW_BYTES = BK // 2 + BK // 16  # one weight row's codes and scale bytes of a step
 W_ROWS = WARPS * 2 * 16  # weight rows a CTA reads: two m16 tiles per warp (gate and up, or down)
 ROW_BYTES = BK * 2  # one x row of a step in shared memory
@@ -193,7 +194,7 @@ def bench_specs(cfg, buckets=()) -> list[Spec]:
     """The other weight-step depths D of `_specs`' kernels (tools/bench_prefill.py --depth)."""
     return [KERNEL.spec(**{**s.as_dict(), "D": d}) for s in _specs(cfg) for d in DEPTHS
             if d != DEPTH] + [KERNEL.spec(**{**s.as_dict(), "WS": 1}) for s in _specs(cfg)
-                              if s["NT"] < 64]
+                              if s["NT"] <= WS_MAX_NT]
 
 
 def _dequant(codes, scales, scale2):
