@@ -98,6 +98,7 @@ class NVFP4Decoder:
 
     def __init__(self, device: torch.device, kernel=None):
         self.kernel = kernel  # nvfp4_unpack at E = 1 (the kernel path), else the tables below
+        self._alphas: dict[tuple, tuple] = {}  # `prime`: (scale2 tensors, runs) by address
         self.one = torch.ones(1, device=device)
         e4m3, e2m1 = nvfp4._tables(device)
         b = torch.arange(256, device=device)
@@ -126,13 +127,44 @@ class NVFP4Decoder:
     def linear(self, x: torch.Tensor, w: Linear,
                row_scale2: torch.Tensor | None = None) -> torch.Tensor:
         """x bf16 [T, K] @ wᵀ -> bf16 [T, N], rounded once as `reference.linear`: BF16 weights
-        by a cuBLAS GEMM; NVFP4 decoded without scale2 (exact in bf16), multiplied in fp32
-        (cuBLAS with fp32 output on CUDA) and scaled by scale2 (or `row_scale2` fp32 [N], per
-        output row, for stacked projections) before the one rounding."""
+        by a cuBLAS GEMM; NVFP4 decoded without scale2 (exact in bf16), multiplied in fp32 and
+        scaled by scale2 (or `row_scale2` fp32 [N], per output row, for stacked projections)
+        before the one rounding. On CUDA scale2 is the GEMM's alpha (cuBLAS scales the fp32
+        sums in its epilogue and rounds once), one GEMM per run of equal row scales, so no fp32
+        [T, N] product is written and re-read; the alphas are host floats read once per
+        weight (`prime`, which a CUDA-graph capture needs to have run first)."""
         if not isinstance(w, NVFP4Weight):
             return F.linear(x, w)
+        if x.is_cuda:
+            out = torch.empty(x.shape[0], w.shape[0], dtype=BF16, device=x.device)
+            wu = self.unscaled(w)
+            for r0, r1, alpha in self.prime(w, row_scale2):
+                torch.addmm(out[:, r0:r1], x, wu[r0:r1].t(), beta=0, alpha=alpha,
+                            out=out[:, r0:r1])
+            return out
         s2 = row_scale2 if row_scale2 is not None else w.scale2.float().reshape(())
         return (_matmul_f32(x, self.unscaled(w)) * s2).to(BF16)
+
+    def prime(self, w: NVFP4Weight, row_scale2: torch.Tensor | None = None
+              ) -> list[tuple[int, int, float]]:
+        """`linear`'s alphas for `w` (and `row_scale2`): runs (first row, end row, scale2) of
+        equal per-row scale2 over the N output rows, read to the host once per weight (a
+        device sync, so call it before capturing a graph) and cached."""
+        key = (w.scale2.data_ptr(), None if row_scale2 is None else row_scale2.data_ptr())
+        hit = self._alphas.get(key)
+        if hit is not None:
+            return hit[1]
+        n = w.shape[0]
+        vals = (row_scale2.float().tolist() if row_scale2 is not None
+                else [float(w.scale2.float().reshape(()))] * n)
+        runs, r0 = [], 0
+        for r in range(1, n + 1):
+            if r == n or vals[r] != vals[r0]:
+                runs.append((r0, r, vals[r0]))
+                r0 = r
+        # the tensors stay referenced, so their addresses (the key) are never reused
+        self._alphas[key] = ((w.scale2, row_scale2), runs)
+        return runs
 
     def experts(self, out: torch.Tensor, w: NVFP4Weight) -> torch.Tensor:
         """An expert stack [E, N, K/2] decoded into `out` bf16 [E, N, K], DEQUANT_EXPERTS
@@ -468,6 +500,21 @@ class Prefill:
                                 and isinstance(sh.gate, NVFP4Weight)):
                             one = [_one_expert(sh.gate), _one_expert(sh.up)]
                             self.w4a16_shared[i] = (one[0] + one[1], _one_expert(sh.down))
+        if dev.type == "cuda":
+            self._prime_alphas()
+
+    def _prime_alphas(self) -> None:
+        """Read every NVFP4 projection's scale2 that `dec.linear` scales by to the host now
+        (NVFP4Decoder.prime), not on a first use inside a graph capture."""
+        for i, lw in enumerate(self.w.layers):
+            if len(self.qkv[i]) == 3:
+                codes, scales, row_s2 = self.qkv[i]
+                self.dec.prime(NVFP4Weight(codes, scales, row_s2[:1]), row_s2)
+            mlps = [lw.ffn] if not isinstance(lw.ffn, MoEWeights) else [lw.ffn.shared]
+            for w in [lw.o_proj] + [getattr(m, n) for m in mlps if m is not None
+                                    for n in ("gate", "up", "down")]:
+                if isinstance(w, NVFP4Weight):
+                    self.dec.prime(w)
 
     # -- CUDA graphs -----------------------------------------------------------------------
 

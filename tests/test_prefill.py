@@ -141,6 +141,23 @@ def test_nvfp4_decode_is_exact_without_scale2():
                                                      torch.float32))
 
 
+def test_scale2_alphas_are_runs_of_equal_row_scales_read_once():
+    """NVFP4Decoder.prime: the stacked q/k/v rows' scale2 as one GEMM alpha per run of equal
+    values (a per-tensor scale2 is one run), cached by the tensors' addresses, which it keeps
+    alive so they cannot be reused."""
+    from flint_graph.checkpoints.weights import NVFP4Weight
+
+    dec = NVFP4Decoder(torch.device("cpu"))
+    codes, scales = torch.zeros(6, 8, dtype=torch.uint8), torch.zeros(6, 1, dtype=torch.uint8)
+    rows = torch.tensor([0.5, 0.5, 0.5, 0.25, 2.0, 2.0])
+    w = NVFP4Weight(codes, scales, rows[:1])
+    assert dec.prime(w, rows) == [(0, 3, 0.5), (3, 4, 0.25), (4, 6, 2.0)]
+    one = NVFP4Weight(codes, scales, torch.tensor(0.125))
+    assert dec.prime(one) == [(0, 6, 0.125)]
+    rows[0] = 9.0  # cached: not read again
+    assert dec.prime(w, rows)[0] == (0, 3, 0.5)
+
+
 def test_bad_prompts_are_refused_before_any_work(model):
     cache = KVCache(CFG, num_slots=1, max_tokens=KV_PAGE, device="cpu")
     pre = Prefill(CFG, model.weights, cache, attention="reference")

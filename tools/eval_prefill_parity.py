@@ -14,6 +14,7 @@ Variants (the decode graph is the same in all):
   torch-refattn   the torch-ops prefill (cuBLAS, torch norms, grouped GEMMs) with
                   `reference.attention`
   torch           the torch-ops prefill with torch's SDPA (the baseline)
+  reference       the reference model's prefill (fp32 GEMMs and attention, `reference.py`)
   torch-refattn-f32  torch-refattn with every GEMM (F.linear, torch._grouped_mm) as an fp32
                   SIMT GEMM of the bf16 operands (no tensor cores): the reference prefill's
                   numerics through the Prefill class
@@ -32,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ("kernel", "kernel-refattn", "torch-refattn", "torch", "torch-refattn-f32")
+VARIANTS = ("kernel", "kernel-refattn", "torch-refattn", "torch", "torch-refattn-f32",
+            "reference")
 
 
 def _f32_gemms():
@@ -90,9 +92,9 @@ def run_variant(name: str, model: str, ref: dict, n: int) -> dict:
 
     kernel = name.startswith("kernel")
     if name.endswith("-f32"):
-        _f32_gemms()
-    cfg = EngineConfig(engine="graph", prefill="kernel" if kernel else "torch",
-                       prefill_graphs=name == "kernel")
+        _f32_gemms()  # for the rest of the process: put this variant last
+    path = "kernel" if kernel else "reference" if name == "reference" else "torch"
+    cfg = EngineConfig(engine="graph", prefill=path, prefill_graphs=name == "kernel")
     dev = torch.device("cuda")
     llm = LLM.from_checkpoint(load_checkpoint(model, None, dev, False), dev, cfg)
     if "refattn" in name:
