@@ -15,6 +15,8 @@ Variants (the decode graph is the same in all):
                   `reference.attention`
   torch           the torch-ops prefill with torch's SDPA (the baseline)
   reference       the reference model's prefill (fp32 GEMMs and attention, `reference.py`)
+A variant may end in @N: prompts prefilled in chunks of N tokens (EngineConfig.
+prefill_chunk_tokens; the same arithmetic, other fp32 summation orders).
   torch-refattn-f32  torch-refattn with every GEMM (F.linear, torch._grouped_mm) as an fp32
                   SIMT GEMM of the bf16 operands (no tensor cores): the reference prefill's
                   numerics through the Prefill class
@@ -90,11 +92,13 @@ def run_variant(name: str, model: str, ref: dict, n: int) -> dict:
     from flint_graph.nano import evals
     from flint_graph.runtime.engine_config import EngineConfig
 
+    variant, (name, _, chunk) = name, name.partition("@")
     kernel = name.startswith("kernel")
     if name.endswith("-f32"):
         _f32_gemms()  # for the rest of the process: put this variant last
     path = "kernel" if kernel else "reference" if name == "reference" else "torch"
-    cfg = EngineConfig(engine="graph", prefill=path, prefill_graphs=name == "kernel")
+    cfg = EngineConfig(engine="graph", prefill=path, prefill_graphs=name == "kernel",
+                       prefill_chunk_tokens=int(chunk) if chunk else None)
     dev = torch.device("cuda")
     llm = LLM.from_checkpoint(load_checkpoint(model, None, dev, False), dev, cfg)
     if "refattn" in name:
@@ -104,7 +108,7 @@ def run_variant(name: str, model: str, ref: dict, n: int) -> dict:
     t0 = time.perf_counter()
     rep = evals.run(llm, cases, ref.get("batch", 8), progress=False)
     rep.update(seed=ref.get("seed", 0), suites=ref["suites"], contexts=ref["contexts"],
-               engine="graph", device="cuda", format=ref.get("format"), variant=name)
+               engine="graph", device="cuda", format=ref.get("format"), variant=variant)
     rep["compare"] = evals.compare(rep, ref)
     rep["seconds"] = round(time.perf_counter() - t0, 1)
     del llm
@@ -134,7 +138,7 @@ def main() -> int:
         rows["gemm_bias"] = gemm_bias()
         print(json.dumps(rows["gemm_bias"], indent=1), flush=True)
     for name in args.variants.split(","):
-        if name not in VARIANTS:
+        if name.partition("@")[0] not in VARIANTS:
             p.error(f"--variants {name}: expected some of {', '.join(VARIANTS)}")
         rep = run_variant(name, model, ref, args.n or ref["n"])
         c = rep["compare"]
