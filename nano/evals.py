@@ -77,15 +77,20 @@ AGREE_MIN = 0.95  # identical answers an engine must share with the reference ru
 # Log-probability parity: the mean |Δ| (nats) of the tokens both runs decoded alike may be at
 # most this. The same engine on the same kind of device with the same batch and threads computes
 # identical logits (a clean CPU rerun: 0), so there any difference is a different function.
-# Across engines and devices the rounding differs. Measured against the H200 reference run
-# (docs/nano.md), clean: the graph engine 4.6e-5 (step 4469) and 1.37e-4 (step 5929, with the
-# chain suite), NVFP4 4.6e-5 and 1.25e-4; the CPU reference engine 6.9e-5 and 1.0e-4. Planted,
-# on the graph engine: a dropped sink 2.2e-4 and 4.2e-4, a window one short 2.4e-4, a
-# BF16-rounded router bias 2.3e-4 (step 5929; 7.2e-5 at step 4469, below the noise). The
-# tolerance sits between the largest clean value and the smallest caught plant (1.24x and
-# 1.29x margins).
+# Across engines and devices the rounding differs, and the mean is carried by a few uncertain
+# tokens (20 of ~9,800 hold 69% of it), so any other rounding pattern moves it by tens of
+# percent. Clean runs against the H200 reference report (docs/perf-log.md, 2026-12-02 fourth
+# session): the reference model's own prefill 1.37e-4 in 2,048- or 4,096-token chunks and
+# 2.00e-4 in 512-token chunks (the same fp32 arithmetic, other summation orders); the graph
+# engine with the kernel prefill 2.04e-4, with torch ops and fp32 attention 1.91e-4, with
+# every GEMM in fp32 1.93e-4, with the kernel prefill and fp32 attention 2.36e-4 (the
+# largest). The tolerance sits 1.10x above that. Planted on the graph engine: no-sink
+# 4.2-4.3e-4 and router-bias-bf16 2.75e-4 (kernel prefill) fail; window-1 (2.36-2.42e-4) and
+# router-bias-bf16 under the reference prefill (2.33e-4) are within the clean spread: this
+# statistic cannot resolve them (docs/nano.md). An earlier 1.7e-4, set when only decode ran on
+# the graph engine, failed the reference model itself at 512-token chunks.
 LOGPROB_TOL_SAME = 0.0
-LOGPROB_TOL_OTHER = 1.7e-4
+LOGPROB_TOL_OTHER = 2.6e-4
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
 MAX_RECALL_PAIRS = 9000  # distinct keys K1000..K9999
 METRICS = ("valid", "exact", "correct")
