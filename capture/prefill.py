@@ -25,8 +25,9 @@ W4A16 kernels (`kernels/prefill/grouped_w4a16.py`: codes read as they are and de
 registers, scale2 in the fp32 epilogue, SwiGLU fused into gate/up); elsewhere, and for configs
 those kernels do not fit, NVFP4 weights are decoded per layer into a BF16 scratch (the experts:
 those the chunk touches, by `kernels/prefill/nvfp4_unpack.py` on the kernel path; never the
-whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply scale2 in fp32 after
-an fp32-output GEMM, exactly as the reference; for scratch-decoded experts (`torch._grouped_mm`
+whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply scale2 to the fp32
+sums before the one rounding, as the reference (on CUDA as the GEMM's alpha); for scratch-decoded
+experts (`torch._grouped_mm`
 has only a bf16 output) scale2 is folded into the decoded weights, one bf16 rounding per weight
 (≤ 2^-9).
 
