@@ -102,7 +102,7 @@ def test_non_finite_logits_in_a_decode_step_end_the_request_with_an_error(llms):
     """Issue 26 item 4 on the graph engine: after the first token (sampled from the prefill's
     logits, checked on the host) the LM head turns NaN; the captured step's sampler then draws
     id 0 from NaN logits (read as -inf), which `non_finite_rows` catches: the request ends with
-    "error" naming the cause, and the engine serves the next request."""
+    "error" naming the cause and where it started, and the engine serves the next request."""
     graph, _ = llms
     head = graph.engine.runner.model.weights.lm_head
     saved = head.clone()
@@ -116,6 +116,8 @@ def test_non_finite_logits_in_a_decode_step_end_the_request_with_an_error(llms):
         head.copy_(saved)
     out = stream.output
     assert out.finish_reason == "error" and "not finite" in " ".join(out.errors), out
+    # the reference model (same weights) reruns the request on the error path and names where
+    assert "first in the LM head" in " ".join(out.errors), out.errors
     assert 1 <= len(out.token_ids) < 16
     again = graph.generate(["hello"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
     assert again.finish_reason == "length" and len(again.token_ids) == 4

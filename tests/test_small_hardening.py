@@ -179,6 +179,37 @@ def test_non_finite_logits_name_the_layer_they_started_in(tiny_ckpt, poison, nam
     assert f"first in {named}" in " ".join(out.errors), out.errors
 
 
+def test_graph_engine_origin_tells_a_kernel_fault_from_bad_weights(tiny_ckpt):
+    """On the graph engine (its weights are the reference model's) `_origin` reruns the
+    request on the reference model: NaN weights are named where they start; a rerun that
+    stays finite means the graph engine's kernels made the NaN, and the error says so. The
+    engine here is the CPU reference engine with a stand-in runner, which is all `_origin`
+    looks at (the GPU test in test_graph_engine_gpu.py runs the real one)."""
+    from types import SimpleNamespace
+
+    from flint_graph import LLM
+    from flint_graph.runtime import engine as eng
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    # what _origin and _not_finite read of a Request
+    req = SimpleNamespace(prompt_ids=llm.tokenizer.encode("hello"), output_ids=[5, 6],
+                          num_generated=2)
+    llm.engine.runner = object()  # as on the graph engine
+    try:
+        assert llm.engine._origin(req) == eng.KERNEL_FAULT
+        msg = eng._not_finite(req, eng.KERNEL_FAULT)
+        assert "not finite" in msg and "graph engine's kernels" in msg and "reference" in msg
+        w = llm.engine.model.weights.layers[1].o_proj
+        saved = w.clone()
+        w.fill_(float("nan"))
+        try:
+            assert llm.engine._origin(req) == "layer 1 (attention)"
+        finally:
+            w.copy_(saved)
+    finally:
+        llm.engine.runner = None
+
+
 def _interrupt_on_step(llm, monkeypatch, after: int):
     """Make the engine's `after`-th step raise KeyboardInterrupt, as Ctrl-C would (the signal
     lands wherever the main thread is: here deep in the engine)."""

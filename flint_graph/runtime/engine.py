@@ -213,18 +213,19 @@ class Engine:
     def _origin(self, req: Request) -> str | None:
         """Where NaN/inf first appears in this request's activations, found on the error path
         by rerunning its tokens on the reference model with a check after each block
-        (`ReferenceModel.first_non_finite`); None on the graph engine (its kernels are not
-        probed) and past DIAGNOSE_TOKENS tokens (the rerun would cost as much as the prefill).
-        """
-        if self.runner is not None:
-            return None
+        (`ReferenceModel.first_non_finite`, e.g. "layer 3 (MoE)"). On the graph engine the
+        reference model holds the same weights, so a rerun that stays finite returns
+        KERNEL_FAULT: the weights are fine and the graph engine's kernels made the NaN. None
+        past DIAGNOSE_TOKENS tokens (the rerun would cost about a prefill of the reference
+        model, while the engine waits) or when the rerun itself fails."""
         ids = list(req.prompt_ids) + list(req.output_ids)
         if len(ids) > DIAGNOSE_TOKENS[self.device.type == "cuda"]:
             return None
         try:
-            return self.model.first_non_finite(torch.tensor(ids, dtype=torch.long))
-        except FlintError:
+            where = self.model.first_non_finite(torch.tensor(ids, dtype=torch.long))
+        except (FlintError, torch.OutOfMemoryError):
             return None
+        return where if where is not None or self.runner is None else KERNEL_FAULT
 
     def _graph_decode(self, rows: list[Request]) -> list[RequestDelta]:
         """One graph replay for `rows`; rows whose logits are not finite end with "error"
@@ -239,7 +240,7 @@ class Engine:
                  for r in rows]
         ids, logits = self.runner.decode(steps)
         bad = non_finite_rows(ids, logits)
-        failed = [self._fail(rows[i], _not_finite(rows[i])) for i in bad]
+        failed = [self._fail(rows[i], _not_finite(rows[i], self._origin(rows[i]))) for i in bad]
         if bad:
             keep = [i for i in range(len(rows)) if i not in bad]
             rows, ids, logits = [rows[i] for i in keep], [ids[i] for i in keep], logits[keep]
@@ -408,13 +409,22 @@ class Engine:
 DIAGNOSE_TOKENS = (8192, 1024)
 
 
+# `Engine._origin` on the graph engine when the reference model's rerun stays finite
+KERNEL_FAULT = "kernel fault"
+
+
 def _not_finite(req: Request, origin: str | None = None) -> str:
-    """The error of a request whose logits are not finite; `origin` (the reference model's
-    `SequenceKV.first_non_finite`, e.g. "layer 3 (MoE)") names where it started."""
+    """The error of a request whose logits are not finite; `origin` (`Engine._origin`: where
+    the reference model's rerun first turns non-finite, e.g. "layer 3 (MoE)", or KERNEL_FAULT)
+    names where it started."""
+    head = (f"the model's logits are not finite (NaN or inf) at output token "
+            f"{req.num_generated}")
+    if origin == KERNEL_FAULT:
+        return (f"{head}, but the reference model computes these tokens with finite values: a "
+                f"fault of the graph engine's kernels, not of the weights (please report it; "
+                f"--engine reference runs this request on the plain model)")
     where = f", first in {origin}" if origin else ""
-    return (f"the model's logits are not finite (NaN or inf) at output token "
-            f"{req.num_generated}{where}: a weight or a config value is out of range for this "
-            f"model")
+    return f"{head}{where}: a weight or a config value is out of range for this model"
 
 
 def non_finite_rows(ids: list[int], logits: torch.Tensor) -> list[int]:
