@@ -375,6 +375,35 @@ def test_output_ending_inside_reasoning(finish_reason, as_content):
                         finish_reason=finish_reason)  # fmt: skip
 
 
+# A call whose opening tag the model skipped (a new user's "Hi", then a weather question, gave
+# the first: content that reads as an answer, finish reason "stop", no warning).
+STRAY = {
+    "skipped_open": ("ad</arg_key><arg_value>Paris</arg_value><arg_key>by</arg_key><arg_value>"
+                     "{\"field\": \"basil\"}</arg_value></tool_call>", "</arg_key>"),
+    "only_close": ("The weather is fine.</tool_call>", "</tool_call>"),
+    "key_open_first": ("x <arg_key>city</arg_key>", "<arg_key>"),
+    "value_open_first": ("<arg_value>Lima", "<arg_value>"),
+    "value_close_first": ("Lima</arg_value>", "</arg_value>"),
+}
+
+
+@pytest.mark.parametrize("name", list(STRAY))
+def test_call_tags_without_an_opening_tag_are_reported_once(name):
+    """With tools, a call's inner tags in content stay as written, with one error naming the
+    first; without tools (calls off) they are plain text and no error arises."""
+    text, first = STRAY[name]
+    result = check_all_chunkings(f"ok</think>{text}", out("ok", text, errors=1), tools=TOOLS)
+    assert f"holds {first} with no <tool_call>" in result.errors[0], result.errors
+    assert parse_output(f"ok</think>{text}", tools=[]).errors == []
+
+
+def test_stray_call_tags_after_a_parsed_call_are_reported():
+    text = f"Go.</think>{WEATHER_PARIS}then </arg_value> more"
+    result = parse_output(text, tools=TOOLS)
+    assert len(result.tool_calls) == 1 and len(result.errors) == 1, result
+    assert "holds </arg_value>" in result.errors[0]
+
+
 def test_partial_tags_held_back_then_released():
     parser = OutputParser(TOOLS, thinking=False)
     assert parser.feed("Hello <tool_") == ParseDelta(content="Hello ")

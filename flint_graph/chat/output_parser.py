@@ -25,6 +25,10 @@ flint_graph/chat/tool_schema.py types its values. Decisions (tests/test_output_p
   reasoning (cut off mid-thought); any other ("stop", None, ...) means the model ended it, so it
   is the answer: result() has it as content only, and finish()'s delta repeats it as content
   (it was already streamed as reasoning).
+- With tools, a call's inner tags in content (`<arg_key>` … `</tool_call>` with no `<tool_call>`
+  before them: the model skipped the opening tag) stay content as written and add one error, so
+  a half-written call is never shown as a plain answer without a warning (none after a rejected
+  call: its leftover tags are covered by that call's error).
 - Errors (`errors`): malformed or rejected calls (their raw text becomes content), repairs,
   arguments that fit no reading of their schema and required arguments a kept call lacks,
   each as "tool call N: ...".
@@ -37,8 +41,13 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from flint_graph.chat.tool_call_reader import (
+    CALL_CLOSE,
     CALL_OPEN,
+    KEY_CLOSE,
+    KEY_OPEN,
     TAGS,
+    VALUE_CLOSE,
+    VALUE_OPEN,
     THINK_CLOSE,
     THINK_OPEN,
     CallReader,
@@ -56,6 +65,8 @@ START, START_OFF, REASONING, STRIP, CONTENT, CALL = (
     "start", "start_off", "reasoning", "strip", "content", "call")
 # finish reasons that end the output from outside the model
 _CUT_OFF = ("length", "abort", "repeat")
+# a call's inner tags: in content (no `<tool_call>` before them) they are a malformed call
+_STRAY = (CALL_CLOSE, KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE)
 
 
 @dataclass
@@ -114,6 +125,7 @@ class OutputParser:
         self._parts: dict[str, list[str]] = {REASONING: [], CONTENT: []}  # joined by result()
         self._tool_calls: list[ToolCall] = []
         self._errors: list[str] = []
+        self._stray_seen = False  # a call's inner tag already reported in content
         self._delta = ParseDelta()
         self._handlers = {START: self._on_start, START_OFF: self._on_start_off,
                           REASONING: self._on_text, CONTENT: self._on_text,
@@ -210,10 +222,10 @@ class OutputParser:
         m = _pattern(ends).search(self._buf) if ends else None
         if m is None:
             cut = len(self._buf) if final else held_from(self._buf, self._hold)
-            self._emit(channel, self._buf[:cut])
+            self._emit_text(channel, self._buf[:cut])
             self._buf = self._buf[cut:]
             return False
-        self._emit(channel, self._buf[: m.start()])
+        self._emit_text(channel, self._buf[: m.start()])
         self._buf = self._buf[m.end() :]
         if m.group() == THINK_CLOSE:
             self._think_pending, self._state = False, STRIP
@@ -224,6 +236,16 @@ class OutputParser:
                                 self._call_delta, self._error)
         self._state = CALL
         return True
+
+    def _emit_text(self, channel: str, text: str) -> None:
+        """`_emit` for the model's own text, reporting once a call's inner tag in content."""
+        if channel == CONTENT and self._calls_on and not self._stray_seen:
+            m = _pattern(_STRAY).search(text)
+            if m is not None:
+                self._stray_seen = True
+                self._error(f"tool call markup outside a call: the content holds {m.group()} "
+                            f"with no {CALL_OPEN} before it (a malformed call); shown as text")
+        self._emit(channel, text)
 
     def _on_strip(self, final: bool) -> bool:
         self._buf = self._buf.lstrip()
@@ -252,6 +274,7 @@ class OutputParser:
         else:
             self._emit(CONTENT, reader.rejected)
             self._state = CONTENT
+            self._stray_seen = True  # its leftover tags are that call's, already reported
         return True
 
 
