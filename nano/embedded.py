@@ -57,7 +57,9 @@ def ensure_nano_checkpoint(progress: bool = True) -> Path:
     out = cache_root() / f"flint-nano-{digest[:12]}"
     if _complete(out, digest):
         return out
-    Console(stderr=True).print(f"flint-graph: unpacking flint-nano into {out} (once)")
+    # one line even past 80 columns: the path is for copying (a pipe must not break it)
+    Console(stderr=True, soft_wrap=True).print(
+        f"flint-graph: unpacking flint-nano into {out} (once)")
     try:
         _build(src, out, digest, progress)
     except OSError as e:

@@ -119,6 +119,19 @@ def test_header_counts_tools_in_the_singular_and_plural(tiny_llm):
         assert words in console.file.getvalue()
 
 
+def test_piped_chat_output_is_not_broken_at_80_columns(tiny_llm, monkeypatch, capsys):
+    """Piped (a new-user trial), the header's help line broke mid-phrase at 80 columns; the
+    chat's own console now leaves wrapping to whoever reads the output."""
+    from report_console import piped
+
+    piped(monkeypatch, 80)
+    s = ChatSession(tiny_llm, SamplingParams(max_tokens=4))
+    s.console.input = lambda prompt="": "/exit"  # type: ignore[method-assign]
+    s.run()
+    header = [ln for ln in capsys.readouterr().out.splitlines() if "/reset" in ln]
+    assert len(header) == 1 and "/exit" in header[0] and len(header[0]) > 80, header
+
+
 def test_printed_answer_and_transcript_keep_the_real_text(tiny_llm, monkeypatch, tmp_path):
     text = "x</think>ok 👍🏽 e\u0301 \x1b[31m done<|user|>"
     monkeypatch.setattr("flint_graph.runtime.engine.sample",

@@ -93,7 +93,9 @@ class ChatSession:
         self.llm, self.params, self.tools = llm, params, tools
         self.system, self.enable_thinking = system, enable_thinking
         self.show_reasoning = show_reasoning
-        self.console = console or Console(highlight=False)
+        # piped, rich would break lines at 80 columns inside words; a reader of the file wraps
+        self.console = console or Console(highlight=False,
+                                          soft_wrap=not sys.stdout.isatty())
         self.messages: list[dict[str, Any]] = []
         self.last_reasoning = ""
         self.reset()
