@@ -54,8 +54,9 @@ class GenerationOutput:
     request the engine's own failures ("decode step failed: ...").
     """
 
-    prompt_token_ids: list[int]
-    token_ids: list[int]
+    # the id lists stay out of repr(): printing a message showed hundreds of numbers
+    prompt_token_ids: list[int] = field(repr=False)
+    token_ids: list[int] = field(repr=False)
     text: str
     finish_reason: str
     ttft_ms: float | None
@@ -64,7 +65,7 @@ class GenerationOutput:
     content: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)  # with SamplingParams(logprobs=True)
+    logprobs: list[float] = field(default_factory=list, repr=False)  # SamplingParams(logprobs=True)
     # prompt tokens whose KV came from an earlier sequence instead of a prefill (issue 22)
     cached_tokens: int = 0
 

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "and tool calls)",
                           description="Chat with a Flint checkpoint in the terminal. Commands: "
                                       "/reset, /save FILE, /reasoning, /help, /exit. Ctrl-C "
-                                      "stops the current answer; Ctrl-D or /exit quits.")
+                                      "stops the current answer; Ctrl-D, /exit or /quit quits.")
     _model_args(chat)
     _sampling_args(chat)
     chat.add_argument("--system", metavar="TEXT", help="system message for the conversation")

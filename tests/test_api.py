@@ -593,3 +593,14 @@ def test_logprobs_are_the_models_own(tiny_llm):
     # one forward over the whole sequence vs prefill + decode steps: BF16 rounding may differ
     assert torch.allclose(torch.tensor(out.logprobs), want, atol=0.05), (out.logprobs, want)
     assert not tiny_llm.generate("x", SamplingParams(max_tokens=2))[0].logprobs  # off by default
+
+
+def test_a_printed_output_leaves_out_its_token_ids():
+    """repr(ChatMessage) showed every prompt and output id (a new-user trial printed `msg`):
+    the id and log-probability lists stay out of repr, the text and finish reason stay in."""
+    from flint_graph.api import GenerationOutput
+
+    out = GenerationOutput([7] * 300, [9] * 100, "hi", "stop", 1.0, 2.0, logprobs=[-0.5] * 100)
+    text = repr(out)
+    assert "hi" in text and "stop" in text and "7, 7" not in text and "9, 9" not in text
+    assert "-0.5" not in text and len(text) < 300

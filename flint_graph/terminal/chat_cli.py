@@ -33,7 +33,7 @@ __all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
 COMMANDS = ("/exit", "/quit", "/reset", "/save", "/reasoning", "/help")
 HELP = ('""" starts and ends a message of several lines · '
         "/reset  start a new conversation · /save FILE  save the transcript as JSON · "
-        "/reasoning  show the last reasoning · /exit  quit (or Ctrl-D)")
+        "/reasoning  show the last reasoning · /exit  quit (or /quit, Ctrl-D)")
 FENCE = '"""'  # a message of several lines is fenced by it, as in ollama's terminal chat
 
 
