@@ -31,13 +31,15 @@ quarter warp (two rows, four quads' units 4t + j) hit eight distinct bank groups
 epilogue transposes the tile through shared memory and stores whole 16-byte runs of each
 output row.
 
-WS = 1 (a benchmark variant, `bench_specs`; not yet measured): each step's weight rows, too, go
+WS = 1 (a benchmark variant, `bench_specs`, NT ≤ WS_MAX_NT): each step's weight rows, too, go
 through shared memory by cp.async (thread i copies CTA weight row i: 64 code bytes and 8 scale
 bytes per step), WS_STAGES steps deep, and each lane reads its fragment words back with
 LDS.128 (two rows of a quarter warp are 128 contiguous bytes: no bank conflict). Why: at 512
 tokens the default kernel reads NVFP4 at ~2 TB/s with only the next step's weights in flight
 per warp, and more register steps (D = 3, 4) did not help (perf log); staging keeps three steps
-in flight without registers (82 instead of 104 at NT 16).
+in flight without registers (82 instead of 104 at NT 16). Measured on the H200 it is slower at
+every length (512 tokens 19.8 → 23.5 ms, 8K 186.5 → 196.5 ms; perf log 2026-12-02): the loop is
+issue-bound on the dequantisation, and staging adds instructions to it. Kept as a variant only.
 
 PDL: the tile schedule is an input, and the experts' weights are known only from it, so every
 load follows griddepcontrol.wait (one wait at the top, in every thread).
