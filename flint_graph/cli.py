@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+import unicodedata
 
 from flint_graph.errors import FlintError, InvalidRequestError
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help, --version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     except FlintError as e:
-        print(f"flint-graph: error: {e}", file=sys.stderr)
+        print(f"flint-graph: error: {terminal_safe(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"\n{INTERRUPTED}", file=sys.stderr)
@@ -71,11 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug of ours: still one line unless asked for the traceback
         if os.environ.get("FLINT_GRAPH_DEBUG"):
             raise
-        print(f"flint-graph: internal error: {type(e).__name__}: {e} "
+        print(f"flint-graph: internal error: {type(e).__name__}: {terminal_safe(str(e))} "
               "(set FLINT_GRAPH_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
     finally:
         _restore_sigint(previous)
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with control characters other than newline and tab written as escapes (\\x1b,
+    \\x9b): an error message that quotes a user's path or value must not move the cursor,
+    recolour or retitle the terminal it is printed on."""
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) != "Cc"
+                   else ascii(ch)[1:-1] for ch in text)
 
 
 def _exit_on_sigint():
@@ -191,18 +200,33 @@ def load_llm(args: argparse.Namespace):
     return llm
 
 
+# the most stdin a prompt is read from: far above what the largest context holds (the exact
+# check, by characters against the model's context, follows once the model is loaded); `<
+# /dev/zero` or `yes |` read until the machine ran out of memory
+STDIN_MAX_BYTES = 64 << 20
+
+
 def read_prompt(args: argparse.Namespace) -> str:
-    """The prompt from --prompt or stdin. Raises InvalidRequestError for no prompt, an empty
-    one, or bytes that are not UTF-8 (naming the character's position in the prompt)."""
+    """The prompt from --prompt or stdin (at most STDIN_MAX_BYTES). Raises InvalidRequestError
+    for no prompt (stdin a terminal or closed), one larger than the cap, an empty one, or
+    bytes that are not UTF-8 (naming the character's position in the prompt)."""
     prompt = args.prompt
     if prompt is None:
+        if sys.stdin is None or sys.stdin.closed:
+            raise InvalidRequestError("no prompt: stdin is closed; pass --prompt TEXT or pipe "
+                                      "text on stdin")
         if sys.stdin.isatty():
             raise InvalidRequestError("no prompt: pass --prompt TEXT or pipe text on stdin")
         # Decode the bytes ourselves: the locale's decoder either raises on a bad byte or keeps
         # it as a surrogate that is only reported after templating, at a position that counts
         # the template's prefix. Checking here reports it as --raw does.
         raw = getattr(sys.stdin, "buffer", None)
-        prompt = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
+        data = raw.read(STDIN_MAX_BYTES + 1) if raw else sys.stdin.read(STDIN_MAX_BYTES + 1)
+        if len(data) > STDIN_MAX_BYTES:
+            raise InvalidRequestError(f"prompt: stdin holds more than {STDIN_MAX_BYTES >> 20} "
+                                      "MiB, more than any model's context; pass a shorter "
+                                      "prompt")
+        prompt = data.decode("utf-8", "surrogateescape") if raw else data
         # the line end `echo` and editors add is not part of the prompt ("What is 250 minus
         # 750?\n" answered 9500 where --prompt answered 500)
         prompt = prompt[:-2] if prompt.endswith("\r\n") else prompt[:-1] \
@@ -290,6 +314,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from flint_graph.terminal.chat_cli import ChatSession
 
+    if sys.stdin is None or sys.stdin.closed:  # input() would fail with "lost sys.stdin"
+        raise InvalidRequestError("chat reads your messages from stdin, which is closed; run "
+                                  "it in a terminal or pipe the messages in")
     tools = load_tools(args.tools)
     params = sampling_params(args)
     if args.system is not None:  # checked now: a bad --system would fail every turn

@@ -38,8 +38,11 @@ class ArgParser(argparse.ArgumentParser):
             self._negative_number_matcher = NEGATIVE_NUMBER
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        from flint_graph.cli import terminal_safe
+
         message = re.sub(rf"\S{{{SHOWN_CHARS + 1},}}", _cut, " ".join(message.split()))
-        self.exit(EXIT_BAD_INPUT, f"flint-graph: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_BAD_INPUT, f"flint-graph: error: {terminal_safe(message)} (see "
+                                  f"{self.prog} --help)\n")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         # argparse reports a subcommand's unknown flags from the top parser, which would point
@@ -79,6 +82,15 @@ def positive_int(text: str) -> int:
     value = integer(text, "an integer >= 1")
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a seed, an integer in [0, 2**63) (as SamplingParams' seed; an eval
+    report with a negative seed could not be compared with later)."""
+    value = integer(text, "an integer >= 0")
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {value}")
     return value
 
 

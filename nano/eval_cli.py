@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from flint_graph.cli_args import seed_int
+
 EVAL_FIGURES = """\
 figures (held-out cases of the flint-nano curriculum, greedy decoding):
   tools valid   one call parsed, to a declared tool, with the schema's
@@ -84,7 +86,7 @@ def add_eval_parser(sub, positive_int) -> None:
     p.add_argument("--contexts", type=_recall_contexts, default=(1024, 4096, 16384),
                    metavar="C,..",
                    help="recall contexts in tokens, e.g. 1024,4k (default: 1024,4096,16384)")
-    p.add_argument("--seed", type=int, default=0, help="case seed (default: 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="case seed (default: 0)")
     p.add_argument("--batch", type=positive_int, default=8, metavar="B",
                    help="requests decoded together (default: %(default)s)")
     p.add_argument("--device", metavar="DEV", help="torch device (default: cuda when present)")

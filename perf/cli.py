@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
+
+from flint_graph.cli_args import seed_int
 
 BENCH_FIGURES = """\
 figures (one process, one run):
@@ -133,7 +137,7 @@ def _common(p: argparse.ArgumentParser, positive_int) -> None:
     p.add_argument("--engine", choices=("auto", "graph", "reference"), default="auto",
                    help="engine under test: graph (CUDA + kernel cache), reference, or auto "
                         "(graph where it can run; default)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the synthetic weights")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="hide progress bars")
 
@@ -241,6 +245,12 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False) -> N
     for flag, path in given.items():
         if not str(path).strip():
             raise InvalidRequestError(f"{flag}: expected a file name, found an empty path")
+        # opening a FIFO for the probe below would block until a reader comes; a device or a
+        # pipe (/dev/full, /dev/stdout into a pipe) fails only after the run: refuse them now
+        if path.exists() and not path.is_file() and not path.is_dir() \
+                and os.path.realpath(path) != os.devnull:
+            raise InvalidRequestError(f"{flag} {path}: not a regular file (a pipe, device or "
+                                      "socket); expected a file name (/dev/null discards)")
         full = path.resolve()
         if full in seen:
             raise InvalidRequestError(f"{flag} and {seen[full]} name the same file {path}; "
@@ -270,14 +280,30 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False) -> N
                                       f"({e.strerror or e})") from None
 
 
-def _write(path: Path, text: str) -> None:
-    from flint_graph.errors import InvalidRequestError
+def _write_all(outputs: list[tuple[str, Path | None, Any]]) -> list[str]:
+    """Write each (flag, path, text or a function making it) whose path is set; returns one
+    message per file that could not be written ("--json out.json: cannot write (…)"). None is
+    raised: a run's figures are never lost to one bad output (the tables are printed after)."""
+    failed = []
+    for flag, path, text in outputs:
+        if path is None:
+            continue
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text() if callable(text) else text)
+        except OSError as e:
+            failed.append(f"{flag} {path}: cannot write the file ({e.strerror or e}); the "
+                          "figures are in the tables above")
+    return failed
 
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    except OSError as e:
-        raise InvalidRequestError(f"{path}: cannot write ({e.strerror or e})") from None
+
+def _finish(console, failed: list[str], wrote: list[str]) -> int:
+    """Print what was written, then each write failure on stderr; exit status 2 if any."""
+    for line in wrote:
+        console.print(line)
+    for message in failed:
+        print(f"flint-graph: error: {message}", file=sys.stderr)
+    return 2 if failed else 0
 
 
 def _command_line() -> str:
@@ -326,15 +352,15 @@ def run_bench_cmd(args) -> int:
     o.e2e_tokens, o.prefill_tokens = args.e2e_tokens, args.prefill_tokens
     o.interleave = args.interleave
     res = run_bench(o)
-    if args.json:  # first: the figures survive whatever happens to the tables
-        _write(args.json, json.dumps(res, indent=1) + "\n")
-    if args.markdown:
-        _write(args.markdown, bench_report.markdown(res) + "\n")
+    # files first: the figures survive whatever happens to the tables, and the tables whatever
+    # happens to a file (a full disk)
+    failed = _write_all([("--json", args.json, json.dumps(res, indent=1) + "\n"),
+                         ("--markdown", args.markdown,
+                          lambda: bench_report.markdown(res) + "\n")])
     bench_report.print_report(res, console)
-    for p in (args.json, args.markdown):
-        if p:
-            console.print(f"wrote {p}")
-    return 0
+    done = [f"wrote {p}" for f, p in (("--json", args.json), ("--markdown", args.markdown))
+            if p and not any(m.startswith(f"{f} ") for m in failed)]
+    return _finish(console, failed, done)
 
 
 def run_trace_cmd(args) -> int:
@@ -359,13 +385,12 @@ def run_trace_cmd(args) -> int:
     if args.prefill:  # the KV cache must hold the prompt
         o.contexts = (max(args.context[0], args.prefill),)
     tr = run_trace(o)
-    if args.out:
-        _write(args.out, json.dumps(trace_report.to_file_json(tr)) + "\n")
-    if args.html:
-        _write(args.html, trace_report.html_plot(tr, top=args.top))
+    failed = _write_all([("--out", args.out,
+                          lambda: json.dumps(trace_report.to_file_json(tr)) + "\n"),
+                         ("--html", args.html, lambda: trace_report.html_plot(tr, top=args.top))])
     trace_report.print_trace(tr, console, top=args.top)
-    if args.out:
-        console.print(f"wrote {args.out} (open it at ui.perfetto.dev or chrome://tracing)")
-    if args.html:
-        console.print(f"wrote {args.html}")
-    return 0
+    ok = {f: p for f, p in (("--out", args.out), ("--html", args.html))
+          if p and not any(m.startswith(f"{f} ") for m in failed)}
+    done = ([f"wrote {ok['--out']} (open it at ui.perfetto.dev or chrome://tracing)"]
+            if "--out" in ok else []) + ([f"wrote {ok['--html']}"] if "--html" in ok else [])
+    return _finish(console, failed, done)

@@ -326,6 +326,11 @@ def run_trace(o) -> dict:
 
     cfg: FlintConfig = cfg_of(o)
     b, ctx = o.buckets[0], o.contexts[0]
+    prefill = getattr(o, "trace_prefill", None)
+    if prefill and not 1 <= prefill < cfg.max_position_embeddings:
+        # the CLI widens the context to the prompt: name the flag the user gave
+        raise InvalidRequestError(f"--prefill {prefill}: expected 1 to "
+                                  f"{cfg.max_position_embeddings - 1} tokens (the model's limit)")
     if not 1 <= ctx < cfg.max_position_embeddings:
         raise InvalidRequestError(f"--context {ctx}: expected 1 to "
                                   f"{cfg.max_position_embeddings - 1} (the model's limit)")

@@ -441,14 +441,27 @@ def test_cases_are_those_of_the_shipped_h200_report():
     assert {(c.group, c.index): c.expect for c in cases} == want
 
 
-def test_cli_a_report_that_cannot_be_written_is_one_line(capsys):
-    """--json /dev/full passes the output check (opening it works) and fails only when the
-    report is written, after the run: one line naming it and exit 2, the scores still shown."""
+def test_cli_a_report_that_cannot_be_written_is_one_line(capsys, tmp_path, monkeypatch):
+    """A report that fails only when it is written, after the run (a full disk): one line
+    naming it and exit 2, the scores still shown. (/dev/full, which once stood for a full disk
+    here, is now refused before the run: not a regular file.)"""
+    from pathlib import Path
+
     from flint_graph.cli import main
 
-    code = main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--json", "/dev/full"])
+    target, real = tmp_path / "report.json", Path.write_text
+
+    def write_text(self, *a, **k):
+        if self == target:
+            raise OSError(28, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    code = main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--json", str(target)])
     out, err = capsys.readouterr()
     assert code == 2 and "Traceback" not in err, err
     assert [ln for ln in err.splitlines() if "error" in ln] == [
-        ln for ln in err.splitlines() if "--json /dev/full: cannot write the report" in ln]
+        ln for ln in err.splitlines() if f"--json {target}: cannot write the report" in ln]
+    code = main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--json", "/dev/full"])
+    assert code == 2 and "not a regular file" in capsys.readouterr().err
     assert "arith" in out

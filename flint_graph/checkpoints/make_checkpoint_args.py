@@ -16,6 +16,8 @@ DEFAULT_PRESET = "tiny"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the make-checkpoint flags (shared by tools/make_checkpoint.py and the CLI)."""
+    from flint_graph.cli_args import seed_int  # here: cli_args imports this module at its top
+
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=PRESETS, default=None,
                      help=f"packaged config: tiny (seconds on a CPU) or full (the 40B shapes; "
@@ -27,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", dest="formats", default=",".join(DEFAULT_FORMATS),
                         help="comma-separated formats to write: bf16 (sharded safetensors), "
                              "gguf (one NVFP4 GGUF) (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+    parser.add_argument("--seed", type=seed_int, default=DEFAULT_SEED,
                         help="seed of the synthetic weights and tokenizer (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="where weights are generated and quantised (default: cuda when "

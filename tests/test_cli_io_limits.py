@@ -1,0 +1,118 @@
+"""The CLI's own input and output streams under hostile conditions (a bad-input trial of
+2026-12-02): stdin read with a cap and refused when closed, output paths that are pipes or
+devices refused before any work, a file that cannot be written after a run keeping the printed
+figures, flags named as the user gave them, seeds checked at the argument, and control
+characters of quoted values escaped in error messages."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from flint_graph.cli import main, terminal_safe
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class _Endless(io.RawIOBase):
+    """A stdin like /dev/zero: reading never ends (only a capped read returns)."""
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        b[:] = b"\0" * len(b)
+        return len(b)
+
+    def isatty(self):
+        return False
+
+
+def test_stdin_is_read_with_a_cap(capsys, monkeypatch, tiny_ckpt):
+    """`flint-graph generate < /dev/zero` read until 10 GB; the read now stops past the cap."""
+    monkeypatch.setattr("flint_graph.cli.STDIN_MAX_BYTES", 1 << 16)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BufferedReader(_Endless())))
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--max-tokens", 2, "--device", "cpu")
+    assert code == 2 and "stdin holds more than" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("stdin", [None, "closed"])
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_closed_stdin_is_one_clear_error(capsys, monkeypatch, tiny_ckpt, stdin, command):
+    """`… <&-` gave "internal error: AttributeError" (generate) and "lost sys.stdin" (chat)."""
+    if stdin == "closed":
+        stdin = io.StringIO("")
+        stdin.close()
+    monkeypatch.setattr("sys.stdin", stdin)
+    code, _, err = _run(capsys, command, tiny_ckpt, "--max-tokens", 2, "--device", "cpu")
+    assert code == 2 and "stdin" in err and "closed" in err and "internal" not in err, err
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+def test_an_output_that_is_a_pipe_or_device_is_refused_before_any_work(capsys, tmp_path, flag):
+    """A FIFO with no reader made the write probe block forever; /dev/full passed it and failed
+    only after the run."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in (fifo, Path("/dev/full")):
+        if not target.exists():
+            continue
+        code, _, err = _run(capsys, "bench", "--preset", "tiny", "--device", "cpu", flag, target)
+        assert code == 2 and f"{flag} {target}: not a regular file" in err, err
+
+
+def test_dev_null_still_discards(capsys, monkeypatch):
+    from argparse import Namespace
+
+    from flint_graph.perf.cli import check_outputs
+
+    check_outputs(Namespace(json=Path(os.devnull), compare=None, model=None), ("--json",))
+
+
+def test_a_file_that_cannot_be_written_after_the_run_keeps_the_figures(capsys, tmp_path,
+                                                                       monkeypatch):
+    """`bench --json /dev/full` printed nothing after 10 s of measuring. Now the tables are
+    printed, the other file is written, and the error names the flag."""
+    bad, good = tmp_path / "bad.json", tmp_path / "trace.html"
+    real = Path.write_text
+
+    def write_text(self, *a, **k):
+        if self == bad:
+            raise OSError(28, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    code, out, err = _run(capsys, "trace", "--preset", "tiny", "--device", "cpu", "--context",
+                          128, "--steps", 1, "--no-progress", "--out", bad, "--html", good)
+    assert code == 2, err
+    assert f"--out {bad}: cannot write the file (No space left on device)" in err
+    assert f"wrote {good}" in out and good.exists() and f"wrote {bad}" not in out
+    assert "kernel" in out.lower()  # the breakdown table was printed
+
+
+def test_trace_prefill_out_of_range_names_prefill(capsys):
+    code, _, err = _run(capsys, "trace", "--preset", "tiny", "--device", "cpu", "--context",
+                        128, "--steps", 1, "--prefill", 99999999)
+    assert code == 2 and err.startswith("flint-graph: error: --prefill 99999999:"), err
+
+
+@pytest.mark.parametrize("argv", [["eval", "--n", "1"], ["bench", "--preset", "tiny"],
+                                  ["make-checkpoint", "--out", "unused"]])
+def test_a_negative_seed_is_refused_at_the_argument(capsys, argv):
+    """`eval --seed -1` wrote a report that `--compare` then refused."""
+    code, _, err = _run(capsys, *argv, "--seed", -1)
+    assert code == 2 and "argument --seed: expected an integer in [0, 2**63), got -1" in err
+
+
+def test_control_characters_in_errors_are_escaped(capsys):
+    assert terminal_safe("a\x1b[31mb\x9bc\td\ne") == "a\\x1b[31mb\\x9bc\td\ne"
+    code, _, err = _run(capsys, "eval", "--n", 1, "--compare", "/nonexistent/a\x1b[2Jb")
+    assert code == 2 and "\x1b" not in err and "a\\x1b[2Jb" in err, err
