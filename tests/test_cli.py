@@ -266,7 +266,7 @@ def test_save_transcript_refuses_unusable_names_with_one_error(tmp_path, make):
     else:
         (tmp_path / "f").write_text("")
         path = tmp_path / "f" / "t.json"
-    with pytest.raises(FlintError, match="cannot save transcript|does not exist"):
+    with pytest.raises(FlintError, match="cannot save transcript|is a file, not a directory"):
         save_transcript(path, [{"role": "user", "content": "hi"}])
 
 

@@ -116,3 +116,26 @@ def test_control_characters_in_errors_are_escaped(capsys):
     assert terminal_safe("a\x1b[31mb\x9bc\td\ne") == "a\\x1b[31mb\\x9bc\td\ne"
     code, _, err = _run(capsys, "eval", "--n", 1, "--compare", "/nonexistent/a\x1b[2Jb")
     assert code == 2 and "\x1b" not in err and "a\\x1b[2Jb" in err, err
+
+
+def test_a_symlink_loop_is_named(tmp_path):
+    from flint_graph.checkpoints.jsonfile import read_capped
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(ValueError, match="symbolic link loop"):
+        read_capped(tmp_path / "a", 1 << 20)
+    with pytest.raises(FileNotFoundError):
+        read_capped(tmp_path / "missing", 1 << 20)
+
+
+def test_save_under_a_file_says_it_is_a_file(tmp_path):
+    """`/save /tmp/ok.json/x` said "directory /tmp/ok.json does not exist"."""
+    from flint_graph.errors import FlintError
+    from flint_graph.terminal.chat_cli import save_transcript
+
+    (tmp_path / "ok.json").write_text("{}")
+    with pytest.raises(FlintError, match="ok.json is a file, not a directory"):
+        save_transcript(tmp_path / "ok.json" / "x", [])
+    with pytest.raises(FlintError, match="does not exist"):
+        save_transcript(tmp_path / "nodir" / "x", [])

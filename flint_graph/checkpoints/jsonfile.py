@@ -3,7 +3,9 @@ with one error shape: the path, then what was wrong."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,11 @@ def read_capped(path: Path, max_bytes: int) -> Any:
     path = Path(path)
     if not path.is_file():
         if not path.exists():
+            try:  # exists() is False for a symlink loop too: say which
+                os.stat(path)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise ValueError("a symbolic link loop, not a file") from None
             raise FileNotFoundError(2, "No such file or directory", str(path))
         raise ValueError(f"not a regular file (a directory, device or pipe); expected a JSON "
                          f"file of at most {max_bytes >> 20} MiB")

@@ -52,6 +52,9 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
         if path.exists() and not path.is_file():
             raise FlintError(f"{path}: exists and is not a regular file; choose a file name")
         if not path.parent.is_dir():
+            above = next((a for a in path.parents if a.exists()), None)
+            if above is not None and not above.is_dir():
+                raise FlintError(f"{path}: {above} is a file, not a directory")
             raise FlintError(f"{path}: directory {path.parent} does not exist")
         existed = path.exists()
         mode = path.stat().st_mode & 0o777 if existed else 0o644
