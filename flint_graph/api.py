@@ -66,6 +66,8 @@ class GenerationOutput:
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list, repr=False)  # SamplingParams(logprobs=True)
+    # per output token, the step's most likely (id, log-probability), SamplingParams.top_logprobs
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, repr=False)
     # prompt tokens whose KV came from an earlier sequence instead of a prefill (issue 22)
     cached_tokens: int = 0
 
@@ -559,7 +561,8 @@ def _output(req: Request) -> GenerationOutput:
     ttft, tpot = req.timing()
     out = GenerationOutput(req.prompt_ids, list(req.output_ids), req.text,
                            req.finish_reason or "abort", ttft, tpot,
-                           logprobs=list(req.logprobs), cached_tokens=req.cached_tokens)
+                           logprobs=list(req.logprobs), cached_tokens=req.cached_tokens,
+                           top_logprobs=[list(t) for t in req.top_logprobs])
     if req.parser is not None:
         parsed = req.parser.result()
         out.reasoning_content = parsed.reasoning

@@ -220,6 +220,12 @@ def _read_report(path: Path) -> dict:
     return check_report(rep, f"--compare {path}")
 
 
+def _top_k() -> int:
+    from flint_graph.nano.evals import TOP_LOGPROBS
+
+    return TOP_LOGPROBS
+
+
 def _print(report: dict, console=None) -> None:
     """The header line, the table of scores and the --compare verdict, on `console` (default:
     bench's and trace's report console)."""
@@ -272,6 +278,10 @@ def _print(report: dict, console=None) -> None:
                   f"{c['logprob_tolerance']:.3g}: "
                   f"{'within' if c['logprob_within'] else 'OUTSIDE'}), max "
                   f"{c['logprob_max_abs_diff']:.3g}")
+        if c.get("top_logprob_pairs"):
+            print(f"top-{_top_k()} log-probabilities at those steps ({c['top_logprob_pairs']} "
+                  f"ids listed by both): mean |Δ| {c['top_logprob_mean_abs_diff']:.3g} nats "
+                  "(informational: not yet part of the verdict)")
         if c.get("logprob_length_mismatches"):
             print(f"{c['logprob_length_mismatches']} outputs alike in both runs have "
                   "log-probability lists of different lengths (a report edited or cut)")

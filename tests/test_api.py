@@ -595,6 +595,32 @@ def test_logprobs_are_the_models_own(tiny_llm):
     assert not tiny_llm.generate("x", SamplingParams(max_tokens=2))[0].logprobs  # off by default
 
 
+def test_top_logprobs_list_each_steps_most_likely_ids(tiny_llm):
+    """SamplingParams(top_logprobs=k): per output token the step's k most likely ids with their
+    log-probabilities, most likely first; a greedy token is the first of them, with the same
+    log-probability as `logprobs` records for it."""
+    out = tiny_llm.generate("The weather is", SamplingParams(
+        max_tokens=5, temperature=0.0, logprobs=True, top_logprobs=3, ignore_eos=True))[0]
+    assert len(out.top_logprobs) == len(out.token_ids) == len(out.logprobs) == 5
+    for tok, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs):
+        assert len(top) == 3 and [v for _, v in top] == sorted((v for _, v in top),
+                                                               reverse=True)
+        assert top[0] == (tok, lp)
+    assert not tiny_llm.generate("x", SamplingParams(max_tokens=2, logprobs=True))[0] \
+        .top_logprobs  # none unless asked
+
+
+@pytest.mark.parametrize("kw,match", [({"top_logprobs": 3}, "unless logprobs=True"),
+                                      ({"logprobs": True, "top_logprobs": 21}, "0 to 20"),
+                                      ({"logprobs": True, "top_logprobs": -1}, "0 to 20"),
+                                      ({"logprobs": True, "top_logprobs": 2.0}, "0 to 20")])
+def test_bad_top_logprobs_are_refused(kw, match):
+    from flint_graph.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match=f"top_logprobs.*{match}"):
+        SamplingParams(**kw)
+
+
 def test_a_printed_output_leaves_out_its_token_ids():
     """repr(ChatMessage) showed every prompt and output id (a new-user trial printed `msg`):
     the id and log-probability lists stay out of repr, the text and finish reason stay in."""

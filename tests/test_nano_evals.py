@@ -252,6 +252,37 @@ def test_compare_reports_logprob_distance_on_identical_outputs():
     assert evals.compare(rep([-0.1], "a"), rep([-0.2], "b"))["logprob_tokens"] == 0
 
 
+def test_compare_reports_the_top_logprob_distance_without_judging_it():
+    """The ids both runs list at a step decoded alike are compared (TOP_LOGPROBS); the figure
+    is reported but does not decide `passed` until its tolerance is measured."""
+    def rep(top, text="a"):
+        return {"groups": {"arith": {"n": 1, "correct": 1.0}},
+                "cases": [{"group": "arith", "index": 0, "got": "1", "text": text,
+                           "logprobs": [s[0][1] for s in top], "top": top, "correct": True}]}
+    a = rep([[[5, -0.01], [7, -5.0], [9, -6.0]], [[3, -0.1], [4, -3.0]]])
+    b = rep([[[5, -0.01], [7, -5.5], [8, -6.1]], [[3, -0.1], [4, -3.0]]])
+    c = evals.compare(a, b)
+    assert c["top_logprob_pairs"] == 4 and abs(c["top_logprob_mean_abs_diff"] - 0.125) < 1e-9
+    assert c["passed"]  # informational
+    assert evals.compare(a, rep(b["cases"][0]["top"], "b"))["top_logprob_pairs"] == 0
+    assert evals.check_report(a, "r") is a
+
+
+@pytest.mark.parametrize("top,word", [([[[5, -0.1]]], "as long as logprobs"),
+                                      ([[[5, 0.5]], [[1, -1.0]]], "top\\[0\\]"),
+                                      ([[[-1, -0.5]], [[1, -1.0]]], "top\\[0\\]"),
+                                      ([[[5, -0.5, 1]], [[1, -1.0]]], "top\\[0\\]"),
+                                      ("x", "as long as logprobs")])
+def test_bad_top_lists_in_a_report_are_refused(top, word):
+    from flint_graph.errors import InvalidRequestError
+
+    rep = {"groups": {"arith": {"n": 1, "correct": 1.0}},
+           "cases": [{"group": "arith", "index": 0, "got": "1", "text": "a",
+                      "logprobs": [-0.5, -1.0], "top": top, "correct": True}]}
+    with pytest.raises(InvalidRequestError, match=word):
+        evals.check_report(rep, "r")
+
+
 def test_compare_logprob_tolerance_depends_on_the_setup():
     def rep(lp, engine="graph", device="cuda:0", batch=8, threads=None):
         return {"groups": {"arith": {"n": 1, "correct": 1.0}}, "engine": engine,

@@ -444,7 +444,8 @@ def non_finite_rows(ids: list[int], logits: torch.Tensor) -> list[int]:
 def _record_logprobs(rows: list[Request], logits: torch.Tensor, ids: list[int]) -> None:
     """Append to each row that asked (params.logprobs) the log-probability of its token under
     the step's logits [len(rows), V] (softmax, before temperature / top-k / top-p; a padded
-    vocabulary is already -inf)."""
+    vocabulary is already -inf), and with params.top_logprobs its step's most likely
+    (id, log-probability) pairs, most likely first."""
     want = [i for i, r in enumerate(rows) if r.params.logprobs]
     if not want:
         return
@@ -453,3 +454,10 @@ def _record_logprobs(rows: list[Request], logits: torch.Tensor, ids: list[int]) 
                 torch.tensor([ids[i] for i in want], device=lp.device)].tolist()
     for i, v in zip(want, picked):
         rows[i].logprobs.append(v)
+    k = max(rows[i].params.top_logprobs for i in want)
+    if k:  # one top-k for the rows that asked, each keeps its own count
+        vals, top = lp.topk(k, dim=-1)
+        for j, (i, vs, ts) in enumerate(zip(want, vals.tolist(), top.tolist())):
+            n = rows[i].params.top_logprobs
+            if n:
+                rows[i].top_logprobs.append(list(zip(ts[:n], vs[:n])))

@@ -77,6 +77,8 @@ class Request:
         self.output_ids: list[int] = []
         self.cached_tokens = 0  # prompt tokens served from a retained sequence's KV (issue 22)
         self.logprobs: list[float] = []  # per output token, when params.logprobs
+        # per output token, its step's params.top_logprobs most likely (id, log-probability)
+        self.top_logprobs: list[list[tuple[int, float]]] = []
         # Deltas not yet taken by whoever consumes this request (a stream, or generate()).
         self.pending: deque[RequestDelta] = deque()
         self.text = ""

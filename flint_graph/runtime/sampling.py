@@ -39,6 +39,9 @@ NEUTRAL_TOP_K = 0
 MIN_REPEAT_WINDOW, MAX_REPEAT_WINDOW = 8, 4096  # stop_on_repeat's range (tokens)
 
 
+TOP_LOGPROBS_MAX = 20  # OpenAI's bound on top_logprobs
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What one request asks of the sampler and of the stop logic.
@@ -57,6 +60,8 @@ class SamplingParams:
     ignore_eos: keep generating through EOS ids (explicit stop_token_ids still stop).
     logprobs: record each generated token's log-probability (natural log) under the model's
         own distribution: the softmax of its logits, before temperature, top-k and top-p.
+    top_logprobs: with logprobs, also record each step's TOP_LOGPROBS_MAX-at-most most likely
+        ids and their log-probabilities (OpenAI's top_logprobs, 0..20); 0 = none.
     stop_on_repeat: end the request (finish reason "repeat") once its last N generated tokens are
         one block of at most min(N / 4, 32) tokens said over and over ("dddd…", "rererere…", a
         phrase looping); 0 = off (None too), else 8 to MAX_REPEAT_WINDOW
@@ -77,6 +82,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     stop_on_repeat: int = 0
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         # Normalise containers so the frozen object is hashable and immune to caller mutation.
@@ -131,6 +137,12 @@ class SamplingParams:
             _bad("ignore_eos", "a bool", self.ignore_eos)
         if not isinstance(self.logprobs, bool):
             _bad("logprobs", "a bool", self.logprobs)
+        k = self.top_logprobs
+        if not (_is_int(k) and 0 <= k <= TOP_LOGPROBS_MAX):
+            _bad("top_logprobs", f"an integer from 0 to {TOP_LOGPROBS_MAX}", k)
+        if k and not self.logprobs:
+            _bad("top_logprobs", "0 unless logprobs=True (they come with the log-probabilities)",
+                 k)
         n = self.stop_on_repeat
         if not (_is_int(n) and (n == 0 or MIN_REPEAT_WINDOW <= n <= MAX_REPEAT_WINDOW)):
             _bad("stop_on_repeat", f"0 (off) or a token count from {MIN_REPEAT_WINDOW} to "
