@@ -516,6 +516,12 @@ class RequestStream:
         return self._req.logprobs
 
     @property
+    def top_logprobs(self) -> list[list[tuple[int, float]]]:
+        """Per token so far, its step's most likely (id, log-probability) pairs, with
+        SamplingParams(top_logprobs=k) (else empty)."""
+        return self._req.top_logprobs
+
+    @property
     def message(self) -> ChatMessage:
         """The assistant ChatMessage parsed from the output (chat requests)."""
         return _message(self._req, self._thinking)

@@ -396,8 +396,9 @@ def test_streamed_chat_logprobs_join_to_the_non_streamed_ones(client):
 
 
 def test_completion_logprobs_zero_gives_the_chosen_tokens(server, client):
-    """Completions' logprobs counts alternatives per token; the engine records none, so 0 (the
-    chosen tokens' log-probabilities) is honoured and more is refused by name."""
+    """Completions' logprobs counts alternatives per token: 0 gives the chosen tokens'
+    log-probabilities only (top_logprobs null), k ≤ 20 adds each step's k most likely as
+    {text: log-probability}; other values are refused by name."""
     body = dict(model=MODEL, prompt="the cat", max_tokens=6, temperature=0, logprobs=0)
     r = client.completions.create(**body)
     lp = r.choices[0].logprobs
@@ -407,9 +408,36 @@ def test_completion_logprobs_zero_gives_the_chosen_tokens(server, client):
     streamed = [c.choices[0].logprobs for c in client.completions.create(**body, stream=True)]
     assert [t for s in streamed for t in s.tokens] == lp.tokens
     assert [x for s in streamed for x in s.token_logprobs] == lp.token_logprobs
-    for bad in (2, -1, True, "0"):
+    two = client.completions.create(**{**body, "logprobs": 2}).choices[0].logprobs
+    assert two.token_logprobs == lp.token_logprobs and len(two.top_logprobs) == 6
+    # greedy: the chosen token is the most likely one (texts of two ids may coincide)
+    assert all(1 <= len(alt) <= 2 and max(alt.values()) == x
+               for alt, x in zip(two.top_logprobs, two.token_logprobs))
+    for bad in (21, -1, True, "0"):
         code, err = _post(server[1] + "/v1/completions", {**body, "logprobs": bad})
         assert code == 400 and err["error"]["param"] == "logprobs", (bad, err)
+
+
+def test_chat_top_logprobs_list_each_steps_alternatives(server, client):
+    """top_logprobs: k (with logprobs: true) lists each token's k most likely alternatives,
+    most likely first; greedy, the first is the chosen token; streamed chunks join to the same;
+    k > 20 or without logprobs is refused by name."""
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "tell me"}], max_tokens=6,
+                temperature=0, logprobs=True, top_logprobs=3)
+    content = client.chat.completions.create(**body).choices[0].logprobs.content
+    assert len(content) == 6
+    for c in content:
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob == c.logprob
+        assert c.top_logprobs[0].token == c.token
+        assert [a.logprob for a in c.top_logprobs] == sorted(
+            (a.logprob for a in c.top_logprobs), reverse=True)
+    parts = [c for chunk in client.chat.completions.create(**body, stream=True)
+             for ch in chunk.choices if ch.logprobs for c in ch.logprobs.content]
+    assert [[(a.token, a.logprob) for a in c.top_logprobs] for c in parts] == \
+        [[(a.token, a.logprob) for a in c.top_logprobs] for c in content]
+    for extra in ({"top_logprobs": 21}, {"logprobs": False}):
+        code, err = _post(server[1] + "/v1/chat/completions", {**body, **extra})
+        assert code == 400 and err["error"]["param"] == "top_logprobs", (extra, err)
 
 
 SCRIPT_TOOLS = [

@@ -225,9 +225,10 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         how many went out), or None when the request does not record them."""
         if decode is None:
             return None
-        ids, lps = stream.token_ids, stream.logprobs
+        ids, lps, tops = stream.token_ids, stream.logprobs, stream.top_logprobs
         n = min(len(ids), len(lps))
-        new = p.token_logprobs(ids[sent[0]:n], lps[sent[0]:n], decode)
+        new = p.token_logprobs(ids[sent[0]:n], lps[sent[0]:n], decode,
+                               tops[sent[0]:n] if tops else None)
         sent[0] = n
         return new
 
@@ -290,7 +291,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         if sse:
             return sse
         out = stream.output
-        lps = (p.completion_logprobs(out.token_ids, out.logprobs, decode)[0]
+        lps = (p.completion_logprobs(out.token_ids, out.logprobs, decode,
+                                     tops=out.top_logprobs)[0]
                if decode is not None else None)
         return {"id": p.new_id("cmpl"), "object": "text_completion",
                 "created": int(time.time()), "model": model_name,
@@ -308,10 +310,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         def chunk(text: str, finish: str | None) -> dict:
             lps = None
             if decode is not None:
-                ids, lp = stream.token_ids, stream.logprobs
+                ids, lp, tops = stream.token_ids, stream.logprobs, stream.top_logprobs
                 n = min(len(ids), len(lp))
                 lps, offset[0] = p.completion_logprobs(ids[sent[0]:n], lp[sent[0]:n], decode,
-                                                       offset[0], utf8)
+                                                       offset[0], utf8,
+                                                       tops[sent[0]:n] if tops else None)
                 sent[0] = n
             return {"id": rid, "object": "text_completion", "created": created,
                     "model": model_name,

@@ -18,18 +18,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from flint_graph.errors import InvalidRequestError
-from flint_graph.runtime.sampling import SamplingParams
+from flint_graph.runtime.sampling import TOP_LOGPROBS_MAX, SamplingParams
 
 # fields accepted as they are; anything else is refused unless listed in the route's NEUTRAL
 CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "top_k",
-               "seed", "max_tokens", "max_completion_tokens", "stop", "logprobs", "stream",
-               "stream_options", "chat_template_kwargs", "user"}
+               "seed", "max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs",
+               "stream", "stream_options", "chat_template_kwargs", "user"}
 COMPLETION_FIELDS = {"model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens",
                      "stop", "stream", "stream_options", "user", "logprobs"}
 # fields honoured only at their neutral value (what clients send by default), per route; the
 # value must match in type too (n: true is not n: 1)
 _SHARED_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "n": 1}
-CHAT_NEUTRAL = {**_SHARED_NEUTRAL, "top_logprobs": 0, "parallel_tool_calls": True,
+CHAT_NEUTRAL = {**_SHARED_NEUTRAL, "parallel_tool_calls": True,
                 "response_format": None}
 COMPLETION_NEUTRAL = {**_SHARED_NEUTRAL, "echo": False, "suffix": None, "best_of": 1}
 MAX_BODY_BYTES = 16 << 20  # far above any prompt that fits the 262K-token context
@@ -94,9 +94,9 @@ def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mappi
 
 def sampling_params(body: Mapping[str, Any], completion: bool = False) -> SamplingParams:
     """SamplingParams from the request's temperature, top_p, top_k, seed, max_tokens (or
-    max_completion_tokens), stop and logprobs (chat: true / false; completions: the number of
-    alternatives per token, of which the engine records none, so only 0 asks for the chosen
-    tokens' log-probabilities). Raises APIError 400 naming the field."""
+    max_completion_tokens), stop and logprobs (chat: true / false, with top_logprobs 0..20
+    alternatives per token; completions: the number of alternatives per token, 0..20, 0 giving
+    only the chosen tokens' log-probabilities). Raises APIError 400 naming the field."""
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, (str, list)):
         raise _bad("stop: expected a string or a list of strings", "stop")
@@ -107,21 +107,28 @@ def sampling_params(body: Mapping[str, Any], completion: bool = False) -> Sampli
             SamplingParams(**{"max_tokens" if key.startswith("max") else key: body.get(key)})
         except InvalidRequestError as e:
             raise _bad(f"{key}: {e}", key) from None
-    logprobs = body.get("logprobs")
+    logprobs, top = body.get("logprobs"), 0
     if completion:
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                     or logprobs < 0):
-            raise _bad("logprobs: expected an integer >= 0 (alternatives per token)", "logprobs")
-        if logprobs:
-            raise _bad(f"logprobs: {logprobs} alternatives per token are not recorded; 0 gives "
-                       "each chosen token's log-probability", "logprobs")
-        logprobs = logprobs == 0
-    elif logprobs is not None and not isinstance(logprobs, bool):
-        raise _bad("logprobs: expected true or false", "logprobs")
+                                     or not 0 <= logprobs <= TOP_LOGPROBS_MAX):
+            raise _bad(f"logprobs: expected an integer from 0 to {TOP_LOGPROBS_MAX} "
+                       "(alternatives per token)", "logprobs")
+        top, logprobs = logprobs or 0, logprobs is not None
+    else:
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise _bad("logprobs: expected true or false", "logprobs")
+        top = body.get("top_logprobs")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int)
+                                or not 0 <= top <= TOP_LOGPROBS_MAX):
+            raise _bad(f"top_logprobs: expected an integer from 0 to {TOP_LOGPROBS_MAX}",
+                       "top_logprobs")
+        if top and not logprobs:
+            raise _bad("top_logprobs: needs logprobs: true", "top_logprobs")
+        top = top or 0
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     return SamplingParams(temperature=body.get("temperature"), top_p=body.get("top_p"),
                           top_k=body.get("top_k"), seed=body.get("seed"), max_tokens=limit,
-                          stop=stop or (), logprobs=bool(logprobs))
+                          stop=stop or (), logprobs=bool(logprobs), top_logprobs=top)
 
 
 def _bool_option(body: Mapping[str, Any], field: str, option: str, default: bool) -> bool:
@@ -180,28 +187,31 @@ def chat_logprobs(out, token_bytes) -> dict[str, Any] | None:
     asked): `token_logprobs` of its tokens."""
     if not out.logprobs:
         return None
-    return {"content": token_logprobs(out.token_ids, out.logprobs, token_bytes),
+    return {"content": token_logprobs(out.token_ids, out.logprobs, token_bytes,
+                                      out.top_logprobs),
             "refusal": None}
 
 
-def token_logprobs(ids, lps, token_bytes) -> list[dict[str, Any]]:
+def token_logprobs(ids, lps, token_bytes, tops=None) -> list[dict[str, Any]]:
     """Chat logprobs entries of tokens `ids` with natural-log probabilities `lps` (the model's
     own distribution): each token's `bytes` as it stands for them (`token_bytes`: id -> bytes;
     a token may hold part of a UTF-8 character, so only the joined bytes are text), its text
-    (those bytes decoded, U+FFFD for a partial character) and no alternatives."""
-    content = []
-    for tid, lp in zip(ids, lps):
+    (those bytes decoded, U+FFFD for a partial character) and its step's alternatives
+    (`tops`: per token (id, log-probability) pairs, most likely first; none when not given)."""
+    def entry(tid: int, lp: float) -> dict[str, Any]:
         raw = token_bytes(tid)
-        content.append({"token": raw.decode("utf-8", "replace"), "logprob": lp,
-                        "bytes": list(raw), "top_logprobs": []})
-    return content
+        return {"token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
+
+    return [{**entry(tid, lp), "top_logprobs": [entry(t, v) for t, v in top]}
+            for tid, lp, top in zip(ids, lps, tops or [()] * len(ids))]
 
 
 def completion_logprobs(ids, lps, token_bytes, offset: int = 0,
-                        decoder=None) -> tuple[dict[str, Any], int]:
+                        decoder=None, tops=None) -> tuple[dict[str, Any], int]:
     """The legacy completions `choices[].logprobs` of tokens `ids`: their texts (as in
-    `token_logprobs`), log-probabilities, no alternatives (top_logprobs null: logprobs 0 asked
-    for none) and each token's character offset in the completion text, counted from
+    `token_logprobs`), log-probabilities, the alternatives (`tops`: per token (id,
+    log-probability) pairs, as {text: log-probability}; null when logprobs 0 asked for none)
+    and each token's character offset in the completion text, counted from
     `offset` with `decoder` (an incremental UTF-8 decoder carried across calls: a token that
     starts inside a character gets that character's offset); also the offset after them."""
     decoder = decoder or codecs.getincrementaldecoder("utf-8")("replace")
@@ -211,7 +221,9 @@ def completion_logprobs(ids, lps, token_bytes, offset: int = 0,
         offsets.append(offset)
         tokens.append(raw.decode("utf-8", "replace"))
         offset += len(decoder.decode(raw))
-    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": None,
+    alternatives = None if not tops else [
+        {token_bytes(t).decode("utf-8", "replace"): v for t, v in top} for top in tops]
+    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": alternatives,
             "text_offset": offsets}, offset
 
 
