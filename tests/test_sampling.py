@@ -349,3 +349,25 @@ def test_cuda_graph_replay_matches_eager_and_cpu():
                            for i in range(b)])
         assert torch.equal(out.cpu(), alone.cpu()), step  # bucket 8 vs bucket 1 on the GPU
         assert torch.equal(out.cpu(), cpu), step  # CPU and CUDA agree (see module doc)
+
+
+def test_greedy_is_sample_at_temperature_zero():
+    """`greedy` (the engine's path when every row is greedy) gives `sample`'s ids at T = 0:
+    the highest logit and, among equal ones, the lowest id, -0 equal to +0, -inf rows parts
+    (banned stop ids, a padded vocabulary) never chosen over a finite logit."""
+    from flint_graph.runtime.sampling import greedy
+
+    g = torch.Generator().manual_seed(5)
+    b, v = 6, 300
+    logits = torch.randn(b, v, generator=g).bfloat16().float()  # bf16 values: many ties
+    logits[0, [7, 90, 200]] = 9.0  # an exact three-way tie: id 7
+    logits[1] = 0.0
+    logits[1, 3] = -0.0  # -0 == +0: id 0
+    logits[2, :150] = float("-inf")  # banned ids
+    logits[3, 1:] = float("-inf")
+    logits[4, -40:] = float("-inf")  # a padded vocabulary
+    zeros = torch.zeros(b, dtype=torch.long)
+    want = sample(logits, temperature=torch.zeros(b), top_k=zeros, top_p=torch.ones(b),
+                  seeds=torch.arange(b), positions=zeros)
+    got = greedy(logits)
+    assert torch.equal(got, want) and got[0] == 7 and got[1] == 0 and got[3] == 0

@@ -25,7 +25,7 @@ from flint_graph.runtime.prefill_pacer import PrefillPacer
 from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS, PrefixCache, Retained
 from flint_graph.reference import ReferenceModel, SequenceKV
 from flint_graph.runtime.request import Request, RequestDelta
-from flint_graph.runtime.sampling import sample
+from flint_graph.runtime.sampling import greedy, sample
 
 
 class Engine:
@@ -289,15 +289,21 @@ class Engine:
             if r.num_generated < r.params.min_tokens and r.eos_ids:
                 logits[i, r.eos_ids] = float("-inf")
         dev = logits.device
-        ids = sample(
-            logits,
-            temperature=torch.tensor([r.params.temperature for r in rows], device=dev),
-            top_k=torch.tensor([r.params.top_k for r in rows], device=dev, dtype=torch.long),
-            top_p=torch.tensor([r.params.top_p for r in rows], device=dev),
-            seeds=torch.tensor([r.seed for r in rows], device=dev, dtype=torch.long),
-            positions=torch.tensor([r.num_generated for r in rows], device=dev,
+        # all greedy (chat defaults, evals): an argmax, not sample's sort of [B, V] (the first
+        # token of every greedy request on the graph engine, every step on the reference one)
+        if all(r.params.temperature == 0 for r in rows):
+            ids = greedy(logits).tolist()
+        else:
+            ids = sample(
+                logits,
+                temperature=torch.tensor([r.params.temperature for r in rows], device=dev),
+                top_k=torch.tensor([r.params.top_k for r in rows], device=dev,
                                    dtype=torch.long),
-        ).tolist()
+                top_p=torch.tensor([r.params.top_p for r in rows], device=dev),
+                seeds=torch.tensor([r.seed for r in rows], device=dev, dtype=torch.long),
+                positions=torch.tensor([r.num_generated for r in rows], device=dev,
+                                       dtype=torch.long),
+            ).tolist()
         ids = [r.steer(t) for r, t in zip(rows, ids)]  # a forced tool call (Request.force)
         _record_logprobs(rows, unbanned, ids)
         return [r.append(t) for r, t in zip(rows, ids)]

@@ -329,6 +329,14 @@ def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     return torch.zeros_like(probs).scatter(1, ids, probs)
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """`sample` for rows that are all greedy (temperature 0), without its sort and cumsums:
+    int64 [B] of float32 logits [B, V]. The highest logit, the lowest id among equal ones
+    (torch.argmax returns the first maximum; -0 equals +0), as `sample`'s rank 0 of a stable
+    descending sort. Logits must hold no NaN (the engine ends such rows first)."""
+    return logits.float().argmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
            top_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Draw one token per row: int64 [B]. Host-sync free; safe inside a CUDA graph.
