@@ -671,16 +671,17 @@ class Prefill:
 
     def _prepare(self, tb: int) -> torch.Tensor:
         """What every layer of a chunk of `tb` rows shares, from the device-side start / valid
-        / slot / page table: positions int64 [Tb] (returned), the RoPE tables
-        (`reference.rope_cos_sin`, fp32 [Tb, 1, D]) and the KV write destinations. A sliding
+        / slot / page table: positions int64 [Tb] (returned), the RoPE tables of the torch-ops
+        paths (`reference.rope_cos_sin`, fp32 [Tb, 1, D]) and the KV write destinations. A sliding
         layer keeps the last W real tokens (earlier ones would share their ring entries); the
         others, and padding rows, go to the scratch slot."""
         rows = self._rows[:tb] if tb <= self._rows.numel() else torch.arange(
             tb, device=self.device)
         pos = self._start.long() + rows
         self._pos32 = pos.int()
-        cos, sin = reference.rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta)
-        self._rope = cos[:, None, :], sin[:, None, :]
+        if not self.qk_norm_rope:  # the kernel takes its angles from inv_freq itself
+            cos, sin = reference.rope_cos_sin(pos, self.cfg.head_dim, self.cfg.rope_theta)
+            self._rope = cos[:, None, :], sin[:, None, :]
         valid = self._row_valid = rows < self._valid
         self._row_mask = valid.int()
         if self.w4a16_shared:
