@@ -458,13 +458,11 @@ def check_report(rep: Any, name: str) -> dict:
         top = c.get("top")
         if top is not None and not (isinstance(top, list) and len(top) == len(lps or [])):
             bad(f"{f}.top", "a list of each output token's most likely [id, log-probability] "
-                "pairs, as long as logprobs", _short(top))
+                "pairs, as long as logprobs", top)
         for j, step in enumerate(top or []):
-            if not isinstance(step, list) or len(step) > 20 or not all(
-                    isinstance(e, list) and len(e) == 2 and type(e[0]) is int and e[0] >= 0
-                    and type(e[1]) in (int, float) and -1e4 <= e[1] <= 1e-3 for e in step):
-                bad(f"{f}.top[{j}]", "at most 20 [token id ≥ 0, log-probability ≤ 0] pairs",
-                    step)
+            if not _top_step(step):
+                bad(f"{f}.top[{j}]", "1 to 20 [token id, log-probability ≤ 0] pairs of distinct "
+                    "ids (0 ≤ id < 2^31), most likely first", step)
     for k, least in (("n", 1), ("seed", 0)):
         if k in rep and not (type(rep[k]) is int and rep[k] >= least):
             bad(k, f"an integer >= {least}", rep[k])
@@ -483,6 +481,19 @@ def check_report(rep: Any, name: str) -> dict:
     for g in counts.keys() - groups.keys():
         bad(f"groups.{g}", "the scores of the group its cases name", missing=True)
     return rep
+
+
+def _top_step(step: Any) -> bool:
+    """Whether one step of a case's "top" list is what `run` writes: 1 to 20 [id, log-prob]
+    pairs, distinct ids in [0, 2^31), finite log-probabilities ≤ 0, most likely first."""
+    if not isinstance(step, list) or not 1 <= len(step) <= 20:
+        return False
+    for e in step:  # comparisons, not float(): a 400-digit number would overflow; NaN fails
+        if not (isinstance(e, list) and len(e) == 2 and type(e[0]) is int
+                and 0 <= e[0] < 2**31 and type(e[1]) in (int, float) and -1e4 <= e[1] <= 1e-3):
+            return False
+    lps = [e[1] for e in step]
+    return len({e[0] for e in step}) == len(step) and lps == sorted(lps, reverse=True)
 
 
 def _known_group(group: str) -> bool:

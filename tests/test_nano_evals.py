@@ -272,6 +272,12 @@ def test_compare_reports_the_top_logprob_distance_without_judging_it():
                                       ([[[5, 0.5]], [[1, -1.0]]], "top\\[0\\]"),
                                       ([[[-1, -0.5]], [[1, -1.0]]], "top\\[0\\]"),
                                       ([[[5, -0.5, 1]], [[1, -1.0]]], "top\\[0\\]"),
+                                      ([[[10**400, -0.5]], [[1, -1.0]]], "top\\[0\\]"),
+                                      ([[[2, -0.1], [2, -0.2]], [[1, -1.0]]], "distinct"),
+                                      ([[], [[1, -1.0]]], "1 to 20"),
+                                      ([[[2, -0.9], [3, -0.1]], [[1, -1.0]]], "most likely"),
+                                      ([[[1, -1.0]]] * 2 + [[[i, -1.0 - i] for i in range(21)]],
+                                       "as long as logprobs"),
                                       ("x", "as long as logprobs")])
 def test_bad_top_lists_in_a_report_are_refused(top, word):
     from flint_graph.errors import InvalidRequestError
@@ -279,8 +285,9 @@ def test_bad_top_lists_in_a_report_are_refused(top, word):
     rep = {"groups": {"arith": {"n": 1, "correct": 1.0}},
            "cases": [{"group": "arith", "index": 0, "got": "1", "text": "a",
                       "logprobs": [-0.5, -1.0], "top": top, "correct": True}]}
-    with pytest.raises(InvalidRequestError, match=word):
+    with pytest.raises(InvalidRequestError, match=word) as e:
         evals.check_report(rep, "r")
+    assert '\\"' not in str(e.value)  # the value quoted once
 
 
 def test_compare_logprob_tolerance_depends_on_the_setup():

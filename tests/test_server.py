@@ -413,6 +413,11 @@ def test_completion_logprobs_zero_gives_the_chosen_tokens(server, client):
     # greedy: the chosen token is the most likely one (texts of two ids may coincide)
     assert all(1 <= len(alt) <= 2 and max(alt.values()) == x
                for alt, x in zip(two.top_logprobs, two.token_logprobs))
+    # streamed, every chunk keeps a list (the last one, holding no tokens, an empty one)
+    chunks = [c.choices[0].logprobs for c in client.completions.create(**{**body, "logprobs": 2},
+                                                                        stream=True)]
+    assert all(isinstance(c.top_logprobs, list) for c in chunks), chunks[-1]
+    assert [a for c in chunks for a in c.top_logprobs] == two.top_logprobs
     for bad in (21, -1, True, "0"):
         code, err = _post(server[1] + "/v1/completions", {**body, "logprobs": bad})
         assert code == 400 and err["error"]["param"] == "logprobs", (bad, err)

@@ -286,13 +286,14 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             raise
         weakref.finalize(stream, admission.done)
         decode = _decoder(llm) if params.logprobs else None
-        sse = await _respond(request, body, _completion_events(stream, usage, decode, admission),
+        events = _completion_events(stream, usage, decode, admission, params.top_logprobs > 0)
+        sse = await _respond(request, body, events,
                              stream, "completions", metrics, admission)
         if sse:
             return sse
         out = stream.output
         lps = (p.completion_logprobs(out.token_ids, out.logprobs, decode,
-                                     tops=out.top_logprobs)[0]
+                                     tops=out.top_logprobs if params.top_logprobs else None)[0]
                if decode is not None else None)
         return {"id": p.new_id("cmpl"), "object": "text_completion",
                 "created": int(time.time()), "model": model_name,
@@ -301,8 +302,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                 "usage": p.usage(len(out.prompt_token_ids), len(out.token_ids),
                                  out.cached_tokens)}
 
-    def _completion_events(stream, usage: bool, decode=None,
-                           admission=None) -> Iterator[dict]:
+    def _completion_events(stream, usage: bool, decode=None, admission=None,
+                           alternatives: bool = False) -> Iterator[dict]:
         rid, created = p.new_id("cmpl"), int(time.time())
         sent, offset = [0], [0]  # tokens whose logprobs went out; their text's length
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # across chunks
@@ -314,7 +315,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                 n = min(len(ids), len(lp))
                 lps, offset[0] = p.completion_logprobs(ids[sent[0]:n], lp[sent[0]:n], decode,
                                                        offset[0], utf8,
-                                                       tops[sent[0]:n] if tops else None)
+                                                       tops[sent[0]:n] if alternatives else None)
                 sent[0] = n
             return {"id": rid, "object": "text_completion", "created": created,
                     "model": model_name,

@@ -210,7 +210,8 @@ def completion_logprobs(ids, lps, token_bytes, offset: int = 0,
                         decoder=None, tops=None) -> tuple[dict[str, Any], int]:
     """The legacy completions `choices[].logprobs` of tokens `ids`: their texts (as in
     `token_logprobs`), log-probabilities, the alternatives (`tops`: per token (id,
-    log-probability) pairs, as {text: log-probability}; null when logprobs 0 asked for none)
+    log-probability) pairs, as {text: log-probability}; None, null in the response, when
+    logprobs 0 asked for none: a list, even an empty one, keeps a stream's type the same)
     and each token's character offset in the completion text, counted from
     `offset` with `decoder` (an incremental UTF-8 decoder carried across calls: a token that
     starts inside a character gets that character's offset); also the offset after them."""
@@ -221,7 +222,7 @@ def completion_logprobs(ids, lps, token_bytes, offset: int = 0,
         offsets.append(offset)
         tokens.append(raw.decode("utf-8", "replace"))
         offset += len(decoder.decode(raw))
-    alternatives = None if not tops else [
+    alternatives = None if tops is None else [
         {token_bytes(t).decode("utf-8", "replace"): v for t, v in top} for top in tops]
     return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": alternatives,
             "text_offset": offsets}, offset
