@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "soak.py"
 CI_MODES = "close-before-read,cancel-before-read,close-after,cancel-from-thread,close-from-thread"
@@ -135,3 +137,10 @@ def test_close_from_another_thread_between_two_reads(tiny_ckpt):
     assert stream.output.finish_reason == "abort" and all(
         d.finish_reason in (None, "abort") for d in rest)
     assert not eng.has_work
+
+
+def test_the_graph_engine_soak_needs_cuda(capsys):
+    """--engine graph (the H200 soak of issue 26) is refused off CUDA before any work."""
+    with pytest.raises(SystemExit) as e:
+        _soak().main(["--engine", "graph", "--device", "cpu"])
+    assert e.value.code == 2 and "CUDA only" in capsys.readouterr().err

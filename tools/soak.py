@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Timed soak of one engine through the Python API (issue 26 item 8, the CPU part).
+"""Timed soak of one engine through the Python API (issue 26 item 8): the reference engine on
+the CPU, or with --device cuda --engine graph the graph engine, whose KV slots and CUDA memory
+are then checked back to their baseline as well.
 
 S concurrent streams (threads, 8 by default) run requests against one `LLM` for `--minutes`,
 drawn at random from a pool of raw and chat requests of mixed prompt and answer lengths,
@@ -430,7 +432,8 @@ def _trend(samples: list) -> float | None:
     return None if var == 0 else 60 * sum((t - mt) * (y - my) for t, y in zip(ts, ys)) / var
 
 
-def _load(model: str, max_slots: int | None, kv_reuse: bool):
+def _load(model: str, max_slots: int | None, kv_reuse: bool, device: str = "cpu",
+          engine: str = "reference"):
     from flint_graph import LLM
     from flint_graph.runtime.engine_config import EngineConfig
 
@@ -442,9 +445,22 @@ def _load(model: str, max_slots: int | None, kv_reuse: bool):
         path = None  # the embedded flint-nano
     else:
         path = model
-    cfg = EngineConfig(engine="reference", kv_reuse=kv_reuse,
+    cfg = EngineConfig(engine=engine, kv_reuse=kv_reuse,
                        **({"max_slots": max_slots} if max_slots else {}))
-    return LLM(path, device="cpu", progress=False, engine=cfg)
+    return LLM(path, device=device, progress=False, engine=cfg)
+
+
+def _gpu_bytes(device) -> int | None:
+    """CUDA memory the process's tensors hold (allocated, after the cache is emptied), or None
+    off CUDA. The graph engine's KV cache and workspaces are allocated at start-up, so this
+    stays flat unless a request leaks a tensor."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated()
 
 
 def soak(args: argparse.Namespace, llm=None, command: str | None = None) -> dict:
@@ -454,7 +470,8 @@ def soak(args: argparse.Namespace, llm=None, command: str | None = None) -> dict
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.perf_counter()
     if llm is None:
-        llm = _load(args.model, args.max_slots, not args.no_kv_reuse)
+        llm = _load(args.model, args.max_slots, not args.no_kv_reuse,
+                    getattr(args, "device", "cpu"), getattr(args, "engine", "reference"))
     eng = llm.engine
     loaded = time.perf_counter()
     pool = make_pool(args.pool, args.seed, args.max_prompt_words, args.max_answer)
@@ -476,6 +493,7 @@ def soak(args: argparse.Namespace, llm=None, command: str | None = None) -> dict
         step_s = warm_wall * args.streams / warm.tokens
     retained_warm = eng.drop_retained()
     base_raw, base_trim, base_malloc, base_census = _settle()
+    base_gpu = _gpu_bytes(llm.device)
 
     tally, samples = Tally(), []
     wall = run_load(llm, pool, solos, args.minutes * 60, args.streams, args.cancel_rate, modes,
@@ -485,6 +503,7 @@ def soak(args: argparse.Namespace, llm=None, command: str | None = None) -> dict
     dropped = eng.drop_retained()
     state_after_drop = engine_state(eng)
     after_raw, after_trim, after_malloc, after_census = _settle()
+    after_gpu = _gpu_bytes(llm.device)
     grown = after_census.copy()
     grown.subtract(base_census)
 
@@ -508,6 +527,10 @@ def soak(args: argparse.Namespace, llm=None, command: str | None = None) -> dict
     if live_growth is not None and live_growth > args.malloc_slack_mib << 20:
         failures[f"live malloc blocks grew {live_growth / 2**20:.1f} MiB "
                  f"(slack {args.malloc_slack_mib} MiB)"] = 1
+    gpu_slack = getattr(args, "gpu_slack_mib", 64) << 20
+    if base_gpu is not None and after_gpu - base_gpu > gpu_slack:
+        failures[f"CUDA memory grew {(after_gpu - base_gpu) / 2**20:.1f} MiB "
+                 f"(slack {gpu_slack >> 20} MiB)"] = 1
     if warm.failures:
         failures.update({f"warm-up: {k}": v for k, v in warm.failures.items()})
     cancelled = total - tally.requests["none"]
@@ -524,7 +547,7 @@ def soak(args: argparse.Namespace, llm=None, command: str | None = None) -> dict
                     "torch_threads": torch.get_num_threads()},
         "model": {"name": args.model, "hidden_size": llm.cfg.hidden_size,
                   "layers": llm.cfg.num_hidden_layers, "vocab_size": llm.cfg.vocab_size},
-        "engine": {"name": eng.name, "max_slots": eng.max_slots,
+        "engine": {"name": eng.name, "device": str(llm.device), "max_slots": eng.max_slots,
                    "kv_reuse": bool(eng.prefix_cache.capacity),
                    "retained_capacity": eng.prefix_cache.capacity},
         "config": {"minutes": args.minutes, "streams": args.streams, "pool": args.pool,
@@ -568,6 +591,8 @@ def soak(args: argparse.Namespace, llm=None, command: str | None = None) -> dict
             "slack_bytes_per_request": round(slack / total) if total else None,
             "malloc_slack_bytes_per_request": round((args.malloc_slack_mib << 20) / total)
             if total else None,
+            "cuda_allocated_baseline_bytes": base_gpu, "cuda_allocated_after_bytes": after_gpu,
+            "cuda_slack_bytes": gpu_slack if base_gpu is not None else None,
             "malloc_baseline": base_malloc, "malloc_after": after_malloc,
             "malloc_in_use_growth_bytes": live_growth,
             "malloc_slack_bytes": args.malloc_slack_mib << 20,
@@ -616,7 +641,14 @@ def parser() -> argparse.ArgumentParser:
                    help="how long the streams keep starting requests (then those in flight end)")
     p.add_argument("--model", default="tiny",
                    help="'tiny' (the synthetic tiny checkpoint), 'nano' (the embedded "
-                        "flint-nano) or a checkpoint path; always the reference engine, CPU")
+                        "flint-nano) or a checkpoint path")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, or cuda for the GPU soak")
+    p.add_argument("--engine", choices=("reference", "graph"), default="reference",
+                   help="graph: the CUDA-graph engine (needs --device cuda and the kernel "
+                        "cache); its slots and CUDA memory are checked back to baseline too")
+    p.add_argument("--gpu-slack-mib", type=int, default=64,
+                   help="CUDA memory (allocated tensors) the load may leave above the "
+                        "baseline")
     p.add_argument("--streams", type=int, default=8, help="concurrent streams (threads)")
     p.add_argument("--max-slots", type=int, default=None,
                    help="EngineConfig.max_slots (None: the engine's default, 8)")
@@ -652,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
             or args.max_prompt_words < 1 or not 0 <= args.cancel_rate <= 1:
         p.error("--minutes must be > 0, --streams, --pool, --max-answer and "
                 "--max-prompt-words >= 1, --cancel-rate in [0, 1]")
+    if args.engine == "graph" and not args.device.startswith("cuda"):
+        p.error(f"--engine graph runs on CUDA only; found --device {args.device}")
     report = soak(args, command="python tools/soak.py " + " ".join(
         sys.argv[1:] if argv is None else argv))
     Path(args.report).parent.mkdir(parents=True, exist_ok=True)
