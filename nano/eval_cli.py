@@ -52,6 +52,8 @@ engine's) on the same cases: it passes when every metric is within noise
 least 95% of the answers are identical, and the log-probabilities of the
 tokens both decoded alike differ by at most 2.6e-4 nats on average (by 0 when
 the same engine, device kind, --batch, --threads and cases made both runs).
+It also prints the mean |Δ| of each step's top-5 log-probabilities (reports
+keep them), informational until its tolerance is measured.
 --plant BUG runs with a deliberate bug (window-1, no-sink, rope-on-nope,
 router-bias-bf16) to show the suite catches it.
 Exit status: 0; 1 with --check when a target is missed or the --compare
