@@ -26,10 +26,9 @@ registers, scale2 in the fp32 epilogue, SwiGLU fused into gate/up); elsewhere, a
 those kernels do not fit, NVFP4 weights are decoded per layer into a BF16 scratch (the experts:
 those the chunk touches, by `kernels/prefill/nvfp4_unpack.py` on the kernel path; never the
 whole model at once): e2m1·e4m3 is exact in BF16. Dense projections apply scale2 to the fp32
-sums before the one rounding, as the reference (on CUDA as the GEMM's alpha); for scratch-decoded
-experts (`torch._grouped_mm`
-has only a bf16 output) scale2 is folded into the decoded weights, one bf16 rounding per weight
-(≤ 2^-9).
+sums before the one rounding, as the reference (on CUDA as the GEMM's alpha); for
+scratch-decoded experts (`torch._grouped_mm` has only a bf16 output) scale2 is folded into the
+decoded weights, one bf16 rounding per weight (≤ 2^-9).
 
 Chunks of up to 4096 tokens replay CUDA graphs captured per bucket (`Prefill.capture`): every
 per-chunk fact the body reads is a device tensor, so one graph serves every request.
@@ -672,9 +671,9 @@ class Prefill:
     def _prepare(self, tb: int) -> torch.Tensor:
         """What every layer of a chunk of `tb` rows shares, from the device-side start / valid
         / slot / page table: positions int64 [Tb] (returned), the RoPE tables of the torch-ops
-        paths (`reference.rope_cos_sin`, fp32 [Tb, 1, D]) and the KV write destinations. A sliding
-        layer keeps the last W real tokens (earlier ones would share their ring entries); the
-        others, and padding rows, go to the scratch slot."""
+        paths (`reference.rope_cos_sin`, fp32 [Tb, 1, D]) and the KV write destinations. A
+        sliding layer keeps the last W real tokens (earlier ones would share their ring
+        entries); the others, and padding rows, go to the scratch slot."""
         rows = self._rows[:tb] if tb <= self._rows.numel() else torch.arange(
             tb, device=self.device)
         pos = self._start.long() + rows

@@ -463,7 +463,7 @@ def _record_logprobs(rows: list[Request], logits: torch.Tensor, ids: list[int]) 
     k = max(rows[i].params.top_logprobs for i in want)
     if k:  # one top-k for the rows that asked, each keeps its own count
         vals, top = lp.topk(k, dim=-1)
-        for j, (i, vs, ts) in enumerate(zip(want, vals.tolist(), top.tolist())):
+        for i, vs, ts in zip(want, vals.tolist(), top.tolist()):
             n = rows[i].params.top_logprobs
             if n:
                 rows[i].top_logprobs.append(list(zip(ts[:n], vs[:n])))

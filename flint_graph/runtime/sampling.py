@@ -37,8 +37,6 @@ NEUTRAL_TEMPERATURE = 1.0
 NEUTRAL_TOP_P = 1.0
 NEUTRAL_TOP_K = 0
 MIN_REPEAT_WINDOW, MAX_REPEAT_WINDOW = 8, 4096  # stop_on_repeat's range (tokens)
-
-
 TOP_LOGPROBS_MAX = 20  # OpenAI's bound on top_logprobs
 
 
@@ -60,8 +58,8 @@ class SamplingParams:
     ignore_eos: keep generating through EOS ids (explicit stop_token_ids still stop).
     logprobs: record each generated token's log-probability (natural log) under the model's
         own distribution: the softmax of its logits, before temperature, top-k and top-p.
-    top_logprobs: with logprobs, also record each step's TOP_LOGPROBS_MAX-at-most most likely
-        ids and their log-probabilities (OpenAI's top_logprobs, 0..20); 0 = none.
+    top_logprobs: with logprobs, also record each step's this many most likely ids with their
+        log-probabilities (OpenAI's top_logprobs, 0 to TOP_LOGPROBS_MAX = 20); 0 = none.
     stop_on_repeat: end the request (finish reason "repeat") once its last N generated tokens are
         one block of at most min(N / 4, 32) tokens said over and over ("dddd…", "rererere…", a
         phrase looping); 0 = off (None too), else 8 to MAX_REPEAT_WINDOW
