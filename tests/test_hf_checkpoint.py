@@ -208,6 +208,10 @@ def test_truncated_shard_and_bad_index(cfg, copy):
     (copy / INDEX_NAME).write_text("{not json")
     with pytest.raises(CheckpointError, match=f"{copy / INDEX_NAME}: malformed index"):
         load_safetensors(copy, cfg, progress=False)
+    (copy / INDEX_NAME).write_text('{"weight_map": 5}')  # a new-user trial: AttributeError
+    with pytest.raises(CheckpointError, match="weight_map is int, not an object") as e:
+        load_safetensors(copy, cfg, progress=False)
+    assert "AttributeError" not in str(e.value)
 
 
 @pytest.mark.gpu

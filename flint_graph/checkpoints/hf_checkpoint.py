@@ -305,6 +305,8 @@ def _shard_map(model_dir: Path) -> dict[str, Path]:
         return {name: single for name in read_safetensors_header(single)}
     try:
         weight_map = loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError(f"weight_map is {type(weight_map).__name__}, not an object")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
             raise TypeError("weight_map maps every tensor name to a shard file name")
         assignments = {k: model_dir / v for k, v in weight_map.items()}
