@@ -235,22 +235,27 @@ def test_live_region_leaves_a_clean_screen_in_tmux(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")}
     subprocess.run(tmux + ["new-session", "-d", "-x", "160", "-y", "50",
                            f"{sys.executable} {driver}; sleep 30"], check=True, env=env)
-    try:
-        screen = ""
-        for _ in range(200):
-            screen = subprocess.run(tmux + ["capture-pane", "-p", "-J"], capture_output=True,
-                                    text=True).stdout
-            if "you>" in screen:
-                break
+    def capture():
+        return subprocess.run(tmux + ["capture-pane", "-p", "-J"], capture_output=True,
+                              text=True).stdout
+
+    def wait_for(done, seconds=60.0):  # polls the pane; a loaded CI machine can take a while
+        deadline = time.monotonic() + seconds
+        screen = capture()
+        while not done(screen) and time.monotonic() < deadline:
             time.sleep(0.05)
+            screen = capture()
+        return screen
+
+    def ends_at_prompt(screen):  # the footer printed and the next prompt after it
+        lines = [line.rstrip() for line in screen.splitlines() if line.strip()]
+        return " tokens · " in screen and lines[-1:] == ["you>"]
+
+    try:
+        wait_for(lambda screen: "you>" in screen)
         subprocess.run(tmux + ["send-keys", "question number 12 about the weather", "Enter"],
                        check=True)
-        for _ in range(300):
-            time.sleep(0.05)
-            screen = subprocess.run(tmux + ["capture-pane", "-p", "-J"], capture_output=True,
-                                    text=True).stdout
-            if " tokens · " in screen:
-                break
+        screen = wait_for(ends_at_prompt)
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)
     lines = [line.rstrip() for line in screen.splitlines() if line.strip()]

@@ -53,7 +53,9 @@ def test_short_soak_matches_solo_runs_and_gives_everything_back(tiny_ckpt, tmp_p
     r = report["requests"]
     assert r["total"] >= 100 and r["run_to_end"] > 0 and r["tokens_compared_equal"] > 0, r
     assert set(r["by_mode"]) == {"none", *CI_MODES.split(",")}, r["by_mode"]
-    assert r["ended_aborted"].get("cancel-from-thread", 0) > 0, r  # some land mid-answer
+    # whether a timed cross-thread cancel lands mid-answer or after the end depends on the
+    # machine's load; the mid-answer case is pinned down without timing in the test below
+    assert r["by_mode"]["cancel-from-thread"] > 0, r
     after = report["end_state"]["after_drop"]
     assert after["retained"] == after["waiting"] == after["running"] == 0, after
     assert not any(after["internal"].values()), after
@@ -93,6 +95,26 @@ def test_cancel_before_the_first_read_runs_nothing(tiny_ckpt):
     assert not stream.token_ids and stream.output.finish_reason == "abort", \
         (stream.token_ids, stream.output.finish_reason)  # it was [id], "length"
     assert not llm.engine.has_work and len(llm.engine.prefix_cache) == 0
+
+
+def test_cancel_from_another_thread_mid_answer_ends_it_with_a_prefix(tiny_ckpt):
+    from flint_graph import SamplingParams
+
+    llm = _llm(tiny_ckpt)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    solo = list(llm.generate(["hello there"], params)[0].token_ids)
+    stream = llm.stream("hello there", params)
+    reader = iter(stream)
+    next(reader)  # the reference engine steps only on reads: the answer is now mid-way
+    canceller = threading.Thread(target=stream.cancel)
+    canceller.start()
+    canceller.join(10)
+    rest = list(reader)
+    ids = list(stream.token_ids)
+    assert stream.output.finish_reason == "abort", stream.output.finish_reason
+    assert [d.finish_reason for d in rest][-1:] == ["abort"], rest
+    assert 0 < len(ids) < len(solo) and ids == solo[:len(ids)], (ids, solo)
+    assert not llm.engine.has_work
 
 
 def _inside(thread: threading.Thread, function: str) -> bool:
