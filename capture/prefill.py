@@ -84,6 +84,14 @@ ROW_MOE_MAX_W4A16 = 32
 # 2026-12-02): 512 tokens 29.7 / 35.1 / 56.7 ms, 2K 60.4 / 58.5 / 74.4, 8K 219.8 / 194.0 / 204.7.
 W4A16_NT = ((512, 16),)  # (up to this many rows, NT); above: W4A16_NT_LARGE
 W4A16_NT_LARGE = 32
+# Chunks of more rows than these run NVFP4 experts from a per-layer BF16 scratch instead of the
+# grouped W4A16 kernels: the routed experts decoded by nvfp4_unpack (the touched ones) and run
+# by torch._grouped_mm, the shared expert decoded whole and run by cuBLAS with scale2 as alpha.
+# Why: at large chunks each expert's weights are decoded once per tile of NT pairs in
+# registers by mma.sync, while the scratch is decoded once per chunk and read by wgmma GEMMs.
+# None: the W4A16 kernels at every size.
+W4A16_ROUTED_MAX: int | None = None
+W4A16_SHARED_MAX: int | None = None
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
@@ -445,6 +453,9 @@ class Prefill:
         self.w4a16_shared: dict[int, tuple[list, list]] = {}  # the shared expert, E = 1
         self._shared_scheds: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
         self.w4a16_nt: int | None = None  # a fixed NT (benchmarks); None: by W4A16_NT
+        # the largest chunks (rows) on the W4A16 kernels, routed and shared (benchmarks set
+        # them); None: every size
+        self.w4a16_routed_max, self.w4a16_shared_max = W4A16_ROUTED_MAX, W4A16_SHARED_MAX
         use_w4a16 = (attention == "kernel" and fmt == "nvfp4" and w4a16 is not False
                       and grouped_w4a16.fits(cfg))
         if w4a16 and not use_w4a16:
@@ -683,7 +694,7 @@ class Prefill:
             self._rope = cos[:, None, :], sin[:, None, :]
         valid = self._row_valid = rows < self._valid
         self._row_mask = valid.int()
-        if self.w4a16_shared:
+        if self.w4a16_shared and self._fits(tb, self.w4a16_shared_max):
             self._shared_sched = self._shared_schedule(tb)
         pps, scratch = self.kv.pages_per_slot, self.kv.scratch
         page = self._pages.long()[(pos // KV_PAGE).clamp_(max=pps - 1)]
@@ -801,7 +812,7 @@ class Prefill:
         tok = torch.empty(p, dtype=i32, device=dev)
         pos = torch.empty(t, k, dtype=i32, device=dev)
         self.place[nt].launch(ids, rank, self._valid32, self._counts, tiles, offs, tok, pos)
-        if i in self.w4a16_args:
+        if i in self.w4a16_args and self._fits(t, self.w4a16_routed_max):
             gate_up, down = self.w4a16_args[i]
             act = torch.empty(p, cfg.moe_intermediate_size, dtype=BF16, device=dev)
             y = torch.empty(p, cfg.hidden_size, dtype=BF16, device=dev)
@@ -816,7 +827,7 @@ class Prefill:
             g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
             u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
             y = torch._grouped_mm(self.act(g, u), down.transpose(1, 2), offs=offs)
-        if i in self.w4a16_shared:
+        if i in self.w4a16_shared and self._fits(t, self.w4a16_shared_max):
             shared = [self._shared_w4a16(i, h)]
         else:
             run = self._shared(f)
@@ -824,6 +835,11 @@ class Prefill:
         out = torch.empty_like(x)
         self.combine.launch(y, pos, weights, *shared, x, self._valid32, out)
         return out
+
+    @staticmethod
+    def _fits(rows: int, most: int | None) -> bool:
+        """Whether a chunk of `rows` rows runs on the W4A16 kernels under the limit `most`."""
+        return most is None or rows <= most
 
     def _shared_schedule(self, tb: int) -> tuple[int, torch.Tensor, torch.Tensor]:
         """(NT, tiles int32 [NTILES, 4], tok int32 [tb]) of the shared expert as one expert

@@ -170,6 +170,36 @@ def test_prefill_matches_reference(kset, preset, fmt, graphs):
     _median_ok(kv_rels, f"{preset} {fmt} KV")
 
 
+@pytest.mark.parametrize("preset", ["tiny", "full"])
+@pytest.mark.parametrize("most", [(0, 0), (0, None), (None, 0), (600, 600)],
+                         ids=["scratch", "routed-scratch", "shared-scratch", "by-size"])
+def test_nvfp4_experts_from_the_bf16_scratch_match_reference(kset, preset, most):
+    """The NVFP4 experts of large chunks from the per-layer BF16 scratch (routed: nvfp4_unpack +
+    torch._grouped_mm, scale2 folded into the weights; shared: cuBLAS with scale2 as alpha)
+    instead of the grouped W4A16 kernels, alone, together and chosen by chunk size (600: the
+    cases' chunks fall on both sides): the same tolerances as the W4A16 path."""
+    from flint_graph.capture.kv_cache import KVCache
+    from flint_graph.capture.prefill import Prefill
+
+    cfg, w, ref = _model(preset, "nvfp4")
+    gen = torch.Generator().manual_seed(5)
+    logit_rels, kv_rels = [], []
+    for tokens, chunk in _cases(preset):
+        prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
+        seq = ref.new_sequence()
+        want = ref.prefill(seq, prompt, chunk_tokens=2048)
+        cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
+        pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
+        assert pre.w4a16_args, "the grouped W4A16 kernels should serve this config"
+        pre.w4a16_routed_max, pre.w4a16_shared_max = most
+        what = f"{preset} nvfp4 scratch {most} prompt {tokens} chunk {chunk}"
+        got = pre.prefill(1, prompt, chunk)
+        _check_logits(got, want, what, logit_rels)
+        _check_kv(cache, seq, 1, tokens, what, kv_rels)
+    _median_ok(logit_rels, f"{preset} nvfp4 scratch {most} logits")
+    _median_ok(kv_rels, f"{preset} nvfp4 scratch {most} KV")
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("preset", ["tiny", "full"])
 def test_prefill_in_two_calls_continues_the_cached_prefix(kset, preset, graphs):

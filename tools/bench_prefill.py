@@ -92,6 +92,11 @@ def main() -> int:
     p.add_argument("--ws", default="",
                    help="1: the W4A16 kernels' weights through shared memory (cp.async, "
                         "grouped_w4a16.WS_STAGES deep); 0,1 times both (default: 0)")
+    p.add_argument("--w4a16-max", default="",
+                   help="NVFP4 graph path: ROUTED/SHARED, the largest chunk (rows) the routed "
+                        "and the shared expert run on the grouped W4A16 kernels, larger ones "
+                        "from a BF16 scratch ('-' for every size); comma-separated values time "
+                        "each, e.g. -/-,-/0,0/0 (default: capture/prefill.py's constants)")
     p.add_argument("--out", default="out")
     p.add_argument("--profile-tokens", type=int, default=8192)
     args = p.parse_args()
@@ -122,22 +127,28 @@ def main() -> int:
         depth_sweep = [int(v) for v in args.depth.split(",") if v] or [None]
         ws_sweep = [int(v) for v in args.ws.split(",") if v] or [None]
         w4 = fmt == "nvfp4"
-        sweep = [(r, m, n, d, w) for r in rows_sweep for m in (moe_sweep or [None])
+        max_sweep = [tuple(None if x == "-" else int(x) for x in v.split("/"))
+                     for v in args.w4a16_max.split(",") if v] or [None]
+        sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
-                 for w in (ws_sweep if m is not False and w4 else [None])]
+                 for w in (ws_sweep if m is not False and w4 else [None])
+                 for x in (max_sweep if m is not False and w4 else [None])]
         runs = [(path, r) for path in args.paths.split(",")
-                for r in (sweep if path == "graph" else [(None,) * 5])]
-        for path, (row_moe, w4a16, nt, depth, ws) in runs:
+                for r in (sweep if path == "graph" else [(None,) * 6])]
+        for path, (row_moe, w4a16, nt, depth, ws, most) in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
             pre.w4a16_nt = nt
+            if most is not None:
+                pre.w4a16_routed_max, pre.w4a16_shared_max = most
             variant = {k: v for k, v in (("D", depth), ("WS", ws)) if v is not None}
             if variant and pre.w4a16:
                 pre.set_w4a16_variant(**variant)
             row_moe = (f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
-                       f"/D{depth or 'auto'}/WS{ws or 0}")
+                       f"/D{depth or 'auto'}/WS{ws or 0}"
+                       f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}")
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))
