@@ -86,12 +86,17 @@ W4A16_NT = ((512, 16),)  # (up to this many rows, NT); above: W4A16_NT_LARGE
 W4A16_NT_LARGE = 32
 # Chunks of more rows than these run NVFP4 experts from a per-layer BF16 scratch instead of the
 # grouped W4A16 kernels: the routed experts decoded by nvfp4_unpack (the touched ones) and run
-# by torch._grouped_mm, the shared expert decoded whole and run by cuBLAS with scale2 as alpha.
-# Why: at large chunks each expert's weights are decoded once per tile of NT pairs in
-# registers by mma.sync, while the scratch is decoded once per chunk and read by wgmma GEMMs.
-# None: the W4A16 kernels at every size.
+# by torch._grouped_mm, the shared expert decoded whole and run by cuBLAS with scale2 as alpha
+# (None: the W4A16 kernels at every size). Measured on the H200 (2026-12-02, fifth session,
+# tools/bench_prefill.py --w4a16-max, whole NVFP4 prefills, ms): the shared expert on cuBLAS
+# at 256 / 512 / 1K / 1.5K / 2K / 4K / 8K / 16K tokens 16.4 / 19.0 / 24.6 / 34.4 / 42.2 / 75.3 /
+# 156.7 / 382.5 against 15.7 / 18.4 / 25.6 / 35.2 / 44.0 / 77.6 / 162.5 / 394.8 on W4A16 (one
+# chunk of the shared expert's 2,048 × 1,024 weights is decoded once, while W4A16 decodes them
+# again for every tile of NT rows on mma.sync); the routed experts from the scratch lose at
+# every size measured (2K 85.1, 8K 172.3, 16K 411.6: decoding 256 experts' stacks costs more
+# than the GEMMs save).
 W4A16_ROUTED_MAX: int | None = None
-W4A16_SHARED_MAX: int | None = None
+W4A16_SHARED_MAX: int | None = 512
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
