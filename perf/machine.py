@@ -86,3 +86,17 @@ def header(schema: str, cfg: FlintConfig, source: str, device: torch.device,
             "machine": machine_info(device), "git_rev": git_rev(),
             "model": {"source": source, "config_hash": config_hash(cfg),
                       "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size}}
+
+
+def rss_anon() -> int:
+    """This process's anonymous resident memory (RssAnon from /proc/self/status, bytes): the heap
+    and tensors, without the file pages of mapped checkpoints and libraries that VmRSS also
+    counts. 0 where /proc has no such line (not Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -16,19 +16,11 @@ pytest.importorskip("uvicorn")
 
 from test_server import KEY, _post, _serving  # noqa: E402
 
+from flint_graph.perf.machine import rss_anon  # noqa: E402
+
 CLIENTS, PER_CLIENT = 8, 50
 MODEL = "flint-tiny"
 RSS_SLACK = 64 << 20  # bytes of RssAnon the load may leave behind (allocator noise)
-
-
-def _rss() -> int:
-    """Anonymous resident memory (RssAnon, bytes): the heap and tensors, without the file
-    pages of mapped checkpoints and libraries that VmRSS also counts."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _request(c: int, j: int) -> dict:
@@ -72,7 +64,7 @@ def test_eight_streaming_clients_match_their_solo_answers(tiny_ckpt):
                     solo[c, j] = _solo(client, _request(c, j))
         eng.drop_retained()
         gc.collect()
-        baseline = _rss()
+        baseline = rss_anon()
         got: dict[tuple[int, int], str] = {}
         errors: list[BaseException] = []
 
@@ -116,7 +108,7 @@ def test_eight_streaming_clients_match_their_solo_answers(tiny_ckpt):
         assert not (eng.waiting or eng.running or eng.prefilling)
         eng.drop_retained()
         gc.collect()
-        assert _rss() - baseline < RSS_SLACK, f"RSS grew {(_rss() - baseline) >> 20} MiB"
+        assert rss_anon() - baseline < RSS_SLACK, f"RSS grew {(rss_anon() - baseline) >> 20} MiB"
 
 
 def test_requests_past_the_queue_bound_get_429(tiny_ckpt):

@@ -61,8 +61,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flint_graph.perf.machine import rss_anon
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 # How a request is cancelled ("none": it runs to its end).
 MODES = ("close-before-read",   # RequestStream.close() before the first next()
@@ -79,13 +80,6 @@ WORDS = ("the weather is cold and the river runs fast under an old stone bridge 
 EXAMPLES = 5  # failures kept in full in the report, per kind
 # object types counted before and after (LLM keeps its last 16 chat requests: CHAT_HISTORY)
 WATCHED = ("Request", "RequestStream", "RequestDelta", "SequenceKV", "Retained", "Tensor")
-
-
-def rss_anon() -> int:
-    """The process's RssAnon in bytes (the load test's helper, tests/test_server_load.py)."""
-    from test_server_load import _rss
-
-    return _rss()
 
 
 class _MallInfo2(ctypes.Structure):
