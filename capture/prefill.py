@@ -58,6 +58,11 @@ from flint_graph.checkpoints.weights import FlintWeights, LayerWeights, Linear, 
 
 BF16 = torch.bfloat16
 ATTENTION = ("kernel", "sdpa", "reference")
+# The attention kernel of the "kernel" path: attn_prefill (mma.sync, verified on the H200) or
+# attn_prefill_wg (wgmma, sm_90a; written 2026-12-02, not yet run on a GPU: it becomes the
+# default once its GPU test passes and the bench measures it faster).
+ATTN_KERNELS = ("attn_prefill", "attn_prefill_wg")
+ATTN_KERNEL = "attn_prefill"
 LM_HEAD_ROWS = 16384  # vocabulary rows of an NVFP4 LM head decoded at a time
 DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 index temporaries)
 # Chunk sizes captured as CUDA graphs (kernel path): a chunk runs as the smallest bucket that
@@ -406,7 +411,7 @@ class Prefill:
 
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, kv: KVCache,
                  attention: str = "kernel", kset=None, row_moe_max: int | None = None,
-                 w4a16: bool | None = None):
+                 w4a16: bool | None = None, attn_kernel: str | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTION)}")
         if attention != "reference" and kv.layers[0].k.device.type != "cuda":
@@ -436,6 +441,7 @@ class Prefill:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.head_graph: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
         self.kernels, self.unpack, self.row_moe = {}, None, None
+        self.attn_kernel: str | None = None  # the kernel path's attention kernel (ATTN_KERNELS)
         # the kernel path's fused elementwise steps (kernels/prefill/): Q/K norm + RoPE per
         # RoPE kind, and the MoE combine + residual; None/{} on the torch-ops paths
         self.qk_norm_rope: dict[int, object] = {}
@@ -472,9 +478,18 @@ class Prefill:
             from flint_graph.capture.launcher import KernelSet
             from flint_graph.kernels.prefill import nvfp4_unpack
 
+            from flint_graph.kernels.prefill import attn_prefill_wg
+
             kset = kset or KernelSet()
-            for ring, spec in self.specs.items():
-                self.kernels[ring] = kset.get(spec.kernel, **spec.as_dict())
+            name = attn_kernel or ATTN_KERNEL
+            if name not in ATTN_KERNELS:
+                raise ValueError(f"attn_kernel {name!r}: expected one of "
+                                 f"{', '.join(ATTN_KERNELS)}")
+            if name == "attn_prefill_wg" and not attn_prefill_wg.fits(cfg):
+                name = "attn_prefill"  # its head dims: the tiny test config keeps mma.sync
+            self.attn_kernel = name
+            for ring, spec in self.specs.items():  # both kernels take the same spec values
+                self.kernels[ring] = kset.get(name, **spec.as_dict())
             dense, *stacks = nvfp4_unpack.KERNEL.specs(cfg, ())  # the E = 1 matrix one first
             if isinstance(weights.layers[0].q_proj, NVFP4Weight) or isinstance(
                     weights.lm_head, NVFP4Weight):

@@ -1,4 +1,6 @@
-"""GPU tests of attn_prefill (kernels/prefill/attn_prefill.py) against `reference.attention`.
+"""GPU tests of attn_prefill (kernels/prefill/attn_prefill.py) and its wgmma form attn_prefill_wg
+(kernels/prefill/attn_prefill_wg.py: the same arguments and reference; head dims 64 and 128, so
+the full shapes only) against `reference.attention`.
 
 Every case draws fresh Gaussian q, chunk keys and cache (full layers: a shuffled, non-contiguous
 page table with spare pages; sliding layers: a ring among three), poisons every cache entry no
@@ -22,10 +24,14 @@ import torch
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.prefill import attn_prefill as ap
+from flint_graph.kernels.prefill import attn_prefill_wg as wg
 from flint_graph.kernels import registry
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 1e-2
+KERNELS = {"attn_prefill": ap, "attn_prefill_wg": wg}
+# (kernel, preset) pairs: attn_prefill_wg does not take the tiny config's head dim 32
+CONFIGS = [("attn_prefill", "tiny"), ("attn_prefill", "full"), ("attn_prefill_wg", "full")]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +39,7 @@ def kset():
     from flint_graph.capture.launcher import KernelSet
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference in true fp32
-    return KernelSet(kernels=registry(("attn_prefill", "slow_producer", "early_reader")))
+    return KernelSet(kernels=registry((*KERNELS, "slow_producer", "early_reader")))
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -53,7 +59,7 @@ def _cases(preset: str) -> list[tuple[int, int]]:
 def _check(kset, spec, tokens, start, seed, sinks=None) -> float:
     args = ap.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(seed),
                         tokens=tokens, start=start, sinks=sinks)
-    kset.get("attn_prefill", **spec.as_dict()).launch(*args)
+    kset.get(spec.kernel, **spec.as_dict()).launch(*args)
     torch.cuda.synchronize()
     out = args[-1]
     what = f"{spec.id} tokens={tokens} start={start} sinks={sinks}"
@@ -64,32 +70,34 @@ def _check(kset, spec, tokens, start, seed, sinks=None) -> float:
     return rel
 
 
-@pytest.mark.parametrize("preset", ["tiny", "full"])
-def test_prefill_attention_matches_reference(kset, preset):
-    specs = ap._specs(FlintConfig.preset(preset))
+@pytest.mark.parametrize("kernel,preset", CONFIGS)
+def test_prefill_attention_matches_reference(kset, kernel, preset):
+    specs = KERNELS[kernel]._specs(FlintConfig.preset(preset))
+    assert specs, f"{kernel} has no specialisation for {preset}"
     for si, spec in enumerate(specs):
         for ci, (tokens, start) in enumerate(_cases(preset)):
             _check(kset, spec, tokens, start, seed=1000 * si + ci)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "full"])
+@pytest.mark.parametrize("kernel,preset", CONFIGS)
 @pytest.mark.parametrize("sinks", [30.0, -30.0, "none"])
-def test_sinks_enter_each_row_once(kset, preset, sinks):
+def test_sinks_enter_each_row_once(kset, kernel, preset, sinks):
     """A dominant sink (+30) shrinks every row's output towards 0 and must do so by exactly
     e^(sink − m) once; a negligible one (−30) and none at all leave plain softmax."""
-    for si, spec in enumerate(ap._specs(FlintConfig.preset(preset))):
+    for si, spec in enumerate(KERNELS[kernel]._specs(FlintConfig.preset(preset))):
         w = spec["W"] or 513
         _check(kset, spec, w + 7, 3, seed=77 + si, sinks=sinks)
 
 
-def test_pdl_consumer_never_reads_its_input_early(kset):
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_pdl_consumer_never_reads_its_input_early(kset, kernel):
     """Behind a slow producer with PDL on, each input the kernel reads (q, the chunk's keys, the
     cache, the table, start) overwritten by the producer gives the same output as without PDL."""
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
-    for spec in ap._specs(FlintConfig.preset("full")):
-        consumer = kset.get("attn_prefill", **spec.as_dict())
-        decl = ap.KERNEL.args(spec)
+    for spec in KERNELS[kernel]._specs(FlintConfig.preset("full")):
+        consumer = kset.get(spec.kernel, **spec.as_dict())
+        decl = KERNELS[kernel].KERNEL.args(spec)
         targets = [i for i, a in enumerate(decl) if getattr(a, "role", "") == "input"]
         for target in targets:
             args = ap.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(5),

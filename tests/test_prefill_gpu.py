@@ -170,6 +170,31 @@ def test_prefill_matches_reference(kset, preset, fmt, graphs):
     _median_ok(kv_rels, f"{preset} {fmt} KV")
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_prefill_on_the_wgmma_attention_kernel_matches_reference(kset, fmt):
+    """The prefill with attn_prefill_wg (kernels/prefill/attn_prefill_wg.py) for attention, full
+    config shapes, every chunk case of the file, eager: the same tolerances."""
+    from flint_graph.capture.kv_cache import KVCache
+    from flint_graph.capture.prefill import Prefill
+
+    cfg, w, ref = _model("full", fmt)
+    gen = torch.Generator().manual_seed(6)
+    logit_rels, kv_rels = [], []
+    for tokens, chunk in _cases("full"):
+        prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
+        seq = ref.new_sequence()
+        want = ref.prefill(seq, prompt, chunk_tokens=2048)
+        cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
+        pre = Prefill(cfg, w, cache, attention="kernel", kset=kset, attn_kernel="attn_prefill_wg")
+        assert pre.attn_kernel == "attn_prefill_wg"
+        what = f"full {fmt} wgmma attention prompt {tokens} chunk {chunk}"
+        got = pre.prefill(1, prompt, chunk)
+        _check_logits(got, want, what, logit_rels)
+        _check_kv(cache, seq, 1, tokens, what, kv_rels)
+    _median_ok(logit_rels, f"full {fmt} wgmma attention logits")
+    _median_ok(kv_rels, f"full {fmt} wgmma attention KV")
+
+
 @pytest.mark.parametrize("most", [(0, 0), (0, None), (None, 0), (600, 600)],
                          ids=["scratch", "routed-scratch", "shared-scratch", "by-size"])
 def test_nvfp4_experts_from_the_bf16_scratch_match_reference(kset, most):

@@ -97,6 +97,10 @@ def main() -> int:
                         "and the shared expert run on the grouped W4A16 kernels, larger ones "
                         "from a BF16 scratch ('-' for every size); comma-separated values time "
                         "each, e.g. -/-,-/0,0/0 (default: capture/prefill.py's constants)")
+    p.add_argument("--attn-kernel", default="",
+                   help="attention kernel(s) of the graph and kernel paths, comma-separated to "
+                        "time each: attn_prefill (mma.sync), attn_prefill_wg (wgmma) "
+                        "(default: capture/prefill.py ATTN_KERNEL)")
     p.add_argument("--out", default="out")
     p.add_argument("--profile-tokens", type=int, default=8192)
     args = p.parse_args()
@@ -129,17 +133,20 @@ def main() -> int:
         w4 = fmt == "nvfp4"
         max_sweep = [tuple(None if x == "-" else int(x) for x in v.split("/"))
                      for v in args.w4a16_max.split(",") if v] or [None]
+        attn_sweep = [v for v in args.attn_kernel.split(",") if v] or [None]
         sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
-        runs = [(path, r) for path in args.paths.split(",")
-                for r in (sweep if path == "graph" else [(None,) * 6])]
-        for path, (row_moe, w4a16, nt, depth, ws, most) in runs:
+        runs = [(path, r, a) for path in args.paths.split(",")
+                for r in (sweep if path == "graph" else [(None,) * 6])
+                for a in (attn_sweep if path in ("graph", "kernel") else [None])]
+        for path, (row_moe, w4a16, nt, depth, ws, most), attn in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
-                          row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
+                          row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None,
+                          attn_kernel=attn)
             pre.w4a16_nt = nt
             if most is not None:
                 pre.w4a16_routed_max, pre.w4a16_shared_max = most
@@ -148,7 +155,8 @@ def main() -> int:
                 pre.set_w4a16_variant(**variant)
             row_moe = (f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
                        f"/D{depth or 'auto'}/WS{ws or 0}"
-                       f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}")
+                       f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}"
+                       f"/{pre.attn_kernel or 'torch'}")
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))

@@ -389,3 +389,116 @@ def lane_best(keys, ids, svals):
     k, i, sv = items[0]
     return Int32(k), Int32(i), Float32(sv)
 
+
+
+# -- Hopper warpgroup MMA (wgmma, sm_90a only: kernels/prefill/attn_prefill_wg.py) ----------------
+
+
+def _f32_struct(n: int):
+    return llvm.StructType.get_literal([T.f32()] * n)
+
+
+def _f32_list(res, n: int, loc, ip) -> list:
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n)]
+
+
+@dsl_user_op
+def smem_desc(addr, lbo: int, sbo: int, *, loc=None, ip=None) -> Int64:
+    """A wgmma shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format") for a
+    128-byte-swizzled operand at shared-window address `addr` (u32; its swizzle atoms
+    1024-byte aligned, so the base offset is 0): start address >> 4 in bits 0-13, the leading
+    and stride byte offsets >> 4 in bits 16-29 and 32-45 (`lbo`, `sbo`: bytes, compile time),
+    swizzle mode 1 (128 B) in bits 62-63."""
+    hi = (sbo >> 4) | (1 << 30)  # bits 32-45 and 62-63 of the descriptor, as its high word
+    lo = (Uint32(addr) >> 4) & Uint32(0x3FFF) | Uint32(((lbo >> 4) & 0x3FFF) << 16)
+    return (Int64(hi) << 32) | Int64(lo)
+
+
+@dsl_user_op
+def wgmma_fence(*, loc=None, ip=None) -> None:
+    """wgmma.fence: orders earlier register writes of accumulators and A fragments (and shared
+    memory writes) before the warpgroup's next wgmma."""
+    _asm(None, [], "wgmma.fence.sync.aligned;", "~{memory}", loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def wgmma_commit(*, loc=None, ip=None) -> None:
+    """wgmma.commit_group: the wgmmas issued since the last commit become one group."""
+    _asm(None, [], "wgmma.commit_group.sync.aligned;", "~{memory}", loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def wgmma_wait(pending: int, *, loc=None, ip=None) -> None:
+    """wgmma.wait_group: until at most `pending` committed groups are still running."""
+    _asm(None, [], f"wgmma.wait_group.sync.aligned {pending};", "~{memory}", loc, ip,
+         side_effects=True)
+
+
+@dsl_user_op
+def fence_proxy_async_shared(*, loc=None, ip=None) -> None:
+    """fence.proxy.async.shared::cta: this thread's shared-memory writes (cp.async, st.shared)
+    become visible to the async proxy, through which wgmma reads its shared operands."""
+    _asm(None, [], "fence.proxy.async.shared::cta;", "~{memory}", loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def fence_values(values, *, loc=None, ip=None) -> list:
+    """The fp32 `values` passed through an empty volatile asm: their uses cannot move above
+    an earlier volatile asm (a wgmma.wait_group), which their SSA values alone would allow."""
+    n = len(values)
+    res = _asm(_f32_struct(n), [Float32(v).ir_value(loc=loc, ip=ip) for v in values], "",
+               ",".join(["=f"] * n + [str(i) for i in range(n)]), loc, ip, side_effects=True)
+    return _f32_list(res, n, loc, ip)
+
+
+def _wgmma_text(n: int, nacc: int, a_regs: bool, trans_b: int) -> tuple[str, str]:
+    """Text and constraints of one m64nNk16 bf16 wgmma with fp32 accumulators (tied in/out),
+    scale-d from an i32 operand (0: D = A·B, else D += A·B)."""
+    d = ", ".join(f"${i}" for i in range(nacc))
+    k = nacc * 2  # after the outputs and the tied inputs
+    if a_regs:
+        a = "{" + ", ".join(f"${k + i}" for i in range(4)) + "}"
+        b, scale = f"${k + 4}", f"${k + 5}"
+        tail = f"p, 1, 1, {trans_b}"
+        cons = ["r"] * 4 + ["l", "r"]
+    else:
+        a, b, scale = f"${k}", f"${k + 1}", f"${k + 2}"
+        tail = f"p, 1, 1, 0, {trans_b}"
+        cons = ["l", "l", "r"]
+    text = ("{\n\t.reg .pred p;\n\t"
+            f"setp.ne.b32 p, {scale}, 0;\n\t"
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d}}}, {a}, {b}, {tail};"
+            "\n\t}")
+    constraints = ",".join(["=f"] * nacc + [str(i) for i in range(nacc)] + cons)
+    return text, constraints
+
+
+@dsl_user_op
+def wgmma_ss(n: int, desc_a, desc_b, acc, accumulate, *, trans_b: int = 0, loc=None,
+             ip=None) -> list:
+    """One warpgroup-wide wgmma m64nNk16 (bf16 in, fp32 accumulate), A and B from shared
+    memory by descriptor (`smem_desc`): returns the thread's N/2 accumulators (the m64nN
+    fragment: warp w of the warpgroup, lane g·4 + t holds rows 16w + g and + 8, columns
+    8j + 2t and + 1 of n-tile j, as c0..c3 of mma.sync m16n8k16 per 8 columns), A·B added to
+    `acc` when `accumulate` (an Int32, nonzero) else replacing it. Asynchronous: the values
+    are ready after wgmma_commit and wgmma_wait (then `fence_values`)."""
+    text, cons = _wgmma_text(n, n // 2, False, trans_b)
+    args = [Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
+    args += [Int64(desc_a).ir_value(loc=loc, ip=ip), Int64(desc_b).ir_value(loc=loc, ip=ip),
+             Int32(accumulate).ir_value(loc=loc, ip=ip)]
+    res = _asm(_f32_struct(n // 2), args, text, cons, loc, ip, side_effects=True)
+    return _f32_list(res, n // 2, loc, ip)
+
+
+@dsl_user_op
+def wgmma_rs(n: int, a, desc_b, acc, accumulate, *, trans_b: int = 0, loc=None,
+             ip=None) -> list:
+    """As `wgmma_ss` with A from registers: `a` the 4 bf16x2 registers of the warp's 16 rows
+    in mma.sync m16n8k16's A layout (a0 = A[g][2t..], a1 = A[g+8][2t..], a2 = A[g][2t+8..],
+    a3 = A[g+8][2t+8..]); `trans_b` = 1 reads B from an MN-major (N-contiguous) layout."""
+    text, cons = _wgmma_text(n, n // 2, True, trans_b)
+    args = [Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
+    args += [_u32(v, loc, ip) for v in a]
+    args += [Int64(desc_b).ir_value(loc=loc, ip=ip), Int32(accumulate).ir_value(loc=loc, ip=ip)]
+    res = _asm(_f32_struct(n // 2), args, text, cons, loc, ip, side_effects=True)
+    return _f32_list(res, n // 2, loc, ip)

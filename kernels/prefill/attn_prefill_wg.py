@@ -1,0 +1,381 @@
+"""Prefill attention on Hopper's warpgroup MMA (wgmma): the same function, arguments, reference
+and tolerance as `attn_prefill` (kernels/prefill/attn_prefill.py: causal, exact sliding window,
+sinks, GQA packing, the cached prefix from the ring or the pages), with the tensor-core work
+issued by warpgroups reading their operands from shared memory instead of warps loading
+fragments by ldmatrix for mma.sync. Not yet run on a GPU (2026-12-02): the prefill keeps
+`attn_prefill` until this kernel's GPU test has passed (capture/prefill.py ATTN_KERNEL).
+
+Why. On the H200 `attn_prefill` runs a full layer at 8K tokens at ~253 TFLOP/s (33% of the dense
+BF16 peak), and attention is most of a 32K or 100K prefill (perf log, 2026-12-02). mma.sync
+needs every operand in registers, so each warp reloads K and V fragments from shared memory for
+its own rows; wgmma m64nNk16 reads both operands of S = Q·Kᵀ, and V of O += P·V, from shared
+memory once per warpgroup of 64 rows (FlashAttention-3, Shah et al. 2024, uses it for the same
+reason; this kernel has its warpgroups but not yet its producer warp or its overlap of one
+tile's softmax with the next tile's MMAs).
+
+Design. Grid (ceil(T / TQ), HKV), 8 warps = 2 warpgroups of 64 MMA rows: 128 rows = TQ = 128/G
+tokens × G query heads of one KV head (row R: token R // G, head R % G), so each K/V tile is
+loaded once for its G heads. Keys in tiles of BN = 64 aligned to absolute positions, in three
+shared-memory stages filled by cp.async two tiles ahead (one barrier per tile, as attn_prefill;
+copies outside the CTA's key range are zero fills). Shared memory holds Q, K and V in the
+canonical 128-byte-swizzled layout wgmma reads: rows of 64 values (128 B) in blocks of D/64
+columns, 16-byte chunk c of row r at chunk c ^ (r mod 8), atoms 1024-byte aligned. Per tile:
+S = Q·Kᵀ as D/16 wgmma m64n64k16 (Q and K K-major), committed and waited; the mask where a
+row's causal edge or window start crosses the tile; the online softmax in log2 units per row
+(a warp owns whole rows: lanes of a quad share them by shuffles); P rounded to bf16 in
+registers, already in the A-fragment layout of wgmma's register form (the accumulator layout of
+m64n64 is mma.sync's per 8 columns); O += P·V as BN/16 wgmma m64nDk16 with V read MN-major
+(leading byte offset: the stride between 64-column blocks; stride byte offset: between groups
+of 8 keys). The tile's last wgmma group is waited before the next barrier, so a stage is
+never refilled while a wgmma still reads it; cp.async writes are made visible to wgmma's async
+proxy by fence.proxy.async before that barrier. Sinks and the end as attn_prefill: the running
+max starts at the sink and the sum at 1 in one lane of each quad.
+
+sm_100a has no wgmma: that build (compiled in CI, never run here) issues the same products as
+mma.sync m16n8k16 per warp with ldmatrix from the same swizzled layout; the rest of the kernel
+is shared.
+
+PDL: the sinks (a weight) are loaded before `griddepcontrol.wait`; q, k_new, v_new, the cache,
+the table and start are inputs, read after it, in every thread.
+
+Tolerance (GPU test): as attn_prefill, ‖out − ref‖/‖ref‖ ≤ 1e-2 per launch, expected ~3e-3.
+"""
+
+import math
+
+from flint_graph.kernels.prefill import attn_prefill
+from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec
+
+WARPS = 8  # two warpgroups
+ROWS = 16  # MMA rows per warp (64 per warpgroup: wgmma's M)
+BN = 64  # keys per tile
+STAGES = 3
+LOG2E = 1.4426950408889634
+DS = (64, 128)  # head dims this kernel takes (O is 64 × D fp32 per warpgroup in registers)
+
+
+def fits(cfg) -> bool:
+    """Whether `cfg`'s attention suits this kernel: head dim in DS and G = HQ / HKV dividing
+    16 (the tiny test config's head dim 32 does not: it keeps attn_prefill)."""
+    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    return cfg.head_dim in DS and hkv >= 1 and hq % hkv == 0 and hq // hkv in (1, 2, 4, 8, 16)
+
+
+def tokens_per_cta(spec: Spec) -> int:
+    """TQ: query tokens per CTA (8 warps × 16 rows / G heads)."""
+    return WARPS * ROWS // (spec["HQ"] // spec["HKV"])
+
+
+def _check(spec: Spec) -> None:
+    attn_prefill._check(spec)
+    if spec["D"] not in DS:
+        raise ValueError(f"attn_prefill_wg: head dim D = {spec['D']}; expected one of {DS}")
+
+
+def _args(spec: Spec):
+    _check(spec)
+    return attn_prefill._args(spec)
+
+
+def _layout(spec: Spec) -> dict[str, int]:
+    """Byte offsets in the 1024-aligned shared-memory block: Q, then the K/V stages."""
+    d = spec["D"]
+    q_bytes = WARPS * ROWS * d * 2
+    tile = BN * d * 2
+    return {"q": 0, "stages": q_bytes, "tile": tile, "stage": 2 * tile,
+            "total": q_bytes + STAGES * 2 * tile}
+
+
+def _launch(spec: Spec) -> Launch:
+    # + 1024: the dynamic block is aligned to 1024 bytes inside the kernel
+    return Launch(grid=(("T", tokens_per_cta(spec)), spec["HKV"], 1), block=(32 * WARPS, 1, 1),
+                  smem=_layout(spec)["total"] + 1024)
+
+
+def _specs(cfg, buckets=()) -> list[Spec]:
+    """One specialisation per attention layer kind, as attn_prefill; none where it does not
+    fit (`fits`)."""
+    if not fits(cfg):
+        return []
+    return [KERNEL.spec(**s.as_dict()) for s in attn_prefill._specs(cfg, buckets)]
+
+
+def _build(spec: Spec, arch: str = "sm_90a"):
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64, Uint32
+
+    from flint_graph.kernels.toolchain import dsl_util as du
+
+    _check(spec)
+    wg = arch == "sm_90a"  # wgmma; elsewhere mma.sync on the same layout
+    hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
+    ring, window = spec["RING"], spec["W"]
+    g_heads = hq // hkv
+    tq = tokens_per_cta(spec)
+    rows = WARPS * ROWS
+    threads = 32 * WARPS
+    lay = _layout(spec)
+    blk_q = rows * 128  # bytes of one 64-column block of Q
+    blk_kv = BN * 128  # ... of K or V
+    cpr = d // 8  # 16-byte chunks per row
+    kv_per_thread = BN * cpr // threads
+    q_per_thread = rows * cpr // threads
+    ksteps = d // 16
+    ntile_s = BN // 8  # n-tiles of S per warp row block
+    dtiles = d // 8
+    qk_scale = LOG2E / math.sqrt(d)
+    ninf = float("-inf")
+    launch = _launch(spec)
+
+    def swz(row, chunk, blk_bytes):
+        """Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled operand whose
+        64-column blocks are `blk_bytes` apart (trace-time helper on DSL integers)."""
+        return (chunk // 8) * blk_bytes + row * 128 + ((chunk % 8) ^ (row % 8)) * 16
+
+    def load_tile(tile, stage, tid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn, tb, mtable):
+        """cp.async this thread's chunks of K and V tile `tile` into `stage`."""
+        kb = tile * BN
+        ks = base + Uint32(lay["stages"] + stage * lay["stage"])
+        for i in range(kv_per_thread):
+            c = tid + threads * i
+            row, col = c // cpr, c % cpr
+            kp = kb + row
+            ok = (kp >= lo) & (kp <= qmax)
+            new = kp >= n
+            src_new = Int64(cutlass.max(kp - n, Int32(0)) * hkv + kvh) * (d * 2)
+            cached = kp < n
+            src_old = Int64(0)
+            if ring == 1:
+                ent = cutlass.max(kp, Int32(0)) % size
+                src_old = (Int64(slot * hkv + kvh) * size + Int64(ent)) * (d * 2)
+            else:
+                pidx = cutlass.min(cutlass.max(kp, Int32(0)) // size, mtable.shape[0] - 1)
+                page = du.ld_u32_if(tb + Int64(pidx) * 4, ok & cached)
+                src_old = (Int64(Int32(page) * hkv + kvh) * size + Int64(kp % size)) * (d * 2)
+            off = Int64(col * 16)
+            dst = ks + Uint32(swz(row, col, blk_kv))
+            nbytes = cutlass.select_(ok, Int32(16), Int32(0))
+            ka = cutlass.select_(new, kn + src_new, kc + src_old) + off
+            va = cutlass.select_(new, vn + src_new, vc + src_old) + off
+            du.cp_async_16(dst, ka, nbytes)
+            du.cp_async_16(dst + Uint32(lay["tile"]), va, nbytes)
+        du.cp_async_commit()
+
+    def scores(sc, qs, ks, warp, lane):
+        """S = Q·Kᵀ of this warp's 16 rows and the tile's BN keys into `sc` (BN/2 fp32 in the
+        m16n8 accumulator layout per 8 keys). A trace-time helper, as load_tile: its loops
+        unroll in Python."""
+        if wg:
+            wgi = warp // 4
+            vals = [Float32(0.0)] * (BN // 2)
+            du.wgmma_fence()
+            for s in range(ksteps):
+                # K-major: k-step s is 32 bytes into a 128-byte row of block s // 4
+                da = du.smem_desc(qs + Uint32((s // 4) * blk_q + wgi * 64 * 128 + (s % 4) * 32),
+                                  16, 1024)
+                db = du.smem_desc(ks + Uint32((s // 4) * blk_kv + (s % 4) * 32), 16, 1024)
+                vals = du.wgmma_ss(BN, da, db, vals, Int32(1 if s else 0))
+            du.wgmma_commit()
+            du.wgmma_wait(0)
+            vals = du.fence_values(vals)
+            for i in range(BN // 2):
+                sc[i] = vals[i]
+        else:
+            sc.fill(0.0)
+            r_a = ROWS * warp + lane % 16
+            for s in range(0, ksteps, 2):
+                a = [du.ldmatrix_x4(qs + Uint32(swz(r_a, 2 * (s + h) + lane // 16, blk_q)))
+                     for h in range(2)]
+                for j in range(ntile_s):
+                    b = du.ldmatrix_x4(ks + Uint32(swz(8 * j + lane % 8, 2 * s + lane // 8,
+                                                       blk_kv)))
+                    c4 = [sc[4 * j + e] for e in range(4)]
+                    c4 = du.mma_bf16_m16n8k16(a[0], [b[0], b[1]], c4)
+                    c4 = du.mma_bf16_m16n8k16(a[1], [b[2], b[3]], c4)
+                    for e in range(4):
+                        sc[4 * j + e] = c4[e]
+
+    def pv(vs, pa, acc, lane):
+        """acc += P·V in place: P's A fragments `pa` (BN/16 k-steps × 4 bf16x2), V from `vs`."""
+        if wg:
+            vals = [acc[i] for i in range(dtiles * 4)]
+            du.wgmma_fence()
+            for kk in range(BN // 16):
+                # MN-major: 16 keys = two 1024-byte groups of 8 rows; 64-column blocks apart
+                db = du.smem_desc(vs + Uint32(kk * 16 * 128), blk_kv, 1024)
+                vals = du.wgmma_rs(d, pa[kk], db, vals, Int32(1), trans_b=1)
+            du.wgmma_commit()
+            du.wgmma_wait(0)
+            vals = du.fence_values(vals)
+            for i in range(dtiles * 4):
+                acc[i] = vals[i]
+        else:
+            for kk in range(BN // 16):
+                for jd in range(0, dtiles, 2):
+                    m = lane // 8
+                    b = du.ldmatrix_x4_trans(vs + Uint32(swz(16 * kk + 8 * (m % 2) + lane % 8,
+                                                             jd + m // 2, blk_kv)))
+                    for h in range(2):
+                        c4 = [acc[4 * (jd + h) + e] for e in range(4)]
+                        c4 = du.mma_bf16_m16n8k16(pa[kk], [b[2 * h], b[2 * h + 1]], c4)
+                        for e in range(4):
+                            acc[4 * (jd + h) + e] = c4[e]
+
+    @cute.kernel
+    def attn_prefill_wg_kernel(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
+                               mkc: cute.Tensor, mvc: cute.Tensor, mtable: cute.Tensor,
+                               mstart: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        blk, kvh, _ = cute.arch.block_idx()
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        alloc = cutlass.memory.SmemAllocator()
+        smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
+                                     byte_alignment=128)
+        raw = du.smem_addr(smem)
+        base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms need 1024 alignment
+
+        # this lane's two rows R = 16·warp + g + 8·r: token R // G, head R % G
+        row_r = [ROWS * warp + g + 8 * r for r in range(2)]
+        row_head = [(g + 8 * r) % g_heads for r in range(2)]  # 16·warp is a multiple of G
+        sw = [du.ld_weight_u32(msinks.iterator.toint() + Int64(kvh * g_heads + row_head[r]) * 4)
+              for r in range(2)]
+        du.griddepcontrol_wait_after_values(sw)
+        cute.arch.griddepcontrol_launch_dependents()
+
+        # the last query block first (the longest causal rows start first)
+        nblk, _, _ = cute.arch.grid_dim()
+        qblk = nblk - 1 - blk
+        n = mstart[0]
+        t_total = mq.shape[0]
+        q0 = qblk * tq
+        last = t_total - 1
+        qpos = [n + q0 + row_r[r] // g_heads for r in range(2)]
+
+        qmin = n + q0
+        qmax = n + cutlass.min(q0 + tq - 1, last)
+        lo = Int32(0)
+        if cutlass.const_expr(window > 0):
+            lo = cutlass.max(qmin - (window - 1), Int32(0))
+        t_first = lo // BN
+        ntiles = qmax // BN + 1 - t_first
+
+        kc, vc = mkc.iterator.toint(), mvc.iterator.toint()
+        kn, vn = mkn.iterator.toint(), mvn.iterator.toint()
+        tb = mtable.iterator.toint()
+        slot = Int32(0)
+        if cutlass.const_expr(ring == 1):
+            slot = mtable[0]
+
+        # Q's 128 rows (tokens past the chunk are zero fills), committed with the first tile
+        qb = mq.iterator.toint()
+        qs = base + Uint32(lay["q"])
+        for i in range(q_per_thread):
+            c = tid + threads * i
+            row, col = c // cpr, c % cpr
+            tok = q0 + row // g_heads
+            src = Int64(cutlass.min(tok, last) * hq + kvh * g_heads + row % g_heads) * (d * 2)
+            du.cp_async_16(qs + Uint32(swz(row, col, blk_q)), qb + src + Int64(col * 16),
+                           cutlass.select_(tok <= last, Int32(16), Int32(0)))
+
+        acc = cute.make_rmem_tensor((dtiles * 4,), Float32)
+        acc.fill(0.0)
+        sc = cute.make_rmem_tensor((BN // 2,), Float32)
+        st = cute.make_rmem_tensor((2, 2), Float32)  # per row: running max (log2), sum
+        for r in cutlass.range_constexpr(2):
+            sink = du.as_f32(sw[r]) * Float32(LOG2E)
+            st[r, 0] = sink
+            st[r, 1] = cutlass.select_((t == 0) & (sink != Float32(ninf)), Float32(1.0),
+                                       Float32(0.0))
+
+        for pre in cutlass.range_constexpr(STAGES - 1):
+            load_tile(t_first + pre, pre, tid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn, tb,
+                      mtable)
+        for it in cutlass.range(ntiles):
+            tile = t_first + it
+            stage = it % STAGES
+            du.cp_async_wait(STAGES - 2)
+            du.fence_proxy_async_shared()
+            cute.arch.sync_threads()
+            load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES, tid, kvh, n, lo, qmax,
+                      slot, base, kc, vc, kn, vn, tb, mtable)
+            kb = tile * BN
+            ks = base + Uint32(lay["stages"] + stage * lay["stage"])
+            vs = ks + Uint32(lay["tile"])
+            scores(sc, qs, ks, warp, lane)
+            for i in cutlass.range_constexpr(BN // 2):
+                sc[i] = sc[i] * Float32(qk_scale)
+            edge = kb + (BN - 1) > qmin
+            if cutlass.const_expr(window > 0):
+                edge = edge | (kb <= qmax - window)
+            if edge:
+                for j in cutlass.range_constexpr(ntile_s):
+                    for e in cutlass.range_constexpr(4):
+                        kp = kb + 8 * j + 2 * t + e % 2
+                        p = qpos[e // 2]
+                        ok = kp <= p
+                        if cutlass.const_expr(window > 0):
+                            ok = ok & (kp > p - window)
+                        sc[4 * j + e] = cutlass.select_(ok, sc[4 * j + e], Float32(ninf))
+            # online softmax per row (log2 units); the weights replace the scores
+            for r in cutlass.range_constexpr(2):
+                mx = sc[2 * r]
+                for j in cutlass.range_constexpr(ntile_s):
+                    for e in cutlass.range_constexpr(2):
+                        mx = cutlass.max(mx, sc[4 * j + 2 * r + e])
+                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+                m_old = st[r, 0]
+                m_new = cutlass.max(m_old, mx)
+                m_use = cutlass.select_(m_new == Float32(ninf), Float32(0.0), m_new)
+                alpha = du.ex2(m_old - m_use)
+                psum = Float32(0.0)
+                for j in cutlass.range_constexpr(ntile_s):
+                    for e in cutlass.range_constexpr(2):
+                        v = du.ex2(sc[4 * j + 2 * r + e] - m_use)
+                        sc[4 * j + 2 * r + e] = v
+                        psum = psum + v
+                st[r, 0] = m_new
+                st[r, 1] = st[r, 1] * alpha + psum
+                for jd in cutlass.range_constexpr(dtiles):
+                    acc[4 * jd + 2 * r] = acc[4 * jd + 2 * r] * alpha
+                    acc[4 * jd + 2 * r + 1] = acc[4 * jd + 2 * r + 1] * alpha
+            # P as A fragments: k-step kk = keys 16kk … 16kk + 15 = n-tiles 2kk, 2kk + 1
+            pa = [[du.pack_bf16(sc[8 * kk + 2 * e], sc[8 * kk + 2 * e + 1]) for e in range(4)]
+                  for kk in range(BN // 16)]
+            pv(vs, pa, acc, lane)
+
+        ob = mout.iterator.toint()
+        for r in cutlass.range_constexpr(2):
+            l_row = st[r, 1]
+            l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
+            l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
+            inv = Float32(1.0) / l_row
+            tok = q0 + row_r[r] // g_heads
+            if tok <= last:
+                orow = Int64(tok * hq + kvh * g_heads + row_head[r]) * (d * 2)
+                for jd in cutlass.range_constexpr(dtiles):
+                    du.st_u32(ob + orow + (8 * jd + 2 * t) * 2,
+                              du.pack_bf16(acc[4 * jd + 2 * r] * inv,
+                                           acc[4 * jd + 2 * r + 1] * inv))
+
+    @cute.jit
+    def attn_prefill_wg(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor, mkc: cute.Tensor,
+                        mvc: cute.Tensor, mtable: cute.Tensor, mstart: cute.Tensor,
+                        msinks: cute.Tensor, mout: cute.Tensor, stream: cuda.CUstream):
+        grid = (cute.ceil_div(mq.shape[0], tq), hkv, 1)
+        attn_prefill_wg_kernel(mq, mkn, mvn, mkc, mvc, mtable, mstart, msinks, mout).launch(
+            grid=grid, block=list(launch.block), smem=launch.smem, stream=stream)
+
+    return attn_prefill_wg
+
+
+make_args = attn_prefill.make_args
+flops = attn_prefill.flops
+
+KERNEL = KernelDef(name="attn_prefill_wg", args=_args, launch=_launch, specs=_specs,
+                   build=_build, reference=attn_prefill._reference,
+                   source_files=("toolchain/dsl_util.py", "prefill/attn_prefill.py"),
+                   build_takes_arch=True)
