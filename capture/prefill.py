@@ -478,18 +478,9 @@ class Prefill:
             from flint_graph.capture.launcher import KernelSet
             from flint_graph.kernels.prefill import nvfp4_unpack
 
-            from flint_graph.kernels.prefill import attn_prefill_wg
-
             kset = kset or KernelSet()
-            name = attn_kernel or ATTN_KERNEL
-            if name not in ATTN_KERNELS:
-                raise ValueError(f"attn_kernel {name!r}: expected one of "
-                                 f"{', '.join(ATTN_KERNELS)}")
-            if name == "attn_prefill_wg" and not attn_prefill_wg.fits(cfg):
-                name = "attn_prefill"  # its head dims: the tiny test config keeps mma.sync
-            self.attn_kernel = name
-            for ring, spec in self.specs.items():  # both kernels take the same spec values
-                self.kernels[ring] = kset.get(name, **spec.as_dict())
+            self._kset = kset
+            self.set_attn_kernel(attn_kernel or ATTN_KERNEL)
             dense, *stacks = nvfp4_unpack.KERNEL.specs(cfg, ())  # the E = 1 matrix one first
             if isinstance(weights.layers[0].q_proj, NVFP4Weight) or isinstance(
                     weights.lm_head, NVFP4Weight):
@@ -517,7 +508,6 @@ class Prefill:
                     self.place[spec["NT"]] = kset.get("moe_route", **spec.as_dict())
             self.routers = [split_router(lw.ffn.router) if isinstance(lw.ffn, MoEWeights)
                             else None for lw in weights.layers]
-            self._kset = kset
             if use_w4a16:
                 self.set_w4a16_variant()
                 e = cfg.n_routed_experts
@@ -533,6 +523,23 @@ class Prefill:
                             self.w4a16_shared[i] = (one[0] + one[1], _one_expert(sh.down))
         if dev.type == "cuda":
             self._prime_alphas()
+
+    def set_attn_kernel(self, name: str, **values: int) -> None:
+        """Run attention on kernel `name` (ATTN_KERNELS; attn_prefill_wg falls back to
+        attn_prefill where it does not fit the config), with other spec values (`values`, e.g.
+        ST=3 for attn_prefill_wg: benchmark variants, built by tools/build_gpu_cache.py).
+        Raises ValueError for an unknown name, KernelCacheError when the cache lacks it."""
+        from flint_graph.kernels.prefill import attn_prefill_wg
+
+        if name not in ATTN_KERNELS:
+            raise ValueError(f"attn_kernel {name!r}: expected one of {', '.join(ATTN_KERNELS)}")
+        if name == "attn_prefill_wg" and not attn_prefill_wg.fits(self.cfg):
+            name, values = "attn_prefill", {}  # its head dims: the tiny config keeps mma.sync
+        specs = self.specs if name == "attn_prefill" else {
+            s["RING"]: s for s in attn_prefill_wg.KERNEL.specs(self.cfg, ())}
+        for ring, spec in specs.items():
+            self.kernels[ring] = self._kset.get(name, **{**spec.as_dict(), **values})
+        self.attn_kernel = name
 
     def _prime_alphas(self) -> None:
         """Read every NVFP4 projection's scale2 that `dec.linear` scales by to the host now

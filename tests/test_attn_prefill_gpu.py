@@ -29,9 +29,12 @@ from flint_graph.kernels import registry
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 1e-2
-KERNELS = {"attn_prefill": ap, "attn_prefill_wg": wg}
+# each kernel (and attn_prefill_wg's other stage count) by its specialisations per config
+KERNELS = {"attn_prefill": ap._specs, "attn_prefill_wg": wg._specs,
+           "attn_prefill_wg-ST3": wg.bench_specs}
 # (kernel, preset) pairs: attn_prefill_wg does not take the tiny config's head dim 32
-CONFIGS = [("attn_prefill", "tiny"), ("attn_prefill", "full"), ("attn_prefill_wg", "full")]
+CONFIGS = [("attn_prefill", "tiny"), ("attn_prefill", "full"), ("attn_prefill_wg", "full"),
+           ("attn_prefill_wg-ST3", "full")]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,8 @@ def kset():
     from flint_graph.capture.launcher import KernelSet
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the reference in true fp32
-    return KernelSet(kernels=registry((*KERNELS, "slow_producer", "early_reader")))
+    return KernelSet(kernels=registry(("attn_prefill", "attn_prefill_wg", "slow_producer",
+                                       "early_reader")))
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -72,7 +76,7 @@ def _check(kset, spec, tokens, start, seed, sinks=None) -> float:
 
 @pytest.mark.parametrize("kernel,preset", CONFIGS)
 def test_prefill_attention_matches_reference(kset, kernel, preset):
-    specs = KERNELS[kernel]._specs(FlintConfig.preset(preset))
+    specs = KERNELS[kernel](FlintConfig.preset(preset))
     assert specs, f"{kernel} has no specialisation for {preset}"
     for si, spec in enumerate(specs):
         for ci, (tokens, start) in enumerate(_cases(preset)):
@@ -84,7 +88,7 @@ def test_prefill_attention_matches_reference(kset, kernel, preset):
 def test_sinks_enter_each_row_once(kset, kernel, preset, sinks):
     """A dominant sink (+30) shrinks every row's output towards 0 and must do so by exactly
     e^(sink − m) once; a negligible one (−30) and none at all leave plain softmax."""
-    for si, spec in enumerate(KERNELS[kernel]._specs(FlintConfig.preset(preset))):
+    for si, spec in enumerate(KERNELS[kernel](FlintConfig.preset(preset))):
         w = spec["W"] or 513
         _check(kset, spec, w + 7, 3, seed=77 + si, sinks=sinks)
 
@@ -95,9 +99,9 @@ def test_pdl_consumer_never_reads_its_input_early(kset, kernel):
     cache, the table, start) overwritten by the producer gives the same output as without PDL."""
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
-    for spec in KERNELS[kernel]._specs(FlintConfig.preset("full")):
+    for spec in KERNELS[kernel](FlintConfig.preset("full")):
         consumer = kset.get(spec.kernel, **spec.as_dict())
-        decl = KERNELS[kernel].KERNEL.args(spec)
+        decl = ap.KERNEL.args(spec)  # both kernels declare the same arguments
         targets = [i for i, a in enumerate(decl) if getattr(a, "role", "") == "input"]
         for target in targets:
             args = ap.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(5),

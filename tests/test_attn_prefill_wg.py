@@ -16,14 +16,16 @@ def test_specialisations_mirror_attn_prefill(preset):
     cfg = FlintConfig.preset(preset)
     assert wg.fits(cfg)
     specs = wg._specs(cfg)
-    assert [s.values for s in specs] == [s.values for s in ap._specs(cfg)]
-    for s in specs:
+    assert [{**s.as_dict(), "ST": wg.STAGES} for s in ap._specs(cfg)] == \
+        [s.as_dict() for s in specs]
+    assert {s["ST"] for s in wg.bench_specs(cfg)} == set(wg.STAGE_CHOICES) - {wg.STAGES}
+    for s in specs + wg.bench_specs(cfg):
         args, launch = check_spec(wg.KERNEL, s)
         assert [a.name for a in args] == [a.name for a in ap.KERNEL.args(s)]
         assert launch.block == (256, 1, 1)  # two warpgroups
         # Q and three K/V stages, plus the 1024 bytes the in-kernel alignment may skip
         d = s["D"]
-        assert launch.smem == 128 * d * 2 + wg.STAGES * 2 * wg.BN * d * 2 + 1024 <= 227 * 1024
+        assert launch.smem == 128 * d * 2 + s["ST"] * 2 * wg.BN * d * 2 + 1024 <= 227 * 1024
         g = cfg.num_attention_heads // cfg.num_key_value_heads
         assert wg.tokens_per_cta(s) * g == 128
 
@@ -33,9 +35,12 @@ def test_the_tiny_config_keeps_attn_prefill():
     assert not wg.fits(cfg) and wg._specs(cfg) == []
 
 
-def test_unsupported_head_dims_are_refused():
-    with pytest.raises(ValueError, match="head dim D = 96"):
-        check_spec(wg.KERNEL, wg.KERNEL.spec(HQ=32, HKV=4, D=96, P=64, RING=0, W=0))
+@pytest.mark.parametrize("bad, match", [(dict(D=96), "head dim D = 96"),
+                                        (dict(ST=4), "ST = 4 stages")])
+def test_unsupported_specialisations_are_refused(bad, match):
+    values = dict(HQ=32, HKV=4, D=128, P=64, RING=0, W=0, ST=2) | bad
+    with pytest.raises(ValueError, match=match):
+        check_spec(wg.KERNEL, wg.KERNEL.spec(**values))
 
 
 def test_the_prefill_knows_both_kernels():

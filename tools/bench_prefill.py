@@ -99,8 +99,9 @@ def main() -> int:
                         "each, e.g. -/-,-/0,0/0 (default: capture/prefill.py's constants)")
     p.add_argument("--attn-kernel", default="",
                    help="attention kernel(s) of the graph and kernel paths, comma-separated to "
-                        "time each: attn_prefill (mma.sync), attn_prefill_wg (wgmma) "
-                        "(default: capture/prefill.py ATTN_KERNEL)")
+                        "time each: attn_prefill (mma.sync), attn_prefill_wg (wgmma), a variant "
+                        "as NAME:K=V, e.g. attn_prefill_wg:ST=3 (default: capture/prefill.py "
+                        "ATTN_KERNEL)")
     p.add_argument("--out", default="out")
     p.add_argument("--profile-tokens", type=int, default=8192)
     args = p.parse_args()
@@ -145,8 +146,11 @@ def main() -> int:
         for path, (row_moe, w4a16, nt, depth, ws, most), attn in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
-                          row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None,
-                          attn_kernel=attn)
+                          row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
+            if attn:
+                name, _, rest = attn.partition(":")
+                pre.set_attn_kernel(name, **{k: int(v) for k, v in
+                                             (kv.split("=") for kv in rest.split(",") if kv)})
             pre.w4a16_nt = nt
             if most is not None:
                 pre.w4a16_routed_max, pre.w4a16_shared_max = most
@@ -156,7 +160,7 @@ def main() -> int:
             row_moe = (f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
                        f"/D{depth or 'auto'}/WS{ws or 0}"
                        f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}"
-                       f"/{pre.attn_kernel or 'torch'}")
+                       f"/{attn or pre.attn_kernel or 'torch'}")
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))

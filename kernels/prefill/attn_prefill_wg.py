@@ -15,9 +15,13 @@ tile's softmax with the next tile's MMAs).
 
 Design. Grid (ceil(T / TQ), HKV), 8 warps = 2 warpgroups of 64 MMA rows: 128 rows = TQ = 128/G
 tokens × G query heads of one KV head (row R: token R // G, head R % G), so each K/V tile is
-loaded once for its G heads. Keys in tiles of BN = 64 aligned to absolute positions, in three
-shared-memory stages filled by cp.async two tiles ahead (one barrier per tile, as attn_prefill;
-copies outside the CTA's key range are zero fills). Shared memory holds Q, K and V in the
+loaded once for its G heads. Keys in tiles of BN = 64 aligned to absolute positions, in ST
+shared-memory stages filled by cp.async ST − 1 tiles ahead (one barrier per tile, as
+attn_prefill; copies outside the CTA's key range are zero fills). ST = 2 (the default, 99 KB)
+lets two CTAs share an SM, so one's softmax can overlap the other's wgmmas (the kernel uses
+128 registers, which two CTAs of 256 threads fill exactly); ST = 3 (a bench variant,
+`bench_specs`, 131 KB) keeps one CTA per SM with two tiles in flight. Which is faster is for
+the H200 to say. Shared memory holds Q, K and V in the
 canonical 128-byte-swizzled layout wgmma reads: rows of 64 values (128 B) in blocks of D/64
 columns, 16-byte chunk c of row r at chunk c ^ (r mod 8), atoms 1024-byte aligned. Per tile:
 S = Q·Kᵀ as D/16 wgmma m64n64k16 (Q and K K-major), committed and waited; the mask where a
@@ -49,7 +53,8 @@ from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec
 WARPS = 8  # two warpgroups
 ROWS = 16  # MMA rows per warp (64 per warpgroup: wgmma's M)
 BN = 64  # keys per tile
-STAGES = 3
+STAGES = 2  # spec ST: shared-memory stages of K and V (2: two CTAs per SM)
+STAGE_CHOICES = (2, 3)
 LOG2E = 1.4426950408889634
 DS = (64, 128)  # head dims this kernel takes (O is 64 × D fp32 per warpgroup in registers)
 
@@ -70,6 +75,9 @@ def _check(spec: Spec) -> None:
     attn_prefill._check(spec)
     if spec["D"] not in DS:
         raise ValueError(f"attn_prefill_wg: head dim D = {spec['D']}; expected one of {DS}")
+    if spec["ST"] not in STAGE_CHOICES:
+        raise ValueError(f"attn_prefill_wg: ST = {spec['ST']} stages; expected one of "
+                         f"{STAGE_CHOICES}")
 
 
 def _args(spec: Spec):
@@ -83,7 +91,7 @@ def _layout(spec: Spec) -> dict[str, int]:
     q_bytes = WARPS * ROWS * d * 2
     tile = BN * d * 2
     return {"q": 0, "stages": q_bytes, "tile": tile, "stage": 2 * tile,
-            "total": q_bytes + STAGES * 2 * tile}
+            "total": q_bytes + spec["ST"] * 2 * tile}
 
 
 def _launch(spec: Spec) -> Launch:
@@ -93,11 +101,18 @@ def _launch(spec: Spec) -> Launch:
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
-    """One specialisation per attention layer kind, as attn_prefill; none where it does not
-    fit (`fits`)."""
+    """One specialisation per attention layer kind, as attn_prefill (plus ST = STAGES); none
+    where it does not fit (`fits`)."""
     if not fits(cfg):
         return []
-    return [KERNEL.spec(**s.as_dict()) for s in attn_prefill._specs(cfg, buckets)]
+    return [KERNEL.spec(**s.as_dict(), ST=STAGES) for s in attn_prefill._specs(cfg, buckets)]
+
+
+def bench_specs(cfg, buckets=()) -> list[Spec]:
+    """The other stage counts of `_specs`' kernels (tools/bench_prefill.py --attn-kernel
+    attn_prefill_wg:ST=3)."""
+    return [KERNEL.spec(**{**s.as_dict(), "ST": st}) for s in _specs(cfg, buckets)
+            for st in STAGE_CHOICES if st != STAGES]
 
 
 def _build(spec: Spec, arch: str = "sm_90a"):
@@ -112,6 +127,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     wg = arch == "sm_90a"  # wgmma; elsewhere mma.sync on the same layout
     hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
     ring, window = spec["RING"], spec["W"]
+    stages = spec["ST"]
     g_heads = hq // hkv
     tq = tokens_per_cta(spec)
     rows = WARPS * ROWS
@@ -290,16 +306,16 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             st[r, 1] = cutlass.select_((t == 0) & (sink != Float32(ninf)), Float32(1.0),
                                        Float32(0.0))
 
-        for pre in cutlass.range_constexpr(STAGES - 1):
+        for pre in cutlass.range_constexpr(stages - 1):
             load_tile(t_first + pre, pre, tid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn, tb,
                       mtable)
         for it in cutlass.range(ntiles):
             tile = t_first + it
-            stage = it % STAGES
-            du.cp_async_wait(STAGES - 2)
+            stage = it % stages
+            du.cp_async_wait(stages - 2)
             du.fence_proxy_async_shared()
             cute.arch.sync_threads()
-            load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES, tid, kvh, n, lo, qmax,
+            load_tile(tile + stages - 1, (it + stages - 1) % stages, tid, kvh, n, lo, qmax,
                       slot, base, kc, vc, kn, vn, tb, mtable)
             kb = tile * BN
             ks = base + Uint32(lay["stages"] + stage * lay["stage"])
