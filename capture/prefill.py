@@ -102,6 +102,13 @@ W4A16_NT_LARGE = 32
 # than the GEMMs save).
 W4A16_ROUTED_MAX: int | None = None
 W4A16_SHARED_MAX: int | None = 512
+# Chunks of more rows than this run the routed NVFP4 experts on grouped_w4a16_wg (wgmma, weights
+# decoded once per 64-k step into shared memory for tiles of 64 or 128 pairs:
+# kernels/prefill/grouped_w4a16_wg.py) instead of grouped_w4a16. None: never (the kernel is
+# written but not yet run on a GPU, 2026-12-02; benchmarks and tests set Prefill.w4a16_wg_min).
+W4A16_WG_MIN: int | None = None
+W4A16_WG_NT = ((2048, 64),)  # (up to this many rows, NT) on grouped_w4a16_wg; above: 128
+W4A16_WG_NT_LARGE = 128
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
@@ -467,6 +474,8 @@ class Prefill:
         # the largest chunks (rows) on the W4A16 kernels, routed and shared (benchmarks set
         # them); None: every size
         self.w4a16_routed_max, self.w4a16_shared_max = W4A16_ROUTED_MAX, W4A16_SHARED_MAX
+        self.w4a16_wg: dict[tuple[int, int], object] = {}  # grouped_w4a16_wg by (KIND, NT)
+        self.w4a16_wg_min: int | None = None  # chunks above this many rows use them
         use_w4a16 = (attention == "kernel" and fmt == "nvfp4" and w4a16 is not False
                       and grouped_w4a16.fits(cfg))
         if w4a16 and not use_w4a16:
@@ -510,6 +519,8 @@ class Prefill:
                             else None for lw in weights.layers]
             if use_w4a16:
                 self.set_w4a16_variant()
+                if W4A16_WG_MIN is not None:
+                    self.set_w4a16_wg(W4A16_WG_MIN)
                 e = cfg.n_routed_experts
                 for i, lw in enumerate(weights.layers):
                     if isinstance(lw.ffn, MoEWeights):
@@ -796,10 +807,35 @@ class Prefill:
             out.append(buf)
         return tuple(out)
 
-    def _nt(self, rows: int) -> int:
+    def _nt(self, rows: int, routed: bool = True) -> int:
         """Pairs per tile of the grouped W4A16 kernels (and the moe_route schedule) for a chunk
-        of `rows` rows: `w4a16_nt` when set, else by W4A16_NT."""
+        of `rows` rows: by W4A16_WG_NT where grouped_w4a16_wg runs the routed experts (`_wg`),
+        else `w4a16_nt` when set, else by W4A16_NT (the shared expert: `routed` False)."""
+        if routed and self._wg(rows):
+            return next((n for r, n in W4A16_WG_NT if rows <= r), W4A16_WG_NT_LARGE)
         return self.w4a16_nt or next((n for r, n in W4A16_NT if rows <= r), W4A16_NT_LARGE)
+
+    def _wg(self, rows: int) -> bool:
+        """Whether a chunk of `rows` rows runs the routed experts on grouped_w4a16_wg."""
+        return bool(self.w4a16_wg) and self.w4a16_wg_min is not None \
+            and rows > self.w4a16_wg_min and self._fits(rows, self.w4a16_routed_max)
+
+    def set_w4a16_wg(self, min_rows: int | None) -> None:
+        """Run the routed NVFP4 experts of chunks above `min_rows` rows on grouped_w4a16_wg
+        (None: never). Needs the grouped W4A16 path (NVFP4 experts, the kernel path, a config
+        both kernels fit); raises ValueError otherwise, KernelCacheError when the cache lacks
+        the kernels."""
+        from flint_graph.kernels.prefill import grouped_w4a16_wg
+
+        if min_rows is None:
+            self.w4a16_wg, self.w4a16_wg_min = {}, None
+            return
+        if not self.w4a16_args or not grouped_w4a16_wg.fits(self.cfg):
+            raise ValueError("grouped_w4a16_wg needs NVFP4 experts on the grouped W4A16 path "
+                             "and expert shapes it fits")
+        self.w4a16_wg = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16_wg", **s.as_dict())
+                         for s in grouped_w4a16_wg.KERNEL.specs(self.cfg, ())}
+        self.w4a16_wg_min = min_rows
 
     def set_w4a16_variant(self, **values: int) -> None:
         """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,
@@ -843,8 +879,9 @@ class Prefill:
             gate_up, down = self.w4a16_args[i]
             act = torch.empty(p, cfg.moe_intermediate_size, dtype=BF16, device=dev)
             y = torch.empty(p, cfg.hidden_size, dtype=BF16, device=dev)
-            self.w4a16[0, nt].launch(h, tok, tiles, *gate_up, act)
-            self.w4a16[1, nt].launch(act, tiles, *down, y)
+            kernels = self.w4a16_wg if self._wg(t) else self.w4a16
+            kernels[0, nt].launch(h, tok, tiles, *gate_up, act)
+            kernels[1, nt].launch(act, tiles, *down, y)
         else:
             # the per-expert counts only an NVFP4 decode reads (it skips untouched experts)
             counts = offs.diff(prepend=offs.new_zeros(1)) if isinstance(f.gate, NVFP4Weight) \
@@ -874,7 +911,7 @@ class Prefill:
         bucket's before capturing it, so a graph holds no schedule arithmetic)."""
         got = self._shared_scheds.get(tb)
         if got is None:
-            nt = self._nt(tb)
+            nt = self._nt(tb, routed=False)
             tiles = grouped_w4a16.tile_schedule(torch.tensor([tb], dtype=torch.int32), nt,
                                                 grouped_w4a16.max_tiles(tb, 1, nt))
             got = (nt, tiles.to(self.device), torch.arange(tb, dtype=torch.int32).to(self.device))

@@ -195,6 +195,32 @@ def test_prefill_on_the_wgmma_attention_kernel_matches_reference(kset, fmt):
     _median_ok(kv_rels, f"full {fmt} wgmma attention KV")
 
 
+@pytest.mark.parametrize("min_rows", [0, 600], ids=["always", "by-size"])
+def test_nvfp4_experts_on_the_wgmma_w4a16_kernels_match_reference(kset, min_rows):
+    """The routed NVFP4 experts on grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py) for
+    chunks above `min_rows` rows (600: the cases' chunks fall on both sides), full config
+    shapes, every chunk case of the file, eager: the same tolerances."""
+    from flint_graph.capture.kv_cache import KVCache
+    from flint_graph.capture.prefill import Prefill
+
+    cfg, w, ref = _model("full", "nvfp4")
+    gen = torch.Generator().manual_seed(7)
+    logit_rels, kv_rels = [], []
+    for tokens, chunk in _cases("full"):
+        prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
+        seq = ref.new_sequence()
+        want = ref.prefill(seq, prompt, chunk_tokens=2048)
+        cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
+        pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
+        pre.set_w4a16_wg(min_rows)
+        what = f"full nvfp4 wgmma W4A16 >{min_rows} prompt {tokens} chunk {chunk}"
+        got = pre.prefill(1, prompt, chunk)
+        _check_logits(got, want, what, logit_rels)
+        _check_kv(cache, seq, 1, tokens, what, kv_rels)
+    _median_ok(logit_rels, f"full nvfp4 wgmma W4A16 >{min_rows} logits")
+    _median_ok(kv_rels, f"full nvfp4 wgmma W4A16 >{min_rows} KV")
+
+
 @pytest.mark.parametrize("most", [(0, 0), (0, None), (None, 0), (600, 600)],
                          ids=["scratch", "routed-scratch", "shared-scratch", "by-size"])
 def test_nvfp4_experts_from_the_bf16_scratch_match_reference(kset, most):

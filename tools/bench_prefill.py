@@ -96,7 +96,11 @@ def main() -> int:
                    help="NVFP4 graph path: ROUTED/SHARED, the largest chunk (rows) the routed "
                         "and the shared expert run on the grouped W4A16 kernels, larger ones "
                         "from a BF16 scratch ('-' for every size); comma-separated values time "
-                        "each, e.g. -/-,-/0,0/0 (default: capture/prefill.py's constants)")
+                        "each, e.g. --w4a16-max=-/-,-/0,0/0 (default: capture/prefill.py's constants)")
+    p.add_argument("--w4a16-wg", default="",
+                   help="NVFP4 graph path: chunks above this many rows run the routed experts on "
+                        "grouped_w4a16_wg (wgmma); comma-separated values time each, '-' for "
+                        "off, e.g. --w4a16-wg=-,0 (default: capture/prefill.py W4A16_WG_MIN)")
     p.add_argument("--attn-kernel", default="",
                    help="attention kernel(s) of the graph and kernel paths, comma-separated to "
                         "time each: attn_prefill (mma.sync), attn_prefill_wg (wgmma), a variant "
@@ -135,18 +139,22 @@ def main() -> int:
         max_sweep = [tuple(None if x == "-" else int(x) for x in v.split("/"))
                      for v in args.w4a16_max.split(",") if v] or [None]
         attn_sweep = [v for v in args.attn_kernel.split(",") if v] or [None]
+        wg_sweep = [v for v in args.w4a16_wg.split(",") if v] if w4 else []
         sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
-        runs = [(path, r, a) for path in args.paths.split(",")
+        runs = [(path, r, a, wgm) for path in args.paths.split(",")
                 for r in (sweep if path == "graph" else [(None,) * 6])
-                for a in (attn_sweep if path in ("graph", "kernel") else [None])]
-        for path, (row_moe, w4a16, nt, depth, ws, most), attn in runs:
+                for a in (attn_sweep if path in ("graph", "kernel") else [None])
+                for wgm in ((wg_sweep or [None]) if path == "graph" else [None])]
+        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
+            if wgm is not None and pre.w4a16:
+                pre.set_w4a16_wg(None if wgm == "-" else int(wgm))
             if attn:
                 name, _, rest = attn.partition(":")
                 pre.set_attn_kernel(name, **{k: int(v) for k, v in
@@ -160,7 +168,8 @@ def main() -> int:
             row_moe = (f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
                        f"/D{depth or 'auto'}/WS{ws or 0}"
                        f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}"
-                       f"/{attn or pre.attn_kernel or 'torch'}")
+                       f"/{attn or pre.attn_kernel or 'torch'}"
+                       f"/wg>{pre.w4a16_wg_min if pre.w4a16_wg else '-'}")
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))

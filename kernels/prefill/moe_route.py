@@ -33,7 +33,7 @@ import math
 import torch
 
 from flint_graph import reference
-from flint_graph.kernels.prefill import grouped_w4a16
+from flint_graph.kernels.prefill import grouped_w4a16, grouped_w4a16_wg
 from flint_graph.kernels.toolchain.spec import KernelDef, Launch, ScalarArg, Spec, TensorArg
 
 PICK_WARPS = 4  # tokens per pick CTA
@@ -91,7 +91,8 @@ def _specs(cfg, buckets=()) -> list[Spec]:
             or cfg.first_k_dense_replace >= cfg.num_hidden_layers:
         return []
     out = [KERNEL.spec(KIND=0, E=e, K=k, NORM=int(cfg.norm_topk_prob))]
-    return out + [KERNEL.spec(KIND=1, E=e, K=k, NT=nt) for nt in grouped_w4a16.NTS]
+    nts = sorted(set(grouped_w4a16.NTS) | set(grouped_w4a16_wg.NTS))  # both W4A16 kernels
+    return out + [KERNEL.spec(KIND=1, E=e, K=k, NT=nt) for nt in nts]
 
 
 def pick_reference(spec: Spec, parts, bias, valid, scaling: float):

@@ -502,3 +502,25 @@ def wgmma_rs(n: int, a, desc_b, acc, accumulate, *, trans_b: int = 0, loc=None,
     args += [Int64(desc_b).ir_value(loc=loc, ip=ip), Int32(accumulate).ir_value(loc=loc, ip=ip)]
     res = _asm(_f32_struct(n // 2), args, text, cons, loc, ip, side_effects=True)
     return _f32_list(res, n // 2, loc, ip)
+
+
+@dsl_user_op
+def st_shared_v4(addr, words, *, loc=None, ip=None) -> None:
+    """Store 4 u32 (16 bytes) at a 16-byte aligned shared-window address (u32, STS.128)."""
+    _asm(None, [_u32(addr, loc, ip)] + [_u32(w, loc, ip) for w in words],
+         "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}", loc, ip,
+         side_effects=True)
+
+
+@dsl_user_op
+def st_shared_u32(addr, value, *, loc=None, ip=None) -> None:
+    """Store a u32 at a 4-byte aligned shared-window address (u32)."""
+    _asm(None, [_u32(addr, loc, ip), _u32(value, loc, ip)], "st.shared.b32 [$0], $1;",
+         "r,r,~{memory}", loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def ld_shared_u32(addr, *, loc=None, ip=None) -> Uint32:
+    """A u32 at a 4-byte aligned shared-window address (u32)."""
+    return Uint32(_asm(T.i32(), [_u32(addr, loc, ip)], "ld.shared.b32 $0, [$1];",
+                       "=r,r,~{memory}", loc, ip, side_effects=True))

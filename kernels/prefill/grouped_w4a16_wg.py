@@ -1,0 +1,368 @@
+"""The routed experts of a large prefill chunk as grouped W4A16 GEMMs on Hopper's warpgroup MMA
+(wgmma): the same function, arguments, tile schedule, reference and tolerance as
+`grouped_w4a16` (kernels/prefill/grouped_w4a16.py: KIND 0 gate/up with SwiGLU over the pairs'
+gathered x rows, KIND 1 down), for tiles of NT = 64 or 128 pairs. Not yet run on a GPU
+(2026-12-02): the prefill keeps grouped_w4a16 until this kernel's GPU test has passed
+(capture/prefill.py W4A16_KERNEL).
+
+Why. At 8K tokens the routed experts on `grouped_w4a16` take 67 ms of an NVFP4 prefill (~210
+TFLOP/s, perf log 2026-12-02): that kernel decodes every weight in registers into mma.sync
+fragments again for each tile of NT ≤ 32 pairs (larger tiles did not pay: the fragments of x and
+the accumulators of mma.sync share the registers), and the loop is issue-bound on the decoding.
+Here each CTA decodes its weight rows once per 64-k step into shared memory, where both
+warpgroups' wgmmas read them for all NT = 128 pairs of the tile: 4× fewer decodes per weight
+than NT = 32, and no operand fragments in registers.
+
+Design. Grid (N_out / 64 (KIND 0) or N_out / 128 (KIND 1), NTILES), 8 warps = 2 warpgroups.
+KIND 0: warpgroup 0 computes gate rows f0 … f0+63 and warpgroup 1 up rows f0 … f0+63 of the
+tile's expert; KIND 1: the two warpgroups take down rows f0 … f0+63 and f0+64 … f0+127. K goes
+in steps of BK = 64 (one 128-byte row of the swizzled layout). Per step each thread of a
+warpgroup decodes 32 k of one of its 64 weight rows (16 code bytes, 2 scale bytes, loaded into
+registers a step ahead; e2m1·e4m3·2^-7 in bf16, exact, by gemv_mma.frag_ops, then put back in
+natural k order) and stores them into the warpgroup's A tile in the canonical 128-byte-swizzled
+layout (16-byte chunk c of row r at chunk c ^ (r mod 8)); the tile's x rows (KIND 0 gathered
+through tok, zero fills past the tile's rows) come by cp.async into one of four x stages two
+steps ahead. After one barrier, 4 wgmma m64nNTk16 per warpgroup (A = its weight rows, B = the x rows,
+both K-major from shared memory) run asynchronously while the next step is decoded: each
+warpgroup waits for its previous step's wgmmas (wgmma.wait_group 1) before overwriting that
+step's A tile (its own rows, two A stages), and the x stage step s refills (for step s + 2) was
+last read by step s − 2's wgmmas, which both warpgroups had waited for before step s's barrier. The epilogue scales
+by scale2·2^7 in fp32 and rounds once (the reference's one rounding), KIND 0 passes g through
+shared memory to the up warpgroup for act = bf16(silu(g)·u), and the tile goes out through
+shared memory as whole 16-byte runs of each output row.
+
+sm_100a has no wgmma: that build (compiled in CI, never run here) issues the same products as
+mma.sync m16n8k16 per warp with ldmatrix from the same layouts.
+
+PDL: the tile schedule is an input and selects the expert, so every load follows
+griddepcontrol.wait (one wait at the top, in every thread; `routed_weights`).
+
+Tolerance (GPU test): as grouped_w4a16, ‖out − ref‖/‖ref‖ ≤ 1e-2 per launch (expected ~2e-3).
+Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile.
+"""
+
+import math
+
+from flint_graph.kernels.prefill import grouped_w4a16 as gw
+from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec
+
+WARPS = 8  # two warpgroups
+BK = 64  # k per step: one 128-byte row of the swizzled layout
+X_STAGES = 4  # x tiles in shared memory, filled X_AHEAD steps ahead
+X_AHEAD = 2  # so a refilled stage was last read X_STAGES − X_AHEAD = 2 steps before
+W_STAGES = 2
+NTS = (64, 128)  # pairs per tile: wgmma's N
+
+
+def cta_rows(kind: int) -> int:
+    """Output features per CTA: 64 (KIND 0: gate and up, one warpgroup each) or 128."""
+    return 64 if kind == 0 else 128
+
+
+def fits(cfg) -> bool:
+    """Whether `cfg`'s expert shapes suit the kernel (H and M multiples of BK and of the CTA's
+    output rows): Flint (2048, 512) and flint-nano (256, 128) do, the tiny config does not."""
+    h, m = cfg.hidden_size, cfg.moe_intermediate_size
+    return bool(cfg.n_routed_experts) and h % 128 == 0 and m % 64 == 0
+
+
+def _check(spec: Spec) -> None:
+    kind, h, m, nt = spec["KIND"], spec["H"], spec["M"], spec["NT"]
+    if kind not in (0, 1):
+        raise ValueError(f"grouped_w4a16_wg: KIND = {kind}; expected 0 (gate/up) or 1 (down)")
+    if nt not in NTS:
+        raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
+    if spec["E"] < 1:
+        raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
+    k_dim, n_out = (h, m) if kind == 0 else (m, h)
+    if k_dim % BK or n_out % cta_rows(kind):
+        raise ValueError(f"grouped_w4a16_wg: K = {k_dim} must be a multiple of {BK} and N = "
+                         f"{n_out} of {cta_rows(kind)} (KIND {kind})")
+
+
+def _args(spec: Spec):
+    _check(spec)
+    return gw._args(gw.KERNEL.spec(KIND=spec["KIND"], H=spec["H"], M=spec["M"], E=spec["E"],
+                                   NT=16, D=gw.DEPTH))
+
+
+def _layout(spec: Spec) -> dict[str, int]:
+    """Byte offsets in the 1024-aligned shared-memory block: the A (weight) stages, each two
+    warpgroups × 64 rows × 128 B, then the x stages, NT rows × 128 B; the epilogue reuses it."""
+    w_stage = 2 * 64 * 128
+    x_stage = spec["NT"] * 128
+    x0 = W_STAGES * w_stage
+    return {"w_stage": w_stage, "x0": x0, "x_stage": x_stage,
+            "total": x0 + X_STAGES * x_stage}
+
+
+def _out_pitch(spec: Spec) -> int:
+    return cta_rows(spec["KIND"]) * 2 + 16  # bytes per token row of the output tile (+ pad)
+
+
+def _smem(spec: Spec) -> int:
+    main = _layout(spec)["total"]
+    exch = 128 * (spec["NT"] // 2) * 4 if spec["KIND"] == 0 else 0  # g: fp32 per up thread
+    return max(main, exch + spec["NT"] * _out_pitch(spec)) + 1024  # + in-kernel alignment
+
+
+def _launch(spec: Spec) -> Launch:
+    n_out = spec["M"] if spec["KIND"] == 0 else spec["H"]
+    return Launch(grid=(n_out // cta_rows(spec["KIND"]), ("NTILES", 1), 1),
+                  block=(32 * WARPS, 1, 1), smem=_smem(spec))
+
+
+def _specs(cfg, buckets=()) -> list[Spec]:
+    """Gate/up and down of the routed experts for each NT; none where the kernel does not fit
+    (`fits`). The shared expert of large chunks runs on cuBLAS (capture/prefill.py)."""
+    if not fits(cfg):
+        return []
+    e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    return [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt) for kind in (0, 1) for nt in NTS]
+
+
+def _reference(spec: Spec, *args):
+    return gw._reference(spec, *args)
+
+
+def make_args(spec: Spec, **kw) -> list:
+    """grouped_w4a16.make_args for this spec's NT (the tile schedule's size)."""
+    return gw.make_args(spec, **kw)
+
+
+def _build(spec: Spec, arch: str = "sm_90a"):
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64, Uint32
+
+    from flint_graph.kernels.decode.gemv_mma import frag_ops
+    from flint_graph.kernels.toolchain import dsl_util as du
+
+    _check(spec)
+    wg = arch == "sm_90a"  # wgmma; elsewhere mma.sync on the same layouts
+    kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
+    k_dim, n_out = (h, m) if kind == 0 else (m, h)
+    rows_cta = cta_rows(kind)
+    steps = k_dim // BK
+    threads = 32 * WARPS
+    lay = _layout(spec)
+    code_row, scale_row = k_dim // 2, k_dim // 16  # bytes per weight row
+    x_per_thread = nt * 8 // threads  # 16-byte x chunks per thread per step
+    out_pitch = _out_pitch(spec)
+    out_units = rows_cta * 2 // 16
+    out_per_thread = math.ceil(nt * out_units / threads)
+    nacc = nt // 2  # accumulators per thread: m64 × NT over 128 threads
+    exch_bytes = 128 * nacc * 4 if kind == 0 else 0
+    launch = _launch(spec)
+    dequant, _, scales = frag_ops()
+
+    def swz(row, chunk):
+        """Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` (swizzled)."""
+        return row * 128 + ((chunk ^ (row % 8)) * 16)
+
+    def load_x(s, base, dst, src, nbytes):
+        """cp.async this thread's x chunks of step s into its stage (trace-time helper)."""
+        stage = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
+        for d, a, n in zip(dst, src, nbytes):
+            du.cp_async_16(stage + d, a + Int64(s * BK * 2), n)
+        du.cp_async_commit()
+
+    def load_w(s, ca, sa):
+        """This thread's 16 code bytes and 2 scale bytes of step s (registers)."""
+        return du.ld_weight_v4(ca + Int64(s * BK // 2)), du.ld_weight_u16(sa + Int64(s * BK // 16))
+
+    def store_w(stage, wrow, half, words, sbytes):
+        """Decode this thread's 32 k of step `stage`'s weight row `wrow` and store them in
+        natural k order into the swizzled A tile."""
+        sc = scales(du.prmt(sbytes, sbytes, 0x5410))[0]  # (k 0..15, k 16..31) of the chunk
+        for j in range(4):  # 8 codes each: k 8j … 8j+7 of the thread's 32
+            p = [du.mul_bf16x2_by_half(v, sc, j // 2) for v in dequant(words[j])]
+            # dequant gives pairs (k, k+4); natural order is (0,1) (2,3) (4,5) (6,7)
+            nat = [du.prmt(p[0], p[1], 0x5410), du.prmt(p[2], p[3], 0x5410),
+                   du.prmt(p[0], p[1], 0x7632), du.prmt(p[2], p[3], 0x7632)]
+            du.st_shared_v4(stage + Uint32(swz(wrow, 4 * half + j)), nat)
+
+    def mma_step(acc, a_tile, x_tile, warp, lane):
+        """acc += this warpgroup's A tile (64 rows × BK) · the x tile (NT rows × BK)ᵀ."""
+        if wg:
+            vals = [acc[i] for i in range(nacc)]
+            for kk in range(BK // 16):
+                da = du.smem_desc(a_tile + Uint32(kk * 32), 16, 1024)
+                db = du.smem_desc(x_tile + Uint32(kk * 32), 16, 1024)
+                vals = du.wgmma_ss(nt, da, db, vals, Int32(1))
+            for i in range(nacc):
+                acc[i] = vals[i]
+            return
+        w16 = (warp % 4) * 16
+        m8 = lane // 8
+        for kk in range(BK // 16):
+            a = du.ldmatrix_x4(a_tile + Uint32(swz(w16 + lane % 16, 2 * kk + lane // 16)))
+            for j in range(0, nt // 8, 2):
+                # n-tiles j and j + 1 (tokens 8j … 8j + 15), chunks 2kk and 2kk + 1
+                b = du.ldmatrix_x4(x_tile + Uint32(swz(8 * (j + m8 // 2) + lane % 8,
+                                                       2 * kk + m8 % 2)))
+                for hh in range(2):
+                    c4 = [acc[4 * (j + hh) + v] for v in range(4)]
+                    c4 = du.mma_bf16_m16n8k16(a, [b[2 * hh], b[2 * hh + 1]], c4)
+                    for v in range(4):
+                        acc[4 * (j + hh) + v] = c4[v]
+
+    @cute.jit
+    def body(mx, mtok, mtiles, stacks, mout):
+        tid, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        wgi, tw = tid // 128, tid % 128
+        cute.arch.griddepcontrol_wait()  # the schedule, x and tok are the producers' outputs
+        cute.arch.griddepcontrol_launch_dependents()
+        info = du.ld_v4(mtiles.iterator.toint() + Int64(by) * 16)
+        ex, pair0, nrows = info[0], info[1], info[2]
+        if ex < Uint32(e):
+            alloc = cutlass.memory.SmemAllocator()
+            smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
+                                         byte_alignment=128)
+            raw = du.smem_addr(smem)
+            base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms: 1024-aligned
+
+            # this thread's x chunks: chunk tid % 8 of rows tid // 8 + 32i (fixed over steps)
+            xb = mx.iterator.toint()
+            chunk = tid % 8
+            xrows = [tid // 8 + (threads // 8) * i for i in range(x_per_thread)]
+            oks = [Uint32(row) < nrows for row in xrows]
+            if cutlass.const_expr(kind == 0):
+                srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4,
+                                      ok) for row, ok in zip(xrows, oks)]
+            else:
+                srows = [cutlass.select_(ok, pair0 + Uint32(row), Uint32(0))
+                         for row, ok in zip(xrows, oks)]
+            src = [xb + Int64(srow) * (k_dim * 2) + Int64(chunk * 16) for srow in srows]
+            nbytes = [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks]
+            dst = [Uint32(swz(row, chunk)) for row in xrows]
+
+            # this thread's weight row (of its warpgroup's 64) and k half of each step
+            wrow, half = tw // 2, tw % 2
+            f0 = Int64(bx * rows_cta)
+            frow = f0 + Int64(wrow)
+            if cutlass.const_expr(kind == 1):
+                frow = frow + Int64(wgi * 64)
+            codes_g = stacks[0][0].iterator.toint()
+            codes_u = stacks[1][0].iterator.toint()
+            scl_g = stacks[0][1].iterator.toint()
+            scl_u = stacks[1][1].iterator.toint()
+            grow = Int64(ex) * n_out + frow
+            ca = cutlass.select_(wgi == 0, codes_g, codes_u) + grow * code_row + Int64(16 * half)
+            sa = cutlass.select_(wgi == 0, scl_g, scl_u) + grow * scale_row + Int64(2 * half)
+
+            for s in cutlass.range_constexpr(min(X_AHEAD, steps)):
+                load_x(s, base, dst, src, nbytes)
+            nxt = load_w(0, ca, sa)
+            acc = cute.make_rmem_tensor((nacc,), Float32)
+            acc.fill(0.0)
+            a_off = wgi * 64 * 128  # this warpgroup's rows in an A stage
+            for s in cutlass.range_constexpr(steps):
+                words, sbytes = nxt
+                if cutlass.const_expr(s + 1 < steps):
+                    nxt = load_w(s + 1, ca, sa)
+                a_tile = base + Uint32((s % W_STAGES) * lay["w_stage"]) + Uint32(a_off)
+                store_w(a_tile, wrow, half, words, sbytes)
+                du.cp_async_wait(min(X_AHEAD - 1, steps - 1 - s))
+                du.fence_proxy_async_shared()
+                cute.arch.sync_threads()
+                if cutlass.const_expr(s + X_AHEAD < steps):
+                    load_x(s + X_AHEAD, base, dst, src, nbytes)
+                x_tile = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
+                if cutlass.const_expr(wg):
+                    du.wgmma_fence()
+                mma_step(acc, a_tile, x_tile, warp, lane)
+                if cutlass.const_expr(wg):
+                    du.wgmma_commit()
+                    # the previous step's wgmmas are done: its A stage may be overwritten
+                    du.wgmma_wait(1)
+            if cutlass.const_expr(wg):
+                du.wgmma_wait(0)
+                vals = du.fence_values([acc[i] for i in range(nacc)])
+                for i in cutlass.range_constexpr(nacc):
+                    acc[i] = vals[i]
+
+            # epilogue: scale2·2^7 (the decode's 2^-7), one rounding; KIND 0: SwiGLU
+            s2 = cutlass.select_(wgi == 0, stacks[0][2].iterator.toint(),
+                                 stacks[1][2].iterator.toint())
+            alpha = du.as_f32(du.ld_weight_u32(s2 + Int64(ex) * 4)) * Float32(128.0)
+            du.cp_async_wait(0)
+            cute.arch.sync_threads()  # every stage is read: reuse the block
+            out_tile = base + Uint32(exch_bytes)
+            w16 = (warp % 4) * 16
+            if cutlass.const_expr(kind == 0):
+                if wgi == 0:  # gate: bf16(g) for the up warpgroup's thread at the same place
+                    for i in cutlass.range_constexpr(nacc):
+                        gb = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
+                        du.st_shared_u32(base + Uint32((i * 128 + tw) * 4), gb << 16)
+                cute.arch.sync_threads()
+                if wgi == 1:
+                    for i in cutlass.range_constexpr(nacc):
+                        gf = du.as_f32(du.ld_shared_u32(base + Uint32((i * 128 + tw) * 4)))
+                        ub = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
+                        uf = du.as_f32(ub << 16)
+                        val = (gf / (Float32(1.0) + cute.math.exp(-gf))) * uf
+                        tok_col = 8 * (i // 4) + 2 * t + i % 2
+                        feat = w16 + g + 8 * ((i % 4) // 2)
+                        du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
+                                         du.pack_bf16(val, val))
+            else:
+                for i in cutlass.range_constexpr(nacc):
+                    tok_col = 8 * (i // 4) + 2 * t + i % 2
+                    feat = wgi * 64 + w16 + g + 8 * ((i % 4) // 2)
+                    du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
+                                     du.pack_bf16(acc[i] * alpha, acc[i] * alpha))
+            cute.arch.sync_threads()
+            ob = mout.iterator.toint() + f0 * 2
+            for i in cutlass.range_constexpr(out_per_thread):
+                c = tid + threads * i
+                row, u = c // out_units, c % out_units
+                if Uint32(row) < nrows:
+                    words = du.ld_shared_v4(out_tile + Uint32(row * out_pitch + u * 16))
+                    du.st_v4(ob + (Int64(pair0) + Int64(row)) * (n_out * 2) + Int64(u * 16),
+                             words)
+
+    if kind == 0:
+        @cute.kernel
+        def grouped_w4a16_wg_kernel(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
+                                    gc: cute.Tensor, gs: cute.Tensor, g2: cute.Tensor,
+                                    uc: cute.Tensor, us: cute.Tensor, u2: cute.Tensor,
+                                    mout: cute.Tensor):
+            body(mx, mtok, mtiles, [(gc, gs, g2), (uc, us, u2)], mout)
+
+        @cute.jit
+        def grouped_w4a16_wg(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
+                             gc: cute.Tensor, gs: cute.Tensor, g2: cute.Tensor, uc: cute.Tensor,
+                             us: cute.Tensor, u2: cute.Tensor, mout: cute.Tensor,
+                             stream: cuda.CUstream):
+            grouped_w4a16_wg_kernel(mx, mtok, mtiles, gc, gs, g2, uc, us, u2, mout).launch(
+                grid=(n_out // rows_cta, mtiles.shape[0], 1), block=list(launch.block),
+                smem=launch.smem, stream=stream)
+
+        return grouped_w4a16_wg
+
+    @cute.kernel
+    def grouped_w4a16_wg_kernel(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
+                                ds: cute.Tensor, d2: cute.Tensor, mout: cute.Tensor):
+        body(mx, mx, mtiles, [(dc, ds, d2), (dc, ds, d2)], mout)
+
+    @cute.jit
+    def grouped_w4a16_wg(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
+                         ds: cute.Tensor, d2: cute.Tensor, mout: cute.Tensor,
+                         stream: cuda.CUstream):
+        grouped_w4a16_wg_kernel(mx, mtiles, dc, ds, d2, mout).launch(
+            grid=(n_out // rows_cta, mtiles.shape[0], 1), block=list(launch.block),
+            smem=launch.smem, stream=stream)
+
+    return grouped_w4a16_wg
+
+
+KERNEL = KernelDef(name="grouped_w4a16_wg", args=_args, launch=_launch, specs=_specs,
+                   build=_build, reference=_reference,
+                   source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py",
+                                 "prefill/grouped_w4a16.py"),
+                   build_takes_arch=True, routed_weights=True)

@@ -1,0 +1,43 @@
+"""CPU checks of grouped_w4a16_wg's declaration (kernels/prefill/grouped_w4a16_wg.py): the same
+arguments as grouped_w4a16, specialisations for the full and flint-nano shapes (none for the
+tiny config), a launch that two CTAs per SM can hold, and moe_route's place kernel built for
+its tile sizes. The kernel runs in tests/test_grouped_w4a16_wg_gpu.py and compiles for both
+archs in tests/test_kernel_cache.py."""
+
+import pytest
+
+from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.kernels.prefill import grouped_w4a16 as gw
+from flint_graph.kernels.prefill import grouped_w4a16_wg as gwg
+from flint_graph.kernels.prefill import moe_route
+from flint_graph.kernels.toolchain.spec import check_spec
+
+
+@pytest.mark.parametrize("preset", ["nano", "full"])
+def test_specialisations_and_launch(preset):
+    cfg = FlintConfig.preset(preset)
+    specs = gwg._specs(cfg)
+    assert {(s["KIND"], s["NT"]) for s in specs} == {(k, n) for k in (0, 1) for n in gwg.NTS}
+    for s in specs:
+        args, launch = check_spec(gwg.KERNEL, s)
+        ref = gw.KERNEL.args(gw.KERNEL.spec(KIND=s["KIND"], H=s["H"], M=s["M"], E=s["E"],
+                                            NT=16, D=gw.DEPTH))
+        assert [(a.name, a.shape) for a in args] == [(a.name, a.shape) for a in ref]
+        assert launch.block == (256, 1, 1)
+        assert launch.smem <= 113 * 1024  # two CTAs per SM
+        n_out = s["M"] if s["KIND"] == 0 else s["H"]
+        assert launch.grid[0] == n_out // gwg.cta_rows(s["KIND"])
+    places = {s["NT"] for s in moe_route._specs(cfg) if s["KIND"] == 1}
+    assert set(gwg.NTS) <= places and set(gw.NTS) <= places
+
+
+def test_the_tiny_config_has_none():
+    assert gwg._specs(FlintConfig.preset("tiny")) == []
+
+
+@pytest.mark.parametrize("bad, match", [(dict(NT=32), "NT = 32"), (dict(KIND=2), "KIND = 2"),
+                                        (dict(M=96), "multiple of 64")])
+def test_unsupported_specialisations_are_refused(bad, match):
+    values = dict(KIND=0, H=2048, M=512, E=256, NT=64) | bad
+    with pytest.raises(ValueError, match=match):
+        check_spec(gwg.KERNEL, gwg.KERNEL.spec(**values))
