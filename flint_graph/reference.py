@@ -28,7 +28,11 @@ from flint_graph.checkpoints.weights import (FlintWeights, LayerWeights, Linear,
 
 ACT_DTYPE = torch.bfloat16  # default activation / KV dtype (DESIGN §4)
 KV_CHUNK_TOKENS = 256  # default: full-layer caches grow by this many tokens at a time
-ATTN_BLOCK_ELEMS = 1 << 27  # fp32 logits per query block in `attention` (512 MiB)
+ATTN_BLOCK_ELEMS = 1 << 27  # fp32 logits per query block in `attention` (512 MiB) on CUDA
+# on the CPU (float64 logits): blocks small enough to stay in cache-friendly sizes and to let a
+# sliding layer's block skip the keys outside its window (`_visible_keys`): a 7K-token prompt on
+# flint-nano spent most of its time allocating and filling 1 GiB blocks (2026-12-02)
+ATTN_BLOCK_ELEMS_CPU = 1 << 21
 
 
 # -- ops -------------------------------------------------------------------------------------
@@ -108,7 +112,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
     p−window+1 … p (all ≤ p when window is None). Logits s = scale·q·k in fp32 (scale defaults
     to 1/sqrt(D)); sinks fp32 [Hq] add one logit per head that is not scaled and carries no
     value: out = Σ e^(s_j−m) v_j / (Σ e^(s_j−m) + e^(sink−m)). FP32 throughout, rounded once.
-    Queries are processed in blocks so the logits never exceed ATTN_BLOCK_ELEMS floats.
+    Queries are processed in blocks so the logits never exceed ATTN_BLOCK_ELEMS floats
+    (ATTN_BLOCK_ELEMS_CPU on the CPU), each over the keys some query of the block may see.
     """
     t, hq, d = q.shape
     hkv = k.shape[1]
@@ -116,12 +121,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
     acc = acc_dtype(q)
     kf = k.to(acc).permute(1, 0, 2)  # [Hkv, S, D]
     vf = v.to(acc).permute(1, 0, 2)  # [Hkv, S, D]
-    block = max(1, ATTN_BLOCK_ELEMS // (hq * max(1, k.shape[0])))
+    elems = ATTN_BLOCK_ELEMS_CPU if q.device.type == "cpu" else ATTN_BLOCK_ELEMS
+    block = max(1, elems // (hq * max(1, k.shape[0])))
     out = []
     for b in range(0, t, block):
         qb = q[b:b + block].to(acc).view(-1, hkv, hq // hkv, d).permute(1, 2, 0, 3)
-        s = (qb @ kf[:, None].transpose(-1, -2)) * scale  # [Hkv, G, Tb, S]
-        qp, kp = q_pos[b:b + block, None], k_pos[None, :]
+        kb, vb, kpos = _visible_keys(kf, vf, k_pos, q_pos[b:b + block], window)
+        s = (qb @ kb[:, None].transpose(-1, -2)) * scale  # [Hkv, G, Tb, S]
+        qp, kp = q_pos[b:b + block, None], kpos[None, :]
         visible = kp <= qp
         if window is not None:
             visible &= kp > qp - window
@@ -134,9 +141,28 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
         den = p.sum(-1, keepdim=True)
         if sinks is not None:
             den = den + torch.exp(sink - m)
-        o = (p @ vf[:, None]) / den  # [Hkv, G, Tb, D]
+        o = (p @ vb[:, None]) / den  # [Hkv, G, Tb, D]
         out.append(o.permute(2, 0, 1, 3).reshape(-1, hq, d))
     return torch.cat(out).to(dtype)
+
+
+def _visible_keys(kf: torch.Tensor, vf: torch.Tensor, k_pos: torch.Tensor, q_pos: torch.Tensor,
+                  window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The keys (kf, vf [Hkv, S, D], k_pos [S]) that some query of a block at q_pos may see:
+    positions up to its last query and, with a window, from its first query's window start.
+    The others would get weight e^-inf = 0, so leaving them out changes no sum (the sums of
+    `acc_dtype` round to the same values whatever their order); it saves computing a sliding
+    layer's scores over the whole context (a 7K-token prompt on flint-nano: most of its CPU
+    prefill time, 2026-12-02). All keys when every one is visible or none is."""
+    lo = None if window is None else q_pos.min() - window + 1
+    sel = k_pos <= q_pos.max()
+    if lo is not None:
+        sel &= k_pos >= lo
+    n = int(sel.sum())
+    if n == 0 or n == k_pos.numel():
+        return kf, vf, k_pos
+    idx = sel.nonzero().squeeze(1)
+    return kf[:, idx], vf[:, idx], k_pos[idx]
 
 
 def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int,
