@@ -28,8 +28,53 @@ def threads(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: state["n"])
     monkeypatch.setattr(torch, "set_num_threads", set_threads)
     monkeypatch.setattr(engine_config, "_threads_set_here", None)
+    monkeypatch.setattr(engine_config, "_auto_single", False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     return state
+
+
+def _prefill(tokens: int, device=CPU) -> int:
+    """The thread count torch has inside `prefill_threads` for a prefill of `tokens`."""
+    with engine_config.prefill_threads(device, tokens):
+        return torch.get_num_threads()
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """8 cores, torch's default 8 threads, and a settable 1-minute load average."""
+    load = {"1m": 1.0}
+    monkeypatch.setattr(engine_config, "_THREADS_AT_IMPORT", 8)
+    monkeypatch.setattr(engine_config.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(engine_config.os, "getloadavg", lambda: (load["1m"], 0.0, 0.0))
+    return load
+
+
+def test_a_long_cpu_prefill_of_a_small_model_shares_the_free_cores(threads, machine):
+    threads["n"] = 8  # torch's default on this machine
+    apply_cpu_threads(EngineConfig(), CPU, SMALL)
+    assert threads["n"] == 1
+    n = engine_config.PREFILL_THREADS_MIN_TOKENS
+    assert _prefill(n) == 8 and threads["n"] == 1  # back to one thread for decode
+    assert _prefill(n - 1) == 1  # too short to share
+    assert _prefill(n, CUDA) == 1
+    machine["1m"] = 4.2  # this process and ~3 others: 5 cores free
+    assert _prefill(n) == 5
+    machine["1m"] = 8.6  # every other core taken
+    assert _prefill(n) == 1
+    machine["1m"] = 1.0
+    with pytest.raises(ZeroDivisionError):
+        with engine_config.prefill_threads(CPU, n):
+            1 / 0
+    assert threads["n"] == 1  # restored after an error too
+
+
+def test_a_chosen_count_is_kept_in_prefill(threads, machine, monkeypatch):
+    threads["n"] = 8
+    apply_cpu_threads(EngineConfig(cpu_threads=1), CPU, SMALL)  # EngineConfig / --threads 1
+    assert _prefill(10_000) == 1
+    apply_cpu_threads(EngineConfig(), CPU, BIG)  # a big model keeps torch's count
+    threads["n"] = 3  # the user's torch.set_num_threads(3)
+    assert _prefill(10_000) == 3
 
 
 def test_small_model_on_cpu_gets_one_thread(threads):

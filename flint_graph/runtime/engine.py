@@ -19,7 +19,8 @@ from collections import deque
 import torch
 
 from flint_graph.checkpoints.checkpoint import LoadedCheckpoint
-from flint_graph.runtime.engine_config import EngineConfig, apply_cpu_threads, default_prefill_chunk
+from flint_graph.runtime.engine_config import (EngineConfig, apply_cpu_threads,
+                                               default_prefill_chunk, prefill_threads)
 from flint_graph.errors import ConfigError, FlintError
 from flint_graph.runtime.prefill_pacer import PrefillPacer
 from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS, PrefixCache, Retained
@@ -157,8 +158,9 @@ class Engine:
                     logits = self.runner.prefill(self._slot[req.id], part,
                                                  self.prefill_chunk_tokens, start=done)
                 else:
-                    logits = self.model.prefill(self._kv[req.id], part,
-                                                self.prefill_chunk_tokens)
+                    with prefill_threads(self.device, n):
+                        logits = self.model.prefill(self._kv[req.id], part,
+                                                    self.prefill_chunk_tokens)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)  # the pacer times the GPU's work
             except Exception as e:  # noqa: BLE001 - any failure ends this request only

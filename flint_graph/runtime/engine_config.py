@@ -6,6 +6,7 @@ thread policy (`apply_cpu_threads`) lives here too, so `LLM()` and the CLI share
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -98,6 +99,13 @@ SMALL_MODEL_HIDDEN = 512
 # torch's own count before the first LLM() changes nothing and cannot be told apart.
 _THREADS_AT_IMPORT = torch.get_num_threads()
 _threads_set_here: int | None = None
+_auto_single = False  # the policy itself chose one thread (a small model), not the user
+# A prefill of at least this many tokens is long enough to share between threads even for a
+# small model: on this 2-core machine (2026-12-02) a 7,202-token flint-nano prompt took 14.4 s
+# to its first token on one thread and 7.7 s on two; decode steps keep the one thread. But with
+# the other core busy, two threads took 26.1 s against 14.9 s on one, so `prefill_threads`
+# leaves out the cores the 1-minute load average says are taken.
+PREFILL_THREADS_MIN_TOKENS = 256
 
 
 def apply_cpu_threads(engine: EngineConfig, device: torch.device, hidden_size: int) -> None:
@@ -106,8 +114,9 @@ def apply_cpu_threads(engine: EngineConfig, device: torch.device, hidden_size: i
     `engine.cpu_threads` wins when given. Otherwise a small model (hidden_size <=
     SMALL_MODEL_HIDDEN) on the CPU gets one thread, unless OMP_NUM_THREADS is set or the user
     already called torch.set_num_threads; anything else keeps torch's setting."""
-    global _threads_set_here
+    global _threads_set_here, _auto_single
     n = engine.cpu_threads
+    _auto_single = False
     if n is None:
         current = torch.get_num_threads()
         expected = _THREADS_AT_IMPORT if _threads_set_here is None else _threads_set_here
@@ -116,9 +125,34 @@ def apply_cpu_threads(engine: EngineConfig, device: torch.device, hidden_size: i
                 or os.environ.get("OMP_NUM_THREADS")):
             return
         n = 1
+        _auto_single = True
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     _threads_set_here = n
+
+
+@contextlib.contextmanager
+def prefill_threads(device: torch.device, tokens: int):
+    """Around a CPU prefill of `tokens` tokens: torch's own thread count (the machine's cores,
+    less those the 1-minute load average says other processes use) instead of the one thread
+    `apply_cpu_threads` chose for a small model, when the prefill has at least
+    PREFILL_THREADS_MIN_TOKENS tokens; the one thread again after. Nothing changes on CUDA, for
+    a count the user chose (EngineConfig.cpu_threads, OMP_NUM_THREADS, torch.set_num_threads)
+    or where only one core is free."""
+    many = _THREADS_AT_IMPORT
+    try:  # this process counts about 1 in the load (its decode): the rest is someone else's
+        many = min(many, round((os.cpu_count() or 1) + 1 - os.getloadavg()[0]))
+    except (AttributeError, OSError):  # no load average here (Windows)
+        pass
+    if (device.type != "cpu" or not _auto_single or tokens < PREFILL_THREADS_MIN_TOKENS
+            or many <= 1 or torch.get_num_threads() != 1):
+        yield
+        return
+    torch.set_num_threads(many)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)
 
 
 def pick_device(device: str | torch.device | None) -> torch.device:
