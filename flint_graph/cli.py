@@ -252,22 +252,25 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     else:
         stream = llm.stream_chat([{"role": "user", "content": prompt}], tools, params,
                                  enable_thinking=args.enable_thinking)
+    from flint_graph.terminal.progress import prefill_bar
+
     shown_reasoning = False
     try:
-        for d in stream:
-            if args.json:
-                continue
-            if args.raw:
-                sys.stdout.write(d.text)
-            else:
-                if d.reasoning:
-                    sys.stderr.write(d.reasoning)
-                    sys.stderr.flush()
-                    shown_reasoning = True
-                sys.stdout.write(d.content)
-                for c in d.tool_calls:
-                    sys.stdout.write(f"\n[tool call] {c.name} {c.arguments_json()}\n")
-            sys.stdout.flush()
+        with prefill_bar(llm.engine, sys.stderr.isatty()):
+            for d in stream:
+                if args.json:
+                    continue
+                if args.raw:
+                    sys.stdout.write(d.text)
+                else:
+                    if d.reasoning:
+                        sys.stderr.write(d.reasoning)
+                        sys.stderr.flush()
+                        shown_reasoning = True
+                    sys.stdout.write(d.content)
+                    for c in d.tool_calls:
+                        sys.stdout.write(f"\n[tool call] {c.name} {c.arguments_json()}\n")
+                sys.stdout.flush()
     except KeyboardInterrupt:
         stream.close()  # the request ends with finish_reason "abort"
         if args.json:  # the plain output already streamed it: --json reports it now

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -58,6 +59,10 @@ class Engine:
         # finished sequences kept for reuse (issue 22): as many as there are slots
         self.prefix_cache = PrefixCache(self.max_slots if engine.kv_reuse else 0)
         self._snapshots: dict[int, dict[int, object]] = {}  # request id -> position -> rings
+        # called as hook(request, prompt tokens prefilled, prompt tokens) after each prefill
+        # chunk, in the thread that steps (a progress display: terminal/progress.py); None:
+        # prompts prefill in one call per step. An exception it raises ends that request.
+        self.prefill_progress: Callable[[Request, int, int], None] | None = None
         self.prefilling: list[Request] = []  # admitted, prompt not yet fully in the KV cache
         self._prefilled: dict[int, int] = {}  # request id -> prompt tokens already prefilled
         self.tokenizer_vocab = tokenizer_vocab
@@ -150,17 +155,9 @@ class Engine:
                 budget, len(req.prompt_ids) - done)
             if n <= 0:
                 break
-            part = torch.tensor(req.prompt_ids[done:done + n], dtype=torch.long,
-                                device=self.device)
             t0 = time.perf_counter()
             try:
-                if self.runner:
-                    logits = self.runner.prefill(self._slot[req.id], part,
-                                                 self.prefill_chunk_tokens, start=done)
-                else:
-                    with prefill_threads(self.device, n):
-                        logits = self.model.prefill(self._kv[req.id], part,
-                                                    self.prefill_chunk_tokens)
+                logits = self._prefill_part(req, done, n)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)  # the pacer times the GPU's work
             except Exception as e:  # noqa: BLE001 - any failure ends this request only
@@ -196,6 +193,27 @@ class Engine:
         for r in [r for r in self.running if r.is_finished]:
             self._retire(r)
         return deltas
+
+    def _prefill_part(self, req: Request, done: int, n: int) -> torch.Tensor:
+        """Prefill prompt tokens done … done+n−1 of `req`; float32 logits [V] of the last. With
+        a `prefill_progress` hook, in pieces of one chunk, calling it after each (the chunks
+        the model would cut anyway, so nothing else changes)."""
+        hook = self.prefill_progress
+        piece = self.prefill_chunk_tokens if hook else n
+        logits = None
+        for b in range(done, done + n, piece):
+            m = min(piece, done + n - b)
+            part = torch.tensor(req.prompt_ids[b:b + m], dtype=torch.long, device=self.device)
+            if self.runner:
+                logits = self.runner.prefill(self._slot[req.id], part, self.prefill_chunk_tokens,
+                                             start=b)
+            else:
+                with prefill_threads(self.device, m):
+                    logits = self.model.prefill(self._kv[req.id], part,
+                                                self.prefill_chunk_tokens)
+            if hook:
+                hook(req, b + m, len(req.prompt_ids))
+        return logits
 
     def _decode(self, rows: list[Request]) -> list[RequestDelta]:
         if self.runner:

@@ -281,11 +281,14 @@ class ChatSession:
     def _show(self, stream):
         """Stream one answer (a live tail on a terminal), then print it once; returns the
         ChatMessage."""
-        live = {"reasoning": "", "content": "", "calls": []}
+        live = {"reasoning": "", "content": "", "calls": [], "prompt": None}
         stopped = False
         region = (Live(console=self.console, refresh_per_second=12, transient=True,
                        get_renderable=lambda: self._live_view(live))
                   if self.console.is_terminal else contextlib.nullcontext())
+        engine = self.llm.engine
+        if self.console.is_terminal:  # a long prompt's prefill shows its progress in the region
+            engine.prefill_progress = lambda req, done, total: live.update(prompt=(done, total))
         with region:
             try:
                 for d in stream:
@@ -295,6 +298,8 @@ class ChatSession:
             except KeyboardInterrupt:
                 stream.close()
                 stopped = True
+            finally:
+                engine.prefill_progress = None
         # The final split can differ from the streamed one (e.g. the model stopped without
         # closing </think>: that text becomes the answer), so print from the message.
         msg = stream.message
@@ -329,6 +334,10 @@ class ChatSession:
         rows = max(1, height // 2)
         lines = [(line, "dim") for line in tail_lines(live["reasoning"], width, rows)] \
             if live["reasoning"] else []
+        prompt = live.get("prompt")
+        if prompt and prompt[0] < prompt[1] and not lines and not live["content"]:
+            lines = [(line, "dim") for line in tail_lines(
+                f"reading the prompt: {prompt[0]:,} of {prompt[1]:,} tokens", width, 1)]
         if live["content"]:
             lines += [(line, "") for line in tail_lines(live["content"], width, rows)]
         for name in list(live["calls"]):
