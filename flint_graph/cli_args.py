@@ -289,8 +289,10 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
     p.add_argument("--device", metavar="DEV",
                    help="torch device, e.g. cuda or cpu (default: cuda when available)")
     p.add_argument("--threads", type=positive_int, metavar="N",
-                   help="CPU threads for torch (default: 1 for a small model on the CPU unless "
-                        "OMP_NUM_THREADS is set, else torch's own choice)")
+                   help="CPU threads for torch (default: for a small model on the CPU 1 thread, "
+                        "and for prompts of 256+ tokens the cores the load average leaves free; "
+                        "unless OMP_NUM_THREADS is set; else torch's own choice). --threads 1 "
+                        "keeps one thread throughout (best on a busy machine)")
     p.add_argument("--engine", choices=("auto", "graph", "reference"), default="auto",
                    help="decode path: graph = CUDA-graph replay of the AOT kernels (needs a GPU "
                         "and the kernel cache, see flint-graph build-kernels); reference = the "

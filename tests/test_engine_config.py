@@ -41,8 +41,12 @@ def _prefill(tokens: int, device=CPU) -> int:
 
 @pytest.fixture
 def machine(monkeypatch):
-    """torch's default of 8 threads (8 cores)."""
+    """8 cores, torch's default 8 threads, and a settable 1-minute load average."""
+    load = {"1m": 0.2}
     monkeypatch.setattr(engine_config, "_THREADS_AT_IMPORT", 8)
+    monkeypatch.setattr(engine_config.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(engine_config.os, "getloadavg", lambda: (load["1m"], 0.0, 0.0))
+    return load
 
 
 def test_a_long_cpu_prefill_of_a_small_model_shares_the_free_cores(threads, machine):
@@ -53,6 +57,11 @@ def test_a_long_cpu_prefill_of_a_small_model_shares_the_free_cores(threads, mach
     assert _prefill(n) == 8 and threads["n"] == 1  # back to one thread for decode
     assert _prefill(n - 1) == 1  # too short to share
     assert _prefill(n, CUDA) == 1
+    machine["1m"] = 3.4  # three cores busy (this process's recent work included)
+    assert _prefill(n) == 5
+    machine["1m"] = 7.2  # one core left: no sharing (threads beyond free cores are ruinous)
+    assert _prefill(n) == 1
+    machine["1m"] = 0.2
     with pytest.raises(ZeroDivisionError):
         with engine_config.prefill_threads(CPU, n):
             1 / 0

@@ -102,11 +102,12 @@ _threads_set_here: int | None = None
 _auto_single = False  # the policy itself chose one thread (a small model), not the user
 # A prefill of at least this many tokens is long enough to share between threads even for a
 # small model: on this 2-core machine (2026-12-02) a 7,202-token flint-nano prompt took 14.4 s
-# to its first token on one thread and 7.7 s on two; decode steps keep the one thread. The cost:
-# with the other core busy with another program, two threads took 26.1 s against 14.9 s on
-# one (`--threads 1` / EngineConfig.cpu_threads = 1 keeps one thread throughout). The load
-# average could not tell the two apart: it lags by a minute, and this process's own prefill
-# threads raise it.
+# to its first token on one thread and 7.7 s on two, idle; decode steps keep the one thread.
+# But threads beyond the free cores are ruinous: with the other core busy two threads took
+# 26.1 s against 14.9 s on one, and on a machine at load 3-4 (a new-user trial beside a CI run)
+# a 480-token prompt took 1.1-16 s against 0.5-0.7 s. So `prefill_threads` uses only the cores
+# the 1-minute load average leaves (rounded; this process's own recent work counts as busy,
+# which errs towards fewer threads).
 PREFILL_THREADS_MIN_TOKENS = 256
 
 
@@ -135,12 +136,17 @@ def apply_cpu_threads(engine: EngineConfig, device: torch.device, hidden_size: i
 
 @contextlib.contextmanager
 def prefill_threads(device: torch.device, tokens: int):
-    """Around a CPU prefill of `tokens` tokens: torch's own thread count (the machine's cores)
-    instead of the one thread `apply_cpu_threads` chose for a small model, when the prefill has
-    at least PREFILL_THREADS_MIN_TOKENS tokens; the one thread again after. Nothing changes on
-    CUDA, for a count the user chose (EngineConfig.cpu_threads, OMP_NUM_THREADS,
-    torch.set_num_threads) or on a one-core machine."""
+    """Around a CPU prefill of `tokens` tokens: the machine's free cores (torch's own thread
+    count less the cores the 1-minute load average says are busy) instead of the one thread
+    `apply_cpu_threads` chose for a small model, when the prefill has at least
+    PREFILL_THREADS_MIN_TOKENS tokens and more than one core is free; the one thread again
+    after. Nothing changes on CUDA or for a count the user chose (EngineConfig.cpu_threads,
+    OMP_NUM_THREADS, torch.set_num_threads)."""
     many = _THREADS_AT_IMPORT
+    try:  # leave the cores the load average says are busy (this process's own count too)
+        many = min(many, (os.cpu_count() or 1) - round(os.getloadavg()[0]))
+    except (AttributeError, OSError):  # no load average here (Windows)
+        pass
     if (device.type != "cpu" or not _auto_single or tokens < PREFILL_THREADS_MIN_TOKENS
             or many <= 1 or torch.get_num_threads() != 1):
         yield

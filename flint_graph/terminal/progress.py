@@ -10,22 +10,25 @@ from collections.abc import Callable, Iterator
 @contextlib.contextmanager
 def progress_bar(enabled: bool, label: str, total: int,
                  unit: str = "bytes") -> Iterator[Callable[[int], None]]:
-    """A rich progress bar on stderr; yields `advance(n)` (a no-op when `enabled` is False).
+    """A rich progress bar on stderr; yields `advance(n)` (a no-op when `enabled` is False or
+    stderr is not a terminal).
 
     Args: label: shown left of the bar; total: amount of work; unit: "bytes" (shows sizes and
     transfer speed) or "steps" (shows n/total).
     """
-    if not enabled:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:  # a log or a pipe gets no bar drawings
         yield lambda n: None
         return
-    from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
                                TextColumn, TimeRemainingColumn, TransferSpeedColumn)
 
     amount = (DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else \
         (MofNCompleteColumn(),)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), *amount,
-                   TimeRemainingColumn(), console=Console(stderr=True))
+                   TimeRemainingColumn(), console=console)
     with bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
@@ -41,7 +44,8 @@ def prefill_bar(engine, enabled: bool) -> Iterator[None]:
         yield
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
 
     state: dict = {"bar": None}
 
@@ -56,7 +60,8 @@ def prefill_bar(engine, enabled: bool) -> Iterator[None]:
             return
         if state["bar"] is None:
             bar = Progress(TextColumn("prompt"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("tokens"), console=Console(stderr=True), transient=True)
+                           TextColumn("tokens"), TimeElapsedColumn(),
+                           console=Console(stderr=True), transient=True)
             bar.start()
             state["bar"], state["task"] = bar, bar.add_task("prompt", total=total)
         state["bar"].update(state["task"], completed=done, total=total)
