@@ -33,7 +33,7 @@ def test_the_hook_sees_every_chunk_and_changes_nothing(chunked_llm):
         chunked_llm.engine.prefill_progress = None
     n = len(plain.prompt_token_ids)
     assert n > 16 * 3
-    want = [(min(done, n), n) for done in range(16, n + 16, 16)]
+    want = [(min(done, n), n) for done in range(0, n + 16, 16)]  # 0: before the first chunk
     assert [c for c in calls if c[1] == n] == want, calls
     assert hooked.token_ids == plain.token_ids and hooked.logprobs == plain.logprobs
 
@@ -48,6 +48,7 @@ def test_a_hook_that_raises_ends_only_its_request(chunked_llm):
     finally:
         chunked_llm.engine.prefill_progress = None
     assert out.finish_reason == "error" and "display gone" in out.errors[0]
+    assert "prefill_progress hook raised RuntimeError" in out.errors[0]
     assert not chunked_llm.engine.has_work
     assert chunked_llm.generate(["hi"], SamplingParams(max_tokens=2))[0].finish_reason
 

@@ -53,6 +53,55 @@ def breakdown(pre, prompt: torch.Tensor, chunk: int, top: int = 25) -> str:
     return "(no profiler table)"
 
 
+def _rows(text: str) -> int | None:
+    """'-' (every size / off) or a row count ≥ 0."""
+    if text == "-":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected '-' or a row count ≥ 0")
+    return int(text)
+
+
+def w4a16_max_list(text: str) -> list[tuple[int | None, int | None]]:
+    """--w4a16-max: comma-separated ROUTED/SHARED pairs of _rows."""
+    out = []
+    for v in (v for v in text.split(",") if v):
+        parts = v.split("/")
+        if len(parts) != 2:
+            raise argparse.ArgumentTypeError(f"{v!r}: expected ROUTED/SHARED, e.g. -/512")
+        out.append((_rows(parts[0]), _rows(parts[1])))
+    return out
+
+
+def w4a16_wg_list(text: str) -> list[int | None]:
+    """--w4a16-wg: comma-separated _rows."""
+    return [_rows(v) for v in text.split(",") if v]
+
+
+def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
+    """--attn-kernel: comma-separated NAME[:K=V[:K=V…]] (NAME one of ATTN_KERNELS)."""
+    from flint_graph.capture.prefill import ATTN_KERNELS
+
+    out = []
+    for v in (v for v in text.split(",") if v):
+        name, *pairs = v.split(":")
+        if name not in ATTN_KERNELS:
+            raise argparse.ArgumentTypeError(f"{name!r}: expected one of {', '.join(ATTN_KERNELS)}")
+        values = {}
+        for kv in pairs:
+            key, eq, val = kv.partition("=")
+            if not (key.isidentifier() and eq and val.isdigit()):
+                raise argparse.ArgumentTypeError(f"{kv!r} in {v!r}: expected K=V with V an "
+                                                 "integer ≥ 0, e.g. attn_prefill_wg:ST=3")
+            values[key] = int(val)
+        known = {"attn_prefill_wg": {"ST"}}.get(name, set())
+        if set(values) - known:
+            raise argparse.ArgumentTypeError(
+                f"{v!r}: {name} takes {', '.join(sorted(known)) or 'no K=V values'}")
+        out.append((name, values))
+    return out
+
+
 def main() -> int:
     from flint_graph.capture.kv_cache import KVCache
     from flint_graph.capture.prefill import Prefill
@@ -92,23 +141,26 @@ def main() -> int:
     p.add_argument("--ws", default="",
                    help="1: the W4A16 kernels' weights through shared memory (cp.async, "
                         "grouped_w4a16.WS_STAGES deep); 0,1 times both (default: 0)")
-    p.add_argument("--w4a16-max", default="",
+    p.add_argument("--w4a16-max", type=w4a16_max_list, default=[],
                    help="NVFP4 graph path: ROUTED/SHARED, the largest chunk (rows) the routed "
                         "and the shared expert run on the grouped W4A16 kernels, larger ones "
                         "from a BF16 scratch ('-' for every size); comma-separated values time "
-                        "each, e.g. --w4a16-max=-/-,-/0,0/0 (default: capture/prefill.py's constants)")
-    p.add_argument("--w4a16-wg", default="",
+                        "each, e.g. --w4a16-max=-/-,-/0,0/0 (the = form: a value may start with "
+                        "'-'; default: capture/prefill.py's constants)")
+    p.add_argument("--w4a16-wg", type=w4a16_wg_list, default=[],
                    help="NVFP4 graph path: chunks above this many rows run the routed experts on "
                         "grouped_w4a16_wg (wgmma); comma-separated values time each, '-' for "
                         "off, e.g. --w4a16-wg=-,0 (default: capture/prefill.py W4A16_WG_MIN)")
-    p.add_argument("--attn-kernel", default="",
+    p.add_argument("--attn-kernel", type=attn_kernel_list, default=[],
                    help="attention kernel(s) of the graph and kernel paths, comma-separated to "
                         "time each: attn_prefill (mma.sync), attn_prefill_wg (wgmma), a variant "
-                        "as NAME:K=V, e.g. attn_prefill_wg:ST=3 (default: capture/prefill.py "
-                        "ATTN_KERNEL)")
+                        "as NAME:K=V[:K=V…], e.g. attn_prefill_wg:ST=3 (default: "
+                        "capture/prefill.py ATTN_KERNEL)")
     p.add_argument("--out", default="out")
     p.add_argument("--profile-tokens", type=int, default=8192)
     args = p.parse_args()
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (this machine has none)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -136,10 +188,9 @@ def main() -> int:
         depth_sweep = [int(v) for v in args.depth.split(",") if v] or [None]
         ws_sweep = [int(v) for v in args.ws.split(",") if v] or [None]
         w4 = fmt == "nvfp4"
-        max_sweep = [tuple(None if x == "-" else int(x) for x in v.split("/"))
-                     for v in args.w4a16_max.split(",") if v] or [None]
-        attn_sweep = [v for v in args.attn_kernel.split(",") if v] or [None]
-        wg_sweep = [v for v in args.w4a16_wg.split(",") if v] if w4 else []
+        max_sweep = args.w4a16_max or [None]
+        attn_sweep = args.attn_kernel or [None]
+        wg_sweep = [("wg", v) for v in args.w4a16_wg] if w4 else []  # v None: off
         sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
@@ -154,11 +205,9 @@ def main() -> int:
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
             if wgm is not None and pre.w4a16:
-                pre.set_w4a16_wg(None if wgm == "-" else int(wgm))
+                pre.set_w4a16_wg(wgm[1])
             if attn:
-                name, _, rest = attn.partition(":")
-                pre.set_attn_kernel(name, **{k: int(v) for k, v in
-                                             (kv.split("=") for kv in rest.split(",") if kv)})
+                pre.set_attn_kernel(attn[0], **attn[1])
             pre.w4a16_nt = nt
             if most is not None:
                 pre.w4a16_routed_max, pre.w4a16_shared_max = most
@@ -168,7 +217,8 @@ def main() -> int:
             row_moe = (f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
                        f"/D{depth or 'auto'}/WS{ws or 0}"
                        f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}"
-                       f"/{attn or pre.attn_kernel or 'torch'}"
+                       f"/{pre.attn_kernel or 'torch'}"
+                       f"{''.join(f':{k}={v}' for k, v in attn[1].items()) if attn else ''}"
                        f"/wg>{pre.w4a16_wg_min if pre.w4a16_wg else '-'}")
             if path == "graph":
                 t0 = time.perf_counter()

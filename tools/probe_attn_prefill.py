@@ -49,22 +49,38 @@ def main() -> int:
     from flint_graph.kernels import registry
     from flint_graph.kernels.prefill import attn_prefill as ap
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--kernels", default="attn_prefill,attn_prefill_wg")
-    p.add_argument("--preset", default="full")
-    p.add_argument("--out", default="out")
+    from flint_graph.capture.prefill import ATTN_KERNELS
+    from flint_graph.errors import ConfigError
+
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("--kernels", default=",".join(ATTN_KERNELS),
+                   help=f"comma-separated attention kernels to probe, of {', '.join(ATTN_KERNELS)}"
+                        " (default: both)")
+    p.add_argument("--preset", default="full",
+                   help="config whose specialisations are probed: tiny, nano or full (default)")
+    p.add_argument("--out", default="out", help="directory for probe.json (default: out)")
     args = p.parse_args()
+    names = [k for k in args.kernels.split(",") if k]
+    bad = [k for k in names if k not in ATTN_KERNELS]
+    if bad or not names:
+        p.error(f"--kernels {args.kernels!r}: expected one or more of {', '.join(ATTN_KERNELS)}")
+    try:
+        cfg = FlintConfig.preset(args.preset)
+    except ConfigError as e:
+        p.error(f"--preset: {e}")
     if not torch.cuda.is_available():
         print("probe_attn_prefill: needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
-    names = [k for k in args.kernels.split(",") if k]
     kset = KernelSet(kernels=registry(tuple(names)))
-    cfg = FlintConfig.preset(args.preset)
     report = []
     for name in names:
         mod = __import__(f"flint_graph.kernels.prefill.{name}", fromlist=["KERNEL"])
-        for spec in mod.KERNEL.specs(cfg, ()):
+        specs = mod.KERNEL.specs(cfg, ())
+        if not specs:
+            print(f"probe_attn_prefill: {name} has no specialisation for --preset {args.preset} "
+                  "(its head dim)", file=sys.stderr)
+        for spec in specs:
             hq, d = spec["HQ"], spec["D"]
             kernel = kset.get(name, **spec.as_dict())
             for probe, tokens, start in (("q=0", 300, 0), ("q=0", 200, 700),

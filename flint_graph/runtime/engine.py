@@ -199,21 +199,33 @@ class Engine:
         a `prefill_progress` hook, in pieces of one chunk, calling it after each (the chunks
         the model would cut anyway, so nothing else changes)."""
         hook = self.prefill_progress
-        piece = self.prefill_chunk_tokens if hook else n
+        chunk = self.prefill_chunk_tokens
+        piece = chunk if hook else n
+        total = len(req.prompt_ids)
+        if hook and n > piece:  # a display can show the prompt before its first chunk ends
+            self._report(hook, req, done, total)
         logits = None
         for b in range(done, done + n, piece):
             m = min(piece, done + n - b)
             part = torch.tensor(req.prompt_ids[b:b + m], dtype=torch.long, device=self.device)
             if self.runner:
-                logits = self.runner.prefill(self._slot[req.id], part, self.prefill_chunk_tokens,
-                                             start=b)
+                logits = self.runner.prefill(self._slot[req.id], part, chunk, start=b)
             else:
-                with prefill_threads(self.device, m):
-                    logits = self.model.prefill(self._kv[req.id], part,
-                                                self.prefill_chunk_tokens)
+                # threads by the size of one forward (a chunk), not of the whole prompt
+                with prefill_threads(self.device, min(m, chunk)):
+                    logits = self.model.prefill(self._kv[req.id], part, chunk)
             if hook:
-                hook(req, b + m, len(req.prompt_ids))
+                self._report(hook, req, b + m, total)
         return logits
+
+    @staticmethod
+    def _report(hook, req: Request, done: int, total: int) -> None:
+        """Call the prefill_progress hook; its failure is named as its own."""
+        try:
+            hook(req, done, total)
+        except Exception as e:  # noqa: BLE001 - reported as the request's error by _step
+            raise RuntimeError(f"the prefill_progress hook raised {type(e).__name__}: {e}") \
+                from e
 
     def _decode(self, rows: list[Request]) -> list[RequestDelta]:
         if self.runner:
