@@ -85,6 +85,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def thread_count(text: str) -> int:
+    """argparse type of --threads: an integer from 1 to 4 per CPU of this machine (as
+    EngineConfig.cpu_threads, whose own error would name the API field, not the flag)."""
+    from flint_graph.runtime.engine_config import max_cpu_threads
+
+    value = positive_int(text)
+    if value > max_cpu_threads():
+        raise argparse.ArgumentTypeError(f"expected at most {max_cpu_threads()} (4 per CPU of "
+                                         f"this machine), got {value}")
+    return value
+
+
 def seed_int(text: str) -> int:
     """argparse type: a seed, an integer in [0, 2**63) (as SamplingParams' seed; an eval
     report with a negative seed could not be compared with later)."""
@@ -288,7 +300,7 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
                         "a GGUF (default: the GGUF's own directory)")
     p.add_argument("--device", metavar="DEV",
                    help="torch device, e.g. cuda or cpu (default: cuda when available)")
-    p.add_argument("--threads", type=positive_int, metavar="N",
+    p.add_argument("--threads", type=thread_count, metavar="N",
                    help="CPU threads for torch (default: for a small model on the CPU 1 thread, "
                         "and for prompts of 256+ tokens the cores the load average leaves free; "
                         "unless OMP_NUM_THREADS is set; else torch's own choice). --threads 1 "
