@@ -183,3 +183,11 @@ def test_threads_flag_sets_torch_threads_and_is_validated(capsys, monkeypatch, t
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "x", "--threads", 0)
     assert code == 2 and err.strip() == ("flint-graph: error: argument --threads: expected an "
                                          "integer >= 1, got 0 (see flint-graph generate --help)")
+
+
+def test_threads_beyond_four_per_cpu_are_refused_at_the_flag(capsys, monkeypatch, tiny_ckpt):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "x", "--threads", 1000)
+    assert code == 2 and err.strip() == (
+        "flint-graph: error: argument --threads: expected at most 8 (4 per CPU of this "
+        "machine), got 1000 (see flint-graph generate --help)"), err
