@@ -3,7 +3,7 @@
 `grouped_w4a16` (kernels/prefill/grouped_w4a16.py: KIND 0 gate/up with SwiGLU over the pairs'
 gathered x rows, KIND 1 down), for tiles of NT = 64 or 128 pairs. Not yet run on a GPU
 (2026-12-02): the prefill keeps grouped_w4a16 until this kernel's GPU test has passed
-(capture/prefill.py W4A16_KERNEL).
+(capture/prefill.py W4A16_WG_MIN, Prefill.set_w4a16_wg).
 
 Why. At 8K tokens the routed experts on `grouped_w4a16` take 67 ms of an NVFP4 prefill (~210
 TFLOP/s, perf log 2026-12-02): that kernel decodes every weight in registers into mma.sync
