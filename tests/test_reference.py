@@ -144,6 +144,25 @@ def test_attention_window_sees_exactly_p_minus_w_plus_1_to_p():
     assert torch.equal(seen, (j <= p) & (j >= p - window + 1))
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_blocks_over_visible_keys_change_nothing(window, monkeypatch):
+    """Small CPU query blocks, each over only the keys its queries may see (`_visible_keys`,
+    ring-ordered positions), give bit for bit what one block over every key gives."""
+    s = 40
+    q, k, v, sinks = _attn_inputs(s, s, 4)
+    q_pos = torch.arange(100 - s, 100)
+    shuffle = torch.randperm(s, generator=torch.Generator().manual_seed(1))
+    k_pos = q_pos[shuffle]  # keys in any order, as a ring holds them
+    small = R.attention(q, k, v, q_pos, k_pos, sinks, window)
+    monkeypatch.setattr(R, "ATTN_BLOCK_ELEMS_CPU", 1 << 30)
+    monkeypatch.setattr(R, "_visible_keys", lambda kf, vf, kp, qp, w: (kf, vf, kp))
+    whole = R.attention(q, k, v, q_pos, k_pos, sinks, window)
+    monkeypatch.undo()
+    monkeypatch.setattr(R, "ATTN_BLOCK_ELEMS_CPU", 4 * s)  # one query per block
+    assert torch.equal(small, whole)
+    assert torch.equal(R.attention(q, k, v, q_pos, k_pos, sinks, window), whole)
+
+
 def test_attention_sink_matches_hand_formula():
     t, s = 3, 7
     q, k, v, sinks = _attn_inputs(t, s, 5)
