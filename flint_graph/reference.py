@@ -113,7 +113,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
     to 1/sqrt(D)); sinks fp32 [Hq] add one logit per head that is not scaled and carries no
     value: out = Σ e^(s_j−m) v_j / (Σ e^(s_j−m) + e^(sink−m)). FP32 throughout, rounded once.
     Queries are processed in blocks so the logits never exceed ATTN_BLOCK_ELEMS floats
-    (ATTN_BLOCK_ELEMS_CPU on the CPU), each over the keys some query of the block may see.
+    (ATTN_BLOCK_ELEMS_CPU on the CPU, each over the keys some query of the block may see).
     """
     t, hq, d = q.shape
     hkv = k.shape[1]
@@ -126,7 +126,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
     out = []
     for b in range(0, t, block):
         qb = q[b:b + block].to(acc).view(-1, hkv, hq // hkv, d).permute(1, 2, 0, 3)
-        kb, vb, kpos = _visible_keys(kf, vf, k_pos, q_pos[b:b + block], window)
+        kb, vb, kpos = kf, vf, k_pos
+        if q.device.type == "cpu":  # elsewhere the block is all queries, and it would sync
+            kb, vb, kpos = _visible_keys(kf, vf, k_pos, q_pos[b:b + block], window)
         s = (qb @ kb[:, None].transpose(-1, -2)) * scale  # [Hkv, G, Tb, S]
         qp, kp = q_pos[b:b + block, None], kpos[None, :]
         visible = kp <= qp

@@ -1,7 +1,9 @@
 """GPU tests of grouped_w4a16 (kernels/prefill/grouped_w4a16.py), the prefill's W4A16 expert
 GEMMs: gate/up with SwiGLU (KIND 0, rows of x gathered through tok) and down (KIND 1), every
 tile size NT, routed (E experts) and shared (E = 1), and the WS = 1 variant (weights through
-shared memory), against `_reference` (reference.linear on the exactly dequantised weights).
+shared memory), against `_reference` (reference.linear on the exactly dequantised weights);
+and of its wgmma form grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py: the same
+arguments and reference, NT = 64 and 128, routed only), with two larger chunks for it.
 
 Cases: chunks of 1, 7, 77 and 1,000 tokens (6 picks each) over few or all experts, one expert
 holding half the pairs (many tiles of one expert), both the full and the flint-nano shapes.
@@ -17,37 +19,45 @@ import torch
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import registry
 from flint_graph.kernels.prefill import grouped_w4a16 as gw
+from flint_graph.kernels.prefill import grouped_w4a16_wg as gwg
 
 pytestmark = pytest.mark.gpu
+KERNELS = ("grouped_w4a16", "grouped_w4a16_wg")
 
 
 @pytest.fixture(scope="module")
 def kset():
     from flint_graph.capture.launcher import KernelSet
 
-    return KernelSet(kernels=registry(("grouped_w4a16", "slow_producer")))
+    return KernelSet(kernels=registry((*KERNELS, "slow_producer")))
 
 
-def _specs(preset):
-    """The model's specs and the weights-through-shared-memory variants (WS = 1, benchmarks)."""
+def _specs(preset, kernel="grouped_w4a16"):
+    """The model's specs of `kernel`; for grouped_w4a16 also the weights-through-shared-memory
+    variants (WS = 1, benchmarks)."""
     cfg = FlintConfig.preset(preset)
+    if kernel == "grouped_w4a16_wg":
+        return gwg.KERNEL.specs(cfg, ())
     return gw.KERNEL.specs(cfg, ()) + [s for s in gw.bench_specs(cfg)
                                        if s.as_dict().get("WS")]
 
 
 CASES = [(1, 1, False), (7, 3, False), (77, 20, False), (77, 256, True), (1000, 256, False),
          (1000, 8, True)]
+LARGE = [(4000, 256, False), (2000, 16, True)]  # many full tiles per expert (the wgmma sizes)
 
 
 @pytest.mark.parametrize("preset", ["full", "nano"])
-@pytest.mark.parametrize("tokens,experts,skew", CASES)
-def test_grouped_w4a16_matches_reference(kset, preset, tokens, experts, skew):
-    for spec in _specs(preset):
+@pytest.mark.parametrize("kernel,tokens,experts,skew",
+                         [("grouped_w4a16", *c) for c in CASES]
+                         + [("grouped_w4a16_wg", *c) for c in CASES + LARGE])
+def test_grouped_w4a16_matches_reference(kset, preset, kernel, tokens, experts, skew):
+    for spec in _specs(preset, kernel):
         gen = torch.Generator(device="cuda").manual_seed(tokens * 31 + experts + spec["NT"])
         args = gw.make_args(spec, gen=gen, tokens=tokens, experts_used=experts, skew=skew)
         out = args[-1]
         (want,) = gw._reference(spec, *[a.clone() for a in args])
-        kset.get("grouped_w4a16", **spec.as_dict()).launch(*args)
+        kset.get(kernel, **spec.as_dict()).launch(*args)
         torch.cuda.synchronize()
         what = f"{spec.id} T={tokens} experts={experts} skew={skew}"
         assert not out.isnan().any(), f"{what}: {int(out.isnan().any(1).sum())} rows unwritten"
@@ -55,15 +65,16 @@ def test_grouped_w4a16_matches_reference(kset, preset, tokens, experts, skew):
         assert rel <= 1e-2, f"{what}: rel err {rel:.2e} > 1e-2"
 
 
-def test_unused_tiles_write_nothing(kset):
+@pytest.mark.parametrize("kernel,tokens", [("grouped_w4a16", 50), ("grouped_w4a16_wg", 200)])
+def test_unused_tiles_write_nothing(kset, kernel, tokens):
     """A schedule whose tiles cover only some pairs leaves the other rows as they were."""
-    spec = _specs("full")[1]
-    args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(3), tokens=50,
+    spec = _specs("full", kernel)[1 if kernel == "grouped_w4a16" else 0]
+    args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(3), tokens=tokens,
                         experts_used=10)
     tiles = args[2]
     tiles[1::2] = torch.tensor([-1, 0, 0, 0], dtype=torch.int32, device="cuda")
     (want,) = gw._reference(spec, *[a.clone() for a in args])
-    kset.get("grouped_w4a16", **spec.as_dict()).launch(*args)
+    kset.get(kernel, **spec.as_dict()).launch(*args)
     torch.cuda.synchronize()
     out = args[-1]
     assert torch.equal(out.isnan(), want.isnan()), "rows of dropped tiles were written"
@@ -84,13 +95,14 @@ def _stale(name, t, tokens):
     return torch.randn_like(t.float()).to(t.dtype)
 
 
+@pytest.mark.parametrize("kernel,nt", [("grouped_w4a16", 32), ("grouped_w4a16_wg", 128)])
 @pytest.mark.parametrize("kind", [0, 1])
-def test_pdl_inputs_are_read_after_the_wait(kset, kind):
+def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt):
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
-    spec = [s for s in _specs("full") if s["KIND"] == kind and s["NT"] == 32][0]
-    consumer = kset.get("grouped_w4a16", **spec.as_dict())
-    decl = gw.KERNEL.args(spec)
+    spec = [s for s in _specs("full", kernel) if s["KIND"] == kind and s["NT"] == nt][0]
+    consumer = kset.get(kernel, **spec.as_dict())
+    decl = (gwg if kernel == "grouped_w4a16_wg" else gw).KERNEL.args(spec)
     tokens = 300
     args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(11),
                         tokens=tokens, experts_used=64)

@@ -1,7 +1,7 @@
 """CPU checks of grouped_w4a16_wg's declaration (kernels/prefill/grouped_w4a16_wg.py): the same
 arguments as grouped_w4a16, specialisations for the full and flint-nano shapes (none for the
 tiny config), a launch that two CTAs per SM can hold, and moe_route's place kernel built for
-its tile sizes. The kernel runs in tests/test_grouped_w4a16_wg_gpu.py and compiles for both
+its tile sizes. The kernel runs in tests/test_grouped_w4a16_gpu.py and compiles for both
 archs in tests/test_kernel_cache.py."""
 
 import pytest

@@ -141,17 +141,16 @@ def kset():
     return KernelSet(kernels=registry())
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-@pytest.mark.parametrize("preset", ["tiny", "full"])
-@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
-def test_prefill_matches_reference(kset, preset, fmt, graphs):
-    """Eager, and replaying the per-bucket CUDA graphs (chunks padded to 16, 64, 256, ...
-    2048 rows; chunks above 2048 eager): same tolerances."""
+def _every_case(kset, preset: str, fmt: str, seed: int, label: str, setup=None,
+                graphs: bool = False) -> None:
+    """Prefill each of `_cases(preset)` into slot 1 of a fresh cache with a fresh Prefill
+    (`setup(pre)` picks its kernels; `graphs` captures the buckets up to 2048 first) and check
+    the logits, every KV entry and the other slot's untouched ring, then the medians."""
     from flint_graph.capture.kv_cache import KVCache
     from flint_graph.capture.prefill import Prefill
 
     cfg, w, ref = _model(preset, fmt)
-    gen = torch.Generator().manual_seed(4)
+    gen = torch.Generator().manual_seed(seed)
     logit_rels, kv_rels = [], []
     for tokens, chunk in _cases(preset):
         prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
@@ -159,40 +158,37 @@ def test_prefill_matches_reference(kset, preset, fmt, graphs):
         want = ref.prefill(seq, prompt, chunk_tokens=2048)
         cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
         pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
+        if setup is not None:
+            setup(pre)
         if graphs:
             pre.capture(2048)
-        what = f"{preset} {fmt} prompt {tokens} chunk {chunk}" + (" graphs" if graphs else "")
+        what = f"{label} prompt {tokens} chunk {chunk}" + (" graphs" if graphs else "")
         got = pre.prefill(1, prompt, chunk)
         _check_logits(got, want, what, logit_rels)
         _check_kv(cache, seq, 1, tokens, what, kv_rels)
         assert cache.layers[0].k[0].isnan().all(), f"{what}: another slot's ring was written"
-    _median_ok(logit_rels, f"{preset} {fmt} logits")
-    _median_ok(kv_rels, f"{preset} {fmt} KV")
+    _median_ok(logit_rels, f"{label} logits")
+    _median_ok(kv_rels, f"{label} KV")
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("preset", ["tiny", "full"])
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_prefill_matches_reference(kset, preset, fmt, graphs):
+    """Eager, and replaying the per-bucket CUDA graphs (chunks padded to 16, 64, 256, ...
+    2048 rows; chunks above 2048 eager): same tolerances."""
+    _every_case(kset, preset, fmt, 4, f"{preset} {fmt}", graphs=graphs)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 def test_prefill_on_the_wgmma_attention_kernel_matches_reference(kset, fmt):
     """The prefill with attn_prefill_wg (kernels/prefill/attn_prefill_wg.py) for attention, full
     config shapes, every chunk case of the file, eager: the same tolerances."""
-    from flint_graph.capture.kv_cache import KVCache
-    from flint_graph.capture.prefill import Prefill
-
-    cfg, w, ref = _model("full", fmt)
-    gen = torch.Generator().manual_seed(6)
-    logit_rels, kv_rels = [], []
-    for tokens, chunk in _cases("full"):
-        prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
-        seq = ref.new_sequence()
-        want = ref.prefill(seq, prompt, chunk_tokens=2048)
-        cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
-        pre = Prefill(cfg, w, cache, attention="kernel", kset=kset, attn_kernel="attn_prefill_wg")
+    def setup(pre):
+        pre.set_attn_kernel("attn_prefill_wg")
         assert pre.attn_kernel == "attn_prefill_wg"
-        what = f"full {fmt} wgmma attention prompt {tokens} chunk {chunk}"
-        got = pre.prefill(1, prompt, chunk)
-        _check_logits(got, want, what, logit_rels)
-        _check_kv(cache, seq, 1, tokens, what, kv_rels)
-    _median_ok(logit_rels, f"full {fmt} wgmma attention logits")
-    _median_ok(kv_rels, f"full {fmt} wgmma attention KV")
+
+    _every_case(kset, "full", fmt, 6, f"full {fmt} wgmma attention", setup)
 
 
 @pytest.mark.parametrize("min_rows", [0, 600], ids=["always", "by-size"])
@@ -200,25 +196,8 @@ def test_nvfp4_experts_on_the_wgmma_w4a16_kernels_match_reference(kset, min_rows
     """The routed NVFP4 experts on grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py) for
     chunks above `min_rows` rows (600: the cases' chunks fall on both sides), full config
     shapes, every chunk case of the file, eager: the same tolerances."""
-    from flint_graph.capture.kv_cache import KVCache
-    from flint_graph.capture.prefill import Prefill
-
-    cfg, w, ref = _model("full", "nvfp4")
-    gen = torch.Generator().manual_seed(7)
-    logit_rels, kv_rels = [], []
-    for tokens, chunk in _cases("full"):
-        prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
-        seq = ref.new_sequence()
-        want = ref.prefill(seq, prompt, chunk_tokens=2048)
-        cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
-        pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
-        pre.set_w4a16_wg(min_rows)
-        what = f"full nvfp4 wgmma W4A16 >{min_rows} prompt {tokens} chunk {chunk}"
-        got = pre.prefill(1, prompt, chunk)
-        _check_logits(got, want, what, logit_rels)
-        _check_kv(cache, seq, 1, tokens, what, kv_rels)
-    _median_ok(logit_rels, f"full nvfp4 wgmma W4A16 >{min_rows} logits")
-    _median_ok(kv_rels, f"full nvfp4 wgmma W4A16 >{min_rows} KV")
+    _every_case(kset, "full", "nvfp4", 7, f"full nvfp4 wgmma W4A16 >{min_rows}",
+                lambda pre: pre.set_w4a16_wg(min_rows))
 
 
 @pytest.mark.parametrize("most", [(0, 0), (0, None), (None, 0), (600, 600)],
@@ -230,27 +209,11 @@ def test_nvfp4_experts_from_the_bf16_scratch_match_reference(kset, most):
     cases' chunks fall on both sides): the same tolerances as the W4A16 path. The full
     config's shapes only: the tiny config's experts do not fit the W4A16 kernels, so
     test_prefill_matches_reference already runs it from the scratch."""
-    from flint_graph.capture.kv_cache import KVCache
-    from flint_graph.capture.prefill import Prefill
-
-    preset = "full"
-    cfg, w, ref = _model(preset, "nvfp4")
-    gen = torch.Generator().manual_seed(5)
-    logit_rels, kv_rels = [], []
-    for tokens, chunk in _cases(preset):
-        prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
-        seq = ref.new_sequence()
-        want = ref.prefill(seq, prompt, chunk_tokens=2048)
-        cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
-        pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
+    def setup(pre):
         assert pre.w4a16_args, "the grouped W4A16 kernels should serve this config"
         pre.w4a16_routed_max, pre.w4a16_shared_max = most
-        what = f"{preset} nvfp4 scratch {most} prompt {tokens} chunk {chunk}"
-        got = pre.prefill(1, prompt, chunk)
-        _check_logits(got, want, what, logit_rels)
-        _check_kv(cache, seq, 1, tokens, what, kv_rels)
-    _median_ok(logit_rels, f"{preset} nvfp4 scratch {most} logits")
-    _median_ok(kv_rels, f"{preset} nvfp4 scratch {most} KV")
+
+    _every_case(kset, "full", "nvfp4", 5, f"full nvfp4 scratch {most}", setup)
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])

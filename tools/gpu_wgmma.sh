@@ -24,7 +24,7 @@ if [ "$PHASE" = tests ]; then
   step tests-attn 120 python3 -m pytest -q -m gpu -p no:cacheprovider --maxfail=3 --tb=short \
     tests/test_attn_prefill_gpu.py
   step tests-w4a16 100 python3 -m pytest -q -m gpu -p no:cacheprovider --maxfail=3 --tb=short \
-    tests/test_grouped_w4a16_wg_gpu.py
+    tests/test_grouped_w4a16_gpu.py -k "wg"
   step tests-prefill 150 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short \
     tests/test_prefill_gpu.py -k "wgmma"
 fi
