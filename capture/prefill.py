@@ -52,17 +52,19 @@ from flint_graph.capture.kv_cache import KVCache
 from flint_graph.capture.prefill_row_moe import GROUP, RowGroupMoE
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError, ContextLengthError, InvalidRequestError
-from flint_graph.kernels.prefill import attn_prefill, grouped_w4a16
+from flint_graph.kernels.prefill import attn_prefill, grouped_w4a16, grouped_w4a16_wg
 from flint_graph.kernels.toolchain.spec import KV_PAGE
 from flint_graph.checkpoints.weights import FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight
 
 BF16 = torch.bfloat16
 ATTENTION = ("kernel", "sdpa", "reference")
-# The attention kernel of the "kernel" path: attn_prefill (mma.sync, verified on the H200) or
-# attn_prefill_wg (wgmma, sm_90a; written 2026-12-02, not yet run on a GPU: it becomes the
-# default once its GPU test passes and the bench measures it faster).
+# The attention kernel of the "kernel" path: attn_prefill (mma.sync) or attn_prefill_wg (wgmma,
+# sm_90a). Measured on the H200 (2026-12-02, sixth session, NVFP4 at 8K tokens, CUDA time of the
+# 14 full layers' attention): 30.3 ms on attn_prefill, 20.5 ms on attn_prefill_wg with two
+# stages (two CTAs per SM), 23.5 ms with three (one CTA); whole prefills 8K 156.8 -> 145.2 ms,
+# 32K 1000.6 -> 834.1 ms.
 ATTN_KERNELS = ("attn_prefill", "attn_prefill_wg")
-ATTN_KERNEL = "attn_prefill"
+ATTN_KERNEL = "attn_prefill_wg"
 LM_HEAD_ROWS = 16384  # vocabulary rows of an NVFP4 LM head decoded at a time
 DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 index temporaries)
 # Chunk sizes captured as CUDA graphs (kernel path): a chunk runs as the smallest bucket that
@@ -104,9 +106,10 @@ W4A16_ROUTED_MAX: int | None = None
 W4A16_SHARED_MAX: int | None = 512
 # Chunks of more rows than this run the routed NVFP4 experts on grouped_w4a16_wg (wgmma, weights
 # decoded once per 64-k step into shared memory for tiles of 64 or 128 pairs:
-# kernels/prefill/grouped_w4a16_wg.py) instead of grouped_w4a16. None: never (the kernel is
-# written but not yet run on a GPU, 2026-12-02; benchmarks and tests set Prefill.w4a16_wg_min).
-W4A16_WG_MIN: int | None = None
+# kernels/prefill/grouped_w4a16_wg.py) instead of grouped_w4a16 (None: never). Measured on the
+# H200 (2026-12-02, sixth session, tools/bench_prefill.py --w4a16-wg=-,0, whole NVFP4 prefills
+# with attn_prefill_wg, ms): 2K 40.4 -> 39.3, 8K 145.2 -> 127.4, 32K 834.1 -> 760.4.
+W4A16_WG_MIN: int | None = 0
 W4A16_WG_NT = ((2048, 64),)  # (up to this many rows, NT) on grouped_w4a16_wg; above: 128
 W4A16_WG_NT_LARGE = 128
 
@@ -519,8 +522,6 @@ class Prefill:
                             else None for lw in weights.layers]
             if use_w4a16:
                 self.set_w4a16_variant()
-                if W4A16_WG_MIN is not None:
-                    self.set_w4a16_wg(W4A16_WG_MIN)
                 e = cfg.n_routed_experts
                 for i, lw in enumerate(weights.layers):
                     if isinstance(lw.ffn, MoEWeights):
@@ -532,6 +533,8 @@ class Prefill:
                                 and isinstance(sh.gate, NVFP4Weight)):
                             one = [_one_expert(sh.gate), _one_expert(sh.up)]
                             self.w4a16_shared[i] = (one[0] + one[1], _one_expert(sh.down))
+                if W4A16_WG_MIN is not None and grouped_w4a16_wg.fits(cfg):
+                    self.set_w4a16_wg(W4A16_WG_MIN)
         if dev.type == "cuda":
             self._prime_alphas()
 
@@ -825,8 +828,6 @@ class Prefill:
         (None: never). Needs the grouped W4A16 path (NVFP4 experts, the kernel path, a config
         both kernels fit); raises ValueError otherwise, KernelCacheError when the cache lacks
         the kernels."""
-        from flint_graph.kernels.prefill import grouped_w4a16_wg
-
         if min_rows is None:
             self.w4a16_wg, self.w4a16_wg_min = {}, None
             return
