@@ -157,7 +157,9 @@ def main() -> int:
                         "as NAME:K=V[:K=V…], e.g. attn_prefill_wg:ST=3 (default: "
                         "capture/prefill.py ATTN_KERNEL)")
     p.add_argument("--out", default="out")
-    p.add_argument("--profile-tokens", type=int, default=8192)
+    p.add_argument("--profile-tokens", type=int, default=8192,
+                   help="prompt length of the per-kernel breakdown (0: none); clamped to the "
+                        "longest timed prompt, which sizes the KV cache")
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (this machine has none)")
@@ -175,6 +177,8 @@ def main() -> int:
     weights = make_weights(cfg, 1, "cuda")
     print(f"weights in {time.perf_counter() - t0:.0f} s", flush=True)
     kv = KVCache(cfg, num_slots=1, max_tokens=max(lengths + longer + [300]) + 1)  # 300: warm-up
+    # the breakdown must fit the cache sized above, not fail after the timed runs
+    args.profile_tokens = min(args.profile_tokens, max(lengths + longer + [300]))
     gen = torch.Generator().manual_seed(0)
     for fmt in ("bf16", "nvfp4"):
         if fmt == "nvfp4":
