@@ -108,8 +108,11 @@ W4A16_SHARED_MAX: int | None = 512
 # decoded once per 64-k step into shared memory for tiles of 64 or 128 pairs:
 # kernels/prefill/grouped_w4a16_wg.py) instead of grouped_w4a16 (None: never). Measured on the
 # H200 (2026-12-02, sixth session, tools/bench_prefill.py --w4a16-wg=-,0, whole NVFP4 prefills
-# with attn_prefill_wg, ms): 2K 40.4 -> 39.3, 8K 145.2 -> 127.4, 32K 834.1 -> 760.4.
-W4A16_WG_MIN: int | None = 0
+# with attn_prefill_wg, ms): 2K 40.4 -> 39.3, 8K 145.2 -> 127.4, 32K 834.1 -> 760.4; but below
+# 2K it loses (seventh session, same tool: 64 / 256 / 512 / 1K tokens 13.8 / 16.3 / 18.5 / 23.8
+# on grouped_w4a16 against 21.7 / 27.1 / 28.5 / 30.9 on wg: with few pairs per expert a 64- or
+# 128-pair tile is mostly empty, while the decode into shared memory is paid in full).
+W4A16_WG_MIN: int | None = 1536
 W4A16_WG_NT = ((2048, 64),)  # (up to this many rows, NT) on grouped_w4a16_wg; above: 128
 W4A16_WG_NT_LARGE = 128
 
