@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first device calls of the wgmma prefill kernels (issue 21; written 2026-12-02, not yet run):
+# The first device calls of the wgmma prefill kernels (issue 21; run on the H200 2026-12-02):
 # attn_prefill_wg and grouped_w4a16_wg. Probes first (tools/probe_attn_prefill.py: q = 0 isolates
 # P·V, one-hot values isolate S), then their GPU tests, then the prefill with each, then the
 # bench beside the mma.sync kernels. Each step has its own time limit; logs under $OUT.
