@@ -9,7 +9,7 @@
 #   4. the reference engine on the export, SUITES at N cases each (eval-ref.json).
 # Hold the graph engine to eval-ref.json afterwards with tools/gpu_eval_nano.sh (CK=...).
 # Needs the gguf wheel in .whl (../shared/device.md); INIT (default: the embedded flint-nano),
-# FIRST_STEP (default 5930: past flint-nano's 5929 steps, so the batches are new), MINUTES
+# FIRST_STEP (default 6518: past flint-nano's 6517 steps, so the batches are new), MINUTES
 # (default 4), N (default 30), SUITES (default tools,arith,recall,chain,chat), DEVICE (default
 # cuda; cpu for a smoke test).
 set -uo pipefail
@@ -23,7 +23,7 @@ flint-graph eval "$init" --quiet --engine reference --suite chat --n "${N:-30}" 
   --json "$OUT/eval-base-chat.json" 2>&1 | tee -a "$log"
 echo "== training from $init" | tee -a "$log"
 python3 tools/train_nano.py --state /tmp/state --device "${DEVICE:-cuda}" --init "$init" \
-  --first-step "${FIRST_STEP:-5930}" --recall-pairs 1300 --minutes "${MINUTES:-4}" \
+  --first-step "${FIRST_STEP:-6518}" --recall-pairs 1300 --minutes "${MINUTES:-4}" \
   ${TRAIN_ARGS:-} > "$OUT/train.log" 2>&1 || { tail -20 "$OUT/train.log"; exit 1; }
 tail -3 "$OUT/train.log" | tee -a "$log"
 cp /tmp/state/loss.jsonl "$OUT/loss.jsonl"

@@ -3,7 +3,7 @@
 
     python tools/train_nano.py --state DIR [--minutes 9] [--device cuda]
     python tools/train_nano.py --state DIR --export CKPT_DIR     # BF16 shards + NVFP4 GGUF
-    python tools/train_nano.py --state DIR --init nano/flint-nano --first-step 5930 ...
+    python tools/train_nano.py --state DIR --init nano/flint-nano --first-step 6518 ...
 
 Each step trains on two fresh batches of the curriculum (nano/curriculum.py): --batch short
 episodes (tool calls, arithmetic, string tasks) and --recall-batch long key-value recall
@@ -20,7 +20,7 @@ DIR/state.pt holds the master weights in BF16 plus the step, recall length and b
 (32 MB: small enough to carry to and from a device run); AdamW's moments are not kept, so a
 resumed run warms its learning rate up again over --warmup steps. The state is saved every
 --save-every minutes and at the end. The loss curve goes to DIR/loss.jsonl. Without a state
-(a fresh machine: .nano/ is not in git), `--init nano/flint-nano --first-step 5930
+(a fresh machine: .nano/ is not in git), `--init nano/flint-nano --first-step 6518
 --recall-pairs 1300` starts one from the shipped checkpoint's weights. The export's GGUF
 holds exactly the NVFP4 values the forward pass trained on, and its BF16 shards are their
 exact dequantisation.
