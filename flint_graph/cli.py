@@ -254,7 +254,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                                  enable_thinking=args.enable_thinking)
     from flint_graph.terminal.progress import prefill_bar
 
-    shown_reasoning = False
+    shown_reasoning = reasoning_open = False
     try:
         with prefill_bar(llm.engine, sys.stderr.isatty()):
             for d in stream:
@@ -266,7 +266,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                     if d.reasoning:
                         sys.stderr.write(d.reasoning)
                         sys.stderr.flush()
-                        shown_reasoning = True
+                        shown_reasoning = reasoning_open = True
+                    if reasoning_open and (d.content or d.tool_calls):
+                        # the reasoning's last line ends before the answer starts: on a
+                        # terminal both streams share the screen ("So it is 165.165")
+                        sys.stderr.write("\n")
+                        sys.stderr.flush()
+                        reasoning_open = False
                     sys.stdout.write(d.content)
                     for c in d.tool_calls:
                         sys.stdout.write(f"\n[tool call] {c.name} {c.arguments_json()}\n")
@@ -280,7 +286,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(output_to_json(out, llm.engine.name))
         return 0
-    if shown_reasoning:
+    if reasoning_open:
         sys.stderr.write("\n")
     print()
     for err in out.errors:

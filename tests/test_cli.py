@@ -531,3 +531,17 @@ def test_no_command_is_a_one_line_usage_error(capsys):
     assert code == 2 and out == ""
     assert err.startswith("flint-graph: error: no command given") and "chat" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_generate_ends_the_reasoning_line_before_the_answer(monkeypatch, tiny_llm, tiny_ckpt):
+    """On a terminal stderr (reasoning) and stdout (answer) share the screen: the reasoning's
+    line must end before the answer starts (a new user saw "So it is 165.165"), and once only."""
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", scripted_sampler(
+        tiny_llm.tokenizer.encode("So it is 165.</think>165<|user|>")))
+    screen = io.StringIO()
+    monkeypatch.setattr("sys.stdout", screen)
+    monkeypatch.setattr("sys.stderr", screen)
+    code = main(["generate", str(tiny_ckpt), "--prompt", "What is 120 plus 45?",
+                 "--max-tokens", "40", "--device", "cpu"])
+    assert code == 0, screen.getvalue()
+    assert screen.getvalue().endswith("So it is 165.\n165\n"), screen.getvalue()
