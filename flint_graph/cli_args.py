@@ -350,7 +350,7 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling (defaults come from the checkpoint's "
                              "generation_config.json)")
-    g.add_argument("--max-tokens", type=integer, metavar="N",
+    g.add_argument("--max-tokens", type=positive_int, metavar="N",
                    help="most tokens to generate, reasoning included (default: the "
                         "checkpoint's generation_config.json max_new_tokens, 512 for "
                         "flint-nano; without one, up to the context limit)")

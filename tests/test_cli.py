@@ -545,3 +545,11 @@ def test_generate_ends_the_reasoning_line_before_the_answer(monkeypatch, tiny_ll
                  "--max-tokens", "40", "--device", "cpu"])
     assert code == 0, screen.getvalue()
     assert screen.getvalue().endswith("So it is 165.\n165\n"), screen.getvalue()
+
+
+@pytest.mark.parametrize("bad", ["0", "-3"])
+def test_max_tokens_below_one_names_the_flag(capsys, bad):
+    """The error names the flag the user typed, not SamplingParams' field 'max_tokens'."""
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", "--max-tokens", bad)
+    assert code == 2 and "argument --max-tokens" in err and ">= 1" in err, err
+    assert "Traceback" not in err
