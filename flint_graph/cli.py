@@ -126,9 +126,16 @@ def sampling_params(args: argparse.Namespace):
     """SamplingParams from the sampling flags (unset flags take the checkpoint defaults)."""
     from flint_graph.runtime.sampling import SamplingParams
 
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                          stop=list(args.stop or []), stop_on_repeat=args.stop_on_repeat)
+    try:
+        return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                              top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                              stop=list(args.stop or []), stop_on_repeat=args.stop_on_repeat)
+    except InvalidRequestError as e:
+        if getattr(e, "field", None) is None:
+            raise
+        # name the flag the user typed, not the API field behind it
+        raise InvalidRequestError(f"argument --{e.field.replace('_', '-')}: {e.detail} (see "
+                                  f"flint-graph {args.command} --help)") from None
 
 
 TOOLS_MAX_BYTES = 16 << 20  # a tools.json is a few KB; the HTTP server's body cap alike

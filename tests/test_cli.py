@@ -86,10 +86,10 @@ def test_generation_config_max_new_tokens_bounds_the_default(tiny_ckpt):
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["--temperature", "-1"], "temperature"),
-    (["--top-p", "1.5"], "top_p"),
-    (["--top-k", "-1"], "top_k"),
-    (["--stop-on-repeat", "3"], "stop_on_repeat"),
+    (["--temperature", "-1"], "argument --temperature: expected"),
+    (["--top-p", "1.5"], "argument --top-p: expected"),
+    (["--top-k", "-1"], "argument --top-k: expected"),
+    (["--stop-on-repeat", "3"], "argument --stop-on-repeat: expected"),
     (["--prompt", "   "], "empty"),
 ])
 def test_generate_bad_values_one_line(capsys, tiny_ckpt, extra, match):

@@ -197,8 +197,10 @@ def _is_id_list(v: object) -> bool:
 
 
 def _bad(name: str, expected: str, found: object) -> None:
-    raise InvalidRequestError(f"sampling argument '{name}': expected {expected}, found "
-                              f"{shown(found)}")
+    what = f"expected {expected}, found {shown(found)}"
+    e = InvalidRequestError(f"sampling argument '{name}': {what}")
+    e.field, e.detail = name, what  # so a caller can name its own flag or field instead
+    raise e
 
 
 def _gen_value(gen: dict[str, Any], key: str, neutral: Any, ok, expected: str) -> Any:
