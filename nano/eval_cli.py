@@ -47,7 +47,8 @@ figures (held-out cases of the flint-nano curriculum, greedy decoding):
                 phr-refuse 100%
 Answers cut off by the token limit are counted under the table.
 --compare REF.json holds this run to a saved one (e.g. the reference
-engine's) on the same cases: it passes when every metric is within noise
+engine's) on the cases both runs have (the same --seed; a smaller --n or fewer
+--contexts compares that subset, and the verdict says how many): it passes when every metric is within noise
 (the two differ by at most two standard errors of their difference), at
 least 95% of the answers are identical, and the log-probabilities of the
 tokens both decoded alike differ by at most 2.6e-4 nats on average (by 0 when
@@ -99,7 +100,8 @@ def add_eval_parser(sub, positive_int) -> None:
                    help=f"run with a deliberate bug: {', '.join(PLANTS)}")
     p.add_argument("--json", type=_path, metavar="FILE", help="write the report and every case")
     p.add_argument("--compare", type=_path, metavar="REF.json",
-                   help="hold this run to a saved report (same --n/--seed/--contexts)")
+                   help="hold this run to a saved report on the cases both have (same --seed; a "
+                        "smaller --n or fewer --contexts compares that subset)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when a target is missed or the --compare fails")
     p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
@@ -161,6 +163,7 @@ def cmd_eval(args) -> int:
         raise InvalidRequestError(f"{model}: no such checkpoint (expected a BF16 checkpoint "
                                   "directory or an NVFP4 .gguf file)")
     check_outputs(args, ("--json",), compare_runs=True)
+    _refuse_to_replace_other_files(args.json)
     cases = evals.build_cases(suites, args.n, args.seed, contexts)
     common = {(c.group, c.index) for c in cases} & {(c["group"], c["index"])
                                                      for c in (ref or {}).get("cases", [])}
@@ -207,6 +210,20 @@ def cmd_eval(args) -> int:
 # a report holds every case's answer and log-probabilities: ~2 KB a case, so the largest run
 # (--n 10000 over every group) stays under this
 REPORT_MAX_BYTES = 1 << 30
+
+
+def _refuse_to_replace_other_files(path: Path | None) -> None:
+    """--json replaces an earlier eval report, never another file: InvalidRequestError naming
+    it otherwise (a bad-input trial saw an unrelated JSON file overwritten without notice)."""
+    from flint_graph.errors import InvalidRequestError
+
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        _read_report(path)
+    except Exception:  # noqa: BLE001 - any reason it is not a report: keep the file
+        raise InvalidRequestError(f"--json {path}: exists and is not an eval report; choose "
+                                  "another name, or delete it first") from None
 
 
 def _read_report(path: Path) -> dict:

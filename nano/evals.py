@@ -401,6 +401,10 @@ def check_report(rep: Any, name: str) -> dict:
 
     if not isinstance(rep, dict):
         bad("the file", "a JSON object (the report `flint-graph eval --json` writes)", rep)
+    if "groups" not in rep and "cases" not in rep:
+        fields = ", ".join(repr(k)[:40] for k in list(rep)[:5]) or "no fields"
+        raise InvalidRequestError(f"{name}: not an eval report (`flint-graph eval --json` writes "
+                                  f"one, with groups and cases); found an object with {fields}")
     groups, cases = rep.get("groups"), rep.get("cases")
     if not isinstance(groups, dict):
         bad("groups", "an object of per-group scores", groups, "groups" not in rep)

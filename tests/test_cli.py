@@ -241,7 +241,7 @@ def test_overwrite_never_deletes_user_files(capsys, tmp_path):
 
 def test_save_transcript_through_symlink_keeps_mode_and_refuses_dirs(tmp_path):
     target = tmp_path / "real.json"
-    target.write_text("{}")
+    target.write_text('{"messages": []}')  # an earlier transcript
     target.chmod(0o640)
     link = tmp_path / "link.json"
     link.symlink_to(target)
@@ -553,3 +553,18 @@ def test_max_tokens_below_one_names_the_flag(capsys, bad):
     code, _, err = _run(capsys, "generate", "--prompt", "hi", "--max-tokens", bad)
     assert code == 2 and "argument --max-tokens" in err and ">= 1" in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", ["precious notes\n", "{}", '{"messages": 3}', "[1, 2]"])
+def test_save_transcript_never_replaces_a_file_that_is_not_one(tmp_path, content):
+    """/save onto an existing file that is not a chat transcript is refused and the file kept
+    (bad-input trial: /save precious.txt replaced it and said so afterwards)."""
+    path = tmp_path / "precious.txt"
+    path.write_text(content)
+    with pytest.raises(FlintError, match="not a chat transcript"):
+        save_transcript(path, [{"role": "user", "content": "hi"}])
+    assert path.read_text() == content
+    replaced = []
+    save_transcript(tmp_path / "t.json", [{"role": "user", "content": "a"}])
+    save_transcript(tmp_path / "t.json", [{"role": "user", "content": "b"}], replaced)
+    assert replaced == [True]  # its own transcript is replaced, and reported

@@ -503,3 +503,23 @@ def test_cli_a_report_that_cannot_be_written_is_one_line(capsys, tmp_path, monke
     code = main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--json", "/dev/full"])
     assert code == 2 and "not a regular file" in capsys.readouterr().err
     assert "arith" in out
+
+
+def test_cli_compare_says_a_foreign_json_is_not_a_report(tmp_path):
+    """A JSON object with neither groups nor cases is named as no eval report (bad-input trial:
+    "groups: expected an object of per-group scores, found nothing")."""
+    other = tmp_path / "x.json"
+    other.write_text(json.dumps({"a": 1}))
+    out = _cli("--compare", str(other), "--quiet")
+    assert out.returncode == 2 and "not an eval report" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("content", ['{"a": 1}', "notes\n", "[1]"])
+def test_cli_json_never_replaces_a_file_that_is_not_a_report(tmp_path, content):
+    """--json replaces an earlier report only; any other file is refused before the run and
+    kept (bad-input trial: an unrelated JSON file was overwritten without notice)."""
+    keep = tmp_path / "precious.json"
+    keep.write_text(content)
+    out = _cli("--json", str(keep), "--quiet")
+    assert out.returncode == 2 and "is not an eval report" in out.stderr, out.stderr
+    assert keep.read_text() == content

@@ -37,10 +37,25 @@ HELP = ('""" starts and ends a message of several lines · '
 FENCE = '"""'  # a message of several lines is fenced by it, as in ollama's terminal chat
 
 
+TRANSCRIPT_CHECK_BYTES = 256 << 20  # larger files are not read to decide (and are not replaced)
+
+
+def _is_transcript(path: Path) -> bool:
+    """Whether `path` holds what save_transcript writes: a JSON object with a "messages" list."""
+    try:
+        if path.stat().st_size > TRANSCRIPT_CHECK_BYTES:
+            return False
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("messages"), list)
+
+
 def save_transcript(path: str | Path, messages: list[dict[str, Any]],
                     replaced: list | None = None) -> Path:
     """Write `messages` as JSON to `path` atomically (same-directory temp file, then rename);
-    appends True to `replaced` when an existing file was overwritten.
+    appends True to `replaced` when an existing transcript was overwritten. Any other
+    existing file is refused (FlintError), never replaced.
 
     Raises FlintError naming the path if the directory does not exist or is not writable, or
     the name cannot be a file there (too long, a symlink loop, a directory): every such case
@@ -57,6 +72,10 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
                 raise FlintError(f"{path}: {above} is a file, not a directory")
             raise FlintError(f"{path}: directory {path.parent} does not exist")
         existed = path.exists()
+        if existed and not _is_transcript(path):
+            # /save replaces only its own files: anything else there is the user's data
+            raise FlintError(f"{path}: exists and is not a chat transcript; choose another "
+                             "name, or delete it first")
         mode = path.stat().st_mode & 0o777 if existed else 0o644
     except (OSError, RuntimeError) as e:  # ENAMETOOLONG, ELOOP; RuntimeError: a symlink loop
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
