@@ -340,7 +340,11 @@ class LLM:
         parser = OutputParser(tools=declared, thinking=enable_thinking)
         text = "".join(s.text for s in segments)
         check_prompt_text(text)
-        self._check_prompt_size(text)
+        what = "prompt"
+        if tools:  # the tool definitions are part of it: say which part is large
+            what = (f"prompt (its messages {_message_text(messages):,} characters, the rest "
+                    "mostly the tool definitions)")
+        self._check_prompt_size(text, what)
         ids = self.tokenizer.encode_segments(segments)
         # earlier turns the template wrote back verbatim get the ids that were generated
         done = [(r.prompt_ids, r.output_ids) for r in self._chat_history if r.is_finished
@@ -367,7 +371,7 @@ class LLM:
         instead[call_open] = tokens
         req.force(tokens, after=(think_close,), instead=instead)
 
-    def _check_prompt_size(self, text: str | int) -> None:
+    def _check_prompt_size(self, text: str | int, what: str = "prompt") -> None:
         """Refuse text that cannot fit the context by its length alone, before tokenising it
         (a 16 MB message was tokenised whole, 9.6 s and 2.4 GB, before its token count was
         refused): no token covers more than `tokenizer.max_token_chars` characters, so more
@@ -377,7 +381,7 @@ class LLM:
         n = text if isinstance(text, int) else len(text)
         if n > limit:
             raise ContextLengthError(
-                f"prompt: {n:,} characters cannot fit the context limit of "
+                f"{what}: {n:,} characters cannot fit the context limit of "
                 f"{self.engine.context_limit:,} tokens (at most {limit:,} characters: no token "
                 f"covers more than {self.tokenizer.max_token_chars})")
 

@@ -568,3 +568,24 @@ def test_save_transcript_never_replaces_a_file_that_is_not_one(tmp_path, content
     save_transcript(tmp_path / "t.json", [{"role": "user", "content": "a"}])
     save_transcript(tmp_path / "t.json", [{"role": "user", "content": "b"}], replaced)
     assert replaced == [True]  # its own transcript is replaced, and reported
+
+
+def test_huge_tool_definitions_are_named_not_the_prompt(tiny_llm):
+    """A short message with a huge tool description: the error says the tool definitions are
+    what does not fit (bad-input trial: it blamed a 2-character prompt)."""
+    from flint_graph.errors import ContextLengthError
+
+    limit = tiny_llm.engine.context_limit * tiny_llm.tokenizer.max_token_chars
+    big = [{"type": "function", "function": {"name": "big", "description": "x" * (limit + 1)}}]
+    with pytest.raises(ContextLengthError, match="messages 2 characters.*tool definitions"):
+        tiny_llm.chat([{"role": "user", "content": "hi"}], tools=big)
+
+
+@pytest.mark.parametrize("tool, found", [(1, "found int"), ("a", "found str"),
+                                         (None, "found null")])
+def test_a_tool_that_is_no_object_is_named_as_such(tool, found):
+    from flint_graph.chat.chat_messages import validate_tools
+    from flint_graph.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match=rf"tools\[0\]: expected a tool object.*{found}"):
+        validate_tools([tool])

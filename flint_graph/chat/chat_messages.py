@@ -210,9 +210,13 @@ def validate_tools(tools: Any) -> list[dict] | None:
     names = set()
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
-        if not isinstance(tool, Mapping) or tool.get("type") != "function":
-            found = tool.get("type") if isinstance(tool, Mapping) else _type(tool)
-            raise InvalidRequestError(f"{where}.type: expected 'function', found {found!r}")
+        if not isinstance(tool, Mapping):
+            raise InvalidRequestError(f"{where}: expected a tool object ({{\"type\": "
+                                      f"\"function\", \"function\": {{...}}}}), found "
+                                      f"{_type(tool)}")
+        if tool.get("type") != "function":
+            raise InvalidRequestError(f"{where}.type: expected 'function', found "
+                                      f"{tool.get('type')!r}")
         fn = tool.get("function")
         if not isinstance(fn, Mapping):
             raise InvalidRequestError(f"{where}.function: expected an object, found {_type(fn)}")
