@@ -112,6 +112,17 @@ def _contexts(text: str) -> tuple[int, ...]:
     return _ints(",".join(map(str, out)), "token counts")
 
 
+def _context(text: str) -> tuple[int]:
+    """trace --context: one token count (8K style suffix allowed), as a 1-tuple."""
+    if "," in text:
+        raise argparse.ArgumentTypeError(f"trace takes one value, found {text!r}")
+    try:
+        return _contexts(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a token count >= 1 (e.g. 1024 or 8k), "
+                                         f"found {text!r}") from None
+
+
 def _path(text: str) -> Path:
     """A file flag's value; an empty one (Path("") is ".") is refused."""
     if not text.strip():
@@ -197,7 +208,7 @@ def add_trace_parser(sub, positive_int, buckets) -> None:
                                      "a checkpoint has its own)")
     p.add_argument("--batch", type=buckets, default=(1,), metavar="B",
                    help="batch bucket (default: 1)")
-    p.add_argument("--context", type=_contexts, default=(1024,), metavar="N",
+    p.add_argument("--context", type=_context, default=(1024,), metavar="N",
                    help="tokens in every row's KV cache (default: 1024)")
     p.add_argument("--steps", type=positive_int, default=5, metavar="N",
                    help="steps traced; the one of median length is reported (default: %(default)s)")

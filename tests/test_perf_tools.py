@@ -287,3 +287,12 @@ def test_prefill_kernels_are_kinded_by_name_and_the_report_prints_them():
     text = console.export_text()
     assert "a prefill of 8192 tokens" in text and "gemm" in text and "attention" in text
     assert trace_report.to_file_json(trace)["traceEvents"]
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "0"])
+def test_trace_context_error_asks_for_one_count(value, capsys):
+    """trace --context takes one N: its error asks for a token count, not a comma-separated
+    list (bad-input trial)."""
+    assert main(["trace", *SMALL, "--context", value]) == 2
+    err = capsys.readouterr().err
+    assert "expected a token count >= 1" in err and "comma" not in err, err
