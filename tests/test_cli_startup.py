@@ -122,7 +122,7 @@ def test_ctrl_c_after_start_up_is_one_line_and_restores_the_handler(capsys, monk
     (["chat", "--threads", "9" * 5000], "argument --threads: expected an integer >= 1 of at "
                                         "most 4,300 digits, got 5,000 digits"),
     (["generate", "--seed", "x" * 5000], "argument --seed: expected an integer, got 'xxxxxx"),
-    (["generate", "--max-tokens", "-1e3"], "argument --max-tokens: expected an integer, got "
+    (["generate", "--max-tokens", "-1e3"], "argument --max-tokens: expected an integer >= 1, got "
                                            "'-1e3'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["make-checkpoint"], "the following arguments are required: --out"),
