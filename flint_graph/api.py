@@ -340,11 +340,9 @@ class LLM:
         parser = OutputParser(tools=declared, thinking=enable_thinking)
         text = "".join(s.text for s in segments)
         check_prompt_text(text)
-        what = "prompt"
-        if tools:  # the tool definitions are part of it: say which part is large
-            what = (f"prompt (its messages {_message_text(messages):,} characters, the rest "
-                    "mostly the tool definitions)")
-        self._check_prompt_size(text, what)
+        self._check_prompt_size(text, lambda: (  # the tool definitions are part of it
+            f"prompt (its messages {_message_text(messages):,} characters, the rest mostly the "
+            "tool definitions)") if tools else "prompt")
         ids = self.tokenizer.encode_segments(segments)
         # earlier turns the template wrote back verbatim get the ids that were generated
         done = [(r.prompt_ids, r.output_ids) for r in self._chat_history if r.is_finished
@@ -371,17 +369,18 @@ class LLM:
         instead[call_open] = tokens
         req.force(tokens, after=(think_close,), instead=instead)
 
-    def _check_prompt_size(self, text: str | int, what: str = "prompt") -> None:
+    def _check_prompt_size(self, text: str | int, what=lambda: "prompt") -> None:
         """Refuse text that cannot fit the context by its length alone, before tokenising it
         (a 16 MB message was tokenised whole, 9.6 s and 2.4 GB, before its token count was
         refused): no token covers more than `tokenizer.max_token_chars` characters, so more
         than context limit × that many characters are more tokens than the context holds.
-        Raises ContextLengthError naming both numbers."""
+        Raises ContextLengthError naming both numbers; `what()` names the text (called only
+        then, so the common case builds no message)."""
         limit = self.engine.context_limit * self.tokenizer.max_token_chars
         n = text if isinstance(text, int) else len(text)
         if n > limit:
             raise ContextLengthError(
-                f"{what}: {n:,} characters cannot fit the context limit of "
+                f"{what()}: {n:,} characters cannot fit the context limit of "
                 f"{self.engine.context_limit:,} tokens (at most {limit:,} characters: no token "
                 f"covers more than {self.tokenizer.max_token_chars})")
 

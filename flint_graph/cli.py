@@ -131,7 +131,7 @@ def sampling_params(args: argparse.Namespace):
                               top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                               stop=list(args.stop or []), stop_on_repeat=args.stop_on_repeat)
     except InvalidRequestError as e:
-        if getattr(e, "field", None) is None:
+        if e.field is None:
             raise
         # name the flag the user typed, not the API field behind it
         raise InvalidRequestError(f"argument --{e.field.replace('_', '-')}: {e.detail} (see "

@@ -48,7 +48,13 @@ class TemplateError(FlintError):
 
 
 class InvalidRequestError(FlintError, ValueError):
-    """A request argument (prompt, sampling value, tools) is invalid."""
+    """A request argument (prompt, sampling value, tools) is invalid. `field` (the API field,
+    e.g. "top_p") and `detail` ("expected …, found …") are set where one field is at fault, so
+    a caller can name its own flag or field for it instead."""
+
+    def __init__(self, message: str = "", *, field: str | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.field, self.detail = field, detail
 
 
 class ContextLengthError(InvalidRequestError):

@@ -162,8 +162,8 @@ def cmd_eval(args) -> int:
     elif not Path(model).exists():
         raise InvalidRequestError(f"{model}: no such checkpoint (expected a BF16 checkpoint "
                                   "directory or an NVFP4 .gguf file)")
-    check_outputs(args, ("--json",), compare_runs=True)
-    _refuse_to_replace_other_files(args.json)
+    check_outputs(args, ("--json",), compare_runs=True,
+                  own={"--json": ("an eval report", _is_report)})
     cases = evals.build_cases(suites, args.n, args.seed, contexts)
     common = {(c.group, c.index) for c in cases} & {(c["group"], c["index"])
                                                      for c in (ref or {}).get("cases", [])}
@@ -212,18 +212,14 @@ def cmd_eval(args) -> int:
 REPORT_MAX_BYTES = 1 << 30
 
 
-def _refuse_to_replace_other_files(path: Path | None) -> None:
-    """--json replaces an earlier eval report, never another file: InvalidRequestError naming
-    it otherwise (a bad-input trial saw an unrelated JSON file overwritten without notice)."""
-    from flint_graph.errors import InvalidRequestError
-
-    if path is None or not path.is_file() or path.stat().st_size == 0:
-        return
+def _is_report(path: Path) -> bool:
+    """Whether `path` holds an eval report (what --json may replace; a bad-input trial saw an
+    unrelated JSON file overwritten without notice)."""
     try:
         _read_report(path)
     except Exception:  # noqa: BLE001 - any reason it is not a report: keep the file
-        raise InvalidRequestError(f"--json {path}: exists and is not an eval report; choose "
-                                  "another name, or delete it first") from None
+        return False
+    return True
 
 
 def _read_report(path: Path) -> dict:

@@ -237,11 +237,14 @@ def _options(args, command: str):
     return o
 
 
-def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False) -> None:
+def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False,
+                  own: dict | None = None) -> None:
     """Before any work: each output flag names a writable file, no two name the same one, and
     none overwrites a file of the checkpoint being measured (MODEL, or its directory's files)
     or the --compare report. Unless `compare_runs` (eval: --compare holds a new run to a saved
-    one), also refuses output flags beside --compare, which then writes nothing. Raises
+    one), also refuses output flags beside --compare, which then writes nothing. `own` maps a
+    flag to (kind, recognise): an existing non-empty file there is replaced only when
+    recognise(path) is true (an earlier output of that kind), never another file. Raises
     InvalidRequestError naming the flag."""
     from flint_graph.errors import InvalidRequestError
 
@@ -280,6 +283,10 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False) -> N
             raise InvalidRequestError(f"{flag} {path}: cannot write there ({above} is a file, "
                                       "not a directory)")
         existed = full.exists()
+        if existed and flag in (own or {}) and full.stat().st_size \
+                and not own[flag][1](full):
+            raise InvalidRequestError(f"{flag} {path}: exists and is not {own[flag][0]}; choose "
+                                      "another name, or delete it first")
         try:  # a real probe: permission bits say little to root or on /proc
             full.parent.mkdir(parents=True, exist_ok=True)
             with open(full, "a"):

@@ -198,9 +198,7 @@ def _is_id_list(v: object) -> bool:
 
 def _bad(name: str, expected: str, found: object) -> None:
     what = f"expected {expected}, found {shown(found)}"
-    e = InvalidRequestError(f"sampling argument '{name}': {what}")
-    e.field, e.detail = name, what  # so a caller can name its own flag or field instead
-    raise e
+    raise InvalidRequestError(f"sampling argument '{name}': {what}", field=name, detail=what)
 
 
 def _gen_value(gen: dict[str, Any], key: str, neutral: Any, ok, expected: str) -> Any:

@@ -106,7 +106,7 @@ def sampling_params(body: Mapping[str, Any], completion: bool = False) -> Sampli
         try:  # each field that is present is checked, even where another one wins
             SamplingParams(**{"max_tokens" if key.startswith("max") else key: body.get(key)})
         except InvalidRequestError as e:
-            raise _bad(f"{key}: {getattr(e, 'detail', e)}", key) from None
+            raise _bad(f"{key}: {e.detail or e}", key) from None
     logprobs, top = body.get("logprobs"), 0
     if completion:
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
