@@ -44,8 +44,13 @@ class RowGroupMoE:
     ValueError when a kernel has no specialisation for the config (KernelCacheError /
     LaunchError when the cache lacks it)."""
 
-    def __init__(self, kset, cfg: FlintConfig, layers):
+    def __init__(self, kset, cfg: FlintConfig, layers, groups: tuple[int, ...] | None = None):
         self.cfg = cfg
+        # group sizes, largest first (default GROUPS, read now: tools/bench_prefill.py
+        # --row-groups compares others); GROUP must be one
+        self.sizes = tuple(sorted(GROUPS if groups is None else groups, reverse=True))
+        if GROUP not in self.sizes:
+            raise ValueError(f"RowGroupMoE: groups {self.sizes} must include {GROUP}")
         k, e = cfg.num_experts_per_tok, cfg.n_routed_experts
         fmt = None
         self.args: dict[int, tuple[list, list]] = {}
@@ -71,7 +76,7 @@ class RowGroupMoE:
             return torch.empty(shape, dtype=dtype, device=dev)
 
         self.groups = {}  # rows -> (router, gate_up, down, buffers)
-        for b in GROUPS:
+        for b in self.sizes:
             def pick(name, **want):
                 spec = model_spec(kset.defs[name], cfg, b, **want)
                 return kset.get(name, **spec.as_dict())
@@ -93,7 +98,7 @@ class RowGroupMoE:
         ffn = lw.ffn
         gate_up_w, down_w = self.args[i]
         residual2, h, out = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
-        for r0, b in group_rows(t):
+        for r0, b in group_rows(t, self.sizes):
             router, gate_up, down, bf = self.groups[b]
             g = slice(r0, r0 + b)
             router.launch(o[g], x[g], row_mask[g], lw.ffn_norm, ffn.router, ffn.router_bias,
@@ -106,12 +111,13 @@ class RowGroupMoE:
         return out
 
 
-def group_rows(t: int) -> list[tuple[int, int]]:
+def group_rows(t: int, sizes: tuple[int, ...] = GROUPS) -> list[tuple[int, int]]:
     """(first row, rows) of each group of a t-row chunk (t a multiple of GROUP): the largest
-    size of GROUPS that the rows left fill, e.g. 56 -> (0, 32), (32, 16), (48, 8)."""
+    of `sizes` (descending, GROUP last) that the rows left fill, e.g. 56 -> (0, 32),
+    (32, 16), (48, 8)."""
     out, r0 = [], 0
     while r0 < t:
-        b = next(b for b in GROUPS if b <= t - r0)
+        b = next(b for b in sizes if b <= t - r0)
         out.append((r0, b))
         r0 += b
     return out
