@@ -293,6 +293,18 @@ def test_greedy_decode_continues_from_the_prefill(kset, fmt):
     assert sum(r > 5e-2 for r in rels) <= len(rels) // 20 + 1, rels
 
 
+def _check_rows(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """A short chunk's layer output row by row: each row within LAYER_TOL, except at most one
+    in 16 (a router near-tie gives a row another expert, which moves it by ~10%: over 32 rows
+    that alone is ~2% of the whole output's norm, the LAYER_TOL rule's own margin), and those
+    within MAX_TOL."""
+    rels = ((got.float() - want.float()).norm(dim=-1)
+            / want.float().norm(dim=-1)).tolist()
+    off = [(r, v) for r, v in enumerate(rels) if v > LAYER_TOL]
+    assert len(off) <= len(rels) // 16 and all(v <= MAX_TOL for _, v in off), \
+        f"{what}: rows above {LAYER_TOL}: {[(r, f'{v:.2e}') for r, v in off]}"
+
+
 @pytest.mark.parametrize("rows", ["long", 24, 32])
 @pytest.mark.parametrize("preset", ["tiny", "full"])
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
@@ -301,7 +313,7 @@ def test_each_layer_matches_the_reference_layer(kset, preset, fmt, rows):
     chunk after a cached prefix, so attention reads the ring/pages and the chunk) and must give
     the reference layer's output and K/V within LAYER_TOL. Chunks of window + 40 rows (the
     grouped expert GEMMs), 24 rows (the MoE on the decode kernels in row groups of 16 and 8)
-    and 32 (one row group of 32)."""
+    and 32 (one row group of 32); the short ones row by row (`_check_rows`)."""
     from flint_graph import reference
     from flint_graph.capture.kv_cache import KVCache, SlotKV
     from flint_graph.capture.prefill import Prefill
@@ -330,8 +342,11 @@ def test_each_layer_matches_the_reference_layer(kset, preset, fmt, rows):
         want = reference.decoder_layer(cfg, lw, i, x, [ref_chunk], [tokens])
         with torch.inference_mode():
             got = pre._layer(i, lw, x, pos)
-        rel = _rel(got, want)
-        assert rel <= LAYER_TOL, f"{preset} {fmt} layer {i}: output rel err {rel:.2e}"
+        if rows == "long":
+            rel = _rel(got, want)
+            assert rel <= LAYER_TOL, f"{preset} {fmt} layer {i}: output rel err {rel:.2e}"
+        else:
+            _check_rows(got, want, f"{preset} {fmt} layer {i}")
         x = want
     ref_chunk.advance(tokens)
     rels = []
