@@ -82,11 +82,13 @@ GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
 # grouped path wins; BF16 at 25 tokens 26.4 -> 18.1 ms, equal at 64, worse at 128.
 ROW_MOE_MAX = {"nvfp4": 256, "bf16": 32}
 # With the grouped W4A16 kernels (kernels/prefill/grouped_w4a16.py) NVFP4 experts are read as
-# they are at every chunk size, and the decode-kernel groups pay only below 64 rows, where the
-# grouped path's routing glue (~50 small torch ops per layer) outweighs re-reading the experts
-# per group of 8: on the H200 (2026-12-02, tools/bench_prefill.py --row-moe-max 0,256), 25
-# tokens 18.2 ms grouped vs 12.8 ms in groups, 64 tokens 21.2 vs 23.0, 256 tokens 25.5 vs 77.3.
-ROW_MOE_MAX_W4A16 = 32
+# they are at every chunk size, and the decode-kernel groups pay only for the shortest chunks:
+# on the H200 (2026-12-03, tools/bench_prefill.py --row-moe-max 0,32, whole NVFP4 prefills on the
+# graphs, grouped vs groups of 8): 8 tokens 9.0 vs 6.5 ms, 16 tokens 10.1 vs 7.9, 25 tokens
+# (the 32-row graph) 10.9 vs 11.3, 32 tokens 11.7 vs 12.5 (since moe_route replaced the ~50
+# torch ops of routing glue; 2026-12-02: 25 tokens 18.2 vs 12.8). BF16 keeps the groups up to
+# 32 rows (25 tokens 15.2 vs 17.6 ms).
+ROW_MOE_MAX_W4A16 = 16
 # Pairs per tile of the grouped W4A16 kernels by chunk rows (--nt 16,32,64 on the H200,
 # 2026-12-02): 512 tokens 29.7 / 35.1 / 56.7 ms, 2K 60.4 / 58.5 / 74.4, 8K 219.8 / 194.0 / 204.7.
 W4A16_NT = ((512, 16),)  # (up to this many rows, NT); above: W4A16_NT_LARGE

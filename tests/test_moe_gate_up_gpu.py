@@ -20,7 +20,6 @@ import torch
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.decode import moe_gate_up as mgu
 from flint_graph.kernels import registry
-from flint_graph.kernels.toolchain.build import row_group_specs
 from flint_graph.kernels.toolchain.spec import BUCKETS
 
 pytestmark = pytest.mark.gpu
@@ -37,10 +36,8 @@ def kset():
 
 
 def _specs():
-    """Every spec of both configs: the decode buckets and the prefill's row groups."""
-    return [(p, s) for p in ("tiny", "full")
-            for s in mgu.KERNEL.specs(FlintConfig.preset(p), BUCKETS)
-            + row_group_specs(mgu.KERNEL, FlintConfig.preset(p))]
+    return [(p, s) for p in ("tiny", "full") for s in mgu.KERNEL.specs(FlintConfig.preset(p),
+                                                                       BUCKETS)]
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -91,7 +88,7 @@ def test_moe_gate_up_matches_reference(kset, case):
 
 def _pdl_specs():
     full = FlintConfig.preset("full")
-    return mgu.KERNEL.specs(full, (1, 8)) + row_group_specs(mgu.KERNEL, full)[-2:]
+    return [s for s in mgu.KERNEL.specs(full, (1, 8))]
 
 
 @pytest.mark.parametrize("spec", _pdl_specs(), ids=lambda s: s.key)

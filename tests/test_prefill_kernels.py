@@ -116,37 +116,3 @@ def test_moe_with_the_combine_and_split_router_is_the_reference_moe_plus_residua
     rel = ((got[:30].float() - want.float()).norm() / want.float().norm()).item()
     assert rel <= 1e-2
     assert torch.equal(got[30:], x[30:])
-
-
-@pytest.mark.parametrize("rows, groups", [
-    (8, [(0, 8)]), (16, [(0, 16)]), (24, [(0, 16), (16, 8)]), (32, [(0, 32)]),
-    (56, [(0, 32), (32, 16), (48, 8)]), (64, [(0, 32), (32, 32)])])
-def test_row_moe_takes_the_largest_group_that_fits(rows, groups):
-    """A short chunk's MoE on the decode kernels: one launch triple per group, as few groups as
-    the sizes allow (each group reads the experts its rows pick once)."""
-    from flint_graph.capture.prefill_row_moe import group_rows
-
-    assert group_rows(rows) == groups
-
-
-def test_row_moe_kernels_take_32_rows_and_no_more():
-    """The row groups' B is declared by the three MoE kernels (the others stop at the decode
-    buckets), and every config's row-group specs pass the declaration checks."""
-    from flint_graph.kernels import registry
-    from flint_graph.kernels.toolchain.build import row_group_specs
-    from flint_graph.kernels.toolchain.spec import ROW_GROUPS
-
-    for kdef in registry():
-        big = kdef.max_rows > 8
-        assert big == (kdef.name in ("moe_router", "moe_gate_up", "moe_down")), kdef.name
-        for preset in ("tiny", "nano", "full"):
-            cfg = FlintConfig.preset(preset)
-            specs = row_group_specs(kdef, cfg)
-            assert bool(specs) == big, (kdef.name, preset)
-            assert {s["B"] for s in specs} <= set(ROW_GROUPS)
-            assert all(s.as_dict().get("TOPK", 1) > 0 for s in specs)
-            for s in specs:
-                check_spec(kdef, s)
-    (router,) = registry(("moe_router",))
-    with pytest.raises(ValueError, match="batch B = 64; expected 1 to 32"):
-        check_spec(router, router.spec(B=64, H=2048, E=256, TOPK=6, NORM=1))

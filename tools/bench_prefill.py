@@ -104,7 +104,6 @@ def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
 
 def main() -> int:
     from flint_graph.capture.kv_cache import KVCache
-    from flint_graph.capture import prefill_row_moe
     from flint_graph.capture.prefill import Prefill
     from flint_graph.checkpoints.config import FlintConfig
     from flint_graph.checkpoints.make_checkpoint import quantize_weights
@@ -124,10 +123,6 @@ def main() -> int:
                         "--graph-max tokens replay CUDA graphs, larger ones run eagerly), "
                         "kernel = every chunk launched eagerly, sdpa = the torch-ops baseline")
     p.add_argument("--graph-max", type=int, default=4096)
-    p.add_argument("--row-groups", default="",
-                   help="row group sizes of the MoE on the decode kernels, e.g. 8 or 16,8; "
-                        "several sets separated by '/' time each (default: "
-                        "prefill_row_moe.GROUPS)")
     p.add_argument("--row-moe-max", default="",
                    help="chunks up to this many rows run the MoE on the decode kernels "
                         "(capture/prefill_row_moe.py; default: prefill.ROW_MOE_MAX per "
@@ -172,9 +167,6 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     lengths = [int(x) for x in args.tokens.split(",")]
-    default_groups = prefill_row_moe.GROUPS
-    groups_sweep = [tuple(int(v) for v in g.split(",")) for g in args.row_groups.split("/")
-                    if g] or [None]
     longer = [int(x) for x in args.kernel_tokens.split(",") if x]
     cfg = FlintConfig.preset(args.preset)
     peak = matmul_peak_flops("cuda")
@@ -194,8 +186,7 @@ def main() -> int:
             torch.cuda.empty_cache()
         if fmt not in args.formats.split(","):
             continue
-        rows_sweep = [(int(v), g) for v in args.row_moe_max.split(",") if v
-                      for g in groups_sweep] or [(None, g) for g in groups_sweep]
+        rows_sweep = [int(v) for v in args.row_moe_max.split(",") if v] or [None]
         moe_sweep = [{"w4a16": True, "unpack": False}[v] for v in args.moe.split(",") if v]
         nt_sweep = [int(v) for v in args.nt.split(",") if v] or [None]
         depth_sweep = [int(v) for v in args.depth.split(",") if v] or [None]
@@ -213,9 +204,7 @@ def main() -> int:
                 for r in (sweep if path == "graph" else [(None,) * 6])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
                 for wgm in ((wg_sweep or [None]) if path == "graph" else [None])]
-        for path, (rows_groups, w4a16, nt, depth, ws, most), attn, wgm in runs:
-            row_moe, groups = rows_groups or (None, None)
-            prefill_row_moe.GROUPS = groups or default_groups
+        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
@@ -229,9 +218,7 @@ def main() -> int:
             variant = {k: v for k, v in (("D", depth), ("WS", ws)) if v is not None}
             if variant and pre.w4a16:
                 pre.set_w4a16_variant(**variant)
-            row_moe = (f"{pre.row_moe_max}"
-                       f"{'g' + '+'.join(map(str, prefill_row_moe.GROUPS))}"
-                       f"/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
+            row_moe = (f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
                        f"/D{depth or 'auto'}/WS{ws or 0}"
                        f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}"
                        f"/{pre.attn_kernel or 'torch'}"

@@ -20,7 +20,7 @@ import time
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, kernel_module, registry
-from flint_graph.kernels.toolchain.build import build_cache, model_specs, row_group_specs
+from flint_graph.kernels.toolchain.build import build_cache, model_specs
 from flint_graph.kernels.toolchain.cache import KernelCacheError
 from flint_graph.kernels.toolchain.spec import BUCKETS, unique_specs
 from flint_graph.nano.plants import planted_config
@@ -39,14 +39,14 @@ def todo(presets: tuple[str, ...] = PRESETS) -> list:
         module = kernel_module(name)
         for preset in presets:
             cfg = FlintConfig.preset(preset)
-            specs = kdef.specs(cfg, BUCKETS) + row_group_specs(kdef, cfg)
+            specs = kdef.specs(cfg, BUCKETS)
             if everything:
                 specs += getattr(module, "bench_specs", lambda c, b: [])(cfg, BUCKETS)
             out += [(kdef, s) for s in unique_specs(specs)]
         if "nano" in presets:
             for bug in ("window-1", "rope-on-nope"):  # `eval --plant` on the graph engine
                 cfg = planted_config(FlintConfig.preset("nano"), bug)
-                out += [(kdef, s) for s in kdef.specs(cfg, BUCKETS) + row_group_specs(kdef, cfg)]
+                out += [(kdef, s) for s in kdef.specs(cfg, BUCKETS)]
     if everything:
         out += model_specs(None, (), registry(TEST_KERNELS))
     return out

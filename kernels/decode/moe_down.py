@@ -50,14 +50,7 @@ each weight), which can move a bf16-rounded expert or shared output by one bf16 
 elements; the weighted sum, its rounding and the residual add are the reference's own
 operations in its order: expected ~1e-3 norm-wise, the bf16 rounding (2^-9) level.
 
-Rows beyond 8 (B = 16, 32: the prefill's row groups, capture/prefill_row_moe.py): the batch is
-B/8 n8 tiles against each slot's weights (loaded once; act loaded per tile where its column
-picked the slot), half the routed steps in flight per batch (registers), and the [slot, column,
-row] products no longer fit shared memory for all S = 192 slots: they are summed into registers
-after every phase of `_phase_trips` trips (32 KB), in slot order, so the sums, and batch
-invariance, are those of one pass.
-
-Shape legend: B batch bucket (or row group), H hidden, E routed experts, M expert width, MS shared (dense)
+Shape legend: B batch bucket, H hidden, E routed experts, M expert width, MS shared (dense)
 width, TOPK experts per row, S = min(E, B·TOPK) slots, FMT 0 BF16 / 1 NVFP4.
 """
 
@@ -66,8 +59,7 @@ import math
 import torch
 
 from flint_graph import reference
-from flint_graph.kernels.toolchain.spec import (BUCKETS, MAX_ROWS, KernelDef, Launch, Spec, TensorArg,
-                                                unique_specs)
+from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
 from flint_graph.checkpoints.weights import NVFP4Weight, expert_weight
 
 ROWS = 16  # output rows per CTA (one m16 tile)
@@ -123,26 +115,10 @@ def _args(spec: Spec):
     return tuple(a)
 
 
-def n_tiles(spec: Spec) -> int:
-    """n8 tiles of mma.sync the B rows take (1 up to the decode buckets, 4 at B = 32)."""
-    return math.ceil(spec["B"] / 8)
-
-
-def _phase_trips(spec: Spec) -> int:
-    """Slot-loop trips whose products shared memory holds at once: all of them for one tile
-    (the decode buckets); for more, as many as fit 32 KB, summed into registers after each
-    phase (at B = 32 all 192 slots' products would take 384 KB)."""
-    if n_tiles(spec) == 1:
-        return _slot_iters(spec)
-    per_trip = _warps(spec) * 8 * n_tiles(spec) * ROWS * 4
-    return max(1, min(_slot_iters(spec), 32768 // per_trip))
-
-
 def _smem(spec: Spec) -> int:
-    """fp32 [slot, column, row] products of a phase plus [warp, column, row] shared
-    partials."""
+    """fp32 [slot, column, row] products plus [warp, column, row] shared partials."""
     w = _warps(spec)
-    return (_phase_trips(spec) * w + w) * 8 * n_tiles(spec) * ROWS * 4
+    return (_slot_iters(spec) * w + w) * 8 * ROWS * 4
 
 
 def _launch(spec: Spec) -> Launch:
@@ -348,9 +324,6 @@ def _body(spec: Spec):
     b_rows, h, m, ms, fmt = spec["B"], spec["H"], spec["M"], spec["MS"], spec["FMT"]
     routed, n_slots, warps = spec["TOPK"] > 0, slots(spec), _warps(spec)
     iters = _slot_iters(spec)
-    nt = n_tiles(spec)  # batch column 8·n + g of tile n
-    ph = _phase_trips(spec)
-    cpt = math.ceil(ROWS * b_rows / (32 * warps))  # (row, column) sums per thread
     kstep = KSTEP[fmt]
     nsl = kstep // 8  # 16-byte x loads per lane step
     ix = {a.name: i for i, a in enumerate(_args(spec))}
@@ -363,8 +336,7 @@ def _body(spec: Spec):
     nch_e = m // kstep  # routed: lane chunk t + 4 * step of a whole slot
     steps_e = math.ceil(nch_e / 4)
     full_e = nch_e // 4
-    # routed steps in flight: fewer with more tiles (each step's act is per tile)
-    batch_e = min(steps_e, EXPERT_BATCH[fmt] if nt == 1 else max(1, EXPERT_BATCH[fmt] // 2))
+    batch_e = min(steps_e, EXPERT_BATCH[fmt])
     # bytes of one weight row (codes or bf16) and of its scale row
     row_bytes_e, row_bytes_sh = (m // 2, ms // 2) if fmt == 1 else (2 * m, 2 * ms)
 
@@ -459,8 +431,7 @@ def _body(spec: Spec):
         ld_x = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128)
         mres, mout = t[ix["residual"]], t[ix["residual_out"]]
         gsh = cute.flat_divide(t[ix["act_sh"]], (1, 8))  # (1, 8, B, MS/8)
-        # shared: columns >= B repeat the last row, unstored
-        bxs = [cutlass.min(g + 8 * n, b_rows - 1) for n in range(nt)]
+        bx = cutlass.min(g, b_rows - 1)  # shared: columns >= B repeat the last row, unstored
         if cutlass.const_expr(fmt == 1):
             sh_rows = row_addrs(t[ix["shared_codes"]].iterator.toint(), n0 + g, row_bytes_sh)
             sh_srows = row_addrs(t[ix["shared_scales"]].iterator.toint(), n0 + g, ms // 16)
@@ -479,20 +450,18 @@ def _body(spec: Spec):
         # the epilogue's residual element, read now: after the final barrier it was one more
         # dependent L2 round trip on every CTA's critical path (BF16: read just before that
         # barrier instead; held across the slot loop it made ptxas spill at B = 4)
-        res_cols = [cutlass.min((tidx + 32 * warps * q) // ROWS, b_rows - 1)
-                    for q in range(cpt)]
-        res_early = [Float32(0.0)] * cpt
+        res_col = cutlass.min(tidx // ROWS, b_rows - 1)
+        res_early = Float32(0.0)
         if cutlass.const_expr(fmt == 1):
-            res_early = [mres[res_cols[q], n0 + tidx % ROWS].to(Float32) for q in range(cpt)]
+            res_early = mres[res_col, n0 + tidx % ROWS].to(Float32)
 
         sp = cutlass.memory.SmemAllocator()
-        shp = sp.allocate_tensor(Float32, cute.make_layout((warps, 8 * nt, ROWS),
-                                                           stride=(8 * nt * ROWS, ROWS, 1)),
+        shp = sp.allocate_tensor(Float32, cute.make_layout((warps, 8, ROWS),
+                                                           stride=(8 * ROWS, ROWS, 1)),
                                  byte_alignment=16)
-        totals = [Float32(0.0)] * cpt  # routed sums of the thread's (row, column) pairs
         if cutlass.const_expr(routed):
-            prod = sp.allocate_tensor(Float32, cute.make_layout((ph * warps, 8 * nt, ROWS),
-                                                                stride=(8 * nt * ROWS, ROWS, 1)),
+            prod = sp.allocate_tensor(Float32, cute.make_layout((iters * warps, 8, ROWS),
+                                                                stride=(8 * ROWS, ROWS, 1)),
                                       byte_alignment=16)
             mexp, msw = t[ix["experts"]], t[ix["slot_w"]]
             gact = cute.flat_divide(t[ix["act"]], (1, 1, 8))  # (1, 1, 8, S, B, M/8)
@@ -505,47 +474,40 @@ def _body(spec: Spec):
             # the first slot's expert id and act predicate, in flight during the shared GEMV
             s_first = cutlass.min(warp, n_slots - 1)
             e_next = cutlass.select_(warp < n_slots, mexp[s_first], Int32(-1))
-            wg_next = [weight_of(msw, s_first, g + 8 * n) for n in range(nt)]
+            wg_next = weight_of(msw, s_first, g)
         # shared (dense) down projection, split-K over the warps
-        def load_xsh(st):
-            return [load_x(ld_x, lambda j: gsh[0, None, bxs[n], nsl * chunk_sh(tq, warp, st) + j],
-                           cute.make_rmem_tensor((8, nsl), BFloat16)) for n in range(nt)]
-
         xq = []
         for st in cutlass.range_constexpr(min(2, steps_sh)):
-            xq.append(load_xsh(st))
-        acc_sh = [zeros_acc() for _ in range(nt)]
+            xq.append(load_x(ld_x, lambda j: gsh[0, None, bx, nsl * chunk_sh(tq, warp, st) + j],
+                             cute.make_rmem_tensor((8, nsl), BFloat16)))
+        acc_sh = zeros_acc()
         for st in cutlass.range_constexpr(steps_sh):
             if cutlass.const_expr(st + 2 < steps_sh):
-                xq.append(load_xsh(st + 2))
+                xq.append(load_x(
+                    ld_x, lambda j: gsh[0, None, bx, nsl * chunk_sh(tq, warp, st + 2) + j],
+                    cute.make_rmem_tensor((8, nsl), BFloat16)))
             if cutlass.const_expr(st + depth_sh < steps_sh):
                 wq.append(load_w(sh_rows, sh_srows, chunk_sh(tq, warp, st + depth_sh)))
-            for n in cutlass.range_constexpr(nt):
-                acc_sh[n] = mma_step(wq[st], xq[st][n], acc_sh[n], live_sh(tq, warp, st))
-        for n in cutlass.range_constexpr(nt):
-            part_sh = tile(acc_sh[n])
-            for i in cutlass.range_constexpr(4):
-                # ·scale2 here, so it need not outlive the slot loop, and not as a scale2·2^7
-                # right after the wait (ptxas put that FMUL there, stalling the input loads on
-                # scale2)
-                v = part_sh[i] * s2_sh
-                if cutlass.const_expr(fmt == 1):
-                    v = v * Float32(128.0)  # 2^7 left by frag_ops' scale trick (exact)
-                shp[warp, 8 * n + 2 * tq + i % 2, g + 8 * (i // 2)] = v
+            acc_sh = mma_step(wq[st], xq[st], acc_sh, live_sh(tq, warp, st))
+        part_sh = tile(acc_sh)
+        for i in cutlass.range_constexpr(4):
+            # ·scale2 here, so it need not outlive the slot loop, and not as a scale2·2^7 right
+            # after the wait (ptxas put that FMUL there, stalling the input loads on scale2)
+            v = part_sh[i] * s2_sh
+            if cutlass.const_expr(fmt == 1):
+                v = v * Float32(128.0)  # 2^7 left by frag_ops' scale trick (exact)
+            shp[warp, 2 * tq + i % 2, g + 8 * (i // 2)] = v
 
         if cutlass.const_expr(routed):
             for it in cutlass.range(iters, unroll=1):
                 s = warp + warps * it
                 s_c = cutlass.min(s, n_slots - 1)
-                sl = s - (it - it % ph) * warps  # the slot's row of prod in this phase
-                e = e_next
-                picked = [w >= Float32(0.0) for w in wg_next]
+                e, picked = e_next, wg_next >= Float32(0.0)
                 s_after = cutlass.min(s + warps, n_slots - 1)  # next trip's, loaded ahead
                 e_next = cutlass.select_(s + warps < n_slots, mexp[s_after], Int32(-1))
-                wg_next = [weight_of(msw, s_after, g + 8 * n) for n in range(nt)]
+                wg_next = weight_of(msw, s_after, g)
                 if e >= 0:
-                    w_cols = [[weight_of(msw, s_c, 8 * n + 2 * tq),
-                               weight_of(msw, s_c, 8 * n + 2 * tq + 1)] for n in range(nt)]
+                    w_cols = [weight_of(msw, s_c, 2 * tq), weight_of(msw, s_c, 2 * tq + 1)]
                     e_rows = row_addrs(e_codes + Int64(e) * (h * row_bytes_e), n0 + g,
                                        row_bytes_e)
                     e_srows = e_rows
@@ -560,72 +522,49 @@ def _body(spec: Spec):
                                                + Int64(e) * 4)
                         alpha_e = du.as_f32(alpha_bits) * Float32(128.0)
                         alpha_pin = [alpha_bits]
-                    acc_e = [zeros_acc() for _ in range(nt)]
+                    acc_e = zeros_acc()
                     for b0 in cutlass.range_constexpr(0, steps_e, batch_e):
                         nb = min(batch_e, steps_e - b0)
                         we = prefetch(e_rows, e_srows, lambda k: chunk_e(tq, b0 + k), nb)
                         xe = []
-                        for n in cutlass.range_constexpr(nt):
-                            xn = []
-                            for k in cutlass.range_constexpr(nb):
-                                rx = cute.make_rmem_tensor((8, nsl), BFloat16)
-                                rx.fill(0.0)
-                                if picked[n]:  # act is read only where its column picked
-                                    for j in cutlass.range_constexpr(nsl):
-                                        cute.copy(ld_x, gact[0, 0, None, s, g + 8 * n,
-                                                             nsl * chunk_e(tq, b0 + k) + j],
-                                                  rx[None, j])
-                                xn.append(cute.recast_tensor(rx, Uint32))
-                            xe.append(xn)
-                        # (the batch's loads in flight at once)
-                        for n in cutlass.range_constexpr(nt):
-                            acc_e[n] = after_loads(acc_e[n], we, xe[n],
-                                                   alpha_pin if b0 == 0 else ())
                         for k in cutlass.range_constexpr(nb):
-                            for n in cutlass.range_constexpr(nt):
-                                acc_e[n] = mma_step(we[k], xe[n][k], acc_e[n],
-                                                    live_e(tq, b0 + k))
-                    for n in cutlass.range_constexpr(nt):
-                        y = tile(acc_e[n])
-                        for i in cutlass.range_constexpr(4):
-                            yb = (y[i] * alpha_e).to(BFloat16).to(Float32)  # the expert's output
-                            wc = w_cols[n][i % 2]
-                            prod[sl, 8 * n + 2 * tq + i % 2, g + 8 * (i // 2)] = cutlass.select_(
-                                wc >= Float32(0.0), wc * yb, Float32(0.0))
+                            rx = cute.make_rmem_tensor((8, nsl), BFloat16)
+                            rx.fill(0.0)
+                            if picked:  # act is read only where this column picked the slot
+                                for j in cutlass.range_constexpr(nsl):
+                                    cute.copy(ld_x, gact[0, 0, None, s, g,
+                                                         nsl * chunk_e(tq, b0 + k) + j],
+                                              rx[None, j])
+                            xe.append(cute.recast_tensor(rx, Uint32))
+                        acc_e = after_loads(acc_e, we, xe, alpha_pin if b0 == 0 else ())
+                        # (the batch's loads in flight at once)
+                        for k in cutlass.range_constexpr(nb):
+                            acc_e = mma_step(we[k], xe[k], acc_e, live_e(tq, b0 + k))
+                    y = tile(acc_e)
+                    for i in cutlass.range_constexpr(4):
+                        yb = (y[i] * alpha_e).to(BFloat16).to(Float32)  # the expert's output
+                        wc = w_cols[i % 2]
+                        prod[s, 2 * tq + i % 2, g + 8 * (i // 2)] = cutlass.select_(
+                            wc >= Float32(0.0), wc * yb, Float32(0.0))
                 else:
-                    for n in cutlass.range_constexpr(nt):
-                        for i in cutlass.range_constexpr(4):
-                            prod[sl, 8 * n + 2 * tq + i % 2, g + 8 * (i // 2)] = Float32(0.0)
-                if cutlass.const_expr(nt > 1):
-                    # end of a phase: add its products in slot order (unused slots hold +0,
-                    # which leaves a sum unchanged: an fp32 sum is never −0 here), then free
-                    # prod for the next phase
-                    if (it % ph == ph - 1) | (it == iters - 1):
-                        cute.arch.sync_threads()
-                        for q in cutlass.range_constexpr(cpt):
-                            ix_q = tidx + 32 * warps * q
-                            if ix_q < ROWS * b_rows:
-                                for j in cutlass.range_constexpr(ph * warps):
-                                    totals[q] = totals[q] + prod[j, ix_q // ROWS, ix_q % ROWS]
-                        cute.arch.sync_threads()
+                    for i in cutlass.range_constexpr(4):
+                        prod[s, 2 * tq + i % 2, g + 8 * (i // 2)] = Float32(0.0)
         if cutlass.const_expr(fmt == 0):
-            res_early = [mres[res_cols[q], n0 + tidx % ROWS].to(Float32) for q in range(cpt)]
+            res_early = mres[res_col, n0 + tidx % ROWS].to(Float32)
         cute.arch.sync_threads()
         # one thread per (row, column): slots in order, the shared term, the residual
-        for q in cutlass.range_constexpr(cpt):
-            ix_q = tidx + 32 * warps * q
-            if ix_q < ROWS * b_rows:
-                col, r = ix_q // ROWS, ix_q % ROWS
-                total = totals[q]
-                if cutlass.const_expr(routed and nt == 1):
-                    for sl in cutlass.range_constexpr(n_slots):
-                        total = total + prod[sl, col, r]
-                sh = shp[0, col, r]
-                for w in cutlass.range_constexpr(1, warps):
-                    sh = sh + shp[w, col, r]
-                total = total + sh.to(BFloat16).to(Float32)
-                moe = total.to(BFloat16).to(Float32)
-                mout[col, n0 + r] = (res_early[q] + moe).to(BFloat16)
+        if tidx < ROWS * b_rows:
+            col, r = tidx // ROWS, tidx % ROWS
+            total = Float32(0.0)
+            if cutlass.const_expr(routed):
+                for sl in cutlass.range_constexpr(n_slots):
+                    total = total + prod[sl, col, r]
+            sh = shp[0, col, r]
+            for w in cutlass.range_constexpr(1, warps):
+                sh = sh + shp[w, col, r]
+            total = total + sh.to(BFloat16).to(Float32)
+            moe = total.to(BFloat16).to(Float32)
+            mout[col, n0 + r] = (res_early + moe).to(BFloat16)
 
     return body
 
@@ -699,5 +638,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="moe_down", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py"),
-                   max_rows=MAX_ROWS)
+                   reference=_reference, source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py"))

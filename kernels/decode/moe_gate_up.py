@@ -36,13 +36,7 @@ from the reference only by the fp32 summation order (~1e-6 relative) and one fp3
 ·scale2; that can flip a bf16 rounding of g or u (2^-8 relative, rarely), and the final
 rounding adds ≤ 2^-9: expected ~2e-3 norm-wise, as for the GEMVs.
 
-Rows beyond 8 (B = 16, 32: the prefill's row groups, capture/prefill_row_moe.py): the batch is
-n_tiles = B/8 n8 tiles against the same A fragments, so each picked expert's weights are still
-read once; x is one step deep per tile and each tile and matrix has one HMMA chain (four tiles
-give eight independent ones), which keeps B = 32 at ~140 registers without spills; the
-epilogue threads take the (row, column) pairs in B/16 passes.
-
-Spec values: B bucket (or row group) (multiple of 64), E routed experts, M expert width, MS shared
+Spec values: B bucket, H hidden (multiple of 64), E routed experts, M expert width, MS shared
 (or dense) width (M, MS multiples of 16), TOPK experts per token, FMT. With TOPK = 0 (dense
 layers) `experts`, the routed weights and `act` are not arguments and E = M = 0 (placeholders:
 no extent uses them).
@@ -54,8 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from flint_graph import reference
-from flint_graph.kernels.toolchain.spec import (BUCKETS, MAX_ROWS, KernelDef, Launch, Spec, TensorArg,
-                                                unique_specs)
+from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, Spec, TensorArg, unique_specs
 from flint_graph.checkpoints.nvfp4 import E2M1_GRID, ue4m3_to_float
 from flint_graph.checkpoints.weights import NVFP4Weight, expert_weight
 
@@ -63,16 +56,7 @@ ROWS = 16  # output rows of each of gate and up per CTA (one m16 tile each)
 WARPS = 8  # split K
 DEPTH = {0: 4, 1: 2}  # FMT -> weight steps in flight per lane (4 rows each)
 KCHUNK = {0: 8, 1: 32}  # FMT -> k per lane chunk (16 weight bytes per row)
-
-
-def n_tiles(spec: Spec) -> int:
-    """n8 tiles of mma.sync the B rows take (1 up to the decode buckets, 4 at B = 32)."""
-    return math.ceil(spec["B"] / 8)
-
-
-def _smem(spec: Spec) -> int:
-    """fp32 partials [batch col][gate/up row][warp]."""
-    return 8 * n_tiles(spec) * 2 * ROWS * WARPS * 4
+SMEM = 8 * 2 * ROWS * WARPS * 4  # fp32 partials [batch col][gate/up row][warp]
 
 
 def slots(spec: Spec) -> int:
@@ -108,7 +92,7 @@ def _tiles(spec: Spec) -> int:
 
 
 def _launch(spec: Spec) -> Launch:
-    return Launch(grid=(_tiles(spec), 1, 1), block=(32 * WARPS, 1, 1), smem=_smem(spec))
+    return Launch(grid=(_tiles(spec), 1, 1), block=(32 * WARPS, 1, 1), smem=SMEM)
 
 
 def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
@@ -334,16 +318,12 @@ def _body(spec: Spec):
 
     b_rows, k, m, ms, fmt = spec["B"], spec["H"], spec["M"], spec["MS"], spec["FMT"]
     moe, nvfp4 = spec["TOPK"] > 0, fmt == 1
-    nt = n_tiles(spec)  # batch column j·8 + g of tile j
     tiles_sh, tiles_r = ms // ROWS, max(m // ROWS, 1)
     nch = k // KCHUNK[fmt]  # lane chunks per row
     steps = math.ceil(nch / (4 * WARPS))  # lane chunk = t + 4 * (warp + WARPS * step)
     full = nch // (4 * WARPS)  # steps in which every lane's chunk exists
     depth = min(steps, DEPTH[fmt])
-    # x steps in flight: 2 for one tile; one per tile for more (registers: 4 tiles of x
-    # beside the weights and 4x the accumulators)
-    xdepth = min(steps, 2 if nt == 1 else 1)
-    chains = 2 if nt == 1 else 1  # HMMA chains per tile and matrix (more tiles: enough)
+    xdepth = min(steps, 2)
     xwords = 4 if nvfp4 else 1  # 16-byte x loads per chunk
     row_bytes = k // 2 if nvfp4 else 2 * k  # code (or bf16) bytes per weight row
     per = 3 if nvfp4 else 1  # tensors per weight matrix
@@ -364,8 +344,8 @@ def _body(spec: Spec):
                                             num_bits_per_copy=128)
             self.rc = cute.make_rmem_tensor((4, 4, depth), Uint32)  # [word, row, slot]
             self.rs = cute.make_rmem_tensor((4, depth), Uint32)  # 2 scale bytes [row, slot]
-            self.rx = [cute.make_rmem_tensor((8, xwords, xdepth), BFloat16) for _ in range(nt)]
-            self.rx32 = [cute.recast_tensor(r, Uint32) for r in self.rx]  # (4, xwords, xdepth)
+            self.rx = cute.make_rmem_tensor((8, xwords, xdepth), BFloat16)
+            self.rx32 = cute.recast_tensor(self.rx, Uint32)  # (4, xwords, xdepth)
 
         def chunk(self, s):
             c = self.t + 4 * (self.warp + WARPS * s)
@@ -406,35 +386,27 @@ def _body(spec: Spec):
             return out
 
         def load_x(self, s):
-            for n in range(nt):
-                # batch columns >= B repeat the last row (computed, never stored)
-                bx = cutlass.min(self.g + 8 * n, b_rows - 1)
-                for j in range(xwords):
-                    cute.copy(self.ld_x, self.gx[0, None, bx, xwords * self.chunk(s) + j],
-                              self.rx[n][None, j, s % xdepth])
+            bx = cutlass.min(self.g, b_rows - 1)  # batch columns >= B repeat the last row
+            for j in range(xwords):
+                cute.copy(self.ld_x, self.gx[0, None, bx, xwords * self.chunk(s) + j],
+                          self.rx[None, j, s % xdepth])
 
         def mma_step(self, s, a, acc):
-            """acc[tile][matrix][chain] + this lane's share of the 16x8 tiles of step s."""
+            """acc[matrix][chain] + this lane's share of both 16x8 tiles for step s."""
             xs = s % xdepth
-            xps = []
-            for n in range(nt):
-                if nvfp4:
-                    xp = []
-                    for j in range(4):
-                        xp += xpairs([self.rx32[n][i, j, xs] for i in range(4)])
-                else:
-                    xp = [self.rx32[n][i, 0, xs] for i in range(4)]
-                xps.append(xp)
+            if nvfp4:
+                xp = []
+                for j in range(4):
+                    xp += xpairs([self.rx32[i, j, xs] for i in range(4)])
+            else:
+                xp = [self.rx32[i, 0, xs] for i in range(4)]
             if s + xdepth < steps:  # x slot free again: refill it
                 self.load_x(s + xdepth)
-            for n in range(nt):
-                xp = xps[n]
-                for u in range(2):
-                    for mm in range(len(xp) // 2):
-                        acc[n][u][mm % chains] = du.mma_bf16_m16n8k16(
-                            [a[u][0][2 * mm], a[u][1][2 * mm], a[u][0][2 * mm + 1],
-                             a[u][1][2 * mm + 1]], [xp[2 * mm], xp[2 * mm + 1]],
-                            acc[n][u][mm % chains])
+            for u in range(2):
+                for mm in range(len(xp) // 2):
+                    acc[u][mm % 2] = du.mma_bf16_m16n8k16(
+                        [a[u][0][2 * mm], a[u][1][2 * mm], a[u][0][2 * mm + 1],
+                         a[u][1][2 * mm + 1]], [xp[2 * mm], xp[2 * mm + 1]], acc[u][mm % 2])
             return acc
 
     i_sh = 2 + 2 * per if moe else 1  # first shared tensor: after h (and experts, routed)
@@ -504,8 +476,7 @@ def _body(spec: Spec):
                 u2 = cutlass.select_(is_sh, s2_sh[1], ld_f32_at(addr(ts[7]) + e4))
             for s in cutlass.range_constexpr(xdepth):
                 load_x(s)
-            acc = [[[[Float32(0.0)] * 4 for _ in range(chains)] for _ in range(2)]
-                   for _ in range(nt)]
+            acc = [[[Float32(0.0)] * 4 for _ in range(2)] for _ in range(2)]
             for s in cutlass.range_constexpr(steps):
                 a = a_frags(s)
                 if cutlass.const_expr(s + depth < steps):
@@ -513,38 +484,32 @@ def _body(spec: Spec):
                 acc = mma_step(s, a, acc)
             # split-K over the warps: partials [batch col][gate row / ROWS + up row][warp]
             sp = cutlass.memory.SmemAllocator().allocate_tensor(
-                Float32, cute.make_layout((8 * nt, 2 * ROWS, WARPS)), byte_alignment=16)
-            for n in cutlass.range_constexpr(nt):
-                for u in cutlass.range_constexpr(2):
-                    tile = acc[n][u][0]  # rows g, g+8
-                    if cutlass.const_expr(chains == 2):
-                        tile = [acc[n][u][0][i] + acc[n][u][1][i] for i in range(4)]
-                    for i in cutlass.range_constexpr(4):
-                        sp[8 * n + 2 * t + i % 2, ROWS * u + g + 8 * (i // 2), warp] = tile[i]
+                Float32, cute.make_layout((8, 2 * ROWS, WARPS)), byte_alignment=16)
+            for u in cutlass.range_constexpr(2):
+                tile = [acc[u][0][i] + acc[u][1][i] for i in range(4)]  # rows g, g+8
+                for i in cutlass.range_constexpr(4):
+                    sp[2 * t + i % 2, ROWS * u + g + 8 * (i // 2), warp] = tile[i]
             cute.arch.sync_threads()
-            for q in cutlass.range_constexpr(math.ceil(ROWS * b_rows / (32 * WARPS))):
-                if tidx + 32 * WARPS * q < ROWS * b_rows:
-                    # thread (row r, column bb); a second pass for columns 16 and up
-                    bb, r = (tidx + 32 * WARPS * q) // ROWS, tidx % ROWS
-                    gsum, usum = sp[bb, r, 0], sp[bb, ROWS + r, 0]
-                    for w in cutlass.range_constexpr(1, WARPS):
-                        gsum, usum = gsum + sp[bb, r, w], usum + sp[bb, ROWS + r, w]
-                    if cutlass.const_expr(nvfp4):  # 2^7 left by the bf16 scale trick
-                        gsum, usum = gsum * (g2 * Float32(128.0)), usum * (u2 * Float32(128.0))
-                    gv = gsum.to(BFloat16).to(Float32)  # g and u rounded once, as linear()
-                    uv = usum.to(BFloat16).to(Float32)
-                    y = (gv / (Float32(1.0) + cute.math.exp(-gv)) * uv).to(BFloat16)
-                    if cutlass.const_expr(not moe):
+            if tidx < ROWS * b_rows:
+                bb, r = tidx // ROWS, tidx % ROWS
+                gsum, usum = sp[bb, r, 0], sp[bb, ROWS + r, 0]
+                for w in cutlass.range_constexpr(1, WARPS):
+                    gsum, usum = gsum + sp[bb, r, w], usum + sp[bb, ROWS + r, w]
+                if cutlass.const_expr(nvfp4):  # 2^7 left by the bf16 scale trick
+                    gsum, usum = gsum * (g2 * Float32(128.0)), usum * (u2 * Float32(128.0))
+                gv = gsum.to(BFloat16).to(Float32)  # g and u are rounded once, as linear() does
+                uv = usum.to(BFloat16).to(Float32)
+                y = (gv / (Float32(1.0) + cute.math.exp(-gv)) * uv).to(BFloat16)
+                if cutlass.const_expr(not moe):
+                    mact_sh[bb, n0 + r] = y
+                else:
+                    if is_sh:
                         mact_sh[bb, n0 + r] = y
                     else:
-                        if is_sh:
-                            mact_sh[bb, n0 + r] = y
-                        else:
-                            ts[-2][slot, bb, n0 + r] = y
+                        ts[-2][slot, bb, n0 + r] = y
 
     return body
 
 
 KERNEL = KernelDef(name="moe_gate_up", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py"),
-                   max_rows=MAX_ROWS)
+                   reference=_reference, source_files=("toolchain/dsl_util.py", "decode/gemv_mma.py"))

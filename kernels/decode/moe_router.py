@@ -40,18 +40,14 @@ flip a last bit); the routing is checked against `reference.route` run on the ke
 (a one-ulp flip of one h element moves a logit by ~1e-4): ids equal except near ties (s + bias
 within 1e-6 relative), weights rel. ≤ 1e-5 (fp32 logits differ only in summation order, ~1e-7;
 sigmoid and the division are fp32 with a few ulp).
-Rows beyond 8 (B = 16, 32: the prefill's row groups, capture/prefill_row_moe.py): the RMSNorm
-and the dot products run in passes of 8 rows (registers as at B = 8: EPC = 4, 32 dot products
-per pass), warp w takes the top-k of rows w, w + 8, …, and the slot list covers all B rows.
-Shape legend: B batch bucket (or row group), H hidden, E routed experts, TOPK experts per row,
+Shape legend: B batch bucket, H hidden, E routed experts, TOPK experts per row,
 S = min(E, B·TOPK) slots.
 """
 
 import math
 
 from flint_graph import reference
-from flint_graph.kernels.toolchain.spec import (BUCKETS, MAX_ROWS, KernelDef, Launch, ScalarArg, Spec,
-                                                TensorArg)
+from flint_graph.kernels.toolchain.spec import BUCKETS, KernelDef, Launch, ScalarArg, Spec, TensorArg
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -207,12 +203,10 @@ def _build(spec: Spec):
     nch = h // VEC
     cpt = math.ceil(nch / THREADS)  # chunks per thread
     ragged = nch % THREADS != 0
-    pr = min(b_rows, WARPS)  # rows per pass of the RMSNorm and the dot products
-    passes = math.ceil(b_rows / pr)  # more than one only at the prefill's row groups
-    nv = epc * pr  # dot products per CTA and pass, v = e·pr + b
-    if nv & (nv - 1) or nv > 32 or b_rows % pr:
-        raise ValueError(f"moe_router: {epc} experts per CTA x {pr} rows per pass must be a "
-                         f"power of two ≤ 32, and B = {b_rows} a multiple of {pr}")
+    nv = epc * b_rows  # dot products per CTA, v = e·B + b
+    if nv & (nv - 1) or nv > 32:
+        raise ValueError(f"moe_router: {epc} experts per CTA x B = {b_rows} rows must be a "
+                         f"power of two ≤ 32")
     cand = math.ceil(e_all / 32)  # candidates per lane in the top-k
     rounds = math.ceil(e_all / THREADS)  # slot-list compaction rounds
     INT_MIN = -(2 ** 31)  # key of a taken or absent candidate: below every float's int order
@@ -293,77 +287,75 @@ def _build(spec: Spec):
         s_used = smem.allocate_tensor(Int32, cute.make_layout((e_all,)), 16)
         s_w = smem.allocate_tensor(Float32, cute.make_layout((e_all, b_rows)), 16)
 
-        # residual add and RMSNorm of all B rows (inputs: after the wait), pr rows per pass
+        # residual add and RMSNorm of all B rows (inputs: after the wait)
         gx = cute.flat_divide(mx, (1, VEC))  # (1, VEC, B, nch)
         gres = cute.flat_divide(mres, (1, VEC))
         gro = cute.flat_divide(mro, (1, VEC))
         gh = cute.flat_divide(mh, (1, VEC))
         ld = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128)
         st = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        rx = cute.make_rmem_tensor((VEC, pr, cpt), BFloat16)
-        rr = cute.make_rmem_tensor((VEC, pr, cpt), BFloat16)
-        for p in cutlass.range_constexpr(passes):
-            b0 = p * pr  # the pass's first row
-            for j in cutlass.range_constexpr(cpt):
-                c = tid + THREADS * j
+        rx = cute.make_rmem_tensor((VEC, b_rows, cpt), BFloat16)
+        rr = cute.make_rmem_tensor((VEC, b_rows, cpt), BFloat16)
+        for j in cutlass.range_constexpr(cpt):
+            c = tid + THREADS * j
+            if cutlass.const_expr(ragged):
+                c = cutlass.min(c, nch - 1)
+            for b in cutlass.range_constexpr(b_rows):
+                cute.copy(ld, gx[0, None, b, c], rx[None, b, j])
+                cute.copy(ld, gres[0, None, b, c], rr[None, b, j])
+        ss = [Float32(0.0)] * b_rows
+        for j in cutlass.range_constexpr(cpt):
+            live_c = tid + THREADS * j < nch
+            for b in cutlass.range_constexpr(b_rows):
+                rsum = rx[None, b, j].load().to(Float32) + rr[None, b, j].load().to(Float32)
+                rr[None, b, j].store(rsum.to(BFloat16))  # the new residual, rounded once
+                rf = rr[None, b, j].load().to(Float32)
+                part = (rf * rf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 if cutlass.const_expr(ragged):
-                    c = cutlass.min(c, nch - 1)
-                for b in cutlass.range_constexpr(pr):
-                    cute.copy(ld, gx[0, None, b0 + b, c], rx[None, b, j])
-                    cute.copy(ld, gres[0, None, b0 + b, c], rr[None, b, j])
-            ss = [Float32(0.0)] * pr
-            for j in cutlass.range_constexpr(cpt):
-                live_c = tid + THREADS * j < nch
-                for b in cutlass.range_constexpr(pr):
-                    rsum = rx[None, b, j].load().to(Float32) + rr[None, b, j].load().to(Float32)
-                    rr[None, b, j].store(rsum.to(BFloat16))  # the new residual, rounded once
-                    rf = rr[None, b, j].load().to(Float32)
-                    part = (rf * rf).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                    part = cutlass.select_(live_c, part, Float32(0.0))
+                ss[b] = ss[b] + part
+        ss_sum, ss_row = warp_sums(ss, lane)
+        if lane % (32 // b_rows) == 0:
+            s_ss[warp, ss_row] = ss_sum
+        cute.arch.sync_threads()
+        if tid < b_rows:
+            tot = Float32(0.0)
+            for w in cutlass.range_constexpr(WARPS):
+                tot = tot + s_ss[w, tid]
+            s_rstd[tid] = cute.math.rsqrt(tot / Float32(h) + eps)
+        cute.arch.sync_threads()
+
+        # h = bf16(r · rstd · w); each element of residual_out and h written by one CTA
+        acc = [Float32(0.0)] * nv
+        for j in cutlass.range_constexpr(cpt):
+            c_raw = tid + THREADS * j
+            c = cutlass.min(c_raw, nch - 1) if cutlass.const_expr(ragged) else c_raw
+            live_c = c_raw < nch
+            wf = cute.recast_tensor(rnw[None, j], BFloat16).load().to(Float32)
+            rw = [cute.recast_tensor(rrt[None, e, j], Float32).load()
+                  for e in range(epc)]
+            for b in cutlass.range_constexpr(b_rows):
+                hv = (rr[None, b, j].load().to(Float32) * s_rstd[b]) * wf
+                rx[None, b, j].store(hv.to(BFloat16))
+                hf = rx[None, b, j].load().to(Float32)
+                for e in cutlass.range_constexpr(epc):
+                    part = (hf * rw[e]).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                     if cutlass.const_expr(ragged):
                         part = cutlass.select_(live_c, part, Float32(0.0))
-                    ss[b] = ss[b] + part
-            ss_sum, ss_row = warp_sums(ss, lane)
-            if lane % (32 // pr) == 0:
-                s_ss[warp, b0 + ss_row] = ss_sum
-            cute.arch.sync_threads()
-            if tid < pr:
-                tot = Float32(0.0)
-                for w in cutlass.range_constexpr(WARPS):
-                    tot = tot + s_ss[w, b0 + tid]
-                s_rstd[b0 + tid] = cute.math.rsqrt(tot / Float32(h) + eps)
-            cute.arch.sync_threads()
-
-            # h = bf16(r · rstd · w); each element of residual_out and h written by one CTA
-            acc = [Float32(0.0)] * nv
-            for j in cutlass.range_constexpr(cpt):
-                c_raw = tid + THREADS * j
-                c = cutlass.min(c_raw, nch - 1) if cutlass.const_expr(ragged) else c_raw
-                live_c = c_raw < nch
-                wf = cute.recast_tensor(rnw[None, j], BFloat16).load().to(Float32)
-                rw = [cute.recast_tensor(rrt[None, e, j], Float32).load()
-                      for e in range(epc)]
-                for b in cutlass.range_constexpr(pr):
-                    hv = (rr[None, b, j].load().to(Float32) * s_rstd[b0 + b]) * wf
-                    rx[None, b, j].store(hv.to(BFloat16))
-                    hf = rx[None, b, j].load().to(Float32)
-                    for e in cutlass.range_constexpr(epc):
-                        part = (hf * rw[e]).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                        if cutlass.const_expr(ragged):
-                            part = cutlass.select_(live_c, part, Float32(0.0))
-                        acc[e * pr + b] = acc[e * pr + b] + part
-                    if live_c & (c_raw % nctas == cta):
-                        cute.copy(st, rr[None, b, j], gro[0, None, b0 + b, c])
-                        cute.copy(st, rx[None, b, j], gh[0, None, b0 + b, c])
-            dot_sum, dot_v = warp_sums(acc, lane)
-            if lane % (32 // nv) == 0:
-                s_dot[warp, dot_v] = dot_sum
-            cute.arch.sync_threads()
-            if tid < nv:
-                logit = Float32(0.0)
-                for w in cutlass.range_constexpr(WARPS):
-                    logit = logit + s_dot[w, tid]
-                mscores[b0 + tid % pr, e0 + tid // pr] = (
-                    Float32(1.0) / (Float32(1.0) + cute.math.exp(-logit)))
+                    acc[e * b_rows + b] = acc[e * b_rows + b] + part
+                if live_c & (c_raw % nctas == cta):
+                    cute.copy(st, rr[None, b, j], gro[0, None, b, c])
+                    cute.copy(st, rx[None, b, j], gh[0, None, b, c])
+        dot_sum, dot_v = warp_sums(acc, lane)
+        if lane % (32 // nv) == 0:
+            s_dot[warp, dot_v] = dot_sum
+        cute.arch.sync_threads()
+        if tid < nv:
+            logit = Float32(0.0)
+            for w in cutlass.range_constexpr(WARPS):
+                logit = logit + s_dot[w, tid]
+            mscores[tid % b_rows, e0 + tid // b_rows] = (
+                Float32(1.0) / (Float32(1.0) + cute.math.exp(-logit)))
 
         # the slot list's shared-memory state (B > 1), cleared by every CTA before the atomic
         # (only the last CTA uses it; the barrier below orders it before the top-k)
@@ -388,61 +380,56 @@ def _build(spec: Spec):
             s_flag[0] = is_last
         cute.arch.sync_threads()
         if s_flag[0] != 0:
-            for q in cutlass.range_constexpr(passes):
-                rb = warp + WARPS * q
-                if rb < b_rows:
-                    # warp w: the top-k of rows w, w + 8, …; lane l holds experts l + 32j, key
-                    # s + bias
-                    live = mmask[rb] != 0
-                    keys, sv = [], []
-                    for j in cutlass.range_constexpr(cand):
-                        ex = lane + 32 * j
-                        exc = (cutlass.min(ex, e_all - 1) if cutlass.const_expr(e_all % 32)
-                               else ex)
-                        sc = cute.arch.load(mscores.iterator + (rb * e_all + exc), Float32,
-                                            cop="cg")  # other SMs wrote it: bypass L1
-                        key = du.order_key(sc + rbias[j])
-                        if cutlass.const_expr(e_all % 32):
-                            key = cutlass.select_(ex < e_all, key, Int32(INT_MIN))
-                        keys.append(key)
-                        sv.append(sc)
-                    pick_id, pick_s = [], []
-                    for r in cutlass.range_constexpr(topk):
-                        bk, bi, bs = du.lane_best(keys, [lane + 32 * j for j in range(cand)], sv)
-                        kmax = cute.arch.warp_redux_sync(bk, "max")
-                        win = cute.arch.warp_redux_sync(
-                            cutlass.select_(bk == kmax, bi, Int32(e_all)), "min")
-                        ws = cute.arch.shuffle_sync(bs, offset=win & 31)  # the winner's lane
-                        # the winner drops out: its key becomes the least int (below every
-                        # real key)
-                        keys = [cutlass.select_(lane + 32 * j == win, Int32(INT_MIN), keys[j])
-                                for j in range(cand)]
-                        pick_id.append(win)
-                        pick_s.append(ws)
-                    den = pick_s[0]
-                    for r in cutlass.range_constexpr(1, topk):
-                        den = den + pick_s[r]
-                    for r in cutlass.range_constexpr(topk):
-                        wt = pick_s[r] * scaling
-                        if cutlass.const_expr(norm):
-                            wt = pick_s[r] / den * scaling
-                        if lane == r:
-                            mids[rb, r] = cutlass.select_(live, pick_id[r], Int32(-1))
-                            mwts[rb, r] = cutlass.select_(live, wt, Float32(0.0))
-                            if cutlass.const_expr(b_rows == 1):
-                                # B = 1: the slot list is the row's picks by ascending id
-                                # (S = TOPK): lane r writes pick r at its rank (the picks are
-                                # warp-uniform)
-                                rank = Int32(0)
-                                for j in cutlass.range_constexpr(topk):
-                                    rank = rank + cutlass.select_(pick_id[j] < pick_id[r], Int32(1),
-                                                                  Int32(0))
-                                mexp[rank] = cutlass.select_(live, pick_id[r], Int32(-1))
-                                mslot[rank, 0] = cutlass.select_(live, wt, Float32(-1.0))
-                            else:
-                                if live:
-                                    s_used[pick_id[r]] = Int32(1)
-                                    s_w[pick_id[r], rb] = wt
+            if warp < b_rows:
+                # warp b: the top-k of row b; lane l holds experts l + 32j, key s + bias
+                rb = warp
+                live = mmask[rb] != 0
+                keys, sv = [], []
+                for j in cutlass.range_constexpr(cand):
+                    ex = lane + 32 * j
+                    exc = cutlass.min(ex, e_all - 1) if cutlass.const_expr(e_all % 32) else ex
+                    sc = cute.arch.load(mscores.iterator + (rb * e_all + exc), Float32,
+                                        cop="cg")  # other SMs wrote it: bypass L1
+                    key = du.order_key(sc + rbias[j])
+                    if cutlass.const_expr(e_all % 32):
+                        key = cutlass.select_(ex < e_all, key, Int32(INT_MIN))
+                    keys.append(key)
+                    sv.append(sc)
+                pick_id, pick_s = [], []
+                for r in cutlass.range_constexpr(topk):
+                    bk, bi, bs = du.lane_best(keys, [lane + 32 * j for j in range(cand)], sv)
+                    kmax = cute.arch.warp_redux_sync(bk, "max")
+                    win = cute.arch.warp_redux_sync(
+                        cutlass.select_(bk == kmax, bi, Int32(e_all)), "min")
+                    ws = cute.arch.shuffle_sync(bs, offset=win & 31)  # from the winner's lane
+                    # the winner drops out: its key becomes the least int (below every real key)
+                    keys = [cutlass.select_(lane + 32 * j == win, Int32(INT_MIN), keys[j])
+                            for j in range(cand)]
+                    pick_id.append(win)
+                    pick_s.append(ws)
+                den = pick_s[0]
+                for r in cutlass.range_constexpr(1, topk):
+                    den = den + pick_s[r]
+                for r in cutlass.range_constexpr(topk):
+                    wt = pick_s[r] * scaling
+                    if cutlass.const_expr(norm):
+                        wt = pick_s[r] / den * scaling
+                    if lane == r:
+                        mids[rb, r] = cutlass.select_(live, pick_id[r], Int32(-1))
+                        mwts[rb, r] = cutlass.select_(live, wt, Float32(0.0))
+                        if cutlass.const_expr(b_rows == 1):
+                            # B = 1: the slot list is the row's picks by ascending id (S = TOPK):
+                            # lane r writes pick r at its rank (the picks are warp-uniform)
+                            rank = Int32(0)
+                            for j in cutlass.range_constexpr(topk):
+                                rank = rank + cutlass.select_(pick_id[j] < pick_id[r], Int32(1),
+                                                              Int32(0))
+                            mexp[rank] = cutlass.select_(live, pick_id[r], Int32(-1))
+                            mslot[rank, 0] = cutlass.select_(live, wt, Float32(-1.0))
+                        else:
+                            if live:
+                                s_used[pick_id[r]] = Int32(1)
+                                s_w[pick_id[r], rb] = wt
             if cutlass.const_expr(b_rows > 1):
                 cute.arch.sync_threads()
                 # slot list: ascending picked experts by a ballot/popc prefix sum
@@ -491,5 +478,4 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="moe_router", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("toolchain/dsl_util.py",),
-                   max_rows=MAX_ROWS)
+                   reference=_reference, source_files=("toolchain/dsl_util.py",))

@@ -32,13 +32,11 @@ from flint_graph.kernels.toolchain.cache import (ARCHS, MANIFEST, KernelCache, K
                                        write_manifest)
 from flint_graph.kernels.toolchain.cubin import read_cubin
 from flint_graph.kernels.toolchain.sass import pdl_load_order
-from flint_graph.kernels.toolchain.spec import (MAX_BATCH, ROW_GROUPS, KernelDef, ScalarArg, Spec,
-                                                TensorArg, check_spec, param_layout,
-                                                unique_specs)
+from flint_graph.kernels.toolchain.spec import (KernelDef, ScalarArg, Spec, TensorArg, check_spec,
+                                      param_layout, unique_specs)
 from flint_graph.terminal.progress import progress_bar
 
-__all__ = ["KernelBuildError", "build_cache", "compile_spec", "model_specs", "param_layout",
-           "row_group_specs", "run"]
+__all__ = ["KernelBuildError", "build_cache", "compile_spec", "model_specs", "param_layout", "run"]
 
 LOCK = ".build.lock"  # held while a build writes the directory (one builder at a time)
 
@@ -137,25 +135,12 @@ def compile_spec(kdef: KernelDef, spec: Spec, arch: str) -> tuple[dict[str, Any]
     return meta, cubin
 
 
-def row_group_specs(kdef: KernelDef, cfg: Any) -> list[Spec]:
-    """The MoE specialisations of `kdef` at the prefill's row groups (spec.ROW_GROUPS up to
-    kdef.max_rows; capture/prefill_row_moe.py): none for a kernel that stops at MAX_BATCH or a
-    config without MoE layers, and no dense-layer (TOPK = 0) ones, which the prefill never
-    runs on these kernels."""
-    rows = tuple(b for b in ROW_GROUPS if b <= kdef.max_rows)
-    if cfg is None or not rows or kdef.max_rows <= MAX_BATCH:
-        return []
-    return [s for s in kdef.specs(cfg, rows) if s.as_dict().get("TOPK", 1) > 0]
-
-
 def model_specs(cfg: Any, buckets: Sequence[int] = (1, 2, 4, 8),
                 kernels: Sequence[KernelDef] | None = None) -> list[tuple[KernelDef, Spec]]:
-    """Every (kernel, specialisation) the model `cfg` needs for the given decode batch buckets,
-    and the prefill's (`row_group_specs`)."""
+    """Every (kernel, specialisation) the model `cfg` needs for the given batch buckets."""
     out = []
     for kdef in kernels or registry():
-        specs = kdef.specs(cfg, buckets) + row_group_specs(kdef, cfg)
-        out += [(kdef, s) for s in unique_specs(specs)]
+        out += [(kdef, s) for s in unique_specs(kdef.specs(cfg, buckets))]
     return out
 
 
@@ -242,7 +227,7 @@ def _compiled(jobs: Sequence[tuple[KernelDef, Spec, str]],
             yield (spec, arch, *compile_spec(kdef, spec, arch))
         return
     import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     ctx = multiprocessing.get_context("spawn")
     for arch in dict.fromkeys(a for _, _, a in jobs):
@@ -251,7 +236,9 @@ def _compiled(jobs: Sequence[tuple[KernelDef, Spec, str]],
             pending = {pool.submit(_compile_job, k.name, s, a) for k, s, a in jobs if a == arch}
             try:
                 while pending:
-                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    # each result as it lands, so an interrupted build keeps what finished
+                    # (FIRST_EXCEPTION waited for all of them when none failed)
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for f in done:
                         yield f.result()
             finally:

@@ -32,12 +32,7 @@ DTYPES = {
 ROLES = ("weight", "input", "output", "workspace")
 BUCKETS = (1, 2, 4, 8)  # decode batch buckets (DESIGN §3)
 KV_PAGE = 64  # tokens per page of a full layer's paged KV cache (docs/decode-kernels.md)
-MAX_BATCH = max(BUCKETS)  # the decode graph's largest batch (a compile-time value B)
-# Larger B of the MoE decode kernels (moe_router, moe_gate_up, moe_down) that only the prefill
-# runs: a short chunk's rows as one batch, so each expert the chunk touches is read once
-# (capture/prefill_row_moe.py). B is one to four n8 tiles of mma.sync.
-ROW_GROUPS = (16, 32)
-MAX_ROWS = max(ROW_GROUPS)  # the most rows any kernel takes as its compile-time B
+MAX_BATCH = max(BUCKETS)  # the kernels handle at most this many rows (a compile-time value B)
 _SCALAR_BYTES = {"f32": 4, "i32": 4, "i64": 8}
 
 
@@ -159,8 +154,6 @@ class KernelDef:
     routed_weights: which weights a CTA reads depends on an input (the routing result, e.g. a
         tile's expert), so none can be loaded before griddepcontrol.wait; the build checks
         then do not expect weight loads there.
-    max_rows: the largest batch B the kernel handles (MAX_BATCH; MAX_ROWS for the MoE decode
-        kernels the prefill also runs at ROW_GROUPS).
     """
 
     name: str
@@ -172,7 +165,6 @@ class KernelDef:
     source_files: tuple[str, ...] = field(default=())
     build_takes_arch: bool = False
     routed_weights: bool = False
-    max_rows: int = MAX_BATCH
 
     def spec(self, **values: int) -> Spec:
         """A Spec of this kernel from keyword values."""
@@ -202,15 +194,15 @@ def check_spec(kdef: KernelDef, spec: Spec) -> tuple[list[Arg], Launch]:
     """The declared arguments and launch shape of `spec`, after the checks every declaration
     implies. Raises ValueError saying what is wrong (the caller names the specialisation): a
     compile-time value that is not an int, a value the kernel lacks or does not know, a batch B
-    outside 1..kdef.max_rows, a static extent outside 1..2^31-1, or a static row stride that is not
+    outside 1..MAX_BATCH, a static extent outside 1..2^31-1, or a static row stride that is not
     a multiple of the argument's declared alignment (its 128-bit loads would straddle rows)."""
     for name, v in spec.values:
         if not isinstance(v, int) or isinstance(v, bool):
             raise ValueError(f"compile-time value {name} = {v!r}; expected an int")
     b = spec.as_dict().get("B")
-    if b is not None and not 1 <= b <= kdef.max_rows:
-        raise ValueError(f"batch B = {b}; expected 1 to {kdef.max_rows} ({kdef.name} handles "
-                         f"at most {kdef.max_rows} rows)")
+    if b is not None and not 1 <= b <= MAX_BATCH:
+        raise ValueError(f"batch B = {b}; expected 1 to {MAX_BATCH} (the kernels handle at "
+                         f"most {MAX_BATCH} rows)")
     try:
         args, launch = list(kdef.args(spec)), kdef.launch(spec)
     except (KeyError, ValueError, TypeError, IndexError) as e:
