@@ -167,6 +167,17 @@ def pack_args(params: Sequence[dict[str, Any]], values: Sequence[Any],
     return out
 
 
+DEFAULT_SMEM = 48 * 1024  # bytes of shared memory per CTA a kernel gets without opting in
+
+
+def needs_smem_opt_in(dynamic: int, static: int) -> bool:
+    """Whether a kernel asking for `dynamic` bytes of dynamic shared memory beside `static`
+    bytes of its own must raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first: the
+    default limit counts both (every DSL cubin holds 2 KB static; a kernel asking for exactly
+    48 KB of dynamic failed to launch with CUDA_ERROR_INVALID_VALUE on the H200, 2026-12-03)."""
+    return dynamic + static > DEFAULT_SMEM
+
+
 class Kernel:
     """One loaded specialisation. `launch(*args)` checks, packs and launches on the current
     stream. Host cost is a few tens of µs per launch in Python: it only matters at capture."""
@@ -184,10 +195,7 @@ class Kernel:
         self._fn = _check(cu.cuModuleGetFunction(self._module, entry.meta["symbol"].encode()),
                           f"{self.name}: cuModuleGetFunction")
         smem = self.launch_shape.smem
-        # above the default 48 KB a kernel must opt in; the limit counts the static shared
-        # memory too (2 KB in every DSL cubin: moe_down at B = 32 asked for exactly 48 KB of
-        # dynamic and its launch failed with CUDA_ERROR_INVALID_VALUE)
-        if smem + entry.meta.get("static_smem", 0) > 48 * 1024:
+        if needs_smem_opt_in(smem, entry.meta.get("static_smem", 0)):
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _check(cu.cuFuncSetAttribute(self._fn, attr, smem), f"{self.name}: set smem {smem}")
 

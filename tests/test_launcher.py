@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from flint_graph.capture.launcher import LaunchError, check_args, pack_args
+from flint_graph.capture.launcher import LaunchError, check_args, needs_smem_opt_in, pack_args
 from flint_graph.kernels.toolchain.spec import Launch, ScalarArg, Spec, TensorArg, param_layout
 
 DECLS = (TensorArg("x", "bf16", (2, 64), "input"),
@@ -151,3 +151,12 @@ def test_capture_graph_pauses_the_garbage_collector(monkeypatch):
         assert not gc.isenabled(), "a collector the caller had off stays off"
     finally:
         gc.enable()
+
+
+def test_shared_memory_opt_in_counts_the_static_part():
+    """The 48 KB default covers dynamic + static shared memory: 48 KB of dynamic beside the 2 KB
+    every DSL cubin holds must opt in (it failed to launch on the H200 when it did not)."""
+    assert not needs_smem_opt_in(46 * 1024, 2048)
+    assert needs_smem_opt_in(48 * 1024, 2048)
+    assert needs_smem_opt_in(48 * 1024 + 1, 0)
+    assert not needs_smem_opt_in(48 * 1024, 0)
