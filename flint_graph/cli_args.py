@@ -148,9 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run Flint mixture-of-experts checkpoints (the 40B model, or any in its "
                     "formats): interactive chat, one-shot generation, synthetic checkpoints in "
                     "the real formats, latency benchmarks, traces and an accuracy suite. "
-                    "Without a MODEL argument, the embedded flint-nano runs: a small demo "
-                    "model (a miniature Flint trained on a few tasks, unpacked on first use), "
-                    "not the 40B model.")
+                    "Without a MODEL argument, chat, generate, serve and eval run the embedded "
+                    "flint-nano: a small demo model (a miniature Flint trained on a few tasks, "
+                    "unpacked on first use), not the 40B model; bench and trace run synthetic "
+                    "weights of their --preset.")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
     p.commands = sub.choices  # name -> subparser, for errors that argparse raises at the top

@@ -117,8 +117,10 @@ def test_help_says_which_model_runs_without_one(capsys):
     code, out, _ = _run(capsys, "--help")
     text = " ".join(out.split())
     assert code == 0
-    assert ("Without a MODEL argument, the embedded flint-nano runs: a small demo model" in text
-            and "not the 40B model" in text)
+    assert ("Without a MODEL argument, chat, generate, serve and eval run the embedded "
+            "flint-nano: a small demo model" in text and "not the 40B model" in text)
+    # bench and trace default to synthetic weights, not flint-nano: the top level says so
+    assert "bench and trace run synthetic weights of their --preset" in text
     for command in ("chat", "generate"):
         text = " ".join(_run(capsys, command, "--help")[1].split())
         assert "default: the embedded flint-nano, a small demo model" in text, command

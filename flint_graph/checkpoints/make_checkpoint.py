@@ -276,7 +276,7 @@ def check_memory(cfg: FlintConfig, device: torch.device) -> None:
     if need > 0.9 * have:
         raise ConfigError(
             f"this config's BF16 weights need {need / 1e9:.1f} GB but {device} has "
-            f"{have / 1e9:.1f} GB; generate it on a GPU with enough memory (--device cuda)")
+            f"{have / 1e9:.1f} GB; use a GPU with enough memory (--device cuda)")
 
 
 def run(args: argparse.Namespace) -> int:

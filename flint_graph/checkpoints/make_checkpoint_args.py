@@ -20,8 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=PRESETS, default=None,
-                     help=f"packaged config: tiny (seconds on a CPU) or full (the 40B shapes; "
-                          f"needs a GPU) (default: {DEFAULT_PRESET})")
+                     help=f"packaged config: tiny (seconds on a CPU), nano (flint-nano's shapes, "
+                          f"random weights) or full (the 40B shapes; needs a GPU) (default: "
+                          f"{DEFAULT_PRESET})")
     src.add_argument("--config", dest="config_path", type=Path, metavar="CONFIG.json",
                      help="an HF-style config.json to use instead of a preset")
     parser.add_argument("--out", dest="out_dir", type=Path, required=True, metavar="DIR",
