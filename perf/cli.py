@@ -343,11 +343,50 @@ def report_console():
     return console if console.is_terminal else Console(width=PIPED_WIDTH)
 
 
-def _start(args, report, outputs: tuple[str, ...]):
-    """Check the output flags; with --compare print the comparison (report: bench_report or
-    trace_report) and return None, else the rich Console the run prints on."""
+def saved_json(schema: str):
+    """A recogniser for check_outputs' `own`: whether a file is a saved JSON of `schema`
+    ("flint-graph-bench", "flint-graph-trace"), which its flag may replace."""
+    def recognise(path: Path) -> bool:
+        from flint_graph.perf.bench_report import read_json
+
+        try:
+            read_json(path, schema)
+        except Exception:  # noqa: BLE001 - any reason it is not ours: keep the file
+            return False
+        return True
+    return recognise
+
+
+def starts_with(marker: str, within: int = 4096):
+    """A recogniser for check_outputs' `own`: whether a text file we write (bench's markdown,
+    trace's HTML) has `marker` in its first `within` bytes."""
+    def recognise(path: Path) -> bool:
+        try:
+            with open(path, "rb") as f:
+                return marker.encode() in f.read(within)
+        except OSError:
+            return False
+    return recognise
+
+
+# What each output flag of bench and trace may replace: only an earlier output of its own kind
+# (a bad-input trial saw `bench --json notes.txt` and `trace --out report.json` replace a
+# user's file and an eval report without a word).
+OWN_OUTPUTS = {
+    "bench": {"--json": ("a flint-graph bench JSON", saved_json("flint-graph-bench")),
+              "--markdown": ("a flint-graph bench markdown report",
+                             starts_with("**flint-graph bench**"))},
+    "trace": {"--out": ("a flint-graph trace JSON", saved_json("flint-graph-trace")),
+              "--html": ("a flint-graph trace HTML plot", starts_with("<title>flint-graph trace"))},
+}
+
+
+def _start(args, report, outputs: tuple[str, ...], own: dict | None = None):
+    """Check the output flags (`own` as check_outputs takes it); with --compare print the
+    comparison (report: bench_report or trace_report) and return None, else the rich Console
+    the run prints on."""
     console = report_console()
-    check_outputs(args, outputs)
+    check_outputs(args, outputs, own=own)
     if not args.compare:
         return console
     a, b = (report.load(p) for p in args.compare)
@@ -359,7 +398,7 @@ def run_bench_cmd(args) -> int:
     """Run (or compare) benchmarks; print the tables; write --json / --markdown."""
     from flint_graph.perf import bench_report
 
-    console = _start(args, bench_report, ("--json", "--markdown"))
+    console = _start(args, bench_report, ("--json", "--markdown"), OWN_OUTPUTS["bench"])
     if console is None:
         return 0
     from flint_graph.perf.bench import run_bench
@@ -385,7 +424,7 @@ def run_trace_cmd(args) -> int:
     """Trace (or compare traces); print the breakdown; write --out / --html."""
     from flint_graph.perf import trace_report
 
-    console = _start(args, trace_report, ("--out", "--html"))
+    console = _start(args, trace_report, ("--out", "--html"), OWN_OUTPUTS["trace"])
     if console is None:
         return 0
     from flint_graph.errors import InvalidRequestError

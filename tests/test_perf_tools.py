@@ -167,6 +167,35 @@ def test_outputs_never_overwrite_the_checkpoint_or_each_other(tmp_path, capsys):
     assert json.loads((ck / "config.json").read_text())["model_type"] == "flint"
 
 
+def test_outputs_replace_only_their_own_earlier_files(tmp_path, capsys):
+    """bench --json / --markdown and trace --out / --html overwrite an earlier output of their
+    own kind, never a user's file or another tool's report (a bad-input trial saw `bench --json
+    notes.txt` and `trace --out report.json` replace them and print "wrote")."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    run = ["--buckets", "1", "--contexts", "64", "--steps", "1", "--baseline-steps", "1",
+           "--e2e-tokens", "2", "--prefill-tokens", "16"]
+    bj, bm, tj, th = (tmp_path / n for n in ("b.json", "b.md", "t.json", "t.html"))
+    for _ in range(2):  # the second run replaces the first one's files
+        assert main(["bench", *SMALL, *run, "--json", str(bj), "--markdown", str(bm)]) == 0
+        assert main(["trace", *SMALL, "--context", "64", "--steps", "1", "--out", str(tj),
+                     "--html", str(th)]) == 0
+    capsys.readouterr()
+    for argv, what in [
+            (["bench", *SMALL, *run, "--json", str(notes)], "a flint-graph bench JSON"),
+            (["bench", *SMALL, *run, "--json", str(tj)], "a flint-graph bench JSON"),
+            (["bench", *SMALL, *run, "--markdown", str(notes)], "a flint-graph bench markdown"),
+            (["trace", *SMALL, "--context", "64", "--out", str(bj)], "a flint-graph trace JSON"),
+            (["trace", *SMALL, "--context", "64", "--html", str(bm)], "a flint-graph trace HTML"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"exists and is not {what}" in err, (argv, err)
+    assert notes.read_text() == "my notes\n"
+    assert json.loads(bj.read_text())["schema"] == "flint-graph-bench"
+    assert json.loads(tj.read_text())["schema"] == "flint-graph-trace"
+
+
 @pytest.mark.parametrize("flag,value", [("--batch", "2,4"), ("--context", "200,300"),
                                         ("--format", "bf16,nvfp4")])
 def test_trace_takes_one_value_per_flag(flag, value, capsys):
