@@ -63,6 +63,14 @@ def tcp_port(text: str) -> int:
     return value
 
 
+def non_empty(text: str) -> str:
+    """argparse type: a string with something besides whitespace (an empty --api-key started a
+    server that refused every request)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty value")
+    return text
+
+
 def integer(text: str, expected: str = "an integer") -> int:
     """argparse type: an integer. One too long for Python to read (over 4,300 digits) is named
     by its length, not called invalid; `expected` words the error."""
@@ -199,9 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="address to listen on (default: %(default)s, this machine only)")
     srv.add_argument("--port", type=tcp_port, default=8000,
                      help="TCP port (default: %(default)s)")
-    srv.add_argument("--api-key", metavar="KEY",
+    srv.add_argument("--api-key", metavar="KEY", type=non_empty,
                      help="require 'Authorization: Bearer KEY' on /v1 routes")
-    srv.add_argument("--served-model-name", metavar="NAME",
+    srv.add_argument("--served-model-name", metavar="NAME", type=non_empty,
                      help="the model id clients send and /v1/models lists (default: the "
                           "checkpoint's file or directory name, or flint-nano)")
     srv.add_argument("--max-waiting", type=positive_int, default=256, metavar="N",

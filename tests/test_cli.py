@@ -591,3 +591,10 @@ def test_a_tool_that_is_no_object_is_named_as_such(tool, found):
 
     with pytest.raises(InvalidRequestError, match=rf"tools\[0\]: expected a tool object.*{found}"):
         validate_tools([tool])
+
+
+@pytest.mark.parametrize("flag", ["--api-key", "--served-model-name"])
+def test_serve_refuses_an_empty_key_or_name(flag, capsys):
+    """An empty --api-key started a server that answered 401 to every request."""
+    code, _, err = _run(capsys, "serve", flag, " ")
+    assert code == 2 and f"argument {flag}: expected a non-empty value" in err

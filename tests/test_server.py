@@ -119,7 +119,9 @@ def test_completions(client):
                                                             "logit_bias"),
                                          ({"frobnicate": 1}, "frobnicate"),
                                          ({"temperature": -1}, None),
-                                         ({"top_logprobs": 3}, "top_logprobs")])
+                                         ({"top_logprobs": 3}, "top_logprobs"),
+                                         ({"response_format": {"type": "json_object"}},
+                                          "response_format")])
 def test_fields_the_engine_cannot_honour_get_a_400_naming_them(server, extra, param):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
     status, err = _post(server[1] + "/v1/chat/completions", body)
@@ -128,6 +130,17 @@ def test_fields_the_engine_cannot_honour_get_a_400_naming_them(server, extra, pa
         assert err["error"]["param"] == param and param in err["error"]["message"]
     else:
         assert "temperature" in err["error"]["message"]
+
+
+def test_the_default_response_format_is_accepted(server):
+    """{"type": "text"} is the API's default and some SDKs send it: not an error; another
+    format is refused naming what is supported."""
+    url = server[1] + "/v1/chat/completions"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    status, out = _post(url, {**body, "response_format": {"type": "text"}})
+    assert status == 200, out
+    status, err = _post(url, {**body, "response_format": {"type": "json_schema"}})
+    assert status == 400 and 'supports only {"type": "text"}' in err["error"]["message"]
 
 
 def test_bad_roles_keys_and_models(server):

@@ -11,6 +11,7 @@ is refused with a 400 naming it, never silently dropped.
 from __future__ import annotations
 
 import codecs
+import json
 import re
 import time
 import uuid
@@ -29,8 +30,9 @@ COMPLETION_FIELDS = {"model", "prompt", "temperature", "top_p", "top_k", "seed",
 # fields honoured only at their neutral value (what clients send by default), per route; the
 # value must match in type too (n: true is not n: 1)
 _SHARED_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "n": 1}
+# response_format: {"type": "text"} is the API's default, which some SDKs send explicitly
 CHAT_NEUTRAL = {**_SHARED_NEUTRAL, "parallel_tool_calls": True,
-                "response_format": None}
+                "response_format": {"type": "text"}}
 COMPLETION_NEUTRAL = {**_SHARED_NEUTRAL, "echo": False, "suffix": None, "best_of": 1}
 MAX_BODY_BYTES = 16 << 20  # far above any prompt that fits the 262K-token context
 
@@ -78,8 +80,8 @@ def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mappi
     for key, value in body.items():
         if key in neutral:
             if not _neutral(value, neutral[key]):
-                raise _bad(f"{key} = {value!r:.60}: this server supports only "
-                           f"{neutral[key]!r}", key)
+                raise _bad(f"{key} = {json.dumps(value, default=str)[:60]}: this server "
+                           f"supports only {json.dumps(neutral[key])} (or leaving it out)", key)
         elif key not in allowed:
             raise _bad(f"{key}: not a field this server supports", key)
     for key in ("model", "user"):
