@@ -129,7 +129,9 @@ def _recall_contexts(text: str) -> tuple[int, ...]:
 
     try:
         vals = _contexts(text)
-    except argparse.ArgumentTypeError:
+    except argparse.ArgumentTypeError as e:
+        if "given twice" in str(e):
+            raise
         vals = (0,)
     if min(vals) < 128:
         raise argparse.ArgumentTypeError(f"expected comma-separated recall contexts of at "

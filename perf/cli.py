@@ -88,13 +88,19 @@ self-contained page plotting the step by kind against the floor; --compare
 A.json B.json diffs two saved traces."""
 
 
-def _ints(text: str, what: str) -> tuple[int, ...]:
+def _ints(text: str, what: str, shown: str | None = None) -> tuple[int, ...]:
+    """Comma-separated ints ≥ 1, each once; `shown` is the text as the user typed it (for the
+    error), when `text` is a rewriting of it."""
     try:
         vals = tuple(int(x) for x in text.split(","))
     except ValueError:
         vals = ()
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated {what} >= 1, found {text!r}")
+    twice = sorted({v for v in vals if vals.count(v) > 1})
+    if twice:  # `eval --contexts 1k,1024` ran the same cases twice and reported n = 2·--n
+        raise argparse.ArgumentTypeError(f"{', '.join(map(str, twice))} given twice in "
+                                         f"{(shown or text)!r}; list each value once")
     return vals
 
 
@@ -109,7 +115,7 @@ def _contexts(text: str) -> tuple[int, ...]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated token counts (e.g. "
                                              f"1024,8192 or 1k,8k), found {text!r}") from None
-    return _ints(",".join(map(str, out)), "token counts")
+    return _ints(",".join(map(str, out)), "token counts", text)
 
 
 def _context(text: str) -> tuple[int]:
