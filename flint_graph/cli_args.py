@@ -286,6 +286,10 @@ def _buckets(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"batch size {odd[0]} is not a batch bucket; expected "
                                          f"powers of two up to {MAX_BATCH} (1,2,4,8), found "
                                          f"{text!r}")
+    twice = sorted({b for b in sizes if sizes.count(b) > 1})
+    if twice:  # each bucket would be timed twice under one name
+        raise argparse.ArgumentTypeError(f"batch size {twice[0]} given twice in {text!r}; list "
+                                         "each bucket once")
     return sizes
 
 
