@@ -10,4 +10,4 @@ python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
 # Quiet setuptools' generic editable-install notice (kernels/ maps to flint_graph.kernels).
 PYTHONWARNINGS=ignore::UserWarning python -m pip install -q -e ".[test,kernels]"
-python -m pytest -q "$@"
+python -m pytest -q --durations=15 "$@"  # the slowest tests listed: CI must stay well under 30 min
