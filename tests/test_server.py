@@ -143,6 +143,15 @@ def test_the_default_response_format_is_accepted(server):
     assert status == 400 and 'supports only {"type": "text"}' in err["error"]["message"]
 
 
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]]])
+def test_a_batch_of_prompts_is_named_as_such(server, prompt):
+    """The API's batch form (a list of prompts) got "token ids must be Python ints"."""
+    status, err = _post(server[1] + "/v1/completions",
+                        {"model": MODEL, "prompt": prompt, "max_tokens": 2})
+    assert status == 400 and err["error"]["param"] == "prompt"
+    assert "one prompt per request" in err["error"]["message"], err
+
+
 def test_bad_roles_keys_and_models(server):
     url = server[1] + "/v1/chat/completions"
     status, err = _post(url, {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]})

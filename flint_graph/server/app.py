@@ -277,6 +277,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         prompt = body.get("prompt")
         if not isinstance(prompt, (str, list)):
             raise p.APIError(400, "prompt: expected a string or a list of token ids", "prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(x, (str, list))
+                                                        for x in prompt):
+            # the API's batch form; a list of strings read as token ids said "must be ints"
+            raise p.APIError(400, f"prompt: a list of {len(prompt)} prompts; this server takes "
+                             "one prompt per request (a string or a list of token ids)",
+                             "prompt")
         usage = p.include_usage(body)
         admission = _room()
         try:
