@@ -71,6 +71,19 @@ def non_empty(text: str) -> str:
     return text
 
 
+class RepeatedValue(argparse.ArgumentTypeError):
+    """A value listed twice in a comma-separated flag (a parser that rewords other errors lets
+    this one through)."""
+
+
+def refuse_repeats(values, text: str, noun: str = "value") -> None:
+    """Raise RepeatedValue naming the first value of `values` that occurs twice in the flag's
+    `text` (as typed): `eval --contexts 1k,1024` ran its recall cases twice."""
+    twice = sorted({v for v in values if list(values).count(v) > 1})
+    if twice:
+        raise RepeatedValue(f"{twice[0]} given twice in {text!r}; list each {noun} once")
+
+
 def integer(text: str, expected: str = "an integer") -> int:
     """argparse type: an integer. One too long for Python to read (over 4,300 digits) is named
     by its length, not called invalid; `expected` words the error."""
@@ -286,10 +299,7 @@ def _buckets(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"batch size {odd[0]} is not a batch bucket; expected "
                                          f"powers of two up to {MAX_BATCH} (1,2,4,8), found "
                                          f"{text!r}")
-    twice = sorted({b for b in sizes if sizes.count(b) > 1})
-    if twice:  # each bucket would be timed twice under one name
-        raise argparse.ArgumentTypeError(f"batch size {twice[0]} given twice in {text!r}; list "
-                                         "each bucket once")
+    refuse_repeats(sizes, text, "bucket")
     return sizes
 
 

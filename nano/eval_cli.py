@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from flint_graph.cli_args import seed_int
+from flint_graph.cli_args import RepeatedValue, seed_int
 
 EVAL_FIGURES = """\
 figures (held-out cases of the flint-nano curriculum, greedy decoding):
@@ -129,9 +129,9 @@ def _recall_contexts(text: str) -> tuple[int, ...]:
 
     try:
         vals = _contexts(text)
-    except argparse.ArgumentTypeError as e:
-        if "given twice" in str(e):
-            raise
+    except RepeatedValue:
+        raise
+    except argparse.ArgumentTypeError:
         vals = (0,)
     if min(vals) < 128:
         raise argparse.ArgumentTypeError(f"expected comma-separated recall contexts of at "

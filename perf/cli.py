@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from flint_graph.cli_args import seed_int
+from flint_graph.cli_args import refuse_repeats, seed_int
 
 BENCH_FIGURES = """\
 figures (one process, one run):
@@ -97,10 +97,7 @@ def _ints(text: str, what: str, shown: str | None = None) -> tuple[int, ...]:
         vals = ()
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated {what} >= 1, found {text!r}")
-    twice = sorted({v for v in vals if vals.count(v) > 1})
-    if twice:  # `eval --contexts 1k,1024` ran the same cases twice and reported n = 2·--n
-        raise argparse.ArgumentTypeError(f"{', '.join(map(str, twice))} given twice in "
-                                         f"{(shown or text)!r}; list each value once")
+    refuse_repeats(vals, shown or text)
     return vals
 
 
