@@ -172,9 +172,11 @@ DEFAULT_SMEM = 48 * 1024  # bytes of shared memory per CTA a kernel gets without
 
 def needs_smem_opt_in(dynamic: int, static: int) -> bool:
     """Whether a kernel asking for `dynamic` bytes of dynamic shared memory beside `static`
-    bytes of its own must raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first: the
-    default limit counts both (every DSL cubin holds 2 KB static; a kernel asking for exactly
-    48 KB of dynamic failed to launch with CUDA_ERROR_INVALID_VALUE on the H200, 2026-12-03)."""
+    bytes of its own (the cubin's `.nv.shared.<kernel>` section: 0 to 2 KB in ours) should
+    raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first. moe_down at B = 32 asked for
+    exactly 48 KB of dynamic beside 2 KB static and failed to launch with
+    CUDA_ERROR_INVALID_VALUE on the H200 (2026-12-03); opting in whenever the two together pass
+    48 KB is always valid, so the rule errs that way."""
     return dynamic + static > DEFAULT_SMEM
 
 

@@ -154,8 +154,8 @@ def test_capture_graph_pauses_the_garbage_collector(monkeypatch):
 
 
 def test_shared_memory_opt_in_counts_the_static_part():
-    """The 48 KB default covers dynamic + static shared memory: 48 KB of dynamic beside the 2 KB
-    every DSL cubin holds must opt in (it failed to launch on the H200 when it did not)."""
+    """Opt in when dynamic + static shared memory pass 48 KB: 48 KB of dynamic beside 2 KB
+    static failed to launch on the H200 without it."""
     assert not needs_smem_opt_in(46 * 1024, 2048)
     assert needs_smem_opt_in(48 * 1024, 2048)
     assert needs_smem_opt_in(48 * 1024 + 1, 0)
