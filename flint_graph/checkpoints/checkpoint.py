@@ -84,8 +84,8 @@ def _config_dir(hf_config_path: str | Path | None, fallback: Path, gguf: Path | 
         if gguf is not None:
             raise CheckpointError(
                 f"{gguf}: an NVFP4 GGUF takes its config, tokenizer and generation_config from a "
-                f"BF16-style directory, and {fallback} has no {CONFIG_NAME}; pass that directory "
-                "as hf_config_path (CLI: --hf-config-path DIR)")
+                f"BF16-style directory, and {fallback} has no {CONFIG_NAME}; pass a directory "
+                "that holds them as hf_config_path (CLI: --hf-config-path DIR)")
         raise CheckpointError(f"{fallback}: no {CONFIG_NAME}; a BF16 checkpoint directory "
                               "holds config.json, tokenizer files and safetensors shards")
     return fallback
