@@ -17,7 +17,7 @@ stream + o projection to `residual2`, and `moe_down` writes residual2 + FFN outp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 

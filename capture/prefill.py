@@ -50,6 +50,7 @@ from flint_graph.checkpoints import nvfp4
 from flint_graph.capture.decode_layer import _nvfp4_args, fuse_qkv
 from flint_graph.capture.kv_cache import KVCache
 from flint_graph.capture.prefill_row_moe import GROUP, RowGroupMoE
+from flint_graph.capture.side_stream import SideStream
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError, ContextLengthError, InvalidRequestError
 from flint_graph.kernels.prefill import attn_prefill, grouped_w4a16, grouped_w4a16_wg
@@ -157,20 +158,21 @@ class NVFP4Decoder:
             return out
         return self.into(out, w.codes, w.scales, None)
 
-    def linear(self, x: torch.Tensor, w: Linear,
-               row_scale2: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, w: Linear, row_scale2: torch.Tensor | None = None,
+               wu: torch.Tensor | None = None) -> torch.Tensor:
         """x bf16 [T, K] @ wᵀ -> bf16 [T, N], rounded once as `reference.linear`: BF16 weights
         by a cuBLAS GEMM; NVFP4 decoded without scale2 (exact in bf16), multiplied in fp32 and
         scaled by scale2 (or `row_scale2` fp32 [N], per output row, for stacked projections)
         before the one rounding. On CUDA scale2 is the GEMM's alpha (cuBLAS scales the fp32
         sums in its epilogue and rounds once), one GEMM per run of equal row scales, so no fp32
         [T, N] product is written and re-read; the alphas are host floats read once per
-        weight (`prime`, which a CUDA-graph capture needs to have run first)."""
+        weight (`prime`, which a CUDA-graph capture needs to have run first). `wu`: `w`
+        already decoded by `unscaled` (the prefill decodes ahead on its side stream)."""
         if not isinstance(w, NVFP4Weight):
             return F.linear(x, w)
         if x.is_cuda:
             out = torch.empty(x.shape[0], w.shape[0], dtype=BF16, device=x.device)
-            wu = self.unscaled(w)
+            wu = self.unscaled(w) if wu is None else wu
             for r0, r1, alpha in self.prime(w, row_scale2):
                 torch.addmm(out[:, r0:r1], x, wu[r0:r1].t(), beta=0, alpha=alpha,
                             out=out[:, r0:r1])
@@ -439,6 +441,9 @@ class Prefill:
         self.device = dev
         self.dec = NVFP4Decoder(dev)
         self.qkv = [fuse_qkv(lw) for lw in weights.layers]  # [q; k; v] rows, held once
+        # work the next kernel does not need runs beside it (capture/side_stream.py)
+        self.side = SideStream(dev if attention == "kernel" and dev.type == "cuda" else None)
+        self._qkv_next: tuple[int, torch.Tensor] | None = None  # (layer, decoded [q; k; v])
         self._scratch: dict[str, torch.Tensor] = {}
         hq = cfg.num_attention_heads
         self.sinks = [lw.sinks.float().contiguous() if cfg.attention_sinks
@@ -542,6 +547,14 @@ class Prefill:
                     self.set_w4a16_wg(W4A16_WG_MIN)
         if dev.type == "cuda":
             self._prime_alphas()
+
+    def set_overlap(self, on: bool) -> None:
+        """Run the side work (weight decodes ahead, the shared expert, KV writes) on a second
+        stream (on, the default on the kernel path) or in place on one stream (benchmarks;
+        capture/side_stream.py). Raises ValueError for `on` off the CUDA kernel path."""
+        if on and (self.attention != "kernel" or self.device.type != "cuda"):
+            raise ValueError("the side stream needs attention='kernel' on CUDA")
+        self.side = SideStream(self.device if on else None)
 
     def set_attn_kernel(self, name: str, **values: int) -> None:
         """Run attention on kernel `name` (ATTN_KERNELS; attn_prefill_wg falls back to
@@ -715,6 +728,7 @@ class Prefill:
         row valid − 1 into `_h_last`."""
         if self.pick is not None:
             self._counts.zero_()  # a chunk that failed half-way may have left counts behind
+        self._qkv_next = None  # a decode ahead lives only within one body (graph pool memory)
         x = reference.embed(self.w.embed, ids)
         pos = self._prepare(ids.numel())
         for i, lw in enumerate(self.w.layers):
@@ -753,9 +767,38 @@ class Prefill:
 
     def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor,
                pos: torch.Tensor) -> torch.Tensor:
+        """Layer i on the chunk's residual stream x bf16 [T, H] -> bf16 [T, H]. With the side
+        stream on, the NVFP4 o projection (and a dense MLP's weights) are decoded beside the
+        attention, the KV write and the shared expert run beside the next kernels, and the
+        next layer's [q; k; v] is decoded beside this layer's FFN; the layer ends joined."""
+        out = self._layer_body(i, lw, x, pos)
+        self.side.join()
+        return out
+
+    def _decode_ahead(self, lw: LayerWeights) -> dict[int, torch.Tensor]:
+        """With the side stream on: lw's NVFP4 o projection and dense-MLP weights decoded
+        (`NVFP4Decoder.unscaled`) on it, by id of the weight, event "dense" after them; {}
+        when off or nothing is NVFP4 (a torch-table decode stays in place)."""
+        ws = [lw.o_proj] + ([] if isinstance(lw.ffn, MoEWeights)
+                            else [lw.ffn.gate, lw.ffn.up, lw.ffn.down])
+        ws = [w for w in ws if isinstance(w, NVFP4Weight)]
+        if not self.side.on or not ws or self.dec.kernel is None:
+            return {}
+        with self.side.fork():
+            out = {id(w): self.dec.unscaled(w) for w in ws}
+            self.side.mark("dense")
+        return out
+
+    def _layer_body(self, i: int, lw: LayerWeights, x: torch.Tensor,
+                    pos: torch.Tensor) -> torch.Tensor:
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         t = x.shape[0]
+        ahead = self._decode_ahead(lw)
+
+        def linear(a: torch.Tensor, w: Linear) -> torch.Tensor:
+            return self.dec.linear(a, w, wu=ahead.get(id(w)))
+
         h = rms_norm(x, lw.attn_norm, eps)
         y = self._qkv(i, h)
         if self.qk_norm_rope:
@@ -772,7 +815,10 @@ class Prefill:
             if cfg.uses_rope(i):
                 q, k = reference.rotate(q, *self._rope), reference.rotate(k, *self._rope)
         a = self._attention(i, q, k.contiguous(), v.contiguous(), pos)
-        o = self.dec.linear(a, lw.o_proj)
+        if ahead:
+            self.side.wait("dense")
+        o = linear(a, lw.o_proj)
+        self._qkv_ahead(i + 1)
         if (self.row_moe is not None and isinstance(lw.ffn, MoEWeights) and t % GROUP == 0
                 and t <= self.row_moe_max):
             return self.row_moe.run(i, lw, x, o, self._row_mask)
@@ -785,8 +831,18 @@ class Prefill:
                             self._shared(lw.ffn), self._row_valid)
         else:
             f = lw.ffn
-            y = swiglu(h, f.gate, f.up, f.down, self.dec.linear, self.act)
+            y = swiglu(h, f.gate, f.up, f.down, linear, self.act)
         return residual_add(x, y)
+
+    def _qkv_ahead(self, i: int) -> None:
+        """With the side stream on: decode layer i's NVFP4 [q; k; v] on it now, for `_qkv` of
+        the next layer (the layer's end joins the side stream first)."""
+        parts = self.qkv[i] if i < len(self.qkv) else ()
+        if not self.side.on or len(parts) != 3 or self.dec.kernel is None:
+            return
+        codes, scales, row_s2 = parts
+        with self.side.fork():
+            self._qkv_next = (i, self.dec.unscaled(NVFP4Weight(codes, scales, row_s2[:1])))
 
     def _qkv(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """h bf16 [T, H] through layer i's stacked [q; k; v] -> bf16 [T, Q + 2·KV]."""
@@ -794,7 +850,10 @@ class Prefill:
         if len(parts) == 1:
             return F.linear(h, parts[0])
         codes, scales, row_s2 = parts
-        return self.dec.linear(h, NVFP4Weight(codes, scales, row_s2[:1]), row_scale2=row_s2)
+        ahead, self._qkv_next = self._qkv_next, None
+        wu = ahead[1] if ahead is not None and ahead[0] == i else None
+        return self.dec.linear(h, NVFP4Weight(codes, scales, row_s2[:1]), row_scale2=row_s2,
+                               wu=wu)
 
     def _experts(self, w: MoEWeights, counts: torch.Tensor | None):
         """The layer's expert stacks bf16 (gate, up [E, M, H], down [E, H, M]): BF16 as held;
@@ -869,6 +928,12 @@ class Prefill:
         cfg, f = self.cfg, lw.ffn
         t, k, e = h.shape[0], cfg.num_experts_per_tok, cfg.n_routed_experts
         dev, i32 = self.device, torch.int32
+        with self.side.fork():  # the shared expert reads only h: it runs beside the routing
+            if i in self.w4a16_shared and self._fits(t, self.w4a16_shared_max):
+                shared = [self._shared_w4a16(i, h)]
+            else:
+                run = self._shared(f)
+                shared = [] if run is None else [run(h)]
         parts = _matmul_f32(h, self.routers[i])  # [T, 3E]
         ids, rank = torch.empty(2, t, k, dtype=i32, device=dev).unbind(0)
         weights = torch.empty(t, k, dtype=torch.float32, device=dev)
@@ -897,11 +962,7 @@ class Prefill:
             g = torch._grouped_mm(xs, gate.transpose(1, 2), offs=offs)
             u = torch._grouped_mm(xs, up.transpose(1, 2), offs=offs)
             y = torch._grouped_mm(self.act(g, u), down.transpose(1, 2), offs=offs)
-        if i in self.w4a16_shared and self._fits(t, self.w4a16_shared_max):
-            shared = [self._shared_w4a16(i, h)]
-        else:
-            run = self._shared(f)
-            shared = [] if run is None else [run(h)]
+        self.side.join()  # the shared expert
         out = torch.empty_like(x)
         self.combine.launch(y, pos, weights, *shared, x, self._valid32, out)
         return out
@@ -979,8 +1040,9 @@ class Prefill:
             fn = sdpa_attention if self.attention == "sdpa" else reference.attention
             out = fn(q, k_all, v_all, pos, k_pos, sinks, window).reshape(q.shape[0], -1)
         where, entry = self._dst[bool(kv.ring)]
-        kv.k[where, :, entry] = k
-        kv.v[where, :, entry] = v
+        with self.side.fork():  # nothing before the next chunk reads it
+            kv.k[where, :, entry] = k
+            kv.v[where, :, entry] = v
         return out
 
     def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
