@@ -205,7 +205,7 @@ def main() -> int:
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
-        runs = [(path, r, a, wgm) for path in args.paths.split(",")
+        runs = [(path, r, a, wgm, ov) for path in args.paths.split(",")
                 for r in (sweep if path == "graph" else [(None,) * 6])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
                 for wgm in ((wg_sweep or [None]) if path == "graph" else [None])
