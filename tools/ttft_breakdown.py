@@ -1,0 +1,103 @@
+"""Where a short prompt's time to first token goes on the graph engine, outside the prefill's
+kernels (issue 21: `flint-graph bench` reported 25-token TTFTs ~3 ms above the prefill that
+tools/bench_prefill.py times alone).
+
+Builds the engine as `flint-graph bench` does (synthetic weights of --preset, NVFP4 by
+default), then for each prompt length times `LLM.generate(max_tokens=1)` (the bench's prefill
+figure) and, inside it, each engine phase: admission (KV-reuse lookup, slot), the prefill
+call, the synchronize after it, the ring snapshot for KV reuse, sampling the first token;
+medians over --reps cold requests. Prints a table; --json writes it.
+
+    python tools/ttft_breakdown.py --preset full --tokens 16,25,512 --reps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flint_graph.perf.bench import BenchOptions, sources  # noqa: E402
+from flint_graph.perf.measure import cold  # noqa: E402
+
+
+def _timed(times: dict, name: str, fn):
+    """fn wrapped to add its wall time (ms, GPU work synchronised after) to times[name]."""
+    @functools.wraps(fn)
+    def run(*a, **k):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return run
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="full")
+    p.add_argument("--formats", default="nvfp4")
+    p.add_argument("--tokens", default="16,25,512")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    from flint_graph.runtime.sampling import SamplingParams
+
+    lengths = [int(v) for v in args.tokens.split(",")]
+    o = BenchOptions(preset=args.preset, formats=args.formats.split(","), buckets=[1],
+                     progress=False)
+    out = {}
+    for fmt, llm in sources(o, max(lengths) + 64):
+        eng = llm.engine
+        times = collections.defaultdict(list)
+        for name in ("_admit", "_prefill_part", "_save_rings", "_sample_and_append"):
+            setattr(eng, name, _timed(times, name, getattr(eng, name)))
+        for n in lengths:
+            ids = [(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(n)]
+            ttft, wall = [], []
+            times.clear()
+            for _ in range(args.reps + 1):
+                cold(llm)
+                t0 = time.perf_counter()
+                res = llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))[0]
+                wall.append((time.perf_counter() - t0) * 1e3)
+                ttft.append(res.ttft_ms)
+            row = {"ttft_ms": statistics.median(ttft[1:]), "generate_ms": statistics.median(wall[1:])}
+            row.update({k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in times.items()})
+            # the prefill alone, on the same runner and slot machinery
+            runner = eng.runner
+            slot = runner.alloc_slot()
+            part = torch.tensor(ids, device="cuda")
+            alone = []
+            for _ in range(args.reps + 1):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                runner.prefill(slot, part, eng.prefill_chunk_tokens)
+                torch.cuda.synchronize()
+                alone.append((time.perf_counter() - t0) * 1e3)
+            runner.free_slot(slot)
+            row["runner_prefill_ms"] = statistics.median(alone[1:])
+            out[f"{fmt} {n}"] = row
+            print(fmt, n, json.dumps({k: round(v, 3) for k, v in row.items()}), flush=True)
+        del llm, eng
+        torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
