@@ -231,3 +231,27 @@ def test_group_pairs_is_a_stable_argsort_with_counts(pairs, monkeypatch):
     perm, counts = group_pairs(flat, 9)
     assert torch.equal(perm, torch.argsort(flat, stable=True))
     assert torch.equal(counts, torch.bincount(flat, minlength=9).int())
+
+
+def test_side_stream_off_runs_in_place():
+    """Off the CUDA kernel path the side stream is off: a fork runs its block in place on the
+    current stream, and marks, waits and joins do nothing (capture/side_stream.py)."""
+    from flint_graph.capture.side_stream import SideStream
+
+    side = SideStream(None)
+    assert not side.on
+    ran = []
+    with side.fork():
+        ran.append(1)
+        side.mark("x")
+    side.wait("x")
+    side.join()
+    assert ran == [1]
+
+
+def test_side_stream_needs_the_cuda_kernel_path(model):
+    pre = Prefill(CFG, model.weights, KVCache(CFG, 1, 64, device="cpu"), attention="reference")
+    assert not pre.side.on
+    pre.set_overlap(False)
+    with pytest.raises(ValueError, match="side stream"):
+        pre.set_overlap(True)
