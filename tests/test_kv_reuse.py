@@ -307,3 +307,36 @@ def test_common_prefix_agrees_with_a_plain_scan():
         b = a[:rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(5))]
         want = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         assert common_prefix(a, b) == want
+
+
+def test_graph_engine_ring_snapshot_round_trips():
+    """GraphRunner.save_rings (one stacked copy of every sliding layer's ring of a slot) and
+    load_rings (one batched copy back) on a CPU KV cache: the slot's rings come back exactly,
+    other slots and full layers are untouched, and a snapshot is a copy (later writes to the
+    slot do not reach it)."""
+    from types import SimpleNamespace
+
+    from flint_graph.capture.kv_cache import KVCache
+    from flint_graph.capture.runner import GraphRunner
+    from flint_graph.checkpoints.config import FlintConfig
+
+    cfg = FlintConfig.preset("tiny")
+    kv = KVCache(cfg, num_slots=2, max_tokens=64, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    for layer in kv.layers:
+        for t in (layer.k, layer.v):
+            t.copy_(torch.randn(t.shape, generator=gen))
+    before = [(layer.k.clone(), layer.v.clone()) for layer in kv.layers]
+    runner = SimpleNamespace(kv=kv)
+    saved = GraphRunner.save_rings(runner, 1)
+    assert [s is None for s in saved] == [not layer.ring for layer in kv.layers]
+    for layer in kv.layers:  # the slot moves on (decode writes its rings)
+        layer.k[1] = 0.5
+        layer.v[1] = -0.5
+    assert all(torch.equal(s[0], b[0][1]) for s, b in zip(saved, before) if s is not None)
+    GraphRunner.load_rings(runner, 1, saved)
+    for layer, (k0, v0) in zip(kv.layers, before):
+        if layer.ring:
+            assert torch.equal(layer.k, k0) and torch.equal(layer.v, v0)
+        else:  # a full layer's pages are not part of a snapshot
+            assert torch.equal(layer.k[1], torch.full_like(layer.k[1], 0.5))
