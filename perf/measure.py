@@ -170,17 +170,27 @@ def _prefill_figures(cfg, n: int, seconds: float, peak: float | None) -> dict:
     return out
 
 
+PREFILL_REPS = 3  # timed prompts per length up to PREFILL_REPS_MAX tokens on a GPU (median)
+PREFILL_REPS_MAX = 4096
+
+
 def prefill_record(llm, fmt: str, n: int, peak: float | None = None) -> dict:
-    """Time to the first token of one n-token prompt (chunked prefill + one step); tokens/s,
-    and TFLOP/s and MFU against `peak` (FLOP/s) when given."""
+    """Time to the first token of an n-token prompt (chunked prefill + one step), each run
+    cold; the median of PREFILL_REPS runs up to PREFILL_REPS_MAX tokens on a GPU (one run
+    took single-ms figures that moved by ±1 ms between benches), else one; tokens/s, and
+    TFLOP/s and MFU against `peak` (FLOP/s) when given."""
     from flint_graph.runtime.sampling import SamplingParams
 
     ids = [(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(n)]
-    cold(llm)
-    out = llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))[0]
-    return {"engine": llm.engine.name, "format": fmt, "tokens": n, "ms": out.ttft_ms,
-            "cached_tokens": out.cached_tokens,
-            **_prefill_figures(llm.cfg, n, out.ttft_ms / 1e3, peak)}
+    reps = PREFILL_REPS if n <= PREFILL_REPS_MAX and llm.device.type == "cuda" else 1
+    runs = []
+    for _ in range(reps):
+        cold(llm)
+        runs.append(llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))[0])
+    ms = statistics.median(r.ttft_ms for r in runs)
+    return {"engine": llm.engine.name, "format": fmt, "tokens": n, "ms": ms, "runs": reps,
+            "cached_tokens": max(r.cached_tokens for r in runs),
+            **_prefill_figures(llm.cfg, n, ms / 1e3, peak)}
 
 
 def prefill_baseline_record(llm, fmt: str, n: int, peak: float | None = None) -> dict | None:
