@@ -79,6 +79,7 @@ def main() -> int:
             row.update({k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in times.items()})
             # the prefill alone, on the same runner and slot machinery
             runner = eng.runner
+            cold(llm)  # the last generate's sequence is retained in the only slot
             slot = runner.alloc_slot()
             part = torch.tensor(ids, device="cuda")
             alone = []
