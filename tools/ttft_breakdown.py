@@ -51,6 +51,9 @@ def main() -> int:
     p.add_argument("--tokens", default="16,25,512")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", type=int, default=0,
+                   help="also print cProfile's 30 costliest calls (cumulative) of one "
+                        "generate of this many tokens per format (0: off)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
@@ -93,6 +96,20 @@ def main() -> int:
             row["runner_prefill_ms"] = statistics.median(alone[1:])
             out[f"{fmt} {n}"] = row
             print(fmt, n, json.dumps({k: round(v, 3) for k, v in row.items()}), flush=True)
+        if args.profile:
+            import cProfile
+            import pstats
+
+            ids = [(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(args.profile)]
+            cold(llm)
+            llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))
+            cold(llm)
+            prof = cProfile.Profile()
+            prof.enable()
+            llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))
+            prof.disable()
+            print(f"{fmt}, {args.profile} tokens: cProfile of one generate (ms, cumulative)")
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
         del llm, eng
         torch.cuda.empty_cache()
     if args.json:
