@@ -351,6 +351,31 @@ def test_cuda_graph_replay_matches_eager_and_cpu():
         assert torch.equal(out.cpu(), cpu), step  # CPU and CUDA agree (see module doc)
 
 
+@pytest.mark.gpu
+def test_one_row_sample_graph_draws_what_sample_draws():
+    """OneRowSampleGraph (the graph engine's first token of a prompt) replays `sample`'s
+    kernels for one row: over greedy, top-k, top-p, both and neither, fresh logits, seeds and
+    positions each draw, its token equals eager `sample`'s on the GPU, bit for bit."""
+    from flint_graph.runtime.sampling import OneRowSampleGraph, SamplingParams
+
+    dev = torch.device("cuda")
+    one = OneRowSampleGraph(FULL_VOCAB, dev)
+    gen = torch.Generator().manual_seed(81)
+    cases = [(0.0, 0, 1.0), (1.0, 20, 0.95), (0.6, 0, 0.9), (1.3, 5, 1.0), (1.0, 1, 1.0),
+             (0.8, 0, 0.5), (2.0, 50, 0.99), (1.0, 0, 1.0)]
+    for step in range(40):
+        t, k, p = cases[step % len(cases)]
+        params = SamplingParams(temperature=t, top_k=k, top_p=p)
+        logits = (torch.randn(FULL_VOCAB, generator=gen) * 3).to(dev)
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        got = one(logits, params, seed, step * 37)
+        want = sample(logits[None], temperature=torch.tensor([t], device=dev),
+                      top_k=torch.tensor([k], device=dev), top_p=torch.tensor([p], device=dev),
+                      seeds=torch.tensor([seed], device=dev),
+                      positions=torch.tensor([step * 37], device=dev))
+        assert got == int(want[0]), (step, t, k, p)
+
+
 def test_greedy_is_sample_at_temperature_zero():
     """`greedy` (the engine's path when every row is greedy) gives `sample`'s ids at T = 0:
     the highest logit and, among equal ones, the lowest id, -0 equal to +0, -inf rows parts

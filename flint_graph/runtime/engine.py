@@ -27,7 +27,7 @@ from flint_graph.runtime.prefill_pacer import PrefillPacer
 from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS, PrefixCache, Retained
 from flint_graph.reference import ReferenceModel, SequenceKV
 from flint_graph.runtime.request import Request, RequestDelta
-from flint_graph.runtime.sampling import greedy, sample
+from flint_graph.runtime.sampling import OneRowSampleGraph, greedy, sample
 
 
 class Engine:
@@ -67,6 +67,8 @@ class Engine:
         self._prefilled: dict[int, int] = {}  # request id -> prompt tokens already prefilled
         self.tokenizer_vocab = tokenizer_vocab
         self._warm_up_sampler()
+        # the first token of a prompt drawn by one graph replay, not ~40 eager launches
+        self._sample_one = self._one_row_sampler()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._kv: dict[int, SequenceKV] = {}
@@ -291,6 +293,17 @@ class Engine:
         return deltas + [r.append(t) for i, (r, t) in enumerate(zip(rows, ids))
                          if i not in banned]
 
+    def _one_row_sampler(self) -> OneRowSampleGraph | None:
+        """`sample` for one row as a CUDA graph (graph engine only), or None: off CUDA, on the
+        reference engine (its decode samples batches eagerly anyway), or when the capture
+        fails (the eager `sample` then serves, as before)."""
+        if self.runner is None or self.device.type != "cuda":
+            return None
+        try:
+            return OneRowSampleGraph(self.cfg.vocab_size, self.device)
+        except RuntimeError:
+            return None
+
     def _warm_up_sampler(self) -> None:
         """Draw once from dummy logits: CUDA loads the sampler's kernels on their first use
         (tens of ms the first request would otherwise wait for its first token)."""
@@ -325,6 +338,10 @@ class Engine:
         # token of every greedy request on the graph engine, every step on the reference one)
         if all(r.params.temperature == 0 for r in rows):
             ids = greedy(logits).tolist()
+        elif (len(rows) == 1 and self._sample_one is not None
+              and logits.shape[-1] == self._sample_one.vocab):
+            r = rows[0]
+            ids = [self._sample_one(logits[0], r.params, r.seed, r.num_generated)]
         else:
             ids = sample(
                 logits,

@@ -357,3 +357,44 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     count = (cdf <= u * mass).sum(dim=-1, keepdim=True)
     drawn = ids.gather(1, torch.minimum(count, (kept - 1)[:, None]))[:, 0]
     return torch.where(temperature == 0, ids[:, 0], drawn)
+
+
+class OneRowSampleGraph:
+    """`sample` for one row (B = 1) captured as a CUDA graph: the first token of each prompt
+    on the graph engine. Launched op by op, `sample` is ~40 kernels (the sort, the float64
+    filter, the scan, the draw) whose host launches took ~1.5 ms of a 25-token prompt's
+    ~11 ms time to first token on the H200 (tools/ttft_breakdown.py, 2026-12-03); one replay
+    runs the same kernels, so the token is the one `sample` draws, bit for bit.
+
+    vocab: V of the logits it takes; device: a CUDA device. Raises RuntimeError from CUDA when
+    the capture fails (the engine then keeps the eager `sample`)."""
+
+    def __init__(self, vocab: int, device: torch.device):
+        self.vocab = vocab
+        self.logits = torch.zeros(1, vocab, dtype=torch.float32, device=device)
+        self.floats = torch.ones(2, dtype=torch.float32, device=device)  # temperature, top_p
+        self.ints = torch.zeros(3, dtype=torch.long, device=device)  # top_k, seed, position
+        self._host_f = torch.ones(2, dtype=torch.float32).pin_memory()
+        self._host_i = torch.zeros(3, dtype=torch.long).pin_memory()
+        args = (self.floats[0:1], self.ints[0:1], self.floats[1:2], self.ints[1:2],
+                self.ints[2:3])
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the capturing stream, as torch asks
+            sample(self.logits, *args)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = sample(self.logits, *args)
+
+    def __call__(self, logits: torch.Tensor, params: SamplingParams, seed: int,
+                 position: int) -> int:
+        """The token `sample` draws from float logits [V] or [1, V] with `params`' temperature,
+        top_k and top_p, `seed` and `position` (the request's tokens generated so far)."""
+        self.logits.copy_(logits.reshape(1, -1))
+        self._host_f[0], self._host_f[1] = params.temperature, params.top_p
+        self._host_i[0], self._host_i[1], self._host_i[2] = params.top_k, seed, position
+        self.floats.copy_(self._host_f, non_blocking=True)
+        self.ints.copy_(self._host_i, non_blocking=True)
+        self.graph.replay()
+        return int(self.out[0])  # waits for the replay, so the pinned buffers are free again
