@@ -116,8 +116,12 @@ class GraphRunner:
             self.timings["capture_prefill_s"] = time.perf_counter() - t0
         if self.prefiller is not None:
             # the torch ops around a replay (validation, copies) load their kernels on first
-            # use: run them once here, into slot 0 (a slot's next owner overwrites it)
-            self.prefiller.prefill(0, torch.zeros(1, dtype=torch.long), prefill_chunk)
+            # use: run them once here, into slot 0 (a slot's next owner overwrites it), a
+            # resumed prefill (start > 0) and a KV-reuse ring snapshot and restore with them
+            one = torch.zeros(1, dtype=torch.long)
+            self.prefiller.prefill(0, one, prefill_chunk)
+            self.prefiller.prefill(0, one, prefill_chunk, start=1)
+            self.load_rings(0, self.save_rings(0))
         self._ids_host = torch.zeros(max(BUCKETS), dtype=torch.int64, pin_memory=True)
         self._ids_ready = torch.cuda.Event()
         self.memory = {"weights": weights.nbytes(), "kv_cache": self.kv.nbytes,
