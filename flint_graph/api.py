@@ -337,7 +337,11 @@ class LLM:
         if name:  # a named choice: a call to any other tool (the model may extend the forced
             # name, "get" -> "get_weather") is reported and kept as content, never returned
             declared = [t for t in declared if t["function"]["name"] == name]
-        parser = OutputParser(tools=declared, thinking=enable_thinking)
+        # a call's id counts the calls already in the conversation: every turn's calls keep
+        # distinct ids, so tool results pair with theirs across a transcript
+        earlier = sum(len(m.get("tool_calls") or ()) for m in messages
+                      if isinstance(m, dict) and m.get("role") == "assistant")
+        parser = OutputParser(tools=declared, thinking=enable_thinking, first_id=earlier)
         text = "".join(s.text for s in segments)
         check_prompt_text(text)
         self._check_prompt_size(text, lambda: (  # the tool definitions are part of it

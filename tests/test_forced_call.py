@@ -94,3 +94,24 @@ def test_a_named_choice_never_returns_a_call_to_another_tool(tiny_llm):
     (out,) = tiny_llm._run([req])
     assert not out.tool_calls, out.tool_calls
     assert any("unknown tool" in e and "get_weather" in e for e in out.errors), out.errors
+
+
+def test_a_later_turns_calls_get_ids_after_the_conversations_earlier_calls(tiny_llm):
+    """LLM.chat numbers a turn's calls after those already in the history (two earlier calls:
+    the next is call_2), so a transcript's tool results pair with their calls unambiguously
+    (the terminal chat's saved transcripts had call_0 twice, 2026-12-03)."""
+    history = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "call_0", "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+               {"role": "tool", "tool_call_id": "call_0", "content": "{}"},
+               {"role": "tool", "tool_call_id": "call_1", "content": "{}"},
+               {"role": "user", "content": "and Paris?"}]
+    req = tiny_llm._chat_request(history, TOOLS, SamplingParams(max_tokens=4),
+                                 enable_thinking=False, tool_choice=None)
+    req.parser.feed('<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris'
+                    '</arg_value></tool_call>')
+    req.parser.finish()
+    assert [c.id for c in req.parser.result().tool_calls] == ["call_2"]

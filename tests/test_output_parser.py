@@ -897,3 +897,16 @@ def test_argument_json_that_cannot_be_written_back_is_kept_as_text(text, kind):
     (call,) = out.tool_calls
     assert call.arguments == {"x": text}
     json.dumps(call.arguments, ensure_ascii=False).encode("utf-8")
+
+
+def test_first_id_numbers_a_later_turns_calls_after_the_earlier_ones():
+    """A turn parsed with first_id = n (the calls already in the conversation) names its calls
+    call_n, call_n+1, ... in the finished calls and in the streamed deltas alike, while the
+    deltas' index stays the position in this message (OpenAI's streaming rule)."""
+    parser = OutputParser(TOOLS, first_id=3)
+    parser.feed(f"</think>{WEATHER_PARIS}")
+    delta = parser.feed(WEATHER_PARIS)
+    parser.finish()
+    result = parser.result()
+    assert [c.id for c in result.tool_calls] == ["call_3", "call_4"]
+    assert delta.tool_call_deltas[0].index == 1 and delta.tool_call_deltas[0].id == "call_4"

@@ -105,10 +105,15 @@ class OutputParser:
     tools: OpenAI tool objects ({"type": "function", "function": {"name", "parameters"}}), used to
     check call names and type arguments; None parses calls to any name without a schema; []
     parses no calls. thinking: whether the prompt ended inside `<think>`. Raises
-    InvalidRequestError for a malformed `tools` list. Decisions and policies: module docstring.
+    InvalidRequestError for a malformed `tools` list. first_id: the number in the first call's
+    id ("call_<first_id>", then counting up), so that a conversation's calls keep distinct ids
+    when each turn is parsed anew (LLM.chat passes the calls already in the history). Decisions
+    and policies: module docstring.
     """
 
-    def __init__(self, tools: list[dict] | None = None, thinking: bool = True):
+    def __init__(self, tools: list[dict] | None = None, thinking: bool = True,
+                 first_id: int = 0):
+        self._first_id = first_id
         self._schemas = tool_schemas(tools)
         self._calls_on = tools is None or len(tools) > 0
         # Text states hold back a suffix that may become a tag they act on (none but the
@@ -233,7 +238,7 @@ class OutputParser:
         self._think_pending |= channel == REASONING
         self._num_calls += 1
         self._call = CallReader(self._schemas, self._num_calls, self._num_started,
-                                self._call_delta, self._error)
+                                self._call_delta, self._error, self._first_id)
         self._state = CALL
         return True
 

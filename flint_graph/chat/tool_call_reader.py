@@ -59,7 +59,7 @@ class ToolCall:
 
     name: str
     arguments: dict[str, Any]
-    id: str  # "call_<index>": the index of its ToolCallDelta stream
+    id: str  # "call_<n>": n counts the conversation's calls (OutputParser first_id + index)
 
     def arguments_json(self) -> str:
         """The arguments as the OpenAI `function.arguments` JSON string (non-ASCII kept)."""
@@ -113,16 +113,18 @@ class CallReader:
 
     schemas: tool name -> ToolSchema (None: any name, no schema); number: this call's ordinal
     among opened calls (1, 2, ...; for messages); on_delta / on_error receive ToolCallDeltas and
-    error messages as they arise.
+    error messages as they arise; first_id: added to `index` in the call's id ("call_<n>").
     """
 
     def __init__(self, schemas: dict[str, ToolSchema] | None, number: int, index: int,
-                 on_delta: Callable[[ToolCallDelta], None], on_error: Callable[[str], None]):
+                 on_delta: Callable[[ToolCallDelta], None], on_error: Callable[[str], None],
+                 first_id: int = 0):
         self.buf = ""
         self.call: ToolCall | None = None
         self.rejected = ""
         self.started = False
         self._schemas, self._number, self._index = schemas, number, index
+        self._id = f"call_{first_id + index}"
         self._on_delta, self._on_error = on_delta, on_error
         self._state, self._scan, self._raw = NAME, 0, [CALL_OPEN]
         self._name_scan, self._name_phase = 0, 0  # how far _name_odd has read, and its phase
@@ -225,7 +227,7 @@ class CallReader:
             self._problem = f"unknown tool {_quote(name)} (declared: {declared})"
         else:
             self.started = True
-            self._on_delta(ToolCallDelta(self._index, f"call_{self._index}", name))
+            self._on_delta(ToolCallDelta(self._index, self._id, name))
         self._consume(m.end())
         self._state = KEY
         return True if m.group() == KEY_OPEN else self._complete()
@@ -393,7 +395,7 @@ class CallReader:
             self._delta(_dumps(self._args))
         else:
             self._delta("}" if self._args else "{}")
-        self.call = ToolCall(self._name, self._args, f"call_{self._index}")
+        self.call = ToolCall(self._name, self._args, self._id)
         self._done = True
         return True
 
