@@ -204,9 +204,19 @@ def cmd_eval(args) -> int:
             _print(report)
             return 2
     _print(report)
-    missed = [t for t in report["targets"] if not t["met"]]
+    missed = [t for t in report["targets"] if not t["met"] and t.get("judged", True)]
     failed = ref is not None and not report["compare"]["passed"]
     return 1 if args.check and (missed or failed) else 0
+
+
+def _verdict(target: dict) -> str:
+    """A target's cell: met / MISSED, or not judged below JUDGE_MIN_N cases (reports written
+    before the rule have no "judged" and are judged)."""
+    if not target.get("judged", True):
+        from flint_graph.nano.evals import JUDGE_MIN_N
+
+        return f"not judged (n < {JUDGE_MIN_N})"
+    return "met" if target["met"] else "MISSED"
 
 
 # a report holds every case's answer and log-probabilities: ~2 KB a case, so the largest run
@@ -269,8 +279,7 @@ def _print(report: dict, console=None) -> None:
                 continue
             tg = targets.get((grp, m))
             row = [grp, str(g["n"]), m, f"{100 * g[m]:.1f}%",
-                   "" if tg is None else f"≥{100 * tg['target']:.0f}% "
-                                         f"{'met' if tg['met'] else 'MISSED'}"]
+                   "" if tg is None else f"≥{100 * tg['target']:.0f}% {_verdict(tg)}"]
             if cmp_rows:
                 c = cmp_rows.get((grp, m))
                 row += ["", ""] if c is None else [

@@ -86,6 +86,22 @@ def _report(hits: list[bool]) -> dict:
                              "correct": h} for i, h in enumerate(hits)])
 
 
+def test_targets_are_judged_only_over_enough_cases(capsys):
+    """At --n 2 one miss reads as 50% of a 90% target: below JUDGE_MIN_N cases a target is
+    shown "not judged" and --check ignores it (a new user's README run printed MISSED for a
+    suite that scores 95% at --n 20, 2026-12-03); from JUDGE_MIN_N on it is met / MISSED."""
+    from flint_graph.nano import eval_cli
+
+    small = _report([True, False])
+    assert small["targets"][0] == {"group": "arith", "metric": "correct", "target": 0.9,
+                                   "value": 0.5, "met": False, "judged": False}
+    big = _report([True] * (evals.JUDGE_MIN_N - 2) + [False] * 2)
+    assert big["targets"][0]["judged"] and not big["targets"][0]["met"]
+    assert eval_cli._verdict(small["targets"][0]) == f"not judged (n < {evals.JUDGE_MIN_N})"
+    assert eval_cli._verdict(big["targets"][0]) == "MISSED"
+    assert eval_cli._verdict({"met": True}) == "met"  # reports from before the rule
+
+
 def test_compare_noise_rule():
     ref = _report([True] * 45 + [False] * 5)
     same = evals.compare(ref, ref)
