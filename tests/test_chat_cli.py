@@ -389,3 +389,17 @@ def test_reasoning_cut_by_max_tokens_names_both_ways_out(tiny_llm, monkeypatch):
     s.run()
     footer = [line for line in console.file.getvalue().splitlines() if " tokens · " in line][0]
     assert "length" in footer and "--max-tokens" in footer and "--stop-on-repeat" in footer
+
+
+def test_piped_input_is_echoed_after_its_prompt(tiny_llm):
+    """A terminal echoes what the user types; piped input it does not, so `chat < turns.txt`
+    printed prompts and answers run together ("you> ▸ reasoning ..."). With echo_input (the
+    default when stdin is not a terminal) each line read is printed after its prompt, a byte
+    that is not UTF-8 shown as U+FFFD instead of failing to encode."""
+    s, console = _session(tiny_llm, ["/help", "bad \udcff byte", "/exit"], echo_input=True)
+    s.run()
+    out = console.file.getvalue().splitlines()
+    assert "/help" in out and "/exit" in out and "bad \ufffd byte" in out
+    quiet, console = _session(tiny_llm, ["/help", "/exit"])  # a console passed in: no echo
+    quiet.run()
+    assert "/exit" not in console.file.getvalue().splitlines()

@@ -106,18 +106,23 @@ class ChatSession:
 
     Args: llm: a loaded flint_graph.LLM; params: SamplingParams for every answer; tools: OpenAI
     function tools or None; system: optional system message; enable_thinking: reasoning on/off;
-    show_reasoning: keep reasoning expanded; console: a rich Console (tests pass their own).
+    show_reasoning: keep reasoning expanded; console: a rich Console (tests pass their own);
+    echo_input: print each input line after its prompt (default: when stdin is piped).
     """
 
     def __init__(self, llm, params, tools=None, system: str | None = None,
                  enable_thinking: bool = True, show_reasoning: bool = False,
-                 console: Console | None = None):
+                 console: Console | None = None, echo_input: bool | None = None):
         self.llm, self.params, self.tools = llm, params, tools
         self.system, self.enable_thinking = system, enable_thinking
         self.show_reasoning = show_reasoning
         # piped, rich would break lines at 80 columns inside words; a reader of the file wraps
         self.console = console or Console(highlight=False,
                                           soft_wrap=not sys.stdout.isatty())
+        # piped input is not echoed by a terminal: `_ask` prints it (None: when this session
+        # reads the real stdin and it is not a terminal)
+        self.echo_input = (console is None and not sys.stdin.isatty()) if echo_input is None \
+            else echo_input
         self.messages: list[dict[str, Any]] = []
         self.last_reasoning = ""
         self.reset()
@@ -138,7 +143,7 @@ class ChatSession:
         c.print(f"[dim]{HELP}[/]")
         while True:
             try:
-                line = c.input("[bold green]you>[/] ")
+                line = self._ask("[bold green]you>[/] ")
             except EOFError:
                 c.print()
                 return 0
@@ -162,13 +167,25 @@ class ChatSession:
             if self.answer() == "exit":
                 return 0
 
+    def _ask(self, prompt: str) -> str:
+        """One line of input after `prompt` (rich markup). Piped input is not echoed by a
+        terminal, so it is printed after the prompt: a transcript of `chat < turns.txt` reads
+        "you> Hi" rather than prompts and answers run together. Raises EOFError at the end of
+        the input and KeyboardInterrupt on Ctrl-C, as input() does."""
+        line = self.console.input(prompt)
+        if self.echo_input:
+            # a byte that is not UTF-8 reads as a lone surrogate, which stdout cannot encode
+            shown = "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in line)
+            self.console.print(shown, highlight=False, markup=False)
+        return line
+
     def _read_fenced(self, first: str) -> str | None:
         """The lines of a message fenced by FENCE (the opening line's rest is its first line),
         up to the line that ends with FENCE; None when the input ends first (quit)."""
         lines = [first]
         while not lines[-1].rstrip().endswith(FENCE) or len(lines) == 1 and not first.strip():
             try:
-                lines.append(self.console.input("[bold green]...>[/] "))
+                lines.append(self._ask("[bold green]...>[/] "))
             except EOFError:
                 self.console.print(f"\n[yellow]the input ended inside a {FENCE} block: that "
                                    "text was not sent[/]")
@@ -261,7 +278,7 @@ class ChatSession:
         for call in calls:
             while True:  # a result that cannot be sent would fail every later turn
                 try:
-                    result = self.console.input(f"[bold magenta]result of {call.name}>[/] ")
+                    result = self._ask(f"[bold magenta]result of {call.name}>[/] ")
                 except (EOFError, KeyboardInterrupt):
                     self.console.print("[dim]tool loop stopped[/]")
                     return "stop"
