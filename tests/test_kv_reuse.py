@@ -229,7 +229,7 @@ def test_failed_or_half_prefilled_requests_leave_nothing_to_reuse(llms, monkeypa
     eng.prefix_cache.clear()
     req = on._request(list(range(1, 60)), SamplingParams(max_tokens=3), None)
     eng.add(req)
-    monkeypatch.setattr(eng.pacer, "budget", lambda decoding, start=0: 10)
+    monkeypatch.setattr(eng.pacer, "budget", lambda decoding, start=0, chunk=None: 10)
     eng.step()  # 10 of 59 prompt tokens prefilled
     assert req in eng.prefilling
     eng.abort(req)

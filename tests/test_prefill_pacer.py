@@ -1,5 +1,5 @@
 """The prefill budget per engine step (flint_graph/runtime/prefill_pacer.py) and the engine following
-it: whole prompts when nothing decodes, a time-sized share while rows decode, the hard cap."""
+it: up to one chunk when nothing decodes, a time-sized share while rows decode, the hard cap."""
 
 import pytest
 
@@ -94,7 +94,8 @@ def test_engine_prefills_a_time_sized_share_while_a_row_decodes(tiny_llm, monkey
     from flint_graph.runtime.sampling import SamplingParams
 
     eng = tiny_llm.engine
-    monkeypatch.setattr(eng.pacer, "budget", lambda decoding, start=0: 40 if decoding else None)
+    monkeypatch.setattr(eng.pacer, "budget",
+                        lambda decoding, start=0, chunk=None: 40 if decoding else None)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     a = tiny_llm._request([5, 6, 7], params, None)
     eng.add(a)
@@ -141,3 +142,47 @@ def test_bench_refuses_interleave_without_enough_slots():
     with pytest.raises(InvalidRequestError, match="--interleave"):
         run_bench(BenchOptions(preset="tiny", device="cpu", buckets=(1, 2), interleave=(64, 64),
                                progress=False))
+
+
+def test_with_nothing_decoding_a_step_takes_at_most_one_chunk():
+    """A step with nothing decoding takes one chunk, or fewer tokens where the timings say a
+    chunk would pass IDLE_STEP_MS (the engine takes new requests and aborts only between
+    steps: a 32K prompt on the CPU held it for ~12 minutes in one step, 2026-12-03)."""
+    from flint_graph.runtime.prefill_pacer import IDLE_STEP_MS
+
+    p = PrefillPacer(50.0)
+    assert p.budget(decoding=False, chunk=2048) == 2048  # nothing timed yet: one chunk
+    for n in (64, 256, 1024):
+        p.observe(n, 2.0 * n)  # 2 ms per token: a CPU
+    assert p.budget(decoding=False, chunk=2048) == pytest.approx(IDLE_STEP_MS / 2.0, abs=1)
+    fast = PrefillPacer(50.0)
+    for n in (64, 256, 1024):
+        fast.observe(n, 0.01 * n + 5)
+    assert fast.budget(decoding=False, chunk=8192) == 8192  # a GPU: the whole chunk fits
+    assert PrefillPacer(50.0, max_tokens=300).budget(decoding=False, chunk=2048) == 300
+
+
+def test_a_short_request_is_not_queued_behind_a_long_prompt(tiny_llm):
+    """Steps prefill the prompts with the fewest tokens left first, at most one chunk per step
+    with nothing decoding: a short request added while a long prompt prefills gets its first
+    token before the long one, and `add` does not wait for a step in progress."""
+    from flint_graph.runtime.sampling import SamplingParams
+
+    eng = tiny_llm.engine
+    eng.drop_retained()
+    chunk, eng.prefill_chunk_tokens = eng.prefill_chunk_tokens, 16
+    try:
+        long_req = tiny_llm._request(list(range(1, 100)), SamplingParams(max_tokens=1), None)
+        eng.add(long_req)
+        eng.step()  # admitted, one chunk of 16 prefilled
+        assert not long_req.output_ids and eng._prefilled[long_req.id] == 16
+        short = tiny_llm._request([5, 6, 7], SamplingParams(max_tokens=1), None)
+        eng.add(short)
+        eng.step()
+        assert short.output_ids and not long_req.output_ids
+        while not long_req.is_finished:
+            eng.step()
+        assert long_req.output_ids
+    finally:
+        eng.prefill_chunk_tokens = chunk
+        eng.drop_retained()

@@ -5,9 +5,12 @@ prefill.py`) and decode steps replay the captured decode graph of the smallest b
 holds the rows (`capture/runner.py`); elsewhere both run on the plain reference model
 (`reference.py`), behind the same `Engine.step()`. Scheduling
 follows DESIGN §3 at its simplest: up to `max_slots` sequences; each step admits waiting
-requests into free slots, prefills prompt tokens oldest first (while other rows decode only as
-many as `PrefillPacer` predicts to fit in `prefill_step_ms`, so running streams keep their pace;
-with none decoding, whole prompts), then runs one decode step over all running rows.
+requests into free slots, prefills prompt tokens, the prompts with the fewest tokens left first
+(while other rows decode only as many as `PrefillPacer` predicts to fit in `prefill_step_ms`, so
+running streams keep their pace; with none decoding, up to one chunk), then runs one decode step
+over all running rows. New requests queue without waiting for a step (`add`), and a step ends
+after at most one chunk of prefill, so a long prompt neither blocks the queue nor delays a
+short request or an abort by more than a chunk.
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ class Engine:
         self.running: list[Request] = []
         self._kv: dict[int, SequenceKV] = {}
         self._slot: dict[int, int] = {}
-        self._lock = threading.RLock()  # add / abort / step from several threads
+        self._lock = threading.RLock()  # abort / step from several threads
+        self._queue_lock = threading.Lock()  # `waiting` alone: add never waits for a step
 
     def _graph_runner(self, ckpt: LoadedCheckpoint, engine: EngineConfig, vocab: int):
         """(GraphRunner or None, why not). Raises ConfigError when engine="graph" cannot run."""
@@ -118,17 +122,23 @@ class Engine:
     def add(self, req: Request) -> None:
         """Queue `req`; it is prefilled by a later `step()`. Safe from any thread. A request
         already finished (aborted before it was queued: a stream cancelled before its first
-        read) is not queued: the engine never runs a finished request."""
-        with self._lock:
+        read) is not queued: the engine never runs a finished request. Never waits for a step
+        in progress (a long prefill)."""
+        with self._queue_lock:
             if not req.is_finished:
                 self.waiting.append(req)
 
     def abort(self, req: Request) -> RequestDelta:
         """Stop `req` now (finish reason "abort") and free its KV cache (slot). Safe from any
-        thread; waits for a step in progress."""
-        with self._lock:
-            if req in self.waiting:
+        thread; a request still queued ends at once, one being prefilled or decoded after the
+        step in progress (at most one prefill chunk)."""
+        with self._queue_lock:
+            queued = req in self.waiting
+            if queued:
                 self.waiting.remove(req)
+        if queued:
+            return req.finish("abort")
+        with self._lock:
             self._retire(req)
             return req.finish("abort")
 
@@ -145,13 +155,21 @@ class Engine:
     def _step(self) -> list[RequestDelta]:
         deltas: list[RequestDelta] = []
         admitted: list[Request] = []
-        while self.waiting and len(self.running) + len(self.prefilling) < self.max_slots:
-            req = self.waiting.popleft()
-            self._admit(req)
+        while len(self.running) + len(self.prefilling) < self.max_slots:
+            with self._queue_lock:
+                req = self.waiting.popleft() if self.waiting else None
+            if req is None:
+                break
+            if not req.is_finished:  # an abort may finish it between add and here
+                self._admit(req)
         # while rows decode, a step prefills what fits in its time budget (PrefillPacer)
+        # the prompts with the fewest tokens left first: a short request is not queued behind
+        # a long prompt's remaining chunks (each step takes at most one chunk of them)
+        order = sorted(self.prefilling,
+                       key=lambda r: len(r.prompt_ids) - self._prefilled[r.id])
         budget = self.pacer.budget(decoding=bool(self.running), start=next(
-            (self._prefilled[r.id] for r in self.prefilling), 0))
-        for req in list(self.prefilling):
+            (self._prefilled[r.id] for r in order), 0), chunk=self.prefill_chunk_tokens)
+        for req in order:
             done = self._prefilled[req.id]
             n = len(req.prompt_ids) - done if budget is None else min(
                 budget, len(req.prompt_ids) - done)

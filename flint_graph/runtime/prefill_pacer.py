@@ -10,8 +10,11 @@ a fixed part per call (the expert weights read once, thousands of small kernels;
 reference engine the cache gathered once per layer: d·s) and a part per token (the GEMMs, b,
 and attention over the prefix, c·s). The four coefficients are a least-squares fit over the last
 SAMPLES calls; with too few distinct samples for that, a line in n alone; with less, the budget
-is FIRST_TOKENS. With nothing decoding there is no one to keep waiting: the whole remaining
-prompt goes in one step (in chunks of the engine's chunk size).
+is FIRST_TOKENS. With nothing decoding a step may take longer, IDLE_STEP_MS, but still ends
+after at most one chunk: the engine takes new requests and aborts only between steps, so one
+long prompt must not hold it for minutes (a 32K prompt on the CPU's reference engine took ~12
+minutes in one step, while the server's other requests and a client's disconnect waited,
+2026-12-03).
 
 Two floors keep a long prompt moving: at least MIN_TOKENS, and at least as many tokens as the
 fixed part is worth (n·per-token ≥ fixed), so even where the fixed part alone passes `step_ms`
@@ -34,6 +37,7 @@ SAMPLES = 32  # prefill calls the fit remembers
 FIRST_TOKENS = 256  # the budget while decoding, before anything is known
 MIN_TOKENS = 64  # the least a step prefills while decoding: a prompt always moves on
 MAX_TOKENS = 1 << 30  # where a budget stops being a bound
+IDLE_STEP_MS = 1000.0  # the prefill time of a step with nothing decoding (at most one chunk)
 
 
 def _finite_positive(v) -> bool:
@@ -92,19 +96,30 @@ class PrefillPacer:
         a, d, b, c = fit
         return a + d * start + tokens * (b + c * start)
 
-    def budget(self, decoding: bool, start: int = 0) -> int | None:
+    def budget(self, decoding: bool, start: int = 0, chunk: int | None = None) -> int | None:
         """Prompt tokens this step may prefill for a prompt with `start` tokens already cached:
-        None = no bound (nothing decoding and no max_tokens), else an int ≥ 1 (≥ MIN_TOKENS
-        unless max_tokens is lower)."""
+        None = no bound (nothing decoding, no `chunk` and no max_tokens), else an int ≥ 1
+        (≥ MIN_TOKENS unless max_tokens or `chunk` is lower). chunk: the engine's prefill
+        chunk, the most a step with nothing decoding takes (less where IDLE_STEP_MS fits
+        fewer tokens by the timings so far)."""
         cap = self.max_tokens
-        if not decoding or self.step_ms is None:
+        if not decoding:
+            n = None if chunk is None else min(chunk, self._fits(IDLE_STEP_MS, start, chunk))
+        elif self.step_ms is None:
+            n = None
+        else:
+            n = self._fits(self.step_ms, start, FIRST_TOKENS)
+        if n is None:
             return cap
+        return n if cap is None else min(n, cap)
+
+    def _fits(self, ms: float, start: int, unknown: int) -> int:
+        """Tokens a prefill after `start` cached ones does in `ms` by the fitted cost (at least
+        MIN_TOKENS and as many as the fixed part is worth), or `unknown` before a fit."""
         fit = self.cost()
         if fit is None:
-            n = FIRST_TOKENS
-        else:
-            a, d, b, c = fit
-            fixed, per_token = a + d * start, max(b + c * start, 1e-9)
-            n = max((self.step_ms - fixed) / per_token, fixed / per_token, MIN_TOKENS)
-            n = int(min(n, MAX_TOKENS))
-        return n if cap is None else min(n, cap)
+            return unknown
+        a, d, b, c = fit
+        fixed, per_token = a + d * start, max(b + c * start, 1e-9)
+        n = max((ms - fixed) / per_token, fixed / per_token, MIN_TOKENS)
+        return int(min(n, MAX_TOKENS))
