@@ -364,7 +364,7 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
                         "and KV cache")
     if not conversation:
         return
-    p.add_argument("--tools", metavar="TOOLS.json", type=Path,
+    p.add_argument("--tools", metavar="TOOLS.json", type=_nonempty_path,
                    help="JSON file with a list of OpenAI-style function tools the model may call")
     p.add_argument("--no-think", dest="enable_thinking", action="store_false",
                    help="turn thinking off (the prompt ends with </think>)")

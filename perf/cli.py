@@ -137,6 +137,7 @@ def _formats(text: str) -> tuple[str, ...]:
     vals = tuple(x.strip() for x in text.split(","))
     if not vals or any(v not in ("bf16", "nvfp4") for v in vals):
         raise argparse.ArgumentTypeError(f"expected bf16, nvfp4 or bf16,nvfp4, found {text!r}")
+    refuse_repeats(vals, text, "format")
     return vals
 
 

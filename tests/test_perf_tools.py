@@ -330,9 +330,22 @@ def test_trace_context_error_asks_for_one_count(value, capsys):
 @pytest.mark.parametrize("argv", [["bench", *SMALL, "--prefill-tokens", "16,16"],
                                   ["bench", *SMALL, "--contexts", "1k,1024"],
                                   ["bench", *SMALL, "--buckets", "2,1,2"],
+                                  ["bench", *SMALL, "--formats", "bf16,bf16"],
                                   ["eval", "--device", "cpu", "--contexts", "1k,1024"]])
 def test_a_value_listed_twice_is_refused(argv, capsys):
     """`eval --contexts 1k,1024 --n 1` ran the recall cases twice and reported n = 2."""
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "given twice" in err and "once" in err, err
+
+
+@pytest.mark.parametrize("argv, flag", [(["generate", "--tools", "", "--prompt", "hi"], "--tools"),
+                                        (["make-checkpoint", "--out", ""], "--out"),
+                                        (["make-checkpoint", "--out", "x", "--config", ""],
+                                         "--config")])
+def test_an_empty_path_is_refused_not_read_as_the_current_directory(argv, flag, capsys):
+    """Path("") is "." : `generate --tools ""` said ".: not a regular file" and
+    `make-checkpoint --out ""` would write into the current directory."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: expected a path, found ''" in err, err

@@ -4,7 +4,6 @@ imports torch) so that `flint-graph --help` and `make-checkpoint --help` answer 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from flint_graph.checkpoints.config import PRESETS
 
@@ -16,16 +15,17 @@ DEFAULT_PRESET = "tiny"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the make-checkpoint flags (shared by tools/make_checkpoint.py and the CLI)."""
-    from flint_graph.cli_args import seed_int  # here: cli_args imports this module at its top
+    # here: cli_args imports this module at its top
+    from flint_graph.cli_args import _nonempty_path, seed_int
 
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=PRESETS, default=None,
                      help=f"packaged config: tiny (seconds on a CPU), nano (flint-nano's shapes, "
                           f"random weights) or full (the 40B shapes; needs a GPU) (default: "
                           f"{DEFAULT_PRESET})")
-    src.add_argument("--config", dest="config_path", type=Path, metavar="CONFIG.json",
+    src.add_argument("--config", dest="config_path", type=_nonempty_path, metavar="CONFIG.json",
                      help="an HF-style config.json to use instead of a preset")
-    parser.add_argument("--out", dest="out_dir", type=Path, required=True, metavar="DIR",
+    parser.add_argument("--out", dest="out_dir", type=_nonempty_path, required=True, metavar="DIR",
                         help="output directory (must not exist or be empty, unless --overwrite)")
     parser.add_argument("--format", dest="formats", default=",".join(DEFAULT_FORMATS),
                         help="comma-separated formats to write: bf16 (sharded safetensors), "
