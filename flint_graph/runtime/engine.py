@@ -222,7 +222,9 @@ class Engine:
         chunk = self.prefill_chunk_tokens
         piece = chunk if hook else n
         total = len(req.prompt_ids)
-        if hook and n > piece:  # a display can show the prompt before its first chunk ends
+        # a display can show the prompt before its first chunk ends (the request's first call:
+        # since a step takes at most one chunk, a long prompt's later chunks are later calls)
+        if hook and done == req.cached_tokens and total - done > piece:
             self._report(hook, req, done, total)
         logits = None
         for b in range(done, done + n, piece):
