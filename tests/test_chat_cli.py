@@ -403,3 +403,16 @@ def test_piped_input_is_echoed_after_its_prompt(tiny_llm):
     quiet, console = _session(tiny_llm, ["/help", "/exit"])  # a console passed in: no echo
     quiet.run()
     assert "/exit" not in console.file.getvalue().splitlines()
+
+
+def test_save_takes_a_quoted_name_without_its_quotes(tiny_llm, tmp_path, monkeypatch):
+    """`/save ""` wrote a file literally named "" and `/save "my chat.json"` kept the quotes in
+    the name (a bad-input trial, 2026-12-03): one pair of surrounding quotes is dropped, and an
+    empty name is the usage error."""
+    monkeypatch.chdir(tmp_path)
+    s, console = _session(tiny_llm, ['/save ""', '/save "my chat.json"', "/save 'b.json'",
+                                     "/exit"])
+    s.run()
+    out = console.file.getvalue()
+    assert "usage: /save FILE" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "my chat.json"]

@@ -51,6 +51,14 @@ def _is_transcript(path: Path) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("messages"), list)
 
 
+def _unquote(text: str) -> str:
+    """A /save argument without one pair of surrounding quotes, as a shell would read it:
+    `/save ""` wrote a file named "" (quotes included), `/save "my chat.json"` one with them."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        return text[1:-1]
+    return text
+
+
 def save_transcript(path: str | Path, messages: list[dict[str, Any]],
                     replaced: list | None = None) -> Path:
     """Write `messages` as JSON to `path` atomically (same-directory temp file, then rename);
@@ -206,12 +214,14 @@ class ChatSession:
             self.last_reasoning = ""
             self.console.print("[dim]conversation reset[/]")
         elif cmd == "/save":
-            if not arg.strip():
-                self.console.print("[red]usage: /save FILE[/]")
+            name = _unquote(arg.strip())
+            if not name.strip():
+                self.console.print("[red]usage: /save FILE (a file name, quoted if it has "
+                                   "spaces)[/]")
                 return None
             try:
                 replaced: list = []
-                path = save_transcript(arg.strip(), self.messages, replaced)
+                path = save_transcript(name, self.messages, replaced)
                 existed = bool(replaced)
                 note = " (replaced the existing file)" if existed else ""
                 self.console.print(f"[dim]saved {len(self.messages)} messages to {path}{note}[/]")
