@@ -210,7 +210,19 @@ def add_trace_parser(sub, positive_int, buckets) -> None:
     p.add_argument("--format", dest="formats", type=_formats, default=("nvfp4",),
                    metavar="F", help="weight format of the synthetic weights (default: nvfp4; "
                                      "a checkpoint has its own)")
-    p.add_argument("--batch", type=buckets, default=(1,), metavar="B",
+    def batch(text: str) -> tuple[int]:
+        """trace --batch: one batch bucket, as a 1-tuple (its error words one value)."""
+        if "," in text:
+            raise argparse.ArgumentTypeError(f"trace takes one value, found {text!r}")
+        try:
+            return buckets(text)
+        except argparse.ArgumentTypeError as e:
+            if "comma-separated" not in str(e):  # e.g. above 8: its own words fit one value
+                raise
+            raise argparse.ArgumentTypeError(f"expected one batch size >= 1 (e.g. 1 or 8), "
+                                             f"found {text!r}") from None
+
+    p.add_argument("--batch", type=batch, default=(1,), metavar="B",
                    help="batch bucket (default: 1)")
     p.add_argument("--context", type=_context, default=(1024,), metavar="N",
                    help="tokens in every row's KV cache (default: 1024)")

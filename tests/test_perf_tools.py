@@ -349,3 +349,15 @@ def test_an_empty_path_is_refused_not_read_as_the_current_directory(argv, flag, 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"argument {flag}: expected a path, found ''" in err, err
+
+
+@pytest.mark.parametrize("value, words", [("0", "expected one batch size >= 1"),
+                                          ("x", "expected one batch size >= 1"),
+                                          ("1,2", "trace takes one value"),
+                                          ("16", "above 8")])
+def test_trace_batch_errors_speak_of_one_value(value, words, capsys):
+    """`trace --batch 0` said "expected comma-separated batch sizes" of a flag that takes
+    one (a bad-input trial, 2026-12-03)."""
+    assert main(["trace", *SMALL, "--batch", value]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "comma-separated" not in err, err
