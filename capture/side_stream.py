@@ -23,7 +23,7 @@ before that point is reused on the side stream only after those uses; and the ma
 what side work reads only after a `join` (the prefill joins at the end of every layer). Keep
 forks short and allocation-first to keep that true.
 
-Off (`SideStream(None)`, the CPU, the torch-ops paths, or `Prefill.overlap` False for
+Off (`SideStream(None)`: the CPU, the torch-ops paths, or `Prefill.set_overlap(False)` for
 comparisons): `fork` runs its block in place on the current stream and the rest do nothing, so
 one code path serves both.
 """

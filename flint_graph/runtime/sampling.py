@@ -383,8 +383,10 @@ class OneRowSampleGraph:
         with torch.cuda.stream(side):  # warm-up off the capturing stream, as torch asks
             sample(self.logits, *args)
         torch.cuda.current_stream(device).wait_stream(side)
+        from flint_graph.capture.launcher import capture_graph  # CUDA-only: imported here
+
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with capture_graph(self.graph):  # the garbage collector paused, as every capture
             self.out = sample(self.logits, *args)
 
     def __call__(self, logits: torch.Tensor, params: SamplingParams, seed: int,
