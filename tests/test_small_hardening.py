@@ -5,6 +5,7 @@ another thread while it is being iterated aborts its request instead of raising.
 import threading
 
 import pytest
+import torch
 
 from flint_graph.errors import MAX_MESSAGE, ConfigError, FlintError, InvalidRequestError
 from flint_graph.runtime.sampling import SamplingParams
@@ -303,3 +304,33 @@ def tiny_llm_fresh(tiny_ckpt):
     from flint_graph import LLM
 
     return LLM(tiny_ckpt, device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_non_finite_row_ends_alone_and_the_others_draw_as_alone(tiny_ckpt, temperature):
+    """`Engine._sample_and_append` reads the rows' finiteness with their drawn ids in one
+    transfer: a row of NaN logits in a batch ends with the error, and every other row keeps
+    the token it draws when sampled alone (greedy and sampled rows)."""
+    from flint_graph import LLM
+    from flint_graph.runtime.request import Request
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    eng, tok = llm.engine, llm.tokenizer
+    params = SamplingParams(max_tokens=4, temperature=temperature, top_k=5, top_p=0.9, seed=7)
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, llm.engine.cfg.vocab_size, generator=gen)
+    logits[1, 17] = float("nan")
+
+    def rows():
+        return [Request(tok.encode(f"row {i}"), params, tok, [], None, 100) for i in range(3)]
+
+    alone = []
+    for i in (0, 2):
+        r = rows()[i]
+        eng._sample_and_append([r], logits[i:i + 1].clone())
+        alone.append(r.output_ids)
+    batch = rows()
+    deltas = eng._sample_and_append(batch, logits.clone())
+    assert batch[1].finish_reason == "error" and "not finite" in " ".join(batch[1].errors)
+    assert [batch[0].output_ids, batch[2].output_ids] == alone
+    assert len(deltas) == 3 and not batch[1].output_ids

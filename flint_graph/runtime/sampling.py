@@ -389,14 +389,22 @@ class OneRowSampleGraph:
         with capture_graph(self.graph):  # the garbage collector paused, as every capture
             self.out = sample(self.logits, *args)
 
-    def __call__(self, logits: torch.Tensor, params: SamplingParams, seed: int,
-                 position: int) -> int:
-        """The token `sample` draws from float logits [V] or [1, V] with `params`' temperature,
-        top_k and top_p, `seed` and `position` (the request's tokens generated so far)."""
+    def draw(self, logits: torch.Tensor, params: SamplingParams, seed: int,
+             position: int) -> torch.Tensor:
+        """Replay the graph on float logits [V] or [1, V] with `params`' temperature, top_k and
+        top_p, `seed` and `position` (the request's tokens generated so far): int64 [1] on
+        the device, the token `sample` draws, without a host sync. The result and the pinned
+        parameter buffers are reused by the next call: read the token (which waits for the
+        replay) before drawing again."""
         self.logits.copy_(logits.reshape(1, -1))
         self._host_f[0], self._host_f[1] = params.temperature, params.top_p
         self._host_i[0], self._host_i[1], self._host_i[2] = params.top_k, seed, position
         self.floats.copy_(self._host_f, non_blocking=True)
         self.ints.copy_(self._host_i, non_blocking=True)
         self.graph.replay()
-        return int(self.out[0])  # waits for the replay, so the pinned buffers are free again
+        return self.out
+
+    def __call__(self, logits: torch.Tensor, params: SamplingParams, seed: int,
+                 position: int) -> int:
+        """`draw`'s token as an int (waits for the replay)."""
+        return int(self.draw(logits, params, seed, position)[0])
