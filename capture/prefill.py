@@ -116,6 +116,13 @@ W4A16_SHARED_MAX: int | None = 512
 # on grouped_w4a16 against 21.7 / 27.1 / 28.5 / 30.9 on wg: with few pairs per expert a 64- or
 # 128-pair tile is mostly empty, while the decode into shared memory is paid in full).
 W4A16_WG_MIN: int | None = 1536
+# The NVFP4 shared expert as one more group (expert E) of the routed grouped_w4a16 launches
+# where both run on that kernel (chunks up to W4A16_SHARED_MAX rows), instead of launches of
+# its own on the side stream. Why: alone it is 8 + 16 CTAs of latency-bound work a layer that
+# shares the SMs with the routed launches; on the H200 (2026-12-03, tools/bench_prefill.py
+# --shared 0,1) replacing it by zeros took a whole NVFP4 prefill from 9.81 to 9.32 ms at 25
+# tokens and from 17.57 to 16.22 ms at 512. Measured with the fold: perf-log, tenth session.
+FOLD_SHARED = True
 W4A16_WG_NT = ((2048, 64),)  # (up to this many rows, NT) on grouped_w4a16_wg; above: 128
 W4A16_WG_NT_LARGE = 128
 
@@ -483,6 +490,10 @@ class Prefill:
         self.w4a16_args: dict[int, tuple[list, list]] = {}
         self.w4a16_shared: dict[int, tuple[list, list]] = {}  # the shared expert, E = 1
         self._shared_scheds: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
+        # the shared expert as one more group of the routed W4A16 launches (SH = 1 kernels,
+        # by (KIND, NT)), where both run on grouped_w4a16 (`_folds`); {}: off
+        self.w4a16_fold: dict[tuple[int, int], object] = {}
+        self._fold_scheds: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self.w4a16_nt: int | None = None  # a fixed NT (benchmarks); None: by W4A16_NT
         # the largest chunks (rows) on the W4A16 kernels, routed and shared (benchmarks set
         # them); None: every size
@@ -543,6 +554,9 @@ class Prefill:
                                 and isinstance(sh.gate, NVFP4Weight)):
                             one = [_one_expert(sh.gate), _one_expert(sh.up)]
                             self.w4a16_shared[i] = (one[0] + one[1], _one_expert(sh.down))
+                if FOLD_SHARED and self.w4a16_shared and any(
+                        s.as_dict().get("SH") for s in grouped_w4a16.KERNEL.specs(cfg, ())):
+                    self.set_fold_shared(True)
                 if W4A16_WG_MIN is not None and grouped_w4a16_wg.fits(cfg):
                     self.set_w4a16_wg(W4A16_WG_MIN)
         if dev.type == "cuda":
@@ -611,6 +625,8 @@ class Prefill:
             self.describe_chunk(0, tb)
             if self.w4a16_shared:  # host-built, outside the capture, and kept for replays
                 self._shared_scheds[tb] = self._shared_schedule(tb)
+            if self._folds(tb):
+                self._fold_scheds[tb] = self._fold_schedule(tb)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self._body(ids)
@@ -754,7 +770,9 @@ class Prefill:
             self._rope = cos[:, None, :], sin[:, None, :]
         valid = self._row_valid = rows < self._valid
         self._row_mask = valid.int()
-        if self.w4a16_shared and self._fits(tb, self.w4a16_shared_max):
+        if self._folds(tb):
+            self._fold_sched = self._fold_schedule(tb)
+        elif self.w4a16_shared and self._fits(tb, self.w4a16_shared_max):
             self._shared_sched = self._shared_schedule(tb)
         pps, scratch = self.kv.pages_per_slot, self.kv.scratch
         page = self._pages.long()[(pos // KV_PAGE).clamp_(max=pps - 1)]
@@ -887,6 +905,48 @@ class Prefill:
         return bool(self.w4a16_wg) and self.w4a16_wg_min is not None \
             and rows > self.w4a16_wg_min and self._fits(rows, self.w4a16_routed_max)
 
+    def set_fold_shared(self, on: bool) -> None:
+        """Run the NVFP4 shared expert as one more group of the routed experts' grouped W4A16
+        launches (on: grouped_w4a16's SH = 1 kernels, where the routed and the shared expert
+        both run on grouped_w4a16) or on launches of its own beside them (off; benchmarks).
+        Raises ValueError for `on` where the W4A16 kernels do not run the shared expert, and
+        KernelCacheError when the cache lacks the SH kernels."""
+        if not on:
+            self.w4a16_fold = {}
+            return
+        specs = [s for s in grouped_w4a16.KERNEL.specs(self.cfg, ()) if s.as_dict().get("SH")]
+        if not self.w4a16_shared or not specs:
+            raise ValueError("folding the shared expert needs it and the routed experts on the "
+                             "grouped W4A16 kernels, at one width")
+        self.w4a16_fold = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16", **s.as_dict())
+                           for s in specs}
+
+    def _folds(self, rows: int) -> bool:
+        """Whether a chunk of `rows` rows runs the shared expert inside the routed launches."""
+        return bool(self.w4a16_fold) and self._fits(rows, self.w4a16_shared_max) \
+            and self._fits(rows, self.w4a16_routed_max) and not self._wg(rows)
+
+    def _fold_schedule(self, tb: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(tiles int32 [S + NTILES, 4], tok int32 [P + tb], S) of a folded chunk of tb rows
+        (P = tb · top-k pairs): the shared expert's S tiles first (expert E, every row once as
+        pairs P …, `grouped_w4a16.shared_tiles`), then room for the routed tiles that
+        moe_route's place writes each layer; tok's tail is 0 … tb − 1, its head place's. Built
+        on the host and kept for the graph buckets, as `_shared_schedule`."""
+        got = self._fold_scheds.get(tb)
+        if got is None:
+            cfg = self.cfg
+            e, p, nt = cfg.n_routed_experts, tb * cfg.num_experts_per_tok, self._nt(tb)
+            head = grouped_w4a16.shared_tiles(tb, p, e, nt)
+            tiles = torch.full((head.shape[0] + grouped_w4a16.max_tiles(p, e, nt), 4), -1,
+                               dtype=torch.int32)
+            tiles[:head.shape[0]] = head
+            tok = torch.cat([torch.zeros(p, dtype=torch.int32),
+                             torch.arange(tb, dtype=torch.int32)])
+            got = (tiles.to(self.device), tok.to(self.device), head.shape[0])
+            if tb in GRAPH_BUCKETS:
+                self._fold_scheds[tb] = got
+        return got
+
     def set_w4a16_wg(self, min_rows: int | None) -> None:
         """Run the routed NVFP4 experts of chunks above `min_rows` rows on grouped_w4a16_wg
         (None: never). Needs the grouped W4A16 path (NVFP4 experts, the kernel path, a config
@@ -902,14 +962,18 @@ class Prefill:
                          for s in grouped_w4a16_wg.KERNEL.specs(self.cfg, ())}
         self.w4a16_wg_min = min_rows
 
-    def set_w4a16_variant(self, **values: int) -> None:
-        """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,
-        WS = 1 weights through shared memory for NT ≤ WS_MAX_NT: benchmark variants, whose
-        cubins come from tools/build_gpu_cache.py; none given: the defaults). Raises
-        KernelCacheError when the cache lacks them."""
+    def set_w4a16_variant(self, kind: int | None = None, **values: int) -> None:
+        """Run the grouped W4A16 kernels (of KIND `kind` only, or both) with other spec values
+        (D weight steps in registers, WS = 1 weights through shared memory for NT ≤
+        WS_MAX_NT: benchmark variants, whose cubins come from tools/build_gpu_cache.py; none
+        given: the defaults). Raises KernelCacheError when the cache lacks them."""
         if values.get("WS") == 0:
             values = {k: v for k, v in values.items() if k != "WS"}  # the default has no WS
+        if values:  # the SH kernels are built with the defaults only: the shared expert then
+            self.w4a16_fold = {}  # runs on its own kernels, with the variant
         for spec in grouped_w4a16.KERNEL.specs(self.cfg, ()):
+            if kind is not None and spec["KIND"] != kind or spec.as_dict().get("SH"):
+                continue
             key = (spec["KIND"], spec["NT"]) if spec["E"] > 1 else ("shared", spec["KIND"],
                                                                      spec["NT"])
             mine = dict(values)
@@ -928,12 +992,14 @@ class Prefill:
         cfg, f = self.cfg, lw.ffn
         t, k, e = h.shape[0], cfg.num_experts_per_tok, cfg.n_routed_experts
         dev, i32 = self.device, torch.int32
-        with self.side.fork():  # the shared expert reads only h: it runs beside the routing
-            if i in self.w4a16_shared and self._fits(t, self.w4a16_shared_max):
-                shared = [self._shared_w4a16(i, h)]
-            else:
-                run = self._shared(f)
-                shared = [] if run is None else [run(h)]
+        fold = i in self.w4a16_args and i in self.w4a16_shared and self._folds(t)
+        if not fold:
+            with self.side.fork():  # the shared expert reads only h: beside the routing
+                if i in self.w4a16_shared and self._fits(t, self.w4a16_shared_max):
+                    shared = [self._shared_w4a16(i, h)]
+                else:
+                    run = self._shared(f)
+                    shared = [] if run is None else [run(h)]
         parts = _matmul_f32(h, self.routers[i])  # [T, 3E]
         ids, rank = torch.empty(2, t, k, dtype=i32, device=dev).unbind(0)
         weights = torch.empty(t, k, dtype=torch.float32, device=dev)
@@ -941,12 +1007,25 @@ class Prefill:
                          rank, cfg.routed_scaling_factor)
         nt = self._nt(t)
         p = t * k
-        tiles = torch.empty(grouped_w4a16.max_tiles(p, e, nt), 4, dtype=i32, device=dev)
+        if fold:  # place fills the routed part of the chunk's folded schedule
+            tiles_all, tok_all, s_tiles = self._fold_sched
+            tiles, tok = tiles_all[s_tiles:], tok_all[:p]
+        else:
+            tiles = torch.empty(grouped_w4a16.max_tiles(p, e, nt), 4, dtype=i32, device=dev)
+            tok = torch.empty(p, dtype=i32, device=dev)
         offs = torch.empty(e, dtype=i32, device=dev)
-        tok = torch.empty(p, dtype=i32, device=dev)
         pos = torch.empty(t, k, dtype=i32, device=dev)
         self.place[nt].launch(ids, rank, self._valid32, self._counts, tiles, offs, tok, pos)
-        if i in self.w4a16_args and self._fits(t, self.w4a16_routed_max):
+        if fold:
+            # the shared expert is expert E of the same launches: its rows are pairs P … P+T−1
+            gate_up, down = self.w4a16_args[i]
+            s_gate_up, s_down = self.w4a16_shared[i]
+            act = torch.empty(p + t, cfg.moe_intermediate_size, dtype=BF16, device=dev)
+            y_all = torch.empty(p + t, cfg.hidden_size, dtype=BF16, device=dev)
+            self.w4a16_fold[0, nt].launch(h, tok_all, tiles_all, *gate_up, *s_gate_up, act)
+            self.w4a16_fold[1, nt].launch(act, tiles_all, *down, *s_down, y_all)
+            y, shared = y_all[:p], [y_all[p:]]
+        elif i in self.w4a16_args and self._fits(t, self.w4a16_routed_max):
             gate_up, down = self.w4a16_args[i]
             act = torch.empty(p, cfg.moe_intermediate_size, dtype=BF16, device=dev)
             y = torch.empty(p, cfg.hidden_size, dtype=BF16, device=dev)

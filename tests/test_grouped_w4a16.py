@@ -46,7 +46,8 @@ def test_bound_holds_for_the_worst_spread():
 def test_reference_is_the_expert_half_of_reference_moe():
     """KIND 0 then KIND 1 on one expert's rows give reference.swiglu's expert output."""
     cfg = FlintConfig.preset("nano")
-    specs = {(s["KIND"], s["NT"]): s for s in gw.KERNEL.specs(cfg, ()) if s["E"] > 1}
+    specs = {(s["KIND"], s["NT"]): s for s in gw.KERNEL.specs(cfg, ())
+             if s["E"] > 1 and not s.as_dict().get("SH")}
     gen = torch.Generator().manual_seed(0)
     args0 = gw.make_args(specs[0, 16], gen=gen, tokens=9, experts_used=3, device="cpu")
     x, tok, tiles, gc, gs, g2, uc, us, u2, act = args0
@@ -68,5 +69,60 @@ def test_reference_is_the_expert_half_of_reference_moe():
 def test_specs_skip_configs_the_kernel_does_not_fit():
     assert gw.KERNEL.specs(FlintConfig.preset("tiny"), ()) == []
     specs = gw.KERNEL.specs(FlintConfig.preset("full"), ())
-    assert len(specs) == 4 * len(gw.NTS)  # routed and shared (E = 1), gate/up and down
+    # routed, shared (E = 1) and routed with the shared folded in (SH), gate/up and down
+    assert len(specs) == 6 * len(gw.NTS)
     assert {s["E"] for s in specs} == {1, 256} and {s["D"] for s in specs} == {gw.DEPTH}
+
+
+@pytest.mark.parametrize("tokens,nt", [(1, 16), (16, 16), (25, 16), (77, 32), (512, 16),
+                                       (130, 64)])
+def test_shared_tiles_hold_every_token_once(tokens, nt):
+    """SH: the shared expert's tiles (expert E) cover the pairs P … P + T − 1 once, NT at most
+    per tile, so with tok's tail 0 … T − 1 every token passes through it once."""
+    pairs, e = tokens * 6, 256
+    tiles = gw.shared_tiles(tokens, pairs, e, nt)
+    assert tiles.dtype == torch.int32 and tiles.shape == (-(-tokens // nt), 4)
+    covered = []
+    for ex, p0, rows, _ in tiles.tolist():
+        assert ex == e and 1 <= rows <= nt
+        covered += range(p0, p0 + rows)
+    assert covered == list(range(pairs, pairs + tokens))
+
+
+@pytest.mark.parametrize("kind", [0, 1])
+def test_folded_reference_is_the_shared_expert_on_its_rows(kind):
+    """The SH reference runs routed tiles through their experts and the shared expert's tiles
+    (expert E, the pairs after the routed ones) through the shared weights: each part equals
+    the unfolded reference of that part (the routed spec on the routed tiles, the E = 1 spec
+    on the shared rows)."""
+    cfg = FlintConfig.preset("nano")
+    (spec,) = [s for s in gw.KERNEL.specs(cfg, ()) if s.as_dict().get("SH")
+               and s["KIND"] == kind and s["NT"] == 16]
+    tokens = 21
+    args = gw.make_args(spec, gen=torch.Generator().manual_seed(5), tokens=tokens,
+                        experts_used=9, device="cpu")
+    (got,) = gw._reference(spec, *[a.clone() for a in args])
+    pairs = tokens * 6
+    n_sh = 6 if kind == 0 else 3
+    routed = {**spec.as_dict()}
+    del routed["SH"]
+    tiles_at = 2 if kind == 0 else 1
+    tiles = args[tiles_at]
+    mine = tiles[:, 0] == spec["E"]
+    plain = list(args)
+    del plain[-1 - n_sh:-1]  # the shared weights
+    plain[tiles_at] = tiles[~mine]
+    (want_routed,) = gw._reference(gw.KERNEL.spec(**routed), *[a.clone() for a in plain])
+    assert torch.equal(got[:pairs], want_routed[:pairs])
+    shared_spec = gw.KERNEL.spec(**{**routed, "E": 1})
+    one = [w[None] if w.dim() > 1 else w for w in args[-1 - n_sh:-1]]
+    t_sh = tiles[mine].clone()
+    t_sh[:, 0] = 0
+    if kind == 0:
+        x, tok = args[0], args[1]
+        sh_args = [x, tok, t_sh, *one, args[-1]]
+    else:
+        sh_args = [args[0], t_sh, *one, args[-1]]
+    (want_shared,) = gw._reference(shared_spec, *[a.clone() for a in sh_args])
+    assert torch.equal(got[pairs:], want_shared[pairs:])
+    assert not got.isnan().any()

@@ -225,18 +225,36 @@ def test_side_stream_changes_no_bit(kset, fmt, graphs):
     full config shapes, chunks on the decode-kernel MoE (16 rows), the grouped W4A16 and
     grouped_w4a16_wg kernels, the shared expert on W4A16 and on cuBLAS (600 > 512 rows), a
     cached prefix; eagerly and through the bucket graphs."""
+    _toggle_changes_no_bit(kset, fmt, graphs, lambda pre, on: pre.set_overlap(on),
+                           ((16, 16), (25, 25), (150, 64), (1300, 600), (2100, 2048)))
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_shared_fold_changes_no_bit(kset, graphs):
+    """The NVFP4 shared expert as one more group of the routed grouped_w4a16 launches (SH = 1)
+    runs the same per-row arithmetic on the same tiles as its own launches, so the logits and
+    every KV entry are bitwise the unfolded prefill's: chunks of 17 … 512 rows (the fold's
+    range), one past it (600 rows: no fold either way), a cached prefix; eagerly and through
+    the bucket graphs."""
+    _toggle_changes_no_bit(kset, "nvfp4", graphs, lambda pre, on: pre.set_fold_shared(on),
+                           ((25, 25), (77, 77), (150, 64), (700, 512), (1300, 600)))
+
+
+def _toggle_changes_no_bit(kset, fmt, graphs, toggle, cases):
+    """Full-config prefills of (prompt tokens, chunk) `cases` with toggle(pre, on) off and on:
+    logits and slot 0's KV entries bitwise equal."""
     from flint_graph.capture.kv_cache import KVCache
     from flint_graph.capture.prefill import Prefill
 
     cfg, w, _ = _model("full", fmt)
     gen = torch.Generator().manual_seed(12)
-    for tokens, chunk in ((16, 16), (25, 25), (150, 64), (1300, 600), (2100, 2048)):
+    for tokens, chunk in cases:
         prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
         got = {}
         for on in (False, True):
             cache = KVCache(cfg, num_slots=1, max_tokens=tokens)
             pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
-            pre.set_overlap(on)
+            toggle(pre, on)
             if graphs:
                 pre.capture(2048)
             logits = pre.prefill(0, prompt, chunk)

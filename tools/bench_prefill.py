@@ -160,6 +160,10 @@ def main() -> int:
                    help="1: the side stream on (weight decodes ahead, shared expert and KV "
                         "writes beside the main stream: capture/side_stream.py), 0: one stream; "
                         "0,1 times both (default: the prefill's default, on)")
+    p.add_argument("--fold", default="",
+                   help="1: the NVFP4 shared expert as one more group of the routed W4A16 "
+                        "launches (capture/prefill.py FOLD_SHARED), 0: its own launches; 0,1 "
+                        "times both (default: the prefill's default)")
     p.add_argument("--shared", default="",
                    help="0: the NVFP4 shared expert on W4A16 replaced by zeros, a timing-only "
                         "bound on what it costs (outputs are wrong); 0,1 times both (default: "
@@ -205,18 +209,20 @@ def main() -> int:
         wg_sweep = [("wg", v) for v in args.w4a16_wg] if w4 else []  # v None: off
         overlap_sweep = [bool(int(v)) for v in args.overlap.split(",") if v] or [None]
         shared_sweep = [bool(int(v)) for v in args.shared.split(",") if v] or [True]
+        fold_sweep = [bool(int(v)) for v in args.fold.split(",") if v] or [None]
         sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
-        runs = [(path, r, a, wgm, ov, sh) for path in args.paths.split(",")
+        runs = [(path, r, a, wgm, ov, sh, fo) for path in args.paths.split(",")
                 for r in (sweep if path == "graph" else [(None,) * 6])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
                 for wgm in ((wg_sweep or [None]) if path == "graph" else [None])
                 for ov in (overlap_sweep if path in ("graph", "kernel") else [None])
-                for sh in (shared_sweep if path in ("graph", "kernel") else [True])]
-        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared in runs:
+                for sh in (shared_sweep if path in ("graph", "kernel") else [True])
+                for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])]
+        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
@@ -226,7 +232,10 @@ def main() -> int:
                 pre.set_attn_kernel(attn[0], **attn[1])
             if ov is not None:
                 pre.set_overlap(ov)
-            if not shared:  # timing only: what the shared expert's kernels cost
+            if fold is not None and pre.w4a16_shared:
+                pre.set_fold_shared(fold)
+            if not shared:  # timing only: what the shared expert's own kernels cost
+                pre.set_fold_shared(False)
                 pre._shared_w4a16 = lambda i, h: torch.zeros_like(h)
             pre.w4a16_nt = nt
             if most is not None:
@@ -240,7 +249,8 @@ def main() -> int:
                        f"/{pre.attn_kernel or 'torch'}"
                        f"{''.join(f':{k}={v}' for k, v in attn[1].items()) if attn else ''}"
                        f"/wg>{pre.w4a16_wg_min if pre.w4a16_wg else '-'}"
-                       f"/side{int(pre.side.on)}{'' if shared else '/no-shared'}")
+                       f"/side{int(pre.side.on)}{'' if shared else '/no-shared'}"
+                       f"/fold{int(bool(pre.w4a16_fold))}")
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))

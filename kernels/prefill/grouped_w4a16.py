@@ -41,6 +41,13 @@ in flight without registers (82 instead of 104 at NT 16). Measured on the H200 i
 every length (512 tokens 19.8 → 23.5 ms, 8K 186.5 → 196.5 ms; perf log 2026-12-02): the loop is
 issue-bound on the dequantisation, and staging adds instructions to it. Kept as a variant only.
 
+SH = 1 (capture/prefill.py FOLD_SHARED): the shared expert is one more group, expert id E, of
+the same launch, its weights passed as three (KIND 1) or six (KIND 0) more arguments of one
+expert's shape; a tile whose expert is E reads them instead of the routed stack. The prefill
+lays its tiles first and its rows as the pairs after the routed ones (`shared_tiles`), so one
+launch covers what were two on a side stream: at 25 tokens the shared expert alone is 8 + 16
+CTAs of latency-bound steps that shared the SMs with the routed launches.
+
 PDL: the tile schedule is an input, and the experts' weights are known only from it, so every
 load follows griddepcontrol.wait (one wait at the top, in every thread).
 
@@ -49,7 +56,7 @@ rounding (≤ 2^-9 relative); fp32 summation order and the ·scale2 rounding may
 rounding of g or u (KIND 0) in rare elements, and the hardware exp's last ulp the SwiGLU
 rounding. Rows of no tile (padding pairs) are never written.
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, D weight steps
-held in registers (D − 1 in flight while one is computed).
+held in registers (D − 1 in flight while one is computed); optional WS (above) and SH (above).
 """
 
 import math
@@ -118,6 +125,9 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16: D = {spec['D']}; expected one of {DEPTHS}")
     if _ws(spec) not in (0, 1):
         raise ValueError(f"grouped_w4a16: WS = {_ws(spec)}; expected 0 or 1")
+    if _sh(spec) not in (0, 1) or (_sh(spec) and _ws(spec)):
+        raise ValueError(f"grouped_w4a16: SH = {_sh(spec)} (WS = {_ws(spec)}); expected 0, or "
+                         f"1 with WS = 0")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16: K = {k_dim} must be a multiple of {BK} and N = {n_out} "
@@ -133,14 +143,21 @@ def _args(spec: Spec):
                 TensorArg(f"{name}_scales", "u8", (e, n, k // 16), "weight", align=2),
                 TensorArg(f"{name}_scale2", "f32", (e,), "weight", align=4)]
 
+    def shared(name, n, k):  # SH: the shared expert, one more group (expert id E)
+        return [TensorArg(f"shared_{name}_codes", "u8", (n, k // 2), "weight"),
+                TensorArg(f"shared_{name}_scales", "u8", (n, k // 16), "weight", align=2),
+                TensorArg(f"shared_{name}_scale2", "f32", (1,), "weight", align=4)] \
+            if _sh(spec) else []
+
     tiles = TensorArg("tiles", "i32", ("NTILES", 4), "input")
     if kind == 0:
         return (TensorArg("x", "bf16", ("T", h), "input"),
                 TensorArg("tok", "i32", ("P",), "input", align=4), tiles,
                 *stack("gate", m, h), *stack("up", m, h),
+                *shared("gate", m, h), *shared("up", m, h),
                 TensorArg("act", "bf16", ("P", m), "output"))
     return (TensorArg("act", "bf16", ("P", m), "input"), tiles, *stack("down", h, m),
-            TensorArg("y", "bf16", ("P", h), "output"))
+            *shared("down", h, m), TensorArg("y", "bf16", ("P", h), "output"))
 
 
 def _stage_bytes(spec: Spec) -> int:
@@ -150,6 +167,10 @@ def _stage_bytes(spec: Spec) -> int:
 
 def _ws(spec: Spec) -> int:
     return spec.as_dict().get("WS", 0)
+
+
+def _sh(spec: Spec) -> int:
+    return spec.as_dict().get("SH", 0)
 
 
 def _smem(spec: Spec) -> int:
@@ -188,14 +209,19 @@ def _specs(cfg, buckets=()) -> list[Spec]:
         return []
     e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
     groups = [(e, m)] + ([(1, shared_width(cfg))] if shared_width(cfg) else [])
-    return [KERNEL.spec(KIND=kind, H=h, M=width, E=n, NT=nt, D=DEPTH) for n, width in groups
-            for kind in (0, 1) for nt in NTS]
+    specs = [KERNEL.spec(KIND=kind, H=h, M=width, E=n, NT=nt, D=DEPTH) for n, width in groups
+             for kind in (0, 1) for nt in NTS]
+    if shared_width(cfg) == m:  # SH: the shared expert as one more group of the routed launch
+        specs += [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt, D=DEPTH, SH=1)
+                  for kind in (0, 1) for nt in NTS]
+    return specs
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
     """The other weight-step depths D of `_specs`' kernels (tools/bench_prefill.py --depth)."""
-    return [KERNEL.spec(**{**s.as_dict(), "D": d}) for s in _specs(cfg) for d in DEPTHS
-            if d != DEPTH] + [KERNEL.spec(**{**s.as_dict(), "WS": 1}) for s in _specs(cfg)
+    base = [s for s in _specs(cfg) if not _sh(s)]
+    return [KERNEL.spec(**{**s.as_dict(), "D": d}) for s in base for d in DEPTHS
+            if d != DEPTH] + [KERNEL.spec(**{**s.as_dict(), "WS": 1}) for s in base
                               if s["NT"] <= WS_MAX_NT]
 
 
@@ -207,14 +233,23 @@ def _dequant(codes, scales, scale2):
 
 def _reference(spec: Spec, *args):
     """(out,): each tile's rows through its expert (reference.linear, then reference.swiglu's
-    activation for KIND 0); rows of no tile keep `out`'s values."""
+    activation for KIND 0), with SH expert E the shared expert; rows of no tile keep `out`'s
+    values."""
+    sh = _sh(spec)
     if spec["KIND"] == 0:
-        x, tok, tiles, gc, gs, g2, uc, us, u2, out = args
+        x, tok, tiles, gc, gs, g2, uc, us, u2, *rest, out = args
         src = x[tok.long()]
         first, second = _dequant(gc, gs, g2), _dequant(uc, us, u2)
+        if sh:
+            sgc, sgs, sg2, suc, sus, su2 = rest
+            first = torch.cat([first, _dequant(sgc[None], sgs[None], sg2)])
+            second = torch.cat([second, _dequant(suc[None], sus[None], su2)])
     else:
-        src, tiles, dc, ds, d2, out = args
+        src, tiles, dc, ds, d2, *rest, out = args
         first, second = _dequant(dc, ds, d2), None
+        if sh:
+            sdc, sds, sd2 = rest
+            first = torch.cat([first, _dequant(sdc[None], sds[None], sd2)])
     res = out.clone()
     for ex, p0, rows, _ in tiles.tolist():
         if ex < 0:
@@ -228,13 +263,23 @@ def _reference(spec: Spec, *args):
     return (res,)
 
 
+def shared_tiles(tokens: int, pairs: int, experts: int, nt: int) -> torch.Tensor:
+    """int32 [ceil(tokens / NT), 4] (CPU): the SH tiles of the shared expert (id `experts`)
+    holding every token of a chunk as the pairs `pairs` … `pairs` + tokens − 1 (their tok is
+    0 … tokens − 1)."""
+    first = torch.arange(0, tokens, nt)
+    return torch.stack([torch.full_like(first, experts), pairs + first,
+                        (tokens - first).clamp(max=nt), torch.zeros_like(first)], 1).int()
+
+
 def make_args(spec: Spec, *, gen: torch.Generator, tokens: int = 77, experts_used: int = 20,
               device: str = "cuda", skew: bool = False) -> list:
     """Fresh arguments: a chunk of `tokens` tokens × TOPK = 6 picks spread over
     `experts_used` random experts (skew: one expert takes half the pairs, so it needs many
     tiles), pairs sorted by expert, tok their tokens; codes every byte value, scale bytes
     around 1 with 0x00, 0x7F and bit 7 among them, scale2 per expert; outputs NaN. The
-    schedule holds max_tiles rows (its unused tail expert −1)."""
+    schedule holds max_tiles rows (its unused tail expert −1); with SH the shared expert's
+    tiles (`shared_tiles`) come first and its pairs last."""
     kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
     on = gen.device
     pairs = tokens * 6
@@ -247,24 +292,37 @@ def make_args(spec: Spec, *, gen: torch.Generator, tokens: int = 77, experts_use
     tiles = tile_schedule(counts, nt, max_tiles(pairs, e, nt))
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
 
-    def stack():
-        codes = torch.randint(0, 256, (e, n_out, k_dim // 2), generator=gen, device=on,
+    def stack(count=e):
+        codes = torch.randint(0, 256, (count, n_out, k_dim // 2), generator=gen, device=on,
                               dtype=torch.int32).to(torch.uint8)
-        scales = torch.randint(0x30, 0x40, (e, n_out, k_dim // 16), generator=gen, device=on,
-                               dtype=torch.int32)
+        scales = torch.randint(0x30, 0x40, (count, n_out, k_dim // 16), generator=gen,
+                               device=on, dtype=torch.int32)
         special = torch.rand(scales.shape, generator=gen, device=on) < 0.01
         scales = torch.where(special, torch.tensor([0x00, 0x7F, 0xB8], device=on)[
             torch.randint(0, 3, scales.shape, generator=gen, device=on)], scales)
-        scale2 = torch.rand(e, generator=gen, device=on) * 0.02 + 0.005
+        scale2 = torch.rand(count, generator=gen, device=on) * 0.02 + 0.005
         return [codes, scales.to(torch.uint8), scale2]
 
+    if _sh(spec):
+        # the shared expert as expert E: every token once more, as pairs P … P + T − 1 (its
+        # tiles first, as capture/prefill.py lays them out)
+        tiles = torch.cat([shared_tiles(tokens, pairs, e, nt).to(on), tiles])
+        shared = []
+        for _ in range(2 if kind == 0 else 1):
+            c, sc, s2 = stack(1)
+            shared += [c[0], sc[0], s2]
+        pairs += tokens
+    else:
+        shared = []
     if kind == 0:
         x = torch.randn(tokens, h, generator=gen, device=on).to(torch.bfloat16)
         tok = torch.randint(0, tokens, (pairs,), generator=gen, device=on, dtype=torch.int32)
-        args = [x, tok, tiles, *stack(), *stack()]
+        if _sh(spec):
+            tok[pairs - tokens:] = torch.arange(tokens, device=on, dtype=torch.int32)
+        args = [x, tok, tiles, *stack(), *stack(), *shared]
     else:
         act = torch.randn(pairs, m, generator=gen, device=on).to(torch.bfloat16)
-        args = [act, tiles, *stack()]
+        args = [act, tiles, *stack(), *shared]
     out = torch.full((pairs, n_out), float("nan"), dtype=torch.bfloat16, device=on)
     return [a.to(device) for a in (*args, out)]
 
@@ -295,19 +353,38 @@ def _build(spec: Spec):
     launch = _launch(spec)
     dequant, xpairs, scales = frag_ops()
     ws = _ws(spec)
+    sh = _sh(spec)
     stages = WS_STAGES if ws else STAGES
     stage_bytes = _stage_bytes(spec)
     w_codes = nt * ROW_BYTES  # with WS: the stage's weight codes [CTA row][4 chunks × 16 B]
     w_scales = w_codes + W_ROWS * (BK // 2)  # then its scale bytes [CTA row][8 B]
 
-    def _lane_rows(stack, base_row, g, t):
-        """(code address, scale address) of this lane's rows g and g + 8 of a stack at
-        `base_row` (its chunk 32t of a step's k)."""
-        codes, scl, _ = stack
-        return [(codes.iterator.toint() + (base_row + Int64(g + 8 * r)) * code_row
-                 + Int64(16 * t),
-                 scl.iterator.toint() + (base_row + Int64(g + 8 * r)) * scale_row
-                 + Int64(2 * t)) for r in range(2)]
+    def _lane_rows(base, base_row, g, t):
+        """(code address, scale address) of this lane's rows g and g + 8 of a stack whose
+        codes and scales start at `base` (addresses), from row `base_row` (its chunk 32t of a
+        step's k)."""
+        codes, scl = base
+        return [(codes + (base_row + Int64(g + 8 * r)) * code_row + Int64(16 * t),
+                 scl + (base_row + Int64(g + 8 * r)) * scale_row + Int64(2 * t))
+                for r in range(2)]
+
+    def _bases(stacks, sstacks, ex):
+        """Per stack (codes, scales, scale2) addresses of expert `ex`'s matrix with its rows
+        from 0: the routed stack's expert ex, or with SH the shared expert for ex = E."""
+        out = []
+        for i in range(2):
+            st = stacks[i]
+            c = st[0].iterator.toint() + Int64(ex) * (n_out * code_row)
+            sc = st[1].iterator.toint() + Int64(ex) * (n_out * scale_row)
+            s2 = st[2].iterator.toint() + Int64(ex) * 4
+            if cutlass.const_expr(sh == 1):
+                mine = ex == Uint32(e)
+                ss = sstacks[i]
+                c = cutlass.select_(mine, ss[0].iterator.toint(), c)
+                sc = cutlass.select_(mine, ss[1].iterator.toint(), sc)
+                s2 = cutlass.select_(mine, ss[2].iterator.toint(), s2)
+            out.append((c, sc, s2))
+        return out
 
     def load_x(s, sbase, dst, src, nbytes, wsrc=None):
         """cp.async this thread's x units of step s into its stage, and with WS the CTA weight
@@ -351,7 +428,7 @@ def _build(spec: Spec):
         return unit ^ ((((unit >> 3) & 1) << 1) | (row & 1))
 
     @cute.jit
-    def body(mx, mtok, mtiles, stacks, mout):
+    def body(mx, mtok, mtiles, stacks, sstacks, mout):
         tid, _, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         warp, lane = tid // 32, tid % 32
@@ -360,7 +437,7 @@ def _build(spec: Spec):
         cute.arch.griddepcontrol_launch_dependents()
         info = du.ld_v4(mtiles.iterator.toint() + Int64(by) * 16)
         ex, pair0, nrows = info[0], info[1], info[2]
-        if ex < Uint32(e):
+        if ex < Uint32(e + sh):
             alloc = cutlass.memory.SmemAllocator()
             smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
                                          byte_alignment=128)
@@ -382,7 +459,8 @@ def _build(spec: Spec):
 
             # the weight rows of this lane: m-tile i, rows g and g + 8
             f0 = Int64(bx * rows_cta)
-            wrows = [_lane_rows(stacks[i], Int64(ex) * n_out + f0
+            bases = _bases(stacks, sstacks, ex)
+            wrows = [_lane_rows(bases[i][:2], f0
                                 + Int64(16 * warp if kind == 0 else 32 * warp + 16 * i), g, t)
                      for i in range(2)]
             slots = 1 if ws else depth
@@ -440,8 +518,7 @@ def _build(spec: Spec):
                     load_w(s + depth, wrows, rc, rs)
 
             # epilogue: scale2·2^7 (the bf16 dequantisation trick's 2^-7), round, SwiGLU
-            alpha = [du.as_f32(du.ld_weight_u32(stacks[i][2].iterator.toint() + Int64(ex) * 4))
-                     * Float32(128.0) for i in range(2)]
+            alpha = [du.as_f32(du.ld_weight_u32(bases[i][2])) * Float32(128.0) for i in range(2)]
             du.cp_async_wait(0)
             cute.arch.sync_threads()  # every warp is done with the x stages: reuse them
             for n in cutlass.range_constexpr(ntn):
@@ -472,13 +549,40 @@ def _build(spec: Spec):
                     du.st_v4(ob + (Int64(pair0) + Int64(row)) * (n_out * 2) + Int64(u * 16),
                              words)
 
+    def grid(mtiles):
+        return dict(grid=(n_out // rows_cta, mtiles.shape[0], 1), block=list(launch.block),
+                    smem=launch.smem)
+
+    if kind == 0 and sh == 1:
+        @cute.kernel
+        def grouped_w4a16_kernel(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
+                                 gc: cute.Tensor, gs: cute.Tensor, g2: cute.Tensor,
+                                 uc: cute.Tensor, us: cute.Tensor, u2: cute.Tensor,
+                                 sgc: cute.Tensor, sgs: cute.Tensor, sg2: cute.Tensor,
+                                 suc: cute.Tensor, sus: cute.Tensor, su2: cute.Tensor,
+                                 mout: cute.Tensor):
+            body(mx, mtok, mtiles, [(gc, gs, g2), (uc, us, u2)],
+                 [(sgc, sgs, sg2), (suc, sus, su2)], mout)
+
+        @cute.jit
+        def grouped_w4a16(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
+                          gc: cute.Tensor, gs: cute.Tensor, g2: cute.Tensor, uc: cute.Tensor,
+                          us: cute.Tensor, u2: cute.Tensor, sgc: cute.Tensor,
+                          sgs: cute.Tensor, sg2: cute.Tensor, suc: cute.Tensor,
+                          sus: cute.Tensor, su2: cute.Tensor, mout: cute.Tensor,
+                          stream: cuda.CUstream):
+            grouped_w4a16_kernel(mx, mtok, mtiles, gc, gs, g2, uc, us, u2, sgc, sgs, sg2, suc,
+                                 sus, su2, mout).launch(**grid(mtiles), stream=stream)
+
+        return grouped_w4a16
+
     if kind == 0:
         @cute.kernel
         def grouped_w4a16_kernel(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
                                  gc: cute.Tensor, gs: cute.Tensor, g2: cute.Tensor,
                                  uc: cute.Tensor, us: cute.Tensor, u2: cute.Tensor,
                                  mout: cute.Tensor):
-            body(mx, mtok, mtiles, [(gc, gs, g2), (uc, us, u2)], mout)
+            body(mx, mtok, mtiles, [(gc, gs, g2), (uc, us, u2)], None, mout)
 
         @cute.jit
         def grouped_w4a16(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
@@ -486,22 +590,37 @@ def _build(spec: Spec):
                           us: cute.Tensor, u2: cute.Tensor, mout: cute.Tensor,
                           stream: cuda.CUstream):
             grouped_w4a16_kernel(mx, mtok, mtiles, gc, gs, g2, uc, us, u2, mout).launch(
-                grid=(n_out // rows_cta, mtiles.shape[0], 1), block=list(launch.block),
-                smem=launch.smem, stream=stream)
+                **grid(mtiles), stream=stream)
+
+        return grouped_w4a16
+
+    if sh == 1:
+        @cute.kernel
+        def grouped_w4a16_kernel(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
+                                 ds: cute.Tensor, d2: cute.Tensor, sdc: cute.Tensor,
+                                 sds: cute.Tensor, sd2: cute.Tensor, mout: cute.Tensor):
+            body(mx, mx, mtiles, [(dc, ds, d2), (dc, ds, d2)],
+                 [(sdc, sds, sd2), (sdc, sds, sd2)], mout)
+
+        @cute.jit
+        def grouped_w4a16(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
+                          ds: cute.Tensor, d2: cute.Tensor, sdc: cute.Tensor, sds: cute.Tensor,
+                          sd2: cute.Tensor, mout: cute.Tensor, stream: cuda.CUstream):
+            grouped_w4a16_kernel(mx, mtiles, dc, ds, d2, sdc, sds, sd2, mout).launch(
+                **grid(mtiles), stream=stream)
 
         return grouped_w4a16
 
     @cute.kernel
     def grouped_w4a16_kernel(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
                              ds: cute.Tensor, d2: cute.Tensor, mout: cute.Tensor):
-        body(mx, mx, mtiles, [(dc, ds, d2), (dc, ds, d2)], mout)
+        body(mx, mx, mtiles, [(dc, ds, d2), (dc, ds, d2)], None, mout)
 
     @cute.jit
     def grouped_w4a16(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor, ds: cute.Tensor,
                       d2: cute.Tensor, mout: cute.Tensor, stream: cuda.CUstream):
-        grouped_w4a16_kernel(mx, mtiles, dc, ds, d2, mout).launch(
-            grid=(n_out // rows_cta, mtiles.shape[0], 1), block=list(launch.block),
-            smem=launch.smem, stream=stream)
+        grouped_w4a16_kernel(mx, mtiles, dc, ds, d2, mout).launch(**grid(mtiles),
+                                                                   stream=stream)
 
     return grouped_w4a16
 

@@ -1,0 +1,101 @@
+"""Launch the prefill's grouped W4A16 expert kernels (kernels/prefill/grouped_w4a16.py) alone,
+at full size, on the schedule a chunk of --tokens tokens makes (6 uniform picks of 256
+experts), so a profiler sees them without the rest of the prefill:
+
+    ncu -k regex:grouped_w4a16 --set full python tools/probe_grouped_w4a16.py --tokens 25
+
+Prints each kernel's time (the median over 5 replays of one CUDA graph of --reps launches in
+stream order with PDL, as in the prefill's graphs, the weights of --layers layers rotated so
+each launch reads DRAM) and its bytes over the copy bandwidth measured in
+the same run. Variants: --nt, --depth (spec D), --kinds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flint_graph.checkpoints.config import FlintConfig  # noqa: E402
+from flint_graph.kernels import registry  # noqa: E402
+from flint_graph.kernels.prefill import grouped_w4a16 as gw  # noqa: E402
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bytes/s of a device-to-device copy of `nbytes` (read + write counted)."""
+    a = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return nbytes / statistics.median(times)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", default="25,512")
+    p.add_argument("--nt", type=int, default=0, help="pairs per tile (0: the prefill's choice)")
+    p.add_argument("--depth", type=int, default=gw.DEPTH)
+    p.add_argument("--kinds", default="0,1")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--layers", type=int, default=8)
+    args = p.parse_args()
+    from flint_graph.capture.launcher import KernelSet, capture_graph
+    from flint_graph.capture.prefill import W4A16_NT, W4A16_NT_LARGE
+
+    cfg = FlintConfig.preset("full")
+    kset = KernelSet(kernels=registry(("grouped_w4a16",)))
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    for t in [int(v) for v in args.tokens.split(",")]:
+        nt = args.nt or next((n for r, n in W4A16_NT if t <= r), W4A16_NT_LARGE)
+        for kind in [int(v) for v in args.kinds.split(",")]:
+            spec = gw.KERNEL.spec(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
+                                  E=cfg.n_routed_experts, NT=nt, D=args.depth)
+            k = kset.get("grouped_w4a16", **spec.as_dict())
+            gen = torch.Generator(device="cuda").manual_seed(t)
+            sets = [gw.make_args(spec, gen=gen, tokens=t, experts_used=256)
+                    for _ in range(args.layers)]
+            tiles = sets[0][2 if kind == 0 else 1]
+            live = tiles[tiles[:, 0] >= 0]
+            experts = int(live[:, 0].unique().numel())
+            per_w = (cfg.hidden_size * cfg.moe_intermediate_size * (2 if kind == 0 else 1)
+                     * (0.5 + 1 / 16))
+            nbytes = experts * per_w
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            k.launch(*sets[0])  # warm-up (module load)
+            torch.cuda.synchronize()
+            # one CUDA graph of --reps launches (host launch time, ~tens of µs a launch from
+            # Python, would otherwise be what is timed), each after the one before (PDL)
+            graph = torch.cuda.CUDAGraph()
+            with capture_graph(graph):
+                for r in range(args.reps):
+                    k.launch(*sets[r % len(sets)])
+            graph.replay()
+            times = []
+            for _ in range(5):
+                s.record()
+                graph.replay()
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e) * 1e3 / args.reps)
+            us = statistics.median(times)
+            print(f"T={t} KIND={kind} NT={nt} D={args.depth}: {len(live)} tiles, {experts} "
+                  f"experts, {nbytes / 1e6:.1f} MB of weights, {us:.1f} us "
+                  f"({nbytes / (us * 1e-6) / bw:.0%} of copy BW)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
