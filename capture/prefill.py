@@ -476,7 +476,9 @@ class Prefill:
         # the kernel path's routing (moe_route: pick, and place per NT) and its per-expert
         # counts, zero between layers (place resets them; each chunk zeroes them first)
         self.pick, self.place = None, {}
-        self._counts = torch.zeros(cfg.n_routed_experts or 1, dtype=torch.int32, device=dev)
+        # pick's counts [E], then place's CTA counter (kernels/prefill/moe_route.py)
+        self._counts = torch.zeros((cfg.n_routed_experts or 1) + 1, dtype=torch.int32,
+                                   device=dev)
         self.router_bias = [lw.ffn.router_bias.float().contiguous()
                             if isinstance(lw.ffn, MoEWeights) else None for lw in weights.layers]
         self.act = silu_mul
@@ -1003,8 +1005,8 @@ class Prefill:
         parts = _matmul_f32(h, self.routers[i])  # [T, 3E]
         ids, rank = torch.empty(2, t, k, dtype=i32, device=dev).unbind(0)
         weights = torch.empty(t, k, dtype=torch.float32, device=dev)
-        self.pick.launch(parts, self.router_bias[i], self._valid32, self._counts, ids, weights,
-                         rank, cfg.routed_scaling_factor)
+        self.pick.launch(parts, self.router_bias[i], self._valid32, self._counts[:e], ids,
+                         weights, rank, cfg.routed_scaling_factor)
         nt = self._nt(t)
         p = t * k
         if fold:  # place fills the routed part of the chunk's folded schedule

@@ -46,6 +46,8 @@ def test_place_reference_groups_every_live_pair_once(nt, tokens, valid):
     args = mr.make_args(spec, gen=torch.Generator().manual_seed(nt + tokens), tokens=tokens,
                         valid=valid, device="cpu")
     ids, rank, v, counts = args[:4]
+    assert counts[-1] == 0  # place's CTA counter
+    counts = counts[:-1]
     zero, tiles, offs, tok, pos = mr._reference(spec, *args)
     assert (zero == 0).all()
     assert torch.equal(tiles, grouped_w4a16.tile_schedule(counts, nt, tiles.shape[0]))

@@ -11,12 +11,15 @@ KIND 0, pick (one warp per token): logit_e = (p2_e + p1_e) + p0_e from the route
   entry): rank int32 [T, K]. Rows ≥ valid[0] (a bucket's padding) pick nothing: ids E,
   weights 0. The order of the rows within an expert thus varies from run to run, the values
   never do: every GEMM row is computed alone, and the combine reads rows by position.
-KIND 1, place (one CTA): first_e = Σ_{e' < e} counts, the tile schedule of NT pairs
-  (`grouped_w4a16.tile_schedule`'s rows, its unused tail expert −1), offs int32 [E] (end of
-  each expert's rows, `torch._grouped_mm`'s offsets), then each live pick's row
+KIND 1, place (one CTA per PLACE_TOKENS tokens): first_e = Σ_{e' < e} counts (every CTA
+  scans the E counts), the tile schedule of NT pairs (`grouped_w4a16.tile_schedule`'s rows,
+  its unused tail expert −1) and offs int32 [E] (end of each expert's rows,
+  `torch._grouped_mm`'s offsets) from CTA 0, then each live pick of the CTA's tokens takes row
   r = first_id + rank: tok[r] = its token, pos[t, k] = r (padding rows' pos 0); rows past the
-  live pairs get tok 0 (a gather through all of tok stays in bounds). counts is reset to zero
-  for the next layer.
+  live pairs get tok 0 (a gather through all of tok stays in bounds). counts int32 [E + 1]
+  (pick's E counts, then a CTA counter) is reset to zero for the next layer by the last CTA
+  to have read it (barrier, fence, atomic on counts[E], as moe_router). Why several CTAs: one
+  CTA placed an 8K chunk's 49,152 pairs in 64 µs a layer (3 ms of the prefill; perf log).
 
 PDL: pick loads its bias candidates (a weight) before griddepcontrol.wait, the parts, valid and
 counts after it; place reads everything after it. Both in every thread.
@@ -38,6 +41,7 @@ from flint_graph.kernels.toolchain.spec import KernelDef, Launch, ScalarArg, Spe
 
 PICK_WARPS = 4  # tokens per pick CTA
 PLACE_THREADS = 512
+PLACE_TOKENS = 256  # tokens a place CTA writes tok and pos for
 MAX_CAND = 16  # candidates per lane: E ≤ 512
 
 
@@ -66,7 +70,7 @@ def _args(spec: Spec):
     return (TensorArg("ids", "i32", ("T", k), "input", align=4),
             TensorArg("rank", "i32", ("T", k), "input", align=4),
             TensorArg("valid", "i32", (1,), "input", align=4),
-            TensorArg("counts", "i32", (e,), "workspace", align=4),
+            TensorArg("counts", "i32", (e + 1,), "workspace", align=4),
             TensorArg("tiles", "i32", ("NTILES", 4), "output"),
             TensorArg("offs", "i32", (e,), "output", align=4),
             TensorArg("tok", "i32", ("P",), "output", align=4),
@@ -76,11 +80,12 @@ def _args(spec: Spec):
 def _launch(spec: Spec) -> Launch:
     if spec["KIND"] == 0:
         return Launch(grid=(("T", PICK_WARPS), 1, 1), block=(32 * PICK_WARPS, 1, 1))
-    return Launch(grid=(1, 1, 1), block=(PLACE_THREADS, 1, 1), smem=_place_smem(spec))
+    return Launch(grid=(("T", PLACE_TOKENS), 1, 1), block=(PLACE_THREADS, 1, 1),
+                  smem=_place_smem(spec))
 
 
 def _place_smem(spec: Spec) -> int:
-    return 4 * (2 * spec["E"] + 2 * PLACE_THREADS // 32 + 4)
+    return 4 * (2 * spec["E"] + 2 * PLACE_THREADS // 32 + 8)
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
@@ -129,9 +134,9 @@ def _reference(spec: Spec, *args):
         return counts + cnt, ids, w, rank.view_as(ids).int()
     ids, rank, valid, counts, tiles, offs, tok, pos = args
     e, nt = spec["E"], spec["NT"]
-    c = counts.long()
+    c = counts[:e].long()
     first = c.cumsum(0) - c
-    out_tiles = grouped_w4a16.tile_schedule(counts, nt, tiles.shape[0])
+    out_tiles = grouped_w4a16.tile_schedule(counts[:e], nt, tiles.shape[0])
     live = (torch.arange(ids.shape[0], device=ids.device)[:, None] < int(valid[0])).expand_as(
         ids)
     dest = torch.where(live, first[ids.long().clamp(max=e - 1)] + rank.long(), 0)
@@ -147,7 +152,8 @@ def make_args(spec: Spec, *, gen: torch.Generator, tokens: int = 77, valid: int 
     """Pick: parts with logits ~N(0, 2) split into three fp32 parts (their sum order as the
     prefill's), bias ~N(0, 0.1) (ties: every logit and bias equal in pairs of experts),
     counts zero, outputs poisoned; place: the reference pick of such parts (ranks in token
-    order), counts to match, the schedule's bound rows, outputs poisoned."""
+    order), counts to match (and place's CTA counter, zero), the schedule's bound rows,
+    outputs poisoned."""
     e, k = spec["E"], spec["K"]
     on = gen.device
     valid = tokens if valid is None else valid
@@ -170,6 +176,7 @@ def make_args(spec: Spec, *, gen: torch.Generator, tokens: int = 77, valid: int 
     counts, ids, _, rank = _reference(pick, parts, bias, v, torch.zeros(e, dtype=torch.int32,
                                                                         device=on),
                                       None, None, None, 2.5)
+    counts = torch.cat([counts, counts.new_zeros(1)])  # place's CTA counter, zero on entry
     ntiles = grouped_w4a16.max_tiles(tokens * k, e, spec["NT"])
     args = [ids, rank, v, counts, torch.full((ntiles, 4), -7, dtype=torch.int32, device=on),
             torch.full((e,), -7, dtype=torch.int32, device=on),
@@ -295,15 +302,19 @@ def _build(spec: Spec):
                          mcounts: cute.Tensor, mtiles: cute.Tensor, moffs: cute.Tensor,
                          mtok: cute.Tensor, mpos: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
+        bx, _, _ = cute.arch.block_idx()
         warp, lane = tid // 32, tid % 32
         alloc = cutlass.memory.SmemAllocator()
         smem = alloc.allocate_tensor(Int32, cute.make_layout((smem_bytes // 4,)),
                                      byte_alignment=16)
         s_first = cute.make_tensor(smem.iterator, cute.make_layout((e,)))
-        s_tile0 = cute.make_tensor(smem.iterator + e, cute.make_layout((e,)))
         s_warp = cute.make_tensor(smem.iterator + 2 * e, cute.make_layout((warps,)))
+        s_flag = cute.make_tensor(smem.iterator + 2 * e + 2 * warps, cute.make_layout((1,)))
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()
+        t_total = mids.shape[0]
+        nctas = (t_total + (PLACE_TOKENS - 1)) // PLACE_TOKENS
+        lead = bx == 0  # writes the schedule and offs; every CTA scans the counts
         base_pairs, base_tiles = Int32(0), Int32(0)
         for rd in cutlass.range_constexpr(rounds):
             ex = rd * threads + tid
@@ -315,27 +326,42 @@ def _build(spec: Spec):
             tile0, tot_t = block_scan(ntl, lane, warp, s_warp)
             if ex < e:
                 s_first[ex] = base_pairs + first
-                s_tile0[ex] = base_tiles + tile0
-                moffs[ex] = base_pairs + first + c
-                mcounts[ex] = Int32(0)  # ready for the next layer's pick
-                for j in cutlass.range(ntl):
-                    row = base_tiles + tile0 + j
-                    mtiles[row, 0] = ex
-                    mtiles[row, 1] = base_pairs + first + j * nt
-                    mtiles[row, 2] = cutlass.min(c - j * nt, Int32(nt))
-                    mtiles[row, 3] = Int32(0)
+                if lead:
+                    moffs[ex] = base_pairs + first + c
+                    for j in cutlass.range(ntl):
+                        row = base_tiles + tile0 + j
+                        mtiles[row, 0] = ex
+                        mtiles[row, 1] = base_pairs + first + j * nt
+                        mtiles[row, 2] = cutlass.min(c - j * nt, Int32(nt))
+                        mtiles[row, 3] = Int32(0)
             base_pairs = base_pairs + tot_c
             base_tiles = base_tiles + tot_t
-        ntiles = mtiles.shape[0]
-        for row in cutlass.range(base_tiles + tid, ntiles, threads):
-            mtiles[row, 0] = Int32(-1)
-            mtiles[row, 1] = Int32(0)
-            mtiles[row, 2] = Int32(0)
-            mtiles[row, 3] = Int32(0)
+        if lead:
+            ntiles = mtiles.shape[0]
+            for row in cutlass.range(base_tiles + tid, ntiles, threads):
+                mtiles[row, 0] = Int32(-1)
+                mtiles[row, 1] = Int32(0)
+                mtiles[row, 2] = Int32(0)
+                mtiles[row, 3] = Int32(0)
+        # the last CTA to have read the counts zeroes them for the next layer's pick
+        # (grid-sync pattern: barrier, fence, atomic on the counter counts[E])
         cute.arch.sync_threads()
-        t_total = mids.shape[0]
+        if tid == 0:
+            cute.arch.fence_acq_rel_gpu()
+            old = cute.arch.atomic_add(mcounts.iterator + e, Int32(1), sem="relaxed",
+                                       scope="gpu")
+            is_last = Int32(0)
+            if old == nctas - 1:
+                cute.arch.fence_acq_rel_gpu()
+                is_last = Int32(1)
+            s_flag[0] = is_last
+        cute.arch.sync_threads()
+        if s_flag[0] != 0:
+            for ex in cutlass.range(tid, e + 1, threads):
+                mcounts[ex] = Int32(0)
         live_pairs = cutlass.min(mvalid[0], t_total) * k
-        for q in cutlass.range(tid, t_total * k, threads):
+        q_end = cutlass.min((bx + 1) * PLACE_TOKENS, t_total) * k
+        for q in cutlass.range(bx * (PLACE_TOKENS * k) + tid, q_end, threads):
             t, r = q // k, q % k
             dest = Int32(0)
             if q < live_pairs:
@@ -350,7 +376,8 @@ def _build(spec: Spec):
                   mcounts: cute.Tensor, mtiles: cute.Tensor, moffs: cute.Tensor,
                   mtok: cute.Tensor, mpos: cute.Tensor, stream: cuda.CUstream):
         moe_place_kernel(mids, mrank, mvalid, mcounts, mtiles, moffs, mtok, mpos).launch(
-            grid=(1, 1, 1), block=[threads, 1, 1], smem=smem_bytes, stream=stream)
+            grid=(cute.ceil_div(mids.shape[0], PLACE_TOKENS), 1, 1), block=[threads, 1, 1],
+            smem=smem_bytes, stream=stream)
 
     return moe_place
 
