@@ -690,8 +690,8 @@ class Prefill:
         if start + t > cap:
             raise ContextLengthError(f"prompt: {start} cached + {t} new tokens exceed the "
                                      f"KV cache's {cap} tokens per slot")
+        lo, hi = torch.stack(list(torch.aminmax(tokens))).tolist()  # one transfer for both
         tokens = tokens.to(self.device, torch.int64)
-        lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.cfg.vocab_size:
             raise InvalidRequestError(f"prompt: ids span [{lo}, {hi}]; expected [0, vocab_size "
                                       f"= {self.cfg.vocab_size})")
