@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/flint-graph ]; then
-  echo "setting up .venv (first run: about a minute) ..." >&2
+  echo "setting up .venv (first run: one to two minutes) ..." >&2
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   # Pinned CPU build first: an unpinned torch would pull a multi-GB CUDA build.

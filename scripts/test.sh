@@ -2,7 +2,7 @@
 # Set up a virtual environment from nothing (CPU PyTorch) and run the CPU test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "setting up .venv (about a minute on a fresh machine) ..." >&2
+echo "setting up .venv (one to two minutes on a fresh machine) ..." >&2
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
