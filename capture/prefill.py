@@ -1021,7 +1021,9 @@ class Prefill:
         if fold:
             # the shared expert is expert E of the same launches: its rows are pairs P … P+T−1
             gate_up, down = self.w4a16_args[i]
-            s_gate_up, s_down = self.w4a16_shared[i]
+            # one expert's matrices, without the E = 1 stack dimension of its own launches
+            s_gate_up, s_down = ([a[0] if a.dim() == 3 else a for a in part]
+                                 for part in self.w4a16_shared[i])
             act = torch.empty(p + t, cfg.moe_intermediate_size, dtype=BF16, device=dev)
             y_all = torch.empty(p + t, cfg.hidden_size, dtype=BF16, device=dev)
             self.w4a16_fold[0, nt].launch(h, tok_all, tiles_all, *gate_up, *s_gate_up, act)
