@@ -340,3 +340,37 @@ def test_graph_engine_ring_snapshot_round_trips():
             assert torch.equal(layer.k, k0) and torch.equal(layer.v, v0)
         else:  # a full layer's pages are not part of a snapshot
             assert torch.equal(layer.k[1], torch.full_like(layer.k[1], 0.5))
+
+
+@pytest.mark.parametrize("max_tokens", [1, 4])
+def test_the_prompt_end_snapshot_is_taken_after_the_first_token(tiny_ckpt, max_tokens):
+    """The ring snapshot at the end of a prompt is deferred past its first token
+    (`Engine._take_snapshots`: taken at the request's next step, or at its retirement when the
+    first token also ends it) and still describes the rings the prefill left: it is copied
+    once the first token is out, the retained sequence holds it at the prompt's length, and a
+    longer prompt resuming from that sequence equals a cold start."""
+    from flint_graph import LLM
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(max_slots=2))
+    eng = llm.engine
+    prompt = llm.tokenizer.encode("a prompt whose rings are saved " * 4)
+    taken = {}
+    save = eng._save_rings
+
+    def spy(rid):  # what the deferred snapshot copies, and when
+        taken["outputs"] = [len(r.output_ids) for r in eng.running if r.id == rid]
+        return save(rid)
+
+    eng._save_rings = spy
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    llm.generate([prompt], params)
+    eng._save_rings = save
+    assert taken["outputs"] == [1], "the snapshot came before the first token"
+    (entry,) = eng.prefix_cache.entries
+    assert len(prompt) in entry.snapshots
+    cold = LLM(tiny_ckpt, device="cpu", progress=False,
+               engine=EngineConfig(max_slots=2, kv_reuse=False))
+    longer = prompt + llm.tokenizer.encode(" and more")
+    out = llm.generate([longer], params)[0]
+    assert out.cached_tokens > 0
+    assert out.token_ids == cold.generate([longer], params)[0].token_ids
