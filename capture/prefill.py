@@ -967,8 +967,7 @@ class Prefill:
     def set_w4a16_variant(self, kind: int | None = None, **values: int) -> None:
         """Run the grouped W4A16 kernels (of KIND `kind` only, or both) with other spec values
         (D weight steps in registers, WS = 1 weights through shared memory for NT ≤
-        WS_MAX_NT, OCC registers fitted to OCC CTAs per SM for the routed experts at NT ≤
-        OCC_MAX_NT: benchmark variants, whose cubins come from tools/build_gpu_cache.py; none
+        WS_MAX_NT: benchmark variants, whose cubins come from tools/build_gpu_cache.py; none
         given: the defaults). Raises KernelCacheError when the cache lacks them."""
         if values.get("WS") == 0:
             values = {k: v for k, v in values.items() if k != "WS"}  # the default has no WS
@@ -982,8 +981,6 @@ class Prefill:
             mine = dict(values)
             if spec["NT"] > grouped_w4a16.WS_MAX_NT:
                 mine.pop("WS", None)  # not built for tiles this large: the default serves
-            if spec["NT"] > grouped_w4a16.OCC_MAX_NT or spec["E"] == 1:
-                mine.pop("OCC", None)  # built for the routed experts' small tiles only
             self.w4a16[key] = self._kset.get("grouped_w4a16", **{**spec.as_dict(), **mine})
 
     def _moe(self, i: int, lw: LayerWeights, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

@@ -33,13 +33,13 @@ def kset():
 
 
 def _specs(preset, kernel="grouped_w4a16"):
-    """The model's specs of `kernel`; for grouped_w4a16 also the benchmark variants WS = 1
-    (weights through shared memory) and OCC (registers fitted to OCC CTAs per SM)."""
+    """The model's specs of `kernel`; for grouped_w4a16 also the weights-through-shared-memory
+    variants (WS = 1, benchmarks)."""
     cfg = FlintConfig.preset(preset)
     if kernel == "grouped_w4a16_wg":
         return gwg.KERNEL.specs(cfg, ())
     return gw.KERNEL.specs(cfg, ()) + [s for s in gw.bench_specs(cfg)
-                                       if s.as_dict().get("WS") or s.as_dict().get("OCC")]
+                                       if s.as_dict().get("WS")]
 
 
 CASES = [(1, 1, False), (7, 3, False), (77, 20, False), (77, 256, True), (1000, 256, False),

@@ -160,10 +160,6 @@ def main() -> int:
                    help="1: the side stream on (weight decodes ahead, shared expert and KV "
                         "writes beside the main stream: capture/side_stream.py), 0: one stream; "
                         "0,1 times both (default: the prefill's default, on)")
-    p.add_argument("--occ", default="",
-                   help="grouped W4A16 registers fitted to this many CTAs per SM (grouped_w4a16 "
-                        "OCCS; 0: the default), comma-separated to time each (the variants "
-                        "keep the shared expert on its own launches)")
     p.add_argument("--fold", default="",
                    help="1: the NVFP4 shared expert as one more group of the routed W4A16 "
                         "launches (capture/prefill.py FOLD_SHARED), 0: its own launches; 0,1 "
@@ -207,7 +203,6 @@ def main() -> int:
         nt_sweep = [int(v) for v in args.nt.split(",") if v] or [None]
         depth_sweep = [int(v) for v in args.depth.split(",") if v] or [None]
         ws_sweep = [int(v) for v in args.ws.split(",") if v] or [None]
-        occ_sweep = [int(v) or None for v in args.occ.split(",") if v] or [None]
         w4 = fmt == "nvfp4"
         max_sweep = args.w4a16_max or [None]
         attn_sweep = args.attn_kernel or [None]
@@ -215,21 +210,19 @@ def main() -> int:
         overlap_sweep = [bool(int(v)) for v in args.overlap.split(",") if v] or [None]
         shared_sweep = [bool(int(v)) for v in args.shared.split(",") if v] or [True]
         fold_sweep = [bool(int(v)) for v in args.fold.split(",") if v] or [None]
-        sweep = [(r, m, n, d, w, x, o) for r in rows_sweep for m in (moe_sweep or [None])
+        sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
-                 for x in (max_sweep if m is not False and w4 else [None])
-                 for o in (occ_sweep if m is not False and w4 else [None])]
+                 for x in (max_sweep if m is not False and w4 else [None])]
         runs = [(path, r, a, wgm, ov, sh, fo) for path in args.paths.split(",")
-                for r in (sweep if path == "graph" else [(None,) * 7])
+                for r in (sweep if path == "graph" else [(None,) * 6])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
                 for wgm in ((wg_sweep or [None]) if path == "graph" else [None])
                 for ov in (overlap_sweep if path in ("graph", "kernel") else [None])
                 for sh in (shared_sweep if path in ("graph", "kernel") else [True])
                 for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])]
-        for path, (row_moe, w4a16, nt, depth, ws, most, occ), attn, wgm, ov, shared, fold \
-                in runs:
+        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
@@ -247,11 +240,11 @@ def main() -> int:
             pre.w4a16_nt = nt
             if most is not None:
                 pre.w4a16_routed_max, pre.w4a16_shared_max = most
-            variant = {k: v for k, v in (("D", depth), ("WS", ws), ("OCC", occ)) if v is not None}
+            variant = {k: v for k, v in (("D", depth), ("WS", ws)) if v is not None}
             if variant and pre.w4a16:
                 pre.set_w4a16_variant(**variant)
             row_moe = (f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
-                       f"/D{depth or 'auto'}/WS{ws or 0}/OCC{occ or '-'}"
+                       f"/D{depth or 'auto'}/WS{ws or 0}"
                        f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}"
                        f"/{pre.attn_kernel or 'torch'}"
                        f"{''.join(f':{k}={v}' for k, v in attn[1].items()) if attn else ''}"

@@ -48,8 +48,6 @@ def main() -> int:
     p.add_argument("--nt", type=int, default=0, help="pairs per tile (0: the prefill's choice)")
     p.add_argument("--depth", type=int, default=gw.DEPTH)
     p.add_argument("--kinds", default="0,1")
-    p.add_argument("--occ", type=int, default=0,
-                   help="spec OCC: registers fitted to this many CTAs per SM (0: the default)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--layers", type=int, default=8)
     args = p.parse_args()
@@ -63,9 +61,8 @@ def main() -> int:
     for t in [int(v) for v in args.tokens.split(",")]:
         nt = args.nt or next((n for r, n in W4A16_NT if t <= r), W4A16_NT_LARGE)
         for kind in [int(v) for v in args.kinds.split(",")]:
-            extra = {"OCC": args.occ} if args.occ else {}
             spec = gw.KERNEL.spec(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
-                                  E=cfg.n_routed_experts, NT=nt, D=args.depth, **extra)
+                                  E=cfg.n_routed_experts, NT=nt, D=args.depth)
             k = kset.get("grouped_w4a16", **spec.as_dict())
             gen = torch.Generator(device="cuda").manual_seed(t)
             sets = [gw.make_args(spec, gen=gen, tokens=t, experts_used=256)
@@ -94,8 +91,7 @@ def main() -> int:
                 e.synchronize()
                 times.append(s.elapsed_time(e) * 1e3 / args.reps)
             us = statistics.median(times)
-            print(f"T={t} KIND={kind} NT={nt} D={args.depth} OCC={args.occ or '-'}: "
-                  f"{len(live)} tiles, {experts} "
+            print(f"T={t} KIND={kind} NT={nt} D={args.depth}: {len(live)} tiles, {experts} "
                   f"experts, {nbytes / 1e6:.1f} MB of weights, {us:.1f} us "
                   f"({nbytes / (us * 1e-6) / bw:.0%} of copy BW)", flush=True)
     return 0

@@ -56,8 +56,7 @@ rounding (≤ 2^-9 relative); fp32 summation order and the ·scale2 rounding may
 rounding of g or u (KIND 0) in rare elements, and the hardware exp's last ulp the SwiGLU
 rounding. Rows of no tile (padding pairs) are never written.
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, D weight steps
-held in registers (D − 1 in flight while one is computed); optional WS and SH (above), and OCC
-(OCCS: the CTAs per SM ptxas fits the registers to; a benchmark variant).
+held in registers (D − 1 in flight while one is computed); optional WS (above) and SH (above).
 """
 
 import math
@@ -81,10 +80,6 @@ W_ROW_BYTES = BK // 2 + BK // 16  # one weight row's codes and scale bytes of a 
 W_ROWS = WARPS * 2 * 16  # weight rows a CTA reads: two m16 tiles per warp (gate and up, or down)
 ROW_BYTES = BK * 2  # one x row of a step in shared memory
 NTS = (16, 32, 64)
-# OCC (a benchmark variant): registers capped so that OCC CTAs fit an SM (gate/up at NT 16 holds
-# 104 registers, 4 CTAs; OCC 5: 96 with a 16-byte spill, OCC 6: 80 with 96 bytes, on sm_90a)
-OCCS = (5, 6)
-OCC_MAX_NT = 32
 
 
 def cta_rows(kind: int) -> int:
@@ -130,8 +125,6 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16: D = {spec['D']}; expected one of {DEPTHS}")
     if _ws(spec) not in (0, 1):
         raise ValueError(f"grouped_w4a16: WS = {_ws(spec)}; expected 0 or 1")
-    if not 0 <= spec.as_dict().get("OCC", 0) <= 8:
-        raise ValueError(f"grouped_w4a16: OCC = {spec['OCC']}; expected 0 to 8")
     if _sh(spec) not in (0, 1) or (_sh(spec) and _ws(spec)):
         raise ValueError(f"grouped_w4a16: SH = {_sh(spec)} (WS = {_ws(spec)}); expected 0, or "
                          f"1 with WS = 0")
@@ -229,9 +222,7 @@ def bench_specs(cfg, buckets=()) -> list[Spec]:
     base = [s for s in _specs(cfg) if not _sh(s)]
     return [KERNEL.spec(**{**s.as_dict(), "D": d}) for s in base for d in DEPTHS
             if d != DEPTH] + [KERNEL.spec(**{**s.as_dict(), "WS": 1}) for s in base
-                              if s["NT"] <= WS_MAX_NT] + [
-        KERNEL.spec(**{**s.as_dict(), "OCC": o}) for s in base if s["E"] > 1
-        and s["NT"] <= OCC_MAX_NT for o in OCCS]
+                              if s["NT"] <= WS_MAX_NT]
 
 
 def _dequant(codes, scales, scale2):
@@ -558,14 +549,9 @@ def _build(spec: Spec):
                     du.st_v4(ob + (Int64(pair0) + Int64(row)) * (n_out * 2) + Int64(u * 16),
                              words)
 
-    occ = spec.as_dict().get("OCC", 0)
-
     def grid(mtiles):
-        # OCC: ptxas fits the registers to OCC CTAs per SM (nvvm.minctasm), spilling if it
-        # must; the carveout is given so the DSL does not query a device for it at build time
-        extra = dict(min_blocks_per_mp=occ, preferred_smem_carveout=100) if occ else {}
         return dict(grid=(n_out // rows_cta, mtiles.shape[0], 1), block=list(launch.block),
-                    smem=launch.smem, **extra)
+                    smem=launch.smem)
 
     if kind == 0 and sh == 1:
         @cute.kernel
