@@ -241,6 +241,41 @@ def test_overwrite_never_deletes_user_files(capsys, tmp_path):
     assert (precious / "notes.txt").read_text() == "thesis"
 
 
+@pytest.mark.parametrize("added", ["notes.txt", "finetune/data.bin"])
+def test_overwrite_never_deletes_files_added_to_a_checkpoint(capsys, tmp_path, added):
+    """--overwrite replaced a checkpoint make-checkpoint wrote together with files the user
+    had put in it since (bad-input trial, 2026-12-03): it now refuses, naming them, and
+    leaves everything as it was."""
+    ck = tmp_path / "ck"
+    args = ("make-checkpoint", "--preset", "tiny", "--out", ck, "--device", "cpu",
+            "--no-progress")
+    assert _run(capsys, *args)[0] == 0
+    mine = ck / added
+    mine.parent.mkdir(exist_ok=True)
+    mine.write_text("mine")
+    code, _, err = _run(capsys, *args, "--overwrite")
+    assert code == 2 and added.split("/")[0] in err and "did not write" in err, err
+    assert mine.read_text() == "mine"
+    mine.unlink()
+    if mine.parent != ck:
+        mine.parent.rmdir()
+    assert _run(capsys, *args, "--overwrite")[0] == 0  # a checkpoint alone is replaced
+
+
+def test_overwrite_through_a_symlink_is_refused_cleanly(capsys, tmp_path):
+    """--overwrite on a symlink to a checkpoint ended in "internal error: OSError: Cannot call
+    rmtree on a symbolic link" with the link replaced by a directory and a stray link left
+    (bad-input trial, 2026-12-03): now one error naming the directory to pass."""
+    ck = tmp_path / "ck"
+    args = ("--preset", "tiny", "--device", "cpu", "--no-progress")
+    assert _run(capsys, "make-checkpoint", "--out", ck, *args)[0] == 0
+    link = tmp_path / "link"
+    link.symlink_to(ck)
+    code, _, err = _run(capsys, "make-checkpoint", "--out", link, *args, "--overwrite")
+    assert code == 2 and "symbolic link" in err and str(ck) in err, err
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["ck", "link"]
+
+
 def test_save_transcript_through_symlink_keeps_mode_and_refuses_dirs(tmp_path):
     target = tmp_path / "real.json"
     target.write_text('{"messages": []}')  # an earlier transcript

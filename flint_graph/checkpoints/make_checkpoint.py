@@ -111,12 +111,37 @@ def _is_occupied(out_dir: Path, overwrite: bool) -> bool:
     if occupied and not overwrite:
         raise CheckpointError(f"{out_dir}: already exists and is not empty; choose another "
                               "output directory or overwrite it (--overwrite)")
+    if occupied and out_dir.is_symlink():
+        raise CheckpointError(f"{out_dir}: is a symbolic link; --overwrite replaces a "
+                              f"checkpoint directory itself: pass the directory it points to "
+                              f"({os.path.realpath(out_dir)})")
     if occupied and not (out_dir / MARKER_NAME).is_file():
         # --overwrite replaces a checkpoint we wrote, never a directory of the user's files.
         raise CheckpointError(f"{out_dir}: --overwrite only replaces a checkpoint written by "
                               f"make-checkpoint (it has {MARKER_NAME}); this directory holds "
                               "other files, so it is left alone")
+    if occupied:
+        # ...nor one where the user has since put files of their own
+        extra = sorted(p.name for p in out_dir.iterdir()
+                       if p.name != MARKER_NAME and (p.name not in _marker_files(out_dir)
+                                                     or not p.is_file() or p.is_symlink()))
+        if extra:
+            shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5
+                                             else "")
+            raise CheckpointError(f"{out_dir}: --overwrite would delete files make-checkpoint "
+                                  f"did not write ({shown}); move them out first or choose "
+                                  "another output directory")
     return occupied
+
+
+def _marker_files(out_dir: Path) -> set[str]:
+    """The names of the files make-checkpoint wrote into `out_dir` (its marker's "files"; none
+    when the marker cannot be read)."""
+    try:
+        files = json.loads((out_dir / MARKER_NAME).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return set(files) if isinstance(files, dict) else set()
 
 
 def _install(tmp: Path, out_dir: Path, overwrite: bool) -> None:
