@@ -592,6 +592,36 @@ def test_a_client_that_leaves_while_nothing_streams_is_dropped(server, monkeypat
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_client_that_leaves_during_a_long_prefill_is_dropped(server, monkeypatch, streamed):
+    """A bad-input trial (2026-12-03): a client that gave up while its long prompt was being
+    prefilled was noticed only at the first token (35 s for an ~8K-token prompt of tool
+    definitions on the CPU, minutes for more, other requests waiting meanwhile): the
+    disconnect was checked only between events. It is now watched while the next event is
+    awaited (`_next_while_connected`), so the request ends within a step of the client
+    leaving."""
+    llm, url = server
+    monkeypatch.setattr(llm.engine, "prefill_chunk_tokens", 16)
+    step = llm.engine.step
+
+    def slow_step():  # ~40 chunks of 16 tokens at 0.1 s each: ~4 s of prefill
+        time.sleep(0.1)
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", slow_step)
+    body = json.dumps({"model": MODEL, "max_tokens": 5, "stream": streamed, "messages": [
+        {"role": "user", "content": "word " * 320}]}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", body, method="POST", headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with pytest.raises((TimeoutError, urllib.error.URLError, OSError)):
+        with urllib.request.urlopen(req, timeout=0.6) as r:
+            r.read()
+    t0 = time.perf_counter()
+    while llm.engine.has_work:
+        assert time.perf_counter() - t0 < 1.5, "the prefill ran on after its client left"
+        time.sleep(0.02)
+
+
 def test_logprobs_of_tokens_that_split_a_character(server, client, monkeypatch):
     """A bad-input trial: for output `a😀b𝔘c` (emoji split over tokens) the chat logprobs'
     bytes were those of U+FFFD and the completions' text_offset ran past the text. Now each

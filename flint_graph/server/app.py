@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
+import anyio.to_thread
 # FastAPI reads the handlers' annotations at run time: Request must be a module-level name
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -29,6 +30,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from flint_graph.errors import FlintError
 from flint_graph.server import protocol as p
 from flint_graph.server.metrics import ServerMetrics
+
+# how often a request waiting for its next event checks that its client is still there (s)
+DISCONNECT_POLL_S = 0.25
+_GONE = object()  # `_next_while_connected`: the client left before the next event
 
 
 def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
@@ -340,6 +345,31 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                    "usage": p.usage(len(out.prompt_token_ids), len(out.token_ids),
                                     out.cached_tokens)}
 
+    async def _next_while_connected(request: Request, events: Iterator[dict], done, stream):
+        """next(events, done) from a worker thread, while the client is watched: one that
+        leaves before the event comes (a long prompt's prefill takes many engine steps)
+        aborts the request at once, and the worker's `next` then returns within one engine
+        step (one prefill chunk); returns _GONE then. Why: the disconnect was checked only
+        between events, so a client that gave up during an ~8K-token prefill on the CPU was
+        noticed at the first token, 35 s later (bad-input trial, 2026-12-03)."""
+        got: list = []
+
+        async def watch() -> None:
+            while not await request.is_disconnected():
+                await anyio.sleep(DISCONNECT_POLL_S)
+            got.append(_GONE)
+            with anyio.CancelScope(shield=True):
+                await run_in_threadpool(stream.cancel)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            # abandon_on_cancel: when Starlette cancels a streamed response (it saw the
+            # disconnect itself), `_pump`'s cleanup aborts the request now; the worker's
+            # `next` then returns within a step, its event unused
+            event = await anyio.to_thread.run_sync(next, events, done, abandon_on_cancel=True)
+            tg.cancel_scope.cancel()  # the watcher, between its polls
+        return _GONE if got else event
+
     async def _pump(request: Request, events: Iterator[dict], stream, route: str,
                     metrics, ended: list | None = None,
                     admission=None) -> AsyncIterator[dict]:
@@ -352,7 +382,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             while True:
                 if await request.is_disconnected():
                     return
-                event = await run_in_threadpool(next, events, done)
+                event = await _next_while_connected(request, events, done, stream)
+                if event is _GONE:
+                    return
                 if event is done:
                     finished = True
                     if ended is not None:
