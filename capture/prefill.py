@@ -496,6 +496,7 @@ class Prefill:
         # by (KIND, NT)), where both run on grouped_w4a16 (`_folds`); {}: off
         self.w4a16_fold: dict[tuple[int, int], object] = {}
         self._fold_scheds: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self._fold_shared: dict[int, tuple[list, list]] = {}  # `set_fold_shared`
         self.w4a16_nt: int | None = None  # a fixed NT (benchmarks); None: by W4A16_NT
         # the largest chunks (rows) on the W4A16 kernels, routed and shared (benchmarks set
         # them); None: every size
@@ -922,6 +923,11 @@ class Prefill:
                              "grouped W4A16 kernels, at one width")
         self.w4a16_fold = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16", **s.as_dict())
                            for s in specs}
+        # the shared expert's matrices as the SH kernels take them: one expert's, without the
+        # E = 1 stack dimension of its own launches (views, made once)
+        self._fold_shared = {i: tuple([a[0] if a.dim() == 3 else a for a in part]
+                                      for part in args)
+                             for i, args in self.w4a16_shared.items()}
 
     def _folds(self, rows: int) -> bool:
         """Whether a chunk of `rows` rows runs the shared expert inside the routed launches."""
@@ -964,17 +970,16 @@ class Prefill:
                          for s in grouped_w4a16_wg.KERNEL.specs(self.cfg, ())}
         self.w4a16_wg_min = min_rows
 
-    def set_w4a16_variant(self, kind: int | None = None, **values: int) -> None:
-        """Run the grouped W4A16 kernels (of KIND `kind` only, or both) with other spec values
-        (D weight steps in registers, WS = 1 weights through shared memory for NT ≤
-        WS_MAX_NT: benchmark variants, whose cubins come from tools/build_gpu_cache.py; none
-        given: the defaults). Raises KernelCacheError when the cache lacks them."""
+    def set_w4a16_variant(self, **values: int) -> None:
+        """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,
+        WS = 1 weights through shared memory for NT ≤ WS_MAX_NT: benchmark variants, whose
+        cubins come from tools/build_gpu_cache.py; none given: the defaults). Raises KernelCacheError when the cache lacks them."""
         if values.get("WS") == 0:
             values = {k: v for k, v in values.items() if k != "WS"}  # the default has no WS
         if values:  # the SH kernels are built with the defaults only: the shared expert then
             self.w4a16_fold = {}  # runs on its own kernels, with the variant
         for spec in grouped_w4a16.KERNEL.specs(self.cfg, ()):
-            if kind is not None and spec["KIND"] != kind or spec.as_dict().get("SH"):
+            if spec.as_dict().get("SH"):
                 continue
             key = (spec["KIND"], spec["NT"]) if spec["E"] > 1 else ("shared", spec["KIND"],
                                                                      spec["NT"])
@@ -1021,9 +1026,7 @@ class Prefill:
         if fold:
             # the shared expert is expert E of the same launches: its rows are pairs P … P+T−1
             gate_up, down = self.w4a16_args[i]
-            # one expert's matrices, without the E = 1 stack dimension of its own launches
-            s_gate_up, s_down = ([a[0] if a.dim() == 3 else a for a in part]
-                                 for part in self.w4a16_shared[i])
+            s_gate_up, s_down = self._fold_shared[i]
             act = torch.empty(p + t, cfg.moe_intermediate_size, dtype=BF16, device=dev)
             y_all = torch.empty(p + t, cfg.hidden_size, dtype=BF16, device=dev)
             self.w4a16_fold[0, nt].launch(h, tok_all, tiles_all, *gate_up, *s_gate_up, act)

@@ -122,9 +122,10 @@ def _is_occupied(out_dir: Path, overwrite: bool) -> bool:
                               "other files, so it is left alone")
     if occupied:
         # ...nor one where the user has since put files of their own
+        ours = _marker_files(out_dir)
         extra = sorted(p.name for p in out_dir.iterdir()
-                       if p.name != MARKER_NAME and (p.name not in _marker_files(out_dir)
-                                                     or not p.is_file() or p.is_symlink()))
+                       if p.name != MARKER_NAME and (p.name not in ours or not p.is_file()
+                                                     or p.is_symlink()))
         if extra:
             shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5
                                              else "")

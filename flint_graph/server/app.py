@@ -354,7 +354,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         noticed at the first token, 35 s later (bad-input trial, 2026-12-03)."""
         got: list = []
 
-        async def watch() -> None:
+        async def watch() -> None:  # `_pump` checked just before: poll from the next period
+            await anyio.sleep(DISCONNECT_POLL_S)
             while not await request.is_disconnected():
                 await anyio.sleep(DISCONNECT_POLL_S)
             got.append(_GONE)
