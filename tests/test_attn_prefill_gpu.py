@@ -93,6 +93,38 @@ def test_sinks_enter_each_row_once(kset, kernel, preset, sinks):
         _check(kset, spec, w + 7, 3, seed=77 + si, sinks=sinks)
 
 
+@pytest.mark.parametrize("kernel,preset", CONFIGS)
+@pytest.mark.parametrize("growth", [4.0, 40.0])
+def test_row_max_growing_along_the_keys(kset, kernel, preset, growth):
+    """Keys scaled up along the positions (×0.05 … ×`growth`), so each row's max keeps growing
+    over its key tiles: attn_prefill_wg moves its reference max only when a tile's max passes
+    it by more than RESCALE_AT (weights up to 2^8), and must then rescale O and l by exactly
+    the move; ×40 puts scores past 100 (e^100 overflows fp32 without the max)."""
+    for si, spec in enumerate(KERNELS[kernel](FlintConfig.preset(preset))):
+        for tokens, start in [(1500, 0), (600, 300)]:
+            args = ap.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(91 + si),
+                                tokens=tokens, start=start, poison_unseen=False)
+            k_new, k_cache = args[1], args[3]
+            ramp = torch.linspace(0.05, growth, start + tokens, device="cuda")
+            k_new.mul_(ramp[start:, None, None].to(k_new.dtype))
+            if not spec["RING"]:  # the cached prefix's keys sit in pages table[pos // P]
+                pos = torch.arange(start, device="cuda")
+                page = args[5].long()[pos // spec["P"]]
+                k_cache[page, :, pos % spec["P"]] *= ramp[:start, None, None].to(k_cache.dtype)
+            else:  # the ring's entries of positions n − W + 1 … n − 1
+                pos = torch.arange(max(0, start - spec["W"] + 1), start, device="cuda")
+                ring = k_cache[int(args[5][0])]  # [HKV, P, D], a view
+                ring[:, pos % spec["P"]] *= ramp[pos][None, :, None].to(k_cache.dtype)
+            kset.get(spec.kernel, **spec.as_dict()).launch(*args)
+            torch.cuda.synchronize()
+            out = args[-1]
+            what = f"{spec.id} tokens={tokens} start={start} growth={growth}"
+            assert not out.isnan().any() and not out.isinf().any(), f"{what}: non-finite"
+            (ref,) = ap._reference(spec, *args)
+            rel = _rel(out, ref)
+            assert rel <= REL_TOL, f"{what}: rel err {rel:.2e} > {REL_TOL}"
+
+
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_pdl_consumer_never_reads_its_input_early(kset, kernel):
     """Behind a slow producer with PDL on, each input the kernel reads (q, the chunk's keys, the

@@ -3,8 +3,9 @@ and tolerance as `attn_prefill` (kernels/prefill/attn_prefill.py: causal, exact 
 sinks, GQA packing, the cached prefix from the ring or the pages), with the tensor-core work
 issued by warpgroups reading their operands from shared memory instead of warps loading
 fragments by ldmatrix for mma.sync. The prefill's default since its GPU tests passed on the H200
-(capture/prefill.py ATTN_KERNEL): a full layer at 8K tokens in 1.46 ms (~376 TFLOP/s, 51% of the
-dense BF16 peak) against attn_prefill's 2.17 ms (perf log, 2026-12-02 sixth session).
+(capture/prefill.py ATTN_KERNEL): a full layer at 8K tokens in 1.19 ms (~460 TFLOP/s, 61% of the
+dense BF16 peak measured beside it; 1.44 ms before the per-tile work was cut, 2026-12-03
+eleventh session) against attn_prefill's 2.17 ms (perf log).
 
 Why. On the H200 `attn_prefill` runs a full layer at 8K tokens at ~253 TFLOP/s (33% of the dense
 BF16 peak), and attention is most of a 32K or 100K prefill (perf log, 2026-12-02). mma.sync
@@ -25,9 +26,14 @@ lets two CTAs share an SM, so one's softmax can overlap the other's wgmmas (the 
 the H200 to say. Shared memory holds Q, K and V in the
 canonical 128-byte-swizzled layout wgmma reads: rows of 64 values (128 B) in blocks of D/64
 columns, 16-byte chunk c of row r at chunk c ^ (r mod 8), atoms 1024-byte aligned. Per tile:
-S = Q·Kᵀ as D/16 wgmma m64n64k16 (Q and K K-major), committed and waited; the mask where a
-row's causal edge or window start crosses the tile; the online softmax in log2 units per row
-(a warp owns whole rows: lanes of a quad share them by shuffles); P rounded to bf16 in
+S = Q·Kᵀ as D/16 wgmma m64n64k16 (Q and K K-major), committed, and on full layers the next
+tile's copies issued under it (one page-table read per tile: pages of KV_PAGE = BN keys), then
+waited; the mask where a row's causal edge or window start crosses the tile; the online softmax
+in log2 units per row (a warp owns whole rows: lanes of a quad share them by shuffles; FMNMX
+for the max, the 1/√D scale folded into each exponent's FFMA), whose reference max moves only
+when a tile's max passes it by more than RESCALE_AT = 8 (FlashAttention-4's conditional
+rescaling: weights stay ≤ 2^8, O and l keep one reference, and a warp skips O's 64 multiplies
+unless one of its rows moved; most tiles after a row's first do); P rounded to bf16 in
 registers, already in the A-fragment layout of wgmma's register form (the accumulator layout of
 m64n64 is mma.sync's per 8 columns); O += P·V as BN/16 wgmma m64nDk16 with V read MN-major
 (leading byte offset: the stride between 64-column blocks; stride byte offset: between groups
@@ -58,6 +64,7 @@ STAGES = 2  # spec ST: shared-memory stages of K and V (2: two CTAs per SM)
 STAGE_CHOICES = (2, 3)
 LOG2E = 1.4426950408889634
 DS = (64, 128)  # head dims this kernel takes (O is 64 × D fp32 per warpgroup in registers)
+RESCALE_AT = 8.0  # a row's reference max moves (O and l rescaled) only past this growth, log2
 
 
 def fits(cfg) -> bool:
@@ -120,7 +127,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, Int32, Int64, Uint32
+    from cutlass import Boolean, Float32, Int32, Int64, Uint32
 
     from flint_graph.kernels.toolchain import dsl_util as du
 
@@ -129,6 +136,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
     ring, window = spec["RING"], spec["W"]
     stages = spec["ST"]
+    tile_pages = ring == 0 and size % BN == 0  # a key tile lies in one page
     g_heads = hq // hkv
     tq = tokens_per_cta(spec)
     rows = WARPS * ROWS
@@ -155,6 +163,14 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         """cp.async this thread's chunks of K and V tile `tile` into `stage`."""
         kb = tile * BN
         ks = base + Uint32(lay["stages"] + stage * lay["stage"])
+        page_t = Uint32(0)
+        kb_ent = Int32(0)
+        if ring == 1:
+            kb_ent = kb % size  # one division per tile, not one per 16-byte copy
+        if tile_pages:  # one page-table read per tile, not one per 16-byte copy
+            pidx_t = cutlass.min(cutlass.max(kb, Int32(0)) // size, mtable.shape[0] - 1)
+            page_t = du.ld_u32_if(tb + Int64(pidx_t) * 4,
+                                  (kb < n) & (kb <= qmax) & (kb + (BN - 1) >= lo))
         for i in range(kv_per_thread):
             c = tid + threads * i
             row, col = c // cpr, c % cpr
@@ -165,11 +181,14 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             cached = kp < n
             src_old = Int64(0)
             if ring == 1:
-                ent = cutlass.max(kp, Int32(0)) % size
+                ent = kb_ent + row  # kb ≥ 0 and row < BN < size: one wrap at most
+                ent = cutlass.select_(ent >= size, ent - size, ent)
                 src_old = (Int64(slot * hkv + kvh) * size + Int64(ent)) * (d * 2)
             else:
-                pidx = cutlass.min(cutlass.max(kp, Int32(0)) // size, mtable.shape[0] - 1)
-                page = du.ld_u32_if(tb + Int64(pidx) * 4, ok & cached)
+                page = page_t
+                if not tile_pages:
+                    pidx = cutlass.min(cutlass.max(kp, Int32(0)) // size, mtable.shape[0] - 1)
+                    page = du.ld_u32_if(tb + Int64(pidx) * 4, ok & cached)
                 src_old = (Int64(Int32(page) * hkv + kvh) * size + Int64(kp % size)) * (d * 2)
             off = Int64(col * 16)
             dst = ks + Uint32(swz(row, col, blk_kv))
@@ -180,25 +199,33 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             du.cp_async_16(dst + Uint32(lay["tile"]), va, nbytes)
         du.cp_async_commit()
 
+    def scores_issue(qs, ks, warp):
+        """Issue S = Q·Kᵀ of this warpgroup's 64 rows and the tile's BN keys as one committed
+        wgmma group; returns its accumulators (valid after `scores_wait`)."""
+        wgi = warp // 4
+        vals = [Float32(0.0)] * (BN // 2)
+        du.wgmma_fence()
+        for s in range(ksteps):
+            # K-major: k-step s is 32 bytes into a 128-byte row of block s // 4
+            da = du.smem_desc(qs + Uint32((s // 4) * blk_q + wgi * 64 * 128 + (s % 4) * 32),
+                              16, 1024)
+            db = du.smem_desc(ks + Uint32((s // 4) * blk_kv + (s % 4) * 32), 16, 1024)
+            vals = du.wgmma_ss(BN, da, db, vals, Int32(1 if s else 0))
+        du.wgmma_commit()
+        return vals
+
+    def scores_wait(sc, vals):
+        du.wgmma_wait(0)
+        vals = du.fence_values(vals)
+        for i in range(BN // 2):
+            sc[i] = vals[i]
+
     def scores(sc, qs, ks, warp, lane):
         """S = Q·Kᵀ of this warp's 16 rows and the tile's BN keys into `sc` (BN/2 fp32 in the
         m16n8 accumulator layout per 8 keys). A trace-time helper, as load_tile: its loops
         unroll in Python."""
         if wg:
-            wgi = warp // 4
-            vals = [Float32(0.0)] * (BN // 2)
-            du.wgmma_fence()
-            for s in range(ksteps):
-                # K-major: k-step s is 32 bytes into a 128-byte row of block s // 4
-                da = du.smem_desc(qs + Uint32((s // 4) * blk_q + wgi * 64 * 128 + (s % 4) * 32),
-                                  16, 1024)
-                db = du.smem_desc(ks + Uint32((s // 4) * blk_kv + (s % 4) * 32), 16, 1024)
-                vals = du.wgmma_ss(BN, da, db, vals, Int32(1 if s else 0))
-            du.wgmma_commit()
-            du.wgmma_wait(0)
-            vals = du.fence_values(vals)
-            for i in range(BN // 2):
-                sc[i] = vals[i]
+            scores_wait(sc, scores_issue(qs, ks, warp))
         else:
             sc.fill(0.0)
             r_a = ROWS * warp + lane % 16
@@ -239,6 +266,43 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                         c4 = du.mma_bf16_m16n8k16(pa[kk], [b[2 * h], b[2 * h + 1]], c4)
                         for e in range(4):
                             acc[4 * (jd + h) + e] = c4[e]
+
+    def softmax_lazy(sc, st):
+        """V = 1's online softmax of one tile (raw scores in `sc`, replaced by the weights): the
+        scale is folded into each exponent's FMA, and a row's reference max moves, rescaling
+        l and O, only when the tile's max exceeds it by more than RESCALE_AT (log2 units;
+        FlashAttention-4's conditional rescaling): every weight stays ≤ 2^RESCALE_AT, O and l
+        keep one common reference, so out = O / l is unchanged, and most tiles past a row's
+        first skip the multiplies of O (the warp skips them unless a row of it moved).
+        Returns (whether a row of the warp moved, the two rows' factors for O)."""
+        moved = Boolean(False)
+        alphas = [Float32(1.0)] * 2
+        for r in range(2):
+            # FMNMX (cutlass.max lowers to a NaN-propagating compare-and-select, 4 instructions)
+            mx = sc[2 * r]
+            for j in range(ntile_s):
+                for e in range(2):
+                    mx = cute.arch.fmax(mx, sc[4 * j + 2 * r + e])
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+            mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+            mxs = mx * Float32(qk_scale)
+            m_ref = st[r, 0]
+            need = mxs > m_ref + Float32(RESCALE_AT)
+            m_new = cutlass.select_(need, mxs, m_ref)
+            m_use = cutlass.select_(m_new == Float32(ninf), Float32(0.0), m_new)
+            alpha = cutlass.select_(need, du.ex2(m_ref - m_use), Float32(1.0))
+            psum = Float32(0.0)
+            for j in range(ntile_s):
+                for e in range(2):
+                    # one FFMA (ptxas contracts the plain multiply and subtract) and one MUFU
+                    v = du.ex2(sc[4 * j + 2 * r + e] * Float32(qk_scale) - m_use)
+                    sc[4 * j + 2 * r + e] = v
+                    psum = psum + v
+            st[r, 0] = m_new
+            st[r, 1] = st[r, 1] * alpha + psum
+            alphas[r] = alpha
+            moved = moved | need
+        return cute.arch.vote_any_sync(moved), alphas
 
     @cute.kernel
     def attn_prefill_wg_kernel(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
@@ -316,14 +380,22 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             du.cp_async_wait(stages - 2)
             du.fence_proxy_async_shared()
             cute.arch.sync_threads()
-            load_tile(tile + stages - 1, (it + stages - 1) % stages, tid, kvh, n, lo, qmax,
-                      slot, base, kc, vc, kn, vn, tb, mtable)
             kb = tile * BN
             ks = base + Uint32(lay["stages"] + stage * lay["stage"])
             vs = ks + Uint32(lay["tile"])
-            scores(sc, qs, ks, warp, lane)
-            for i in cutlass.range_constexpr(BN // 2):
-                sc[i] = sc[i] * Float32(qk_scale)
+            if wg and ring == 0:
+                # the next tile's copies are issued while this tile's S wgmmas run (they
+                # write another stage, whose last readers were waited before the barrier).
+                # Not on ring layers: their copies' addresses with S's accumulators live
+                # took ptxas to 144 registers, one CTA per SM instead of two.
+                pend = scores_issue(qs, ks, warp)
+                load_tile(tile + stages - 1, (it + stages - 1) % stages, tid, kvh, n, lo,
+                          qmax, slot, base, kc, vc, kn, vn, tb, mtable)
+                scores_wait(sc, pend)
+            else:
+                load_tile(tile + stages - 1, (it + stages - 1) % stages, tid, kvh, n, lo,
+                          qmax, slot, base, kc, vc, kn, vn, tb, mtable)
+                scores(sc, qs, ks, warp, lane)
             edge = kb + (BN - 1) > qmin
             if cutlass.const_expr(window > 0):
                 edge = edge | (kb <= qmax - window)
@@ -337,28 +409,12 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                             ok = ok & (kp > p - window)
                         sc[4 * j + e] = cutlass.select_(ok, sc[4 * j + e], Float32(ninf))
             # online softmax per row (log2 units); the weights replace the scores
-            for r in cutlass.range_constexpr(2):
-                mx = sc[2 * r]
-                for j in cutlass.range_constexpr(ntile_s):
-                    for e in cutlass.range_constexpr(2):
-                        mx = cutlass.max(mx, sc[4 * j + 2 * r + e])
-                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-                m_old = st[r, 0]
-                m_new = cutlass.max(m_old, mx)
-                m_use = cutlass.select_(m_new == Float32(ninf), Float32(0.0), m_new)
-                alpha = du.ex2(m_old - m_use)
-                psum = Float32(0.0)
-                for j in cutlass.range_constexpr(ntile_s):
-                    for e in cutlass.range_constexpr(2):
-                        v = du.ex2(sc[4 * j + 2 * r + e] - m_use)
-                        sc[4 * j + 2 * r + e] = v
-                        psum = psum + v
-                st[r, 0] = m_new
-                st[r, 1] = st[r, 1] * alpha + psum
-                for jd in cutlass.range_constexpr(dtiles):
-                    acc[4 * jd + 2 * r] = acc[4 * jd + 2 * r] * alpha
-                    acc[4 * jd + 2 * r + 1] = acc[4 * jd + 2 * r + 1] * alpha
+            moved, alphas = softmax_lazy(sc, st)
+            if moved:
+                for r in cutlass.range_constexpr(2):
+                    for jd in cutlass.range_constexpr(dtiles):
+                        acc[4 * jd + 2 * r] = acc[4 * jd + 2 * r] * alphas[r]
+                        acc[4 * jd + 2 * r + 1] = acc[4 * jd + 2 * r + 1] * alphas[r]
             # P as A fragments: k-step kk = keys 16kk … 16kk + 15 = n-tiles 2kk, 2kk + 1
             pa = [[du.pack_bf16(sc[8 * kk + 2 * e], sc[8 * kk + 2 * e + 1]) for e in range(4)]
                   for kk in range(BN // 16)]

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Time the prefill attention kernels alone, per layer kind, against the dense BF16 matmul peak
+measured in the same run (issue 21: attention is most of a 32K or 100K prefill).
+
+For each variant (kernel name plus spec values, as tools/bench_prefill.py's --attn-kernel) and
+each case (a chunk of T query tokens after S cached ones), the kernel's full-layer (paged) and
+sliding-layer (ring) specialisations of the full config run R times back to back in one CUDA
+graph over L argument sets (fresh Gaussian inputs, sinks N(0, 1)); time per launch = the median
+of 5 replays / R. FLOPs are the visible (query, key) pairs' 4·D·HQ (attn_prefill.flops). The
+peak is torch.mm on 8,192³ bf16, the median of 10 (what bench_prefill's MFU divides by).
+
+    python tools/probe_attn_speed.py [--variants attn_prefill,attn_prefill_wg]
+        [--cases 8192+0,8192+24576] [--reps 8] [--out DIR]
+
+Needs a CUDA GPU and the kernel cache (FLINT_GRAPH_CACHE). Prints one line per (variant, kind,
+case) and writes attn_speed.json under --out. `--ncu` launches each once, for ncu's
+--launch-count (no graph, no timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+
+def matmul_peak(n: int = 8192) -> float:
+    """Dense BF16 FLOP/s of torch.mm at n³, the median of 10 timed calls."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def main() -> int:
+    from flint_graph.capture.launcher import KernelSet, capture_graph
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.kernels import registry
+    from flint_graph.kernels.prefill import attn_prefill as ap
+    from flint_graph.kernels.prefill import attn_prefill_wg as wg
+
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("--variants", default="attn_prefill_wg,attn_prefill_wg:ST=3",
+                   help="comma-separated NAME[:K=V…] (default: attn_prefill_wg at 2 and 3 stages)")
+    p.add_argument("--cases", default="8192+0,8192+24576",
+                   help="comma-separated T+S: T query tokens after S cached (default: an 8K "
+                        "prefill and the last 8K chunk of a 32K one)")
+    p.add_argument("--kinds", default="full,sliding", help="layer kinds to time")
+    p.add_argument("--reps", type=int, default=8, help="launches per graph replay")
+    p.add_argument("--sets", type=int, default=2, help="argument sets the launches rotate over")
+    p.add_argument("--ncu", action="store_true", help="launch each once, untimed (for ncu)")
+    p.add_argument("--out", default=None, help="directory for attn_speed.json")
+    args = p.parse_args()
+
+    cfg = FlintConfig.preset("full")
+    kset = KernelSet(kernels=registry(("attn_prefill", "attn_prefill_wg")))
+    specs = {("sliding" if s["RING"] else "full"): s for s in wg._specs(cfg)}
+    cases = [tuple(int(x) for x in c.split("+")) for c in args.cases.split(",")]
+    peak = None if args.ncu else matmul_peak()
+    if peak:
+        print(f"dense BF16 matmul peak {peak / 1e12:.0f} TFLOP/s", flush=True)
+    rows = []
+    for variant in args.variants.split(","):
+        name, *pairs = variant.split(":")
+        values = {k: int(v) for k, v in (pr.split("=") for pr in pairs)}
+        for kind in args.kinds.split(","):
+            base = specs[kind].as_dict()
+            spec = (wg if name == "attn_prefill_wg" else ap).KERNEL.spec(
+                **({**base, **values} if name == "attn_prefill_wg" else
+                   {k: v for k, v in {**base, **values}.items() if k not in ("ST", "V")}))
+            k = kset.get(name, **spec.as_dict())
+            for t, start in cases:
+                gen = torch.Generator(device="cuda").manual_seed(t + start)
+                sets = [ap.make_args(spec, gen=gen, tokens=t, start=start, poison_unseen=False)
+                        for _ in range(args.sets)]
+                k.launch(*sets[0])
+                torch.cuda.synchronize()
+                if args.ncu:
+                    continue
+                graph = torch.cuda.CUDAGraph()
+                with capture_graph(graph):
+                    for r in range(args.reps):
+                        k.launch(*sets[r % len(sets)])
+                graph.replay()
+                times = []
+                for _ in range(5):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    graph.replay()
+                    e.record()
+                    e.synchronize()
+                    times.append(s.elapsed_time(e) / 1e3 / args.reps)
+                sec = statistics.median(times)
+                fl = ap.flops(spec, t, start)
+                row = {"variant": variant, "kind": kind, "tokens": t, "start": start,
+                       "us": sec * 1e6, "tflops": fl / sec / 1e12, "of_peak": fl / sec / peak}
+                rows.append(row)
+                print(f"{variant:28s} {kind:7s} T={t:6d} S={start:6d}: {sec * 1e6:9.1f} us "
+                      f"{row['tflops']:6.1f} TFLOP/s ({row['of_peak']:.0%} of the matmul peak)",
+                      flush=True)
+                del graph, sets
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "attn_speed.json").write_text(json.dumps(
+            {"peak_flops": peak, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
