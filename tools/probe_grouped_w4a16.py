@@ -7,7 +7,7 @@ experts), so a profiler sees them without the rest of the prefill:
 Prints each kernel's time (the median over 5 replays of one CUDA graph of --reps launches in
 stream order with PDL, as in the prefill's graphs, the weights of --layers layers rotated so
 each launch reads DRAM) and its bytes over the copy bandwidth measured in
-the same run. Variants: --nt, --depth (spec D), --kinds.
+the same run, and the pairs' FLOP/s. Variants: --kernel, --nt, --depth (spec D), --kinds.
 """
 
 from __future__ import annotations
@@ -45,25 +45,39 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", default="25,512")
+    p.add_argument("--kernel", default="grouped_w4a16",
+                   choices=("grouped_w4a16", "grouped_w4a16_wg"),
+                   help="the routed experts' kernel (grouped_w4a16_wg: the wgmma one, chunks "
+                        "above 1,536 rows in the prefill)")
     p.add_argument("--nt", type=int, default=0, help="pairs per tile (0: the prefill's choice)")
     p.add_argument("--depth", type=int, default=gw.DEPTH)
     p.add_argument("--kinds", default="0,1")
+    p.add_argument("--values", default="",
+                   help="more spec values, K=V[,K=V…] (e.g. PF=1 for grouped_w4a16_wg)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--layers", type=int, default=8)
     args = p.parse_args()
     from flint_graph.capture.launcher import KernelSet, capture_graph
-    from flint_graph.capture.prefill import W4A16_NT, W4A16_NT_LARGE
+    from flint_graph.capture.prefill import (W4A16_NT, W4A16_NT_LARGE, W4A16_WG_NT,
+                                             W4A16_WG_NT_LARGE)
+    from flint_graph.kernels.prefill import grouped_w4a16_wg as gwg
 
     cfg = FlintConfig.preset("full")
-    kset = KernelSet(kernels=registry(("grouped_w4a16",)))
+    kset = KernelSet(kernels=registry((args.kernel,)))
+    wg = args.kernel == "grouped_w4a16_wg"
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     for t in [int(v) for v in args.tokens.split(",")]:
-        nt = args.nt or next((n for r, n in W4A16_NT if t <= r), W4A16_NT_LARGE)
+        nt = args.nt or (next((n for r, n in W4A16_WG_NT if t <= r), W4A16_WG_NT_LARGE) if wg
+                         else next((n for r, n in W4A16_NT if t <= r), W4A16_NT_LARGE))
         for kind in [int(v) for v in args.kinds.split(",")]:
-            spec = gw.KERNEL.spec(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
-                                  E=cfg.n_routed_experts, NT=nt, D=args.depth)
-            k = kset.get("grouped_w4a16", **spec.as_dict())
+            values = dict(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
+                          E=cfg.n_routed_experts, NT=nt)
+            values.update({k: int(v) for k, v in (kv.split("=") for kv in
+                                                  args.values.split(",") if kv)})
+            spec = (gwg.KERNEL.spec(**values) if wg
+                    else gw.KERNEL.spec(**values, D=args.depth))
+            k = kset.get(args.kernel, **spec.as_dict())
             gen = torch.Generator(device="cuda").manual_seed(t)
             sets = [gw.make_args(spec, gen=gen, tokens=t, experts_used=256)
                     for _ in range(args.layers)]
@@ -91,9 +105,12 @@ def main() -> int:
                 e.synchronize()
                 times.append(s.elapsed_time(e) * 1e3 / args.reps)
             us = statistics.median(times)
-            print(f"T={t} KIND={kind} NT={nt} D={args.depth}: {len(live)} tiles, {experts} "
+            fl = t * 6 * 2 * cfg.hidden_size * cfg.moe_intermediate_size * (2 - kind)
+            print(f"{args.kernel}{'/' + args.values if args.values else ''} T={t} KIND={kind} NT={nt}"
+                  f"{'' if wg else f' D={args.depth}'}: {len(live)} tiles, {experts} "
                   f"experts, {nbytes / 1e6:.1f} MB of weights, {us:.1f} us "
-                  f"({nbytes / (us * 1e-6) / bw:.0%} of copy BW)", flush=True)
+                  f"({nbytes / (us * 1e-6) / bw:.0%} of copy BW, {fl / us / 1e6:.0f} TFLOP/s)",
+                  flush=True)
     return 0
 
 
