@@ -394,6 +394,7 @@ def _check_address(host: str, port: int) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Serve the OpenAI HTTP API until Ctrl-C (flint_graph/server)."""
+    import asyncio
     from pathlib import Path
 
     try:
@@ -417,9 +418,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     app = create_app(lambda: load_llm(args), name, api_key=args.api_key, on_error=stop,
                      max_waiting=args.max_waiting)
-    # on Ctrl-C / SIGTERM, requests still open after 5 s are cancelled (and aborted)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level="warning", timeout_graceful_shutdown=5))
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            # requests still open after the grace are aborted in the engine, so each handler
+            # ends its response itself; uvicorn's own timeout, later, would cancel them
+            # mid-write (a plain-text 500 and a CancelledError traceback, before 2026-12-03)
+            later = asyncio.get_running_loop().call_later(args.shutdown_grace,
+                                                          app.state.abort_all)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                later.cancel()
+
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                   timeout_graceful_shutdown=args.shutdown_grace + 5))
     print(f"flint-graph: serving {name!r} on http://{args.host}:{args.port}/v1 (loading the "
           "model: GET /health answers 503 until it is ready)", file=sys.stderr)
 

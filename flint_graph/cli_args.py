@@ -138,6 +138,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def grace_seconds(text: str) -> float:
+    """argparse type of --shutdown-grace: seconds, a finite number from 0 to 3,600."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to 3600, got {text}")
+    return value
+
+
 class _VersionAction(argparse.Action):
     """`--version`, reading the installed version only when asked (importlib.metadata is slow
     to import)."""
@@ -228,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-waiting", type=positive_int, default=256, metavar="N",
                      help="requests that may wait for a free slot, in arrival order; past "
                           "them a request gets 429 at once (default: %(default)s)")
+    srv.add_argument("--shutdown-grace", type=grace_seconds, default=5.0, metavar="S",
+                     help="on Ctrl-C or SIGTERM, requests still open after S seconds are "
+                          "aborted: a streamed one ends with finish_reason \"abort\" and "
+                          "[DONE], another gets a 503 error (default: %(default)s)")
     srv.set_defaults(command="serve")
 
     mk = sub.add_parser("make-checkpoint", help="write a synthetic Flint checkpoint (BF16 "

@@ -562,6 +562,63 @@ def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
             p.kill()
 
 
+def test_sigterm_with_open_requests_ends_each_response_cleanly(tiny_ckpt):
+    """A bad-input trial (2026-12-03): SIGTERM while requests ran ended them with Starlette's
+    plain-text 500 (a stream cut without its last chunk) and a CancelledError traceback on
+    stderr, once uvicorn's graceful timeout cancelled the handlers. Now, past --shutdown-grace
+    (0 here), the requests are aborted in the engine and each handler ends its own response: a
+    stream with finish_reason "abort" and [DONE], a plain request with a 503 JSON error; exit 0
+    and no traceback."""
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    p = subprocess.Popen([sys.executable, "-m", "flint_graph.cli", "serve", str(tiny_ckpt),
+                          "--port", str(port), "--device", "cpu", "--shutdown-grace", "0"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    body = {"prompt": "once upon a time", "max_tokens": 4000, "temperature": 1.0, "seed": 1}
+    plain: list = []
+
+    def post_plain():
+        plain.append(_answer(urllib.request.Request(
+            url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}),
+            timeout=60))
+
+    try:
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    break
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.25)
+        worker = threading.Thread(target=post_plain)
+        worker.start()
+        req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            lines = [resp.readline() for _ in range(6)]  # a few chunks: both requests run
+            p.send_signal(signal.SIGTERM)
+            lines += resp.read().splitlines()
+        worker.join(60)
+        assert p.wait(30) == 0
+        err = p.stderr.read().decode()
+        assert "Traceback" not in err, err[-2000:]
+        events = [ln[6:] for ln in lines if ln.startswith(b"data: ")]
+        assert events[-1] == b"[DONE]", events[-3:]
+        finishes = [c["finish_reason"] for e in events[:-1] for c in json.loads(e)["choices"]
+                    if c["finish_reason"]]
+        assert finishes == ["abort"]
+        status, answer = plain[0]
+        assert status == 503 and answer["error"]["code"] == "server_shutting_down", answer
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
 def test_a_client_that_leaves_while_nothing_streams_is_dropped(server, monkeypatch):
     """A bad-input trial: while a call's arguments are not streamed (a tool typed as a whole),
     no chunk goes out, so the disconnect went unseen and the request ran on to max_tokens.

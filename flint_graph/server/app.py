@@ -46,11 +46,16 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     `llm` is an LLM, or a function returning one, called in a background thread when the app
     starts: until it returns, /health answers 503 {"status": "loading"} and every other route
     503; if it raises, /health answers 503 {"status": "error", "error": ...} and
-    `on_error(message)` is called (the CLI stops the server with it)."""
+    `on_error(message)` is called (the CLI stops the server with it).
+
+    `app.state.abort_all()` (the CLI calls it when a shutdown's grace has passed) aborts every
+    open request in the engine, so each handler ends its own response: a streamed one with
+    finish_reason "abort" and [DONE], another with a 503 error (code "server_shutting_down");
+    from then on every route but /health answers 503. Returns how many it aborted."""
     if max_waiting is not None and (not isinstance(max_waiting, int) or max_waiting < 1):
         raise ValueError(f"max_waiting = {max_waiting!r}: expected an int >= 1 (or None: no "
                          "bound)")
-    state: dict[str, Any] = {"llm": None, "metrics": None, "error": None}
+    state: dict[str, Any] = {"llm": None, "metrics": None, "error": None, "stopping": False}
 
     def _loaded(model) -> None:
         state["metrics"] = ServerMetrics(model.engine)
@@ -78,6 +83,18 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
 
     app = FastAPI(title="flint-graph", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
+
+    def abort_all() -> int:
+        state["stopping"] = True
+        if state["llm"] is None:
+            return 0
+        eng = state["llm"].engine
+        reqs = list(eng.waiting) + list(eng.prefilling) + list(eng.running)
+        for req in reqs:
+            eng.abort(req)
+        return len(reqs)
+
+    app.state.abort_all = abort_all
     app.router.redirect_slashes = False
 
     @app.exception_handler(StarletteHTTPException)
@@ -92,7 +109,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                                        kind="server_error").body(), status_code=500)
 
     def _ready():
-        """The LLM, or APIError 503 while it loads (or failed to)."""
+        """The LLM, or APIError 503 while it loads (or failed to) or shuts down."""
+        if state["stopping"]:
+            raise _stopping()
         if state["llm"] is None:
             why = (f"the model failed to load ({state['error']})" if state["error"] else
                    "the model is still loading; GET /health answers 200 once it is ready")
@@ -208,12 +227,15 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             admission.done()
             raise
         weakref.finalize(stream, admission.done)  # a response never iterated frees it too
+        _started(stream)
         seen = {"reasoning": [], "content": []}
         decode = _decoder(llm) if params.logprobs else None
         sse = await _respond(request, body, _chat_events(stream, usage, seen, decode, admission),
                              stream, "chat", metrics, admission)
         if sse:
             return sse
+        if state["stopping"] and stream.message.finish_reason == "abort":
+            raise _stopping(stream)
         # the response is what the stream would have delivered, joined: an output that ends
         # inside reasoning with finish "stop" streams as reasoning, then (once known to be the
         # answer) again as content, so it is in both fields here too
@@ -221,6 +243,17 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         msg = dataclasses.replace(stream.message, reasoning_content=reasoning or None,
                                   content="".join(seen["content"]))
         return p.chat_response(p.new_id("chatcmpl"), model_name, msg, _decoder(llm))
+
+    def _stopping(stream=None) -> p.APIError:
+        done = "" if stream is None else (f": the request was aborted after "
+                                          f"{len(stream.output.token_ids)} tokens")
+        return p.APIError(503, f"the server is shutting down{done}", kind="server_error",
+                          code="server_shutting_down")
+
+    def _started(stream) -> None:
+        """A request that reached the engine after abort_all is aborted too."""
+        if state["stopping"]:
+            stream.cancel()
 
     def _decoder(llm):
         return llm.tokenizer.token_bytes  # id -> the bytes it stands for (logprobs)
@@ -296,6 +329,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             admission.done()
             raise
         weakref.finalize(stream, admission.done)
+        _started(stream)
         decode = _decoder(llm) if params.logprobs else None
         events = _completion_events(stream, usage, decode, admission, params.top_logprobs > 0)
         sse = await _respond(request, body, events,
@@ -303,6 +337,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         if sse:
             return sse
         out = stream.output
+        if state["stopping"] and out.finish_reason == "abort":
+            raise _stopping(stream)
         lps = (p.completion_logprobs(out.token_ids, out.logprobs, decode,
                                      tops=out.top_logprobs if params.top_logprobs else None)[0]
                if decode is not None else None)
