@@ -955,18 +955,20 @@ class Prefill:
                 self._fold_scheds[tb] = got
         return got
 
-    def set_w4a16_wg(self, min_rows: int | None) -> None:
+    def set_w4a16_wg(self, min_rows: int | None, **values: int) -> None:
         """Run the routed NVFP4 experts of chunks above `min_rows` rows on grouped_w4a16_wg
-        (None: never). Needs the grouped W4A16 path (NVFP4 experts, the kernel path, a config
-        both kernels fit); raises ValueError otherwise, KernelCacheError when the cache lacks
-        the kernels."""
+        (None: never), with other spec values (`values`, e.g. PF=1: benchmark variants, built
+        by tools/build_gpu_cache.py). Needs the grouped W4A16 path (NVFP4 experts, the kernel
+        path, a config both kernels fit); raises ValueError otherwise, KernelCacheError when
+        the cache lacks the kernels."""
         if min_rows is None:
             self.w4a16_wg, self.w4a16_wg_min = {}, None
             return
         if not self.w4a16_args or not grouped_w4a16_wg.fits(self.cfg):
             raise ValueError("grouped_w4a16_wg needs NVFP4 experts on the grouped W4A16 path "
                              "and expert shapes it fits")
-        self.w4a16_wg = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16_wg", **s.as_dict())
+        self.w4a16_wg = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16_wg",
+                                                             **{**s.as_dict(), **values})
                          for s in grouped_w4a16_wg.KERNEL.specs(self.cfg, ())}
         self.w4a16_wg_min = min_rows
 
