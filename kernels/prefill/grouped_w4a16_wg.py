@@ -53,8 +53,6 @@ X_STAGES = 4  # x tiles in shared memory, filled X_AHEAD steps ahead
 X_AHEAD = 2  # so a refilled stage was last read X_STAGES − X_AHEAD = 2 steps before
 W_STAGES = 2
 NTS = (64, 128)  # pairs per tile: wgmma's N
-PF_LINES = 2  # spec PF = 1: each weight row's codes prefetched into L2 this many 128-byte lines
-# (4 steps each) ahead of its loads
 
 
 def cta_rows(kind: int) -> int:
@@ -77,8 +75,6 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
-    if dict(spec.values).get("PF", 0) not in (0, 1):
-        raise ValueError(f"grouped_w4a16_wg: PF = {spec['PF']}; expected 0 or 1 (L2 prefetch)")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16_wg: K = {k_dim} must be a multiple of {BK} and N = "
@@ -126,12 +122,6 @@ def _specs(cfg, buckets=()) -> list[Spec]:
     return [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt) for kind in (0, 1) for nt in NTS]
 
 
-def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """`_specs` with PF = 1 (L2 prefetch of the weight rows ahead of their loads), a variant
-    until measured (tools/probe_grouped_w4a16.py --kernel grouped_w4a16_wg --values PF=1)."""
-    return [KERNEL.spec(**s.as_dict(), PF=1) for s in _specs(cfg, buckets)]
-
-
 def _reference(spec: Spec, *args):
     return gw._reference(spec, *args)
 
@@ -146,7 +136,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64, Uint32
-    from cutlass.cutlass_dsl import dsl_user_op
 
     from flint_graph.kernels.decode.gemv_mma import frag_ops
     from flint_graph.kernels.toolchain import dsl_util as du
@@ -168,13 +157,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     exch_bytes = 128 * nacc * 4 if kind == 0 else 0
     launch = _launch(spec)
     dequant, _, scales = frag_ops()
-    prefetch = dict(spec.values).get("PF", 0) == 1
-
-    @dsl_user_op
-    def prefetch_l2(addr, *, loc=None, ip=None):
-        """prefetch.global.L2 of the 128-byte line at a global byte address (no register)."""
-        du._asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
-                loc, ip, side_effects=True)
 
     def swz(row, chunk):
         """Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` (swizzled)."""
@@ -276,20 +258,11 @@ def _build(spec: Spec, arch: str = "sm_90a"):
 
             for s in cutlass.range_constexpr(min(X_AHEAD, steps)):
                 load_x(s, base, dst, src, nbytes)
-            if cutlass.const_expr(prefetch):
-                # a step's codes are 32 bytes of the row: a line holds 4 steps. load_w runs
-                # one step ahead, less than a DRAM round trip when steps are short
-                prefetch_l2(sa)
-                for ln in cutlass.range_constexpr(1, min(PF_LINES + 1, steps * (BK // 2) // 128)):
-                    prefetch_l2(ca + Int64(ln * 128))
             nxt = load_w(0, ca, sa)
             acc = cute.make_rmem_tensor((nacc,), Float32)
             acc.fill(0.0)
             a_off = wgi * 64 * 128  # this warpgroup's rows in an A stage
             for s in cutlass.range_constexpr(steps):
-                ln = s // 4 + PF_LINES + 1  # the line PF_LINES after the next one
-                if cutlass.const_expr(prefetch and s % 4 == 0 and ln * 4 < steps):
-                    prefetch_l2(ca + Int64(ln * 128))
                 words, sbytes = nxt
                 if cutlass.const_expr(s + 1 < steps):
                     nxt = load_w(s + 1, ca, sa)
