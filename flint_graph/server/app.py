@@ -51,7 +51,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     `app.state.abort_all()` (the CLI calls it when a shutdown's grace has passed) aborts every
     open request in the engine, so each handler ends its own response: a streamed one with
     finish_reason "abort" and [DONE], another with a 503 error (code "server_shutting_down");
-    from then on every route but /health answers 503. Returns how many it aborted."""
+    from then on every route but /health answers 503 (on connections still open: uvicorn
+    refuses new ones once it shuts down). Returns how many it aborted."""
     if max_waiting is not None and (not isinstance(max_waiting, int) or max_waiting < 1):
         raise ValueError(f"max_waiting = {max_waiting!r}: expected an int >= 1 (or None: no "
                          "bound)")
