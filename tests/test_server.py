@@ -535,6 +535,16 @@ def test_scripted_outputs_stream_as_the_contract_says(server, client, monkeypatc
         assert sum(1 for d in deltas if d.function.arguments) > 3  # streamed as it arrived
 
 
+def _wait_healthy(port: int) -> None:
+    """Poll a `flint-graph serve` subprocess's /health until it answers (≤ 60 s)."""
+    for _ in range(240):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return
+        except (OSError, urllib.error.URLError):
+            time.sleep(0.25)
+
+
 def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
     """`docker stop` / systemd send SIGTERM: the server stops as on Ctrl-C and exits 0 (uvicorn
     re-raised the signal after its graceful shutdown: the process died of it, status 143)."""
@@ -549,12 +559,7 @@ def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
                           "--port", str(port), "--device", "cpu"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        for _ in range(240):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                    break
-            except (OSError, urllib.error.URLError):
-                time.sleep(0.25)
+        _wait_healthy(port)
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0, p.stderr.read().decode()[-500:]
     finally:
@@ -589,12 +594,7 @@ def test_sigterm_with_open_requests_ends_each_response_cleanly(tiny_ckpt):
             timeout=60))
 
     try:
-        for _ in range(240):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                    break
-            except (OSError, urllib.error.URLError):
-                time.sleep(0.25)
+        _wait_healthy(port)
         worker = threading.Thread(target=post_plain)
         worker.start()
         req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),

@@ -7,7 +7,7 @@ each case (a chunk of T query tokens after S cached ones), the kernel's full-lay
 sliding-layer (ring) specialisations of the full config run R times back to back in one CUDA
 graph over L argument sets (fresh Gaussian inputs, sinks N(0, 1)); time per launch = the median
 of 5 replays / R. FLOPs are the visible (query, key) pairs' 4·D·HQ (attn_prefill.flops). The
-peak is torch.mm on 8,192³ bf16, the median of 10 (what bench_prefill's MFU divides by).
+peak is perf/measure.matmul_peak_flops (8,192³ bf16, what the bench's MFU divides by).
 
     python tools/probe_attn_speed.py [--variants attn_prefill,attn_prefill_wg]
         [--cases 8192+0,8192+24576] [--reps 8] [--out DIR]
@@ -28,29 +28,13 @@ from pathlib import Path
 import torch
 
 
-def matmul_peak(n: int = 8192) -> float:
-    """Dense BF16 FLOP/s of torch.mm at n³, the median of 10 timed calls."""
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(10):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        a @ b
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return 2 * n ** 3 / statistics.median(times)
-
-
 def main() -> int:
     from flint_graph.capture.launcher import KernelSet, capture_graph
     from flint_graph.checkpoints.config import FlintConfig
     from flint_graph.kernels import registry
     from flint_graph.kernels.prefill import attn_prefill as ap
     from flint_graph.kernels.prefill import attn_prefill_wg as wg
+    from flint_graph.perf.measure import matmul_peak_flops
 
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--variants", default="attn_prefill_wg,attn_prefill_wg:ST=3",
@@ -69,7 +53,7 @@ def main() -> int:
     kset = KernelSet(kernels=registry(("attn_prefill", "attn_prefill_wg")))
     specs = {("sliding" if s["RING"] else "full"): s for s in wg._specs(cfg)}
     cases = [tuple(int(x) for x in c.split("+")) for c in args.cases.split(",")]
-    peak = None if args.ncu else matmul_peak()
+    peak = None if args.ncu else matmul_peak_flops("cuda")
     if peak:
         print(f"dense BF16 matmul peak {peak / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
