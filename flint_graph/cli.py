@@ -420,6 +420,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                      max_waiting=args.max_waiting)
 
     class Server(uvicorn.Server):
+        loop = None
+        ended_requests = False
+
+        async def startup(self, sockets=None):
+            self.loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+
+        def handle_exit(self, sig, frame):
+            if self.should_exit and not self.ended_requests and self.loop is not None:
+                # a second Ctrl-C / SIGTERM: end the open requests now, each handler
+                # answering within an engine step, rather than uvicorn's forced exit cutting
+                # them mid-response (tracebacks, before 2026-12-03); a third one forces
+                self.ended_requests = True
+                self.loop.call_soon_threadsafe(app.state.abort_all)
+                return
+            super().handle_exit(sig, frame)
+
         async def shutdown(self, sockets=None):
             # requests still open after the grace are aborted in the engine, so each handler
             # ends its response itself; uvicorn's own timeout, later, would cancel them

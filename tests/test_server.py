@@ -535,20 +535,10 @@ def test_scripted_outputs_stream_as_the_contract_says(server, client, monkeypatc
         assert sum(1 for d in deltas if d.function.arguments) > 3  # streamed as it arrived
 
 
-def _wait_healthy(port: int) -> None:
-    """Poll a `flint-graph serve` subprocess's /health until it answers (≤ 60 s)."""
-    for _ in range(240):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                return
-        except (OSError, urllib.error.URLError):
-            time.sleep(0.25)
-
-
-def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
-    """`docker stop` / systemd send SIGTERM: the server stops as on Ctrl-C and exits 0 (uvicorn
-    re-raised the signal after its graceful shutdown: the process died of it, status 143)."""
-    import signal
+@contextlib.contextmanager
+def _serve_process(tiny_ckpt, *options: str):
+    """(process, port) of `flint-graph serve` on the tiny checkpoint in a subprocess, once its
+    /health answers (≤ 60 s); killed on the way out if it is still running."""
     import subprocess
     import sys
 
@@ -556,15 +546,59 @@ def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     p = subprocess.Popen([sys.executable, "-m", "flint_graph.cli", "serve", str(tiny_ckpt),
-                          "--port", str(port), "--device", "cpu"],
+                          "--port", str(port), "--device", "cpu", *options],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _wait_healthy(port)
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(30) == 0, p.stderr.read().decode()[-500:]
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    break
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.25)
+        yield p, port
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def _clean_exit(p) -> None:
+    """The process exits 0 within 30 s with no Python traceback on stderr."""
+    assert p.wait(30) == 0
+    err = p.stderr.read().decode()
+    assert "Traceback" not in err, err[-2000:]
+
+
+LONG = {"prompt": "once upon a time", "max_tokens": 4000, "temperature": 1.0, "seed": 1}
+
+
+def _stream_lines(port: int, after_lines: int, then) -> list[bytes]:
+    """A streamed /v1/completions request of LONG: `then()` once `after_lines` lines came
+    (the request is generating), then every line to the end of the response."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 data=json.dumps({**LONG, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        lines = [resp.readline() for _ in range(after_lines)]
+        then()
+        return lines + resp.read().splitlines()
+
+
+def _ended_with_abort(lines: list[bytes]) -> None:
+    events = [ln[6:] for ln in lines if ln.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]", events[-3:]
+    finishes = [c["finish_reason"] for e in events[:-1] for c in json.loads(e)["choices"]
+                if c["finish_reason"]]
+    assert finishes == ["abort"]
+
+
+def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
+    """`docker stop` / systemd send SIGTERM: the server stops as on Ctrl-C and exits 0 (uvicorn
+    re-raised the signal after its graceful shutdown: the process died of it, status 143)."""
+    import signal
+
+    with _serve_process(tiny_ckpt) as (p, _):
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0, p.stderr.read().decode()[-500:]
 
 
 def test_sigterm_with_open_requests_ends_each_response_cleanly(tiny_ckpt):
@@ -575,48 +609,62 @@ def test_sigterm_with_open_requests_ends_each_response_cleanly(tiny_ckpt):
     stream with finish_reason "abort" and [DONE], a plain request with a 503 JSON error; exit 0
     and no traceback."""
     import signal
-    import subprocess
-    import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/v1/completions"
-    p = subprocess.Popen([sys.executable, "-m", "flint_graph.cli", "serve", str(tiny_ckpt),
-                          "--port", str(port), "--device", "cpu", "--shutdown-grace", "0"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    body = {"prompt": "once upon a time", "max_tokens": 4000, "temperature": 1.0, "seed": 1}
-    plain: list = []
-
-    def post_plain():
-        plain.append(_answer(urllib.request.Request(
-            url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}),
-            timeout=60))
-
-    try:
-        _wait_healthy(port)
-        worker = threading.Thread(target=post_plain)
+    with _serve_process(tiny_ckpt, "--shutdown-grace", "0") as (p, port):
+        plain: list = []
+        worker = threading.Thread(target=lambda: plain.append(_answer(urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(LONG).encode(),
+            headers={"Content-Type": "application/json"}), timeout=60)))
         worker.start()
-        req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            lines = [resp.readline() for _ in range(6)]  # a few chunks: both requests run
-            p.send_signal(signal.SIGTERM)
-            lines += resp.read().splitlines()
+        lines = _stream_lines(port, 6, lambda: p.send_signal(signal.SIGTERM))
         worker.join(60)
-        assert p.wait(30) == 0
-        err = p.stderr.read().decode()
-        assert "Traceback" not in err, err[-2000:]
-        events = [ln[6:] for ln in lines if ln.startswith(b"data: ")]
-        assert events[-1] == b"[DONE]", events[-3:]
-        finishes = [c["finish_reason"] for e in events[:-1] for c in json.loads(e)["choices"]
-                    if c["finish_reason"]]
-        assert finishes == ["abort"]
+        _clean_exit(p)
+        _ended_with_abort(lines)
         status, answer = plain[0]
         assert status == 503 and answer["error"]["code"] == "server_shutting_down", answer
-    finally:
-        if p.poll() is None:
-            p.kill()
+
+
+def test_a_second_signal_ends_open_requests_at_once(tiny_ckpt):
+    """A bad-input trial (2026-12-03): SIGTERM then Ctrl-C (or Ctrl-C twice) made uvicorn force
+    its exit, cutting every open response (plain-text 500s, streams without their last chunk,
+    ~200 lines of CancelledError tracebacks). A second signal now ends the open requests at
+    once, each handler answering, long before the grace (60 s here) runs out."""
+    import signal
+
+    with _serve_process(tiny_ckpt, "--shutdown-grace", "60") as (p, port):
+        def signals():
+            p.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            p.send_signal(signal.SIGINT)
+
+        t0 = time.perf_counter()
+        lines = _stream_lines(port, 6, signals)
+        _clean_exit(p)  # the first signal, SIGTERM, sets the status
+        assert time.perf_counter() - t0 < 30
+        _ended_with_abort(lines)
+
+
+def test_a_body_still_arriving_at_shutdown_gets_503(tiny_ckpt):
+    """A bad-input trial (2026-12-03): a request whose body was still being uploaded when the
+    grace ran out got a plain-text 500 and a CancelledError traceback when uvicorn cancelled
+    its handler. Its upload is now cut at the grace and it answers 503 server_shutting_down."""
+    import signal
+
+    with _serve_process(tiny_ckpt, "--shutdown-grace", "0") as (p, port):
+        body = json.dumps(LONG).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: " + str(len(body)).encode()
+                         + b"\r\n\r\n" + body[:10])
+            time.sleep(0.5)
+            p.send_signal(signal.SIGTERM)
+            reply = b""
+            while chunk := conn.recv(65536):
+                reply += chunk
+        _clean_exit(p)
+        head, _, rest = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), reply[:300]
+        assert json.loads(rest)["error"]["code"] == "server_shutting_down"
 
 
 def test_a_client_that_leaves_while_nothing_streams_is_dropped(server, monkeypatch):

@@ -52,11 +52,13 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     open request in the engine, so each handler ends its own response: a streamed one with
     finish_reason "abort" and [DONE], another with a 503 error (code "server_shutting_down");
     from then on every route but /health answers 503 (on connections still open: uvicorn
-    refuses new ones once it shuts down). Returns how many it aborted."""
+    refuses new ones once it shuts down), a request whose body is still arriving too. Call
+    it on the event loop's thread. Returns how many requests it aborted in the engine."""
     if max_waiting is not None and (not isinstance(max_waiting, int) or max_waiting < 1):
         raise ValueError(f"max_waiting = {max_waiting!r}: expected an int >= 1 (or None: no "
                          "bound)")
     state: dict[str, Any] = {"llm": None, "metrics": None, "error": None, "stopping": False}
+    uploads: set[anyio.CancelScope] = set()  # request bodies being received
 
     def _loaded(model) -> None:
         state["metrics"] = ServerMetrics(model.engine)
@@ -87,6 +89,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
 
     def abort_all() -> int:
         state["stopping"] = True
+        for scope in list(uploads):  # a body still arriving: that request answers 503 now
+            scope.cancel()
         if state["llm"] is None:
             return 0
         eng = state["llm"].engine
@@ -139,10 +143,17 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         if size is not None and size.isdigit() and int(size) > p.MAX_BODY_BYTES:
             raise _too_large()
         raw = bytearray()
-        async for part in request.stream():
-            raw += part
-            if len(raw) > p.MAX_BODY_BYTES:
-                raise _too_large()
+        with anyio.CancelScope() as scope:  # abort_all cancels it
+            uploads.add(scope)
+            try:
+                async for part in request.stream():
+                    raw += part
+                    if len(raw) > p.MAX_BODY_BYTES:
+                        raise _too_large()
+            finally:
+                uploads.discard(scope)
+        if scope.cancelled_caught:
+            raise _stopping()
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep, too
@@ -246,8 +257,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         return p.chat_response(p.new_id("chatcmpl"), model_name, msg, _decoder(llm))
 
     def _stopping(stream=None) -> p.APIError:
-        done = "" if stream is None else (f": the request was aborted after "
-                                          f"{len(stream.output.token_ids)} tokens")
+        n = 0 if stream is None else len(stream.output.token_ids)
+        done = f": the request was aborted after {n} tokens" if n else ""
         return p.APIError(503, f"the server is shutting down{done}", kind="server_error",
                           code="server_shutting_down")
 
