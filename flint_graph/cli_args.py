@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--shutdown-grace", type=grace_seconds, default=5.0, metavar="S",
                      help="on Ctrl-C or SIGTERM, requests still open after S seconds are "
                           "aborted: a streamed one ends with finish_reason \"abort\" and "
-                          "[DONE], another gets a 503 error (default: %(default)s)")
+                          "[DONE], another gets a 503 error; a second signal does that at "
+                          "once (default: %(default)s)")
     srv.set_defaults(command="serve")
 
     mk = sub.add_parser("make-checkpoint", help="write a synthetic Flint checkpoint (BF16 "
