@@ -268,7 +268,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                             acc[4 * (jd + h) + e] = c4[e]
 
     def softmax_lazy(sc, st):
-        """V = 1's online softmax of one tile (raw scores in `sc`, replaced by the weights): the
+        """The online softmax of one tile (raw scores in `sc`, replaced by the weights): the
         scale is folded into each exponent's FMA, and a row's reference max moves, rescaling
         l and O, only when the tile's max exceeds it by more than RESCALE_AT (log2 units;
         FlashAttention-4's conditional rescaling): every weight stays ≤ 2^RESCALE_AT, O and l
