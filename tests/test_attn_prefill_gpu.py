@@ -70,6 +70,7 @@ def _check(kset, spec, tokens, start, seed, sinks=None) -> float:
     assert not out.isnan().any(), f"{what}: NaN in the output (a masked or unwritten key leaked)"
     (ref,) = ap._reference(spec, *args)
     rel = _rel(out, ref)
+    print(f"{what}: rel err {rel:.2e}")  # pytest -s: the errors, not only the verdicts
     assert rel <= REL_TOL, f"{what}: rel err {rel:.2e} > {REL_TOL}"
     return rel
 
