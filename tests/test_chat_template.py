@@ -252,6 +252,28 @@ def test_bad_tools_name_the_field(tools, tool_choice, field):
         render(msgs, tools, tool_choice=tool_choice)
 
 
+@pytest.mark.parametrize(
+    ("tools", "message"),
+    [
+        ([{"type": "function"}], "tools[0].function: expected an object, found no such key"),
+        ([{"type": "function", "function": None}],
+         "tools[0].function: expected an object, found null"),
+        ([{"type": "function", "function": {"parameters": {}}}],
+         "tools[0].function.name: expected a non-empty string, found no such key"),
+        ([{"type": "function", "function": {"name": None}}],
+         "tools[0].function.name: expected a non-empty string, found None"),
+        ([{"function": {"name": "f"}}], "tools[0].type: expected 'function', found no such key"),
+    ],
+)  # fmt: skip
+def test_a_missing_key_is_told_apart_from_a_null(tools, message):
+    """A new-user trial (2026-12-03): a tool without "function" or without a name was
+    reported as "found null" / "found None", as if the user had written a null."""
+    with pytest.raises(InvalidRequestError, match=f"^{re.escape(message)}$"):
+        render([{"role": "user", "content": "x"}], tools)
+    with pytest.raises(InvalidRequestError, match="function: expected an object, found no such"):
+        render([{"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}])
+
+
 def test_bad_flags():
     msgs = [{"role": "user", "content": "x"}]
     with pytest.raises(InvalidRequestError, match="^enable_thinking: expected a bool"):

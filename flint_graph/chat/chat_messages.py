@@ -38,6 +38,16 @@ def _type(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+_ABSENT = object()
+
+
+def _found(obj: Mapping, key: str, show=_type) -> str:
+    """How an error names obj[key]: 'found null' / 'found int' (`show`), or 'found no such key'
+    when it is absent (a missing key read as None was reported as "found None")."""
+    value = obj.get(key, _ABSENT)
+    return "found no such key" if value is _ABSENT else f"found {show(value)}"
+
+
 def _check_str(value: Any, field: str, *, optional: bool) -> None:
     if not (isinstance(value, str) or (optional and value is None)):
         expected = "a string or null" if optional else "a string"
@@ -135,11 +145,12 @@ def _normalize_call(call: Any, field: str) -> dict:
         raise InvalidRequestError(f"{field}.type: expected 'function', found {call['type']!r}")
     fn = call.get("function")
     if not isinstance(fn, Mapping):
-        raise InvalidRequestError(f"{field}.function: expected an object, found {_type(fn)}")
+        raise InvalidRequestError(f"{field}.function: expected an object, "
+                                  f"{_found(call, 'function')}")
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequestError(f"{field}.function.name: expected a non-empty string, "
-                                  f"found {name!r}")  # fmt: skip
+                                  f"{_found(fn, 'name', repr)}")
     args = fn.get("arguments")
     if args is None or (isinstance(args, str) and not args.strip()):
         args = {}  # clients write a zero-argument call as "" or null
@@ -215,15 +226,16 @@ def validate_tools(tools: Any) -> list[dict] | None:
                                       f"\"function\", \"function\": {{...}}}}), found "
                                       f"{_type(tool)}")
         if tool.get("type") != "function":
-            raise InvalidRequestError(f"{where}.type: expected 'function', found "
-                                      f"{tool.get('type')!r}")
+            raise InvalidRequestError(f"{where}.type: expected 'function', "
+                                      f"{_found(tool, 'type', repr)}")
         fn = tool.get("function")
         if not isinstance(fn, Mapping):
-            raise InvalidRequestError(f"{where}.function: expected an object, found {_type(fn)}")
+            raise InvalidRequestError(f"{where}.function: expected an object, "
+                                      f"{_found(tool, 'function')}")
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidRequestError(f"{where}.function.name: expected a non-empty string, "
-                                      f"found {name!r}")  # fmt: skip
+                                      f"{_found(fn, 'name', repr)}")
         if name in names:
             raise InvalidRequestError(f"{where}.function.name: duplicate tool name {name!r}")
         if not _TOOL_NAME.fullmatch(name):
