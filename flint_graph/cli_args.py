@@ -138,6 +138,18 @@ def positive_float(text: str) -> float:
     return value
 
 
+def step_ms(text: str) -> float | None:
+    """argparse type of --prefill-step-ms: a finite number of ms > 0, or "none" (no timed
+    budget: every step prefills one chunk, so runs repeat bit for bit)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a number of ms > 0 or 'none', got "
+                                         f"{text!r}") from None
+
+
 def grace_seconds(text: str) -> float:
     """argparse type of --shutdown-grace: seconds, a finite number from 0 to 3,600."""
     try:
@@ -365,11 +377,13 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
                    help="prompt tokens per prefill chunk, on either engine (default: 8192 on "
                         "the graph engine's kernel prefill, else 2048; lower it if a long "
                         "prompt runs out of memory)")
-    p.add_argument("--prefill-step-ms", type=positive_float, metavar="MS", default=200.0,
+    p.add_argument("--prefill-step-ms", type=step_ms, metavar="MS", default=200.0,
                    help="while other requests are generating, prefill about this many ms of a "
                         "new prompt per step (predicted from the prefills timed so far): lower "
                         "keeps their tokens coming more evenly, higher gets the new prompt's "
-                        "first token sooner (default: 200)")
+                        "first token sooner (default: 200). 'none': one chunk per step, "
+                        "whatever the timings, so a rerun splits every prompt alike and repeats "
+                        "bit for bit")
     p.add_argument("--max-context", type=positive_int, metavar="N",
                    help="KV tokens per sequence for the graph engine (default: what fits in "
                         "80%% of the free GPU memory, up to the model's limit)")

@@ -54,7 +54,10 @@ least 95% of the answers are identical, and the log-probabilities of the
 tokens both decoded alike differ by at most 2.6e-4 nats on average (by 0 when
 the same engine, device kind, --batch, --threads and cases made both runs).
 It also prints the mean |Δ| of each step's top-5 log-probabilities (reports
-keep them), informational until its tolerance is measured.
+keep them), informational until its tolerance is measured. A reference made
+from other weights (its "weights" fingerprint: the norms, sinks and biases,
+alike in BF16 and NVFP4) is refused: make a new one after retraining. Runs
+repeat bit for bit: eval prefills one chunk a step, never a timed share.
 --plant BUG runs with a deliberate bug (window-1, no-sink, rope-on-nope,
 router-bias-bf16) to show the suite catches it.
 Exit status: 0; 1 with --check when a target is missed or the --compare
@@ -176,10 +179,16 @@ def cmd_eval(args) -> int:
                                   "--suite and --contexts)")
     device = pick_device(args.device)
     ckpt = load_checkpoint(model, args.hf_config_path, device, args.progress)
+    weights = ckpt.weights.fingerprint()  # before a plant changes them
+    _check_same_weights(ref, weights, args.compare)
     if args.plant:
         ckpt = plant(ckpt, args.plant)
+    # no timed prefill budget: chunk boundaries that follow the timings round differently
+    # from run to run (a rerun of the reference engine on the H200 differed by 1.2e-5 nats),
+    # and --compare holds a rerun to 0
     llm = LLM.from_checkpoint(ckpt, device, EngineConfig(engine=args.engine,
-                                                         cpu_threads=args.threads))
+                                                         cpu_threads=args.threads,
+                                                         prefill_step_ms=None))
     limit = llm.engine.context_limit
     too_long = [c for c in contexts if "recall" in suites
                 and c + evals.MAX_NEW_TOKENS["recall"] > limit]
@@ -192,7 +201,7 @@ def cmd_eval(args) -> int:
     report.update({"model": str(model), "format": ckpt.format.value, "engine": llm.engine.name,
                    "device": str(device), "plant": args.plant, "n": args.n, "seed": args.seed,
                    "suites": list(suites), "contexts": list(contexts), "batch": args.batch,
-                   "threads": args.threads})
+                   "threads": args.threads, "weights": weights})
     if ref is not None:
         report["compare"] = evals.compare(report, ref)
     if args.json is not None:
@@ -207,6 +216,26 @@ def cmd_eval(args) -> int:
     missed = [t for t in report["targets"] if not t["met"] and t.get("judged", True)]
     failed = ref is not None and not report["compare"]["passed"]
     return 1 if args.check and (missed or failed) else 0
+
+
+def _check_same_weights(ref: dict | None, weights: str, path: Path | None) -> None:
+    """Refuse a --compare reference made from other weights (its "weights" fingerprint,
+    FlintWeights.fingerprint): its log-probabilities cannot judge this run's. Reports written
+    before the fingerprint (2026-12-03) are taken with a warning. Raises InvalidRequestError."""
+    from flint_graph.errors import InvalidRequestError
+
+    if ref is None:
+        return
+    theirs = ref.get("weights")
+    if theirs is None:
+        print(f"flint-graph: warning: --compare {path}: the report does not say which weights "
+              "made it (written before eval recorded them); make sure they are this run's",
+              file=sys.stderr)
+    elif theirs != weights:
+        raise InvalidRequestError(
+            f"--compare {path}: made from other weights (fingerprint {theirs}; this checkpoint "
+            f"has {weights}), so its answers and log-probabilities cannot judge this run; make "
+            "a new reference with `flint-graph eval MODEL --engine reference --json REF.json`")
 
 
 def _verdict(target: dict) -> str:

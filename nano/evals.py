@@ -55,6 +55,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -397,7 +398,7 @@ def check_report(rep: Any, name: str) -> dict:
     """`rep` if it is an eval report as `flint-graph eval --json` writes it, checked field by
     field before any work (a bad field would otherwise fail after the whole run); raises
     InvalidRequestError naming `name` and the first bad field. Reports older than a field
-    (no "logprobs", "text", "seed") are accepted."""
+    (no "logprobs", "text", "seed", "weights") are accepted."""
     def bad(field: str, expected: str, found: Any = None, missing: bool = False):
         what = "nothing" if missing else _short(found)
         raise InvalidRequestError(f"{name}: {field}: expected {expected}, found {what}")
@@ -408,6 +409,9 @@ def check_report(rep: Any, name: str) -> dict:
         fields = ", ".join(repr(k)[:40] for k in list(rep)[:5]) or "no fields"
         raise InvalidRequestError(f"{name}: not an eval report (`flint-graph eval --json` writes "
                                   f"one, with groups and cases); found an object with {fields}")
+    w = rep.get("weights")
+    if w is not None and not (isinstance(w, str) and re.fullmatch(r"[0-9a-f]{16}", w)):
+        bad("weights", "the weights' fingerprint, 16 hex digits (FlintWeights.fingerprint)", w)
     groups, cases = rep.get("groups"), rep.get("cases")
     if not isinstance(groups, dict):
         bad("groups", "an object of per-group scores", groups, "groups" not in rep)

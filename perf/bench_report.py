@@ -226,7 +226,7 @@ def _prefill_row(r: dict) -> list[str]:
 
 def _interleave_row(r: dict) -> list[str]:
     pace = r.get("prefill_step_ms")
-    how = f"paced {num(pace, 0, ' ms')}" if pace is not None else "unpaced"
+    how = f"paced {num(pace, 0, ' ms')}" if pace is not None else "a chunk a step"
     ttft = ", ".join(f"{k}: {num(v, 0, ' ms')}" for k, v in (r.get("ttft_ms") or {}).items())
     value = (f"TPOT p50 {num(r.get('tpot_p50_ms'), 1, ' ms')}, p99 "
              f"{num(r.get('tpot_p99_ms'), 1, ' ms')}, max {num(r.get('tpot_max_ms'), 1, ' ms')};"

@@ -363,6 +363,9 @@ def _good_report():
     (lambda r: r.pop("cases"), "cases: expected a non-empty list of scored cases, found nothing"),
     (lambda r: r["groups"].update(arith={"n": 0}), "groups.arith"),
     (lambda r: r["groups"]["arith"].update(correct=2), "groups.arith.correct"),
+    (lambda r: r.update(weights=["986fd218945c1e1e"]), "weights: expected the weights'"),
+    (lambda r: r.update(weights="986FD218945C1E1E"), "weights: expected the weights'"),
+    (lambda r: r.update(weights="x" * 10000), "weights: expected the weights'"),
     (lambda r: r.update(seed="0"), "seed"),
     (lambda r: r.update(seed=True), "seed: expected an integer >= 0, found true"),
     # found by a bad-input helper: accepted, then compared with made-up or missing figures
@@ -539,3 +542,47 @@ def test_cli_json_never_replaces_a_file_that_is_not_a_report(tmp_path, content):
     out = _cli("--json", str(keep), "--quiet")
     assert out.returncode == 2 and "is not an eval report" in out.stderr, out.stderr
     assert keep.read_text() == content
+
+
+def test_cli_compare_refuses_a_reference_from_other_weights(tmp_path, capsys):
+    """A reference made from other weights (a retrained flint-nano) is refused before any case
+    runs: the 2026-12-02 reference, made before step 6517 shipped, read as a 20x regression of
+    the graph engine (mean |Δ log p| 4.3e-3 nats) on 2026-12-03. A report records the weights'
+    fingerprint; one without it is taken with a warning."""
+    from flint_graph.cli import main
+
+    ours = tmp_path / "ours.json"
+    assert main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--device", "cpu",
+                 "--json", str(ours)]) == 0
+    rep = json.loads(ours.read_text())
+    assert re.fullmatch(r"[0-9a-f]{16}", rep["weights"])
+    capsys.readouterr()
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(rep, weights="0123456789abcdef")))
+    assert main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--device", "cpu",
+                 "--compare", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "made from other weights (fingerprint 0123456789abcdef" in err
+    assert rep["weights"] in err and "Traceback" not in err
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({k: v for k, v in rep.items() if k != "weights"}))
+    assert main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--device", "cpu",
+                 "--compare", str(old), "--check"]) == 0
+    assert "does not say which weights made it" in capsys.readouterr().err
+
+
+def test_the_fingerprint_is_shared_by_both_formats_and_changed_by_training():
+    """BF16 and its NVFP4 GGUF agree (the 1-D tensors are never quantized); a changed norm
+    weight (what a training step does) changes it; a plant applied after it does not matter."""
+    import torch
+
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
+    from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
+
+    d = ensure_default_checkpoint(progress=False)
+    bf16 = load_checkpoint(d, None, torch.device("cpu"), False)
+    nvfp4 = load_checkpoint(d / "model-nvfp4.gguf", None, torch.device("cpu"), False)
+    fp = bf16.weights.fingerprint()
+    assert re.fullmatch(r"[0-9a-f]{16}", fp) and nvfp4.weights.fingerprint() == fp
+    bf16.weights.final_norm[0] += 0.25
+    assert bf16.weights.fingerprint() != fp

@@ -12,6 +12,21 @@ def test_nothing_decoding_means_no_bound_unless_capped():
     assert PrefillPacer(50.0).budget(decoding=False) is None
     assert PrefillPacer(50.0, max_tokens=300).budget(decoding=False) == 300
     assert PrefillPacer(None).budget(decoding=True) is None
+    assert PrefillPacer(None).budget(decoding=True, chunk=2048) == 2048
+
+
+@pytest.mark.parametrize("decoding", [False, True])
+def test_without_step_ms_no_timing_changes_the_budget(decoding):
+    """step_ms=None: one chunk a step (capped by max_tokens) whatever was timed, so a rerun
+    splits each prompt at the same tokens (timed budgets made a rerun of flint-nano's reference
+    engine differ by 1.2e-5 nats on the H200, 2026-12-03)."""
+    for cap, want in ((None, 512), (300, 300)):
+        slow, fast = PrefillPacer(None, max_tokens=cap), PrefillPacer(None, max_tokens=cap)
+        for n in (64, 256, 1024):
+            slow.observe(n, 50.0 * n)
+            fast.observe(n, 0.001 * n)
+        for p in (slow, fast, PrefillPacer(None, max_tokens=cap)):
+            assert p.budget(decoding=decoding, start=4096, chunk=512) == want
 
 
 def test_the_budget_follows_the_fitted_line():
@@ -186,3 +201,67 @@ def test_a_short_request_is_not_queued_behind_a_long_prompt(tiny_llm):
     finally:
         eng.prefill_chunk_tokens = chunk
         eng.drop_retained()
+
+
+@pytest.mark.parametrize("step_ms", [None, 50.0])
+def test_the_engine_splits_prompts_alike_whatever_the_timings(tiny_llm, monkeypatch, step_ms):
+    """Requests overlapping a decoding row, run twice with the prefill clock made fast then
+    slow: with step_ms=None both runs prefill the same (request, start, tokens) parts and give
+    the same tokens and log-probabilities, bit for bit (what `flint-graph eval` relies on);
+    with a time budget the parts follow the clock (the reason eval turns it off)."""
+    import itertools
+
+    from flint_graph.runtime import engine as engine_mod
+    from flint_graph.runtime.prefill_pacer import PrefillPacer
+    from flint_graph.runtime.sampling import SamplingParams
+
+    eng = tiny_llm.engine
+    saved = eng.pacer, eng.prefill_chunk_tokens
+
+    def run(ms_per_call):
+        eng.drop_retained()
+        eng.pacer, eng.prefill_chunk_tokens = PrefillPacer(step_ms), 96
+        clock = itertools.count(step=ms_per_call / 2e3)  # two reads per prefill call
+        monkeypatch.setattr(engine_mod.time, "perf_counter", lambda: next(clock))
+        parts, orig = [], eng._prefill_part
+
+        def part(req, done, n):
+            parts.append((prompts.index(req.prompt_ids), done, n))
+            return orig(req, done, n)
+        monkeypatch.setattr(eng, "_prefill_part", part)
+        params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=True, temperature=0.0)
+        prompts = [[3 + i % 50 for i in range(k, k + length)]
+                   for k, length in ((0, 9), (7, 300), (11, 170), (13, 240))]
+        reqs = [tiny_llm._request(p, params, None) for p in prompts]
+        eng.add(reqs[0])
+        eng.step()  # reqs[0] decodes while the others arrive
+        for r in reqs[1:]:
+            eng.add(r)
+        while eng.has_work:
+            eng.step()
+        monkeypatch.undo()
+        return parts, [(r.output_ids, r.logprobs) for r in reqs]
+
+    try:
+        fast, slow = run(0.5), run(400.0)
+    finally:
+        eng.pacer, eng.prefill_chunk_tokens = saved
+        eng.drop_retained()
+    if step_ms is None:
+        assert fast == slow
+        assert max(n for _, _, n in fast[0]) == 96  # a chunk a step
+    else:
+        assert fast[0] != slow[0]
+
+
+@pytest.mark.parametrize("text,want", [("none", None), ("NONE", None), ("50", 50.0),
+                                       ("0.5", 0.5)])
+def test_prefill_step_ms_flag_takes_ms_or_none(text, want):
+    import argparse
+
+    from flint_graph.cli_args import step_ms
+
+    assert step_ms(text) == want
+    for bad in ("0", "-3", "inf", "nan", "fast", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="'none'"):
+            step_ms(bad)

@@ -137,6 +137,20 @@ class FlintWeights:
         """Bytes held on the device by all tensors (codes + scales for NVFP4)."""
         return sum(_nbytes(v) for v in _walk(self))
 
+    def fingerprint(self) -> str:
+        """16 hex digits of SHA-256 over every 1-D tensor (norms, sinks, biases) as FP32, in
+        walk order. Those are never quantized, so a BF16 checkpoint and its NVFP4 GGUF share
+        it, while retraining changes it: an eval report records it, and `eval --compare`
+        refuses a reference made from other weights (the reference of 2026-12-02, made before
+        flint-nano step 6517 shipped, read as a 20x accuracy regression of the graph engine)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for t in _walk(self):
+            if isinstance(t, torch.Tensor) and t.dim() == 1:
+                h.update(t.detach().float().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
+
     def to(self, device: torch.device | str) -> FlintWeights:
         """A copy with every tensor moved to `device`."""
         return _map(self, lambda t: t.to(device))

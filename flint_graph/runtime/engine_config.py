@@ -34,7 +34,8 @@ class EngineConfig:
     # at most this many prompt tokens prefilled in one step (None = no cap)
     prefill_tokens_per_step: int | None = None
     # while other requests decode, a step's prefill is sized to take about this many ms
-    # (predicted from the prefills timed so far, prefill_pacer.py); None = no time bound
+    # (predicted from the prefills timed so far, prefill_pacer.py); None = no timing: one
+    # chunk per step, so the same requests split alike and a rerun repeats bit for bit
     prefill_step_ms: float | None = 200.0
     cpu_threads: int | None = None  # torch CPU threads; None = automatic (apply_cpu_threads)
     # "graph": decode steps by CUDA-graph replay of the AOT kernels (CUDA and a kernel cache

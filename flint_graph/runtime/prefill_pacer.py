@@ -16,6 +16,14 @@ long prompt must not hold it for minutes (a 32K prompt on the CPU's reference en
 minutes in one step, while the server's other requests and a client's disconnect waited,
 2026-12-03).
 
+Timed budgets make a prompt's chunk boundaries depend on how fast earlier prefills ran, and a
+prefill split at other boundaries rounds differently (the reference engine's attention and
+matmuls see other shapes), so two runs of the same requests may differ in the last bits of
+their log-probabilities and, rarely, in a greedy token: flint-nano's eval on the H200 reran
+the reference engine with mean |Δ log p| 1.2e-5 nats instead of 0 (2026-12-03). step_ms=None
+turns timing off altogether: every step takes one chunk, so runs repeat bit for bit; the eval
+(`flint-graph eval`) runs that way.
+
 Two floors keep a long prompt moving: at least MIN_TOKENS, and at least as many tokens as the
 fixed part is worth (n·per-token ≥ fixed), so even where the fixed part alone passes `step_ms`
 (late in a very long prompt) a step spends at most half its time on it.
@@ -24,7 +32,8 @@ The trade-off, in numbers from the H200 (full size, `flint-graph bench --interle
 docs/perf-log.md): a chunk has a fixed cost of ~15-35 ms beside ~0.03-0.05 ms per token, so a
 small step budget spends most of each step on the fixed part. At 50 ms a running stream kept a
 p50 / p99 time per token of 54 / 79 ms (BF16) while an 8K and a 32K prompt arrived, but the 32K
-prompt's first token took 22 s instead of 1.5 s; unpaced, the stream stalled once for 1.8 s.
+prompt's first token took 22 s instead of 1.5 s; unpaced (before step_ms=None meant a chunk a
+step), the stream stalled once for 1.8 s.
 The default, 200 ms, gave 217 / 272 ms per token and 2.1 s for the 32K prompt.
 """
 
@@ -98,15 +107,16 @@ class PrefillPacer:
 
     def budget(self, decoding: bool, start: int = 0, chunk: int | None = None) -> int | None:
         """Prompt tokens this step may prefill for a prompt with `start` tokens already cached:
-        None = no bound (nothing decoding, no `chunk` and no max_tokens), else an int ≥ 1
-        (≥ MIN_TOKENS unless max_tokens or `chunk` is lower). chunk: the engine's prefill
-        chunk, the most a step with nothing decoding takes (less where IDLE_STEP_MS fits
-        fewer tokens by the timings so far)."""
+        None = no bound (no `chunk` and no max_tokens, and nothing decoding or no step_ms),
+        else an int ≥ 1 (≥ MIN_TOKENS unless max_tokens or `chunk` is lower). chunk: the
+        engine's prefill chunk, the most a step with nothing decoding takes (less where
+        IDLE_STEP_MS fits fewer tokens by the timings so far). With step_ms None the budget
+        is `chunk` (capped by max_tokens) whatever was timed, decoding or not."""
         cap = self.max_tokens
-        if not decoding:
+        if self.step_ms is None:  # no timing at all: the same prompt splits the same way
+            n = chunk
+        elif not decoding:
             n = None if chunk is None else min(chunk, self._fits(IDLE_STEP_MS, start, chunk))
-        elif self.step_ms is None:
-            n = None
         else:
             n = self._fits(self.step_ms, start, FIRST_TOKENS)
         if n is None:
