@@ -34,10 +34,10 @@ def kset():
 
 def _specs(preset, kernel="grouped_w4a16"):
     """The model's specs of `kernel`; for grouped_w4a16 also the weights-through-shared-memory
-    variants (WS = 1, benchmarks), for grouped_w4a16_wg its bench variants."""
+    variants (WS = 1, benchmarks)."""
     cfg = FlintConfig.preset(preset)
-    if kernel == "grouped_w4a16_wg":  # and its register-A variants (RS = 1)
-        return gwg.KERNEL.specs(cfg, ()) + gwg.bench_specs(cfg)
+    if kernel == "grouped_w4a16_wg":
+        return gwg.KERNEL.specs(cfg, ())
     return gw.KERNEL.specs(cfg, ()) + [s for s in gw.bench_specs(cfg)
                                        if s.as_dict().get("WS")]
 
@@ -95,16 +95,14 @@ def _stale(name, t, tokens):
     return torch.randn_like(t.float()).to(t.dtype)
 
 
-@pytest.mark.parametrize("kernel,nt,sh,rs", [("grouped_w4a16", 32, 0, 0),
-                                             ("grouped_w4a16", 16, 1, 0),
-                                             ("grouped_w4a16_wg", 128, 0, 0),
-                                             ("grouped_w4a16_wg", 64, 0, 1)])
+@pytest.mark.parametrize("kernel,nt,sh", [("grouped_w4a16", 32, 0), ("grouped_w4a16", 16, 1),
+                                          ("grouped_w4a16_wg", 128, 0)])
 @pytest.mark.parametrize("kind", [0, 1])
-def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, rs):
+def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh):
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
     spec = [s for s in _specs("full", kernel) if s["KIND"] == kind and s["NT"] == nt
-            and s.as_dict().get("SH", 0) == sh and s.as_dict().get("RS", 0) == rs][0]
+            and s.as_dict().get("SH", 0) == sh][0]
     consumer = kset.get(kernel, **spec.as_dict())
     decl = (gwg if kernel == "grouped_w4a16_wg" else gw).KERNEL.args(spec)
     tokens = 300

@@ -151,9 +151,6 @@ def main() -> int:
                    help="NVFP4 graph path: chunks above this many rows run the routed experts on "
                         "grouped_w4a16_wg (wgmma); comma-separated values time each, '-' for "
                         "off, e.g. --w4a16-wg=-,0 (default: capture/prefill.py W4A16_WG_MIN)")
-    p.add_argument("--wg-rs", default="",
-                   help="1: grouped_w4a16_wg's RS = 1 variant (A from registers), 0: the "
-                        "default; 0,1 times both (NVFP4 graph path)")
     p.add_argument("--attn-kernel", type=attn_kernel_list, default=[],
                    help="attention kernel(s) of the graph and kernel paths, comma-separated to "
                         "time each: attn_prefill (mma.sync), attn_prefill_wg (wgmma), a variant "
@@ -213,28 +210,24 @@ def main() -> int:
         overlap_sweep = [bool(int(v)) for v in args.overlap.split(",") if v] or [None]
         shared_sweep = [bool(int(v)) for v in args.shared.split(",") if v] or [True]
         fold_sweep = [bool(int(v)) for v in args.fold.split(",") if v] or [None]
-        rs_sweep = [int(v) for v in args.wg_rs.split(",") if v] or [None]
         sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
-        runs = [(path, r, a, wgm, ov, sh, fo, rs) for path in args.paths.split(",")
+        runs = [(path, r, a, wgm, ov, sh, fo) for path in args.paths.split(",")
                 for r in (sweep if path == "graph" else [(None,) * 6])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
                 for wgm in ((wg_sweep or [None]) if path == "graph" else [None])
                 for ov in (overlap_sweep if path in ("graph", "kernel") else [None])
                 for sh in (shared_sweep if path in ("graph", "kernel") else [True])
-                for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])
-                for rs in (rs_sweep if w4 and path == "graph" else [None])]
-        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold, rs in runs:
+                for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])]
+        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
             if wgm is not None and pre.w4a16:
                 pre.set_w4a16_wg(wgm[1])
-            if rs and pre.w4a16_wg:  # RS = 0 is the model's spec itself
-                pre.set_w4a16_wg(pre.w4a16_wg_min, RS=1)
             if attn:
                 pre.set_attn_kernel(attn[0], **attn[1])
             if ov is not None:
@@ -256,7 +249,6 @@ def main() -> int:
                        f"/{pre.attn_kernel or 'torch'}"
                        f"{''.join(f':{k}={v}' for k, v in attn[1].items()) if attn else ''}"
                        f"/wg>{pre.w4a16_wg_min if pre.w4a16_wg else '-'}"
-                       f"{':RS=1' if rs else ''}"
                        f"/side{int(pre.side.on)}{'' if shared else '/no-shared'}"
                        f"/fold{int(bool(pre.w4a16_fold))}")
             if path == "graph":

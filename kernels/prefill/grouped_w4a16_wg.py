@@ -32,14 +32,6 @@ by scale2·2^7 in fp32 and rounds once (the reference's one rounding), KIND 0 pa
 shared memory to the up warpgroup for act = bf16(silu(g)·u), and the tile goes out through
 shared memory as whole 16-byte runs of each output row.
 
-RS = 1 (a bench variant, `bench_specs`; written 2026-12-03 and not yet run): A from registers
-(wgmma's register form), so no A tile in shared memory. Why: at 8K the kernel is bound by
-shared-memory traffic (ncu on the H200: L1/TEX 82% of peak, DRAM 12%): per step the A stores,
-A's reads by both warpgroups' wgmmas and the x tile moved ~80 KB; without A, ~48 KB. How: see
-`main_loop_rs` (the k order within each 8-k group permuted alike in A and x, so `frag_ops`'
-dequant pairs are already the fragments). Registers: 127 / 102 at NT = 64 (two CTAs per SM),
-178 / 182 at NT = 128 (one).
-
 sm_100a has no wgmma: that build (compiled in CI, never run here) issues the same products as
 mma.sync m16n8k16 per warp with ldmatrix from the same layouts.
 
@@ -61,7 +53,6 @@ X_STAGES = 4  # x tiles in shared memory, filled X_AHEAD steps ahead
 X_AHEAD = 2  # so a refilled stage was last read X_STAGES − X_AHEAD = 2 steps before
 W_STAGES = 2
 NTS = (64, 128)  # pairs per tile: wgmma's N
-RS_X_STAGES = 3  # spec RS = 1: x tiles in shared memory (stored from registers a step ahead)
 
 
 def cta_rows(kind: int) -> int:
@@ -84,9 +75,6 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
-    if dict(spec.values).get("RS", 0) not in (0, 1):
-        raise ValueError(f"grouped_w4a16_wg: RS = {spec['RS']}; expected 0 or 1 (A from "
-                         "registers)")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16_wg: K = {k_dim} must be a multiple of {BK} and N = "
@@ -101,14 +89,12 @@ def _args(spec: Spec):
 
 def _layout(spec: Spec) -> dict[str, int]:
     """Byte offsets in the 1024-aligned shared-memory block: the A (weight) stages, each two
-    warpgroups × 64 rows × 128 B, then the x stages, NT rows × 128 B; the epilogue reuses it.
-    RS = 1 has no A stages (A lives in registers) and RS_X_STAGES x stages."""
-    rs = dict(spec.values).get("RS", 0) == 1
+    warpgroups × 64 rows × 128 B, then the x stages, NT rows × 128 B; the epilogue reuses it."""
     w_stage = 2 * 64 * 128
     x_stage = spec["NT"] * 128
-    x0 = 0 if rs else W_STAGES * w_stage
+    x0 = W_STAGES * w_stage
     return {"w_stage": w_stage, "x0": x0, "x_stage": x_stage,
-            "total": x0 + (RS_X_STAGES if rs else X_STAGES) * x_stage}
+            "total": x0 + X_STAGES * x_stage}
 
 
 def _out_pitch(spec: Spec) -> int:
@@ -134,13 +120,6 @@ def _specs(cfg, buckets=()) -> list[Spec]:
         return []
     e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
     return [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt) for kind in (0, 1) for nt in NTS]
-
-
-def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """`_specs` with RS = 1: the weights decoded into wgmma's register A operand instead of a
-    shared-memory tile (written 2026-12-03, not yet run: the next device session measures it;
-    docs/prefill.md says why and how)."""
-    return [KERNEL.spec(**s.as_dict(), RS=1) for s in _specs(cfg, buckets)]
 
 
 def _reference(spec: Spec, *args):
@@ -177,8 +156,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     nacc = nt // 2  # accumulators per thread: m64 × NT over 128 threads
     exch_bytes = 128 * nacc * 4 if kind == 0 else 0
     launch = _launch(spec)
-    dequant, xpairs, scales = frag_ops()
-    rs = dict(spec.values).get("RS", 0) == 1
+    dequant, _, scales = frag_ops()
 
     def swz(row, chunk):
         """Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` (swizzled)."""
@@ -231,142 +209,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                     for v in range(4):
                         acc[4 * (j + hh) + v] = c4[v]
 
-    def main_loop(acc, base, warp, lane, wgi, wrow, half, ca, sa, dst, src, nbytes):
-        """The SS form's k loop: each step's weights decoded into the warpgroup's A tile in
-        shared memory, then 4 wgmmas reading A and x from there (trace-time helper)."""
-        for s in range(min(X_AHEAD, steps)):
-            load_x(s, base, dst, src, nbytes)
-        nxt = load_w(0, ca, sa)
-        a_off = wgi * 64 * 128  # this warpgroup's rows in an A stage
-        for s in range(steps):
-            words, sbytes = nxt
-            if s + 1 < steps:
-                nxt = load_w(s + 1, ca, sa)
-            a_tile = base + Uint32((s % W_STAGES) * lay["w_stage"]) + Uint32(a_off)
-            store_w(a_tile, wrow, half, words, sbytes)
-            du.cp_async_wait(min(X_AHEAD - 1, steps - 1 - s))
-            du.fence_proxy_async_shared()
-            cute.arch.sync_threads()
-            if s + X_AHEAD < steps:
-                load_x(s + X_AHEAD, base, dst, src, nbytes)
-            x_tile = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
-            if wg:
-                du.wgmma_fence()
-            mma_step(acc, a_tile, x_tile, warp, lane)
-            if wg:
-                du.wgmma_commit()
-                # the previous step's wgmmas are done: its A stage may be overwritten
-                du.wgmma_wait(1)
-        if wg:
-            du.wgmma_wait(0)
-            vals = du.fence_values([acc[i] for i in range(nacc)])
-            for i in range(nacc):
-                acc[i] = vals[i]
-
-    def main_loop_rs(acc, base, tid, warp, lane, wgi, bx, ex, srows, oks, xb, dst, stacks):
-        """RS = 1's k loop (trace-time helper): wgmma with A from registers. Thread (g, t) of
-        warp w of its warpgroup holds rows 16w + g and + 8 (wgmma's register A layout, as
-        mma.sync's). Within each group of 8 k, A's slots 2t and 2t + 1 hold k = t and t + 4:
-        `frag_ops`' dequant makes exactly those pairs from a word of 8 codes (here only pair
-        t: the word shifted right by 4t), and the x tile is stored in the same order (xpairs),
-        so the sum over k is unchanged. No A tile in shared memory: its stores, its reads by
-        wgmma and the barrier between them are gone (docs/prefill.md). x comes through
-        registers a step ahead into RS_X_STAGES stages: stage s % 3 was last read by step
-        s − 3's wgmmas, which both warpgroups waited for (wait_group 1 at step s − 2) before
-        step s − 1's barrier; A's two register sets likewise (step s − 2, waited at s − 1)."""
-        g, t = lane // 4, lane % 4
-        w4 = warp % 4
-        f0 = Int64(bx * rows_cta)
-        if kind == 1:
-            f0 = f0 + Int64(wgi * 64)
-        codes = cutlass.select_(wgi == 0, stacks[0][0].iterator.toint(),
-                                stacks[1][0].iterator.toint())
-        scl = cutlass.select_(wgi == 0, stacks[0][1].iterator.toint(),
-                              stacks[1][1].iterator.toint())
-        grows = [Int64(ex) * n_out + f0 + Int64(16 * w4 + g + 8 * h) for h in range(2)]
-        cas = [codes + r * code_row for r in grows]
-        sas = [scl + r * scale_row for r in grows]
-        sh = Uint32(4) * Uint32(t)
-        chunk = tid % 8
-
-        def load_wr(s):
-            """Both rows' 32 code bytes and 4 scale bytes of step s (registers)."""
-            words = []
-            for h in range(2):
-                words += du.ld_weight_v4(cas[h] + Int64(s * BK // 2))
-                words += du.ld_weight_v4(cas[h] + Int64(s * BK // 2 + 16))
-            return words, [du.ld_weight_u32(sas[h] + Int64(s * BK // 16)) for h in range(2)]
-
-        def frags(words, scal):
-            """The A fragments (4 bf16x2 each) of step s's BK / 16 k16 blocks."""
-            sc = [scales(du.prmt(scal[0], scal[1], sel)) for sel in (0x5410, 0x7632)]
-            out = []
-            for kk in range(BK // 16):
-                regs = []
-                for j, h in ((2 * kk, 0), (2 * kk, 1), (2 * kk + 1, 0), (2 * kk + 1, 1)):
-                    v = words[8 * h + j] >> sh  # codes t and t + 4 to nibbles 0 and 4
-                    pair = dequant(v)[0]
-                    regs.append(du.mul_bf16x2_by_half(pair, sc[kk // 2][h], kk % 2))
-                out.append(regs)
-            return out
-
-        def x_load(s):
-            """This thread's x chunks of step s (zero past the tile's rows)."""
-            out = []
-            for srow, ok in zip(srows, oks):
-                v = du.ld_v4(xb + Int64(srow) * (k_dim * 2) + Int64(chunk * 16 + s * BK * 2))
-                out.append([cutlass.select_(ok, w, Uint32(0)) for w in v])
-            return out
-
-        def x_store(s, xv):
-            stage = base + Uint32(lay["x0"] + (s % RS_X_STAGES) * lay["x_stage"])
-            for d, v in zip(dst, xv):
-                du.st_shared_v4(stage + d, list(xpairs(v)))
-
-        nxt = load_wr(0)
-        x_store(0, x_load(0))
-        xv = x_load(1) if steps > 1 else None
-        fr = [None, None]
-        for s in range(steps):
-            words, scal = nxt
-            if s + 1 < steps:
-                nxt = load_wr(s + 1)
-            fr[s % 2] = frags(words, scal)
-            if s > 0:
-                x_store(s, xv)
-                if s + 1 < steps:
-                    xv = x_load(s + 1)
-            du.fence_proxy_async_shared()
-            cute.arch.sync_threads()
-            x_tile = base + Uint32(lay["x0"] + (s % RS_X_STAGES) * lay["x_stage"])
-            if wg:
-                du.wgmma_fence()
-                vals = [acc[i] for i in range(nacc)]
-                for kk in range(BK // 16):
-                    db = du.smem_desc(x_tile + Uint32(kk * 32), 16, 1024)
-                    vals = du.wgmma_rs(nt, fr[s % 2][kk], db, vals, Int32(1))
-                for i in range(nacc):
-                    acc[i] = vals[i]
-                du.wgmma_commit()
-                du.wgmma_wait(1)
-            else:
-                m8 = lane // 8
-                for kk in range(BK // 16):
-                    for j in range(0, nt // 8, 2):
-                        b = du.ldmatrix_x4(x_tile + Uint32(swz(8 * (j + m8 // 2) + lane % 8,
-                                                               2 * kk + m8 % 2)))
-                        for hh in range(2):
-                            c4 = [acc[4 * (j + hh) + v] for v in range(4)]
-                            c4 = du.mma_bf16_m16n8k16(fr[s % 2][kk], [b[2 * hh], b[2 * hh + 1]],
-                                                      c4)
-                            for v in range(4):
-                                acc[4 * (j + hh) + v] = c4[v]
-        if wg:
-            du.wgmma_wait(0)
-            vals = du.fence_values([acc[i] for i in range(nacc)])
-            for i in range(nacc):
-                acc[i] = vals[i]
-
     @cute.jit
     def body(mx, mtok, mtiles, stacks, mout):
         tid, _, _ = cute.arch.thread_idx()
@@ -414,13 +256,36 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             ca = cutlass.select_(wgi == 0, codes_g, codes_u) + grow * code_row + Int64(16 * half)
             sa = cutlass.select_(wgi == 0, scl_g, scl_u) + grow * scale_row + Int64(2 * half)
 
+            for s in cutlass.range_constexpr(min(X_AHEAD, steps)):
+                load_x(s, base, dst, src, nbytes)
+            nxt = load_w(0, ca, sa)
             acc = cute.make_rmem_tensor((nacc,), Float32)
             acc.fill(0.0)
-            if cutlass.const_expr(rs):
-                main_loop_rs(acc, base, tid, warp, lane, wgi, bx, ex, srows, oks, xb, dst,
-                             stacks)
-            else:
-                main_loop(acc, base, warp, lane, wgi, wrow, half, ca, sa, dst, src, nbytes)
+            a_off = wgi * 64 * 128  # this warpgroup's rows in an A stage
+            for s in cutlass.range_constexpr(steps):
+                words, sbytes = nxt
+                if cutlass.const_expr(s + 1 < steps):
+                    nxt = load_w(s + 1, ca, sa)
+                a_tile = base + Uint32((s % W_STAGES) * lay["w_stage"]) + Uint32(a_off)
+                store_w(a_tile, wrow, half, words, sbytes)
+                du.cp_async_wait(min(X_AHEAD - 1, steps - 1 - s))
+                du.fence_proxy_async_shared()
+                cute.arch.sync_threads()
+                if cutlass.const_expr(s + X_AHEAD < steps):
+                    load_x(s + X_AHEAD, base, dst, src, nbytes)
+                x_tile = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
+                if cutlass.const_expr(wg):
+                    du.wgmma_fence()
+                mma_step(acc, a_tile, x_tile, warp, lane)
+                if cutlass.const_expr(wg):
+                    du.wgmma_commit()
+                    # the previous step's wgmmas are done: its A stage may be overwritten
+                    du.wgmma_wait(1)
+            if cutlass.const_expr(wg):
+                du.wgmma_wait(0)
+                vals = du.fence_values([acc[i] for i in range(nacc)])
+                for i in cutlass.range_constexpr(nacc):
+                    acc[i] = vals[i]
 
             # epilogue: scale2·2^7 (the decode's 2^-7), one rounding; KIND 0: SwiGLU
             s2 = cutlass.select_(wgi == 0, stacks[0][2].iterator.toint(),
