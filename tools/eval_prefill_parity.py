@@ -3,7 +3,7 @@
 held to a saved reference report: where the log-probability gap of `flint-graph eval --compare`
 comes from (issue 21). GPU only; one device call.
 
-    python tools/eval_prefill_parity.py --ref docs/nano/2026-12-02/eval-ref.json \
+    python tools/eval_prefill_parity.py --ref docs/nano/2026-12-03/eval-ref.json \
         [--variants kernel,kernel-refattn,torch-refattn,torch,torch-refattn-f32] [--model CK]
         [--out DIR] [--gemm-bias]
 
