@@ -374,7 +374,7 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
                         "that shares its longest prefix (chat turns, tool results: only the "
                         "new tokens are prefilled by default)")
     p.add_argument("--prefill-chunk", type=positive_int, metavar="N",
-                   help="prompt tokens per prefill chunk, on either engine (default: 8192 on "
+                   help="prompt tokens per prefill chunk, on either engine (default: 32768 on "
                         "the graph engine's kernel prefill, else 2048; lower it if a long "
                         "prompt runs out of memory)")
     p.add_argument("--prefill-step-ms", type=step_ms, metavar="MS", default=200.0,

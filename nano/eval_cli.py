@@ -47,9 +47,10 @@ figures (held-out cases of the flint-nano curriculum, greedy decoding):
                 phr-refuse 100%
 Answers cut off by the token limit are counted under the table.
 --compare REF.json holds this run to a saved one (e.g. the reference
-engine's) on the cases both runs have (the same --seed; a smaller --n or fewer
---contexts compares that subset, and the verdict says how many): it passes when every metric is within noise
-(the two differ by at most two standard errors of their difference), at
+engine's) on the cases both runs have (the same --seed; a smaller --n or
+fewer --contexts compares that subset, and the verdict says how many): it
+passes when every metric is within noise (the two differ by at most two
+standard errors of their difference), at
 least 95% of the answers are identical, and the log-probabilities of the
 tokens both decoded alike differ by at most 2.6e-4 nats on average (by 0 when
 the same engine, device kind, --batch, --threads and cases made both runs).
@@ -328,10 +329,14 @@ def _print(report: dict, console=None) -> None:
               f"(pass ≥ {100 * c['agree_min']:.0f}%: {'ok' if agree_ok else 'TOO FEW'})")
         print(f"metrics: {'within noise' if c['within_noise'] else 'OUTSIDE NOISE'}")
         if c.get("logprob_tokens"):
+            if c["logprob_tolerance"] == 0:  # the same setup made both: bit for bit
+                rule = ("must be identical, same engine and setup: "
+                        f"{'identical' if c['logprob_within'] else 'DIFFERENT'}")
+            else:
+                rule = (f"pass ≤ {c['logprob_tolerance']:.3g}: "
+                        f"{'within' if c['logprob_within'] else 'OUTSIDE'}")
             print(f"log-probabilities of the {c['logprob_tokens']} tokens both decoded alike: "
-                  f"mean |Δ| {c['logprob_mean_abs_diff']:.3g} nats (pass ≤ "
-                  f"{c['logprob_tolerance']:.3g}: "
-                  f"{'within' if c['logprob_within'] else 'OUTSIDE'}), max "
+                  f"mean |Δ| {c['logprob_mean_abs_diff']:.3g} nats ({rule}), max "
                   f"{c['logprob_max_abs_diff']:.3g}")
         if c.get("top_logprob_pairs"):
             print(f"top-{_top_k()} log-probabilities at those steps ({c['top_logprob_pairs']} "

@@ -216,6 +216,34 @@ def test_nvfp4_experts_from_the_bf16_scratch_match_reference(kset, most):
     _every_case(kset, "full", "nvfp4", 5, f"full nvfp4 scratch {most}", setup)
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_chunks_of_the_default_size_match_reference(kset, fmt):
+    """The engine's default kernel-prefill chunk (KERNEL_PREFILL_CHUNK, 32,768 tokens since
+    2026-12-03) at full-size shapes: one whole chunk and a short one after it, every row count
+    the kernels see far above the 8,192 the other cases reach (grouped expert tiles, the
+    routing schedule, the ring rows a chunk keeps). Same checks and tolerances as
+    `_every_case`."""
+    from flint_graph.capture.kv_cache import KVCache
+    from flint_graph.capture.prefill import Prefill
+    from flint_graph.runtime.engine_config import KERNEL_PREFILL_CHUNK
+
+    cfg, w, ref = _model("full", fmt)
+    chunk = KERNEL_PREFILL_CHUNK
+    tokens = chunk + 300
+    prompt = torch.randint(0, cfg.vocab_size, (tokens,),
+                           generator=torch.Generator().manual_seed(5))
+    seq = ref.new_sequence()
+    want = ref.prefill(seq, prompt, chunk_tokens=2048)
+    cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
+    pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
+    got = pre.prefill(1, prompt, chunk)
+    what, rels = f"{fmt} prompt {tokens} chunk {chunk}", []
+    _check_logits(got, want, what, rels)
+    _check_kv(cache, seq, 1, tokens, what, rels)
+    assert cache.layers[0].k[0].isnan().all(), f"{what}: another slot's ring was written"
+    _median_ok(rels, what)
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 def test_side_stream_changes_no_bit(kset, fmt, graphs):

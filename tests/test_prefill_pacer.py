@@ -98,7 +98,7 @@ def test_engine_config_refuses_bad_step_ms(bad):
 
 
 def test_default_chunk_depends_on_the_prefill_path():
-    assert default_prefill_chunk(EngineConfig(), kernel_prefill=True) == 8192
+    assert default_prefill_chunk(EngineConfig(), kernel_prefill=True) == 32768
     assert default_prefill_chunk(EngineConfig(), kernel_prefill=False) == 2048
     assert default_prefill_chunk(EngineConfig(prefill_chunk_tokens=300), True) == 300
 

@@ -27,9 +27,10 @@ class EngineConfig:
     """How the engine runs a model (not what the model is)."""
 
     max_slots: int = 8  # most sequences decoded together (DESIGN §3: the largest bucket)
-    # prompt tokens per prefill forward (bounds memory); None = default_prefill_chunk(): 8192
-    # on the graph engine's kernel prefill (a chunk's fixed cost, the expert weights read once,
-    # spread over more tokens), 2048 elsewhere (the reference attention's score matrices)
+    # prompt tokens per prefill forward (bounds memory); None = default_prefill_chunk(): 32768
+    # on the graph engine's kernel prefill (a chunk's fixed cost spread over more tokens, and
+    # more rows per expert: a 32K prompt 722 -> 640 ms on the H200), 2048 elsewhere (the
+    # reference attention's score matrices)
     prefill_chunk_tokens: int | None = None
     # at most this many prompt tokens prefilled in one step (None = no cap)
     prefill_tokens_per_step: int | None = None
@@ -183,9 +184,21 @@ def pick_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+# The kernel prefill's default chunk. Longer chunks cost less per token: the dense weights and
+# the per-chunk launches are paid once per chunk, and the grouped expert GEMMs get more rows per
+# expert. H200, `tools/bench_prefill.py --chunk C --tokens 32768 --kernel-tokens 100000`
+# (2026-12-03, docs/perf-log.md), 32K / 100K prompt: NVFP4 721.5 / 3,999 ms at 8192, 668.0 /
+# 3,868 at 16384, 639.5 / 3,781 at 32768; BF16 676.2 / 3,890, 649.5 / 3,831, 626.2 / 3,733.
+# A chunk's transient buffers are ~3.5 GB at 32K tokens (the gathered expert rows dominate),
+# inside the fifth of free memory the KV cache leaves (runner.KV_MEMORY_FRACTION). While other
+# requests decode, the pacer's time budget sizes a step's prefill well below a chunk.
+KERNEL_PREFILL_CHUNK = 32768
+
+
 def default_prefill_chunk(engine: EngineConfig, kernel_prefill: bool) -> int:
-    """Prompt tokens per prefill chunk: engine.prefill_chunk_tokens, else 8192 where the graph
-    engine's kernel prefill runs and 2048 elsewhere (EngineConfig.prefill_chunk_tokens)."""
+    """Prompt tokens per prefill chunk: engine.prefill_chunk_tokens, else KERNEL_PREFILL_CHUNK
+    where the graph engine's kernel prefill runs and 2048 elsewhere
+    (EngineConfig.prefill_chunk_tokens)."""
     if engine.prefill_chunk_tokens is not None:
         return engine.prefill_chunk_tokens
-    return 8192 if kernel_prefill else 2048
+    return KERNEL_PREFILL_CHUNK if kernel_prefill else 2048
