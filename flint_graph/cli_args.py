@@ -146,8 +146,8 @@ def step_ms(text: str) -> float | None:
     try:
         return positive_float(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a number of ms > 0 or 'none', got "
-                                         f"{text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a finite number of ms > 0 or 'none', "
+                                         f"got {text!r}") from None
 
 
 def grace_seconds(text: str) -> float:

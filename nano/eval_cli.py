@@ -56,9 +56,11 @@ tokens both decoded alike differ by at most 2.6e-4 nats on average (by 0 when
 the same engine, device kind, --batch, --threads and cases made both runs).
 It also prints the mean |Δ| of each step's top-5 log-probabilities (reports
 keep them), informational until its tolerance is measured. A reference made
-from other weights (its "weights" fingerprint: the norms, sinks and biases,
-alike in BF16 and NVFP4) is refused: make a new one after retraining. Runs
-repeat bit for bit: eval prefills one chunk a step, never a timed share.
+from other weights is refused (its "weights" fingerprint covers the norms,
+sinks and biases: alike in BF16 and NVFP4, moved by any training step; weights
+differing only in their matrices are not told apart), and so is one made with
+another --plant: make a new one after retraining. Runs repeat bit for bit:
+eval prefills one chunk a step, never a timed share.
 --plant BUG runs with a deliberate bug (window-1, no-sink, rope-on-nope,
 router-bias-bf16) to show the suite catches it.
 Exit status: 0; 1 with --check when a target is missed or the --compare
@@ -104,8 +106,8 @@ def add_eval_parser(sub, positive_int) -> None:
                    help=f"run with a deliberate bug: {', '.join(PLANTS)}")
     p.add_argument("--json", type=_path, metavar="FILE", help="write the report and every case")
     p.add_argument("--compare", type=_path, metavar="REF.json",
-                   help="hold this run to a saved report on the cases both have (same --seed; a "
-                        "smaller --n or fewer --contexts compares that subset)")
+                   help="hold this run to a saved report on the cases both have (same --seed "
+                        "and weights; a smaller --n or fewer --contexts compares that subset)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when a target is missed or the --compare fails")
     p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
@@ -156,6 +158,11 @@ def cmd_eval(args) -> int:
     suites = evals.parse_suites(args.suite)
     contexts = args.contexts
     ref = _read_report(args.compare) if args.compare else None
+    if ref is not None and ref.get("plant") is not None and ref["plant"] != args.plant:
+        # a planted run is a bug on purpose: it judges nothing but a rerun of the same plant
+        raise InvalidRequestError(
+            f"--compare {args.compare}: made with --plant {ref['plant']} (a deliberate bug); "
+            "hold runs to a clean reference, or pass the same --plant to check a rerun")
     if ref is not None and ref.get("seed", args.seed) != args.seed:
         raise InvalidRequestError(f"--compare {args.compare}: made with --seed {ref['seed']}, "
                                   f"this run has --seed {args.seed}; its cases differ, so pass "
@@ -221,8 +228,10 @@ def cmd_eval(args) -> int:
 
 def _check_same_weights(ref: dict | None, weights: str, path: Path | None) -> None:
     """Refuse a --compare reference made from other weights (its "weights" fingerprint,
-    FlintWeights.fingerprint): its log-probabilities cannot judge this run's. Reports written
-    before the fingerprint (2026-12-03) are taken with a warning. Raises InvalidRequestError."""
+    FlintWeights.fingerprint: the norms, sinks and biases, which any training step moves;
+    weights differing only in their matrices are not told apart): its log-probabilities cannot
+    judge this run's. Reports written before the fingerprint (2026-12-03) are taken with a
+    warning. Raises InvalidRequestError."""
     from flint_graph.errors import InvalidRequestError
 
     if ref is None:
@@ -296,10 +305,11 @@ def _print(report: dict, console=None) -> None:
     # unwrapped, since as the table's title it was folded to the table's 43 columns, mid-hash.
     console.print(escape(f"eval: {report['model']} ({report['format']}, {report['engine']} "
                          f"engine{', plant ' + report['plant'] if report['plant'] else ''}), "
-                         f"{report['seconds']} s"), soft_wrap=True, highlight=False)
+                         f"{report['seconds']} s of decoding"), soft_wrap=True,
+                  highlight=False)
     t = Table()
     cmp_rows = {(r["group"], r["metric"]): r for r in report.get("compare", {}).get("rows", [])}
-    for col in ("suite", "n", "metric", "score", "target") + (("reference", "Δ (noise)")
+    for col in ("suite", "n", "metric", "score", "target") + (("reference", "Δ points (noise)")
                                                                if cmp_rows else ()):
         t.add_column(col, justify="left" if col in ("suite", "metric") else "right")
     targets = {(x["group"], x["metric"]): x for x in report["targets"]}

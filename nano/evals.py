@@ -271,6 +271,18 @@ def _got(msg) -> Any:
     return msg.content
 
 
+QUESTION_CHARS = 300  # of a case's last user message kept in its record (recall's run to 16K tokens)
+
+
+def _question(case: Case) -> str:
+    """The case's last user message, cut to its last QUESTION_CHARS characters (a recall
+    case's question follows its long list), so a report says what each answer was asked."""
+    text = next((m.get("content") or "" for m in reversed(case.messages)
+                 if m.get("role") == "user"), "")
+    text = text if isinstance(text, str) else str(text)
+    return text if len(text) <= QUESTION_CHARS else "…" + text[-QUESTION_CHARS:]
+
+
 def run(llm, cases: list[Case], batch: int = 8, progress: bool = True) -> dict[str, Any]:
     """Decode every case greedily through `llm.chat_batch`, `batch` at a time, and score it.
     Returns {"groups": {group: {"n", metric: fraction}}, "targets": [...], "cases": [...],
@@ -289,7 +301,8 @@ def run(llm, cases: list[Case], batch: int = 8, progress: bool = True) -> dict[s
                                                  logprobs=True, top_logprobs=TOP_LOGPROBS))
             for c, m in zip(chunk, msgs):
                 records.append({"group": c.group, "index": c.index, "expect": c.expect,
-                                "got": _got(m), "text": m.output.text,
+                                "question": _question(c), "got": _got(m),
+                                "text": m.output.text,
                                 "finish": m.finish_reason,
                                 "logprobs": [round(x, 5) for x in m.output.logprobs],
                                 "top": [[[t, round(x, 5)] for t, x in step]
@@ -398,7 +411,7 @@ def check_report(rep: Any, name: str) -> dict:
     """`rep` if it is an eval report as `flint-graph eval --json` writes it, checked field by
     field before any work (a bad field would otherwise fail after the whole run); raises
     InvalidRequestError naming `name` and the first bad field. Reports older than a field
-    (no "logprobs", "text", "seed", "weights") are accepted."""
+    (no "logprobs", "text", "seed", "weights", "question") are accepted."""
     def bad(field: str, expected: str, found: Any = None, missing: bool = False):
         what = "nothing" if missing else _short(found)
         raise InvalidRequestError(f"{name}: {field}: expected {expected}, found {what}")
@@ -410,8 +423,13 @@ def check_report(rep: Any, name: str) -> dict:
         raise InvalidRequestError(f"{name}: not an eval report (`flint-graph eval --json` writes "
                                   f"one, with groups and cases); found an object with {fields}")
     w = rep.get("weights")
-    if w is not None and not (isinstance(w, str) and re.fullmatch(r"[0-9a-f]{16}", w)):
-        bad("weights", "the weights' fingerprint, 16 hex digits (FlintWeights.fingerprint)", w)
+    if "weights" in rep and not (isinstance(w, str) and re.fullmatch(r"[0-9a-f]{16}", w)):
+        bad("weights", "the weights' fingerprint, 16 lower-case hex digits "
+            "(FlintWeights.fingerprint)", w)
+    from flint_graph.nano.plants import PLANTS
+
+    if rep.get("plant") is not None and rep["plant"] not in PLANTS:
+        bad("plant", f"null or one of {', '.join(PLANTS)}", rep["plant"])
     groups, cases = rep.get("groups"), rep.get("cases")
     if not isinstance(groups, dict):
         bad("groups", "an object of per-group scores", groups, "groups" not in rep)
@@ -455,6 +473,8 @@ def check_report(rep: Any, name: str) -> dict:
                 bad(f"{f}.{m}", "true or false", c[m])
         if c.get("text") is not None and not isinstance(c["text"], str):
             bad(f"{f}.text", "the output text", c["text"])
+        if c.get("question") is not None and not isinstance(c["question"], str):
+            bad(f"{f}.question", "the case's question text", c["question"])
         if "finish" in c and c["finish"] not in ("stop", "length", "repeat", "abort", "error",
                                                  "tool_calls"):
             bad(f"{f}.finish", "a finish reason (stop, length, repeat, abort, error, tool_calls)",

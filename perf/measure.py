@@ -226,7 +226,7 @@ def interleave_record(llm, fmt: str, lengths: list[int], step_ms: float | None,
     `lengths` entry arrives at once (max_tokens 1). Every step until the last of them has its
     first token gives A exactly one token: the wall time of those steps is A's time per token
     (p50, p99, max), beside each long prompt's TTFT from its arrival. The engine's pacer runs
-    with `step_ms` (None: whole prompts in one step) and is restored after. ttft_ms is keyed by
+    with `step_ms` (None: one chunk a step, untimed) and is restored after. ttft_ms is keyed by
     length (numbered where a length repeats); None for a prompt that failed."""
     from flint_graph.runtime.sampling import SamplingParams
 

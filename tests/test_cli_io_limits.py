@@ -127,6 +127,21 @@ def test_a_symlink_loop_is_named(tmp_path):
         read_capped(tmp_path / "a", 1 << 20)
     with pytest.raises(FileNotFoundError):
         read_capped(tmp_path / "missing", 1 << 20)
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone.json")
+    with pytest.raises(ValueError, match="symbolic link to .*gone.json, which does not exist"):
+        read_capped(tmp_path / "dangling", 1 << 20)
+
+
+def test_a_gzipped_json_file_is_named(tmp_path):
+    """The shipped reports in docs/ are .json.gz: 'not UTF-8 text (... byte 0x8b ...)' said
+    nothing of why (bad-input trial, 2026-12-03)."""
+    import gzip
+
+    from flint_graph.checkpoints.jsonfile import read_capped
+
+    (tmp_path / "r.json.gz").write_bytes(gzip.compress(b'{"groups": {}}'))
+    with pytest.raises(ValueError, match="gzip-compressed; decompress it first"):
+        read_capped(tmp_path / "r.json.gz", 1 << 20)
 
 
 def test_save_under_a_file_says_it_is_a_file(tmp_path):

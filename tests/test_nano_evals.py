@@ -358,13 +358,17 @@ def _good_report():
     (lambda r: r["cases"][0].update(correct="yes"), "cases[0].correct"),
     (lambda r: r["cases"][0].update(correct=None), "cases[0].correct"),
     (lambda r: r["cases"][0].update(text=3), "cases[0].text"),
+    (lambda r: r["cases"][0].update(question=["a"]), "cases[0].question"),
     (lambda r: r.update(cases=[1, 2]), "cases[0]: expected an object"),
     (lambda r: r.update(cases=[]), "cases: expected a non-empty list"),
     (lambda r: r.pop("cases"), "cases: expected a non-empty list of scored cases, found nothing"),
     (lambda r: r["groups"].update(arith={"n": 0}), "groups.arith"),
     (lambda r: r["groups"]["arith"].update(correct=2), "groups.arith.correct"),
     (lambda r: r.update(weights=["986fd218945c1e1e"]), "weights: expected the weights'"),
-    (lambda r: r.update(weights="986FD218945C1E1E"), "weights: expected the weights'"),
+    (lambda r: r.update(weights="986FD218945C1E1E"), "weights: expected the weights' fingerprint, 16 lower"),
+    (lambda r: r.update(weights=None), "weights: expected the weights'"),
+    (lambda r: r.update(plant=12), "plant: expected null or one of window-1"),
+    (lambda r: r.update(plant="no-such"), "plant: expected null or one of"),
     (lambda r: r.update(weights="x" * 10000), "weights: expected the weights'"),
     (lambda r: r.update(seed="0"), "seed"),
     (lambda r: r.update(seed=True), "seed: expected an integer >= 0, found true"),
@@ -556,6 +560,9 @@ def test_cli_compare_refuses_a_reference_from_other_weights(tmp_path, capsys):
                  "--json", str(ours)]) == 0
     rep = json.loads(ours.read_text())
     assert re.fullmatch(r"[0-9a-f]{16}", rep["weights"])
+    # each case says what it asked (a new-user trial could not tell what a wrong answer was for)
+    q = rep["cases"][0]["question"]
+    assert isinstance(q, str) and 0 < len(q) <= evals.QUESTION_CHARS + 1
     capsys.readouterr()
     other = tmp_path / "other.json"
     other.write_text(json.dumps(dict(rep, weights="0123456789abcdef")))
@@ -586,3 +593,29 @@ def test_the_fingerprint_is_shared_by_both_formats_and_changed_by_training():
     assert re.fullmatch(r"[0-9a-f]{16}", fp) and nvfp4.weights.fingerprint() == fp
     bf16.weights.final_norm[0] += 0.25
     assert bf16.weights.fingerprint() != fp
+
+
+def test_a_long_question_keeps_its_end():
+    long = evals.Case("arith", 0, [{"role": "user", "content": "x" * 5000 + " what is 2 + 2?"}],
+                      None, "4")
+    q = evals._question(long)
+    assert q.startswith("…") and q.endswith("what is 2 + 2?")
+    assert len(q) == evals.QUESTION_CHARS + 1
+    recall = evals.build_cases(("recall",), 1, seed=0, contexts=(1024,))[0]
+    assert "K" in evals._question(recall) and len(evals._question(recall)) < 200
+
+
+def test_cli_compare_refuses_a_planted_reference_unless_the_same_plant(tmp_path, capsys):
+    """A report made with --plant is a bug on purpose: held to it, a clean run 'FAILED' with
+    nothing saying why (bad-input trial, 2026-12-03). Refused unless this run has the same
+    plant (a plant's rerun)."""
+    from flint_graph.cli import main
+
+    planted = tmp_path / "planted.json"
+    args = ["eval", "--suite", "arith", "--n", "1", "--quiet", "--device", "cpu"]
+    assert main(args + ["--plant", "no-sink", "--json", str(planted)]) == 0
+    capsys.readouterr()
+    assert main(args + ["--compare", str(planted)]) == 2
+    err = capsys.readouterr().err
+    assert "made with --plant no-sink (a deliberate bug)" in err and "Traceback" not in err
+    assert main(args + ["--plant", "no-sink", "--compare", str(planted), "--check"]) == 0

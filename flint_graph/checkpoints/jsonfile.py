@@ -31,7 +31,8 @@ def read_capped(path: Path, max_bytes: int) -> Any:
     /dev/zero` once filled 18 GB of memory; a pipe with no writer would block forever).
 
     Raises FileNotFoundError, OSError when it cannot be read, and ValueError whose text is the
-    whole reason: not a regular file, larger than the cap, not UTF-8, or not valid JSON
+    whole reason: not a regular file (or a link to nothing), larger than the cap,
+    gzip-compressed, not UTF-8, or not valid JSON
     (nesting too deep and integers longer than Python's 4,300 digits included)."""
     path = Path(path)
     if not path.is_file():
@@ -41,6 +42,9 @@ def read_capped(path: Path, max_bytes: int) -> Any:
             except OSError as e:
                 if e.errno == errno.ELOOP:
                     raise ValueError("a symbolic link loop, not a file") from None
+            if path.is_symlink():
+                raise ValueError(f"a symbolic link to {os.readlink(path)}, which does not "
+                                 "exist")
             raise FileNotFoundError(2, "No such file or directory", str(path))
         raise ValueError(f"not a regular file (a directory, device or pipe); expected a JSON "
                          f"file of at most {max_bytes >> 20} MiB")
@@ -48,6 +52,8 @@ def read_capped(path: Path, max_bytes: int) -> Any:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"more than {max_bytes >> 20} MiB")
+    if data[:2] == b"\x1f\x8b":  # reports are shipped gzipped in docs/
+        raise ValueError("gzip-compressed; decompress it first (gunzip -k FILE)")
     try:
         text = data.decode("utf-8")  # JSON is UTF-8 (RFC 8259)
     except UnicodeDecodeError as e:
