@@ -4,7 +4,7 @@ attention kernel beside the torch-ops baseline (the same GEMMs with torch's SDPA
 in one run, at the full config's shapes with synthetic weights held in memory, BF16 then NVFP4.
 
     python tools/bench_prefill.py [--preset full] [--tokens 512,2048,8192,32768]
-                                  [--chunk 8192] [--out DIR] [--formats bf16,nvfp4]
+                                  [--chunk N] [--out DIR] [--formats bf16,nvfp4]
 
 For each format, path and prompt length: the median wall time of a whole prefill (every chunk,
 the last token's logits on the host: the TTFT less tokenisation and sampling), tokens/s, and
@@ -115,7 +115,10 @@ def main() -> int:
     p.add_argument("--tokens", default="25,512,2048,8192,32768")
     p.add_argument("--kernel-tokens", default="100000",
                    help="longer prompts timed on the kernel path only (the baseline takes minutes)")
-    p.add_argument("--chunk", type=int, default=8192)
+    from flint_graph.runtime.engine_config import KERNEL_PREFILL_CHUNK
+
+    p.add_argument("--chunk", type=int, default=KERNEL_PREFILL_CHUNK,
+                   help=f"prompt tokens per chunk (default: the engine's, {KERNEL_PREFILL_CHUNK})")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--formats", default="bf16,nvfp4")
     p.add_argument("--paths", default="graph,kernel,sdpa",
