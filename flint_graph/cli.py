@@ -448,8 +448,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             finally:
                 later.cancel()
 
+    from flint_graph.server.connections import guarded_protocol
+
+    # a time limit on request headers and a cap on open connections (server/connections.py)
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                   timeout_graceful_shutdown=args.shutdown_grace + 5))
+                                   timeout_graceful_shutdown=args.shutdown_grace + 5,
+                                   http=guarded_protocol()))
     print(f"flint-graph: serving {name!r} on http://{args.host}:{args.port}/v1 (loading the "
           "model: GET /health answers 503 until it is ready)", file=sys.stderr)
 

@@ -31,8 +31,9 @@ def _serving(llm, name: str, on_error=None, **options):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    http = options.pop("http", "auto")
     config = uvicorn.Config(create_app(llm, name, api_key=KEY, on_error=on_error, **options),
-                            host="127.0.0.1", port=port, log_level="warning")
+                            host="127.0.0.1", port=port, log_level="warning", http=http)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -797,3 +798,120 @@ def test_serve_refuses_ports_it_cannot_listen_on(capsys, tiny_ckpt):
         assert main(["serve", str(tiny_ckpt), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"--port {port}: cannot listen there" in err and "Traceback" not in err, err
+
+
+def _raw(port: int, data: bytes, wait: float = 5.0) -> bytes:
+    """What the server sends back on a fresh connection after `data`, until it closes or
+    `wait` seconds pass."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as c:
+        c.sendall(data)
+        out = b""
+        with contextlib.suppress(OSError):
+            while chunk := c.recv(65536):
+                out += chunk
+        return out
+
+
+def test_hostile_keys_and_values_get_short_encodable_400s(server):
+    """A lone surrogate in a field name gave a 500 (the echoed key could not be encoded); a
+    15 MB unknown key came back as a 29 MB error; falsy non-objects passed for
+    stream_options and chat_template_kwargs (hostile-input trial, 2026-12-03)."""
+    from flint_graph.server.protocol import MESSAGE_CHARS
+
+    url = server[1] + "/v1/chat/completions"
+    hi = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    code, body = _post(url, {**hi, "\ud800": 1})
+    assert code == 400 and "\\ud800" in body["error"]["message"], body
+    code, body = _post(url, {**hi, "k" * 200_000: 1})
+    assert code == 400 and len(body["error"]["message"]) <= MESSAGE_CHARS + 1
+    assert len(body["error"]["param"]) <= 101
+    for field, value in (("stream_options", []), ("stream_options", False),
+                         ("chat_template_kwargs", False), ("chat_template_kwargs", 0),
+                         ("chat_template_kwargs", "")):
+        code, body = _post(url, {**hi, "stream": True, field: value})
+        assert code == 400 and body["error"]["param"] == field, (field, value, body)
+    for stop in ([1], [None], [""], [["a"]]):  # param was null (2026-12-03)
+        code, body = _post(url, {**hi, "stop": stop})
+        assert code == 400 and body["error"]["param"] == "stop", (stop, body)
+    code, body = _post(url, {**hi, "n": [[1]] * 200_000})
+    assert code == 400 and body["error"]["param"] == "n"
+    assert len(body["error"]["message"]) < 200
+
+
+def test_a_body_that_does_not_arrive_in_time_gets_408(server, capfd):
+    """A body trickled in (or never finished) answers 408 after body_timeout_s instead of
+    holding its connection as long as the client likes; a client that leaves during its body
+    leaves no traceback in the log (it logged 58 lines each, 2026-12-03)."""
+    with _serving(server[0], MODEL, body_timeout_s=0.5) as url:
+        port = int(url.rsplit(":", 1)[1])
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}"
+                "\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{").encode()
+        out = _raw(port, head, wait=5.0)
+        assert b" 408 " in out.split(b"\r\n", 1)[0] and b"request_timeout" in out, out[:300]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(head)
+        time.sleep(1.0)
+        err = capfd.readouterr().err
+        assert "Traceback" not in err and "Exception in ASGI" not in err, err[-3000:]
+
+
+def test_half_sent_headers_time_out_and_extra_connections_are_closed():
+    """The guarded protocol (flint_graph/server/connections.py): a connection that does not
+    finish its headers in time is closed, connections past the cap are closed at once, and a
+    request that runs longer than the header limit is not cut (20,000 half-open connections
+    once starved every other client, 2026-12-03)."""
+    from flint_graph.server.connections import guarded_protocol
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/slow":
+            import asyncio
+
+            await asyncio.sleep(1.5)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                        lifespan="off",
+                                        http=guarded_protocol(0.5, max_connections=3)))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    get = b"GET /%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    try:
+        t0 = time.monotonic()
+        assert _raw(port, b"POST / HTTP/1.1\r\nHost: x\r\n") == b""  # closed by the limit
+        assert 0.4 < time.monotonic() - t0 < 4
+        assert b"200 OK" in _raw(port, get % b"slow")  # 1.5 s: past the header limit
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        try:
+            time.sleep(0.1)
+            assert _raw(port, get % b"x", wait=2.0) == b""  # the fourth: closed at once
+        finally:
+            for c in held:
+                c.close()
+        time.sleep(0.3)
+        assert b"200 OK" in _raw(port, get % b"x")
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_too_many_messages_are_refused_before_templating(server):
+    """500,000 one-word messages took the template 5 s before a 400 naming the server's own
+    tokenizer_config.json path (hostile-input trial, 2026-12-03): refused at once now."""
+    from flint_graph.chat.chat_messages import MAX_MESSAGES
+
+    url = server[1] + "/v1/chat/completions"
+    t0 = time.monotonic()
+    code, body = _post(url, {"messages": [{"role": "user", "content": "a"}] * (MAX_MESSAGES + 1),
+                             "max_tokens": 2})
+    assert code == 400 and body["error"]["param"] == "messages", body
+    assert "at most 65,536" in body["error"]["message"] and time.monotonic() - t0 < 3

@@ -169,6 +169,12 @@ def _normalize_call(call: Any, field: str) -> dict:
     return {**call, "type": "function", "function": {**fn, "arguments": dict(args)}}
 
 
+# The most messages one request may hold: every message renders to a few tokens at least, so
+# more than this cannot fit Flint's 262,144-token context, while 500,000 short messages kept the
+# template busy for 5 s before the prompt-size check could refuse them (2026-12-03).
+MAX_MESSAGES = 65_536
+
+
 def validate_messages(messages: Any) -> list[dict]:
     """Check OpenAI-style chat messages and return normalised copies (module docstring): content
     a string (text parts joined; None only for an assistant turn with tool calls), inline
@@ -177,6 +183,9 @@ def validate_messages(messages: Any) -> list[dict]:
     found."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError(f"messages: expected a non-empty list, found {messages!r:.80}")
+    if len(messages) > MAX_MESSAGES:
+        raise InvalidRequestError(f"messages: {len(messages):,} messages; at most "
+                                  f"{MAX_MESSAGES:,} (more cannot fit the context)")
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"

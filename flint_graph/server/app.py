@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from flint_graph.errors import FlintError
 from flint_graph.server import protocol as p
@@ -36,12 +37,19 @@ DISCONNECT_POLL_S = 0.25
 _GONE = object()  # `_next_while_connected`: the client left before the next event
 
 
+BODY_TIMEOUT_S = 60.0  # to receive a whole request body
+JSON_IN_THREAD_BYTES = 1 << 18  # bodies above this are parsed off the event loop
+
+
 def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
-               max_waiting: int | None = 256):
+               max_waiting: int | None = 256, body_timeout_s: float = BODY_TIMEOUT_S):
     """The FastAPI app serving `llm` as model `model_name`; with `api_key`, every /v1 route
     wants `Authorization: Bearer <api_key>` (401 otherwise). Requests beyond the engine's
     slots wait in arrival order; with `max_waiting`, one that finds that many already waiting
-    gets 429 at once (code "too_many_requests"), before any work.
+    gets 429 at once (code "too_many_requests"), before any work. A request body must arrive
+    within `body_timeout_s` seconds (408 "request_timeout" otherwise: a body sent a byte at a
+    time held its connection for as long as the client liked); bodies over
+    JSON_IN_THREAD_BYTES are parsed in a worker thread, so other clients are not held.
 
     `llm` is an LLM, or a function returning one, called in a background thread when the app
     starts: until it returns, /health answers 503 {"status": "loading"} and every other route
@@ -123,6 +131,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             raise p.APIError(503, why, kind="server_error", code="model_not_ready")
         return state["llm"]
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_request: Request, _e: ClientDisconnect):
+        # the client left while its body was arriving: nothing to answer, nothing to log
+        # (through the catch-all below, Starlette re-raised it: a 58-line traceback per client)
+        return Response(status_code=400)
+
     @app.exception_handler(p.APIError)
     async def _api_error(_request: Request, e: p.APIError):
         return JSONResponse(e.body(), status_code=e.status)
@@ -130,7 +144,10 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     @app.exception_handler(FlintError)
     async def _flint_error(_request: Request, e: FlintError):
         msg = str(e)
-        return JSONResponse(p.APIError(400, msg, p.field_of(msg)).body(), status_code=400)
+        field = getattr(e, "field", None)  # "sampling argument 'stop': ..." names no field
+        known = field if field in p.CHAT_FIELDS | p.COMPLETION_FIELDS else None
+        return JSONResponse(p.APIError(400, msg, p.field_of(msg) or known).body(),
+                            status_code=400)
 
     def _auth(request: Request) -> None:
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -143,18 +160,26 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         if size is not None and size.isdigit() and int(size) > p.MAX_BODY_BYTES:
             raise _too_large()
         raw = bytearray()
+        late = False
         with anyio.CancelScope() as scope:  # abort_all cancels it
             uploads.add(scope)
             try:
-                async for part in request.stream():
-                    raw += part
-                    if len(raw) > p.MAX_BODY_BYTES:
-                        raise _too_large()
+                with anyio.move_on_after(body_timeout_s) as clock:
+                    async for part in request.stream():
+                        raw += part
+                        if len(raw) > p.MAX_BODY_BYTES:
+                            raise _too_large()
+                late = clock.cancelled_caught
             finally:
                 uploads.discard(scope)
         if scope.cancelled_caught:
             raise _stopping()
+        if late:
+            raise p.APIError(408, f"request body: not received within {body_timeout_s:g} s",
+                             code="request_timeout")
         try:
+            if len(raw) > JSON_IN_THREAD_BYTES:
+                return await anyio.to_thread.run_sync(json.loads, bytes(raw))
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep, too
             raise p.APIError(400, "request body: could not parse it as JSON") from None

@@ -48,11 +48,26 @@ def field_of(message: str) -> str | None:
     return m.group(1) if m and m.group(1) in CHAT_FIELDS | COMPLETION_FIELDS else None
 
 
+MESSAGE_CHARS = 1000  # of an error message; PARAM_CHARS of its param
+PARAM_CHARS = 100
+
+
+def _printable(text: str, most: int) -> str:
+    """`text` cut to `most` characters (marked "…") with lone surrogates escaped (\\ud800):
+    error bodies quote the client's keys and values, which a hostile client can make 15 MB
+    long (a 29 MB error body) or unencodable as UTF-8 (a 500, 2026-12-03)."""
+    text = text if len(text) <= most else text[:most] + "…"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class APIError(Exception):
-    """An error the server answers with `status` and an OpenAI error body."""
+    """An error the server answers with `status` and an OpenAI error body. The message and
+    param are cut to MESSAGE_CHARS / PARAM_CHARS and made encodable (`_printable`)."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
                  kind: str = "invalid_request_error", code: str | None = None):
+        message = _printable(str(message), MESSAGE_CHARS)
+        param = None if param is None else _printable(str(param), PARAM_CHARS)
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = (status, message, param,
                                                                         kind, code)
@@ -71,6 +86,42 @@ def _neutral(value, neutral) -> bool:
     return value is None or (type(value) is type(neutral) and value == neutral)
 
 
+def _quoted(value: Any, most: int = 60) -> str:
+    """The start of `value` as JSON, at most about `most` characters, rendered only that far:
+    serialising a huge value whole to quote its start held the event loop for 3 s on a 13 MB
+    list (2026-12-03)."""
+    parts: list[str] = []
+    left = [most]
+
+    def put(text: str) -> None:
+        parts.append(text[:max(left[0], 0)])
+        left[0] -= len(text)
+
+    def walk(v: Any, depth: int) -> None:
+        if left[0] <= 0:
+            return
+        if isinstance(v, (list, dict)) and depth < 8:
+            items = v.items() if isinstance(v, dict) else v
+            put("{" if isinstance(v, dict) else "[")
+            for n, item in enumerate(items):
+                if left[0] <= 0:
+                    return
+                put(", " if n else "")
+                if isinstance(v, dict):
+                    put(json.dumps(str(item[0])[:most]) + ": ")
+                    item = item[1]
+                walk(item, depth + 1)
+            put("}" if isinstance(v, dict) else "]")
+        elif isinstance(v, (list, dict)):
+            put("…")
+        else:
+            put(json.dumps(v if not isinstance(v, str) else v[:most], default=str))
+
+    walk(value, 0)
+    text = "".join(parts)
+    return text if left[0] >= 0 else text + "…"
+
+
 def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mapping[str, Any]:
     """`body` as a mapping whose every field is allowed, or in `neutral` at its neutral value;
     also the types of model, user, stream and stream_options. Raises APIError 400 naming the
@@ -80,7 +131,7 @@ def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mappi
     for key, value in body.items():
         if key in neutral:
             if not _neutral(value, neutral[key]):
-                raise _bad(f"{key} = {json.dumps(value, default=str)[:60]}: this server "
+                raise _bad(f"{key} = {_quoted(value)}: this server "
                            f"supports only {json.dumps(neutral[key])} (or leaving it out)", key)
         elif key not in allowed:
             raise _bad(f"{key}: not a field this server supports", key)
@@ -136,7 +187,8 @@ def sampling_params(body: Mapping[str, Any], completion: bool = False) -> Sampli
 def _bool_option(body: Mapping[str, Any], field: str, option: str, default: bool) -> bool:
     """body[field][option], an object holding that one boolean option (or absent). Raises
     APIError 400 naming `field` for another shape, another option or a non-boolean value."""
-    opts = body.get(field) or {}
+    opts = body.get(field)
+    opts = {} if opts is None else opts  # false, 0, [] or "" are not objects either
     if not isinstance(opts, Mapping):
         raise _bad(f"{field}: expected an object", field)
     unknown = set(opts) - {option}

@@ -1,0 +1,87 @@
+"""Connection limits for `flint-graph serve` that uvicorn's own settings do not give: a time
+limit on a request's headers and a cap on open connections.
+
+Why. uvicorn times out an idle keep-alive connection, but not one that is still sending its
+request line and headers. A hostile-input trial (2026-12-03) opened ~20,000 connections that
+each sent half a request and stopped: none was ever closed, the server ran out of file
+descriptors, every other client got nothing, and asyncio logged a traceback per failed accept
+(110 MB of log in 25 s). Here a connection must finish a request's headers within
+`header_timeout` seconds of opening (or of its previous response), and connections past
+`max_connections` are closed as soon as they are accepted, so descriptors stay free and the
+clients already connected keep being served. The request body has its own limit in the app
+(`create_app`'s body_timeout_s).
+
+`guarded_protocol` subclasses the HTTP protocol class uvicorn would choose itself
+(`uvicorn.protocols.http.auto.AutoHTTPProtocol`: httptools when installed, else h11) and is
+passed as `uvicorn.Config(http=...)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+
+HEADER_TIMEOUT_S = 30.0  # to finish a request's line and headers
+DESCRIPTORS_SPARE = 64  # left for the model's files, logs and the engine
+
+
+def default_max_connections() -> int:
+    """Open connections the server accepts: 1,000, or fewer where the process may open fewer
+    files (RLIMIT_NOFILE's soft limit minus DESCRIPTORS_SPARE, at least 16)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1000
+    return max(16, min(1000, soft - DESCRIPTORS_SPARE))
+
+
+def guarded_protocol(header_timeout: float = HEADER_TIMEOUT_S,
+                     max_connections: int | None = None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class with the header time limit and the connection cap (None:
+    `default_max_connections()`). Raises ValueError for a limit that is not positive."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    most = default_max_connections() if max_connections is None else max_connections
+    if not header_timeout > 0 or most < 1:
+        raise ValueError(f"header_timeout {header_timeout!r} and max_connections {most!r}: "
+                         "expected positive values")
+
+    class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _refused = False
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport):
+            if len(self.connections) >= most:  # closed at once: its descriptor is freed
+                self._refused = True
+                transport.abort()
+                return
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc):
+            if self._refused:
+                return
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            super().connection_lost(exc)
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            self._arm()  # the next request's headers get the same time
+
+        def _arm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            # the request in progress when armed: a new one replaces `cycle` once its
+            # headers are complete, and then the timer leaves the connection alone
+            armed = self.cycle
+            self._header_timer = self.loop.call_later(header_timeout, self._expire, armed)
+
+        def _expire(self, armed) -> None:
+            self._header_timer = None
+            # `armed` may be a request already running (pipelined behind the last one): it
+            # is left alone, and its response re-arms the timer
+            idle = armed is None or getattr(armed, "response_complete", True)
+            if self.cycle is armed and idle and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedHTTPProtocol
