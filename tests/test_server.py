@@ -833,7 +833,7 @@ def test_hostile_keys_and_values_get_short_encodable_400s(server):
     for stop in ([1], [None], [""], [["a"]]):  # param was null (2026-12-03)
         code, body = _post(url, {**hi, "stop": stop})
         assert code == 400 and body["error"]["param"] == "stop", (stop, body)
-    code, body = _post(url, {**hi, "n": [[1]] * 200_000})
+    code, body = _post(url, {**hi, "n": [[1]] * 150_000})
     assert code == 400 and body["error"]["param"] == "n"
     assert len(body["error"]["message"]) < 200
 
@@ -846,8 +846,10 @@ def test_a_body_that_does_not_arrive_in_time_gets_408(server, capfd):
         port = int(url.rsplit(":", 1)[1])
         head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}"
                 "\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{").encode()
+        t0 = time.monotonic()
         out = _raw(port, head, wait=5.0)
         assert b" 408 " in out.split(b"\r\n", 1)[0] and b"request_timeout" in out, out[:300]
+        assert time.monotonic() - t0 < 3  # and the connection closed (it stayed open 30 s)
         with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
             c.sendall(head)
         time.sleep(1.0)
@@ -877,7 +879,8 @@ def test_half_sent_headers_time_out_and_extra_connections_are_closed():
         port = s.getsockname()[1]
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                         lifespan="off",
-                                        http=guarded_protocol(0.5, max_connections=3)))
+                                        http=guarded_protocol(0.5, max_connections=3,
+                                                              per_client=2)))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     for _ in range(200):
@@ -890,7 +893,8 @@ def test_half_sent_headers_time_out_and_extra_connections_are_closed():
         assert _raw(port, b"POST / HTTP/1.1\r\nHost: x\r\n") == b""  # closed by the limit
         assert 0.4 < time.monotonic() - t0 < 4
         assert b"200 OK" in _raw(port, get % b"slow")  # 1.5 s: past the header limit
-        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        held = [socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{2 + i}", 0))
+                for i in range(3)]  # three addresses: the cap in all, not per client
         try:
             time.sleep(0.1)
             assert _raw(port, get % b"x", wait=2.0) == b""  # the fourth: closed at once
@@ -899,6 +903,18 @@ def test_half_sent_headers_time_out_and_extra_connections_are_closed():
                 c.close()
         time.sleep(0.3)
         assert b"200 OK" in _raw(port, get % b"x")
+        # two per address: a third from 127.0.0.1 is refused, another address is served
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        try:
+            time.sleep(0.1)
+            assert _raw(port, get % b"x", wait=2.0) == b""
+            with socket.create_connection(("127.0.0.1", port), timeout=5,
+                                          source_address=("127.0.0.9", 0)) as c:
+                c.sendall(get % b"x")
+                assert b"200 OK" in c.recv(65536)
+        finally:
+            for c in held:
+                c.close()
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
@@ -914,4 +930,27 @@ def test_too_many_messages_are_refused_before_templating(server):
     code, body = _post(url, {"messages": [{"role": "user", "content": "a"}] * (MAX_MESSAGES + 1),
                              "max_tokens": 2})
     assert code == 400 and body["error"]["param"] == "messages", body
-    assert "at most 65,536" in body["error"]["message"] and time.monotonic() - t0 < 3
+    assert f"at most {MAX_MESSAGES:,}" in body["error"]["message"] and time.monotonic() - t0 < 3
+
+
+def test_second_trial_limits(server):
+    """A second hostile-input trial (2026-12-03): 2.5 million stop strings held the engine
+    ~2 s a token; 5.4 million '[' in a 16 MB body held the event loop 2.7 s while parsing; a
+    408 left the connection open; `user` took a lone surrogate."""
+    from flint_graph.runtime.sampling import MAX_STOP, MAX_STOP_CHARS
+    from flint_graph.server.app import MAX_JSON_CONTAINERS
+
+    url = server[1] + "/v1/chat/completions"
+    hi = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    code, body = _post(url, {**hi, "stop": ["ab"] * (MAX_STOP + 1)})
+    assert code == 400 and body["error"]["param"] == "stop" and f"at most {MAX_STOP}" in \
+        body["error"]["message"]
+    code, body = _post(url, {**hi, "stop": ["x" * (MAX_STOP_CHARS + 1)]})
+    assert code == 400 and body["error"]["param"] == "stop"
+    assert _post(url, {**hi, "stop": ["ab"] * MAX_STOP})[0] == 200
+    t0 = time.monotonic()
+    code, body = _post(url, {**hi, "logit_bias": [[]] * (MAX_JSON_CONTAINERS + 1)})
+    assert code == 400 and body["error"]["code"] == "too_many_json_containers"
+    assert time.monotonic() - t0 < 2
+    code, body = _post(url, {**hi, "user": "\ud800"})
+    assert code == 400 and body["error"]["param"] == "user"

@@ -169,10 +169,10 @@ def _normalize_call(call: Any, field: str) -> dict:
     return {**call, "type": "function", "function": {**fn, "arguments": dict(args)}}
 
 
-# The most messages one request may hold: every message renders to a few tokens at least, so
-# more than this cannot fit Flint's 262,144-token context, while 500,000 short messages kept the
-# template busy for 5 s before the prompt-size check could refuse them (2026-12-03).
-MAX_MESSAGES = 65_536
+# The most messages one request may hold: far more than any conversation or agent loop needs,
+# while 500,000 short messages kept the template busy for 5 s (and 65,536 for 2-3 s) before the
+# prompt-size check could refuse them (hostile-input trials, 2026-12-03).
+MAX_MESSAGES = 8192
 
 
 def validate_messages(messages: Any) -> list[dict]:

@@ -37,6 +37,10 @@ NEUTRAL_TEMPERATURE = 1.0
 NEUTRAL_TOP_P = 1.0
 NEUTRAL_TOP_K = 0
 MIN_REPEAT_WINDOW, MAX_REPEAT_WINDOW = 8, 4096  # stop_on_repeat's range (tokens)
+# stop strings per request and characters per stop string: each generated token is checked
+# against every one (2.5 million stop strings held a shared engine step ~2 s a token, 2026-12-03;
+# OpenAI allows 4)
+MAX_STOP, MAX_STOP_CHARS = 64, 1000
 TOP_LOGPROBS_MAX = 20  # OpenAI's bound on top_logprobs
 
 
@@ -116,9 +120,13 @@ class SamplingParams:
             _bad("min_tokens", f"an integer >= 0{limit}", self.min_tokens)
         if not isinstance(self.stop, tuple):
             _bad("stop", "a list of strings", self.stop)
+        if len(self.stop) > MAX_STOP:
+            _bad("stop", f"at most {MAX_STOP} strings", len(self.stop))
         for s in self.stop:
             if not (isinstance(s, str) and s):
                 _bad("stop", "non-empty strings", s)
+            if len(s) > MAX_STOP_CHARS:
+                _bad("stop", f"strings of at most {MAX_STOP_CHARS} characters", s)
             try:  # every other text field refuses a lone surrogate: so do stop strings
                 s.encode("utf-8")
             except UnicodeEncodeError as e:

@@ -38,7 +38,11 @@ _GONE = object()  # `_next_while_connected`: the client left before the next eve
 
 
 BODY_TIMEOUT_S = 60.0  # to receive a whole request body
-JSON_IN_THREAD_BYTES = 1 << 18  # bodies above this are parsed off the event loop
+# '[' and '{' bytes a body may hold (counted before parsing): json.loads holds the interpreter
+# lock while it builds each array and object, so 5.4 million of them in 16 MB held every other
+# client for 2.7 s (a worker thread did not help, 2026-12-03); a prompt that fills the context
+# with its tool schemas holds a few thousand
+MAX_JSON_CONTAINERS = 200_000
 
 
 def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
@@ -48,8 +52,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     slots wait in arrival order; with `max_waiting`, one that finds that many already waiting
     gets 429 at once (code "too_many_requests"), before any work. A request body must arrive
     within `body_timeout_s` seconds (408 "request_timeout" otherwise: a body sent a byte at a
-    time held its connection for as long as the client liked); bodies over
-    JSON_IN_THREAD_BYTES are parsed in a worker thread, so other clients are not held.
+    time held its connection for as long as the client liked), and hold at most
+    MAX_JSON_CONTAINERS '[' and '{' bytes (400 before parsing). 408 and 413 close the
+    connection (the rest of the body is unread).
 
     `llm` is an LLM, or a function returning one, called in a background thread when the app
     starts: until it returns, /health answers 503 {"status": "loading"} and every other route
@@ -139,7 +144,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
 
     @app.exception_handler(p.APIError)
     async def _api_error(_request: Request, e: p.APIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        # after a 408 or 413 the rest of the body is unread: close rather than wait on it
+        close = {"connection": "close"} if e.status in (408, 413) else None
+        return JSONResponse(e.body(), status_code=e.status, headers=close)
 
     @app.exception_handler(FlintError)
     async def _flint_error(_request: Request, e: FlintError):
@@ -177,9 +184,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         if late:
             raise p.APIError(408, f"request body: not received within {body_timeout_s:g} s",
                              code="request_timeout")
+        containers = raw.count(b"[") + raw.count(b"{")
+        if containers > MAX_JSON_CONTAINERS:
+            raise p.APIError(400, f"request body: {containers:,} '[' and '{{' characters; at most "
+                                  f"{MAX_JSON_CONTAINERS:,} (JSON arrays and objects, counted "
+                                  "before parsing)", code="too_many_json_containers")
         try:
-            if len(raw) > JSON_IN_THREAD_BYTES:
-                return await anyio.to_thread.run_sync(json.loads, bytes(raw))
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep, too
             raise p.APIError(400, "request body: could not parse it as JSON") from None

@@ -8,8 +8,10 @@ descriptors, every other client got nothing, and asyncio logged a traceback per 
 (110 MB of log in 25 s). Here a connection must finish a request's headers within
 `header_timeout` seconds of opening (or of its previous response), and connections past
 `max_connections` are closed as soon as they are accepted, so descriptors stay free and the
-clients already connected keep being served. The request body has its own limit in the app
-(`create_app`'s body_timeout_s).
+clients already connected keep being served; one client address may hold at most
+`per_client` of them, so a single host cannot take every slot. The request body has its own
+limit in the app (`create_app`'s body_timeout_s). Many addresses together can still fill the
+cap: a public server belongs behind a reverse proxy that limits clients.
 
 `guarded_protocol` subclasses the HTTP protocol class uvicorn would choose itself
 (`uvicorn.protocols.http.auto.AutoHTTPProtocol`: httptools when installed, else h11) and is
@@ -23,6 +25,10 @@ import resource
 
 HEADER_TIMEOUT_S = 30.0  # to finish a request's line and headers
 DESCRIPTORS_SPARE = 64  # left for the model's files, logs and the engine
+# open connections from one client address: a second trial held all 1,000 slots from one
+# address with a request every 28 s per connection (~36 requests/s), and a normal client waited
+# 80 s; one address now holds at most this share. Clients behind one reverse proxy share it.
+PER_CLIENT = 256
 
 
 def default_max_connections() -> int:
@@ -35,31 +41,44 @@ def default_max_connections() -> int:
 
 
 def guarded_protocol(header_timeout: float = HEADER_TIMEOUT_S,
-                     max_connections: int | None = None) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class with the header time limit and the connection cap (None:
-    `default_max_connections()`). Raises ValueError for a limit that is not positive."""
+                     max_connections: int | None = None,
+                     per_client: int = PER_CLIENT) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class with the header time limit and the connection caps, in
+    all (None: `default_max_connections()`) and per client address. Raises ValueError for a
+    limit that is not positive."""
+    from collections import Counter
+
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     most = default_max_connections() if max_connections is None else max_connections
-    if not header_timeout > 0 or most < 1:
-        raise ValueError(f"header_timeout {header_timeout!r} and max_connections {most!r}: "
-                         "expected positive values")
+    if not header_timeout > 0 or most < 1 or per_client < 1:
+        raise ValueError(f"header_timeout {header_timeout!r}, max_connections {most!r} and "
+                         f"per_client {per_client!r}: expected positive values")
+    by_client: Counter = Counter()  # open connections per address (one event loop)
 
     class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         _refused = False
+        _address = None
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport):
-            if len(self.connections) >= most:  # closed at once: its descriptor is freed
-                self._refused = True
+            peer = transport.get_extra_info("peername")
+            address = peer[0] if isinstance(peer, tuple) and peer else None
+            if len(self.connections) >= most or by_client[address] >= per_client:
+                self._refused = True  # closed at once: its descriptor is freed
                 transport.abort()
                 return
+            self._address = address
+            by_client[address] += 1
             super().connection_made(transport)
             self._arm()
 
         def connection_lost(self, exc):
             if self._refused:
                 return
+            by_client[self._address] -= 1
+            if by_client[self._address] <= 0:
+                del by_client[self._address]
             if self._header_timer is not None:
                 self._header_timer.cancel()
             super().connection_lost(exc)

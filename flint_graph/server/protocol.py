@@ -138,6 +138,11 @@ def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mappi
     for key in ("model", "user"):
         if body.get(key) is not None and not isinstance(body[key], str):
             raise _bad(f"{key}: expected a string, found {type(body[key]).__name__}", key)
+        try:  # as every other text field: no lone surrogates
+            (body.get(key) or "").encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise _bad(f"{key}: expected valid UTF-8 text (a lone surrogate at character "
+                       f"{e.start})", key) from None
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise _bad("stream: expected true or false", "stream")
     if body.get("stream_options") is not None and not body.get("stream"):
