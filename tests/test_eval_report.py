@@ -30,7 +30,7 @@ def test_the_header_names_the_checkpoint_whole_on_one_line(width):
     console = Console(record=True, width=width)
     _print(_report(), console)
     lines = console.export_text().splitlines()
-    assert lines[0] == f"eval: {MODEL} (nvfp4, reference engine), 41.2 s"
+    assert lines[0] == f"eval: {MODEL} (nvfp4, reference engine), 41.2 s of decoding"
     assert [r[:3] for r in table_rows("\n".join(lines))] == [
         ["tools", "50", "valid"], ["tools", "50", "exact"], ["arith", "50", "correct"]]
 
@@ -39,4 +39,4 @@ def test_the_header_is_whole_when_piped(monkeypatch, capsys):
     piped(monkeypatch, 80)
     _print(_report("/tmp/[odd] dir/model-nvfp4.gguf"))  # a "[" is text, not rich markup
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "eval: /tmp/[odd] dir/model-nvfp4.gguf (nvfp4, reference engine), 41.2 s"
+    assert out[0] == "eval: /tmp/[odd] dir/model-nvfp4.gguf (nvfp4, reference engine), 41.2 s of decoding"
