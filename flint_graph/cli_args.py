@@ -240,7 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "extra (FastAPI, uvicorn, prometheus-client).")
     _model_args(srv, conversation=False)
     srv.add_argument("--host", default="127.0.0.1",
-                     help="address to listen on (default: %(default)s, this machine only)")
+                     help="address to listen on (default: %(default)s, this machine only). "
+                          "The server holds at most 1,000 connections, 256 per client "
+                          "address, and closes one that takes over 30 s to send its headers "
+                          "or 60 s its body; a public address still belongs behind a "
+                          "reverse proxy that limits clients")
     srv.add_argument("--port", type=tcp_port, default=8000,
                      help="TCP port (default: %(default)s)")
     srv.add_argument("--api-key", metavar="KEY", type=non_empty,
