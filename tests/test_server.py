@@ -28,13 +28,19 @@ def _serving(llm, name: str, on_error=None, **options):
     base URL."""
     from flint_graph.server.app import create_app
 
+    with _uvicorn(create_app(llm, name, api_key=KEY, on_error=on_error, **options)) as port:
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def _uvicorn(app, **config):
+    """The ASGI `app` on uvicorn (more `config` for uvicorn.Config) in a thread, on a free
+    local port: yields the port once it listens; stopped on the way out."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    http = options.pop("http", "auto")
-    config = uvicorn.Config(create_app(llm, name, api_key=KEY, on_error=on_error, **options),
-                            host="127.0.0.1", port=port, log_level="warning", http=http)
-    srv = uvicorn.Server(config)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                        **config))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     for _ in range(200):
@@ -42,7 +48,7 @@ def _serving(llm, name: str, on_error=None, **options):
             break
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield port
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
@@ -874,27 +880,17 @@ def test_half_sent_headers_time_out_and_extra_connections_are_closed():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                        lifespan="off",
-                                        http=guarded_protocol(0.5, max_connections=3,
-                                                              per_client=2)))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    get = b"GET /%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    try:
+    protocol = guarded_protocol(0.5, max_connections=3, per_client=2)
+    with _uvicorn(app, lifespan="off", http=protocol) as port:
+        get = b"GET /%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         t0 = time.monotonic()
         assert _raw(port, b"POST / HTTP/1.1\r\nHost: x\r\n") == b""  # closed by the limit
         assert 0.4 < time.monotonic() - t0 < 4
         assert b"200 OK" in _raw(port, get % b"slow")  # 1.5 s: past the header limit
-        held = [socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{2 + i}", 0))
-                for i in range(3)]  # three addresses: the cap in all, not per client
+        # three addresses: the cap in all, not per client
+        held = [socket.create_connection(("127.0.0.1", port),
+                                         source_address=(f"127.0.0.{2 + i}", 0))
+                for i in range(3)]
         try:
             time.sleep(0.1)
             assert _raw(port, get % b"x", wait=2.0) == b""  # the fourth: closed at once
@@ -915,9 +911,6 @@ def test_half_sent_headers_time_out_and_extra_connections_are_closed():
         finally:
             for c in held:
                 c.close()
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_too_many_messages_are_refused_before_templating(server):

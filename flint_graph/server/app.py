@@ -151,10 +151,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     @app.exception_handler(FlintError)
     async def _flint_error(_request: Request, e: FlintError):
         msg = str(e)
-        field = getattr(e, "field", None)  # "sampling argument 'stop': ..." names no field
-        known = field if field in p.CHAT_FIELDS | p.COMPLETION_FIELDS else None
-        return JSONResponse(p.APIError(400, msg, p.field_of(msg) or known).body(),
-                            status_code=400)
+        # the error's own field where it has one ("sampling argument 'stop': ..." starts with
+        # none), else the field its message starts with
+        field = getattr(e, "field", None)
+        if field not in p.CHAT_FIELDS | p.COMPLETION_FIELDS:
+            field = p.field_of(msg)
+        return JSONResponse(p.APIError(400, msg, field).body(), status_code=400)
 
     def _auth(request: Request) -> None:
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
