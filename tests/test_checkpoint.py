@@ -176,5 +176,6 @@ def test_nan_or_inf_weights_are_refused_naming_the_tensor(ckpt_dir, tmp_path):
     tensors[other][1] = float("inf")
     save_file(tensors, str(shard), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=rf"{bad}: NaN or infinite weights in .*"
-                                              rf"({name}|{other}) \(1 values\)"):
+                                              rf"({name}|{other}) \(1 values\)") as e:
         load_checkpoint(bad, progress=False)
+    assert f"in {shard.name};" in str(e.value)  # the shard, not only the directory

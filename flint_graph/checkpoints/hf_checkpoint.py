@@ -390,7 +390,7 @@ def load_safetensors(model_dir: str | Path, cfg: FlintConfig,
         weights = FlintWeights(embed=get("model.embed_tokens.weight"), layers=layers,
                                final_norm=get("model.norm.weight"),
                                lm_head=get("lm_head.weight"))
-    finite.raise_if_any(model_dir)
+    finite.raise_if_any(model_dir, shards.__getitem__)
     return weights
 
 

@@ -12,6 +12,7 @@ I dense intermediate, M expert intermediate, E routed experts.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -187,8 +188,10 @@ class FiniteCheck:
     otherwise load silently and decode to NaN logits.
 
     `add(name, t)` queues a count for a floating tensor (integer tensors: NVFP4 codes and
-    scales, are skipped); `raise_if_any(path)` raises CheckpointError naming `path`, the first
-    tensors with non-finite values and how many each holds."""
+    scales, are skipped); `raise_if_any(path, file_of)` raises CheckpointError naming `path`,
+    the first tensors with non-finite values and how many each holds, and with `file_of` (a
+    tensor name -> its file) the files that hold them (a directory of shards named only the
+    directory, 2026-12-03)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -199,7 +202,7 @@ class FiniteCheck:
             self.names.append(name)
             self.counts.append(t.numel() - torch.isfinite(t).sum())
 
-    def raise_if_any(self, path) -> None:
+    def raise_if_any(self, path, file_of=None) -> None:
         from flint_graph.errors import CheckpointError
 
         if not self.counts:
@@ -209,5 +212,8 @@ class FiniteCheck:
         if bad:
             listed = ", ".join(f"{n} ({c} values)" for n, c in bad[:5])
             more = f" and {len(bad) - 5} more tensors" if len(bad) > 5 else ""
+            if file_of is not None:
+                files = sorted({Path(file_of(n)).name for n, _ in bad})
+                more += f", in {', '.join(files)}"
             raise CheckpointError(f"{path}: NaN or infinite weights in {listed}{more}; the "
                                   "file is damaged or was not written by a float converter")
