@@ -29,12 +29,12 @@ from flint_graph.kernels import registry
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 1e-2
-# each kernel (and attn_prefill_wg's bench variants: ST = 3, OV = 1) by its specialisations
+# each kernel (and attn_prefill_wg's other stage count) by its specialisations per config
 KERNELS = {"attn_prefill": ap._specs, "attn_prefill_wg": wg._specs,
-           "attn_prefill_wg-bench": wg.bench_specs}
+           "attn_prefill_wg-ST3": wg.bench_specs}
 # (kernel, preset) pairs: attn_prefill_wg does not take the tiny config's head dim 32
 CONFIGS = [("attn_prefill", "tiny"), ("attn_prefill", "full"), ("attn_prefill_wg", "full"),
-           ("attn_prefill_wg-bench", "full")]
+           ("attn_prefill_wg-ST3", "full")]
 
 
 @pytest.fixture(scope="module")

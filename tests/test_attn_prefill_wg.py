@@ -18,8 +18,7 @@ def test_specialisations_mirror_attn_prefill(preset):
     specs = wg._specs(cfg)
     assert [{**s.as_dict(), "ST": wg.STAGES} for s in ap._specs(cfg)] == \
         [s.as_dict() for s in specs]
-    assert {(s["ST"], dict(s.values).get("OV", 0)) for s in wg.bench_specs(cfg)} == \
-        {(st, 0) for st in wg.STAGE_CHOICES if st != wg.STAGES} | {(wg.OV_STAGES, 1)}
+    assert {s["ST"] for s in wg.bench_specs(cfg)} == set(wg.STAGE_CHOICES) - {wg.STAGES}
     for s in specs + wg.bench_specs(cfg):
         args, launch = check_spec(wg.KERNEL, s)
         assert [a.name for a in args] == [a.name for a in ap.KERNEL.args(s)]
@@ -37,9 +36,7 @@ def test_the_tiny_config_keeps_attn_prefill():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(D=96), "head dim D = 96"),
-                                        (dict(ST=4), "ST = 4 stages"),
-                                        (dict(OV=1), "OV = 1 with ST = 2"),
-                                        (dict(ST=3, OV=2), "OV = 2 with ST = 3")])
+                                        (dict(ST=4), "ST = 4 stages")])
 def test_unsupported_specialisations_are_refused(bad, match):
     values = dict(HQ=32, HKV=4, D=128, P=64, RING=0, W=0, ST=2) | bad
     with pytest.raises(ValueError, match=match):

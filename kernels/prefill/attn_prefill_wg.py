@@ -65,7 +65,6 @@ STAGE_CHOICES = (2, 3)
 LOG2E = 1.4426950408889634
 DS = (64, 128)  # head dims this kernel takes (O is 64 × D fp32 per warpgroup in registers)
 RESCALE_AT = 8.0  # a row's reference max moves (O and l rescaled) only past this growth, log2
-OV_STAGES = 3  # spec OV = 1 (bench variant): tile j's softmax under tile j - 1's P·V
 
 
 def fits(cfg) -> bool:
@@ -87,11 +86,6 @@ def _check(spec: Spec) -> None:
     if spec["ST"] not in STAGE_CHOICES:
         raise ValueError(f"attn_prefill_wg: ST = {spec['ST']} stages; expected one of "
                          f"{STAGE_CHOICES}")
-    ov = dict(spec.values).get("OV", 0)
-    if ov not in (0, 1) or (ov == 1 and spec["ST"] != OV_STAGES):
-        raise ValueError(f"attn_prefill_wg: OV = {ov} with ST = {spec['ST']}; expected OV = 0, "
-                         f"or OV = 1 with ST = {OV_STAGES} (K of this tile, V of the last one "
-                         f"and the tile being copied)")
 
 
 def _args(spec: Spec):
@@ -124,14 +118,9 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
     """The other stage counts of `_specs`' kernels (tools/bench_prefill.py --attn-kernel
-    attn_prefill_wg:ST=3), and OV = 1 (`attn_prefill_wg:ST=3,OV=1`): FlashAttention-3's
-    intra-warpgroup overlap, each tile's S wgmmas issued with the previous tile's P·V and its
-    softmax run while that P·V is on the tensor cores (3 stages: K of this tile, V of the
-    previous one and the tile being copied; 131 KB, one CTA per SM, up to 255 registers)."""
-    out = [KERNEL.spec(**{**s.as_dict(), "ST": st}) for s in _specs(cfg, buckets)
-           for st in STAGE_CHOICES if st != STAGES]
-    return out + [KERNEL.spec(**{**s.as_dict(), "ST": OV_STAGES, "OV": 1})
-                  for s in _specs(cfg, buckets)]
+    attn_prefill_wg:ST=3)."""
+    return [KERNEL.spec(**{**s.as_dict(), "ST": st}) for s in _specs(cfg, buckets)
+            for st in STAGE_CHOICES if st != STAGES]
 
 
 def _build(spec: Spec, arch: str = "sm_90a"):
@@ -147,7 +136,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
     ring, window = spec["RING"], spec["W"]
     stages = spec["ST"]
-    ov = wg and dict(spec.values).get("OV", 0) == 1  # sm_100a builds the plain loop
     tile_pages = ring == 0 and size % BN == 0  # a key tile lies in one page
     g_heads = hq // hkv
     tq = tokens_per_cta(spec)
@@ -316,36 +304,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             moved = moved | need
         return cute.arch.vote_any_sync(moved), alphas
 
-
-    def pv_issue(vs, pk, acc):
-        """Issue acc + P·V (P's A fragments in `pk`) as one committed wgmma group; returns its
-        accumulators (valid after `pv_wait`). `pk` and `acc` must not change until then."""
-        vals = [acc[i] for i in range(dtiles * 4)]
-        du.wgmma_fence()
-        for kk in range(BN // 16):
-            db = du.smem_desc(vs + Uint32(kk * 16 * 128), blk_kv, 1024)
-            vals = du.wgmma_rs(d, [pk[4 * kk + e] for e in range(4)], db, vals, Int32(1),
-                               trans_b=1)
-        du.wgmma_commit()
-        return vals
-
-    def pv_wait(vals, acc):
-        du.wgmma_wait(0)
-        vals = du.fence_values(vals)
-        for i in range(dtiles * 4):
-            acc[i] = vals[i]
-
-    def mask_tile(sc, kb, qpos, t):
-        """-inf where key kb + column is past a row's causal edge or before its window."""
-        for j in range(ntile_s):
-            for e in range(4):
-                kp = kb + 8 * j + 2 * t + e % 2
-                p = qpos[e // 2]
-                ok = kp <= p
-                if window > 0:
-                    ok = ok & (kp > p - window)
-                sc[4 * j + e] = cutlass.select_(ok, sc[4 * j + e], Float32(ninf))
-
     @cute.kernel
     def attn_prefill_wg_kernel(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
                                mkc: cute.Tensor, mvc: cute.Tensor, mtable: cute.Tensor,
@@ -413,95 +371,54 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             st[r, 1] = cutlass.select_((t == 0) & (sink != Float32(ninf)), Float32(1.0),
                                        Float32(0.0))
 
-        if cutlass.const_expr(ov):
-            # OV = 1: FlashAttention-3's intra-warpgroup overlap. Tile it's S wgmmas and tile
-            # it - 1's P·V are issued together, tile it + 1's copies go into the stage whose
-            # last reader (tile it - 2's P·V) every thread waited for before this barrier, and
-            # tile it's mask and softmax run while the P·V is on the tensor cores. The first
-            # tile's "previous" P·V adds P = 0 times a zeroed V (stage ST - 1, first refilled
-            # after that P·V is waited), so every step has the same two groups.
-            pk = cute.make_rmem_tensor((BN // 16 * 4,), Uint32)  # P of the previous tile
-            pk.fill(0)
-            vz = base + Uint32(lay["stages"] + (stages - 1) * lay["stage"] + lay["tile"])
-            for i in cutlass.range_constexpr(lay["tile"] // (16 * threads)):
-                du.st_shared_v4(vz + Uint32((tid + threads * i) * 16), [Uint32(0)] * 4)
-            load_tile(t_first, 0, tid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn, tb, mtable)
-            for it in cutlass.range(ntiles):
-                tile = t_first + it
-                du.cp_async_wait(0)
-                du.fence_proxy_async_shared()
-                cute.arch.sync_threads()
-                kb = tile * BN
-                ks = base + Uint32(lay["stages"] + (it % stages) * lay["stage"])
-                pend_s = scores_issue(qs, ks, warp)
-                vs_prev = base + Uint32(lay["stages"] + ((it + stages - 1) % stages)
-                                        * lay["stage"] + lay["tile"])
-                pend_o = pv_issue(vs_prev, pk, acc)
-                load_tile(tile + 1, (it + 1) % stages, tid, kvh, n, lo, qmax, slot, base, kc,
-                          vc, kn, vn, tb, mtable)
-                du.wgmma_wait(1)
-                vals = du.fence_values(pend_s)
-                for i in cutlass.range_constexpr(BN // 2):
-                    sc[i] = vals[i]
-                edge = kb + (BN - 1) > qmin
-                if cutlass.const_expr(window > 0):
-                    edge = edge | (kb <= qmax - window)
-                mask_tile(sc, kb, qpos, t)
-                moved, alphas = softmax_lazy(sc, st)
-                pv_wait(pend_o, acc)
-                if moved:
-                    for r in cutlass.range_constexpr(2):
-                        for jd in cutlass.range_constexpr(dtiles):
-                            acc[4 * jd + 2 * r] = acc[4 * jd + 2 * r] * alphas[r]
-                            acc[4 * jd + 2 * r + 1] = acc[4 * jd + 2 * r + 1] * alphas[r]
-                for i in cutlass.range_constexpr(BN // 16 * 4):
-                    pk[i] = du.pack_bf16(sc[2 * i], sc[2 * i + 1])
-            # the last tile's P·V
-            vs = base + Uint32(lay["stages"] + ((ntiles - 1) % stages) * lay["stage"]
-                               + lay["tile"])
-            pv_wait(pv_issue(vs, pk, acc), acc)
-        else:
-            for pre in cutlass.range_constexpr(stages - 1):
-                load_tile(t_first + pre, pre, tid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn, tb,
-                          mtable)
-            for it in cutlass.range(ntiles):
-                tile = t_first + it
-                stage = it % stages
-                du.cp_async_wait(stages - 2)
-                du.fence_proxy_async_shared()
-                cute.arch.sync_threads()
-                kb = tile * BN
-                ks = base + Uint32(lay["stages"] + stage * lay["stage"])
-                vs = ks + Uint32(lay["tile"])
-                if wg and ring == 0:
-                    # the next tile's copies are issued while this tile's S wgmmas run (they
-                    # write another stage, whose last readers were waited before the barrier).
-                    # Not on ring layers: their copies' addresses with S's accumulators live
-                    # took ptxas to 144 registers, one CTA per SM instead of two.
-                    pend = scores_issue(qs, ks, warp)
-                    load_tile(tile + stages - 1, (it + stages - 1) % stages, tid, kvh, n, lo,
-                              qmax, slot, base, kc, vc, kn, vn, tb, mtable)
-                    scores_wait(sc, pend)
-                else:
-                    load_tile(tile + stages - 1, (it + stages - 1) % stages, tid, kvh, n, lo,
-                              qmax, slot, base, kc, vc, kn, vn, tb, mtable)
-                    scores(sc, qs, ks, warp, lane)
-                edge = kb + (BN - 1) > qmin
-                if cutlass.const_expr(window > 0):
-                    edge = edge | (kb <= qmax - window)
-                if edge:
-                    mask_tile(sc, kb, qpos, t)
-                # online softmax per row (log2 units); the weights replace the scores
-                moved, alphas = softmax_lazy(sc, st)
-                if moved:
-                    for r in cutlass.range_constexpr(2):
-                        for jd in cutlass.range_constexpr(dtiles):
-                            acc[4 * jd + 2 * r] = acc[4 * jd + 2 * r] * alphas[r]
-                            acc[4 * jd + 2 * r + 1] = acc[4 * jd + 2 * r + 1] * alphas[r]
-                # P as A fragments: k-step kk = keys 16kk … 16kk + 15 = n-tiles 2kk, 2kk + 1
-                pa = [[du.pack_bf16(sc[8 * kk + 2 * e], sc[8 * kk + 2 * e + 1]) for e in range(4)]
-                      for kk in range(BN // 16)]
-                pv(vs, pa, acc, lane)
+        for pre in cutlass.range_constexpr(stages - 1):
+            load_tile(t_first + pre, pre, tid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn, tb,
+                      mtable)
+        for it in cutlass.range(ntiles):
+            tile = t_first + it
+            stage = it % stages
+            du.cp_async_wait(stages - 2)
+            du.fence_proxy_async_shared()
+            cute.arch.sync_threads()
+            kb = tile * BN
+            ks = base + Uint32(lay["stages"] + stage * lay["stage"])
+            vs = ks + Uint32(lay["tile"])
+            if wg and ring == 0:
+                # the next tile's copies are issued while this tile's S wgmmas run (they
+                # write another stage, whose last readers were waited before the barrier).
+                # Not on ring layers: their copies' addresses with S's accumulators live
+                # took ptxas to 144 registers, one CTA per SM instead of two.
+                pend = scores_issue(qs, ks, warp)
+                load_tile(tile + stages - 1, (it + stages - 1) % stages, tid, kvh, n, lo,
+                          qmax, slot, base, kc, vc, kn, vn, tb, mtable)
+                scores_wait(sc, pend)
+            else:
+                load_tile(tile + stages - 1, (it + stages - 1) % stages, tid, kvh, n, lo,
+                          qmax, slot, base, kc, vc, kn, vn, tb, mtable)
+                scores(sc, qs, ks, warp, lane)
+            edge = kb + (BN - 1) > qmin
+            if cutlass.const_expr(window > 0):
+                edge = edge | (kb <= qmax - window)
+            if edge:
+                for j in cutlass.range_constexpr(ntile_s):
+                    for e in cutlass.range_constexpr(4):
+                        kp = kb + 8 * j + 2 * t + e % 2
+                        p = qpos[e // 2]
+                        ok = kp <= p
+                        if cutlass.const_expr(window > 0):
+                            ok = ok & (kp > p - window)
+                        sc[4 * j + e] = cutlass.select_(ok, sc[4 * j + e], Float32(ninf))
+            # online softmax per row (log2 units); the weights replace the scores
+            moved, alphas = softmax_lazy(sc, st)
+            if moved:
+                for r in cutlass.range_constexpr(2):
+                    for jd in cutlass.range_constexpr(dtiles):
+                        acc[4 * jd + 2 * r] = acc[4 * jd + 2 * r] * alphas[r]
+                        acc[4 * jd + 2 * r + 1] = acc[4 * jd + 2 * r + 1] * alphas[r]
+            # P as A fragments: k-step kk = keys 16kk … 16kk + 15 = n-tiles 2kk, 2kk + 1
+            pa = [[du.pack_bf16(sc[8 * kk + 2 * e], sc[8 * kk + 2 * e + 1]) for e in range(4)]
+                  for kk in range(BN // 16)]
+            pv(vs, pa, acc, lane)
 
         ob = mout.iterator.toint()
         for r in cutlass.range_constexpr(2):
