@@ -8,7 +8,11 @@ figure) and, inside it, each engine phase: admission (KV-reuse lookup, slot), th
 call, the synchronize after it, the ring snapshot for KV reuse, sampling the first token;
 medians over --reps cold requests. Prints a table; --json writes it.
 
-    python tools/ttft_breakdown.py --preset full --tokens 16,25,512 --reps 10
+With --history H each timed request resumes from a retained H-token conversation (issue 22's
+turn after 8K of history): before every rep the engine is emptied and the H-token prompt run
+untimed, so the timed prompt (those H ids, then N more) reuses H tokens' KV and prefills N.
+
+    python tools/ttft_breakdown.py --preset full --tokens 16,25,512 --reps 10 [--history 8192]
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ def main() -> int:
     p.add_argument("--tokens", default="16,25,512")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--json", default=None)
+    p.add_argument("--history", type=int, default=0,
+                   help="tokens of retained history each timed prompt resumes from (0: cold)")
     p.add_argument("--profile", type=int, default=0,
                    help="also print cProfile's 30 costliest calls (cumulative) of one "
                         "generate of this many tokens per format (0: off)")
@@ -63,23 +69,36 @@ def main() -> int:
     o = BenchOptions(preset=args.preset, formats=args.formats.split(","), buckets=[1],
                      progress=False)
     out = {}
-    for fmt, llm in sources(o, max(lengths) + 64):
+    for fmt, llm in sources(o, args.history + max(lengths) + 64):
         eng = llm.engine
         times = collections.defaultdict(list)
         for name in ("_admit", "_prefill_part", "_save_rings", "_sample_and_append"):
             setattr(eng, name, _timed(times, name, getattr(eng, name)))
         for n in lengths:
+            hist = [(11 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(args.history)]
             ids = [(7 * i) % (llm.tokenizer.vocab_size - 1) + 1 for i in range(n)]
-            ttft, wall = [], []
-            times.clear()
+            ttft, wall, cached = [], [], []
+            timed = collections.defaultdict(list)  # the timed requests' phases only
             for _ in range(args.reps + 1):
                 cold(llm)
+                if hist:  # retained: its KV and the ring snapshot at its end
+                    llm.generate([hist], SamplingParams(max_tokens=1, ignore_eos=True))
+                times.clear()
                 t0 = time.perf_counter()
-                res = llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))[0]
+                res = llm.generate([hist + ids], SamplingParams(max_tokens=1, ignore_eos=True))[0]
                 wall.append((time.perf_counter() - t0) * 1e3)
                 ttft.append(res.ttft_ms)
-            row = {"ttft_ms": statistics.median(ttft[1:]), "generate_ms": statistics.median(wall[1:])}
-            row.update({k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in times.items()})
+                cached.append(res.cached_tokens)
+                for k, v in times.items():
+                    timed[k].append(sum(v))
+            row = {"ttft_ms": statistics.median(ttft[1:]), "generate_ms": statistics.median(wall[1:]),
+                   "cached_tokens": cached[-1]}
+            row.update({k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in timed.items()})
+            if hist:
+                out[f"{fmt} {n} after {len(hist)}"] = row
+                print(fmt, n, "after", len(hist), json.dumps({k: round(v, 3) for k, v in row.items()}),
+                      flush=True)
+                continue
             # the prefill alone, on the same runner and slot machinery
             runner = eng.runner
             cold(llm)  # the last generate's sequence is retained in the only slot
