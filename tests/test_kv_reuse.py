@@ -248,6 +248,79 @@ def test_failed_or_half_prefilled_requests_leave_nothing_to_reuse(llms, monkeypa
     monkeypatch.setattr(eng.model, "prefill", real)
 
 
+def _interrupt_decode_after(monkeypatch, steps: int) -> None:
+    """Make the reference model raise KeyboardInterrupt (Ctrl-C) in decode step `steps` + 1,
+    right after its first sliding layer wrote the step's KV: the ring then holds a position
+    the request's ids do not yet count."""
+    from flint_graph.reference import SequenceKV
+
+    real = SequenceKV.update
+    seen = {"n": 0}
+
+    def update(self, layer, k, v):
+        out = real(self, layer, k, v)
+        if k.shape[0] == 1 and self.windows[layer] is not None:
+            seen["n"] += 1
+            if seen["n"] == steps * sum(w is not None for w in self.windows) + 1:
+                monkeypatch.setattr(SequenceKV, "update", real)
+                raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(SequenceKV, "update", update)
+
+
+@pytest.mark.parametrize("resume_at", [1, 2, 3])  # tokens before the end of the retained ids
+def test_a_decode_step_interrupted_by_ctrl_c_leaves_nothing_reusable(llms, monkeypatch,
+                                                                     resume_at):
+    """Ctrl-C lands inside a decode step (the terminal chat's way to stop a reply): the step
+    already wrote the next position into some rings, over an entry the sequence's ids still
+    claim. The request is aborted as the API does; nothing may be retained, and a later prompt
+    sharing its ids gets a cold start's tokens and log-probabilities."""
+    on, off = llms
+    eng = on.engine
+    eng.prefix_cache.clear()
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    req = on._request(list(range(3, 43)), params, None)
+    eng.add(req)
+    _interrupt_decode_after(monkeypatch, 5)
+    with pytest.raises(KeyboardInterrupt):
+        while not req.is_finished:
+            eng.step()
+    eng.abort(req)
+    assert len(eng.prefix_cache) == 0
+    ids = (req.prompt_ids + req.output_ids)[:-resume_at] + [99, 98, 97]
+    q = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=True)
+    a, b = on.generate([ids], q)[0], off.generate([ids], q)[0]
+    assert (a.token_ids, a.logprobs) == (b.token_ids, b.logprobs)
+    eng.drop_retained()
+
+
+def test_a_row_whose_interrupted_step_is_run_again_is_retained(llms, monkeypatch):
+    """After Ctrl-C the caller may keep stepping instead of aborting: the next completed step
+    rewrites the interrupted position with the same token, so the finished sequence is
+    retained again and serves a later prompt like a cold start."""
+    on, off = llms
+    eng = on.engine
+    eng.prefix_cache.clear()
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    req = on._request(list(range(5, 45)), params, None)
+    eng.add(req)
+    _interrupt_decode_after(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        while not req.is_finished:
+            eng.step()
+    while not req.is_finished:
+        eng.step()
+    assert len(eng.prefix_cache) == 1
+    cold = off.generate([req.prompt_ids], params)[0]
+    assert req.output_ids == cold.token_ids
+    ids = req.prompt_ids + req.output_ids + [77, 76]
+    q = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=True)
+    a, b = on.generate([ids], q)[0], off.generate([ids], q)[0]
+    assert a.cached_tokens > 0 and (a.token_ids, a.logprobs) == (b.token_ids, b.logprobs)
+    eng.drop_retained()
+
+
 # -- generated ids back into the next prompt (flint_graph/chat/generated_ids.py) ------------------
 
 def test_splice_puts_back_a_non_canonical_generation(tiny_llm):

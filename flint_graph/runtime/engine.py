@@ -65,6 +65,10 @@ class Engine:
         # request id -> position of a ring snapshot not yet taken: taken after the first token
         # is out (`_take_snapshots`), so it is not part of the time to first token
         self._snapshot_due: dict[int, int] = {}
+        # rows of a decode step that did not return (Ctrl-C, or any exception the step does
+        # not handle): some layers may have written their next position's KV (a ring entry
+        # over one the retained ids still claim), so they are never retained (issue 22)
+        self._unsettled: set[int] = set()
         # called as hook(request, prompt tokens prefilled, prompt tokens) after each prefill
         # chunk, in the thread that steps (a progress display: terminal/progress.py); None:
         # prompts prefill in one call per step. An exception it raises ends that request.
@@ -203,8 +207,11 @@ class Engine:
                 deltas += self._sample_and_append([req], logits[None])
         # Rows admitted this step already got their first token from prefill.
         rows = [r for r in self.running if not r.is_finished and r not in admitted]
+        self._unsettled.update(r.id for r in rows)
         try:
             deltas += self._decode(rows) if rows else []
+            # a completed step rewrote every row's position (the same token, the same KV)
+            self._unsettled.difference_update(r.id for r in rows)
         except (FlintError, ValueError, RuntimeError) as e:
             # Reported to the requests of this step only; the engine takes new ones. A CUDA
             # fault that poisons the context cannot be survived in-process, but it is reported
@@ -477,9 +484,13 @@ class Engine:
     def _retire(self, req: Request) -> None:
         """Drop `req` from the engine. Its KV is retained for reuse when its prompt was fully
         prefilled and nothing failed (finish stop / length / abort after the prefill); a
-        request that failed or was cut off mid-prefill leaves nothing reusable."""
+        request that failed, was cut off mid-prefill or was in a decode step that did not
+        return (Ctrl-C mid-step: its KV may be a position ahead of its ids) leaves nothing
+        reusable."""
         keep = (self.prefix_cache.capacity and req in self.running and req.finish_reason in
-                (None, "stop", "length", "repeat", "abort", "tool_calls") and not req.errors)
+                (None, "stop", "length", "repeat", "abort", "tool_calls") and not req.errors
+                and req.id not in self._unsettled)
+        self._unsettled.discard(req.id)
         if keep:
             self._take_snapshots(req)
             n = self._cached_tokens(req)
