@@ -373,6 +373,37 @@ def test_only_the_models_own_output_after_its_own_prompt_is_spliced(tiny_llm):
     assert splice_generated(near, [(prev, out)], dec) == near
 
 
+@pytest.mark.parametrize("steps", [2, 3, 5])
+def test_splice_restores_every_generated_turn_of_a_tool_loop(tiny_llm, steps):
+    """Step k of a tool loop re-renders steps 1 … k−1's replies; each was generated as a
+    non-canonical tokenisation. Every one of them comes back as the model's own ids, not only
+    the first (step k's prompt, itself spliced, matches only once the earlier ones are), so
+    the new prompt continues the retained step k − 1 sequence to its end."""
+    from flint_graph.chat.generated_ids import splice_generated
+    from flint_graph.runtime.prefix_cache import common_prefix
+
+    tok = tiny_llm.tokenizer
+
+    def dec(t):
+        return tok.decode(t, False)
+
+    def odd(text):  # a tokenisation BPE would not choose: one id per character
+        return [i for ch in text for i in tok.encode_text(ch)]
+
+    text = "[gMASK]<sop><|user|>what is it?<|assistant|><think>"
+    done, prompt = [], tok.encode(text)
+    for k in range(steps):
+        reply = f"thought {k}</think>calling lookup {k}"
+        out = odd(reply) + tok.encode("<|observation|>")
+        done.append((prompt, out))
+        text += reply + f"<|observation|><tool_response>{k}</tool_response><|assistant|><think>"
+        new = splice_generated(tok.encode(text), done, dec)
+        assert new[:len(prompt) + len(out)] == prompt + out, f"step {k + 1}"
+        assert common_prefix(new, prompt + out) == len(prompt) + len(out)
+        assert dec(new) == text
+        prompt = new
+
+
 def test_common_prefix_agrees_with_a_plain_scan():
     rng = random.Random(3)
     for _ in range(3000):

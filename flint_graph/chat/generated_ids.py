@@ -40,24 +40,24 @@ def _span_decoding_to(ids: Sequence[int], target: str,
 
 def splice_generated(prompt: list[int], earlier: Iterable[tuple[list[int], list[int]]],
                      decode: Callable[[Sequence[int]], str]) -> list[int]:
-    """`prompt` with the span after an earlier request's prompt replaced by that request's
+    """`prompt` with the span after each earlier request's prompt replaced by that request's
     generated ids where the span decodes to exactly the same text.
 
     prompt: the new prompt's ids; earlier: (prompt ids, output ids) of finished requests;
-    decode: ids -> text with control tokens kept (FlintTokenizer.decode(ids, False)). The
-    earlier request whose prompt + output covers the most of the new prompt wins; returns
-    `prompt` itself when none applies."""
-    best, covered = prompt, 0
-    for p, out in earlier:
+    decode: ids -> text with control tokens kept (FlintTokenizer.decode(ids, False)). Earlier
+    requests are applied shortest prompt first, each to the prompt as the ones before it left
+    it: in a tool loop step k's prompt already holds steps 1 … k−1's generated ids, so it only
+    matches the new prompt once those are spliced in (matched against the re-encoded text, only
+    the first step's output would be restored). Returns `prompt` itself when none applies."""
+    cur = prompt
+    for p, out in sorted(earlier, key=lambda e: (len(e[0]), -len(e[1]))):
         n = len(p)
-        if not out or n + len(out) <= covered or prompt[:n] != p:
+        if not out or cur[:n] != p:
             continue
-        rest = prompt[n:]
+        rest = cur[n:]
         if rest[:len(out)] == out:  # already the generated ids
-            covered = n + len(out)
-            best = prompt
             continue
         k = _span_decoding_to(rest, decode(out), decode)
         if k is not None:
-            best, covered = p + list(out) + rest[k:], n + len(out)
-    return best
+            cur = p + list(out) + rest[k:]
+    return cur
