@@ -189,10 +189,18 @@ def test_interleaved_diverging_and_prefix_prompts_equal_cold_starts(llms):
                 msgs.append({"role": "assistant", "content": msg.content or ""})
         out += _chat(llm, c)[0]
         long = list(range(5, 70))
-        out += [o.token_ids for o in llm.generate([long, long[:40], long[:40], long],
-                                                  GREEDY)]
-        results[name] = out
-    assert results["on"] == results["off"]
+        # one after another (submitted together, none would have finished to be reused)
+        cached = []
+        for ids in (long, long[:40], long[:40], long):
+            (o,) = llm.generate([ids], GREEDY)
+            out.append(o.token_ids)
+            cached.append(o.cached_tokens)
+        results[name] = (out, cached)
+    assert results["on"][0] == results["off"][0]
+    assert results["off"][1] == [0, 0, 0, 0]
+    # the strict prefix finds no ring saved at its end (cold), its repeat resumes one token
+    # before its end (a prompt must run one token), and the long prompt again all but one
+    assert results["on"][1] == [0, 0, 39, 64]
 
 
 def test_resumed_prefill_writes_the_kv_a_cold_prefill_writes(llms):
