@@ -259,7 +259,8 @@ def test_live_region_leaves_a_clean_screen_in_tmux(tmp_path):
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)
     lines = [line.rstrip() for line in screen.splitlines() if line.strip()]
-    assert lines[-2:] == ["50 tokens · TTFT 1 ms · 500.0 tokens/s · stop", "you>"], screen
+    assert lines[-2:] == ["prompt 10 tokens · output 50 tokens · TTFT 1 ms · 500.0 tokens/s · stop",
+                          "you>"], screen
     assert lines[-4] == f"▸ reasoning ({len(reasoning)} chars, /reasoning shows it)", screen
     # The answer, printed once with its real characters (tmux joins its wrapped lines).
     assert unicodedata.normalize("NFC", lines[-3]) == content.rstrip(), screen
@@ -281,7 +282,7 @@ def test_ctrl_c_before_the_first_token_leaves_no_empty_answer_in_history(tiny_ll
     s.run()
     assert [m["role"] for m in s.messages] == ["user"]  # the question stays, no empty answer
     footer = console.file.getvalue().splitlines()[-1]
-    assert footer.startswith("0 tokens") and footer.endswith("· stopped")
+    assert " · output 0 tokens · " in footer and footer.endswith("· stopped")
 
 
 @pytest.fixture(scope="module")

@@ -354,11 +354,13 @@ class ChatSession:
         out = msg.output
         for err in out.errors:
             self.console.print(Text(f"warning: {err}", style="yellow"))
-        footer = f"{_count(len(out.token_ids), 'token')}"
+        # the prompt's size on every turn, reuse or not, and the part KV reuse served (issue 22)
+        footer = f"prompt {_count(len(out.prompt_token_ids), 'token')}"
+        if out.cached_tokens:
+            footer += f" ({out.cached_tokens} cached)"
+        footer += f" · output {_count(len(out.token_ids), 'token')}"
         if out.ttft_ms is not None:
             footer += f" · TTFT {out.ttft_ms:.0f} ms"
-        if out.cached_tokens:  # KV reuse (issue 22)
-            footer += f" · {out.cached_tokens}/{len(out.prompt_token_ids)} prompt tokens cached"
         if out.ms_per_token:
             footer += f" · {1000 / out.ms_per_token:.1f} tokens/s"
         footer += " · stopped" if stopped else f" · {out.finish_reason}"
