@@ -28,9 +28,10 @@ def test_generate_json(capsys, tiny_ckpt):
     assert code == 0, err
     obj = json.loads(out)
     assert set(obj) >= {"token_ids", "text", "reasoning_content", "tool_calls", "finish_reason",
-                        "ttft_ms", "ms_per_token"}
+                        "ttft_ms", "ms_per_token", "prompt_tokens", "cached_tokens"}
     assert 1 <= len(obj["token_ids"]) <= 5
     assert obj["engine"] == "reference"  # the CPU has no graph engine
+    assert obj["cached_tokens"] == 0  # one request per process: nothing retained to reuse
     again = json.loads(_run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 5,
                             "--seed", 3, "--json", "--device", "cpu")[1])
     assert again["token_ids"] == obj["token_ids"]

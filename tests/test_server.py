@@ -122,6 +122,18 @@ def test_completions(client):
     assert streamed[-1].choices[0].finish_reason == full.choices[0].finish_reason == "length"
 
 
+def test_usage_reports_the_prompt_tokens_kv_reuse_served(client):
+    """A second request extending the first one's prompt is served partly from the retained
+    KV (issue 22): usage.prompt_tokens_details.cached_tokens says how much, as OpenAI's."""
+    prompt = "Zebras in Oslo today are " * 4  # no other test's prompt starts this way
+    first = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=4)
+    again = client.completions.create(model=MODEL, prompt=prompt + "and tomorrow", temperature=0,
+                                      max_tokens=4)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens // 2 < cached < again.usage.prompt_tokens
+
+
 @pytest.mark.parametrize("extra,param", [({"n": 2}, "n"), ({"logit_bias": {"5": 1}},
                                                             "logit_bias"),
                                          ({"frobnicate": 1}, "frobnicate"),
