@@ -53,7 +53,8 @@ from flint_graph.capture.prefill_row_moe import GROUP, RowGroupMoE
 from flint_graph.capture.side_stream import SideStream
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError, ContextLengthError, InvalidRequestError
-from flint_graph.kernels.prefill import attn_prefill, grouped_w4a16, grouped_w4a16_wg
+from flint_graph.kernels.prefill import (attn_prefill, attn_prefill_wg, grouped_w4a16,
+                                         grouped_w4a16_wg)
 from flint_graph.kernels.toolchain.spec import KV_PAGE
 from flint_graph.checkpoints.weights import FlintWeights, LayerWeights, Linear, MoEWeights, NVFP4Weight
 
@@ -468,6 +469,8 @@ class Prefill:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.head_graph: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
         self.kernels, self.unpack, self.row_moe = {}, None, None
+        self.split_kernels: dict[int, object] = {}  # attn_prefill_wg SPLITS -> kernel
+        self._split_ws = None  # their partials (O, lse) and counters (set_attn_kernel)
         self.attn_kernel: str | None = None  # the kernel path's attention kernel (ATTN_KERNELS)
         # the kernel path's fused elementwise steps (kernels/prefill/): Q/K norm + RoPE per
         # RoPE kind, and the MoE combine + residual; None/{} on the torch-ops paths
@@ -578,17 +581,29 @@ class Prefill:
         attn_prefill where it does not fit the config), with other spec values (`values`, e.g.
         ST=3 for attn_prefill_wg: benchmark variants, built by tools/build_gpu_cache.py).
         Raises ValueError for an unknown name, KernelCacheError when the cache lacks it."""
-        from flint_graph.kernels.prefill import attn_prefill_wg
-
         if name not in ATTN_KERNELS:
             raise ValueError(f"attn_kernel {name!r}: expected one of {', '.join(ATTN_KERNELS)}")
         if name == "attn_prefill_wg" and not attn_prefill_wg.fits(self.cfg):
             name, values = "attn_prefill", {}  # its head dims: the tiny config keeps mma.sync
         specs = self.specs if name == "attn_prefill" else {
-            s["RING"]: s for s in attn_prefill_wg.KERNEL.specs(self.cfg, ())}
+            s["RING"]: s for s in attn_prefill_wg.KERNEL.specs(self.cfg, ())
+            if "SPLITS" not in s.as_dict()}
         for ring, spec in specs.items():
             self.kernels[ring] = self._kset.get(name, **{**spec.as_dict(), **values})
         self.attn_kernel = name
+        # short chunks on full layers split their keys over more CTAs (attn_prefill_wg
+        # SPLITS): the partials and counters allocated once, outside any graph capture
+        self.split_kernels, self._split_ws = {}, None
+        if name == "attn_prefill_wg" and not values:
+            full = specs[0].as_dict()
+            self.split_kernels = {n: self._kset.get(name, **full, SPLITS=n)
+                                  for n in attn_prefill_wg.SPLIT_CHOICES}
+            rows, most = attn_prefill_wg.split_rows(self.cfg)
+            hq, hkv = self.cfg.num_attention_heads, self.cfg.num_key_value_heads
+            dev = self.device
+            self._split_ws = (torch.empty(rows * hq * self.cfg.head_dim, device=dev),
+                              torch.empty(rows * hq, device=dev),
+                              torch.zeros(most, hkv, dtype=torch.int32, device=dev))
 
     def _prime_alphas(self) -> None:
         """Read every NVFP4 projection's scale2 that `dec.linear` scales by to the host now
@@ -1116,10 +1131,16 @@ class Prefill:
         spec = self.specs[int(kv.ring)]
         table = self._slot if kv.ring else self._pages
         if self.attention == "kernel":
-            out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=BF16,
-                              device=self.device)
-            self.kernels[int(kv.ring)].launch(q.contiguous(), k, v, kv.k, kv.v, table,
-                                              self._start, self.sinks[i], out)
+            t, hq, d = q.shape
+            out = torch.empty(t, hq * d, dtype=BF16, device=self.device)
+            args = (q.contiguous(), k, v, kv.k, kv.v, table, self._start, self.sinks[i], out)
+            n = attn_prefill_wg.splits_for(cfg, t) if self.split_kernels and not kv.ring else 1
+            if n > 1:  # a short chunk: its keys split over n times the CTAs, then combined
+                o, lse, counters = self._split_ws
+                self.split_kernels[n].launch(*args, o[:n * t * hq * d].view(n, t, hq, d),
+                                             lse[:n * t * hq].view(n, t, hq), counters[:t])
+            else:
+                self.kernels[int(kv.ring)].launch(*args)
         else:
             k_all, v_all, k_pos = attn_prefill.gather_keys(spec, k, v, kv.k, kv.v, table,
                                                            self._start_host)

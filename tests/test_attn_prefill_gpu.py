@@ -11,7 +11,11 @@ Cases per layer kind, tiny (W = 17, G = 2, D = 32) and full (W = 513, G = 8, D =
 chunks of 1, 64, 512, 513, 514, 2048 and 8192 tokens (full shapes; tiny up to 514), no prefix
 and a prefix already cached (in the middle of a page, and past several windows), lengths that
 are no multiple of any tile, and sinks drawn N(0, 1), large and finite (+30: the sink dominates
-every row, out ≈ 0 but its relative error still counts) and absent (−inf).
+every row, out ≈ 0 but its relative error still counts) and absent (−inf). attn_prefill_wg's
+split-KV specialisations (SPLITS, full layers, short chunks) take the chunks up to 512 tokens
+and short chunks after long prefixes (25 after 8,192, 48 after 8,229, 1 after 20,011: every
+split busy; 16 after 64 and 130 after 3,000: some splits empty), and must leave their
+completion counters zero.
 
 Tolerance: ‖out − ref‖/‖ref‖ ≤ 1e-2. The reference computes in fp32 and rounds once to bf16;
 the kernel rounds the softmax weights P to bf16 before P·V (≤ 2^-9 relative per weight, averaging
@@ -60,19 +64,35 @@ def _cases(preset: str) -> list[tuple[int, int]]:
     return out
 
 
+def _mod(spec):
+    """The module of `spec`'s kernel (make_args and KERNEL.reference; the output is argument 8,
+    before attn_prefill_wg's split partials)."""
+    return wg if spec.kernel == "attn_prefill_wg" else ap
+
+
+def _split(spec) -> bool:
+    return spec.as_dict().get("SPLITS", 1) > 1
+
+
 def _check(kset, spec, tokens, start, seed, sinks=None) -> float:
-    args = ap.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(seed),
-                        tokens=tokens, start=start, sinks=sinks)
+    args = _mod(spec).make_args(spec, gen=torch.Generator(device="cuda").manual_seed(seed),
+                                tokens=tokens, start=start, sinks=sinks)
     kset.get(spec.kernel, **spec.as_dict()).launch(*args)
     torch.cuda.synchronize()
-    out = args[-1]
+    out = args[8]
     what = f"{spec.id} tokens={tokens} start={start} sinks={sinks}"
     assert not out.isnan().any(), f"{what}: NaN in the output (a masked or unwritten key leaked)"
-    (ref,) = ap._reference(spec, *args)
+    if _split(spec):
+        assert not args[-1].any(), f"{what}: completion counters not left zero"
+    (ref,) = _mod(spec).KERNEL.reference(spec, *args)
     rel = _rel(out, ref)
     print(f"{what}: rel err {rel:.2e}")  # pytest -s: the errors, not only the verdicts
     assert rel <= REL_TOL, f"{what}: rel err {rel:.2e} > {REL_TOL}"
     return rel
+
+
+# short chunks after long prefixes, the split-KV specialisations' case (and a few empty splits)
+SPLIT_CASES = [(25, 8192), (48, 8229), (1, 20011), (16, 64), (130, 3000)]
 
 
 @pytest.mark.parametrize("kernel,preset", CONFIGS)
@@ -80,7 +100,10 @@ def test_prefill_attention_matches_reference(kset, kernel, preset):
     specs = KERNELS[kernel](FlintConfig.preset(preset))
     assert specs, f"{kernel} has no specialisation for {preset}"
     for si, spec in enumerate(specs):
-        for ci, (tokens, start) in enumerate(_cases(preset)):
+        cases = _cases(preset)
+        if _split(spec):  # short chunks (its partials grow with T · SPLITS)
+            cases = [c for c in cases if c[0] <= 512] + SPLIT_CASES
+        for ci, (tokens, start) in enumerate(cases):
             _check(kset, spec, tokens, start, seed=1000 * si + ci)
 
 
@@ -92,6 +115,8 @@ def test_sinks_enter_each_row_once(kset, kernel, preset, sinks):
     for si, spec in enumerate(KERNELS[kernel](FlintConfig.preset(preset))):
         w = spec["W"] or 513
         _check(kset, spec, w + 7, 3, seed=77 + si, sinks=sinks)
+        if _split(spec):  # the sink in split 0 only, the other splits' rows without it
+            _check(kset, spec, 25, 5000, seed=177 + si, sinks=sinks)
 
 
 @pytest.mark.parametrize("kernel,preset", CONFIGS)
@@ -103,8 +128,9 @@ def test_row_max_growing_along_the_keys(kset, kernel, preset, growth):
     the move; ×40 puts scores past 100 (e^100 overflows fp32 without the max)."""
     for si, spec in enumerate(KERNELS[kernel](FlintConfig.preset(preset))):
         for tokens, start in [(1500, 0), (600, 300)]:
-            args = ap.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(91 + si),
-                                tokens=tokens, start=start, poison_unseen=False)
+            args = _mod(spec).make_args(
+                spec, gen=torch.Generator(device="cuda").manual_seed(91 + si), tokens=tokens,
+                start=start, poison_unseen=False)
             k_new, k_cache = args[1], args[3]
             ramp = torch.linspace(0.05, growth, start + tokens, device="cuda")
             k_new.mul_(ramp[start:, None, None].to(k_new.dtype))
@@ -118,10 +144,10 @@ def test_row_max_growing_along_the_keys(kset, kernel, preset, growth):
                 ring[:, pos % spec["P"]] *= ramp[pos][None, :, None].to(k_cache.dtype)
             kset.get(spec.kernel, **spec.as_dict()).launch(*args)
             torch.cuda.synchronize()
-            out = args[-1]
+            out = args[8]
             what = f"{spec.id} tokens={tokens} start={start} growth={growth}"
             assert not out.isnan().any() and not out.isinf().any(), f"{what}: non-finite"
-            (ref,) = ap._reference(spec, *args)
+            (ref,) = _mod(spec).KERNEL.reference(spec, *args)
             rel = _rel(out, ref)
             assert rel <= REL_TOL, f"{what}: rel err {rel:.2e} > {REL_TOL}"
 
@@ -134,11 +160,13 @@ def test_pdl_consumer_never_reads_its_input_early(kset, kernel):
 
     for spec in KERNELS[kernel](FlintConfig.preset("full")):
         consumer = kset.get(spec.kernel, **spec.as_dict())
-        decl = ap.KERNEL.args(spec)  # both kernels declare the same arguments
+        decl = _mod(spec).KERNEL.args(spec)
         targets = [i for i, a in enumerate(decl) if getattr(a, "role", "") == "input"]
         for target in targets:
-            args = ap.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(5),
-                                tokens=300, start=700, poison_unseen=False)
+            # a split specialisation's case: a short chunk after a long prefix
+            tokens, start = (30, 2000) if _split(spec) else (300, 700)
+            args = _mod(spec).make_args(spec, gen=torch.Generator(device="cuda").manual_seed(5),
+                                        tokens=tokens, start=start, poison_unseen=False)
             (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1)
             for got in _graph_outputs(kset, consumer, args, target, pdl=True, replays=REPLAYS):
                 assert torch.equal(got[0], want[0]), \

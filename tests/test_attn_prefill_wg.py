@@ -16,18 +16,37 @@ def test_specialisations_mirror_attn_prefill(preset):
     cfg = FlintConfig.preset(preset)
     assert wg.fits(cfg)
     specs = wg._specs(cfg)
-    assert [{**s.as_dict(), "ST": wg.STAGES} for s in ap._specs(cfg)] == \
+    base = [{**s.as_dict(), "ST": wg.STAGES} for s in ap._specs(cfg)]
+    full = [b for b in base if not b["RING"]]
+    assert base + [{**b, "SPLITS": n} for b in full for n in wg.SPLIT_CHOICES] == \
         [s.as_dict() for s in specs]
     assert {s["ST"] for s in wg.bench_specs(cfg)} == set(wg.STAGE_CHOICES) - {wg.STAGES}
     for s in specs + wg.bench_specs(cfg):
         args, launch = check_spec(wg.KERNEL, s)
-        assert [a.name for a in args] == [a.name for a in ap.KERNEL.args(s)]
+        n = s.as_dict().get("SPLITS", 1)
+        names = [a.name for a in ap.KERNEL.args(s)]
+        assert [a.name for a in args] == names + (["o_part", "lse_part", "counters"] if n > 1
+                                                  else [])
         assert launch.block == (256, 1, 1)  # two warpgroups
-        # Q and three K/V stages, plus the 1024 bytes the in-kernel alignment may skip
+        assert launch.grid[2] == n
+        # Q and the K/V stages (and the combine's 16-byte flag), plus the 1024 bytes the
+        # in-kernel alignment may skip
         d = s["D"]
-        assert launch.smem == 128 * d * 2 + s["ST"] * 2 * wg.BN * d * 2 + 1024 <= 227 * 1024
+        flag = 16 if n > 1 else 0
+        want = 128 * d * 2 + s["ST"] * 2 * wg.BN * d * 2 + flag + 1024
+        assert launch.smem == want <= 227 * 1024
         g = cfg.num_attention_heads // cfg.num_key_value_heads
         assert wg.tokens_per_cta(s) * g == 128
+
+
+def test_short_chunks_split_their_keys_until_the_gpu_is_full():
+    """splits_for: 1 once a chunk's own CTAs reach SPLIT_CTAS, else the smallest choice that
+    reaches it (the largest when none does); split_rows bounds the partials of every split."""
+    cfg = FlintConfig.preset("full")  # G = 8: 16 tokens per CTA, 4 KV heads
+    assert [wg.splits_for(cfg, t) for t in (1, 25, 48, 112, 113, 128, 496, 497, 8192)] == \
+        [16, 16, 16, 16, 4, 4, 4, 1, 1]
+    rows, most = wg.split_rows(cfg)
+    assert most == 496 and rows == max(wg.splits_for(cfg, t) * t for t in range(1, 497))
 
 
 def test_the_tiny_config_keeps_attn_prefill():
@@ -36,7 +55,8 @@ def test_the_tiny_config_keeps_attn_prefill():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(D=96), "head dim D = 96"),
-                                        (dict(ST=4), "ST = 4 stages")])
+                                        (dict(ST=4), "ST = 4 stages"),
+                                        (dict(SPLITS=8), "SPLITS = 8")])
 def test_unsupported_specialisations_are_refused(bad, match):
     values = dict(HQ=32, HKV=4, D=128, P=64, RING=0, W=0, ST=2) | bad
     with pytest.raises(ValueError, match=match):

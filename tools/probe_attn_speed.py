@@ -51,7 +51,8 @@ def main() -> int:
 
     cfg = FlintConfig.preset("full")
     kset = KernelSet(kernels=registry(("attn_prefill", "attn_prefill_wg")))
-    specs = {("sliding" if s["RING"] else "full"): s for s in wg._specs(cfg)}
+    specs = {("sliding" if s["RING"] else "full"): s for s in wg._specs(cfg)
+             if "SPLITS" not in s.as_dict()}
     cases = [tuple(int(x) for x in c.split("+")) for c in args.cases.split(",")]
     peak = None if args.ncu else matmul_peak_flops("cuda")
     if peak:
@@ -68,7 +69,8 @@ def main() -> int:
             k = kset.get(name, **spec.as_dict())
             for t, start in cases:
                 gen = torch.Generator(device="cuda").manual_seed(t + start)
-                sets = [ap.make_args(spec, gen=gen, tokens=t, start=start, poison_unseen=False)
+                mod = wg if name == "attn_prefill_wg" else ap
+                sets = [mod.make_args(spec, gen=gen, tokens=t, start=start, poison_unseen=False)
                         for _ in range(args.sets)]
                 k.launch(*sets[0])
                 torch.cuda.synchronize()

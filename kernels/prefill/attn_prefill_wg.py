@@ -54,8 +54,10 @@ Tolerance (GPU test): as attn_prefill, ‖out − ref‖/‖ref‖ ≤ 1e-2 per 
 
 import math
 
+import torch
+
 from flint_graph.kernels.prefill import attn_prefill
-from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec
+from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec, TensorArg
 
 WARPS = 8  # two warpgroups
 ROWS = 16  # MMA rows per warp (64 per warpgroup: wgmma's M)
@@ -65,6 +67,9 @@ STAGE_CHOICES = (2, 3)
 LOG2E = 1.4426950408889634
 DS = (64, 128)  # head dims this kernel takes (O is 64 × D fp32 per warpgroup in registers)
 RESCALE_AT = 8.0  # a row's reference max moves (O and l rescaled) only past this growth, log2
+SPLIT_CHOICES = (4, 16)  # spec SPLITS: key-range splits of a short chunk (`splits_for`)
+SPLIT_MIN_TILES = 4  # a split takes at least this many key tiles (256 keys)
+SPLIT_CTAS = 128  # a chunk splits its keys only while it has fewer CTAs than this
 
 
 def fits(cfg) -> bool:
@@ -86,11 +91,68 @@ def _check(spec: Spec) -> None:
     if spec["ST"] not in STAGE_CHOICES:
         raise ValueError(f"attn_prefill_wg: ST = {spec['ST']} stages; expected one of "
                          f"{STAGE_CHOICES}")
+    if _splits(spec) not in (1,) + SPLIT_CHOICES:
+        raise ValueError(f"attn_prefill_wg: SPLITS = {_splits(spec)}; expected one of "
+                         f"{SPLIT_CHOICES} (or no SPLITS: one CTA walks a row's keys)")
+
+
+def _splits(spec: Spec) -> int:
+    return dict(spec.values).get("SPLITS", 1)
+
+
+def splits_for(cfg, tokens: int) -> int:
+    """SPLITS for a chunk of `tokens` queries: 1 (no split) when its CTAs (ceil(T·G/128) per KV
+    head) already reach SPLIT_CTAS, else the smallest choice that does, else the largest. A
+    short chunk after a long cached prefix otherwise walks every key tile on a handful of SMs
+    (25 tokens after 8K: 8 CTAs, 201 µs per full layer on the H200, perf log 2026-12-04)."""
+    g = cfg.num_attention_heads // cfg.num_key_value_heads
+    ctas = -(-tokens * g // (WARPS * ROWS)) * cfg.num_key_value_heads
+    if ctas >= SPLIT_CTAS:
+        return 1
+    return next((s for s in SPLIT_CHOICES if ctas * s >= SPLIT_CTAS), SPLIT_CHOICES[-1])
+
+
+def split_rows(cfg) -> tuple[int, int]:
+    """(most SPLITS·T, most T) over the chunks `splits_for` splits: what the split partials and
+    counters must hold (the prefill allocates them once)."""
+    top = WARPS * ROWS * SPLIT_CTAS // (cfg.num_attention_heads // cfg.num_key_value_heads)
+    split = [t for t in range(1, top + 1) if splits_for(cfg, t) > 1]
+    return max(splits_for(cfg, t) * t for t in split), max(split)
+
+
+def make_args(spec: Spec, **kw) -> list:
+    """attn_prefill.make_args (same keywords), plus, with SPLITS > 1, NaN partials and zero
+    counters."""
+    args = attn_prefill.make_args(spec, **kw)
+    s = _splits(spec)
+    if s == 1:
+        return args
+    t, dev = args[0].shape[0], args[0].device
+    nan = float("nan")
+    return args + [torch.full((s, t, spec["HQ"], spec["D"]), nan, device=dev),
+                   torch.full((s, t, spec["HQ"]), nan, device=dev),
+                   torch.zeros(t, spec["HKV"], dtype=torch.int32, device=dev)]
+
+
+def _reference(spec: Spec, *args):
+    """attn_prefill's reference on the first nine arguments (the partials are scratch)."""
+    return attn_prefill._reference(spec, *args[:9])
 
 
 def _args(spec: Spec):
+    """attn_prefill's arguments; with SPLITS > 1 also the split partials (O normalised by its
+    split's sum, fp32 [SPLITS, T, HQ, D]; log2-sum-exp per row, fp32 [SPLITS, T, HQ]) and the
+    completion counters of the last-arriving CTA's combine (i32 [T, HKV]: one per query block
+    and KV head, left zero by every launch)."""
     _check(spec)
-    return attn_prefill._args(spec)
+    base = attn_prefill._args(spec)
+    s = _splits(spec)
+    if s == 1:
+        return base
+    hq, hkv, d = spec["HQ"], spec["HKV"], spec["D"]
+    return base + (TensorArg("o_part", "f32", (s, "T", hq, d), "workspace"),
+                   TensorArg("lse_part", "f32", (s, "T", hq), "workspace", align=4),
+                   TensorArg("counters", "i32", ("T", hkv), "workspace", align=4))
 
 
 def _layout(spec: Spec) -> dict[str, int]:
@@ -98,29 +160,36 @@ def _layout(spec: Spec) -> dict[str, int]:
     d = spec["D"]
     q_bytes = WARPS * ROWS * d * 2
     tile = BN * d * 2
-    return {"q": 0, "stages": q_bytes, "tile": tile, "stage": 2 * tile,
-            "total": q_bytes + spec["ST"] * 2 * tile}
+    total = q_bytes + spec["ST"] * 2 * tile
+    if _splits(spec) > 1:
+        return {"q": 0, "stages": q_bytes, "tile": tile, "stage": 2 * tile, "flag": total,
+                "total": total + 16}  # the combine's flag: this CTA arrived last
+    return {"q": 0, "stages": q_bytes, "tile": tile, "stage": 2 * tile, "total": total}
 
 
 def _launch(spec: Spec) -> Launch:
     # + 1024: the dynamic block is aligned to 1024 bytes inside the kernel
-    return Launch(grid=(("T", tokens_per_cta(spec)), spec["HKV"], 1), block=(32 * WARPS, 1, 1),
-                  smem=_layout(spec)["total"] + 1024)
+    return Launch(grid=(("T", tokens_per_cta(spec)), spec["HKV"], _splits(spec)),
+                  block=(32 * WARPS, 1, 1), smem=_layout(spec)["total"] + 1024)
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
-    """One specialisation per attention layer kind, as attn_prefill (plus ST = STAGES); none
+    """One specialisation per attention layer kind, as attn_prefill (plus ST = STAGES), and
+    the full layer's again with SPLITS in SPLIT_CHOICES (short chunks, `splits_for`); none
     where it does not fit (`fits`)."""
     if not fits(cfg):
         return []
-    return [KERNEL.spec(**s.as_dict(), ST=STAGES) for s in attn_prefill._specs(cfg, buckets)]
+    base = [KERNEL.spec(**s.as_dict(), ST=STAGES) for s in attn_prefill._specs(cfg, buckets)]
+    # full layers only: a sliding layer's window bounds its key loop (16 µs for 25 tokens)
+    return base + [KERNEL.spec(**s.as_dict(), SPLITS=n) for s in base if not s["RING"]
+                   for n in SPLIT_CHOICES]
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
     """The other stage counts of `_specs`' kernels (tools/bench_prefill.py --attn-kernel
     attn_prefill_wg:ST=3)."""
     return [KERNEL.spec(**{**s.as_dict(), "ST": st}) for s in _specs(cfg, buckets)
-            for st in STAGE_CHOICES if st != STAGES]
+            if _splits(s) == 1 for st in STAGE_CHOICES if st != STAGES]
 
 
 def _build(spec: Spec, arch: str = "sm_90a"):
@@ -136,6 +205,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
     ring, window = spec["RING"], spec["W"]
     stages = spec["ST"]
+    splits = _splits(spec)
     tile_pages = ring == 0 and size % BN == 0  # a key tile lies in one page
     g_heads = hq // hkv
     tq = tokens_per_cta(spec)
@@ -307,9 +377,11 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     @cute.kernel
     def attn_prefill_wg_kernel(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
                                mkc: cute.Tensor, mvc: cute.Tensor, mtable: cute.Tensor,
-                               mstart: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor):
+                               mstart: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor,
+                               mop: cute.Tensor = None, mlp: cute.Tensor = None,
+                               mcnt: cute.Tensor = None):
         tid, _, _ = cute.arch.thread_idx()
-        blk, kvh, _ = cute.arch.block_idx()
+        blk, kvh, split = cute.arch.block_idx()
         warp, lane = tid // 32, tid % 32
         g, t = lane // 4, lane % 4
         alloc = cutlass.memory.SmemAllocator()
@@ -342,6 +414,15 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             lo = cutlass.max(qmin - (window - 1), Int32(0))
         t_first = lo // BN
         ntiles = qmax // BN + 1 - t_first
+        nsp = Int32(1)
+        if cutlass.const_expr(splits > 1):
+            # split `split` of nsp takes `chunk` tiles from t_first + split·chunk (the last
+            # ones may be empty: nsp is clamped to SPLITS); CTAs past nsp walk no tiles and
+            # take no part in the combine
+            nsp = cutlass.min(Int32(splits), (ntiles + (SPLIT_MIN_TILES - 1)) // SPLIT_MIN_TILES)
+            chunk = cutlass.max(Int32(SPLIT_MIN_TILES), (ntiles + nsp - 1) // nsp)
+            t_first = t_first + split * chunk
+            ntiles = cutlass.max(cutlass.min(chunk, ntiles - split * chunk), Int32(0))
 
         kc, vc = mkc.iterator.toint(), mvc.iterator.toint()
         kn, vn = mkn.iterator.toint(), mvn.iterator.toint()
@@ -367,6 +448,8 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         st = cute.make_rmem_tensor((2, 2), Float32)  # per row: running max (log2), sum
         for r in cutlass.range_constexpr(2):
             sink = du.as_f32(sw[r]) * Float32(LOG2E)
+            if cutlass.const_expr(splits > 1):  # the sink enters the row once: in split 0
+                sink = cutlass.select_(split == 0, sink, Float32(ninf))
             st[r, 0] = sink
             st[r, 1] = cutlass.select_((t == 0) & (sink != Float32(ninf)), Float32(1.0),
                                        Float32(0.0))
@@ -421,18 +504,99 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             pv(vs, pa, acc, lane)
 
         ob = mout.iterator.toint()
-        for r in cutlass.range_constexpr(2):
-            l_row = st[r, 1]
-            l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
-            l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
-            inv = Float32(1.0) / l_row
-            tok = q0 + row_r[r] // g_heads
-            if tok <= last:
-                orow = Int64(tok * hq + kvh * g_heads + row_head[r]) * (d * 2)
-                for jd in cutlass.range_constexpr(dtiles):
-                    du.st_u32(ob + orow + (8 * jd + 2 * t) * 2,
-                              du.pack_bf16(acc[4 * jd + 2 * r] * inv,
-                                           acc[4 * jd + 2 * r + 1] * inv))
+        if cutlass.const_expr(splits > 1):
+            if split < nsp:
+                # this split's partials: O / l (fp32) and log2(l) + the reference max per row
+                op, lp = mop.iterator.toint(), mlp.iterator.toint()
+                for r in cutlass.range_constexpr(2):
+                    l_row = st[r, 1]
+                    l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
+                    l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
+                    has = l_row > Float32(0.0)
+                    inv = Float32(1.0) / cutlass.select_(has, l_row, Float32(1.0))
+                    m_row = st[r, 0]
+                    m_use = cutlass.select_(m_row == Float32(ninf), Float32(0.0), m_row)
+                    lse = cutlass.select_(has, m_use + du.lg2(l_row), Float32(ninf))
+                    tok = q0 + row_r[r] // g_heads
+                    if tok <= last:
+                        prow = Int64((split * t_total + tok) * hq + kvh * g_heads + row_head[r])
+                        for jd in cutlass.range_constexpr(dtiles):
+                            du.st_v2(op + (prow * d + 8 * jd + 2 * t) * 4,
+                                     [du.f32_bits(acc[4 * jd + 2 * r + e] * inv)
+                                      for e in range(2)])
+                        if t == 0:
+                            du.st_u32(lp + prow * 4, du.f32_bits(lse))
+                # the barrier orders every thread's partial stores before thread 0's acq_rel
+                # add, whose release is cumulative; its acquire and the barrier after it order
+                # the other splits' partials before this CTA's loads (attn_decode's combine)
+                cute.arch.sync_threads()
+                cnt = mcnt.iterator.toint() + Int64(qblk * hkv + kvh) * 4
+                flag = base + Uint32(lay["flag"])
+                if tid == 0:
+                    du.st_shared_u32(flag, du.atom_add_acq_rel(cnt))
+                cute.arch.sync_threads()
+                if Int32(du.ld_shared_u32(flag)) == nsp - 1:  # the last split: combine all
+                    for it in cutlass.range_constexpr(rows * (d // 4) // threads):
+                        item = tid + it * threads
+                        row, d0 = item // (d // 4), (item % (d // 4)) * 4
+                        tok = q0 + row // g_heads
+                        ok = tok <= last
+                        prow0 = Int64(cutlass.min(tok, last) * hq + kvh * g_heads
+                                      + row % g_heads)
+                        lv = []
+                        for i in cutlass.range_constexpr(splits):
+                            use = ok & (Int32(i) < nsp)
+                            w = du.ld_cg_u32_if(lp + (Int64(i * t_total) * hq + prow0) * 4,
+                                                use)
+                            lv.append(cutlass.select_(use, du.as_f32(w), Float32(ninf)))
+                        mm = lv[0]
+                        for i in cutlass.range_constexpr(1, splits):
+                            mm = cute.arch.fmax(mm, lv[i])
+                        mu = cutlass.select_(mm == Float32(ninf), Float32(0.0), mm)
+                        den = Float32(0.0)
+                        num = [Float32(0.0)] * 4
+                        for i in cutlass.range_constexpr(splits):
+                            wt = du.ex2(lv[i] - mu)  # 0 for an unused or empty split
+                            den = den + wt
+                            pw = du.ld_cg_v4_if(
+                                op + ((Int64(i * t_total) * hq + prow0) * d + d0) * 4,
+                                ok & (Int32(i) < nsp))
+                            for e in cutlass.range_constexpr(4):
+                                num[e] = num[e] + du.as_f32(pw[e]) * wt
+                        inv = Float32(1.0) / cutlass.select_(den > Float32(0.0), den,
+                                                              Float32(1.0))
+                        if ok:
+                            du.st_v2(ob + (prow0 * d + d0) * 2,
+                                     [du.pack_bf16(num[2 * e] * inv, num[2 * e + 1] * inv)
+                                      for e in range(2)])
+                    if tid == 0:
+                        du.st_relaxed_zero(cnt)  # ready for the next launch (graph replay)
+        else:
+            for r in cutlass.range_constexpr(2):
+                l_row = st[r, 1]
+                l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
+                l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
+                inv = Float32(1.0) / l_row
+                tok = q0 + row_r[r] // g_heads
+                if tok <= last:
+                    orow = Int64(tok * hq + kvh * g_heads + row_head[r]) * (d * 2)
+                    for jd in cutlass.range_constexpr(dtiles):
+                        du.st_u32(ob + orow + (8 * jd + 2 * t) * 2,
+                                  du.pack_bf16(acc[4 * jd + 2 * r] * inv,
+                                               acc[4 * jd + 2 * r + 1] * inv))
+
+    if splits > 1:
+        @cute.jit
+        def attn_prefill_wg(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
+                            mkc: cute.Tensor, mvc: cute.Tensor, mtable: cute.Tensor,
+                            mstart: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor,
+                            mop: cute.Tensor, mlp: cute.Tensor, mcnt: cute.Tensor,
+                            stream: cuda.CUstream):
+            grid = (cute.ceil_div(mq.shape[0], tq), hkv, splits)
+            attn_prefill_wg_kernel(mq, mkn, mvn, mkc, mvc, mtable, mstart, msinks, mout, mop,
+                                   mlp, mcnt).launch(grid=grid, block=list(launch.block),
+                                                     smem=launch.smem, stream=stream)
+        return attn_prefill_wg
 
     @cute.jit
     def attn_prefill_wg(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor, mkc: cute.Tensor,
@@ -445,10 +609,9 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     return attn_prefill_wg
 
 
-make_args = attn_prefill.make_args
 flops = attn_prefill.flops
 
 KERNEL = KernelDef(name="attn_prefill_wg", args=_args, launch=_launch, specs=_specs,
-                   build=_build, reference=attn_prefill._reference,
+                   build=_build, reference=_reference,
                    source_files=("toolchain/dsl_util.py", "prefill/attn_prefill.py"),
                    build_takes_arch=True)

@@ -524,3 +524,68 @@ def ld_shared_u32(addr, *, loc=None, ip=None) -> Uint32:
     """A u32 at a 4-byte aligned shared-window address (u32)."""
     return Uint32(_asm(T.i32(), [_u32(addr, loc, ip)], "ld.shared.b32 $0, [$1];",
                        "=r,r,~{memory}", loc, ip, side_effects=True))
+
+
+@dsl_user_op
+def atom_add_acq_rel(addr, *, loc=None, ip=None) -> Uint32:
+    """atom.acq_rel.gpu add 1 at a global u32 byte address; the old value. Release: this
+    thread's earlier writes (and, after a CTA barrier, its CTA's: the release is cumulative)
+    are visible before the add; acquire: writes released before earlier adds are visible
+    after it (cooperative groups' grid-sync pattern; split-KV's last-arriver combine)."""
+    return Uint32(_asm(T.i32(), [_i64(addr, loc, ip)],
+                       "atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;", "=r,l,~{memory}", loc,
+                       ip, side_effects=True))
+
+
+@dsl_user_op
+def st_relaxed_zero(addr, *, loc=None, ip=None) -> None:
+    """st.relaxed.gpu 0 at a global u32 byte address (a completion counter reset for the next
+    launch)."""
+    _asm(None, [_i64(addr, loc, ip)], "st.relaxed.gpu.global.u32 [$0], 0;", "l,~{memory}",
+         loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def ld_cg_v4_if(addr, pred, *, loc=None, ip=None) -> list:
+    """16 bytes at a 16-byte aligned global byte address where `pred` holds (else zeros), as
+    4 u32, through L2 only (ld.global.cg: data other CTAs of this launch wrote)."""
+    from cutlass import Int32
+
+    res = _asm(llvm.StructType.get_literal([T.i32()] * 4),
+               [_i64(addr, loc, ip), Int32(pred).ir_value(loc=loc, ip=ip)],
+               "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $5, 0;\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;"
+               "\n\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;\n\t"
+               "@p ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];\n\t}", "=r,=r,=r,=r,l,r", loc,
+               ip, side_effects=True)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def ld_cg_u32_if(addr, pred, *, loc=None, ip=None) -> Uint32:
+    """As ld_cg_v4_if for one 32-bit word (zero where `pred` does not hold)."""
+    from cutlass import Int32
+
+    return Uint32(_asm(T.i32(), [_i64(addr, loc, ip), Int32(pred).ir_value(loc=loc, ip=ip)],
+                       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\tmov.b32 $0, 0;\n\t"
+                       "@p ld.global.cg.b32 $0, [$1];\n\t}", "=r,l,r", loc, ip,
+                       side_effects=True))
+
+
+@dsl_user_op
+def st_v2(addr, words, *, loc=None, ip=None) -> None:
+    """Store 2 u32 (8 bytes) at an 8-byte aligned global byte address."""
+    _asm(None, [_i64(addr, loc, ip)] + [_u32(w, loc, ip) for w in words],
+         "st.global.v2.b32 [$0], {$1, $2};", "l,r,r,~{memory}", loc, ip, side_effects=True)
+
+
+@dsl_user_op
+def lg2(x, *, loc=None, ip=None) -> Float32:
+    """log2(x) (lg2.approx.f32: ~2^-22 relative; lg2(0) = -inf)."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)],
+                        "lg2.approx.f32 $0, $1;", "=f,f", loc, ip))
+
+
+@dsl_user_op
+def f32_bits(x, *, loc=None, ip=None) -> Uint32:
+    """The 32 bits of fp32 `x` as a u32 (no conversion; as_f32's inverse)."""
+    return Uint32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
