@@ -467,6 +467,10 @@ class Prefill:
         self._h_last = torch.zeros(1, cfg.hidden_size, dtype=BF16, device=dev)
         self._start_host = 0  # the same start for the host-side gathers of "sdpa"/"reference"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # the buckets that split full layers' keys (attn_prefill_wg SPLITS), captured again
+        # with the split: replayed for a chunk after SPLIT_MIN_START cached tokens
+        self.split_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._split_now = False  # this chunk's full layers split their keys (describe_chunk)
         self.head_graph: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None
         self.kernels, self.unpack, self.row_moe = {}, None, None
         self.split_kernels: dict[int, object] = {}  # attn_prefill_wg SPLITS -> kernel
@@ -655,13 +659,25 @@ class Prefill:
             with capture_graph(g, pool=pool):
                 self._body(ids)
             self.graphs[tb] = (g, ids)
+            if self.split_kernels and attn_prefill_wg.splits_for(self.cfg, tb) > 1:
+                # the same bucket with split-KV full layers, for chunks after a long prefix
+                self._split_now = True
+                with torch.cuda.stream(side):
+                    self._body(ids)
+                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with capture_graph(g, pool=pool):
+                    self._body(ids)
+                self.split_graphs[tb] = (g, ids)
+                self._split_now = False
         g = torch.cuda.CUDAGraph()
         with capture_graph(g, pool=pool):
             logits = self._head()
         self.head_graph = (g, logits)
         # a graph's first launch also uploads it to the device (tens of ms at this size): do
         # it now, on the scratch slot, so the first request runs at full speed
-        for tb, (graph, _) in self.graphs.items():
+        for tb, (graph, _) in [*self.graphs.items(), *self.split_graphs.items()]:
             self.describe_chunk(0, tb)
             graph.replay()
         g.replay()
@@ -736,7 +752,8 @@ class Prefill:
         self.describe_chunk(start, n)
         tb = self._bucket(n)
         if tb is not None:
-            g, static = self.graphs[tb]
+            g, static = (self.split_graphs if self._split_now and tb in self.split_graphs
+                         else self.graphs)[tb]
             static[:n].copy_(ids)
             static[n:].zero_()
             g.replay()
@@ -750,6 +767,7 @@ class Prefill:
         device tensors the body reads (`run_chunk` does it; tests driving `_layer` call it)."""
         self._start.fill_(start)
         self._start_host = start
+        self._split_now = start >= attn_prefill_wg.SPLIT_MIN_START
         self._valid.fill_(tokens)
         self._valid32.fill_(tokens)
 
@@ -1134,7 +1152,8 @@ class Prefill:
             t, hq, d = q.shape
             out = torch.empty(t, hq * d, dtype=BF16, device=self.device)
             args = (q.contiguous(), k, v, kv.k, kv.v, table, self._start, self.sinks[i], out)
-            n = attn_prefill_wg.splits_for(cfg, t) if self.split_kernels and not kv.ring else 1
+            n = (attn_prefill_wg.splits_for(cfg, t)
+                 if self.split_kernels and self._split_now and not kv.ring else 1)
             if n > 1:  # a short chunk: its keys split over n times the CTAs, then combined
                 o, lse, counters = self._split_ws
                 self.split_kernels[n].launch(*args, o[:n * t * hq * d].view(n, t, hq, d),

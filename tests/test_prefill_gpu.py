@@ -80,8 +80,10 @@ def _cases(preset: str) -> list[tuple[int, int]]:
     if preset == "tiny":
         return [(5, 1), (w, 64), (150, 1), (150, 17), (150, 18), (1000, 512), (1000, 513),
                 (1000, 514), (2100, 2048)]
+    # 25: padded to the 32-row graph; (1100, 64): short chunks after 1,024 cached tokens,
+    # which split the full layers' keys (attn_prefill_wg SPLITS, the split bucket graphs)
     return [(100, 64), (w, 512), (1500, 513), (1500, 514), (3000, 2048), (9000, 8192),
-            (700, 1), (150, 25)]  # 25: padded to the 32-row graph
+            (700, 1), (150, 25), (1100, 64)]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
