@@ -32,14 +32,25 @@ KV_MEMORY_FRACTION = 0.8  # of the free GPU memory after weights, for the KV cac
 def kv_tokens_for(cfg: FlintConfig, num_slots: int, max_context: int | None,
                   device: torch.device) -> int:
     """Tokens of KV per slot: `max_context` if given, else as many as fit in
-    KV_MEMORY_FRACTION of the free GPU memory (capped by the model's context limit)."""
+    KV_MEMORY_FRACTION of the free GPU memory (capped by the model's context limit), after the
+    slots' rings and the most memory KV reuse's ring snapshots can take (`snapshot_reserve`)."""
     limit = cfg.max_position_embeddings
     if max_context is not None:
         return min(max_context, limit)
     free, _ = torch.cuda.mem_get_info(device)
     per_token = cfg.kv_bytes_per_token * (num_slots + 1)
     ring = cfg.sliding_kv_bytes_per_slot * (num_slots + 1)
-    return max(1, min(limit, int((free * KV_MEMORY_FRACTION - ring) // per_token)))
+    rest = free * KV_MEMORY_FRACTION - ring - snapshot_reserve(cfg, num_slots)
+    return max(1, min(limit, int(rest // per_token)))
+
+
+def snapshot_reserve(cfg: FlintConfig, num_slots: int) -> int:
+    """Bytes KV reuse's ring snapshots can hold at most (issue 22): MAX_SNAPSHOTS copies of a
+    slot's sliding-window rings for each running and each retained sequence (at most
+    `num_slots` of each). 36.8 MB a copy at full size: 1.2 GB for 8 slots."""
+    from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS
+
+    return 2 * num_slots * MAX_SNAPSHOTS * cfg.sliding_kv_bytes_per_slot
 
 
 class GraphRunner:

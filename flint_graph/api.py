@@ -597,7 +597,9 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
     weights and KV cache; kv_reuse: how many finished sequences the engine may retain
     (retained_max, 0 = reuse off; on the graph engine they hold KV slots counted in
     kv_cache_bytes) and the bytes of one ring snapshot (snapshot_bytes; up to
-    snapshots_per_sequence per retained or running sequence, on the engine's device)."""
+    snapshots_per_sequence per retained or running sequence, on the engine's device;
+    snapshot_bytes_max their most, which the graph engine keeps free when it sizes the KV
+    cache: capture/runner.py snapshot_reserve)."""
     eng = llm.engine
     repack = llm.checkpoint.timings.get("repack_s", 0.0)
     out: dict[str, Any] = {"engine": eng.name, "checkpoint_s": round(load_s, 3),
@@ -615,7 +617,10 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
 
     out["kv_reuse"] = {"retained_max": eng.prefix_cache.capacity,
                        "snapshot_bytes": llm.cfg.sliding_kv_bytes_per_slot,
-                       "snapshots_per_sequence": MAX_SNAPSHOTS}
+                       "snapshots_per_sequence": MAX_SNAPSHOTS,
+                       # the most the snapshots can hold: running and retained sequences
+                       "snapshot_bytes_max": (eng.max_slots + eng.prefix_cache.capacity)
+                       * MAX_SNAPSHOTS * llm.cfg.sliding_kv_bytes_per_slot}
     return out
 
 

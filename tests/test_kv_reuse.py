@@ -329,6 +329,71 @@ def test_a_row_whose_interrupted_step_is_run_again_is_retained(llms, monkeypatch
     eng.drop_retained()
 
 
+def test_out_of_memory_for_a_snapshot_evicts_retained_sequences_first(llms, monkeypatch):
+    """A ring snapshot that runs out of memory evicts retained sequences (least recently used
+    first) and tries again; with none left it is skipped. Neither fails the request, and the
+    outputs stay a cold start's (issue 22: memory pressure evicts before anything is refused)."""
+    on, off = llms
+    eng = on.engine
+    eng.prefix_cache.clear()
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for k in range(3):  # three retained sequences
+        on.generate([list(range(10 + k, 50 + k))], params)
+    assert len(eng.prefix_cache) == 3
+    real, fails = eng._save_rings, {"n": 2}
+
+    def tight(rid):
+        if fails["n"]:
+            fails["n"] -= 1
+            raise torch.OutOfMemoryError("simulated: no memory for the snapshot")
+        return real(rid)
+
+    monkeypatch.setattr(eng, "_save_rings", tight)
+    ids = list(range(100, 140))
+    a = on.generate([ids], params)[0]
+    assert a.finish_reason == "length" and not a.errors
+    assert len(eng.prefix_cache) == 2  # two evicted for the snapshot, the new one retained
+    assert a.token_ids == off.generate([ids], params)[0].token_ids
+    fails["n"] = 10 ** 6  # never any memory: every snapshot skipped, nothing fails
+    b = on.generate([list(range(200, 240))], params)[0]
+    assert b.finish_reason == "length" and not b.errors
+    c = on.generate([list(range(200, 240)) + b.token_ids + [7, 8]], params)[0]
+    assert (c.token_ids == off.generate([list(range(200, 240)) + b.token_ids + [7, 8]],
+                                        params)[0].token_ids)
+    eng.drop_retained()
+
+
+def test_the_start_up_report_bounds_the_snapshots_memory(tiny_llm):
+    from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS
+
+    r = tiny_llm.startup["kv_reuse"]
+    eng = tiny_llm.engine
+    assert r["retained_max"] == eng.prefix_cache.capacity > 0
+    assert r["snapshot_bytes"] == tiny_llm.cfg.sliding_kv_bytes_per_slot > 0
+    assert r["snapshot_bytes_max"] == ((eng.max_slots + r["retained_max"]) * MAX_SNAPSHOTS
+                                       * r["snapshot_bytes"])
+
+
+def test_the_kv_cache_leaves_room_for_every_snapshot(monkeypatch):
+    """The graph engine sizes its KV cache after the slots' rings and the most the ring
+    snapshots can take (capture/runner.py snapshot_reserve), so taking one never needs memory
+    the cache holds: full size, 8 slots, 1.2 GB."""
+    from flint_graph.capture import runner
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS
+
+    cfg = FlintConfig.preset("full")
+    free = 40 * 2 ** 30  # below the 262K-token context limit's need
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 2 * free))
+    reserve = runner.snapshot_reserve(cfg, 8)
+    assert reserve == 2 * 8 * MAX_SNAPSHOTS * cfg.sliding_kv_bytes_per_slot
+    assert 1.1e9 < reserve < 1.3e9
+    tokens = runner.kv_tokens_for(cfg, 8, None, torch.device("cpu"))
+    ring = cfg.sliding_kv_bytes_per_slot * 9
+    used = tokens * cfg.kv_bytes_per_token * 9 + ring + reserve
+    assert used <= free * runner.KV_MEMORY_FRACTION < used + cfg.kv_bytes_per_token * 9
+
+
 # -- generated ids back into the next prompt (flint_graph/chat/generated_ids.py) ------------------
 
 def test_splice_puts_back_a_non_canonical_generation(tiny_llm):

@@ -451,9 +451,30 @@ class Engine:
             if pos is None or rid not in self._slot and rid not in self._kv:
                 continue
             snaps = self._snapshots.setdefault(rid, {})
-            snaps[pos] = self._save_rings(rid)
+            rings = self._save_rings_evicting(rid)
+            if rings is None:
+                continue  # no memory even with nothing retained: this resume point is lost
+            snaps[pos] = rings
             for old_pos in sorted(snaps)[:-MAX_SNAPSHOTS]:
                 del snaps[old_pos]
+
+    def _save_rings_evicting(self, rid: int):
+        """`_save_rings(rid)`, evicting retained sequences (least recently used first, with
+        their snapshots) while the copy runs out of memory; None when it still does with none
+        left. A snapshot only saves work later (a resume without one prefills from the start),
+        so memory pressure never fails the request that takes it (issue 22)."""
+        while True:
+            try:
+                return self._save_rings(rid)
+            except torch.OutOfMemoryError:
+                victim = self.prefix_cache.evict()
+                if victim is None:
+                    return None
+                if self.runner:
+                    self.runner.free_slot(victim.kv)
+                victim.snapshots.clear()
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
 
     def _save_rings(self, rid: int):
         """A copy of request `rid`'s sliding-window rings (the reference's per-layer K/V rings,
