@@ -37,9 +37,10 @@ figures (one process, one run):
                 detokenizer, stop checks included)
   TTFT          the median request's submission to first token (the B prompts
                 prefill one after another, so it grows with B)
-  prefill       TTFT of one prompt per --prefill-tokens length: chunked prefill + 1
-                token; on CUDA also TFLOP/s and MFU (against the BF16 matmul rate
-                measured in the run) and, on the graph engine, the torch-ops baseline
+  prefill       TTFT of one prompt per --prefill-tokens length: chunked
+                prefill + 1 token; on CUDA also TFLOP/s and MFU (against the
+                BF16 matmul rate measured in the run) and, on the graph engine,
+                the torch-ops baseline
   interleave    with --interleave 8k,32k: a running stream's time per token
                 (p50, p99, max over the steps it took, their count shown) while
                 those prompts arrive together, and their TTFT, with the engine's

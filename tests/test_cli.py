@@ -127,6 +127,24 @@ def test_help_says_which_model_runs_without_one(capsys):
         assert "default: the embedded flint-nano, a small demo model" in text, command
 
 
+def test_every_help_fits_80_columns(capsys, monkeypatch):
+    """In an 80-column terminal every --help line we write fits (a piped `bench --help` broke
+    its hand-wrapped figures list at 83–85 columns; new-user trial). The usage synopsis is
+    argparse's own: it keeps a mutually exclusive group on one line."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    top = _run(capsys, "--help")[1]
+    commands = re.findall(r"^    ([a-z][a-z-]+) ", top, re.M)
+    assert {"chat", "generate", "bench", "trace", "eval"} <= set(commands)
+    for argv in [["--help"]] + [[c, "--help"] for c in commands]:
+        code, out, _ = _run(capsys, *argv)
+        assert code == 0, argv
+        usage, rest = out.split("\n\n", 1)
+        wide = [line for line in rest.splitlines() if len(line) > 80]
+        assert not wide, f"{' '.join(argv)}: {wide}"
+
+
 def test_every_option_has_help():
     parser = build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
