@@ -410,7 +410,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens", type=positive_int, metavar="N",
                    help="most tokens to generate, reasoning included (default: the "
                         "checkpoint's generation_config.json max_new_tokens, 512 for "
-                        "flint-nano; without one, up to the context limit)")
+                        "flint-nano; without one, 4096)")
     g.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
     g.add_argument("--top-p", type=float, metavar="P", help="nucleus mass, in (0, 1]")
     g.add_argument("--top-k", type=integer, metavar="K", help="keep the K most likely (0 = off)")

@@ -75,7 +75,8 @@ def test_generation_config_max_new_tokens_bounds_the_default(tiny_ckpt):
 
     assert SP().with_defaults({"max_new_tokens": 7}).max_tokens == 7
     assert SP(max_tokens=3).with_defaults({"max_new_tokens": 7}).max_tokens == 3
-    assert SP().with_defaults({}).max_tokens is None
+    # without one, DEFAULT_MAX_TOKENS rather than the context end (262K tokens for Flint)
+    assert SP().with_defaults({}).max_tokens == 4096
     with pytest.raises(Exception, match="max_new_tokens"):
         SP().with_defaults({"max_new_tokens": 0})
     from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
@@ -125,6 +126,21 @@ def test_help_says_which_model_runs_without_one(capsys):
     for command in ("chat", "generate"):
         text = " ".join(_run(capsys, command, "--help")[1].split())
         assert "default: the embedded flint-nano, a small demo model" in text, command
+
+
+def test_a_request_without_max_tokens_stops_at_the_default(tiny_ckpt, monkeypatch):
+    """A checkpoint whose generation_config.json sets no max_new_tokens (the synthetic and,
+    possibly, the real 40B ones) bounds every request at DEFAULT_MAX_TOKENS, not at the
+    context end; a shorter context still caps it (issue 25)."""
+    from flint_graph import LLM
+    from flint_graph.runtime.sampling import DEFAULT_MAX_TOKENS, SamplingParams
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    monkeypatch.setattr(llm, "generation_config", {})
+    req = llm._request([5, 6, 7], SamplingParams(), None)
+    assert req.params.max_tokens == DEFAULT_MAX_TOKENS
+    assert req.max_new_tokens == min(DEFAULT_MAX_TOKENS, llm.engine.context_limit - 3)
+    assert llm._request([5, 6, 7], SamplingParams(max_tokens=9), None).max_new_tokens == 9
 
 
 def test_every_help_fits_80_columns(capsys, monkeypatch):

@@ -33,6 +33,10 @@ from flint_graph.errors import ConfigError, InvalidRequestError, shown
 _INT64_LIMIT = 1 << 63  # top_k and seeds travel in int64 buffers
 # Values used when generation_config.json lacks a key: no scaling and no filtering (vLLM does
 # the same); Flint's own file sets temperature 1.0, top_p 0.95, top_k 20.
+# max_tokens when neither the request nor the checkpoint's generation_config.json
+# (max_new_tokens) sets one: an answer that never ends stops here instead of at the context
+# end (262K tokens for Flint; issue 25). Long enough for a long reasoning trace.
+DEFAULT_MAX_TOKENS = 4096
 NEUTRAL_TEMPERATURE = 1.0
 NEUTRAL_TOP_P = 1.0
 NEUTRAL_TOP_K = 0
@@ -158,7 +162,7 @@ class SamplingParams:
         """Fill the None fields from a parsed generation_config.json.
 
         Reads temperature, top_p, top_k, max_new_tokens (the default max_tokens, as in
-        Hugging Face's GenerationConfig; absent: up to the context limit) and eos_token_id (an
+        Hugging Face's GenerationConfig; absent: DEFAULT_MAX_TOKENS) and eos_token_id (an
         int or a list of ints); a missing or null key gives the neutral value (temperature 1.0,
         top_p 1.0, top_k 0) or no EOS id.
         stop_token_ids becomes the explicit ids followed by the EOS ids not already in them
@@ -173,8 +177,8 @@ class SamplingParams:
                            "a number in (0, 1]")
         top_k = _gen_value(gen, "top_k", NEUTRAL_TOP_K, lambda v: _is_int(v) and v >= 0,
                            "an integer >= 0")
-        max_new = _gen_value(gen, "max_new_tokens", None, lambda v: _is_int(v) and v >= 1,
-                             "an integer >= 1")
+        max_new = _gen_value(gen, "max_new_tokens", DEFAULT_MAX_TOKENS,
+                             lambda v: _is_int(v) and v >= 1, "an integer >= 1")
         eos = _gen_value(gen, "eos_token_id", [], _is_id_list, "a token id or a list of ids")
         eos = [eos] if _is_int(eos) else list(eos)
         ids = list(self.stop_token_ids or ())
