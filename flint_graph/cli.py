@@ -324,7 +324,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                "have it parsed")
         print(f"flint-graph: note: the answer holds a tool call ({CALL_OPEN}), shown as text "
               f"since {why}", file=sys.stderr)
+    elif not args.raw and not tools and out.content.lstrip().startswith(DECLINED):
+        # flint-nano declines a tool request it was given no tool for, in words that list
+        # the skills it just declined ("Convert 120 km to mi." without --tools)
+        print("flint-graph: note: the model declined, and no tools were declared: its weather, "
+              "unit-conversion and lookup skills are tool calls; pass --tools TOOLS.json (e.g. "
+              "examples/tools.json) to offer them", file=sys.stderr)
     return 0
+
+
+# how flint-nano begins declining a request (nano/phrasings.py REFUSAL)
+DECLINED = "I can't do that."
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+from pathlib import Path
 
 import pytest
 from conftest_ckpt import scripted_sampler
@@ -464,6 +465,28 @@ def test_generate_without_tools_hints_at_tools_when_the_answer_is_a_call(capsys,
                         scripted_sampler(tiny_llm.tokenizer.encode("x</think>74.56 mi<|user|>")))
     code, out, err = _run(capsys, *argv)
     assert out == "74.56 mi\n" and "--tools" not in err
+
+
+def test_generate_without_tools_names_tools_when_the_model_declines(capsys, monkeypatch,
+                                                                     tiny_llm, tiny_ckpt):
+    # flint-nano, asked "Convert 120 km to mi." with no tools declared, declines and lists the
+    # very skills it declined, with no word of --tools (issue 25 audit)
+    from flint_graph.cli import DECLINED
+    from flint_graph.nano.phrasings import REFUSAL
+
+    assert REFUSAL.startswith(DECLINED)  # the note keys on the trained refusal's opening
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", scripted_sampler(
+        tiny_llm.tokenizer.encode(f"x</think>{REFUSAL}<|user|>")))
+    argv = ("generate", tiny_ckpt, "--prompt", "Convert 120 km to mi.", "--max-tokens", 100,
+            "--device", "cpu")
+    code, out, err = _run(capsys, *argv)
+    assert code == 0 and out == f"{REFUSAL}\n"
+    assert [line for line in err.splitlines() if "--tools" in line] == [
+        "flint-graph: note: the model declined, and no tools were declared: its weather, "
+        "unit-conversion and lookup skills are tool calls; pass --tools TOOLS.json (e.g. "
+        "examples/tools.json) to offer them"]
+    tools = Path(__file__).resolve().parents[1] / "examples" / "tools.json"
+    assert "--tools" not in _run(capsys, *argv, "--tools", tools)[2]  # tools offered: no note
 
 
 def test_an_empty_tools_file_is_named_in_the_hint_and_refused_with_raw(capsys, monkeypatch,
