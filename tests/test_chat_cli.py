@@ -285,6 +285,27 @@ def test_ctrl_c_before_the_first_token_leaves_no_empty_answer_in_history(tiny_ll
     assert " · output 0 tokens · " in footer and footer.endswith("· stopped")
 
 
+def test_ctrl_c_while_a_long_message_is_tokenized_keeps_the_session(tiny_llm, monkeypatch):
+    # Ctrl-C before the stream existed (a 1 MB message being tokenized) ended the whole chat,
+    # its unsaved transcript and the rest of the input with it (bad-input trial)
+    from flint_graph.terminal.chat_cli import STOPPED_EARLY
+
+    calls = {"n": 0}
+
+    def stream_chat(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return FakeStream("", "fine")
+
+    monkeypatch.setattr(tiny_llm, "stream_chat", stream_chat)
+    s, console = _session(tiny_llm, ["a very long message", "and another", "/exit"])
+    assert s.run() in (0, None)
+    screen = console.file.getvalue()
+    assert STOPPED_EARLY in screen and "fine" in screen  # the next turn was answered
+    assert [m["role"] for m in s.messages] == ["user", "user", "assistant"]
+
+
 @pytest.fixture(scope="module")
 def nano_llm():
     from flint_graph.api import LLM

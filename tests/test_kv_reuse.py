@@ -329,6 +329,74 @@ def test_a_row_whose_interrupted_step_is_run_again_is_retained(llms, monkeypatch
     eng.drop_retained()
 
 
+def test_ctrl_c_during_another_requests_prefill_leaves_it_whole(llms, monkeypatch):
+    """Ctrl-C lands while a step prefills request B in chunks (found by a bad-input trial: B's
+    cache was then a chunk ahead of the engine's count, its answer changed and reuse carried
+    the damage into its next turn). B goes on, prefilled again from its first token: its
+    tokens and log-probabilities are a cold start's, and so is a later turn resuming from
+    it."""
+    on, off = llms
+    eng = on.engine
+    eng.prefix_cache.clear()
+    q = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=True)
+    ids = [(7 * i) % 200 + 3 for i in range(90)]
+    on.generate([ids[:50]], q)  # retained: B resumes from it, then is cut mid-chunk
+    monkeypatch.setattr(eng, "prefill_chunk_tokens", 16)
+    fired = {"n": 0}
+
+    def hook(req, done, total):
+        if done > req.cached_tokens and not fired["n"]:
+            fired["n"] = 1
+            raise KeyboardInterrupt
+
+    eng.prefill_progress = hook
+    b = on._request(ids, q, None)
+    eng.add(b)
+    with pytest.raises(KeyboardInterrupt):
+        while not b.is_finished:
+            eng.step()
+    eng.prefill_progress = None
+    assert b.cached_tokens == 0  # starts over, nothing reused
+    while not b.is_finished:
+        eng.step()
+    cold = off.generate([ids], q)[0]
+    assert (b.output_ids, b.logprobs) == (cold.token_ids, cold.logprobs)
+    more = ids + b.output_ids + [11, 12, 13]
+    a, c = on.generate([more], q)[0], off.generate([more], q)[0]
+    assert a.cached_tokens > 0 and (a.token_ids, a.logprobs) == (c.token_ids, c.logprobs)
+    eng.drop_retained()
+
+
+def test_ctrl_c_between_a_decode_forward_and_its_token_is_redone(llms, monkeypatch):
+    """The reference engine's forward stores a step's KV and counts it; Ctrl-C before the drawn
+    token is appended left the count one ahead of the ids, so the next step wrote at a shifted
+    position. The next step now redoes the position: outputs equal a cold start's."""
+    on, off = llms
+    eng = on.engine
+    eng.prefix_cache.clear()
+    q = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=True)
+    ids = list(range(20, 60))
+    req = on._request(ids, q, None)
+    eng.add(req)
+    real, calls = eng._sample_and_append, {"n": 0}
+
+    def flaky(rows, logits):
+        calls["n"] += 1
+        if calls["n"] == 4:  # the third decode step: after its forward, before the append
+            raise KeyboardInterrupt
+        return real(rows, logits)
+
+    monkeypatch.setattr(eng, "_sample_and_append", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        while not req.is_finished:
+            eng.step()
+    while not req.is_finished:
+        eng.step()
+    cold = off.generate([ids], q)[0]
+    assert (req.output_ids, req.logprobs) == (cold.token_ids, cold.logprobs)
+    eng.drop_retained()
+
+
 def test_out_of_memory_for_a_snapshot_evicts_retained_sequences_first(llms, monkeypatch):
     """A ring snapshot that runs out of memory evicts retained sequences (least recently used
     first) and tries again; with none left it is skipped. Neither fails the request, and the

@@ -61,3 +61,47 @@ def test_more_conversations_than_slots_evict_and_stay_correct(llms):
                 msgs[c].append({"role": "assistant", "content": msg.content or ""})
     assert on._outs == off._outs
     assert len(on.engine.prefix_cache) <= on.engine.max_slots
+
+
+def test_graph_engine_ctrl_c_mid_prefill_and_mid_decode_leave_nothing_wrong(llms, monkeypatch):
+    """Ctrl-C inside a chunked prefill (from the progress hook) and inside a decode step (after
+    the graph replay, before the token is appended): the request goes on and its tokens are
+    those of an engine that was never interrupted; a later turn resuming from it too."""
+    on, off = llms
+    eng = on.engine
+    eng.drop_retained()
+    ids = [(7 * i) % 200 + 3 for i in range(90)]
+    q = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    on.generate([ids[:50]], q)
+    monkeypatch.setattr(eng, "prefill_chunk_tokens", 16)
+    fired = {"prefill": 0, "decode": 0}
+
+    def hook(req, done, total):
+        if done > req.cached_tokens and not fired["prefill"]:
+            fired["prefill"] = 1
+            raise KeyboardInterrupt
+
+    real = eng._graph_decode_deltas
+
+    def deltas(rows, ids_, logits):
+        fired["decode"] += 1
+        if fired["decode"] == 3:
+            raise KeyboardInterrupt
+        return real(rows, ids_, logits)
+
+    eng.prefill_progress = hook
+    monkeypatch.setattr(eng, "_graph_decode_deltas", deltas)
+    b = on._request(ids, q, None)
+    eng.add(b)
+    for _ in range(2):  # the prefill's interrupt, then the decode's
+        with pytest.raises(KeyboardInterrupt):
+            while not b.is_finished:
+                eng.step()
+    eng.prefill_progress = None
+    while not b.is_finished:
+        eng.step()
+    assert b.output_ids == off.generate([ids], q)[0].token_ids
+    more = ids + b.output_ids + [11, 12, 13]
+    a, c = on.generate([more], q)[0], off.generate([more], q)[0]
+    assert a.token_ids == c.token_ids
+    eng.drop_retained()

@@ -194,6 +194,13 @@ class Engine:
                 self._retire(req)
                 budget = None if budget is None else budget - n
                 continue
+            except BaseException:
+                # Ctrl-C (or a thread's exit) mid-chunk, maybe meant for another request: some
+                # layers wrote this chunk, others did not, and a ring may have lost entries the
+                # chunk's later queries need. The request goes on, prefilled again from its
+                # first token at its next step (it never gets a half-written cache).
+                self._restart_prefill(req)
+                raise
             self.pacer.observe(n, (time.perf_counter() - t0) * 1e3, start=done)
             self._prefilled[req.id] = done = done + n
             budget = None if budget is None else budget - n
@@ -221,6 +228,18 @@ class Engine:
         for r in [r for r in self.running if r.is_finished]:
             self._retire(r)
         return deltas
+
+    def _restart_prefill(self, req: Request) -> None:
+        """Start `req`'s prefill over from position 0 with a fresh cache: its reused prefix,
+        snapshots and every chunk written so far are forgotten (the graph engine's slot is
+        rewritten in order from position 0; the reference engine gets a new sequence)."""
+        if not self.runner and req.id in self._kv:
+            self._kv[req.id] = self.model.new_sequence()
+        if req.id in self._prefilled:
+            self._prefilled[req.id] = 0
+        req.cached_tokens = 0
+        self._snapshots.pop(req.id, None)
+        self._snapshot_due.pop(req.id, None)
 
     def _prefill_part(self, req: Request, done: int, n: int) -> torch.Tensor:
         """Prefill prompt tokens done … done+n−1 of `req`; float32 logits [V] of the last. With
@@ -261,6 +280,10 @@ class Engine:
         if self.runner:
             return self._graph_decode(rows)
         seqs = [self._kv[r.id] for r in rows]
+        for r, seq in zip(rows, seqs):
+            # a no-op unless the row's last step did not return (Ctrl-C between its forward
+            # and its token's append): then the KV counts a token its ids do not, redone here
+            seq.num_tokens = self._expected_tokens(r)
         last = [torch.tensor([r.output_ids[-1]], device=self.device) for r in rows]
         logits = torch.stack([lg[-1] for lg in self.model.forward(seqs, last)])
         return self._sample_and_append(rows, logits)
@@ -500,6 +523,14 @@ class Engine:
         last (sampled, never fed back)."""
         if not self.runner:
             return self._kv[req.id].num_tokens
+        return self._expected_tokens(req)
+
+    @staticmethod
+    def _expected_tokens(req: Request) -> int:
+        """The tokens a decoding request's KV should hold: its prompt and every output token
+        but the last. The graph engine writes each step at this position; the reference
+        engine's sequence counts what its forward stored, reset to this after a step that
+        did not return (Ctrl-C between its forward and the token's append)."""
         return len(req.prompt_ids) + max(0, req.num_generated - 1)
 
     def _retire(self, req: Request) -> None:

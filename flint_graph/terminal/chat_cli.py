@@ -244,8 +244,12 @@ class ChatSession:
         pending = None  # the tool calls whose results were just added to the history
         while True:
             try:
-                stream = self.llm.stream_chat(self.messages, self.tools, self.params,
-                                              enable_thinking=self.enable_thinking)
+                try:
+                    stream = self.llm.stream_chat(self.messages, self.tools, self.params,
+                                                  enable_thinking=self.enable_thinking)
+                except KeyboardInterrupt:  # Ctrl-C while a long message is tokenized
+                    self.console.print(f"[yellow]{STOPPED_EARLY}[/]")
+                    return None
                 msg = self._show(stream)
             except Exception as e:  # keep the session (and its unsaved transcript) alive
                 kind = "error" if isinstance(e, FlintError) else \
@@ -415,6 +419,8 @@ class ChatSession:
                           border_style="magenta"))
 
 
+# Ctrl-C before the answer's stream began (a long message being tokenized): the session goes on
+STOPPED_EARLY = "stopped (Ctrl-C) before the answer began; your message stays in the history"
 CONTEXT_FULL = ("the conversation fills the model's context: /reset starts a new one "
                 "(/save FILE keeps this one first)")
 RESULT_TOO_LONG = ("that result does not fit the model's context: type a shorter one, or /reset "
