@@ -397,6 +397,36 @@ def test_ctrl_c_between_a_decode_forward_and_its_token_is_redone(llms, monkeypat
     eng.drop_retained()
 
 
+def test_ctrl_c_before_a_prompts_first_token_is_drawn(llms, monkeypatch):
+    """Ctrl-C after a prompt's last chunk but before its first token is appended: the request
+    had joined the decoding rows with no token to feed. It is prefilled again and answers as
+    a cold start."""
+    on, off = llms
+    eng = on.engine
+    eng.prefix_cache.clear()
+    q = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=True)
+    ids = list(range(30, 75))
+    req = on._request(ids, q, None)
+    eng.add(req)
+    real, calls = eng._sample_and_append, {"n": 0}
+
+    def flaky(rows, logits):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return real(rows, logits)
+
+    monkeypatch.setattr(eng, "_sample_and_append", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        eng.step()
+    assert req in eng.prefilling and req not in eng.running
+    while not req.is_finished:
+        eng.step()
+    cold = off.generate([ids], q)[0]
+    assert (req.output_ids, req.logprobs) == (cold.token_ids, cold.logprobs)
+    eng.drop_retained()
+
+
 def test_out_of_memory_for_a_snapshot_evicts_retained_sequences_first(llms, monkeypatch):
     """A ring snapshot that runs out of memory evicts retained sequences (least recently used
     first) and tries again; with none left it is skipped. Neither fails the request, and the

@@ -211,7 +211,14 @@ class Engine:
                     self._snapshot_due[req.id] = done
                 self.running.append(req)
                 admitted.append(req)
-                deltas += self._sample_and_append([req], logits[None])
+                try:
+                    deltas += self._sample_and_append([req], logits[None])
+                except BaseException:
+                    if req.num_generated == 0:  # Ctrl-C before its first token: a decode
+                        self.running.remove(req)  # step would find no token to feed, so
+                        self.prefilling.append(req)  # it is prefilled again instead
+                        self._restart_prefill(req)
+                    raise
         # Rows admitted this step already got their first token from prefill.
         rows = [r for r in self.running if not r.is_finished and r not in admitted]
         self._unsettled.update(r.id for r in rows)
@@ -235,8 +242,7 @@ class Engine:
         rewritten in order from position 0; the reference engine gets a new sequence)."""
         if not self.runner and req.id in self._kv:
             self._kv[req.id] = self.model.new_sequence()
-        if req.id in self._prefilled:
-            self._prefilled[req.id] = 0
+        self._prefilled[req.id] = 0
         req.cached_tokens = 0
         self._snapshots.pop(req.id, None)
         self._snapshot_due.pop(req.id, None)
