@@ -367,6 +367,19 @@ def test_ctrl_c_during_another_requests_prefill_leaves_it_whole(llms, monkeypatc
     eng.drop_retained()
 
 
+def _interrupt_call(monkeypatch, obj, name: str, nth: int) -> None:
+    """Make call `nth` (1-based) of obj.name raise KeyboardInterrupt (Ctrl-C); the others run."""
+    real, calls = getattr(obj, name), {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == nth:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(obj, name, flaky)
+
+
 def test_ctrl_c_between_a_decode_forward_and_its_token_is_redone(llms, monkeypatch):
     """The reference engine's forward stores a step's KV and counts it; Ctrl-C before the drawn
     token is appended left the count one ahead of the ids, so the next step wrote at a shifted
@@ -378,15 +391,8 @@ def test_ctrl_c_between_a_decode_forward_and_its_token_is_redone(llms, monkeypat
     ids = list(range(20, 60))
     req = on._request(ids, q, None)
     eng.add(req)
-    real, calls = eng._sample_and_append, {"n": 0}
-
-    def flaky(rows, logits):
-        calls["n"] += 1
-        if calls["n"] == 4:  # the third decode step: after its forward, before the append
-            raise KeyboardInterrupt
-        return real(rows, logits)
-
-    monkeypatch.setattr(eng, "_sample_and_append", flaky)
+    # the third decode step (call 4): after its forward, before the append
+    _interrupt_call(monkeypatch, eng, "_sample_and_append", 4)
     with pytest.raises(KeyboardInterrupt):
         while not req.is_finished:
             eng.step()
@@ -408,15 +414,7 @@ def test_ctrl_c_before_a_prompts_first_token_is_drawn(llms, monkeypatch):
     ids = list(range(30, 75))
     req = on._request(ids, q, None)
     eng.add(req)
-    real, calls = eng._sample_and_append, {"n": 0}
-
-    def flaky(rows, logits):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise KeyboardInterrupt
-        return real(rows, logits)
-
-    monkeypatch.setattr(eng, "_sample_and_append", flaky)
+    _interrupt_call(monkeypatch, eng, "_sample_and_append", 1)
     with pytest.raises(KeyboardInterrupt):
         eng.step()
     assert req in eng.prefilling and req not in eng.running
