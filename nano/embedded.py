@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -82,7 +83,9 @@ def _build(src: Path, out: Path, digest: str, progress: bool) -> None:
     from flint_graph.checkpoints.checkpoint import load_checkpoint
     from flint_graph.checkpoints.hf_checkpoint import write_safetensors
 
-    tmp = out.with_name(out.name + ".partial")
+    # one partial directory per process: two first runs at once (two terminals, parallel
+    # tests) must not delete each other's half-written files
+    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name in (GGUF_NAME, *SIDE_FILES):
@@ -91,5 +94,12 @@ def _build(src: Path, out: Path, digest: str, progress: bool) -> None:
     write_safetensors(tmp, ck.cfg, ck.weights, progress=progress)
     files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
     (tmp / MARKER).write_text(json.dumps({"package_sha256": digest, "files": files}, indent=1))
+    if _complete(out, digest):  # another process finished first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -10,4 +10,7 @@ python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
 # Quiet setuptools' generic editable-install notice (kernels/ maps to flint_graph.kernels).
 PYTHONWARNINGS=ignore::UserWarning python -m pip install -q -e ".[test,kernels]"
-python -m pytest -q --durations=15 "$@"  # the slowest tests listed: CI must stay well under 30 min
+# Two workers, one test file each at a time (a file's session fixtures, such as the kernel
+# compile of tests/test_kernel_cache.py, are built once); the slowest tests are listed: CI must
+# stay well under 30 min. `-n 0` after other arguments runs in this one process.
+python -m pytest -q -n 2 --dist loadfile --durations=15 "$@"

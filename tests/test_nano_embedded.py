@@ -58,3 +58,22 @@ def test_missing_files_are_named(packaged):
     (packaged / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match="flint-nano's files are missing"):
         embedded.ensure_nano_checkpoint(progress=False)
+
+
+def test_a_second_unpack_finishing_first_keeps_its_copy(packaged, monkeypatch):
+    """Two first runs at once (two terminals, parallel test workers): before, both wrote one
+    `.partial` directory, and the second to start deleted the first's half-written files."""
+    real = embedded._build
+
+    def other_process_finishes_first(src, out, digest, progress):
+        monkeypatch.setattr(embedded, "_build", real)
+        embedded.ensure_nano_checkpoint(progress=False)  # the "other process", to the end
+        (out / "config.json").touch()
+        mark = (out / "config.json").stat().st_mtime_ns
+        real(src, out, digest, progress)  # ours finishes second and must not replace it
+        assert (out / "config.json").stat().st_mtime_ns == mark
+
+    monkeypatch.setattr(embedded, "_build", other_process_finishes_first)
+    d = embedded.ensure_nano_checkpoint(progress=False)
+    assert [p.name for p in d.parent.iterdir()] == [d.name]  # no partial directory left
+    assert load_checkpoint(d, device="cpu", progress=False).cfg == FlintConfig.preset("tiny")
