@@ -124,6 +124,16 @@ W4A16_WG_MIN: int | None = 1536
 # --shared 0,1) replacing it by zeros took a whole NVFP4 prefill from 9.81 to 9.32 ms at 25
 # tokens and from 17.57 to 16.22 ms at 512. Measured with the fold: perf-log, tenth session.
 FOLD_SHARED = True
+# A BF16 checkpoint's experts of chunks up to this many rows (at most 512: the NT = 16 range of
+# W4A16_NT) can run on grouped_w4a16's WB = 16 kernels: each touched expert read once, the
+# shared expert folded in, where torch._grouped_mm and cuBLAS serve them now (and the decode
+# kernels in groups of 8 up to ROW_MOE_MAX["bf16"] rows, which read an expert again for every
+# group that picks it). Off (None) until measured on the H200: written and compiled in the
+# fourteenth session, which had no device; `tools/bench_prefill.py --formats bf16 --moe
+# w4a16,unpack --row-moe-max 0,16,32` times both (perf log, fourteenth session, for the
+# prediction). With it on, chunks up to ROW_MOE_MAX_BF16_GROUPED rows keep the decode kernels.
+BF16_GROUPED_MAX: int | None = None
+ROW_MOE_MAX_BF16_GROUPED = 16
 W4A16_WG_NT = ((2048, 64),)  # (up to this many rows, NT) on grouped_w4a16_wg; above: 128
 W4A16_WG_NT_LARGE = 128
 
@@ -426,8 +436,12 @@ class Prefill:
 
     cfg, weights: the model (on the cache's device; weights as `GraphRunner` holds them);
     attention: one of ATTENTION; kset: the KernelSet whose `attn_prefill` cubins run attention
-    when attention == "kernel". Raises ValueError for an unknown attention, and LaunchError /
-    KernelCacheError when the kernel path lacks its cubins.
+    when attention == "kernel"; row_moe_max: the longest chunk (rows) whose MoE runs on the
+    decode kernels (None: by format); w4a16: the experts on grouped_w4a16 (NVFP4 as W4A16,
+    BF16 on its WB = 16 kernels up to 512 rows; True, False, or None: NVFP4 yes, BF16 as
+    BF16_GROUPED_MAX says); attn_kernel: one of ATTN_KERNELS. Raises ValueError for an unknown
+    attention or a w4a16=True the model cannot take, and LaunchError / KernelCacheError when
+    the kernel path lacks its cubins.
 
     A chunk's per-chunk facts live in device tensors (start, valid tokens, slot, page table),
     and every KV write goes through device-computed destinations, so one chunk body serves
@@ -512,10 +526,18 @@ class Prefill:
         self.w4a16_wg_min: int | None = None  # chunks above this many rows use them
         use_w4a16 = (attention == "kernel" and fmt == "nvfp4" and w4a16 is not False
                       and grouped_w4a16.fits(cfg))
-        if w4a16 and not use_w4a16:
-            raise ValueError("w4a16=True needs attention='kernel', NVFP4 experts and expert "
-                             "shapes grouped_w4a16 fits")
-        default_rows = ROW_MOE_MAX_W4A16 if use_w4a16 else ROW_MOE_MAX[fmt]
+        # BF16 experts of short chunks on grouped_w4a16's WB = 16 kernels, the shared expert
+        # folded in (they need it at the routed width)
+        use_bf16 = (attention == "kernel" and fmt == "bf16" and bool(w4a16 if w4a16 is not None
+                                                                    else BF16_GROUPED_MAX)
+                    and grouped_w4a16.fits(cfg)
+                    and grouped_w4a16.shared_width(cfg) == cfg.moe_intermediate_size
+                    and all(f.shared is not None for f in moe))
+        if w4a16 and not (use_w4a16 or use_bf16):
+            raise ValueError("w4a16=True needs attention='kernel' and expert shapes "
+                             "grouped_w4a16 fits (BF16: a shared expert of the routed width)")
+        default_rows = ROW_MOE_MAX_W4A16 if use_w4a16 else (
+            ROW_MOE_MAX_BF16_GROUPED if use_bf16 else ROW_MOE_MAX[fmt])
         self.row_moe_max = default_rows if row_moe_max is None else row_moe_max
         if attention == "kernel":
             from flint_graph.capture.launcher import KernelSet
@@ -569,6 +591,8 @@ class Prefill:
                     self.set_fold_shared(True)
                 if W4A16_WG_MIN is not None and grouped_w4a16_wg.fits(cfg):
                     self.set_w4a16_wg(W4A16_WG_MIN)
+            if use_bf16:
+                self.set_bf16_grouped(BF16_GROUPED_MAX or W4A16_NT[0][0])
         if dev.type == "cuda":
             self._prime_alphas()
 
@@ -941,6 +965,36 @@ class Prefill:
         return bool(self.w4a16_wg) and self.w4a16_wg_min is not None \
             and rows > self.w4a16_wg_min and self._fits(rows, self.w4a16_routed_max)
 
+    def set_bf16_grouped(self, most: int | None) -> None:
+        """Run a BF16 checkpoint's experts of chunks up to `most` rows on grouped_w4a16's
+        WB = 16 kernels: one gate/up and one down launch a layer, each touched expert read
+        once, the shared expert one more group (SH = 1); longer chunks (None: every chunk)
+        on torch._grouped_mm and cuBLAS. Raises ValueError for NVFP4 experts or a model
+        without a shared expert of the routed width, KernelCacheError when the cache lacks
+        the kernels."""
+        if most is not None and most > W4A16_NT[0][0]:
+            raise ValueError(f"set_bf16_grouped: most = {most}; the WB = 16 kernels take NT = "
+                             f"16, which W4A16_NT gives up to {W4A16_NT[0][0]} rows")
+        self.w4a16_args, self.w4a16_shared, self.w4a16_fold = {}, {}, {}
+        if most is None:
+            self.w4a16_routed_max = self.w4a16_shared_max = W4A16_ROUTED_MAX
+            return
+        moe = {i: lw.ffn for i, lw in enumerate(self.w.layers)
+               if isinstance(lw.ffn, MoEWeights)}
+        specs = [s for s in grouped_w4a16.KERNEL.specs(self.cfg, ()) if s.as_dict().get("WB")
+                 == 16]
+        if not specs or any(isinstance(f.gate, NVFP4Weight) or f.shared is None
+                            for f in moe.values()):
+            raise ValueError("set_bf16_grouped needs BF16 experts with a shared expert that "
+                             "grouped_w4a16's WB = 16 kernels fit")
+        for i, f in moe.items():
+            self.w4a16_args[i] = ([f.gate, f.up], [f.down])
+            self.w4a16_shared[i] = ([f.shared.gate, f.shared.up], [f.shared.down])
+        self.w4a16_fold = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16", **s.as_dict())
+                           for s in specs}
+        self._fold_shared = self.w4a16_shared
+        self.w4a16_routed_max = self.w4a16_shared_max = most
+
     def set_fold_shared(self, on: bool) -> None:
         """Run the NVFP4 shared expert as one more group of the routed experts' grouped W4A16
         launches (on: grouped_w4a16's SH = 1 kernels, where the routed and the shared expert
@@ -950,8 +1004,9 @@ class Prefill:
         if not on:
             self.w4a16_fold = {}
             return
-        specs = [s for s in grouped_w4a16.KERNEL.specs(self.cfg, ()) if s.as_dict().get("SH")]
-        if not self.w4a16_shared or not specs:
+        specs = [s for s in grouped_w4a16.KERNEL.specs(self.cfg, ()) if s.as_dict().get("SH")
+                 and s.as_dict().get("WB", 4) == 4]
+        if not self.w4a16 or not self.w4a16_shared or not specs:
             raise ValueError("folding the shared expert needs it and the routed experts on the "
                              "grouped W4A16 kernels, at one width")
         self.w4a16_fold = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16", **s.as_dict())
@@ -1037,7 +1092,8 @@ class Prefill:
         fold = i in self.w4a16_args and i in self.w4a16_shared and self._folds(t)
         if not fold:
             with self.side.fork():  # the shared expert reads only h: beside the routing
-                if i in self.w4a16_shared and self._fits(t, self.w4a16_shared_max):
+                if self.w4a16 and i in self.w4a16_shared and self._fits(
+                        t, self.w4a16_shared_max):
                     shared = [self._shared_w4a16(i, h)]
                 else:
                     run = self._shared(f)
@@ -1067,7 +1123,7 @@ class Prefill:
             self.w4a16_fold[0, nt].launch(h, tok_all, tiles_all, *gate_up, *s_gate_up, act)
             self.w4a16_fold[1, nt].launch(act, tiles_all, *down, *s_down, y_all)
             y, shared = y_all[:p], [y_all[p:]]
-        elif i in self.w4a16_args and self._fits(t, self.w4a16_routed_max):
+        elif self.w4a16 and i in self.w4a16_args and self._fits(t, self.w4a16_routed_max):
             gate_up, down = self.w4a16_args[i]
             act = torch.empty(p, cfg.moe_intermediate_size, dtype=BF16, device=dev)
             y = torch.empty(p, cfg.hidden_size, dtype=BF16, device=dev)

@@ -599,7 +599,10 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
     kv_cache_bytes) and the bytes of one ring snapshot (snapshot_bytes; up to
     snapshots_per_sequence per retained or running sequence, on the engine's device;
     snapshot_bytes_max their most, which the graph engine keeps free when it sizes the KV
-    cache: capture/runner.py snapshot_reserve)."""
+    cache: capture/runner.py snapshot_reserve; on the reference engine, whose retained
+    sequences keep KV tensors of their own, retained_ring_bytes per sequence (its sliding
+    rings), retained_kv_bytes_per_token (its full layers) and retained_kv_bytes_max, what
+    retained_max sequences at the context limit would hold)."""
     eng = llm.engine
     repack = llm.checkpoint.timings.get("repack_s", 0.0)
     out: dict[str, Any] = {"engine": eng.name, "checkpoint_s": round(load_s, 3),
@@ -621,6 +624,12 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
                        # the most the snapshots can hold: running and retained sequences
                        "snapshot_bytes_max": (eng.max_slots + eng.prefix_cache.capacity)
                        * MAX_SNAPSHOTS * llm.cfg.sliding_kv_bytes_per_slot}
+    if eng.runner is None:  # the graph engine's retained sequences hold slots of its cache
+        cfg, reuse = llm.cfg, out["kv_reuse"]
+        reuse["retained_ring_bytes"] = cfg.sliding_kv_bytes_per_slot
+        reuse["retained_kv_bytes_per_token"] = cfg.kv_bytes_per_token
+        reuse["retained_kv_bytes_max"] = reuse["retained_max"] * (
+            cfg.sliding_kv_bytes_per_slot + cfg.kv_bytes_per_token * eng.context_limit)
     return out
 
 

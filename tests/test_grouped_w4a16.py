@@ -69,8 +69,10 @@ def test_reference_is_the_expert_half_of_reference_moe():
 def test_specs_skip_configs_the_kernel_does_not_fit():
     assert gw.KERNEL.specs(FlintConfig.preset("tiny"), ()) == []
     specs = gw.KERNEL.specs(FlintConfig.preset("full"), ())
-    # routed, shared (E = 1) and routed with the shared folded in (SH), gate/up and down
-    assert len(specs) == 6 * len(gw.NTS)
+    # routed, shared (E = 1) and routed with the shared folded in (SH), gate/up and down; and
+    # the BF16 experts (WB = 16, folded only)
+    assert len(specs) == 6 * len(gw.NTS) + 2 * len(gw.WB_NT)
+    assert {s.as_dict().get("WB", 4) for s in specs} == {4, 16}
     assert {s["E"] for s in specs} == {1, 256} and {s["D"] for s in specs} == {gw.DEPTH}
 
 
@@ -97,7 +99,7 @@ def test_folded_reference_is_the_shared_expert_on_its_rows(kind):
     on the shared rows)."""
     cfg = FlintConfig.preset("nano")
     (spec,) = [s for s in gw.KERNEL.specs(cfg, ()) if s.as_dict().get("SH")
-               and s["KIND"] == kind and s["NT"] == 16]
+               and s["KIND"] == kind and s["NT"] == 16 and "WB" not in s.as_dict()]
     tokens = 21
     args = gw.make_args(spec, gen=torch.Generator().manual_seed(5), tokens=tokens,
                         experts_used=9, device="cpu")
@@ -126,3 +128,38 @@ def test_folded_reference_is_the_shared_expert_on_its_rows(kind):
     (want_shared,) = gw._reference(shared_spec, *[a.clone() for a in sh_args])
     assert torch.equal(got[pairs:], want_shared[pairs:])
     assert not got.isnan().any()
+
+
+def test_bf16_reference_is_reference_swiglu_with_the_shared_expert_folded_in():
+    """WB = 16: KIND 0 then KIND 1 give reference.swiglu on the BF16 experts, and the pairs
+    after the routed ones (expert E) the shared expert's output."""
+    cfg = FlintConfig.preset("nano")
+    specs = {s["KIND"]: s for s in gw.KERNEL.specs(cfg, ()) if s.as_dict().get("WB") == 16}
+    tokens, gen = 11, torch.Generator().manual_seed(4)
+    args0 = gw.make_args(specs[0], gen=gen, tokens=tokens, experts_used=5, device="cpu")
+    x, tok, tiles, g, u, sg, su, _ = args0
+    (act,) = gw._reference(specs[0], *args0)
+    d = (torch.randn(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size,
+                     generator=gen) / 16).bfloat16()
+    sd = (torch.randn(cfg.hidden_size, cfg.moe_intermediate_size, generator=gen) / 16).bfloat16()
+    out = torch.full((act.shape[0], cfg.hidden_size), float("nan"), dtype=torch.bfloat16)
+    (y,) = gw._reference(specs[1], act, tiles, d, sd, out)
+    assert not y.isnan().any()
+    for ex, p0, rows, _ in tiles.tolist():
+        if ex < 0:
+            continue
+        gate, up, down = (g[ex], u[ex], d[ex]) if ex < cfg.n_routed_experts else (sg, su, sd)
+        want = reference.swiglu(x[tok[p0:p0 + rows].long()], gate, up, down)
+        assert torch.equal(y[p0:p0 + rows], want), ex
+
+
+@pytest.mark.parametrize("values,message", [
+    (dict(SH=0), "WB = 16 .*expected 4, or 16 with SH = 1"),
+    (dict(NT=32), "WB = 16 .*NT in"),
+    (dict(D=3), "WB = 16 .*D = 2"),
+    (dict(WB=8), "WB = 8"),
+])
+def test_bf16_specs_the_kernel_cannot_take_are_refused(values, message):
+    base = dict(KIND=0, H=256, M=128, E=16, NT=16, D=gw.DEPTH, SH=1, WB=16)
+    with pytest.raises(ValueError, match=message):
+        gw.KERNEL.args(gw.KERNEL.spec(**{**base, **values}))

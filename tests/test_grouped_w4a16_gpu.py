@@ -1,7 +1,7 @@
 """GPU tests of grouped_w4a16 (kernels/prefill/grouped_w4a16.py), the prefill's W4A16 expert
 GEMMs: gate/up with SwiGLU (KIND 0, rows of x gathered through tok) and down (KIND 1), every
 tile size NT, routed (E experts), shared (E = 1) and the shared folded in as expert E (SH = 1),
-and the WS = 1 variant (weights through shared memory), against `_reference` (reference.linear on the exactly dequantised weights);
+the WS = 1 variant (weights through shared memory) and the BF16 experts (WB = 16), against `_reference` (reference.linear on the exactly dequantised weights);
 and of its wgmma form grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py: the same
 arguments and reference, NT = 64 and 128, routed only), with two larger chunks for it.
 
@@ -95,14 +95,16 @@ def _stale(name, t, tokens):
     return torch.randn_like(t.float()).to(t.dtype)
 
 
-@pytest.mark.parametrize("kernel,nt,sh", [("grouped_w4a16", 32, 0), ("grouped_w4a16", 16, 1),
-                                          ("grouped_w4a16_wg", 128, 0)])
+@pytest.mark.parametrize("kernel,nt,sh,wb", [("grouped_w4a16", 32, 0, 4),
+                                             ("grouped_w4a16", 16, 1, 4),
+                                             ("grouped_w4a16", 16, 1, 16),
+                                             ("grouped_w4a16_wg", 128, 0, 4)])
 @pytest.mark.parametrize("kind", [0, 1])
-def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh):
+def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, wb):
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
     spec = [s for s in _specs("full", kernel) if s["KIND"] == kind and s["NT"] == nt
-            and s.as_dict().get("SH", 0) == sh][0]
+            and s.as_dict().get("SH", 0) == sh and s.as_dict().get("WB", 4) == wb][0]
     consumer = kset.get(kernel, **spec.as_dict())
     decl = (gwg if kernel == "grouped_w4a16_wg" else gw).KERNEL.args(spec)
     tokens = 300

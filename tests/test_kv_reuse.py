@@ -470,6 +470,26 @@ def test_the_start_up_report_bounds_the_snapshots_memory(tiny_llm):
                                        * r["snapshot_bytes"])
 
 
+def test_the_start_up_report_bounds_the_reference_engines_retained_kv(tiny_llm):
+    """The reference engine's retained sequences keep KV tensors of their own (not slots of a
+    preallocated cache): the report gives their rings, their bytes per token and the most
+    retained_max sequences can hold, and a retained sequence holds no more than that."""
+    r = tiny_llm.startup["kv_reuse"]
+    eng, cfg = tiny_llm.engine, tiny_llm.cfg
+    assert eng.runner is None
+    assert r["retained_ring_bytes"] == cfg.sliding_kv_bytes_per_slot
+    assert r["retained_kv_bytes_per_token"] == cfg.kv_bytes_per_token > 0
+    assert r["retained_kv_bytes_max"] == r["retained_max"] * (
+        r["retained_ring_bytes"] + r["retained_kv_bytes_per_token"] * eng.context_limit)
+    eng.drop_retained()
+    tiny_llm.generate([list(range(3, 90))], SamplingParams(max_tokens=4))
+    (entry,) = eng.prefix_cache.entries
+    held = sum(t.nbytes for t in entry.kv.k + entry.kv.v)
+    grown = -(-len(entry.ids) // entry.kv.chunk_tokens) * entry.kv.chunk_tokens
+    assert held <= r["retained_ring_bytes"] + r["retained_kv_bytes_per_token"] * grown
+    eng.drop_retained()
+
+
 def test_the_kv_cache_leaves_room_for_every_snapshot(monkeypatch):
     """The graph engine sizes its KV cache after the slots' rings and the most the ring
     snapshots can take (capture/runner.py snapshot_reserve), so taking one never needs memory

@@ -202,6 +202,22 @@ def test_nvfp4_experts_on_the_wgmma_w4a16_kernels_match_reference(kset, min_rows
                 lambda pre: pre.set_w4a16_wg(min_rows))
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("row_moe", [0, 16])
+def test_bf16_experts_on_the_grouped_kernels_match_reference(kset, row_moe, graphs):
+    """A BF16 checkpoint's experts of chunks up to 512 rows on grouped_w4a16's WB = 16 kernels
+    (the shared expert folded in; `Prefill.set_bf16_grouped`), longer chunks on
+    torch._grouped_mm, the shortest on the decode kernels up to `row_moe` rows; full config
+    shapes, every chunk case of the file: the same tolerances as the default path."""
+    def setup(pre):
+        pre.set_bf16_grouped(512)
+        assert pre.w4a16_fold and not pre.w4a16
+        pre.row_moe_max = row_moe
+
+    _every_case(kset, "full", "bf16", 9, f"full bf16 grouped, row groups ≤ {row_moe}", setup,
+                graphs=graphs)
+
+
 @pytest.mark.parametrize("most", [(0, 0), (0, None), (None, 0), (600, 600)],
                          ids=["scratch", "routed-scratch", "shared-scratch", "by-size"])
 def test_nvfp4_experts_from_the_bf16_scratch_match_reference(kset, most):

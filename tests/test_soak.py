@@ -51,7 +51,9 @@ def test_short_soak_matches_solo_runs_and_gives_everything_back(tiny_ckpt, tmp_p
     out.write_text(json.dumps(report, indent=1))
     assert report["passed"], (report["failures"], report["failure_examples"])
     r = report["requests"]
-    assert r["total"] >= 100 and r["run_to_end"] > 0 and r["tokens_compared_equal"] > 0, r
+    # ~100 requests in 15 s alone on 2 cores, fewer beside the other test worker: what matters
+    # is that every mode ran (below), not the machine's throughput
+    assert r["total"] >= 40 and r["run_to_end"] > 0 and r["tokens_compared_equal"] > 0, r
     assert set(r["by_mode"]) == {"none", *CI_MODES.split(",")}, r["by_mode"]
     # whether a timed cross-thread cancel lands mid-answer or after the end depends on the
     # machine's load; the mid-answer case is pinned down without timing in the test below

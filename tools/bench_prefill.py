@@ -132,8 +132,9 @@ def main() -> int:
                         "format); several values (e.g. 0,64,128,256) time the graph path once "
                         "per value")
     p.add_argument("--moe", default="",
-                   help="NVFP4 experts on the graph path: w4a16 (the grouped W4A16 kernels), "
-                        "unpack (decoded to BF16 for torch._grouped_mm); several values time "
+                   help="experts on the graph path: w4a16 (the grouped kernels: NVFP4 as "
+                        "W4A16, BF16 on WB = 16 up to prefill.BF16_GROUPED_MAX rows), unpack "
+                        "(torch._grouped_mm; NVFP4 decoded to BF16 first); several values time "
                         "each (default: the prefill's own choice)")
     p.add_argument("--nt", default="",
                    help="pairs per tile of the W4A16 kernels (16, 32, 64; several values time "
@@ -228,7 +229,7 @@ def main() -> int:
         for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
-                          row_moe_max=row_moe, w4a16=w4a16 if fmt == "nvfp4" else None)
+                          row_moe_max=row_moe, w4a16=w4a16)
             if wgm is not None and pre.w4a16:
                 pre.set_w4a16_wg(wgm[1])
             if attn:
@@ -246,7 +247,8 @@ def main() -> int:
             variant = {k: v for k, v in (("D", depth), ("WS", ws)) if v is not None}
             if variant and pre.w4a16:
                 pre.set_w4a16_variant(**variant)
-            row_moe = (f"{pre.row_moe_max}/{'w4a16' if pre.w4a16 else 'unpack'}/{nt or 'auto'}"
+            grouped = 'w4a16' if pre.w4a16 else 'bf16-grouped' if pre.w4a16_fold else 'unpack'
+            row_moe = (f"{pre.row_moe_max}/{grouped}/{nt or 'auto'}"
                        f"/D{depth or 'auto'}/WS{ws or 0}"
                        f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}"
                        f"/{pre.attn_kernel or 'torch'}"

@@ -48,6 +48,13 @@ lays its tiles first and its rows as the pairs after the routed ones (`shared_ti
 launch covers what were two on a side stream: at 25 tokens the shared expert alone is 8 + 16
 CTAs of latency-bound steps that shared the SMs with the routed launches.
 
+WB = 16 (BF16 experts, the prefill of a BF16 checkpoint): the same kernel with BF16 weights, read
+as they are, so a chunk reads each expert it touches once, where torch._grouped_mm (or the
+decode kernels in groups of 8 rows) served short BF16 chunks. A lane's 32-k chunk of a weight row
+is 64 bytes (four LDG.128 per row and step, no dequantisation) whose natural bf16 pairs feed the
+MMA with x's natural pairs (xpairs' reordering is the NVFP4 decode's); D = 2 steps of them take
+128 registers. Built with SH = 1 only (the prefill folds the shared expert in) and no scale2.
+
 PDL: the tile schedule is an input, and the experts' weights are known only from it, so every
 load follows griddepcontrol.wait (one wait at the top, in every thread).
 
@@ -56,7 +63,7 @@ rounding (≤ 2^-9 relative); fp32 summation order and the ·scale2 rounding may
 rounding of g or u (KIND 0) in rare elements, and the hardware exp's last ulp the SwiGLU
 rounding. Rows of no tile (padding pairs) are never written.
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, D weight steps
-held in registers (D − 1 in flight while one is computed); optional WS (above) and SH (above).
+held in registers (D − 1 in flight while one is computed); optional WS, SH and WB (above).
 """
 
 import math
@@ -80,6 +87,7 @@ W_ROW_BYTES = BK // 2 + BK // 16  # one weight row's codes and scale bytes of a 
 W_ROWS = WARPS * 2 * 16  # weight rows a CTA reads: two m16 tiles per warp (gate and up, or down)
 ROW_BYTES = BK * 2  # one x row of a step in shared memory
 NTS = (16, 32, 64)
+WB_NT = (16,)  # NT of the WB = 16 (BF16) specs (NT = 32 spills at the full config)
 
 
 def cta_rows(kind: int) -> int:
@@ -128,6 +136,11 @@ def _check(spec: Spec) -> None:
     if _sh(spec) not in (0, 1) or (_sh(spec) and _ws(spec)):
         raise ValueError(f"grouped_w4a16: SH = {_sh(spec)} (WS = {_ws(spec)}); expected 0, or "
                          f"1 with WS = 0")
+    if _wb(spec) not in (4, 16) or (_wb(spec) == 16 and (
+            _ws(spec) or not _sh(spec) or spec["D"] != DEPTH or nt not in WB_NT)):
+        raise ValueError(f"grouped_w4a16: WB = {_wb(spec)} (SH = {_sh(spec)}, WS = {_ws(spec)}, "
+                         f"D = {spec['D']}, NT = {nt}); expected 4, or 16 with SH = 1, WS = 0, "
+                         f"D = {DEPTH} and NT in {WB_NT}")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16: K = {k_dim} must be a multiple of {BK} and N = {n_out} "
@@ -139,11 +152,15 @@ def _args(spec: Spec):
     kind, h, m, e = spec["KIND"], spec["H"], spec["M"], spec["E"]
 
     def stack(name, n, k):
+        if _wb(spec) == 16:
+            return [TensorArg(name, "bf16", (e, n, k), "weight")]
         return [TensorArg(f"{name}_codes", "u8", (e, n, k // 2), "weight"),
                 TensorArg(f"{name}_scales", "u8", (e, n, k // 16), "weight", align=2),
                 TensorArg(f"{name}_scale2", "f32", (e,), "weight", align=4)]
 
     def shared(name, n, k):  # SH: the shared expert, one more group (expert id E)
+        if _sh(spec) and _wb(spec) == 16:
+            return [TensorArg(f"shared_{name}", "bf16", (n, k), "weight")]
         return [TensorArg(f"shared_{name}_codes", "u8", (n, k // 2), "weight"),
                 TensorArg(f"shared_{name}_scales", "u8", (n, k // 16), "weight", align=2),
                 TensorArg(f"shared_{name}_scale2", "f32", (1,), "weight", align=4)] \
@@ -171,6 +188,11 @@ def _ws(spec: Spec) -> int:
 
 def _sh(spec: Spec) -> int:
     return spec.as_dict().get("SH", 0)
+
+
+def _wb(spec: Spec) -> int:
+    """Bits per weight: 4 (NVFP4 codes, scales and scale2) or 16 (BF16 experts)."""
+    return spec.as_dict().get("WB", 4)
 
 
 def _smem(spec: Spec) -> int:
@@ -214,12 +236,15 @@ def _specs(cfg, buckets=()) -> list[Spec]:
     if shared_width(cfg) == m:  # SH: the shared expert as one more group of the routed launch
         specs += [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt, D=DEPTH, SH=1)
                   for kind in (0, 1) for nt in NTS]
+        # WB = 16: BF16 experts, for a BF16 checkpoint's short chunks (capture/prefill.py)
+        specs += [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt, D=DEPTH, SH=1, WB=16)
+                  for kind in (0, 1) for nt in WB_NT]
     return specs
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
     """The other weight-step depths D of `_specs`' kernels (tools/bench_prefill.py --depth)."""
-    base = [s for s in _specs(cfg) if not _sh(s)]
+    base = [s for s in _specs(cfg) if not _sh(s) and _wb(s) == 4]
     return [KERNEL.spec(**{**s.as_dict(), "D": d}) for s in base for d in DEPTHS
             if d != DEPTH] + [KERNEL.spec(**{**s.as_dict(), "WS": 1}) for s in base
                               if s["NT"] <= WS_MAX_NT]
@@ -236,7 +261,18 @@ def _reference(spec: Spec, *args):
     activation for KIND 0), with SH expert E the shared expert; rows of no tile keep `out`'s
     values."""
     sh = _sh(spec)
-    if spec["KIND"] == 0:
+    if _wb(spec) == 16:  # BF16 stacks: one tensor each, the shared expert's one more expert
+        *head, out = args
+        if spec["KIND"] == 0:
+            x, tok, tiles, g, u, *rest = head
+            src, stacks = x[tok.long()], [g, u]
+        else:
+            src, tiles, d, *rest = head
+            stacks = [d]
+        mats = [torch.cat([st, sh_w[None]]).float() if sh else st.float()
+                for st, sh_w in zip(stacks, rest or stacks)]
+        first, second = mats[0], (mats[1] if spec["KIND"] == 0 else None)
+    elif spec["KIND"] == 0:
         x, tok, tiles, gc, gs, g2, uc, us, u2, *rest, out = args
         src = x[tok.long()]
         first, second = _dequant(gc, gs, g2), _dequant(uc, us, u2)
@@ -293,6 +329,9 @@ def make_args(spec: Spec, *, gen: torch.Generator, tokens: int = 77, experts_use
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
 
     def stack(count=e):
+        if _wb(spec) == 16:  # BF16 weights of a trained model's scale
+            return [(torch.randn(count, n_out, k_dim, generator=gen, device=on)
+                     / math.sqrt(k_dim)).to(torch.bfloat16)]
         codes = torch.randint(0, 256, (count, n_out, k_dim // 2), generator=gen, device=on,
                               dtype=torch.int32).to(torch.uint8)
         scales = torch.randint(0x30, 0x40, (count, n_out, k_dim // 16), generator=gen,
@@ -309,8 +348,8 @@ def make_args(spec: Spec, *, gen: torch.Generator, tokens: int = 77, experts_use
         tiles = torch.cat([shared_tiles(tokens, pairs, e, nt).to(on), tiles])
         shared = []
         for _ in range(2 if kind == 0 else 1):
-            c, sc, s2 = stack(1)
-            shared += [c[0], sc[0], s2]
+            one = stack(1)
+            shared += [one[0][0]] if _wb(spec) == 16 else [one[0][0], one[1][0], one[2]]
         pairs += tokens
     else:
         shared = []
@@ -354,6 +393,8 @@ def _build(spec: Spec):
     dequant, xpairs, scales = frag_ops()
     ws = _ws(spec)
     sh = _sh(spec)
+    wb = _wb(spec)
+    w_row = k_dim * 2  # WB = 16: bytes per BF16 weight row
     stages = WS_STAGES if ws else STAGES
     stage_bytes = _stage_bytes(spec)
     w_codes = nt * ROW_BYTES  # with WS: the stage's weight codes [CTA row][4 chunks × 16 B]
@@ -364,6 +405,9 @@ def _build(spec: Spec):
         codes and scales start at `base` (addresses), from row `base_row` (its chunk 32t of a
         step's k)."""
         codes, scl = base
+        if cutlass.const_expr(wb == 16):  # BF16: the 64 bytes of k 32t … 32t + 31
+            return [(codes + (base_row + Int64(g + 8 * r)) * w_row + Int64(64 * t), None)
+                    for r in range(2)]
         return [(codes + (base_row + Int64(g + 8 * r)) * code_row + Int64(16 * t),
                  scl + (base_row + Int64(g + 8 * r)) * scale_row + Int64(2 * t))
                 for r in range(2)]
@@ -374,6 +418,12 @@ def _build(spec: Spec):
         out = []
         for i in range(2):
             st = stacks[i]
+            if cutlass.const_expr(wb == 16):
+                c = st[0].iterator.toint() + Int64(ex) * (n_out * w_row)
+                if cutlass.const_expr(sh == 1):
+                    c = cutlass.select_(ex == Uint32(e), sstacks[i][0].iterator.toint(), c)
+                out.append((c, None, None))
+                continue
             c = st[0].iterator.toint() + Int64(ex) * (n_out * code_row)
             sc = st[1].iterator.toint() + Int64(ex) * (n_out * scale_row)
             s2 = st[2].iterator.toint() + Int64(ex) * 4
@@ -414,10 +464,17 @@ def _build(spec: Spec):
                                                + Uint32(2 * t))
 
     def load_w(s, wrows, rc, rs):
-        """This lane's codes and scale bytes of step s into register slot s % depth."""
+        """This lane's codes and scale bytes of step s into register slot s % depth (WB = 16:
+        its BF16 weights, rc [i, r, j, word, slot])."""
         for i in range(2):
             for r in range(2):
                 ca, sa = wrows[i][r]
+                if cutlass.const_expr(wb == 16):
+                    for j in range(4):
+                        words = du.ld_weight_v4(ca + Int64(s * BK * 2 + 16 * j))
+                        for w in range(4):
+                            rc[i, r, j, w, s % depth] = words[w]
+                    continue
                 words = du.ld_weight_v4(ca + Int64(s * BK // 2))
                 for j in range(4):
                     rc[i, r, j, s % depth] = words[j]
@@ -464,7 +521,8 @@ def _build(spec: Spec):
                                 + Int64(16 * warp if kind == 0 else 32 * warp + 16 * i), g, t)
                      for i in range(2)]
             slots = 1 if ws else depth
-            rc = cute.make_rmem_tensor((2, 2, 4, slots), Uint32)
+            rc = cute.make_rmem_tensor((2, 2, 4, 4, slots) if wb == 16 else (2, 2, 4, slots),
+                                       Uint32)
             rs = cute.make_rmem_tensor((2, 2, slots), Uint32)
             wsrc = None
             if cutlass.const_expr(ws == 1):
@@ -497,16 +555,23 @@ def _build(spec: Spec):
                 slot = 0 if ws else s % depth
                 if cutlass.const_expr(ws == 1):
                     read_w(stage, warp, g, t, rc, rs)
-                sc = [scales(du.prmt(rs[i, 0, slot], rs[i, 1, slot], 0x5410)) for i in range(2)]
+                if cutlass.const_expr(wb == 4):
+                    sc = [scales(du.prmt(rs[i, 0, slot], rs[i, 1, slot], 0x5410))
+                          for i in range(2)]
                 for j in cutlass.range_constexpr(4):
                     xp = []
                     for n in cutlass.range_constexpr(ntn):
                         row = 8 * n + g
-                        xp.append(xpairs(du.ld_shared_v4(
-                            stage + Uint32(row * ROW_BYTES) + Uint32(swz(4 * t + j, row) * 16))))
+                        x4 = du.ld_shared_v4(
+                            stage + Uint32(row * ROW_BYTES) + Uint32(swz(4 * t + j, row) * 16))
+                        # BF16 weights pair k as x does (natural order): no reordering
+                        xp.append(x4 if wb == 16 else xpairs(x4))
                     for i in cutlass.range_constexpr(2):
-                        a = [[du.mul_bf16x2_by_half(p, sc[i][r], j // 2)
-                              for p in dequant(rc[i, r, j, slot])] for r in range(2)]
+                        if cutlass.const_expr(wb == 16):
+                            a = [[rc[i, r, j, w, slot] for w in range(4)] for r in range(2)]
+                        else:
+                            a = [[du.mul_bf16x2_by_half(p, sc[i][r], j // 2)
+                                  for p in dequant(rc[i, r, j, slot])] for r in range(2)]
                         for q in cutlass.range_constexpr(2):
                             frag = [a[0][2 * q], a[1][2 * q], a[0][2 * q + 1], a[1][2 * q + 1]]
                             for n in cutlass.range_constexpr(ntn):
@@ -518,7 +583,11 @@ def _build(spec: Spec):
                     load_w(s + depth, wrows, rc, rs)
 
             # epilogue: scale2·2^7 (the bf16 dequantisation trick's 2^-7), round, SwiGLU
-            alpha = [du.as_f32(du.ld_weight_u32(bases[i][2])) * Float32(128.0) for i in range(2)]
+            if cutlass.const_expr(wb == 16):
+                alpha = [Float32(1.0), Float32(1.0)]
+            else:
+                alpha = [du.as_f32(du.ld_weight_u32(bases[i][2])) * Float32(128.0)
+                         for i in range(2)]
             du.cp_async_wait(0)
             cute.arch.sync_threads()  # every warp is done with the x stages: reuse them
             for n in cutlass.range_constexpr(ntn):
@@ -552,6 +621,36 @@ def _build(spec: Spec):
     def grid(mtiles):
         return dict(grid=(n_out // rows_cta, mtiles.shape[0], 1), block=list(launch.block),
                     smem=launch.smem)
+
+    if wb == 16 and kind == 0:
+        @cute.kernel
+        def grouped_w4a16_kernel(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
+                                 mg: cute.Tensor, mu: cute.Tensor, msg: cute.Tensor,
+                                 msu: cute.Tensor, mout: cute.Tensor):
+            body(mx, mtok, mtiles, [(mg,), (mu,)], [(msg,), (msu,)], mout)
+
+        @cute.jit
+        def grouped_w4a16(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
+                          mg: cute.Tensor, mu: cute.Tensor, msg: cute.Tensor, msu: cute.Tensor,
+                          mout: cute.Tensor, stream: cuda.CUstream):
+            grouped_w4a16_kernel(mx, mtok, mtiles, mg, mu, msg, msu, mout).launch(
+                **grid(mtiles), stream=stream)
+
+        return grouped_w4a16
+
+    if wb == 16:
+        @cute.kernel
+        def grouped_w4a16_kernel(mx: cute.Tensor, mtiles: cute.Tensor, md: cute.Tensor,
+                                 msd: cute.Tensor, mout: cute.Tensor):
+            body(mx, mx, mtiles, [(md,), (md,)], [(msd,), (msd,)], mout)
+
+        @cute.jit
+        def grouped_w4a16(mx: cute.Tensor, mtiles: cute.Tensor, md: cute.Tensor,
+                          msd: cute.Tensor, mout: cute.Tensor, stream: cuda.CUstream):
+            grouped_w4a16_kernel(mx, mtiles, md, msd, mout).launch(**grid(mtiles),
+                                                                    stream=stream)
+
+        return grouped_w4a16
 
     if kind == 0 and sh == 1:
         @cute.kernel
