@@ -1,5 +1,6 @@
 """KV reuse on the graph engine (capture/runner.py save_rings / load_rings, slots retained and
-evicted by Engine) on the tiny checkpoint: greedy chats and a tool loop with reuse on against
+evicted by Engine) on the tiny checkpoint: greedy chats, tool loops, diverging, interleaved and
+strict-prefix prompts (the CPU file's scripts) with reuse on against
 the same engine kind with reuse off, and the prompt tokens served from the cache.
 
 A resumed prefill runs fewer rows than a cold one, in other chunk buckets; its GEMMs may
@@ -105,3 +106,28 @@ def test_graph_engine_ctrl_c_mid_prefill_and_mid_decode_leave_nothing_wrong(llms
     a, c = on.generate([more], q)[0], off.generate([more], q)[0]
     assert a.token_ids == c.token_ids
     eng.drop_retained()
+
+
+# The CPU file's scripted conversations (tests/test_kv_reuse.py), here on the graph engine:
+# its resumed prefills replay other chunk buckets than a cold start, yet the greedy tokens and
+# the cached counts must be the CPU test's.
+
+def test_graph_engine_twenty_turn_chat_keeps_reasoning_and_equals_a_cold_start(llms):
+    from test_kv_reuse import test_multi_turn_chat_equals_a_cold_start_and_reuses_the_history
+
+    llms[0].engine.drop_retained()
+    test_multi_turn_chat_equals_a_cold_start_and_reuses_the_history(llms)
+
+
+def test_graph_engine_tool_loop_equals_a_cold_start(llms):
+    from test_kv_reuse import test_a_tool_loop_reuses_almost_every_prompt_token
+
+    llms[0].engine.drop_retained()
+    test_a_tool_loop_reuses_almost_every_prompt_token(llms)
+
+
+def test_graph_engine_diverging_interleaved_and_prefix_prompts(llms):
+    from test_kv_reuse import test_interleaved_diverging_and_prefix_prompts_equal_cold_starts
+
+    llms[0].engine.drop_retained()
+    test_interleaved_diverging_and_prefix_prompts_equal_cold_starts(llms)
