@@ -272,7 +272,7 @@ def _other_entrys_file(entries, meta, root):
 
 
 def _other_kernel_copied_in(entries, meta, root):
-    other = root / "rmsnorm.B2-H64.sm_90a.cubin"
+    other = root / "rmsnorm.B8-H64.sm_90a.cubin"
     shutil.copy(other, root / meta["cubin"])
     meta["sha256"] = _sha(other)
 

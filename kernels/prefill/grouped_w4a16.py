@@ -52,8 +52,10 @@ WB = 16 (BF16 experts, the prefill of a BF16 checkpoint): the same kernel with B
 as they are, so a chunk reads each expert it touches once, where torch._grouped_mm (or the
 decode kernels in groups of 8 rows) served short BF16 chunks. A lane's 32-k chunk of a weight row
 is 64 bytes (four LDG.128 per row and step, no dequantisation) whose natural bf16 pairs feed the
-MMA with x's natural pairs (xpairs' reordering is the NVFP4 decode's); D = 2 steps of them take
-128 registers. Built with SH = 1 only (the prefill folds the shared expert in) and no scale2.
+MMA with x's natural pairs (xpairs' reordering is the NVFP4 decode's). Two steps of them would
+take 128 registers; ptxas keeps 75 at the full config (it issues each step's loads nearer their
+MMAs) and spills at NT = 32, so only NT = 16 is built. SH = 1 only (the prefill folds the shared
+expert in); no scale2.
 
 PDL: the tile schedule is an input, and the experts' weights are known only from it, so every
 load follows griddepcontrol.wait (one wait at the top, in every thread).
@@ -313,7 +315,8 @@ def make_args(spec: Spec, *, gen: torch.Generator, tokens: int = 77, experts_use
     """Fresh arguments: a chunk of `tokens` tokens × TOPK = 6 picks spread over
     `experts_used` random experts (skew: one expert takes half the pairs, so it needs many
     tiles), pairs sorted by expert, tok their tokens; codes every byte value, scale bytes
-    around 1 with 0x00, 0x7F and bit 7 among them, scale2 per expert; outputs NaN. The
+    around 1 with 0x00, 0x7F and bit 7 among them, scale2 per expert (WB = 16: bf16 weights
+    drawn from N(0, 1/K)); outputs NaN. The
     schedule holds max_tiles rows (its unused tail expert −1); with SH the shared expert's
     tiles (`shared_tiles`) come first and its pairs last."""
     kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
