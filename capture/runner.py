@@ -47,7 +47,7 @@ def kv_tokens_for(cfg: FlintConfig, num_slots: int, max_context: int | None,
 def snapshot_reserve(cfg: FlintConfig, num_slots: int) -> int:
     """Bytes KV reuse's ring snapshots can hold at most (issue 22): MAX_SNAPSHOTS copies of a
     slot's sliding-window rings for each running and each retained sequence (at most
-    `num_slots` of each). 36.8 MB a copy at full size: 1.2 GB for 8 slots."""
+    `num_slots` of each). 36.8 MB a copy at full size: 1.8 GB for 8 slots."""
     from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS
 
     return 2 * num_slots * MAX_SNAPSHOTS * cfg.sliding_kv_bytes_per_slot

@@ -28,6 +28,7 @@ from flint_graph.chat.generated_ids import splice_generated
 from flint_graph.checkpoints.checkpoint import LoadedCheckpoint, load_checkpoint
 from flint_graph.runtime.engine import Engine
 from flint_graph.runtime.engine_config import EngineConfig, pick_device
+from flint_graph.runtime.prefix_cache import preamble_end
 from flint_graph.errors import (CheckpointError, ConfigError, ContextLengthError,
                                 InvalidRequestError, TemplateError)
 from flint_graph.chat.output_parser import OutputParser, ToolCall
@@ -353,6 +354,9 @@ class LLM:
                 and r.finish_reason in ("stop", "tool_calls") and not r.errors]
         ids = splice_generated(ids, done, lambda t: self.tokenizer.decode(t, False))
         req = self._request(ids, params, parser=parser)
+        # the rings are also saved where the system prompt and tools end (issue 22): a new
+        # conversation with the same ones resumes there
+        req.snapshot_at = preamble_end(ids, self.tokenizer.special_ids.get("<|user|>"))
         if name is not None:
             self._force_call(req, name, enable_thinking)
         self._chat_history.append(req)

@@ -131,3 +131,9 @@ def test_graph_engine_diverging_interleaved_and_prefix_prompts(llms):
 
     llms[0].engine.drop_retained()
     test_interleaved_diverging_and_prefix_prompts_equal_cold_starts(llms)
+
+
+def test_graph_engine_new_conversation_with_the_same_tools_resumes_after_them(llms):
+    from test_kv_reuse import test_a_new_conversation_with_the_same_tools_resumes_after_them
+
+    test_a_new_conversation_with_the_same_tools_resumes_after_them(llms)

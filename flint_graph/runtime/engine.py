@@ -65,6 +65,8 @@ class Engine:
         # request id -> position of a ring snapshot not yet taken: taken after the first token
         # is out (`_take_snapshots`), so it is not part of the time to first token
         self._snapshot_due: dict[int, int] = {}
+        # request id -> its chat preamble's end (Request.snapshot_at): that snapshot is kept
+        self._pinned: dict[int, int] = {}
         # rows of a decode step that did not return (Ctrl-C, or any exception the step does
         # not handle): some layers may have written their next position's KV (a ring entry
         # over one the retained ids still claim), so they are never retained (issue 22)
@@ -183,6 +185,9 @@ class Engine:
                 budget, len(req.prompt_ids) - done)
             if n <= 0:
                 break
+            pause = self._preamble_pause(req)
+            if pause is not None and done < pause < done + n:
+                n = pause - done  # its rings are saved there at the next step's start
             t0 = time.perf_counter()
             try:
                 logits = self._prefill_part(req, done, n)
@@ -204,6 +209,8 @@ class Engine:
             self.pacer.observe(n, (time.perf_counter() - t0) * 1e3, start=done)
             self._prefilled[req.id] = done = done + n
             budget = None if budget is None else budget - n
+            if done == pause:
+                self._snapshot_due[req.id] = done
             if done == len(req.prompt_ids):
                 self.prefilling.remove(req)
                 del self._prefilled[req.id]
@@ -235,6 +242,17 @@ class Engine:
         for r in [r for r in self.running if r.is_finished]:
             self._retire(r)
         return deltas
+
+    def _preamble_pause(self, req: Request) -> int | None:
+        """Where `req`'s prefill stops once to save its rings (`Request.snapshot_at`, the end
+        of a chat's preamble), or None: only with reuse on, a point this prefill has still to
+        pass, at least two tokens before the prompt's end (the end's own snapshot serves those)
+        and not saved already (a resumed request inherits the snapshot)."""
+        at = req.snapshot_at
+        if (not self.prefix_cache.capacity or at is None or at <= req.cached_tokens
+                or at >= len(req.prompt_ids) - 1 or at in self._snapshots.get(req.id, ())):
+            return None
+        return at
 
     def _restart_prefill(self, req: Request) -> None:
         """Start `req`'s prefill over from position 0 with a fresh cache: its reused prefix,
@@ -458,6 +476,8 @@ class Engine:
                                        if p <= m.reuse}
             self._prefilled[req.id] = m.reuse
             req.cached_tokens = m.reuse
+        if req.snapshot_at is not None:
+            self._pinned[req.id] = req.snapshot_at
         self.prefilling.append(req)
 
     def _alloc_slot(self) -> int:
@@ -484,7 +504,11 @@ class Engine:
             if rings is None:
                 continue  # no memory even with nothing retained: this resume point is lost
             snaps[pos] = rings
-            for old_pos in sorted(snaps)[:-MAX_SNAPSHOTS]:
+            # the oldest go first, but never the chat preamble's (every later turn and a new
+            # conversation with the same tools resume there)
+            pinned = self._pinned.get(rid)
+            older = sorted(p for p in snaps if p != pinned)
+            for old_pos in older[:max(0, len(snaps) - MAX_SNAPSHOTS)]:
                 del snaps[old_pos]
 
     def _save_rings_evicting(self, rid: int):
@@ -565,6 +589,7 @@ class Engine:
             self._prefilled.pop(req.id, None)
         self._snapshots.pop(req.id, None)
         self._snapshot_due.pop(req.id, None)
+        self._pinned.pop(req.id, None)
         kv = self._kv.pop(req.id, None)
         slot = self._slot.pop(req.id, None)
         if not keep and slot is not None:

@@ -12,7 +12,10 @@ snapshots taken where a later prompt is likely to diverge: at the end of each pr
 (position P). GLM-4.7's next chat turn re-renders the previous generation prompt
 `<|assistant|><think>` as `<|assistant|></think>…`, so it diverges at P − 1, which a snapshot
 at P serves; a tool loop continues past the whole previous sequence, served by its live ring.
-Anything else falls back to a cold prefill, never to a wrong ring.
+A chat request also marks where its preamble (system prompt and tool definitions) ends, at its
+first `<|user|>` (`preamble_end`): the prefill stops there once to save the rings, so a new
+conversation with the same system prompt and tools (a chat's /reset, an agent's next task)
+resumes after them. Anything else falls back to a cold prefill, never to a wrong ring.
 
 Engine-agnostic: `Retained.kv` and the snapshot values are whatever the engine stores (a
 reference `SequenceKV` and ring copies, or a graph-engine slot and ring copies); this module
@@ -60,8 +63,29 @@ def resume_point(cached: int, snapshots, lcp: int, prompt_len: int) -> tuple[int
     return best
 
 
+# the shortest chat preamble worth a snapshot of its own: a prompt without a system prompt or
+# tools opens with [gMASK]<sop><|user|> (2 tokens), nothing to save a prefill stop for
+PREAMBLE_MIN = 64
+
+
+def preamble_end(ids: list[int], user_id: int | None) -> int | None:
+    """Where a chat prompt's preamble ends: the index of its first `user_id` (`<|user|>`, which
+    opens the first user message after the system prompt and the tool definitions in the
+    GLM-4.7 layout, ../shared/glm47-format.md); None when it has none or a preamble shorter
+    than PREAMBLE_MIN tokens."""
+    if user_id is None:
+        return None
+    try:
+        at = ids.index(user_id)
+    except ValueError:
+        return None
+    return at if at >= PREAMBLE_MIN else None
+
+
 _clock = itertools.count()
-MAX_SNAPSHOTS = 2  # ring snapshots kept per sequence (each: every sliding layer's ring)
+# ring snapshots kept per sequence (each: every sliding layer's ring): the two newest prompt
+# ends and its chat preamble's end (`Request.snapshot_at`, never dropped for a newer one)
+MAX_SNAPSHOTS = 3
 
 
 @dataclass

@@ -76,6 +76,9 @@ class Request:
                                min_tokens=min(params.min_tokens, self.max_new_tokens))
         self.output_ids: list[int] = []
         self.cached_tokens = 0  # prompt tokens served from a retained sequence's KV (issue 22)
+        # a prompt position where the prefill also saves the rings for later requests (the end
+        # of a chat's preamble: prefix_cache.preamble_end); None: only the prompt's end
+        self.snapshot_at: int | None = None
         self.logprobs: list[float] = []  # per output token, when params.logprobs
         # per output token, its step's params.top_logprobs most likely (id, log-probability)
         self.top_logprobs: list[list[tuple[int, float]]] = []
