@@ -1,7 +1,7 @@
 """GPU tests of attn_decode (kernels/decode/attn_decode.py) against `reference.attention`.
 
 Run on the H200 through tools/gpu_check.sh with a kernel cache holding attn_decode's
-`bench_specs` (the model specs plus their SPLITS = 1 variants) for both presets.
+`bench_specs` (the model specs plus their SPLITS = 1 variants) for the tiny, full and flint-nano presets.
 
 Every case draws fresh random q and cache (shuffled, non-contiguous page ids; every cache entry
 no row sees is NaN, so a masked key that leaks into the output shows), poisons the output and
@@ -24,7 +24,7 @@ from flint_graph.kernels import registry
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 1e-2
-PRESETS = ("tiny", "full")
+PRESETS = ("tiny", "full", "nano")
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +186,16 @@ def test_long_context_full_layer(kset):
     pages spread over a 1563-page table."""
     spec = next(s for s in _specs("full") if s["B"] == 1 and not s["RING"])
     _check(kset, spec, seed=7, positions=[100_000 - 1])
+
+
+@pytest.mark.parametrize("keys", [3_000, 20_000])
+def test_flint_nano_full_layer_combines_its_128_splits(kset, keys):
+    """flint-nano's full layers (one KV head: SPLITS = 128) combine in rounds of 16 partials
+    (`unroll` above 64 splits, since the 32 of other configs spilled 624 bytes): a row using
+    some and one using all 128 splits, every bucket, against the reference."""
+    for spec in (s for s in _specs("nano") if not s["RING"] and s["SPLITS"] == 128):
+        pos = [keys - 1 - 37 * i for i in range(spec["B"])]
+        _check(kset, spec, seed=9, positions=pos)
 
 
 def _pdl_specs():

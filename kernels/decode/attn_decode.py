@@ -383,7 +383,10 @@ def _build(spec: Spec):
     qk_scale = LOG2E / math.sqrt(d)
     row_bytes = d * 2
     items = g_heads * d // 4  # combine: (head, 4 values of d) per thread item
-    unroll = min(splits, 32)  # partials per combine round (all lse in round 1)
+    # partials per combine round (all lse in round 1); 16 above 64 splits, where 128 lse words
+    # and 32 partials spilled (flint-nano's one KV head: 128 splits, 624 bytes). The sum runs
+    # over the splits in the same order whatever the rounds.
+    unroll = min(splits, 32 if splits <= 64 else 16)
     mt = min_tiles(window)
     ninf = float("-inf")
     launch = _launch(spec)
