@@ -1,7 +1,8 @@
 """GPU tests of attn_decode (kernels/decode/attn_decode.py) against `reference.attention`.
 
 Run on the H200 through tools/gpu_check.sh with a kernel cache holding attn_decode's
-`bench_specs` (the model specs plus their SPLITS = 1 variants) for the tiny, full and flint-nano presets.
+`bench_specs` (the model specs plus their SPLITS = 1 variants) for the tiny, full and
+flint-nano presets.
 
 Every case draws fresh random q and cache (shuffled, non-contiguous page ids; every cache entry
 no row sees is NaN, so a masked key that leaks into the output shows), poisons the output and
