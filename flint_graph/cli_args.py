@@ -71,6 +71,18 @@ def non_empty(text: str) -> str:
     return text
 
 
+def api_key(text: str) -> str:
+    """argparse type of --api-key: printable ASCII without spaces, as an HTTP header carries it
+    (a key with 'ключ' in it started a server whose key no request could send: headers are
+    read as Latin-1, and OpenAI's client refuses non-ASCII ones)."""
+    text = non_empty(text)
+    bad = next((c for c in text if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(f"expected printable ASCII without spaces (a header "
+                                         f"value), found {bad!r}")
+    return text
+
+
 class RepeatedValue(argparse.ArgumentTypeError):
     """A value listed twice in a comma-separated flag (a parser that rewords other errors lets
     this one through)."""
@@ -247,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "reverse proxy that limits clients")
     srv.add_argument("--port", type=tcp_port, default=8000,
                      help="TCP port (default: %(default)s)")
-    srv.add_argument("--api-key", metavar="KEY", type=non_empty,
+    srv.add_argument("--api-key", metavar="KEY", type=api_key,
                      help="require 'Authorization: Bearer KEY' on /v1 routes")
     srv.add_argument("--served-model-name", metavar="NAME", type=non_empty,
                      help="the model id clients send and /v1/models lists (default: the "

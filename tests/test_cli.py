@@ -692,3 +692,11 @@ def test_serve_refuses_an_empty_key_or_name(flag, capsys):
     """An empty --api-key started a server that answered 401 to every request."""
     code, _, err = _run(capsys, "serve", flag, " ")
     assert code == 2 and f"argument {flag}: expected a non-empty value" in err
+
+
+@pytest.mark.parametrize("key,found", [("sk-ключ", "'к'"), ("sk 1", "' '"), ("sk\t1", "'\\t'")])
+def test_serve_refuses_a_key_no_header_can_carry(key, found, capsys):
+    """A non-ASCII --api-key started a server whose key no request could send (headers are
+    read as Latin-1; OpenAI's client refuses non-ASCII ones): every request got 401."""
+    code, _, err = _run(capsys, "serve", "--api-key", key)
+    assert code == 2 and "argument --api-key: expected printable ASCII" in err and found in err

@@ -12,6 +12,7 @@ next chunk. Bodies are checked by `protocol.py`; errors are OpenAI error bodies.
 import codecs
 import contextlib
 import dataclasses
+import hmac
 import json
 import threading
 import time
@@ -158,8 +159,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             field = p.field_of(msg)
         return JSONResponse(p.APIError(400, msg, field).body(), status_code=400)
 
+    want = None if api_key is None else f"Bearer {api_key}".encode()
+
     def _auth(request: Request) -> None:
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+        # compared in constant time: the time to refuse says nothing about the key
+        got = request.headers.get("authorization", "").encode("latin-1", "replace")
+        if want is not None and not hmac.compare_digest(got, want):
             raise p.APIError(401, "missing or wrong API key (Authorization: Bearer ...)",
                              kind="authentication_error", code="invalid_api_key")
 
