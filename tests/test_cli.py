@@ -662,8 +662,25 @@ def test_save_transcript_never_replaces_a_file_that_is_not_one(tmp_path, content
     assert path.read_text() == content
     replaced = []
     save_transcript(tmp_path / "t.json", [{"role": "user", "content": "a"}])
-    save_transcript(tmp_path / "t.json", [{"role": "user", "content": "b"}], replaced)
-    assert replaced == [True]  # its own transcript is replaced, and reported
+    save_transcript(tmp_path / "t.json", [{"role": "user", "content": "a"},
+                                          {"role": "assistant", "content": "b"}], replaced)
+    assert replaced == [True]  # its own transcript, grown, is replaced, and reported
+
+
+@pytest.mark.parametrize("later", [[], [{"role": "user", "content": "b"}]],
+                         ids=["empty", "another"])
+def test_save_never_replaces_a_transcript_it_would_lose_messages_of(tmp_path, later):
+    """Bad-input trial: a new chat's /save (no messages yet) through a symlink to an earlier
+    transcript replaced its 2 messages with none, and said "replaced the existing file". A
+    transcript is now replaced only by one that begins with all its messages."""
+    path = tmp_path / "t1.json"
+    first = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    save_transcript(path, first)
+    (tmp_path / "link.json").symlink_to(path)
+    for name in ("t1.json", "link.json"):
+        with pytest.raises(FlintError, match="holds a transcript of 2 messages that this chat's"):
+            save_transcript(tmp_path / name, later)
+    assert json.loads(path.read_text())["messages"] == first
 
 
 def test_huge_tool_definitions_are_named_not_the_prompt(tiny_llm):

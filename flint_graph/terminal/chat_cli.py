@@ -40,15 +40,17 @@ FENCE = '"""'  # a message of several lines is fenced by it, as in ollama's term
 TRANSCRIPT_CHECK_BYTES = 256 << 20  # larger files are not read to decide (and are not replaced)
 
 
-def _is_transcript(path: Path) -> bool:
-    """Whether `path` holds what save_transcript writes: a JSON object with a "messages" list."""
+def _saved_messages(path: Path) -> list | None:
+    """The "messages" list of what save_transcript wrote at `path`, or None when the file is
+    not such a transcript (or too large to check)."""
     try:
         if path.stat().st_size > TRANSCRIPT_CHECK_BYTES:
-            return False
+            return None
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(obj, dict) and isinstance(obj.get("messages"), list)
+        return None
+    return obj["messages"] if isinstance(obj, dict) and isinstance(obj.get("messages"),
+                                                                    list) else None
 
 
 def _unquote(text: str) -> str:
@@ -62,8 +64,10 @@ def _unquote(text: str) -> str:
 def save_transcript(path: str | Path, messages: list[dict[str, Any]],
                     replaced: list | None = None) -> Path:
     """Write `messages` as JSON to `path` atomically (same-directory temp file, then rename);
-    appends True to `replaced` when an existing transcript was overwritten. Any other
-    existing file is refused (FlintError), never replaced.
+    appends True to `replaced` when an existing transcript was overwritten. An existing
+    transcript is replaced only by one that begins with all its messages (the same
+    conversation, saved again as it grew), so no saved message is ever lost; any other
+    existing file, or transcript, is refused (FlintError), never replaced.
 
     Raises FlintError naming the path if the directory does not exist or is not writable, or
     the name cannot be a file there (too long, a symlink loop, a directory): every such case
@@ -80,15 +84,21 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
                 raise FlintError(f"{path}: {above} is a file, not a directory")
             raise FlintError(f"{path}: directory {path.parent} does not exist")
         existed = path.exists()
-        if existed and not _is_transcript(path):
+        text = json.dumps({"messages": messages}, ensure_ascii=False, indent=2)
+        saved = _saved_messages(path) if existed else []
+        if saved is None:
             # /save replaces only its own files: anything else there is the user's data
             raise FlintError(f"{path}: exists and is not a chat transcript; choose another "
                              "name, or delete it first")
+        if json.loads(text)["messages"][:len(saved)] != saved:
+            # another conversation (or this one after /reset): replacing it would lose it
+            raise FlintError(f"{path}: holds a transcript of {len(saved)} messages that this "
+                             f"chat's {len(messages)} do not begin with; choose another name, "
+                             "or delete it first")
         mode = path.stat().st_mode & 0o777 if existed else 0o644
     except (OSError, RuntimeError) as e:  # ENAMETOOLONG, ELOOP; RuntimeError: a symlink loop
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise FlintError(f"{path}: cannot save transcript ({why})") from None
-    text = json.dumps({"messages": messages}, ensure_ascii=False, indent=2)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
