@@ -179,3 +179,24 @@ def test_nan_or_inf_weights_are_refused_naming_the_tensor(ckpt_dir, tmp_path):
                                               rf"({name}|{other}) \(1 values\)") as e:
         load_checkpoint(bad, progress=False)
     assert f"in {shard.name};" in str(e.value)  # the shard, not only the directory
+
+
+def test_a_checkpoint_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
+    """A bad-input trial passed /proc/self/mem (reading it fails with EIO): the CLI printed
+    "internal error: OSError: [Errno 5] Input/output error" without naming the file."""
+    from pathlib import Path
+
+    from flint_graph.checkpoints.checkpoint import is_gguf
+
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF")
+    real = Path.open
+
+    def failing(self, *a, **k):
+        if self == path:
+            raise OSError(5, "Input/output error")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "open", failing)
+    with pytest.raises(CheckpointError, match=r"model.gguf: cannot read it \(Input/output"):
+        is_gguf(path)

@@ -59,11 +59,16 @@ def read_generation_config(config_dir: str | Path) -> dict[str, Any]:
 
 
 def is_gguf(path: Path) -> bool:
-    """True when the regular file `path` starts with the GGUF magic bytes."""
+    """True when the regular file `path` starts with the GGUF magic bytes. Raises
+    CheckpointError naming it when it cannot be read (a bad-input trial passed
+    /proc/self/mem, whose read fails with EIO: a bare "internal error: OSError")."""
     if not path.is_file():  # a FIFO or device would block or never end
         return False
-    with path.open("rb") as f:
-        return f.read(4) == GGUF_MAGIC
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
 def _config_dir(hf_config_path: str | Path | None, fallback: Path, gguf: Path | None) -> Path:
