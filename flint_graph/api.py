@@ -34,7 +34,7 @@ from flint_graph.errors import (CheckpointError, ConfigError, ContextLengthError
 from flint_graph.chat.output_parser import OutputParser, ToolCall
 from flint_graph.runtime.request import Request, RequestDelta
 from flint_graph.runtime.sampling import SamplingParams
-from flint_graph.chat.tokenizer import FlintTokenizer
+from flint_graph.chat.tokenizer import FlintTokenizer, TooManyTokens
 
 
 CHAT_HISTORY = 16  # recent chat requests whose generated ids later prompts may reuse
@@ -348,7 +348,10 @@ class LLM:
         self._check_prompt_size(text, lambda: (  # the tool definitions are part of it
             f"prompt (its messages {_message_text(messages):,} characters, the rest mostly the "
             "tool definitions)") if tools else "prompt")
-        ids = self.tokenizer.encode_segments(segments)
+        try:  # twice the limit: splicing the generated ids back in below may shorten it
+            ids = self.tokenizer.encode_segments(segments, most=2 * self.engine.context_limit)
+        except TooManyTokens as e:
+            raise self._too_many_tokens(e) from None
         # earlier turns the template wrote back verbatim get the ids that were generated
         done = [(r.prompt_ids, r.output_ids) for r in self._chat_history if r.is_finished
                 and r.finish_reason in ("stop", "tool_calls") and not r.errors]
@@ -392,11 +395,23 @@ class LLM:
                 f"{self.engine.context_limit:,} tokens (at most {limit:,} characters: no token "
                 f"covers more than {self.tokenizer.max_token_chars})")
 
+    def _too_many_tokens(self, e: TooManyTokens) -> ContextLengthError:
+        """The refusal of a prompt whose encoding stopped at a bound (a long one is refused
+        after about that many tokens' work, not all of it)."""
+        read = f" in its first {e.chars:,} of {e.total:,} characters" if e.chars and \
+            e.chars < (e.total or 0) else ""
+        return ContextLengthError(
+            f"prompt: at least {e.counted:,} tokens (counted{read}); the context limit is "
+            f"{self.engine.context_limit:,} tokens, leaving no room to generate")
+
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             check_prompt_text(prompt)
             self._check_prompt_size(prompt)
-            return self.tokenizer.encode(prompt)
+            try:  # most: the longest prompt _request admits
+                return self.tokenizer.encode(prompt, most=self.engine.context_limit - 1)
+            except TooManyTokens as e:
+                raise self._too_many_tokens(e) from None
         if not isinstance(prompt, list):
             raise InvalidRequestError(f"prompt: expected text or a list of token ids, found "
                                       f"{type(prompt).__name__}")

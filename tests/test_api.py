@@ -395,8 +395,8 @@ def test_terminal_chat_tool_results_and_input_stay_text(tiny_llm, monkeypatch):
 
         encode = tok.encode_segments
         monkeypatch.setattr("flint_graph.runtime.engine.sample", sampler)
-        monkeypatch.setattr(tok, "encode_segments", lambda s: prompts.append(encode(s)) or
-                            prompts[-1])
+        monkeypatch.setattr(tok, "encode_segments", lambda s, most=None:
+                            prompts.append(encode(s, most)) or prompts[-1])
         console = Console(file=io.StringIO(), width=100, force_terminal=False)
         lines = iter([user_line, tool_result, "/exit"])
         console.input = lambda prompt="": next(lines)  # type: ignore[method-assign]

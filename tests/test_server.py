@@ -959,3 +959,22 @@ def test_second_trial_limits(server):
     assert time.monotonic() - t0 < 2
     code, body = _post(url, {**hi, "user": "\ud800"})
     assert code == 400 and body["error"]["param"] == "user"
+
+
+def test_prompts_over_the_token_limit_are_refused_early_and_health_answers(server):
+    """The bad-input trial's near-limit prompts (under the character bound, far over the token
+    limit) were each tokenised whole before their refusal, and `/health` stalled meanwhile:
+    now encoding stops at the bound (`TooManyTokens`) and runs without the GIL."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    llm, url = server
+    text = "ab 12 " * (3 * llm.engine.context_limit)
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    with ThreadPoolExecutor(4) as pool:
+        answers = [pool.submit(_post, url + "/v1/chat/completions", body) for _ in range(4)]
+        with urllib.request.urlopen(url + "/health", timeout=30) as r:
+            assert r.status == 200
+        for a in answers:
+            code, err = a.result()
+            msg = err["error"]["message"]
+            assert code == 400 and "at least" in msg and "context limit is 4,096" in msg, err

@@ -175,6 +175,48 @@ def write_tokenizer_files(
     return {t: tok.token_to_id(t) for t in GLM47_SPECIAL_TOKENS}
 
 
+# Long texts encoded against a bound go a slice at a time (`FlintTokenizer._encode_slices`);
+# the margin is far beyond what any allowed pre-tokenizer regex looks ahead (one character).
+_SLICE_CHARS, _SLICE_MARGIN = 1 << 15, 1 << 10
+# Pre-tokenizers whose splits of a text's start do not depend on its distant rest; ByteLevel
+# only without add_prefix_space (a slice would gain a space), Metaspace never (it prepends).
+_LOCAL_PRE_TOKENIZERS = {"Digits", "Split", "Punctuation", "Whitespace", "WhitespaceSplit",
+                         "ByteLevel"}
+
+
+class TooManyTokens(ValueError):
+    """Encoding with a bound (`most`) found more ids than it allows: `counted` ids, from the
+    first `chars` of `total` characters (None where not known). The caller names its limit."""
+
+    def __init__(self, counted: int, chars: int | None, total: int | None) -> None:
+        super().__init__(f"at least {counted:,} tokens")
+        self.counted, self.chars, self.total = counted, chars, total
+
+
+def _bounded(ids: list[int], most: int | None, total: int | None) -> list[int]:
+    if most is not None and len(ids) > most:
+        raise TooManyTokens(len(ids), total, total)
+    return ids
+
+
+def _plain_pipeline(tokenizer: Tokenizer) -> tuple[Tokenizer, bool]:
+    """`tokenizer` without added tokens and post-processor (normalizer, pre-tokenizer, BPE
+    only), and whether a text may be encoded by slices with it: no normalizer, and only
+    pre-tokenizers in _LOCAL_PRE_TOKENIZERS."""
+    spec = json.loads(tokenizer.to_str())
+    spec.update(added_tokens=[], post_processor=None, truncation=None, padding=None)
+
+    def local(p: dict | None) -> bool:
+        if p is None:
+            return True
+        if p.get("type") == "Sequence":
+            return all(local(q) for q in p.get("pretokenizers", ()))
+        return p.get("type") in _LOCAL_PRE_TOKENIZERS and not p.get("add_prefix_space", False)
+
+    return (Tokenizer.from_str(json.dumps(spec)),
+            spec.get("normalizer") is None and local(spec.get("pre_tokenizer")))
+
+
 class FlintTokenizer:
     """A GLM-style tokenizer: `tokenizers.Tokenizer` plus its HF tokenizer_config.
 
@@ -215,6 +257,7 @@ class FlintTokenizer:
                        if t.content}  # fmt: skip
         self._added_re = re.compile("|".join(re.escape(t) for t in sorted(self._added, key=len,
                                                                           reverse=True)) or "(?!)")
+        self._plain, self._sliceable = _plain_pipeline(tokenizer)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> FlintTokenizer:
@@ -296,45 +339,93 @@ class FlintTokenizer:
                 out.add(s)
         return tuple(sorted(out))
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, most: int | None = None) -> list[int]:
         """Ids of `text`; adds no BOS (the chat template writes [gMASK]<sop>). Added-token strings
-        in the text (e.g. "<|user|>") become their single ids."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        in the text (e.g. "<|user|>") become their single ids. With `most`, raises TooManyTokens
+        once the ids pass it, having read only about as much of the text as that takes when the
+        text holds no added-token string (`encode_text`). Runs without the GIL."""
+        if most is not None and self._added_re.search(text) is None:
+            return self.encode_text(text, most)
+        return _bounded(self._tok.encode_batch([text], add_special_tokens=False)[0].ids, most,
+                        len(text))
 
     @property
     def added_tokens(self) -> tuple[str, ...]:
         """The text of every added token (GLM-4.7's control tokens and tags among them)."""
         return tuple(self._added)
 
-    def encode_text(self, text: str) -> list[int]:
+    def encode_text(self, text: str, most: int | None = None) -> list[int]:
         """Ids of `text` as ordinary text: no added token is matched, so "<|user|>" becomes the
-        ids of its characters. The tokenizer's own pipeline minus its added-token pass
-        (normalizer, pre-tokenizer, model), so text without added-token strings gets exactly
-        the ids `encode` gives it."""
-        tok = self._tok
-        if tok.normalizer is not None:
-            text = tok.normalizer.normalize_str(text)
-        pieces = tok.pre_tokenizer.pre_tokenize_str(text) if tok.pre_tokenizer else [(text, None)]
-        return [t.id for piece, _ in pieces for t in tok.model.tokenize(piece)]
+        ids of its characters. The tokenizer's own pipeline minus its added-token pass and
+        post-processor (normalizer, pre-tokenizer, model), so text without added-token strings
+        gets exactly the ids `encode` gives it. Runs without the GIL (`encode_batch`), so a long
+        prompt does not stall the server's event loop or the engine thread.
 
-    def encode_segments(self, segments: Iterable[tuple[str, bool]]) -> list[int]:
+        With `most`, raises TooManyTokens as soon as the ids pass it: a long text is then
+        encoded a slice at a time (`_encode_slices`), so a prompt far over the context limit is
+        refused after about `most` tokens' worth of work, not all of it."""
+        if most is None or len(text) <= _SLICE_CHARS or not self._sliceable:
+            return _bounded(self._plain.encode_batch([text], add_special_tokens=False)[0].ids,
+                            most, len(text))
+        return self._encode_slices(text, most)
+
+    def _encode_slices(self, text: str, most: int) -> list[int]:
+        # Each slice starts on a pre-token boundary of the whole text and keeps the ids of the
+        # pre-tokens that end at least _SLICE_MARGIN characters before its end: the
+        # pre-tokenizers allowed here (`_plain_pipeline`) split by regexes that look at most a
+        # character past a match, so those pre-tokens (and their BPE ids) are the whole text's.
+        ids: list[int] = []
+        pos, size = 0, _SLICE_CHARS
+        while pos < len(text):
+            if len(text) - pos <= size:
+                enc = self._plain.encode_batch([text[pos:]], add_special_tokens=False)[0]
+                return _bounded(ids + enc.ids, most, len(text))
+            enc = self._plain.encode_batch([text[pos:pos + size]], add_special_tokens=False)[0]
+            words, offsets = enc.word_ids, enc.offsets
+            keep, cut = 0, 0  # ids kept, and the characters they cover
+            for i, w in enumerate(words):
+                if offsets[i][1] > size - _SLICE_MARGIN:
+                    break
+                if i + 1 == len(words) or words[i + 1] != w:  # the end of a pre-token
+                    keep, cut = i + 1, offsets[i][1]
+            if cut == 0:  # one pre-token spans the slice: take a larger one
+                size *= 2
+                continue
+            ids += enc.ids[:keep]
+            pos, size = pos + cut, _SLICE_CHARS
+            if len(ids) > most:
+                raise TooManyTokens(len(ids), pos, len(text))
+        return _bounded(ids, most, len(text))
+
+    def encode_segments(self, segments: Iterable[tuple[str, bool]],
+                        most: int | None = None) -> list[int]:
         """Ids of a chat prompt given as (text, is_data) segments (`prompt_segments.Segment`):
         added-token text in scaffolding (is_data False) becomes the token's id; data is ordinary
         text (`encode_text`). Text between two scaffolding tokens is encoded as one run, data
         included, so a prompt whose data holds no added-token text gets exactly the ids
         `encode` gives the joined text. Added tokens are matched as exact text (the lstrip /
-        rstrip / single_word flags of tokenizer.json are not applied; GLM tokenizers set none)."""
+        rstrip / single_word flags of tokenizer.json are not applied; GLM tokenizers set none).
+        With `most`, raises TooManyTokens once the ids pass it (`encode_text`)."""
         ids: list[int] = []
         run: list[str] = []  # ordinary text since the last scaffolding token
         for text, data in segments:
             pos = 0
             for m in () if data else self._added_re.finditer(text):
                 run.append(text[pos : m.start()])
-                ids += self.encode_text("".join(run))
+                ids += self._run_ids("".join(run), most, len(ids))
                 ids.append(self._added[m.group()])
                 run, pos = [], m.end()
             run.append(text[pos:])
-        return ids + self.encode_text("".join(run))
+        ids += self._run_ids("".join(run), most, len(ids))
+        return _bounded(ids, most, None)
+
+    def _run_ids(self, text: str, most: int | None, before: int) -> list[int]:
+        if most is None:
+            return self.encode_text(text)
+        try:
+            return self.encode_text(text, max(0, most - before))
+        except TooManyTokens as e:
+            raise TooManyTokens(before + e.counted, None, None) from None
 
     def token_bytes(self, tid: int) -> bytes:
         """The bytes token `tid` stands for, which for a byte-level BPE token may be part of a
