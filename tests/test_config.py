@@ -52,6 +52,13 @@ def test_round_trip_through_json(tmp_path):
     ({"hidden_size": 2000}, "hidden_size = 2000.*multiple of 64"),
     ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "unknown architecture"),
     ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
+    # the bad-input trial: a Flint architecture with another model_type, and a dtype no
+    # loader knows, were accepted unchecked
+    ({"model_type": "llama"}, r"field 'model_type': expected 'flint' \(or none\), found \"llama\""),
+    ({"model_type": None}, "model_type.*found null"),
+    ({"torch_dtype": "bf16"}, r"field 'torch_dtype': expected one of bfloat16, float16, "
+                              r"float32, auto, found \"bf16\""),
+    ({"dtype": 16}, "field 'dtype'.*found 16"),
     ({"rope_theta": float("nan")}, "rope_theta"),
     ({"rms_norm_eps": -1.0}, "rms_norm_eps"),
     ({"vocab_size": "151552"}, "vocab_size.*expected an int"),

@@ -910,3 +910,37 @@ def test_first_id_numbers_a_later_turns_calls_after_the_earlier_ones():
     result = parser.result()
     assert [c.id for c in result.tool_calls] == ["call_3", "call_4"]
     assert delta.tool_call_deltas[0].index == 1 and delta.tool_call_deltas[0].id == "call_4"
+
+
+@pytest.mark.parametrize("params, path, found", [
+    ({"type": "object", "properties": {"n": {"type": "int"}}}, "parameters.properties.n", '"int"'),
+    ({"type": "dict", "properties": {"n": {"type": "integer"}}}, "parameters", '"dict"'),
+    ({"properties": {"n": {"type": ["integer", "float"]}}}, "parameters.properties.n",
+     '["integer", "float"]'),
+    ({"properties": {"n": {"type": []}}}, "parameters.properties.n", "[]"),
+    ({"properties": {"n": {"type": None}}}, "parameters.properties.n", "null"),
+    ({"properties": {"x": {"type": [{}]}}}, "parameters.properties.x", "[{}]"),  # unhashable
+    ({"properties": {"n": {"anyOf": [{"type": "string"}, {"type": "str"}]}}},
+     "parameters.properties.n.anyOf[1]", '"str"'),
+    ({"$defs": {"U": {"type": "enum"}}, "properties": {"u": {"$ref": "#/$defs/U"}}},
+     "#/$defs/U", '"enum"'),
+])
+def test_a_type_that_is_no_json_schema_type_is_refused_when_declared(params, path, found):
+    """The bad-input trial: `"type": "int"` was accepted and then admitted any value, so the
+    tool got whatever the model wrote. Now the declaration is refused, naming where."""
+    from flint_graph.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as e:
+        tool_schemas([{"type": "function", "function": {"name": "f", "parameters": params}}])
+    msg = str(e.value)
+    assert msg.startswith("tools[0] 'f': ") and f"{path}.type is {found};" in msg, msg
+    assert "expected one of string, number, integer" in msg
+
+
+def test_every_json_schema_type_and_list_of_them_is_accepted():
+    props = {t: {"type": t} for t in ("string", "number", "integer", "boolean", "object",
+                                      "array", "null")}
+    props["either"] = {"type": ["string", "null"]}
+    schema = tool_schemas([{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": props}}}])["f"]
+    assert set(schema.properties) == set(props)

@@ -54,6 +54,7 @@ MAX_VARIANTS = 64  # alternatives of a root choice tried one by one (more: key b
 # a schema within this budget bounds them all (`allOf: [{"$ref": "#"}]` three times expands
 # to 3^32 nodes: it is refused when declared, not typed for minutes)
 MAX_SCHEMA_NODES = 20_000
+JSON_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
 
 
 @dataclass(frozen=True)
@@ -137,10 +138,12 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
 
 def _check_size(root: Any, where: str) -> None:
     """Raise InvalidRequestError when the parameters schema expands past MAX_SCHEMA_NODES
-    subschemas (module constant): counted by an explicit stack, so no recursion either."""
-    stack, seen = [(root, 0)], 0
+    subschemas (module constant), or when a subschema's `type` is not a JSON Schema type name
+    (or a list of them): `"type": "int"` had been accepted and then admitted any value. Walked
+    by an explicit stack, so no recursion either."""
+    stack, seen = [(root, 0, "parameters")], 0
     while stack:
-        node, depth = stack.pop()
+        node, depth, path = stack.pop()
         if not isinstance(node, dict) or depth > _MAX_DEPTH:
             continue
         seen += 1
@@ -149,11 +152,21 @@ def _check_size(root: Any, where: str) -> None:
                 f"{where}: its parameters schema expands to more than {MAX_SCHEMA_NODES:,} "
                 "subschemas through $ref / allOf / anyOf / oneOf (a reference cycle under a "
                 "combinator?); simplify it")
-        subs = [_deref(node, root), node.get("additionalProperties")]
-        subs += [s for g in _COMBINATORS for s in _list(node, g)]
+        kind = node.get("type")
+        kinds = kind if isinstance(kind, list) else [kind] if "type" in node else []
+        bad = [k for k in kinds if k not in JSON_TYPES]
+        if bad or (isinstance(kind, list) and not kind):
+            raise InvalidRequestError(
+                f"{where}: {path[:200]}.type is {_dumps(kind)[:80]}; expected one of "
+                f"{', '.join(JSON_TYPES)} or a non-empty list of them (JSON Schema)")
+        ref = node.get("$ref")
+        subs = [(_deref(node, root), ref if isinstance(ref, str) else path),
+                (node.get("additionalProperties"), f"{path}.additionalProperties")]
+        subs += [(s, f"{path}.{g}[{j}]") for g in _COMBINATORS for j, s in enumerate(_list(node, g))]
         props = node.get("properties")
-        subs += list(props.values()) if isinstance(props, dict) else []
-        stack += [(sub, depth + 1) for sub in subs if isinstance(sub, dict)]
+        subs += [(s, f"{path}.properties.{k}") for k, s in props.items()] \
+            if isinstance(props, dict) else []
+        stack += [(sub, depth + 1, p) for sub, p in subs if isinstance(sub, dict)]
 
 
 def _has_properties(schema: Any, root: Any) -> bool:
@@ -309,7 +322,7 @@ def _is_type(value: Any, name: Any) -> bool:
         return isinstance(value, list)
     if name == "null":
         return value is None
-    return True  # an unknown type name: the schema is broken, do not fight it
+    return True  # unreachable for declared tools: tool_schemas refuses other names
 
 
 def _equal(a: Any, b: Any) -> bool:

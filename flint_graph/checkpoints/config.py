@@ -35,6 +35,8 @@ SIZE_LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_hidden_layers
                "moe_intermediate_size": 1 << 18, "n_routed_experts": 4096,
                "num_experts_per_tok": 256, "n_shared_experts": 64}
 GGUF_ARCH = "flint"
+# config.json's torch_dtype / dtype: the weights' dtype as HF names it (loading checks tensors)
+WEIGHT_DTYPES = ("bfloat16", "float16", "float32", "auto")
 GGML_EXPERT_GATING_SIGMOID = 2  # llama.cpp LLM_EXPERT_GATING_FUNC_TYPE_SIGMOID
 # The `flint.*` keys DESIGN §2 names: a Flint GGUF must carry them.
 GGUF_REQUIRED_KEYS = (
@@ -93,9 +95,17 @@ class FlintConfig:
                               f"found {type(archs).__name__}")
         if ARCHITECTURE not in archs and raw.get("model_type") != GGUF_ARCH:
             raise ConfigError(
-                f"{source}: unknown architecture {archs or raw.get('model_type')!r}; "
+                f"{source}: unknown architecture {_shown(archs or raw.get('model_type'))}; "
                 f"expected architectures to contain {ARCHITECTURE!r} (model_type 'flint')"
             )
+        kind = raw.get("model_type", GGUF_ARCH)
+        if kind != GGUF_ARCH:  # architectures alone had let a "llama" config through
+            raise ConfigError(f"{source}: field 'model_type': expected {GGUF_ARCH!r} (or none), "
+                              f"found {_shown(kind)}")
+        for key in ("torch_dtype", "dtype"):  # HF's name for it, old and new
+            if key in raw and raw[key] not in WEIGHT_DTYPES:
+                raise ConfigError(f"{source}: field {key!r}: expected one of "
+                                  f"{', '.join(WEIGHT_DTYPES)}, found {_shown(raw[key])}")
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in raw:
@@ -425,6 +435,12 @@ class FlintConfig:
                     f"{source}: GGUF metadata {key} = {_plain(got)!r} disagrees with config.json "
                     f"({_plain(want)!r})"
                 )
+
+
+def _shown(v: Any, most: int = 80) -> str:
+    """`v` as JSON (a config's own notation, not Python's), cut to `most` characters."""
+    text = json.dumps(v, ensure_ascii=False, default=str)
+    return text if len(text) <= most else text[:most] + "…"
 
 
 def _kind(v: Any) -> str:

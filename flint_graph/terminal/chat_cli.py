@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
@@ -53,12 +55,19 @@ def _saved_messages(path: Path) -> list | None:
                                                                     list) else None
 
 
-def _unquote(text: str) -> str:
-    """A /save argument without one pair of surrounding quotes, as a shell would read it:
-    `/save ""` wrote a file named "" (quotes included), `/save "my chat.json"` one with them."""
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
-        return text[1:-1]
-    return text
+def _file_argument(text: str) -> str:
+    """The one file name of a /save argument, read as a shell reads words (`shlex`): quotes
+    group and are removed (`/save ""` had written a file named "" with its quotes), and more
+    than one word is refused (`/save a b c` had written a file named "a b c").
+    Raises ValueError saying what was expected."""
+    try:
+        words = shlex.split(text)
+    except ValueError as e:  # "No closing quotation"
+        raise ValueError(f"could not read the file name ({str(e).lower()})") from None
+    if len(words) != 1 or not words[0].strip():
+        found = f"{len(words)} words" if len(words) > 1 else "none"
+        raise ValueError(f"expected one file name, found {found} (quote a name with spaces)")
+    return words[0]
 
 
 def save_transcript(path: str | Path, messages: list[dict[str, Any]],
@@ -224,10 +233,10 @@ class ChatSession:
             self.last_reasoning = ""
             self.console.print("[dim]conversation reset[/]")
         elif cmd == "/save":
-            name = _unquote(arg.strip())
-            if not name.strip():
-                self.console.print("[red]usage: /save FILE (a file name, quoted if it has "
-                                   "spaces)[/]")
+            try:
+                name = _file_argument(arg)
+            except ValueError as e:
+                self.console.print(f"[red]usage: /save FILE: {escape(str(e))}[/]")
                 return None
             try:
                 replaced: list = []
