@@ -270,5 +270,24 @@ def test_some_training_subtractions_are_negative():
     for e in neg:
         a, b = e.meta["a"], e.meta["b"]
         assert e.meta["answer"] == a - b and e.messages[-1]["content"] == str(a - b)
-        assert f"{b} - {a}, column by column" in e.messages[-1]["reasoning_content"]
+        assert f"so {b} is larger. The answer is negative: {b} - {a}, column by column" in \
+            e.messages[-1]["reasoning_content"]
     assert all(arithmetic(rng, "heldout", op="-").meta["answer"] >= 0 for _ in range(200))
+
+
+@pytest.mark.parametrize("a, b, opening", [
+    (460, 674, "Compare 460 and 674: 4 < 6, so 674 is larger. The answer is negative: 674 - 460"),
+    (674, 460, "Compare 674 and 460: 6 > 4, so 674 is larger. 674 - 460, column by column"),
+    (906, 919, "Compare 906 and 919: 0 < 1, so 919 is larger. The answer is negative"),
+    (1234, 567, "Compare 1234 and 567: 4 digits > 3 digits, so 1234 is larger. 1234 - 567"),
+    (56, 1234, "Compare 56 and 1234: 2 digits < 4 digits, so 1234 is larger. The answer is"),
+    (788, 788, "Compare 788 and 788: they are equal. 788 - 788, column by column"),
+])
+def test_every_subtraction_opens_by_comparing_its_operands(a, b, opening):
+    """Step 6517 chose between "a - b" and "the answer is negative" on its first reasoning
+    token and answered every held-out negative difference as 10000 - |a - b|: the comparison
+    now comes first, digit counts or the first differing digits, most significant first."""
+    from flint_graph.nano.curriculum import subtraction_reasoning
+
+    why = subtraction_reasoning(a, b)
+    assert why.startswith(opening) and why.endswith(f"So it is {a - b}."), why
