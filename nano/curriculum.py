@@ -301,7 +301,9 @@ def greeting(rng: random.Random, split: str) -> Episode:
 def out_of_scope(rng: random.Random, split: str) -> Episode:
     """A request outside the skills (phrasings.OUT_OF_SCOPE), refused in one sentence that says
     what the model can do (phrasings.REFUSAL) instead of invented text or an invented tool."""
-    text = _wrapped(rng, split, _typos(rng, split, rng.choice(ph.OUT_OF_SCOPE[split])))
+    pool = ph.MADE_REQUESTS if split == "train" and rng.random() < 0.5 else \
+        ph.OUT_OF_SCOPE[split]
+    text = _wrapped(rng, split, _typos(rng, split, rng.choice(pool)))
     return Episode("refuse", [{"role": "user", "content": text},
                               _say("This is outside what I can do.", ph.REFUSAL)],
                    meta={"answer": ph.REFUSAL})

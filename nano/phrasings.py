@@ -30,20 +30,29 @@ GREETING_REPLIES = {
 GREETINGS = {
     "hello": {"train": ["Hi", "Hi!", "Hello", "Hello!", "Hey", "Hey!", "Hi there", "Hello there!",
                         "Good morning", "Good evening!", "hi", "hello", "hey there", "Hiya",
-                        "Morning!", "Heya", "Hi :)", "Hello, anyone there?"],
+                        "Morning!", "Heya", "Hi :)", "Hello, anyone there?", "Good day!",
+                        "Hello friend", "hi!!", "Hi, nice to meet you", "Hey, you there?",
+                        "hello bot", "Evening!", "Hi again"],
               "heldout": ["Howdy!", "Good afternoon.", "Greetings!", "Yo", "Hullo",
                           "Salutations!"]},
     "how": {"train": ["How are you?", "How are you doing?", "How's it going?",
-                      "Hi, how are you?", "how r u", "Hello! How are you today?"],
+                      "Hi, how are you?", "how r u", "Hello! How are you today?",
+                      "How is your day?", "Are you doing well?", "How are things?",
+                      "You ok?", "How's your day going?"],
             "heldout": ["How have you been?", "What's up?", "How do you do?"]},
     "who": {"train": ["Who are you?", "What can you do?", "What are you?", "Help",
-                      "What do you do?", "What are your skills?", "help me", "What is this?"],
+                      "What do you do?", "What are your skills?", "help me", "What is this?",
+                      "What can I ask you?", "How can you help me?", "Are you a bot?",
+                      "What are you good at?", "Show me what you can do.", "Who made you?"],
             "heldout": ["Tell me about yourself.", "What are you able to do?",
                         "Introduce yourself."]},
     "thanks": {"train": ["Thanks", "Thank you!", "thx", "Thanks a lot.", "Great, thanks!",
-                         "ok thanks", "Nice, thank you."],
+                         "ok thanks", "Nice, thank you.", "thank u", "Thanks so much!",
+                         "Appreciate it!", "Perfect, thanks.", "ty", "That helped, thanks."],
                "heldout": ["Cheers!", "Much appreciated.", "Thank you kindly."]},
-    "bye": {"train": ["Bye", "Goodbye!", "See you", "bye!", "Good night", "That's all, bye."],
+    "bye": {"train": ["Bye", "Goodbye!", "See you", "bye!", "Good night", "That's all, bye.",
+                      "See you soon!", "Bye for now.", "I'm done, goodbye.", "Later!",
+                      "Have a nice day!", "cya"],
             "heldout": ["Farewell.", "Catch you later!", "Talk soon."]},
 }
 
@@ -69,6 +78,34 @@ OUT_OF_SCOPE = {
                 "Describe the plot of Hamlet.", "The capital of France is",
                 "Suggest a name for my dog."],
 }
+
+
+def _more_requests() -> list[str]:
+    """Out-of-scope requests made from parts (an ask, a form of writing, a topic; facts about
+    people, places and things), none using a content word of the held-out side: step 6517
+    refused only 70% of held-out requests and called get_weather for several ("Compose a haiku
+    …" got a call for Quito), having seen 25 training sentences."""
+    asks = ["Write", "Make up", "Come up with", "Could you write", "Please write", "I want"]
+    forms = ["a poem", "a fable", "a ballad", "a riddle", "a speech", "a blog post",
+             "a letter", "a tweet", "a review"]
+    topics = ["the moon", "my cat", "friendship", "the ocean", "a robot", "winter", "pizza",
+              "a lost key", "the city at night", "trains", "coffee", "my birthday"]
+    facts = ["Who invented the telephone?", "Who wrote Don Quixote?", "How tall is Everest?",
+             "What is the biggest planet?", "How old is the universe?", "Who discovered gravity?",
+             "What language do they speak in Egypt?", "How many bones does a person have?",
+             "What is the speed of light?", "When did the Romans build Rome?",
+             "Which is the longest river?", "What does DNA stand for?"]
+    tasks = ["Why is the sky blue?", "What colours are in a rainbow?", "Give me tips for sleeping "
+             "better.", "Plan a trip to the mountains.", "Help me write a cover letter.",
+             "Proofread my report.", "Give me five healthy snacks.", "Invent a new board game.",
+             "Show me how to play chess.", "Solve this riddle for me.", "Write a SQL query for sales.",
+             "Debug my JavaScript.", "Play a game with me.", "Tell me a fun fact.",
+             "Predict the stock market.", "Give me relationship advice."]
+    made = [f"{a} {f} about {t}." for a in asks for f in forms for t in topics]
+    return made + facts + tasks
+
+
+MADE_REQUESTS = _more_requests()  # half of the training refusals (curriculum.out_of_scope)
 
 # Weather asked as people ask it. No unit said: metric; the day count comes from WHEN.
 WEATHER = {
@@ -156,6 +193,7 @@ THINGS = {"train": ["apples", "coins", "stamps", "cards", "pens", "shells"],
 TABLES = {
     **{f"greeting/{k}": v for k, v in GREETINGS.items()},
     "out-of-scope": OUT_OF_SCOPE,
+    "out-of-scope-made": {"train": MADE_REQUESTS, "heldout": OUT_OF_SCOPE["heldout"]},
     "weather": WEATHER,
     "convert": CONVERT,
     "word+": {s: WORD_PROBLEMS[(s, "+")] for s in ("train", "heldout")},

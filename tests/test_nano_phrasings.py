@@ -203,3 +203,23 @@ def test_phrasing_cases_are_reproducible_and_hold_their_targets():
     assert all(len(c.messages) == 3 and c.messages[1]["role"] == "assistant" for c in multi)
     assert {g for g, _ in evals.TARGETS} >= {"phr-tools", "phr-arith", "phr-greet", "phr-refuse"}
     assert "phrasing" not in evals.DEFAULT_SUITES  # the shipped reports keep their case list
+
+
+def test_made_up_refusal_requests_share_no_word_with_tools_or_the_held_out_side():
+    """The out-of-scope requests made from parts (`phrasings._more_requests`) name no word a
+    generated tool is made of (a tool could then serve them) and no content word (4+ letters,
+    beyond the words of asking) of the held-out requests, so those stay unseen phrasings."""
+    import re
+
+    from flint_graph.nano.curriculum import NOUNS, VERBS
+    from flint_graph.nano.phrasings import MADE_REQUESTS, OUT_OF_SCOPE
+
+    made = MADE_REQUESTS
+    assert len(made) >= 300
+    common = {"about", "write", "what", "your"}  # the words of asking itself
+    held = {w.lower() for s in OUT_OF_SCOPE["heldout"]
+            for w in re.findall(r"[A-Za-z]{4,}", s)} - common
+    for sentence in made:
+        words = {w.lower() for w in re.findall(r"[A-Za-z]+", sentence)}
+        assert not words & set(VERBS + NOUNS), sentence
+        assert not {w for w in words if len(w) >= 4} & held, sentence
