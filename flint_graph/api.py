@@ -345,17 +345,22 @@ class LLM:
         parser = OutputParser(tools=declared, thinking=enable_thinking, first_id=earlier)
         text = "".join(s.text for s in segments)
         check_prompt_text(text)
-        self._check_prompt_size(text, lambda: (  # the tool definitions are part of it
-            f"prompt (its messages {_message_text(messages):,} characters, the rest mostly the "
-            "tool definitions)") if tools else "prompt")
+
+        def what() -> str:  # the tool definitions are part of it
+            return (f"prompt (its messages {_message_text(messages):,} characters of "
+                    f"{len(text):,}, the rest mostly the tool definitions)" if tools else "prompt")
+
+        self._check_prompt_size(text, what)
         try:  # twice the limit: splicing the generated ids back in below may shorten it
             ids = self.tokenizer.encode_segments(segments, most=2 * self.engine.context_limit)
         except TooManyTokens as e:
-            raise self._too_many_tokens(e) from None
+            raise self._too_many_tokens(e, what()) from None
         # earlier turns the template wrote back verbatim get the ids that were generated
         done = [(r.prompt_ids, r.output_ids) for r in self._chat_history if r.is_finished
                 and r.finish_reason in ("stop", "tool_calls") and not r.errors]
         ids = splice_generated(ids, done, lambda t: self.tokenizer.decode(t, False))
+        if len(ids) >= self.engine.context_limit:
+            raise self._too_many_tokens(TooManyTokens(len(ids), None, None, exact=True), what())
         req = self._request(ids, params, parser=parser)
         # the rings are also saved where the system prompt and tools end (issue 22): a new
         # conversation with the same ones resumes there
@@ -395,14 +400,26 @@ class LLM:
                 f"{self.engine.context_limit:,} tokens (at most {limit:,} characters: no token "
                 f"covers more than {self.tokenizer.max_token_chars})")
 
-    def _too_many_tokens(self, e: TooManyTokens) -> ContextLengthError:
-        """The refusal of a prompt whose encoding stopped at a bound (a long one is refused
-        after about that many tokens' work, not all of it)."""
-        read = f" in its first {e.chars:,} of {e.total:,} characters" if e.chars and \
-            e.chars < (e.total or 0) else ""
-        return ContextLengthError(
-            f"prompt: at least {e.counted:,} tokens (counted{read}); the context limit is "
-            f"{self.engine.context_limit:,} tokens, leaving no room to generate")
+    def _too_many_tokens(self, e: TooManyTokens, what: str = "prompt") -> ContextLengthError:
+        """The refusal of a prompt whose encoding stopped at a bound: a long one is refused
+        after about that many tokens' work, not all of it, so the count is often a lower bound
+        (`TooManyTokens`). `what` names the text (the tool definitions' share, for chat)."""
+        if e.exact:
+            size = f"{what} is {e.counted:,} tokens"
+        else:
+            part = f" in its first {e.chars:,} of {e.total:,} characters" if e.chars and \
+                e.chars < (e.total or 0) else ""
+            size = (f"{what}: about {e.counted:,} tokens or more (estimated{part})" if
+                    e.estimated else f"{what}: at least {e.counted:,} tokens" +
+                    (f" (counted{part})" if part else ""))
+        return ContextLengthError(f"{size}; the context limit is "
+                                  f"{self.engine.context_limit:,} tokens{self._limit_source()}, "
+                                  "leaving no room to generate")
+
+    def _limit_source(self) -> str:
+        limit = self.engine.context_limit
+        return (" (max_position_embeddings)" if limit == self.cfg.max_position_embeddings else
+                " (the KV cache per sequence; EngineConfig(max_context=...) sets it)")
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -435,11 +452,9 @@ class LLM:
         params = (params or SamplingParams()).with_defaults(self.generation_config)
         limit = self.engine.context_limit
         if len(prompt_ids) >= limit:
-            what = ("max_position_embeddings" if limit == self.cfg.max_position_embeddings
-                    else "the KV cache per sequence; EngineConfig(max_context=...) sets it")
             raise ContextLengthError(
-                f"prompt is {len(prompt_ids)} tokens; the context limit is {limit} "
-                f"tokens ({what}), leaving no room to generate")
+                f"prompt is {len(prompt_ids):,} tokens; the context limit is {limit:,} "
+                f"tokens{self._limit_source()}, leaving no room to generate")
         eos = list(params.stop_token_ids or [])
         if not eos and not params.ignore_eos:
             eos = list(self.tokenizer.chat_stop_ids)  # no eos_token_id in generation_config

@@ -161,11 +161,43 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
     if not isinstance(tools, list):
         raise InvalidRequestError(f"{path}: expected a JSON list of tools, found "
                                   f"{type(tools).__name__}")
-    try:
+    from flint_graph.chat.tool_schema import tool_schemas
+
+    try:  # the schemas too (a type like "int"), or every message would fail on them
         validate_tools(tools)
+        tool_schemas(tools)
     except InvalidRequestError as e:
         raise InvalidRequestError(f"{path}: {e}") from None
     return tools
+
+
+def check_tools_fit(llm, tools: list[dict[str, Any]] | None, path: Path | None,
+                    system: str | None = None) -> None:
+    """Refuse at start-up a tools file whose definitions (with the system prompt) leave no
+    room in the context: the chat would otherwise fail every message, telling the user to
+    shorten a "hi". Raises InvalidRequestError naming the file and both numbers."""
+    if not tools:
+        return
+    from flint_graph.chat.tokenizer import TooManyTokens
+
+    limit = llm.engine.context_limit
+    messages = ([{"role": "system", "content": system}] if system else []) + \
+        [{"role": "user", "content": "hi"}]
+    from flint_graph.errors import ContextLengthError
+
+    try:
+        text = llm.render(messages, tools)
+    except ContextLengthError as e:  # by its length alone
+        raise InvalidRequestError(f"{path}: {e}") from None
+    try:
+        n = len(llm.tokenizer.encode(text, most=limit - 1))
+    except TooManyTokens as e:
+        n = e.counted
+    if n >= limit:
+        raise InvalidRequestError(
+            f"{path}: the tool definitions{' and --system' if system else ''} take "
+            f"at least {n:,} tokens of the model's {limit:,}-token "
+            "context, leaving no room for a conversation: use fewer or shorter tools")
 
 
 def load_llm(args: argparse.Namespace):
@@ -177,7 +209,10 @@ def load_llm(args: argparse.Namespace):
     from flint_graph.runtime.engine_config import EngineConfig
 
     if args.model is not None and not Path(args.model).exists():
-        raise InvalidRequestError(f"{args.model}: no such checkpoint (expected a BF16 "
+        from flint_graph.paths import why_not_a_file
+
+        raise InvalidRequestError(f"{args.model}: no such checkpoint, "
+                                  f"{why_not_a_file(Path(args.model))} (expected a BF16 "
                                   "checkpoint directory or an NVFP4 .gguf file)")
     llm = LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
@@ -352,6 +387,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             raise InvalidRequestError(f"--system: not valid UTF-8 text (undecodable byte at "
                                       f"character {e.start})") from None
     llm = load_llm(args)
+    check_tools_fit(llm, tools, args.tools, args.system)
     return ChatSession(llm, params, tools=tools, system=args.system,
                        enable_thinking=args.enable_thinking,
                        show_reasoning=args.show_reasoning).run()
@@ -416,7 +452,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                   "missing): in the project's directory, pip install -e "
                                   "'.[serve]'") from None
     if args.model is not None and not Path(args.model).exists():  # before listening
-        raise InvalidRequestError(f"{args.model}: no such checkpoint (expected a BF16 "
+        from flint_graph.paths import why_not_a_file
+
+        raise InvalidRequestError(f"{args.model}: no such checkpoint, "
+                                  f"{why_not_a_file(Path(args.model))} (expected a BF16 "
                                   "checkpoint directory or an NVFP4 .gguf file)")
     name = args.served_model_name or (Path(args.model).stem if args.model else "flint-nano")
     _check_address(args.host, args.port)  # before loading: uvicorn would report it as a trace

@@ -10,14 +10,30 @@ MAX_MESSAGE = 1000  # characters of a message kept whole; longer ones are cut in
 
 
 def shown(value: object, limit: int = 60) -> str:
-    """repr(value) for an error message, at most `limit` characters. An integer too long for
-    Python to print (over 4,300 digits: repr raises ValueError) is described by its size."""
+    """`value` for an error message, at most `limit` characters: JSON where it is JSON (true,
+    null, "text", [1, 2]: what an HTTP client sent, and readable from Python too), else repr.
+    An integer too long for Python to print (over 4,300 digits) is described by its size."""
+    import json
+
     try:
-        text = repr(value)
-    except ValueError:
-        return (f"an integer of {value.bit_length():,} bits" if isinstance(value, int)
-                else f"a {type(value).__name__} that cannot be shown")
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # not JSON (a tuple inside is fine; an object is not)
+        try:
+            text = repr(value)
+        except ValueError:
+            return (f"an integer of {value.bit_length():,} bits" if isinstance(value, int)
+                    else f"a {type(value).__name__} that cannot be shown")
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_JSON_KINDS = {type(None): "null", bool: "boolean", int: "integer", float: "number",
+               str: "string", list: "array", tuple: "array", dict: "object"}
+
+
+def kind(value: object) -> str:
+    """The JSON kind of `value` for an error message ("null", "boolean", "integer", "number",
+    "string", "array", "object"), or its Python type's name when it has none."""
+    return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
 class FlintError(Exception):

@@ -14,3 +14,20 @@ def cache_root() -> Path:
     if root:
         return Path(root)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flint_graph"
+
+
+def why_not_a_file(path: Path) -> str:
+    """Why `path` is not a readable regular file, in words for an error message: "no such
+    file or directory", "a symbolic link to a missing target", "a symbolic link that loops",
+    "a directory, not a file", or "not a regular file". (exists() is False for a dangling or
+    looping link, which read as plainly missing.)"""
+    try:
+        path.stat()
+    except OSError as e:
+        if os.path.islink(path):
+            import errno
+
+            return ("a symbolic link that loops" if e.errno == errno.ELOOP else
+                    "a symbolic link to a missing target")
+        return "no such file or directory"
+    return "a directory, not a file" if path.is_dir() else "not a regular file"

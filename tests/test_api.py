@@ -181,7 +181,7 @@ def test_bad_requests_raise_typed_errors(tiny_llm):
     with pytest.raises(InvalidRequestError, match="empty"):
         tiny_llm.generate("   ")
     limit = tiny_llm.cfg.max_position_embeddings
-    with pytest.raises(ContextLengthError, match=rf"{limit + 10}.*{limit}"):
+    with pytest.raises(ContextLengthError, match=rf"{limit + 10:,}.*{limit:,}"):
         tiny_llm.generate([[5] * (limit + 10)])
     with pytest.raises(InvalidRequestError, match="role"):
         tiny_llm.chat([{"role": "wizard", "content": "x"}])

@@ -74,12 +74,37 @@ def test_a_text_far_over_the_bound_is_read_only_in_part(tok):
     assert 4096 < e.value.counted and e.value.chars < len(text) // 20 == e.value.total // 20
 
 
+@pytest.mark.parametrize("run", ["x", "你", " ", "!", "ab", "7"])
+def test_a_text_of_one_long_pre_token_is_refused_after_part_of_it(tok, run):
+    """The bad-input trial (2026-12-04, after the first fix): a run without word breaks
+    ("你" * 1,376,000) has no pre-token boundary to slice at, so it was encoded whole (70 s for
+    eight at once). Such slices are now cut anyway and counted, less a slack per cut."""
+    text = run * (400_000 // len(run))
+    with pytest.raises(TooManyTokens) as e:
+        tok.encode_text(text, most=8192)
+    assert e.value.counted > 8192 and e.value.chars < len(text) // 4, vars(e.value)
+    assert e.value.estimated or run == "7"  # digits split one by one: every slice has cuts
+
+
+@pytest.mark.parametrize("run", ["x", "你", " "])
+def test_a_long_pre_token_under_the_bound_is_encoded_exactly(tok, small_slices, run):
+    text = "hello " * 50 + run * 2000 + " world" * 50
+    whole = tok.encode_text(text)
+    assert tok.encode_text(text, most=len(whole)) == whole
+    with pytest.raises(TooManyTokens):
+        tok.encode_text(text, most=len(whole) - 1)
+
+
 def test_a_text_with_added_token_strings_is_bounded_too(tok):
-    text = "<|user|>" + text_of(9, 2_000)
+    text = "<|user|>" + text_of(9, 2_000) + "<|assistant|><think>" + text_of(10, 500)
     n = len(tok.encode(text))
     assert tok.encode(text, most=n) == tok.encode(text)
     with pytest.raises(TooManyTokens):
         tok.encode(text, most=n - 1)
+    far = "<|user|>" + "x y " * 400_000  # refused after part of it, as without the marker
+    with pytest.raises(TooManyTokens) as e:
+        tok.encode(far, most=4096)
+    assert e.value.counted > 4096 and e.value.chars is None
 
 
 def test_chat_segments_are_bounded_across_runs(tok, small_slices):

@@ -444,11 +444,13 @@ def test_save_takes_exactly_one_file_name(tiny_llm, tmp_path, monkeypatch):
     """`/save a b c` wrote a file named "a b c" (bad-input trial, 2026-12-04): the argument is
     read as shell words, and anything but one word is the usage error, saying what it found."""
     monkeypatch.chdir(tmp_path)
-    s, console = _session(tiny_llm, ["/save a b c", '/save "bob.json', "/save   ",
-                                     "/save a\\ b.json", "/exit"])
+    s, console = _session(tiny_llm, ["/save a b c", '/save "bob.json', "/save   ", '/save "  "',
+                                     "/save a\0b", '/save "x\0"', "/save a\\ b.json", "/exit"])
     s.run()
     out = console.file.getvalue()
     assert "usage: /save FILE: expected one file name, found 3 words" in out
-    assert "could not read the file name (no closing quotation)" in out
+    assert "could not read the file name (no closing quotation; quote a name" in out
     assert "expected one file name, found none" in out
+    assert "expected one file name, found a blank name" in out
+    assert out.count("a file name cannot hold a NUL character") == 2  # was an internal error
     assert [p.name for p in tmp_path.iterdir()] == ["a b.json"]

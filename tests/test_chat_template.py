@@ -356,13 +356,13 @@ def test_text_parts_render_exactly_like_the_joined_string():
     ("content", "match"),
     [
         (_parts("a") + [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
-         r"^messages\[1\]\.content\[1\]: expected a text part .*found type 'image_url'"),
+         r"^messages\[1\]\.content\[1\]: expected a text part .*found type \"image_url\""),
         (["plain string part"], r"^messages\[1\]\.content\[0\]: expected a text part .*found str"),
         ([{"type": "text", "text": None}],
          r"^messages\[1\]\.content\[0\]\.text: expected a string"),
-        ([{"text": "no type"}], r"^messages\[1\]\.content\[0\]: .*found type None"),
+        ([{"text": "no type"}], r"^messages\[1\]\.content\[0\]: .*found type null"),
         ({"type": "text", "text": "a mapping"}, r"^messages\[1\]\.content: expected a string or "
-                                                r"a list of text parts, found dict"),
+                                                r"a list of text parts, found object"),
     ],
 )  # fmt: skip
 def test_other_content_parts_are_refused_naming_message_and_part(content, match):

@@ -717,3 +717,30 @@ def test_serve_refuses_a_key_no_header_can_carry(key, found, capsys):
     read as Latin-1; OpenAI's client refuses non-ASCII ones): every request got 401."""
     code, _, err = _run(capsys, "serve", "--api-key", key)
     assert code == 2 and "argument --api-key: expected printable ASCII" in err and found in err
+
+
+def test_chat_refuses_a_tools_file_with_a_bad_type_at_start(capsys, tmp_path, tiny_ckpt):
+    """The bad-input trial: the banner said "1 tool", then every message failed on the schema,
+    without naming the file."""
+    bad = tmp_path / "badtools.json"
+    bad.write_text(json.dumps([{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "int"}}}}}]))
+    for cmd in (["chat"], ["generate", "--prompt", "hi"]):
+        code, _, err = _run(capsys, *cmd, tiny_ckpt, "--tools", bad)
+        assert code == 2 and "badtools.json: tools[0] 'f': parameters.properties.a.type is " \
+            '"int"' in err, err
+
+
+def test_chat_refuses_tools_that_leave_no_room_at_start(capsys, tmp_path, tiny_ckpt):
+    """60 long tools overflowed the context: every message failed, and the chat told the user
+    to shorten their "hi". Now chat refuses the file at start-up with both numbers."""
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "word " * 200,
+                                                "parameters": {"type": "object"}}}
+             for i in range(30)]
+    big = tmp_path / "bigtools.json"
+    big.write_text(json.dumps(tools))
+    code, _, err = _run(capsys, "chat", tiny_ckpt, "--tools", big)
+    assert code == 2 and "bigtools.json: the tool definitions take at least" in err, err
+    assert "4,096-token context, leaving no room for a conversation" in err
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--tools", big)
+    assert code == 2 and "the rest mostly the tool definitions" in err, err

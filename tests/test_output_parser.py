@@ -924,6 +924,18 @@ def test_first_id_numbers_a_later_turns_calls_after_the_earlier_ones():
      "parameters.properties.n.anyOf[1]", '"str"'),
     ({"$defs": {"U": {"type": "enum"}}, "properties": {"u": {"$ref": "#/$defs/U"}}},
      "#/$defs/U", '"enum"'),
+    # every other place a subschema sits (the bad-input trial found these accepted)
+    ({"properties": {"a": {"type": "array", "items": {"type": "int"}}}},
+     "parameters.properties.a.items", '"int"'),
+    ({"properties": {"a": {"prefixItems": [{"type": "string"}, {"type": "str"}]}}},
+     "parameters.properties.a.prefixItems[1]", '"str"'),
+    ({"properties": {"a": {"not": {"type": "nothing"}}}}, "parameters.properties.a.not",
+     '"nothing"'),
+    ({"patternProperties": {"^x": {"type": "float"}}}, "parameters.patternProperties.^x",
+     '"float"'),
+    ({"if": {"type": "object"}, "then": {"type": "dict"}}, "parameters.then", '"dict"'),
+    ({"dependentSchemas": {"a": {"type": "bool"}}}, "parameters.dependentSchemas.a", '"bool"'),
+    ({"$defs": {"Unused": {"type": "long"}}}, "parameters.$defs.Unused", '"long"'),
 ])
 def test_a_type_that_is_no_json_schema_type_is_refused_when_declared(params, path, found):
     """The bad-input trial: `"type": "int"` was accepted and then admitted any value, so the

@@ -333,3 +333,38 @@ def test_a_non_finite_row_ends_alone_and_the_others_draw_as_alone(tiny_ckpt, tem
     assert batch[1].finish_reason == "error" and "not finite" in " ".join(batch[1].errors)
     assert [batch[0].output_ids, batch[2].output_ids] == alone
     assert len(deltas) == 3 and not batch[1].output_ids
+
+
+def test_paths_that_are_no_file_say_why(tmp_path, tiny_ckpt):
+    """The bad-input trial (2026-12-04): a symlink loop as the model read "no such checkpoint",
+    a shard that is a directory "does not exist", and a config.json that is a directory "no
+    config.json". Each now says what is there."""
+    import os
+    import shutil
+
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
+    from flint_graph.errors import CheckpointError
+    from flint_graph.paths import why_not_a_file
+
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    assert why_not_a_file(tmp_path / "loop") == "a symbolic link that loops"
+    assert why_not_a_file(tmp_path / "dangling") == "a symbolic link to a missing target"
+    assert why_not_a_file(tmp_path) == "a directory, not a file"
+    assert why_not_a_file(tmp_path / "nothing") == "no such file or directory"
+    with pytest.raises(CheckpointError, match="loop: a symbolic link that loops"):
+        load_checkpoint(tmp_path / "loop", device="cpu")
+
+    copy = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, copy)
+    shard = next(copy.glob("*.safetensors"))
+    shard.unlink()
+    shard.mkdir()
+    with pytest.raises(CheckpointError, match="a directory, not a file"):
+        load_checkpoint(copy, device="cpu")
+    shutil.rmtree(shard)
+    shutil.copy(next(tiny_ckpt.glob("*.safetensors")), shard)
+    (copy / "config.json").unlink()
+    (copy / "config.json").mkdir()
+    with pytest.raises(CheckpointError, match="a directory, not a file for config.json"):
+        load_checkpoint(copy, device="cpu")

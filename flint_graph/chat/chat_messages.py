@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from flint_graph.errors import InvalidRequestError
+from flint_graph.errors import InvalidRequestError, kind, shown
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_NESTING = 200  # lists/objects inside one another; deeper (or a cycle) is refused
@@ -34,14 +34,12 @@ TOOL_CHOICES = ("none", "auto", "required")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
-def _type(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
 
 
 _ABSENT = object()
 
 
-def _found(obj: Mapping, key: str, show=_type) -> str:
+def _found(obj: Mapping, key: str, show=kind) -> str:
     """How an error names obj[key]: 'found null' / 'found int' (`show`), or 'found no such key'
     when it is absent (a missing key read as None was reported as "found None")."""
     value = obj.get(key, _ABSENT)
@@ -51,7 +49,7 @@ def _found(obj: Mapping, key: str, show=_type) -> str:
 def _check_str(value: Any, field: str, *, optional: bool) -> None:
     if not (isinstance(value, str) or (optional and value is None)):
         expected = "a string or null" if optional else "a string"
-        raise InvalidRequestError(f"{field}: expected {expected}, found {_type(value)}")
+        raise InvalidRequestError(f"{field}: expected {expected}, found {kind(value)}")
 
 
 def check_data(value: Any, field: str, depth: int = 0) -> None:
@@ -82,7 +80,7 @@ def check_data(value: Any, field: str, depth: int = 0) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidRequestError(f"{field}: expected string keys (a JSON object), "
-                                          f"found the {_type(key)} key {key!r:.60}")
+                                          f"found the {kind(key)} key {key!r:.60}")
             check_data(key, f"{field} key {key!r:.60}", depth + 1)
             check_data(item, f"{field}.{key}", depth + 1)
     elif isinstance(value, (list, tuple)):
@@ -90,7 +88,7 @@ def check_data(value: Any, field: str, depth: int = 0) -> None:
             check_data(item, f"{field}[{i}]", depth + 1)
     else:
         raise InvalidRequestError(f"{field}: expected JSON data (a string, number, bool, null, "
-                                  f"list or object), found {_type(value)}")
+                                  f"list or object), found {kind(value)}")
 
 
 def _content(m: Mapping, role: str, where: str) -> str | None:
@@ -112,15 +110,15 @@ def _content(m: Mapping, role: str, where: str) -> str | None:
         return content
     if not isinstance(content, list):
         raise InvalidRequestError(f"{where}.content: expected a string or a list of text parts, "
-                                  f"found {_type(content)}")  # fmt: skip
+                                  f"found {kind(content)}")  # fmt: skip
     if not content:  # OpenAI refuses an empty array too: it is not an empty string
         raise InvalidRequestError(f"{where}.content: expected a string or a non-empty list of "
                                   "text parts, found an empty list")
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind != "text":
-            found = f"type {kind!r}" if isinstance(part, Mapping) else _type(part)
+        part_type = part.get("type") if isinstance(part, Mapping) else None
+        if part_type != "text":
+            found = f"type {shown(part_type)}" if isinstance(part, Mapping) else kind(part)
             raise InvalidRequestError(f"{where}.content[{j}]: expected a text part "
                                       f'{{"type": "text", "text": ...}} (this model reads only '
                                       f"text), found {found}")  # fmt: skip
@@ -140,7 +138,7 @@ def _split_inline_reasoning(content: str) -> tuple[str, str]:
 
 def _normalize_call(call: Any, field: str) -> dict:
     if not isinstance(call, Mapping):
-        raise InvalidRequestError(f"{field}: expected an object, found {_type(call)}")
+        raise InvalidRequestError(f"{field}: expected an object, found {kind(call)}")
     if call.get("type", "function") != "function":
         raise InvalidRequestError(f"{field}.type: expected 'function', found {call['type']!r}")
     fn = call.get("function")
@@ -165,7 +163,7 @@ def _normalize_call(call: Any, field: str) -> dict:
                                       "found JSON nested too deeply to read") from None
     if not isinstance(args, Mapping):
         raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
-                                  f"found {_type(args)}")  # fmt: skip
+                                  f"found {kind(args)}")  # fmt: skip
     return {**call, "type": "function", "function": {**fn, "arguments": dict(args)}}
 
 
@@ -190,7 +188,7 @@ def validate_messages(messages: Any) -> list[dict]:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
-            raise InvalidRequestError(f"{where}: expected an object, found {_type(m)}")
+            raise InvalidRequestError(f"{where}: expected an object, found {kind(m)}")
         role = m.get("role")
         if role not in ROLES:
             raise InvalidRequestError(f"{where}.role: expected one of {ROLES}, found {role!r}")
@@ -204,7 +202,7 @@ def validate_messages(messages: Any) -> list[dict]:
                                           f"tool calls, found role {role!r}")  # fmt: skip
             if not isinstance(calls, list):
                 raise InvalidRequestError(f"{where}.tool_calls: expected a list, "
-                                          f"found {_type(calls)}")  # fmt: skip
+                                          f"found {kind(calls)}")  # fmt: skip
             msg["tool_calls"] = [_normalize_call(c, f"{where}.tool_calls[{j}]")
                                  for j, c in enumerate(calls)]  # fmt: skip
         msg["content"] = content = _content(m, role, where)
@@ -226,14 +224,14 @@ def validate_tools(tools: Any) -> list[dict] | None:
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):
-        raise InvalidRequestError(f"tools: expected a list, found {_type(tools)}")
+        raise InvalidRequestError(f"tools: expected a list, found {kind(tools)}")
     names = set()
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, Mapping):
             raise InvalidRequestError(f"{where}: expected a tool object ({{\"type\": "
                                       f"\"function\", \"function\": {{...}}}}), found "
-                                      f"{_type(tool)}")
+                                      f"{kind(tool)}")
         if tool.get("type") != "function":
             raise InvalidRequestError(f"{where}.type: expected 'function', "
                                       f"{_found(tool, 'type', repr)}")
@@ -256,7 +254,7 @@ def validate_tools(tools: Any) -> list[dict] | None:
         params = fn.get("parameters")
         if params is not None and not isinstance(params, Mapping):
             raise InvalidRequestError(f"{where}.function.parameters: expected a JSON schema "
-                                      f"object, found {_type(params)}")  # fmt: skip
+                                      f"object, found {kind(params)}")  # fmt: skip
         _check_str(fn.get("description"), f"{where}.function.description", optional=True)
         check_data(tool, where)
     return list(tools)
@@ -277,4 +275,4 @@ def check_tool_choice(tool_choice: Any, tools: list[dict] | None) -> None:
             return
     raise InvalidRequestError(f"tool_choice: expected one of {TOOL_CHOICES} ('required' needs "
                               f"tools) or a function object naming one of {declared}, "
-                              f"found {tool_choice!r:.120}")  # fmt: skip
+                              f"found {shown(tool_choice, 120)}")  # fmt: skip

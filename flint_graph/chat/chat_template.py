@@ -41,7 +41,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from flint_graph.chat.chat_messages import (check_data, check_tool_choice, validate_messages,
                                         validate_tools)
-from flint_graph.errors import InvalidRequestError, TemplateError
+from flint_graph.errors import InvalidRequestError, TemplateError, kind
 from flint_graph.chat.prompt_segments import DataEscaper, Segment
 
 __all__ = ["GLM47_CHAT_TEMPLATE", "Segment", "render_chat", "render_chat_segments",
@@ -153,8 +153,6 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _type(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
 
 
 # A render's budget (issue 26: the sandbox kept templates from reaching Python, but nested
@@ -318,7 +316,7 @@ def render_chat_segments(template: str, messages: list[dict], tools: list[dict] 
                         ("enable_thinking", enable_thinking),
                         ("clear_thinking", kwargs.get("clear_thinking", True))):  # fmt: skip
         if not isinstance(value, bool):
-            raise InvalidRequestError(f"{flag}: expected a bool, found {_type(value)}")
+            raise InvalidRequestError(f"{flag}: expected a bool, found {kind(value)}")
     msgs = validate_messages(messages)
     tool_list = validate_tools(tools)
     check_tool_choice(tool_choice, tool_list)
@@ -327,7 +325,7 @@ def render_chat_segments(template: str, messages: list[dict], tools: list[dict] 
     if tool_choice == "none":
         tool_list = None
     if not isinstance(template, str):
-        raise TemplateError(f"chat template: expected a string, found {_type(template)}")
+        raise TemplateError(f"chat template: expected a string, found {kind(template)}")
     compiled = _compile(template)
     esc = DataEscaper(markers)
     # The role picks scaffolding and is one of four fixed words: everything else is data.

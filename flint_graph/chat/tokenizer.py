@@ -11,6 +11,7 @@ complete, nor one that the prompt left incomplete.
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 import re
@@ -184,19 +185,35 @@ _LOCAL_PRE_TOKENIZERS = {"Digits", "Split", "Punctuation", "Whitespace", "Whites
                          "ByteLevel"}
 
 
-class TooManyTokens(ValueError):
-    """Encoding with a bound (`most`) found more ids than it allows: `counted` ids, from the
-    first `chars` of `total` characters (None where not known). The caller names its limit."""
+_CUT_SLACK = 4  # tokens a cut inside a pre-token is allowed to add to a slice count
 
-    def __init__(self, counted: int, chars: int | None, total: int | None) -> None:
-        super().__init__(f"at least {counted:,} tokens")
+
+class TooManyTokens(ValueError):
+    """Encoding with a bound (`most`) found more ids than it allows: `counted` ids from the
+    first `chars` of `total` characters (None where not known). `exact`: the text was encoded
+    whole and has exactly `counted`; else `counted` is a lower bound (`estimated`: one from
+    slices cut inside a pre-token, less a slack per cut). The caller names its limit."""
+
+    def __init__(self, counted: int, chars: int | None, total: int | None, *,
+                 exact: bool = False, estimated: bool = False) -> None:
+        super().__init__(f"{counted:,} tokens" if exact else f"at least {counted:,} tokens")
         self.counted, self.chars, self.total = counted, chars, total
+        self.exact, self.estimated = exact, estimated
 
 
 def _bounded(ids: list[int], most: int | None, total: int | None) -> list[int]:
     if most is not None and len(ids) > most:
-        raise TooManyTokens(len(ids), total, total)
+        raise TooManyTokens(len(ids), total, total, exact=True)
     return ids
+
+
+def _whole_pre_tokens(enc, size: int) -> int:
+    """How many of a slice's ids (an `Encoding` of `size` characters) belong to pre-tokens
+    that end at least _SLICE_MARGIN characters before the slice's end; 0 when the first
+    pre-token does not. Offsets and word ids never decrease, so both are bisected."""
+    past = bisect.bisect_right(enc.offsets, size - _SLICE_MARGIN, key=lambda o: o[1])
+    words = enc.word_ids
+    return past if past == len(words) else bisect.bisect_left(words, words[past])
 
 
 def _plain_pipeline(tokenizer: Tokenizer) -> tuple[Tokenizer, bool]:
@@ -258,6 +275,12 @@ class FlintTokenizer:
         self._added_re = re.compile("|".join(re.escape(t) for t in sorted(self._added, key=len,
                                                                           reverse=True)) or "(?!)")
         self._plain, self._sliceable = _plain_pipeline(tokenizer)
+        # `tokenizers` matches an added token by its exact text unless a flag widens the match
+        # (lstrip / rstrip / single_word) or the normalizer runs first: then encode_segments
+        # of a raw text gives `encode`'s ids, bounded
+        self._plain_added = self._sliceable and not any(
+            t.lstrip or t.rstrip or t.single_word
+            for t in tokenizer.get_added_tokens_decoder().values())
 
     @classmethod
     def from_dir(cls, path: str | Path) -> FlintTokenizer:
@@ -342,10 +365,12 @@ class FlintTokenizer:
     def encode(self, text: str, most: int | None = None) -> list[int]:
         """Ids of `text`; adds no BOS (the chat template writes [gMASK]<sop>). Added-token strings
         in the text (e.g. "<|user|>") become their single ids. With `most`, raises TooManyTokens
-        once the ids pass it, having read only about as much of the text as that takes when the
-        text holds no added-token string (`encode_text`). Runs without the GIL."""
+        once the ids pass it, having read only about as much of the text as that takes
+        (`encode_text`, between the added tokens). Runs without the GIL."""
         if most is not None and self._added_re.search(text) is None:
             return self.encode_text(text, most)
+        if most is not None and self._plain_added:  # the added tokens are matched as exact
+            return self.encode_segments([(text, False)], most)  # text: the same ids
         return _bounded(self._tok.encode_batch([text], add_special_tokens=False)[0].ids, most,
                         len(text))
 
@@ -374,28 +399,32 @@ class FlintTokenizer:
         # pre-tokens that end at least _SLICE_MARGIN characters before its end: the
         # pre-tokenizers allowed here (`_plain_pipeline`) split by regexes that look at most a
         # character past a match, so those pre-tokens (and their BPE ids) are the whole text's.
+        # A slice inside one pre-token (a run of letters, CJK or spaces longer than the margin
+        # allows) has no such cut: from there on the slices are cut anyway and only counted,
+        # less _CUT_SLACK per cut (a cut changes a BPE count by a token or two), to refuse a
+        # text far over the bound; one under it is then encoded exactly from that point.
         ids: list[int] = []
-        pos, size = 0, _SLICE_CHARS
-        while pos < len(text):
-            if len(text) - pos <= size:
-                enc = self._plain.encode_batch([text[pos:]], add_special_tokens=False)[0]
-                return _bounded(ids + enc.ids, most, len(text))
-            enc = self._plain.encode_batch([text[pos:pos + size]], add_special_tokens=False)[0]
-            words, offsets = enc.word_ids, enc.offsets
-            keep, cut = 0, 0  # ids kept, and the characters they cover
-            for i, w in enumerate(words):
-                if offsets[i][1] > size - _SLICE_MARGIN:
-                    break
-                if i + 1 == len(words) or words[i + 1] != w:  # the end of a pre-token
-                    keep, cut = i + 1, offsets[i][1]
-            if cut == 0:  # one pre-token spans the slice: take a larger one
-                size *= 2
-                continue
-            ids += enc.ids[:keep]
-            pos, size = pos + cut, _SLICE_CHARS
-            if len(ids) > most:
-                raise TooManyTokens(len(ids), pos, len(text))
-        return _bounded(ids, most, len(text))
+        pos, n = 0, len(text)
+        rough_from, rough, cuts = None, 0, 0
+        while pos < n:
+            end = min(n, pos + _SLICE_CHARS)
+            enc = self._plain.encode_batch([text[pos:end]], add_special_tokens=False)[0]
+            if end == n and rough_from is None:
+                return _bounded(ids + enc.ids, most, n)
+            keep = 0 if rough_from is not None or end == n else _whole_pre_tokens(enc, end - pos)
+            if keep and enc.offsets[keep - 1][1] > 0:
+                ids += enc.ids[:keep]
+                pos += enc.offsets[keep - 1][1]
+            else:
+                rough_from = pos if rough_from is None else rough_from
+                rough, cuts, pos = rough + len(enc.ids), cuts + 1, end
+            counted = len(ids) + rough - _CUT_SLACK * cuts
+            if counted > most:
+                raise TooManyTokens(counted, pos, n, estimated=cuts > 0)
+        if rough_from is None:
+            return _bounded(ids, most, n)
+        rest = self._plain.encode_batch([text[rough_from:]], add_special_tokens=False)[0]
+        return _bounded(ids + rest.ids, most, n)
 
     def encode_segments(self, segments: Iterable[tuple[str, bool]],
                         most: int | None = None) -> list[int]:
@@ -424,8 +453,8 @@ class FlintTokenizer:
             return self.encode_text(text)
         try:
             return self.encode_text(text, max(0, most - before))
-        except TooManyTokens as e:
-            raise TooManyTokens(before + e.counted, None, None) from None
+        except TooManyTokens as e:  # a lower bound: later segments were not counted
+            raise TooManyTokens(before + e.counted, None, None, estimated=e.estimated) from None
 
     def token_bytes(self, tid: int) -> bytes:
         """The bytes token `tid` stands for, which for a byte-level BPE token may be part of a

@@ -55,6 +55,14 @@ MAX_VARIANTS = 64  # alternatives of a root choice tried one by one (more: key b
 # to 3^32 nodes: it is refused when declared, not typed for minutes)
 MAX_SCHEMA_NODES = 20_000
 JSON_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+# Keywords whose value is a subschema, a list of them, or a map to them (JSON Schema 2020-12,
+# with draft-7's definitions / additionalItems / dependencies): the declaration check walks
+# them all, although typing reads only some
+_ONE_SCHEMA = {"additionalProperties", "items", "additionalItems", "contains", "not", "if",
+               "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
+_SCHEMA_LISTS = {"allOf", "anyOf", "oneOf", "prefixItems", "items"}
+_SCHEMA_MAPS = {"properties", "patternProperties", "dependentSchemas", "$defs", "definitions",
+                "dependencies"}
 
 
 @dataclass(frozen=True)
@@ -139,8 +147,9 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
 def _check_size(root: Any, where: str) -> None:
     """Raise InvalidRequestError when the parameters schema expands past MAX_SCHEMA_NODES
     subschemas (module constant), or when a subschema's `type` is not a JSON Schema type name
-    (or a list of them): `"type": "int"` had been accepted and then admitted any value. Walked
-    by an explicit stack, so no recursion either."""
+    (or a list of them): `"type": "int"` had been accepted and then admitted any value. Every
+    subschema keyword is walked (items, $defs, not, ...), to _MAX_DEPTH. Walked by an explicit
+    stack, so no recursion either."""
     stack, seen = [(root, 0, "parameters")], 0
     while stack:
         node, depth, path = stack.pop()
@@ -150,8 +159,8 @@ def _check_size(root: Any, where: str) -> None:
         if seen > MAX_SCHEMA_NODES:
             raise InvalidRequestError(
                 f"{where}: its parameters schema expands to more than {MAX_SCHEMA_NODES:,} "
-                "subschemas through $ref / allOf / anyOf / oneOf (a reference cycle under a "
-                "combinator?); simplify it")
+                "subschemas (properties, items, and $ref / allOf / anyOf / oneOf, which repeat "
+                "what they reach: a reference cycle under a combinator?); simplify it")
         kind = node.get("type")
         kinds = kind if isinstance(kind, list) else [kind] if "type" in node else []
         bad = [k for k in kinds if k not in JSON_TYPES]
@@ -160,12 +169,14 @@ def _check_size(root: Any, where: str) -> None:
                 f"{where}: {path[:200]}.type is {_dumps(kind)[:80]}; expected one of "
                 f"{', '.join(JSON_TYPES)} or a non-empty list of them (JSON Schema)")
         ref = node.get("$ref")
-        subs = [(_deref(node, root), ref if isinstance(ref, str) else path),
-                (node.get("additionalProperties"), f"{path}.additionalProperties")]
-        subs += [(s, f"{path}.{g}[{j}]") for g in _COMBINATORS for j, s in enumerate(_list(node, g))]
-        props = node.get("properties")
-        subs += [(s, f"{path}.properties.{k}") for k, s in props.items()] \
-            if isinstance(props, dict) else []
+        subs = [(_deref(node, root), ref if isinstance(ref, str) else path)]
+        for key, value in node.items():  # every place JSON Schema puts subschemas
+            if key in _ONE_SCHEMA:
+                subs.append((value, f"{path}.{key}"))
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                subs += [(v, f"{path}.{key}[{j}]") for j, v in enumerate(value)]
+            elif key in _SCHEMA_MAPS and isinstance(value, dict):
+                subs += [(v, f"{path}.{key}.{k}") for k, v in value.items()]
         stack += [(sub, depth + 1, p) for sub, p in subs if isinstance(sub, dict)]
 
 

@@ -9,6 +9,7 @@ directory when it holds a config.json). Names and extensions never decide anythi
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from flint_graph.checkpoints.config import FlintConfig
+from flint_graph.paths import why_not_a_file
 from flint_graph.errors import CheckpointError
 from flint_graph.checkpoints.jsonfile import read_json_object
 from flint_graph.checkpoints.weights import FlintWeights, NVFP4Weight
@@ -91,7 +93,9 @@ def _config_dir(hf_config_path: str | Path | None, fallback: Path, gguf: Path | 
                 f"{gguf}: an NVFP4 GGUF takes its config, tokenizer and generation_config from a "
                 f"BF16-style directory, and {fallback} has no {CONFIG_NAME}; pass a directory "
                 "that holds them as hf_config_path (CLI: --hf-config-path DIR)")
-        raise CheckpointError(f"{fallback}: no {CONFIG_NAME}; a BF16 checkpoint directory "
+        what = "no" if not os.path.lexists(fallback / CONFIG_NAME) else \
+            f"{why_not_a_file(fallback / CONFIG_NAME)} for"
+        raise CheckpointError(f"{fallback}: {what} {CONFIG_NAME}; a BF16 checkpoint directory "
                               "holds config.json, tokenizer files and safetensors shards")
     return fallback
 
@@ -133,7 +137,7 @@ def load_checkpoint(path: str | Path, hf_config_path: str | Path | None = None,
 
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"{path}: no such file or directory (expected a BF16 checkpoint "
+        raise CheckpointError(f"{path}: {why_not_a_file(path)} (expected a BF16 checkpoint "
                               "directory or an NVFP4 GGUF file)")
     gguf: Path | None = None
     if path.is_dir():

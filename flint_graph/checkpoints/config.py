@@ -98,12 +98,12 @@ class FlintConfig:
                 f"{source}: unknown architecture {_shown(archs or raw.get('model_type'))}; "
                 f"expected architectures to contain {ARCHITECTURE!r} (model_type 'flint')"
             )
-        kind = raw.get("model_type", GGUF_ARCH)
-        if kind != GGUF_ARCH:  # architectures alone had let a "llama" config through
+        kind = raw.get("model_type")
+        if kind not in (None, GGUF_ARCH):  # architectures alone had let "llama" through
             raise ConfigError(f"{source}: field 'model_type': expected {GGUF_ARCH!r} (or none), "
                               f"found {_shown(kind)}")
         for key in ("torch_dtype", "dtype"):  # HF's name for it, old and new
-            if key in raw and raw[key] not in WEIGHT_DTYPES:
+            if raw.get(key) is not None and raw[key] not in WEIGHT_DTYPES:  # null: unset
                 raise ConfigError(f"{source}: field {key!r}: expected one of "
                                   f"{', '.join(WEIGHT_DTYPES)}, found {_shown(raw[key])}")
         values: dict[str, Any] = {}

@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.checkpoints.jsonfile import loads
+from flint_graph.paths import why_not_a_file
 from flint_graph.errors import CheckpointError
 from flint_graph.terminal.progress import progress_bar
 from flint_graph.checkpoints.weights import (FiniteCheck, FlintWeights, LayerWeights, MLPWeights, MoEWeights,
@@ -315,8 +316,8 @@ def _shard_map(model_dir: Path) -> dict[str, Path]:
                               "JSON with a 'weight_map' object") from None
     for name, shard in assignments.items():
         if not shard.is_file():
-            raise CheckpointError(f"{shard}: shard listed in {index} (for tensor {name}) "
-                                  "does not exist")
+            raise CheckpointError(f"{shard}: shard listed in {index} (for tensor {name}): "
+                                  f"{why_not_a_file(shard)}")
     return assignments
 
 

@@ -198,7 +198,10 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                                   "before parsing)", code="too_many_json_containers")
         try:
             return json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):  # nesting too deep, too
+        except RecursionError:
+            raise p.APIError(400, "request body: arrays and objects nested too deeply to "
+                                  "parse") from None
+        except (ValueError, UnicodeDecodeError):
             raise p.APIError(400, "request body: could not parse it as JSON") from None
 
     def _too_large() -> p.APIError:

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from flint_graph.errors import InvalidRequestError
+from flint_graph.errors import InvalidRequestError, kind
 from flint_graph.runtime.sampling import TOP_LOGPROBS_MAX, SamplingParams
 
 # fields accepted as they are; anything else is refused unless listed in the route's NEUTRAL
@@ -127,7 +127,7 @@ def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mappi
     also the types of model, user, stream and stream_options. Raises APIError 400 naming the
     first field that is not."""
     if not isinstance(body, Mapping):
-        raise _bad(f"request body: expected a JSON object, found {type(body).__name__}")
+        raise _bad(f"request body: expected a JSON object, found {kind(body)}")
     for key, value in body.items():
         if key in neutral:
             if not _neutral(value, neutral[key]):
@@ -137,7 +137,7 @@ def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mappi
             raise _bad(f"{key}: not a field this server supports", key)
     for key in ("model", "user"):
         if body.get(key) is not None and not isinstance(body[key], str):
-            raise _bad(f"{key}: expected a string, found {type(body[key]).__name__}", key)
+            raise _bad(f"{key}: expected a string, found {kind(body[key])}", key)
         try:  # as every other text field: no lone surrogates
             (body.get(key) or "").encode("utf-8")
         except UnicodeEncodeError as e:

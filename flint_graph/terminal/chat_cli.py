@@ -63,10 +63,13 @@ def _file_argument(text: str) -> str:
     try:
         words = shlex.split(text)
     except ValueError as e:  # "No closing quotation"
-        raise ValueError(f"could not read the file name ({str(e).lower()})") from None
+        raise ValueError(f"could not read the file name ({str(e).lower()}; quote a name that "
+                         "holds a quote: /save \"it's.json\")") from None
     if len(words) != 1 or not words[0].strip():
-        found = f"{len(words)} words" if len(words) > 1 else "none"
+        found = f"{len(words)} words" if len(words) > 1 else "a blank name" if words else "none"
         raise ValueError(f"expected one file name, found {found} (quote a name with spaces)")
+    if "\0" in words[0]:  # the OS cannot name a file so (it was an internal error)
+        raise ValueError("a file name cannot hold a NUL character")
     return words[0]
 
 
@@ -287,7 +290,8 @@ class ChatSession:
                     # ... unless the new message is all there is: then /reset would not help.
                     alone = self.messages[-1:] and self.messages[-1]["role"] == "user" and all(
                         m["role"] == "system" for m in self.messages[:-1])
-                    hint = MESSAGE_TOO_LONG if alone else CONTEXT_FULL
+                    hint = CONTEXT_FULL if not alone else \
+                        MESSAGE_AND_TOOLS_TOO_LONG if self.tools else MESSAGE_TOO_LONG
                     self.console.print(f"[yellow]{hint}[/]")
                 if self.messages and self.messages[-1]["role"] == "user":
                     self.messages.pop()
@@ -446,6 +450,9 @@ RESULT_TOO_LONG = ("that result does not fit the model's context: type a shorter
                    "to drop this request")
 MESSAGE_TOO_LONG = ("that message alone does not fit the model's context (the conversation "
                     "holds nothing else): shorten it")
+MESSAGE_AND_TOOLS_TOO_LONG = ("that message and the tool definitions do not fit the model's "
+                              "context together: shorten the message, or use fewer or shorter "
+                              "tools (--tools)")
 
 
 def _read_bad_bytes_as_surrogates() -> None:
