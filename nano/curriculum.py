@@ -318,9 +318,19 @@ def _when(rng: random.Random) -> tuple[str, int]:
     return when, days
 
 
+CITY_PREFIXES = ["New", "San", "Port", "Saint", "Las", "El", "Fort", "Lake", "Cape", "Santa"]
+
+
 def _city(rng: random.Random, split: str) -> str:
-    return (coined(rng).title() if split == "train" and rng.random() < .5 else
-            rng.choice(CITIES[split]))
+    """A city: in training half the time a coined one, a quarter of those two words ("Port
+    Zelan", "Kasu Miro"): step 6517 had seen one-word cities only and wrote "New low" for New
+    York. The held-out split draws as before (its cases stay the same)."""
+    if split != "train" or rng.random() >= .5:
+        return rng.choice(CITIES[split])
+    if rng.random() < .25:
+        first = rng.choice(CITY_PREFIXES) if rng.random() < .5 else coined(rng).title()
+        return f"{first} {coined(rng).title()}"
+    return coined(rng).title()
 
 
 def weather_ask(rng: random.Random, split: str) -> tuple[dict, dict, dict]:

@@ -291,3 +291,20 @@ def test_every_subtraction_opens_by_comparing_its_operands(a, b, opening):
 
     why = subtraction_reasoning(a, b)
     assert why.startswith(opening) and why.endswith(f"So it is {a - b}."), why
+
+
+def test_some_training_cities_have_two_words():
+    """A new user's "temperature in New York" got city "New low": training had one-word
+    cities only. A quarter of the coined ones now have two words; the held-out ones do not
+    change."""
+    import random
+
+    from flint_graph.nano.curriculum import CITIES, _city
+
+    rng = random.Random(5)
+    cities = [_city(rng, "train") for _ in range(2000)]
+    two = [c for c in cities if " " in c]
+    assert 0.08 < len(two) / len(cities) < 0.18
+    assert all(len(c.split()) == 2 and all(w[0].isupper() for w in c.split()) for c in two)
+    held = [_city(random.Random(6), "heldout") for _ in range(50)]
+    assert set(held) <= set(CITIES["heldout"])
