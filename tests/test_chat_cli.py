@@ -454,3 +454,29 @@ def test_save_takes_exactly_one_file_name(tiny_llm, tmp_path, monkeypatch):
     assert "expected one file name, found a blank name" in out
     assert out.count("a file name cannot hold a NUL character") == 2  # was an internal error
     assert [p.name for p in tmp_path.iterdir()] == ["a b.json"]
+
+
+def test_a_line_or_ctrl_d_typed_while_an_answer_streamed_is_read():
+    """A Ctrl-D pressed while an answer streamed was dropped when readline took the terminal
+    (new-user trial, 2026-12-04): it is read first, as is a whole line typed ahead; a half-typed
+    line is left for readline."""
+    import os
+    import pty
+
+    from flint_graph.terminal.chat_cli import queued_line
+
+    master, slave = pty.openpty()
+    try:
+        with open(slave, "rb", buffering=0, closefd=False) as tty:
+            assert queued_line(tty) is None  # nothing typed
+            os.write(master, b"hel")
+            assert queued_line(tty) is None  # no newline yet: readline's to edit
+            os.write(master, b"lo\n")
+            assert queued_line(tty) == "hello"
+            os.write(master, b"\x04")
+            with pytest.raises(EOFError):
+                queued_line(tty)
+            assert queued_line(io.BytesIO(b"x\n")) is None  # not a terminal
+    finally:
+        os.close(master)
+        os.close(slave)

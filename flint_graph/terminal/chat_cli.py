@@ -55,6 +55,29 @@ def _saved_messages(path: Path) -> list | None:
                                                                     list) else None
 
 
+def queued_line(stream) -> str | None:
+    """A line or a Ctrl-D the user typed while no one read the terminal (an answer streaming):
+    the line without its newline, EOFError for the Ctrl-D, None when nothing whole is queued
+    (or `stream` is no terminal). Read before input() because readline's switch to raw mode
+    dropped a queued Ctrl-D: "Ctrl-D quits" failed while an answer streamed (new-user trial,
+    2026-12-04). In canonical mode the terminal is readable only once a whole line or an
+    end-of-file is queued, so a half-typed line is left for readline to edit."""
+    try:
+        fd = stream.fileno()
+        if not os.isatty(fd):
+            return None
+        import select
+
+        if not select.select([fd], [], [], 0)[0]:
+            return None
+        data = os.read(fd, 1 << 16)
+    except (OSError, ValueError, AttributeError):  # closed, not a real file
+        return None
+    if not data:
+        raise EOFError
+    return data.decode("utf-8", "surrogateescape").rstrip("\r\n")
+
+
 def _file_argument(text: str) -> str:
     """The one file name of a /save argument, read as a shell reads words (`shlex`): quotes
     group and are removed (`/save ""` had written a file named "" with its quotes), and more
@@ -202,6 +225,11 @@ class ChatSession:
         terminal, so it is printed after the prompt: a transcript of `chat < turns.txt` reads
         "you> Hi" rather than prompts and answers run together. Raises EOFError at the end of
         the input and KeyboardInterrupt on Ctrl-C, as input() does."""
+        queued = queued_line(sys.stdin) if self.console.is_terminal else None
+        if queued is not None:  # typed while the answer streamed: shown after its prompt
+            self.console.print(prompt, end="")
+            self.console.print(queued, highlight=False, markup=False)
+            return queued
         line = self.console.input(prompt)
         if self.echo_input:
             # a byte that is not UTF-8 reads as a lone surrogate, which stdout cannot encode
