@@ -309,9 +309,11 @@ def out_of_scope(rng: random.Random, split: str) -> Episode:
                    meta={"answer": ph.REFUSAL})
 
 
-def _when(rng: random.Random) -> tuple[str, int]:
-    """A time phrase and the day count it asks for (phrasings.WHEN)."""
-    when, days = rng.choice(ph.WHEN)
+def _when(rng: random.Random, split: str) -> tuple[str, int]:
+    """A time phrase and the day count it asks for (phrasings.WHEN; in training a third of the
+    time phrasings.WHEN_TRAIN, drawn so that the held-out cases stay the same)."""
+    table = ph.WHEN_TRAIN if split == "train" and rng.random() < 1 / 3 else ph.WHEN
+    when, days = rng.choice(table)
     if days is None:
         days = rng.randint(2, 7)
         when = when.format(n=days)
@@ -337,7 +339,7 @@ def weather_ask(rng: random.Random, split: str) -> tuple[dict, dict, dict]:
     """(user message, get_weather call, result): weather asked as people ask it
     (phrasings.WEATHER): days from the time phrase (today 1, tomorrow 2, the weekend 3, this
     week 7, the next n days n), metric unless fahrenheit is asked for."""
-    city, (when, days) = _city(rng, split), _when(rng)
+    city, (when, days) = _city(rng, split), _when(rng, split)
     text = _typos(rng, split, rng.choice(ph.WEATHER[split])).format(city=city, when=when)
     unit = rng.choice(["", "", "celsius", "fahrenheit"])
     if unit:

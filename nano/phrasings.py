@@ -123,6 +123,11 @@ WEATHER = {
 }
 WHEN = [("today", 1), ("tomorrow", 2), ("this week", 7), ("over the weekend", 3),
         ("for the next {n} days", None)]
+# More ways to say those, drawn in training only (WHEN's draws make the held-out cases): a new
+# user's "this weekend" got days = 1 from step 6517, which had seen "over the weekend" alone
+WHEN_TRAIN = [("this weekend", 3), ("on the weekend", 3), ("tonight", 1), ("right now", 1),
+              ("later today", 1), ("the next few days", 3), ("this coming week", 7),
+              ("in the coming {n} days", None), ("for {n} days", None)]
 WEATHER_UNIT = {"train": [" Use {unit}.", " In {unit} please.", " ({unit})"],
                 "heldout": [" Give it in {unit}."]}
 

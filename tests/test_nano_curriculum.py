@@ -308,3 +308,22 @@ def test_some_training_cities_have_two_words():
     assert all(len(c.split()) == 2 and all(w[0].isupper() for w in c.split()) for c in two)
     held = [_city(random.Random(6), "heldout") for _ in range(50)]
     assert set(held) <= set(CITIES["heldout"])
+
+
+def test_training_says_the_days_of_a_weather_request_in_more_ways():
+    """A new user's "this weekend" got days = 1: training had "over the weekend" only. A third
+    of the training time phrases come from WHEN_TRAIN, each with its day count."""
+    import random
+
+    from flint_graph.nano.curriculum import _when
+    from flint_graph.nano.phrasings import WHEN, WHEN_TRAIN
+
+    rng = random.Random(7)
+    drawn = [_when(rng, "train") for _ in range(600)]
+    assert ("this weekend", 3) in drawn and ("tonight", 1) in drawn
+    def phrases(table):
+        return {(w, d) for w, d in table if d} | {(w.format(n=n), n) for w, d in table
+                                                  if d is None for n in range(2, 8)}
+
+    assert 0.2 < sum(d in phrases(WHEN_TRAIN) for d in drawn) / len(drawn) < 0.45
+    assert all(_when(random.Random(i), "heldout") in phrases(WHEN) for i in range(50))
