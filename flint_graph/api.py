@@ -359,9 +359,7 @@ class LLM:
         done = [(r.prompt_ids, r.output_ids) for r in self._chat_history if r.is_finished
                 and r.finish_reason in ("stop", "tool_calls") and not r.errors]
         ids = splice_generated(ids, done, lambda t: self.tokenizer.decode(t, False))
-        if len(ids) >= self.engine.context_limit:
-            raise self._too_many_tokens(TooManyTokens(len(ids), None, None, exact=True), what())
-        req = self._request(ids, params, parser=parser)
+        req = self._request(ids, params, parser=parser, what=what)
         # the rings are also saved where the system prompt and tools end (issue 22): a new
         # conversation with the same ones resumes there
         req.snapshot_at = preamble_end(ids, self.tokenizer.special_ids.get("<|user|>"))
@@ -404,22 +402,19 @@ class LLM:
         """The refusal of a prompt whose encoding stopped at a bound: a long one is refused
         after about that many tokens' work, not all of it, so the count is often a lower bound
         (`TooManyTokens`). `what` names the text (the tool definitions' share, for chat)."""
+        read = f" in its first {e.chars:,} of {e.total:,} characters" if e.chars and \
+            e.chars < (e.total or 0) else ""
         if e.exact:
             size = f"{what} is {e.counted:,} tokens"
+        elif e.estimated:
+            size = f"{what}: about {e.counted:,} tokens or more (estimated{read})"
         else:
-            part = f" in its first {e.chars:,} of {e.total:,} characters" if e.chars and \
-                e.chars < (e.total or 0) else ""
-            size = (f"{what}: about {e.counted:,} tokens or more (estimated{part})" if
-                    e.estimated else f"{what}: at least {e.counted:,} tokens" +
-                    (f" (counted{part})" if part else ""))
-        return ContextLengthError(f"{size}; the context limit is "
-                                  f"{self.engine.context_limit:,} tokens{self._limit_source()}, "
-                                  "leaving no room to generate")
-
-    def _limit_source(self) -> str:
+            size = f"{what}: at least {e.counted:,} tokens" + (f" (counted{read})" if read else "")
         limit = self.engine.context_limit
-        return (" (max_position_embeddings)" if limit == self.cfg.max_position_embeddings else
-                " (the KV cache per sequence; EngineConfig(max_context=...) sets it)")
+        source = ("max_position_embeddings" if limit == self.cfg.max_position_embeddings else
+                  "the KV cache per sequence; EngineConfig(max_context=...) sets it")
+        return ContextLengthError(f"{size}; the context limit is {limit:,} tokens ({source}), "
+                                  "leaving no room to generate")
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -445,16 +440,15 @@ class LLM:
         return list(prompt)
 
     def _request(self, prompt_ids: list[int], params: SamplingParams | None,
-                 parser: OutputParser | None) -> Request:
+                 parser: OutputParser | None, what=lambda: "prompt") -> Request:
         if params is not None and not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"params: expected SamplingParams, found "
                                       f"{type(params).__name__}")
         params = (params or SamplingParams()).with_defaults(self.generation_config)
         limit = self.engine.context_limit
-        if len(prompt_ids) >= limit:
-            raise ContextLengthError(
-                f"prompt is {len(prompt_ids):,} tokens; the context limit is {limit:,} "
-                f"tokens{self._limit_source()}, leaving no room to generate")
+        if len(prompt_ids) >= limit:  # `what` names the prompt (its tool definitions' share)
+            raise self._too_many_tokens(TooManyTokens(len(prompt_ids), None, None, exact=True),
+                                        what())
         eos = list(params.stop_token_ids or [])
         if not eos and not params.ignore_eos:
             eos = list(self.tokenizer.chat_stop_ids)  # no eos_token_id in generation_config

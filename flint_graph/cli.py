@@ -171,6 +171,17 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
     return tools
 
 
+def _check_model_path(model: str | None) -> None:
+    """Refuse a MODEL path that is not there before anything loads, saying what is there."""
+    from pathlib import Path
+
+    if model is not None and not Path(model).exists():
+        from flint_graph.paths import why_not_a_file
+
+        raise InvalidRequestError(f"{model}: no such checkpoint, {why_not_a_file(Path(model))} "
+                                  "(expected a BF16 checkpoint directory or an NVFP4 .gguf file)")
+
+
 def check_tools_fit(llm, tools: list[dict[str, Any]] | None, path: Path | None,
                     system: str | None = None) -> None:
     """Refuse at start-up a tools file whose definitions (with the system prompt) leave no
@@ -179,41 +190,30 @@ def check_tools_fit(llm, tools: list[dict[str, Any]] | None, path: Path | None,
     if not tools:
         return
     from flint_graph.chat.tokenizer import TooManyTokens
+    from flint_graph.errors import ContextLengthError
 
     limit = llm.engine.context_limit
     messages = ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": "hi"}]
-    from flint_graph.errors import ContextLengthError
-
     try:
-        text = llm.render(messages, tools)
+        llm.tokenizer.encode(llm.render(messages, tools), most=limit - 1)
+        return
     except ContextLengthError as e:  # by its length alone
         raise InvalidRequestError(f"{path}: {e}") from None
-    try:
-        n = len(llm.tokenizer.encode(text, most=limit - 1))
     except TooManyTokens as e:
-        n = e.counted
-    if n >= limit:
         raise InvalidRequestError(
             f"{path}: the tool definitions{' and --system' if system else ''} take "
-            f"at least {n:,} tokens of the model's {limit:,}-token "
-            "context, leaving no room for a conversation: use fewer or shorter tools")
+            f"at least {e.counted:,} tokens of the model's {limit:,}-token "
+            "context, leaving no room for a conversation: use fewer or shorter tools") from None
 
 
 def load_llm(args: argparse.Namespace):
     """The LLM for MODEL / --hf-config-path / --device / --threads (embedded default without
     MODEL). CPU threads follow the API's policy (`engine_config.apply_cpu_threads`)."""
-    from pathlib import Path
-
     from flint_graph.api import LLM
     from flint_graph.runtime.engine_config import EngineConfig
 
-    if args.model is not None and not Path(args.model).exists():
-        from flint_graph.paths import why_not_a_file
-
-        raise InvalidRequestError(f"{args.model}: no such checkpoint, "
-                                  f"{why_not_a_file(Path(args.model))} (expected a BF16 "
-                                  "checkpoint directory or an NVFP4 .gguf file)")
+    _check_model_path(args.model)
     llm = LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
                                   max_context=args.max_context, prefill=args.prefill,
@@ -451,12 +451,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"flint-graph serve needs the serve extra ({e.name} is "
                                   "missing): in the project's directory, pip install -e "
                                   "'.[serve]'") from None
-    if args.model is not None and not Path(args.model).exists():  # before listening
-        from flint_graph.paths import why_not_a_file
-
-        raise InvalidRequestError(f"{args.model}: no such checkpoint, "
-                                  f"{why_not_a_file(Path(args.model))} (expected a BF16 "
-                                  "checkpoint directory or an NVFP4 .gguf file)")
+    _check_model_path(args.model)  # before listening
     name = args.served_model_name or (Path(args.model).stem if args.model else "flint-nano")
     _check_address(args.host, args.port)  # before loading: uvicorn would report it as a trace
     failed: list[str] = []

@@ -23,7 +23,7 @@ def shown(value: object, limit: int = 60) -> str:
         except ValueError:
             return (f"an integer of {value.bit_length():,} bits" if isinstance(value, int)
                     else f"a {type(value).__name__} that cannot be shown")
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 _JSON_KINDS = {type(None): "null", bool: "boolean", int: "integer", float: "number",

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from flint_graph.errors import ConfigError
+from flint_graph.errors import ConfigError, shown
 from flint_graph.checkpoints.jsonfile import read_json_object
 
 SLIDING = "sliding_attention"
@@ -95,17 +95,17 @@ class FlintConfig:
                               f"found {type(archs).__name__}")
         if ARCHITECTURE not in archs and raw.get("model_type") != GGUF_ARCH:
             raise ConfigError(
-                f"{source}: unknown architecture {_shown(archs or raw.get('model_type'))}; "
+                f"{source}: unknown architecture {shown(archs or raw.get('model_type'), 80)}; "
                 f"expected architectures to contain {ARCHITECTURE!r} (model_type 'flint')"
             )
         kind = raw.get("model_type")
         if kind not in (None, GGUF_ARCH):  # architectures alone had let "llama" through
             raise ConfigError(f"{source}: field 'model_type': expected {GGUF_ARCH!r} (or none), "
-                              f"found {_shown(kind)}")
+                              f"found {shown(kind, 80)}")
         for key in ("torch_dtype", "dtype"):  # HF's name for it, old and new
             if raw.get(key) is not None and raw[key] not in WEIGHT_DTYPES:  # null: unset
                 raise ConfigError(f"{source}: field {key!r}: expected one of "
-                                  f"{', '.join(WEIGHT_DTYPES)}, found {_shown(raw[key])}")
+                                  f"{', '.join(WEIGHT_DTYPES)}, found {shown(raw[key], 80)}")
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in raw:
@@ -435,12 +435,6 @@ class FlintConfig:
                     f"{source}: GGUF metadata {key} = {_plain(got)!r} disagrees with config.json "
                     f"({_plain(want)!r})"
                 )
-
-
-def _shown(v: Any, most: int = 80) -> str:
-    """`v` as JSON (a config's own notation, not Python's), cut to `most` characters."""
-    text = json.dumps(v, ensure_ascii=False, default=str)
-    return text if len(text) <= most else text[:most] + "…"
 
 
 def _kind(v: Any) -> str:
