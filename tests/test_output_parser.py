@@ -949,6 +949,14 @@ def test_a_type_that_is_no_json_schema_type_is_refused_when_declared(params, pat
     assert "expected one of string, number, integer" in msg
 
 
+def test_the_first_bad_type_in_schema_order_is_named():
+    from flint_graph.errors import InvalidRequestError
+
+    params = {"properties": {"a": {"type": "int"}, "b": {"type": "int"}}}
+    with pytest.raises(InvalidRequestError, match=r"parameters\.properties\.a\.type"):
+        tool_schemas([{"type": "function", "function": {"name": "f", "parameters": params}}])
+
+
 def test_every_json_schema_type_and_list_of_them_is_accepted():
     props = {t: {"type": t} for t in ("string", "number", "integer", "boolean", "object",
                                       "array", "null")}

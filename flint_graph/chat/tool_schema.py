@@ -177,7 +177,11 @@ def _check_size(root: Any, where: str) -> None:
                 subs += [(v, f"{path}.{key}[{j}]") for j, v in enumerate(value)]
             elif key in _SCHEMA_MAPS and isinstance(value, dict):
                 subs += [(v, f"{path}.{key}.{k}") for k, v in value.items()]
-        stack += [(sub, depth + 1, p) for sub, p in subs if isinstance(sub, dict)]
+        # definitions last: one in use is met first through its $ref, named by that
+        subs.sort(key=lambda sp: sp[1].startswith((f"{path}.$defs.", f"{path}.definitions.")))
+        # pushed reversed, so the walk meets properties in the order the schema lists them and
+        # a refusal names the first bad one
+        stack += [(sub, depth + 1, p) for sub, p in reversed(subs) if isinstance(sub, dict)]
 
 
 def _has_properties(schema: Any, root: Any) -> bool:
