@@ -12,7 +12,9 @@ chunks of 1, 64, 512, 513, 514, 2048 and 8192 tokens (full shapes; tiny up to 51
 and a prefix already cached (in the middle of a page, and past several windows), lengths that
 are no multiple of any tile, and sinks drawn N(0, 1), large and finite (+30: the sink dominates
 every row, out ≈ 0 but its relative error still counts) and absent (−inf). attn_prefill_wg's
-split-KV specialisations (SPLITS, full layers, short chunks) take the chunks up to 512 tokens
+warp-specialized form (WS = 1: a producer warpgroup, mbarrier stages, ping-pong consumers)
+runs every case at the full and flint-nano shapes. Its split-KV specialisations (SPLITS, full
+layers, short chunks) take the chunks up to 512 tokens
 and short chunks after long prefixes (25 after 8,192, 48 after 8,229, 1 after 20,011: every
 split busy; 16 after 64 and 130 after 3,000: some splits empty), and must leave their
 completion counters zero.
@@ -33,12 +35,15 @@ from flint_graph.kernels import registry
 
 pytestmark = pytest.mark.gpu
 REL_TOL = 1e-2
-# each kernel (and attn_prefill_wg's other stage count) by its specialisations per config
+# each kernel (and attn_prefill_wg's bench variants: the other stage count, the
+# warp-specialized form) by its specialisations per config
 KERNELS = {"attn_prefill": ap._specs, "attn_prefill_wg": wg._specs,
-           "attn_prefill_wg-ST3": wg.bench_specs}
+           "attn_prefill_wg-ST3": lambda cfg: [s for s in wg.bench_specs(cfg) if not wg._ws(s)],
+           "attn_prefill_wg-WS": lambda cfg: [s for s in wg.bench_specs(cfg) if wg._ws(s)]}
 # (kernel, preset) pairs: attn_prefill_wg does not take the tiny config's head dim 32
 CONFIGS = [("attn_prefill", "tiny"), ("attn_prefill", "full"), ("attn_prefill_wg", "full"),
-           ("attn_prefill_wg-ST3", "full")]
+           ("attn_prefill_wg-ST3", "full"), ("attn_prefill_wg-WS", "full"),
+           ("attn_prefill_wg-WS", "nano")]
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,9 @@ def test_specialisations_mirror_attn_prefill(preset):
     full = [b for b in base if not b["RING"]]
     assert base + [{**b, "SPLITS": n} for b in full for n in wg.SPLIT_CHOICES] == \
         [s.as_dict() for s in specs]
-    assert {s["ST"] for s in wg.bench_specs(cfg)} == set(wg.STAGE_CHOICES) - {wg.STAGES}
-    for s in specs + wg.bench_specs(cfg):
+    plain = [s for s in wg.bench_specs(cfg) if not wg._ws(s)]
+    assert {s["ST"] for s in plain} == set(wg.STAGE_CHOICES) - {wg.STAGES}
+    for s in specs + plain:
         args, launch = check_spec(wg.KERNEL, s)
         n = s.as_dict().get("SPLITS", 1)
         names = [a.name for a in ap.KERNEL.args(s)]
@@ -37,6 +38,27 @@ def test_specialisations_mirror_attn_prefill(preset):
         assert launch.smem == want <= 227 * 1024
         g = cfg.num_attention_heads // cfg.num_key_value_heads
         assert wg.tokens_per_cta(s) * g == 128
+
+
+@pytest.mark.parametrize("preset", ["nano", "full"])
+def test_the_warp_specialized_form_per_layer_kind(preset):
+    """WS = 1 (bench variant): one spec per layer kind, the same arguments, 12 warps (two
+    consumer warpgroups, one producer), Q and two stages each of K and V in 128-key tiles plus
+    the 16 mbarriers, one CTA per SM; its setmaxnreg split fits the SM's registers."""
+    cfg = FlintConfig.preset(preset)
+    ws = [s for s in wg.bench_specs(cfg) if wg._ws(s)]
+    assert [{k: v for k, v in s.as_dict().items() if k != "WS"} for s in ws] == \
+        [s.as_dict() for s in wg._specs(cfg) if "SPLITS" not in s.as_dict()]
+    for s in ws:
+        args, launch = check_spec(wg.KERNEL, s)
+        assert [a.name for a in args] == [a.name for a in ap.KERNEL.args(s)]
+        assert launch.block == (32 * wg.WS_WARPS, 1, 1) == (384, 1, 1)
+        d = s["D"]
+        want = 128 * d * 2 + 2 * s["ST"] * wg.WS_BN * d * 2 + 4 * s["ST"] * 8 + 1024
+        assert launch.smem == want <= 227 * 1024
+        assert launch.smem > 227 * 1024 // 2  # one CTA per SM, as the register split assumes
+    assert 128 * wg.WS_PRODUCER_REGS + 256 * wg.WS_CONSUMER_REGS <= 65536
+    assert wg.WS_PRODUCER_REGS % 8 == wg.WS_CONSUMER_REGS % 8 == 0
 
 
 def test_short_chunks_split_their_keys_until_the_gpu_is_full():
@@ -56,7 +78,10 @@ def test_the_tiny_config_keeps_attn_prefill():
 
 @pytest.mark.parametrize("bad, match", [(dict(D=96), "head dim D = 96"),
                                         (dict(ST=4), "ST = 4 stages"),
-                                        (dict(SPLITS=8), "SPLITS = 8")])
+                                        (dict(SPLITS=8), "SPLITS = 8"),
+                                        (dict(WS=2), "WS = 2"),
+                                        (dict(WS=1, ST=3), "WS = 1 takes ST = 2"),
+                                        (dict(WS=1, SPLITS=4), "WS = 1 takes ST = 2")])
 def test_unsupported_specialisations_are_refused(bad, match):
     values = dict(HQ=32, HKV=4, D=128, P=64, RING=0, W=0, ST=2) | bad
     with pytest.raises(ValueError, match=match):

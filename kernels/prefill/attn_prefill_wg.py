@@ -54,6 +54,28 @@ start at max −inf, sum 0), so it counts once in the combined denominator. `spl
 SPLITS per chunk size and the prefill (capture/prefill.py) uses it after SPLIT_MIN_START cached
 tokens. 25 queries after 8,192 keys: 206 → 45.5 µs (H200, perf log).
 
+Warp-specialized form (spec WS = 1, a bench variant until timed on the H200; written
+2026-12-05 without a GPU): FlashAttention-3's structure (Shah et al. 2024, §3.1) on the same
+arguments and rows. 12 warps, one CTA per SM (160 KB of shared memory at D = 128): warpgroups
+0 and 1 are consumers of 64 rows each (setmaxnreg 224), warpgroup 2 the producer (setmaxnreg
+56), which alone issues the cp.async copies (the same addresses as above: the chunk's new keys,
+ring entries or pages, two page reads per 128-key tile) into ST = 2 stages each of K and of V,
+tiles of WS_BN = 128 keys. Two mbarrier pipelines, K and V: the producer arrives on a stage's
+"full" barrier once its own copies into it are complete (cp.async.wait_group) and fenced for
+the async proxy, as the plain form's threads do before their CTA barrier; every consumer
+thread arrives on its "empty" barrier once the wgmma reading it has been waited. Consumer
+step for tile j: wait K_j and V_{j-1}; on its turn (a named barrier per consumer, handed over
+after issuing: ping-pong, so one warpgroup's softmax runs under the other's products) issue S_j
+= Q·K_jᵀ and then O += P_{j-1}·V_{j-1} as two wgmma groups; wait S_j, release K_j, mask
+(edge tiles only: the loop runs in three branch-free runs, window edge, inside, causal edge),
+online softmax; wait the P·V, release V_{j-1}, rescale O if a row's max moved (O then holds
+tile j − 1 at the old reference max, like l), pack P_j. SASS (sm_90a): no local memory,
+168 registers at launch; ptxas places the P·V's wait after the first row's max rather than
+after the softmax (so a warpgroup's softmax overlaps the other warpgroup's products, not its
+own P·V); neither the shuffles, the vote nor the stage release after it move it. Prediction:
+a full layer at 8K 1.19 → ~0.95–1.05 ms (≥ 520 TFLOP/s), 32K 635 → ~570 ms, 100K 3.94 →
+~3.4 s. sm_100a builds the same roles with mma.sync (it spills; never run).
+
 sm_100a has no wgmma: that build (compiled in CI, never run here) issues the same products as
 mma.sync m16n8k16 per warp with ldmatrix from the same swizzled layout; the rest of the kernel
 is shared.
@@ -86,6 +108,12 @@ SPLIT_CTAS = 128  # a chunk splits its keys only while it has fewer CTAs than th
 # ... and only after this many cached keys: before, a CTA's key loop is short and the partials'
 # round trip costs more than it saves (a cold 25-token BF16 prompt: +0.4 ms, H200)
 SPLIT_MIN_START = 1024
+# The warp-specialized form (spec WS = 1, FlashAttention-3's structure; see the module doc)
+WS_BN = 128  # keys per tile
+WS_WARPS = 12  # consumer warpgroups 0 and 1 (the 128 rows), producer warpgroup 2
+WS_PRODUCER_REGS = 56  # setmaxnreg: the producer only computes copy addresses (40 spilled)
+WS_CONSUMER_REGS = 224  # 56·128 + 224·256 ≤ the SM's 65,536 registers
+WS_Q_BAR, WS_TURN_BAR = 1, 2  # named barriers: Q loaded; consumer c's turn is WS_TURN_BAR + c
 
 
 def fits(cfg) -> bool:
@@ -110,10 +138,25 @@ def _check(spec: Spec) -> None:
     if _splits(spec) not in (1,) + SPLIT_CHOICES:
         raise ValueError(f"attn_prefill_wg: SPLITS = {_splits(spec)}; expected one of "
                          f"{SPLIT_CHOICES} (or no SPLITS: one CTA walks a row's keys)")
+    if _ws(spec) not in (0, 1):
+        raise ValueError(f"attn_prefill_wg: WS = {_ws(spec)}; expected 1 (warp-specialized) "
+                         "or no WS")
+    if _ws(spec) and (spec["ST"] != 2 or _splits(spec) != 1):
+        raise ValueError(f"attn_prefill_wg: WS = 1 takes ST = 2 and no SPLITS (got ST = "
+                         f"{spec['ST']}, SPLITS = {_splits(spec)})")
 
 
 def _splits(spec: Spec) -> int:
     return dict(spec.values).get("SPLITS", 1)
+
+
+def _ws(spec: Spec) -> int:
+    return dict(spec.values).get("WS", 0)
+
+
+def _bn(spec: Spec) -> int:
+    """Keys per tile: WS_BN in the warp-specialized form, else BN."""
+    return WS_BN if _ws(spec) else BN
 
 
 def splits_for(cfg, tokens: int) -> int:
@@ -175,6 +218,13 @@ def _layout(spec: Spec) -> dict[str, int]:
     """Byte offsets in the 1024-aligned shared-memory block: Q, then the K/V stages."""
     d = spec["D"]
     q_bytes = WARPS * ROWS * d * 2
+    if _ws(spec):
+        # K stages, then V stages (two pipelines), then the mbarriers: full K, full V, empty
+        # K, empty V, ST of each
+        tile = WS_BN * d * 2
+        bars = q_bytes + 2 * spec["ST"] * tile
+        return {"q": 0, "k": q_bytes, "v": q_bytes + spec["ST"] * tile, "tile": tile,
+                "bars": bars, "total": bars + 4 * spec["ST"] * 8}
     tile = BN * d * 2
     total = q_bytes + spec["ST"] * 2 * tile
     if _splits(spec) > 1:
@@ -185,8 +235,9 @@ def _layout(spec: Spec) -> dict[str, int]:
 
 def _launch(spec: Spec) -> Launch:
     # + 1024: the dynamic block is aligned to 1024 bytes inside the kernel
+    warps = WS_WARPS if _ws(spec) else WARPS
     return Launch(grid=(("T", tokens_per_cta(spec)), spec["HKV"], _splits(spec)),
-                  block=(32 * WARPS, 1, 1), smem=_layout(spec)["total"] + 1024)
+                  block=(32 * warps, 1, 1), smem=_layout(spec)["total"] + 1024)
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
@@ -202,10 +253,12 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """The other stage counts of `_specs`' kernels (tools/bench_prefill.py --attn-kernel
-    attn_prefill_wg:ST=3)."""
-    return [KERNEL.spec(**{**s.as_dict(), "ST": st}) for s in _specs(cfg, buckets)
-            if _splits(s) == 1 for st in STAGE_CHOICES if st != STAGES]
+    """The other stage counts of `_specs`' kernels and their warp-specialized form
+    (tools/bench_prefill.py --attn-kernel attn_prefill_wg:ST=3, attn_prefill_wg:WS=1)."""
+    base = [s for s in _specs(cfg, buckets) if _splits(s) == 1]
+    return ([KERNEL.spec(**{**s.as_dict(), "ST": st}) for s in base
+             for st in STAGE_CHOICES if st != STAGES]
+            + [KERNEL.spec(**s.as_dict(), WS=1) for s in base])
 
 
 def _build(spec: Spec, arch: str = "sm_90a"):
@@ -214,6 +267,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     import cutlass.cute as cute
     from cutlass import Boolean, Float32, Int32, Int64, Uint32
 
+    from flint_graph.kernels.toolchain import dsl_mbarrier as mb
     from flint_graph.kernels.toolchain import dsl_util as du
 
     _check(spec)
@@ -222,16 +276,13 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     ring, window = spec["RING"], spec["W"]
     stages = spec["ST"]
     splits = _splits(spec)
-    tile_pages = ring == 0 and size % BN == 0  # a key tile lies in one page
     g_heads = hq // hkv
     tq = tokens_per_cta(spec)
     rows = WARPS * ROWS
     threads = 32 * WARPS
     lay = _layout(spec)
     blk_q = rows * 128  # bytes of one 64-column block of Q
-    blk_kv = BN * 128  # ... of K or V
     cpr = d // 8  # 16-byte chunks per row
-    kv_per_thread = BN * cpr // threads
     q_per_thread = rows * cpr // threads
     ksteps = d // 16
     ntile_s = BN // 8  # n-tiles of S per warp row block
@@ -245,20 +296,39 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         64-column blocks are `blk_bytes` apart (trace-time helper on DSL integers)."""
         return (chunk // 8) * blk_bytes + row * 128 + ((chunk % 8) ^ (row % 8)) * 16
 
-    def load_tile(tile, stage, tid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn, tb, mtable):
-        """cp.async this thread's chunks of K and V tile `tile` into `stage`."""
-        kb = tile * BN
-        ks = base + Uint32(lay["stages"] + stage * lay["stage"])
+    def load_tile(tile, stage, tid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn, tb, mtable,
+                  dsts=None, nthr=threads, bn=BN):
+        """cp.async this thread's chunks of K and V tile `tile` (`bn` keys) into `stage`, one of
+        `nthr` threads, and commit them as one group. `dsts`: instead, the shared addresses
+        (K, V) of the tile's destinations, either None to skip that operand (the
+        warp-specialized form's separate K and V pipelines)."""
+        kb = tile * bn
+        if dsts is None:
+            ks = base + Uint32(lay["stages"] + stage * lay["stage"])
+        else:
+            kdst, vdst = dsts
+        one_page = ring == 0 and size % bn == 0  # a key tile lies in one page
+        # or in bn // size pages, and thread `tid`'s i-th chunk row's page is known at trace
+        # time: rows tid // cpr + (nthr // cpr)·i
+        some_pages = (ring == 0 and not one_page and bn % size == 0 and nthr % cpr == 0
+                      and size % (nthr // cpr) == 0)
         page_t = Uint32(0)
+        pages = []
         kb_ent = Int32(0)
         if ring == 1:
             kb_ent = kb % size  # one division per tile, not one per 16-byte copy
-        if tile_pages:  # one page-table read per tile, not one per 16-byte copy
+        if one_page:  # one page-table read per tile, not one per 16-byte copy
             pidx_t = cutlass.min(cutlass.max(kb, Int32(0)) // size, mtable.shape[0] - 1)
             page_t = du.ld_u32_if(tb + Int64(pidx_t) * 4,
-                                  (kb < n) & (kb <= qmax) & (kb + (BN - 1) >= lo))
-        for i in range(kv_per_thread):
-            c = tid + threads * i
+                                  (kb < n) & (kb <= qmax) & (kb + (bn - 1) >= lo))
+        if some_pages:
+            for h in range(bn // size):
+                kh = kb + h * size
+                pidx_h = cutlass.min(cutlass.max(kh, Int32(0)) // size, mtable.shape[0] - 1)
+                pages.append(du.ld_u32_if(tb + Int64(pidx_h) * 4,
+                                          (kh < n) & (kh <= qmax) & (kh + (size - 1) >= lo)))
+        for i in range(bn * cpr // nthr):
+            c = tid + nthr * i
             row, col = c // cpr, c % cpr
             kp = kb + row
             ok = (kp >= lo) & (kp <= qmax)
@@ -272,88 +342,104 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 src_old = (Int64(slot * hkv + kvh) * size + Int64(ent)) * (d * 2)
             else:
                 page = page_t
-                if not tile_pages:
+                if some_pages:
+                    page = pages[(nthr // cpr) * i // size]
+                elif not one_page:
                     pidx = cutlass.min(cutlass.max(kp, Int32(0)) // size, mtable.shape[0] - 1)
                     page = du.ld_u32_if(tb + Int64(pidx) * 4, ok & cached)
                 src_old = (Int64(Int32(page) * hkv + kvh) * size + Int64(kp % size)) * (d * 2)
             off = Int64(col * 16)
-            dst = ks + Uint32(swz(row, col, blk_kv))
+            if dsts is None:
+                dst = ks + Uint32(swz(row, col, bn * 128))
+                nbytes = cutlass.select_(ok, Int32(16), Int32(0))
+                ka = cutlass.select_(new, kn + src_new, kc + src_old) + off
+                va = cutlass.select_(new, vn + src_new, vc + src_old) + off
+                du.cp_async_16(dst, ka, nbytes)
+                du.cp_async_16(dst + Uint32(lay["tile"]), va, nbytes)
+                continue
+            at = Uint32(swz(row, col, bn * 128))
             nbytes = cutlass.select_(ok, Int32(16), Int32(0))
-            ka = cutlass.select_(new, kn + src_new, kc + src_old) + off
-            va = cutlass.select_(new, vn + src_new, vc + src_old) + off
-            du.cp_async_16(dst, ka, nbytes)
-            du.cp_async_16(dst + Uint32(lay["tile"]), va, nbytes)
+            for dst, cache, fresh in ((kdst, kc, kn), (vdst, vc, vn)):
+                if dst is not None:
+                    du.cp_async_16(dst + at, cutlass.select_(new, fresh + src_new,
+                                                             cache + src_old) + off, nbytes)
         du.cp_async_commit()
 
-    def scores_issue(qs, ks, warp):
-        """Issue S = Q·Kᵀ of this warpgroup's 64 rows and the tile's BN keys as one committed
+    def scores_issue(qs, ks, warp, bn=BN):
+        """Issue S = Q·Kᵀ of this warpgroup's 64 rows and the tile's `bn` keys as one committed
         wgmma group; returns its accumulators (valid after `scores_wait`)."""
         wgi = warp // 4
-        vals = [Float32(0.0)] * (BN // 2)
+        vals = [Float32(0.0)] * (bn // 2)
         du.wgmma_fence()
         for s in range(ksteps):
             # K-major: k-step s is 32 bytes into a 128-byte row of block s // 4
             da = du.smem_desc(qs + Uint32((s // 4) * blk_q + wgi * 64 * 128 + (s % 4) * 32),
                               16, 1024)
-            db = du.smem_desc(ks + Uint32((s // 4) * blk_kv + (s % 4) * 32), 16, 1024)
-            vals = du.wgmma_ss(BN, da, db, vals, Int32(1 if s else 0))
+            db = du.smem_desc(ks + Uint32((s // 4) * bn * 128 + (s % 4) * 32), 16, 1024)
+            vals = du.wgmma_ss(bn, da, db, vals, Int32(1 if s else 0))
         du.wgmma_commit()
         return vals
 
     def scores_wait(sc, vals):
         du.wgmma_wait(0)
         vals = du.fence_values(vals)
-        for i in range(BN // 2):
+        for i in range(len(vals)):
             sc[i] = vals[i]
 
-    def scores(sc, qs, ks, warp, lane):
-        """S = Q·Kᵀ of this warp's 16 rows and the tile's BN keys into `sc` (BN/2 fp32 in the
+    def scores(sc, qs, ks, warp, lane, bn=BN):
+        """S = Q·Kᵀ of this warp's 16 rows and the tile's `bn` keys into `sc` (bn/2 fp32 in the
         m16n8 accumulator layout per 8 keys). A trace-time helper, as load_tile: its loops
         unroll in Python."""
         if wg:
-            scores_wait(sc, scores_issue(qs, ks, warp))
+            scores_wait(sc, scores_issue(qs, ks, warp, bn))
         else:
             sc.fill(0.0)
             r_a = ROWS * warp + lane % 16
             for s in range(0, ksteps, 2):
                 a = [du.ldmatrix_x4(qs + Uint32(swz(r_a, 2 * (s + h) + lane // 16, blk_q)))
                      for h in range(2)]
-                for j in range(ntile_s):
+                for j in range(bn // 8):
                     b = du.ldmatrix_x4(ks + Uint32(swz(8 * j + lane % 8, 2 * s + lane // 8,
-                                                       blk_kv)))
+                                                       bn * 128)))
                     c4 = [sc[4 * j + e] for e in range(4)]
                     c4 = du.mma_bf16_m16n8k16(a[0], [b[0], b[1]], c4)
                     c4 = du.mma_bf16_m16n8k16(a[1], [b[2], b[3]], c4)
                     for e in range(4):
                         sc[4 * j + e] = c4[e]
 
-    def pv(vs, pa, acc, lane):
-        """acc += P·V in place: P's A fragments `pa` (BN/16 k-steps × 4 bf16x2), V from `vs`."""
+    def pv_issue(vs, pa, acc, bn=BN):
+        """Issue acc + P·V (wgmma) as one committed group: P's A fragments `pa` (bn/16 k-steps
+        × 4 bf16x2), V from `vs`; returns the accumulators (valid after its wgmma_wait)."""
+        vals = [acc[i] for i in range(dtiles * 4)]
+        du.wgmma_fence()
+        for kk in range(bn // 16):
+            # MN-major: 16 keys = two 1024-byte groups of 8 rows; 64-column blocks apart
+            db = du.smem_desc(vs + Uint32(kk * 16 * 128), bn * 128, 1024)
+            vals = du.wgmma_rs(d, pa[kk], db, vals, Int32(1), trans_b=1)
+        du.wgmma_commit()
+        return vals
+
+    def pv(vs, pa, acc, lane, bn=BN):
+        """acc += P·V in place: P's A fragments `pa` (bn/16 k-steps × 4 bf16x2), V from `vs`."""
         if wg:
-            vals = [acc[i] for i in range(dtiles * 4)]
-            du.wgmma_fence()
-            for kk in range(BN // 16):
-                # MN-major: 16 keys = two 1024-byte groups of 8 rows; 64-column blocks apart
-                db = du.smem_desc(vs + Uint32(kk * 16 * 128), blk_kv, 1024)
-                vals = du.wgmma_rs(d, pa[kk], db, vals, Int32(1), trans_b=1)
-            du.wgmma_commit()
+            vals = pv_issue(vs, pa, acc, bn)
             du.wgmma_wait(0)
             vals = du.fence_values(vals)
             for i in range(dtiles * 4):
                 acc[i] = vals[i]
         else:
-            for kk in range(BN // 16):
+            for kk in range(bn // 16):
                 for jd in range(0, dtiles, 2):
                     m = lane // 8
                     b = du.ldmatrix_x4_trans(vs + Uint32(swz(16 * kk + 8 * (m % 2) + lane % 8,
-                                                             jd + m // 2, blk_kv)))
+                                                             jd + m // 2, bn * 128)))
                     for h in range(2):
                         c4 = [acc[4 * (jd + h) + e] for e in range(4)]
                         c4 = du.mma_bf16_m16n8k16(pa[kk], [b[2 * h], b[2 * h + 1]], c4)
                         for e in range(4):
                             acc[4 * (jd + h) + e] = c4[e]
 
-    def softmax_lazy(sc, st):
+    def softmax_lazy(sc, st, nts=BN // 8):
         """The online softmax of one tile (raw scores in `sc`, replaced by the weights): the
         scale is folded into each exponent's FMA, and a row's reference max moves, rescaling
         l and O, only when the tile's max exceeds it by more than RESCALE_AT (log2 units;
@@ -366,7 +452,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         for r in range(2):
             # FMNMX (cutlass.max lowers to a NaN-propagating compare-and-select, 4 instructions)
             mx = sc[2 * r]
-            for j in range(ntile_s):
+            for j in range(nts):
                 for e in range(2):
                     mx = cute.arch.fmax(mx, sc[4 * j + 2 * r + e])
             mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
@@ -378,7 +464,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             m_use = cutlass.select_(m_new == Float32(ninf), Float32(0.0), m_new)
             alpha = cutlass.select_(need, du.ex2(m_ref - m_use), Float32(1.0))
             psum = Float32(0.0)
-            for j in range(ntile_s):
+            for j in range(nts):
                 for e in range(2):
                     # one FFMA (ptxas contracts the plain multiply and subtract) and one MUFU
                     v = du.ex2(sc[4 * j + 2 * r + e] * Float32(qk_scale) - m_use)
@@ -389,6 +475,25 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             alphas[r] = alpha
             moved = moved | need
         return cute.arch.vote_any_sync(moved), alphas
+
+    def mask_scores(sc, kb, t, qpos, nts):
+        """−inf for the scores in `sc` (a tile of nts·8 keys from kb) that a row may not see:
+        past its position (causal) or, on sliding layers, window or more before it."""
+        for j in range(nts):
+            for e in range(4):
+                kp = kb + 8 * j + 2 * t + e % 2
+                p = qpos[e // 2]
+                ok = kp <= p
+                if cutlass.const_expr(window > 0):
+                    ok = ok & (kp > p - window)
+                sc[4 * j + e] = cutlass.select_(ok, sc[4 * j + e], Float32(ninf))
+
+    def rescale(acc, alphas):
+        """O's two rows of this thread times their softmax factors."""
+        for r in range(2):
+            for jd in range(dtiles):
+                acc[4 * jd + 2 * r] = acc[4 * jd + 2 * r] * alphas[r]
+                acc[4 * jd + 2 * r + 1] = acc[4 * jd + 2 * r + 1] * alphas[r]
 
     @cute.kernel
     def attn_prefill_wg_kernel(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
@@ -499,21 +604,11 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             if cutlass.const_expr(window > 0):
                 edge = edge | (kb <= qmax - window)
             if edge:
-                for j in cutlass.range_constexpr(ntile_s):
-                    for e in cutlass.range_constexpr(4):
-                        kp = kb + 8 * j + 2 * t + e % 2
-                        p = qpos[e // 2]
-                        ok = kp <= p
-                        if cutlass.const_expr(window > 0):
-                            ok = ok & (kp > p - window)
-                        sc[4 * j + e] = cutlass.select_(ok, sc[4 * j + e], Float32(ninf))
+                mask_scores(sc, kb, t, qpos, ntile_s)
             # online softmax per row (log2 units); the weights replace the scores
             moved, alphas = softmax_lazy(sc, st)
             if moved:
-                for r in cutlass.range_constexpr(2):
-                    for jd in cutlass.range_constexpr(dtiles):
-                        acc[4 * jd + 2 * r] = acc[4 * jd + 2 * r] * alphas[r]
-                        acc[4 * jd + 2 * r + 1] = acc[4 * jd + 2 * r + 1] * alphas[r]
+                rescale(acc, alphas)
             # P as A fragments: k-step kk = keys 16kk … 16kk + 15 = n-tiles 2kk, 2kk + 1
             pa = [[du.pack_bf16(sc[8 * kk + 2 * e], sc[8 * kk + 2 * e + 1]) for e in range(4)]
                   for kk in range(BN // 16)]
@@ -601,6 +696,253 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                                   du.pack_bf16(acc[4 * jd + 2 * r] * inv,
                                                acc[4 * jd + 2 * r + 1] * inv))
 
+    @cute.kernel
+    def attn_prefill_ws_kernel(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
+                               mkc: cute.Tensor, mvc: cute.Tensor, mtable: cute.Tensor,
+                               mstart: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor):
+        """The warp-specialized form (WS = 1): warpgroups 0 and 1 compute 64 rows each, 2
+        copies K and V tiles of WS_BN keys into ST stages of two mbarrier pipelines."""
+        tid, _, _ = cute.arch.thread_idx()
+        blk, kvh, _ = cute.arch.block_idx()
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        bn = WS_BN
+        nts = bn // 8
+        alloc = cutlass.memory.SmemAllocator()
+        smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
+                                     byte_alignment=128)
+        raw = du.smem_addr(smem)
+        base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms need 1024 alignment
+        bars = base + Uint32(lay["bars"])
+        full_k, full_v = bars, bars + Uint32(8 * stages)
+        empty_k, empty_v = bars + Uint32(16 * stages), bars + Uint32(24 * stages)
+        consumers, producers = 256, 128
+        if tid == 0:
+            for i in cutlass.range_constexpr(stages):
+                mb.mbar_init(full_k + Uint32(8 * i), producers)  # every producer thread
+                mb.mbar_init(full_v + Uint32(8 * i), producers)
+                mb.mbar_init(empty_k + Uint32(8 * i), consumers)  # every consumer thread
+                mb.mbar_init(empty_v + Uint32(8 * i), consumers)
+            mb.mbar_init_fence()
+
+        row_r = [ROWS * warp + g + 8 * r for r in range(2)]
+        row_head = [(g + 8 * r) % g_heads for r in range(2)]
+        sw = [du.ld_weight_u32(msinks.iterator.toint() + Int64(kvh * g_heads + row_head[r]) * 4)
+              for r in range(2)]
+        du.griddepcontrol_wait_after_values(sw)
+        cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.sync_threads()  # the barriers are initialised
+
+        nblk, _, _ = cute.arch.grid_dim()
+        qblk = nblk - 1 - blk
+        n = mstart[0]
+        t_total = mq.shape[0]
+        q0 = qblk * tq
+        last = t_total - 1
+        qmin = n + q0
+        qmax = n + cutlass.min(q0 + tq - 1, last)
+        lo = Int32(0)
+        if cutlass.const_expr(window > 0):
+            lo = cutlass.max(qmin - (window - 1), Int32(0))
+        t_first = lo // bn
+        ntiles = qmax // bn + 1 - t_first
+        kst, vst = base + Uint32(lay["k"]), base + Uint32(lay["v"])
+
+        if warp >= 8:
+            # the producer: tile it's K, then V, each a cp.async group; a stage is handed over
+            # (mbarrier arrive) once this thread's copies into it are complete and fenced for
+            # wgmma's async proxy, and refilled only after every consumer thread released it
+            cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
+            ptid = tid - consumers
+            kc, vc = mkc.iterator.toint(), mvc.iterator.toint()
+            kn, vn = mkn.iterator.toint(), mvn.iterator.toint()
+            tb = mtable.iterator.toint()
+            slot = Int32(0)
+            if cutlass.const_expr(ring == 1):
+                slot = mtable[0]
+            for it in cutlass.range(ntiles):
+                s_k = it % stages
+                back = Uint32(((it // stages) + 1) % 2)  # parity of the stage's last release
+                if it >= stages:
+                    mb.mbar_wait(empty_k + Uint32(8) * Uint32(s_k), back)
+                load_tile(t_first + it, 0, ptid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn,
+                          tb, mtable, dsts=(kst + Uint32(lay["tile"]) * Uint32(s_k), None),
+                          nthr=producers, bn=bn)
+                if it >= 1:  # V of the tile before is complete
+                    du.cp_async_wait(1)
+                    du.fence_proxy_async_shared()
+                    mb.mbar_arrive(full_v + Uint32(8) * Uint32((it - 1) % stages))
+                if it >= stages:
+                    mb.mbar_wait(empty_v + Uint32(8) * Uint32(s_k), back)
+                load_tile(t_first + it, 0, ptid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn,
+                          tb, mtable, dsts=(None, vst + Uint32(lay["tile"]) * Uint32(s_k)),
+                          nthr=producers, bn=bn)
+                du.cp_async_wait(1)  # K of this tile is complete
+                du.fence_proxy_async_shared()
+                mb.mbar_arrive(full_k + Uint32(8) * Uint32(s_k))
+            du.cp_async_wait(0)
+            du.fence_proxy_async_shared()
+            mb.mbar_arrive(full_v + Uint32(8) * Uint32((ntiles - 1) % stages))
+        else:
+            cute.arch.setmaxregister_increase(WS_CONSUMER_REGS)
+            c = warp // 4  # this consumer warpgroup: rows 64c … 64c + 63
+            qpos = [n + q0 + row_r[r] // g_heads for r in range(2)]
+            qb = mq.iterator.toint()
+            qs = base + Uint32(lay["q"])
+            for i in cutlass.range_constexpr(rows * cpr // consumers):
+                ci = tid + consumers * i
+                row, col = ci // cpr, ci % cpr
+                tok = q0 + row // g_heads
+                src = Int64(cutlass.min(tok, last) * hq + kvh * g_heads + row % g_heads) * (d * 2)
+                du.cp_async_16(qs + Uint32(swz(row, col, blk_q)), qb + src + Int64(col * 16),
+                               cutlass.select_(tok <= last, Int32(16), Int32(0)))
+            du.cp_async_commit()
+            du.cp_async_wait(0)
+            du.fence_proxy_async_shared()
+            cute.arch.barrier(barrier_id=WS_Q_BAR, number_of_threads=consumers)
+
+            acc = cute.make_rmem_tensor((dtiles * 4,), Float32)
+            acc.fill(0.0)
+            sc = cute.make_rmem_tensor((bn // 2,), Float32)
+            pbuf = cute.make_rmem_tensor((bn // 2,), Uint32)  # P of the tile before, bf16x2
+            st = cute.make_rmem_tensor((2, 2), Float32)
+            for r in cutlass.range_constexpr(2):
+                sink = du.as_f32(sw[r]) * Float32(LOG2E)
+                st[r, 0] = sink
+                st[r, 1] = cutlass.select_((t == 0) & (sink != Float32(ninf)), Float32(1.0),
+                                           Float32(0.0))
+            # Ping-pong (FlashAttention-3): the consumers take turns issuing their wgmmas, so
+            # one's softmax runs while the other's products use the tensor cores. Consumer c
+            # waits on barrier WS_TURN_BAR + c, and after issuing lets the other go; consumer
+            # 1 opens the first turn and skips its last hand-over (each barrier then sees
+            # as many arrivals as waits).
+            mine = WS_TURN_BAR + c
+            other = WS_TURN_BAR + 1 - c
+            if c == 1:
+                cute.arch.barrier_arrive(barrier_id=WS_TURN_BAR, number_of_threads=consumers)
+
+            # tile 0: S only (its P·V is issued with tile 1's S)
+            mb.mbar_wait(full_k, Uint32(0))
+            cute.arch.barrier(barrier_id=mine, number_of_threads=consumers)
+            if cutlass.const_expr(wg):
+                pend = scores_issue(qs, kst, warp, bn)
+                cute.arch.barrier_arrive(barrier_id=other, number_of_threads=consumers)
+                scores_wait(sc, pend)
+            else:
+                cute.arch.barrier_arrive(barrier_id=other, number_of_threads=consumers)
+                scores(sc, qs, kst, warp, lane, bn)
+            mb.mbar_arrive(empty_k)
+            kb = t_first * bn
+            edge = kb + (bn - 1) > qmin
+            if cutlass.const_expr(window > 0):
+                edge = edge | (kb <= qmax - window)
+            if edge:
+                mask_scores(sc, kb, t, qpos, nts)
+            softmax_lazy(sc, st, nts)  # O is still zero: nothing to rescale
+            for i in cutlass.range_constexpr(bn // 2):
+                pbuf[i] = du.pack_bf16(sc[2 * i], sc[2 * i + 1])
+
+            # Tiles 1 … ntiles − 1 in three runs: those a row's window starts in, those
+            # wholly inside every row's range, those the causal edge crosses. Each run's body
+            # is branch-free up to the P·V's wait: with a branch (`if edge:`) there, ptxas
+            # moved that wait above the softmax, which is then no longer under the P·V.
+            t_end = t_first + ntiles
+            w_end = t_first + 1
+            if cutlass.const_expr(window > 0):
+                w_end = cutlass.max(w_end, cutlass.min(
+                    cutlass.select_(qmax >= window, (qmax - window) // bn + 1, Int32(0)),
+                    t_end))
+            c_from = cutlass.max(cutlass.min((qmin + 1) // bn, t_end), w_end)
+            for run in cutlass.range_constexpr(3):
+                masked = run != 1
+                r_lo, r_hi = ((t_first + 1, w_end), (w_end, c_from), (c_from, t_end))[run]
+                for tile in cutlass.range(r_lo, r_hi):
+                    it = tile - t_first
+                    s_k = it % stages
+                    s_v = (it - 1) % stages
+                    ks = kst + Uint32(lay["tile"]) * Uint32(s_k)
+                    vs = vst + Uint32(lay["tile"]) * Uint32(s_v)
+                    mb.mbar_wait(full_k + Uint32(8) * Uint32(s_k), Uint32((it // stages) % 2))
+                    mb.mbar_wait(full_v + Uint32(8) * Uint32(s_v),
+                                 Uint32(((it - 1) // stages) % 2))
+                    cute.arch.barrier(barrier_id=mine, number_of_threads=consumers)
+                    pa = [[pbuf[4 * kk + e] for e in range(4)] for kk in range(bn // 16)]
+                    if cutlass.const_expr(wg):
+                        # this tile's S, then the tile before's P·V: two groups, in order
+                        pend = scores_issue(qs, ks, warp, bn)
+                        pend_o = pv_issue(vs, pa, acc, bn)
+                        cute.arch.barrier_arrive(barrier_id=other, number_of_threads=consumers)
+                        du.wgmma_wait(1)
+                        vals = du.fence_values(pend)
+                        for i in cutlass.range_constexpr(bn // 2):
+                            sc[i] = vals[i]
+                    else:
+                        cute.arch.barrier_arrive(barrier_id=other, number_of_threads=consumers)
+                        scores(sc, qs, ks, warp, lane, bn)
+                    mb.mbar_arrive(empty_k + Uint32(8) * Uint32(s_k))
+                    if cutlass.const_expr(masked):
+                        mask_scores(sc, tile * bn, t, qpos, nts)
+                    moved, alphas = softmax_lazy(sc, st, nts)
+                    if cutlass.const_expr(wg):
+                        du.wgmma_wait(0)  # the P·V, which reads pbuf and accumulates O
+                        vals = du.fence_values(pend_o)
+                        for i in cutlass.range_constexpr(dtiles * 4):
+                            acc[i] = vals[i]
+                    else:
+                        pv(vs, pa, acc, lane, bn)
+                    mb.mbar_arrive(empty_v + Uint32(8) * Uint32(s_v))
+                    # O holds the tile before at the old reference max: both move together
+                    if moved:
+                        rescale(acc, alphas)
+                    for i in cutlass.range_constexpr(bn // 2):
+                        pbuf[i] = du.pack_bf16(sc[2 * i], sc[2 * i + 1])
+
+            # the last tile's P·V
+            s_v = (ntiles - 1) % stages
+            vs = vst + Uint32(lay["tile"]) * Uint32(s_v)
+            mb.mbar_wait(full_v + Uint32(8) * Uint32(s_v), Uint32(((ntiles - 1) // stages) % 2))
+            cute.arch.barrier(barrier_id=mine, number_of_threads=consumers)
+            pa = [[pbuf[4 * kk + e] for e in range(4)]
+                  for kk in range(bn // 16)]
+            if cutlass.const_expr(wg):
+                pend_o = pv_issue(vs, pa, acc, bn)
+                if c == 0:
+                    cute.arch.barrier_arrive(barrier_id=other, number_of_threads=consumers)
+                du.wgmma_wait(0)
+                vals = du.fence_values(pend_o)
+                for i in cutlass.range_constexpr(dtiles * 4):
+                    acc[i] = vals[i]
+            else:
+                if c == 0:
+                    cute.arch.barrier_arrive(barrier_id=other, number_of_threads=consumers)
+                pv(vs, pa, acc, lane, bn)
+
+            ob = mout.iterator.toint()
+            for r in cutlass.range_constexpr(2):
+                l_row = st[r, 1]
+                l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
+                l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
+                inv = Float32(1.0) / l_row
+                tok = q0 + row_r[r] // g_heads
+                if tok <= last:
+                    orow = Int64(tok * hq + kvh * g_heads + row_head[r]) * (d * 2)
+                    for jd in cutlass.range_constexpr(dtiles):
+                        du.st_u32(ob + orow + (8 * jd + 2 * t) * 2,
+                                  du.pack_bf16(acc[4 * jd + 2 * r] * inv,
+                                               acc[4 * jd + 2 * r + 1] * inv))
+
+    if _ws(spec):
+        @cute.jit
+        def attn_prefill_wg(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
+                            mkc: cute.Tensor, mvc: cute.Tensor, mtable: cute.Tensor,
+                            mstart: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor,
+                            stream: cuda.CUstream):
+            grid = (cute.ceil_div(mq.shape[0], tq), hkv, 1)
+            attn_prefill_ws_kernel(mq, mkn, mvn, mkc, mvc, mtable, mstart, msinks,
+                                   mout).launch(grid=grid, block=list(launch.block),
+                                                smem=launch.smem, stream=stream)
+        return attn_prefill_wg
+
     if splits > 1:
         @cute.jit
         def attn_prefill_wg(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
@@ -629,5 +971,6 @@ flops = attn_prefill.flops
 
 KERNEL = KernelDef(name="attn_prefill_wg", args=_args, launch=_launch, specs=_specs,
                    build=_build, reference=_reference,
-                   source_files=("toolchain/dsl_util.py", "prefill/attn_prefill.py"),
+                   source_files=("toolchain/dsl_util.py", "toolchain/dsl_mbarrier.py",
+                                 "prefill/attn_prefill.py"),
                    build_takes_arch=True)
