@@ -43,8 +43,8 @@ def test_specialisations_mirror_attn_prefill(preset):
 @pytest.mark.parametrize("preset", ["nano", "full"])
 def test_the_warp_specialized_form_per_layer_kind(preset):
     """WS = 1 (bench variant): one spec per layer kind, the same arguments, 12 warps (two
-    consumer warpgroups, one producer), Q and two stages each of K and V in 128-key tiles plus
-    the 16 mbarriers, one CTA per SM; its setmaxnreg split fits the SM's registers."""
+    consumer warpgroups, one producer), Q and two stages each of K and V in 128-key tiles, one
+    CTA per SM; its setmaxnreg split fits the SM's registers, its named barriers the 16 ids."""
     cfg = FlintConfig.preset(preset)
     ws = [s for s in wg.bench_specs(cfg) if wg._ws(s)]
     assert [{k: v for k, v in s.as_dict().items() if k != "WS"} for s in ws] == \
@@ -54,11 +54,15 @@ def test_the_warp_specialized_form_per_layer_kind(preset):
         assert [a.name for a in args] == [a.name for a in ap.KERNEL.args(s)]
         assert launch.block == (32 * wg.WS_WARPS, 1, 1) == (384, 1, 1)
         d = s["D"]
-        want = 128 * d * 2 + 2 * s["ST"] * wg.WS_BN * d * 2 + 4 * s["ST"] * 8 + 1024
+        want = 128 * d * 2 + 2 * s["ST"] * wg.WS_BN * d * 2 + 1024
         assert launch.smem == want <= 227 * 1024
         assert launch.smem > 227 * 1024 // 2  # one CTA per SM, as the register split assumes
     assert 128 * wg.WS_PRODUCER_REGS + 256 * wg.WS_CONSUMER_REGS <= 65536
     assert wg.WS_PRODUCER_REGS % 8 == wg.WS_CONSUMER_REGS % 8 == 0
+    ids = [0, wg.WS_Q_BAR, wg.WS_TURN_BAR, wg.WS_TURN_BAR + 1] + [
+        b + s for b in (wg.WS_FULL_K, wg.WS_FULL_V, wg.WS_EMPTY_K, wg.WS_EMPTY_V)
+        for s in range(wg.STAGES)]
+    assert len(set(ids)) == len(ids) and max(ids) < 16
 
 
 def test_short_chunks_split_their_keys_until_the_gpu_is_full():

@@ -60,19 +60,19 @@ arguments and rows. 12 warps, one CTA per SM (160 KB of shared memory at D = 128
 0 and 1 are consumers of 64 rows each (setmaxnreg 224), warpgroup 2 the producer (setmaxnreg
 56), which alone issues the cp.async copies (the same addresses as above: the chunk's new keys,
 ring entries or pages, two page reads per 128-key tile) into ST = 2 stages each of K and of V,
-tiles of WS_BN = 128 keys. Two mbarrier pipelines, K and V: the producer arrives on a stage's
-"full" barrier once its own copies into it are complete (cp.async.wait_group) and fenced for
-the async proxy, as the plain form's threads do before their CTA barrier; every consumer
-thread arrives on its "empty" barrier once the wgmma reading it has been waited. Consumer
+tiles of WS_BN = 128 keys. Two pipelines, K and V, handed over by named barriers of all 384
+threads: the producer arrives on a stage's "full" barrier once its own copies into it are
+complete (cp.async.wait_group) and fenced for the async proxy, as the plain form's threads do
+before their CTA barrier; the consumers arrive on its "empty" barrier once the wgmma reading
+it has been waited (mbarriers' waits are loops, and a loop in the iteration's body made ptxas
+wait for the P·V before the softmax instead of after it). Consumer
 step for tile j: wait K_j and V_{j-1}; on its turn (a named barrier per consumer, handed over
 after issuing: ping-pong, so one warpgroup's softmax runs under the other's products) issue S_j
 = Q·K_jᵀ and then O += P_{j-1}·V_{j-1} as two wgmma groups; wait S_j, release K_j, mask
 (edge tiles only: the loop runs in three branch-free runs, window edge, inside, causal edge),
 online softmax; wait the P·V, release V_{j-1}, rescale O if a row's max moved (O then holds
 tile j − 1 at the old reference max, like l), pack P_j. SASS (sm_90a): no local memory,
-168 registers at launch; ptxas places the P·V's wait after the first row's max rather than
-after the softmax (so a warpgroup's softmax overlaps the other warpgroup's products, not its
-own P·V); neither the shuffles, the vote nor the stage release after it move it. Prediction:
+168 registers at launch, the P·V's wait after the softmax's exponentials. Prediction:
 a full layer at 8K 1.19 → ~0.95–1.05 ms (≥ 520 TFLOP/s), 32K 635 → ~570 ms, 100K 3.94 →
 ~3.4 s. sm_100a builds the same roles with mma.sync (it spills; never run).
 
@@ -113,7 +113,9 @@ WS_BN = 128  # keys per tile
 WS_WARPS = 12  # consumer warpgroups 0 and 1 (the 128 rows), producer warpgroup 2
 WS_PRODUCER_REGS = 56  # setmaxnreg: the producer only computes copy addresses (40 spilled)
 WS_CONSUMER_REGS = 224  # 56·128 + 224·256 ≤ the SM's 65,536 registers
-WS_Q_BAR, WS_TURN_BAR = 1, 2  # named barriers: Q loaded; consumer c's turn is WS_TURN_BAR + c
+# named barriers: Q loaded (consumers); consumer c's turn, WS_TURN_BAR + c; stage s of K
+# full, V full, K empty, V empty (all 384 threads): WS_FULL_K + s, … (ST = 2 each)
+WS_Q_BAR, WS_TURN_BAR, WS_FULL_K, WS_FULL_V, WS_EMPTY_K, WS_EMPTY_V = 1, 2, 4, 6, 8, 10
 
 
 def fits(cfg) -> bool:
@@ -219,12 +221,10 @@ def _layout(spec: Spec) -> dict[str, int]:
     d = spec["D"]
     q_bytes = WARPS * ROWS * d * 2
     if _ws(spec):
-        # K stages, then V stages (two pipelines), then the mbarriers: full K, full V, empty
-        # K, empty V, ST of each
+        # K stages, then V stages (two pipelines, handed over by named barriers)
         tile = WS_BN * d * 2
-        bars = q_bytes + 2 * spec["ST"] * tile
         return {"q": 0, "k": q_bytes, "v": q_bytes + spec["ST"] * tile, "tile": tile,
-                "bars": bars, "total": bars + 4 * spec["ST"] * 8}
+                "total": q_bytes + 2 * spec["ST"] * tile}
     tile = BN * d * 2
     total = q_bytes + spec["ST"] * 2 * tile
     if _splits(spec) > 1:
@@ -267,7 +267,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     import cutlass.cute as cute
     from cutlass import Boolean, Float32, Int32, Int64, Uint32
 
-    from flint_graph.kernels.toolchain import dsl_mbarrier as mb
     from flint_graph.kernels.toolchain import dsl_util as du
 
     _check(spec)
@@ -302,6 +301,11 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         `nthr` threads, and commit them as one group. `dsts`: instead, the shared addresses
         (K, V) of the tile's destinations, either None to skip that operand (the
         warp-specialized form's separate K and V pipelines)."""
+        if dsts is not None:
+            # the tile number through an opaque asm: otherwise LLVM shares this pass's address
+            # arithmetic with the other operand's pass and keeps all of it live across the
+            # barrier wait between them (the producer then spilled even at 80 registers)
+            tile = Int32(du.f32_bits(du.fence_values([du.as_f32(Uint32(tile))])[0]))
         kb = tile * bn
         if dsts is None:
             ks = base + Uint32(lay["stages"] + stage * lay["stage"])
@@ -701,7 +705,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                                mkc: cute.Tensor, mvc: cute.Tensor, mtable: cute.Tensor,
                                mstart: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor):
         """The warp-specialized form (WS = 1): warpgroups 0 and 1 compute 64 rows each, 2
-        copies K and V tiles of WS_BN keys into ST stages of two mbarrier pipelines."""
+        copies K and V tiles of WS_BN keys into ST stages of two pipelines."""
         tid, _, _ = cute.arch.thread_idx()
         blk, kvh, _ = cute.arch.block_idx()
         warp, lane = tid // 32, tid % 32
@@ -713,17 +717,8 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                                      byte_alignment=128)
         raw = du.smem_addr(smem)
         base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms need 1024 alignment
-        bars = base + Uint32(lay["bars"])
-        full_k, full_v = bars, bars + Uint32(8 * stages)
-        empty_k, empty_v = bars + Uint32(16 * stages), bars + Uint32(24 * stages)
         consumers, producers = 256, 128
-        if tid == 0:
-            for i in cutlass.range_constexpr(stages):
-                mb.mbar_init(full_k + Uint32(8 * i), producers)  # every producer thread
-                mb.mbar_init(full_v + Uint32(8 * i), producers)
-                mb.mbar_init(empty_k + Uint32(8 * i), consumers)  # every consumer thread
-                mb.mbar_init(empty_v + Uint32(8 * i), consumers)
-            mb.mbar_init_fence()
+        everyone = consumers + producers
 
         row_r = [ROWS * warp + g + 8 * r for r in range(2)]
         row_head = [(g + 8 * r) % g_heads for r in range(2)]
@@ -731,7 +726,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
               for r in range(2)]
         du.griddepcontrol_wait_after_values(sw)
         cute.arch.griddepcontrol_launch_dependents()
-        cute.arch.sync_threads()  # the barriers are initialised
 
         nblk, _, _ = cute.arch.grid_dim()
         qblk = nblk - 1 - blk
@@ -747,11 +741,20 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         t_first = lo // bn
         ntiles = qmax // bn + 1 - t_first
         kst, vst = base + Uint32(lay["k"]), base + Uint32(lay["v"])
+        # The stages change hands by named barriers of all 384 threads: the producer arrives
+        # on "full" once its copies into a stage are complete and fenced for wgmma's async
+        # proxy, the consumers wait there; the consumers arrive on "empty" once the wgmma
+        # reading the stage is waited, the producer waits there before refilling it. A
+        # barrier's phases cannot mix: each side's next arrival needs the other side's wait
+        # of the phase before. The consumers release a tile's stage only when a tile ST later
+        # refills it, so every barrier sees as many arrivals as waits. (mbarriers, whose
+        # waits are loops, made ptxas wait for the P·V before the softmax: a loop in the
+        # iteration's body stops it keeping a wgmma in flight across the body.)
 
         if warp >= 8:
             # the producer: tile it's K, then V, each a cp.async group; a stage is handed over
-            # (mbarrier arrive) once this thread's copies into it are complete and fenced for
-            # wgmma's async proxy, and refilled only after every consumer thread released it
+            # once this thread's copies into it are complete and fenced for wgmma's async
+            # proxy, and refilled only after every consumer thread released it
             cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
             ptid = tid - consumers
             kc, vc = mkc.iterator.toint(), mvc.iterator.toint()
@@ -762,27 +765,28 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 slot = mtable[0]
             for it in cutlass.range(ntiles):
                 s_k = it % stages
-                back = Uint32(((it // stages) + 1) % 2)  # parity of the stage's last release
                 if it >= stages:
-                    mb.mbar_wait(empty_k + Uint32(8) * Uint32(s_k), back)
+                    cute.arch.barrier(barrier_id=WS_EMPTY_K + s_k, number_of_threads=everyone)
                 load_tile(t_first + it, 0, ptid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn,
                           tb, mtable, dsts=(kst + Uint32(lay["tile"]) * Uint32(s_k), None),
                           nthr=producers, bn=bn)
                 if it >= 1:  # V of the tile before is complete
                     du.cp_async_wait(1)
                     du.fence_proxy_async_shared()
-                    mb.mbar_arrive(full_v + Uint32(8) * Uint32((it - 1) % stages))
+                    cute.arch.barrier_arrive(barrier_id=WS_FULL_V + (it - 1) % stages,
+                                             number_of_threads=everyone)
                 if it >= stages:
-                    mb.mbar_wait(empty_v + Uint32(8) * Uint32(s_k), back)
+                    cute.arch.barrier(barrier_id=WS_EMPTY_V + s_k, number_of_threads=everyone)
                 load_tile(t_first + it, 0, ptid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn,
                           tb, mtable, dsts=(None, vst + Uint32(lay["tile"]) * Uint32(s_k)),
                           nthr=producers, bn=bn)
                 du.cp_async_wait(1)  # K of this tile is complete
                 du.fence_proxy_async_shared()
-                mb.mbar_arrive(full_k + Uint32(8) * Uint32(s_k))
+                cute.arch.barrier_arrive(barrier_id=WS_FULL_K + s_k, number_of_threads=everyone)
             du.cp_async_wait(0)
             du.fence_proxy_async_shared()
-            mb.mbar_arrive(full_v + Uint32(8) * Uint32((ntiles - 1) % stages))
+            cute.arch.barrier_arrive(barrier_id=WS_FULL_V + (ntiles - 1) % stages,
+                                     number_of_threads=everyone)
         else:
             cute.arch.setmaxregister_increase(WS_CONSUMER_REGS)
             c = warp // 4  # this consumer warpgroup: rows 64c … 64c + 63
@@ -822,7 +826,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 cute.arch.barrier_arrive(barrier_id=WS_TURN_BAR, number_of_threads=consumers)
 
             # tile 0: S only (its P·V is issued with tile 1's S)
-            mb.mbar_wait(full_k, Uint32(0))
+            cute.arch.barrier(barrier_id=WS_FULL_K, number_of_threads=everyone)
             cute.arch.barrier(barrier_id=mine, number_of_threads=consumers)
             if cutlass.const_expr(wg):
                 pend = scores_issue(qs, kst, warp, bn)
@@ -831,7 +835,8 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             else:
                 cute.arch.barrier_arrive(barrier_id=other, number_of_threads=consumers)
                 scores(sc, qs, kst, warp, lane, bn)
-            mb.mbar_arrive(empty_k)
+            if ntiles > stages:  # tile ST refills this stage
+                cute.arch.barrier_arrive(barrier_id=WS_EMPTY_K, number_of_threads=everyone)
             kb = t_first * bn
             edge = kb + (bn - 1) > qmin
             if cutlass.const_expr(window > 0):
@@ -862,9 +867,8 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                     s_v = (it - 1) % stages
                     ks = kst + Uint32(lay["tile"]) * Uint32(s_k)
                     vs = vst + Uint32(lay["tile"]) * Uint32(s_v)
-                    mb.mbar_wait(full_k + Uint32(8) * Uint32(s_k), Uint32((it // stages) % 2))
-                    mb.mbar_wait(full_v + Uint32(8) * Uint32(s_v),
-                                 Uint32(((it - 1) // stages) % 2))
+                    cute.arch.barrier(barrier_id=WS_FULL_K + s_k, number_of_threads=everyone)
+                    cute.arch.barrier(barrier_id=WS_FULL_V + s_v, number_of_threads=everyone)
                     cute.arch.barrier(barrier_id=mine, number_of_threads=consumers)
                     pa = [[pbuf[4 * kk + e] for e in range(4)] for kk in range(bn // 16)]
                     if cutlass.const_expr(wg):
@@ -879,7 +883,9 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                     else:
                         cute.arch.barrier_arrive(barrier_id=other, number_of_threads=consumers)
                         scores(sc, qs, ks, warp, lane, bn)
-                    mb.mbar_arrive(empty_k + Uint32(8) * Uint32(s_k))
+                    if it + stages < ntiles:
+                        cute.arch.barrier_arrive(barrier_id=WS_EMPTY_K + s_k,
+                                                 number_of_threads=everyone)
                     if cutlass.const_expr(masked):
                         mask_scores(sc, tile * bn, t, qpos, nts)
                     moved, alphas = softmax_lazy(sc, st, nts)
@@ -890,7 +896,9 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                             acc[i] = vals[i]
                     else:
                         pv(vs, pa, acc, lane, bn)
-                    mb.mbar_arrive(empty_v + Uint32(8) * Uint32(s_v))
+                    if it - 1 + stages < ntiles:
+                        cute.arch.barrier_arrive(barrier_id=WS_EMPTY_V + s_v,
+                                                 number_of_threads=everyone)
                     # O holds the tile before at the old reference max: both move together
                     if moved:
                         rescale(acc, alphas)
@@ -900,7 +908,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             # the last tile's P·V
             s_v = (ntiles - 1) % stages
             vs = vst + Uint32(lay["tile"]) * Uint32(s_v)
-            mb.mbar_wait(full_v + Uint32(8) * Uint32(s_v), Uint32(((ntiles - 1) // stages) % 2))
+            cute.arch.barrier(barrier_id=WS_FULL_V + s_v, number_of_threads=everyone)
             cute.arch.barrier(barrier_id=mine, number_of_threads=consumers)
             pa = [[pbuf[4 * kk + e] for e in range(4)]
                   for kk in range(bn // 16)]
@@ -971,6 +979,5 @@ flops = attn_prefill.flops
 
 KERNEL = KernelDef(name="attn_prefill_wg", args=_args, launch=_launch, specs=_specs,
                    build=_build, reference=_reference,
-                   source_files=("toolchain/dsl_util.py", "toolchain/dsl_mbarrier.py",
-                                 "prefill/attn_prefill.py"),
+                   source_files=("toolchain/dsl_util.py", "prefill/attn_prefill.py"),
                    build_takes_arch=True)
