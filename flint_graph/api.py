@@ -457,8 +457,11 @@ class LLM:
             raise InvalidRequestError(
                 f"stop_token_ids (with generation_config.json eos_token_id): id {bad[0]} "
                 f"outside [0, vocab_size = {self.cfg.vocab_size})")
+        # the model's end-of-turn ids (a stop on one of the caller's other ids is a cut-off)
+        end = list(SamplingParams().with_defaults(self.generation_config).stop_token_ids) \
+            or list(self.tokenizer.chat_stop_ids)
         return Request(prompt_ids, params, self.tokenizer, eos, parser,
-                       max_new_tokens=limit - len(prompt_ids))
+                       max_new_tokens=limit - len(prompt_ids), end_ids=end)
 
     def _run(self, reqs: list[Request]) -> list[GenerationOutput]:
         for r in reqs:

@@ -346,6 +346,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     elif out.finish_reason == "repeat":
         print(f"flint-graph: note: the answer repeated itself; --stop-on-repeat ended it after "
               f"{len(out.token_ids)} tokens", file=sys.stderr)
+    elif out.finish_reason == "stop" and not args.raw and out.reasoning_content \
+            and not out.content and not out.tool_calls:
+        # only a caller's stop cuts reasoning this way (the model's own end makes it content)
+        print("flint-graph: note: a --stop string ended the output while the model was "
+              "still reasoning, so there is no answer", file=sys.stderr)
     elif shown_reasoning and not out.reasoning_content and out.content:
         print("flint-graph: note: the model stopped without closing its reasoning (</think>), "
               "so that text is reported as the answer", file=sys.stderr)

@@ -152,6 +152,46 @@ def test_chat_pipeline_parses_reasoning_and_typed_tool_call(tiny_llm, monkeypatc
     assert "<tool_response>" in tiny_llm.render(history, tools)
 
 
+@pytest.mark.parametrize("ending, params, reasoning, content", [
+    # the model's own end of turn before any </think>: its text is the answer
+    ("eos", {}, "", "457 + 368 is 825"),
+    # a caller's stop string inside the reasoning cuts it from outside, as max_tokens does
+    ("text", {"stop": ["8"]}, "457 + 36", ""),
+    ("text", {"stop": ["is 8"]}, "457 + 368 ", ""),
+    # a caller's stop token id that is no EOS id: the same
+    ("stop id", {}, "457 + 368 is 825", ""),
+    # an EOS id listed in stop_token_ids is still the model ending its turn
+    ("eos", {"stop_token_ids": "eos"}, "", "457 + 368 is 825"),
+    # ... but with ignore_eos only the caller's list can stop it
+    ("eos", {"stop_token_ids": "eos", "ignore_eos": True}, "457 + 368 is 825", ""),
+    ("text", {"max_tokens": 4}, "first 4", ""),
+])
+def test_output_ending_inside_reasoning(tiny_llm, monkeypatch, ending, params, reasoning,
+                                        content):
+    """Who ended an output that never closed its reasoning decides what it is: the model (an
+    EOS id) makes it the answer; a caller's stop string or stop token, like max_tokens, leaves
+    it reasoning with no answer (a new user's `--stop 8` had "457 + 3" reported as the
+    answer, and the server sent it in both fields)."""
+    tok = tiny_llm.tokenizer
+    eos = tok.token_id("<|user|>")
+    stop_id = tok.encode("9")[0]  # a token that never occurs in the text (and no EOS id)
+    ids = tok.encode("457 + 368 is 825")
+    ids += [eos] if ending == "eos" else [stop_id] if ending == "stop id" else tok.encode(" ok")
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", scripted_sampler(ids + [eos] * 4))
+    kw = {"max_tokens": 50, **params}
+    if kw.get("stop_token_ids") == "eos":
+        kw["stop_token_ids"] = [eos]
+    if ending == "stop id":
+        kw["stop_token_ids"] = [stop_id]
+    msg = tiny_llm.chat([{"role": "user", "content": "What is 457 plus 368?"}],
+                        params=SamplingParams(**kw))
+    if reasoning == "first 4":
+        reasoning = tok.decode(ids[:4])
+    assert (msg.reasoning_content or "", msg.content) == (reasoning, content)
+    assert msg.finish_reason == ("length" if "max_tokens" in params else "stop")
+    assert not tiny_llm.engine.has_work
+
+
 def test_chat_undeclared_tool_call_stays_visible(tiny_llm, monkeypatch):
     text = "hm</think><tool_call>rm_rf<arg_key>path</arg_key><arg_value>/</arg_value>" \
            "</tool_call><|user|>"

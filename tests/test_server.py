@@ -556,6 +556,33 @@ def test_scripted_outputs_stream_as_the_contract_says(server, client, monkeypatc
         assert sum(1 for d in deltas if d.function.arguments) > 3  # streamed as it arrived
 
 
+@pytest.mark.parametrize("stop, reasoning, content", [
+    (None, None, "457 + 368 is 825"),  # the model's end of turn: the answer
+    (["8"], "457 + 36", ""),  # a caller's stop string inside the reasoning: a cut-off
+])
+def test_output_ending_inside_reasoning_streams_and_returns_one_reading(
+        server, client, monkeypatch, stop, reasoning, content):
+    """A new user's `"stop": ["8"]` returned "457 + 36" as both content and reasoning (and
+    streamed it twice). Non-streamed: the parsed message, each text in one field. Streamed: a
+    cut-off stays reasoning; the model's own end sends the text as reasoning and then, once
+    known to be the answer, once more as content (docs/serve.md)."""
+    llm = server[0]
+    ids = llm.tokenizer.encode_segments([("457 + 368 is 825", False)])
+    ids.append(llm.tokenizer.token_id("<|user|>"))
+    _script_chat_output(monkeypatch, llm, ids)
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "What is 457 plus 368?"}],
+                max_tokens=len(ids) + 5, temperature=0, stop=stop)
+    whole = client.chat.completions.create(**body).choices[0]
+    assert whole.finish_reason == "stop"
+    assert getattr(whole.message, "reasoning_content", None) == reasoning
+    assert (whole.message.content or "") == content
+    chunks = list(client.chat.completions.create(**body, stream=True))
+    streamed = ["".join(getattr(c.choices[0].delta, field, None) or "" for c in chunks
+                        if c.choices) for field in ("reasoning_content", "content")]
+    text = reasoning or content
+    assert streamed == [text, content]
+
+
 @contextlib.contextmanager
 def _serve_process(tiny_ckpt, *options: str):
     """(process, port) of `flint-graph serve` on the tiny checkpoint in a subprocess, once its

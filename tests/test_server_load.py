@@ -44,9 +44,14 @@ def _cancel_after(c: int, j: int) -> int:
 
 
 def _solo(client, body: dict) -> str:
-    out = client.chat.completions.create(**body)
-    msg = out.choices[0].message
-    return (getattr(msg, "reasoning_content", None) or "") + "|" + (msg.content or "")
+    """The request alone, streamed and joined field by field as the clients below join theirs
+    (a non-streamed reply differs where the model ends inside its reasoning: docs/serve.md)."""
+    reasoning, content = [], []
+    for chunk in client.chat.completions.create(**body, stream=True):
+        for ch in chunk.choices:
+            reasoning.append(getattr(ch.delta, "reasoning_content", None) or "")
+            content.append(ch.delta.content or "")
+    return "".join(reasoning) + "|" + "".join(content)
 
 
 def test_eight_streaming_clients_match_their_solo_answers(tiny_ckpt):

@@ -21,10 +21,11 @@ flint_graph/chat/tool_schema.py types its values. Decisions (tests/test_output_p
   tools. With tools, a call to an undeclared name is an error and stays visible as content.
 - Content loses its leading whitespace after `</think>` and after each parsed call; streaming
   holds that whitespace until a visible character arrives, so both modes agree.
-- Output ending in reasoning (no `</think>`, no call): finish_reason "length" or "abort" keeps it
-  reasoning (cut off mid-thought); any other ("stop", None, ...) means the model ended it, so it
-  is the answer: result() has it as content only, and finish()'s delta repeats it as content
-  (it was already streamed as reasoning).
+- Output ending in reasoning (no `</think>`, no call): finish_reason "length", "abort", "repeat"
+  or "stop_sequence" (a caller's stop string or stop token id) keeps it reasoning (cut off
+  mid-thought from outside); any other ("stop": the model's end of turn, None, ...) means the
+  model ended it, so it is the answer: result() has it as content only, and finish()'s delta
+  repeats it as content (it was already streamed as reasoning).
 - With tools, a call's inner tags in content (`<arg_key>` … `</tool_call>` with no `<tool_call>`
   before them: the model skipped the opening tag) stay content as written and add one error, so
   a half-written call is never shown as a plain answer without a warning (none after a rejected
@@ -63,8 +64,9 @@ __all__ = ["TAGS", "OutputParser", "ParseDelta", "ParsedOutput", "ToolCall", "To
 # Parser states: the text states emit as they go; CALL hands the text to a CallReader.
 START, START_OFF, REASONING, STRIP, CONTENT, CALL = (
     "start", "start_off", "reasoning", "strip", "content", "call")
-# finish reasons that end the output from outside the model
-_CUT_OFF = ("length", "abort", "repeat")
+# finish reasons that end the output from outside the model; "stop_sequence": a caller's stop
+# string or stop token (the request still finishes "stop", as in OpenAI's API)
+_CUT_OFF = ("length", "abort", "repeat", "stop_sequence")
 # a call's inner tags: in content (no `<tool_call>` before them) they are a malformed call
 _STRAY = (CALL_CLOSE, KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE)
 
@@ -151,9 +153,9 @@ class OutputParser:
     def finish(self, finish_reason: str | None = None) -> ParseDelta:
         """End of output: release held text, report an open call, apply the no-`</think>` policy.
 
-        finish_reason "length" or "abort" keeps unterminated reasoning as reasoning; anything else
-        turns it into content (the delta then carries the whole reasoning text again, as content).
-        """
+        finish_reason "length", "abort", "repeat" or "stop_sequence" (the output was cut from
+        outside) keeps unterminated reasoning as reasoning; anything else turns it into content
+        (the delta then carries the whole reasoning text again, as content)."""
         if self._finished:
             raise RuntimeError("OutputParser.finish() called twice")
         self._delta, self._finished = ParseDelta(), True

@@ -59,17 +59,23 @@ class Request:
         parser: an OutputParser when the output should be split into reasoning / content /
             tool calls (chat), else None (raw completion).
         max_new_tokens: hard cap from the context limit (tokens).
+        end_ids: the model's own end-of-turn ids (generation_config's eos_token_id); None: all
+            of eos_ids. A stop on another id of eos_ids (the caller's stop_token_ids) or on a
+            stop string cuts the output from outside: reasoning it ends stays reasoning.
     """
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams,
                  tokenizer: FlintTokenizer, eos_ids: list[int],
-                 parser: OutputParser | None, max_new_tokens: int):
+                 parser: OutputParser | None, max_new_tokens: int,
+                 end_ids: list[int] | None = None):
         self.id = next(_ids)
         self.prompt_ids = list(prompt_ids)
         self.params = params
         # An unseeded request still draws from the counter-based sampler: give it a fresh seed.
         self.seed = params.seed if params.seed is not None else random.getrandbits(62)
         self.eos_ids = list(eos_ids)
+        # the model's own end-of-turn ids among them (the rest are the caller's stop_token_ids)
+        self._end_ids = frozenset(self.eos_ids if end_ids is None else end_ids)
         self.max_new_tokens = min(max_new_tokens, params.max_tokens or max_new_tokens)
         # The context limit may cap max_tokens below what was asked: finish checks use the cap.
         self._limits = replace(params, max_tokens=self.max_new_tokens,
@@ -95,6 +101,7 @@ class Request:
         self.t_first: float | None = None
         self.t_last: float | None = None
         self._parser_failed = False  # `_parser_fault` ended parsing: finish with "error"
+        self._caller_stop = False  # a stop string or stop_token_ids (not an EOS) ended it
         self._forced: list[int] = []  # tokens that replace the next draws (`force`)
         self._force_at: frozenset[int] = frozenset()  # ids that start them when drawn
         self._force_then: list[int] = []
@@ -152,10 +159,14 @@ class Request:
         delta = RequestDelta(self.id, token_ids=[token_id])
         reason = check_token(token_id, self.num_generated, self._limits, self.eos_ids)
         is_stop_token = reason == "stop"
+        # the caller's stop token, not the model's end of turn (an EOS id it may not ignore)
+        self._caller_stop = is_stop_token and (self._limits.ignore_eos
+                                               or token_id not in self._end_ids)
         if not is_stop_token:
             self._emit(delta, self._stop.push(self._detok.push(token_id)))
             if self._stop.stopped:
                 reason = "stop"
+                self._caller_stop = True
         if reason is None and self._repeat is not None and self._repeat.push(token_id):
             reason = "repeat"  # the output loops (SamplingParams.stop_on_repeat): a cut-off
         if self._parser_failed and reason is None:
@@ -181,12 +192,16 @@ class Request:
             tail = self._stop.push(self._detok.flush())
             if self._stop.stopped:
                 reason = "stop" if reason == "length" else reason
+                self._caller_stop = True
             else:
                 tail += self._stop.flush()
             self._emit(delta, tail)
         if self.parser is not None:
             try:
-                _merge(delta, self.parser.finish(reason))
+                # a caller's stop cut the output from outside, as max_tokens does: reasoning
+                # it ends stays reasoning (the model's own end of turn makes it the answer)
+                cut = "stop_sequence" if reason == "stop" and self._caller_stop else reason
+                _merge(delta, self.parser.finish(cut))
             except Exception as e:  # noqa: BLE001 - this request's own fault (`_emit`)
                 self._parser_fault(delta, e)
                 reason = "error"

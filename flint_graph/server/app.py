@@ -285,20 +285,19 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             raise
         weakref.finalize(stream, admission.done)  # a response never iterated frees it too
         _started(stream)
-        seen = {"reasoning": [], "content": []}
         decode = _decoder(llm) if params.logprobs else None
-        sse = await _respond(request, body, _chat_events(stream, usage, seen, decode, admission),
+        sse = await _respond(request, body, _chat_events(stream, usage, decode, admission),
                              stream, "chat", metrics, admission)
         if sse:
             return sse
         if state["stopping"] and stream.message.finish_reason == "abort":
             raise _stopping(stream)
-        # the response is what the stream would have delivered, joined: an output that ends
-        # inside reasoning with finish "stop" streams as reasoning, then (once known to be the
-        # answer) again as content, so it is in both fields here too
-        reasoning = "".join(seen["reasoning"])
-        msg = dataclasses.replace(stream.message, reasoning_content=reasoning or None,
-                                  content="".join(seen["content"]))
+        # the parsed message, as LLM.chat and `generate --json` report it: an output the model
+        # ended inside its reasoning is the answer (content) only; a stream must send it twice
+        # (first as reasoning, then, once known to be the answer, as content)
+        msg = stream.message
+        if not msg.reasoning_content:
+            msg = dataclasses.replace(msg, reasoning_content=None)
         return p.chat_response(p.new_id("chatcmpl"), model_name, msg, _decoder(llm))
 
     def _stopping(stream=None) -> p.APIError:
@@ -327,8 +326,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         sent[0] = n
         return new
 
-    def _chat_events(stream, usage: bool, seen: dict | None = None, decode=None,
-                     admission=None) -> Iterator[dict]:
+    def _chat_events(stream, usage: bool, decode=None, admission=None) -> Iterator[dict]:
         rid, created = p.new_id("chatcmpl"), int(time.time())
         sent = [0]  # tokens whose logprobs went out (they ride on the chunks, in order)
         yield p.chat_chunk(rid, model_name, created, {"role": "assistant", "content": ""})
@@ -340,9 +338,6 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                 delta["reasoning_content"] = delta["reasoning"] = d.reasoning
             if d.content:
                 delta["content"] = d.content
-            if seen is not None:
-                seen["reasoning"].append(d.reasoning or "")
-                seen["content"].append(d.content or "")
             calls = [c.to_openai() for c in d.tool_call_deltas if not c.error]
             if calls:
                 delta["tool_calls"] = calls
