@@ -44,6 +44,27 @@ def test_the_readme_starts_with_its_two_commands():
     assert (ROOT / "examples" / "tools.json").is_file()
 
 
+def test_chat_script_reads_paths_from_where_it_is_run(tmp_path):
+    """scripts/chat.sh ran the chat from the repository's root, so `--tools mytools.json` from
+    another directory was "not found" and `/save` wrote into the clone (a new user's trial).
+    A stub stands in for the venv's flint-graph: it reports the directory and arguments."""
+    import shutil
+    import subprocess
+
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "chat.sh", repo / "scripts" / "chat.sh")
+    stub = repo / ".venv" / "bin" / "flint-graph"
+    stub.parent.mkdir(parents=True)
+    stub.write_text('#!/bin/sh\npwd\necho "$@"\n')
+    stub.chmod(0o755)
+    work.mkdir()
+    out = subprocess.run([str(repo / "scripts" / "chat.sh"), "--tools", "my tools.json"],
+                         cwd=work, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [str(work), "chat --tools my tools.json"]
+
+
 @pytest.mark.parametrize("argv", _cli_lines(), ids=lambda a: " ".join(a[1:4]))
 def test_every_cli_line_parses(argv):
     """A flag renamed or removed since the README was written fails here, not for a user."""
