@@ -367,9 +367,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     elif not args.raw and not tools and out.content.lstrip().startswith(DECLINED):
         # flint-nano declines a tool request it was given no tool for, in words that list
         # the skills it just declined ("Convert 120 km to mi." without --tools)
-        print("flint-graph: note: the model declined, and no tools were declared: its weather, "
-              "unit-conversion and lookup skills are tool calls; pass --tools TOOLS.json (e.g. "
-              "examples/tools.json) to offer them", file=sys.stderr)
+        # ("Write a poem" is declined the same way, so the note says when tools would help)
+        print("flint-graph: note: the model declined; if you asked for the weather, a unit "
+              "conversion or a table lookup, those are tool calls, offered with --tools "
+              "TOOLS.json (e.g. examples/tools.json)", file=sys.stderr)
     return 0
 
 
