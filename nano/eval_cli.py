@@ -248,6 +248,11 @@ def _check_same_weights(ref: dict | None, weights: str, path: Path | None) -> No
             "a new reference with `flint-graph eval MODEL --engine reference --json REF.json`")
 
 
+def _target(share: float) -> str:
+    """A target share as the report shows it: "≥90%", or "100%" (nothing can exceed it)."""
+    return "100%" if share >= 1 else f"≥{100 * share:.0f}%"
+
+
 def _verdict(target: dict) -> str:
     """A target's cell: met / MISSED, or not judged below JUDGE_MIN_N cases (reports written
     before the rule have no "judged" and are judged)."""
@@ -319,7 +324,7 @@ def _print(report: dict, console=None) -> None:
                 continue
             tg = targets.get((grp, m))
             row = [grp, str(g["n"]), m, f"{100 * g[m]:.1f}%",
-                   "" if tg is None else f"≥{100 * tg['target']:.0f}% {_verdict(tg)}"]
+                   "" if tg is None else f"{_target(tg['target'])} {_verdict(tg)}"]
             if cmp_rows:
                 c = cmp_rows.get((grp, m))
                 row += ["", ""] if c is None else [

@@ -427,6 +427,22 @@ def test_piped_input_is_echoed_after_its_prompt(tiny_llm):
     assert "/exit" not in console.file.getvalue().splitlines()
 
 
+def test_help_lists_every_command_and_key(tiny_llm):
+    """/help printed the banner's one-line reminder again, without /help itself (a new
+    user's trial): it lists each command (and the fence, Ctrl-C, Ctrl-D) on a line of its own."""
+    from flint_graph.terminal.chat_cli import COMMANDS
+
+    s, console = _session(tiny_llm, ["/help", "/exit"])
+    s.run()
+    lines = console.file.getvalue().splitlines()
+    listed = lines[lines.index(next(x for x in lines if x.startswith("/reset "))):]
+    for cmd in COMMANDS:
+        assert any(x.startswith(cmd + " ") or x.startswith(cmd + ",") or f", {cmd} " in x
+                   for x in listed), cmd
+    assert any(x.startswith('"""') for x in listed)
+    assert any(x.startswith("Ctrl-C") for x in listed) and "Ctrl-D" in "".join(listed)
+
+
 def test_save_takes_a_quoted_name_without_its_quotes(tiny_llm, tmp_path, monkeypatch):
     """`/save ""` wrote a file literally named "" and `/save "my chat.json"` kept the quotes in
     the name (a bad-input trial, 2026-12-03): one pair of surrounding quotes is dropped, and an

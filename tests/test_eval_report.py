@@ -40,3 +40,11 @@ def test_the_header_is_whole_when_piped(monkeypatch, capsys):
     _print(_report("/tmp/[odd] dir/model-nvfp4.gguf"))  # a "[" is text, not rich markup
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "eval: /tmp/[odd] dir/model-nvfp4.gguf (nvfp4, reference engine), 41.2 s of decoding"
+
+
+def test_a_full_share_target_reads_100_percent():
+    """The phrasing suite's greeting and refusal targets showed as "≥100%" (a new user's
+    trial); a share of 1 is exactly 100%."""
+    from flint_graph.nano.eval_cli import _target
+
+    assert [_target(x) for x in (1.0, 0.95, 0.9)] == ["100%", "≥95%", "≥90%"]

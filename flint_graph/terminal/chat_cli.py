@@ -37,6 +37,15 @@ HELP = ('""" starts and ends a message of several lines · '
         "/reset  start a new conversation · /save FILE  save the transcript as JSON · "
         "/reasoning  show the last reasoning · /exit  quit (or /quit, Ctrl-D)")
 FENCE = '"""'  # a message of several lines is fenced by it, as in ollama's terminal chat
+# /help: every command and key, one a line (the banner's HELP is the one-line reminder)
+HELP_LONG = (
+    "/reset           start a new conversation (the system prompt and tools stay)\n"
+    "/save FILE       save the transcript as JSON (the OpenAI messages format)\n"
+    "/reasoning       show the last answer's reasoning in full\n"
+    "/help            this list\n"
+    "/exit, /quit     quit (or Ctrl-D at the prompt)\n"
+    '"""              on its own or before text: a message of several lines, up to the next """\n'
+    "Ctrl-C           stop the answer being written (at the prompt: nothing; Ctrl-D quits)")
 
 
 TRANSCRIPT_CHECK_BYTES = 256 << 20  # larger files are not read to decide (and are not replaced)
@@ -281,7 +290,7 @@ class ChatSession:
             self.console.print(Text(printable(self.last_reasoning) or "(no reasoning yet)",
                                     style="dim"), soft_wrap=True)
         elif cmd == "/help":
-            self.console.print(f"[dim]{HELP}[/]")
+            self.console.print(Text(HELP_LONG, style="dim"))
         else:
             self.console.print(f"[red]unknown command {cmd}[/]  [dim]{HELP}[/]")
         return None
