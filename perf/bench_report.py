@@ -249,12 +249,17 @@ def _summary_grid(result: dict) -> tuple[list[str], list[list[str]]]:
                      num(cs.get("total_s"), 2, " s")])
         rows += [[f"  {_phase_name(k)}", "", "", "-" if v is None else f"{v:.3f} s"]
                  for k, v in (cs.get("phases") or {}).items()]
-        if cs.get("note"):
-            rows.append(["  note", "", "", cs["note"]])
     for fmt, per in (result.get("kernels_per_step") or {}).items():
         rows.append(["kernels per step", "graph", fmt,
                      ", ".join(f"B={b}: {num(n)}" for b, n in (per or {}).items()) or "-"])
     return ["figure", "engine", "format", "value"], rows
+
+
+def _notes(result: dict) -> list[str]:
+    """Lines printed below the summary table: the cold start's note, which as a table cell
+    widened the whole value column (220 columns when piped)."""
+    cs = result.get("cold_start") or {}
+    return [f"cold start: {cs['note']}"] if cs.get("note") else []
 
 
 def _decode_caption(result: dict) -> str:
@@ -284,6 +289,7 @@ def markdown(result: dict) -> str:
            f"`{result.get('command') or '-'}`", ""]
     out += [*md_table(*_decode_grid(result)), "", _decode_caption(result), ""]
     out += [*md_table(*_summary_grid(result)), "", SUMMARY_CAPTION]
+    out += [f"\n{line}" for line in _notes(result)]
     errors = result.get("errors") or []
     if errors:
         out += ["", "Did not run:", *(f"- {e}" for e in errors)]
@@ -299,6 +305,8 @@ def print_report(result: dict, console) -> None:
     else:
         console.print("no decode figures in this result")
     console.print(summary_table(result))
+    for line in _notes(result):
+        console.print(escape(line), style="dim")
     for e in result.get("errors") or []:
         console.print(escape(f"did not run: {e}"), style="red")
 
