@@ -147,7 +147,7 @@ class LLM:
 
     def __init__(self, model: str | Path | None = None, hf_config_path: str | Path | None = None,
                  device: str | torch.device | None = None, progress: bool = True,
-                 engine: EngineConfig | None = None):
+                 engine: EngineConfig | str | None = None):
         if isinstance(engine, str):
             engine = EngineConfig(engine=engine)  # the CLI's spelling: engine="graph"
         elif engine is None:
