@@ -219,10 +219,12 @@ CASES = {
         "</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>1984</arg_value>"
         "<arg_key>days</arg_key><arg_value> 3 </arg_value></tool_call>"
         "<tool_call>run_query<arg_key>dry_run</arg_key><arg_value>True</arg_value>"
-        "<arg_key>extra</arg_key><arg_value>[1, 2]</arg_value></tool_call>",
+        "</tool_call>",
         {"tools": TOOLS},
+        # (an undeclared argument is JSON-decoded too, and named in an error:
+        # test_arguments_a_tool_does_not_declare_are_named)
         out("", "", [call("get_weather", 0, city="1984", days=3),
-                     call("run_query", 1, dry_run=True, extra=[1, 2])]),
+                     call("run_query", 1, dry_run=True)]),
     ),
     "two_calls_back_to_back": (
         f"Two cities.</think>{WEATHER_PARIS}<tool_call>get_weather<arg_key>city</arg_key>"
@@ -964,3 +966,29 @@ def test_every_json_schema_type_and_list_of_them_is_accepted():
     schema = tool_schemas([{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": props}}}])["f"]
     assert set(schema.properties) == set(props)
+
+
+@pytest.mark.parametrize("others, errors", [
+    ("absent", ["tool call 1: calculator: arguments 'from_unit', 'filter' not among its "
+                "declared parameters"]),
+    (False, ["tool call 1: calculator: arguments 'from_unit', 'filter' not among its declared "
+             "parameters (its additionalProperties is false)"]),
+    (True, []),  # other arguments are expected
+    ({"type": "integer"}, []),  # ... and described
+])
+def test_arguments_a_tool_does_not_declare_are_named(others, errors):
+    """A new user's forced call `calculator {'expression': '25', 'from_unit': 825, 'filter':
+    825}` came back with no error. The call is kept (JSON Schema admits other keys unless
+    additionalProperties is false) and the undeclared names are reported."""
+    params = {"type": "object", "properties": {"expression": {"type": "string"}},
+              "required": ["expression"]}
+    if others != "absent":
+        params["additionalProperties"] = others
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": params}}]
+    text = ("</think><tool_call>calculator<arg_key>expression</arg_key><arg_value>25"
+            "</arg_value><arg_key>from_unit</arg_key><arg_value>825</arg_value><arg_key>filter"
+            "</arg_key><arg_value>825</arg_value></tool_call>")
+    got = parse_output(text, tools=tools)
+    assert [(c.name, c.arguments) for c in got.tool_calls] == [
+        ("calculator", {"expression": "25", "from_unit": 825, "filter": 825})]
+    assert got.errors == errors

@@ -31,8 +31,9 @@ flint_graph/chat/tool_schema.py types its values. Decisions (tests/test_output_p
   a half-written call is never shown as a plain answer without a warning (none after a rejected
   call: its leftover tags are covered by that call's error).
 - Errors (`errors`): malformed or rejected calls (their raw text becomes content), repairs,
-  arguments that fit no reading of their schema and required arguments a kept call lacks,
-  each as "tool call N: ...".
+  arguments that fit no reading of their schema, required arguments a kept call lacks and
+  arguments it has that the tool does not declare (unless its additionalProperties is true or
+  a schema; the call keeps them), each as "tool call N: ...".
 """
 
 from __future__ import annotations
@@ -275,6 +276,12 @@ class OutputParser:
             if missing:  # kept: the caller decides; vLLM passes such calls on unchecked
                 self._error(f"tool call {self._num_calls}: {reader.call.name}: missing required "
                             f"argument{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+            extra = schema.undeclared(reader.call.arguments) if schema else []
+            if extra:  # kept too (JSON Schema admits them unless additionalProperties: false)
+                closed = " (its additionalProperties is false)" if schema.others is False else ""
+                self._error(f"tool call {self._num_calls}: {reader.call.name}: argument"
+                            f"{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))} "
+                            f"not among its declared parameters{closed}")
             self._tool_calls.append(reader.call)
             self._delta.tool_calls.append(reader.call)
             self._state = STRIP

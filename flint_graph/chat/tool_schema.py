@@ -70,13 +70,24 @@ class ToolSchema:
     """One tool's parameters: `root` (the base of its "#/..." references), the schema of
     each declared property (`extra`: the additionalProperties schema for the others, if any),
     the names its top-level "required" lists, and, for a root that is a choice of object
-    schemas, each alternative (`variants`: ToolSchemas of one branch per choice)."""
+    schemas, each alternative (`variants`: ToolSchemas of one branch per choice). `others`:
+    its top-level additionalProperties as given (True or a schema: other arguments are
+    expected; False: none may come; None: not said, so JSON Schema admits them undescribed)."""
 
     root: Any
     properties: dict[str, Any]
     extra: Any = None
     required: tuple[str, ...] = ()
     variants: tuple["ToolSchema", ...] = ()
+    others: Any = None
+
+    def undeclared(self, keys) -> list[str]:
+        """The names among `keys` this tool neither declares nor expects (additionalProperties
+        absent or false; none for a tool without declared properties or with alternatives)."""
+        if not self.properties or self.variants or (
+                self.others is not None and self.others is not False):
+            return []
+        return [k for k in keys if k not in self.properties]
 
     def param(self, key: str) -> Any:
         """The schema of argument `key`, or None when the tool does not describe it."""
@@ -140,7 +151,7 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
         schemas[name] = ToolSchema(root, _properties(root, root, 0),
                                    extra if isinstance(extra, dict) else None,
                                    tuple(k for k in required if isinstance(k, str))
-                                   if isinstance(required, list) else (), variants)
+                                   if isinstance(required, list) else (), variants, extra)
     return schemas
 
 
