@@ -480,6 +480,72 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             moved = moved | need
         return cute.arch.vote_any_sync(moved), alphas
 
+    def start(warp, g, kvh, msinks):
+        """The kernel's opening, both forms: the dynamic shared block's 1024-aligned base (the
+        swizzle atoms need it), this lane's two rows R = 16·warp + g + 8·r (token R // G, head
+        R % G; 16·warp is a multiple of G) and their sinks, loaded before the PDL wait (a
+        weight), then the wait and the early launch of the dependents."""
+        alloc = cutlass.memory.SmemAllocator()
+        smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
+                                     byte_alignment=128)
+        raw = du.smem_addr(smem)
+        base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)
+        row_r = [ROWS * warp + g + 8 * r for r in range(2)]
+        row_head = [(g + 8 * r) % g_heads for r in range(2)]
+        sw = [du.ld_weight_u32(msinks.iterator.toint() + Int64(kvh * g_heads + row_head[r]) * 4)
+              for r in range(2)]
+        du.griddepcontrol_wait_after_values(sw)
+        cute.arch.griddepcontrol_launch_dependents()
+        return base, row_r, row_head, sw
+
+    def sources(mkc, mvc, mkn, mvn, mtable):
+        """The copies' global base addresses (K and V cache, the chunk's K and V, the page
+        table) and a ring layer's slot (read after the PDL wait: the table is an input)."""
+        slot = Int32(0)
+        kc, vc = mkc.iterator.toint(), mvc.iterator.toint()
+        kn, vn = mkn.iterator.toint(), mvn.iterator.toint()
+        tb = mtable.iterator.toint()
+        if cutlass.const_expr(ring == 1):
+            slot = mtable[0]
+        return kc, vc, kn, vn, tb, slot
+
+    def block_keys(blk, mq, mstart, bn):
+        """This CTA's query block (the last one first: the longest causal rows start first)
+        and its key tiles: (qblk, n cached tokens, T, the block's first token q0, the chunk's
+        last token, the block's first and last positions, the lowest key any of its rows sees,
+        the first key tile, the number of key tiles of `bn` keys)."""
+        nblk, _, _ = cute.arch.grid_dim()
+        qblk = nblk - 1 - blk
+        n = mstart[0]
+        t_total = mq.shape[0]
+        q0 = qblk * tq
+        last = t_total - 1
+        qmin = n + q0
+        qmax = n + cutlass.min(q0 + tq - 1, last)
+        lo = Int32(0)
+        if cutlass.const_expr(window > 0):
+            lo = cutlass.max(qmin - (window - 1), Int32(0))
+        t_first = lo // bn
+        return qblk, n, t_total, q0, last, qmin, qmax, lo, t_first, qmax // bn + 1 - t_first
+
+    @cute.jit
+    def store_out(ob: Int64, st: cute.Tensor, acc: cute.Tensor, q0: Int32, last: Int32,
+                  kvh: Int32, warp: Int32, lane: Int32):
+        """The output rows of this thread (O / l as bf16; tokens past the chunk skipped)."""
+        g, t = lane // 4, lane % 4
+        for r in cutlass.range_constexpr(2):
+            l_row = st[r, 1]
+            l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
+            l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
+            inv = Float32(1.0) / l_row
+            tok = q0 + (ROWS * warp + g + 8 * r) // g_heads
+            if tok <= last:
+                orow = Int64(tok * hq + kvh * g_heads + (g + 8 * r) % g_heads) * (d * 2)
+                for jd in cutlass.range_constexpr(dtiles):
+                    du.st_u32(ob + orow + (8 * jd + 2 * t) * 2,
+                              du.pack_bf16(acc[4 * jd + 2 * r] * inv,
+                                           acc[4 * jd + 2 * r + 1] * inv))
+
     def mask_scores(sc, kb, t, qpos, nts):
         """−inf for the scores in `sc` (a tile of nts·8 keys from kb) that a row may not see:
         past its position (causal) or, on sliding layers, window or more before it."""
@@ -509,36 +575,11 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         blk, kvh, split = cute.arch.block_idx()
         warp, lane = tid // 32, tid % 32
         g, t = lane // 4, lane % 4
-        alloc = cutlass.memory.SmemAllocator()
-        smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
-                                     byte_alignment=128)
-        raw = du.smem_addr(smem)
-        base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms need 1024 alignment
+        base, row_r, row_head, sw = start(warp, g, kvh, msinks)
 
-        # this lane's two rows R = 16·warp + g + 8·r: token R // G, head R % G
-        row_r = [ROWS * warp + g + 8 * r for r in range(2)]
-        row_head = [(g + 8 * r) % g_heads for r in range(2)]  # 16·warp is a multiple of G
-        sw = [du.ld_weight_u32(msinks.iterator.toint() + Int64(kvh * g_heads + row_head[r]) * 4)
-              for r in range(2)]
-        du.griddepcontrol_wait_after_values(sw)
-        cute.arch.griddepcontrol_launch_dependents()
-
-        # the last query block first (the longest causal rows start first)
-        nblk, _, _ = cute.arch.grid_dim()
-        qblk = nblk - 1 - blk
-        n = mstart[0]
-        t_total = mq.shape[0]
-        q0 = qblk * tq
-        last = t_total - 1
+        qblk, n, t_total, q0, last, qmin, qmax, lo, t_first, ntiles = block_keys(
+            blk, mq, mstart, BN)
         qpos = [n + q0 + row_r[r] // g_heads for r in range(2)]
-
-        qmin = n + q0
-        qmax = n + cutlass.min(q0 + tq - 1, last)
-        lo = Int32(0)
-        if cutlass.const_expr(window > 0):
-            lo = cutlass.max(qmin - (window - 1), Int32(0))
-        t_first = lo // BN
-        ntiles = qmax // BN + 1 - t_first
         nsp = Int32(1)
         if cutlass.const_expr(splits > 1):
             # split `split` of nsp takes `chunk` tiles from t_first + split·chunk (the last
@@ -549,12 +590,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             t_first = t_first + split * chunk
             ntiles = cutlass.max(cutlass.min(chunk, ntiles - split * chunk), Int32(0))
 
-        kc, vc = mkc.iterator.toint(), mvc.iterator.toint()
-        kn, vn = mkn.iterator.toint(), mvn.iterator.toint()
-        tb = mtable.iterator.toint()
-        slot = Int32(0)
-        if cutlass.const_expr(ring == 1):
-            slot = mtable[0]
+        kc, vc, kn, vn, tb, slot = sources(mkc, mvc, mkn, mvn, mtable)
 
         # Q's 128 rows (tokens past the chunk are zero fills), committed with the first tile
         qb = mq.iterator.toint()
@@ -687,18 +723,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                     if tid == 0:
                         du.st_relaxed_zero(cnt)  # ready for the next launch (graph replay)
         else:
-            for r in cutlass.range_constexpr(2):
-                l_row = st[r, 1]
-                l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
-                l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
-                inv = Float32(1.0) / l_row
-                tok = q0 + row_r[r] // g_heads
-                if tok <= last:
-                    orow = Int64(tok * hq + kvh * g_heads + row_head[r]) * (d * 2)
-                    for jd in cutlass.range_constexpr(dtiles):
-                        du.st_u32(ob + orow + (8 * jd + 2 * t) * 2,
-                                  du.pack_bf16(acc[4 * jd + 2 * r] * inv,
-                                               acc[4 * jd + 2 * r + 1] * inv))
+            store_out(ob, st, acc, q0, last, kvh, warp, lane)
 
     @cute.kernel
     def attn_prefill_ws_kernel(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
@@ -712,34 +737,12 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         g, t = lane // 4, lane % 4
         bn = WS_BN
         nts = bn // 8
-        alloc = cutlass.memory.SmemAllocator()
-        smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
-                                     byte_alignment=128)
-        raw = du.smem_addr(smem)
-        base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms need 1024 alignment
+        base, row_r, row_head, sw = start(warp, g, kvh, msinks)
         consumers, producers = 256, 128
         everyone = consumers + producers
 
-        row_r = [ROWS * warp + g + 8 * r for r in range(2)]
-        row_head = [(g + 8 * r) % g_heads for r in range(2)]
-        sw = [du.ld_weight_u32(msinks.iterator.toint() + Int64(kvh * g_heads + row_head[r]) * 4)
-              for r in range(2)]
-        du.griddepcontrol_wait_after_values(sw)
-        cute.arch.griddepcontrol_launch_dependents()
-
-        nblk, _, _ = cute.arch.grid_dim()
-        qblk = nblk - 1 - blk
-        n = mstart[0]
-        t_total = mq.shape[0]
-        q0 = qblk * tq
-        last = t_total - 1
-        qmin = n + q0
-        qmax = n + cutlass.min(q0 + tq - 1, last)
-        lo = Int32(0)
-        if cutlass.const_expr(window > 0):
-            lo = cutlass.max(qmin - (window - 1), Int32(0))
-        t_first = lo // bn
-        ntiles = qmax // bn + 1 - t_first
+        _, n, t_total, q0, last, qmin, qmax, lo, t_first, ntiles = block_keys(
+            blk, mq, mstart, bn)
         kst, vst = base + Uint32(lay["k"]), base + Uint32(lay["v"])
         # The stages change hands by named barriers of all 384 threads: the producer arrives
         # on "full" once its copies into a stage are complete and fenced for wgmma's async
@@ -757,12 +760,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             # proxy, and refilled only after every consumer thread released it
             cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
             ptid = tid - consumers
-            kc, vc = mkc.iterator.toint(), mvc.iterator.toint()
-            kn, vn = mkn.iterator.toint(), mvn.iterator.toint()
-            tb = mtable.iterator.toint()
-            slot = Int32(0)
-            if cutlass.const_expr(ring == 1):
-                slot = mtable[0]
+            kc, vc, kn, vn, tb, slot = sources(mkc, mvc, mkn, mvn, mtable)
             for it in cutlass.range(ntiles):
                 s_k = it % stages
                 if it >= stages:
@@ -926,18 +924,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 pv(vs, pa, acc, lane, bn)
 
             ob = mout.iterator.toint()
-            for r in cutlass.range_constexpr(2):
-                l_row = st[r, 1]
-                l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=1)
-                l_row = l_row + cute.arch.shuffle_sync_bfly(l_row, offset=2)
-                inv = Float32(1.0) / l_row
-                tok = q0 + row_r[r] // g_heads
-                if tok <= last:
-                    orow = Int64(tok * hq + kvh * g_heads + row_head[r]) * (d * 2)
-                    for jd in cutlass.range_constexpr(dtiles):
-                        du.st_u32(ob + orow + (8 * jd + 2 * t) * 2,
-                                  du.pack_bf16(acc[4 * jd + 2 * r] * inv,
-                                               acc[4 * jd + 2 * r + 1] * inv))
+            store_out(ob, st, acc, q0, last, kvh, warp, lane)
 
     if _ws(spec):
         @cute.jit
