@@ -30,7 +30,8 @@ from flint_graph.runtime.engine import Engine
 from flint_graph.runtime.engine_config import EngineConfig, pick_device
 from flint_graph.runtime.prefix_cache import preamble_end
 from flint_graph.errors import (CheckpointError, ConfigError, ContextLengthError,
-                                InvalidRequestError, TemplateError)
+                                InvalidRequestError, TemplateError, kind, not_utf8,
+                                shown)
 from flint_graph.chat.output_parser import OutputParser, ToolCall
 from flint_graph.runtime.request import Request, RequestDelta
 from flint_graph.runtime.sampling import SamplingParams
@@ -105,8 +106,7 @@ def check_prompt_text(prompt: str) -> None:
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise InvalidRequestError(
-            f"prompt: not valid UTF-8 text (undecodable byte at character {e.start})") from None
+        raise InvalidRequestError(f"prompt: {not_utf8(prompt, e)}") from None
 
 
 def _ctrl_c(method):
@@ -431,8 +431,8 @@ class LLM:
             raise InvalidRequestError("prompt: expected at least one token id, got none")
         not_int = [t for t in prompt if type(t) is not int]
         if not_int:
-            raise InvalidRequestError(f"prompt: token ids must be Python ints, found "
-                                      f"{type(not_int[0]).__name__}")
+            raise InvalidRequestError(f"prompt: token ids must be integers, found "
+                                      f"{kind(not_int[0])} {shown(not_int[0], 40)}")
         bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise InvalidRequestError(

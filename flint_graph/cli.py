@@ -24,7 +24,7 @@ import sys
 import time
 import unicodedata
 
-from flint_graph.errors import FlintError, InvalidRequestError
+from flint_graph.errors import FlintError, InvalidRequestError, not_utf8
 
 TYPE_CHECKING = False  # typing itself takes milliseconds to import; checkers know this name
 if TYPE_CHECKING:
@@ -390,8 +390,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         try:
             args.system.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise InvalidRequestError(f"--system: not valid UTF-8 text (undecodable byte at "
-                                      f"character {e.start})") from None
+            raise InvalidRequestError(f"--system: {not_utf8(args.system, e)}") from None
     llm = load_llm(args)
     check_tools_fit(llm, tools, args.tools, args.system)
     return ChatSession(llm, params, tools=tools, system=args.system,

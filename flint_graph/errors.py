@@ -36,6 +36,16 @@ def kind(value: object) -> str:
     return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
+def not_utf8(text: str, error: UnicodeEncodeError) -> str:
+    """Why `text` has no UTF-8 form, for an error message: the lone surrogate at the position
+    `error` names; one of U+DC80–U+DCFF is also how Python reads an undecodable input byte
+    (surrogateescape), so that byte is named too."""
+    cp = ord(text[error.start])
+    byte = f" (an undecodable input byte 0x{cp - 0xDC00:02X} reads as one)" \
+        if 0xDC80 <= cp <= 0xDCFF else ""
+    return f"not valid UTF-8 text: a lone surrogate U+{cp:04X} at character {error.start}{byte}"
+
+
 class FlintError(Exception):
     """Base class of every error flint_graph raises for bad input or an unusable checkpoint.
 

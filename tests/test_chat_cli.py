@@ -207,7 +207,7 @@ def test_bytes_that_are_not_utf8_on_a_strict_stdin_keep_the_session(tiny_llm, mo
     s = ChatSession(tiny_llm, SamplingParams(max_tokens=6, seed=0), console=console)
     assert s.run() == 0
     out = console.file.getvalue()
-    assert "not valid UTF-8 text (undecodable byte at character 6)" in out
+    assert "not valid UTF-8 text: a lone surrogate U+DCFF at character 6 (an undecodable input byte 0xFF reads as one)" in out
     assert s.messages == []
 
 

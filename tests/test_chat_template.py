@@ -255,14 +255,14 @@ def test_bad_tools_name_the_field(tools, tool_choice, field):
 @pytest.mark.parametrize(
     ("tools", "message"),
     [
-        ([{"type": "function"}], "tools[0].function: expected an object, found no such key"),
+        ([{"type": "function"}], "tools[0].function: expected an object, but the key is missing"),
         ([{"type": "function", "function": None}],
          "tools[0].function: expected an object, found null"),
         ([{"type": "function", "function": {"parameters": {}}}],
-         "tools[0].function.name: expected a non-empty string, found no such key"),
+         "tools[0].function.name: expected a non-empty string, but the key is missing"),
         ([{"type": "function", "function": {"name": None}}],
-         "tools[0].function.name: expected a non-empty string, found None"),
-        ([{"function": {"name": "f"}}], "tools[0].type: expected 'function', found no such key"),
+         "tools[0].function.name: expected a non-empty string, found null"),
+        ([{"function": {"name": "f"}}], 'tools[0].type: expected "function", but the key is missing'),
     ],
 )  # fmt: skip
 def test_a_missing_key_is_told_apart_from_a_null(tools, message):
@@ -270,7 +270,7 @@ def test_a_missing_key_is_told_apart_from_a_null(tools, message):
     reported as "found null" / "found None", as if the user had written a null."""
     with pytest.raises(InvalidRequestError, match=f"^{re.escape(message)}$"):
         render([{"role": "user", "content": "x"}], tools)
-    with pytest.raises(InvalidRequestError, match="function: expected an object, found no such"):
+    with pytest.raises(InvalidRequestError, match="function: expected an object, but the key is missing"):
         render([{"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}])
 
 
@@ -739,3 +739,49 @@ def test_hostile_templates_fail_within_a_budget(case):
     # either is the one TemplateError this test asks for (seen once for "list doubling")
     assert word in str(e.value) or "rendering took more than" in str(e.value), str(e.value)
     assert time.perf_counter() - t0 < 15, f"{case}: {time.perf_counter() - t0:.1f} s"
+
+
+def test_messages_this_server_returns_are_taken_back():
+    """A hostile-input trial: the reply to a request that max_tokens ended inside the
+    reasoning is `{"role": "assistant", "content": null, "reasoning_content": ...}`; an agent
+    loop that appends it got a 400. Such a turn (content null or absent, with reasoning) is
+    now an empty answer; without reasoning or tool calls it is still refused."""
+    from flint_graph.chat.chat_messages import validate_messages
+
+    for msg in ({"role": "assistant", "content": None, "reasoning_content": "thinking only"},
+                {"role": "assistant", "reasoning": "thinking only"}):
+        (_, got) = validate_messages([{"role": "user", "content": "hi"}, msg])
+        assert got["content"] == ""
+    with pytest.raises(InvalidRequestError, match=r"messages\[1\]\.content: expected a string"):
+        validate_messages([{"role": "user", "content": "hi"},
+                           {"role": "assistant", "content": None}])
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([{"role": None, "content": "x"}], "messages[0].role: expected one of system, user, "
+     "assistant, tool (or developer, read as system), found null"),
+    ([{"content": "x"}], "messages[0].role: expected one of system, user, assistant, tool (or "
+     "developer, read as system), but the key is missing"),
+    ({"role": "user", "content": "x"}, "messages: expected a non-empty list of message "
+     "objects, found object"),
+    ([], "messages: expected a non-empty list of message objects, found an empty list"),
+    ([{"role": "user", "content": "\ud800"}], "messages[0].content: not valid UTF-8 text: a "
+     "lone surrogate U+D800 at character 0"),
+])  # fmt: skip
+def test_message_errors_speak_json(messages, message):
+    """Python names had leaked into the HTTP errors ("found None", a tuple's repr, "found no
+    such key"), and a JSON "\\ud800" was called an undecodable byte."""
+    from flint_graph.chat.chat_messages import validate_messages
+
+    with pytest.raises(InvalidRequestError, match=f"^{re.escape(message)}$"):
+        validate_messages(messages)
+
+
+def test_developer_role_and_a_tuple_of_messages():
+    """OpenAI's newer clients send system instructions as role "developer"; the Python API may
+    pass messages as a tuple."""
+    from flint_graph.chat.chat_messages import validate_messages
+
+    got = validate_messages(({"role": "developer", "content": "Be brief."},
+                             {"role": "user", "content": "hi"}))
+    assert [m["role"] for m in got] == ["system", "user"]

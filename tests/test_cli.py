@@ -518,8 +518,9 @@ def test_deeply_nested_tools_file_is_one_line(capsys, tmp_path, tiny_ckpt):
 
 def test_chat_system_that_is_not_utf8_is_refused_at_start(capsys, tiny_ckpt):
     code, _, err = _run(capsys, "chat", tiny_ckpt, "--system", "be \udcff brief")
-    assert code == 2 and err.strip() == ("flint-graph: error: --system: not valid UTF-8 text "
-                                         "(undecodable byte at character 3)")
+    assert code == 2 and err.strip() == (
+        "flint-graph: error: --system: not valid UTF-8 text: a lone surrogate U+DCFF at "
+        "character 3 (an undecodable input byte 0xFF reads as one)")
 
 
 def test_chat_input_that_is_not_utf8_is_asked_again(tiny_llm, monkeypatch):
@@ -544,8 +545,8 @@ def test_chat_input_that_is_not_utf8_is_asked_again(tiny_llm, monkeypatch):
                                                "assistant"]
     assert s.messages[2]["content"] == "42"
     shown = console.file.getvalue()
-    assert "the message is not valid UTF-8 text (undecodable byte at character 5)" in shown
-    assert "the result is not valid UTF-8 text (undecodable byte at character 4)" in shown
+    assert "the message is not valid UTF-8 text: a lone surrogate U+DCFF at character 5" in shown
+    assert "the result is not valid UTF-8 text: a lone surrogate U+DCFF at character 4" in shown
     assert "error: prompt" not in shown
 
 

@@ -160,14 +160,15 @@ def test_undecodable_stdin_names_the_position_in_the_prompt(capsys, monkeypatch,
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--device", "cpu",
                         *(["--raw"] if raw else []))
     # Character 6 of the prompt, as --raw always said (not counting the chat template's prefix).
-    assert code == 2 and err.strip() == ("flint-graph: error: prompt: not valid UTF-8 text "
-                                         "(undecodable byte at character 6)")
+    assert code == 2 and err.strip() == (
+        "flint-graph: error: prompt: not valid UTF-8 text: a lone surrogate U+DCFF at "
+        "character 6 (an undecodable input byte 0xFF reads as one)")
 
 
 def test_undecodable_prompt_argument_names_its_position(capsys, tiny_ckpt):
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hello \udcff",
                         "--device", "cpu")  # how Python decodes a bad byte in argv
-    assert code == 2 and "undecodable byte at character 6" in err
+    assert code == 2 and "U+DCFF at character 6 (an undecodable input byte 0xFF" in err
 
 
 def test_threads_flag_sets_torch_threads_and_is_validated(capsys, monkeypatch, tiny_ckpt):

@@ -11,6 +11,9 @@ template, the checkpoint's own or ours, receives the same normalised messages:
     happen here, not in the template: `prompt_segments` hides marker text inside message strings
     from the template, so a template could no longer find the `</think>` to split on.
   - Tool-call `arguments` become a dict: a JSON string is decoded; "" or null mean no arguments.
+  - The role "developer" (OpenAI's newer name for system instructions) becomes "system"; an
+    assistant turn whose content is null or absent but that has reasoning (what this server
+    returns when max_tokens ends an output inside its reasoning) gets content "".
 Every value a template receives must be JSON data (strings, numbers, booleans, null, lists,
 objects with string keys), valid Unicode (no lone surrogates, which UTF-8 cannot encode) and
 nested at most `MAX_NESTING` deep (`check_data`): anything else could print in a form the
@@ -26,9 +29,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from flint_graph.errors import InvalidRequestError, kind, shown
+from flint_graph.errors import InvalidRequestError, kind, not_utf8, shown
 
 ROLES = ("system", "user", "assistant", "tool")
+# OpenAI's newer name for system instructions (sent by recent clients); read as "system"
+ROLE_ALIASES = {"developer": "system"}
 MAX_NESTING = 200  # lists/objects inside one another; deeper (or a cycle) is refused
 TOOL_CHOICES = ("none", "auto", "required")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -40,10 +45,10 @@ _ABSENT = object()
 
 
 def _found(obj: Mapping, key: str, show=kind) -> str:
-    """How an error names obj[key]: 'found null' / 'found int' (`show`), or 'found no such key'
-    when it is absent (a missing key read as None was reported as "found None")."""
+    """How an error names obj[key]: 'found null' / 'found integer' (`show`), or 'but the key is
+    missing' when it is absent (a missing key read as None was reported as "found None")."""
     value = obj.get(key, _ABSENT)
-    return "found no such key" if value is _ABSENT else f"found {show(value)}"
+    return "but the key is missing" if value is _ABSENT else f"found {show(value)}"
 
 
 def _check_str(value: Any, field: str, *, optional: bool) -> None:
@@ -62,8 +67,7 @@ def check_data(value: Any, field: str, depth: int = 0) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise InvalidRequestError(f"{field}: not valid UTF-8 text (undecodable byte at "
-                                      f"character {e.start})") from None
+            raise InvalidRequestError(f"{field}: {not_utf8(value, e)}") from None
         return
     if isinstance(value, float) and not math.isfinite(value):
         # JSON has no NaN or Infinity (Python's json module writes them as bare words, which
@@ -98,6 +102,10 @@ def _content(m: Mapping, role: str, where: str) -> str | None:
     if "content" not in m or m["content"] is None:
         if role == "assistant" and m.get("tool_calls"):
             return None
+        if role == "assistant" and (m.get("reasoning_content") or m.get("reasoning")):
+            # what this server answers when max_tokens (or a stop string) ends the output
+            # inside its reasoning: an agent loop sends that message back as it came
+            return ""
         if "content" in m:
             raise InvalidRequestError(f"{where}.content: expected a string or a list of text "
                                       "parts, found null")  # fmt: skip
@@ -140,7 +148,8 @@ def _normalize_call(call: Any, field: str) -> dict:
     if not isinstance(call, Mapping):
         raise InvalidRequestError(f"{field}: expected an object, found {kind(call)}")
     if call.get("type", "function") != "function":
-        raise InvalidRequestError(f"{field}.type: expected 'function', found {call['type']!r}")
+        raise InvalidRequestError(f'{field}.type: expected "function", found '
+                                  f"{shown(call['type'])}")
     fn = call.get("function")
     if not isinstance(fn, Mapping):
         raise InvalidRequestError(f"{field}.function: expected an object, "
@@ -148,7 +157,7 @@ def _normalize_call(call: Any, field: str) -> dict:
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequestError(f"{field}.function.name: expected a non-empty string, "
-                                  f"{_found(fn, 'name', repr)}")
+                                  f"{_found(fn, 'name', shown)}")
     args = fn.get("arguments")
     if args is None or (isinstance(args, str) and not args.strip()):
         args = {}  # clients write a zero-argument call as "" or null
@@ -179,8 +188,12 @@ def validate_messages(messages: Any) -> list[dict]:
     assistant reasoning split out, tool-call arguments dicts. The caller's objects are not
     modified. Raises InvalidRequestError naming `messages[i].field` with what was expected and
     found."""
+    if isinstance(messages, tuple):
+        messages = list(messages)
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequestError(f"messages: expected a non-empty list, found {messages!r:.80}")
+        found = "an empty list" if isinstance(messages, list) else kind(messages)
+        raise InvalidRequestError(f"messages: expected a non-empty list of message objects, "
+                                  f"found {found}")
     if len(messages) > MAX_MESSAGES:
         raise InvalidRequestError(f"messages: {len(messages):,} messages; at most "
                                   f"{MAX_MESSAGES:,} (more cannot fit the context)")
@@ -189,10 +202,13 @@ def validate_messages(messages: Any) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
             raise InvalidRequestError(f"{where}: expected an object, found {kind(m)}")
-        role = m.get("role")
+        role = ROLE_ALIASES.get(m.get("role"), m.get("role")) \
+            if isinstance(m.get("role"), str) else m.get("role")
         if role not in ROLES:
-            raise InvalidRequestError(f"{where}.role: expected one of {ROLES}, found {role!r}")
+            raise InvalidRequestError(f"{where}.role: expected one of {', '.join(ROLES)} (or "
+                                      f"developer, read as system), {_found(m, 'role', shown)}")
         msg = dict(m)
+        msg["role"] = role
         for key in ("reasoning_content", "reasoning"):
             _check_str(m.get(key), f"{where}.{key}", optional=True)
         calls = m.get("tool_calls")
@@ -233,8 +249,8 @@ def validate_tools(tools: Any) -> list[dict] | None:
                                       f"\"function\", \"function\": {{...}}}}), found "
                                       f"{kind(tool)}")
         if tool.get("type") != "function":
-            raise InvalidRequestError(f"{where}.type: expected 'function', "
-                                      f"{_found(tool, 'type', repr)}")
+            raise InvalidRequestError(f"{where}.type: expected \"function\", "
+                                      f"{_found(tool, 'type', shown)}")
         fn = tool.get("function")
         if not isinstance(fn, Mapping):
             raise InvalidRequestError(f"{where}.function: expected an object, "
@@ -242,7 +258,7 @@ def validate_tools(tools: Any) -> list[dict] | None:
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidRequestError(f"{where}.function.name: expected a non-empty string, "
-                                      f"{_found(fn, 'name', repr)}")
+                                      f"{_found(fn, 'name', shown)}")
         if name in names:
             raise InvalidRequestError(f"{where}.function.name: duplicate tool name {name!r}")
         if not _TOOL_NAME.fullmatch(name):

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from flint_graph.errors import ConfigError, InvalidRequestError, shown
+from flint_graph.errors import ConfigError, InvalidRequestError, not_utf8, shown
 
 _INT64_LIMIT = 1 << 63  # top_k and seeds travel in int64 buffers
 # Values used when generation_config.json lacks a key: no scaling and no filtering (vLLM does
@@ -134,8 +134,7 @@ class SamplingParams:
             try:  # every other text field refuses a lone surrogate: so do stop strings
                 s.encode("utf-8")
             except UnicodeEncodeError as e:
-                _bad("stop", f"valid UTF-8 text (a lone surrogate at character {e.start})",
-                     s[:40])
+                raise InvalidRequestError(f"stop: {not_utf8(s, e)}") from None
         ids = self.stop_token_ids
         if ids is not None:
             if not isinstance(ids, tuple):

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from flint_graph.errors import InvalidRequestError, kind
+from flint_graph.errors import InvalidRequestError, kind, not_utf8
 from flint_graph.runtime.sampling import TOP_LOGPROBS_MAX, SamplingParams
 
 # fields accepted as they are; anything else is refused unless listed in the route's NEUTRAL
@@ -141,8 +141,7 @@ def check_fields(body: Any, allowed: set[str], neutral: dict[str, Any]) -> Mappi
         try:  # as every other text field: no lone surrogates
             (body.get(key) or "").encode("utf-8")
         except UnicodeEncodeError as e:
-            raise _bad(f"{key}: expected valid UTF-8 text (a lone surrogate at character "
-                       f"{e.start})", key) from None
+            raise _bad(f"{key}: {not_utf8(body[key], e)}", key) from None
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise _bad("stream: expected true or false", "stream")
     if body.get("stream_options") is not None and not body.get("stream"):

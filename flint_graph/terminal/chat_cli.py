@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from flint_graph.errors import ContextLengthError, FlintError
+from flint_graph.errors import ContextLengthError, FlintError, not_utf8
 from flint_graph.terminal.live_text import printable, tail_lines
 
 __all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
@@ -384,8 +384,8 @@ class ChatSession:
             text.encode("utf-8")
             return True
         except UnicodeEncodeError as e:
-            self.console.print(Text(f"error: the {what} is not valid UTF-8 text (undecodable "
-                                    f"byte at character {e.start}); type it again", style="red"))
+            self.console.print(Text(f"error: the {what} is {not_utf8(text, e)}; type it again",
+                                    style="red"))
             return False
 
     def _show(self, stream):
