@@ -151,6 +151,23 @@ def test_fields_the_engine_cannot_honour_get_a_400_naming_them(server, extra, pa
         assert "temperature" in err["error"]["message"]
 
 
+@pytest.mark.parametrize("extra, ok", [
+    ({"frequency_penalty": 0.0, "presence_penalty": 0}, True),
+    ({"logit_bias": {}}, True),
+    ({"n": 1.0}, True),
+    ({"frequency_penalty": 0.5}, False),
+    ({"n": True}, False),  # a boolean is no count
+    ({"logit_bias": {"5": 0}}, False),
+])
+def test_neutral_values_clients_send_by_default_pass(server, extra, ok):
+    """`frequency_penalty: 0.0` was refused as "supports only 0", and `logit_bias: {}` as
+    "supports only null" (a hostile-input trial): what asks for nothing passes."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            **extra}
+    status, out = _post(server[1] + "/v1/chat/completions", body)
+    assert (status == 200) == ok, out
+
+
 def test_the_default_response_format_is_accepted(server):
     """{"type": "text"} is the API's default and some SDKs send it: not an error; another
     format is refused naming what is supported."""
@@ -169,6 +186,22 @@ def test_a_batch_of_prompts_is_named_as_such(server, prompt):
                         {"model": MODEL, "prompt": prompt, "max_tokens": 2})
     assert status == 400 and err["error"]["param"] == "prompt"
     assert "one prompt per request" in err["error"]["message"], err
+
+
+@pytest.mark.parametrize("prompt, status, message", [
+    (["Hello"], 200, None),
+    ([[5, 6, 7]], 200, None),
+    ([""], 400, "prompt: expected non-empty text"),  # its own check, not the batch refusal
+    ([[-1]], 400, "prompt: token id -1 outside"),
+])
+def test_a_batch_of_one_prompt_is_that_prompt(server, prompt, status, message):
+    """The OpenAI SDK and LangChain send `prompt` as a list; one of one was refused as a batch
+    (and an empty or out-of-range prompt inside it got the batch message)."""
+    got, out = _post(server[1] + "/v1/completions",
+                     {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0})
+    assert got == status, out
+    if message:
+        assert out["error"]["message"].startswith(message), out
 
 
 def test_bad_roles_keys_and_models(server):

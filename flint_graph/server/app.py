@@ -370,9 +370,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         if isinstance(prompt, list) and prompt and all(isinstance(x, (str, list))
                                                         for x in prompt):
             # the API's batch form; a list of strings read as token ids said "must be ints"
-            raise p.APIError(400, f"prompt: a list of {len(prompt)} prompts; this server takes "
-                             "one prompt per request (a string or a list of token ids)",
-                             "prompt")
+            if len(prompt) > 1:
+                raise p.APIError(400, f"prompt: a batch of {len(prompt)} prompts; this server "
+                                 "takes one prompt per request (a string or a list of token "
+                                 "ids, or a batch of one)", "prompt")
+            prompt = prompt[0]  # a batch of one, as clients send it: its own checks apply
         usage = p.include_usage(body)
         admission = _room()
         try:

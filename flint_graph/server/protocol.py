@@ -27,8 +27,8 @@ CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "temperature", "top_
                "stream", "stream_options", "chat_template_kwargs", "user"}
 COMPLETION_FIELDS = {"model", "prompt", "temperature", "top_p", "top_k", "seed", "max_tokens",
                      "stop", "stream", "stream_options", "user", "logprobs"}
-# fields honoured only at their neutral value (what clients send by default), per route; the
-# value must match in type too (n: true is not n: 1)
+# fields honoured only at their neutral value (what clients send by default), per route
+# (`_neutral` says what counts: 0.0 as 0 and logit_bias {} as null, but n: true is not n: 1)
 _SHARED_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "n": 1}
 # response_format: {"type": "text"} is the API's default, which some SDKs send explicitly
 CHAT_NEUTRAL = {**_SHARED_NEUTRAL, "parallel_tool_calls": True,
@@ -83,7 +83,17 @@ def _bad(message: str, param: str | None = None) -> APIError:
 
 
 def _neutral(value, neutral) -> bool:
-    return value is None or (type(value) is type(neutral) and value == neutral)
+    """Whether `value` asks for nothing beyond `neutral`: null; a number (not a boolean) equal
+    to a numeric neutral (0.0 as 0); an empty object or string where the neutral is null
+    (logit_bias {}, suffix ""); else the same type and value (n: true is not n: 1)."""
+    if value is None:
+        return True
+    if isinstance(neutral, (int, float)) and not isinstance(neutral, bool):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and value == neutral
+    if neutral is None:
+        return value == {} or value == ""
+    return type(value) is type(neutral) and value == neutral
 
 
 def _quoted(value: Any, most: int = 60) -> str:
