@@ -494,9 +494,25 @@ def check_report(rep: Any, name: str) -> dict:
             if not _top_step(step):
                 bad(f"{f}.top[{j}]", "1 to 20 [token id, log-probability ≤ 0] pairs of distinct "
                     "ids (0 ≤ id < 2^31), most likely first", step)
-    for k, least in (("n", 1), ("seed", 0)):
+    for k, least in (("n", 1), ("seed", 0), ("batch", 1)):
         if k in rep and not (type(rep[k]) is int and rep[k] >= least):
             bad(k, f"an integer >= {least}", rep[k])
+    # the setup fields decide whether two runs are the same setup, held to identical
+    # log-probabilities (`same_setup`): a malformed one had loosened that to another setup's
+    # tolerance (a hostile-input trial: "contexts": "abc" passed)
+    if rep.get("engine") is not None and rep["engine"] not in ("reference", "graph"):
+        bad("engine", '"reference" or "graph"', rep["engine"])
+    if rep.get("device") is not None and not isinstance(rep["device"], str):
+        bad("device", "a device name such as \"cuda\" or \"cpu\"", rep["device"])
+    if rep.get("threads") is not None and not (type(rep["threads"]) is int
+                                               and rep["threads"] >= 1):
+        bad("threads", "null or an integer >= 1", rep["threads"])
+    if "suites" in rep and not (isinstance(rep["suites"], list) and rep["suites"]
+                                and all(x in SUITES for x in rep["suites"])):
+        bad("suites", f"a non-empty list of suite names ({', '.join(SUITES)})", rep["suites"])
+    if "contexts" in rep and not (isinstance(rep["contexts"], list) and all(
+            type(x) is int and x >= 1 for x in rep["contexts"])):
+        bad("contexts", "a list of context lengths (integers >= 1)", rep["contexts"])
     counts: dict[str, int] = {}
     for c in cases:
         counts[c["group"]] = counts.get(c["group"], 0) + 1

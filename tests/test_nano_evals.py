@@ -619,3 +619,27 @@ def test_cli_compare_refuses_a_planted_reference_unless_the_same_plant(tmp_path,
     err = capsys.readouterr().err
     assert "made with --plant no-sink (a deliberate bug)" in err and "Traceback" not in err
     assert main(args + ["--plant", "no-sink", "--compare", str(planted), "--check"]) == 0
+
+
+@pytest.mark.parametrize("field, value, word", [
+    ("contexts", "abc", "contexts: expected a list of context lengths"),
+    ("contexts", [1024, "x"], "contexts: expected a list of context lengths"),
+    ("suites", ["bogus"], "suites: expected a non-empty list of suite names"),
+    ("suites", [], "suites: expected a non-empty list of suite names"),
+    ("engine", "turbo", 'engine: expected "reference" or "graph"'),
+    ("device", 3, "device: expected a device name"),
+    ("batch", 0, "batch: expected an integer >= 1"),
+    ("threads", 1.5, "threads: expected null or an integer >= 1"),
+])
+def test_a_reports_setup_fields_are_checked(field, value, word):
+    """A --compare reference edited to `"contexts": "abc"` or `"suites": ["bogus"]` was taken,
+    and since the setup no longer matched, the run was held to another setup's looser
+    log-probability tolerance and PASSED (a hostile-input trial)."""
+    from flint_graph.errors import InvalidRequestError
+
+    rep = {"groups": {"arith": {"n": 1, "correct": 1.0}}, "engine": "graph", "device": "cuda",
+           "suites": ["arith"], "contexts": [1024], "batch": 8, "threads": None,
+           "cases": [{"group": "arith", "index": 0, "got": "1", "correct": True}]}
+    assert evals.check_report(dict(rep), "r")
+    with pytest.raises(InvalidRequestError, match=f"^r: {word}"):
+        evals.check_report({**rep, field: value}, "r")
