@@ -315,11 +315,17 @@ class LLM:
                    params: SamplingParams | None = None, *, enable_thinking: bool = True,
                    **template_kwargs: Any) -> list[ChatMessage]:
         """`chat` for many conversations at once, run as one batch by the scheduler (as many
-        at a time as the engine has slots): conversations is a list of (messages, tools).
-        Returns one ChatMessage per conversation, in order. Raises as `chat`."""
-        reqs = [self._chat_request(m, t, params, enable_thinking=enable_thinking,
-                                   tool_choice=None, **template_kwargs)
-                for m, t in conversations]
+        at a time as the engine has slots): conversations is a list of (messages, tools)
+        pairs, or of plain message lists (no tools). Returns one ChatMessage per conversation,
+        in order. Raises as `chat`, and InvalidRequestError naming `conversations[i]` for an
+        entry that is neither."""
+        if not isinstance(conversations, (list, tuple)):
+            raise InvalidRequestError(f"conversations: expected a list of (messages, tools) "
+                                      f"pairs or of message lists, found {kind(conversations)}")
+        reqs = [self._chat_request(*_conversation(c, i), params,
+                                   enable_thinking=enable_thinking, tool_choice=None,
+                                   **template_kwargs)
+                for i, c in enumerate(conversations)]
         self._run(reqs)
         return [_message(r, enable_thinking) for r in reqs]
 
@@ -590,6 +596,18 @@ def forced_call(tool_choice: Any) -> str | None:
     if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
         return tool_choice["function"]["name"]
     return None
+
+
+def _conversation(entry: Any, i: int) -> tuple[Any, Any]:
+    """(messages, tools) of `chat_batch`'s entry i: a (messages, tools) pair, or a message list
+    alone (a list of dicts: its first two messages once read as the pair). Raises
+    InvalidRequestError naming conversations[i]."""
+    if isinstance(entry, (list, tuple)) and entry and all(isinstance(m, dict) for m in entry):
+        return entry, None
+    if isinstance(entry, (list, tuple)) and len(entry) == 2:
+        return entry[0], entry[1]
+    raise InvalidRequestError(f"conversations[{i}]: expected a (messages, tools) pair or a list "
+                              f"of messages, found {kind(entry)} {shown(entry, 60)}")
 
 
 def _message(req: Request, thinking: bool) -> ChatMessage:

@@ -7,6 +7,7 @@ engine's prefill/decode bookkeeping is checked against the oracle token for toke
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -670,3 +671,22 @@ def test_a_printed_output_leaves_out_its_token_ids():
     text = repr(out)
     assert "hi" in text and "stop" in text and "7, 7" not in text and "9, 9" not in text
     assert "-0.5" not in text and len(text) < 300
+
+
+def test_chat_batch_takes_pairs_or_plain_message_lists(tiny_llm):
+    """`chat_batch([[msg]])` raised a bare ValueError (unpacking), and `chat_batch([[user,
+    assistant]])` was read as (messages=user, tools=assistant) (a hostile-input trial)."""
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}]
+    params = SamplingParams(max_tokens=3, temperature=0)
+    plain, paired = tiny_llm.chat_batch([msgs[:1], msgs], params)[0], \
+        tiny_llm.chat_batch([(msgs[:1], None)], params)[0]
+    assert plain.output.token_ids == paired.output.token_ids
+    for bad, found in ((["x"], 'array ["x"]'), (5, "integer 5"), ([], "array []")):
+        with pytest.raises(InvalidRequestError, match=re.escape(
+                f"conversations[0]: expected a (messages, tools) pair or a list of messages, "
+                f"found {found}")):
+            tiny_llm.chat_batch([bad], params)
+    with pytest.raises(InvalidRequestError, match="conversations: expected a list"):
+        tiny_llm.chat_batch("hi", params)
+    assert not tiny_llm.engine.has_work

@@ -1019,6 +1019,10 @@ def test_second_trial_limits(server):
     code, body = _post(url, {**hi, "logit_bias": [[]] * (MAX_JSON_CONTAINERS + 1)})
     assert code == 400 and body["error"]["code"] == "too_many_json_containers"
     assert time.monotonic() - t0 < 2
+    # brackets inside a string count too, and the refusal says so (it blamed the structure)
+    code, body = _post(url, {**hi, "messages": [{"role": "user",
+                                                 "content": "{" * (MAX_JSON_CONTAINERS + 1)}]})
+    assert code == 400 and "inside strings too" in body["error"]["message"]
     code, body = _post(url, {**hi, "user": "\ud800"})
     assert code == 400 and body["error"]["param"] == "user"
 
