@@ -134,6 +134,14 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
+def _format(text: str) -> tuple[str]:
+    """trace --format: one weight format, as a 1-tuple (the error names the two values)."""
+    if text.strip() not in ("bf16", "nvfp4"):
+        raise argparse.ArgumentTypeError(f"expected bf16 or nvfp4 (trace takes one), found "
+                                         f"{text!r}")
+    return (text.strip(),)
+
+
 def _formats(text: str) -> tuple[str, ...]:
     vals = tuple(x.strip() for x in text.split(","))
     if not vals or any(v not in ("bf16", "nvfp4") for v in vals):
@@ -208,7 +216,7 @@ def add_trace_parser(sub, positive_int, buckets) -> None:
                            "a Chrome-trace/Perfetto timeline.", 79),
                        epilog=TRACE_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, positive_int)
-    p.add_argument("--format", dest="formats", type=_formats, default=("nvfp4",),
+    p.add_argument("--format", dest="formats", type=_format, default=("nvfp4",),
                    metavar="F", help="weight format of the synthetic weights (default: nvfp4; "
                                      "a checkpoint has its own)")
     def batch(text: str) -> tuple[int]:
@@ -304,6 +312,7 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False,
                 and not own[flag][1](full):
             raise InvalidRequestError(f"{flag} {path}: exists and is not {own[flag][0]}; choose "
                                       "another name, or delete it first")
+        missing = [a for a in full.parents if not a.exists()]
         try:  # a real probe: permission bits say little to root or on /proc
             full.parent.mkdir(parents=True, exist_ok=True)
             with open(full, "a"):
@@ -313,6 +322,9 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False,
         except OSError as e:
             raise InvalidRequestError(f"{flag} {path}: cannot write there "
                                       f"({e.strerror or e})") from None
+        if missing:  # made for the output, as `mkdir -p` would: said, so a typo shows
+            print(f"flint-graph: note: {flag}: created the directory {missing[-1]}",
+                  file=sys.stderr)
 
 
 def _write_all(outputs: list[tuple[str, Path | None, Any]]) -> list[str]:

@@ -196,11 +196,16 @@ def test_outputs_replace_only_their_own_earlier_files(tmp_path, capsys):
     assert json.loads(tj.read_text())["schema"] == "flint-graph-trace"
 
 
-@pytest.mark.parametrize("flag,value", [("--batch", "2,4"), ("--context", "200,300"),
-                                        ("--format", "bf16,nvfp4")])
-def test_trace_takes_one_value_per_flag(flag, value, capsys):
+@pytest.mark.parametrize("flag,value,expect", [
+    ("--batch", "2,4", "trace takes one value"),
+    ("--context", "200,300", "trace takes one value"),
+    # its error had suggested "bf16,nvfp4", which it then refused (a hostile-input trial)
+    ("--format", "bf16,nvfp4", "expected bf16 or nvfp4 (trace takes one)"),
+    ("--format", "bogus", "expected bf16 or nvfp4 (trace takes one)")])
+def test_trace_takes_one_value_per_flag(flag, value, expect, capsys):
     assert main(["trace", *SMALL, flag, value]) == 2
-    assert f"{flag}: trace takes one value" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert flag in err and expect in err and "bf16,nvfp4 or" not in err
 
 
 def test_bench_refuses_what_cannot_run(capsys):
@@ -361,3 +366,20 @@ def test_trace_batch_errors_speak_of_one_value(value, words, capsys):
     assert main(["trace", *SMALL, "--batch", value]) == 2
     err = capsys.readouterr().err
     assert words in err and "comma-separated" not in err, err
+
+
+def test_an_output_in_a_new_directory_says_it_made_it(tmp_path, capsys):
+    """`eval --json /nonexistent/dir/x.json` created /nonexistent/dir silently (a hostile-input
+    trial): the directory is still made, as for `mkdir -p`, and the note names the top one."""
+    import argparse
+
+    from flint_graph.perf.cli import check_outputs
+
+    out = tmp_path / "typo" / "deeper" / "x.json"
+    args = argparse.Namespace(json=out, compare=None, model=None)
+    check_outputs(args, ("--json",), compare_runs=True)
+    assert (tmp_path / "typo" / "deeper").is_dir() and not out.exists()
+    assert capsys.readouterr().err.strip() == (
+        f"flint-graph: note: --json: created the directory {tmp_path / 'typo'}")
+    check_outputs(args, ("--json",), compare_runs=True)  # now there: nothing to say
+    assert capsys.readouterr().err == ""
