@@ -477,6 +477,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             await super().startup(sockets)
 
         def handle_exit(self, sig, frame):
+            if not self.should_exit:  # the log said nothing on SIGTERM (a hostile-input trial)
+                n = app.state.open_requests()
+                print(f"flint-graph: stopping ({signal.Signals(sig).name}): {n} request(s) "
+                      f"open get {args.shutdown_grace:g} s, then are aborted (send it again to "
+                      "abort them now)", file=sys.stderr, flush=True)
             if self.should_exit and not self.ended_requests and self.loop is not None:
                 # a second Ctrl-C / SIGTERM: end the open requests now, each handler
                 # answering within an engine step, rather than uvicorn's forced exit cutting

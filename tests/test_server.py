@@ -680,6 +680,9 @@ def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
     with _serve_process(tiny_ckpt) as (p, _):
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0, p.stderr.read().decode()[-500:]
+        # the log says it is stopping, and what happens to open requests (it said nothing)
+        assert "flint-graph: stopping (SIGTERM): 0 request(s) open get 5 s, then are aborted" \
+            in p.stderr.read().decode()
 
 
 def test_sigterm_with_open_requests_ends_each_response_cleanly(tiny_ckpt):
@@ -1044,3 +1047,20 @@ def test_prompts_over_the_token_limit_are_refused_early_and_health_answers(serve
             code, err = a.result()
             msg = err["error"]["message"]
             assert code == 400 and "at least" in msg and "context limit is 4,096" in msg, err
+
+
+@pytest.mark.parametrize("stop, status, message", [
+    ("", 200, None),  # no stop string, as OpenAI's API and vLLM read it
+    (["ok", ""], 400, "stop: expected non-empty strings"),
+    (["\ud800"], 400, "stop: not valid UTF-8 text: a lone surrogate U+D800"),
+    ([7], 400, "stop: expected non-empty strings"),
+])
+def test_stop_values_and_their_one_kind_of_message(server, stop, status, message):
+    """`"stop": ""` was a 400, and stop errors came under two prefixes ("stop: …" and
+    "sampling argument 'stop': …"; a hostile-input trial)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "stop": stop}
+    got, out = _post(server[1] + "/v1/chat/completions", body)
+    assert got == status, out
+    if message:
+        assert out["error"]["message"].startswith(message) and out["error"]["param"] == "stop"

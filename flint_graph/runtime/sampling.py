@@ -134,7 +134,8 @@ class SamplingParams:
             try:  # every other text field refuses a lone surrogate: so do stop strings
                 s.encode("utf-8")
             except UnicodeEncodeError as e:
-                raise InvalidRequestError(f"stop: {not_utf8(s, e)}") from None
+                why = not_utf8(s, e)
+                raise InvalidRequestError(f"stop: {why}", field="stop", detail=why) from None
         ids = self.stop_token_ids
         if ids is not None:
             if not isinstance(ids, tuple):

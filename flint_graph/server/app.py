@@ -113,7 +113,15 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             eng.abort(req)
         return len(reqs)
 
+    def open_requests() -> int:
+        """Requests the engine holds now (waiting, prefilling or running)."""
+        if state["llm"] is None:
+            return 0
+        eng = state["llm"].engine
+        return len(eng.waiting) + len(eng.prefilling) + len(eng.running)
+
     app.state.abort_all = abort_all
+    app.state.open_requests = open_requests
     app.router.redirect_slashes = False
 
     @app.exception_handler(StarletteHTTPException)

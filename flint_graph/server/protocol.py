@@ -168,7 +168,7 @@ def sampling_params(body: Mapping[str, Any], completion: bool = False) -> Sampli
     if stop is not None and not isinstance(stop, (str, list)):
         raise _bad("stop: expected a string or a list of strings", "stop")
     if stop == "":
-        raise _bad("stop: expected a non-empty string", "stop")
+        stop = None  # as OpenAI's API and vLLM read it: no stop string
     for key in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed"):
         try:  # each field that is present is checked, even where another one wins
             SamplingParams(**{"max_tokens" if key.startswith("max") else key: body.get(key)})
@@ -193,9 +193,14 @@ def sampling_params(body: Mapping[str, Any], completion: bool = False) -> Sampli
             raise _bad("top_logprobs: needs logprobs: true", "top_logprobs")
         top = top or 0
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    return SamplingParams(temperature=body.get("temperature"), top_p=body.get("top_p"),
-                          top_k=body.get("top_k"), seed=body.get("seed"), max_tokens=limit,
-                          stop=stop or (), logprobs=bool(logprobs), top_logprobs=top)
+    try:
+        return SamplingParams(temperature=body.get("temperature"), top_p=body.get("top_p"),
+                              top_k=body.get("top_k"), seed=body.get("seed"), max_tokens=limit,
+                              stop=stop or (), logprobs=bool(logprobs), top_logprobs=top)
+    except InvalidRequestError as e:  # in the words of the fields above ("stop: expected …")
+        if e.field is None:
+            raise
+        raise _bad(f"{e.field}: {e.detail or e}", e.field) from None
 
 
 def _bool_option(body: Mapping[str, Any], field: str, option: str, default: bool) -> bool:
