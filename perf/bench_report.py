@@ -53,12 +53,18 @@ SUMMARY_CAPTION = (
 # -- formatting shared with perf/trace_report.py -----------------------------------------------
 
 def num(v, p: int = 2, unit: str = "") -> str:
-    """v with p decimals (3 significant digits below 1; an int as it is) followed by its unit;
-    "-" for None."""
+    """v with p decimals (3 significant digits below 1, powers of ten from 1e9 on; an int as
+    it is) followed by its unit; "-" for None. (A compared file's 1e308 printed as 309 digits,
+    widening its table past hundreds of columns.)"""
     if v is None:
         return "-"
     if isinstance(v, int) or not isinstance(v, float):  # counts (and stray strings) as they are
+        if isinstance(v, int) and abs(v) >= 10**12:  # from its digits: 10**400 is no float
+            d = str(abs(v))
+            return f"{'-' if v < 0 else ''}{d[0]}.{d[1:4]}e+{len(d) - 1}{unit}"
         return f"{v}{unit}"
+    if abs(v) >= 1e9:
+        return f"{v:.3e}{unit}"
     return (f"{v:.{p}f}" if abs(v) >= 1 or v == 0 else f"{v:#.3g}") + unit
 
 

@@ -303,3 +303,11 @@ def test_formatting_helpers():
     assert [br.num(x, 2, " ms") for x in (1.234, 0.01234, 7, None)] == \
            ["1.23 ms", "0.0123 ms", "7 ms", "-"]
     assert br.rel_change(2.0, 1.0) == -0.5 and br.rel_change(0, 1.0) is None
+
+
+def test_huge_figures_print_as_powers_of_ten():
+    """A compared trace file's `step_us: 1e308` printed as 309 digits in a table hundreds of
+    columns wide (a hostile-input trial)."""
+    assert [br.num(1e308, 1, " µs"), br.num(10**400), br.num(-10**13), br.num(12.345),
+            br.num(4096), br.num(0.001234)] == [
+        "1.000e+308 µs", "1.000e+400", "-1.000e+13", "12.35", "4096", "0.00123"]
