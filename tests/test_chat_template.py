@@ -262,7 +262,8 @@ def test_bad_tools_name_the_field(tools, tool_choice, field):
          "tools[0].function.name: expected a non-empty string, but the key is missing"),
         ([{"type": "function", "function": {"name": None}}],
          "tools[0].function.name: expected a non-empty string, found null"),
-        ([{"function": {"name": "f"}}], 'tools[0].type: expected "function", but the key is missing'),
+        ([{"function": {"name": "f"}}],
+         'tools[0].type: expected "function", but the key is missing'),
     ],
 )  # fmt: skip
 def test_a_missing_key_is_told_apart_from_a_null(tools, message):
@@ -270,7 +271,8 @@ def test_a_missing_key_is_told_apart_from_a_null(tools, message):
     reported as "found null" / "found None", as if the user had written a null."""
     with pytest.raises(InvalidRequestError, match=f"^{re.escape(message)}$"):
         render([{"role": "user", "content": "x"}], tools)
-    with pytest.raises(InvalidRequestError, match="function: expected an object, but the key is missing"):
+    with pytest.raises(InvalidRequestError,
+                       match="function: expected an object, but the key is missing"):
         render([{"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}])
 
 

@@ -393,7 +393,7 @@ def test_concurrent_streams_each_get_their_own_complete_answer(server, client):
     ({"messages": [{"role": "user", "content": "x"}], "echo": False}, 400, "echo"),
     ({"messages": [{"role": "user", "content": "x"}], "user": {"id": 1}}, 400, "user"),
     ({"messages": [{"role": "user", "content": "x"}], "model": 123}, 400, "model"),
-    ({"messages": [{"role": "user", "content": "x"}], "stop": ""}, 400, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, 400, "stop"),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2,
       "max_tokens": "garbage"}, 400, "max_tokens"),
 ])
