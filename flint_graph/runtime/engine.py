@@ -177,8 +177,9 @@ class Engine:
         # a long prompt's remaining chunks (each step takes at most one chunk of them)
         order = sorted(self.prefilling,
                        key=lambda r: len(r.prompt_ids) - self._prefilled[r.id])
-        budget = self.pacer.budget(decoding=bool(self.running), start=next(
-            (self._prefilled[r.id] for r in order), 0), chunk=self.prefill_chunk_tokens)
+        # (asked only when something prefills: a decode-only step needs no budget)
+        budget = self.pacer.budget(decoding=bool(self.running), start=self._prefilled[
+            order[0].id], chunk=self.prefill_chunk_tokens) if order else None
         for req in order:
             done = self._prefilled[req.id]
             n = len(req.prompt_ids) - done if budget is None else min(
