@@ -128,11 +128,14 @@ FOLD_SHARED = True
 # W4A16_NT) can run on grouped_w4a16's WB = 16 kernels: each touched expert read once, the
 # shared expert folded in, where torch._grouped_mm and cuBLAS serve them now (and the decode
 # kernels in groups of 8 up to ROW_MOE_MAX["bf16"] rows, which read an expert again for every
-# group that picks it). Off (None) until measured on the H200: written and compiled in the
-# fourteenth session, which had no device; `tools/bench_prefill.py --formats bf16 --moe
-# w4a16,unpack --row-moe-max 0,16,32` times both (perf log, fourteenth session, for the
-# prediction). With it on, chunks up to ROW_MOE_MAX_BF16_GROUPED rows keep the decode kernels.
-BF16_GROUPED_MAX: int | None = None
+# group that picks it). Written in the fourteenth session (no device; its prediction in the
+# perf log). With it on, chunks up to ROW_MOE_MAX_BF16_GROUPED rows keep the decode kernels.
+# Measured 2026-12-05 (H200, `tools/bench_prefill.py --formats bf16 --paths graph --tokens
+# 8,…,512 --chunk 512 --moe w4a16,unpack --row-moe-max 0,16,32`): against the default before
+# (row MoE ≤ 32 rows, else unpack + torch._grouped_mm) 48 tokens 22.7 → 17.6 ms, 64 25.1 →
+# 19.1, 128 29.4 → 23.3, 512 32.9 → 28.9, 25 14.8 → 14.7 (with row MoE ≤ 16); its GPU tests
+# passed the same day. On up to 512 rows.
+BF16_GROUPED_MAX: int | None = 512
 ROW_MOE_MAX_BF16_GROUPED = 16
 W4A16_WG_NT = ((2048, 64),)  # (up to this many rows, NT) on grouped_w4a16_wg; above: 128
 W4A16_WG_NT_LARGE = 128
