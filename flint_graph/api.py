@@ -190,6 +190,10 @@ class LLM:
         self.cfg = self.checkpoint.cfg
         self.tokenizer = FlintTokenizer.from_dir(self.checkpoint.config_dir)
         self.generation_config = self.checkpoint.generation_config
+        # the model's end-of-turn ids, read once (a stop on another of a request's stop ids is
+        # the caller's: a cut-off, Request.end_ids)
+        self._end_ids = list(SamplingParams().with_defaults(self.generation_config)
+                             .stop_token_ids) or list(self.tokenizer.chat_stop_ids)
         if self.tokenizer.vocab_size > self.cfg.vocab_size:
             raise CheckpointError(
                 f"{self.checkpoint.config_dir / 'tokenizer.json'}: the tokenizer has "
@@ -463,11 +467,8 @@ class LLM:
             raise InvalidRequestError(
                 f"stop_token_ids (with generation_config.json eos_token_id): id {bad[0]} "
                 f"outside [0, vocab_size = {self.cfg.vocab_size})")
-        # the model's end-of-turn ids (a stop on one of the caller's other ids is a cut-off)
-        end = list(SamplingParams().with_defaults(self.generation_config).stop_token_ids) \
-            or list(self.tokenizer.chat_stop_ids)
         return Request(prompt_ids, params, self.tokenizer, eos, parser,
-                       max_new_tokens=limit - len(prompt_ids), end_ids=end)
+                       max_new_tokens=limit - len(prompt_ids), end_ids=self._end_ids)
 
     def _run(self, reqs: list[Request]) -> list[GenerationOutput]:
         for r in reqs:
