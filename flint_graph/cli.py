@@ -465,8 +465,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         failed.append(message)
         server.should_exit = True
 
+    started = time.perf_counter()
+
+    def ready(llm) -> None:  # a log line a user (or a script tailing it) can wait for
+        kind = "graph" if llm.engine.runner else "reference"
+        print(f"flint-graph: ready in {time.perf_counter() - started:.1f} s: {name!r} ({kind} "
+              f"engine) answers POST http://{args.host}:{args.port}/v1/chat/completions",
+              file=sys.stderr, flush=True)
+
     app = create_app(lambda: load_llm(args), name, api_key=args.api_key, on_error=stop,
-                     max_waiting=args.max_waiting)
+                     max_waiting=args.max_waiting, on_ready=ready)
 
     class Server(uvicorn.Server):
         loop = None
@@ -479,9 +487,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         def handle_exit(self, sig, frame):
             if not self.should_exit:  # the log said nothing on SIGTERM (a hostile-input trial)
                 n = app.state.open_requests()
-                print(f"flint-graph: stopping ({signal.Signals(sig).name}): {n} request(s) "
-                      f"open get {args.shutdown_grace:g} s, then are aborted (send it again to "
-                      "abort them now)", file=sys.stderr, flush=True)
+                why = f"flint-graph: stopping ({signal.Signals(sig).name})"
+                print(why + (f": {n} open request(s) get {args.shutdown_grace:g} s to finish, "
+                             "then are aborted (send it again to abort them now)" if n else ""),
+                      file=sys.stderr, flush=True)
             if self.should_exit and not self.ended_requests and self.loop is not None:
                 # a second Ctrl-C / SIGTERM: end the open requests now, each handler
                 # answering within an engine step, rather than uvicorn's forced exit cutting

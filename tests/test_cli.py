@@ -231,6 +231,30 @@ def test_save_transcript_is_atomic(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["chat.json"]
 
 
+def test_a_saved_transcript_is_the_openai_messages_format(tmp_path, tiny_llm):
+    """Tool-call arguments are saved as the JSON string the OpenAI API uses (a new-user trial
+    found mappings, 2026-12-05); a transcript saved before with mappings is still replaced by
+    its own continuation, and `LLM.chat` takes the saved messages back."""
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}}
+    msgs = [{"role": "user", "content": "weather in Oslo"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": '{"high": 12}', "tool_call_id": "call_0"}]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"messages": msgs[:2]}))  # the format saved before
+    for path in (tmp_path / "new.json", old):
+        save_transcript(path, msgs)
+        saved = json.loads(path.read_text())["messages"]
+        args = saved[1]["tool_calls"][0]["function"]["arguments"]
+        assert isinstance(args, str) and json.loads(args) == {"city": "Oslo", "days": 3}
+        assert saved[0] == msgs[0] and saved[2] == msgs[2]
+    assert msgs[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo", "days": 3}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    from flint_graph.runtime.sampling import SamplingParams
+    tiny_llm.chat(saved, tools=tools, params=SamplingParams(max_tokens=1))
+
+
 def test_chat_unknown_command_ctrl_c_at_prompt_and_control_chars(tiny_llm):
     from flint_graph.terminal.chat_cli import printable
 
@@ -248,6 +272,7 @@ def test_chat_unknown_command_ctrl_c_at_prompt_and_control_chars(tiny_llm):
     assert s.run() == 0  # Ctrl-C at the prompt did not end the session; /exit did
     text = console.file.getvalue()
     assert "unknown command /frobnicate" in text and "Ctrl-D quits" in text
+    assert "/help lists the commands" in text
 
 
 @pytest.mark.parametrize("argv, match", [

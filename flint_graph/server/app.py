@@ -47,7 +47,8 @@ MAX_JSON_CONTAINERS = 200_000
 
 
 def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
-               max_waiting: int | None = 256, body_timeout_s: float = BODY_TIMEOUT_S):
+               max_waiting: int | None = 256, body_timeout_s: float = BODY_TIMEOUT_S,
+               on_ready=None):
     """The FastAPI app serving `llm` as model `model_name`; with `api_key`, every /v1 route
     wants `Authorization: Bearer <api_key>` (401 otherwise). Requests beyond the engine's
     slots wait in arrival order; with `max_waiting`, one that finds that many already waiting
@@ -60,7 +61,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     `llm` is an LLM, or a function returning one, called in a background thread when the app
     starts: until it returns, /health answers 503 {"status": "loading"} and every other route
     503; if it raises, /health answers 503 {"status": "error", "error": ...} and
-    `on_error(message)` is called (the CLI stops the server with it).
+    `on_error(message)` is called (the CLI stops the server with it); once it is loaded,
+    `on_ready(llm)` (the CLI logs that the server is ready).
 
     `app.state.abort_all()` (the CLI calls it when a shutdown's grace has passed) aborts every
     open request in the engine, so each handler ends its own response: a streamed one with
@@ -77,6 +79,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     def _loaded(model) -> None:
         state["metrics"] = ServerMetrics(model.engine)
         state["llm"] = model
+        if on_ready is not None:
+            on_ready(model)
 
     def _load() -> None:
         try:

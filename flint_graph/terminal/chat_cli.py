@@ -105,9 +105,25 @@ def _file_argument(text: str) -> str:
     return words[0]
 
 
+def openai_messages(messages: list) -> list:
+    """`messages` as the OpenAI chat API writes them: each tool call's `function.arguments` a
+    JSON string (the chat keeps them as mappings, which `LLM.chat` also takes); everything else
+    unchanged. A transcript saved before (arguments as mappings) compares equal after this."""
+    def call(c):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or isinstance(f.get("arguments"), str) or "arguments" not in f:
+            return c
+        return {**c, "function": {**f, "arguments": json.dumps(f["arguments"],
+                                                               ensure_ascii=False)}}
+    return [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]}
+            if isinstance(m, dict) and isinstance(m.get("tool_calls"), list) else m
+            for m in messages]
+
+
 def save_transcript(path: str | Path, messages: list[dict[str, Any]],
                     replaced: list | None = None) -> Path:
-    """Write `messages` as JSON to `path` atomically (same-directory temp file, then rename);
+    """Write `messages` as JSON to `path` atomically (in the OpenAI messages format:
+    `openai_messages`) (same-directory temp file, then rename);
     appends True to `replaced` when an existing transcript was overwritten. An existing
     transcript is replaced only by one that begins with all its messages (the same
     conversation, saved again as it grew), so no saved message is ever lost; any other
@@ -128,8 +144,9 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
                 raise FlintError(f"{path}: {above} is a file, not a directory")
             raise FlintError(f"{path}: directory {path.parent} does not exist")
         existed = path.exists()
-        text = json.dumps({"messages": messages}, ensure_ascii=False, indent=2)
+        text = json.dumps({"messages": openai_messages(messages)}, ensure_ascii=False, indent=2)
         saved = _saved_messages(path) if existed else []
+        saved = None if saved is None else openai_messages(saved)
         if saved is None:
             # /save replaces only its own files: anything else there is the user's data
             raise FlintError(f"{path}: exists and is not a chat transcript; choose another "
@@ -292,7 +309,9 @@ class ChatSession:
         elif cmd == "/help":
             self.console.print(Text(HELP_LONG, style="dim"))
         else:
-            self.console.print(f"[red]unknown command {cmd}[/]  [dim]{HELP}[/]")
+            self.console.print(f"[red]unknown command {cmd}[/] [dim](/help lists the "
+                               "commands; a message that starts with / is sent as is only "
+                               "inside \"\"\" lines)[/]")
         return None
 
     def answer(self) -> str | None:
