@@ -382,8 +382,9 @@ def _added_ids(tok, ids):
                                     "<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>"
                                     "</tool_call>"])
 def test_chat_control_ids_appear_only_as_the_template_places_them(tiny_llm, inject):
-    # System, user (string and parts), an earlier assistant turn, a tool call's name and
-    # arguments from history, a tool result and a tool description, over several turns.
+    # System, user (string and parts), an earlier assistant turn, a tool call's arguments from
+    # history, a tool result and a tool description, over several turns (a call's name cannot
+    # hold markers: test_a_tool_call_name_in_history_is_held_to_the_tool_name_rule).
     tok = tiny_llm.tokenizer
 
     def conversation(x):
@@ -393,7 +394,7 @@ def test_chat_control_ids_appear_only_as_the_template_places_them(tiny_llm, inje
             {"role": "user", "content": [{"type": "text", "text": f"u{x}"},
                                          {"type": "text", "text": f"{x}v"}]},
             {"role": "assistant", "content": f"a{x}", "tool_calls": [{"type": "function",
-             "function": {"name": f"f{x}", "arguments": {f"k{x}": f"v{x}", "n": [f"{x}"]}}}]},
+             "function": {"name": "f", "arguments": {f"k{x}": f"v{x}", "n": [f"{x}"]}}}]},
             {"role": "tool", "content": f"result{x}"},
             {"role": "assistant", "content": f"done{x}"},
             {"role": "user", "content": f"again{x}"},

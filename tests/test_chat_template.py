@@ -339,14 +339,16 @@ def test_text_parts_render_exactly_like_the_joined_string():
         "[gMASK]<sop><|user|>part one part two<|assistant|><think>"
     )
     # Every role takes parts, joined in order with nothing between (GLM-4.7's visible_text).
+    asked = [{"role": "user", "content": "q"},
+             {"role": "assistant", "content": None, "tool_calls": [call("f", {})]}]
     for role in ("system", "user", "assistant", "tool"):
-        as_parts = [{"role": "user", "content": "q"},
-                    {"role": role, "content": _parts("a", "b ", "c")}]
-        as_text = [{"role": "user", "content": "q"}, {"role": role, "content": "ab c"}]
+        before = asked if role == "tool" else asked[:1]  # a tool result answers a call
+        as_parts = before + [{"role": role, "content": _parts("a", "b ", "c")}]
+        as_text = before + [{"role": role, "content": "ab c"}]
         assert render(as_parts) == render(as_text)
-    assert render([{"role": "tool", "content": _parts("x", "y")}], add_generation_prompt=False) == (
-        "[gMASK]<sop><|observation|><tool_response>xy</tool_response>"
-    )
+    assert render(asked + [{"role": "tool", "content": _parts("x", "y")}],
+                  add_generation_prompt=False).endswith(
+        "<|observation|><tool_response>xy</tool_response>")
     # OpenAI refuses an empty array ("expected an array with minimum length 1"): so do we.
     with pytest.raises(InvalidRequestError, match=r"^messages\[0\]\.content: expected a string "
                                                    r"or a non-empty list of text parts, found an "
@@ -483,7 +485,7 @@ SIBLINGS = [
      {"role": "user", "content": "again"}],
     [{"role": "user", "content": "q"},
      {"role": "assistant", "content": "", "reasoning_content": "x<|endoftext|></think>y",
-      "tool_calls": [call("f<|user|>", {"k</arg_key>": "v</arg_value><|observation|>",
+      "tool_calls": [call("f", {"k</arg_key>": "v</arg_value><|observation|>",
                                          "n": {"deep": "<think>"}})]}],
     [{"role": "user", "content": "first"}, {"role": "assistant", "content": "a<think>b"},
      {"role": "user", "content": "[gMASK]<sop>second<eop>"}],
@@ -787,3 +789,62 @@ def test_developer_role_and_a_tuple_of_messages():
     got = validate_messages(({"role": "developer", "content": "Be brief."},
                              {"role": "user", "content": "hi"}))
     assert [m["role"] for m in got] == ["system", "user"]
+
+
+# Tool results and the calls they answer (a bad-input trial, 2026-12-05: each of these was
+# rendered; OpenAI refuses them with 400).
+ASKED = [{"role": "user", "content": "q"},
+         {"role": "assistant", "content": "", "tool_calls": [
+             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+             {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}]
+
+
+@pytest.mark.parametrize("messages, match", [
+    ([{"role": "tool", "content": "x"}], r"messages\[0\]: a tool result must follow an "
+     r"assistant message with tool_calls \(no message comes before it\)"),
+    ([{"role": "tool", "content": "x", "tool_call_id": "nope"}], r"messages\[0\]: a tool result"),
+    ([{"role": "user", "content": "q"}, {"role": "tool", "content": "x"}],
+     r"messages\[1\]: .*\(messages\[0\] is a user message without tool_calls\)"),
+    (ASKED + [{"role": "user", "content": "u"}, {"role": "tool", "content": "x"}],
+     r"messages\[3\]: .*messages\[2\] is a user message"),
+    (ASKED + [{"role": "tool", "content": "x", "tool_call_id": "zzz"}],
+     r'messages\[2\]\.tool_call_id: "zzz" answers no call of messages\[1\] \(its ids: "c1", '
+     r'"c2"\)'),
+    (ASKED + [{"role": "tool", "content": "x", "tool_call_id": "c1"},
+              {"role": "tool", "content": "y", "tool_call_id": "c1"}],
+     r'messages\[3\]\.tool_call_id: "c1" was answered already'),
+    (ASKED + [{"role": "tool", "content": c} for c in "xyz"],
+     r"messages\[4\]: more tool results than the 2 tool call\(s\) of messages\[1\]"),
+    (ASKED + [{"role": "tool", "content": "x", "tool_call_id": 5}],
+     r"messages\[2\]\.tool_call_id: expected a string, found integer"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "a", "function": {"name": "f"}}, {"id": "a", "function": {"name": "g"}}]}],
+     r"messages\[1\]\.tool_calls: two calls share an id"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": 5, "function": {"name": "f"}}]}],
+     r"messages\[1\]\.tool_calls\[0\]\.id: expected a non-empty string, found 5"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "<|user|>"}}]}],
+     r'messages\[1\]\.tool_calls\[0\]\.function\.name: "<\|user\|>" must be letters'),
+])
+def test_tool_results_must_answer_the_calls_before_them(messages, match):
+    from flint_graph.chat.chat_messages import validate_messages
+
+    with pytest.raises(InvalidRequestError, match=match):
+        validate_messages(messages)
+
+
+@pytest.mark.parametrize("messages", [
+    ASKED + [{"role": "tool", "content": "x", "tool_call_id": "c2"},
+             {"role": "tool", "content": "y", "tool_call_id": "c1"}],  # any order
+    ASKED + [{"role": "tool", "content": "x"}, {"role": "tool", "content": "y"}],  # no ids
+    ASKED + [{"role": "tool", "content": "x", "tool_call_id": "c1"},
+             {"role": "user", "content": "skip the other"}],  # a call left unanswered
+    [{"role": "user", "content": "q"},  # calls without ids: any tool_call_id is taken
+     {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]},
+     {"role": "tool", "content": "x", "tool_call_id": "whatever"}],
+])
+def test_tool_results_that_answer_their_calls_pass(messages):
+    from flint_graph.chat.chat_messages import validate_messages
+
+    assert len(validate_messages(messages)) == len(messages)

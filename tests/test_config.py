@@ -68,8 +68,14 @@ def test_null_model_type_and_dtype_mean_unset():
     ({"dtype": 16}, "field 'dtype'.*found 16"),
     ({"rope_theta": float("nan")}, "rope_theta"),
     ({"rms_norm_eps": -1.0}, "rms_norm_eps"),
-    ({"vocab_size": "151552"}, "vocab_size.*expected an int"),
-    ({"qk_norm": 1}, "qk_norm.*expected a bool"),
+    # in JSON's words, not Python's (a bad-input trial, 2026-12-05: '64', True, [])
+    ({"vocab_size": "151552"}, r"field 'vocab_size' = \"151552\"; expected an integer"),
+    ({"hidden_size": True}, r"field 'hidden_size' = true; expected an integer"),
+    ({"qk_norm": 1}, r"field 'qk_norm' = 1; expected true or false"),
+    ({"rope_layers": []}, r"field 'rope_layers' = \[\]; expected a string"),
+    # the field that is wrong is the one named (n_group was blamed for topk_group)
+    ({"topk_group": 0}, r"field 'topk_group' = 0; expected 1 \(grouped routing"),
+    ({"n_group": 8}, r"field 'n_group' = 8; expected 1"),
     ({"scoring_func": "softmax"}, "scoring_func"),
     ({"tie_word_embeddings": True}, "tie_word_embeddings"),
 ])

@@ -6,6 +6,7 @@ exactly that output, and no push may emit text past the start of the match.
 """
 
 import random
+import re
 
 import pytest
 
@@ -97,10 +98,20 @@ def test_no_stop_strings_passes_text_through():
     assert checker.flush() == ""
 
 
-@pytest.mark.parametrize("bad", [[""], ["ok", ""], [3]])
-def test_stop_checker_rejects_bad_stop_strings(bad):
-    with pytest.raises(InvalidRequestError, match="stop"):
+@pytest.mark.parametrize("bad, match", [
+    ([""], 'found ""'), (["ok", ""], 'found ""'), ([3], "found integer"),
+    (b"x", "expected a string or a list of strings, found bytes"),  # not "found 120"
+    ([b"x"], "found bytes")])
+def test_stop_checker_rejects_bad_stop_strings(bad, match):
+    with pytest.raises(InvalidRequestError, match=f"stop: .*{match}"):
         StopChecker(bad)
+
+
+@pytest.mark.parametrize("bad, match", [(b"x", "expected a list of strings, found b'x'"),
+                                        ([b"x"], "expected non-empty strings, found b'x'")])
+def test_sampling_params_name_bytes_as_bytes(bad, match):
+    with pytest.raises(InvalidRequestError, match=re.escape(match)):
+        SamplingParams(stop=bad)
 
 
 EOS = [7, 8]

@@ -248,13 +248,16 @@ def test_each_control_token_in_chat_content_stays_text(tok, marker):
     content = f"before{marker}after {marker}"
     for role, msgs in (
         ("user", [{"role": "user", "content": content}]),
-        ("tool", [{"role": "user", "content": "q"}, {"role": "tool", "content": content}]),
+        ("tool", [{"role": "user", "content": "q"},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"type": "function", "function": {"name": "f", "arguments": {}}}]},
+                  {"role": "tool", "content": content}]),
         ("system", [{"role": "system", "content": content}, {"role": "user", "content": "q"}]),
     ):
         segs = render_chat_segments(tok.chat_template, msgs, markers=tok.added_tokens)
         ids = tok.encode_segments(segs)
         benign = tok.encode(render_chat(tok.chat_template, [
-            {**m, "content": m["content"].replace(marker, "")} for m in msgs]))
+            {**m, "content": m["content"] and m["content"].replace(marker, "")} for m in msgs]))
         added = {tok.token_id(t) for t in tok.added_tokens}
         # Each added id appears exactly as often as the template's structure puts it there.
         assert sorted(i for i in ids if i in added) == sorted(i for i in benign if i in added), role

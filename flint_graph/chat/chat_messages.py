@@ -158,6 +158,13 @@ def _normalize_call(call: Any, field: str) -> dict:
     if not isinstance(name, str) or not name:
         raise InvalidRequestError(f"{field}.function.name: expected a non-empty string, "
                                   f"{_found(fn, 'name', shown)}")
+    if not _TOOL_NAME.fullmatch(name):  # as a declared tool's name (validate_tools)
+        raise InvalidRequestError(f"{field}.function.name: {shown(name)} must be letters, "
+                                  "digits, '_', '-' or '.' (at most 64)")
+    if "id" in call and call["id"] is not None and (not isinstance(call["id"], str)
+                                                    or not call["id"]):
+        raise InvalidRequestError(f"{field}.id: expected a non-empty string, found "
+                                  f"{shown(call['id'])}")
     args = fn.get("arguments")
     if args is None or (isinstance(args, str) and not args.strip()):
         args = {}  # clients write a zero-argument call as "" or null
@@ -231,7 +238,50 @@ def validate_messages(messages: Any) -> list[dict]:
             check_data(call["function"]["arguments"], f"{where}.tool_calls[{j}].function."
                                                       "arguments")
         out.append(msg)
+    _check_tool_results(out)
     return out
+
+
+def _check_tool_results(messages: list[dict]) -> None:
+    """Every tool message answers a call of the assistant message before it (OpenAI's rule:
+    a tool result follows an assistant turn with tool_calls, directly or after the results of
+    its other calls): at most one result per call, and a `tool_call_id` must name one of that
+    turn's call ids (when its calls have ids) not answered yet. Calls left without a result are
+    allowed (a client may decline to run one). Raises InvalidRequestError naming the message."""
+    calls, asked, ids, answered = None, -1, set(), set()
+    results = 0
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if m["role"] != "tool":
+            calls = m.get("tool_calls") if m["role"] == "assistant" else None
+            asked, results, answered = i, 0, set()
+            ids = {c["id"] for c in calls or () if c.get("id") is not None}
+            if len(ids) < sum(c.get("id") is not None for c in calls or ()):
+                raise InvalidRequestError(f"{where}.tool_calls: two calls share an id")
+            continue
+        if not calls:
+            before = (f"messages[{asked}] is a {messages[asked]['role']} message without "
+                      "tool_calls" if asked >= 0 else "no message comes before it")
+            raise InvalidRequestError(f"{where}: a tool result must follow an assistant "
+                                      f"message with tool_calls ({before})")
+        results += 1
+        if results > len(calls):
+            raise InvalidRequestError(f"{where}: more tool results than the {len(calls)} "
+                                      f"tool call(s) of messages[{asked}]")
+        tid = m.get("tool_call_id")
+        if tid is None or not ids:
+            continue
+        if not isinstance(tid, str):
+            raise InvalidRequestError(f"{where}.tool_call_id: expected a string, found "
+                                      f"{kind(tid)}")
+        if tid not in ids:
+            raise InvalidRequestError(f"{where}.tool_call_id: {shown(tid)} answers no call of "
+                                      f"messages[{asked}] (its ids: "
+                                      f"{', '.join(map(shown, sorted(ids)))})")
+        if tid in answered:
+            raise InvalidRequestError(f"{where}.tool_call_id: {shown(tid)} was answered "
+                                      "already")
+        answered.add(tid)
 
 
 def validate_tools(tools: Any) -> list[dict] | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from flint_graph.errors import CheckpointError, ConfigError
+from flint_graph.errors import CheckpointError, ConfigError, shown
 from flint_graph.checkpoints.jsonfile import read_json_object
 
 # Control tokens: framing and role markers, skipped when decoding user-visible text.
@@ -267,7 +267,7 @@ class FlintTokenizer:
         eos = eos.get("content") if isinstance(eos, dict) else eos  # HF allows {"content": ...}
         if not isinstance(eos, str):
             raise CheckpointError(f"{source}: tokenizer_config.json eos_token: expected a token "
-                                  f"string, found {eos!r}")  # fmt: skip
+                                  f"string, found {shown(eos)}")  # fmt: skip
         self._eos_id = self.token_id(eos)
         flagged = {i for i, t in tokenizer.get_added_tokens_decoder().items()
                    if t.special and t.content not in GLM47_TEXT_TAGS}  # fmt: skip

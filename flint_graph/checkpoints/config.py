@@ -151,7 +151,7 @@ class FlintConfig:
 
         def bad(name: str, expected: str) -> ConfigError:
             return ConfigError(
-                f"{source}: field {name!r} = {getattr(self, name)!r}; expected {expected}"
+                f"{source}: field {name!r} = {shown(getattr(self, name))}; expected {expected}"
             )
 
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "sliding_window",
@@ -176,7 +176,8 @@ class FlintConfig:
         for i, kind in enumerate(self.layer_types):
             if kind not in (SLIDING, FULL):
                 raise ConfigError(
-                    f"{source}: layer_types[{i}] = {kind!r}; expected {SLIDING!r} or {FULL!r}"
+                    f"{source}: layer_types[{i}] = {shown(kind)}; expected {shown(SLIDING)} or "
+                    f"{shown(FULL)}"
                 )
         if self.num_attention_heads % self.num_key_value_heads:
             raise bad("num_attention_heads",
@@ -195,8 +196,9 @@ class FlintConfig:
                            ("topk_method", "noaux_tc")):
             if getattr(self, name) != want:
                 raise bad(name, f"{want!r} (the only value Flint uses)")
-        if self.n_group != 1 or self.topk_group != 1:
-            raise bad("n_group", "1 with topk_group 1 (grouped routing is not part of Flint)")
+        for name in ("n_group", "topk_group"):  # name the field that is wrong
+            if getattr(self, name) != 1:
+                raise bad(name, "1 (grouped routing is not part of Flint)")
         if self.attention_bias:
             raise bad("attention_bias", "false (Flint's projections have no bias)")
         if self.tie_word_embeddings:
@@ -468,7 +470,8 @@ def _coerce(source: str, name: str, typ: Any, value: Any) -> Any:
         return tuple(value)
     expected = {"int": int, "float": (int, float), "bool": bool, "str": str}[typ]
     ok = isinstance(value, expected) and not (typ in ("int", "float") and isinstance(value, bool))
-    if not ok:
-        article = "an" if typ == "int" else "a"
-        raise ConfigError(f"{source}: field {name!r} = {value!r}; expected {article} {typ}")
+    if not ok:  # in JSON's words: config.json is JSON (a bad-input trial read Python's)
+        want = {"int": "an integer", "float": "a number", "bool": "true or false",
+                "str": "a string"}[typ]
+        raise ConfigError(f"{source}: field {name!r} = {shown(value)}; expected {want}")
     return float(value) if typ == "float" else value

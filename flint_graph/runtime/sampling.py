@@ -93,7 +93,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         # Normalise containers so the frozen object is hashable and immune to caller mutation.
         stop = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())
-        if isinstance(stop, Sequence):
+        if isinstance(stop, Sequence) and not isinstance(stop, (bytes, bytearray)):
             object.__setattr__(self, "stop", tuple(stop))
         if self.stop_on_repeat is None:  # as the other optional fields: None is the default
             object.__setattr__(self, "stop_on_repeat", 0)
@@ -219,7 +219,7 @@ def _gen_value(gen: dict[str, Any], key: str, neutral: Any, ok, expected: str) -
         return neutral
     if not ok(value):
         raise ConfigError(f"generation_config.json field '{key}': expected {expected}, "
-                          f"found {value!r}")
+                          f"found {shown(value)}")
     return value
 
 

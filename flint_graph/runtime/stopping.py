@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Literal
 
-from flint_graph.errors import InvalidRequestError
+from flint_graph.errors import InvalidRequestError, kind, shown
 from flint_graph.runtime.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length"]
@@ -31,10 +31,14 @@ class StopChecker:
     """
 
     def __init__(self, stop: Sequence[str]):
+        if not isinstance(stop, (str, list, tuple)):  # bytes would iterate as integers
+            raise InvalidRequestError(f"stop: expected a string or a list of strings, found "
+                                      f"{kind(stop)}")
         stop = [stop] if isinstance(stop, str) else list(stop)
         for s in stop:
             if not (isinstance(s, str) and s):
-                raise InvalidRequestError(f"stop: expected non-empty strings, found {s!r}")
+                raise InvalidRequestError(f"stop: expected non-empty strings, found "
+                                          f"{shown(s) if isinstance(s, str) else kind(s)}")
         self.stop = tuple(stop)
         self.stopped = False
         self.matched: str | None = None
