@@ -136,20 +136,63 @@ def test_a_parser_fault_ends_only_its_own_request(tiny_llm, monkeypatch):
     assert out_b.finish_reason == "length" and len(out_b.token_ids) == 12
 
 
-@pytest.mark.parametrize("params", [
-    {"properties": {"x": {"$ref": "#/$defs/L/\u00b2"}}, "$defs": {"L": [1]}},  # "²" isdigit
-    {"properties": {"x": {"$ref": "#/$defs/L/" + "9" * 5000}}, "$defs": {"L": [1]}},
-    {"$ref": "#/$defs/U", "allOf": 5,
-     "$defs": {"U": {"anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}}},
+@pytest.mark.parametrize("params, match", [
+    # refs into a list by an index "²" (a digit to isdigit(), not to int()) and by 5,000 digits:
+    # they resolve to nothing, so the declaration is refused (it had crashed the parse once)
+    ({"properties": {"x": {"$ref": "#/anyOf/\u00b2"}}, "anyOf": [{"type": "object"}]},
+     r"parameters\.properties\.x\.\$ref is \"#/anyOf/\u00b2\"; expected a reference"),
+    ({"properties": {"x": {"$ref": "#/anyOf/" + "9" * 5000}}, "anyOf": [{"type": "object"}]},
+     r"parameters\.properties\.x\.\$ref is \"#/anyOf/9999"),
+    ({"$ref": "#/$defs/U", "allOf": 5,
+      "$defs": {"U": {"anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}}},
+     r"parameters\.allOf is 5; expected a non-empty array of schemas"),
+    ({"properties": {"x": {"$ref": "#/$defs/L/0"}}, "$defs": {"L": [1]}},
+     r"parameters\.\$defs is \{\"L\": \[1\]\}; expected an object whose values are schemas"),
 ])
-def test_schemas_found_by_a_trial_parse_without_raising(params):
+def test_schemas_found_by_a_trial_are_refused_when_declared(params, match):
     from flint_graph.chat.output_parser import parse_output
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
-    for key in ("x", "a"):
-        out = parse_output(f"</think><tool_call>f<arg_key>{key}</arg_key><arg_value>1"
-                           "</arg_value></tool_call>", tools=tools)
-        assert len(out.tool_calls) == 1, out
+    with pytest.raises(InvalidRequestError, match=rf"^tools\[0\] 'f': {match}"):
+        parse_output("</think><tool_call>f<arg_key>x</arg_key><arg_value>1</arg_value>"
+                     "</tool_call>", tools=tools)
+
+
+def test_a_ref_into_a_list_by_index_resolves():
+    from flint_graph.chat.output_parser import parse_output
+
+    params = {"type": "object", "properties": {"x": {"$ref": "#/$defs/pick/anyOf/1"}},
+              "$defs": {"pick": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    out = parse_output("</think><tool_call>f<arg_key>x</arg_key><arg_value>7</arg_value>"
+                       "</tool_call>", tools=tools)
+    assert out.tool_calls[0].arguments == {"x": 7}
+
+
+# A bad-input trial (2026-12-05) declared these and each was accepted; some were then ignored
+# when the model called the tool.
+@pytest.mark.parametrize("change, match", [
+    ({"required": "value"}, r"parameters\.required is \"value\"; expected a list of property"),
+    ({"required": 5}, r"parameters\.required is 5"),
+    ({"properties": [1, 2]}, r"parameters\.properties is \[1, 2\]; expected an object"),
+    ({"properties": {"value": 5}}, r"parameters\.properties is \{\"value\": 5\}"),
+    ({"type": "array"}, r"parameters\.type is \"array\"; a tool's parameters are an object"),
+    ({"type": "string"}, r"parameters\.type is \"string\""),
+    ({"$ref": "#/$defs/nope"}, r"parameters\.\$ref is \"#/\$defs/nope\"; expected a reference"),
+    ({"$defs": []}, r"parameters\.\$defs is \[\]"),
+    ({"enum": "abc"}, r"parameters\.enum is \"abc\"; expected an array"),
+    ({"anyOf": {}}, r"parameters\.anyOf is \{\}; expected a non-empty array"),
+    ({"anyOf": []}, r"parameters\.anyOf is \[\]"),
+    ({"properties": {"value": {"not": 3}}}, r"parameters\.properties\.value\.not is 3"),
+])
+def test_malformed_tool_schemas_are_refused_naming_the_keyword(change, match):
+    from flint_graph.chat.tool_schema import tool_schemas
+
+    params = {"type": "object", "properties": {"value": {"type": "number"}},
+              "required": ["value"], **change}
+    with pytest.raises(InvalidRequestError, match=rf"^tools\[0\] 'convert': {match}"):
+        tool_schemas([{"type": "function", "function": {"name": "convert",
+                                                        "parameters": params}}])
 
 
 def _generate_with_nan(llm, tensor, max_tokens: int):

@@ -8,7 +8,10 @@ the `properties` reached through the root's own `$ref`/`allOf`/`anyOf`/`oneOf`. 
 as `anyOf` (a value matching two branches is no reason to refuse it). Keywords that constrain
 a value without deciding its JSON type (minimum, pattern, items, properties, ...) and remote
 `$ref`s are not checked: the tool validates its own input. A reference cycle is cut at a
-fixed depth and counts as "anything".
+fixed depth and counts as "anything". The declaration itself is checked when the tools arrive
+(`tool_schemas`): a parameters schema that is not an object schema, a keyword whose value JSON
+Schema does not allow (`required`, `properties`, `enum`, the combinators, ...) or a local
+`$ref` to nothing is refused, naming its path.
 
 `type_argument(text, schema, root)` picks, in this order, the first reading the schema admits:
   1. None, for the text `null` (blanks around it ignored);
@@ -179,6 +182,11 @@ def _check_size(root: Any, where: str) -> None:
             raise InvalidRequestError(
                 f"{where}: {path[:200]}.type is {_dumps(kind)[:80]}; expected one of "
                 f"{', '.join(JSON_TYPES)} or a non-empty list of them (JSON Schema)")
+        if depth == 0 and kinds and "object" not in kinds:
+            raise InvalidRequestError(  # OpenAI's rule: arguments are one JSON object
+                f"{where}: parameters.type is {_dumps(kind)[:80]}; a tool's parameters are "
+                "an object schema (\"type\": \"object\")")
+        _check_keywords(node, root, where, path[:200])
         ref = node.get("$ref")
         subs = [(_deref(node, root), ref if isinstance(ref, str) else path)]
         for key, value in node.items():  # every place JSON Schema puts subschemas
@@ -193,6 +201,46 @@ def _check_size(root: Any, where: str) -> None:
         # pushed reversed, so the walk meets properties in the order the schema lists them and
         # a refusal names the first bad one
         stack += [(sub, depth + 1, p) for sub, p in reversed(subs) if isinstance(sub, dict)]
+
+
+def _check_keywords(node: dict, root: Any, where: str, path: str) -> None:
+    """Raise InvalidRequestError for a keyword of schema `node` whose value JSON Schema does not
+    allow (a bad-input trial, 2026-12-05: `"required": "value"`, `"properties": [1, 2]`, a
+    property schema `5`, `"enum": "abc"`, `"anyOf": []` and a `$ref` to nothing were
+    accepted, and some then silently ignored): `required` a list of strings, `properties` and
+    the other maps objects of schemas (objects or booleans), `enum` an array, the combinators
+    non-empty arrays of schemas, `$ref` a string and, when local ("#..."), one that resolves
+    (a remote one is not fetched: the tool checks its own input)."""
+    def fail(key: str, expected: str) -> InvalidRequestError:
+        return InvalidRequestError(f"{where}: {path}.{key} is {_dumps(node[key])[:80]}; "
+                                   f"expected {expected} (JSON Schema)")
+
+    def is_schema(v: Any) -> bool:
+        return isinstance(v, (dict, bool))
+
+    req = node.get("required", [])
+    if not isinstance(req, list) or not all(isinstance(k, str) for k in req):
+        raise fail("required", "a list of property names")
+    for key in _SCHEMA_MAPS & node.keys():
+        value = node[key]
+        if not isinstance(value, dict) or (key != "dependencies" and not all(
+                is_schema(v) for v in value.values())):
+            raise fail(key, "an object whose values are schemas (objects or booleans)")
+    if "enum" in node and not isinstance(node["enum"], list):
+        raise fail("enum", "an array of the allowed values")
+    for key in _COMBINATORS:
+        if key in node and not (isinstance(node[key], list) and node[key]
+                                and all(is_schema(v) for v in node[key])):
+            raise fail(key, "a non-empty array of schemas")
+    for key in _ONE_SCHEMA - {"items"}:
+        if key in node and not is_schema(node[key]):
+            raise fail(key, "a schema (an object or a boolean)")
+    if "$ref" in node:
+        ref = node["$ref"]
+        if not isinstance(ref, str):
+            raise fail("$ref", "a string")
+        if ref.startswith("#") and _deref(node, root) is None and ref != "#":
+            raise fail("$ref", "a reference to a part of this tool's parameters")
 
 
 def _has_properties(schema: Any, root: Any) -> bool:
