@@ -234,7 +234,13 @@ class LLM:
                params: SamplingParams | None = None) -> RequestStream:
         """Complete one raw prompt: an iterator of RequestDelta as tokens arrive (the last one
         carries finish_reason); `.output` is the GenerationOutput afterwards. Closing it early
-        (or Ctrl-C while iterating) aborts the request. Raises as `generate`."""
+        (or Ctrl-C while iterating) aborts the request. Raises as `generate`, and
+        InvalidRequestError for a list of prompts (one stream is one prompt)."""
+        if isinstance(prompt, (list, tuple)) and any(isinstance(p, (str, list, tuple))
+                                                     for p in prompt):
+            raise InvalidRequestError("prompt: stream() takes one prompt (a string or a list of "
+                                      f"token ids), found a list of {len(prompt)} prompts; "
+                                      "generate() takes several")
         return RequestStream(self, self._request(self._encode(prompt), params, parser=None))
 
     # -- chat -------------------------------------------------------------------------------
@@ -463,10 +469,11 @@ class LLM:
         if not eos and not params.ignore_eos:
             eos = list(self.tokenizer.chat_stop_ids)  # no eos_token_id in generation_config
         bad = [t for t in eos if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"stop_token_ids (with generation_config.json eos_token_id): id {bad[0]} "
-                f"outside [0, vocab_size = {self.cfg.vocab_size})")
+        if bad:  # the caller's list, or the checkpoint's own end ids when it gave none
+            whose = "stop_token_ids" if params.stop_token_ids else \
+                "the checkpoint's end-of-turn ids (generation_config.json eos_token_id)"
+            raise InvalidRequestError(f"{whose}: id {bad[0]} outside [0, vocab_size = "
+                                      f"{self.cfg.vocab_size})")
         return Request(prompt_ids, params, self.tokenizer, eos, parser,
                        max_new_tokens=limit - len(prompt_ids), end_ids=self._end_ids)
 

@@ -269,6 +269,8 @@ def read_prompt(args: argparse.Namespace) -> str:
                                       "MiB, more than any model's context; pass a shorter "
                                       "prompt")
         prompt = data.decode("utf-8", "surrogateescape") if raw else data
+        # a byte-order mark some Windows editors write first is no part of the text either
+        prompt = prompt.removeprefix("\ufeff")
         # the line end `echo` and editors add is not part of the prompt ("What is 250 minus
         # 750?\n" answered 9500 where --prompt answered 500)
         prompt = prompt[:-2] if prompt.endswith("\r\n") else prompt[:-1] \
@@ -285,8 +287,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     tools = load_tools(args.tools)
     if args.raw and (args.tools is not None or not args.enable_thinking):
-        raise InvalidRequestError("--tools and --no-think apply to the chat template; they "
-                                  "cannot be used with --raw")
+        given = " and ".join(f for f, on in (("--tools", args.tools is not None),
+                                              ("--no-think", not args.enable_thinking)) if on)
+        raise InvalidRequestError(f"{given} {'apply' if ' and ' in given else 'applies'} to "
+                                  "the chat template; --raw sends the prompt without it")
     params = sampling_params(args)
     llm = load_llm(args)
     if args.raw:

@@ -133,7 +133,7 @@ def thread_count(text: str) -> int:
 def seed_int(text: str) -> int:
     """argparse type: a seed, an integer in [0, 2**63) (as SamplingParams' seed; an eval
     report with a negative seed could not be compared with later)."""
-    value = integer(text, "an integer >= 0")
+    value = integer(text, "an integer in [0, 2**63)")
     if not 0 <= value < 2**63:
         raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {value}")
     return value
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(gen)
     gen.add_argument("--prompt", metavar="TEXT",
                      help="prompt text (default: read from stdin, as UTF-8, less one "
-                          "trailing line end)")
+                          "trailing line end and a leading byte-order mark)")
     gen.add_argument("--raw", action="store_true",
                      help="send the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true",

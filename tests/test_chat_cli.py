@@ -418,10 +418,13 @@ def test_piped_input_is_echoed_after_its_prompt(tiny_llm):
     printed prompts and answers run together ("you> ▸ reasoning ..."). With echo_input (the
     default when stdin is not a terminal) each line read is printed after its prompt, a byte
     that is not UTF-8 shown as U+FFFD instead of failing to encode."""
-    s, console = _session(tiny_llm, ["/help", "bad \udcff byte", "/exit"], echo_input=True)
+    s, console = _session(tiny_llm, ["/help", "bad \udcff byte", "/bad\x1b[2J", "/exit"],
+                          echo_input=True)
     s.run()
     out = console.file.getvalue().splitlines()
     assert "/help" in out and "/exit" in out and "bad \ufffd byte" in out
+    # control characters are shown, not sent to the terminal (a bad-input trial, 2026-12-05)
+    assert "\x1b" not in console.file.getvalue() and "/bad\u241b[2J" in out
     quiet, console = _session(tiny_llm, ["/help", "/exit"])  # a console passed in: no echo
     quiet.run()
     assert "/exit" not in console.file.getvalue().splitlines()

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from flint_graph.errors import MAX_MESSAGE, ConfigError, FlintError, InvalidRequestError
+from flint_graph.errors import CheckpointError, ConfigError, FlintError, InvalidRequestError
 from flint_graph.runtime.sampling import SamplingParams
 
 
@@ -411,3 +411,47 @@ def test_paths_that_are_no_file_say_why(tmp_path, tiny_ckpt):
     (copy / "config.json").mkdir()
     with pytest.raises(CheckpointError, match="a directory, not a file for config.json"):
         load_checkpoint(copy, device="cpu")
+
+
+# Messages that named the wrong thing (a bad-input trial, 2026-12-05).
+
+def test_stream_of_a_list_of_prompts_says_so(tiny_llm):
+    with pytest.raises(InvalidRequestError, match=r"stream\(\) takes one prompt .* found a list "
+                                                  r"of 2 prompts; generate\(\) takes several"):
+        tiny_llm.stream(["hi", "there"], SamplingParams(max_tokens=1))
+
+
+def test_a_bad_stop_token_id_is_named_as_the_callers(tiny_llm):
+    with pytest.raises(InvalidRequestError, match=r"^stop_token_ids: id 1000000000 outside"):
+        tiny_llm.generate(["hi"], SamplingParams(max_tokens=1, stop_token_ids=[10**9]))
+
+
+def test_hf_config_path_that_is_a_file_says_so(tiny_ckpt, tmp_path):
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
+
+    other = tmp_path / "hostname"
+    other.write_text("box\n")
+    with pytest.raises(CheckpointError, match=r"hostname: hf_config_path is a file, not a "
+                                          r"directory"):
+        load_checkpoint(f"{tiny_ckpt}/model-nvfp4.gguf", hf_config_path=other)
+
+
+def test_an_unreadable_file_in_a_directory_is_not_taken_for_the_checkpoint(tmp_path,
+                                                                         monkeypatch):
+    """`generate /proc/self`: a directory without config.json whose files include one that
+    cannot be read; the error is the missing config.json, not that file."""
+    from pathlib import Path
+
+    from flint_graph.checkpoints.checkpoint import load_checkpoint
+
+    (tmp_path / "unreadable").write_bytes(b"xxxx")
+    real = Path.open
+
+    def fail(self, *a, **k):
+        if self.name == "unreadable":
+            raise OSError(22, "Invalid argument")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "open", fail)
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
+        load_checkpoint(tmp_path)

@@ -82,6 +82,11 @@ def _config_dir(hf_config_path: str | Path | None, fallback: Path, gguf: Path | 
             raise CheckpointError(f"{d}: hf_config_path does not exist")
         if d.is_file() and d.name == CONFIG_NAME:
             d = d.parent
+        elif not d.is_dir():
+            raise CheckpointError(f"{d}: hf_config_path is a file, not a directory; expected "
+                                  "a directory with config.json, tokenizer.json, "
+                                  "tokenizer_config.json and generation_config.json (or its "
+                                  "config.json)")
         if not (d / CONFIG_NAME).is_file():
             raise CheckpointError(f"{d}: hf_config_path has no {CONFIG_NAME}; expected a "
                                   "directory with config.json, tokenizer.json, "
@@ -110,9 +115,19 @@ def _describe_non_gguf(path: Path) -> str:
             "not a directory; expected a BF16 checkpoint directory or an NVFP4 GGUF file")
 
 
+def _readable_gguf(path: Path) -> bool:
+    """is_gguf, False for a file that cannot be read: looking for the GGUF among a directory's
+    files, an unreadable one is not it (`generate /proc/self` named /proc/self/clear_refs
+    instead of saying the directory has no config.json, a bad-input trial)."""
+    try:
+        return is_gguf(path)
+    except CheckpointError:
+        return False
+
+
 def _gguf_in_dir(d: Path) -> Path | None:
     """The one GGUF file (by content) directly inside `d`, or None; several are refused."""
-    found = [p for p in sorted(d.iterdir()) if p.is_file() and is_gguf(p)]
+    found = [p for p in sorted(d.iterdir()) if p.is_file() and _readable_gguf(p)]
     if len(found) > 1:
         raise CheckpointError(f"{d}: holds several GGUF files ({', '.join(p.name for p in found)})"
                               "; pass the one to load")

@@ -258,9 +258,10 @@ class ChatSession:
             return queued
         line = self.console.input(prompt)
         if self.echo_input:
-            # a byte that is not UTF-8 reads as a lone surrogate, which stdout cannot encode
+            # a byte that is not UTF-8 reads as a lone surrogate, which stdout cannot encode;
+            # control characters are shown, not obeyed (a piped file could drive the terminal)
             shown = "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in line)
-            self.console.print(shown, highlight=False, markup=False)
+            self.console.print(printable(shown), highlight=False, markup=False)
         return line
 
     def _read_fenced(self, first: str) -> str | None:
@@ -309,9 +310,10 @@ class ChatSession:
         elif cmd == "/help":
             self.console.print(Text(HELP_LONG, style="dim"))
         else:
-            self.console.print(f"[red]unknown command {cmd}[/] [dim](/help lists the "
-                               "commands; a message that starts with / is sent as is only "
-                               "inside \"\"\" lines)[/]")
+            # shown, not obeyed: no control character or rich markup of the user's reaches it
+            self.console.print(f"[red]unknown command {escape(printable(cmd))}[/] [dim](/help "
+                               "lists the commands; a message that starts with / is sent as "
+                               "is only inside \"\"\" lines)[/]")
         return None
 
     def answer(self) -> str | None:
