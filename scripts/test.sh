@@ -13,6 +13,6 @@ PYTHONWARNINGS=ignore::UserWarning python -m pip install -q -e ".[test,kernels]"
 # Two workers, one test file each at a time (a file's session fixtures, such as the kernel
 # compile of tests/test_kernel_cache.py, are built once); the slowest tests are listed: CI must
 # stay well under 30 min. `-n 0` after other arguments runs in this one process.
-echo "running the CPU tests: one worker compiles every kernel once (~5 min on 2 idle cores, more" \
+echo "running the CPU tests: one worker compiles every kernel once (~6 min on 2 idle cores, more" \
   "on a busy machine), so the progress dots slow down for a while; ~10 min in all" >&2
 python -m pytest -q -n 2 --dist loadfile --durations=15 "$@"
