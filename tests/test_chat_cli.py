@@ -110,6 +110,13 @@ def _session(llm, inputs, params=None, console=None, **kw):
     return ChatSession(llm, params, console=console, **kw), console
 
 
+def test_header_names_the_weights_format(tiny_llm):
+    """A new user could not tell whether the NVFP4 GGUF or its BF16 twin ran (2026-12-05)."""
+    s, console = _session(tiny_llm, ["/exit"])
+    s.run()
+    assert " · BF16 weights · cpu · " in console.file.getvalue()
+
+
 def test_header_counts_tools_in_the_singular_and_plural(tiny_llm):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     other = {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}

@@ -215,8 +215,12 @@ class ChatSession:
         if c.is_terminal:
             import readline  # noqa: F401  (line editing and history for input())
         _read_bad_bytes_as_surrogates()
+        # the weights' format: the embedded model runs its BF16 twin, not the NVFP4 GGUF the
+        # README names first (a new user could not tell which ran)
+        fmt = getattr(getattr(self.llm, "checkpoint", None), "format", None)
         c.print(f"[bold]flint-graph chat[/] · {self.llm.cfg.num_hidden_layers} layers · "
-                f"{self.llm.device} · {self.llm.engine.name} engine · "
+                + (f"{str(getattr(fmt, 'value', fmt)).upper()} weights · " if fmt else "")
+                + f"{self.llm.device} · {self.llm.engine.name} engine · "
                 f"thinking {'on' if self.enable_thinking else 'off'}"
                 + (f" · {_count(len(self.tools), 'tool')}" if self.tools else ""))
         c.print(f"[dim]{HELP}[/]")
