@@ -780,3 +780,23 @@ def test_the_preamble_stop_changes_no_token_or_log_probability(tiny_ckpt):
             (entry,) = llm.engine.prefix_cache.entries
             assert len(entry.snapshots) == 2, sorted(entry.snapshots)  # preamble, prompt end
     assert runs[0] == runs[1]
+
+
+def test_each_reuse_decision_is_logged_at_debug(llms, caplog):
+    """Why a turn was or was not served from the cache, for a diagnosis (logger
+    flint_graph.reuse; `tools/bench_reuse.py --log-reuse`): a cold prompt, its retention with
+    its snapshots, and the next turn's resume point with the retained sequences it weighed."""
+    import logging
+
+    on, _ = llms
+    on.engine.drop_retained()
+    caplog.set_level(logging.DEBUG, logger="flint_graph.reuse")
+    ids, _ = _chat(on, ["first question", "second question"])
+    text = [r.getMessage() for r in caplog.records if r.name == "flint_graph.reuse"]
+    first, second = (len(o.prompt_token_ids) for o in ids)
+    assert text[0] == f"prompt of {first} ids: cold; retained: none", text
+    assert any(t.startswith("request ") and " retained: " in t and "snapshots [" in t
+               for t in text), text
+    resumed = next(t for t in text if t.startswith(f"prompt of {second} ids: resumes at "))
+    assert f"-> resume {ids[1].cached_tokens}" in resumed and "common prefix" in resumed
+    on.engine.drop_retained()

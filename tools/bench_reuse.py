@@ -75,7 +75,15 @@ def main() -> int:
                         "of chat turns")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--out", default="out")
+    p.add_argument("--log-reuse", action="store_true",
+                   help="print each KV-reuse decision (logger flint_graph.reuse at DEBUG): "
+                        "where each prompt resumed, or why it ran cold")
     args = p.parse_args()
+    if args.log_reuse:
+        import logging
+
+        logging.basicConfig(format="reuse: %(message)s")
+        logging.getLogger("flint_graph.reuse").setLevel(logging.DEBUG)
     items = max(1, args.history * 170 // 2621)  # 170 items made 2,621 tokens (perf-log)
     first = "Summarize this log. " + " ".join(
         f"line {i}: step {i * 7 % 13} ok, value {i * 31 % 97}." for i in range(items))

@@ -15,6 +15,7 @@ short request or an abort by more than a chunk.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -28,6 +29,7 @@ from flint_graph.runtime.engine_config import (EngineConfig, apply_cpu_threads,
 from flint_graph.errors import ConfigError, FlintError
 from flint_graph.runtime.prefill_pacer import PrefillPacer
 from flint_graph.runtime.prefix_cache import MAX_SNAPSHOTS, PrefixCache, Retained
+from flint_graph.runtime.prefix_cache import log as reuse_log
 from flint_graph.reference import ReferenceModel, SequenceKV
 from flint_graph.runtime.request import Request, RequestDelta
 from flint_graph.runtime.sampling import OneRowSampleGraph, greedy, sample
@@ -502,8 +504,9 @@ class Engine:
                 continue
             snaps = self._snapshots.setdefault(rid, {})
             rings = self._save_rings_evicting(rid)
-            if rings is None:
-                continue  # no memory even with nothing retained: this resume point is lost
+            if rings is None:  # no memory even with nothing retained: this resume point is lost
+                reuse_log.debug("request %s: no memory for the ring snapshot at %d", rid, pos)
+                continue
             snaps[pos] = rings
             # the oldest go first, but never the chat preamble's (every later turn and a new
             # conversation with the same tools resume there)
@@ -521,6 +524,7 @@ class Engine:
             try:
                 return self._save_rings(rid)
             except torch.OutOfMemoryError:
+                reuse_log.debug("request %s: out of memory for a ring snapshot; evicting", rid)
                 victim = self.prefix_cache.evict()
                 if victim is None:
                     return None
@@ -573,14 +577,20 @@ class Engine:
         keep = (self.prefix_cache.capacity and req in self.running and req.finish_reason in
                 (None, "stop", "length", "repeat", "abort", "tool_calls") and not req.errors
                 and req.id not in self._unsettled)
+        if self.prefix_cache.capacity and reuse_log.isEnabledFor(logging.DEBUG) and not keep:
+            reuse_log.debug("request %s not retained (finish %s, errors %d, running %s, "
+                            "unsettled %s)", req.id, req.finish_reason, len(req.errors),
+                            req in self.running, req.id in self._unsettled)
         self._unsettled.discard(req.id)
         if keep:
             self._take_snapshots(req)
             n = self._cached_tokens(req)
             ids = (req.prompt_ids + req.output_ids)[:n]
             kv = self._slot[req.id] if self.runner else self._kv[req.id]
-            evicted = self.prefix_cache.add(
-                Retained(ids, kv, self._snapshots.get(req.id, {})))
+            snaps = self._snapshots.get(req.id, {})
+            reuse_log.debug("request %s retained: %d ids, snapshots %s", req.id, len(ids),
+                            sorted(snaps))
+            evicted = self.prefix_cache.add(Retained(ids, kv, snaps))
         else:
             evicted = []
         if req in self.running:

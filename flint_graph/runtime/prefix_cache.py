@@ -25,7 +25,15 @@ only decides.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
+
+
+# Each reuse decision at DEBUG (which retained sequence a prompt resumes from, where, with which
+# snapshot; why a prompt runs cold; what is retained and evicted): `logging.getLogger(
+# "flint_graph.reuse").setLevel(logging.DEBUG)` with a handler, or tools/bench_reuse.py
+# --log-reuse, shows why a turn was not served from the cache.
+log = logging.getLogger("flint_graph.reuse")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -140,19 +148,28 @@ class PrefixCache:
             return None
         victim = min(self.entries, key=lambda e: e.last_used)
         self.entries.remove(victim)
+        log.debug("evicted a retained sequence of %d ids", len(victim.ids))
         return victim
 
     def take(self, prompt: list[int]) -> Match | None:
         """The entry that lets `prompt` reuse the most tokens, removed from the cache, or None
         when no entry lets it reuse any (the cache is left as it was)."""
         best: Match | None = None
+        seen = []
         for e in self.entries:
-            r, snap = resume_point(len(e.ids), e.snapshots, common_prefix(e.ids, prompt),
-                                   len(prompt))
+            lcp = common_prefix(e.ids, prompt)
+            r, snap = resume_point(len(e.ids), e.snapshots, lcp, len(prompt))
+            if log.isEnabledFor(logging.DEBUG):
+                seen.append(f"{len(e.ids)} ids, common prefix {lcp}, snapshots "
+                            f"{sorted(e.snapshots)} -> resume {r}")
             if r > 0 and (best is None or r > best.reuse):
                 best = Match(e, r, snap)
         if best is not None:
             self.entries.remove(best.entry)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("prompt of %d ids: %s; retained: %s", len(prompt),
+                      f"resumes at {best.reuse} (snapshot {best.snapshot})" if best else "cold",
+                      "; ".join(seen) or "none")
         return best
 
     def clear(self) -> list[Retained]:
