@@ -825,7 +825,10 @@ ASKED = [{"role": "user", "content": "q"},
      r"messages\[1\]\.tool_calls\[0\]\.id: expected a non-empty string, found 5"),
     ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
         {"function": {"name": "<|user|>"}}]}],
-     r'messages\[1\]\.tool_calls\[0\]\.function\.name: "<\|user\|>" must be letters'),
+     r'messages\[1\]\.tool_calls\[0\]\.function\.name: "<\|user\|>" must not hold '
+     r"blanks, '<' or '>'"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "two words"}}]}], r"function\.name: \"two words\" must not"),
 ])
 def test_tool_results_must_answer_the_calls_before_them(messages, match):
     from flint_graph.chat.chat_messages import validate_messages
@@ -840,6 +843,10 @@ def test_tool_results_must_answer_the_calls_before_them(messages, match):
     ASKED + [{"role": "tool", "content": "x"}, {"role": "tool", "content": "y"}],  # no ids
     ASKED + [{"role": "tool", "content": "x", "tool_call_id": "c1"},
              {"role": "user", "content": "skip the other"}],  # a call left unanswered
+    [{"role": "user", "content": "q"},  # any name the output parser returns comes back
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "c", "function": {"name": "web.search:v2/工具"}}]},
+     {"role": "tool", "content": "x", "tool_call_id": "c"}],
     [{"role": "user", "content": "q"},  # calls without ids: any tool_call_id is taken
      {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]},
      {"role": "tool", "content": "x", "tool_call_id": "whatever"}],

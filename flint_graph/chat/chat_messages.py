@@ -29,6 +29,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from flint_graph.chat.tool_call_reader import CALL_NAME
 from flint_graph.errors import InvalidRequestError, kind, not_utf8, shown
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -158,9 +159,11 @@ def _normalize_call(call: Any, field: str) -> dict:
     if not isinstance(name, str) or not name:
         raise InvalidRequestError(f"{field}.function.name: expected a non-empty string, "
                                   f"{_found(fn, 'name', shown)}")
-    if not _TOOL_NAME.fullmatch(name):  # as a declared tool's name (validate_tools)
-        raise InvalidRequestError(f"{field}.function.name: {shown(name)} must be letters, "
-                                  "digits, '_', '-' or '.' (at most 64)")
+    if not CALL_NAME.fullmatch(name):
+        # what the output parser takes as a name (so every call this server returned comes
+        # back), which leaves out the tag characters a name could forge turns with
+        raise InvalidRequestError(f"{field}.function.name: {shown(name)} must not hold "
+                                  "blanks, '<' or '>'")
     if "id" in call and call["id"] is not None and (not isinstance(call["id"], str)
                                                     or not call["id"]):
         raise InvalidRequestError(f"{field}.id: expected a non-empty string, found "

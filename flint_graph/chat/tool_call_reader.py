@@ -48,6 +48,7 @@ TAGS = (THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE, KEY_OPEN, KEY_CLOSE, VAL
 MAX_TAG = max(len(t) for t in TAGS)
 _ANY_TAG = re.compile("|".join(re.escape(t) for t in TAGS))
 _WORD = re.compile(r"[^\s<>]+")  # a name, or a key whose opening/closing tag is missing
+CALL_NAME = _WORD  # a function name this parser reads (chat_messages holds history to it)
 _WORD_RUN = re.compile(r"[^\s<>]*")
 _BLANKS = re.compile(r"\s*")
 NAME, KEY, KEY_END, VALUE, NEXT = "name", "key", "key_end", "value", "next"
