@@ -2,14 +2,13 @@
 and files, and the whole run on the CPU with fake kernels (they write their reference's result,
 or a wrong one) and a stubbed timer, so everything except the CUDA timing runs here."""
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tool_module import TOOLS, tool_module
 
 from flint_graph import reference
 from flint_graph.checkpoints.config import FlintConfig
@@ -18,15 +17,9 @@ from flint_graph.kernels.decode.rmsnorm import KERNEL as RMSNORM
 from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec, TensorArg
 from flint_graph.checkpoints.weights import NVFP4Weight
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_kernels.py"
-
-
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_kernels", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return tool_module("bench_kernels")
 
 
 def fake_gemv(name: str, nvfp4: bool, variants=(0, 1)) -> KernelDef:
@@ -250,8 +243,8 @@ def test_missing_kernel_set_still_writes_a_report(bench, monkeypatch, tmp_path):
 
 
 def test_help_runs_without_a_gpu():
-    out = subprocess.run([sys.executable, str(TOOL), "--help"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([sys.executable, str(TOOLS / "bench_kernels.py"), "--help"],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--quick" in out.stdout
 
 

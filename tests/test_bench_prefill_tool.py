@@ -2,21 +2,15 @@
 only): each row the median over the processes, every process's value kept, the rates rescaled
 to the median, and the table's spread column."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_prefill.py"
+from tool_module import tool_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_prefill", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return tool_module("bench_prefill")
 
 
 def _report(ms_by_tokens: dict[int, float], fmt: str = "nvfp4") -> dict:
