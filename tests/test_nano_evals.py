@@ -449,16 +449,12 @@ def test_cli_json_cannot_overwrite_the_embedded_checkpoint():
 def test_the_gpu_kernel_cache_covers_every_planted_config():
     # `eval --plant BUG --engine graph` needs the planted config's kernels on a machine that
     # cannot compile: tools/build_gpu_cache.py must list every one of them.
-    import importlib.util
-    from pathlib import Path
+    from tool_module import tool_module
 
     from flint_graph.kernels.toolchain.build import model_specs
     from flint_graph.nano.plants import planted_config
 
-    path = Path(__file__).parent.parent / "tools" / "build_gpu_cache.py"
-    spec = importlib.util.spec_from_file_location("build_gpu_cache", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = tool_module("build_gpu_cache")
     for presets in (module.PRESETS, ("nano",)):  # `--preset nano` is what gpu_eval_nano.sh needs
         listed = {(k.name, s.key) for k, s in module.todo(presets)}
         for bug in (None,) + PLANTS:

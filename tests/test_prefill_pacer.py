@@ -292,7 +292,6 @@ def test_the_fit_is_solved_once_per_set_of_samples(monkeypatch):
 def test_the_host_step_probe_runs():
     """tools/probe_host_step.py (issue 24's host time on any machine) stays runnable: a few
     decode steps of 2 rows with its instant runner, each step's time positive."""
-    import importlib.util
     import tempfile
     from pathlib import Path
 
@@ -300,10 +299,9 @@ def test_the_host_step_probe_runs():
     from flint_graph.checkpoints.config import FlintConfig
     from flint_graph.checkpoints.make_checkpoint import write_checkpoint
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "probe_host_step.py"
-    spec = importlib.util.spec_from_file_location("probe_host_step", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    from tool_module import tool_module
+
+    probe = tool_module("probe_host_step")
     with tempfile.TemporaryDirectory() as tmp:
         write_checkpoint(FlintConfig.preset("tiny"), Path(tmp) / "t", formats=("bf16",), seed=0,
                          device="cpu", progress=False)

@@ -11,27 +11,20 @@ engine queued and ran the finished request; `Engine.add` now skips a finished re
 thread, so the reader's next read raised "generator already executing"; `RequestStream.close`
 now aborts in the engine and leaves the generator to its reader)."""
 
-import importlib.util
 import json
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from tool_module import tool_module
 
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "soak.py"
 CI_MODES = "close-before-read,cancel-before-read,close-after,cancel-from-thread,close-from-thread"
 
 
 def _soak():
-    if "soak" not in sys.modules:  # its dataclasses look their module up there
-        spec = importlib.util.spec_from_file_location("soak", TOOL)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["soak"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["soak"]
+    return tool_module("soak", register=True)  # its dataclasses look their module up there
 
 
 def _llm(tiny_ckpt):

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
+from tool_module import TOOLS, tool_module
 
 from flint_graph.checkpoints.checkpoint import load_checkpoint
 from flint_graph.checkpoints.make_checkpoint import linear_slots
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "train_nano.py"
+TOOL = TOOLS / "train_nano.py"
 FAST = ["--preset", "tiny", "--device", "cpu", "--batch", "2", "--recall-pairs", "5",
         "--log-every", "1"]
 
@@ -44,16 +44,13 @@ def test_train_resume_export(tmp_path):
 
 
 def test_pad_batch_marks_next_token_targets_and_answer_digits(tmp_path):
-    import importlib.util
     import random
 
     from flint_graph.checkpoints.make_checkpoint import ensure_tiny_checkpoint
     from flint_graph.nano.curriculum import recall, supervised
     from flint_graph.chat.tokenizer import FlintTokenizer
 
-    spec = importlib.util.spec_from_file_location("train_nano", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = tool_module("train_nano")
     tok = FlintTokenizer.from_dir(ensure_tiny_checkpoint(progress=False))
     eps = [recall(random.Random(s), "train", pairs=6, questions=2) for s in range(2)]
     b = mod.pad_batch(eps, tok)

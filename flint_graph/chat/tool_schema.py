@@ -139,7 +139,7 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
             raise InvalidRequestError(f"tools[{i}]: duplicate function name {name!r}")
         params = fn.get("parameters")
         root = params if isinstance(params, dict) else {}
-        _check_size(root, f"tools[{i}] {name[:60]!r}")
+        _check_declaration(root, f"tools[{i}] {name[:60]!r}")
         extra = root.get("additionalProperties")
         required = root.get("required")
         alternatives = _root_variants(root)
@@ -158,7 +158,7 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, ToolSchema] | None:
     return schemas
 
 
-def _check_size(root: Any, where: str) -> None:
+def _check_declaration(root: Any, where: str) -> None:
     """Raise InvalidRequestError when the parameters schema expands past MAX_SCHEMA_NODES
     subschemas (module constant), or when a subschema's `type` is not a JSON Schema type name
     (or a list of them): `"type": "int"` had been accepted and then admitted any value. Every
