@@ -432,6 +432,11 @@ def test_piped_input_is_echoed_after_its_prompt(tiny_llm):
     assert "/help" in out and "/exit" in out and "bad \ufffd byte" in out
     # control characters are shown, not sent to the terminal (a bad-input trial, 2026-12-05)
     assert "\x1b" not in console.file.getvalue() and "/bad\u241b[2J" in out
+    # a 200 KB line (a pasted file) is echoed by its start and its length, not whole
+    s, console = _session(tiny_llm, ["word " * 40_000, "/exit"], echo_input=True)
+    s.run()
+    text = console.file.getvalue()
+    assert "… (200,000 characters)" in text.replace("\n", "") and len(text) < 10_000, text[-500:]
     quiet, console = _session(tiny_llm, ["/help", "/exit"])  # a console passed in: no echo
     quiet.run()
     assert "/exit" not in console.file.getvalue().splitlines()

@@ -36,6 +36,7 @@ COMMANDS = ("/exit", "/quit", "/reset", "/save", "/reasoning", "/help")
 HELP = ('""" starts and ends a message of several lines · '
         "/reset  start a new conversation · /save FILE  save the transcript as JSON · "
         "/reasoning  show the last reasoning · /exit  quit (or /quit, Ctrl-D)")
+ECHO_CHARS = 2000  # of a piped line printed back after its prompt (the rest is counted)
 FENCE = '"""'  # a message of several lines is fenced by it, as in ollama's terminal chat
 # /help: every command and key, one a line (the banner's HELP is the one-line reminder)
 HELP_LONG = (
@@ -264,7 +265,10 @@ class ChatSession:
         if self.echo_input:
             # a byte that is not UTF-8 reads as a lone surrogate, which stdout cannot encode;
             # control characters are shown, not obeyed (a piped file could drive the terminal)
-            shown = "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in line)
+            shown = "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch
+                            for ch in line[:ECHO_CHARS])
+            if len(line) > ECHO_CHARS:  # a pasted file is not printed back whole
+                shown += f" … ({len(line):,} characters)"
             self.console.print(printable(shown), highlight=False, markup=False)
         return line
 
@@ -315,7 +319,8 @@ class ChatSession:
             self.console.print(Text(HELP_LONG, style="dim"))
         else:
             # shown, not obeyed: no control character or rich markup of the user's reaches it
-            self.console.print(f"[red]unknown command {escape(printable(cmd))}[/] [dim](/help "
+            name = cmd if len(cmd) <= 80 else cmd[:80] + "…"
+            self.console.print(f"[red]unknown command {escape(printable(name))}[/] [dim](/help "
                                "lists the commands; a message that starts with / is sent as "
                                "is only inside \"\"\" lines)[/]")
         return None
