@@ -27,6 +27,9 @@ from flint_graph.reference import ReferenceModel
 from flint_graph.checkpoints.weights import FlintWeights
 
 KV_MEMORY_FRACTION = 0.8  # of the free GPU memory after weights, for the KV cache by default
+# the longest chunk start-up runs once eagerly (`GraphRunner._warm_up_eager`): about 0.1 s at
+# full size on the H200, where a longer one would add start-up time for less and less
+EAGER_WARM_UP_TOKENS = 8192
 
 
 def kv_tokens_for(cfg: FlintConfig, num_slots: int, max_context: int | None,
@@ -70,7 +73,7 @@ class GraphRunner:
         if not 1 <= max_slots <= max(BUCKETS):
             raise ValueError(f"max_slots {max_slots}: the graph engine runs 1 to {max(BUCKETS)}")
         self.cfg, self.model, self.timings = cfg, model, {}
-        dev = weights.final_norm.device
+        dev = self.device = weights.final_norm.device
         t0 = time.perf_counter()
         tokens = kv_tokens_for(cfg, max_slots, max_context, dev)
         try:
@@ -133,10 +136,34 @@ class GraphRunner:
             self.prefiller.prefill(0, one, prefill_chunk)
             self.prefiller.prefill(0, one, prefill_chunk, start=1)
             self.load_rings(0, self.save_rings(0))
+            self._warm_up_eager(prefill_chunk)
         self._ids_host = torch.zeros(max(BUCKETS), dtype=torch.int64, pin_memory=True)
         self._ids_ready = torch.cuda.Event()
         self.memory = {"weights": weights.nbytes(), "kv_cache": self.kv.nbytes,
                        "peak_allocated": torch.cuda.max_memory_allocated(dev)}
+
+    def _warm_up_eager(self, chunk: int) -> None:
+        """Prefill one chunk longer than the largest captured bucket into slot 0 (its next owner
+        overwrites it), as a prompt of more than 4,096 tokens will: such a chunk runs eagerly,
+        and its first run pays for what a graph replay never touches: the caching allocator's
+        first cudaMalloc of the chunk's activations (~1 GB at 8K tokens, full size) and the
+        cuBLAS and torch kernels loaded on their first use at those shapes. On the H200 the
+        first 8K-token request after start-up took 176-189 ms against 124-133 ms for the same
+        prompt later (2026-12-05, issue 21: "the first request after start-up runs at full
+        speed"). Up to EAGER_WARM_UP_TOKENS tokens, within the chunk size and the slot's
+        capacity; none when every chunk replays a graph. Seconds in timings["warm_up_eager_s"].
+        Raises ConfigError naming --prefill-chunk when the chunk does not fit in memory."""
+        largest = max(self.prefill_buckets, default=0)
+        tokens = min(chunk, EAGER_WARM_UP_TOKENS, self.context_limit)
+        if tokens <= largest:
+            return
+        t0 = time.perf_counter()
+        # ids spread over the vocabulary, so the chunk's rows route to many experts as a
+        # prompt's do (one repeated id would send every row to the same six)
+        ids = torch.arange(tokens, dtype=torch.long) * 7919 % self.cfg.vocab_size
+        self.prefiller.prefill(0, ids, chunk)
+        torch.cuda.synchronize(self.device)
+        self.timings["warm_up_eager_s"] = time.perf_counter() - t0
 
     def alloc_slot(self) -> int:
         """A free slot id. Raises RuntimeError when none is free."""

@@ -650,7 +650,9 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
     into checkpoint_read_s (file read and copy to the device) and repack_s (NVFP4 block
     permutation, GGUF only); engine_s (graph engine: kv_alloc_s, then per bucket
     kernel_load_B{b}_s (kernel-cache entries loaded and the layers set up) and capture_B{b}_s;
-    kernel_cache_s their load total); kernels_per_step per bucket (our launches), and bytes of
+    kernel_cache_s their load total; capture_prefill_s, the prefill buckets' graphs;
+    warm_up_eager_s, one eager chunk run so that the first long prompt pays no first-use
+    costs: capture/runner.py); kernels_per_step per bucket (our launches), and bytes of
     weights and KV cache; kv_reuse: how many finished sequences the engine may retain
     (retained_max, 0 = reuse off; on the graph engine they hold KV slots counted in
     kv_cache_bytes) and the bytes of one ring snapshot (snapshot_bytes; up to

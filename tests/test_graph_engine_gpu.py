@@ -121,3 +121,31 @@ def test_non_finite_logits_in_a_decode_step_end_the_request_with_an_error(llms):
     assert 1 <= len(out.token_ids) < 16
     again = graph.generate(["hello"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
     assert again.finish_reason == "length" and len(again.token_ids) == 4
+
+
+def test_start_up_runs_one_eager_chunk_and_leaves_no_trace(tiny_ckpt, monkeypatch):
+    """A chunk longer than the largest prefill graph runs eagerly, and its first run pays the
+    allocator's and the libraries' first-use costs; start-up pays them instead, with one eager
+    chunk into slot 0 (capture/runner.py `_warm_up_eager`). With the prefill graphs off every
+    chunk is eager: the warm-up runs (4,096 tokens, the tiny context), and a request served
+    in slot 0 afterwards gives the same tokens and log-probabilities, bit for bit, as on an
+    engine without it. With the graphs on, the tiny engine's chunks all fit its largest
+    graph (4,096 tokens): no warm-up."""
+    from flint_graph.capture import runner
+
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=True)
+    cfg = EngineConfig(engine="graph", prefill_graphs=False)
+    warm = LLM(tiny_ckpt, device="cuda", progress=False, engine=cfg)
+    assert warm.startup["warm_up_eager_s"] > 0
+    a = warm.generate(PROMPTS, params)
+    del warm
+    monkeypatch.setattr(runner, "EAGER_WARM_UP_TOKENS", 0)
+    cold = LLM(tiny_ckpt, device="cuda", progress=False, engine=cfg)
+    assert "warm_up_eager_s" not in cold.startup
+    b = cold.generate(PROMPTS, params)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.logprobs for o in a] == [o.logprobs for o in b]
+    del cold
+    monkeypatch.undo()
+    graphs = LLM(tiny_ckpt, device="cuda", progress=False, engine=EngineConfig(engine="graph"))
+    assert "warm_up_eager_s" not in graphs.startup

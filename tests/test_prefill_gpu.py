@@ -319,6 +319,69 @@ def _toggle_changes_no_bit(kset, fmt, graphs, toggle, cases):
                     f"{what}: layer {i} {name} differs"
 
 
+def _poison_free_memory(byte: int, most: int = 4 << 30) -> None:
+    """Fill what the caching allocator hands out next with `byte`: one large block written and
+    freed, which later allocations are carved from (0xFF reads as NaN in bf16 and fp32 and as
+    -1 in integers). A kernel or op that reads memory before writing it then gives other bits
+    with another byte."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    block = torch.full((min(most, free // 4),), byte, dtype=torch.uint8, device="cuda")
+    del block
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_a_long_chunk_after_a_preamble_reads_nothing_unwritten(kset, fmt):
+    """What the engine runs for a first tool-loop request after start-up (2026-12-05 on the
+    H200: the BF16 tool loop's step 0 came back empty and was not retained): the chat preamble
+    (330 tokens) through the 512-token bucket graph, then the other 8,240 tokens as one eager
+    chunk after that prefix (start 330, the default 32,768-token chunk), and a cold 8,267-token
+    chunk (a chat's first turn). Each is run on fresh buffers from memory poisoned with 0xFF
+    (NaN, -1) and again with 0x3C (finite): deterministic kernels reading only what they wrote
+    give the same bits both times, so any read of memory nothing wrote fails here whatever it
+    does to the numbers; then the logits and every KV entry against the reference, with
+    `_every_case`'s tolerances."""
+    from flint_graph.capture.kv_cache import KVCache
+    from flint_graph.capture.prefill import Prefill
+    from flint_graph.runtime.engine_config import KERNEL_PREFILL_CHUNK
+
+    cfg, w, ref = _model("full", fmt)
+    chunk, rels = KERNEL_PREFILL_CHUNK, []
+    for tokens, cut in ((8570, 330), (8267, 0)):
+        prompt = torch.randint(0, cfg.vocab_size, (tokens,),
+                               generator=torch.Generator().manual_seed(tokens))
+        got = {}
+        for byte in (0xFF, 0x3C):
+            _poison_free_memory(byte)
+            cache = KVCache(cfg, num_slots=2, max_tokens=tokens + 1)
+            pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
+            pre.capture(chunk)
+            if cut:
+                pre.prefill(1, prompt[:cut], chunk)
+            logits = pre.prefill(1, prompt[cut:], chunk, start=cut)
+            got[byte] = (logits, cache)
+            del pre
+        what = f"{fmt} prompt {tokens} after {cut} cached"
+        (a, cache), (b, other) = got[0xFF], got[0x3C]
+        assert torch.equal(a, b), f"{what}: logits depend on what memory held before"
+        # slot 1's entries only: the scratch slot takes the rows a chunk does not keep,
+        # several to one entry, in no fixed order
+        pages = cache.page_table(1).to("cuda").long()
+        for i, (x, y) in enumerate(zip(cache.layers, other.layers)):
+            for name in ("k", "v"):
+                xs, ys = getattr(x, name), getattr(y, name)
+                xs, ys = (xs[1], ys[1]) if x.ring else (xs[pages], ys[pages])
+                assert torch.equal(xs.nan_to_num(7.0), ys.nan_to_num(7.0)), \
+                    f"{what}: layer {i} {name} depends on what memory held before"
+        seq = ref.new_sequence()
+        want = ref.prefill(seq, prompt, chunk_tokens=2048)
+        _check_logits(a, want, what, rels)
+        _check_kv(cache, seq, 1, tokens, what, rels)
+        del got, cache, other
+    _median_ok(rels, f"{fmt} long chunk after a preamble")
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("preset", ["tiny", "full"])
 def test_prefill_in_two_calls_continues_the_cached_prefix(kset, preset, graphs):

@@ -16,6 +16,19 @@ import sys
 from pathlib import Path
 
 
+def row(key: str, t: int, out) -> dict:
+    """One turn's figures: prompt and cached tokens, TTFT (ms), and how it ended (finish
+    reason, output tokens, errors): a request that failed is never retained, so the next turn
+    runs cold, and the figures alone did not say why (2026-12-05: step 1 of the BF16 tool loop,
+    after a step 0 whose reply came back empty)."""
+    r = {key: t, "prompt_tokens": len(out.prompt_token_ids), "cached_tokens": out.cached_tokens,
+         "ttft_ms": out.ttft_ms, "finish": out.finish_reason, "output_tokens": len(out.token_ids)}
+    if out.errors:
+        r["errors"] = out.errors
+    print(json.dumps(r), flush=True)
+    return r
+
+
 def conversation(llm, first: str, turns: int, max_tokens: int) -> list[dict]:
     from flint_graph.runtime.sampling import SamplingParams
 
@@ -23,10 +36,7 @@ def conversation(llm, first: str, turns: int, max_tokens: int) -> list[dict]:
     msgs, rows = [{"role": "user", "content": first}], []
     for t in range(turns):
         msg = llm.chat(msgs, params=params)
-        out = msg.output
-        rows.append({"turn": t, "prompt_tokens": len(out.prompt_token_ids),
-                     "cached_tokens": out.cached_tokens, "ttft_ms": out.ttft_ms})
-        print(json.dumps(rows[-1]), flush=True)
+        rows.append(row("turn", t, msg.output))
         msgs += [{"role": "assistant", "content": msg.content or ""},
                  {"role": "user", "content": f"and what about item {t * 11}? answer briefly"}]
     return rows
@@ -47,10 +57,7 @@ def tool_loop(llm, first: str, steps: int, max_tokens: int) -> list[dict]:
     msgs, rows = [{"role": "user", "content": first}], []
     for t in range(steps):
         msg = llm.chat(msgs, tools=TOOLS, params=params)
-        out = msg.output
-        rows.append({"step": t, "prompt_tokens": len(out.prompt_token_ids),
-                     "cached_tokens": out.cached_tokens, "ttft_ms": out.ttft_ms})
-        print(json.dumps(rows[-1]), flush=True)
+        rows.append(row("step", t, msg.output))
         msgs += [{"role": "assistant", "content": msg.content or "",
                   "reasoning_content": msg.reasoning_content,
                   "tool_calls": [{"type": "function", "function": {
