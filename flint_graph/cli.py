@@ -302,7 +302,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     shown_reasoning = reasoning_open = False
     try:
-        with prefill_bar(llm.engine, sys.stderr.isatty()):
+        with prefill_bar(llm.engine, True):  # a bar on a terminal, else plain lines
             for d in stream:
                 if args.json:
                     continue

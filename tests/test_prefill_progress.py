@@ -69,15 +69,60 @@ def test_prefill_bar_installs_and_removes_its_hook(monkeypatch):
 
     monkeypatch.setattr(rich.console, "Console", fake_console)
     eng = _Engine()
-    with progress.prefill_bar(eng, enabled=True):
+    with progress.prefill_bar(eng, enabled=True, terminal=True):
         hook = eng.prefill_progress
         hook(None, 2048, 8192)
         hook(None, 4096, 8192)
         hook(None, 8192, 8192)  # the prefill is done: the bar goes before the answer
     assert eng.prefill_progress is None
     assert len(consoles) == 1 and "4096/8192" in consoles[0].file.getvalue()
-    with progress.prefill_bar(eng, enabled=False):
-        assert eng.prefill_progress is None  # not a terminal: nothing at all
+    with progress.prefill_bar(eng, enabled=False, terminal=True):
+        assert eng.prefill_progress is None  # --no-progress: nothing at all
+    with progress.prefill_bar(eng, enabled=True, terminal=False):
+        assert eng.prefill_progress is not None  # a log or a pipe: plain lines
+    assert eng.prefill_progress is None and len(consoles) == 1
+
+
+def test_plain_lines_come_after_ten_seconds_and_then_at_most_every_ten():
+    """Where stderr is not a terminal (a log, a pipe), a long prefill writes plain lines: the
+    first once it has run PLAIN_EVERY_S (10 s), then at most one per 10 s, none at its end, and
+    none at all for a prefill that ends sooner (a new user's piped 21K-token prompt prefilled
+    for 194 s on 2 cores with nothing shown)."""
+    lines, now = [], [0.0]
+    hook = progress.plain_prefill_lines(lines.append, clock=lambda: now[0])
+    for t, done in ((0, 0), (4, 2048), (9.9, 4096), (10.5, 6144), (15, 8192), (21, 10240),
+                    (40, 12288), (45, 21230)):
+        now[0] = t
+        hook(None, done, 21230)
+    assert lines == ["prompt: 6,144 of 21,230 tokens prefilled (28%), 10 s\n",
+                     "prompt: 10,240 of 21,230 tokens prefilled (48%), 21 s\n",
+                     "prompt: 12,288 of 21,230 tokens prefilled (57%), 40 s\n"]
+    lines.clear()
+    for t, done in ((100, 0), (103, 2048), (109, 4096)):  # the next prompt: 9 s in all
+        now[0] = t
+        hook(None, done, 4096)
+    assert lines == []
+
+
+def test_piped_generate_and_chat_write_plain_progress_lines(chunked_llm, monkeypatch, capsys):
+    """`generate` (stderr not a terminal) and the piped chat install the plain-line hook; with
+    its interval at 0 every chunk of a long prompt gets a line on stderr, and stdout (the
+    answer, `--json`) gets none."""
+    from flint_graph.terminal.chat_cli import ChatSession
+
+    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 0.0)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    with progress.prefill_bar(chunked_llm.engine, enabled=True, terminal=False):
+        chunked_llm.generate([PROMPT], params)
+    out = capsys.readouterr()
+    assert "tokens prefilled" in out.err and "tokens prefilled" not in out.out
+    console = Console(file=io.StringIO(), width=80, force_terminal=False)
+    inputs = iter([PROMPT, "/exit"])
+    console.input = lambda prompt="": next(inputs)  # type: ignore[method-assign]
+    s = ChatSession(chunked_llm, params, console=console)
+    s.run()
+    out = capsys.readouterr()
+    assert "tokens prefilled" in out.err and "tokens prefilled" not in s.console.file.getvalue()
 
 
 def test_the_chat_region_shows_the_prompt_while_it_prefills(tiny_llm):

@@ -29,6 +29,7 @@ from rich.text import Text
 
 from flint_graph.errors import ContextLengthError, FlintError, not_utf8
 from flint_graph.terminal.live_text import printable, tail_lines
+from flint_graph.terminal.progress import plain_prefill_lines
 
 __all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
 
@@ -429,6 +430,8 @@ class ChatSession:
         engine = self.llm.engine
         if self.console.is_terminal:  # a long prompt's prefill shows its progress in the region
             engine.prefill_progress = lambda req, done, total: live.update(prompt=(done, total))
+        else:  # piped: plain lines on stderr while a long prompt prefills (terminal/progress.py)
+            engine.prefill_progress = plain_prefill_lines()
         with region:
             try:
                 for d in stream:
