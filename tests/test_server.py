@@ -617,6 +617,38 @@ def test_output_ending_inside_reasoning_streams_and_returns_one_reading(
     assert streamed == [text, content]
 
 
+@pytest.mark.parametrize("cut", ["max_tokens", "stop"])
+def test_a_streamed_call_cut_off_is_withdrawn_in_the_stream(server, client, monkeypatch, cut):
+    """A bad-input trial (2026-12-05): a call cut off by max_tokens or a stop string is no
+    call, and the non-streamed answer has its text as content, but the stream had sent its
+    id, name and argument fragments and never took them back. The chunk that sends the text
+    as content now also names the call withdrawn (`withdrawn_tool_calls`: index and reason,
+    in the API's words), and nothing later in the stream is a tool call."""
+    llm = server[0]
+    text = "</think><tool_call>write_file<arg_key>path</arg_key><arg_value>a.html</arg_value>"
+    ids = llm.tokenizer.encode_segments([(text + "<arg_key>content</arg_key><arg_value>x"
+                                          "</arg_value></tool_call>", False)])
+    _script_chat_output(monkeypatch, llm, ids)
+    n = len(llm.tokenizer.encode_segments([(text, False)]))
+    body = dict(model=MODEL, messages=[{"role": "user", "content": "go"}], tools=SCRIPT_TOOLS,
+                temperature=0, **({"max_tokens": n} if cut == "max_tokens" else
+                                  {"max_tokens": len(ids) + 5, "stop": ["<arg_key>content"]}))
+    whole = client.chat.completions.create(**body).choices[0]
+    assert not whole.message.tool_calls and "<tool_call>write_file" in whole.message.content
+    chunks = [c for c in client.chat.completions.create(**body, stream=True) if c.choices]
+    sent = [i for i, c in enumerate(chunks) if c.choices[0].delta.tool_calls]
+    gone = [(i, c.choices[0].delta.model_extra.get("withdrawn_tool_calls"))
+            for i, c in enumerate(chunks) if c.choices[0].delta.model_extra.get(
+                "withdrawn_tool_calls")]
+    assert sent and len(gone) == 1, (sent, gone)
+    at, [entry] = gone[0]
+    assert entry["index"] == 0 and at >= max(sent)  # its last fragment may share the chunk
+    assert ("max_tokens" if cut == "max_tokens" else "stop string") in entry["reason"]
+    assert "finish_reason=" not in entry["reason"]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert content == whole.message.content
+
+
 @contextlib.contextmanager
 def _serve_process(tiny_ckpt, *options: str):
     """(process, port) of `flint-graph serve` on the tiny checkpoint in a subprocess, once its

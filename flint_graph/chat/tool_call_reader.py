@@ -67,6 +67,12 @@ class ToolCall:
         return json.dumps(self.arguments, ensure_ascii=False)
 
 
+# why an output ended inside a call, in the words of the API's fields (a bad-input trial found
+# Python's repr in this message: "(finish_reason='stop_sequence')")
+_CUT_BY = {"length": "cut off by max_tokens", "stop_sequence": "cut off by a stop string",
+           "abort": "the request was aborted", "repeat": "cut off as a repeating loop"}
+
+
 @dataclass
 class ToolCallDelta:
     """A piece of one streaming tool call, after OpenAI's `ChoiceDeltaToolCall`.
@@ -174,7 +180,7 @@ class CallReader:
         """Reject the call; its raw text up to `at` becomes content, parsing resumes there."""
         raw, self.buf = "".join(self._raw) + self.buf[:at], self.buf[at:]
         if self._final and not self.buf:
-            reason += f" (finish_reason={self._finish_reason!r})"
+            reason += f" ({_CUT_BY.get(self._finish_reason, 'the output ended there')})"
         return self._reject(reason, raw)
 
     def _fail(self, final: bool, expected: str, where: str) -> bool:

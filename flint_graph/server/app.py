@@ -356,6 +356,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             calls = [c.to_openai() for c in d.tool_call_deltas if not c.error]
             if calls:
                 delta["tool_calls"] = calls
+            # A call streamed in part and then found cut off or malformed is no call: the
+            # non-streamed answer has its text as content. OpenAI's stream cannot take back the
+            # fragments sent, so it says so (a vendor field SDKs keep) beside that content.
+            gone = [{"index": c.index, "reason": c.error} for c in d.tool_call_deltas if c.error]
+            if gone:
+                delta["withdrawn_tool_calls"] = gone
             if delta:
                 chunk = p.chat_chunk(rid, model_name, created, delta)
                 lps = _new_logprobs(stream, sent, decode)
