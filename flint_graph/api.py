@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -163,14 +164,31 @@ class LLM:
             # Refuse before reading a checkpoint that may be tens of GB.
             raise ConfigError(f"engine=graph: the graph engine needs CUDA and this run is on "
                               f"{self.device}; use engine auto or reference (--engine)")
-        if model is None:
-            # The generator is only needed for the embedded default: import it only then.
-            from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
+        if model is not None:
+            t0 = time.perf_counter()
+            checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
+            self._start(checkpoint, engine, time.perf_counter() - t0)
+            return
+        # The generator is only needed for the embedded default: import it only then.
+        from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
-            model = ensure_default_checkpoint(progress=progress)
-        t0 = time.perf_counter()
-        checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
-        self._start(checkpoint, engine, time.perf_counter() - t0)
+        model = ensure_default_checkpoint(progress=progress)
+        for attempt in range(2):
+            t0 = time.perf_counter()
+            try:
+                checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
+                self._start(checkpoint, engine, time.perf_counter() - t0)
+                return
+            except CheckpointError as e:
+                # The unpacked copy is checked by its files' sizes only; a file damaged in
+                # place (a bad-input trial flipped bytes in a shard and in tokenizer.json) made
+                # every later run fail on a path the user never named. The package still holds
+                # the original: unpack it again, once.
+                if attempt or hf_config_path is not None:
+                    raise
+                print(f"flint-graph: the unpacked flint-nano did not load ({e}); unpacking "
+                      "it again", file=sys.stderr)
+                model = ensure_default_checkpoint(progress=progress, fresh=True)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: LoadedCheckpoint, device: str | torch.device | None = None,

@@ -44,10 +44,12 @@ def _digest(src: Path) -> str:
     return h.hexdigest()
 
 
-def ensure_nano_checkpoint(progress: bool = True) -> Path:
+def ensure_nano_checkpoint(progress: bool = True, fresh: bool = False) -> Path:
     """The cache directory holding flint-nano in both formats, made on first use (and again
-    when the packaged GGUF changed or the cached copy is damaged). Returns the directory.
-    Raises CheckpointError when the package lacks the files or the cache is not writable."""
+    when the packaged GGUF changed, a cached file is missing or has another size, or `fresh`:
+    the caller found the copy damaged in a way sizes do not show, `LLM()` when it fails to
+    load). Returns the directory. Raises CheckpointError when the package lacks the files or
+    the cache is not writable."""
     from rich.console import Console
 
     src = packaged_dir()
@@ -56,11 +58,13 @@ def ensure_nano_checkpoint(progress: bool = True) -> Path:
                               f"(expected {GGUF_NAME} and {', '.join(SIDE_FILES)})")
     digest = _digest(src)
     out = cache_root() / f"flint-nano-{digest[:12]}"
-    if _complete(out, digest):
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
+    elif _complete(out, digest):
         return out
     # one line even past 80 columns: the path is for copying (a pipe must not break it)
     Console(stderr=True, soft_wrap=True).print(
-        f"flint-graph: unpacking flint-nano into {out} (once)")
+        f"flint-graph: unpacking flint-nano into {out}" + ("" if fresh else " (once)"))
     try:
         _build(src, out, digest, progress)
     except OSError as e:

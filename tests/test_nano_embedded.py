@@ -77,3 +77,32 @@ def test_a_second_unpack_finishing_first_keeps_its_copy(packaged, monkeypatch):
     d = embedded.ensure_nano_checkpoint(progress=False)
     assert [p.name for p in d.parent.iterdir()] == [d.name]  # no partial directory left
     assert load_checkpoint(d, device="cpu", progress=False).cfg == FlintConfig.preset("tiny")
+
+
+@pytest.mark.parametrize("damage", ["tokenizer", "weights"])
+def test_a_copy_damaged_in_place_is_unpacked_again_by_llm(packaged, capsys, damage):
+    """A bad-input trial (2026-12-05): bytes changed in the unpacked copy without changing its
+    size (1,000 bytes of a shard set to 0xFF: NaN weights; one byte of tokenizer.json) passed
+    the size check, and every later run failed on a path the user never named. `LLM()` on the
+    embedded default now unpacks it again once when it does not load, saying so."""
+    from flint_graph import LLM, SamplingParams
+
+    d = embedded.ensure_nano_checkpoint(progress=False)
+    capsys.readouterr()
+    if damage == "tokenizer":
+        path = d / "tokenizer.json"
+        data = bytearray(path.read_bytes())
+        data[data.index(b'"')] = ord("{")  # same size, no longer JSON
+    else:
+        path = next(d.glob("*.safetensors"))
+        data = bytearray(path.read_bytes())
+        mid = len(data) // 2
+        data[mid:mid + 1000] = b"\xff" * 1000
+    path.write_bytes(bytes(data))
+    assert embedded.ensure_nano_checkpoint(progress=False) == d  # sizes alone: "complete"
+    llm = LLM(device="cpu", progress=False, engine="reference")
+    err = capsys.readouterr().err
+    assert "did not load" in err and "unpacking it again" in err and str(d) in err
+    assert llm.generate(["hi"], SamplingParams(max_tokens=2))[0].finish_reason == "length"
+    LLM(device="cpu", progress=False, engine="reference")  # the fresh copy: no second unpack
+    assert "unpacking" not in capsys.readouterr().err

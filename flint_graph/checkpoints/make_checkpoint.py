@@ -259,13 +259,14 @@ def is_complete(out_dir: Path, cfg: FlintConfig, seed: int, formats: tuple[str, 
         return False
 
 
-def ensure_default_checkpoint(progress: bool = True) -> Path:
+def ensure_default_checkpoint(progress: bool = True, fresh: bool = False) -> Path:
     """The embedded default checkpoint: flint-nano, the trained miniature Flint that ships in
-    the package (nano/embedded.py), unpacked into the cache with both formats on first use.
-    Returns its directory. Raises CheckpointError if it cannot be unpacked."""
+    the package (nano/embedded.py), unpacked into the cache with both formats on first use
+    (`fresh`: unpacked again, over a copy found damaged). Returns its directory. Raises
+    CheckpointError if it cannot be unpacked."""
     from flint_graph.nano.embedded import ensure_nano_checkpoint
 
-    return ensure_nano_checkpoint(progress)
+    return ensure_nano_checkpoint(progress, fresh)
 
 
 def ensure_tiny_checkpoint(progress: bool = True) -> Path:
