@@ -511,3 +511,16 @@ def test_a_line_or_ctrl_d_typed_while_an_answer_streamed_is_read():
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_save_takes_a_name_of_up_to_255_characters(tiny_llm, tmp_path, monkeypatch):
+    """A bad-input trial (2026-12-05): `/save` of a legal 250-character name failed with "File
+    name too long": the temporary file beside it took the whole name plus 10 characters. A
+    name past the limit is still refused, naming why."""
+    monkeypatch.chdir(tmp_path)
+    ok, long = "a" * 245 + ".json", "b" * 300 + ".json"
+    s, console = _session(tiny_llm, [f"/save {ok}", f"/save {long}", "/exit"])
+    s.run()
+    out = console.file.getvalue()
+    assert [p.name for p in tmp_path.iterdir()] == [ok]
+    assert "cannot save transcript (File name too long)" in out and out.count("cannot save") == 1

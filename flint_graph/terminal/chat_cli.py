@@ -164,7 +164,10 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
         raise FlintError(f"{path}: cannot save transcript ({why})") from None
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        # the temporary name carries at most 40 characters of the user's: a legal name of up
+        # to 255 characters must not fail for the temporary one's extra (a bad-input trial)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp",
+                                   dir=path.parent)
         os.chmod(tmp, mode)  # mkstemp makes 0600; a transcript keeps the usual mode
         with os.fdopen(fd, "w") as f:
             f.write(text)
