@@ -47,7 +47,8 @@ HELP_LONG = (
     "/help            this list\n"
     "/exit, /quit     quit (or Ctrl-D at the prompt)\n"
     '"""              on its own or before text: a message of several lines, up to the next """\n'
-    "Ctrl-C           stop the answer being written (at the prompt: nothing; Ctrl-D quits)")
+    "Ctrl-C           stop the answer being written; before its first word it also takes\n"
+    "                 your message back (at the prompt: nothing; Ctrl-D quits)")
 
 
 TRANSCRIPT_CHECK_BYTES = 256 << 20  # larger files are not read to decide (and are not replaced)
@@ -341,7 +342,7 @@ class ChatSession:
                     stream = self.llm.stream_chat(self.messages, self.tools, self.params,
                                                   enable_thinking=self.enable_thinking)
                 except KeyboardInterrupt:  # Ctrl-C while a long message is tokenized
-                    self.console.print(f"[yellow]{STOPPED_EARLY}[/]")
+                    self._stopped_early()
                     return None
                 msg = self._show(stream)
             except Exception as e:  # keep the session (and its unsaved transcript) alive
@@ -369,7 +370,8 @@ class ChatSession:
                 return None
             if msg.finish_reason == "abort" and not (msg.content or msg.reasoning_content
                                                      or msg.tool_calls):
-                return None  # stopped before any text: an empty assistant turn would mislead
+                self._stopped_early()  # an empty assistant turn would mislead
+                return None
             self.messages.append(msg.to_dict())
             if not msg.tool_calls or msg.finish_reason == "abort":
                 return None
@@ -377,6 +379,16 @@ class ChatSession:
             done = self._read_results(pending)
             if done:
                 return "exit" if done == "exit" else None
+
+    def _stopped_early(self) -> None:
+        """Ctrl-C before the answer began: a user message goes back out of the history (a new
+        user stopped a 7K-token paste while it was read, and each later turn read it again
+        from the start, ~36 s on 2 cores); tool results stay (the calls wait for them)."""
+        if self.messages and self.messages[-1]["role"] == "user":
+            self.messages.pop()
+            self.console.print(f"[yellow]{STOPPED_EARLY}[/]")
+        else:
+            self.console.print(f"[yellow]{STOPPED_EARLY_RESULTS}[/]")
 
     def _read_results(self, calls) -> str | None:
         """Ask for each call's result and add it to the history as a tool message. Returns
@@ -516,7 +528,10 @@ class ChatSession:
 
 
 # Ctrl-C before the answer's stream began (a long message being tokenized): the session goes on
-STOPPED_EARLY = "stopped (Ctrl-C) before the answer began; your message stays in the history"
+STOPPED_EARLY = ("stopped (Ctrl-C) before the answer began; your message was taken back "
+                 "(type it again to send it)")
+STOPPED_EARLY_RESULTS = ("stopped (Ctrl-C) before the answer began; the tool results stay in the "
+                         "history (/reset drops them)")
 CONTEXT_FULL = ("the conversation fills the model's context: /reset starts a new one "
                 "(/save FILE keeps this one first)")
 RESULT_TOO_LONG = ("that result does not fit the model's context: type a shorter one, or /reset "
