@@ -159,6 +159,10 @@ class LLM:
         if model is not None and (not isinstance(model, (str, Path)) or not str(model)):
             raise InvalidRequestError(f"model {model!r}: expected a checkpoint directory or "
                                       ".gguf path (or None for the embedded default)")
+        if hf_config_path is not None and (not isinstance(hf_config_path, (str, Path))
+                                           or not str(hf_config_path)):
+            raise InvalidRequestError(f"hf_config_path {hf_config_path!r}: expected the path "
+                                      "of a directory holding config.json (or None)")
         self.device = pick_device(device)
         if engine.engine == "graph" and self.device.type != "cuda":
             # Refuse before reading a checkpoint that may be tens of GB.
@@ -254,8 +258,11 @@ class LLM:
         carries finish_reason); `.output` is the GenerationOutput afterwards. Closing it early
         (or Ctrl-C while iterating) aborts the request. Raises as `generate`, and
         InvalidRequestError for a list of prompts (one stream is one prompt)."""
-        if isinstance(prompt, (list, tuple)) and any(isinstance(p, (str, list, tuple))
-                                                     for p in prompt):
+        if isinstance(prompt, (list, tuple)) and prompt and all(
+                isinstance(p, (str, list, tuple)) for p in prompt):
+            if len(prompt) == 1:
+                raise InvalidRequestError("prompt: a list holding one prompt; stream() takes the "
+                                          "prompt itself (a string or a list of token ids)")
             raise InvalidRequestError("prompt: stream() takes one prompt (a string or a list of "
                                       f"token ids), found a list of {len(prompt)} prompts; "
                                       "generate() takes several")
@@ -463,10 +470,10 @@ class LLM:
                                       f"{type(prompt).__name__}")
         if not prompt:
             raise InvalidRequestError("prompt: expected at least one token id, got none")
-        not_int = [t for t in prompt if type(t) is not int]
-        if not_int:
-            raise InvalidRequestError(f"prompt: token ids must be integers, found "
-                                      f"{kind(not_int[0])} {shown(not_int[0], 40)}")
+        at = next((i for i, t in enumerate(prompt) if type(t) is not int), None)
+        if at is not None:
+            raise InvalidRequestError(f"prompt[{at}]: token ids must be integers, found "
+                                      f"{kind(prompt[at])} {shown(prompt[at], 40)}")
         bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise InvalidRequestError(

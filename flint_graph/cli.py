@@ -24,7 +24,7 @@ import sys
 import time
 import unicodedata
 
-from flint_graph.errors import FlintError, InvalidRequestError, not_utf8
+from flint_graph.errors import FlintError, InvalidRequestError, kind, not_utf8
 
 TYPE_CHECKING = False  # typing itself takes milliseconds to import; checkers know this name
 if TYPE_CHECKING:
@@ -159,8 +159,10 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
     from flint_graph.chat.chat_template import validate_tools
 
     if not isinstance(tools, list):
+        one = " (one tool: put it in a list)" if isinstance(tools, dict) and "type" in tools \
+            else ""
         raise InvalidRequestError(f"{path}: expected a JSON list of tools, found "
-                                  f"{type(tools).__name__}")
+                                  f"{kind(tools)}{one}")
     from flint_graph.chat.tool_schema import tool_schemas
 
     try:  # the schemas too (a type like "int"), or every message would fail on them

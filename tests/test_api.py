@@ -691,3 +691,21 @@ def test_chat_batch_takes_pairs_or_plain_message_lists(tiny_llm):
     with pytest.raises(InvalidRequestError, match="conversations: expected a list"):
         tiny_llm.chat_batch("hi", params)
     assert not tiny_llm.engine.has_work
+
+
+def test_hf_config_path_of_another_type_is_named(tiny_ckpt):
+    """A bad-input trial (2026-12-05): LLM(hf_config_path=5) raised a bare TypeError."""
+    from flint_graph.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="hf_config_path 5: expected the path"):
+        LLM(tiny_ckpt, hf_config_path=5, device="cpu", progress=False)
+
+
+def test_stream_names_a_list_holding_one_prompt(tiny_llm):
+    from flint_graph.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="a list holding one prompt; stream"):
+        tiny_llm.stream(["hello"])
+    with pytest.raises(InvalidRequestError, match=r'prompt\[1\]: token ids must be integers, '
+                                                   r'found string "a"'):
+        tiny_llm.stream([1, "a"])

@@ -775,3 +775,25 @@ def test_chat_refuses_tools_that_leave_no_room_at_start(capsys, tmp_path, tiny_c
     assert "4,096-token context, leaving no room for a conversation" in err
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--tools", big)
     assert code == 2 and "the rest mostly the tool definitions" in err, err
+
+
+def test_tools_file_errors_speak_json_and_a_bom_is_read(capsys, tmp_path, tiny_ckpt):
+    """A bad-input trial (2026-12-05): a tools file holding one tool object said "found dict",
+    `null` "found NoneType", a NaN maximum "nan is not a JSON number", and a file beginning
+    with a UTF-8 byte-order mark (as Windows editors save) was refused with Python's hint."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    cases = {"one.json": (json.dumps(tool), "found object (one tool: put it in a list)"),
+             "null.json": ("null", "found null"),
+             "nan.json": ('[{"type": "function", "function": {"name": "f", "parameters": '
+                          '{"type": "object", "properties": {"a": {"type": "number", '
+                          '"maximum": NaN}}}}}]', "NaN is not a JSON number")}
+    for name, (text, want) in cases.items():
+        (tmp_path / name).write_text(text)
+        code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi",
+                            "--tools", tmp_path / name)
+        assert code == 2 and want in err and "NoneType" not in err and "dict" not in err, err
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps([tool]).encode())
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", "1",
+                        "--tools", bom)
+    assert code == 0, err

@@ -337,7 +337,7 @@ MALFORMED = {  # name: (text, kwargs, expected, a word each error message must c
         "</tool_call>"),
     "unterminated_at_finish": (f"</think>{RAW_OPEN_VALUE}", {"tools": TOOLS,
                                "finish_reason": "length"},
-                               out("", RAW_OPEN_VALUE, errors=1), "'length'"),
+                               out("", RAW_OPEN_VALUE, errors=1), "(cut off by max_tokens)"),
     "json_body_instead_of_args": (RAW_JSON_BODY, {"tools": TOOLS},
                                   out("", RAW_JSON_BODY, errors=1), "function name"),
     "empty_name": ("</think><tool_call></tool_call>ok", {"tools": TOOLS},

@@ -1100,3 +1100,40 @@ def test_stop_values_and_their_one_kind_of_message(server, stop, status, message
     assert got == status, out
     if message:
         assert out["error"]["message"].startswith(message) and out["error"]["param"] == "stop"
+
+
+def test_bad_input_trial_messages_name_the_field_in_json(server):
+    """A bad-input trial (2026-12-05): tool_choice errors showed Python's tuple and list repr
+    and no word on an undeclared name; a completions prompt with a string among its token ids
+    was called "a list of 3 prompts" (and a batch of one "a list of 1 prompts"); the 404 for a
+    model quoted Python's repr; messages[].name of another type was taken silently; HEAD
+    /health was a 405."""
+    url = server[1]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    code, err = _post(url + "/v1/chat/completions", {**chat, "tools": tools, "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}})
+    msg = err["error"]["message"]
+    assert code == 400 and msg.startswith('tool_choice.function.name: no tool named "nope" '
+                                          '(declared: "f")'), msg
+    code, err = _post(url + "/v1/chat/completions", {**chat, "tool_choice": 5})
+    msg = err["error"]["message"]
+    assert code == 400 and '"none", "auto", "required"' in msg and "no tools are declared" in msg
+    assert "('none'" not in msg and "[]" not in msg, msg
+    code, err = _post(url + "/v1/chat/completions", {**chat, "tool_choice": "required"})
+    assert code == 400 and "no tools are declared" in err["error"]["message"], err
+    done = {"model": MODEL, "max_tokens": 1}
+    for prompt, want in (([1, 2, "a"], 'prompt[2]: token ids must be integers, found string "a"'),
+                         ([["a"]], 'prompt[0][0]: token ids must be integers, found string "a"')):
+        code, err = _post(url + "/v1/completions", {**done, "prompt": prompt})
+        assert code == 400 and err["error"]["message"] == want, err
+    code, err = _post(url + "/v1/completions", {**done, "prompt": "x", "model": 'it\'s "x"'})
+    assert code == 404 and err["error"]["message"].startswith(
+        'model "it\'s \\"x\\"" does not exist; this server serves "'), err
+    code, err = _post(url + "/v1/chat/completions", {
+        **chat, "messages": [{"role": "user", "content": "hi", "name": 5}]})
+    assert code == 400 and err["error"]["message"] == \
+        "messages[0].name: expected a string or null, found integer", err
+    req = urllib.request.Request(url + "/health", method="HEAD")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200

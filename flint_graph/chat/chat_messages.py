@@ -36,7 +36,6 @@ ROLES = ("system", "user", "assistant", "tool")
 # OpenAI's newer name for system instructions (sent by recent clients); read as "system"
 ROLE_ALIASES = {"developer": "system"}
 MAX_NESTING = 200  # lists/objects inside one another; deeper (or a cycle) is refused
-TOOL_CHOICES = ("none", "auto", "required")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
@@ -73,7 +72,7 @@ def check_data(value: Any, field: str, depth: int = 0) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         # JSON has no NaN or Infinity (Python's json module writes them as bare words, which
         # then reach the prompt as `"maximum": NaN`): not JSON data
-        raise InvalidRequestError(f"{field}: {value} is not a JSON number; expected a finite "
+        raise InvalidRequestError(f"{field}: {shown(value)} is not a JSON number; expected a finite "
                                   "number")
     if value is None or isinstance(value, (bool, int, float)):
         return
@@ -219,7 +218,9 @@ def validate_messages(messages: Any) -> list[dict]:
                                       f"developer, read as system), {_found(m, 'role', shown)}")
         msg = dict(m)
         msg["role"] = role
-        for key in ("reasoning_content", "reasoning"):
+        # `name` (OpenAI's participant name) is not rendered by the template, but a wrong
+        # type there is the caller's bug as anywhere else (a bad-input trial sent 5)
+        for key in ("reasoning_content", "reasoning", "name"):
             _check_str(m.get(key), f"{where}.{key}", optional=True)
         calls = m.get("tool_calls")
         if calls is not None:
@@ -317,7 +318,7 @@ def validate_tools(tools: Any) -> list[dict] | None:
         if not _TOOL_NAME.fullmatch(name):
             # The output parser refuses names with spaces or tags, so such a tool could never
             # be called: refuse it here, where the user can fix it.
-            raise InvalidRequestError(f"{where}.function.name: {name!r} must be letters, "
+            raise InvalidRequestError(f"{where}.function.name: {shown(name)} must be letters, "
                                       "digits, '_', '-' or '.' (at most 64)")
         names.add(name)
         params = fn.get("parameters")
@@ -338,10 +339,18 @@ def check_tool_choice(tool_choice: Any, tools: list[dict] | None) -> None:
     declared = [t["function"]["name"] for t in tools or []]
     if tool_choice == "required" and declared:
         return
+    names = ", ".join(shown(n) for n in declared) if declared else "none: no tools are declared"
+    if tool_choice == "required":
+        raise InvalidRequestError('tool_choice: "required" needs tools, and no tools are '
+                                  "declared")
     if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
         fn = tool_choice.get("function")
         if isinstance(fn, Mapping) and fn.get("name") in declared:
             return
-    raise InvalidRequestError(f"tool_choice: expected one of {TOOL_CHOICES} ('required' needs "
-                              f"tools) or a function object naming one of {declared}, "
-                              f"found {shown(tool_choice, 120)}")  # fmt: skip
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            raise InvalidRequestError(f"tool_choice.function.name: no tool named "
+                                      f"{shown(fn['name'])} (declared: {names})")
+    # in JSON's words: an HTTP client sent it (a bad-input trial found Python's tuple repr)
+    raise InvalidRequestError(f'tool_choice: expected "none", "auto", "required" or '
+                              f'{{"type": "function", "function": {{"name": N}}}} naming a '
+                              f"declared tool ({names}), found {shown(tool_choice, 120)}")

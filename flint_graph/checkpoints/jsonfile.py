@@ -55,7 +55,9 @@ def read_capped(path: Path, max_bytes: int) -> Any:
     if data[:2] == b"\x1f\x8b":  # reports are shipped gzipped in docs/
         raise ValueError("gzip-compressed; decompress it first (gunzip -k FILE)")
     try:
-        text = data.decode("utf-8")  # JSON is UTF-8 (RFC 8259)
+        # JSON is UTF-8 (RFC 8259), which lets a reader ignore a byte-order mark: files saved
+        # by Windows editors often begin with one
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 text ({e})") from None
     try:

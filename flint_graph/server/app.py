@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from flint_graph.errors import FlintError
+from flint_graph.errors import FlintError, kind, shown
 from flint_graph.server import protocol as p
 from flint_graph.server.metrics import ServerMetrics
 
@@ -226,10 +226,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     def _model(body) -> None:
         name = body.get("model")
         if name is not None and name != model_name:
-            raise p.APIError(404, f"model {name!r} does not exist; this server serves "
-                                  f"{model_name!r}", "model", code="model_not_found")
+            raise p.APIError(404, f"model {shown(name, 80)} does not exist; this server "
+                                  f"serves {shown(model_name, 80)}", "model",
+                             code="model_not_found")
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD too
     async def health():
         if state["llm"] is None:
             status = {"status": "error", "error": state["error"]} if state["error"] else \
@@ -396,6 +397,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                                  "takes one prompt per request (a string or a list of token "
                                  "ids, or a batch of one)", "prompt")
             prompt = prompt[0]  # a batch of one, as clients send it: its own checks apply
+            at = next((i for i, t in enumerate(prompt) if type(t) is not int), None) \
+                if isinstance(prompt, list) else None
+            if at is not None:  # a token-id list with a string in it, not a batch
+                raise p.APIError(400, f"prompt[0][{at}]: token ids must be integers, found "
+                                 f"{kind(prompt[at])} {shown(prompt[at], 40)}", "prompt")
         usage = p.include_usage(body)
         admission = _room()
         try:
