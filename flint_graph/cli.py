@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import signal
+import shlex
 import sys
 import time
 import unicodedata
@@ -180,8 +181,13 @@ def _check_model_path(model: str | None) -> None:
     if model is not None and not Path(model).exists():
         from flint_graph.paths import why_not_a_file
 
+        # `generate "What is 2 plus 2?"` reads the words as MODEL (a new user's trial)
+        prompt_like = " " in model.strip() or model.rstrip().endswith(("?", "!"))
+        hint = ("; if that was the prompt, pass it with --prompt TEXT or on stdin (the first "
+                "word after the command is MODEL)") if prompt_like else ""
         raise InvalidRequestError(f"{model}: no such checkpoint, {why_not_a_file(Path(model))} "
-                                  "(expected a BF16 checkpoint directory or an NVFP4 .gguf file)")
+                                  "(expected a BF16 checkpoint directory or an NVFP4 .gguf "
+                                  f"file){hint}")
 
 
 def check_tools_fit(llm, tools: list[dict[str, Any]] | None, path: Path | None,
@@ -286,6 +292,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from flint_graph.api import output_to_json
 
+    _check_model_path(args.model)  # before the prompt: a prompt given as MODEL says so
     prompt = read_prompt(args)
     tools = load_tools(args.tools)
     if args.raw and (args.tools is not None or not args.enable_thinking):
@@ -303,6 +310,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from flint_graph.terminal.progress import prefill_bar
 
     shown_reasoning = reasoning_open = False
+    line_open = False  # stdout's last line has text: a tool call or the end starts a new one
     try:
         with prefill_bar(llm.engine, True):  # a bar on a terminal, else plain lines
             for d in stream:
@@ -310,6 +318,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                     continue
                 if args.raw:
                     sys.stdout.write(d.text)
+                    line_open = not d.text.endswith("\n") if d.text else line_open
                 else:
                     if d.reasoning:
                         sys.stderr.write(d.reasoning)
@@ -322,8 +331,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                         sys.stderr.flush()
                         reasoning_open = False
                     sys.stdout.write(d.content)
+                    line_open = not d.content.endswith("\n") if d.content else line_open
                     for c in d.tool_calls:
-                        sys.stdout.write(f"\n[tool call] {c.name} {c.arguments_json()}\n")
+                        # no blank line around it: a script reading stdout got one first
+                        sys.stdout.write(("\n" if line_open else "")
+                                         + f"[tool call] {c.name} {c.arguments_json()}\n")
+                        line_open = False
                 sys.stdout.flush()
     except KeyboardInterrupt:
         stream.close()  # the request ends with finish_reason "abort"
@@ -336,7 +349,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         return 0
     if reasoning_open:
         sys.stderr.write("\n")
-    print()
+    if line_open:
+        print()
     for err in out.errors:
         print(f"flint-graph: warning: {err}", file=sys.stderr)
     limit = llm.engine.context_limit
@@ -459,8 +473,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
         from flint_graph.server.app import create_app
     except ImportError as e:
+        # this interpreter's pip: a bare `pip` on a new user's shell installed outside .venv
+        pip = shlex.quote(sys.executable) + " -m pip"
         raise InvalidRequestError(f"flint-graph serve needs the serve extra ({e.name} is "
-                                  "missing): in the project's directory, pip install -e "
+                                  f"missing): in the project's directory, {pip} install -e "
                                   "'.[serve]'") from None
     _check_model_path(args.model)  # before listening
     name = args.served_model_name or (Path(args.model).stem if args.model else "flint-nano")

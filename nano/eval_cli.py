@@ -91,7 +91,8 @@ def add_eval_parser(sub, positive_int) -> None:
                    help="suites to run (default: %(default)s)")
     p.add_argument("--n", type=_case_count, default=50, metavar="N",
                    help=f"cases per suite and per recall context, 1 to {MAX_N} "
-                        "(default: %(default)s)")
+                        "(default: %(default)s: a GPU-sized run; on 2 CPU cores --n 10 "
+                        "--contexts 1024,4096 takes about 4 minutes)")
     p.add_argument("--contexts", type=_recall_contexts, default=(1024, 4096, 16384),
                    metavar="C,..",
                    help="recall contexts in tokens, e.g. 1024,4k (default: 1024,4096,16384)")
@@ -145,6 +146,12 @@ def _recall_contexts(text: str) -> tuple[int, ...]:
     return vals
 
 
+# on the CPU, a run past these says up front that it is long (README: `--n 10 --contexts
+# 1024,4096` takes about 4 minutes on 2 cores, the default run well over an hour)
+CPU_QUICK_N = 10
+CPU_QUICK_CONTEXT = 4096
+
+
 def cmd_eval(args) -> int:
     """Run the suite and print the table; exit status as EVAL_FIGURES says."""
     from flint_graph.api import LLM
@@ -186,6 +193,15 @@ def cmd_eval(args) -> int:
                                   f"(it has {', '.join(dict.fromkeys(theirs))}; use the same "
                                   "--suite and --contexts)")
     device = pick_device(args.device)
+    if device.type == "cpu" and (args.n > CPU_QUICK_N or "recall" in suites
+                                 and max(contexts) > CPU_QUICK_CONTEXT):
+        # a new user ran the README's first eval line on the CPU: over an hour, with no word
+        # of it but a bar at 0/400
+        print(f"flint-graph: eval: {len(cases)} cases on the CPU"
+              + (f", recall prompts up to {max(contexts):,} tokens" if "recall" in suites
+                 else "") + f": a long run (the default one takes well over an hour on 2 "
+              f"cores); --n {CPU_QUICK_N} --contexts 1024,4096 takes about 4 minutes",
+              file=sys.stderr)
     ckpt = load_checkpoint(model, args.hf_config_path, device, args.progress)
     weights = ckpt.weights.fingerprint()  # before a plant changes them
     _check_same_weights(ref, weights, args.compare)

@@ -470,8 +470,8 @@ def test_save_takes_a_quoted_name_without_its_quotes(tiny_llm, tmp_path, monkeyp
     the name (a bad-input trial, 2026-12-03): one pair of surrounding quotes is dropped, and an
     empty name is the usage error."""
     monkeypatch.chdir(tmp_path)
-    s, console = _session(tiny_llm, ['/save ""', '/save "my chat.json"', "/save 'b.json'",
-                                     "/exit"])
+    s, console = _session(tiny_llm, ["hi", '/save ""', '/save "my chat.json"',
+                                     "/save 'b.json'", "/exit"])
     s.run()
     out = console.file.getvalue()
     assert "usage: /save FILE" in out
@@ -482,7 +482,8 @@ def test_save_takes_exactly_one_file_name(tiny_llm, tmp_path, monkeypatch):
     """`/save a b c` wrote a file named "a b c" (bad-input trial, 2026-12-04): the argument is
     read as shell words, and anything but one word is the usage error, saying what it found."""
     monkeypatch.chdir(tmp_path)
-    s, console = _session(tiny_llm, ["/save a b c", '/save "bob.json', "/save   ", '/save "  "',
+    s, console = _session(tiny_llm, ["hi", "/save a b c", '/save "bob.json', "/save   ",
+                                     '/save "  "',
                                      "/save a\0b", '/save "x\0"', "/save a\\ b.json", "/exit"])
     s.run()
     out = console.file.getvalue()
@@ -526,8 +527,24 @@ def test_save_takes_a_name_of_up_to_255_characters(tiny_llm, tmp_path, monkeypat
     name past the limit is still refused, naming why."""
     monkeypatch.chdir(tmp_path)
     ok, long = "a" * 245 + ".json", "b" * 300 + ".json"
-    s, console = _session(tiny_llm, [f"/save {ok}", f"/save {long}", "/exit"])
+    s, console = _session(tiny_llm, ["hi", f"/save {ok}", f"/save {long}", "/exit"])
     s.run()
     out = console.file.getvalue()
     assert [p.name for p in tmp_path.iterdir()] == [ok]
     assert "cannot save transcript (File name too long)" in out and out.count("cannot save") == 1
+
+
+def test_save_with_nothing_to_save_says_so_and_a_tool_chat_keeps_its_tools(tiny_llm, tmp_path,
+                                                                          monkeypatch):
+    """A new user's trial (2026-12-05): `/save t.json` right after `/reset` said the file
+    "holds a transcript of 4 messages that this chat's 0 do not begin with"; and a saved tool
+    chat left its tools out, so it could not be replayed as it ran."""
+    monkeypatch.chdir(tmp_path)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    s, console = _session(tiny_llm, ["hi", "/save t.json", "/reset", "/save t.json", "/exit"],
+                          tools=tools)
+    s.run()
+    out = console.file.getvalue()
+    assert "nothing to save yet" in out and "do not begin with" not in out
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["tools"] == tools and [m["role"] for m in saved["messages"]][0] == "user"

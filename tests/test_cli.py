@@ -797,3 +797,61 @@ def test_tools_file_errors_speak_json_and_a_bom_is_read(capsys, tmp_path, tiny_c
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", "1",
                         "--tools", bom)
     assert code == 0, err
+
+
+def test_a_prompt_given_as_model_says_so(capsys, monkeypatch):
+    """A new user's trial (2026-12-05): `generate "What is 2 plus 2?"` from a script (empty
+    stdin) said "prompt: expected non-empty text", on a terminal "no prompt: pass --prompt";
+    the words had been read as MODEL. The missing checkpoint is now named first, with the
+    hint; a path-like MODEL gets no hint."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code, _, err = _run(capsys, "generate", "What is 2 plus 2?")
+    assert code == 2 and "What is 2 plus 2?: no such checkpoint" in err, err
+    assert "if that was the prompt, pass it with --prompt TEXT" in err
+    code, _, err = _run(capsys, "generate", "models/flint.gguf", "--prompt", "hi")
+    assert code == 2 and "no such checkpoint" in err and "if that was the prompt" not in err
+
+
+def test_serve_without_its_extra_names_this_interpreters_pip(capsys, monkeypatch):
+    """A new user's trial (2026-12-05): the hint said `pip install -e '.[serve]'`, which on a
+    usual shell installs outside .venv; it now names this interpreter's pip."""
+    import builtins
+    import sys
+
+    real = builtins.__import__
+
+    def no_uvicorn(name, *a, **k):
+        if name == "uvicorn":
+            err = ImportError("No module named 'uvicorn'")
+            err.name = "uvicorn"
+            raise err
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_uvicorn)
+    code, _, err = _run(capsys, "serve")
+    assert code == 2 and f"{sys.executable} -m pip install -e '.[serve]'" in err, err
+
+
+def test_generate_prints_a_tool_call_on_its_own_line_without_blank_ones(
+        capsys, monkeypatch, tiny_llm, tiny_ckpt, tmp_path):
+    """A new user's trial (2026-12-05): stdout was "\\n[tool call] convert_units {...}\\n\\n",
+    an empty first line for a script to skip. Now one line per call, after any text on a line
+    of its own, and one line end at the end."""
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {
+        "name": "convert_units", "parameters": {"type": "object", "properties": {
+            "value": {"type": "number"}}}}}]))
+    call = "<tool_call>convert_units<arg_key>value</arg_key><arg_value>120</arg_value></tool_call>"
+    argv = ("generate", tiny_ckpt, "--prompt", "Convert 120 km to mi.", "--max-tokens", 100,
+            "--device", "cpu", "--tools", tools)
+    for text, want in ((f"x</think>{call}<|observation|>",
+                        '[tool call] convert_units {"value": 120}\n'),
+                       (f"x</think>Sure.{call}<|observation|>",
+                        'Sure.\n[tool call] convert_units {"value": 120}\n'),
+                       ("x</think>74.56 mi<|user|>", "74.56 mi\n")):
+        monkeypatch.setattr("flint_graph.runtime.engine.sample",
+                            scripted_sampler(tiny_llm.tokenizer.encode(text)))
+        code, out, err = _run(capsys, *argv)
+        assert code == 0 and out == want, (out, err)

@@ -124,9 +124,10 @@ def openai_messages(messages: list) -> list:
 
 
 def save_transcript(path: str | Path, messages: list[dict[str, Any]],
-                    replaced: list | None = None) -> Path:
+                    replaced: list | None = None, tools: list[dict] | None = None) -> Path:
     """Write `messages` as JSON to `path` atomically (in the OpenAI messages format:
-    `openai_messages`) (same-directory temp file, then rename);
+    `openai_messages`; with `tools`, the declared tools beside them, as a chat request carries
+    them, so the transcript replays as it ran) (same-directory temp file, then rename);
     appends True to `replaced` when an existing transcript was overwritten. An existing
     transcript is replaced only by one that begins with all its messages (the same
     conversation, saved again as it grew), so no saved message is ever lost; any other
@@ -147,7 +148,10 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
                 raise FlintError(f"{path}: {above} is a file, not a directory")
             raise FlintError(f"{path}: directory {path.parent} does not exist")
         existed = path.exists()
-        text = json.dumps({"messages": openai_messages(messages)}, ensure_ascii=False, indent=2)
+        record: dict[str, Any] = {"messages": openai_messages(messages)}
+        if tools:
+            record["tools"] = tools
+        text = json.dumps(record, ensure_ascii=False, indent=2)
         saved = _saved_messages(path) if existed else []
         saved = None if saved is None else openai_messages(saved)
         if saved is None:
@@ -309,9 +313,13 @@ class ChatSession:
             except ValueError as e:
                 self.console.print(f"[red]usage: /save FILE: {escape(str(e))}[/]")
                 return None
+            if all(m["role"] == "system" for m in self.messages):
+                self.console.print("[dim]nothing to save yet: the conversation has no message "
+                                   "(a new chat, or just after /reset)[/]")
+                return None
             try:
                 replaced: list = []
-                path = save_transcript(name, self.messages, replaced)
+                path = save_transcript(name, self.messages, replaced, self.tools)
                 existed = bool(replaced)
                 note = " (replaced the existing file)" if existed else ""
                 self.console.print(f"[dim]saved {len(self.messages)} messages to {path}{note}[/]")
