@@ -17,3 +17,8 @@ def __getattr__(name: str):
 
         return SamplingParams
     raise AttributeError(f"module 'flint_graph' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazy names too: tab completion and dir() found no LLM (a new user's trial)
+    return sorted(set(globals()) | set(__all__))

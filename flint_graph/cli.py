@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flint-graph: error: {terminal_safe(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print(f"\n{INTERRUPTED}", file=sys.stderr)
+        # on a terminal the line holds the echoed ^C (and maybe half an answer); a log or a
+        # pipe got an empty line (a new user's trial)
+        print(("\n" if _isatty(sys.stderr) else "") + INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `flint-graph generate ... | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -102,10 +104,17 @@ def _exit_on_sigint():
         return None
 
 
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
 def _exit_interrupted(signum, frame) -> None:
     # Nothing that needs cleaning up exists yet: end here rather than raise into an import.
     try:
-        os.write(2, f"\n{INTERRUPTED}\n".encode())
+        os.write(2, ("\n" if os.isatty(2) else "").encode() + f"{INTERRUPTED}\n".encode())
     finally:
         os._exit(EXIT_INTERRUPTED)
 

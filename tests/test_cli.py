@@ -855,3 +855,23 @@ def test_generate_prints_a_tool_call_on_its_own_line_without_blank_ones(
                             scripted_sampler(tiny_llm.tokenizer.encode(text)))
         code, out, err = _run(capsys, *argv)
         assert code == 0 and out == want, (out, err)
+
+
+def test_interrupted_writes_no_empty_line_where_stderr_is_not_a_terminal(capsys, monkeypatch,
+                                                                          tiny_ckpt):
+    """A new user's trial (2026-12-05): Ctrl-C in a piped `generate` printed an empty line on
+    stderr before "flint-graph: interrupted" (the line end is for a terminal's echoed ^C)."""
+    import flint_graph.cli as cli
+
+    def interrupt(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "load_llm", interrupt)
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi")
+    assert code == 130 and err == "flint-graph: interrupted\n", repr(err)
+
+
+def test_dir_of_the_package_lists_its_lazy_names():
+    import flint_graph
+
+    assert {"LLM", "SamplingParams", "ChatMessage", "GenerationOutput"} <= set(dir(flint_graph))
