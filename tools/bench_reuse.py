@@ -105,6 +105,9 @@ def main() -> int:
     for fmt, llm in sources(o, args.history + 4096):
         if fmt != args.format and model is None:
             continue
+        # start-up's phases (s): whether the eager warm-up ran, and what it cost
+        print(json.dumps({"startup": {k: v for k, v in llm.startup.items()
+                                      if k.endswith("_s")}}), flush=True)
         run = tool_loop if args.tool_loop else conversation
         res["on"] = run(llm, first, args.turns, args.max_tokens)
         llm.engine.drop_retained()
