@@ -800,3 +800,43 @@ def test_each_reuse_decision_is_logged_at_debug(llms, caplog):
     resumed = next(t for t in text if t.startswith(f"prompt of {second} ids: resumes at "))
     assert f"-> resume {ids[1].cached_tokens}" in resumed and "common prefix" in resumed
     on.engine.drop_retained()
+
+
+@pytest.mark.parametrize("reply", ["<|observation|>", "<|user|>", "</think><|observation|>",
+                                   "</think><tool_call>lookup<arg_key>key"])
+def test_a_tool_loop_step_after_an_empty_or_cut_reply_resumes(tiny_ckpt, monkeypatch, reply):
+    """On the H200 (2026-12-05) the BF16 tool loop's step 1 ran cold after a step 0 whose
+    reply came back empty. A reply that ends at its first token, one with no content or
+    reasoning, and one cut off inside a call (max_tokens) are all retained: the next step
+    resumes at least from the previous prompt's end less one token (a snapshot there, or the
+    live ring). Only a failed request is never retained."""
+    from flint_graph import LLM
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(max_slots=2))
+    ids = llm.tokenizer.encode_segments([(reply, False)])
+    original = type(llm)._chat_request
+
+    def scripted(self, *a, **kw):
+        req = original(self, *a, **kw)
+        req.force(ids)
+        return req
+
+    monkeypatch.setattr(type(llm), "_chat_request", scripted)
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"key": {"type": "string"}}}}}]
+    msgs = [{"role": "system", "content": "You look values up. " * 20},
+            {"role": "user", "content": "find the value of a " + "x " * 300}]
+    prompts = []
+    for step in range(3):
+        msg = llm.chat(msgs, tools=tools, params=SamplingParams(temperature=0.0,
+                                                                max_tokens=len(ids)))
+        out = msg.output
+        assert out.finish_reason != "error", out.errors
+        prompts.append((len(out.prompt_token_ids), out.cached_tokens))
+        msgs += [{"role": "assistant", "content": msg.content or "",
+                  "reasoning_content": msg.reasoning_content,
+                  "tool_calls": [{"type": "function", "function": {
+                      "name": "lookup", "arguments": {"key": f"k{step}"}}}]},
+                 {"role": "tool", "content": f"value {step}"}]
+    for (before, _), (_, cached) in zip(prompts, prompts[1:]):
+        assert cached >= before - 1, prompts
