@@ -266,18 +266,30 @@ def test_the_kv_check_catches_a_resume_from_the_live_ring(llms, monkeypatch):
     assert any(windows[int(b.rsplit(" ", 1)[1])] for b in bad), bad
 
 
-def test_failed_or_half_prefilled_requests_leave_nothing_to_reuse(llms, monkeypatch):
-    on, _ = llms
+def test_failed_requests_leave_nothing_and_an_abort_mid_prefill_its_whole_chunks(
+        llms, monkeypatch):
+    """A request aborted between prefill steps (a client that left or timed out) keeps the
+    chunks it finished: the same prompt sent again resumes after them, with the outputs of a
+    cold start. One whose prefill failed leaves nothing."""
+    on, off = llms
     eng = on.engine
     eng.prefix_cache.clear()
-    req = on._request(list(range(1, 60)), SamplingParams(max_tokens=3), None)
+    prompt = list(range(1, 60))
+    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=True)
+    req = on._request(prompt, params, None)
     eng.add(req)
     monkeypatch.setattr(eng.pacer, "budget", lambda decoding, start=0, chunk=None: 10)
-    eng.step()  # 10 of 59 prompt tokens prefilled
+    eng.step()
+    eng.step()  # 20 of 59 prompt tokens prefilled
     assert req in eng.prefilling
     eng.abort(req)
-    assert len(eng.prefix_cache) == 0
+    assert [len(e.ids) for e in eng.prefix_cache.entries] == [20]
     monkeypatch.undo()
+    again = on.generate([prompt], params)[0]
+    cold = off.generate([prompt], params)[0]
+    assert again.cached_tokens == 20
+    assert (again.token_ids, again.logprobs) == (cold.token_ids, cold.logprobs)
+    eng.drop_retained()
     bad = on._request(list(range(1, 20)), SamplingParams(max_tokens=3), None)
     real = eng.model.prefill
 

@@ -570,14 +570,22 @@ class Engine:
 
     def _retire(self, req: Request) -> None:
         """Drop `req` from the engine. Its KV is retained for reuse when its prompt was fully
-        prefilled and nothing failed (finish stop / length / abort after the prefill); a
-        request that failed, was cut off mid-prefill or was in a decode step that did not
-        return (Ctrl-C mid-step: its KV may be a position ahead of its ids) leaves nothing
-        reusable."""
+        prefilled and nothing failed (finish stop / length / abort after the prefill), and
+        the prompt's finished chunks when it was aborted between prefill steps; a request
+        that failed or was in a decode step that did not return (Ctrl-C mid-step: its KV may
+        be a position ahead of its ids) leaves nothing reusable (nor does a chunk cut by
+        Ctrl-C: `_restart_prefill` forgot it already)."""
         keep = (self.prefix_cache.capacity and req in self.running and req.finish_reason in
                 (None, "stop", "length", "repeat", "abort", "tool_calls") and not req.errors
                 and req.id not in self._unsettled)
-        if self.prefix_cache.capacity and reuse_log.isEnabledFor(logging.DEBUG) and not keep:
+        # Aborted mid-prefill (a client that left or timed out, between steps): the chunks
+        # done are whole (a chunk cut by Ctrl-C restarts the prefill, `_restart_prefill`), so
+        # that prefix is kept, and the same prompt sent again resumes there instead of from 0.
+        partial = (self.prefix_cache.capacity and req in self.prefilling and not req.errors
+                   and req.finish_reason in (None, "abort")
+                   and self._prefilled.get(req.id, 0) > 0)
+        if (self.prefix_cache.capacity and reuse_log.isEnabledFor(logging.DEBUG) and not keep
+                and not partial):
             reuse_log.debug("request %s not retained (finish %s, errors %d, running %s, "
                             "unsettled %s)", req.id, req.finish_reason, len(req.errors),
                             req in self.running, req.id in self._unsettled)
@@ -591,6 +599,15 @@ class Engine:
             reuse_log.debug("request %s retained: %d ids, snapshots %s", req.id, len(ids),
                             sorted(snaps))
             evicted = self.prefix_cache.add(Retained(ids, kv, snaps))
+        elif partial:
+            self._take_snapshots(req)  # a preamble stop's rings, due at its next step
+            n = self._prefilled[req.id]
+            kv = self._slot[req.id] if self.runner else self._kv[req.id]
+            snaps = {q: r for q, r in self._snapshots.get(req.id, {}).items() if q <= n}
+            reuse_log.debug("request %s retained after an abort mid-prefill: %d ids, "
+                            "snapshots %s", req.id, n, sorted(snaps))
+            evicted = self.prefix_cache.add(Retained(req.prompt_ids[:n], kv, snaps))
+            keep = True
         else:
             evicted = []
         if req in self.running:
