@@ -845,6 +845,14 @@ def test_a_client_that_leaves_during_a_long_prefill_is_dropped(server, monkeypat
     while llm.engine.has_work:
         assert time.perf_counter() - t0 < 1.5, "the prefill ran on after its client left"
         time.sleep(0.02)
+    # the chunks it finished are kept: the client's retry resumes after them (2026-12-05)
+    monkeypatch.setattr(llm.engine, "step", step)
+    retry = {"model": MODEL, "max_tokens": 5, "messages": [
+        {"role": "user", "content": "word " * 320}]}
+    code, answer = _post(url + "/v1/chat/completions", retry)
+    assert code == 200 and answer["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16, \
+        answer["usage"]
+    llm.engine.drop_retained()
 
 
 def test_logprobs_of_tokens_that_split_a_character(server, client, monkeypatch):
