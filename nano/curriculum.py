@@ -62,10 +62,16 @@ WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "gamma", "harbor"
 # A request is LEAD + CORE + TAIL. Every core is seen in training; the held-out split uses lead-ins
 # and closings training never sees, so held-out phrasings are new sentences around known requests.
 LEADS = {"train": ["", "", "Hi! ", "Quick question: ", "Please help. ", "Hello. ", "Hey, ",
-                   "OK. ", "Question: ", "I need this: ", "Can you help? "],
+                   "OK. ", "Question: ", "I need this: ", "Can you help? ",
+                   # natural openings (eighteenth session: step 6517 answered 5 of its 12
+                   # held-out arithmetic misses with a tool call or a refusal after "Good
+                   # morning!" or "Sorry to bother you.", openings it had never seen)
+                   "Good afternoon! ", "Excuse me, ", "Hello there. ", "Also, ", "Next: ",
+                   "Apologies for asking again. ", "Hey there! ", "Another one: "],
          "heldout": ["Good morning! ", "One more thing: ", "Sorry to bother you. "]}
 TAILS = {"train": ["", "", " Thanks.", " Thank you!", " Please be quick.", " Cheers.",
-                   " I appreciate it."],
+                   " I appreciate it.", " Much appreciated.", " Thanks a lot!",
+                   " Thank you kindly.", " Have a nice day."],
          "heldout": [" Much obliged.", " Many thanks in advance."]}
 CORES = {
     "weather": ["What's the weather in {city} for the next {days} days? Use {unit}.",

@@ -176,7 +176,17 @@ WORD_PROBLEMS = {
         "{name} ate {b} of the {a} {things}. How many are still there?",
         "Subtract {b} from {a}.", "{a} minus {b}?", "How much is {a} less {b}?",
         "A jar had {a} {things}; {b} were taken out. How many are in the jar?",
-        "{a} {things} were made and {b} were sold. How many were not sold?"],
+        "{a} {things} were made and {b} were sold. How many were not sold?",
+        # "difference" and the larger number second (eighteenth session, from step 6517's
+        # held-out misses: "What's the difference between 596 and 214?" answered 810, the sum,
+        # in 5 of 30 cases; "read 688 of the 712 pages" answered 719): the word in other
+        # frames, never the held-out "difference between"
+        "Find the difference of {a} and {b}.", "Difference of {a} and {b}?",
+        "{a} and {b}: what is their difference?", "How much more is {a} than {b}?",
+        "By how much does {a} exceed {b}?", "What is the gap from {b} up to {a}?",
+        "Of the {a} seats, {b} are taken. How many are free?",
+        "{b} of {a} tickets are sold. How many remain?",
+        "{name} has done {b} of the {a} tasks. How many are still to do?"],
     ("heldout", "+"): [
         "{name} has {a} {things} and finds {b} more. How many does {pron} have now?",
         "A library owns {a} books and buys {b} more. How many books does it own now?",
