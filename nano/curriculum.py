@@ -66,12 +66,12 @@ LEADS = {"train": ["", "", "Hi! ", "Quick question: ", "Please help. ", "Hello. 
                    # natural openings (eighteenth session: step 6517 answered 5 of its 12
                    # held-out arithmetic misses with a tool call or a refusal after "Good
                    # morning!" or "Sorry to bother you.", openings it had never seen)
-                   "Good afternoon! ", "Excuse me, ", "Hello there. ", "Also, ", "Next: ",
+                   "Good evening! ", "Excuse me, ", "Hello there. ", "Also, ", "Next: ",
                    "Apologies for asking again. ", "Hey there! ", "Another one: "],
          "heldout": ["Good morning! ", "One more thing: ", "Sorry to bother you. "]}
-TAILS = {"train": ["", "", " Thanks.", " Thank you!", " Please be quick.", " Cheers.",
-                   " I appreciate it.", " Much appreciated.", " Thanks a lot!",
-                   " Thank you kindly.", " Have a nice day."],
+TAILS = {"train": ["", "", " Thanks.", " Thank you!", " Please be quick.", " Thanks, friend.",
+                   " I appreciate it.", " Thanks heaps.", " Thanks a lot!",
+                   " Grateful for the help.", " Have a nice day."],
          "heldout": [" Much obliged.", " Many thanks in advance."]}
 CORES = {
     "weather": ["What's the weather in {city} for the next {days} days? Use {unit}.",

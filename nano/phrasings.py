@@ -43,7 +43,13 @@ GREETINGS = {
     "who": {"train": ["Who are you?", "What can you do?", "What are you?", "Help",
                       "What do you do?", "What are your skills?", "help me", "What is this?",
                       "What can I ask you?", "How can you help me?", "Are you a bot?",
-                      "What are you good at?", "Show me what you can do.", "Who made you?"],
+                      "What are you good at?", "Show me what you can do.", "Who made you?",
+                      # "yourself" and "able" in other sentences (eighteenth session: step 6517
+                      # refused the held-out "Tell me about yourself." 4 times in 4 and called
+                      # get_weather for "What are you able to do?")
+                      "Describe yourself.", "Say a few words about yourself.",
+                      "What are you capable of?", "Which tasks can you handle?",
+                      "Are you able to help me?", "What kind of assistant are you?"],
             "heldout": ["Tell me about yourself.", "What are you able to do?",
                         "Introduce yourself."]},
     "thanks": {"train": ["Thanks", "Thank you!", "thx", "Thanks a lot.", "Great, thanks!",
@@ -52,7 +58,8 @@ GREETINGS = {
                "heldout": ["Cheers!", "Much appreciated.", "Thank you kindly."]},
     "bye": {"train": ["Bye", "Goodbye!", "See you", "bye!", "Good night", "That's all, bye.",
                       "See you soon!", "Bye for now.", "I'm done, goodbye.", "Later!",
-                      "Have a nice day!", "cya"],
+                      "Have a nice day!", "cya", "Take care!", "So long.", "Until next time!",
+                      "Bye bye", "Goodnight, thanks for the help."],
             "heldout": ["Farewell.", "Catch you later!", "Talk soon."]},
 }
 

@@ -54,6 +54,26 @@ def test_no_template_of_one_split_produces_a_sentence_of_the_other(theirs, ours)
             assert not hits, f"{ours} {t!r} -> {s!r} is produced by {theirs} {hits}"
 
 
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"[a-z']+", text.lower()))
+
+
+def test_no_training_opening_or_closing_holds_a_held_out_sentence():
+    """The openings and closings around training requests (curriculum.LEADS / TAILS) are
+    sentences of their own: none may say a held-out greeting ("Good afternoon.", "Much
+    appreciated." were about to be added as a closing, 2026-12-05) or a held-out opening or
+    closing."""
+    held = {_words(t) for table in ph.TABLES.values() for t in table["heldout"]
+            if "{" not in t} | {_words(t) for t in cur.LEADS["heldout"] + cur.TAILS["heldout"]}
+    held.discard("")
+    for piece in cur.LEADS["train"] + cur.TAILS["train"]:
+        w = _words(piece)
+        if w:
+            # whole words: "hi" is no part of "one more thing"
+            assert not [h for h in held if f" {h} " in f" {w} "], \
+                (piece, [h for h in held if f" {h} " in f" {w} "])
+
+
 def test_the_eval_asks_nothing_a_training_template_produces():
     patterns = [(t, ph.pattern(t)) for t in _templates("train")]
     cases = evals.build_cases(("phrasing",), 60)
