@@ -147,7 +147,12 @@ CONVERT = {
     "train": ["How many {dst} are {value} {src}?", "What's {value} {src} in {dst}?",
               "{value} {src} in {dst}?", "Turn {value} {src} into {dst}.",
               "convert {value} {src} to {dst}", "{value} {src} to {dst} please",
-              "Can you convert {value} {src} into {dst}?"],
+              "Can you convert {value} {src} into {dst}?",
+              # more verbs around "value src ... dst" (eighteenth session: step 6517 swapped the
+              # units of 3 held-out conversions, "Express 99 meters as ft" from ft)
+              "Write {value} {src} as {dst}.", "Change {value} {src} into {dst}.",
+              "{value} {src} equals how many {dst}?", "I want {value} {src} changed to {dst}.",
+              "What does {value} {src} make in {dst}?"],
     "heldout": ["How much is {value} {src} in {dst}?", "Express {value} {src} as {dst}.",
                 "I need {value} {src} converted to {dst}.",
                 "What do {value} {src} come to in {dst}?"],
