@@ -241,8 +241,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     @app.get("/metrics")
     async def prometheus():
         _ready()
-        data, kind = state["metrics"].render()
-        return Response(data, media_type=kind)
+        data, media = state["metrics"].render()
+        return Response(data, media_type=media)
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -47,10 +47,10 @@ def plain_prefill_lines(write: Callable[[str], None] | None = None,
                         every_s: float | None = None,
                         clock: Callable[[], float] = time.monotonic):
     """A `prefill_progress` hook for output that is not a terminal: one plain line through
-    `write` (default: to stderr, flushed) ("prompt: 4,096 of 21,230 tokens prefilled (19%), 12 s") once a prompt's prefill
-    has run `every_s` seconds (default PLAIN_EVERY_S), and at most one per `every_s` after that;
-    nothing for a prefill that ends sooner. Returns hook(req, done, total) (done, total:
-    prompt tokens)."""
+    `write` (default: to stderr, flushed), "prompt: 4,096 of 21,230 tokens prefilled (19%),
+    12 s", once a prompt's prefill has run `every_s` seconds (default PLAIN_EVERY_S), and at
+    most one per `every_s` after that; nothing for a prefill that ends sooner. Returns
+    hook(req, done, total) (done, total: prompt tokens)."""
     write = write or _stderr_line
     every_s = PLAIN_EVERY_S if every_s is None else every_s
     state = {"start": None, "next": None}
@@ -79,8 +79,8 @@ def prefill_bar(engine, enabled: bool, terminal: bool | None = None) -> Iterator
     progress on stderr (the Engine's `prefill_progress` hook): on a terminal a transient bar
     ("prompt", tokens prefilled / prompt tokens), removed when its prefill ends, before the
     answer streams; elsewhere (a log, a pipe) plain lines, the first after PLAIN_EVERY_S
-    seconds of prefill (`plain_prefill_lines`). Nothing when `enabled` is False (--no-progress)
-    or for a prompt of one chunk. `terminal`: whether stderr is a terminal (default: asked)."""
+    seconds of prefill (`plain_prefill_lines`). Nothing when `enabled` is False or for a prompt
+    of one chunk. `terminal`: whether stderr is a terminal (default: asked)."""
     if not enabled:
         yield
         return
