@@ -183,13 +183,15 @@ def _session(llm, inputs, max_tokens=6, **kw):
 
 def test_chat_session_save_reset_exit(tiny_llm, tmp_path):
     path = tmp_path / "t.json"
-    s, console = _session(tiny_llm, ["hello", f"/save {path}", "/reset",
-                                     f"/save {tmp_path / 'no' / 'x.json'}", "/exit"])
+    s, console = _session(tiny_llm, ["hello", f"/save {path}",
+                                     f"/save {tmp_path / 'no' / 'x.json'}", "/reset",
+                                     f"/save {path}", "/exit"])
     assert s.run() == 0
     saved = json.loads(path.read_text())["messages"]
     assert [m["role"] for m in saved] == ["user", "assistant"]
     assert s.messages == []
-    assert "does not exist" in console.file.getvalue()
+    out = console.file.getvalue()
+    assert "does not exist" in out and "nothing to save yet" in out
     assert not tiny_llm.engine.has_work
 
 
