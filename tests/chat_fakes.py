@@ -44,3 +44,16 @@ class FakeLLM:
 
     def stream_chat(self, *args, **kwargs):
         return FakeStream(self.reasoning, self.content, self.delay_s)
+
+
+def script_chat_output(monkeypatch, llm, ids: list[int]) -> None:
+    """Every chat request of the real `llm` writes `ids` (Request.force) instead of sampling:
+    a model's output chosen token by token, through the real engine and parsers."""
+    original = type(llm)._chat_request
+
+    def scripted(self, *a, **kw):
+        req = original(self, *a, **kw)
+        req.force(ids)
+        return req
+
+    monkeypatch.setattr(type(llm), "_chat_request", scripted)

@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from chat_fakes import script_chat_output
 from greedy_match import assert_greedy_match
 
 from flint_graph.runtime.engine_config import EngineConfig
@@ -826,14 +827,7 @@ def test_a_tool_loop_step_after_an_empty_or_cut_reply_resumes(tiny_ckpt, monkeyp
 
     llm = LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(max_slots=2))
     ids = llm.tokenizer.encode_segments([(reply, False)])
-    original = type(llm)._chat_request
-
-    def scripted(self, *a, **kw):
-        req = original(self, *a, **kw)
-        req.force(ids)
-        return req
-
-    monkeypatch.setattr(type(llm), "_chat_request", scripted)
+    script_chat_output(monkeypatch, llm, ids)
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
         "type": "object", "properties": {"key": {"type": "string"}}}}}]
     msgs = [{"role": "system", "content": "You look values up. " * 20},

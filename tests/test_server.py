@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from chat_fakes import script_chat_output
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -541,18 +542,6 @@ SCRIPTS = {  # what the model "writes" (forced token by token), and the expected
 }
 
 
-def _script_chat_output(monkeypatch, llm, ids: list[int]) -> None:
-    """Every chat request of `llm` writes `ids` (Request.force) instead of sampling."""
-    original = type(llm)._chat_request
-
-    def scripted(self, *a, **kw):
-        req = original(self, *a, **kw)
-        req.force(ids)
-        return req
-
-    monkeypatch.setattr(type(llm), "_chat_request", scripted)
-
-
 @pytest.mark.parametrize("case", list(SCRIPTS))
 def test_scripted_outputs_stream_as_the_contract_says(server, client, monkeypatch, case):
     """The issue's streaming cases, through the real engine and socket: the model's output is
@@ -565,7 +554,7 @@ def test_scripted_outputs_stream_as_the_contract_says(server, client, monkeypatc
     text, reasoning, calls = SCRIPTS[case]
     ids = llm.tokenizer.encode_segments([(text, False)])
     ids.append(llm.tokenizer.token_id("<|observation|>"))
-    _script_chat_output(monkeypatch, llm, ids)
+    script_chat_output(monkeypatch, llm, ids)
     body = dict(model=MODEL, messages=[{"role": "user", "content": "go"}], tools=SCRIPT_TOOLS,
                 max_tokens=len(ids) + 5, temperature=0)
     whole = client.chat.completions.create(**body).choices[0]
@@ -603,7 +592,7 @@ def test_output_ending_inside_reasoning_streams_and_returns_one_reading(
     llm = server[0]
     ids = llm.tokenizer.encode_segments([("457 + 368 is 825", False)])
     ids.append(llm.tokenizer.token_id("<|user|>"))
-    _script_chat_output(monkeypatch, llm, ids)
+    script_chat_output(monkeypatch, llm, ids)
     body = dict(model=MODEL, messages=[{"role": "user", "content": "What is 457 plus 368?"}],
                 max_tokens=len(ids) + 5, temperature=0, stop=stop)
     whole = client.chat.completions.create(**body).choices[0]
@@ -628,7 +617,7 @@ def test_a_streamed_call_cut_off_is_withdrawn_in_the_stream(server, client, monk
     text = "</think><tool_call>write_file<arg_key>path</arg_key><arg_value>a.html</arg_value>"
     ids = llm.tokenizer.encode_segments([(text + "<arg_key>content</arg_key><arg_value>x"
                                           "</arg_value></tool_call>", False)])
-    _script_chat_output(monkeypatch, llm, ids)
+    script_chat_output(monkeypatch, llm, ids)
     n = len(llm.tokenizer.encode_segments([(text, False)]))
     body = dict(model=MODEL, messages=[{"role": "user", "content": "go"}], tools=SCRIPT_TOOLS,
                 temperature=0, **({"max_tokens": n} if cut == "max_tokens" else
@@ -796,7 +785,7 @@ def test_a_client_that_leaves_while_nothing_streams_is_dropped(server, monkeypat
         {"properties": {"v": {"type": "string"}}}, {"properties": {"w": {"type": "integer"}}}]}}}]
     ids = llm.tokenizer.encode_segments([("</think><tool_call>pick<arg_key>v</arg_key>"
                                           "<arg_value>" + "a " * 1500, False)])
-    _script_chat_output(monkeypatch, llm, ids)
+    script_chat_output(monkeypatch, llm, ids)
     step = llm.engine.step
 
     def slow_step():  # ~10 s for the whole script: it must be cut short, not finish
