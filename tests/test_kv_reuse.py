@@ -846,3 +846,31 @@ def test_a_tool_loop_step_after_an_empty_or_cut_reply_resumes(tiny_ckpt, monkeyp
                  {"role": "tool", "content": f"value {step}"}]
     for (before, _), (_, cached) in zip(prompts, prompts[1:]):
         assert cached >= before - 1, prompts
+
+
+def test_an_abort_before_a_resumed_requests_first_chunk_keeps_no_wrong_ring(llms, monkeypatch):
+    """A request resumed one token before a snapshot (its rings restored from the snapshot at
+    P, its cached tokens P - 1) and aborted before its first chunk: its live rings are those
+    of position P, not P - 1, so keeping it as a sequence of P - 1 tokens would serve a resume
+    at P - 2 from a ring missing a key it needs (and holding a later one). Only a request
+    that prefilled a chunk of its own keeps its prefix; the next prompt here matches a cold
+    start, log-probability for log-probability."""
+    on, off = llms
+    eng = on.engine
+    eng.drop_retained()
+    rng = random.Random(7)
+    a = [rng.randrange(3, 200) for _ in range(60)]
+    params = SamplingParams(temperature=0.0, max_tokens=3, logprobs=True)
+    on.generate([a], params)  # retained: a + 2 output ids, a snapshot at 60
+    b = a[:59] + [201] + [rng.randrange(3, 200) for _ in range(20)]
+    req = on._request(b, params, None)
+    eng.add(req)
+    monkeypatch.setattr(eng.pacer, "budget", lambda decoding, start=0, chunk=None: 0)
+    eng.step()  # admitted (rings from the snapshot at 60, 59 cached), no chunk prefilled
+    assert req in eng.prefilling and req.cached_tokens == 59
+    eng.abort(req)
+    monkeypatch.undo()
+    c = b[:58] + [202] + [rng.randrange(3, 200) for _ in range(20)]
+    got, want = on.generate([c], params)[0], off.generate([c], params)[0]
+    assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
+    eng.drop_retained()

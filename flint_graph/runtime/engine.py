@@ -581,9 +581,11 @@ class Engine:
         # Aborted mid-prefill (a client that left or timed out, between steps): the chunks
         # done are whole (a chunk cut by Ctrl-C restarts the prefill, `_restart_prefill`), so
         # that prefix is kept, and the same prompt sent again resumes there instead of from 0.
+        # Only after a chunk of its own: until then a resumed request's live rings may be those
+        # of the snapshot it resumed one token before, a position past its cached tokens.
         partial = (self.prefix_cache.capacity and req in self.prefilling and not req.errors
                    and req.finish_reason in (None, "abort")
-                   and self._prefilled.get(req.id, 0) > 0)
+                   and self._prefilled.get(req.id, 0) > req.cached_tokens)
         if (self.prefix_cache.capacity and reuse_log.isEnabledFor(logging.DEBUG) and not keep
                 and not partial):
             reuse_log.debug("request %s not retained (finish %s, errors %d, running %s, "
