@@ -848,20 +848,25 @@ def test_a_tool_loop_step_after_an_empty_or_cut_reply_resumes(tiny_ckpt, monkeyp
         assert cached >= before - 1, prompts
 
 
-def test_an_abort_before_a_resumed_requests_first_chunk_keeps_no_wrong_ring(llms, monkeypatch):
-    """A request resumed one token before a snapshot (its rings restored from the snapshot at
-    P, its cached tokens P - 1) and aborted before its first chunk: its live rings are those
-    of position P, not P - 1, so keeping it as a sequence of P - 1 tokens would serve a resume
-    at P - 2 from a ring missing a key it needs (and holding a later one). Only a request
-    that prefilled a chunk of its own keeps its prefix; the next prompt here matches a cold
-    start, log-probability for log-probability."""
+@pytest.mark.parametrize("first_tokens", [3, 1], ids=["snapshot", "live-ring"])
+def test_an_abort_before_a_resumed_requests_first_chunk_keeps_no_wrong_ring(llms, monkeypatch,
+                                                                           first_tokens):
+    """A request resumed one token before the end of what it reuses (its rings restored from
+    the snapshot at P, or the live rings of a sequence of P tokens; its cached tokens P - 1)
+    and aborted before its first chunk: its rings are those of position P, not P - 1, so
+    keeping it as a sequence of P - 1 tokens would serve a resume at P - 2 from a ring missing
+    a key it needs (and holding a later one). Only a request that prefilled a chunk of its own
+    keeps its prefix; the next prompt here matches a cold start, log-probability for
+    log-probability. (The live-ring form is a bad-input trial's, 2026-12-05: a request
+    admitted while another prompt took the step's prefill budget, its client gone.)"""
     on, off = llms
     eng = on.engine
     eng.drop_retained()
     rng = random.Random(7)
     a = [rng.randrange(3, 200) for _ in range(60)]
     params = SamplingParams(temperature=0.0, max_tokens=3, logprobs=True)
-    on.generate([a], params)  # retained: a + 2 output ids, a snapshot at 60
+    # retained: a and its output ids but the last, with a snapshot at 60
+    on.generate([a], SamplingParams(temperature=0.0, max_tokens=first_tokens))
     b = a[:59] + [201] + [rng.randrange(3, 200) for _ in range(20)]
     req = on._request(b, params, None)
     eng.add(req)
