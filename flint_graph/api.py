@@ -183,11 +183,11 @@ class LLM:
                 checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)
                 self._start(checkpoint, engine, time.perf_counter() - t0)
                 return
-            except CheckpointError as e:
+            except (CheckpointError, ConfigError) as e:
                 # The unpacked copy is checked by its files' sizes only; a file damaged in
-                # place (a bad-input trial flipped bytes in a shard and in tokenizer.json) made
-                # every later run fail on a path the user never named. The package still holds
-                # the original: unpack it again, once.
+                # place (bad-input trials flipped bytes in a shard, tokenizer.json, config.json
+                # and generation_config.json) made every later run fail on a path the user
+                # never named. The package still holds the original: unpack it again, once.
                 if attempt or hf_config_path is not None:
                     raise
                 print(f"flint-graph: the unpacked flint-nano did not load ({e}); unpacking "
@@ -216,6 +216,11 @@ class LLM:
         # the caller's: a cut-off, Request.end_ids)
         self._end_ids = list(SamplingParams().with_defaults(self.generation_config)
                              .stop_token_ids) or list(self.tokenizer.chat_stop_ids)
+        bad = [t for t in self._end_ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:  # at start-up, named as the file's: every request would fail on it
+            raise CheckpointError(
+                f"{self.checkpoint.config_dir / 'generation_config.json'}: eos_token_id "
+                f"{bad[0]} outside [0, vocab_size = {self.cfg.vocab_size}) of config.json")
         if self.tokenizer.vocab_size > self.cfg.vocab_size:
             raise CheckpointError(
                 f"{self.checkpoint.config_dir / 'tokenizer.json'}: the tokenizer has "

@@ -106,3 +106,30 @@ def test_a_copy_damaged_in_place_is_unpacked_again_by_llm(packaged, capsys, dama
     assert llm.generate(["hi"], SamplingParams(max_tokens=2))[0].finish_reason == "length"
     LLM(device="cpu", progress=False, engine="reference")  # the fresh copy: no second unpack
     assert "unpacking" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["config", "generation_config"])
+def test_damaged_side_files_of_the_default_are_unpacked_again(packaged, capsys, damage):
+    """A second bad-input trial (2026-12-05): same-size damage to the unpacked config.json
+    ("flint" -> "flinx") raised ConfigError, which the repair did not catch, and a bad
+    eos_token_id in generation_config.json surfaced only per request, blamed on the caller."""
+    from flint_graph import LLM, SamplingParams
+
+    d = embedded.ensure_nano_checkpoint(progress=False)
+    capsys.readouterr()
+    if damage == "config":
+        path, old, new = d / "config.json", b'"flint"', b'"flinx"'
+    else:
+        path = d / "generation_config.json"
+        import re
+
+        m = re.search(rb'"eos_token_id": \[?\s*(\d+)', path.read_bytes())
+        old = m.group(0)
+        new = old[:-len(m.group(1))] + b"9" * len(m.group(1))
+    data = path.read_bytes()
+    assert old in data
+    path.write_bytes(data.replace(old, new, 1))
+    llm = LLM(device="cpu", progress=False, engine="reference")
+    err = capsys.readouterr().err
+    assert "did not load" in err and "unpacking it again" in err
+    assert llm.generate(["hi"], SamplingParams(max_tokens=2))[0].finish_reason == "length"

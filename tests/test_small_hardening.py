@@ -455,3 +455,22 @@ def test_an_unreadable_file_in_a_directory_is_not_taken_for_the_checkpoint(tmp_p
     monkeypatch.setattr(Path, "open", fail)
     with pytest.raises(CheckpointError, match=r"no config\.json"):
         load_checkpoint(tmp_path)
+
+
+def test_a_generation_config_eos_id_outside_the_vocabulary_is_the_files(tiny_ckpt, tmp_path):
+    """A bad-input trial (2026-12-05): eos_token_id 9999 in generation_config.json (vocab
+    4,096) let the model load, then every request failed with "stop_token_ids: id 9999
+    outside ..." though the caller passed none. It is refused at start-up, naming the file."""
+    import json
+    import shutil
+
+    from flint_graph import LLM
+
+    copy = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, copy)
+    gen = json.loads((copy / "generation_config.json").read_text())
+    gen["eos_token_id"] = 9999
+    (copy / "generation_config.json").write_text(json.dumps(gen))
+    with pytest.raises(CheckpointError, match=r"generation_config.json: eos_token_id 9999 "
+                                              r"outside \[0, vocab_size = \d+\)"):
+        LLM(copy, device="cpu", progress=False)
