@@ -4,6 +4,7 @@ seconds with nothing on the screen): the Engine's `prefill_progress` hook after 
 chat's live region. The answer is the same with and without the hook."""
 
 import io
+import time
 
 import pytest
 from rich.console import Console
@@ -83,34 +84,63 @@ def test_prefill_bar_installs_and_removes_its_hook(monkeypatch):
     assert eng.prefill_progress is None and len(consoles) == 1
 
 
-def test_plain_lines_come_after_ten_seconds_and_then_at_most_every_ten():
-    """Where stderr is not a terminal (a log, a pipe), a long prefill writes plain lines: the
-    first once it has run PLAIN_EVERY_S (10 s), then at most one per 10 s, none at its end, and
-    none at all for a prefill that ends sooner (a new user's piped 21K-token prompt prefilled
-    for 194 s on 2 cores with nothing shown)."""
-    lines, now = [], [0.0]
-    hook = progress.plain_prefill_lines(lines.append, clock=lambda: now[0])
-    for t, done in ((0, 0), (4, 2048), (9.9, 4096), (10.5, 6144), (15, 8192), (21, 10240),
-                    (40, 12288), (45, 21230)):
-        now[0] = t
-        hook(None, done, 21230)
-    assert lines == ["prompt: 6,144 of 21,230 tokens prefilled (28%), 10 s\n",
-                     "prompt: 10,240 of 21,230 tokens prefilled (48%), 21 s\n",
-                     "prompt: 12,288 of 21,230 tokens prefilled (57%), 40 s\n"]
-    lines.clear()
-    for t, done in ((100, 0), (103, 2048), (109, 4096)):  # the next prompt: 9 s in all
-        now[0] = t
-        hook(None, done, 4096)
-    assert lines == []
+def test_plain_lines_come_on_a_timer_after_ten_seconds_until_the_prefill_ends():
+    """Where stderr is not a terminal (a log, a pipe), a long prefill writes plain lines from a
+    timer: the first once it has run PLAIN_EVERY_S, then one every PLAIN_EVERY_S whether or
+    not a chunk ended (a new user's trial: lines written only at chunk ends came 18 s apart
+    and never during the last chunk), none after it ends, none for one that ends sooner.
+    Here on a clock the test moves: 10 s per tick of the timer's sleep."""
+    import threading
+
+    lines, now, ticked = [], [0.0], threading.Event()
+
+    def write(text):
+        lines.append(text)
+        ticked.set()
+
+    hook = progress.plain_prefill_lines(write, every_s=0.02, clock=lambda: now[0])
+    try:
+        hook(None, 0, 21230)
+        hook(None, 2048, 21230)
+        now[0] = 0.019  # not yet
+        time.sleep(0.1)
+        assert lines == []
+        now[0] = 0.021
+        assert ticked.wait(2)
+        assert lines == ["prompt: 2,048 of 21,230 tokens prefilled (9%), 0 s\n"]
+        ticked.clear()
+        now[0] = 0.05  # no chunk ended: a line all the same, with the time
+        assert ticked.wait(2)
+        assert lines[-1].startswith("prompt: 2,048 of 21,230 tokens prefilled")
+        hook(None, 21230, 21230)  # the prefill ended: no more lines
+        n = len(lines)
+        now[0] = 1.0
+        time.sleep(0.1)
+        assert len(lines) == n
+        hook(None, 0, 4096)  # the next prompt, ending within the interval: none
+        now[0] = 1.01
+        hook(None, 4096, 4096)
+        now[0] = 2.0
+        time.sleep(0.1)
+        assert len(lines) == n
+    finally:
+        hook.close()
 
 
 def test_piped_generate_and_chat_write_plain_progress_lines(chunked_llm, monkeypatch, capsys):
     """`generate` (stderr not a terminal) and the piped chat install the plain-line hook; with
-    its interval at 0 every chunk of a long prompt gets a line on stderr, and stdout (the
-    answer, `--json`) gets none."""
+    its interval at 10 ms and chunks of 30 ms a long prompt gets lines on stderr, stdout (the
+    answer, `--json`) none, and the timer is stopped afterwards."""
     from flint_graph.terminal.chat_cli import ChatSession
 
-    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 0.0)
+    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 0.01)
+    step = chunked_llm.engine.step
+
+    def slow_step():  # each 16-token chunk takes longer than the interval
+        time.sleep(0.03)
+        return step()
+
+    monkeypatch.setattr(chunked_llm.engine, "step", slow_step)
     params = SamplingParams(temperature=0.0, max_tokens=2)
     with progress.prefill_bar(chunked_llm.engine, enabled=True, terminal=False):
         chunked_llm.generate([PROMPT], params)

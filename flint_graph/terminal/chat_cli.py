@@ -450,11 +450,11 @@ class ChatSession:
         region = (Live(console=self.console, refresh_per_second=12, transient=True,
                        get_renderable=lambda: self._live_view(live))
                   if self.console.is_terminal else contextlib.nullcontext())
-        engine = self.llm.engine
+        engine, plain = self.llm.engine, None
         if self.console.is_terminal:  # a long prompt's prefill shows its progress in the region
             engine.prefill_progress = lambda req, done, total: live.update(prompt=(done, total))
         else:  # piped: plain lines on stderr while a long prompt prefills (terminal/progress.py)
-            engine.prefill_progress = plain_prefill_lines()
+            engine.prefill_progress = plain = plain_prefill_lines()
         with region:
             try:
                 for d in stream:
@@ -466,6 +466,8 @@ class ChatSession:
                 stopped = True
             finally:
                 engine.prefill_progress = None
+                if plain is not None:
+                    plain.close()
         # The final split can differ from the streamed one (e.g. the model stopped without
         # closing </think>: that text becomes the answer), so print from the message.
         msg = stream.message

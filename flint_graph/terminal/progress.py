@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -43,29 +44,66 @@ def progress_bar(enabled: bool, label: str, total: int,
         yield lambda n: bar.advance(task, n)
 
 
+class PlainPrefillLines:
+    """A `prefill_progress` hook for output that is not a terminal: while a prompt prefills,
+    a background timer writes one plain line through `write` (default: to stderr, flushed),
+    "prompt: 4,096 of 21,230 tokens prefilled (19%), 12 s", once the prefill has run `every_s`
+    seconds (default PLAIN_EVERY_S) and every `every_s` after that, whether or not a chunk
+    ended meanwhile (a chunk of a long prompt on 2 CPU cores takes 10-20 s: lines written only
+    at chunk ends came 18 s apart and never during the last one, a new user's trial); nothing
+    for a prefill that ends sooner. Call it as hook(req, done, total) (prompt tokens; the
+    engine does after each chunk, and with 0 first); `close()` stops the timer."""
+
+    def __init__(self, write: Callable[[str], None] | None = None,
+                 every_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+        self._write = write or _stderr_line
+        self._every = PLAIN_EVERY_S if every_s is None else every_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state: list | None = None  # [start, last line, done, total] of the prefill
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, req, done: int, total: int) -> None:
+        with self._lock:
+            if done >= total:
+                self._state = None
+                return
+            if self._state is None or done == 0:
+                now = self._clock()
+                self._state = [now, now, done, total]
+            else:
+                self._state[2:] = [done, total]
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="prefill-progress",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, max(0.01, self._every / 4))):
+            with self._lock:
+                now, st = self._clock(), self._state
+                if st is None or now - st[1] < self._every:
+                    continue
+                st[1] = now
+                line = (f"prompt: {st[2]:,} of {st[3]:,} tokens prefilled "
+                        f"({100 * st[2] // st[3]}%), {now - st[0]:.0f} s\n")
+            self._write(line)
+
+    def close(self) -> None:
+        """Stop the timer (no line after this returns)."""
+        self._stop.set()
+        with self._lock:
+            self._state = None
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+
 def plain_prefill_lines(write: Callable[[str], None] | None = None,
                         every_s: float | None = None,
-                        clock: Callable[[], float] = time.monotonic):
-    """A `prefill_progress` hook for output that is not a terminal: one plain line through
-    `write` (default: to stderr, flushed), "prompt: 4,096 of 21,230 tokens prefilled (19%),
-    12 s", once a prompt's prefill has run `every_s` seconds (default PLAIN_EVERY_S), and at
-    most one per `every_s` after that; nothing for a prefill that ends sooner. Returns
-    hook(req, done, total) (done, total: prompt tokens)."""
-    write = write or _stderr_line
-    every_s = PLAIN_EVERY_S if every_s is None else every_s
-    state = {"start": None, "next": None}
-
-    def hook(req, done: int, total: int) -> None:
-        now = clock()
-        if done == 0 or state["start"] is None:  # a new prefill (or the hook's first call)
-            state["start"], state["next"] = now, now + every_s
-        if done == 0 or done >= total or now < state["next"]:
-            return
-        state["next"] = now + every_s
-        write(f"prompt: {done:,} of {total:,} tokens prefilled ({100 * done // total}%), "
-              f"{now - state['start']:.0f} s\n")
-
-    return hook
+                        clock: Callable[[], float] = time.monotonic) -> PlainPrefillLines:
+    """A `PlainPrefillLines` hook (its arguments); `close()` it when done."""
+    return PlainPrefillLines(write, every_s, clock)
 
 
 def _stderr_line(text: str) -> None:
@@ -85,11 +123,12 @@ def prefill_bar(engine, enabled: bool, terminal: bool | None = None) -> Iterator
         yield
         return
     if not (sys.stderr.isatty() if terminal is None else terminal):
-        engine.prefill_progress = plain_prefill_lines()
+        engine.prefill_progress = hook = plain_prefill_lines()
         try:
             yield
         finally:
             engine.prefill_progress = None
+            hook.close()
         return
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
