@@ -231,8 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "goes to stderr, the answer to stdout.")
     _model_args(gen)
     gen.add_argument("--prompt", metavar="TEXT",
-                     help="prompt text (default: read from stdin, as UTF-8, less one "
-                          "trailing line end and a leading byte-order mark)")
+                     help="prompt text; stdin is then not read (default: read from stdin, "
+                          "as UTF-8, less one trailing line end and a leading byte-order "
+                          "mark)")
     gen.add_argument("--raw", action="store_true",
                      help="send the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true",
