@@ -98,7 +98,7 @@ def test_plain_lines_come_on_a_timer_after_ten_seconds_until_the_prefill_ends():
         lines.append(text)
         ticked.set()
 
-    hook = progress.plain_prefill_lines(write, every_s=0.02, clock=lambda: now[0])
+    hook = progress.PlainPrefillLines(write, every_s=0.02, clock=lambda: now[0])
     try:
         hook(None, 0, 21230)
         hook(None, 2048, 21230)

@@ -72,8 +72,8 @@ def check_data(value: Any, field: str, depth: int = 0) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         # JSON has no NaN or Infinity (Python's json module writes them as bare words, which
         # then reach the prompt as `"maximum": NaN`): not JSON data
-        raise InvalidRequestError(f"{field}: {shown(value)} is not a JSON number; expected a finite "
-                                  "number")
+        raise InvalidRequestError(f"{field}: {shown(value)} is not a JSON number; expected a "
+                                  "finite number")
     if value is None or isinstance(value, (bool, int, float)):
         return
     if depth >= MAX_NESTING:

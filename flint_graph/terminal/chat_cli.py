@@ -29,7 +29,7 @@ from rich.text import Text
 
 from flint_graph.errors import ContextLengthError, FlintError, not_utf8
 from flint_graph.terminal.live_text import printable, tail_lines
-from flint_graph.terminal.progress import plain_prefill_lines
+from flint_graph.terminal.progress import prefill_bar
 
 __all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
 
@@ -450,12 +450,14 @@ class ChatSession:
         region = (Live(console=self.console, refresh_per_second=12, transient=True,
                        get_renderable=lambda: self._live_view(live))
                   if self.console.is_terminal else contextlib.nullcontext())
-        engine, plain = self.llm.engine, None
-        if self.console.is_terminal:  # a long prompt's prefill shows its progress in the region
+        engine = self.llm.engine
+        # a long prompt's prefill shows its progress in the region on a terminal; piped, as
+        # plain lines on stderr (terminal/progress.py, as `generate` does)
+        piped = contextlib.nullcontext() if self.console.is_terminal else \
+            prefill_bar(engine, True, terminal=False)
+        if self.console.is_terminal:
             engine.prefill_progress = lambda req, done, total: live.update(prompt=(done, total))
-        else:  # piped: plain lines on stderr while a long prompt prefills (terminal/progress.py)
-            engine.prefill_progress = plain = plain_prefill_lines()
-        with region:
+        with region, piped:
             try:
                 for d in stream:
                     live["reasoning"] += d.reasoning
@@ -466,8 +468,6 @@ class ChatSession:
                 stopped = True
             finally:
                 engine.prefill_progress = None
-                if plain is not None:
-                    plain.close()
         # The final split can differ from the streamed one (e.g. the model stopped without
         # closing </think>: that text becomes the answer), so print from the message.
         msg = stream.message

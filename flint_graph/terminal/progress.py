@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 
 # a prefill whose progress is written as plain lines (stderr not a terminal: a log, a pipe) gets
-# its first line after this many seconds and one more at most this often: nothing for prompts
-# that take less, and a few lines for one that takes minutes (on 2 CPU cores a 21K-token
+# its first line after this many seconds and one more this often: nothing for prompts that
+# take less, and a few lines for one that takes minutes (on 2 CPU cores a 21K-token
 # prompt prefilled for 194 s with nothing shown: a new user's trial, 2026-12-05)
 PLAIN_EVERY_S = 10.0
 
@@ -99,13 +99,6 @@ class PlainPrefillLines:
             self._thread.join(timeout=2)
 
 
-def plain_prefill_lines(write: Callable[[str], None] | None = None,
-                        every_s: float | None = None,
-                        clock: Callable[[], float] = time.monotonic) -> PlainPrefillLines:
-    """A `PlainPrefillLines` hook (its arguments); `close()` it when done."""
-    return PlainPrefillLines(write, every_s, clock)
-
-
 def _stderr_line(text: str) -> None:
     sys.stderr.write(text)
     sys.stderr.flush()
@@ -117,13 +110,13 @@ def prefill_bar(engine, enabled: bool, terminal: bool | None = None) -> Iterator
     progress on stderr (the Engine's `prefill_progress` hook): on a terminal a transient bar
     ("prompt", tokens prefilled / prompt tokens), removed when its prefill ends, before the
     answer streams; elsewhere (a log, a pipe) plain lines, the first after PLAIN_EVERY_S
-    seconds of prefill (`plain_prefill_lines`). Nothing when `enabled` is False or for a prompt
+    seconds of prefill (`PlainPrefillLines`). Nothing when `enabled` is False or for a prompt
     of one chunk. `terminal`: whether stderr is a terminal (default: asked)."""
     if not enabled:
         yield
         return
     if not (sys.stderr.isatty() if terminal is None else terminal):
-        engine.prefill_progress = hook = plain_prefill_lines()
+        engine.prefill_progress = hook = PlainPrefillLines()
         try:
             yield
         finally:
