@@ -548,3 +548,21 @@ def test_save_with_nothing_to_save_says_so_and_a_tool_chat_keeps_its_tools(tiny_
     assert "nothing to save yet" in out and "do not begin with" not in out
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["tools"] == tools and [m["role"] for m in saved["messages"]][0] == "user"
+
+
+def test_a_piped_fenced_message_is_echoed_by_its_first_lines(tiny_llm):
+    """A final new-user trial (2026-12-05): a 2,500-line \"\"\" message piped into the chat was
+    printed back whole, one "...>" line each, while a long single line was cut at 2,000
+    characters. Now its first ECHO_LINES lines are printed back and the rest counted; the
+    model still gets every line."""
+    from flint_graph.terminal.chat_cli import ECHO_LINES
+
+    body = [f"K{i:04d} = {i * 7 % 9973}" for i in range(300)]
+    s, console = _session(tiny_llm, ['"""Remember these values.', *body, '"""', "/exit"],
+                          echo_input=True)
+    s.run()
+    out = console.file.getvalue()
+    assert body[ECHO_LINES - 3] in out and body[ECHO_LINES + 5] not in out
+    assert f"... ({302 - ECHO_LINES:,} more lines, to \"\"\")" in out
+    sent = s.messages[0]["content"]
+    assert sent.splitlines() == ["Remember these values.", *body]

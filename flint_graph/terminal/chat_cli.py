@@ -38,6 +38,7 @@ HELP = ('""" starts and ends a message of several lines · '
         "/reset  start a new conversation · /save FILE  save the transcript as JSON · "
         "/reasoning  show the last reasoning · /exit  quit (or /quit, Ctrl-D)")
 ECHO_CHARS = 2000  # of a piped line printed back after its prompt (the rest is counted)
+ECHO_LINES = 20  # of a piped """ message printed back (the rest is counted)
 FENCE = '"""'  # a message of several lines is fenced by it, as in ollama's terminal chat
 # /help: every command and key, one a line (the banner's HELP is the one-line reminder)
 HELP_LONG = (
@@ -260,11 +261,14 @@ class ChatSession:
             if self.answer() == "exit":
                 return 0
 
-    def _ask(self, prompt: str) -> str:
+    def _ask(self, prompt: str, echo: bool = True) -> str:
         """One line of input after `prompt` (rich markup). Piped input is not echoed by a
         terminal, so it is printed after the prompt: a transcript of `chat < turns.txt` reads
-        "you> Hi" rather than prompts and answers run together. Raises EOFError at the end of
-        the input and KeyboardInterrupt on Ctrl-C, as input() does."""
+        "you> Hi" rather than prompts and answers run together (`echo` False: piped, neither
+        the prompt nor the line is printed). Raises EOFError at the end of the input and
+        KeyboardInterrupt on Ctrl-C, as input() does."""
+        if not echo and self.echo_input:
+            return self.console.input("")
         queued = queued_line(sys.stdin) if self.console.is_terminal else None
         if queued is not None:  # typed while the answer streamed: shown after its prompt
             self.console.print(prompt, end="")
@@ -287,7 +291,8 @@ class ChatSession:
         lines = [first]
         while not lines[-1].rstrip().endswith(FENCE) or len(lines) == 1 and not first.strip():
             try:
-                lines.append(self._ask("[bold green]...>[/] "))
+                # piped, a pasted file is printed back by its first ECHO_LINES lines only
+                lines.append(self._ask("[bold green]...>[/] ", echo=len(lines) < ECHO_LINES))
             except EOFError:
                 self.console.print(f"\n[yellow]the input ended inside a {FENCE} block: that "
                                    "text was not sent[/]")
@@ -295,6 +300,9 @@ class ChatSession:
             except KeyboardInterrupt:
                 self.console.print("\n[dim](message dropped)[/]")
                 return ""
+        if self.echo_input and len(lines) > ECHO_LINES:
+            self.console.print(f"[dim]... ({len(lines) - ECHO_LINES:,} more lines, to "
+                               f"{FENCE})[/]")
         lines[-1] = lines[-1].rstrip()[:-len(FENCE)]
         return "\n".join(lines).strip("\n")
 
