@@ -745,6 +745,98 @@ def test_hostile_templates_fail_within_a_budget(case):
     assert time.perf_counter() - t0 < 15, f"{case}: {time.perf_counter() - t0:.1f} s"
 
 
+# A bad-input trial (nineteenth session): a format width asked for a 1 GB string, and the
+# output cap saw it only after 21 s and 4.2 GB. Each of these asks for far more than the
+# render's RENDER_CHARS through a number or through references to one large string.
+BIG = '{% set s = "a" * 60000000 %}'
+SIZE_BOMBS = {
+    "% width": '{{ "%999999999d" % 1 }}',
+    "% precision": '{{ "%.999999999f" % 1.0 }}',
+    "% zero-padded 12-digit width": '{{ "%099999999999d" % 1 }}',
+    "% star width": '{{ "%*d" % (999999999, 1) }}',
+    "% mapping key with width": '{{ "%(a)999999999s" % {"a": 1} }}',
+    "|format width": '{{ "%999999999d"|format(1) }}',
+    "str.format precision": '{{ "{:,.999999999f}".format(1.0) }}',
+    "str.format nested width": '{{ "{:{w}}".format(1, w=999999999) }}',
+    "str.format fill and width": '{{ "{0:>999999999}".format("a") }}',
+    "str.format_map width": '{{ "{a:>999999999}".format_map({"a": 1}) }}',
+    "str.center": '{{ "a".center(999999999) }}',
+    "str.rjust": '{{ "a".rjust(999999999) }}',
+    "str.ljust": '{{ "a".ljust(999999999) }}',
+    "str.zfill": '{{ "1".zfill(999999999) }}',
+    "str.expandtabs": '{{ ("\t" * 1000).expandtabs(999999) }}',
+    "|indent": '{{ "a\nb"|indent(999999999) }}',
+    "|center": '{{ "a"|center(999999999) }}',
+    "|tojson indent": '{{ [1, [2, 3]]|tojson(indent=999999999) }}',
+    "str.replace growth": BIG + '{{ s.replace("a", "bb") }}',
+    "|replace growth": BIG + '{{ s|replace("a", "bb") }}',
+    "|join of references": BIG + '{{ [s, s, s]|join }}',
+    "str.join of references": BIG + '{{ ", ".join([s, s]) }}',
+    "list of references repeated": BIG + '{{ ([s] * 60)|length }}',
+    "a list printed": BIG + '{{ [s, s] }}',
+    "|tojson of references": BIG + '{{ [s, s]|tojson }}',
+    "|string of references": BIG + '{{ [s, s]|string }}',
+    "~ of a list": BIG + '{{ [s, s] ~ "" }}',
+    "% of references": BIG + '{{ "%s%s" % (s, s) }}',
+    "str.format of references": BIG + '{{ "{0}{0}".format(s) }}',
+    "|map then |join": BIG + '{{ [s, s]|map("upper")|join }}',
+    "list grown in a loop": BIG + '{% set ns = namespace(l=[]) %}{% for i in range(3) %}'
+                            '{% set ns.l = ns.l + [s] %}{% endfor %}{{ ns.l|length }}',
+}
+
+
+@pytest.mark.parametrize("case", list(SIZE_BOMBS))
+def test_templates_asking_for_huge_values_are_refused_before_building_them(case):
+    """Each is one TemplateError naming the size limit, at well under a second and with no
+    allocation beyond the 60M-character string the template itself builds first
+    (tracemalloc's peak: 60 MB of ASCII for it, < 100 MB in all; building the value asked for
+    would take 120 MB to 100 GB)."""
+    import time
+    import tracemalloc
+
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(TemplateError, match="longer than 67,108,864"):
+            render_chat(SIZE_BOMBS[case], [{"role": "user", "content": "hi"}])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100e6, f"{case}: peak {peak / 1e6:.0f} MB"
+    assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("template, expected", [
+    ('{{ "%5.2f|%-4s" % (3.14159, "ab") }}', " 3.14|ab  "),
+    ('{{ "%(a)03d%%" % {"a": 7} }}', "007%"),
+    ('{{ "%3d"|format(5) }}', "  5"),
+    ('{{ "{:>6}|{:{w}}|{:.3f}".format("ab", 1, 2.0, w=3) }}', "    ab|  1|2.000"),
+    ('{{ "{a:*^7}".format_map({"a": "x"}) }}', "***x***"),
+    ('{{ "ab".center(6) ~ "|" ~ "7".zfill(3) ~ "|" ~ "a\\tb".expandtabs(4) }}', "  ab  |007|a   b"),
+    ('{{ "a\\nb"|indent(2) }}', "a\n  b"),
+    ('{{ [1, [2]]|tojson(indent=1) }}', "[\n 1,\n [\n  2\n ]\n]"),
+    ('{{ ", ".join(["a", "b"]) ~ "|" ~ ["c", "d"]|join("-") ~ "|" ~ "abc".replace("b", "xx") }}',
+     "a, b|c-d|axxc"),
+    ('{{ ["x"] * 3 }}', "['x', 'x', 'x']"),
+])
+def test_formats_padding_and_joins_of_ordinary_size_still_render(template, expected):
+    """The size checks above estimate before building; ordinary uses give Python's results."""
+    assert render_chat(template, [{"role": "user", "content": "hi"}]) == expected
+
+
+def test_a_long_conversation_renders_quickly_under_the_size_checks():
+    """The checks walk containers a filter or output is given: 2,000 messages of 1,000
+    characters (2 MB, more than a full context) still render in well under a second."""
+    import time
+
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "w" * 1000}
+            for i in range(2000)]
+    t0 = time.perf_counter()
+    out = render_chat(GLM47_CHAT_TEMPLATE, msgs)
+    assert len(out) > 2_000_000
+    assert time.perf_counter() - t0 < 2.0
+
+
 def test_messages_this_server_returns_are_taken_back():
     """A hostile-input trial: the reply to a request that max_tokens ended inside the
     reasoning is `{"role": "assistant", "content": null, "reasoning_content": ...}`; an agent

@@ -776,6 +776,79 @@ def test_a_body_still_arriving_at_shutdown_gets_503(tiny_ckpt):
         assert json.loads(rest)["error"]["code"] == "server_shutting_down"
 
 
+def test_abort_all_ends_responses_during_a_long_engine_step(server, monkeypatch):
+    """A bad-input trial (2026-12-05): SIGTERM while two long prompts were being prefilled on a
+    loaded CPU gave a plain-text 500, a stream cut without [DONE] and CancelledError tracebacks:
+    abort_all ran the engine aborts on the event loop, and an abort waits for the step in
+    progress (one prefill chunk, longer than uvicorn's last 5 s there), so the loop froze.
+    Here a step takes 20 s: abort_all returns at once and both handlers answer within a few
+    seconds, the stream with finish_reason "abort" and [DONE], the plain request with 503."""
+    import asyncio
+    import concurrent.futures
+
+    from flint_graph.server.app import create_app
+
+    llm, _ = server
+    app = create_app(llm, MODEL, api_key=KEY)
+    step, gate = llm.engine.step, threading.Event()
+
+    def long_step():  # a step that holds the engine for 20 s, as a long prefill chunk does
+        with llm.engine._lock:
+            deltas = step()
+            gate.wait(20)
+            return deltas
+
+    monkeypatch.setattr(llm.engine, "step", long_step)
+
+    class Server(uvicorn.Server):
+        loop = None
+
+        async def startup(self, sockets=None):
+            Server.loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=srv.run, daemon=True).start()
+    try:
+        for _ in range(200):
+            if srv.started:
+                break
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5}
+        plain: list = []
+        worker = threading.Thread(target=lambda: plain.append(_post(url, body)))
+        worker.start()
+        req = urllib.request.Request(url, json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            first = resp.readline()  # the role chunk; the prompt is then in the long step
+            time.sleep(0.5)
+            t0 = time.perf_counter()
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            Server.loop.call_soon_threadsafe(lambda: done.set_result(app.state.abort_all()))
+            assert done.result(5) == 2  # returned at once: the loop was not held
+            lines = [first] + resp.read().splitlines()
+        worker.join(10)
+        assert time.perf_counter() - t0 < 8, "a response waited for the engine step"
+        _ended_with_abort(lines)
+        status, answer = plain[0]
+        assert status == 503 and answer["error"]["code"] == "server_shutting_down", answer
+    finally:
+        gate.set()
+        srv.should_exit = True
+        time.sleep(0.5)
+    deadline = time.time() + 30  # the released step processes the aborts: nothing is left
+    while llm.engine.has_work and time.time() < deadline:
+        time.sleep(0.05)
+    assert not llm.engine.has_work
+
+
 def test_a_client_that_leaves_while_nothing_streams_is_dropped(server, monkeypatch):
     """A bad-input trial: while a call's arguments are not streamed (a tool typed as a whole),
     no chunk goes out, so the disconnect went unseen and the request ran on to max_tokens.

@@ -25,24 +25,16 @@ same under HF's apply_chat_template (our renderer does both before rendering).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-import contextvars
-import math
-import time
-from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 import jinja2
-from jinja2.compiler import CodeGenerator
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from flint_graph.chat.chat_messages import (check_data, check_tool_choice, validate_messages,
                                         validate_tools)
 from flint_graph.errors import InvalidRequestError, TemplateError, kind
 from flint_graph.chat.prompt_segments import DataEscaper, Segment
+from flint_graph.chat.template_sandbox import compile_template, render_budgeted
 
 __all__ = ["GLM47_CHAT_TEMPLATE", "Segment", "render_chat", "render_chat_segments",
            "validate_messages", "validate_tools"]  # validation lives in chat_messages
@@ -138,147 +130,6 @@ GLM47_CHAT_TEMPLATE = (
 )
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
-    # HF's override of Jinja's tojson: plain json.dumps (no HTML escaping), non-ASCII kept.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)  # fmt: skip
-
-
-def _raise_exception(message: str) -> None:
-    raise TemplateError(f"chat template raised: {message}")
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-
-
-# A render's budget (issue 26: the sandbox kept templates from reaching Python, but nested
-# loops, recursive macros and `n ** (n ** n)` ran past 60 s, and `'a' * 500000000` or string
-# doubling took 2-8 GB). A chat template renders a few KB in milliseconds; these are far
-# above that and far below harm. Each is a TemplateError naming the limit.
-RENDER_SECONDS = 5.0  # wall time, checked at every call and operator the template evaluates
-RENDER_CALLS = 2_000_000  # calls (functions, macros, filters' callables) and operators
-RENDER_RANGE_ITEMS = 2_000_000  # items of every range() of one render together
-RENDER_CHARS = 64 << 20  # characters of the output, and of one string or list * / + builds
-RENDER_INT_BITS = 1 << 16  # bits of an integer ** may produce
-_BUDGET: contextvars.ContextVar[list | None] = contextvars.ContextVar("render_budget",
-                                                                      default=None)
-
-
-def _spend(calls: int = 1, items: int = 0) -> None:
-    """Charge the current render's budget ([deadline, calls left, range items left])."""
-    b = _BUDGET.get()
-    if b is None:
-        return
-    b[1] -= calls
-    b[2] -= items
-    if b[1] < 0:
-        raise TemplateError(f"chat template: more than {RENDER_CALLS:,} calls and operations "
-                            "in one render")
-    if b[2] < 0:
-        raise TemplateError(f"chat template: its range() loops exceed {RENDER_RANGE_ITEMS:,} "
-                            "items in one render")
-    if time.perf_counter() > b[0]:
-        raise TemplateError(f"chat template: rendering took more than {RENDER_SECONDS:g} s")
-
-
-def _budget_range(*args: int) -> range:
-    r = safe_range(*args)
-    _spend(items=len(r))
-    return r
-
-
-class _BudgetedCodeGenerator(CodeGenerator):
-    """Jinja's code generator with `~` (concatenation) routed through the environment's
-    `budgeted_concat`, which the sandbox cannot intercept otherwise (string doubling with `~`
-    reached gigabytes)."""
-
-    def visit_Concat(self, node, frame) -> None:
-        self.write("environment.budgeted_concat((")
-        for arg in node.nodes:
-            self.visit(arg, frame)
-            self.write(", ")
-        self.write("))")
-
-
-class _BudgetedSandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox with every call and `*`, `**`, `+`, `~` charged to the render's
-    budget, and those operators refused where their result would be too large to build."""
-
-    intercepted_binops = frozenset({"*", "**", "+"})
-    code_generator_class = _BudgetedCodeGenerator
-
-    def budgeted_concat(self, values) -> str:
-        """`a ~ b ~ ...` (no autoescape here: str of each, joined) within the budget."""
-        _spend()
-        parts = [str(v) for v in values]
-        if sum(map(len, parts)) > RENDER_CHARS:
-            raise TemplateError(f"chat template: builds a value longer than {RENDER_CHARS:,}")
-        return "".join(parts)
-
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)
-        _spend()
-        return super().call(__context, __obj, *args, **kwargs)
-
-    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
-        _spend()
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right))
-        if operator == "**" and ints and abs(left) > 1 and right > 0 and \
-                right * math.log2(abs(left)) > RENDER_INT_BITS:
-            raise TemplateError(f"chat template: {left} ** {right} is larger than "
-                                f"{RENDER_INT_BITS:,} bits")
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and \
-                        len(seq) * n > RENDER_CHARS:
-                    raise TemplateError(f"chat template: a sequence of {len(seq):,} times "
-                                        f"{n:,} is longer than {RENDER_CHARS:,}")
-        if operator == "+" and all(isinstance(v, (str, list, tuple)) for v in (left, right)) \
-                and len(left) + len(right) > RENDER_CHARS:
-            raise TemplateError(f"chat template: builds a value longer than {RENDER_CHARS:,}")
-        return super().call_binop(context, operator, left, right)
-
-
-@lru_cache(maxsize=8)
-def _compile(template: str) -> jinja2.Template:
-    env = _BudgetedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["range"] = _budget_range
-    env.globals.pop("lipsum", None)  # megabytes of filler text on request: no use in a prompt
-    try:
-        return env.from_string(template)
-    except jinja2.TemplateSyntaxError as e:
-        raise TemplateError(f"chat template does not compile: {e.message} (line {e.lineno})") from e
-    except RecursionError:
-        raise TemplateError("chat template does not compile: nested too deeply") from None
-    except MemoryError:
-        raise TemplateError("chat template does not compile: too large") from None
-
-
-def _render(compiled: jinja2.Template, **variables: Any) -> str:
-    """`compiled.render(**variables)` within the render budget (RENDER_* above): output
-    gathered chunk by chunk up to RENDER_CHARS characters."""
-    token = _BUDGET.set([time.perf_counter() + RENDER_SECONDS, RENDER_CALLS,
-                         RENDER_RANGE_ITEMS])
-    try:
-        parts, size = [], 0
-        for chunk in compiled.generate(**variables):
-            size += len(chunk)
-            if size > RENDER_CHARS:
-                raise TemplateError(f"chat template: its output passes {RENDER_CHARS:,} "
-                                    "characters")
-            parts.append(chunk)
-            _spend(calls=0)
-        return "".join(parts)
-    finally:
-        _BUDGET.reset(token)
-
-
 def render_chat(template: str, messages: list[dict], tools: list[dict] | None = None, *,
                 add_generation_prompt: bool = True, enable_thinking: bool = True,
                 tool_choice: str | dict | None = None, **kwargs: Any) -> str:  # fmt: skip
@@ -326,12 +177,12 @@ def render_chat_segments(template: str, messages: list[dict], tools: list[dict] 
         tool_list = None
     if not isinstance(template, str):
         raise TemplateError(f"chat template: expected a string, found {kind(template)}")
-    compiled = _compile(template)
+    compiled = compile_template(template)
     esc = DataEscaper(markers)
     # The role picks scaffolding and is one of four fixed words: everything else is data.
     msgs = [{k: (v if k == "role" else esc.escape(v)) for k, v in m.items()} for m in msgs]
     try:
-        text = _render(compiled, messages=msgs, tools=esc.escape(tool_list),
+        text = render_budgeted(compiled, messages=msgs, tools=esc.escape(tool_list),
                        tool_choice=esc.escape(tool_choice),
                        add_generation_prompt=add_generation_prompt,
                        enable_thinking=enable_thinking, **esc.escape(kwargs))  # fmt: skip

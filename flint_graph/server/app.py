@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import asyncio
 # FastAPI reads the handlers' annotations at run time: Request must be a module-level name
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,6 +37,7 @@ from flint_graph.server.metrics import ServerMetrics
 # how often a request waiting for its next event checks that its client is still there (s)
 DISCONNECT_POLL_S = 0.25
 _GONE = object()  # `_next_while_connected`: the client left before the next event
+_STOPPED = object()  # ... or abort_all ended the request before it (a shutdown's grace passed)
 
 
 BODY_TIMEOUT_S = 60.0  # to receive a whole request body
@@ -65,8 +67,10 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     `on_ready(llm)` (the CLI logs that the server is ready).
 
     `app.state.abort_all()` (the CLI calls it when a shutdown's grace has passed) aborts every
-    open request in the engine, so each handler ends its own response: a streamed one with
-    finish_reason "abort" and [DONE], another with a 503 error (code "server_shutting_down");
+    open request in the engine (from a thread: an abort waits for the engine step in
+    progress) and each handler ends its own response at once, without waiting for that step:
+    a streamed one with finish_reason "abort" and [DONE], another with a 503 error (code
+    "server_shutting_down");
     from then on every route but /health answers 503 (on connections still open: uvicorn
     refuses new ones once it shuts down), a request whose body is still arriving too. Call
     it on the event loop's thread. Returns how many requests it aborted in the engine."""
@@ -96,6 +100,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             threading.Thread(target=_load, name="flint-graph-load", daemon=True).start()
         else:
             _loaded(llm)
+        state["stop_event"] = asyncio.Event()  # made on the serving loop: abort_all sets it
         yield
         if state["llm"] is not None:  # shutting down: nothing keeps generating
             eng = state["llm"].engine
@@ -107,14 +112,19 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
 
     def abort_all() -> int:
         state["stopping"] = True
+        if state.get("stop_event") is not None:  # handlers stop waiting on the engine
+            state["stop_event"].set()
         for scope in list(uploads):  # a body still arriving: that request answers 503 now
             scope.cancel()
         if state["llm"] is None:
             return 0
         eng = state["llm"].engine
         reqs = list(eng.waiting) + list(eng.prefilling) + list(eng.running)
-        for req in reqs:
-            eng.abort(req)
+        # An abort waits for the engine step in progress (a long prompt's chunk: seconds on
+        # a loaded CPU): from a thread, so this event loop answers meanwhile (it froze for
+        # the chunk, and uvicorn's timeout then cut the responses; bad-input trial 2026-12-05)
+        threading.Thread(target=lambda: [eng.abort(r) for r in reqs], daemon=True,
+                         name="flint-graph-abort-all").start()
         return len(reqs)
 
     def open_requests() -> int:
@@ -468,7 +478,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         aborts the request at once, and the worker's `next` then returns within one engine
         step (one prefill chunk); returns _GONE then. Why: the disconnect was checked only
         between events, so a client that gave up during an ~8K-token prefill on the CPU was
-        noticed at the first token, 35 s later (bad-input trial, 2026-12-03)."""
+        noticed at the first token, 35 s later (bad-input trial, 2026-12-03).
+
+        Likewise abort_all (a shutdown's grace passed): returns _STOPPED at once, the worker
+        left to finish its engine step. Why: the abort takes effect between engine steps, and
+        a long prompt's chunk on a loaded CPU outlasted uvicorn's last 5 s, which then cut the
+        responses (a plain-text 500, a stream without [DONE]; bad-input trial, 2026-12-05)."""
         got: list = []
 
         async def watch() -> None:  # `_pump` checked just before: poll from the next period
@@ -479,14 +494,21 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             with anyio.CancelScope(shield=True):
                 await run_in_threadpool(stream.cancel)
 
+        async def watch_stop() -> None:
+            await state["stop_event"].wait()
+            got.append(_STOPPED)
+            tg.cancel_scope.cancel()
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
+            if state.get("stop_event") is not None:
+                tg.start_soon(watch_stop)
             # abandon_on_cancel: when Starlette cancels a streamed response (it saw the
             # disconnect itself), `_pump`'s cleanup aborts the request now; the worker's
             # `next` then returns within a step, its event unused
             event = await anyio.to_thread.run_sync(next, events, done, abandon_on_cancel=True)
             tg.cancel_scope.cancel()  # the watcher, between its polls
-        return _GONE if got else event
+        return got[0] if got else event
 
     async def _pump(request: Request, events: Iterator[dict], stream, route: str,
                     metrics, ended: list | None = None,
@@ -503,6 +525,10 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                 event = await _next_while_connected(request, events, done, stream)
                 if event is _GONE:
                     return
+                if event is _STOPPED:
+                    if ended is not None:
+                        ended.append(_STOPPED)
+                    return
                 if event is done:
                     finished = True
                     if ended is not None:
@@ -512,20 +538,40 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                     yield event        # a call's arguments not streamed): checked, not sent
         finally:
             with anyio.CancelScope(shield=True):
-                if not finished:
-                    await run_in_threadpool(stream.cancel)
+                if not finished and not (ended and ended[-1] is _STOPPED):
+                    await run_in_threadpool(stream.cancel)  # (abort_all's thread aborts those)
                 if admission is not None:
                     admission.done()
-                metrics.record(route, stream.output)
+                out = stream.output
+                if out.finish_reason is None:  # stopped before the engine saw the abort
+                    out = dataclasses.replace(out, finish_reason="abort")
+                metrics.record(route, out)
 
     async def _sse(request, events, stream, route, metrics,
                    admission=None) -> AsyncIterator[str]:
-        """The events as server-sent events, then [DONE] when the stream ended normally."""
+        """The events as server-sent events, then [DONE] when the stream ended normally or
+        abort_all ended it (first a last chunk with finish_reason "abort", as the engine's
+        own abort would have sent)."""
         ended: list = []
+        last = None
         async for event in _pump(request, events, stream, route, metrics, ended, admission):
+            last = event
             yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+        if _STOPPED in ended:
+            yield f"data: {json.dumps(_abort_chunk(route, last), ensure_ascii=False)}\n\n"
         if ended:
             yield "data: [DONE]\n\n"
+
+    def _abort_chunk(route: str, last: dict | None) -> dict:
+        """The last chunk of a stream abort_all ended: the stream's id, finish "abort"."""
+        if route == "chat":
+            rid = last["id"] if last else p.new_id("chatcmpl")
+            created = last["created"] if last else int(time.time())
+            return p.chat_chunk(rid, model_name, created, {}, "abort")
+        return {"id": last["id"] if last else p.new_id("cmpl"), "object": "text_completion",
+                "created": last["created"] if last else int(time.time()), "model": model_name,
+                "choices": [{"index": 0, "text": "", "finish_reason": "abort",
+                             "logprobs": None}]}
 
     async def _respond(request, body, events, stream, route, metrics, admission=None):
         """With `stream`, the SSE response of `events`; else None once the request has run
@@ -533,8 +579,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         if body.get("stream"):
             return StreamingResponse(_sse(request, events, stream, route, metrics, admission),
                                      media_type="text/event-stream")
-        async for _ in _pump(request, events, stream, route, metrics, admission=admission):
+        ended: list = []
+        async for _ in _pump(request, events, stream, route, metrics, ended, admission):
             pass
+        if _STOPPED in ended:
+            raise _stopping(stream)
         return None
 
     return app
