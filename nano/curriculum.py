@@ -344,9 +344,12 @@ def _city(rng: random.Random, split: str) -> str:
 def weather_ask(rng: random.Random, split: str) -> tuple[dict, dict, dict]:
     """(user message, get_weather call, result): weather asked as people ask it
     (phrasings.WEATHER): days from the time phrase (today 1, tomorrow 2, the weekend 3, this
-    week 7, the next n days n), metric unless fahrenheit is asked for."""
+    week 7, the next n days n; in training a quarter of the time none, phrasings.WEATHER_NOW:
+    1), metric unless fahrenheit is asked for."""
     city, (when, days) = _city(rng, split), _when(rng, split)
     text = _typos(rng, split, rng.choice(ph.WEATHER[split])).format(city=city, when=when)
+    if split == "train" and rng.random() < .25:  # no time said: today (the held-out draws stay)
+        text, days = _typos(rng, split, rng.choice(ph.WEATHER_NOW)).format(city=city), 1
     unit = rng.choice(["", "", "celsius", "fahrenheit"])
     if unit:
         text += rng.choice(ph.WEATHER_UNIT[split]).format(unit=unit)

@@ -128,6 +128,15 @@ WEATHER = {
                 "Should I pack a coat for {city} {when}?", "Is it warm in {city} {when}?",
                 "Could you see what the weather does in {city} {when}?"],
 }
+# ... and with no time at all (training only: today, days = 1). A new user's "What is the
+# weather in Oslo?", "Weather in Oslo?" and "Tell me the weather in Berlin." were refused by
+# step 6517, which had seen every weather question with a time phrase (nineteenth session).
+WEATHER_NOW = ["What is the weather in {city}?", "Tell me the weather in {city}.",
+               "Weather in {city}?", "What's the weather in {city}?",
+               "How is the weather in {city}?", "weather in {city}",
+               "Show me the weather for {city}.", "Is it raining in {city}?",
+               "What's the temperature in {city}?", "Get the weather for {city}.",
+               "How hot is it in {city}?", "Current weather in {city}, please."]
 WHEN = [("today", 1), ("tomorrow", 2), ("this week", 7), ("over the weekend", 3),
         ("for the next {n} days", None)]
 # More ways to say those, drawn in training only (WHEN's draws make the held-out cases): a new
@@ -222,6 +231,7 @@ TABLES = {
     "out-of-scope": OUT_OF_SCOPE,
     "out-of-scope-made": {"train": MADE_REQUESTS, "heldout": OUT_OF_SCOPE["heldout"]},
     "weather": WEATHER,
+    "weather-now": {"train": WEATHER_NOW, "heldout": []},
     "convert": CONVERT,
     "word+": {s: WORD_PROBLEMS[(s, "+")] for s in ("train", "heldout")},
     "word-": {s: WORD_PROBLEMS[(s, "-")] for s in ("train", "heldout")},
