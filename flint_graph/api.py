@@ -31,7 +31,7 @@ from flint_graph.runtime.engine import Engine
 from flint_graph.runtime.engine_config import EngineConfig, pick_device
 from flint_graph.runtime.prefix_cache import preamble_end
 from flint_graph.errors import (CheckpointError, ConfigError, ContextLengthError,
-                                InvalidRequestError, TemplateError, kind, not_utf8,
+                                InvalidRequestError, TemplateError, found, kind, not_utf8,
                                 shown)
 from flint_graph.chat.output_parser import OutputParser, ToolCall
 from flint_graph.runtime.request import Request, RequestDelta
@@ -292,7 +292,7 @@ class LLM:
                          **template_kwargs: Any) -> list[Segment]:
         # The prompt as scaffolding / data segments: control-token text inside messages and
         # tools is data, encoded as ordinary text (prompt_segments).
-        if not messages:
+        if isinstance(messages, list) and not messages:  # other types: validate_messages
             raise InvalidRequestError("messages: expected at least one message, got none")
         self._check_prompt_size(_message_text(messages))  # before templating a huge one
         source = self.checkpoint.config_dir / "tokenizer_config.json"
@@ -478,7 +478,7 @@ class LLM:
         at = next((i for i, t in enumerate(prompt) if type(t) is not int), None)
         if at is not None:
             raise InvalidRequestError(f"prompt[{at}]: token ids must be integers, found "
-                                      f"{kind(prompt[at])} {shown(prompt[at], 40)}")
+                                      f"{found(prompt[at])}")
         bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise InvalidRequestError(

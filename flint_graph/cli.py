@@ -462,6 +462,9 @@ def _check_address(host: str, port: int) -> None:
     port taken, the address not this machine's)."""
     import socket
 
+    if not host.strip():  # "--host  --port 8000: cannot listen there" hid the empty value
+        raise InvalidRequestError(f"--host {host!r}: expected a host name or address (e.g. "
+                                  "127.0.0.1, or 0.0.0.0 for every interface)")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:

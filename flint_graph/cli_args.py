@@ -99,15 +99,16 @@ def refuse_repeats(values, text: str, noun: str = "value") -> None:
 def integer(text: str, expected: str = "an integer") -> int:
     """argparse type: an integer. One too long for Python to read (over 4,300 digits) is named
     by its length, not called invalid; `expected` words the error."""
+    t = text.strip()
+    body = t[1:] if t[:1] in ("+", "-") else t
+    if not (body.isascii() and body.isdigit()):
+        # int() also reads "١٢" and "1_0": a flag takes plain digits (bad-input trial)
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     try:
-        return int(text)
-    except ValueError:
-        digits = text.strip().lstrip("+-")
-        if digits.isdigit() and digits.isascii():
-            raise argparse.ArgumentTypeError(
-                f"expected {expected} of at most 4,300 digits, got {len(digits):,} digits"
-            ) from None
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        return int(t)
+    except ValueError:  # over 4,300 digits
+        raise argparse.ArgumentTypeError(
+            f"expected {expected} of at most 4,300 digits, got {len(body):,} digits") from None
 
 
 def positive_int(text: str) -> int:
@@ -330,8 +331,8 @@ def _buckets(text: str) -> tuple[int, ...]:
     from flint_graph.kernels.toolchain.spec import MAX_BATCH  # light: no torch, no DSL
 
     try:
-        sizes = tuple(int(b) for b in text.split(","))
-    except ValueError:
+        sizes = tuple(integer(b) for b in text.split(","))
+    except argparse.ArgumentTypeError:
         sizes = ()
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes >= 1 (e.g. "

@@ -9,6 +9,12 @@ validate arguments generically.
 MAX_MESSAGE = 1000  # characters of a message kept whole; longer ones are cut in the middle
 
 
+def found(value: object, limit: int = 40) -> str:
+    """"found ..." in an error message: the value's JSON kind and the value ("found string
+    "x"", "found array [1, 2]"), the kind alone where it says it all (null)."""
+    return "null" if value is None else f"{kind(value)} {shown(value, limit)}"
+
+
 def shown(value: object, limit: int = 60) -> str:
     """`value` for an error message, at most `limit` characters: JSON where it is JSON (true,
     null, "text", [1, 2]: what an HTTP client sent, and readable from Python too), else repr.

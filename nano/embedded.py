@@ -69,7 +69,12 @@ def ensure_nano_checkpoint(progress: bool = True, fresh: bool = False) -> Path:
         _build(src, out, digest, progress)
     except OSError as e:
         if not _complete(out, digest):  # else another process finished it
-            raise CheckpointError(f"{out}: cannot unpack flint-nano ({e}); set "
+            # HOME set to a file said "[Errno 20] Not a directory: '...partial-13997'"
+            above = next((a for a in out.parents if os.path.lexists(a)), None)
+            why = (f": {above} is a file, not a directory (the cache lives under "
+                   "FLINT_GRAPH_CACHE, else XDG_CACHE_HOME, else HOME/.cache)"
+                   if above is not None and not above.is_dir() else f" ({e})")
+            raise CheckpointError(f"{out}: cannot unpack flint-nano{why}; set "
                                   "FLINT_GRAPH_CACHE to a writable directory") from None
     return out
 

@@ -566,3 +566,23 @@ def test_a_piped_fenced_message_is_echoed_by_its_first_lines(tiny_llm):
     assert f"... ({302 - ECHO_LINES:,} more lines, to \"\"\")" in out
     sent = s.messages[0]["content"]
     assert sent.splitlines() == ["Remember these values.", *body]
+
+
+def test_save_to_a_pipe_or_to_a_dash_says_what_it_is(tiny_llm, tmp_path, monkeypatch):
+    """A bad-input trial (2026-12-05): `/save /dev/stdout` in a piped chat said
+    "/proc/16996/fd/pipe:[443385]: cannot save transcript (No such file or directory)" (the
+    link was resolved first), and `/save -` wrote a file named "-". Both are refused, naming
+    what the user typed."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "out"
+    link.symlink_to(fifo)
+    s, console = _session(tiny_llm, ["hi", f"/save {link}", "/save -", "/exit"])
+    s.run()
+    out = " ".join(console.file.getvalue().split())  # the console wraps long lines
+    assert f"{link}: exists and is not a regular file (a directory, device or pipe)" in out
+    assert "-: /save writes a file, not standard output" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "out"]

@@ -947,3 +947,11 @@ def test_tool_results_that_answer_their_calls_pass(messages):
     from flint_graph.chat.chat_messages import validate_messages
 
     assert len(validate_messages(messages)) == len(messages)
+
+
+@pytest.mark.parametrize("name", ["raise_exception", "strftime_now", "range", "namespace"])
+def test_a_template_variable_cannot_replace_the_templates_functions(name):
+    """A bad-input trial (2026-12-05): `llm.chat(msgs, raise_exception=1)` replaced the
+    template's error function with 1."""
+    with pytest.raises(InvalidRequestError, match=f"{name}: the chat template's own function"):
+        render_chat(GLM47_CHAT_TEMPLATE, [{"role": "user", "content": "hi"}], **{name: 1})

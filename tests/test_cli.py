@@ -877,3 +877,14 @@ def test_dir_of_the_package_lists_its_lazy_names():
     import flint_graph
 
     assert {"LLM", "SamplingParams", "ChatMessage", "GenerationOutput"} <= set(dir(flint_graph))
+
+
+@pytest.mark.parametrize("text", ["٣", "1_0", "", "-", "+-3", "3.0", "0x10"])
+def test_integer_flags_take_plain_ascii_digits(text):
+    """A bad-input trial (2026-12-05): `--seed ٣` and `--max-tokens 1_0` were accepted (int()
+    reads Unicode digits and underscores). Plain digits with an optional sign only."""
+    from flint_graph.cli_args import integer
+
+    with pytest.raises(argparse.ArgumentTypeError, match="expected an integer, got"):
+        integer(text)
+    assert integer(" +12 ") == 12 and integer("-3") == -3

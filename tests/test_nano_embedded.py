@@ -60,6 +60,19 @@ def test_missing_files_are_named(packaged):
         embedded.ensure_nano_checkpoint(progress=False)
 
 
+def test_a_cache_under_a_file_names_that_file(packaged, tmp_path, monkeypatch):
+    """A bad-input trial (2026-12-05): HOME set to a regular file said "[Errno 20] Not a
+    directory: '.../flint-nano-995076df9e0b.partial-13997'"."""
+    home = tmp_path / "home"
+    home.write_text("")
+    monkeypatch.delenv("FLINT_GRAPH_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(CheckpointError, match=f"{home} is a file, not a directory") as e:
+        embedded.ensure_nano_checkpoint(progress=False)
+    assert "partial" not in str(e.value) and "Errno" not in str(e.value)
+
+
 def test_a_second_unpack_finishing_first_keeps_its_copy(packaged, monkeypatch):
     """Two first runs at once (two terminals, parallel test workers): before, both wrote one
     `.partial` directory, and the second to start deleted the first's half-written files."""

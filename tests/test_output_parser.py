@@ -870,9 +870,21 @@ def test_schemas_that_expand_exponentially_are_refused_when_declared(params):
     from flint_graph.errors import InvalidRequestError
 
     t0 = time.perf_counter()
-    with pytest.raises(InvalidRequestError, match="tools\\[0\\] 'f'.*expands to more than"):
+    with pytest.raises(InvalidRequestError, match="tools\\[0\\] 'f'.*expands to more than.*"
+                                                  "a reference cycle under a combinator"):
         tool_schemas([{"type": "function", "function": {"name": "f", "parameters": params}}])
     assert time.perf_counter() - t0 < 2
+
+
+def test_a_flat_schema_past_the_node_bound_is_not_asked_about_cycles():
+    """A bad-input trial (2026-12-05): 60,000 plain properties were refused with a hint about
+    "a reference cycle under a combinator", which the schema did not have."""
+    from flint_graph.errors import InvalidRequestError
+
+    flat = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(60000)}}
+    with pytest.raises(InvalidRequestError, match="counting every property") as e:
+        tool_schemas([{"type": "function", "function": {"name": "f", "parameters": flat}}])
+    assert "cycle" not in str(e.value)
 
 
 def test_a_recursive_schema_that_only_chains_is_accepted():

@@ -987,6 +987,10 @@ def test_serve_refuses_ports_it_cannot_listen_on(capsys, tiny_ckpt):
         assert main(["serve", str(tiny_ckpt), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"--port {port}: cannot listen there" in err and "Traceback" not in err, err
+    # bad-input trial, 2026-12-05: "--host  --port 18732: cannot listen there (Name or
+    # service not known)" hid that the host was empty
+    assert main(["serve", str(tiny_ckpt), "--host", ""]) == 2
+    assert "--host '': expected a host name or address" in capsys.readouterr().err
 
 
 def _raw(port: int, data: bytes, wait: float = 5.0) -> bytes:
@@ -1194,7 +1198,9 @@ def test_bad_input_trial_messages_name_the_field_in_json(server):
     assert code == 400 and "no tools are declared" in err["error"]["message"], err
     done = {"model": MODEL, "max_tokens": 1}
     for prompt, want in (([1, 2, "a"], 'prompt[2]: token ids must be integers, found string "a"'),
-                         ([["a"]], 'prompt[0][0]: token ids must be integers, found string "a"')):
+                         ([["a"]], 'prompt[0][0]: token ids must be integers, found string "a"'),
+                         ([None], "prompt[0]: token ids must be integers, found null"),
+                         ([[1, None]], "prompt[0][1]: token ids must be integers, found null")):
         code, err = _post(url + "/v1/completions", {**done, "prompt": prompt})
         assert code == 400 and err["error"]["message"] == want, err
     code, err = _post(url + "/v1/completions", {**done, "prompt": "x", "model": 'it\'s "x"'})
@@ -1204,6 +1210,15 @@ def test_bad_input_trial_messages_name_the_field_in_json(server):
         **chat, "messages": [{"role": "user", "content": "hi", "name": 5}]})
     assert code == 400 and err["error"]["message"] == \
         "messages[0].name: expected a string or null, found integer", err
+    # bad-input trial, 2026-12-05: an object said "expected at least one message, got none"
+    code, err = _post(url + "/v1/chat/completions", {**chat, "messages": {}})
+    assert code == 400 and err["error"]["message"] == \
+        "messages: expected a non-empty list of message objects, found object", err
+    code, err = _post(url + "/v1/chat/completions", {**chat, "messages": [
+        {"role": "assistant", "content": "a", "reasoning": "x", "reasoning_content": "y"},
+        {"role": "user", "content": "b"}]})
+    assert code == 400 and err["error"]["message"].startswith(
+        "messages[0]: reasoning_content and reasoning differ"), err
     req = urllib.request.Request(url + "/health", method="HEAD")
     with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 200

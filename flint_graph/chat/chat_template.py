@@ -39,6 +39,10 @@ from flint_graph.chat.template_sandbox import compile_template, render_budgeted
 __all__ = ["GLM47_CHAT_TEMPLATE", "Segment", "render_chat", "render_chat_segments",
            "validate_messages", "validate_tools"]  # validation lives in chat_messages
 
+# what the sandbox gives every template (template_sandbox.compile_template, and Jinja's own)
+TEMPLATE_FUNCTIONS = frozenset({"raise_exception", "strftime_now", "range", "namespace", "dict",
+                                "cycler", "joiner"})
+
 _TOOLS_PREAMBLE = (
     "<|system|>\\n# Tools\\n\\nYou may call one or more of the functions below to help with the "
     "request.\\n\\nEach function is described by one JSON object per line inside <tools></tools>:"
@@ -172,6 +176,9 @@ def render_chat_segments(template: str, messages: list[dict], tools: list[dict] 
     tool_list = validate_tools(tools)
     check_tool_choice(tool_choice, tool_list)
     for name, value in kwargs.items():  # template variables are data too
+        if name in TEMPLATE_FUNCTIONS:  # `raise_exception=1` replaced the template's own
+            raise InvalidRequestError(f"{name}: the chat template's own function; a template "
+                                      "variable cannot replace it")
         check_data(value, name)
     if tool_choice == "none":
         tool_list = None

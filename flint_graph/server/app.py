@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from flint_graph.errors import FlintError, kind, shown
+from flint_graph.errors import FlintError, found, shown
 from flint_graph.server import protocol as p
 from flint_graph.server.metrics import ServerMetrics
 
@@ -411,7 +411,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                 if isinstance(prompt, list) else None
             if at is not None:  # a token-id list with a string in it, not a batch
                 raise p.APIError(400, f"prompt[0][{at}]: token ids must be integers, found "
-                                 f"{kind(prompt[at])} {shown(prompt[at], 40)}", "prompt")
+                                 f"{found(prompt[at])}", "prompt")
         usage = p.include_usage(body)
         admission = _room()
         try:

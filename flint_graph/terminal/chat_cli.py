@@ -137,12 +137,15 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
     Raises FlintError naming the path if the directory does not exist or is not writable, or
     the name cannot be a file there (too long, a symlink loop, a directory): every such case
     is the user's to fix, and the chat goes on."""
+    if str(path) == "-":  # the usual "standard output" of a command line: not here
+        raise FlintError("-: /save writes a file, not standard output; give a file name")
     path = Path(path).expanduser()
     try:
+        if path.exists() and not path.is_file():  # before resolving: /dev/stdout is a pipe
+            raise FlintError(f"{path}: exists and is not a regular file (a directory, device "
+                             "or pipe); choose a file name")
         if path.is_symlink():
             path = path.resolve()  # replace the file the link points at, keep the link
-        if path.exists() and not path.is_file():
-            raise FlintError(f"{path}: exists and is not a regular file; choose a file name")
         if not path.parent.is_dir():
             above = next((a for a in path.parents if a.exists()), None)
             if above is not None and not above.is_dir():
