@@ -584,7 +584,8 @@ class RequestStream:
 
     @property
     def output(self) -> GenerationOutput:
-        """The request's GenerationOutput so far (final once iteration ended)."""
+        """The request's GenerationOutput so far (final once iteration ended; its
+        finish_reason reads "abort" until then)."""
         return _output(self._req)
 
     @property
