@@ -397,14 +397,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         # flint-nano declines a tool request it was given no tool for, in words that list
         # the skills it just declined ("Convert 120 km to mi." without --tools)
         # ("Write a poem" is declined the same way, so the note says when tools would help)
-        print("flint-graph: note: the model declined; if you asked for the weather, a unit "
-              "conversion or a table lookup, those are tool calls, offered with --tools "
-              "TOOLS.json (e.g. examples/tools.json)", file=sys.stderr)
+        print(f"flint-graph: note: {DECLINED_HINT}", file=sys.stderr)
     return 0
 
 
-# how flint-nano begins declining a request (nano/phrasings.py REFUSAL)
+# how flint-nano begins declining a request (nano/phrasings.py REFUSAL), and what generate and
+# the chat add when it declines with no tools declared
 DECLINED = "I can't do that."
+DECLINED_HINT = ("the model declined; if you asked for the weather, a unit conversion or a "
+                 "table lookup, those are tool calls, offered with --tools TOOLS.json (e.g. "
+                 "examples/tools.json)")
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:

@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(command="generate")
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat completions, "
-                                       "completions, models, health)",
+                                       "completions, models, health, metrics)",
                          description="Serve a Flint checkpoint over the OpenAI HTTP API: POST "
                                      "/v1/chat/completions and /v1/completions (streamed as "
                                      "server-sent events with stream: true), GET /v1/models, "

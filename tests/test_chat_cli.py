@@ -586,3 +586,28 @@ def test_save_to_a_pipe_or_to_a_dash_says_what_it_is(tiny_llm, tmp_path, monkeyp
     assert f"{link}: exists and is not a regular file (a directory, device or pipe)" in out
     assert "-: /save writes a file, not standard output" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "out"]
+
+
+def test_a_refusal_without_tools_gets_generates_note_once(monkeypatch):
+    """A new user's trial (2026-12-05): `generate` notes that weather, conversions and lookups
+    are tool calls when the model declines with no tools declared; the chat showed the bare
+    refusal, which lists the very skills that need --tools. Now the chat says so too, once."""
+    from chat_fakes import FakeLLM
+
+    from flint_graph.cli import DECLINED
+
+    refusal = DECLINED + " I can check the weather, convert units, ..."
+    console = Console(file=io.StringIO(), width=200, force_terminal=False)
+    it = iter(["What is the weather in Oslo?", "And in Bergen?", "/exit"])
+    console.input = lambda prompt="": next(it)  # type: ignore[method-assign]
+    ChatSession(FakeLLM("A tool request.", refusal), SamplingParams(max_tokens=6),
+                console=console).run()
+    out = console.file.getvalue()
+    assert out.count("note: the model declined; if you asked for the weather") == 1
+    assert "--tools TOOLS.json (e.g. examples/tools.json)" in out
+    console = Console(file=io.StringIO(), width=200, force_terminal=False)
+    it = iter(["What is the weather in Oslo?", "/exit"])
+    console.input = lambda prompt="": next(it)  # type: ignore[method-assign]
+    ChatSession(FakeLLM("A tool request.", refusal), SamplingParams(max_tokens=6),
+                tools=[{"type": "function", "function": {"name": "f"}}], console=console).run()
+    assert "note: the model declined" not in console.file.getvalue()  # tools were declared

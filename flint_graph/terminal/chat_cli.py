@@ -207,6 +207,7 @@ class ChatSession:
                  enable_thinking: bool = True, show_reasoning: bool = False,
                  console: Console | None = None, echo_input: bool | None = None):
         self.llm, self.params, self.tools = llm, params, tools
+        self.hinted_tools = False  # the note on a refusal without tools, shown once
         self.system, self.enable_thinking = system, enable_thinking
         self.show_reasoning = show_reasoning
         # piped, rich would break lines at 80 columns inside words; a reader of the file wraps
@@ -506,6 +507,14 @@ class ChatSession:
         elif out.finish_reason == "repeat":
             footer += " · the answer looped (--stop-on-repeat)"
         self.console.print(f"[dim]{footer}[/]")
+        from flint_graph.cli import DECLINED, DECLINED_HINT
+
+        if not self.tools and not self.hinted_tools and \
+                (msg.content or "").lstrip().startswith(DECLINED):
+            # as generate's note (a new user's trial: the chat showed the bare refusal,
+            # which lists the very skills that need --tools); once a chat
+            self.hinted_tools = True
+            self.console.print(Text(f"note: {DECLINED_HINT}", style="dim"))
         return msg
 
     def _live_view(self, live: dict[str, Any]) -> Text:
