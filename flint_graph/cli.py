@@ -561,10 +561,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler found here
     signal.signal(signal.SIGTERM, _terminated)
-    server.run()
+    try:
+        server.run()
+    except SystemExit as e:
+        code = e.code
+    else:
+        code = 0
     if failed:
         raise InvalidRequestError(f"the model did not load: {failed[0]}")
-    return 0
+    # Every response has ended. A worker thread may still be inside the engine step it was
+    # in (a long prompt's chunk on the CPU: seconds), which the interpreter's exit waits for
+    # (it made `--shutdown-grace 0` exit slower than the default, and a Ctrl-C meanwhile
+    # turned the status into 130; bad-input trial, 2026-12-05): the server holds nothing to
+    # save, so the process leaves now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 0)
 
 
 # Each command and the modules it imports during start-up, where Ctrl-C exits at once (see the

@@ -709,3 +709,36 @@ def test_stream_names_a_list_holding_one_prompt(tiny_llm):
     with pytest.raises(InvalidRequestError, match=r'prompt\[1\]: token ids must be integers, '
                                                    r'found string "a"'):
         tiny_llm.stream([1, "a"])
+
+
+def test_an_abort_from_another_thread_ends_a_long_prefill_within_a_step(tiny_ckpt):
+    """A bad-input trial (2026-12-05): a server stopped while a long prompt was being prefilled
+    exited 47 s later. The consumer thread steps in a loop; each step releases the engine's
+    lock and takes it again before a thread waiting in `abort` wakes, so the abort waited for
+    the whole prompt. Now the next step ends it: the consumer runs at most two more steps."""
+    import threading
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False,
+              engine=EngineConfig(prefill_chunk_tokens=16, prefill_tokens_per_step=16,
+                                  kv_reuse=False))
+    eng = llm.engine
+    req = llm._request([(7 * i) % 500 + 3 for i in range(2000)], SamplingParams(max_tokens=1),
+                       None)  # 125 steps of prefill
+    eng.add(req)
+    steps = [0]
+    started = threading.Event()
+
+    def consume():
+        while not req.is_finished:
+            eng.step()
+            steps[0] += 1
+            started.set()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    started.wait(30)
+    at = steps[0]
+    eng.abort(req)
+    t.join(60)
+    assert req.finish_reason == "abort" and not eng.has_work
+    assert steps[0] - at <= 2, f"{steps[0] - at} steps after the abort"

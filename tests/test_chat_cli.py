@@ -580,11 +580,12 @@ def test_save_to_a_pipe_or_to_a_dash_says_what_it_is(tiny_llm, tmp_path, monkeyp
     os.mkfifo(fifo)
     link = tmp_path / "out"
     link.symlink_to(fifo)
-    s, console = _session(tiny_llm, ["hi", f"/save {link}", "/save -", "/exit"])
+    s, console = _session(tiny_llm, ["hi", f"/save {link}", "/save -", "/save new/", "/exit"])
     s.run()
     out = " ".join(console.file.getvalue().split())  # the console wraps long lines
     assert f"{link}: exists and is not a regular file (a directory, device or pipe)" in out
     assert "-: /save writes a file, not standard output" in out
+    assert "new/: names a directory (it ends with /); give a file name" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "out"]
 
 

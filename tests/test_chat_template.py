@@ -716,7 +716,7 @@ HOSTILE_TEMPLATES = {  # (template, words the TemplateError must hold)
                         "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}", ""),
     "list doubling": ("{% set ns = namespace(s=[1]) %}{% for i in range(40) %}"
                       "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s | length }}",
-                      "longer than"),
+                      ""),  # the size or the items budget, whichever is reached first
     "lipsum": ("{{ lipsum(n=1000000) }}", ""),
     "20,000 nested ifs": ("{% if true %}" * 20000 + "x" + "{% endif %}" * 20000,
                           "nested too deeply"),
@@ -804,6 +804,86 @@ def test_templates_asking_for_huge_values_are_refused_before_building_them(case)
         tracemalloc.stop()
     assert peak < 100e6, f"{case}: peak {peak / 1e6:.0f} MB"
     assert time.perf_counter() - t0 < 5
+
+
+# The second bad-input trial of the same day: routes the size checks above missed, each 1.5 to
+# 6.5 GB or 15 to 40 s before a refusal (or accepted at 1.7 GB), and one loop that never ended.
+# (template, traced peak allowed in MB: what the template itself builds first, 60M characters,
+# is 60 MB of ASCII or 240 MB of emoji)
+ROUTES_AROUND = {
+    "|batch(1)|list of a long string": ("{{ ('x' * 60000000)|batch(1)|list|length }}", 100),
+    "|title": ("{{ ('ab ' * 20000000)|title|length }}", 100),
+    "|urlencode of emoji": ("{% set u = ('\U0001F600' * 60000000)|urlencode %}{{ u|length }}",
+                            300),
+    "|wordwrap": ("{{ ('ab ' * 20000000)|wordwrap(10)|length }}", 100),
+    "|tojson separators": ("{{ ([1] * 2000)|tojson(separators=('x' * 1000000, ':'))|length }}",
+                           100),
+    "bytes *": ("{{ ('x'.encode('utf-8') * 1500000000)|length }}", 100),
+    "bytes center": ("{{ ('x'.encode()).center(1500000000)|length }}", 100),
+    "str.translate": ("{{ ('a' * 1000).translate({97: 'b' * 1500000})|length }}", 100),
+    "a {% set %} block": ("{% set a = 'x' * 60000000 %}{% set x %}{% for i in range(25) %}"
+                          "{{ a }}{% endfor %}{% endset %}{{ x|length }}", 200),
+    "str.split": ("{{ ('ab ' * 20000000).split()|length }}", 100),
+    "str.upper that expands": ("{{ ('\ufb03' * 60000000).upper()|length }}", 300),
+    "five copies of a long value": ("{% set a = '\U0001F600' * 60000000 %}{% set b = a ~ 1 %}"
+                                    "{% set c = a ~ 2 %}{% set d = a ~ 3 %}{% set e = a ~ 4 %}"
+                                    "{% set f = a ~ 5 %}ok", 800),
+    "a macro's output": ("{% set a = 'x' * 60000000 %}{% macro m() %}{% for i in range(25) %}"
+                         "{{ a }}{% endfor %}{% endmacro %}{% set x = m() %}ok", 200),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUTES_AROUND))
+def test_routes_around_the_size_checks_are_bounded_too(case):
+    """Each is one TemplateError (a size, an item count or the characters one render may build:
+    RENDER_BUILT_CHARS) within 5 s and its stated traced peak."""
+    import time
+    import tracemalloc
+
+    template, mb = ROUTES_AROUND[case]
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(TemplateError):
+            render_chat(template, [{"role": "user", "content": "hi"}])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < mb * 1e6, f"{case}: peak {peak / 1e6:.0f} MB"
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_loop_that_charges_nothing_is_stopped_by_the_watchdog():
+    """Nested loops with empty bodies reach no budget check (10^10 iterations: it ran without
+    end, and kept the server from exiting). The watchdog stops the render 1 s past
+    RENDER_SECONDS; the thread goes on unharmed, in the caller's thread or a worker's."""
+    import threading
+    import time
+
+    from flint_graph.chat.template_sandbox import RENDER_SECONDS
+
+    loops = ("{% set s = 'x' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}"
+             "{% endfor %}done")
+    t0 = time.perf_counter()
+    with pytest.raises(TemplateError, match="rendering took more than 5 s"):
+        render_chat(loops, [{"role": "user", "content": "hi"}])
+    assert time.perf_counter() - t0 < RENDER_SECONDS + 3
+    assert render_chat(GLM47_CHAT_TEMPLATE, [{"role": "user", "content": "hi"}])
+    time.sleep(0.2)  # nothing stray arrives after a render that ended in time
+    errors: list = []
+
+    def worker():
+        try:
+            render_chat(loops, [{"role": "user", "content": "hi"}])
+        except TemplateError as e:
+            errors.append(e)
+        for _ in range(3):
+            render_chat(GLM47_CHAT_TEMPLATE, [{"role": "user", "content": "hi"}])
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(RENDER_SECONDS + 5)
+    assert not t.is_alive() and len(errors) == 1
 
 
 @pytest.mark.parametrize("template, expected", [
@@ -954,4 +1034,10 @@ def test_a_template_variable_cannot_replace_the_templates_functions(name):
     """A bad-input trial (2026-12-05): `llm.chat(msgs, raise_exception=1)` replaced the
     template's error function with 1."""
     with pytest.raises(InvalidRequestError, match=f"{name}: the chat template's own function"):
+        render_chat(GLM47_CHAT_TEMPLATE, [{"role": "user", "content": "hi"}], **{name: 1})
+
+
+@pytest.mark.parametrize("name", ["loop", "caller", "varargs", "environment"])
+def test_a_template_variable_cannot_take_a_name_jinja_reserves(name):
+    with pytest.raises(InvalidRequestError, match=f"{name}: a name Jinja gives its own meaning"):
         render_chat(GLM47_CHAT_TEMPLATE, [{"role": "user", "content": "hi"}], **{name: 1})

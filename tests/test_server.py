@@ -1219,6 +1219,10 @@ def test_bad_input_trial_messages_name_the_field_in_json(server):
         {"role": "user", "content": "b"}]})
     assert code == 400 and err["error"]["message"].startswith(
         "messages[0]: reasoning_content and reasoning differ"), err
+    code, err = _post(url + "/v1/chat/completions", {**chat, "messages": [  # "" is not given
+        {"role": "assistant", "content": "a", "reasoning": "", "reasoning_content": "y"},
+        {"role": "user", "content": "b"}]})
+    assert code == 200, err
     req = urllib.request.Request(url + "/health", method="HEAD")
     with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 200

@@ -222,8 +222,8 @@ def validate_messages(messages: Any) -> list[dict]:
         # type there is the caller's bug as anywhere else (a bad-input trial sent 5)
         for key in ("reasoning_content", "reasoning", "name"):
             _check_str(m.get(key), f"{where}.{key}", optional=True)
-        if isinstance(m.get("reasoning_content"), str) and isinstance(m.get("reasoning"), str) \
-                and m["reasoning_content"] != m["reasoning"]:
+        if m.get("reasoning_content") and m.get("reasoning") \
+                and m["reasoning_content"] != m["reasoning"]:  # ("" is "not given", as null)
             # both names of one field (this server streams both, equal): which one is meant?
             raise InvalidRequestError(f"{where}: reasoning_content and reasoning differ; they "
                                       "name the same field (give one, or both equal)")

@@ -42,6 +42,8 @@ __all__ = ["GLM47_CHAT_TEMPLATE", "Segment", "render_chat", "render_chat_segment
 # what the sandbox gives every template (template_sandbox.compile_template, and Jinja's own)
 TEMPLATE_FUNCTIONS = frozenset({"raise_exception", "strftime_now", "range", "namespace", "dict",
                                 "cycler", "joiner"})
+TEMPLATE_RESERVED = frozenset({"loop", "caller", "varargs", "kwargs", "self", "super",
+                               "lipsum", "environment"})
 
 _TOOLS_PREAMBLE = (
     "<|system|>\\n# Tools\\n\\nYou may call one or more of the functions below to help with the "
@@ -179,6 +181,9 @@ def render_chat_segments(template: str, messages: list[dict], tools: list[dict] 
         if name in TEMPLATE_FUNCTIONS:  # `raise_exception=1` replaced the template's own
             raise InvalidRequestError(f"{name}: the chat template's own function; a template "
                                       "variable cannot replace it")
+        if name in TEMPLATE_RESERVED:
+            raise InvalidRequestError(f"{name}: a name Jinja gives its own meaning in a "
+                                      "template; a template variable cannot take it")
         check_data(value, name)
     if tool_choice == "none":
         tool_list = None

@@ -22,11 +22,17 @@ at most); a chat template renders a few KB.
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import functools
+import heapq
+import itertools
 import json
 import math
 import re
+import threading
 import time
+import types
+from collections.abc import Iterator
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -43,26 +49,32 @@ __all__ = ["RENDER_CHARS", "RENDER_SECONDS", "compile_template", "render_budgete
 
 RENDER_SECONDS = 5.0  # wall time, checked at every call and operator the template evaluates
 RENDER_CALLS = 2_000_000  # calls (functions, macros, filters) and operators
-RENDER_RANGE_ITEMS = 2_000_000  # items of every range() of one render together
+RENDER_RANGE_ITEMS = 2_000_000  # items of range() and of lists filters build, per render
 RENDER_CHARS = 64 << 20  # characters of the output, and of any value one operation builds
+RENDER_BUILT_CHARS = 2 * RENDER_CHARS  # characters every operation builds, per render
 RENDER_INT_BITS = 1 << 16  # bits of an integer ** may produce
 _BUDGET: contextvars.ContextVar[list | None] = contextvars.ContextVar("render_budget",
                                                                       default=None)
 
 
-def _spend(calls: int = 1, items: int = 0) -> None:
-    """Charge the current render's budget ([deadline, calls left, range items left])."""
+def _spend(calls: int = 1, items: int = 0, chars: int = 0) -> None:
+    """Charge the current render's budget ([deadline, calls left, items left, characters left
+    to build])."""
     b = _BUDGET.get()
     if b is None:
         return
     b[1] -= calls
     b[2] -= items
+    b[3] -= chars
     if b[1] < 0:
         raise TemplateError(f"chat template: more than {RENDER_CALLS:,} calls and operations "
                             "in one render")
     if b[2] < 0:
-        raise TemplateError(f"chat template: its range() loops exceed {RENDER_RANGE_ITEMS:,} "
-                            "items in one render")
+        raise TemplateError(f"chat template: its range() loops and the lists it builds exceed "
+                            f"{RENDER_RANGE_ITEMS:,} items in one render")
+    if b[3] < 0:
+        raise TemplateError(f"chat template: builds more than {RENDER_BUILT_CHARS:,} "
+                            "characters in one render")
     if time.perf_counter() > b[0]:
         raise TemplateError(f"chat template: rendering took more than {RENDER_SECONDS:g} s")
 
@@ -106,6 +118,37 @@ def _text_size(value: Any, limit: int = RENDER_CHARS) -> int:
 def _count(value: Any) -> int:
     """An int size argument as given, 0 for anything else (the call then fails on its own)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _charge(value: Any) -> Any:
+    """Charge a value an operation built to the render (its characters, or its items), and
+    count the items of a lazy one as they come. Returns it (a generator wrapped)."""
+    if isinstance(value, (str, bytes, bytearray)):
+        _spend(calls=0, chars=len(value))
+    elif isinstance(value, (list, tuple, dict, set, frozenset)):
+        _spend(calls=0, items=len(value))
+    elif isinstance(value, types.GeneratorType):
+        return _counted(value)
+    return value
+
+
+def _counted(items: Iterator) -> Iterator:
+    for item in items:  # `|batch(1)` of a 60M-character string: 60M lists, 6.5 GB
+        _spend(calls=0, items=1)
+        yield item
+
+
+# filters that build a list from their input's items (charged before they run)
+_ITEM_FILTERS = frozenset({"list", "batch", "slice", "sort", "reverse", "unique", "dictsort",
+                           "groupby", "items", "map", "select", "reject", "selectattr",
+                           "rejectattr"})
+# filters and str methods whose work or intermediate lists grow with their input by more than
+# its size: a regex split per word (title, wordwrap, striptags), 12 bytes per character
+# (urlencode), case changes that expand ("ﬃ".upper() is "FFI"), splits into one string per
+# word or line (4.5 GB for `|title` of 60M characters, bad-input trial 2026-12-05)
+_GROWTH = {"title": 8, "wordwrap": 8, "striptags": 8, "wordcount": 8, "urlencode": 12,
+           "upper": 3, "lower": 3, "capitalize": 3, "swapcase": 3, "casefold": 3,
+           "split": 8, "rsplit": 8, "splitlines": 8, "partition": 2, "rpartition": 2}
 
 
 # `%` conversions: (mapping key)? flags width(.precision)? length? type
@@ -160,10 +203,16 @@ class _FieldSizes(SandboxedFormatter):
 
 
 def _method_size(obj: Any, args: tuple, kwargs: dict) -> int:
-    """Characters a str method call would build (0: not one that grows its string)."""
+    """Characters (bytes) a str or bytes method call would build, or the work it does in
+    units of characters (0: not one that grows its string)."""
     s, name = getattr(obj, "__self__", None), getattr(obj, "__name__", "")
-    if not isinstance(s, str):
+    if not isinstance(s, (str, bytes, bytearray)):
         return 0
+    if name in _GROWTH:
+        return len(s) * _GROWTH[name]
+    if name == "translate" and args and isinstance(args[0], dict):
+        longest = max((len(v) for v in args[0].values() if isinstance(v, str)), default=1)
+        return len(s) * max(1, longest)
     if name in ("center", "ljust", "rjust", "zfill"):
         return max(len(s), _count(args[0]) if args else 0)
     if name == "expandtabs":
@@ -195,6 +244,8 @@ def _filter_size(name: str, args: tuple, kwargs: dict) -> int:
     """Characters the filter `name` would build from its value `args[0]` and its arguments."""
     value = args[0] if args else None
     size = _text_size(value)
+    if name in _GROWTH:
+        size *= _GROWTH[name]
     if name == "center":
         size = max(size, _count(args[1] if len(args) > 1 else kwargs.get("width", 80)))
     elif name == "indent":
@@ -216,6 +267,9 @@ def _filter_size(name: str, args: tuple, kwargs: dict) -> int:
         indent = args[2] if len(args) > 2 else kwargs.get("indent")
         per_line = len(indent) if isinstance(indent, str) else _count(indent)
         size += _text_size(value) * per_line if per_line else 0  # a line per item at worst
+        seps = args[3] if len(args) > 3 else kwargs.get("separators")
+        if isinstance(seps, (list, tuple)):  # one per item at worst
+            size += _text_size(value) * sum(len(x) for x in seps if isinstance(x, str))
     return size
 
 
@@ -232,7 +286,9 @@ def _guard_filter(name: str, f: Any) -> Any:
             rest = (list(rest[0]),) + rest[1:]  # a generator: its items once, then measured
             args = args[:skip] + rest
         _refuse(_filter_size(name, rest, kwargs), f"the filter |{name}")
-        return f(*args, **kwargs)
+        if name in _ITEM_FILTERS and rest:
+            _spend(calls=0, items=_len(rest[0]))
+        return _charge(f(*args, **kwargs))
 
     return guarded
 
@@ -263,7 +319,10 @@ class _BudgetedSandbox(ImmutableSandboxedEnvironment):
         """`a ~ b ~ ...` (no autoescape here: str of each, joined) within the budget."""
         _spend()
         _refuse(sum(_text_size(v) for v in values), "`~`")
-        return "".join(str(v) for v in values)
+        return _charge("".join(str(v) for v in values))
+
+    def concat(self, parts) -> str:  # a block's or a macro's output, joined
+        return _charge("".join(parts))
 
     def wrap_str_format(self, value: Any):
         """Jinja's sandboxed `str.format` / `format_map`, its fields' sizes summed first."""
@@ -289,7 +348,7 @@ class _BudgetedSandbox(ImmutableSandboxedEnvironment):
         size = _method_size(__obj, args, kwargs)
         if size > RENDER_CHARS:
             _refuse(size, f"str.{getattr(__obj, '__name__', '?')}")
-        return super().call(__context, __obj, *args, **kwargs)
+        return _charge(super().call(__context, __obj, *args, **kwargs))
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         _spend()
@@ -300,10 +359,10 @@ class _BudgetedSandbox(ImmutableSandboxedEnvironment):
                                 f"{RENDER_INT_BITS:,} bits")
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
-                    size = (len(seq) if isinstance(seq, str) else _text_size(seq)) * n
+                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int):
+                    size = (len(seq) if isinstance(seq, (str, bytes)) else _text_size(seq)) * n
                     if size > RENDER_CHARS:
-                        raise TemplateError(f"chat template: a sequence of {len(seq):,} items "
+                        raise TemplateError(f"chat template: a sequence of length {len(seq):,} "
                                             f"times {n:,} is longer than {RENDER_CHARS:,} "
                                             "characters")
         if operator == "+" and all(isinstance(v, (str, list, tuple)) for v in (left, right)):
@@ -313,13 +372,15 @@ class _BudgetedSandbox(ImmutableSandboxedEnvironment):
                                     f"{RENDER_CHARS:,}")
         if operator == "%" and isinstance(left, str):
             _refuse(_percent_size(left, right), "`%` formatting")
-        return super().call_binop(context, operator, left, right)
+        return _charge(super().call_binop(context, operator, left, right))
 
 
 def _checked_output(value: Any) -> Any:
-    """Jinja's finalize: a `{{ value }}` is measured before it becomes text."""
+    """Jinja's finalize: a `{{ value }}` is measured before it becomes text, and charged (in a
+    `{% set %}` block or a macro it builds a value the output cap does not see)."""
     if not isinstance(value, str):
         _refuse(_text_size(value), "printing a value")
+    _spend(calls=0, chars=_text_size(value))
     return value
 
 
@@ -367,22 +428,94 @@ def compile_template(template: str) -> jinja2.Template:
         raise TemplateError("chat template does not compile: too large") from None
 
 
+class _RenderTimeout(BaseException):
+    """Raised inside a render that ran past its time (BaseException: no `except Exception` on
+    the way swallows it)."""
+
+
+class _Watchdog:
+    """One daemon thread that raises _RenderTimeout in a thread whose render runs past its
+    deadline (CPython's PyThreadState_SetAsyncExc: delivered at the thread's next bytecode).
+    Why: the budget is charged at calls, operators and filters, and a loop whose body does
+    none of those (`{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}` over a long
+    string) never reached a check: it ran without end, and kept the server from exiting
+    (bad-input trial, 2026-12-05). A single C call (one filter over 64M characters) still
+    finishes first; its size is bounded by the checks above."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._due: list[tuple[float, int, int]] = []  # (deadline, ticket, thread id)
+        self._live: dict[int, bool] = {}  # ticket -> fired
+        self._tickets = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def start(self, seconds: float) -> int:
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="flint-graph-template-watchdog")
+                self._thread.start()
+            ticket = next(self._tickets)
+            self._live[ticket] = False
+            heapq.heappush(self._due, (time.monotonic() + seconds, ticket,
+                                       threading.get_ident()))
+            self._cv.notify()
+            return ticket
+
+    def stop(self, ticket: int) -> None:
+        """End the watch; a timeout raised but not yet delivered is withdrawn (it may also
+        arrive during this call: the caller catches it)."""
+        with self._cv:
+            if self._live.pop(ticket, False):
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(threading.get_ident()), None)
+
+    def _run(self) -> None:
+        with self._cv:
+            while True:
+                while self._due and self._due[0][1] not in self._live:
+                    heapq.heappop(self._due)  # ended in time
+                if not self._due:
+                    self._cv.wait()
+                    continue
+                deadline, ticket, tid = self._due[0]
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self._cv.wait(left)
+                    continue
+                heapq.heappop(self._due)
+                self._live[ticket] = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
+                                                           ctypes.py_object(_RenderTimeout))
+
+
+_WATCHDOG = _Watchdog()
+
+
 def render_budgeted(compiled: jinja2.Template, **variables: Any) -> str:
     """`compiled.render(**variables)` within the render budget (module docstring): output
-    gathered chunk by chunk up to RENDER_CHARS characters. Raises TemplateError past a limit
-    (and jinja2's errors from the template itself)."""
+    gathered chunk by chunk up to RENDER_CHARS characters, the whole render stopped by a
+    watchdog 1 s past RENDER_SECONDS if no check saw the time first. Raises TemplateError past
+    a limit (and jinja2's errors from the template itself)."""
     token = _BUDGET.set([time.perf_counter() + RENDER_SECONDS, RENDER_CALLS,
-                         RENDER_RANGE_ITEMS])
+                         RENDER_RANGE_ITEMS, RENDER_BUILT_CHARS])
     try:
-        parts, size = [], 0
-        for chunk in compiled.generate(**variables):
-            size += len(chunk)
-            if size > RENDER_CHARS:
-                raise TemplateError(f"chat template: its output passes {RENDER_CHARS:,} "
-                                    "characters")
-            parts.append(chunk)
-            _spend(calls=0)
-        return "".join(parts)
+        ticket = _WATCHDOG.start(RENDER_SECONDS + 1.0)
+        try:
+            parts, size = [], 0
+            for chunk in compiled.generate(**variables):
+                size += len(chunk)
+                if size > RENDER_CHARS:
+                    raise TemplateError(f"chat template: its output passes {RENDER_CHARS:,} "
+                                        "characters")
+                parts.append(chunk)
+                _spend(calls=0)
+            return "".join(parts)
+        finally:
+            _WATCHDOG.stop(ticket)
+    except _RenderTimeout:
+        raise TemplateError(f"chat template: rendering took more than {RENDER_SECONDS:g} s "
+                            "(stopped in a loop)") from None
     except MemoryError:
         raise TemplateError("chat template: ran out of memory while rendering") from None
     finally:

@@ -89,6 +89,7 @@ class Engine:
         self._slot: dict[int, int] = {}
         self._lock = threading.RLock()  # abort / step from several threads
         self._queue_lock = threading.Lock()  # `waiting` alone: add never waits for a step
+        self._aborting: set[Request] = set()  # aborts the next step ends (under _queue_lock)
 
     def _graph_runner(self, ckpt: LoadedCheckpoint, engine: EngineConfig, vocab: int):
         """(GraphRunner or None, why not). Raises ConfigError when engine="graph" cannot run."""
@@ -147,10 +148,18 @@ class Engine:
             queued = req in self.waiting
             if queued:
                 self.waiting.remove(req)
+            else:
+                # also for the next step to end: a thread stepping in a loop (a long prompt's
+                # prefill, one step after another) releases the lock and takes it again before
+                # this waiting thread wakes, so this abort waited for the whole prompt (47 s
+                # on the CPU, a server's shutdown; 2026-12-05)
+                self._aborting.add(req)
         if queued:
             return req.finish("abort")
         with self._lock:
-            self._retire(req)
+            with self._queue_lock:
+                self._aborting.discard(req)
+            self._retire(req)  # (a no-op where a step ended it first)
             return req.finish("abort")
 
     def step(self) -> list[RequestDelta]:
@@ -164,8 +173,13 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self) -> list[RequestDelta]:
-        self._take_snapshots()  # before anything this step writes can reach a ring
         deltas: list[RequestDelta] = []
+        with self._queue_lock:
+            aborting, self._aborting = self._aborting, set()
+        for req in aborting:  # `abort` calls still waiting for the lock (see there)
+            self._retire(req)
+            deltas.append(req.finish("abort"))
+        self._take_snapshots()  # before anything this step writes can reach a ring
         admitted: list[Request] = []
         while len(self.running) + len(self.prefilling) < self.max_slots:
             with self._queue_lock:

@@ -328,7 +328,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
 
     def _stopping(stream=None) -> p.APIError:
         n = 0 if stream is None else len(stream.output.token_ids)
-        done = f": the request was aborted after {n} tokens" if n else ""
+        done = f": the request was aborted after {n} token{'s' * (n != 1)}" if n else ""
         return p.APIError(503, f"the server is shutting down{done}", kind="server_error",
                           code="server_shutting_down")
 

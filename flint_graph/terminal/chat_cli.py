@@ -139,6 +139,8 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
     is the user's to fix, and the chat goes on."""
     if str(path) == "-":  # the usual "standard output" of a command line: not here
         raise FlintError("-: /save writes a file, not standard output; give a file name")
+    if str(path).endswith(("/", os.sep)):  # `new/` wrote a file named "new"
+        raise FlintError(f"{path}: names a directory (it ends with /); give a file name")
     path = Path(path).expanduser()
     try:
         if path.exists() and not path.is_file():  # before resolving: /dev/stdout is a pipe
