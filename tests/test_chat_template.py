@@ -827,7 +827,7 @@ ROUTES_AROUND = {
     "str.upper that expands": ("{{ ('\ufb03' * 60000000).upper()|length }}", 300),
     "five copies of a long value": ("{% set a = '\U0001F600' * 60000000 %}{% set b = a ~ 1 %}"
                                     "{% set c = a ~ 2 %}{% set d = a ~ 3 %}{% set e = a ~ 4 %}"
-                                    "{% set f = a ~ 5 %}ok", 800),
+                                    "{% set f = a ~ 5 %}ok", 1400),  # RENDER_MEMORY: 1 GiB
     "a macro's output": ("{% set a = 'x' * 60000000 %}{% macro m() %}{% for i in range(25) %}"
                          "{{ a }}{% endfor %}{% endmacro %}{% set x = m() %}ok", 200),
 }
@@ -835,8 +835,8 @@ ROUTES_AROUND = {
 
 @pytest.mark.parametrize("case", list(ROUTES_AROUND))
 def test_routes_around_the_size_checks_are_bounded_too(case):
-    """Each is one TemplateError (a size, an item count or the characters one render may build:
-    RENDER_BUILT_CHARS) within 5 s and its stated traced peak."""
+    """Each is one TemplateError (a size, an item count or the memory one render may add:
+    RENDER_MEMORY) within 5 s and its stated traced peak."""
     import time
     import tracemalloc
 
@@ -884,6 +884,77 @@ def test_a_loop_that_charges_nothing_is_stopped_by_the_watchdog():
     t.start()
     t.join(RENDER_SECONDS + 5)
     assert not t.is_alive() and len(errors) == 1
+
+
+def test_a_template_that_accumulates_its_prompt_renders_a_long_chat():
+    """A bad-input trial (2026-12-05): a template building the prompt in a namespace
+    (`ns.p = ns.p ~ ...`, as some checkpoints' do) builds the square of its size while holding
+    one copy; a per-render total of characters built refused a 601-message, 1.2M-character
+    chat. The memory check lets it through."""
+    accum = ("{% set ns = namespace(p='') %}{% for m in messages %}{% set ns.p = ns.p ~ "
+             "'<|im_start|>' ~ m.role ~ '\\n' ~ (m.content|trim) ~ '<|im_end|>\\n' %}"
+             "{% endfor %}{{ ns.p }}")
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "w" * 2000}
+            for i in range(601)]
+    assert len(render_chat(accum, msgs)) > 1_200_000
+
+
+def test_a_template_asking_the_length_in_a_loop_renders_a_long_chat_quickly():
+    """A bad-input trial (2026-12-05): Qwen3's template asks `messages|length` in a loop over
+    the messages; the size check measured the whole list at each call, so a 2,001-message
+    chat ran past the 5 s limit. Filters that build nothing are not measured."""
+    import time
+
+    loop = ("{%- for m in messages[::-1] %}{%- set i = (messages|length - 1) - loop.index0 %}"
+            "{%- endfor %}{%- for m in messages %}{{ m.role ~ ': ' ~ m.content }}{%- endfor %}")
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "w" * 100}
+            for i in range(2001)]
+    t0 = time.perf_counter()
+    assert render_chat(loop, msgs)
+    assert time.perf_counter() - t0 < 2
+
+
+def test_renders_ending_at_their_deadline_never_wedge_the_watchdog(monkeypatch):
+    """A bad-input trial (2026-12-05): with the timeout raised under the lock every render
+    takes to start, a render ending at its deadline could receive it while taking that lock
+    and keep it, hanging every later render in other threads (4 runs in 5 with deadlines of
+    0.1 ms). Here 3,000 renders in one thread end near a 0.1 ms deadline; each ends in a
+    result or a TemplateError, nothing stray arrives afterwards, and another thread then
+    renders at once."""
+    import threading
+
+    from flint_graph.chat import template_sandbox as ts
+
+    monkeypatch.setattr(ts, "RENDER_SECONDS", -0.9999)  # the watchdog's deadline: 0.1 ms
+    loops = "{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}ok"
+    compiled = ts.compile_template(loops)
+    outcomes: dict[str, int] = {}
+    stray: list = []
+
+    def renders():
+        try:
+            for i in range(3000):
+                try:
+                    ts.render_budgeted(compiled, s="x" * (5 + i % 25))
+                    outcomes["ok"] = outcomes.get("ok", 0) + 1
+                except TemplateError:
+                    outcomes["refused"] = outcomes.get("refused", 0) + 1
+            for _ in range(200000):  # plain Python work after the last render
+                pass
+        except BaseException as e:  # noqa: BLE001 - a timeout outside a render
+            stray.append(e)
+
+    t = threading.Thread(target=renders)
+    t.start()
+    t.join(60)
+    assert not t.is_alive() and not stray and sum(outcomes.values()) == 3000, outcomes
+    monkeypatch.undo()
+    done: list = []
+    other = threading.Thread(target=lambda: done.append(
+        render_chat(GLM47_CHAT_TEMPLATE, [{"role": "user", "content": "hi"}])))
+    other.start()
+    other.join(10)
+    assert done, "a later render in another thread hung"
 
 
 @pytest.mark.parametrize("template, expected", [

@@ -25,9 +25,9 @@ import contextvars
 import ctypes
 import functools
 import heapq
-import itertools
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -51,30 +51,52 @@ RENDER_SECONDS = 5.0  # wall time, checked at every call and operator the templa
 RENDER_CALLS = 2_000_000  # calls (functions, macros, filters) and operators
 RENDER_RANGE_ITEMS = 2_000_000  # items of range() and of lists filters build, per render
 RENDER_CHARS = 64 << 20  # characters of the output, and of any value one operation builds
-RENDER_BUILT_CHARS = 2 * RENDER_CHARS  # characters every operation builds, per render
+RENDER_MEMORY = 1 << 30  # bytes the process may grow by during one render
+_MEMORY_CHECK_CHARS = 8 << 20  # characters (or items) built between two looks at the memory
 RENDER_INT_BITS = 1 << 16  # bits of an integer ** may produce
 _BUDGET: contextvars.ContextVar[list | None] = contextvars.ContextVar("render_budget",
                                                                       default=None)
 
 
+def _resident_bytes() -> int:
+    """This process's resident memory now (Linux /proc; elsewhere its peak so far)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def _spend(calls: int = 1, items: int = 0, chars: int = 0) -> None:
-    """Charge the current render's budget ([deadline, calls left, items left, characters left
-    to build])."""
+    """Charge the current render's budget ([deadline, calls left, items left, characters
+    until the next memory check, resident bytes at the start]). Why memory and not a total
+    of characters built: a template that accumulates its prompt (`ns.p = ns.p ~ ...`) builds
+    the square of its size while holding only the last copy (a 260K-character chat was
+    refused at a 128M-character total; bad-input trial, 2026-12-05), and one that keeps copies
+    holds all of them."""
     b = _BUDGET.get()
     if b is None:
         return
     b[1] -= calls
     b[2] -= items
-    b[3] -= chars
+    b[3] -= chars + items
     if b[1] < 0:
         raise TemplateError(f"chat template: more than {RENDER_CALLS:,} calls and operations "
                             "in one render")
     if b[2] < 0:
         raise TemplateError(f"chat template: its range() loops and the lists it builds exceed "
                             f"{RENDER_RANGE_ITEMS:,} items in one render")
-    if b[3] < 0:
-        raise TemplateError(f"chat template: builds more than {RENDER_BUILT_CHARS:,} "
-                            "characters in one render")
+    if b[3] < 0:  # every 8M characters built: how much the process has grown
+        b[3] = _MEMORY_CHECK_CHARS
+        grown = _resident_bytes() - b[4]
+        if grown > RENDER_MEMORY:
+            raise TemplateError(f"chat template: the process grew by {grown >> 20:,} MiB "
+                                f"while rendering (at most {RENDER_MEMORY >> 20:,} MiB)")
     if time.perf_counter() > b[0]:
         raise TemplateError(f"chat template: rendering took more than {RENDER_SECONDS:g} s")
 
@@ -240,8 +262,17 @@ def _replace_size(s: str, old: str, new: str, count: int = -1) -> int:
     return len(s) + hits * max(0, len(new) - len(old))
 
 
+# filters that build nothing from their value: not measured (Qwen3's template asks
+# `messages|length` in a loop over the messages: measuring the list each time made a
+# 2,000-message chat run past the time limit; bad-input trial, 2026-12-05)
+_INSPECTING = frozenset({"length", "count", "first", "last", "random", "default", "d", "attr",
+                         "int", "float", "abs", "round", "filesizeformat"})
+
+
 def _filter_size(name: str, args: tuple, kwargs: dict) -> int:
     """Characters the filter `name` would build from its value `args[0]` and its arguments."""
+    if name in _INSPECTING:
+        return 0
     value = args[0] if args else None
     size = _text_size(value)
     if name in _GROWTH:
@@ -322,6 +353,8 @@ class _BudgetedSandbox(ImmutableSandboxedEnvironment):
         return _charge("".join(str(v) for v in values))
 
     def concat(self, parts) -> str:  # a block's or a macro's output, joined
+        parts = list(parts)
+        _refuse(sum(map(len, parts)), "a block's or a macro's output")
         return _charge("".join(parts))
 
     def wrap_str_format(self, value: Any):
@@ -433,6 +466,21 @@ class _RenderTimeout(BaseException):
     the way swallows it)."""
 
 
+class _Ticket:
+    """One render's watch: its thread, and whether it ended (`done`) or was stopped (`fired`),
+    both set under its own lock."""
+
+    __slots__ = ("deadline", "tid", "lock", "done", "fired")
+
+    def __init__(self, deadline: float, tid: int) -> None:
+        self.deadline, self.tid = deadline, tid
+        self.lock = threading.Lock()
+        self.done = self.fired = False
+
+    def __lt__(self, other: "_Ticket") -> bool:
+        return self.deadline < other.deadline
+
+
 class _Watchdog:
     """One daemon thread that raises _RenderTimeout in a thread whose render runs past its
     deadline (CPython's PyThreadState_SetAsyncExc: delivered at the thread's next bytecode).
@@ -440,53 +488,55 @@ class _Watchdog:
     none of those (`{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}` over a long
     string) never reached a check: it ran without end, and kept the server from exiting
     (bad-input trial, 2026-12-05). A single C call (one filter over 64M characters) still
-    finishes first; its size is bounded by the checks above."""
+    finishes first; its size is bounded by the checks above.
+    The exception is raised under the render's own ticket lock only, never under the lock
+    every render takes to start: a render ending at its deadline can receive it while taking
+    its ticket lock and keep that lock (it is never used again), where it had kept the shared
+    one and hung every later render (bad-input trial, 2026-12-05)."""
 
     def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._due: list[tuple[float, int, int]] = []  # (deadline, ticket, thread id)
-        self._live: dict[int, bool] = {}  # ticket -> fired
-        self._tickets = itertools.count()
+        self._cv = threading.Condition(threading.Lock())
+        self._due: list[_Ticket] = []
         self._thread: threading.Thread | None = None
 
-    def start(self, seconds: float) -> int:
+    def start(self, seconds: float) -> _Ticket:
+        ticket = _Ticket(time.monotonic() + seconds, threading.get_ident())
         with self._cv:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="flint-graph-template-watchdog")
                 self._thread.start()
-            ticket = next(self._tickets)
-            self._live[ticket] = False
-            heapq.heappush(self._due, (time.monotonic() + seconds, ticket,
-                                       threading.get_ident()))
+            heapq.heappush(self._due, ticket)
             self._cv.notify()
-            return ticket
+        return ticket
 
-    def stop(self, ticket: int) -> None:
+    @staticmethod
+    def stop(ticket: _Ticket) -> None:
         """End the watch; a timeout raised but not yet delivered is withdrawn (it may also
         arrive during this call: the caller catches it)."""
-        with self._cv:
-            if self._live.pop(ticket, False):
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(threading.get_ident()), None)
+        with ticket.lock:
+            ticket.done = True
+            if ticket.fired:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ticket.tid), None)
 
     def _run(self) -> None:
-        with self._cv:
-            while True:
-                while self._due and self._due[0][1] not in self._live:
+        while True:
+            with self._cv:
+                while self._due and self._due[0].done:
                     heapq.heappop(self._due)  # ended in time
                 if not self._due:
                     self._cv.wait()
                     continue
-                deadline, ticket, tid = self._due[0]
-                left = deadline - time.monotonic()
+                left = self._due[0].deadline - time.monotonic()
                 if left > 0:
                     self._cv.wait(left)
                     continue
-                heapq.heappop(self._due)
-                self._live[ticket] = True
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
-                                                           ctypes.py_object(_RenderTimeout))
+                ticket = heapq.heappop(self._due)
+            with ticket.lock:  # not under self._cv (see the class docstring)
+                if not ticket.done:
+                    ticket.fired = True
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(ticket.tid), ctypes.py_object(_RenderTimeout))
 
 
 _WATCHDOG = _Watchdog()
@@ -498,7 +548,7 @@ def render_budgeted(compiled: jinja2.Template, **variables: Any) -> str:
     watchdog 1 s past RENDER_SECONDS if no check saw the time first. Raises TemplateError past
     a limit (and jinja2's errors from the template itself)."""
     token = _BUDGET.set([time.perf_counter() + RENDER_SECONDS, RENDER_CALLS,
-                         RENDER_RANGE_ITEMS, RENDER_BUILT_CHARS])
+                         RENDER_RANGE_ITEMS, _MEMORY_CHECK_CHARS, _resident_bytes()])
     try:
         ticket = _WATCHDOG.start(RENDER_SECONDS + 1.0)
         try:
