@@ -717,6 +717,7 @@ def test_an_abort_from_another_thread_ends_a_long_prefill_within_a_step(tiny_ckp
     lock and takes it again before a thread waiting in `abort` wakes, so the abort waited for
     the whole prompt. Now the next step ends it: the consumer runs at most two more steps."""
     import threading
+    import time
 
     llm = LLM(tiny_ckpt, device="cpu", progress=False,
               engine=EngineConfig(prefill_chunk_tokens=16, prefill_tokens_per_step=16,
@@ -738,7 +739,10 @@ def test_an_abort_from_another_thread_ends_a_long_prefill_within_a_step(tiny_ckp
     t.start()
     started.wait(30)
     at = steps[0]
+    t0 = time.perf_counter()
     eng.abort(req)
+    took = time.perf_counter() - t0
     t.join(60)
     assert req.finish_reason == "abort" and not eng.has_work
     assert steps[0] - at <= 2, f"{steps[0] - at} steps after the abort"
+    assert took < 2, f"abort() returned after {took:.1f} s"  # once the request ended

@@ -143,7 +143,8 @@ class Engine:
     def abort(self, req: Request) -> RequestDelta:
         """Stop `req` now (finish reason "abort") and free its KV cache (slot). Safe from any
         thread; a request still queued ends at once, one being prefilled or decoded after the
-        step in progress (at most one prefill chunk)."""
+        step in progress (at most one prefill chunk), by this call or by the next step,
+        whichever takes the engine's lock first; returns once it has ended."""
         with self._queue_lock:
             queued = req in self.waiting
             if queued:
@@ -156,11 +157,18 @@ class Engine:
                 self._aborting.add(req)
         if queued:
             return req.finish("abort")
-        with self._lock:
+        while not self._lock.acquire(timeout=0.05):
+            if req.is_finished:  # a step ended it: the caller need not wait for the lock
+                with self._queue_lock:
+                    self._aborting.discard(req)
+                return req.finish("abort")
+        try:
             with self._queue_lock:
                 self._aborting.discard(req)
             self._retire(req)  # (a no-op where a step ended it first)
             return req.finish("abort")
+        finally:
+            self._lock.release()
 
     def step(self) -> list[RequestDelta]:
         """Admit waiting requests into free slots, run the prefill budget of `PrefillPacer` (oldest
