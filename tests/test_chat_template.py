@@ -891,9 +891,7 @@ def test_a_template_that_accumulates_its_prompt_renders_a_long_chat():
     (`ns.p = ns.p ~ ...`, as some checkpoints' do) builds the square of its size while holding
     one copy; a per-render total of characters built refused a 601-message, 1.2M-character
     chat. The memory check lets it through."""
-    accum = ("{% set ns = namespace(p='') %}{% for m in messages %}{% set ns.p = ns.p ~ "
-             "'<|im_start|>' ~ m.role ~ '\\n' ~ (m.content|trim) ~ '<|im_end|>\\n' %}"
-             "{% endfor %}{{ ns.p }}")
+    accum = ACCUMULATE
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "w" * 2000}
             for i in range(601)]
     assert len(render_chat(accum, msgs)) > 1_200_000
@@ -912,6 +910,54 @@ def test_a_template_asking_the_length_in_a_loop_renders_a_long_chat_quickly():
     t0 = time.perf_counter()
     assert render_chat(loop, msgs)
     assert time.perf_counter() - t0 < 2
+
+
+ACCUMULATE = ("{% set ns = namespace(p='') %}{% for m in messages %}{% set ns.p = ns.p ~ "
+              "'<|im_start|>' ~ m.role ~ '\\n' ~ (m.content|trim) ~ '<|im_end|>\\n' %}"
+              "{% endfor %}{{ ns.p }}")
+
+
+def test_memory_the_render_did_not_build_does_not_refuse_it():
+    """A bad-input trial (2026-12-05): with the memory bound read as the process's growth, a
+    1.5 GB allocation in another thread refused an ordinary long chat. The bound counts the
+    values the render itself holds: here 1.5 GB is allocated (outside the template's values)
+    just as the render begins, and a 600-message chat accumulated in a namespace, ~90 memory
+    checks, still renders."""
+    from flint_graph.chat.template_sandbox import compile_template, render_budgeted
+
+    held: list = []
+
+    def grow():  # what another thread's prefill might allocate meanwhile
+        held.extend(bytearray(b"\1" * (64 << 20)) for _ in range(24))
+        return ""
+
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "w" * 2000}
+            for i in range(600)]
+    try:
+        text = render_budgeted(compile_template("{{ grow() }}" + ACCUMULATE), messages=msgs,
+                               grow=grow)
+    finally:
+        held.clear()
+    assert len(text) > 1_200_000
+
+
+def test_refused_renders_give_their_memory_back():
+    """A bad-input trial (2026-12-05): five refusals in a row of a template keeping 30 copies
+    of a 60M-character string left 5 GB resident (their values in reference cycles that no
+    collection had reached). Traced memory after five refusals stays near one render's."""
+    import tracemalloc
+
+    copies = ("{% set a = 'x' * 60000000 %}{% set ns = namespace() %}"
+              + "".join(f"{{% set ns.c{i} = a ~ {i} %}}" for i in range(30)) + "ok")
+    tracemalloc.start()
+    try:
+        for _ in range(5):
+            with pytest.raises(TemplateError, match="its values hold"):
+                render_chat(copies, [{"role": "user", "content": "hi"}])
+        current = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert current < 200e6, f"{current / 1e6:.0f} MB still held after five refusals"
 
 
 def test_renders_ending_at_their_deadline_never_wedge_the_watchdog(monkeypatch):

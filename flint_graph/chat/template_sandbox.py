@@ -24,11 +24,12 @@ from __future__ import annotations
 import contextvars
 import ctypes
 import functools
+import gc
 import heapq
 import json
 import math
-import os
 import re
+import sys
 import threading
 import time
 import types
@@ -51,34 +52,35 @@ RENDER_SECONDS = 5.0  # wall time, checked at every call and operator the templa
 RENDER_CALLS = 2_000_000  # calls (functions, macros, filters) and operators
 RENDER_RANGE_ITEMS = 2_000_000  # items of range() and of lists filters build, per render
 RENDER_CHARS = 64 << 20  # characters of the output, and of any value one operation builds
-RENDER_MEMORY = 1 << 30  # bytes the process may grow by during one render
+RENDER_MEMORY = 1 << 30  # bytes of the values one render built and still holds
 _MEMORY_CHECK_CHARS = 8 << 20  # characters (or items) built between two looks at the memory
+_TRACKED_CHARS = 16 << 10  # values from this size on are counted in RENDER_MEMORY
 RENDER_INT_BITS = 1 << 16  # bits of an integer ** may produce
 _BUDGET: contextvars.ContextVar[list | None] = contextvars.ContextVar("render_budget",
                                                                       default=None)
 
 
-def _resident_bytes() -> int:
-    """This process's resident memory now (Linux /proc; elsewhere its peak so far)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+def _held_bytes(tracked: dict[int, Any]) -> int:
+    """Bytes of the tracked values something besides `tracked` still refers to; the others
+    (dropped by the template: an accumulated prompt's earlier copies) leave `tracked`."""
+    total = 0
+    for key in list(tracked):
+        value = tracked[key]
+        if sys.getrefcount(value) > 3:  # `tracked`, `value` and getrefcount's argument
+            total += sys.getsizeof(value)
+        else:
+            del tracked[key]
+    return total
 
 
 def _spend(calls: int = 1, items: int = 0, chars: int = 0) -> None:
     """Charge the current render's budget ([deadline, calls left, items left, characters
-    until the next memory check, resident bytes at the start]). Why memory and not a total
-    of characters built: a template that accumulates its prompt (`ns.p = ns.p ~ ...`) builds
-    the square of its size while holding only the last copy (a 260K-character chat was
-    refused at a 128M-character total; bad-input trial, 2026-12-05), and one that keeps copies
-    holds all of them."""
+    until the next memory check, {id: value} of the large values it built]). Why the memory
+    the render's values hold and not a total of characters built: a template that accumulates
+    its prompt (`ns.p = ns.p ~ ...`) builds the square of its size while holding only the last
+    copy (a 260K-character chat was refused at a 128M-character total), and one that keeps
+    copies holds all of them; and not the process's growth, which other threads share (a
+    1.5 GB allocation beside a render refused it; bad-input trials, 2026-12-05)."""
     b = _BUDGET.get()
     if b is None:
         return
@@ -93,10 +95,10 @@ def _spend(calls: int = 1, items: int = 0, chars: int = 0) -> None:
                             f"{RENDER_RANGE_ITEMS:,} items in one render")
     if b[3] < 0:  # every 8M characters built: how much the process has grown
         b[3] = _MEMORY_CHECK_CHARS
-        grown = _resident_bytes() - b[4]
-        if grown > RENDER_MEMORY:
-            raise TemplateError(f"chat template: the process grew by {grown >> 20:,} MiB "
-                                f"while rendering (at most {RENDER_MEMORY >> 20:,} MiB)")
+        held = _held_bytes(b[4])
+        if held > RENDER_MEMORY:
+            raise TemplateError(f"chat template: its values hold {held >> 20:,} MiB (at most "
+                                f"{RENDER_MEMORY >> 20:,} MiB in one render)")
     if time.perf_counter() > b[0]:
         raise TemplateError(f"chat template: rendering took more than {RENDER_SECONDS:g} s")
 
@@ -146,6 +148,10 @@ def _charge(value: Any) -> Any:
     """Charge a value an operation built to the render (its characters, or its items), and
     count the items of a lazy one as they come. Returns it (a generator wrapped)."""
     if isinstance(value, (str, bytes, bytearray)):
+        if len(value) >= _TRACKED_CHARS:
+            b = _BUDGET.get()
+            if b is not None:
+                b[4][id(value)] = value
         _spend(calls=0, chars=len(value))
     elif isinstance(value, (list, tuple, dict, set, frozenset)):
         _spend(calls=0, items=len(value))
@@ -547,8 +553,9 @@ def render_budgeted(compiled: jinja2.Template, **variables: Any) -> str:
     gathered chunk by chunk up to RENDER_CHARS characters, the whole render stopped by a
     watchdog 1 s past RENDER_SECONDS if no check saw the time first. Raises TemplateError past
     a limit (and jinja2's errors from the template itself)."""
-    token = _BUDGET.set([time.perf_counter() + RENDER_SECONDS, RENDER_CALLS,
-                         RENDER_RANGE_ITEMS, _MEMORY_CHECK_CHARS, _resident_bytes()])
+    budget = [time.perf_counter() + RENDER_SECONDS, RENDER_CALLS, RENDER_RANGE_ITEMS,
+              _MEMORY_CHECK_CHARS, {}]
+    token = _BUDGET.set(budget)
     try:
         ticket = _WATCHDOG.start(RENDER_SECONDS + 1.0)
         try:
@@ -564,9 +571,19 @@ def render_budgeted(compiled: jinja2.Template, **variables: Any) -> str:
         finally:
             _WATCHDOG.stop(ticket)
     except _RenderTimeout:
-        raise TemplateError(f"chat template: rendering took more than {RENDER_SECONDS:g} s "
-                            "(stopped in a loop)") from None
+        why = f"chat template: rendering took more than {RENDER_SECONDS:g} s (stopped in a loop)"
     except MemoryError:
-        raise TemplateError("chat template: ran out of memory while rendering") from None
+        why = "chat template: ran out of memory while rendering"
+    except TemplateError as e:
+        why = str(e)
     finally:
+        held = sum(map(sys.getsizeof, budget[4].values()))
+        budget[4].clear()
         _BUDGET.reset(token)
+    # Raised here, out of the except blocks, so that it carries no traceback into the
+    # template's frames: a refused render's values stayed alive with the exception the caller
+    # held, and in reference cycles after it (five refusals in a row held 5 GB; bad-input
+    # trial, 2026-12-05)
+    if held > 64 << 20:
+        gc.collect()
+    raise TemplateError(why)
