@@ -5,15 +5,19 @@ render.
 
 A chat template is code from the checkpoint, run on every request. The sandbox keeps it from
 reaching Python; the budget keeps it from taking the process's time or memory (issue 26, and
-the bad-input trials since). Two rules, each a TemplateError that names the limit:
+the bad-input trials since). Three rules, each a TemplateError that names the limit:
 - Time and work: every call, filter and operator is charged to the render (RENDER_SECONDS,
-  RENDER_CALLS, RENDER_RANGE_ITEMS, RENDER_INT_BITS).
+  RENDER_CALLS, RENDER_RANGE_ITEMS, RENDER_INT_BITS), and a watchdog stops a render that
+  reaches no check (`_Watchdog`).
+- Memory: the large values a render built and still holds take at most RENDER_MEMORY
+  (`_held_bytes`, by reference counts).
 - Size, checked before the value is built: no operator, method, filter, format or output
   builds text longer than RENDER_CHARS. A result's size is estimated from its inputs: the
   widths and precisions of `%`, `|format` and `str.format` (`"%999999999d" % 1` asked for a
   1 GB string and took 21 s before the output cap saw it), padding (`center`, `ljust`,
-  `rjust`, `zfill`, `expandtabs`, `|center`, `|indent`), `replace`, `join`, `tojson`'s indent,
-  and the text a list or dict becomes (`[s] * 60` or `[s, s, s, ...]` of one 60M-character
+  `rjust`, `zfill`, `expandtabs`, `|center`, `|indent`), `replace`, `translate`, `join`,
+  `tojson`'s indent and separators, what splits or expands (`_GROWTH`), and the text a list or
+  dict becomes (`[s] * 60` or `[s, s, s, ...]` of one 60M-character
   string), from `_text_size`.
 A single value of up to RENDER_CHARS characters may still be built (~0.1 s, a few hundred MB
 at most); a chat template renders a few KB.
