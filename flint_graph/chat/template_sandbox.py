@@ -409,8 +409,7 @@ class _BudgetedSandbox(ImmutableSandboxedEnvironment):
                                             f"times {n:,} is longer than {RENDER_CHARS:,} "
                                             "characters")
         if operator == "+" and all(isinstance(v, (str, list, tuple)) for v in (left, right)):
-            if len(left) + len(right) > RENDER_CHARS or \
-                    _text_size(left) + _text_size(right) > RENDER_CHARS:
+            if _text_size(left) + _text_size(right) > RENDER_CHARS:  # (at least their len)
                 raise TemplateError(f"chat template: builds a value longer than "
                                     f"{RENDER_CHARS:,}")
         if operator == "%" and isinstance(left, str):
@@ -421,9 +420,10 @@ class _BudgetedSandbox(ImmutableSandboxedEnvironment):
 def _checked_output(value: Any) -> Any:
     """Jinja's finalize: a `{{ value }}` is measured before it becomes text, and charged (in a
     `{% set %}` block or a macro it builds a value the output cap does not see)."""
+    size = _text_size(value)
     if not isinstance(value, str):
-        _refuse(_text_size(value), "printing a value")
-    _spend(calls=0, chars=_text_size(value))
+        _refuse(size, "printing a value")
+    _spend(calls=0, chars=size)
     return value
 
 
