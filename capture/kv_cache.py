@@ -20,22 +20,27 @@ import torch
 from flint_graph.capture.decode_layer import LayerKV, allocate_kv
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.toolchain.spec import KV_PAGE
+from flint_graph.reference import ring_at
 
 
 class KVCache:
     """BF16 KV for `num_slots` sequences (plus one scratch slot) of up to `max_tokens` tokens.
 
-    layers[i]: LayerKV of layer i (rings [slots+1, HKV, W, D] or pages [(slots+1)·pages_per_slot,
-    HKV, KV_PAGE, D]). `page_table(slot)` int32 [pages_per_slot]: the pages slot owns."""
+    layers[i]: LayerKV of layer i (rings [slots+2, HKV, W, D] or pages [(slots+1)·pages_per_slot,
+    HKV, KV_PAGE, D]). `page_table(slot)` int32 [pages_per_slot]: the pages slot owns. Ring row
+    `snapshot_slot` (after the scratch slot; no pages) receives a prefill's rings as they stand
+    at a position inside a chunk (`SlotKV.snapshot_at`, `Prefill.prefill(snapshot_at=)`), for
+    a KV-reuse snapshot taken without stopping the prefill there."""
 
     def __init__(self, cfg: FlintConfig, num_slots: int, max_tokens: int, device="cuda"):
         self.cfg, self.num_slots = cfg, num_slots
         self.scratch = num_slots  # the padding rows' slot
+        self.snapshot_slot = num_slots + 1  # rings only
         self.pages_per_slot = -(-max_tokens // KV_PAGE)
         self.max_tokens = self.pages_per_slot * KV_PAGE
         total = num_slots + 1
         self.layers: list[LayerKV] = [
-            allocate_kv(cfg, i, num_pages=total * self.pages_per_slot, num_slots=total,
+            allocate_kv(cfg, i, num_pages=total * self.pages_per_slot, num_slots=total + 1,
                         device=device) for i in range(cfg.num_hidden_layers)]
         for kv in self.layers:  # unwritten entries must never reach an output: NaN shows it
             kv.k.fill_(float("nan"))
@@ -58,6 +63,9 @@ class SlotKV:
 
     def __init__(self, cache: KVCache, slot: int, num_tokens: int = 0):
         self.cache, self.slot, self.num_tokens = cache, slot, num_tokens
+        # a position inside the tokens to come: the rings as they stand there are written to
+        # the cache's snapshot slot (`reference.SequenceKV.snapshot_at`'s counterpart)
+        self.snapshot_at: int | None = None
         dev = cache.layers[0].k.device
         self.pages = cache.page_table(slot).to(dev).long()
         self.windows = [cache.cfg.sliding_window if kv.ring else None for kv in cache.layers]
@@ -88,6 +96,11 @@ class SlotKV:
         if gather:
             k = torch.cat([ring_k[:, old % w].transpose(0, 1), k_new])
             v = torch.cat([ring_v[:, old % w].transpose(0, 1), v_new])
+        at = self.snapshot_at
+        if at is not None and n <= at < n + t:
+            s = self.cache.snapshot_slot
+            kv.k[s] = ring_at(ring_k, k_new, n, at, w, dim=1)
+            kv.v[s] = ring_at(ring_v, v_new, n, at, w, dim=1)
         keep = new[-w:]
         ring_k[:, keep % w] = k_new[-w:].transpose(0, 1)
         ring_v[:, keep % w] = v_new[-w:].transpose(0, 1)

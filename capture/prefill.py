@@ -479,6 +479,9 @@ class Prefill:
         self._start = torch.zeros(1, dtype=torch.int32, device=dev)  # tokens already cached
         self._valid = torch.ones(1, dtype=torch.int64, device=dev)  # real tokens in the chunk
         self._slot = torch.zeros(1, dtype=torch.int32, device=dev)  # a ring's table
+        # a position inside the chunk whose rings go to the snapshot slot as they stand there
+        # (`prefill(snapshot_at=)`); -1: none (a graph replay reads it like _start)
+        self._snap_at = torch.full((1,), -1, dtype=torch.int64, device=dev)
         self._pages = torch.zeros(kv.pages_per_slot, dtype=torch.int32, device=dev)
         self._rows = torch.arange(max(GRAPH_BUCKETS), device=dev)
         self._h_last = torch.zeros(1, cfg.hidden_size, dtype=BF16, device=dev)
@@ -719,17 +722,27 @@ class Prefill:
 
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: torch.Tensor, chunk_tokens: int,
-                start: int = 0) -> torch.Tensor:
+                start: int = 0, snapshot_at: int | None = None) -> torch.Tensor:
         """Write int tokens [T] into `slot` at positions start … start+T−1, `chunk_tokens` at a
         time; float32 logits [V] of the last one (the LM head runs for it only). `start` must be
         the number of tokens the slot already holds (the engine's bookkeeping: the cache does
         not record it). A chunk no larger than a captured bucket replays that bucket's graph.
 
+        `snapshot_at` (start ≤ it < start + T): the sliding layers' rings as they stand once
+        the positions before it are written are left in the cache's snapshot slot
+        (`KVCache.snapshot_slot`, read with `GraphRunner.snapshot_rings`), with no chunk
+        boundary there: the chunk's rows before it that its own ring does not keep are sent
+        to the snapshot slot instead of the scratch slot, the others copied from the slot's
+        ring before and after the chunk. A KV-reuse resume point (the end of a chat's
+        preamble) then costs ~1 ms of copies instead of one more pass over the weights (a
+        chunk of its own: ~17-25 ms on the H200 at full size, docs/perf-log.md).
+
         Raises InvalidRequestError (before any work) for a slot outside 0 … num_slots − 1 (the
         scratch slot included), a prompt that is not a non-empty 1-D tensor of an integer dtype
         or has ids outside the vocabulary, a start that is not an int ≥ 0, a chunk_tokens that
-        is not an int ≥ 1; ContextLengthError when start + T passes the slot's KV capacity;
-        ConfigError naming --prefill-chunk when a chunk runs out of GPU memory."""
+        is not an int ≥ 1, a snapshot_at outside start … start + T − 1; ContextLengthError
+        when start + T passes the slot's KV capacity; ConfigError naming --prefill-chunk when a
+        chunk runs out of GPU memory."""
         if not _is_int(slot) or not 0 <= slot < self.kv.num_slots:
             raise InvalidRequestError(f"slot {slot!r}: expected an int in 0 … "
                                       f"{self.kv.num_slots - 1}")
@@ -745,6 +758,10 @@ class Prefill:
             raise InvalidRequestError(f"prompt: expected a non-empty 1-D integer tensor, found "
                                       f"{what}")
         t = tokens.numel()
+        if snapshot_at is not None and (not _is_int(snapshot_at)
+                                        or not start <= snapshot_at < start + t):
+            raise InvalidRequestError(f"snapshot_at = {snapshot_at!r}; expected an int in "
+                                      f"{start} … {start + t - 1} (the prompt's positions)")
         cap = min(self.kv.max_tokens, self.cfg.max_position_embeddings)
         if start + t > cap:
             raise ContextLengthError(f"prompt: {start} cached + {t} new tokens exceed the "
@@ -757,8 +774,13 @@ class Prefill:
         self._set_slot(slot)
         for b in range(0, t, chunk_tokens):
             part = tokens[b:b + chunk_tokens]
+            at = snapshot_at if snapshot_at is not None and 0 <= snapshot_at - start - b < \
+                part.numel() else None
             try:
-                self.run_chunk(part, start + b)
+                if at is None:
+                    self.run_chunk(part, start + b)
+                else:
+                    self._chunk_with_snapshot(slot, part, start + b, at)
             except torch.OutOfMemoryError as e:
                 raise ConfigError(
                     f"out of GPU memory prefilling a {part.numel()}-token chunk; lower "
@@ -768,6 +790,32 @@ class Prefill:
             self.head_graph[0].replay()
             return self.head_graph[1][0].clone()
         return self._head()[0]
+
+    def _chunk_with_snapshot(self, slot: int, ids: torch.Tensor, start: int, at: int,
+                             pad_to: int | None = None) -> None:
+        """`run_chunk` leaving the rings as they stand at position `at` (start ≤ at < start +
+        len(ids)) in the snapshot slot (`prefill`'s snapshot_at)."""
+        rings = [kv for kv in self.kv.layers if kv.ring]
+        snap, w = self.kv.snapshot_slot, self.cfg.sliding_window
+        if not rings:
+            self.run_chunk(ids, start, pad_to)
+            return
+        # positions at − w … start − 1 come from the ring as the previous chunks left it
+        torch._foreach_copy_([x[snap] for kv in rings for x in (kv.k, kv.v)],
+                             [x[slot] for kv in rings for x in (kv.k, kv.v)])
+        self._snap_at.fill_(at)
+        try:
+            self.run_chunk(ids, start, pad_to)
+        finally:
+            self._snap_at.fill_(-1)
+        # the chunk's rows from `end − w` on went to the slot's own ring: those before `at`
+        end = start + ids.numel()
+        lo = max(start, end - w, at - w)
+        if lo < at:
+            idx = torch.arange(lo, at, device=self.device) % w
+            for kv in rings:
+                for x in (kv.k, kv.v):
+                    x[snap].index_copy_(1, idx, x[slot].index_select(1, idx))
 
     @torch.inference_mode()
     def run_chunk(self, ids: torch.Tensor, start: int, pad_to: int | None = None) -> None:
@@ -843,7 +891,12 @@ class Prefill:
         w = self.cfg.sliding_window
         if w:
             keep = valid & (rows >= self._valid - w)
-            self._dst[True] = (torch.where(keep, self._slot.long(), scratch), pos % w)
+            # rows a snapshot position still needs (`_chunk_with_snapshot`) and this slot's
+            # ring does not keep go to the snapshot slot (scratch + 1), the rest to scratch
+            at = self._snap_at
+            snap = valid & ~keep & (pos < at) & (pos >= at - w)
+            other = scratch + snap.long() * (self.kv.snapshot_slot - scratch)
+            self._dst[True] = (torch.where(keep, self._slot.long(), other), pos % w)
         return pos
 
     def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor,

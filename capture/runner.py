@@ -42,7 +42,7 @@ def kv_tokens_for(cfg: FlintConfig, num_slots: int, max_context: int | None,
         return min(max_context, limit)
     free, _ = torch.cuda.mem_get_info(device)
     per_token = cfg.kv_bytes_per_token * (num_slots + 1)
-    ring = cfg.sliding_kv_bytes_per_slot * (num_slots + 1)
+    ring = cfg.sliding_kv_bytes_per_slot * (num_slots + 2)  # + scratch, + the snapshot row
     rest = free * KV_MEMORY_FRACTION - ring - snapshot_reserve(cfg, num_slots)
     return max(1, min(limit, int(rest // per_token)))
 
@@ -80,8 +80,8 @@ class GraphRunner:
             self.kv = KVCache(cfg, max_slots, tokens, device=dev)
         except torch.OutOfMemoryError as e:
             free, _ = torch.cuda.mem_get_info(dev)
-            need = (max_slots + 1) * (tokens * cfg.kv_bytes_per_token
-                                      + cfg.sliding_kv_bytes_per_slot)
+            need = ((max_slots + 1) * tokens * cfg.kv_bytes_per_token
+                    + (max_slots + 2) * cfg.sliding_kv_bytes_per_slot)
             raise ConfigError(
                 f"out of GPU memory for the KV cache: {max_slots} slots + 1 scratch × {tokens} "
                 f"tokens need ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free after the "
@@ -177,13 +177,22 @@ class GraphRunner:
             self.free_slots.append(slot)
 
     def prefill(self, slot: int, prompt: torch.Tensor, chunk_tokens: int,
-                start: int = 0) -> torch.Tensor:
+                start: int = 0, snapshot_at: int | None = None) -> torch.Tensor:
         """Write prompt tokens int [T] into `slot` at positions start … start+T−1, in chunks;
         float32 logits [V] of the last one. A prompt may come in parts (start = tokens already
-        written). Raises as `Prefill.prefill`."""
+        written). `snapshot_at` (start ≤ it < start + T): the rings as they stand at that
+        position are left for `snapshot_rings` (no chunk boundary there). Raises as
+        `Prefill.prefill`."""
         if self.prefiller is None:
-            return self.model.prefill(SlotKV(self.kv, slot, start), prompt, chunk_tokens)
-        return self.prefiller.prefill(slot, prompt, chunk_tokens, start)
+            kv = SlotKV(self.kv, slot, start)
+            kv.snapshot_at = snapshot_at
+            return self.model.prefill(kv, prompt, chunk_tokens)
+        return self.prefiller.prefill(slot, prompt, chunk_tokens, start, snapshot_at)
+
+    def snapshot_rings(self) -> list:
+        """A copy of the rings the last `prefill(snapshot_at=)` left in the snapshot slot, in
+        `save_rings`' form. Raises torch.OutOfMemoryError when the copy does not fit."""
+        return self.save_rings(self.kv.snapshot_slot)
 
     def save_rings(self, slot: int) -> list:
         """A copy of `slot`'s sliding-window rings: per layer (k, v) bf16 [HKV, W, D], or None

@@ -237,12 +237,31 @@ def embed(table: Linear, ids: torch.Tensor, *, dtype: torch.dtype = ACT_DTYPE) -
 # -- KV cache --------------------------------------------------------------------------------
 
 
+def ring_at(ring: torch.Tensor, new: torch.Tensor, start: int, at: int, window: int,
+            dim: int = 0) -> torch.Tensor:
+    """A copy of a sliding layer's ring as it stands once positions before `at` are written:
+    `ring` (entry p % window along `dim`) holds positions up to start − 1, `new` [T, ...] the
+    K or V of positions start … start + T − 1 (start ≤ at < start + T). The rows at positions
+    max(start, at − window) … at − 1 replace what the ring holds at their entries."""
+    out = ring.clone()
+    lo = max(start, at - window)
+    rows = new[lo - start:at - start]
+    out.index_copy_(dim, torch.arange(lo, at, device=ring.device) % window,
+                    rows if dim == 0 else rows.transpose(0, dim))
+    return out
+
+
 class SequenceKV:
     """One sequence's KV cache of `dtype` (BF16): per sliding layer a ring of `window` entries
     (position p in slot p % window); per full layer a cache that grows `chunk_tokens` (≥ 1) at a
     time.
 
-    `num_tokens` counts the tokens cached so far; the next token's position equals it."""
+    `num_tokens` counts the tokens cached so far; the next token's position equals it.
+
+    `snapshot_at` (a position, or None): the next `update` calls whose tokens reach past it
+    save into `snapshot` (per layer (k, v) bf16 [W, Hkv, D] copies, None for a full layer) the
+    rings as a prefill that stopped at that position would leave them, without stopping there
+    (a KV-reuse resume point inside a chunk, flint_graph/runtime/prefix_cache.py)."""
 
     def __init__(self, windows: list[int | None], num_kv_heads: int, head_dim: int,
                  device: torch.device, *, dtype: torch.dtype = ACT_DTYPE,
@@ -253,6 +272,8 @@ class SequenceKV:
         self.k = [torch.empty((w or 0, num_kv_heads, head_dim), dtype=dtype, device=device)
                   for w in windows]
         self.v = [torch.empty_like(t) for t in self.k]
+        self.snapshot_at: int | None = None
+        self.snapshot: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(windows)
 
     def update(self, layer: int, k_new: torch.Tensor,
                v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -277,6 +298,11 @@ class SequenceKV:
         new = torch.arange(n, n + t, device=dev)
         k = torch.cat([self.k[layer][old % w], k_new])
         v = torch.cat([self.v[layer][old % w], v_new])
+        at = self.snapshot_at
+        if at is not None and n <= at < n + t:
+            self.snapshot[layer] = tuple(
+                ring_at(ring, new_kv, n, at, w) for ring, new_kv in
+                ((self.k[layer], k_new), (self.v[layer], v_new)))
         keep = new[-w:]
         self.k[layer][keep % w] = k_new[-w:]
         self.v[layer][keep % w] = v_new[-w:]

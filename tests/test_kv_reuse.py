@@ -486,11 +486,11 @@ def test_out_of_memory_for_a_snapshot_evicts_retained_sequences_first(llms, monk
     assert len(eng.prefix_cache) == 3
     real, fails = eng._save_rings, {"n": 2}
 
-    def tight(rid):
+    def tight(rid, chunk_snapshot=False):
         if fails["n"]:
             fails["n"] -= 1
             raise torch.OutOfMemoryError("simulated: no memory for the snapshot")
-        return real(rid)
+        return real(rid, chunk_snapshot)
 
     monkeypatch.setattr(eng, "_save_rings", tight)
     ids = list(range(100, 140))
@@ -553,7 +553,7 @@ def test_the_kv_cache_leaves_room_for_every_snapshot(monkeypatch):
     assert reserve == 2 * 8 * MAX_SNAPSHOTS * cfg.sliding_kv_bytes_per_slot
     assert 1.7e9 < reserve < 1.8e9
     tokens = runner.kv_tokens_for(cfg, 8, None, torch.device("cpu"))
-    ring = cfg.sliding_kv_bytes_per_slot * 9
+    ring = cfg.sliding_kv_bytes_per_slot * 10  # 8 slots, the scratch and the snapshot row
     used = tokens * cfg.kv_bytes_per_token * 9 + ring + reserve
     assert used <= free * runner.KV_MEMORY_FRACTION < used + cfg.kv_bytes_per_token * 9
 
@@ -698,9 +698,10 @@ def test_the_prompt_end_snapshot_is_taken_after_the_first_token(tiny_ckpt, max_t
     taken = {}
     save = eng._save_rings
 
-    def spy(rid):  # what the deferred snapshot copies, and when
-        taken["outputs"] = [len(r.output_ids) for r in eng.running if r.id == rid]
-        return save(rid)
+    def spy(rid, chunk_snapshot=False):  # what the deferred snapshot copies, and when
+        if not chunk_snapshot:
+            taken["outputs"] = [len(r.output_ids) for r in eng.running if r.id == rid]
+        return save(rid, chunk_snapshot)
 
     eng._save_rings = spy
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)

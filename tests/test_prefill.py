@@ -255,3 +255,90 @@ def test_side_stream_needs_the_cuda_kernel_path(model):
     pre.set_overlap(False)
     with pytest.raises(ValueError, match="side stream"):
         pre.set_overlap(True)
+
+
+# -- a KV-reuse snapshot inside a chunk (Prefill.prefill(snapshot_at=), issue 22) ---------------
+
+# (chunk, snapshot position) on tiny's window of 17 and PROMPT tokens: rows that only the
+# snapshot keeps (64, 30), rows the slot's ring keeps too (64, 60; 150, 140), a position at a
+# chunk's start (64, 64) and past it with entries from the ring before the chunk (64, 70), one
+# token a chunk (1, 5), fewer tokens before it than the window (150, 3)
+SNAPSHOT_CASES = [(64, 30), (64, 60), (64, 64), (64, 70), (150, 140), (1, 5), (150, 3)]
+
+
+def _ring_rows(ring: torch.Tensor, at: int, dim: int) -> torch.Tensor:
+    """A ring's entries for positions max(0, at − W) … at − 1 (ring entry p % W along dim)."""
+    w = CFG.sliding_window
+    return ring.index_select(dim, torch.arange(max(0, at - w), at) % w)
+
+
+@pytest.mark.parametrize("chunk,at", SNAPSHOT_CASES)
+def test_a_snapshot_inside_a_chunk_is_the_ring_of_a_prefill_stopped_there(model, prompt, chunk,
+                                                                          at):
+    """The snapshot slot holds, bit for bit, the rings a prefill of the first `at` tokens
+    leaves, and the prefill that took it writes the same logits and KV into its own slot as one
+    that did not (on the CPU the prefill is the reference's arithmetic, so chunk boundaries
+    change nothing: exact equality, no tolerance)."""
+    cache = KVCache(CFG, num_slots=3, max_tokens=PROMPT + 10, device="cpu")
+    pre = Prefill(CFG, model.weights, cache, attention="reference")
+    with_snapshot = pre.prefill(0, prompt, chunk, snapshot_at=at)
+    plain = pre.prefill(1, prompt, chunk)
+    pre.prefill(2, prompt[:at], chunk)
+    assert torch.equal(with_snapshot, plain)
+    mine, other = (cache.page_table(s).long() for s in (0, 1))
+    for i, kv in enumerate(cache.layers):
+        for x in (kv.k, kv.v):
+            a, b = (x[0], x[1]) if kv.ring else (x[mine], x[other])
+            assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), f"layer {i}"
+            if kv.ring:
+                got = _ring_rows(x[cache.snapshot_slot], at, 1)
+                assert not got.isnan().any(), f"layer {i}: snapshot entries left unwritten"
+                assert torch.equal(got, _ring_rows(x[2], at, 1)), f"layer {i}"
+
+
+def test_a_snapshot_in_a_padded_chunk_ignores_the_padding(model, prompt):
+    """What a bucket's graph replay does (the chunk padded to 64 rows, the padding rows' keys
+    sent to the scratch slot): the snapshot equals the unpadded chunk's."""
+    rings = []
+    for pad_to in (None, 64):
+        cache = KVCache(CFG, num_slots=2, max_tokens=PROMPT, device="cpu")
+        pre = Prefill(CFG, model.weights, cache, attention="reference")
+        pre.prefill(1, prompt[:23], 64)
+        with torch.inference_mode():
+            pre._chunk_with_snapshot(1, prompt[23:63], 23, 50, pad_to=pad_to)
+        rings.append([_ring_rows(kv.k[cache.snapshot_slot], 50, 1)
+                      for kv in cache.layers if kv.ring])
+    for a, b in zip(*rings):
+        assert not a.isnan().any() and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("chunk,at", SNAPSHOT_CASES[:4])
+def test_the_reference_caches_take_the_same_snapshot(model, prompt, chunk, at):
+    """`reference.SequenceKV.snapshot_at` (the reference engine) and `SlotKV.snapshot_at` (the
+    graph engine's reference prefill) save the rings of a prefill stopped at `at`, exactly."""
+    stopped = model.new_sequence()
+    model.prefill(stopped, prompt[:at], chunk)
+    seq = model.new_sequence()
+    seq.snapshot_at = at
+    model.prefill(seq, prompt, chunk)
+    slot = SlotKV(KVCache(CFG, num_slots=1, max_tokens=PROMPT, device="cpu"), 0)
+    slot.snapshot_at = at
+    model.prefill(slot, prompt, chunk)
+    for i, kv in enumerate(slot.cache.layers):
+        if not kv.ring:
+            assert seq.snapshot[i] is None
+            continue
+        for j, (ref_ring, x) in enumerate(((stopped.k[i], kv.k), (stopped.v[i], kv.v))):
+            want = _ring_rows(ref_ring, at, 0)
+            assert torch.equal(_ring_rows(seq.snapshot[i][j], at, 0), want), f"layer {i}"
+            assert torch.equal(_ring_rows(x[slot.cache.snapshot_slot], at, 1),
+                               want.transpose(0, 1)), f"layer {i}"
+
+
+@pytest.mark.parametrize("at", [-1, 9, 20, 1.5, "3"])
+def test_a_snapshot_outside_the_prompt_is_refused(model, prompt, at):
+    cache = KVCache(CFG, num_slots=1, max_tokens=PROMPT, device="cpu")
+    pre = Prefill(CFG, model.weights, cache, attention="reference")
+    pre.prefill(0, prompt[:10], 64)
+    with pytest.raises(InvalidRequestError, match="snapshot_at"):
+        pre.prefill(0, prompt[10:20], 64, start=10, snapshot_at=at)

@@ -515,3 +515,55 @@ def test_each_layer_matches_the_reference_layer(kset, preset, fmt, rows):
     ref_chunk.advance(tokens)
     rels = []
     _check_kv(cache, ref_chunk, 0, prefix + tokens, f"{preset} {fmt} layers", rels, LAYER_TOL)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_a_snapshot_inside_a_chunk_is_the_ring_of_a_prefill_stopped_there(kset, fmt):
+    """KV reuse's resume point inside a chunk (`Prefill.prefill(snapshot_at=)`, the end of a
+    chat's preamble without a chunk boundary there): the snapshot slot's rings against the
+    reference's rings after the first `at` tokens (`_every_case`'s tolerances), and the slot's
+    own logits and KV bit for bit those of the same prefill without the snapshot. Cases: the
+    first tool-loop request's shape (an 8,570-token eager chunk, at 305), graph buckets whose
+    ring keeps rows before `at` (700 tokens at 305; 1,500 at 1,000), and eager 1,024-token
+    chunks with `at` in the second (entries from the ring before the chunk)."""
+    from flint_graph.capture.kv_cache import KVCache
+    from flint_graph.capture.prefill import Prefill
+    from flint_graph.runtime.engine_config import KERNEL_PREFILL_CHUNK
+
+    cfg, w, ref = _model("full", fmt)
+    win, rels = cfg.sliding_window, []
+    for graphs, cases in ((False, ((8570, 305, KERNEL_PREFILL_CHUNK), (3000, 1200, 1024))),
+                          (True, ((700, 305, 2048), (1500, 1000, 2048)))):
+        cache = KVCache(cfg, num_slots=2, max_tokens=8571)
+        pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
+        if graphs:
+            pre.capture(2048)
+        for tokens, at, chunk in cases:
+            what = f"{fmt} prompt {tokens} snapshot at {at} chunk {chunk}"
+            prompt = torch.randint(0, cfg.vocab_size, (tokens,),
+                                   generator=torch.Generator().manual_seed(tokens))
+            for x in (kv for layer in cache.layers for kv in (layer.k, layer.v)):
+                x.fill_(float("nan"))
+            a = pre.prefill(0, prompt, chunk, snapshot_at=at)
+            b = pre.prefill(1, prompt, chunk)
+            assert torch.equal(a, b), f"{what}: the snapshot changed the logits"
+            pages = [cache.page_table(s).to("cuda").long() for s in (0, 1)]
+            for i, kv in enumerate(cache.layers):
+                for x in (kv.k, kv.v):
+                    p, q = (x[0], x[1]) if kv.ring else (x[pages[0]], x[pages[1]])
+                    assert torch.equal(p.nan_to_num(7.0), q.nan_to_num(7.0)), \
+                        f"{what}: layer {i}: the snapshot changed the slot's KV"
+            seq = ref.new_sequence()
+            ref.prefill(seq, prompt[:at], chunk_tokens=2048)
+            pos = torch.arange(max(0, at - win), at, device="cuda") % win
+            for i, kv in enumerate(cache.layers):
+                if not kv.ring:
+                    continue
+                for name, x, r in (("k", kv.k, seq.k[i]), ("v", kv.v, seq.v[i])):
+                    got = x[cache.snapshot_slot][:, pos].transpose(0, 1)
+                    assert not got.isnan().any(), f"{what}: layer {i} {name}: left unwritten"
+                    rel = _rel(got, r[pos])
+                    rels.append(rel)
+                    assert rel <= MAX_TOL, f"{what}: layer {i} {name} rel err {rel:.2e}"
+        del pre, cache
+    _median_ok(rels, f"{fmt} snapshots inside a chunk")

@@ -4,7 +4,9 @@ item 1): on the H200 (2026-12-05) step 0 of `tools/bench_reuse.py --format bf16 
 ended with "logits are not finite at output token 3", while the same prompt with reuse off
 (no preamble stop) and every later request ran. One process per --mode:
 
-    on        reuse on, as the bench: the failing step, then the same request again
+    split     reuse on, the prefill cut at the preamble's end as before 2026-12-05's in-chunk
+              snapshots (the preamble through the 512-token graph, the rest as one chunk)
+    on        reuse on, as the bench: the step, then the same request again
     off       reuse off from the start (no preamble stop): the same first request
     no-warm   reuse on, without start-up's eager warm-up chunk
 
@@ -81,7 +83,7 @@ def _eager_report(runner, rows) -> list[dict]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=("on", "off", "no-warm"), required=True)
+    p.add_argument("--mode", choices=("split", "on", "off", "no-warm"), required=True)
     p.add_argument("--preset", default="full")
     p.add_argument("--format", default="bf16", choices=("bf16", "nvfp4"))
     p.add_argument("--history", type=int, default=8192)
@@ -111,6 +113,16 @@ def main() -> int:
         eng = llm.engine
         if args.mode == "off":
             eng.prefix_cache.capacity = 0
+        if args.mode == "split":
+            part = eng._prefill_part
+
+            def split_part(req, done, n, snapshot_at=None):
+                if snapshot_at is None:
+                    return part(req, done, n)
+                part(req, done, snapshot_at - done)
+                return part(req, snapshot_at, done + n - snapshot_at)
+
+            eng._prefill_part = split_part
         runner = eng.runner
         plain = runner.decode
 

@@ -210,12 +210,16 @@ class Engine:
                 budget, len(req.prompt_ids) - done)
             if n <= 0:
                 break
-            pause = self._preamble_pause(req)
-            if pause is not None and done < pause < done + n:
-                n = pause - done  # its rings are saved there at the next step's start
+            at = self._snapshot_point(req)
+            # inside this part: the rings as they stand there are saved during it (no chunk
+            # boundary there, which would cost one more pass over the weights)
+            inside = at if at is not None and done < at < done + n else None
             t0 = time.perf_counter()
             try:
-                logits = self._prefill_part(req, done, n)
+                logits = self._prefill_part(req, done, n, snapshot_at=inside)
+                if inside is not None:
+                    self._keep_snapshot(req.id, inside, self._save_rings_evicting(
+                        req.id, chunk_snapshot=True))
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)  # the pacer times the GPU's work
             except Exception as e:  # noqa: BLE001 - any failure ends this request only
@@ -234,7 +238,7 @@ class Engine:
             self.pacer.observe(n, (time.perf_counter() - t0) * 1e3, start=done)
             self._prefilled[req.id] = done = done + n
             budget = None if budget is None else budget - n
-            if done == pause:
+            if done == at:  # the part ended there: the slot's rings are the snapshot
                 self._snapshot_due[req.id] = done
             if done == len(req.prompt_ids):
                 self.prefilling.remove(req)
@@ -268,9 +272,9 @@ class Engine:
             self._retire(r)
         return deltas
 
-    def _preamble_pause(self, req: Request) -> int | None:
-        """Where `req`'s prefill stops once to save its rings (`Request.snapshot_at`, the end
-        of a chat's preamble), or None: only with reuse on, a point this prefill has still to
+    def _snapshot_point(self, req: Request) -> int | None:
+        """Where `req`'s prefill saves its rings on the way (`Request.snapshot_at`, the end of
+        a chat's preamble), or None: only with reuse on, a point this prefill has still to
         pass, at least two tokens before the prompt's end (the end's own snapshot serves those)
         and not saved already (a resumed request inherits the snapshot)."""
         at = req.snapshot_at
@@ -290,10 +294,12 @@ class Engine:
         self._snapshots.pop(req.id, None)
         self._snapshot_due.pop(req.id, None)
 
-    def _prefill_part(self, req: Request, done: int, n: int) -> torch.Tensor:
+    def _prefill_part(self, req: Request, done: int, n: int,
+                      snapshot_at: int | None = None) -> torch.Tensor:
         """Prefill prompt tokens done … done+n−1 of `req`; float32 logits [V] of the last. With
         a `prefill_progress` hook, in pieces of one chunk, calling it after each (the chunks
-        the model would cut anyway, so nothing else changes)."""
+        the model would cut anyway, so nothing else changes). `snapshot_at` (done < it < done
+        + n): the rings as they stand there are kept for `_save_rings(chunk_snapshot=True)`."""
         hook = self.prefill_progress
         chunk = self.prefill_chunk_tokens
         piece = chunk if hook else n
@@ -306,12 +312,19 @@ class Engine:
         for b in range(done, done + n, piece):
             m = min(piece, done + n - b)
             part = torch.tensor(req.prompt_ids[b:b + m], dtype=torch.long, device=self.device)
+            at = snapshot_at if snapshot_at is not None and b <= snapshot_at < b + m else None
             if self.runner:
-                logits = self.runner.prefill(self._slot[req.id], part, chunk, start=b)
+                logits = self.runner.prefill(self._slot[req.id], part, chunk, start=b,
+                                             snapshot_at=at)
             else:
-                # threads by the size of one forward (a chunk), not of the whole prompt
-                with prefill_threads(self.device, min(m, chunk)):
-                    logits = self.model.prefill(self._kv[req.id], part, chunk)
+                seq = self._kv[req.id]
+                seq.snapshot_at = at
+                try:
+                    # threads by the size of one forward (a chunk), not of the whole prompt
+                    with prefill_threads(self.device, min(m, chunk)):
+                        logits = self.model.prefill(seq, part, chunk)
+                finally:
+                    seq.snapshot_at = None
             if hook:
                 self._report(hook, req, b + m, total)
         return logits
@@ -524,27 +537,32 @@ class Engine:
             pos = self._snapshot_due.pop(rid, None)
             if pos is None or rid not in self._slot and rid not in self._kv:
                 continue
-            snaps = self._snapshots.setdefault(rid, {})
-            rings = self._save_rings_evicting(rid)
-            if rings is None:  # no memory even with nothing retained: this resume point is lost
-                reuse_log.debug("request %s: no memory for the ring snapshot at %d", rid, pos)
-                continue
-            snaps[pos] = rings
-            # the oldest go first, but never the chat preamble's (every later turn and a new
-            # conversation with the same tools resume there)
-            pinned = self._pinned.get(rid)
-            older = sorted(p for p in snaps if p != pinned)
-            for old_pos in older[:max(0, len(snaps) - MAX_SNAPSHOTS)]:
-                del snaps[old_pos]
+            self._keep_snapshot(rid, pos, self._save_rings_evicting(rid))
 
-    def _save_rings_evicting(self, rid: int):
-        """`_save_rings(rid)`, evicting retained sequences (least recently used first, with
-        their snapshots) while the copy runs out of memory; None when it still does with none
-        left. A snapshot only saves work later (a resume without one prefills from the start),
-        so memory pressure never fails the request that takes it (issue 22)."""
+    def _keep_snapshot(self, rid: int, pos: int, rings) -> None:
+        """Keep `rings` (`_save_rings`' form, or None when no memory was left for the copy) as
+        request `rid`'s resume point at `pos`, dropping its oldest beyond MAX_SNAPSHOTS."""
+        if rings is None:  # no memory even with nothing retained: this resume point is lost
+            reuse_log.debug("request %s: no memory for the ring snapshot at %d", rid, pos)
+            return
+        snaps = self._snapshots.setdefault(rid, {})
+        snaps[pos] = rings
+        # the oldest go first, but never the chat preamble's (every later turn and a new
+        # conversation with the same tools resume there)
+        pinned = self._pinned.get(rid)
+        older = sorted(p for p in snaps if p != pinned)
+        for old_pos in older[:max(0, len(snaps) - MAX_SNAPSHOTS)]:
+            del snaps[old_pos]
+
+    def _save_rings_evicting(self, rid: int, chunk_snapshot: bool = False):
+        """`_save_rings(rid, chunk_snapshot)`, evicting retained sequences (least recently
+        used first, with their snapshots) while the copy runs out of memory; None when it
+        still does with none left. A snapshot only saves work later (a resume without one
+        prefills from the start), so memory pressure never fails the request that takes it
+        (issue 22)."""
         while True:
             try:
-                return self._save_rings(rid)
+                return self._save_rings(rid, chunk_snapshot)
             except torch.OutOfMemoryError:
                 reuse_log.debug("request %s: out of memory for a ring snapshot; evicting", rid)
                 victim = self.prefix_cache.evict()
@@ -556,9 +574,16 @@ class Engine:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
 
-    def _save_rings(self, rid: int):
+    def _save_rings(self, rid: int, chunk_snapshot: bool = False):
         """A copy of request `rid`'s sliding-window rings (the reference's per-layer K/V rings,
-        or the graph engine's slot rows)."""
+        or the graph engine's slot rows); with `chunk_snapshot`, of the rings its last prefill
+        part saved on the way (`_prefill_part`'s snapshot_at)."""
+        if chunk_snapshot:
+            if self.runner:
+                return self.runner.snapshot_rings()
+            seq = self._kv[rid]
+            rings, seq.snapshot = seq.snapshot, [None] * len(seq.snapshot)
+            return rings
         if self.runner:
             return self.runner.save_rings(self._slot[rid])
         seq = self._kv[rid]
@@ -624,7 +649,7 @@ class Engine:
                             sorted(snaps))
             evicted = self.prefix_cache.add(Retained(ids, kv, snaps))
         elif partial:
-            self._take_snapshots(req)  # a preamble stop's rings, due at its next step
+            self._take_snapshots(req)  # rings due at its next step (a part that ended there)
             n = self._prefilled[req.id]
             kv = self._slot[req.id] if self.runner else self._kv[req.id]
             snaps = {q: r for q, r in self._snapshots.get(req.id, {}).items() if q <= n}
