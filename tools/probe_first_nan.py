@@ -142,10 +142,16 @@ def main() -> int:
         params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
         msgs = [{"role": "user", "content": first}]
         for attempt in range(2 if args.mode == "on" else 1):
+            # cudaMallocs during the request (the caching allocator's new segments): the
+            # first request's extra TTFT, if they are its cause
+            before = torch.cuda.memory_stats()["segment.all.allocated"]
             msg = llm.chat(msgs, tools=TOOLS, params=params)
             out = msg.output
             print(json.dumps({"mode": args.mode, "attempt": attempt,
                               "prompt_tokens": len(out.prompt_token_ids),
+                              "cached_tokens": out.cached_tokens, "ttft_ms": out.ttft_ms,
+                              "new_segments": torch.cuda.memory_stats()[
+                                  "segment.all.allocated"] - before,
                               "finish": out.finish_reason, "ids": list(out.token_ids),
                               "errors": out.errors}), flush=True)
         break
