@@ -225,9 +225,9 @@ def test_the_engine_splits_prompts_alike_whatever_the_timings(tiny_llm, monkeypa
         monkeypatch.setattr(engine_mod.time, "perf_counter", lambda: next(clock))
         parts, orig = [], eng._prefill_part
 
-        def part(req, done, n):
+        def part(req, done, n, snapshot_at=None):
             parts.append((prompts.index(req.prompt_ids), done, n))
-            return orig(req, done, n)
+            return orig(req, done, n, snapshot_at)
         monkeypatch.setattr(eng, "_prefill_part", part)
         params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=True, temperature=0.0)
         prompts = [[3 + i % 50 for i in range(k, k + length)]
