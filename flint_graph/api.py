@@ -74,6 +74,12 @@ class GenerationOutput:
     # prompt tokens whose KV came from an earlier sequence instead of a prefill (issue 22)
     cached_tokens: int = 0
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's length in tokens (`--json`'s and the API's `prompt_tokens`); with
+        `cached_tokens`, the share served from the KV cache."""
+        return len(self.prompt_token_ids)
+
 
 @dataclass
 class ChatMessage:

@@ -288,7 +288,7 @@ def test_failed_requests_leave_nothing_and_an_abort_mid_prefill_its_whole_chunks
     monkeypatch.undo()
     again = on.generate([prompt], params)[0]
     cold = off.generate([prompt], params)[0]
-    assert again.cached_tokens == 20
+    assert again.cached_tokens == 20 and again.prompt_tokens == len(prompt) == 59
     assert (again.token_ids, again.logprobs) == (cold.token_ids, cold.logprobs)
     eng.drop_retained()
     bad = on._request(list(range(1, 20)), SamplingParams(max_tokens=3), None)
