@@ -7,7 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/flint-out}
 . tools/device_setup.sh
-for mode in ${MODES:-split on off}; do
+for mode in ${MODES-split on off}; do
   timeout "${PROBE_TIMEOUT:-110}" python3 tools/probe_first_nan.py --mode "$mode" \
     > "$OUT/probe-$mode.log" 2>&1
   echo "probe $mode: exit $?"; cut -c1-1500 "$OUT/probe-$mode.log" | grep -v "^reuse:" | tail -8
@@ -18,8 +18,8 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     tests/test_kv_reuse_gpu.py tests/test_graph_engine_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -15
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
-  timeout "${BENCH_TIMEOUT:-100}" python3 tools/bench_reuse.py --preset full --format bf16 \
-    --history 8192 --turns 6 --tool-loop --max-tokens 16 --log-reuse --out "$OUT/bf16-tool" \
-    > "$OUT/reuse-bf16-tool.log" 2>&1
-  echo "bench_reuse bf16-tool: exit $?"; grep '^{' "$OUT/reuse-bf16-tool.log" | cut -c1-200
+  timeout "${BENCH_TIMEOUT:-100}" python3 tools/bench_reuse.py --preset full --format "${FORMAT:-bf16}" \
+    --history 8192 --turns 6 --tool-loop --max-tokens 16 --log-reuse --out "$OUT/${FORMAT:-bf16}-tool" \
+    > "$OUT/reuse-${FORMAT:-bf16}-tool.log" 2>&1
+  echo "bench_reuse ${FORMAT:-bf16}-tool: exit $?"; grep "^{" "$OUT/reuse-${FORMAT:-bf16}-tool.log" | cut -c1-200
 fi
