@@ -253,9 +253,10 @@ class LLM:
         """
         if isinstance(prompts, (list, tuple)) and not prompts:
             raise InvalidRequestError("prompts: expected at least one prompt, got an empty list")
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                        and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        elif isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int):
+            prompts = [list(prompts)]  # one prompt of ids (a tuple of ids too, not 3 prompts)
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise InvalidRequestError(f"prompts: expected a string, a list of strings or a list "
                                       f"of token-id lists, found {type(prompts).__name__}")
@@ -476,6 +477,8 @@ class LLM:
                 return self.tokenizer.encode(prompt, most=self.engine.context_limit - 1)
             except TooManyTokens as e:
                 raise self._too_many_tokens(e) from None
+        if isinstance(prompt, tuple):
+            prompt = list(prompt)
         if not isinstance(prompt, list):
             raise InvalidRequestError(f"prompt: expected text or a list of token ids, found "
                                       f"{type(prompt).__name__}")

@@ -57,6 +57,15 @@ def test_batch_of_prompts_each_matches_alone(tiny_llm):
         assert out.token_ids == alone.token_ids
 
 
+def test_a_tuple_of_ids_is_one_prompt_like_a_list(tiny_llm):
+    """A bad-input trial's `generate((1, 2, 3))` was read as three prompts of one int each."""
+    ids = tiny_llm.tokenizer.encode("a prompt of ids")
+    want = tiny_llm.generate([ids], GREEDY)[0].token_ids
+    assert [o.token_ids for o in tiny_llm.generate(tuple(ids), GREEDY)] == [want]
+    assert [o.token_ids for o in tiny_llm.generate([tuple(ids)], GREEDY)] == [want]
+    assert tiny_llm.generate(ids, GREEDY)[0].token_ids == want
+
+
 def test_seed_reproduces_and_differs(tiny_llm):
     p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=16, seed=7,
                        ignore_eos=True)
