@@ -775,10 +775,11 @@ def test_a_new_conversation_with_the_same_tools_resumes_after_them(llms):
     on.engine.drop_retained()
 
 
-def test_the_preamble_stop_changes_no_token_or_log_probability(tiny_ckpt):
-    """The prefill stopping at the preamble's end (one more chunk boundary) leaves every
-    generated token's log-probability the same float as one whole-prompt prefill (the CPU
-    reference sums in float64, docs/kv-reuse.md)."""
+def test_the_preamble_snapshot_changes_no_token_or_log_probability(tiny_ckpt):
+    """Saving the rings at the preamble's end on the way (inside the prefill's chunk since
+    2026-12-05; a chunk boundary there before) leaves every generated token's log-probability
+    the same float as a prefill with reuse off (the CPU reference sums in float64,
+    docs/kv-reuse.md), and the retained sequence holds that snapshot and the prompt end's."""
     from flint_graph import LLM
 
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=True)
