@@ -800,9 +800,11 @@ class Prefill:
         if not rings:
             self.run_chunk(ids, start, pad_to)
             return
-        # positions at − w … start − 1 come from the ring as the previous chunks left it
-        torch._foreach_copy_([x[snap] for kv in rings for x in (kv.k, kv.v)],
-                             [x[slot] for kv in rings for x in (kv.k, kv.v)])
+        # positions at − w … start − 1 come from the ring as the previous chunks left it (none
+        # for a preamble in a prompt's first chunk: no copy then)
+        if max(0, at - w) < start:
+            torch._foreach_copy_([x[snap] for kv in rings for x in (kv.k, kv.v)],
+                                 [x[slot] for kv in rings for x in (kv.k, kv.v)])
         self._snap_at.fill_(at)
         try:
             self.run_chunk(ids, start, pad_to)
