@@ -35,7 +35,8 @@ def test_specs_cover_every_bucket(preset):
         assert s["V"] == s["VLIM"] == cfg.vocab_size
         args, launch = check_spec(st.KERNEL, s)
         assert [a.name for a in args] == ["logits", "temperature", "top_k", "top_p", "seeds",
-                                          "draw_index", "ids", "ctl", "bitmap", "total", "part"]
+                                          "draw_index", "ids", "ctl", "bitmap", "total", "part",
+                                          "cand"]
         assert launch.grid == (st.split(s["VLIM"])[0], s["B"], 1)
         assert launch.smem + 2048 <= 227 * 1024  # plus the DSL's static shared memory
     short = [s for s in st.bench_specs(cfg, BUCKETS) if s not in specs]
@@ -215,6 +216,41 @@ def _find(cnt, mass, target, by_mass):
     return idx, int(cc[i] - cnt[idx]), int(mm[i] - mass[idx]), int(cc[-1]), int(mm[-1])
 
 
+def topk_model(keys, kmax, ctas, per_cta, k, temperature, top_p, u) -> int:
+    """The kernel's top-k path for one row (0 < k <= KFAST): each CTA's cut key from its bin
+    and key counts, its candidates (every id above the cut, then the cut key's ids in id order
+    up to k), the last CTA's sort of all candidates, the weights of the first k, top-p, draw."""
+    cands = []
+    for r in range(ctas):
+        kr = keys[r * per_cta:(r + 1) * per_cta]
+        ids = torch.arange(kr.numel()) + r * per_cta
+        cnt = torch.bincount(kr, minlength=st.KEYS)
+        bc = cnt.view(256, 256).sum(1)
+        if int(bc.sum()) < k:
+            chosen = ids
+        else:
+            hb, nb, _, _, _ = _find(bc, torch.zeros_like(bc), k, False)
+            kc = cnt[hb * 256:hb * 256 + 256]
+            x, nk, _, _, _ = _find(kc, torch.zeros_like(kc), k - nb, False)
+            cut, above = hb * 256 + x, nb + nk
+            assert int((kr > cut).sum()) == above < k <= above + int(kc[x])
+            chosen = torch.cat([ids[kr > cut], ids[kr == cut][:k - above]])
+        assert len(chosen) <= st.KFAST
+        cands += [(int(keys[i]) << 32) | (0xFFFFFFFF - int(i)) for i in chosen]
+    top = sorted(cands, reverse=True)[:k]
+    lmax = _l_of(torch.tensor(kmax))
+    c = torch.tensor(st.LOG2E, dtype=torch.float32) / temperature.float()
+    q = _q_of(torch.tensor([v >> 32 for v in top]), kmax, lmax, c).tolist()
+    cum = [sum(q[:r + 1]) for r in range(k)]
+    kp = k
+    if top_p < 1:
+        thr = int(max(float(top_p), 0.0) * float(cum[-1]))
+        kp = max(1, sum(1 for r in range(k) if cum[r] - q[r] < thr))
+    m = cum[kp - 1]
+    t = min(int(u * float(m)), m - 1)
+    return 0xFFFFFFFF - (top[next(r for r in range(kp) if cum[r] > t)] & 0xFFFFFFFF)
+
+
 def kernel_model(spec, logits, temperature, top_k, top_p, seeds, draw_index, *workspaces):
     """ids int64 [B] by the kernel's algorithm: each CTA's key counts and best, the last CTA's
     live bins, its walk over bins and keys, the owning CTA and the j-th token of the key."""
@@ -235,6 +271,10 @@ def kernel_model(spec, logits, temperature, top_k, top_p, seeds, draw_index, *wo
         kmax = gbest >> 32
         if not float(temperature[b]) > 0 or kmax == st.KEY_NEG_INF:
             out.append(0xFFFFFFFF - (gbest & 0xFFFFFFFF))
+            continue
+        if 0 < int(top_k[b]) <= st.KFAST and int(top_k[b]) < vlim:
+            out.append(topk_model(keys, kmax, ctas, per_cta, int(top_k[b]), temperature[b],
+                                  top_p[b], float(u[b])))
             continue
         total = sum(local)
         lmax = _l_of(torch.tensor(kmax))
@@ -303,6 +343,7 @@ def _model_cases():
                 out += [(spec, g.mixed_args(spec, seed, "cpu", shift=seed)),
                         (spec, g.tie_args(spec, 10 + seed, "cpu")),
                         (spec, g.special_args(spec, 20 + seed, "cpu"))]
+                out.append((spec, g.topk_args(spec, 40 + seed, "cpu")))
             short = g._spec(preset, b, short=True)
             out.append((short, g.short_args(short, 30, "cpu")))
     return out

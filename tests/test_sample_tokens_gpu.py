@@ -21,7 +21,7 @@ from flint_graph.kernels.toolchain.spec import BUCKETS
 pytestmark = pytest.mark.gpu
 PRESETS = ("tiny", "full")
 LOGITS, TEMP, TOPK, TOPP, SEEDS, DRAW, IDS = range(7)
-WORKSPACES = range(7, 11)
+WORKSPACES = range(7, 12)
 # (temperature, top_k, top_p) of row i, cycled: greedy, plain, Flint's defaults, top-1, top-p only,
 # both tight, top-p tiny (argmax), hot
 PARAMS = [(0.0, 0, 1.0), (1.0, 0, 1.0), (1.0, 20, 0.95), (0.7, 1, 1.0), (1.3, 0, 0.9),
@@ -97,6 +97,25 @@ def special_args(spec, seed: int, device: str = "cuda"):
     return args
 
 
+TOPK_EDGES = [1, 2, 63, 64, 65, 20, 5, 64]  # around the top-k path's bound (KFAST = 64)
+
+
+def topk_args(spec, seed: int, device: str = "cuda"):
+    """Row i: top_k TOPK_EDGES[i + seed], T = 1, top-p 0.95 on odd rows; even rows random,
+    odd rows on a 0.5 grid whose top value recurs in every CTA's range (the cut key's ties,
+    taken in id order, cross CTA boundaries)."""
+    b = spec["B"]
+    ks = [TOPK_EDGES[(i + seed) % len(TOPK_EDGES)] for i in range(b)]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    args = make_args(spec, gen=gen, device="cpu", temperature=[1.0] * b, top_k=ks,
+                     top_p=[1.0 if i % 2 == 0 else 0.95 for i in range(b)])
+    logits = args[LOGITS].float()
+    logits[1::2] = (logits[1::2] * 0.5).round() / 0.5
+    logits[1::2, :spec["VLIM"]:997] = logits[1::2].max(dim=1, keepdim=True).values
+    args[LOGITS] = logits.bfloat16()
+    return [a.to(device) for a in args]
+
+
 def short_args(spec, seed: int, device: str = "cuda"):
     """VLIM < V: the ids at and above VLIM hold the row's largest logits (they must never win)."""
     args = mixed_args(spec, seed, device, shift=seed)
@@ -137,6 +156,17 @@ def test_ties_and_special_values(kset, case):
             args = build(spec, 200 + seed)
             _launch(kset, spec, args)
             check_outputs(spec, args)
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: f"{c[0]}-B{c[1]}")
+def test_top_k_path_edges(kset, case):
+    """top_k 1, 2, 5, 20, 63, 64 (the top-k path) and 65 (the histogram path), with ties at
+    the cut across CTAs."""
+    spec = _spec(*case)
+    for seed in range(4):
+        args = topk_args(spec, 600 + seed)
+        _launch(kset, spec, args)
+        check_outputs(spec, args)
 
 
 @pytest.mark.parametrize("case", _cases(short=True), ids=lambda c: f"{c[0]}-B{c[1]}")

@@ -38,6 +38,20 @@ L2 when needed) into shared memory with cp.async, compute each bin's count and m
 not per token), walk the cuts with warp scans over bins and then keys, find the owning CTA from
 part[] and rescan that CTA's slice of the row for the j-th token of the key. It then zeroes every
 word the row wrote (workspaces are zero before and after). No spin-waits: nothing can hang.
+Top-k path (sampled rows with 0 < top_k <= KFAST = 64 and top_k < VLIM; Flint's default is 20):
+the walk above is a chain of dependent shared-memory and L2 round trips in one CTA (measured on
+an H100, 2026-12-05, `tools/probe_sampler.py`: 48.6 us with no top-k and 56.4 us with top-k 20
+and top-p 0.95 at V = 151,552, against 4.4 us greedy), but top-k needs only k ranks, and every
+one of the row's first k ranks is among the first k ranks of the CTA holding it. So each CTA
+finds its own cut from its histogram (bin counts, then the key counts of one bin: the key at
+which its descending count reaches k), and writes its first min(k, ids) ranks to cand[row, CTA]
+as (key << 32 | ~id): every id above the cut (fewer than k, slots from a shared counter) and
+the cut key's ids in id order up to k (a block scan), or every id when it holds fewer than k.
+Nothing is published to total/part/bitmap. The last CTA reads the C x 64 slots (empty ones are
+0, which sorts last), zeroes them, sorts them descending in shared memory (bitonic, which is
+(key desc, id asc): the rank order), and warp 0 finishes with lane l holding ranks 2l, 2l + 1:
+q of each, an inclusive scan (Mk), top-p's prefix, the draw's first rank past t. The ids are
+those of the histogram path by construction (tests/test_sample_tokens.py models both).
 Why not a thread-block cluster: the DSL keeps cluster dims out of the cubin and the launcher
 sets none, so a cluster launch is not available to the AOT path.
 PDL: nothing is read before griddepcontrol.wait (no weights); launch_dependents follows it.
@@ -69,6 +83,7 @@ def _f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
+KFAST = 64  # rows with 0 < top_k <= KFAST take the top-k path (module docstring)
 LOG2E = _f32(1 / math.log(2))
 COEF = [1.0] + [_f32(math.log(2) ** k / math.factorial(k)) for k in range(1, 8)]
 _GOLDEN, _MUL1, _MUL2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -84,11 +99,16 @@ def split(vlim: int) -> tuple[int, int, int, int, int]:
     return ctas, 8 * chunks, chunks, -(-chunks // NT), -(-ctas // 2)
 
 
+def nsort(vlim: int) -> int:
+    """Entries the last CTA sorts on the top-k path: CTAs x KFAST candidates, to a power of 2."""
+    return 1 << (split(vlim)[0] * KFAST - 1).bit_length()
+
+
 def _args(spec: Spec):
     b, v, vlim = spec["B"], spec["V"], spec["VLIM"]
     if not 1 <= vlim <= v:
         raise ValueError(f"VLIM {vlim} must be in 1..V = {v}")
-    pw = split(vlim)[4]
+    ctas, pw = split(vlim)[0], split(vlim)[4]
     return (TensorArg("logits", "bf16", (b, v), "input"),
             TensorArg("temperature", "f32", (b,), "input", align=4),
             TensorArg("top_k", "i32", (b,), "input", align=4),
@@ -99,14 +119,16 @@ def _args(spec: Spec):
             TensorArg("ctl", "i64", (b, 2), "workspace", align=8),
             TensorArg("bitmap", "i32", (b, KEYS // 32), "workspace"),
             TensorArg("total", "i32", (b, KEYS), "workspace"),
-            TensorArg("part", "i32", (b, KEYS * pw), "workspace"))
+            TensorArg("part", "i32", (b, KEYS * pw), "workspace"),
+            TensorArg("cand", "i64", (b, ctas * KFAST), "workspace", align=8))
 
 
 def _smem_sizes(spec: Spec) -> list[int]:
     nch = split(spec["VLIM"])[3]
-    # hist/stage, bitmap copy, bin slots, bin counts, bin masses, key counts, key q, scratch
+    # hist/stage, bitmap copy, bin slots, bin counts, bin masses, key counts, key q, scratch,
+    # the top-k path's sort and candidate counter
     return [4 * KEYS // 2, 4 * KEYS // 32, 4 * BINS, 4 * BINS, 8 * BINS, 4 * NT, 8 * NT,
-            4 * (nch + 2) * WARPS, 8 * 2]
+            4 * (nch + 2) * WARPS, 8 * 2, 8 * nsort(spec["VLIM"]), 4 * 4]
 
 
 def _launch(spec: Spec) -> Launch:
@@ -229,6 +251,7 @@ def _build(spec: Spec):
     ctas, per_cta, chunks, nch, pw = split(vlim)
     vchunks = -(-vlim // 8)  # chunks holding a choosable id
     launch = _launch(spec)
+    ns = nsort(vlim)
 
     def sel(c, a, b):  # select_ keeping a's type (select_ alone drops signedness)
         return type(a)(cutlass.select_(c, a, b))
@@ -279,6 +302,40 @@ def _build(spec: Spec):
             return Uint64(asm(T.i64(), [r64(a), Uint64(v).ir_value()], f"{op} $0, [$1], $2;",
                               "=l,l,l,~{memory}"))
         asm(None, [r64(a), Uint64(v).ir_value()], f"{op} [$0], $1;", "l,l,~{memory}")
+
+    def push_if(ctr, dst, key, gid, ok):
+        """Where ok: slot i = atomic add on the shared counter at ctr, then the candidate
+        (key << 32 | ~gid) to dst[i] (u64)."""
+        asm(None, [r32(ctr), r64(dst), r32(key), r32(gid), r32(ok)],
+            "{ .reg .pred p; .reg .b32 i, n; .reg .b64 a; setp.ne.b32 p, $4, 0; "
+            "@p atom.shared.add.u32 i, [$0], 1; @p mul.wide.u32 a, i, 8; @p add.s64 a, a, $1; "
+            "not.b32 n, $3; @p st.global.v2.u32 [a], {n, $2}; }", "r,l,r,r,r,~{memory}")
+
+    def put_if(dst, key, gid, ok):
+        """Where ok: the candidate (key << 32 | ~gid) to dst (u64)."""
+        asm(None, [r64(dst), r32(key), r32(gid), r32(ok)],
+            "{ .reg .pred p; .reg .b32 n; setp.ne.b32 p, $3, 0; not.b32 n, $2; "
+            "@p st.global.v2.u32 [$0], {n, $1}; }", "l,r,r,r,~{memory}")
+
+    def st64_if(a, v, ok):
+        asm(None, [r64(a), Uint64(v).ir_value(), r32(ok)],
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.u64 [$0], $1; }",
+            "l,l,r,~{memory}")
+
+    def ld64_cg_if(a, ok):  # a u64 other CTAs wrote (L2), or 0
+        return Uint64(asm(T.i64(), [r64(a), r32(ok)], pred(
+            2, "@p ld.global.cg.u64 $0, [$1]; @!p mov.b64 $0, 0;"), "=l,l,r"))
+
+    def uniform(seed, draw):
+        """flint_graph.runtime.sampling.counter_uniform: splitmix64, then f64 in (0, 1)."""
+        hsh = Uint64(seed) + Uint64(_GOLDEN)
+        for r in range(2):
+            hsh = (hsh ^ (hsh >> 30)) * Uint64(_MUL1)
+            hsh = (hsh ^ (hsh >> 27)) * Uint64(_MUL2)
+            hsh = hsh ^ (hsh >> 31)
+            if r == 0:
+                hsh = hsh + (Uint64(draw) + 1) * Uint64(_GOLDEN)
+        return dmul(Float64(hsh >> 12) + Float64(0.5), Float64(2.0 ** -52))
 
     def cp4(s, g):  # 4 bytes global -> shared, asynchronous (no register, no stall)
         asm(None, [r32(s), r64(g)], "cp.async.ca.shared.global [$0], [$1], 4;", "r,l,~{memory}")
@@ -386,7 +443,7 @@ def _build(spec: Spec):
     def sample_tokens_kernel(mlog: cute.Tensor, mtemp: cute.Tensor, mtopk: cute.Tensor,
                              mtopp: cute.Tensor, mseed: cute.Tensor, mdraw: cute.Tensor,
                              mids: cute.Tensor, mctl: cute.Tensor, mbits: cute.Tensor,
-                             mtot: cute.Tensor, mpart: cute.Tensor):
+                             mtot: cute.Tensor, mpart: cute.Tensor, mcand: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
         rank, row, _ = cute.arch.block_idx()
         warp, lane = tid // 32, tid % 32
@@ -400,6 +457,8 @@ def _build(spec: Spec):
         s_kq = smem.allocate_tensor(Uint64, cute.make_layout((NT,)), 16)
         s_w = smem.allocate_tensor(Uint32, cute.make_layout(((nch + 2) * WARPS,)), 16)
         s_x = smem.allocate_tensor(Uint64, cute.make_layout((2,)), 16)
+        s_sort = smem.allocate_tensor(Uint64, cute.make_layout((ns,)), 16)
+        s_n = smem.allocate_tensor(Uint32, cute.make_layout((4,)), 16)
         hist = Uint32(s_hist.iterator.toint())
         for i in cutlass.range_constexpr(KEYS // 8 // NT):  # zeroed under the predecessor's tail
             asm(None, [r32(hist + Uint32(tid + NT * i) * 16)], "{ .reg .b32 z; mov.b32 z, 0; "
@@ -409,6 +468,9 @@ def _build(spec: Spec):
         cute.arch.sync_threads()
         temp = mtemp[row]
         sampled = one(temp > Float32(0.0))  # 0 or 1; NaN is greedy
+        k_row = mtopk[row]
+        fast = sampled & one(k_row > 0) & one(k_row <= KFAST) & one(k_row < vlim)
+        cbase = mcand.iterator.toint() + Int64(row) * (8 * ctas * KFAST)
         row_addr = mlog.iterator.toint() + Int64(row) * (2 * row_elems)
         ctl = mctl.iterator.toint() + Int64(row) * 16
         tot = mtot.iterator.toint() + Int64(row) * (4 * KEYS)
@@ -447,7 +509,66 @@ def _build(spec: Spec):
                 gid = Uint32(rank * per_cta) + Uint32(0xFFFF) - (Uint32(best) & 0xFFFF)
                 g64("red.global.max.u64", ctl + 8, (Uint64(key) << 32) | Uint64(~gid))
 
-        if sampled != 0:  # publish every key this CTA holds
+        if fast != 0:  # top-k path: this CTA's first min(k, its ids) ranks go to cand[row, rank]
+            kk = Uint32(k_row)
+            for i in cutlass.range_constexpr(BINS // WARPS):  # bin counts (warp w: 16 bins)
+                hb = warp * (BINS // WARPS) + i
+                n = Uint32(0)
+                for e in cutlass.range_constexpr(4):
+                    w = s_hist[hb * 128 + lane + 32 * e]
+                    n = n + (w & 0xFFFF) + (w >> 16)
+                n = Uint32(cute.arch.warp_redux_sync(n, "add"))
+                if lane == 0:
+                    s_bc[hb] = n
+            if tid == 0:
+                s_n[0] = Uint32(0)
+            cute.arch.sync_threads()
+            hb, nb, _, ntot, _ = find(lane, lambda i: s_bc[i], lambda i, n: Uint64(0),
+                                      Uint64(kk), False)
+            if tid < 256:
+                w = s_hist[hb * 128 + (tid >> 1)]
+                s_kc[tid] = (w >> ((tid & 1) * 16)) & 0xFFFF
+            cute.arch.sync_threads()
+            x, nk, _, _, _ = find(lane, lambda i: s_kc[i], lambda i, n: Uint64(0),
+                                  Uint64(kk - nb), False)
+            # the cut key: every id above it, then ids of the cut key in id order up to k
+            # (all ids when the CTA holds fewer than k)
+            every = one(ntot < kk)
+            cut = sel(every != 0, Uint32(0), Uint32(hb * 256 + x))
+            above = sel(every != 0, Uint32(0), nb + nk)
+            quota = kk - above
+            base_addr = cbase + Int64(rank * KFAST) * 8
+            ctr = Uint32(s_n.iterator.toint())
+            masks, cnts, incl = [], [], []
+            for jj in cutlass.range_constexpr(nch):
+                cc, keys, valid = chunk_keys(row_addr, tid, rank, jj)
+                first = Uint32(rank * per_cta) + 8 * Uint32(cc)
+                me = Uint32(0)
+                for e in cutlass.range_constexpr(8):
+                    gt = valid[e] & (one(keys[e] > cut) | every)
+                    push_if(ctr, base_addr, keys[e], first + e, gt)
+                    me = me | ((valid[e] & one(keys[e] == cut) & (every ^ 1)) << e)
+                masks.append(me)
+                cnts.append(Uint32(cute.arch.popc(me)))
+                incl.append(scan_up(cnts[jj], lane, Uint32))
+                if lane == 31:
+                    s_w[WARPS * (jj + 1) + warp] = incl[jj]
+            cute.arch.sync_threads()
+            run = Uint32(0)
+            for jj in cutlass.range_constexpr(nch):
+                pre = run + incl[jj] - cnts[jj]
+                for w in cutlass.range_constexpr(WARPS):
+                    v = s_w[WARPS * (jj + 1) + w]
+                    pre = pre + v * one(warp > w)
+                    run = run + v
+                me = masks[jj]
+                first = Uint32(rank * per_cta) + 8 * Uint32(tid + NT * jj)
+                for e in cutlass.range_constexpr(8):
+                    j = pre + Uint32(cute.arch.popc(me & Uint32((1 << e) - 1)))
+                    put_if(base_addr + Int64(above + j) * 8, cut, first + e,
+                           ((me >> e) & 1) & one(j < quota))
+
+        if (sampled != 0) & (fast == 0):  # publish every key this CTA holds
             for i in cutlass.range_constexpr(KEYS // 8 // NT):
                 k0 = (tid + NT * i) * 8
                 cnt = [(s_hist[k0 // 2 + e // 2] >> (16 * (e % 2))) & 0xFFFF for e in range(8)]
@@ -481,11 +602,63 @@ def _build(spec: Spec):
             kmax = Uint32(gb >> 32)
             if ((sampled == 0) | (kmax == KEY_NEG_INF)) & (tid == 0):  # greedy: ctl[1]'s id
                 mids[row] = Int64(Uint64(0xFFFFFFFF) - (gb & 0xFFFFFFFF))
-            if sampled != 0:
+            if (sampled != 0) & (fast == 0):
                 for i in cutlass.range_constexpr(KEYS // 32 // NT):
                     s_bmp[tid + NT * i] = ld_cg_if(bmap + Int64(tid + NT * i) * 4, Uint32(1))
                 cute.arch.sync_threads()
-            if (sampled != 0) & (kmax != KEY_NEG_INF):
+            if fast != 0:  # every CTA's candidates, sorted by rank (bitonic, descending)
+                for i in cutlass.range_constexpr(-(-ns // NT)):
+                    if tid + NT * i < ns:
+                        e = tid + NT * i
+                        on = one(e < ctas * KFAST)
+                        s_sort[e] = ld64_cg_if(cbase + Int64(e) * 8, on)
+                        st64_if(cbase + Int64(e) * 8, Uint64(0), on)  # workspaces end zero
+                cute.arch.sync_threads()
+                for lg in cutlass.range(1, ns.bit_length(), unroll=1):  # blocks of 2^lg
+                    for sh in cutlass.range(lg - 1, -1, -1, unroll=1):  # pairs 2^sh apart
+                        for i in cutlass.range_constexpr(-(-(ns // 2) // NT)):
+                            if tid + NT * i < ns // 2:
+                                pr = Uint32(tid + NT * i)
+                                lo = ((pr >> Uint32(sh)) << Uint32(sh + 1)) \
+                                    | (pr & ((Uint32(1) << Uint32(sh)) - 1))
+                                hi = lo + (Uint32(1) << Uint32(sh))
+                                a, b = s_sort[lo], s_sort[hi]
+                                desc = one(((lo >> Uint32(lg)) & 1) == 0)
+                                swap = sel(desc != 0, one(a < b), one(a > b))
+                                s_sort[lo] = sel(swap != 0, b, a)
+                                s_sort[hi] = sel(swap != 0, a, b)
+                        cute.arch.sync_threads()
+            if (fast != 0) & (kmax != KEY_NEG_INF) & (warp == 0):
+                # lane l holds ranks 2l and 2l + 1 (k <= 64): weights, top-p, the draw
+                kk = Uint32(k_row)
+                lmax = l_of(kmax)
+                cscale = fop("div", LOG2E, temp)
+                r0 = Uint32(2 * lane)
+                v0, v1 = s_sort[2 * lane], s_sort[2 * lane + 1]
+                q0 = sel(r0 < kk, q_of(Uint32(v0 >> 32), kmax, lmax, cscale), Uint64(0))
+                q1 = sel(r0 + 1 < kk, q_of(Uint32(v1 >> 32), kmax, lmax, cscale), Uint64(0))
+                c1 = scan_up(q0 + q1, lane, Uint64)  # inclusive prefix through rank 2l + 1
+                c0 = c1 - q1
+                keep0, keep1 = one(r0 < kk), one(r0 + 1 < kk)
+                p = mtopp[row]
+                if p < Float32(1.0):
+                    mass_k = Uint64(cute.arch.shuffle_sync(c1, offset=31))
+                    thr = Uint64(dmul(Float64(cutlass.max(p, Float32(0.0))), Float64(mass_k)))
+                    keep0 = keep0 & (one(lane == 0) | one(c0 - q0 < thr))
+                    keep1 = keep1 & one(c0 < thr)
+                mass = q0 * Uint64(keep0) + q1 * Uint64(keep1)
+                for d in cutlass.range_constexpr(5):
+                    mass = mass + Uint64(cute.arch.shuffle_sync_bfly(mass, offset=16 >> d))
+                u = uniform(mseed[row], mdraw[row])
+                t = cutlass.min(Uint64(dmul(u, Float64(mass))), mass - 1)
+                b0 = Uint32(cute.arch.vote_ballot_sync((keep0 & one(c0 > t)) != 0))
+                b1 = Uint32(cute.arch.vote_ballot_sync((keep1 & one(c1 > t)) != 0))
+                w0 = sel(b0 != 0, 2 * ctz(b0), Int32(64))
+                w1 = sel(b1 != 0, 2 * ctz(b1) + 1, Int32(64))
+                win = s_sort[cutlass.min(w0, w1)]
+                if lane == 0:
+                    mids[row] = Int64(Uint64(0xFFFFFFFF) - (win & 0xFFFFFFFF))
+            if (sampled != 0) & (fast == 0) & (kmax != KEY_NEG_INF):
                 hk = Int32(kmax >> 8)
                 lmax = l_of(kmax)
                 cscale = fop("div", LOG2E, temp)
@@ -561,14 +734,7 @@ def _build(spec: Spec):
                     if kp != kk:
                         _, nb, mb, q = locate(cx, Uint64(kp), False)
                         mass = Uint64(mb + Uint64(kp - nb) * q)
-                hsh = Uint64(mseed[row]) + Uint64(_GOLDEN)
-                for r in cutlass.range_constexpr(2):  # flint_graph.runtime.sampling.counter_uniform
-                    hsh = (hsh ^ (hsh >> 30)) * Uint64(_MUL1)
-                    hsh = (hsh ^ (hsh >> 27)) * Uint64(_MUL2)
-                    hsh = hsh ^ (hsh >> 31)
-                    if r == 0:
-                        hsh = hsh + (Uint64(mdraw[row]) + 1) * Uint64(_GOLDEN)
-                u = dmul(Float64(hsh >> 12) + Float64(0.5), Float64(2.0 ** -52))
+                u = uniform(mseed[row], mdraw[row])
                 t = cutlass.min(Uint64(dmul(u, Float64(mass))), mass - 1)
                 kstar, nb, mb, q = locate(cx, t + 1, True)
                 j = Uint32((t - mb) // q)
@@ -606,7 +772,7 @@ def _build(spec: Spec):
                             mm = sel(jl > pre, mm & (mm - 1), mm)
                             pre = pre + one(jl > pre)
                         mids[row] = Int64(owner * per_cta + 8 * cc + ctz(mm))
-            if sampled != 0:  # zero every word the row wrote
+            if (sampled != 0) & (fast == 0):  # zero every word the row wrote
                 for i in cutlass.range_constexpr(KEYS // 32 // NT):
                     w = tid + NT * i
                     m = s_bmp[w]
@@ -625,9 +791,10 @@ def _build(spec: Spec):
     def sample_tokens(mlog: cute.Tensor, mtemp: cute.Tensor, mtopk: cute.Tensor,
                       mtopp: cute.Tensor, mseed: cute.Tensor, mdraw: cute.Tensor,
                       mids: cute.Tensor, mctl: cute.Tensor, mbits: cute.Tensor,
-                      mtot: cute.Tensor, mpart: cute.Tensor, stream: cuda.CUstream):
+                      mtot: cute.Tensor, mpart: cute.Tensor, mcand: cute.Tensor,
+                      stream: cuda.CUstream):
         sample_tokens_kernel(mlog, mtemp, mtopk, mtopp, mseed, mdraw, mids, mctl, mbits, mtot,
-                             mpart).launch(grid=launch.grid, block=launch.block, smem=launch.smem,
+                             mpart, mcand).launch(grid=launch.grid, block=launch.block, smem=launch.smem,
                                            stream=stream, use_pdl=True)
 
     return sample_tokens
