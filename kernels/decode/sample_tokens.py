@@ -615,7 +615,8 @@ def _build(spec: Spec):
                         st64_if(cbase + Int64(e) * 8, Uint64(0), on)  # workspaces end zero
                 cute.arch.sync_threads()
                 for lg in cutlass.range(1, ns.bit_length(), unroll=1):  # blocks of 2^lg
-                    for sh in cutlass.range(lg - 1, -1, -1, unroll=1):  # pairs 2^sh apart
+                    for sh_i in cutlass.range(lg, unroll=1):
+                        sh = lg - 1 - sh_i  # pairs 2^sh apart
                         for i in cutlass.range_constexpr(-(-(ns // 2) // NT)):
                             if tid + NT * i < ns // 2:
                                 pr = Uint32(tid + NT * i)
