@@ -127,7 +127,8 @@ def _engine_config(o: BenchOptions, kv_tokens: int):
 
 def sources(o: BenchOptions, kv_tokens: int):
     """Yields (format, LLM) per weight format: the checkpoint's one, or the preset's synthetic
-    weights (BF16, then the same snapped to NVFP4 in place)."""
+    weights (BF16, then the same snapped to NVFP4 in place; NVFP4 alone is made layer by layer,
+    so the full preset fits an 80 GB GPU). Raises ConfigError when the weights cannot fit."""
     from flint_graph.api import LLM
     from flint_graph.checkpoints.checkpoint import LoadedCheckpoint, WeightFormat, read_generation_config
     from flint_graph.runtime.engine_config import pick_device
@@ -137,17 +138,20 @@ def sources(o: BenchOptions, kv_tokens: int):
                   engine=_engine_config(o, kv_tokens))
         yield llm.checkpoint.format.value, llm
         return
-    from flint_graph.checkpoints.make_checkpoint import quantize_weights
+    from flint_graph.checkpoints.make_checkpoint import (check_memory, make_nvfp4_weights,
+                                                         quantize_weights)
     from flint_graph.checkpoints.synthetic import make_weights
 
-    from flint_graph.checkpoints.make_checkpoint import check_memory
-
     cfg, dev = FlintConfig.preset(o.preset), pick_device(o.device)
-    check_memory(cfg, dev)  # the full preset's BF16 weights need ~80 GB: refuse up front
     side = _side_files(cfg, o.seed)
-    weights = make_weights(cfg, o.seed, dev, progress=o.progress)
+    if "bf16" in o.formats:
+        check_memory(cfg, dev)  # the full preset's BF16 weights need ~80 GB: refuse up front
+        weights = make_weights(cfg, o.seed, dev, progress=o.progress)
+    else:  # NVFP4 alone: snapped layer by layer, the same tensors without the BF16 model
+        check_memory(cfg, dev, "nvfp4")
+        weights = make_nvfp4_weights(cfg, o.seed, dev, progress=o.progress)
     for fmt in ("bf16", "nvfp4"):
-        if fmt == "nvfp4":
+        if fmt == "nvfp4" and "bf16" in o.formats:
             quantize_weights(weights, progress=False)  # the LM head and embedding stay BF16
         if fmt not in o.formats:
             continue

@@ -220,3 +220,46 @@ def test_every_flag_has_help(capsys):
     parser = argparse.ArgumentParser()
     mk.add_arguments(parser)
     assert all(a.help for a in parser._actions)
+
+
+def _leaves(x, prefix=""):
+    """(path, tensor) for every tensor inside FlintWeights (NVFP4Weight fields included)."""
+    if isinstance(x, torch.Tensor):
+        return [(prefix, x)]
+    if isinstance(x, (list, tuple)):
+        return [kv for i, v in enumerate(x) for kv in _leaves(v, f"{prefix}.{i}")]
+    if hasattr(x, "__dict__"):
+        return [kv for k, v in vars(x).items() for kv in _leaves(v, f"{prefix}.{k}")]
+    return []
+
+
+def test_nvfp4_made_layer_by_layer_equals_quantising_the_bf16_model(cfg):
+    """make_nvfp4_weights (each layer snapped as it is made) gives the tensors of make_weights
+    followed by quantize_weights, bit for bit."""
+    want = mk.quantize_weights(make_weights(cfg, SEED), progress=False)
+    got = mk.make_nvfp4_weights(cfg, SEED)
+    a, b = _leaves(want), _leaves(got)
+    assert [k for k, _ in a] == [k for k, _ in b] and len(a) > 20
+    for (k, x), (_, y) in zip(a, b):
+        assert x.dtype == y.dtype and torch.equal(x, y), k
+    assert any(isinstance(lin, NVFP4Weight) for _, lin in linears(got))
+
+
+def test_weights_bytes_by_format():
+    """The full config: ~79 GB in BF16, ~25 GB as NVFP4 made layer by layer (fits an 80 GB
+    H100 with room for the KV cache); the refusal names the format and the sizes."""
+    full = FlintConfig.preset("full")
+    assert 78e9 < mk.weights_bytes(full) < 81e9
+    assert 20e9 < mk.weights_bytes(full, "nvfp4") < 28e9
+    tiny = FlintConfig.preset("tiny")
+    assert mk.weights_bytes(tiny, "nvfp4") < mk.weights_bytes(tiny)
+
+
+def test_check_memory_names_the_format(monkeypatch):
+    full = FlintConfig.preset("full")
+    monkeypatch.setattr(mk.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
+                                                         "SC_PHYS_PAGES": 10 * 2**30 // 4096}[name])
+    with pytest.raises(ConfigError, match=r"BF16 weights need 79\.\d GB.*NVFP4 weights alone.*need 24\.9 GB"):
+        mk.check_memory(full, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"NVFP4 weights need 2\d\.\d GB"):
+        mk.check_memory(full, torch.device("cpu"), "nvfp4")

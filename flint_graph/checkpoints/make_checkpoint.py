@@ -91,6 +91,37 @@ def quantize_weights(weights: FlintWeights, quantize_embeddings: bool = False,
     return weights
 
 
+def make_nvfp4_weights(cfg: FlintConfig, seed: int, device: torch.device | str = "cpu",
+                       progress: bool = False) -> FlintWeights:
+    """`make_weights` then `quantize_weights`, bit for bit, but each layer is snapped to NVFP4
+    as soon as it is made: peak memory is the NVFP4 model plus one BF16 layer (~25 GB for the
+    full config instead of ~80 GB, so an 80 GB GPU can hold it). Embedding and LM head stay
+    BF16, as in `quantize_weights`' default."""
+    from types import SimpleNamespace
+
+    from flint_graph.checkpoints.synthetic import make_weights
+
+    def snap(lw) -> None:
+        quantize_weights(SimpleNamespace(layers=[lw]), progress=False)
+
+    return make_weights(cfg, seed, device, progress=progress, layer_hook=snap)
+
+
+def weights_bytes(cfg: FlintConfig, fmt: str = "bf16") -> int:
+    """Bytes the synthetic weights of `cfg` take at their peak while being made: BF16 (2 bytes a
+    parameter) or, for "nvfp4" made by `make_nvfp4_weights`, the snapped linears at 9/16 byte a
+    parameter (4-bit codes and an E4M3 scale per 16), everything else BF16, plus one BF16 layer
+    being snapped (the largest). An estimate for refusing early, not an exact count."""
+    if fmt == "bf16":
+        return cfg.total_params * 2
+    c = cfg.param_counts()
+    linear = c["attention"] + c["dense_mlp"] + c["routed"] + c["shared"]
+    n_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    layer = max(c["dense_mlp"] // max(cfg.first_k_dense_replace, 1),
+                (c["routed"] + c["shared"]) // max(n_moe, 1)) + c["attention"] // cfg.num_hidden_layers
+    return linear * 9 // 16 + (cfg.total_params - linear) * 2 + layer * 2
+
+
 def generation_config(special_ids: dict[str, int]) -> dict[str, Any]:
     """generation_config.json: DESIGN §1 sampling defaults, EOS ids = the tokenizer's ids of
     <|endoftext|>, <|user|>, <|observation|>, pad = <|endoftext|>. Raises CheckpointError
@@ -292,18 +323,22 @@ def ensure_tiny_checkpoint(progress: bool = True) -> Path:
 
 # -- command line ---------------------------------------------------------------------------
 
-def check_memory(cfg: FlintConfig, device: torch.device) -> None:
-    """Refuse up front when the BF16 weights cannot fit where they are generated (the `full`
-    preset needs ~80 GB), instead of swapping for minutes and dying."""
-    need = cfg.total_params * 2
+def check_memory(cfg: FlintConfig, device: torch.device, fmt: str = "bf16") -> None:
+    """Refuse up front when the weights (`weights_bytes`: BF16, or NVFP4 made layer by layer)
+    cannot fit where they are generated (the `full` preset needs ~80 GB in BF16, ~25 GB as
+    NVFP4), instead of swapping for minutes and dying. Raises ConfigError naming both sizes."""
+    need = weights_bytes(cfg, fmt)
     if device.type == "cuda":
         have = torch.cuda.get_device_properties(device).total_memory
     else:
         have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > 0.9 * have:
+        name = "BF16" if fmt == "bf16" else "NVFP4"
+        hint = (f" (NVFP4 weights alone, made layer by layer, need "
+                f"{weights_bytes(cfg, 'nvfp4') / 1e9:.1f} GB)" if fmt == "bf16" else "")
         raise ConfigError(
-            f"this config's BF16 weights need {need / 1e9:.1f} GB but {device} has "
-            f"{have / 1e9:.1f} GB; use a GPU with enough memory (--device cuda)")
+            f"this config's {name} weights need {need / 1e9:.1f} GB but {device} has "
+            f"{have / 1e9:.1f} GB; use a GPU with enough memory (--device cuda){hint}")
 
 
 def run(args: argparse.Namespace) -> int:

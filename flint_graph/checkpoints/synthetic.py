@@ -129,13 +129,15 @@ def make_layer_weights(cfg: FlintConfig, seed: int, layer: int,
 
 
 def make_weights(cfg: FlintConfig, seed: int, device: torch.device | str = "cpu",
-                 progress: bool = False) -> FlintWeights:
+                 progress: bool = False, layer_hook=None) -> FlintWeights:
     """All weights of `cfg`, seeded by `seed`, generated directly on `device` (BF16 linears in
     HF orientation [out, in], see `flint_graph.checkpoints.weights`).
 
     Deterministic: the same (cfg, seed) on the same device type gives bit-identical tensors.
     The full config needs ~80 GB of device memory (BF16). `progress` shows a rich progress bar
     (one step per layer; on CUDA each step waits for its kernels so the bar is honest).
+    layer_hook(LayerWeights), if given, runs on each layer as soon as it is made (e.g.
+    `make_checkpoint.make_nvfp4_weights` snaps it to NVFP4, so the BF16 model never exists).
     """
     dev = torch.device(device)
     h, v = cfg.hidden_size, cfg.vocab_size
@@ -153,6 +155,8 @@ def make_weights(cfg: FlintConfig, seed: int, device: torch.device | str = "cpu"
         layers = []
         for i in range(cfg.num_hidden_layers):
             layers.append(make_layer_weights(cfg, seed, i, dev))
+            if layer_hook is not None:
+                layer_hook(layers[-1])
             step(advance)
         g = _generator(seed, _PART_HEAD, dev)
         final_norm = _norm_weight(h, g, dev)
