@@ -44,14 +44,17 @@ an H100, 2026-12-05, `tools/probe_sampler.py`: 48.6 us with no top-k and 56.4 us
 and top-p 0.95 at V = 151,552, against 4.4 us greedy), but top-k needs only k ranks, and every
 one of the row's first k ranks is among the first k ranks of the CTA holding it. So each CTA
 finds its own cut from its histogram (bin counts, then the key counts of one bin: the key at
-which its descending count reaches k), and writes its first min(k, ids) ranks to cand[row, CTA]
-as (key << 32 | ~id): every id above the cut (fewer than k, slots from a shared counter) and
-the cut key's ids in id order up to k (a block scan), or every id when it holds fewer than k.
-Nothing is published to total/part/bitmap. The last CTA reads the C x 64 slots (empty ones are
-0, which sorts last), zeroes them, sorts them descending in shared memory (bitonic, which is
-(key desc, id asc): the rank order), and warp 0 finishes with lane l holding ranks 2l, 2l + 1:
-q of each, an inclusive scan (Mk), top-p's prefix, the draw's first rank past t. The ids are
-those of the histogram path by construction (tests/test_sample_tokens.py models both).
+which its descending count reaches k) and gathers its first min(k, ids) ranks as (key << 32 |
+~id), whose descending order is the rank order (key desc, id asc): every id above the cut
+(fewer than k, slots from a shared counter) and the cut key's ids in id order up to k (a block
+scan), or every id when it holds fewer than k. One warp sorts those 64 slots (empty ones are 0,
+which sorts last) in registers (bitonic, shuffles) and writes them to cand[row, CTA]. Nothing
+is published to total/part/bitmap. The last CTA reads and zeroes the C x 64 slots and merges
+the sorted lists pairwise, one warp a pair, keeping each pair's first 64 (max of one list and
+the other reversed is bitonic and holds them; 6 shuffle stages sort it): log2(C) levels, one
+barrier each. Warp 0 then finishes with lane l holding ranks 2l, 2l + 1: q of each, an
+inclusive scan (Mk), top-p's prefix, the draw's first rank past t. The ids are those of the
+histogram path by construction (tests/test_sample_tokens.py models both).
 Why not a thread-block cluster: the DSL keeps cluster dims out of the cubin and the launcher
 sets none, so a cluster launch is not available to the AOT path.
 PDL: nothing is read before griddepcontrol.wait (no weights); launch_dependents follows it.
@@ -305,17 +308,38 @@ def _build(spec: Spec):
 
     def push_if(ctr, dst, key, gid, ok):
         """Where ok: slot i = atomic add on the shared counter at ctr, then the candidate
-        (key << 32 | ~gid) to dst[i] (u64)."""
-        asm(None, [r32(ctr), r64(dst), r32(key), r32(gid), r32(ok)],
-            "{ .reg .pred p; .reg .b32 i, n; .reg .b64 a; setp.ne.b32 p, $4, 0; "
-            "@p atom.shared.add.u32 i, [$0], 1; @p mul.wide.u32 a, i, 8; @p add.s64 a, a, $1; "
-            "not.b32 n, $3; @p st.global.v2.u32 [a], {n, $2}; }", "r,l,r,r,r,~{memory}")
+        (key << 32 | ~gid) to shared dst[i] (u64)."""
+        asm(None, [r32(ctr), r32(dst), r32(key), r32(gid), r32(ok)],
+            "{ .reg .pred p; .reg .b32 i, n, a; setp.ne.b32 p, $4, 0; "
+            "@p atom.shared.add.u32 i, [$0], 1; @p mad.lo.u32 a, i, 8, $1; "
+            "not.b32 n, $3; @p st.shared.v2.u32 [a], {n, $2}; }", "r,r,r,r,r,~{memory}")
 
     def put_if(dst, key, gid, ok):
-        """Where ok: the candidate (key << 32 | ~gid) to dst (u64)."""
-        asm(None, [r64(dst), r32(key), r32(gid), r32(ok)],
+        """Where ok: the candidate (key << 32 | ~gid) to shared dst (u64)."""
+        asm(None, [r32(dst), r32(key), r32(gid), r32(ok)],
             "{ .reg .pred p; .reg .b32 n; setp.ne.b32 p, $3, 0; not.b32 n, $2; "
-            "@p st.global.v2.u32 [$0], {n, $1}; }", "l,r,r,r,~{memory}")
+            "@p st.shared.v2.u32 [$0], {n, $1}; }", "r,r,r,r,~{memory}")
+
+    def bitonic64(v0, v1, lane, sizes):
+        """Bitonic stages over 64 u64 values, lane l holding elements 2l and 2l + 1 (in
+        registers: shuffles, no barriers); sizes (2, 4, ..., 64) sorts descending, (64,)
+        merges a bitonic sequence descending."""
+        e = Uint32(2 * lane)
+        for size in sizes:
+            stride = size // 2
+            while stride >= 1:
+                desc = one((e & size) == 0)
+                if stride == 1:  # both elements in this lane: the lower keeps the max if desc
+                    swap = sel(desc != 0, one(v1 > v0), one(v0 > v1))
+                    v0, v1 = sel(swap != 0, v1, v0), sel(swap != 0, v0, v1)
+                else:
+                    p0 = Uint64(cute.arch.shuffle_sync_bfly(v0, offset=stride // 2))
+                    p1 = Uint64(cute.arch.shuffle_sync_bfly(v1, offset=stride // 2))
+                    big = one(one((e & stride) == 0) == desc)
+                    v0 = sel(big != 0, sel(p0 > v0, p0, v0), sel(p0 < v0, p0, v0))
+                    v1 = sel(big != 0, sel(p1 > v1, p1, v1), sel(p1 < v1, p1, v1))
+                stride //= 2
+        return v0, v1
 
     def st64_if(a, v, ok):
         asm(None, [r64(a), Uint64(v).ir_value(), r32(ok)],
@@ -522,6 +546,8 @@ def _build(spec: Spec):
                     s_bc[hb] = n
             if tid == 0:
                 s_n[0] = Uint32(0)
+            if tid < KFAST:
+                s_sort[tid] = Uint64(0)
             cute.arch.sync_threads()
             hb, nb, _, ntot, _ = find(lane, lambda i: s_bc[i], lambda i, n: Uint64(0),
                                       Uint64(kk), False)
@@ -537,7 +563,7 @@ def _build(spec: Spec):
             cut = sel(every != 0, Uint32(0), Uint32(hb * 256 + x))
             above = sel(every != 0, Uint32(0), nb + nk)
             quota = kk - above
-            base_addr = cbase + Int64(rank * KFAST) * 8
+            sbase = Uint32(s_sort.iterator.toint())
             ctr = Uint32(s_n.iterator.toint())
             masks, cnts, incl = [], [], []
             for jj in cutlass.range_constexpr(nch):
@@ -546,7 +572,7 @@ def _build(spec: Spec):
                 me = Uint32(0)
                 for e in cutlass.range_constexpr(8):
                     gt = valid[e] & (one(keys[e] > cut) | every)
-                    push_if(ctr, base_addr, keys[e], first + e, gt)
+                    push_if(ctr, sbase, keys[e], first + e, gt)
                     me = me | ((valid[e] & one(keys[e] == cut) & (every ^ 1)) << e)
                 masks.append(me)
                 cnts.append(Uint32(cute.arch.popc(me)))
@@ -565,8 +591,15 @@ def _build(spec: Spec):
                 first = Uint32(rank * per_cta) + 8 * Uint32(tid + NT * jj)
                 for e in cutlass.range_constexpr(8):
                     j = pre + Uint32(cute.arch.popc(me & Uint32((1 << e) - 1)))
-                    put_if(base_addr + Int64(above + j) * 8, cut, first + e,
+                    put_if(sbase + (above + j) * 8, cut, first + e,
                            ((me >> e) & 1) & one(j < quota))
+            cute.arch.sync_threads()
+            if warp == 0:  # sorted by rank, to cand[row, rank]: the last CTA only merges
+                v0, v1 = bitonic64(s_sort[2 * lane], s_sort[2 * lane + 1], lane,
+                                   (2, 4, 8, 16, 32, 64))
+                out = cbase + Int64(rank * KFAST + 2 * lane) * 8
+                st64_if(out, v0, Uint32(1))
+                st64_if(out + 8, v1, Uint32(1))
 
         if (sampled != 0) & (fast == 0):  # publish every key this CTA holds
             for i in cutlass.range_constexpr(KEYS // 8 // NT):
@@ -614,21 +647,21 @@ def _build(spec: Spec):
                         s_sort[e] = ld64_cg_if(cbase + Int64(e) * 8, on)
                         st64_if(cbase + Int64(e) * 8, Uint64(0), on)  # workspaces end zero
                 cute.arch.sync_threads()
-                for lg in cutlass.range(1, ns.bit_length(), unroll=1):  # blocks of 2^lg
-                    for sh_i in cutlass.range(lg, unroll=1):
-                        sh = lg - 1 - sh_i  # pairs 2^sh apart
-                        for i in cutlass.range_constexpr(-(-(ns // 2) // NT)):
-                            if tid + NT * i < ns // 2:
-                                pr = Uint32(tid + NT * i)
-                                lo = ((pr >> Uint32(sh)) << Uint32(sh + 1)) \
-                                    | (pr & ((Uint32(1) << Uint32(sh)) - 1))
-                                hi = lo + (Uint32(1) << Uint32(sh))
-                                a, b = s_sort[lo], s_sort[hi]
-                                desc = one(((lo >> Uint32(lg)) & 1) == 0)
-                                swap = sel(desc != 0, one(a < b), one(a > b))
-                                s_sort[lo] = sel(swap != 0, b, a)
-                                s_sort[hi] = sel(swap != 0, a, b)
-                        cute.arch.sync_threads()
+                width = 1  # merge sorted lists pairwise, keeping each pair's first 64
+                while width < ns // KFAST:
+                    if warp < ns // KFAST // (2 * width):
+                        a = warp * (2 * width * KFAST)
+                        b = a + width * KFAST
+                        v0 = s_sort[a + 2 * lane]
+                        v1 = s_sort[a + 2 * lane + 1]
+                        w0 = s_sort[b + KFAST - 1 - 2 * lane]
+                        w1 = s_sort[b + KFAST - 2 - 2 * lane]
+                        v0, v1 = bitonic64(sel(w0 > v0, w0, v0), sel(w1 > v1, w1, v1), lane,
+                                           (64,))
+                        s_sort[a + 2 * lane] = v0
+                        s_sort[a + 2 * lane + 1] = v1
+                    cute.arch.sync_threads()
+                    width *= 2
             if (fast != 0) & (kmax != KEY_NEG_INF) & (warp == 0):
                 # lane l holds ranks 2l and 2l + 1 (k <= 64): weights, top-p, the draw
                 kk = Uint32(k_row)
