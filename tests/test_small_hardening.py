@@ -91,6 +91,31 @@ def test_graph_decode_rows_with_non_finite_logits_are_found_from_id_zero(ids, ro
     assert non_finite_rows(ids, logits) == bad
 
 
+@pytest.mark.parametrize("ids,valid,bad", [
+    ([0], 1.0, []),  # a genuine id 0 beside the -inf padding of the LM head: not an error
+    ([0, 0], 2.0, []),
+    ([0], float("nan"), [0]),  # NaN among the tokenizer's ids: an error
+    ([0], float("inf"), [0]),
+    ([0], float("-inf"), [0]),
+    ([5], float("nan"), []),  # another id: not checked (the sampler read NaN as -inf)
+])
+def test_the_lm_heads_padding_rows_are_not_non_finite_logits(ids, valid, bad):
+    """The decode graph sets ids >= the tokenizer's size to -inf; a row that draws id 0 is
+    checked over the tokenizer's ids only (the H200's "non-finite logits at output token 3" of
+    2026-12-05 was a greedy id 0 with the padding counted)."""
+    import torch
+
+    from flint_graph.runtime.engine import non_finite_rows
+
+    logits = torch.zeros(len(ids), 16, dtype=torch.bfloat16)
+    logits[:, 10:] = float("-inf")  # padding rows 10..15
+    logits[:, 0] = 3.0  # id 0 is the argmax
+    logits[:, 4] = valid
+    assert non_finite_rows(ids, logits, 10) == bad
+    # counting the padding, every row that drew id 0 would be an error
+    assert non_finite_rows(ids, logits) == [i for i, t in enumerate(ids) if t == 0]
+
+
 @pytest.mark.parametrize("field,value", [("rms_norm_eps", 1e308), ("routed_scaling_factor", 1e30),
                                          ("rope_theta", 1e300)])
 def test_settings_that_make_every_activation_useless_are_refused(field, value):

@@ -386,7 +386,7 @@ class Engine:
                      top_p=r.params.top_p, seed=r.seed, draw_index=r.num_generated)
                  for r in rows]
         ids, logits = self.runner.decode(steps)
-        bad = non_finite_rows(ids, logits)
+        bad = non_finite_rows(ids, logits, self.tokenizer_vocab)
         failed = [self._fail(rows[i], _not_finite(rows[i], self._origin(rows[i]))) for i in bad]
         if bad:
             keep = [i for i in range(len(rows)) if i not in bad]
@@ -700,17 +700,21 @@ def _not_finite(req: Request, origin: str | None = None) -> str:
     return f"{head}{where}: a weight or a config value is out of range for this model"
 
 
-def non_finite_rows(ids: list[int], logits: torch.Tensor) -> list[int]:
+def non_finite_rows(ids: list[int], logits: torch.Tensor, vocab: int | None = None) -> list[int]:
     """Rows of a graph decode step whose logits hold NaN or inf, found without a host sync on
     the hot path: the fused sampler (kernels/decode/sample_tokens.py) reads NaN as -inf and
     answers id 0 for a row with no finite logit, so only rows that drew id 0 are checked (one
-    sync, for them alone). ids: the step's sampled ids; logits: [len(ids), V] on the device.
+    sync, for them alone). ids: the step's sampled ids; logits: [len(ids), V] on the device;
+    vocab: the tokenizer's size (None: V). Only ids below vocab are checked: the decode graph
+    sets the LM head's padding rows (ids >= vocab) to -inf, and counting those made every row
+    that drew a genuine id 0 an error (seen on the H200, 2026-12-05: the "non-finite logits at
+    output token 3" of the BF16 tool loop's first request was a greedy id 0).
     A row with some NaN logits that still drew another id keeps it (its NaNs counted as -inf,
     as the sampler's contract says)."""
     zero = [i for i, t in enumerate(ids) if t == 0]
     if not zero:
         return []
-    finite = torch.isfinite(logits[zero]).all(dim=-1).tolist()
+    finite = torch.isfinite(logits[zero, :vocab]).all(dim=-1).tolist()
     return [i for i, ok in zip(zero, finite) if not ok]
 
 
