@@ -128,7 +128,8 @@ def main() -> int:
 
         def decode(rows):
             ids, logits = plain(rows)
-            fin = torch.isfinite(logits.float()).all(dim=-1).tolist()
+            # ids at or above the tokenizer's size are the LM head's -inf padding
+            fin = torch.isfinite(logits[:, :eng.tokenizer_vocab].float()).all(dim=-1).tolist()
             for r, ok in zip(rows, fin):
                 if not ok:
                     print(json.dumps({"non_finite_step": {"slot": r.slot, "position": r.position,
