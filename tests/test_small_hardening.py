@@ -403,6 +403,24 @@ def test_a_non_finite_row_ends_alone_and_the_others_draw_as_alone(tiny_ckpt, tem
     assert len(deltas) == 3 and not batch[1].output_ids
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_padding_rows_at_minus_inf_are_not_an_error(tiny_ckpt, temperature):
+    """A decode graph's logits hold -inf in the LM head's rows past the tokenizer (they reach
+    `_sample_and_append` when min_tokens bans a stop id): the row draws as usual, no error."""
+    from flint_graph import LLM
+    from flint_graph.runtime.request import Request
+
+    llm = LLM(tiny_ckpt, device="cpu", progress=False)
+    eng, tok = llm.engine, llm.tokenizer
+    eng.tokenizer_vocab = eng.cfg.vocab_size - 100  # as a tokenizer smaller than the LM head
+    params = SamplingParams(max_tokens=4, temperature=temperature, top_k=5, top_p=1.0, seed=7)
+    logits = torch.randn(1, eng.cfg.vocab_size, generator=torch.Generator().manual_seed(4))
+    logits[0, eng.tokenizer_vocab:] = float("-inf")
+    r = Request(tok.encode("row"), params, tok, [], None, 100)
+    eng._sample_and_append([r], logits)
+    assert r.finish_reason != "error" and len(r.output_ids) == 1, r.errors
+
+
 def test_paths_that_are_no_file_say_why(tmp_path, tiny_ckpt):
     """The bad-input trial (2026-12-04): a symlink loop as the model read "no such checkpoint",
     a shard that is a directory "does not exist", and a config.json that is a directory "no

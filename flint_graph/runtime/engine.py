@@ -431,8 +431,10 @@ class Engine:
     def _sample_and_append(self, rows: list[Request], logits: torch.Tensor) -> list[RequestDelta]:
         logits = logits.float()
         # whether each row's logits are finite, read with the drawn ids in one transfer (one
-        # host sync per call: the first token of a prompt waits for nothing else)
-        finite_dev = torch.isfinite(logits).all(dim=-1)
+        # host sync per call: the first token of a prompt waits for nothing else); over the
+        # tokenizer's ids only: a decode graph's logits (the min_tokens resample) hold -inf in
+        # the LM head's padding rows
+        finite_dev = torch.isfinite(logits[:, :self.tokenizer_vocab]).all(dim=-1)
         logits[:, self.tokenizer_vocab:] = float("-inf")
         unbanned = logits.clone() if any(r.params.logprobs for r in rows) else logits
         for i, r in enumerate(rows):
