@@ -145,7 +145,8 @@ def sources(o: BenchOptions, kv_tokens: int):
     cfg, dev = FlintConfig.preset(o.preset), pick_device(o.device)
     side = _side_files(cfg, o.seed)
     if "bf16" in o.formats:
-        check_memory(cfg, dev)  # the full preset's BF16 weights need ~80 GB: refuse up front
+        # the full preset's BF16 weights need ~80 GB: refuse up front
+        check_memory(cfg, dev, nvfp4_flag="--formats nvfp4")
         weights = make_weights(cfg, o.seed, dev, progress=o.progress)
     else:  # NVFP4 alone: snapped layer by layer, the same tensors without the BF16 model
         check_memory(cfg, dev, "nvfp4")

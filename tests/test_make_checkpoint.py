@@ -263,3 +263,21 @@ def test_check_memory_names_the_format(monkeypatch):
         mk.check_memory(full, torch.device("cpu"))
     with pytest.raises(ConfigError, match=r"NVFP4 weights need 2\d\.\d GB"):
         mk.check_memory(full, torch.device("cpu"), "nvfp4")
+
+
+def test_gguf_alone_is_made_layer_by_layer_with_the_same_bytes(cfg, written, tmp_path):
+    """--format gguf makes the weights as NVFP4 layer by layer (no BF16 model in memory) and
+    writes the GGUF byte for byte as the run that writes both formats."""
+    out = mk.write_checkpoint(cfg, tmp_path / "g", formats=("gguf",), seed=SEED, device="cpu",
+                              progress=False)
+    assert sha256(Path(out["out_dir"]) / mk.GGUF_NAME) == sha256(
+        Path(written["out_dir"]) / mk.GGUF_NAME)
+
+
+def test_check_memory_names_the_callers_flag(monkeypatch):
+    full = FlintConfig.preset("full")
+    monkeypatch.setattr(mk.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
+                                                         "SC_PHYS_PAGES": 50 * 2**30 // 4096}[name])
+    with pytest.raises(ConfigError, match=r"need 24\.9 GB: --format gguf\)"):
+        mk.check_memory(full, torch.device("cpu"), nvfp4_flag="--format gguf")
+    mk.check_memory(full, torch.device("cpu"), "nvfp4")  # 24.9 GB fits 50 GiB

@@ -244,9 +244,15 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
         tmp.chmod(0o755)
         write_side_files(cfg, tmp, seed)
         t = lap("tokenizer", t0)
-        weights = make_weights(cfg, seed, dev, progress=progress)
-        t = lap("weights", t)
-        quantize_weights(weights, quantize_embeddings, progress)
+        if "bf16" in formats:
+            weights = make_weights(cfg, seed, dev, progress=progress)
+            t = lap("weights", t)
+            quantize_weights(weights, quantize_embeddings, progress)
+        else:  # GGUF alone: snapped layer by layer, the same bytes without the BF16 model
+            weights = make_nvfp4_weights(cfg, seed, dev, progress=progress)
+            t = lap("weights", t)
+            if quantize_embeddings:
+                quantize_weights(weights, quantize_embeddings, progress)
         t = lap("quantize", t)
         if "bf16" in formats:
             write_safetensors(tmp, cfg, weights, progress=progress)
@@ -323,10 +329,12 @@ def ensure_tiny_checkpoint(progress: bool = True) -> Path:
 
 # -- command line ---------------------------------------------------------------------------
 
-def check_memory(cfg: FlintConfig, device: torch.device, fmt: str = "bf16") -> None:
+def check_memory(cfg: FlintConfig, device: torch.device, fmt: str = "bf16",
+                 nvfp4_flag: str = "") -> None:
     """Refuse up front when the weights (`weights_bytes`: BF16, or NVFP4 made layer by layer)
     cannot fit where they are generated (the `full` preset needs ~80 GB in BF16, ~25 GB as
-    NVFP4), instead of swapping for minutes and dying. Raises ConfigError naming both sizes."""
+    NVFP4), instead of swapping for minutes and dying. Raises ConfigError naming both sizes
+    and, for BF16, `nvfp4_flag` (the caller's flag that asks for NVFP4 alone)."""
     need = weights_bytes(cfg, fmt)
     if device.type == "cuda":
         have = torch.cuda.get_device_properties(device).total_memory
@@ -335,7 +343,8 @@ def check_memory(cfg: FlintConfig, device: torch.device, fmt: str = "bf16") -> N
     if need > 0.9 * have:
         name = "BF16" if fmt == "bf16" else "NVFP4"
         hint = (f" (NVFP4 weights alone, made layer by layer, need "
-                f"{weights_bytes(cfg, 'nvfp4') / 1e9:.1f} GB)" if fmt == "bf16" else "")
+                f"{weights_bytes(cfg, 'nvfp4') / 1e9:.1f} GB"
+                f"{': ' + nvfp4_flag if nvfp4_flag else ''})" if fmt == "bf16" else "")
         raise ConfigError(
             f"this config's {name} weights need {need / 1e9:.1f} GB but {device} has "
             f"{have / 1e9:.1f} GB; use a GPU with enough memory (--device cuda){hint}")
@@ -351,7 +360,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = (FlintConfig.from_json(args.config_path) if args.config_path
            else FlintConfig.preset(args.preset or DEFAULT_PRESET))
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
-    check_memory(cfg, pick_device(args.device))
+    check_memory(cfg, pick_device(args.device), "bf16" if "bf16" in formats else "nvfp4",
+                 "--format gguf")
     summary = write_checkpoint(cfg, args.out_dir, formats, args.seed, args.device,
                                args.progress, args.quantize_embeddings, args.overwrite)
     out = Console()
