@@ -23,13 +23,19 @@ def graph_steps(runner, b: int, ctx: int, steps: int) -> list[float]:
     g = runner.graphs[b]
     g.set_rows([Row(slot=i, token=1 + i, position=ctx, temperature=1.0 - i % 2, top_k=20,
                     top_p=0.95, seed=i, draw_index=ctx) for i in range(b)])
-    for _ in range(3):
-        g.replay()
+    return replay_times_ms(g.replay, steps)
+
+
+def replay_times_ms(replay, reps: int, warm: int = 3) -> list[float]:
+    """ms of each of `reps` calls of `replay` (a graph replay) between CUDA events on the
+    current stream, after `warm` untimed calls."""
+    for _ in range(warm):
+        replay()
     out = []
-    for _ in range(steps):
+    for _ in range(reps):
         a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        g.replay()
+        replay()
         e.record()
         e.synchronize()
         out.append(a.elapsed_time(e))

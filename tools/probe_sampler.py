@@ -25,6 +25,7 @@ import torch
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import registry
 from flint_graph.kernels.decode.sample_tokens import KERNEL, make_args
+from flint_graph.perf.measure import replay_times_ms
 
 PARAMS = {"greedy": (0.0, 0, 1.0), "plain": (1.0, 0, 1.0), "defaults": (1.0, 20, 0.95),
           "topp": (1.0, 0, 0.95)}
@@ -58,17 +59,7 @@ def time_case(kset, preset: str, b: int, mode: str, reps: int) -> dict:
         with torch.cuda.graph(graph, stream=stream):
             for x in logits:
                 kernel.launch(x, *base[1:])
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        graph.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000 / nsets)
+    times = [ms * 1000 / nsets for ms in replay_times_ms(graph.replay, reps)]
     clean = not any(a.any() for a in base[7:])
     return {"preset": preset, "V": cfg.vocab_size, "B": b, "mode": mode, "ok": ok and clean,
             "launches": nsets, "us_median": statistics.median(times), "us_min": min(times)}
