@@ -6,7 +6,9 @@ Builds the engine as `flint-graph bench` does (synthetic weights of --preset, NV
 default), then for each prompt length times `LLM.generate(max_tokens=1)` (the bench's prefill
 figure) and, inside it, each engine phase: admission (KV-reuse lookup, slot), the prefill
 call, the synchronize after it, the ring snapshot for KV reuse, sampling the first token;
-medians over --reps cold requests. Prints a table; --json writes it.
+medians over --reps cold requests, and the first request's own figures (first_ttft_ms,
+first_<phase>: for the first length, the process's first request). Prints a table; --json
+writes it.
 
 With --history H each timed request resumes from a retained H-token conversation (issue 22's
 turn after 8K of history): before every rep the engine is emptied and the H-token prompt run
@@ -94,6 +96,10 @@ def main() -> int:
             row = {"ttft_ms": statistics.median(ttft[1:]), "generate_ms": statistics.median(wall[1:]),
                    "cached_tokens": cached[-1]}
             row.update({k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in timed.items()})
+            # the first request of this length (of the process, for the first length): what
+            # it pays beyond the medians is work done on first use
+            row["first_ttft_ms"] = ttft[0]
+            row.update({f"first{k}": v[0] for k, v in timed.items()})
             if hist:
                 out[f"{fmt} {n} after {len(hist)}"] = row
                 print(fmt, n, "after", len(hist), json.dumps({k: round(v, 3) for k, v in row.items()}),
