@@ -279,8 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     mk = sub.add_parser("make-checkpoint", help="write a synthetic Flint checkpoint (BF16 "
                                                 "safetensors and/or NVFP4 GGUF)",
                         description="Write a seeded synthetic checkpoint in exactly the real "
-                                    "formats: DIR/ with config, tokenizer and BF16 shards, "
-                                    "and DIR/model-nvfp4.gguf.")
+                                    "formats: DIR/ with config and tokenizer, plus BF16 "
+                                    "shards and/or DIR/model-nvfp4.gguf (--format).")
     make_checkpoint_args.add_arguments(mk)
     mk.set_defaults(command="make-checkpoint")
 

@@ -342,12 +342,15 @@ def check_memory(cfg: FlintConfig, device: torch.device, fmt: str = "bf16",
         have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > 0.9 * have:
         name = "BF16" if fmt == "bf16" else "NVFP4"
-        hint = (f" (NVFP4 weights alone, made layer by layer, need "
-                f"{weights_bytes(cfg, 'nvfp4') / 1e9:.1f} GB"
-                f"{': ' + nvfp4_flag if nvfp4_flag else ''})" if fmt == "bf16" else "")
+        small = weights_bytes(cfg, "nvfp4")
+        hint = ""
+        if fmt == "bf16" and small <= 0.9 * have:  # offer NVFP4 alone only where it fits
+            hint = (f"; NVFP4 weights alone, made layer by layer, need {small / 1e9:.1f} GB"
+                    f"{' (' + nvfp4_flag + ')' if nvfp4_flag else ''}")
         raise ConfigError(
-            f"this config's {name} weights need {need / 1e9:.1f} GB but {device} has "
-            f"{have / 1e9:.1f} GB; use a GPU with enough memory (--device cuda){hint}")
+            f"this config's {name} weights need {need / 1e9:.1f} GB, more than 90% of the "
+            f"{have / 1e9:.1f} GB that {device} has{hint}; use a device with more memory "
+            f"(--device cuda on a large GPU)")
 
 
 def run(args: argparse.Namespace) -> int:
