@@ -71,6 +71,7 @@ class BenchOptions:
     t_entry: float | None = None
     command: str = "flint-graph bench"
     log: object = field(default=print)
+    nvfp4_flag: str = "--formats nvfp4"  # how this command asks for NVFP4 alone (trace: --format)
 
 
 def plan_contexts(cfg: FlintConfig, contexts, prefill_tokens) -> tuple[list[int], list[int]]:
@@ -146,7 +147,7 @@ def sources(o: BenchOptions, kv_tokens: int):
     side = _side_files(cfg, o.seed)
     if "bf16" in o.formats:
         # the full preset's BF16 weights need ~80 GB: refuse up front
-        check_memory(cfg, dev, nvfp4_flag="--formats nvfp4")
+        check_memory(cfg, dev, nvfp4_flag=o.nvfp4_flag)
         weights = make_weights(cfg, o.seed, dev, progress=o.progress)
     else:  # NVFP4 alone: snapped layer by layer, the same tensors without the BF16 model
         check_memory(cfg, dev, "nvfp4")

@@ -468,6 +468,7 @@ def run_trace_cmd(args) -> int:
     o = _options(args, _command_line())
     o.buckets, o.contexts = args.batch, args.context
     o.trace_prefill = args.prefill
+    o.nvfp4_flag = "--format nvfp4"
     if args.prefill:  # the KV cache must hold the prompt
         o.contexts = (max(args.context[0], args.prefill),)
     tr = run_trace(o)

@@ -283,3 +283,16 @@ def test_check_memory_names_the_callers_flag(monkeypatch):
     with pytest.raises(ConfigError, match=r"BF16 .* need 24\.9 GB \(--format gguf\); use"):
         mk.check_memory(full, torch.device("cpu"), nvfp4_flag="--format gguf")
     mk.check_memory(full, torch.device("cpu"), "nvfp4")  # 24.9 GB fits 50 GiB
+
+
+def test_trace_and_bench_name_their_own_nvfp4_flag(monkeypatch):
+    """A BF16 refusal's hint names the flag of the command that was run (trace has --format,
+    bench --formats), and only where NVFP4 alone would fit."""
+    from flint_graph.perf.bench import BenchOptions, sources
+
+    monkeypatch.setattr(mk.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
+                                                         "SC_PHYS_PAGES": 50 * 2**30 // 4096}[name])
+    for flag in ("--formats nvfp4", "--format nvfp4"):
+        o = BenchOptions(preset="full", device="cpu", progress=False, nvfp4_flag=flag)
+        with pytest.raises(ConfigError, match=rf"need 24\.9 GB \({flag}\)"):
+            next(sources(o, 1024))

@@ -274,10 +274,25 @@ def test_sample_rejects_bad_shapes_and_dtypes():
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"), ({"stop": [""]}, "stop"),
     ({"stop": ["a", 3]}, "stop"), ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
+    # an int too large for a float (the bad-input trial, 2026-12-05: OverflowError, HTTP 500)
+    ({"temperature": 10**400}, "temperature"), ({"top_k": 2**63}, "top_k"),
 ])
 def test_validation_names_the_argument(kwargs, name):
     with pytest.raises(InvalidRequestError, match=f"'{name}'"):
         SamplingParams(**kwargs)
+
+
+def test_the_top_k_refusal_states_its_upper_limit():
+    with pytest.raises(InvalidRequestError, match=r"an integer in \[0, 2\*\*63\)"):
+        SamplingParams(top_k=2**63)
+
+
+def test_numpy_integers_are_integers():
+    np = pytest.importorskip("numpy")
+    p = SamplingParams(top_k=np.int64(5), seed=np.int32(3), max_tokens=np.int64(7),
+                       top_p=np.float32(0.5))
+    assert (p.top_k, p.seed, p.max_tokens) == (5, 3, 7)
+    assert type(p.top_k) is int and type(p.seed) is int and type(p.max_tokens) is int
 
 
 def test_validation_accepts_the_range_edges():
@@ -304,6 +319,8 @@ def test_with_defaults_fills_only_missing_fields():
 @pytest.mark.parametrize("gen, field", [
     ({"top_p": 1.5}, "top_p"), ({"temperature": -1}, "temperature"), ({"top_k": "20"}, "top_k"),
     ({"eos_token_id": [1, "x"]}, "eos_token_id"),
+    ({"temperature": 10**400}, "temperature"),  # too large for a float: not OverflowError
+    ({"top_k": 2**63}, "top_k"),  # named as the file's field, not as a sampling argument
 ])
 def test_with_defaults_rejects_a_bad_generation_config(gen, field):
     with pytest.raises(ConfigError, match=f"generation_config.json field '{field}'"):

@@ -140,6 +140,7 @@ def test_usage_reports_the_prompt_tokens_kv_reuse_served(client):
                                                             "logit_bias"),
                                          ({"frobnicate": 1}, "frobnicate"),
                                          ({"temperature": -1}, None),
+                                         ({"temperature": 10**400}, None),
                                          ({"top_logprobs": 3}, "top_logprobs"),
                                          ({"response_format": {"type": "json_object"}},
                                           "response_format")])

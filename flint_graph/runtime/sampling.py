@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 import torch
@@ -103,17 +103,21 @@ class SamplingParams:
         for name in ("temperature", "top_p"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
+        for name in ("top_k", "seed", "max_tokens", "min_tokens", "top_logprobs",
+                     "stop_on_repeat"):  # numpy integers become ints
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
 
     def validate(self) -> None:
         """Check every field; raise InvalidRequestError naming the first bad one."""
         t = self.temperature
-        if t is not None and not (_is_real(t) and math.isfinite(t) and t >= 0):
+        if t is not None and not (_finite(t) and t >= 0):
             _bad("temperature", "a finite number >= 0", t)
         p = self.top_p
         if p is not None and not (_is_real(p) and 0 < p <= 1):
             _bad("top_p", "a number in (0, 1]", p)
         if self.top_k is not None and not (_is_int(self.top_k) and 0 <= self.top_k < _INT64_LIMIT):
-            _bad("top_k", "an integer >= 0 (0 = off)", self.top_k)
+            _bad("top_k", "an integer in [0, 2**63) (0 = off)", self.top_k)
         if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < _INT64_LIMIT):
             _bad("seed", "an integer in [0, 2**63)", self.seed)
         if self.max_tokens is not None and not (_is_int(self.max_tokens) and self.max_tokens >= 1):
@@ -171,12 +175,13 @@ class SamplingParams:
         """
         gen = generation_config
         temperature = _gen_value(gen, "temperature", NEUTRAL_TEMPERATURE,
-                                 lambda v: _is_real(v) and math.isfinite(v) and v >= 0,
+                                 lambda v: _finite(v) and v >= 0,
                                  "a finite number >= 0")
         top_p = _gen_value(gen, "top_p", NEUTRAL_TOP_P, lambda v: _is_real(v) and 0 < v <= 1,
                            "a number in (0, 1]")
-        top_k = _gen_value(gen, "top_k", NEUTRAL_TOP_K, lambda v: _is_int(v) and v >= 0,
-                           "an integer >= 0")
+        top_k = _gen_value(gen, "top_k", NEUTRAL_TOP_K,
+                           lambda v: _is_int(v) and 0 <= v < _INT64_LIMIT,
+                           "an integer in [0, 2**63)")
         max_new = _gen_value(gen, "max_new_tokens", DEFAULT_MAX_TOKENS,
                              lambda v: _is_int(v) and v >= 1, "an integer >= 1")
         eos = _gen_value(gen, "eos_token_id", [], _is_id_list, "a token id or a list of ids")
@@ -198,8 +203,20 @@ def _is_real(v: object) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool)
 
 
+def _finite(v: object) -> bool:
+    """A real number that is finite (an int too large for a float is not: math.isfinite
+    would raise OverflowError on it)."""
+    if not _is_real(v):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer (numpy's too, as numbers.Integral), not a bool."""
+    return isinstance(v, Integral) and not isinstance(v, bool)
 
 
 def _is_id_list(v: object) -> bool:
