@@ -44,10 +44,13 @@ class InstantRunner:
     def free_slot(self, slot: int) -> None:
         self.free_slots.append(slot)
 
-    def prefill(self, slot, part, chunk, start=0):
+    def prefill(self, slot, part, chunk, start=0, snapshot_at=None):
         return torch.zeros(self._vocab)
 
     def save_rings(self, slot):
+        return []
+
+    def snapshot_rings(self):
         return []
 
     def load_rings(self, slot, rings) -> None:
@@ -82,6 +85,10 @@ def measure(llm, batch: int, steps: int, profile: bool) -> tuple[float, float]:
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    bad = [r for r in reqs if r.finish_reason is not None or r.num_generated < steps]
+    if bad:  # a step that decoded nothing would be timed as free
+        raise SystemExit(f"probe_host_step: {len(bad)} of {batch} requests stopped early: "
+                         f"{bad[0].finish_reason} {bad[0].errors}")
     for r in reqs:
         eng.abort(r)
     times.sort()
