@@ -383,3 +383,15 @@ def test_an_output_in_a_new_directory_says_it_made_it(tmp_path, capsys):
         f"flint-graph: note: --json: created the directory {tmp_path / 'typo'}")
     check_outputs(args, ("--json",), compare_runs=True)  # now there: nothing to say
     assert capsys.readouterr().err == ""
+
+
+def test_host_step_probe_times_real_decode_steps(tiny_ckpt):
+    """tools/probe_host_step.py's stand-in runner keeps up with what the engine calls: its
+    requests decode every timed step (a stale stand-in made every request fail at its prefill,
+    and the probe timed empty steps, 2026-12-05)."""
+    from flint_graph import LLM
+    from tool_module import tool_module
+
+    probe = tool_module("probe_host_step")
+    med, p90 = probe.measure(LLM(tiny_ckpt, device="cpu", progress=False), 2, 30, False)
+    assert 0 < med <= p90
