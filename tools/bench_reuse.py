@@ -2,7 +2,8 @@
 """TTFT per chat turn with KV reuse on and off (issue 22), full-size synthetic weights in memory:
 a first user message of about --history tokens, then --turns short turns, greedy, the same
 conversation twice on one engine (reuse on, then off by capacity 0). Prints and writes
-reuse.json under --out: per turn the prompt tokens, cached tokens and TTFT (ms).
+reuse.json under --out: per turn the prompt tokens, cached tokens, TTFT (ms) and the ms of
+Python's garbage collections during the request, per generation (`gc_ms`).
 
     python tools/bench_reuse.py [--preset full] [--format bf16] [--history 8000] [--turns 6]
     python tools/bench_reuse.py --model nano --device cpu     # the embedded flint-nano
@@ -11,9 +12,38 @@ reuse.json under --out: per turn the prompt tokens, cached tokens and TTFT (ms).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
+import time
 from pathlib import Path
+
+
+class GcPauses:
+    """Python's cyclic-GC collections while the bench runs (`gc.callbacks`): `take()` gives
+    the ms spent per generation since the last take. A full (generation 2) collection with a
+    model loaded took 83-115 ms on a 2-core machine (tiny model, 187K tracked objects,
+    2026-12-05): one landing inside a request would show as an outlier TTFT (the BF16 tool
+    loop's step 2, 85.6 ms against 18-21 ms for its neighbours, is the suspect)."""
+
+    def __init__(self):
+        self.ms: dict[int, float] = {}
+        self._t0 = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.ms[g] = self.ms.get(g, 0.0) + (time.perf_counter() - self._t0) * 1e3
+
+    def take(self) -> dict[str, float]:
+        out, self.ms = {f"gen{g}": round(v, 2) for g, v in sorted(self.ms.items())}, {}
+        return out
+
+
+GC = GcPauses()
 
 
 def row(key: str, t: int, out) -> dict:
@@ -22,7 +52,8 @@ def row(key: str, t: int, out) -> dict:
     runs cold, and the figures alone did not say why (2026-12-05: step 1 of the BF16 tool loop,
     after a step 0 whose reply came back empty)."""
     r = {key: t, "prompt_tokens": len(out.prompt_token_ids), "cached_tokens": out.cached_tokens,
-         "ttft_ms": out.ttft_ms, "finish": out.finish_reason, "output_tokens": len(out.token_ids)}
+         "ttft_ms": out.ttft_ms, "finish": out.finish_reason, "output_tokens": len(out.token_ids),
+         "gc_ms": GC.take()}  # collections during this request (and its template rendering)
     if out.errors:
         r["errors"] = out.errors
     print(json.dumps(r), flush=True)
@@ -109,9 +140,11 @@ def main() -> int:
         print(json.dumps({"startup": {k: v for k, v in llm.startup.items()
                                       if k.endswith("_s")}}), flush=True)
         run = tool_loop if args.tool_loop else conversation
+        GC.take()  # start-up's collections are not the first request's
         res["on"] = run(llm, first, args.turns, args.max_tokens)
         llm.engine.drop_retained()
         llm.engine.prefix_cache.capacity = 0  # reuse off, same engine and weights
+        GC.take()
         res["off"] = run(llm, first, args.turns, args.max_tokens)
         break
     Path(args.out).mkdir(parents=True, exist_ok=True)
