@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
             importlib.import_module(name)
         _restore_sigint(previous)  # from here Ctrl-C raises KeyboardInterrupt: cleanups run
         args.t_entry = t_entry
+        # the console script (argv None) owns its process; a caller passing argv (tests, a
+        # program of its own) keeps its objects under the collector as they were
+        args.freeze_gc = argv is None
         return run(args)
     except SystemExit as e:  # argparse: --help, --version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
@@ -256,6 +259,10 @@ def load_llm(args: argparse.Namespace):
         # On a GPU the slow path is a surprise worth one line; on the CPU it is the only one.
         print(f"flint-graph: note: decoding with the reference engine (slow): "
               f"{llm.engine.fallback_reason}", file=sys.stderr)
+    if getattr(args, "freeze_gc", False):  # one LLM for the whole process
+        from flint_graph.runtime.gc_policy import freeze_startup_objects
+
+        freeze_startup_objects()  # no full-GC pause scanning start-up's objects mid-request
     return llm
 
 

@@ -888,3 +888,31 @@ def test_integer_flags_take_plain_ascii_digits(text):
     with pytest.raises(argparse.ArgumentTypeError, match="expected an integer, got"):
         integer(text)
     assert integer(" +12 ") == 12 and integer("-3") == -3
+
+
+def test_the_console_script_freezes_start_ups_objects_and_callers_do_not(tiny_ckpt, monkeypatch,
+                                                                         capsys):
+    """`flint-graph` (main() with argv None) moves start-up's objects out of the collector's
+    reach once the LLM is loaded (flint_graph/runtime/gc_policy.py: a full collection took
+    125 ms mid-load otherwise); main(argv) from a test or a program changes nothing."""
+    import flint_graph.runtime.gc_policy as policy
+
+    calls = []
+    monkeypatch.setattr(policy, "freeze_startup_objects", lambda: calls.append(1))
+    argv = ["generate", str(tiny_ckpt), "--prompt", "hi", "--max-tokens", "2", "--device", "cpu"]
+    assert main(argv) == 0 and calls == []
+    monkeypatch.setattr("sys.argv", ["flint-graph", *argv])
+    assert main() == 0 and calls == [1]
+    capsys.readouterr()
+
+
+def test_freeze_startup_objects_moves_the_survivors_to_the_permanent_generation():
+    import gc
+
+    from flint_graph.runtime.gc_policy import freeze_startup_objects
+
+    try:
+        freeze_startup_objects()
+        assert gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()

@@ -37,6 +37,9 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=50, help="per client")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--out", default="out")
+    p.add_argument("--no-gc-freeze", action="store_true",
+                   help="leave start-up's objects to the cyclic GC (the serve command freezes "
+                        "them: flint_graph/runtime/gc_policy.py)")
     args = p.parse_args()
     import openai
 
@@ -47,6 +50,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     llm = LLM(args.model, progress=False)
+    if not args.no_gc_freeze:  # as `flint-graph serve` does after start-up
+        from flint_graph.runtime.gc_policy import freeze_startup_objects
+
+        freeze_startup_objects()
     print(f"loaded in {time.perf_counter() - t0:.1f} s ({llm.engine.name} engine)", flush=True)
     eng = llm.engine
 
