@@ -6,8 +6,10 @@ sums), so every id must equal the reference's. Every case draws fresh inputs; id
 -7 before each launch (an unwritten id fails), and the workspaces must be zero after every launch
 (the next launch relies on it). Cases: random logits (3 * N(0, 1) bf16) with mixed per-row
 parameters (greedy, top-k, top-p, temperatures), rows full of exact ties, NaN / -inf / +inf rows, a
-row spread over more live bins than the last CTA stages (its slow path), VLIM < V, every bucket of
-both presets; a row alone equals the same row among 7 others; back-to-back launches; PDL.
+row spread over more live bins than the last CTA stages (its slow path), top_k around the top-k
+path's bound (1 … 64 take it, 65 does not) with the cut key's ties spread across CTAs, VLIM < V,
+every bucket of both presets; a row alone equals the same row among 7 others; back-to-back
+launches; PDL.
 """
 
 import pytest
