@@ -137,8 +137,12 @@ class GraphRunner:
             self.prefiller.prefill(0, one, prefill_chunk, start=1)
             self.load_rings(0, self.save_rings(0))
             self._warm_up_eager(prefill_chunk)
-        self._ids_host = torch.zeros(max(BUCKETS), dtype=torch.int64, pin_memory=True)
-        self._ids_ready = torch.cuda.Event()
+        # two of each: a step launched before the previous one's ids are read (the engine's
+        # pipelined decode) must not copy its ids over them
+        self._ids_host = [torch.zeros(max(BUCKETS), dtype=torch.int64, pin_memory=True)
+                          for _ in range(2)]
+        self._ids_ready = [torch.cuda.Event() for _ in range(2)]
+        self._flip = 0
         self.memory = {"weights": weights.nbytes(), "kv_cache": self.kv.nbytes,
                        "peak_allocated": torch.cuda.max_memory_allocated(dev)}
 
@@ -226,13 +230,34 @@ class GraphRunner:
 
     def decode(self, rows: list[Row]) -> tuple[list[int], torch.Tensor]:
         """One decode step for `rows` (1 ≤ len ≤ max_slots): (sampled ids, bf16 logits
-        [len(rows), V], a view valid until the next decode)."""
+        [len(rows), V], a view valid until the next step of the same bucket is launched).
+        Raises ValueError for a bad row (`DecodeGraph.set_rows`)."""
+        return self.launch(rows).result()
+
+    def launch(self, rows: list[Row]) -> "PendingStep":
+        """Enqueue one decode step for `rows` and return at once (the GPU runs it while the
+        caller does host work); `PendingStep.result()` waits for its ids. At most two steps
+        may be pending: a third launch reuses the first one's host buffer. Raises ValueError
+        for a bad row (`DecodeGraph.set_rows`)."""
         b = min(b for b in self.graphs if b >= len(rows))
         g = self.graphs[b]
         g.set_rows(rows)
         g.replay()
-        ids = self._ids_host[:len(rows)]
+        k, self._flip = self._flip, self._flip ^ 1
+        ids = self._ids_host[k][:len(rows)]
         ids.copy_(g.next_ids[:len(rows)], non_blocking=True)  # to pinned memory, no extra sync
-        self._ids_ready.record()
-        self._ids_ready.synchronize()
-        return ids.tolist(), g.logits_bf16[:len(rows)]
+        self._ids_ready[k].record()
+        return PendingStep(ids, self._ids_ready[k], g.logits_bf16[:len(rows)])
+
+
+class PendingStep:
+    """A decode step in flight (`GraphRunner.launch`): `result()` waits for it and returns
+    (sampled ids, bf16 logits [rows, V]); the logits view stays valid until the next step of
+    the same bucket is launched."""
+
+    def __init__(self, ids: torch.Tensor, ready: torch.cuda.Event, logits: torch.Tensor):
+        self._ids, self._ready, self._logits = ids, ready, logits
+
+    def result(self) -> tuple[list[int], torch.Tensor]:
+        self._ready.synchronize()
+        return self._ids.tolist(), self._logits

@@ -240,6 +240,7 @@ def load_llm(args: argparse.Namespace):
                                   prefill_graphs=args.prefill_graphs,
                                   prefill_step_ms=args.prefill_step_ms,
                                   kv_reuse=args.kv_reuse,
+                                  pipeline_decode=args.pipeline_decode,
                                   **({"prefill_chunk_tokens": args.prefill_chunk}
                                      if args.prefill_chunk else {})))
     if getattr(args, "stats", False):

@@ -391,6 +391,10 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
                    help="prefill every prompt whole instead of continuing the finished sequence "
                         "that shares its longest prefix (chat turns, tool results: only the "
                         "new tokens are prefilled by default)")
+    p.add_argument("--no-pipeline", dest="pipeline_decode", action="store_false",
+                   help="graph engine: launch each decode step only after the host has handled "
+                        "the previous step's tokens (by default the next step runs on the GPU "
+                        "meanwhile; for comparisons)")
     p.add_argument("--prefill-chunk", type=positive_int, metavar="N",
                    help="prompt tokens per prefill chunk, on either engine (default: 32768 on "
                         "the graph engine's kernel prefill, else 2048; lower it if a long "

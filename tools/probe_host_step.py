@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The engine's host time per decode step, measured on any machine (issue 24 item 4).
 
-    python tools/probe_host_step.py [CKPT] [--batch 1,8] [--steps 300] [--profile]
+    python tools/probe_host_step.py [CKPT] [--batch 1,8] [--steps 300] [--profile] [--gpu-us 1650]
 
 The graph engine's step is one CUDA graph replay plus Python: admission, the prefill budget,
 the rows' inputs, then per row the detokenizer, stop strings and output parser
@@ -57,16 +57,41 @@ class InstantRunner:
         pass
 
     def decode(self, rows):
+        return self.launch(rows).result()
+
+    def launch(self, rows):
+        """A step "on the GPU" for `gpu_us` (set by --gpu-us): it starts when the previous one
+        ends or now, whichever is later; result() waits (spinning) until it is done."""
         self._k += 1
-        return [5 + (self._k + i) % 50 for i in range(len(rows))], self._logits[:len(rows)]
+        start = max(time.perf_counter(), self._busy_until)
+        self._busy_until = start + self.gpu_us * 1e-6
+        return _Pending([5 + (self._k + i) % 50 for i in range(len(rows))],
+                        self._logits[:len(rows)], self._busy_until)
+
+    gpu_us = 0.0
+    _busy_until = 0.0
 
 
-def measure(llm, batch: int, steps: int, profile: bool) -> tuple[float, float]:
-    """(median, p90) µs of Engine.step() with `batch` rows decoding."""
+class _Pending:
+    def __init__(self, ids, logits, done_at):
+        self._ids, self._logits, self._done_at = ids, logits, done_at
+
+    def result(self):
+        while time.perf_counter() < self._done_at:
+            pass
+        return self._ids, self._logits
+
+
+def measure(llm, batch: int, steps: int, profile: bool, gpu_us: float = 0.0,
+            pipeline: bool = False) -> tuple[float, float]:
+    """(median, p90) µs of Engine.step() with `batch` rows decoding, each step taking `gpu_us`
+    on a simulated GPU (0: none), the engine's pipelined decode on or off."""
     from flint_graph import SamplingParams
 
     eng = llm.engine
     eng.runner = InstantRunner(llm.cfg.vocab_size)
+    eng.runner.gpu_us = gpu_us
+    eng.pipeline = pipeline
     params = SamplingParams(max_tokens=steps + 100, temperature=0, ignore_eos=True)
     reqs = [llm._chat_request([{"role": "user", "content": f"hello {i}"}], None, params,
                               enable_thinking=True, tool_choice=None) for i in range(batch)]
@@ -101,6 +126,11 @@ def main() -> int:
     p.add_argument("--batch", default="1,8", help="comma-separated batch sizes (1-8)")
     p.add_argument("--steps", type=int, default=300, help="timed steps per batch size")
     p.add_argument("--profile", action="store_true", help="print cProfile's top functions")
+    p.add_argument("--gpu-us", type=float, default=0.0,
+                   help="simulate a GPU step of this many µs (the engine's time per token is "
+                        "then this plus whatever host time it cannot hide), and time the "
+                        "pipelined decode (EngineConfig.pipeline_decode) beside one step at a "
+                        "time")
     args = p.parse_args()
     from flint_graph import LLM
     from flint_graph.checkpoints.config import FlintConfig
@@ -113,9 +143,15 @@ def main() -> int:
             write_checkpoint(FlintConfig.preset("tiny"), model, formats=("bf16",), seed=0,
                              device="cpu", progress=False)
         for b in (int(x) for x in args.batch.split(",")):
-            llm = LLM(model, device="cpu", progress=False)
-            med, p90 = measure(llm, b, args.steps, args.profile)
-            print(f"B={b}: host time per step median {med:.1f} µs, p90 {p90:.1f} µs")
+            for pipeline in ((False, True) if args.gpu_us else (False,)):
+                llm = LLM(model, device="cpu", progress=False)
+                med, p90 = measure(llm, b, args.steps, args.profile, args.gpu_us, pipeline)
+                if not args.gpu_us:
+                    print(f"B={b}: host time per step median {med:.1f} µs, p90 {p90:.1f} µs")
+                    continue
+                print(f"B={b}, GPU step {args.gpu_us:.0f} µs, pipelined {pipeline}: time per "
+                      f"step median {med:.1f} µs (+{med - args.gpu_us:.1f} over the GPU's), "
+                      f"p90 {p90:.1f} µs")
     return 0
 
 

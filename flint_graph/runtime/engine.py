@@ -73,6 +73,14 @@ class Engine:
         # not handle): some layers may have written their next position's KV (a ring entry
         # over one the retained ids still claim), so they are never retained (issue 22)
         self._unsettled: set[int] = set()
+        # pipelined decode (EngineConfig.pipeline_decode, graph engine): the step launched last
+        # and not yet read, as (its rows, capture.runner.PendingStep); `_ahead`: rows of it whose
+        # last output id it feeds, so their KV (stream-ordered) holds one token more than
+        # `_expected_tokens` says, and a retirement keeps that token too
+        self.pipeline = bool(engine.pipeline_decode and self.runner is not None
+                             and hasattr(self.runner, "launch"))
+        self._inflight: tuple[list[Request], object] | None = None
+        self._ahead: set[int] = set()
         # called as hook(request, prompt tokens prefilled, prompt tokens) after each prefill
         # chunk, in the thread that steps (a progress display: terminal/progress.py); None:
         # prompts prefill in one call per step. An exception it raises ends that request.
@@ -129,7 +137,8 @@ class Engine:
     @property
     def has_work(self) -> bool:
         """True while any request waits for prefill or is being decoded."""
-        return bool(self.waiting or self.prefilling or self.running)
+        return bool(self.waiting or self.prefilling or self.running
+                    or self._inflight is not None)
 
     def add(self, req: Request) -> None:
         """Queue `req`; it is prefilled by a later `step()`. Safe from any thread. A request
@@ -187,6 +196,13 @@ class Engine:
         for req in aborting:  # `abort` calls still waiting for the lock (see there)
             self._retire(req)
             deltas.append(req.finish("abort"))
+        if self._inflight is not None:
+            if self._decode_only():  # the next step launches before these tokens are handled
+                deltas += self._collect(launch_next=True)
+                for r in [r for r in self.running if r.is_finished]:
+                    self._retire(r)
+                return deltas
+            deltas += self._collect(launch_next=False)  # then this step as without pipelining
         self._take_snapshots()  # before anything this step writes can reach a ring
         admitted: list[Request] = []
         while len(self.running) + len(self.prefilling) < self.max_slots:
@@ -259,7 +275,12 @@ class Engine:
         rows = [r for r in self.running if not r.is_finished and r not in admitted]
         self._unsettled.update(r.id for r in rows)
         try:
-            deltas += self._decode(rows) if rows else []
+            if rows and self.pipeline:  # its tokens are handled by the next step
+                self._inflight = (rows, self.runner.launch(
+                    [self._row(r, r.output_ids[-1], r.num_generated) for r in rows]))
+                self._ahead = {r.id for r in rows}
+            else:
+                deltas += self._decode(rows) if rows else []
             # a completed step rewrote every row's position (the same token, the same KV)
             self._unsettled.difference_update(r.id for r in rows)
         except (FlintError, ValueError, RuntimeError) as e:
@@ -374,37 +395,123 @@ class Engine:
             return None
         return where if where is not None or self.runner is None else KERNEL_FAULT
 
-    def _graph_decode(self, rows: list[Request]) -> list[RequestDelta]:
-        """One graph replay for `rows`; rows whose logits are not finite end with "error"
-        (`non_finite_rows`), rows whose stop ids are still banned (min_tokens) are resampled
-        here from the step's logits, the rest take the graph's draw."""
+    def _row(self, r: Request, token: int, generated: int):
+        """The decode-graph row feeding `token` as `r`'s `generated`-th output id."""
         from flint_graph.capture.decode_step import Row
 
-        steps = [Row(slot=self._slot[r.id], token=r.output_ids[-1],
-                     position=len(r.prompt_ids) + r.num_generated - 1,
-                     temperature=r.params.temperature, top_k=r.params.top_k,
-                     top_p=r.params.top_p, seed=r.seed, draw_index=r.num_generated)
-                 for r in rows]
-        ids, logits = self.runner.decode(steps)
+        return Row(slot=self._slot[r.id], token=token, position=len(r.prompt_ids) + generated - 1,
+                   temperature=r.params.temperature, top_k=r.params.top_k,
+                   top_p=r.params.top_p, seed=r.seed, draw_index=generated)
+
+    def _graph_decode(self, rows: list[Request]) -> list[RequestDelta]:
+        """One graph replay for `rows`, its tokens appended (`_graph_decode_deltas`)."""
+        ids, logits = self.runner.decode(
+            [self._row(r, r.output_ids[-1], r.num_generated) for r in rows])
+        return self._graph_decode_deltas(rows, ids, logits)
+
+    def _graph_decode_deltas(self, rows: list[Request], ids: list[int],
+                             logits: torch.Tensor) -> list[RequestDelta]:
+        failed, rows, tokens = self._graph_tokens(rows, ids, logits)
+        return failed + [r.append(t) for r, t in zip(rows, tokens)]
+
+    def _graph_tokens(self, rows: list[Request], ids: list[int], logits: torch.Tensor
+                      ) -> tuple[list[RequestDelta], list[Request], list[int]]:
+        """A graph step's draws made tokens, not yet appended: (deltas of rows that ended,
+        the other rows, their tokens). Rows whose logits are not finite end with "error"
+        (`non_finite_rows`); rows whose stop ids are still banned (min_tokens) are resampled
+        from the step's logits; the rest take the graph's draw (steered: `Request.steer`).
+        Reads `logits` (float [len(rows), V] on the device): call it before the bucket's
+        next launch."""
         bad = non_finite_rows(ids, logits, self.tokenizer_vocab)
         failed = [self._fail(rows[i], _not_finite(rows[i], self._origin(rows[i]))) for i in bad]
         if bad:
             keep = [i for i in range(len(rows)) if i not in bad]
             rows, ids, logits = [rows[i] for i in keep], [ids[i] for i in keep], logits[keep]
-        return failed + (self._graph_decode_deltas(rows, ids, logits) if rows else [])
-
-    def _graph_decode_deltas(self, rows: list[Request], ids: list[int],
-                             logits: torch.Tensor) -> list[RequestDelta]:
+        if not rows:
+            return failed, [], []
         banned = [i for i, r in enumerate(rows)
                   if r.num_generated < r.params.min_tokens and r.eos_ids]
-        ids = [t if i in banned else rows[i].steer(t) for i, t in enumerate(ids)]
+        tokens = [t if i in banned else rows[i].steer(t) for i, t in enumerate(ids)]
         if any(r.params.logprobs for r in rows):  # off the decode hot path unless asked
             drawn = [i for i in range(len(rows)) if i not in banned]
-            _record_logprobs([rows[i] for i in drawn], logits[drawn], [ids[i] for i in drawn])
-        deltas = self._sample_and_append([rows[i] for i in banned], logits[banned].clone()) \
-            if banned else []
-        return deltas + [r.append(t) for i, (r, t) in enumerate(zip(rows, ids))
-                         if i not in banned]
+            _record_logprobs([rows[i] for i in drawn], logits[drawn], [tokens[i] for i in drawn])
+        if banned:
+            f, brows, btoks = self._sample_tokens([rows[i] for i in banned],
+                                                  logits[banned].clone())
+            failed += f
+            redrawn = dict(zip((r.id for r in brows), btoks))
+            keep = [i for i, r in enumerate(rows) if i not in banned or r.id in redrawn]
+            tokens = [redrawn.get(rows[i].id, tokens[i]) for i in keep]
+            rows = [rows[i] for i in keep]
+        return failed, rows, tokens
+
+    def _decode_only(self) -> bool:
+        """Whether this step is the in-flight step's rows decoding once more and nothing else
+        (no prompt to prefill or admit, no ring snapshot due, every running row in it): then
+        the next step is launched before the in-flight one's tokens are handled."""
+        if self.prefilling or self._snapshot_due:
+            return False
+        if self.waiting and len(self.running) < self.max_slots:
+            return False
+        inflight = {r.id for r in self._inflight[0]}
+        return all(r.id in inflight for r in self.running if not r.is_finished)
+
+    def _collect(self, launch_next: bool) -> list[RequestDelta]:
+        """Read the in-flight step and append its tokens; with `launch_next`, first launch the
+        next step for the rows these tokens do not end (EOS, stop ids, max_tokens: the
+        checks `Request.append` makes before any text), so the GPU computes it while the host
+        detokenizes. A row that the text then ends (a stop string, the output parser) was fed
+        one token too many: its KV holds it (`_ahead`, kept if it is retained) and the next
+        read drops its draw."""
+        rows, pending = self._inflight
+        self._inflight = None
+        self._ahead = set()  # the rows read below: once appended, their KV equals their ids
+        live = [i for i, r in enumerate(rows) if not r.is_finished]  # aborted ones are gone
+        rows = [rows[i] for i in live]
+        try:
+            ids, logits = pending.result()
+        except (FlintError, ValueError, RuntimeError) as e:
+            self._unsettled.difference_update(r.id for r in rows)
+            return [self._fail(r, f"decode step failed: {type(e).__name__}: {e}")
+                    for r in rows]
+        if len(live) < len(ids):
+            ids, logits = [ids[i] for i in live], logits[live]
+        # a completed step wrote every row's position: their KV holds their ids and nothing else
+        self._unsettled.difference_update(r.id for r in rows)
+        failed, rows, tokens = self._graph_tokens(rows, ids, logits)
+        nxt = [(r, t) for r, t in zip(rows, tokens) if launch_next and not r.ends_with(t)]
+        if nxt:
+            # until its tokens are appended the KV of these rows is two ahead of their ids
+            self._unsettled.update(r.id for r, _ in nxt)
+            try:
+                pending = self.runner.launch([self._row(r, t, r.num_generated + 1)
+                                              for r, t in nxt])
+            except (FlintError, ValueError, RuntimeError) as e:
+                self._unsettled.difference_update(r.id for r, _ in nxt)
+                failed += [self._fail(r, f"decode step failed: {type(e).__name__}: {e}")
+                           for r, _ in nxt]
+                gone = {r.id for r, _ in nxt}
+                keep = [i for i, r in enumerate(rows) if r.id not in gone]
+                rows, tokens, nxt = [rows[i] for i in keep], [tokens[i] for i in keep], []
+            else:
+                self._inflight = ([r for r, _ in nxt], pending)
+        before = [r.num_generated for r in rows]
+        deltas = []
+        try:
+            for r, t in zip(rows, tokens):
+                deltas.append(r.append(t))
+        except BaseException:
+            # Ctrl-C mid-way: the launched step already feeds every token; the rows left
+            # take theirs too, or their ids would miss one their KV holds
+            for r, t, n in zip(rows, tokens, before):
+                if r.num_generated == n:
+                    r.append(t)
+            raise
+        finally:
+            if nxt:
+                self._unsettled.difference_update(r.id for r, _ in nxt)
+                self._ahead = {r.id for r, _ in nxt}
+        return failed + deltas
 
     def _one_row_sampler(self) -> OneRowSampleGraph | None:
         """`sample` for one row as a CUDA graph (graph engine only), or None: off CUDA, on the
@@ -429,6 +536,14 @@ class Engine:
                positions=torch.zeros(1, dtype=torch.long, device=dev)).tolist()
 
     def _sample_and_append(self, rows: list[Request], logits: torch.Tensor) -> list[RequestDelta]:
+        failed, rows, ids = self._sample_tokens(rows, logits)
+        return failed + [r.append(t) for r, t in zip(rows, ids)]
+
+    def _sample_tokens(self, rows: list[Request], logits: torch.Tensor
+                       ) -> tuple[list[RequestDelta], list[Request], list[int]]:
+        """Draw each row's next token from `logits` (float [len(rows), V]) on the host's
+        terms (min_tokens bans, steering, logprobs recorded): (deltas of rows whose logits
+        are not finite, ended with "error"; the other rows; their tokens, not appended)."""
         logits = logits.float()
         # whether each row's logits are finite, read with the drawn ids in one transfer (one
         # host sync per call: the first token of a prompt waits for nothing else); over the
@@ -474,12 +589,12 @@ class Engine:
             ids = [ids[i] for i in keep]
             unbanned = unbanned[keep]
             if not rows:
-                return failed
+                return failed, [], []
         else:
             failed = []
         ids = [r.steer(t) for r, t in zip(rows, ids)]  # a forced tool call (Request.force)
         _record_logprobs(rows, unbanned, ids)
-        return failed + [r.append(t) for r, t in zip(rows, ids)]
+        return failed, rows, ids
 
     # -- KV reuse (flint_graph/runtime/prefix_cache.py) ---------------------------------------------
 
@@ -607,7 +722,8 @@ class Engine:
         last (sampled, never fed back)."""
         if not self.runner:
             return self._kv[req.id].num_tokens
-        return self._expected_tokens(req)
+        # a pipelined step in flight feeds its last output id (`_collect`)
+        return self._expected_tokens(req) + (req.id in self._ahead)
 
     @staticmethod
     def _expected_tokens(req: Request) -> int:

@@ -51,6 +51,10 @@ class EngineConfig:
     # keep finished sequences' KV and serve a request from the one sharing the longest prefix
     # of token ids (flint_graph/runtime/prefix_cache.py); outputs equal a cold start's
     kv_reuse: bool = True
+    # graph engine: launch each decode step before the host handles the previous step's tokens
+    # (detokenizing, stop strings, the output parser run while the GPU computes), so a step's
+    # host work no longer sits between two replays; False: one step at a time (comparisons)
+    pipeline_decode: bool = True
 
 
     def __post_init__(self) -> None:
@@ -64,6 +68,9 @@ class EngineConfig:
                                       "milliseconds > 0, or None")
         if not isinstance(self.kv_reuse, bool):
             raise InvalidRequestError(f"kv_reuse {self.kv_reuse!r}: expected True or False")
+        if not isinstance(self.pipeline_decode, bool):
+            raise InvalidRequestError(f"pipeline_decode {self.pipeline_decode!r}: expected "
+                                      "True or False")
         if not isinstance(self.prefill_graphs, bool):
             raise InvalidRequestError(f"prefill_graphs {self.prefill_graphs!r}: expected "
                                       "True or False")

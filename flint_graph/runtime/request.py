@@ -139,6 +139,13 @@ class Request:
             return instead[0]
         return token_id
 
+    def ends_with(self, token_id: int) -> bool:
+        """Whether appending `token_id` ends this request by its id alone (EOS or a stop id
+        past min_tokens, max_tokens: `check_token`); stop strings, repeats and the output
+        parser are found only by `append`."""
+        return check_token(token_id, self.num_generated + 1, self._limits,
+                           self.eos_ids) is not None
+
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
