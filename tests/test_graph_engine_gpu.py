@@ -63,6 +63,35 @@ def test_seeded_sampling_repeats(llms):
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
 
 
+def test_the_pipelined_decode_gives_the_tokens_of_one_step_at_a_time(llms, tiny_ckpt):
+    """EngineConfig.pipeline_decode (on by default) against off, on the same kernels: rows
+    ending at different steps (max_tokens, a stop string, a stop id) so buckets shrink at other
+    steps in the two modes (the decode step is bitwise batch-invariant), sampled and greedy
+    rows, log-probabilities; then a turn that resumes each finished sequence."""
+    graph, _ = llms
+    off = LLM(tiny_ckpt, device="cuda", progress=False,
+              engine=EngineConfig(engine="graph", pipeline_decode=False))
+    assert graph.engine.pipeline and not off.engine.pipeline
+    free = off.generate(PROMPTS, SamplingParams(max_tokens=30, temperature=0.0,
+                                                ignore_eos=True))
+    text = free[0].text
+    params = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True,
+                             stop=[text[len(text) // 2:len(text) // 2 + 2]]),
+              SamplingParams(max_tokens=9, temperature=0.9, top_k=40, seed=3, logprobs=True),
+              SamplingParams(max_tokens=30, temperature=0.0,
+                             stop_token_ids=[free[2].token_ids[6]])]
+    runs = []
+    for llm in (graph, off):
+        llm.engine.drop_retained()
+        outs = llm._run([llm._request(llm._encode(p), q, None)
+                         for p, q in zip(PROMPTS, params)])  # one batch, a params each
+        more = llm.generate([o.prompt_token_ids + o.token_ids + [11, 12] for o in outs],
+                            SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        runs.append([(o.token_ids, o.finish_reason, o.logprobs) for o in outs + more])
+    assert runs[0] == runs[1]
+    assert [r[1] for r in runs[0][:3]] == ["stop", "length", "stop"]
+
+
 def test_out_of_memory_for_the_kv_cache_names_it_and_the_flag(tiny_ckpt, monkeypatch):
     from flint_graph.capture import runner
     from flint_graph.errors import ConfigError
@@ -80,15 +109,15 @@ def test_a_failed_replay_ends_its_requests_and_the_engine_serves_new_ones(llms, 
     graph, _ = llms
     graph.engine.drop_retained()  # earlier tests' retained sequences hold slots (KV reuse)
     runner, calls = graph.engine.runner, []
-    real = runner.decode
+    real = runner.launch  # (decode launches too; the pipelined decode launches alone)
 
-    def decode_failing_once(rows):
+    def launch_failing_once(rows):
         calls.append(len(rows))
         if len(calls) == 3:
             raise ValueError("injected fault")
         return real(rows)
 
-    monkeypatch.setattr(runner, "decode", decode_failing_once)
+    monkeypatch.setattr(runner, "launch", launch_failing_once)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = graph.generate(PROMPTS[:2], params)
     assert all(o.finish_reason == "error" and len(o.token_ids) == 3 for o in outs)

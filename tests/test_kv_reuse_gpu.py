@@ -88,16 +88,16 @@ def test_graph_engine_ctrl_c_mid_prefill_and_mid_decode_leave_nothing_wrong(llms
             fired["prefill"] = 1
             raise KeyboardInterrupt
 
-    real = eng._graph_decode_deltas
+    real = eng._graph_tokens  # (the pipelined decode's read of a step too)
 
-    def deltas(rows, ids_, logits):
+    def tokens(rows, ids_, logits):
         fired["decode"] += 1
         if fired["decode"] == 3:
             raise KeyboardInterrupt
         return real(rows, ids_, logits)
 
     eng.prefill_progress = hook
-    monkeypatch.setattr(eng, "_graph_decode_deltas", deltas)
+    monkeypatch.setattr(eng, "_graph_tokens", tokens)
     b = on._request(ids, q, None)
     eng.add(b)
     for _ in range(2):  # the prefill's interrupt, then the decode's

@@ -248,3 +248,79 @@ def test_ctrl_c_while_a_steps_tokens_are_appended_leaves_the_rows_whole(llms, mo
     while eng.has_work:
         eng.step()
     assert [r.output_ids for r in reqs] == want
+
+
+def test_ctrl_c_after_a_step_is_read_redoes_it_and_keeps_the_fed_token(llms, monkeypatch):
+    """KeyboardInterrupt after a pipelined step's ids are read and before anything is
+    launched or appended: the rows' KV holds their last output id (the step fed it), so an
+    abort now retains it with that token, and a prompt diverging two tokens before the end
+    equals the reference engine's (the live rings lost the entry a resume there needs)."""
+    ref, _, pipe = llms
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompt = [11, 12, 13, 14] * 6
+    outs = []
+    for llm in (ref, pipe):
+        _fresh(llms)
+        eng = llm.engine
+        req = llm._request(prompt, params, None)
+        eng.add(req)
+        while req.num_generated < 5:
+            eng.step()
+        if llm is pipe:
+            real = eng._graph_tokens
+            monkeypatch.setattr(eng, "_graph_tokens", _raise_once(real))
+            with pytest.raises(KeyboardInterrupt):
+                eng.step()
+            monkeypatch.setattr(eng, "_graph_tokens", real)
+            assert req.num_generated == 5 and eng._inflight is None
+        eng.abort(req)
+        (entry,) = eng.prefix_cache.entries
+        ids = prompt + req.output_ids
+        probe = llm.generate([ids[:-2] + [40, 41]], GREEDY)[0]
+        outs.append((req.output_ids, len(entry.ids), _key(probe), probe.cached_tokens))
+    assert outs[1][0] == outs[0][0] and outs[1][2] == outs[0][2]
+    n = len(prompt) + 5
+    # two before the end: the reference engine resumes from its live rings, the pipelined one
+    # (whose rings hold one more) from the prompt's snapshot
+    assert outs[0][1] == n - 1 and outs[1][1] == n
+    assert outs[0][3] == n - 2 and outs[1][3] == len(prompt)
+
+
+def _raise_once(fn):
+    fired = []
+
+    def once(*a, **k):
+        if not fired:
+            fired.append(1)
+            raise KeyboardInterrupt
+        return fn(*a, **k)
+    return once
+
+
+def test_a_failed_launch_appends_the_drawn_tokens_then_ends_its_rows(llms, monkeypatch):
+    """As a failed step without pipelining: the tokens drawn so far are kept, the rows end
+    with "error" naming the fault, nothing is retained, and the engine serves the next
+    request."""
+    _, sync, pipe = llms
+    got = []
+    for llm in (sync, pipe):
+        _fresh(llms)
+        runner, calls = llm.engine.runner, []
+        real = runner.launch
+
+        def failing(rows, real=real, calls=calls):
+            calls.append(len(rows))
+            if len(calls) == 3:
+                raise ValueError("injected fault")
+            return real(rows)
+
+        monkeypatch.setattr(runner, "launch", failing)
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        outs = llm.generate([[5, 6, 7], [8, 9, 10, 11]], params)
+        monkeypatch.setattr(runner, "launch", real)
+        assert not llm.engine.prefix_cache.entries
+        again = llm.generate([[5, 6, 7]], params)[0]
+        got.append(([(o.token_ids, o.finish_reason, o.errors) for o in outs], _key(again)))
+    assert got[1] == got[0]
+    assert got[0][0][0][1] == "error" and len(got[0][0][0][0]) == 3
+    assert got[0][0][0][2] == ["decode step failed: ValueError: injected fault"]

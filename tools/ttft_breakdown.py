@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import statistics
@@ -50,6 +51,25 @@ def _timed(times: dict, name: str, fn):
     return run
 
 
+def _profiler():
+    """torch.profiler over CPU ops and CUDA kernels, for one request."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+
+
+def _print_profile(prof, title: str, rows: int) -> None:
+    """The costliest ops of one profiled request: by self CPU time (host work paid once, such
+    as module loading or a library's first-call set-up), then by CUDA time."""
+    avg = prof.key_averages()
+    print(f"== {title}: by self CPU time", flush=True)
+    print(avg.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=70),
+          flush=True)
+    print(f"== {title}: by CUDA time", flush=True)
+    print(avg.table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70),
+          flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")
@@ -62,6 +82,10 @@ def main() -> int:
     p.add_argument("--profile", type=int, default=0,
                    help="also print cProfile's 30 costliest calls (cumulative) of one "
                         "generate of this many tokens per format (0: off)")
+    p.add_argument("--profile-first", type=int, default=0, metavar="ROWS",
+                   help="run the process's first timed request and its last under "
+                        "torch.profiler and print each one's ROWS costliest ops by self CPU "
+                        "time and by CUDA time (what the first request pays on first use)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
@@ -86,9 +110,15 @@ def main() -> int:
                 if hist:  # retained: its KV and the ring snapshot at its end
                     llm.generate([hist], SamplingParams(max_tokens=1, ignore_eos=True))
                 times.clear()
-                t0 = time.perf_counter()
-                res = llm.generate([hist + ids], SamplingParams(max_tokens=1, ignore_eos=True))[0]
-                wall.append((time.perf_counter() - t0) * 1e3)
+                prof = _profiler() if args.profile_first and n == lengths[0] and (
+                    not ttft or len(ttft) == args.reps) else contextlib.nullcontext()
+                with prof:
+                    t0 = time.perf_counter()
+                    res = llm.generate([hist + ids],
+                                       SamplingParams(max_tokens=1, ignore_eos=True))[0]
+                    wall.append((time.perf_counter() - t0) * 1e3)
+                if not isinstance(prof, contextlib.nullcontext):
+                    _print_profile(prof, f"{fmt} {n} request {len(ttft)}", args.profile_first)
                 ttft.append(res.ttft_ms)
                 cached.append(res.cached_tokens)
                 for k, v in times.items():

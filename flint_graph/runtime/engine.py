@@ -74,9 +74,10 @@ class Engine:
         # over one the retained ids still claim), so they are never retained (issue 22)
         self._unsettled: set[int] = set()
         # pipelined decode (EngineConfig.pipeline_decode, graph engine): the step launched last
-        # and not yet read, as (its rows, capture.runner.PendingStep); `_ahead`: rows of it whose
-        # last output id it feeds, so their KV (stream-ordered) holds one token more than
-        # `_expected_tokens` says, and a retirement keeps that token too
+        # and not yet read, as (its rows, capture.runner.PendingStep); `_ahead`: rows whose
+        # last output id a launched step fed and whose draw is not yet appended, so their KV
+        # (stream-ordered) holds one token more than `_expected_tokens` says: a retirement
+        # keeps that token too (the live rings lost the entry a resume before it would need)
         self.pipeline = bool(engine.pipeline_decode and self.runner is not None
                              and hasattr(self.runner, "launch"))
         self._inflight: tuple[list[Request], object] | None = None
@@ -278,7 +279,7 @@ class Engine:
             if rows and self.pipeline:  # its tokens are handled by the next step
                 self._inflight = (rows, self.runner.launch(
                     [self._row(r, r.output_ids[-1], r.num_generated) for r in rows]))
-                self._ahead = {r.id for r in rows}
+                self._ahead.update(r.id for r in rows)  # each feeds its last output id
             else:
                 deltas += self._decode(rows) if rows else []
             # a completed step rewrote every row's position (the same token, the same KV)
@@ -462,24 +463,22 @@ class Engine:
         checks `Request.append` makes before any text), so the GPU computes it while the host
         detokenizes. A row that the text then ends (a stop string, the output parser) was fed
         one token too many: its KV holds it (`_ahead`, kept if it is retained) and the next
-        read drops its draw."""
+        read drops its draw. A launch that fails ends its rows with "error" after their
+        tokens are appended (as a failed step does without pipelining)."""
         rows, pending = self._inflight
         self._inflight = None
-        self._ahead = set()  # the rows read below: once appended, their KV equals their ids
         live = [i for i, r in enumerate(rows) if not r.is_finished]  # aborted ones are gone
         rows = [rows[i] for i in live]
         try:
             ids, logits = pending.result()
         except (FlintError, ValueError, RuntimeError) as e:
-            self._unsettled.difference_update(r.id for r in rows)
             return [self._fail(r, f"decode step failed: {type(e).__name__}: {e}")
                     for r in rows]
         if len(live) < len(ids):
             ids, logits = [ids[i] for i in live], logits[live]
-        # a completed step wrote every row's position: their KV holds their ids and nothing else
-        self._unsettled.difference_update(r.id for r in rows)
         failed, rows, tokens = self._graph_tokens(rows, ids, logits)
         nxt = [(r, t) for r, t in zip(rows, tokens) if launch_next and not r.ends_with(t)]
+        launch_error = None
         if nxt:
             # until its tokens are appended the KV of these rows is two ahead of their ids
             self._unsettled.update(r.id for r, _ in nxt)
@@ -487,12 +486,9 @@ class Engine:
                 pending = self.runner.launch([self._row(r, t, r.num_generated + 1)
                                               for r, t in nxt])
             except (FlintError, ValueError, RuntimeError) as e:
+                launch_error = (e, [r for r, _ in nxt])
                 self._unsettled.difference_update(r.id for r, _ in nxt)
-                failed += [self._fail(r, f"decode step failed: {type(e).__name__}: {e}")
-                           for r, _ in nxt]
-                gone = {r.id for r, _ in nxt}
-                keep = [i for i, r in enumerate(rows) if r.id not in gone]
-                rows, tokens, nxt = [rows[i] for i in keep], [tokens[i] for i in keep], []
+                nxt = []
             else:
                 self._inflight = ([r for r, _ in nxt], pending)
         before = [r.num_generated for r in rows]
@@ -500,17 +496,23 @@ class Engine:
         try:
             for r, t in zip(rows, tokens):
                 deltas.append(r.append(t))
+                self._ahead.discard(r.id)  # its KV now holds exactly its ids but the last
         except BaseException:
             # Ctrl-C mid-way: the launched step already feeds every token; the rows left
             # take theirs too, or their ids would miss one their KV holds
             for r, t, n in zip(rows, tokens, before):
                 if r.num_generated == n:
                     r.append(t)
+                    self._ahead.discard(r.id)
             raise
         finally:
             if nxt:
                 self._unsettled.difference_update(r.id for r, _ in nxt)
-                self._ahead = {r.id for r, _ in nxt}
+                self._ahead.update(r.id for r, _ in nxt)
+        if launch_error is not None:
+            e, gone = launch_error
+            failed += [self._fail(r, f"decode step failed: {type(e).__name__}: {e}")
+                       for r in gone if not r.is_finished]
         return failed + deltas
 
     def _one_row_sampler(self) -> OneRowSampleGraph | None:
@@ -785,6 +787,7 @@ class Engine:
         self._snapshots.pop(req.id, None)
         self._snapshot_due.pop(req.id, None)
         self._pinned.pop(req.id, None)
+        self._ahead.discard(req.id)
         kv = self._kv.pop(req.id, None)
         slot = self._slot.pop(req.id, None)
         if not keep and slot is not None:

@@ -403,6 +403,27 @@ def _build(spec: Spec):
             x = sel(lane >= d, x + y, x)
         return x
 
+    def before_in_id_order(masks, s_w, lane, warp):
+        """For each of this thread's chunks (a mask of matching ids, bit e = the chunk's e-th
+        id), how many matches the CTA's slice holds before the chunk in id order: warp scans,
+        each warp's totals through shared memory (s_w), one barrier. ([Uint32] per chunk.)"""
+        cnts = [Uint32(cute.arch.popc(m)) for m in masks]
+        incl = []
+        for jj in range(nch):
+            incl.append(scan_up(cnts[jj], lane, Uint32))
+            # the warp's total, stored by every lane (one value: no branch in a helper)
+            s_w[WARPS * (jj + 1) + warp] = Uint32(cute.arch.shuffle_sync(incl[jj], offset=31))
+        cute.arch.sync_threads()
+        run, pres = Uint32(0), []
+        for jj in range(nch):
+            pre = run + incl[jj] - cnts[jj]
+            for w in range(WARPS):
+                v = s_w[WARPS * (jj + 1) + w]
+                pre = pre + v * one(warp > w)
+                run = run + v
+            pres.append(pre)
+        return pres, cnts
+
     def find(lane, cnt_of, mass_of, target, by_mass):
         """First of 256 entries, in the order 255, 254, ..., 0, where the running total of counts
         (or of masses, by_mass) reaches target: (index, counts before it, mass before it, total
@@ -565,7 +586,7 @@ def _build(spec: Spec):
             quota = kk - above
             sbase = Uint32(s_sort.iterator.toint())
             ctr = Uint32(s_n.iterator.toint())
-            masks, cnts, incl = [], [], []
+            masks = []
             for jj in cutlass.range_constexpr(nch):
                 cc, keys, valid = chunk_keys(row_addr, tid, rank, jj)
                 first = Uint32(rank * per_cta) + 8 * Uint32(cc)
@@ -575,19 +596,9 @@ def _build(spec: Spec):
                     push_if(ctr, sbase, keys[e], first + e, gt)
                     me = me | ((valid[e] & one(keys[e] == cut) & (every ^ 1)) << e)
                 masks.append(me)
-                cnts.append(Uint32(cute.arch.popc(me)))
-                incl.append(scan_up(cnts[jj], lane, Uint32))
-                if lane == 31:
-                    s_w[WARPS * (jj + 1) + warp] = incl[jj]
-            cute.arch.sync_threads()
-            run = Uint32(0)
+            pres, _ = before_in_id_order(masks, s_w, lane, warp)
             for jj in cutlass.range_constexpr(nch):
-                pre = run + incl[jj] - cnts[jj]
-                for w in cutlass.range_constexpr(WARPS):
-                    v = s_w[WARPS * (jj + 1) + w]
-                    pre = pre + v * one(warp > w)
-                    run = run + v
-                me = masks[jj]
+                pre, me = pres[jj], masks[jj]
                 first = Uint32(rank * per_cta) + 8 * Uint32(tid + NT * jj)
                 for e in cutlass.range_constexpr(8):
                     j = pre + Uint32(cute.arch.popc(me & Uint32((1 << e) - 1)))
@@ -781,26 +792,17 @@ def _build(spec: Spec):
                     owner, jl, found = sel(hit != 0, Int32(r), owner), sel(hit != 0, j - run, jl), \
                         found | hit
                     run = run + n
-                masks, cnts, incl = [], [], []
+                ccs, masks = [], []
                 for jj in cutlass.range_constexpr(nch):
                     cc, keys, valid = chunk_keys(row_addr, tid, owner, jj)
                     mm = Uint32(0)
                     for e in cutlass.range_constexpr(8):
                         mm = mm | ((valid[e] & one(keys[e] == kstar)) << e)
-                    masks.append((cc, mm))
-                    cnts.append(Uint32(cute.arch.popc(mm)))
-                    incl.append(scan_up(cnts[jj], lane, Uint32))
-                    if lane == 31:
-                        s_w[WARPS * (jj + 1) + warp] = incl[jj]
-                cute.arch.sync_threads()
-                base = Uint32(0)
+                    ccs.append(cc)
+                    masks.append(mm)
+                pres, cnts = before_in_id_order(masks, s_w, lane, warp)
                 for jj in cutlass.range_constexpr(nch):
-                    pre = base + incl[jj] - cnts[jj]
-                    for w in cutlass.range_constexpr(WARPS):
-                        v = s_w[WARPS * (jj + 1) + w]
-                        pre = pre + v * one(warp > w)
-                        base = base + v
-                    cc, mm = masks[jj]
+                    pre, cc, mm = pres[jj], ccs[jj], masks[jj]
                     if (jl >= pre) & (jl < pre + cnts[jj]):
                         for _ in cutlass.range_constexpr(7):  # drop the matches before the j-th
                             mm = sel(jl > pre, mm & (mm - 1), mm)

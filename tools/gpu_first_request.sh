@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Twenty-second session's device work, in parts (PARTS, default "tests e2e ttft"):
+#   tests    the sampler's GPU tests and probe (docs/device-queue.md item 1b: the id-order scan
+#            as one helper), the graph engine's and KV reuse's (the pipelined decode)
+#   e2e      tools/probe_decode_e2e.py: end to end per token against the step, pipelined decode
+#            on and off (issue 24 item 4)
+#   ttft     why a process's first request is slower (item 1): tools/ttft_breakdown.py's
+#            first_* phases in a plain process and with CUDA_MODULE_LOADING=EAGER
+#   profile  the first and a later request under torch.profiler
+#   prefill  the NVFP4 8K prefill over fresh processes (item 2)
+# Device run: carry [".whl", ".kcache"], command: PARTS="..." bash tools/gpu_first_request.sh
+# (FORMAT=bf16 needs the H200).
+set -uo pipefail
+OUT=${OUT:-/tmp/flint-out}
+. tools/device_setup.sh
+F=${FORMAT:-nvfp4}
+nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
+for part in ${PARTS:-tests e2e ttft}; do
+  t0=$SECONDS
+  case $part in
+  tests)
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_sample_tokens_gpu.py tests/test_graph_engine_gpu.py tests/test_kv_reuse_gpu.py \
+      2>&1 | tee "$OUT/gpu-tests.log" | tail -6
+    timeout 90 python3 tools/probe_sampler.py --presets full --out "$OUT" 2>&1 | tail -6 ;;
+  e2e)
+    timeout 240 python3 tools/probe_decode_e2e.py --preset full --formats "$F" --buckets 1,8 \
+      --tokens 128 --reps 3 --json "$OUT/decode-e2e-$F.json" 2>&1 | grep -v Warning | tail -4 ;;
+  ttft)
+    for mode in plain eager; do
+      env=(); [ "$mode" = eager ] && env=(CUDA_MODULE_LOADING=EAGER)
+      env "${env[@]}" timeout 150 python3 tools/ttft_breakdown.py --preset full --formats "$F" \
+        --tokens "${TOKENS:-8570,25}" --reps 3 --json "$OUT/ttft-$F-$mode.json" \
+        > "$OUT/ttft-$F-$mode.log" 2>&1
+      echo "ttft $mode: exit $?"; grep -v Warning "$OUT/ttft-$F-$mode.log" | tail -3 | cut -c1-900
+    done ;;
+  profile)
+    timeout 150 python3 tools/ttft_breakdown.py --preset full --formats "$F" --tokens 8570 \
+      --reps 2 --profile-first 25 > "$OUT/ttft-$F-profile.log" 2>&1
+    echo "profile: exit $?" ;;
+  prefill)
+    timeout "${PREFILL_TIMEOUT:-240}" python3 tools/bench_prefill.py --formats "$F" --paths graph \
+      --tokens 8192 --reps 5 --profile-tokens 0 --kernel-tokens= --processes "${PROCESSES:-4}" \
+      --out "$OUT/prefill" > "$OUT/prefill-8k-processes.log" 2>&1
+    echo "prefill: exit $?"; tail -8 "$OUT/prefill-8k-processes.log" | cut -c1-300 ;;
+  esac
+  echo "== $part: $((SECONDS - t0)) s"
+done
