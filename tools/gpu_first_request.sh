@@ -25,7 +25,7 @@ for part in ${PARTS:-tests e2e ttft}; do
     timeout 90 python3 tools/probe_sampler.py --presets full --out "$OUT" 2>&1 | tail -6 ;;
   e2e)
     timeout 240 python3 tools/probe_decode_e2e.py --preset full --formats "$F" --buckets 1,8 \
-      --tokens 128 --reps 3 --json "$OUT/decode-e2e-$F.json" 2>&1 | grep -v Warning | tail -4 ;;
+      --tokens 128 --reps "${E2E_REPS:-3}" --phases --json "$OUT/decode-e2e-$F.json" 2>&1 | grep -v Warning | tail -4 ;;
   ttft)
     for mode in plain eager; do
       env=(); [ "$mode" = eager ] && env=(CUDA_MODULE_LOADING=EAGER)
