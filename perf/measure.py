@@ -106,16 +106,20 @@ def cold(llm) -> None:
     llm.engine.drop_retained()
 
 
-def e2e_record(llm, fmt: str, b: int, tokens: int, prompt_ids: list[int], engine=None) -> dict:
+def e2e_record(llm, fmt: str, b: int, tokens: int, prompt_ids: list[int], engine=None,
+               seed: int | None = None) -> dict:
     """End to end at batch b: b identical chat prompts (EOS ignored) through the engine's own
     loop (`Engine.step`: scheduling, the step, sampling, detokenizer, stop checks). TTFT: the
     median request's submission to first token (prefills run one after another, so it grows
     with b); ms_per_token: the median wall time of the steps in which all b rows decode (no
-    prefill in them), i.e. the TPOT each request sees once the batch is full."""
+    prefill in them), i.e. the TPOT each request sees once the batch is full. `seed`: row i
+    draws with seed + i (the same tokens, so the same experts, run after run; a step's time
+    depends on how many experts its rows pick); None: fresh seeds."""
     from flint_graph.runtime.sampling import SamplingParams
 
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    reqs = [llm._request(prompt_ids, params, None) for _ in range(b)]
+    reqs = [llm._request(prompt_ids, SamplingParams(
+        max_tokens=tokens, ignore_eos=True, seed=None if seed is None else seed + i), None)
+        for i in range(b)]
     eng = llm.engine
     cold(llm)
     t0 = time.perf_counter()

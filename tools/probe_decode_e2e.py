@@ -5,7 +5,8 @@ pipelined decode on and off (issue 24 item 4: end to end within 3% of the step).
 Builds the model as `flint-graph bench` does (synthetic weights of --preset, NVFP4 by
 default), then per bucket B: the captured step's replay time at the e2e context (CUDA events,
 median), and `perf.measure.e2e_record` (B copies of the bench's chat prompt decoding --tokens
-tokens through `Engine.step`) with EngineConfig.pipeline_decode off and on, alternating,
+tokens through `Engine.step`, fixed seeds: the same tokens and experts in every run) with
+EngineConfig.pipeline_decode off and on, alternating,
 --reps times each, on the same engine and graphs. Prints one JSON line per bucket: medians,
 and the host's share over the step (e2e / step − 1) per mode.
 
@@ -69,7 +70,7 @@ def _phases(llm, fmt, b, tokens, prompt) -> dict:
     runner_mod.PendingStep.result = timed_result
     Request.append = timed_append
     try:
-        e2e_record(llm, fmt, b, tokens, prompt)
+        e2e_record(llm, fmt, b, tokens, prompt, seed=1000)
         torch.cuda.synchronize()
     finally:
         del run.launch
@@ -119,8 +120,8 @@ def main() -> int:
             for _ in range(args.reps):
                 for mode in (False, True):
                     eng.pipeline = mode
-                    runs[mode].append(e2e_record(llm, fmt, b, args.tokens,
-                                                 prompt)["ms_per_token"])
+                    runs[mode].append(e2e_record(llm, fmt, b, args.tokens, prompt,
+                                                 seed=1000)["ms_per_token"])
             rec = {"format": fmt, "B": b, "step_ms": round(step, 4)}
             if args.phases:
                 for mode in (False, True):
