@@ -116,6 +116,9 @@ def main() -> int:
     p.add_argument("--log-reuse", action="store_true",
                    help="print each KV-reuse decision (logger flint_graph.reuse at DEBUG): "
                         "where each prompt resumed, or why it ran cold")
+    p.add_argument("--no-gc-freeze", action="store_true",
+                   help="leave start-up's objects to the cyclic GC (the flint-graph commands "
+                        "freeze them once loaded: flint_graph/runtime/gc_policy.py)")
     args = p.parse_args()
     if args.log_reuse:
         import logging
@@ -140,6 +143,10 @@ def main() -> int:
         print(json.dumps({"startup": {k: v for k, v in llm.startup.items()
                                       if k.endswith("_s")}}), flush=True)
         run = tool_loop if args.tool_loop else conversation
+        if not args.no_gc_freeze:  # as the flint-graph commands do after start-up
+            from flint_graph.runtime.gc_policy import freeze_startup_objects
+
+            freeze_startup_objects()
         GC.take()  # start-up's collections are not the first request's
         res["on"] = run(llm, first, args.turns, args.max_tokens)
         llm.engine.drop_retained()
