@@ -8,6 +8,8 @@
 #            first_* phases in a plain process and with CUDA_MODULE_LOADING=EAGER
 #   profile  the first and a later request under torch.profiler
 #   prefill  the NVFP4 8K prefill over fresh processes (item 2)
+#   reuse    the BF16 tool loop with reuse on and off, GC pauses per request (item 1's 85 ms
+#            resumed step; BF16 needs the H200, REUSE_FORMAT=nvfp4 runs anywhere)
 # Device run: carry [".whl", ".kcache"], command: PARTS="..." bash tools/gpu_first_request.sh
 # (FORMAT=bf16 needs the H200).
 set -uo pipefail
@@ -38,6 +40,11 @@ for part in ${PARTS:-tests e2e ttft}; do
     timeout 150 python3 tools/ttft_breakdown.py --preset full --formats "$F" --tokens 8570 \
       --reps 2 --profile-first 25 > "$OUT/ttft-$F-profile.log" 2>&1
     echo "profile: exit $?" ;;
+  reuse)
+    timeout 170 python3 tools/bench_reuse.py --preset full --format "${REUSE_FORMAT:-bf16}" \
+      --history 8192 --turns 6 --tool-loop --max-tokens 16 --out "$OUT/reuse" \
+      > "$OUT/reuse-tool.log" 2>&1
+    echo "reuse: exit $?"; grep "^{" "$OUT/reuse-tool.log" | cut -c1-400 | tail -16 ;;
   prefill)
     timeout "${PREFILL_TIMEOUT:-240}" python3 tools/bench_prefill.py --formats "$F" --paths graph \
       --tokens 8192 --reps 5 --profile-tokens 0 --kernel-tokens= --processes "${PROCESSES:-4}" \
