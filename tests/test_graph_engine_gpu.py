@@ -7,6 +7,8 @@ test_decode_step_gpu.py). Seeded sampling repeats exactly."""
 import pytest
 import torch
 
+from faults import failing_on_call
+
 from flint_graph import LLM, SamplingParams
 from flint_graph.runtime.engine_config import EngineConfig
 
@@ -108,16 +110,10 @@ def test_out_of_memory_for_the_kv_cache_names_it_and_the_flag(tiny_ckpt, monkeyp
 def test_a_failed_replay_ends_its_requests_and_the_engine_serves_new_ones(llms, monkeypatch):
     graph, _ = llms
     graph.engine.drop_retained()  # earlier tests' retained sequences hold slots (KV reuse)
-    runner, calls = graph.engine.runner, []
-    real = runner.launch  # (decode launches too; the pipelined decode launches alone)
-
-    def launch_failing_once(rows):
-        calls.append(len(rows))
-        if len(calls) == 3:
-            raise ValueError("injected fault")
-        return real(rows)
-
-    monkeypatch.setattr(runner, "launch", launch_failing_once)
+    runner = graph.engine.runner
+    # (decode launches too; the pipelined decode launches alone)
+    monkeypatch.setattr(runner, "launch",
+                        failing_on_call(runner.launch, 3, ValueError("injected fault")))
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = graph.generate(PROMPTS[:2], params)
     assert all(o.finish_reason == "error" and len(o.token_ids) == 3 for o in outs)

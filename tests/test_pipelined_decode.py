@@ -15,6 +15,7 @@ import pytest
 from flint_graph.runtime.engine_config import EngineConfig
 from flint_graph.runtime.request import Request
 from flint_graph.runtime.sampling import SamplingParams
+from faults import failing_on_call
 from reference_runner import use_reference_runner
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, logprobs=True, top_logprobs=3)
@@ -231,15 +232,9 @@ def test_ctrl_c_while_a_steps_tokens_are_appended_leaves_the_rows_whole(llms, mo
     reqs = [pipe._request(p, params, None) for p in prompts]
     for r in reqs:
         eng.add(r)
-    append, calls = Request.append, []
-
-    def flaky(self, token_id):
-        calls.append(self.id)
-        if len(calls) == 7:
-            raise KeyboardInterrupt
-        return append(self, token_id)
-
-    monkeypatch.setattr(Request, "append", flaky)
+    append = Request.append
+    # the 7th: the first row's token of the third decode step (two came from the prefills)
+    monkeypatch.setattr(Request, "append", failing_on_call(append, 7, KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         while eng.has_work:
             eng.step()
@@ -268,7 +263,7 @@ def test_ctrl_c_after_a_step_is_read_redoes_it_and_keeps_the_fed_token(llms, mon
             eng.step()
         if llm is pipe:
             real = eng._graph_tokens
-            monkeypatch.setattr(eng, "_graph_tokens", _raise_once(real))
+            monkeypatch.setattr(eng, "_graph_tokens", failing_on_call(real, 1, KeyboardInterrupt()))
             with pytest.raises(KeyboardInterrupt):
                 eng.step()
             monkeypatch.setattr(eng, "_graph_tokens", real)
@@ -286,17 +281,6 @@ def test_ctrl_c_after_a_step_is_read_redoes_it_and_keeps_the_fed_token(llms, mon
     assert outs[0][3] == n - 2 and outs[1][3] == len(prompt)
 
 
-def _raise_once(fn):
-    fired = []
-
-    def once(*a, **k):
-        if not fired:
-            fired.append(1)
-            raise KeyboardInterrupt
-        return fn(*a, **k)
-    return once
-
-
 def test_a_failed_launch_appends_the_drawn_tokens_then_ends_its_rows(llms, monkeypatch):
     """As a failed step without pipelining: the tokens drawn so far are kept, the rows end
     with "error" naming the fault, nothing is retained, and the engine serves the next
@@ -305,15 +289,9 @@ def test_a_failed_launch_appends_the_drawn_tokens_then_ends_its_rows(llms, monke
     got = []
     for llm in (sync, pipe):
         _fresh(llms)
-        runner, calls = llm.engine.runner, []
+        runner = llm.engine.runner
         real = runner.launch
-
-        def failing(rows, real=real, calls=calls):
-            calls.append(len(rows))
-            if len(calls) == 3:
-                raise ValueError("injected fault")
-            return real(rows)
-
+        failing = failing_on_call(real, 3, ValueError("injected fault"))
         monkeypatch.setattr(runner, "launch", failing)
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
         outs = llm.generate([[5, 6, 7], [8, 9, 10, 11]], params)
