@@ -398,11 +398,12 @@ class Engine:
 
     def _row(self, r: Request, token: int, generated: int):
         """The decode-graph row feeding `token` as `r`'s `generated`-th output id."""
-        from flint_graph.capture.decode_step import Row
-
-        return Row(slot=self._slot[r.id], token=token, position=len(r.prompt_ids) + generated - 1,
-                   temperature=r.params.temperature, top_k=r.params.top_k,
-                   top_p=r.params.top_p, seed=r.seed, draw_index=generated)
+        global _Row
+        if _Row is None:  # (an import inside the per-row call cost ~2 µs a row)
+            from flint_graph.capture.decode_step import Row as _Row
+        p = r.params
+        return _Row(self._slot[r.id], token, len(r.prompt_ids) + generated - 1, p.temperature,
+                    p.top_k, p.top_p, r.seed, generated)
 
     def _graph_decode(self, rows: list[Request]) -> list[RequestDelta]:
         """One graph replay for `rows`, its tokens appended (`_graph_decode_deltas`)."""
@@ -795,6 +796,11 @@ class Engine:
         for e in evicted:
             if self.runner:
                 self.runner.free_slot(e.kv)
+
+
+# capture.decode_step.Row, imported on the graph engine's first decode step (the reference
+# engine never loads the capture package)
+_Row = None
 
 
 # the longest token list `_origin` reruns to name where NaN started (about a prefill's cost,
