@@ -395,3 +395,7 @@ def test_host_step_probe_times_real_decode_steps(tiny_ckpt):
     probe = tool_module("probe_host_step")
     med, p90 = probe.measure(LLM(tiny_ckpt, device="cpu", progress=False), 2, 30, False)
     assert 0 < med <= p90
+    # the simulated GPU, pipelined: every step still waits for one (no step is skipped)
+    med, p90 = probe.measure(LLM(tiny_ckpt, device="cpu", progress=False), 2, 30, False,
+                             gpu_us=200.0, pipeline=True)
+    assert 200 <= med <= p90
