@@ -8,6 +8,7 @@
 #            first_* phases in a plain process and with CUDA_MODULE_LOADING=EAGER
 #   profile  the first and a later request under torch.profiler
 #   prefill  the NVFP4 8K prefill over fresh processes (item 2)
+#   bench    flint-graph bench, full preset, 1K context, buckets 1 and 8 (step, e2e, TTFT, 8K)
 #   reuse    the BF16 tool loop with reuse on and off, GC pauses per request (item 1's 85 ms
 #            resumed step; BF16 needs the H200, REUSE_FORMAT=nvfp4 runs anywhere)
 # Device run: carry [".whl", ".kcache"], command: PARTS="..." bash tools/gpu_first_request.sh
@@ -45,6 +46,10 @@ for part in ${PARTS:-tests e2e ttft}; do
       --history 8192 --turns 6 --tool-loop --max-tokens 16 --out "$OUT/reuse" \
       > "$OUT/reuse-tool.log" 2>&1
     echo "reuse: exit $?"; grep "^{" "$OUT/reuse-tool.log" | cut -c1-400 | tail -16 ;;
+  bench)
+    timeout 300 flint-graph bench --preset full --formats "$F" --contexts 1024 --buckets 1,8 \
+      --baseline-steps 1 --e2e-tokens 64 --prefill-tokens 25,8k --json "$OUT/bench.json" 2>&1 \
+      | tail -30 ;;
   prefill)
     timeout "${PREFILL_TIMEOUT:-240}" python3 tools/bench_prefill.py --formats "$F" --paths graph \
       --tokens 8192 --reps 5 --profile-tokens 0 --kernel-tokens= --processes "${PROCESSES:-4}" \
