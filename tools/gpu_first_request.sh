@@ -30,7 +30,7 @@ for part in ${PARTS:-tests e2e ttft}; do
     timeout 240 python3 tools/probe_decode_e2e.py --preset full --formats "$F" --buckets 1,8 \
       --tokens 128 --reps "${E2E_REPS:-3}" --phases --json "$OUT/decode-e2e-$F.json" 2>&1 | grep -v Warning | tail -4 ;;
   ttft)
-    for mode in plain eager; do
+    for mode in ${TTFT_MODES:-plain eager}; do
       env=(); [ "$mode" = eager ] && env=(CUDA_MODULE_LOADING=EAGER)
       env "${env[@]}" timeout 150 python3 tools/ttft_breakdown.py --preset full --formats "$F" \
         --tokens "${TOKENS:-8570,25}" --reps 3 --json "$OUT/ttft-$F-$mode.json" \
