@@ -105,11 +105,23 @@ class ChatMessage:
         return msg
 
 
+def _as_id(t):
+    """A numpy integer as an int; anything else unchanged (refused by the caller)."""
+    import numbers
+
+    if isinstance(t, numbers.Integral) and not isinstance(t, bool):
+        return int(t)
+    return t
+
+
 def check_prompt_text(prompt: str) -> None:
     """Refuse an empty prompt or one that is not valid UTF-8 text (a lone surrogate, as
     undecodable bytes arrive), naming the character's position. Raises InvalidRequestError."""
-    if not prompt.strip():
+    if not prompt:
         raise InvalidRequestError("prompt: expected non-empty text, got an empty prompt")
+    if not prompt.strip():
+        raise InvalidRequestError(f"prompt: expected text, got only whitespace "
+                                  f"({len(prompt)} characters)")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -365,10 +377,13 @@ class LLM:
         at a time as the engine has slots): conversations is a list of (messages, tools)
         pairs, or of plain message lists (no tools). Returns one ChatMessage per conversation,
         in order. Raises as `chat`, and InvalidRequestError naming `conversations[i]` for an
-        entry that is neither."""
+        entry that is neither, or `conversations` for an empty list."""
         if not isinstance(conversations, (list, tuple)):
             raise InvalidRequestError(f"conversations: expected a list of (messages, tools) "
                                       f"pairs or of message lists, found {kind(conversations)}")
+        if not conversations:  # as generate([]): an empty batch is a caller's slip
+            raise InvalidRequestError("conversations: expected at least one conversation, got "
+                                      "an empty list")
         reqs = [self._chat_request(*_conversation(c, i), params,
                                    enable_thinking=enable_thinking, tool_choice=None,
                                    **template_kwargs)
@@ -484,6 +499,9 @@ class LLM:
                                       f"{type(prompt).__name__}")
         if not prompt:
             raise InvalidRequestError("prompt: expected at least one token id, got none")
+        # numpy integers (a tokenizer's array turned into a list) are ids too, as
+        # SamplingParams takes them; bool is not
+        prompt = [t if type(t) is int else _as_id(t) for t in prompt]
         at = next((i for i, t in enumerate(prompt) if type(t) is not int), None)
         if at is not None:
             raise InvalidRequestError(f"prompt[{at}]: token ids must be integers, found "

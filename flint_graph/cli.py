@@ -114,6 +114,15 @@ def _isatty(stream) -> bool:
         return False
 
 
+def _same_file(a, b) -> bool:
+    """Whether two streams write to the same file or pipe (`2>&1`)."""
+    try:
+        x, y = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (AttributeError, OSError, ValueError):  # replaced (tests) or closed
+        return False
+    return (x.st_dev, x.st_ino) == (y.st_dev, y.st_ino)
+
+
 def _exit_interrupted(signum, frame) -> None:
     # Nothing that needs cleaning up exists yet: end here rather than raise into an import.
     try:
@@ -252,6 +261,10 @@ def load_llm(args: argparse.Namespace):
         print("flint-graph: note: --no-prefill-graphs concerns the graph engine's kernel "
               "prefill; the reference engine running here has no graphs to turn off",
               file=sys.stderr)
+    if not args.pipeline_decode and llm.engine.name == "reference":
+        print("flint-graph: note: --no-pipeline concerns the graph engine's decode steps; the "
+              "reference engine running here decodes one step at a time anyway",
+              file=sys.stderr)
     if args.prefill != "kernel" and llm.engine.name == "reference":
         print(f"flint-graph: note: --prefill {args.prefill} picks the graph engine's prompt "
               "path; the reference engine running here prefills with the plain model",
@@ -359,6 +372,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         stream.close()  # the request ends with finish_reason "abort"
         if args.json:  # the plain output already streamed it: --json reports it now
             print(output_to_json(stream.output, llm.engine.name))
+        elif not _isatty(sys.stderr) and (reasoning_open or line_open and _same_file(
+                sys.stdout, sys.stderr)):
+            # half a line of reasoning or answer where "flint-graph: interrupted" goes next
+            # (`2>&1` into a pipe or a log: "457 + 3flint-graph: interrupted"); a terminal
+            # gets its line end from main's handler
+            sys.stderr.write("\n")
+            sys.stderr.flush()
         raise
     out = stream.output
     if args.json:

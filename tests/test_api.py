@@ -228,7 +228,7 @@ def test_invalid_sampling_values_raise(kwargs, match):
 
 
 def test_bad_requests_raise_typed_errors(tiny_llm):
-    with pytest.raises(InvalidRequestError, match="empty"):
+    with pytest.raises(InvalidRequestError, match="only whitespace"):
         tiny_llm.generate("   ")
     limit = tiny_llm.cfg.max_position_embeddings
     with pytest.raises(ContextLengthError, match=rf"{limit + 10:,}.*{limit:,}"):

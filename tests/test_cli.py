@@ -94,7 +94,7 @@ def test_generation_config_max_new_tokens_bounds_the_default(tiny_ckpt):
     (["--top-p", "1.5"], "argument --top-p: expected"),
     (["--top-k", "-1"], "argument --top-k: expected"),
     (["--stop-on-repeat", "3"], "argument --stop-on-repeat: expected"),
-    (["--prompt", "   "], "empty"),
+    (["--prompt", "   "], "only whitespace"),
 ])
 def test_generate_bad_values_one_line(capsys, tiny_ckpt, extra, match):
     argv = ["generate", tiny_ckpt, "--device", "cpu"]
@@ -916,3 +916,28 @@ def test_freeze_startup_objects_moves_the_survivors_to_the_permanent_generation(
         assert gc.get_freeze_count() > 1000
     finally:
         gc.unfreeze()
+
+
+def test_ctrl_c_after_half_a_line_starts_the_message_on_its_own_line(capsys, monkeypatch,
+                                                                     tiny_llm, tiny_ckpt):
+    """A bad-input trial (2026-12-05): with stderr not a terminal, Ctrl-C after part of the
+    reasoning (stderr) printed "457 + 3flint-graph: interrupted"."""
+    script = scripted_sampler(tiny_llm.tokenizer.encode("457 + 3 is"))
+
+    def sampler(logits, temperature, top_k, top_p, seeds, positions):
+        if int(positions[0]) == 3:
+            raise KeyboardInterrupt
+        return script(logits, temperature, top_k, top_p, seeds, positions)
+
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", sampler)
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--device", "cpu")
+    assert code == 130 and err.endswith("\nflint-graph: interrupted\n"), repr(err)
+    assert err.count("\n") == 2 and not err.startswith("\n"), repr(err)
+
+
+def test_no_pipeline_on_the_reference_engine_says_it_changes_nothing(capsys, tiny_ckpt):
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 2,
+                        "--device", "cpu", "--no-pipeline")
+    assert code == 0
+    assert ("flint-graph: note: --no-pipeline concerns the graph engine's decode steps; the "
+            "reference engine running here decodes one step at a time anyway") in err, err

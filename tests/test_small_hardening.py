@@ -517,3 +517,45 @@ def test_a_generation_config_eos_id_outside_the_vocabulary_is_the_files(tiny_ckp
     with pytest.raises(CheckpointError, match=r"generation_config.json: eos_token_id 9999 "
                                               r"outside \[0, vocab_size = \d+\)"):
         LLM(copy, device="cpu", progress=False)
+
+
+def test_numpy_values_are_taken_where_python_numbers_are(tiny_llm):
+    """A bad-input trial (2026-12-05): SamplingParams took numpy integers, but a prompt of
+    numpy ids and EngineConfig's numpy numbers were refused with messages saying they were
+    not integers / numbers; a numpy array of stop strings raised numpy's own ValueError."""
+    import numpy as np
+
+    from flint_graph.runtime.engine_config import EngineConfig
+
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    (a,) = tiny_llm.generate([[np.int64(5), np.int32(6), 7]], params)
+    (b,) = tiny_llm.generate([[5, 6, 7]], params)
+    assert a.token_ids == b.token_ids and a.prompt_token_ids == [5, 6, 7]
+    assert all(type(t) is int for t in a.prompt_token_ids)
+    with pytest.raises(InvalidRequestError, match=r"prompt\[0\]: token ids must be integers"):
+        tiny_llm.generate([[np.bool_(True), 5]], params)
+    cfg = EngineConfig(max_slots=np.int32(2), prefill_chunk_tokens=np.int64(64),
+                       prefill_step_ms=np.float32(5))
+    assert (cfg.max_slots, cfg.prefill_chunk_tokens, cfg.prefill_step_ms) == (2, 64, 5.0)
+    assert type(cfg.max_slots) is int and type(cfg.prefill_step_ms) is float
+    with pytest.raises(InvalidRequestError, match=r"prefill_chunk_tokens .*expected an integer"):
+        EngineConfig(prefill_chunk_tokens=np.float64(64.0))
+    with pytest.raises(InvalidRequestError, match="'stop': expected a list of strings"):
+        SamplingParams(stop=np.array(["a", "b"]))
+    with pytest.raises(InvalidRequestError, match="'stop': expected a list of strings"):
+        SamplingParams(stop=0)  # (was taken as no stop strings)
+
+
+def test_a_whitespace_prompt_is_called_whitespace(tiny_llm):
+    with pytest.raises(InvalidRequestError,
+                       match=r"prompt: expected text, got only whitespace \(3 characters\)"):
+        tiny_llm.generate("   ")
+    with pytest.raises(InvalidRequestError, match="prompt: expected non-empty text, got an empty"):
+        tiny_llm.generate("")
+
+
+def test_an_empty_chat_batch_is_refused_as_an_empty_generate(tiny_llm):
+    with pytest.raises(InvalidRequestError, match="conversations: expected at least one"):
+        tiny_llm.chat_batch([])
+    with pytest.raises(InvalidRequestError, match="prompts: expected at least one prompt"):
+        tiny_llm.generate([])

@@ -7,6 +7,7 @@ thread policy (`apply_cpu_threads`) lives here too, so `LLM()` and the CLI share
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 from dataclasses import dataclass
 
@@ -58,6 +59,15 @@ class EngineConfig:
 
 
     def __post_init__(self) -> None:
+        # numpy numbers (a sweep's np.arange) are numbers too, as SamplingParams takes them
+        for name in ("max_slots", "prefill_chunk_tokens", "prefill_tokens_per_step",
+                     "cpu_threads", "max_context", "prefill_step_ms"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, name, int(value))
+            elif name == "prefill_step_ms" and isinstance(value, numbers.Real) \
+                    and not isinstance(value, (bool, numbers.Integral)):
+                object.__setattr__(self, name, float(value))
         if self.engine not in ENGINES:
             raise InvalidRequestError(f"engine {self.engine!r}: expected one of "
                                       f"{', '.join(ENGINES)}")

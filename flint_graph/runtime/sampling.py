@@ -92,7 +92,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # Normalise containers so the frozen object is hashable and immune to caller mutation.
-        stop = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())
+        # (`or ()` would ask a numpy array for its truth value: a bare ValueError)
+        stop = (self.stop,) if isinstance(self.stop, str) else (
+            () if self.stop is None else self.stop)
         if isinstance(stop, Sequence) and not isinstance(stop, (bytes, bytearray)):
             object.__setattr__(self, "stop", tuple(stop))
         if self.stop_on_repeat is None:  # as the other optional fields: None is the default
