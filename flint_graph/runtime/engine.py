@@ -288,8 +288,7 @@ class Engine:
             # Reported to the requests of this step only; the engine takes new ones. A CUDA
             # fault that poisons the context cannot be survived in-process, but it is reported
             # the same way rather than crashing the caller's loop.
-            deltas += [self._fail(r, f"decode step failed: {type(e).__name__}: {e}")
-                       for r in rows]
+            deltas += self._step_failed(rows, e)
         for r in [r for r in self.running if r.is_finished]:
             self._retire(r)
         return deltas
@@ -378,6 +377,11 @@ class Engine:
         delta = req.finish("error")
         delta.errors.append(why)
         return delta
+
+    def _step_failed(self, rows: list[Request], e: Exception) -> list[RequestDelta]:
+        """End `rows` with "error" for a decode step that raised `e` (the same words whether
+        its launch, its replay or its read failed)."""
+        return [self._fail(r, f"decode step failed: {type(e).__name__}: {e}") for r in rows]
 
     def _origin(self, req: Request) -> str | None:
         """Where NaN/inf first appears in this request's activations, found on the error path
@@ -473,8 +477,7 @@ class Engine:
         try:
             ids, logits = pending.result()
         except (FlintError, ValueError, RuntimeError) as e:
-            return [self._fail(r, f"decode step failed: {type(e).__name__}: {e}")
-                    for r in rows]
+            return self._step_failed(rows, e)
         if len(live) < len(ids):
             ids, logits = [ids[i] for i in live], logits[live]
         failed, rows, tokens = self._graph_tokens(rows, ids, logits)
@@ -512,8 +515,7 @@ class Engine:
                 self._ahead.update(r.id for r, _ in nxt)
         if launch_error is not None:
             e, gone = launch_error
-            failed += [self._fail(r, f"decode step failed: {type(e).__name__}: {e}")
-                       for r in gone if not r.is_finished]
+            failed += self._step_failed([r for r in gone if not r.is_finished], e)
         return failed + deltas
 
     def _one_row_sampler(self) -> OneRowSampleGraph | None:
