@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """TTFT per chat turn with KV reuse on and off (issue 22), full-size synthetic weights in memory:
-a first user message of about --history tokens, then --turns short turns, greedy, the same
-conversation twice on one engine (reuse on, then off by capacity 0). Prints and writes
+a first user message of about --history tokens, then --turns short turns (or turns of about
+--new-tokens tokens each), greedy, the same conversation twice on one engine (reuse on, then off
+by capacity 0). Prints and writes
 reuse.json under --out: per turn the prompt tokens, cached tokens, TTFT (ms) and the ms of
 Python's garbage collections during the request, per generation (`gc_ms`).
 
     python tools/bench_reuse.py [--preset full] [--format bf16] [--history 8000] [--turns 6]
     python tools/bench_reuse.py --model nano --device cpu     # the embedded flint-nano
+    python tools/bench_reuse.py --history 8000 --new-tokens 512  # issue 22's "≤ 512 new tokens"
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ class GcPauses:
 
 
 GC = GcPauses()
+TOKENS_PER_ITEM = 2621 / 170  # 170 log items made 2,621 tokens (perf-log)
+
+
+def log_items(tokens: int, first: int = 0) -> str:
+    """About `tokens` tokens of log lines ("line i: step …, value …."), numbered from `first`
+    so that each turn's lines differ from every earlier turn's."""
+    n = max(1, round(tokens / TOKENS_PER_ITEM))
+    return " ".join(f"line {i}: step {i * 7 % 13} ok, value {i * 31 % 97}."
+                    for i in range(first, first + n))
 
 
 def row(key: str, t: int, out) -> dict:
@@ -60,7 +71,25 @@ def row(key: str, t: int, out) -> dict:
     return r
 
 
-def conversation(llm, first: str, turns: int, max_tokens: int) -> list[dict]:
+def extra(llm, t: int, new_tokens: int) -> str:
+    """Turn t's added log lines when --new-tokens asks for long turns ("" otherwise): as many
+    as keep them within new_tokens − 64 tokens of the model's tokenizer, the rest of the
+    budget left to the turn's template, its short question and the previous reply."""
+    if new_tokens <= 0:
+        return ""
+    budget, n = max(1, new_tokens - 64), 1
+    lines = []
+    while True:
+        more = log_items(1, 1000 * (t + 1) + n - 1)
+        if len(llm.tokenizer.encode_text(" ".join(lines + [more]))) > budget:
+            break
+        lines.append(more)
+        n += 1
+    return " More log: " + " ".join(lines)
+
+
+def conversation(llm, first: str, turns: int, max_tokens: int,
+                 new_tokens: int = 0) -> list[dict]:
     from flint_graph.runtime.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -69,7 +98,8 @@ def conversation(llm, first: str, turns: int, max_tokens: int) -> list[dict]:
         msg = llm.chat(msgs, params=params)
         rows.append(row("turn", t, msg.output))
         msgs += [{"role": "assistant", "content": msg.content or ""},
-                 {"role": "user", "content": f"and what about item {t * 11}? answer briefly"}]
+                 {"role": "user", "content": f"and what about item {t * 11}? answer "
+                                             f"briefly.{extra(llm, t, new_tokens)}"}]
     return rows
 
 
@@ -79,9 +109,10 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["key"]}}}]
 
 
-def tool_loop(llm, first: str, steps: int, max_tokens: int) -> list[dict]:
+def tool_loop(llm, first: str, steps: int, max_tokens: int, new_tokens: int = 0) -> list[dict]:
     """An agent loop: after each reply, the reply with a lookup call and the call's result go
-    back in (the call is scripted, so the loop runs whatever the model writes)."""
+    back in (the call is scripted, so the loop runs whatever the model writes); with
+    new_tokens the result carries about that many tokens of log lines."""
     from flint_graph.runtime.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -93,7 +124,8 @@ def tool_loop(llm, first: str, steps: int, max_tokens: int) -> list[dict]:
                   "reasoning_content": msg.reasoning_content,
                   "tool_calls": [{"type": "function", "function": {
                       "name": "lookup", "arguments": {"key": f"line {t * 7}"}}}]},
-                 {"role": "tool", "content": f"line {t * 7}: value {t * 31 % 97}"}]
+                 {"role": "tool", "content": f"line {t * 7}: value {t * 31 % 97}"
+                                             f"{extra(llm, t, new_tokens)}"}]
     return rows
 
 
@@ -111,6 +143,10 @@ def main() -> int:
     p.add_argument("--tool-loop", action="store_true",
                    help="an agent loop (a scripted tool call and its result per step) instead "
                         "of chat turns")
+    p.add_argument("--new-tokens", type=int, default=0,
+                   help="about this many tokens of log lines added to every later turn's user "
+                        "message or tool result (issue 22's target: 8K of history and up to "
+                        "512 new tokens); default 0: short turns")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--out", default="out")
     p.add_argument("--log-reuse", action="store_true",
@@ -125,9 +161,9 @@ def main() -> int:
 
         logging.basicConfig(format="reuse: %(message)s")
         logging.getLogger("flint_graph.reuse").setLevel(logging.DEBUG)
-    items = max(1, args.history * 170 // 2621)  # 170 items made 2,621 tokens (perf-log)
-    first = "Summarize this log. " + " ".join(
-        f"line {i}: step {i * 7 % 13} ok, value {i * 31 % 97}." for i in range(items))
+    if args.new_tokens < 0:
+        p.error(f"--new-tokens {args.new_tokens}: expected a count >= 0")
+    first = "Summarize this log. " + log_items(args.history)
     model = args.model
     if model == "nano":
         from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
@@ -136,7 +172,7 @@ def main() -> int:
     o = BenchOptions(preset=args.preset, formats=(args.format,), progress=False, buckets=(1,),
                      model=model, device=args.device)
     res = {}
-    for fmt, llm in sources(o, args.history + 4096):
+    for fmt, llm in sources(o, args.history + 4096 + args.turns * args.new_tokens):
         if fmt != args.format and model is None:
             continue
         # start-up's phases (s): whether the eager warm-up ran, and what it cost
@@ -148,14 +184,15 @@ def main() -> int:
 
             freeze_startup_objects()
         GC.take()  # start-up's collections are not the first request's
-        res["on"] = run(llm, first, args.turns, args.max_tokens)
+        res["on"] = run(llm, first, args.turns, args.max_tokens, args.new_tokens)
         llm.engine.drop_retained()
         llm.engine.prefix_cache.capacity = 0  # reuse off, same engine and weights
         GC.take()
-        res["off"] = run(llm, first, args.turns, args.max_tokens)
+        res["off"] = run(llm, first, args.turns, args.max_tokens, args.new_tokens)
         break
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    name = "reuse-tool-loop.json" if args.tool_loop else "reuse.json"
+    name = ("reuse-tool-loop" if args.tool_loop else "reuse") + (
+        f"-new{args.new_tokens}" if args.new_tokens else "") + ".json"
     (Path(args.out) / name).write_text(json.dumps(res, indent=1))
     return 0
 
