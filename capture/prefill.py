@@ -139,6 +139,45 @@ BF16_GROUPED_MAX: int | None = 512
 ROW_MOE_MAX_BF16_GROUPED = 16
 W4A16_WG_NT = ((2048, 64),)  # (up to this many rows, NT) on grouped_w4a16_wg; above: 128
 W4A16_WG_NT_LARGE = 128
+# A chunk above the largest prefill graph runs eagerly, and cuBLAS does host work the first
+# time it sees a GEMM shape (its heuristics, per M): on the H100 the first 8,570-token NVFP4
+# request spent 7.7 ms more host time in `addmm` and 2.2 ms more in `mm` than the same request
+# later (2026-12-05, perf log), while the GPU waited at the chunk's start. So an eager chunk's
+# cuBLAS GEMMs run in row windows of EAGER_GEMM_ROWS and one final window of a graph bucket's
+# size (`gemm_row_windows`): every M cuBLAS sees is one the graph captures and the start-up
+# warm-up already ran, whatever the prompt's length.
+EAGER_GEMM_ROWS = 4096
+
+
+def gemm_row_windows(t: int) -> list[tuple[int, int]]:
+    """Row windows (start, end) covering rows 0 … t−1 of an eager chunk's GEMMs: [(0, t)] up
+    to EAGER_GEMM_ROWS rows, else windows of EAGER_GEMM_ROWS rows and, for the rest, one
+    window of the smallest GRAPH_BUCKETS size that holds it, ending at row t (it overlaps the
+    window before by fewer rows than that bucket; those rows are computed twice, alike).
+    Raises ValueError for t < 1."""
+    if t < 1:
+        raise ValueError(f"t = {t}: expected a row count >= 1")
+    if t <= EAGER_GEMM_ROWS:
+        return [(0, t)]
+    whole = t // EAGER_GEMM_ROWS * EAGER_GEMM_ROWS
+    wins = [(r, r + EAGER_GEMM_ROWS) for r in range(0, whole, EAGER_GEMM_ROWS)]
+    if whole < t:
+        b = next(b for b in GRAPH_BUCKETS if b >= t - whole)
+        wins.append((t - b, t))
+    return wins
+
+
+def linear_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, w)` (x bf16 [T, K], w bf16 [N, K] -> bf16 [T, N]) as one GEMM per
+    `gemm_row_windows(T)` window: the same rows, each summed by cuBLAS at a row count it has
+    seen before (EAGER_GEMM_ROWS)."""
+    wins = gemm_row_windows(x.shape[0])
+    if len(wins) == 1:
+        return F.linear(x, w)
+    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    for r0, r1 in wins:
+        torch.mm(x[r0:r1], w.t(), out=out[r0:r1])
+    return out
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
@@ -188,15 +227,17 @@ class NVFP4Decoder:
         sums in its epilogue and rounds once), one GEMM per run of equal row scales, so no fp32
         [T, N] product is written and re-read; the alphas are host floats read once per
         weight (`prime`, which a CUDA-graph capture needs to have run first). `wu`: `w`
-        already decoded by `unscaled` (the prefill decodes ahead on its side stream)."""
+        already decoded by `unscaled` (the prefill decodes ahead on its side stream). The
+        GEMMs of a chunk above EAGER_GEMM_ROWS rows run in `gemm_row_windows`."""
         if not isinstance(w, NVFP4Weight):
-            return F.linear(x, w)
+            return linear_rows(x, w)
         if x.is_cuda:
             out = torch.empty(x.shape[0], w.shape[0], dtype=BF16, device=x.device)
             wu = self.unscaled(w) if wu is None else wu
-            for r0, r1, alpha in self.prime(w, row_scale2):
-                torch.addmm(out[:, r0:r1], x, wu[r0:r1].t(), beta=0, alpha=alpha,
-                            out=out[:, r0:r1])
+            for t0, t1 in gemm_row_windows(x.shape[0]):
+                for r0, r1, alpha in self.prime(w, row_scale2):
+                    o = out[t0:t1, r0:r1]
+                    torch.addmm(o, x[t0:t1], wu[r0:r1].t(), beta=0, alpha=alpha, out=o)
             return out
         s2 = row_scale2 if row_scale2 is not None else w.scale2.float().reshape(())
         return (_matmul_f32(x, self.unscaled(w)) * s2).to(BF16)
@@ -249,10 +290,17 @@ def _one_expert(w: NVFP4Weight) -> list[torch.Tensor]:
 
 
 def _matmul_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x bf16 [T, K] @ w bf16 [N, K]ᵀ with fp32 products, sums and output, float32 [T, N]."""
-    if x.is_cuda:
+    """x bf16 [T, K] @ w bf16 [N, K]ᵀ with fp32 products, sums and output, float32 [T, N];
+    on CUDA in `gemm_row_windows`."""
+    if not x.is_cuda:
+        return x.float() @ w.float().t()
+    wins = gemm_row_windows(x.shape[0])
+    if len(wins) == 1:
         return torch.mm(x, w.t(), out_dtype=torch.float32)
-    return x.float() @ w.float().t()
+    out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
+    for r0, r1 in wins:
+        torch.mm(x[r0:r1], w.t(), out_dtype=torch.float32, out=out[r0:r1])
+    return out
 
 
 # -- MoE as grouped GEMMs ------------------------------------------------------------------------
@@ -984,7 +1032,7 @@ class Prefill:
         """h bf16 [T, H] through layer i's stacked [q; k; v] -> bf16 [T, Q + 2·KV]."""
         parts = self.qkv[i]
         if len(parts) == 1:
-            return F.linear(h, parts[0])
+            return linear_rows(h, parts[0])
         codes, scales, row_s2 = parts
         ahead, self._qkv_next = self._qkv_next, None
         wu = ahead[1] if ahead is not None and ahead[0] == i else None

@@ -27,9 +27,13 @@ from flint_graph.reference import ReferenceModel
 from flint_graph.checkpoints.weights import FlintWeights
 
 KV_MEMORY_FRACTION = 0.8  # of the free GPU memory after weights, for the KV cache by default
-# the longest chunk start-up runs once eagerly (`GraphRunner._warm_up_eager`): about 0.1 s at
-# full size on the H200, where a longer one would add start-up time for less and less
-EAGER_WARM_UP_TOKENS = 8192
+# the longest chunk start-up runs once eagerly (`GraphRunner._warm_up_eager`): ~0.25 s at full
+# size on the H200. 16K rather than 8K: the caching allocator serves a later chunk from the
+# warm-up's freed segments only if it is no larger (after an 8,192-token warm-up the first
+# 8,570-token request still made 20 cudaMallocs, 2.3 ms, on the H100; 2026-12-05, perf log),
+# and 8K-16K tokens is where most long prompts fall; a longer one would add start-up time for
+# less and less
+EAGER_WARM_UP_TOKENS = 16384
 
 
 def kv_tokens_for(cfg: FlintConfig, num_slots: int, max_context: int | None,
@@ -151,7 +155,8 @@ class GraphRunner:
         overwrites it), as a prompt of more than 4,096 tokens will: such a chunk runs eagerly,
         and its first run pays for what a graph replay never touches: the caching allocator's
         first cudaMalloc of the chunk's activations (~1 GB at 8K tokens, full size) and the
-        cuBLAS and torch kernels loaded on their first use at those shapes. On the H200 the
+        torch kernels loaded on their first use (cuBLAS's per-shape work is left out by
+        running an eager chunk's GEMMs in `prefill.gemm_row_windows`). On the H200 the
         first 8K-token request after start-up took 176-189 ms against 124-133 ms for the same
         prompt later (2026-12-05, issue 21: "the first request after start-up runs at full
         speed"). Up to EAGER_WARM_UP_TOKENS tokens, within the chunk size and the slot's

@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from flint_graph.capture.kv_cache import KVCache, SlotKV
-from flint_graph.capture.prefill import NVFP4Decoder, Prefill, moe_grouped
+from flint_graph.capture import prefill as prefill_mod
+from flint_graph.capture.prefill import (GRAPH_BUCKETS, NVFP4Decoder, Prefill, gemm_row_windows,
+                                       linear_rows, moe_grouped)
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ContextLengthError, InvalidRequestError
 from flint_graph.kernels.toolchain.spec import KV_PAGE
@@ -57,6 +59,53 @@ def test_prefill_matches_the_reference_model(model, prompt, chunk):
     assert _rel(got, want) <= TOL
     assert int(got.argmax()) == int(want.argmax())
     assert cache.layers[0].k[0].isnan().all(), "another slot's ring was written"
+
+
+@pytest.mark.parametrize("t", [1, 15, 4095, 4096, 4097, 4111, 4112, 8192, 8570, 12289, 32768,
+                               100_000])
+def test_gemm_row_windows_cover_the_rows_at_seen_sizes(t):
+    """Every row in some window, windows in order, and above EAGER_GEMM_ROWS each window of
+    EAGER_GEMM_ROWS rows or of a graph bucket's (the M values cuBLAS saw at start-up)."""
+    wins = gemm_row_windows(t)
+    covered = torch.zeros(t, dtype=torch.bool)
+    for r0, r1 in wins:
+        assert 0 <= r0 < r1 <= t
+        covered[r0:r1] = True
+    assert covered.all() and wins[-1][1] == t
+    if t <= prefill_mod.EAGER_GEMM_ROWS:
+        assert wins == [(0, t)]
+        return
+    sizes = {r1 - r0 for r0, r1 in wins}
+    assert sizes <= {prefill_mod.EAGER_GEMM_ROWS, *GRAPH_BUCKETS}
+    tail = t % prefill_mod.EAGER_GEMM_ROWS
+    assert len(wins) == t // prefill_mod.EAGER_GEMM_ROWS + (tail > 0)
+    if tail:  # the last window is the smallest bucket that holds what is left
+        assert wins[-1][1] - wins[-1][0] == min(b for b in GRAPH_BUCKETS if b >= tail)
+
+
+def test_gemm_row_windows_refuse_no_rows():
+    with pytest.raises(ValueError, match="t = 0"):
+        gemm_row_windows(0)
+
+
+def test_linear_rows_equals_one_gemm(monkeypatch):
+    monkeypatch.setattr(prefill_mod, "EAGER_GEMM_ROWS", 64)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(150, 96, generator=g).to(torch.bfloat16)
+    w = torch.randn(40, 96, generator=g).to(torch.bfloat16)
+    assert len(gemm_row_windows(150)) == 3
+    assert _rel(linear_rows(x, w), torch.nn.functional.linear(x, w)) <= 1e-2
+
+
+def test_a_chunk_in_gemm_row_windows_matches_the_reference_model(model, prompt, monkeypatch):
+    """The whole prompt as one chunk whose GEMMs run in windows (EAGER_GEMM_ROWS lowered so
+    that the tiny model's 150 rows take three: 64, 64 and a 32-row bucket ending at row 150)."""
+    monkeypatch.setattr(prefill_mod, "EAGER_GEMM_ROWS", 64)
+    want = model.prefill(model.new_sequence(), prompt, chunk_tokens=64)
+    cache = KVCache(CFG, num_slots=2, max_tokens=PROMPT + 10, device="cpu")
+    got = Prefill(CFG, model.weights, cache, attention="reference").prefill(1, prompt, PROMPT)
+    assert _rel(got, want) <= TOL
+    assert int(got.argmax()) == int(want.argmax())
 
 
 def test_kv_entries_match_the_reference_layout(model, prompt):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-second session's device work, in parts (PARTS, default "tests e2e ttft"):
-#   tests    the sampler's GPU tests and probe (docs/device-queue.md item 1b: the id-order scan
-#            as one helper), the graph engine's and KV reuse's (the pipelined decode)
+#   tests    the sampler's GPU tests and probe, the graph engine's and KV reuse's (the
+#            pipelined decode); GPU_TESTS="FILES [-k …]" runs those instead (no probe)
 #   e2e      tools/probe_decode_e2e.py: end to end per token against the step, pipelined decode
 #            on and off (issue 24 item 4)
 #   ttft     why a process's first request is slower (item 1): tools/ttft_breakdown.py's
@@ -31,9 +31,10 @@ for part in ${PARTS:-tests e2e ttft}; do
   case $part in
   tests)
     timeout "$(lim "${TEST_TIMEOUT:-300}")" python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/test_sample_tokens_gpu.py tests/test_graph_engine_gpu.py tests/test_kv_reuse_gpu.py \
-      2>&1 | tee "$OUT/gpu-tests.log" | tail -6
-    timeout "$(lim 90)" python3 tools/probe_sampler.py --presets full --out "$OUT" 2>&1 | tail -6 ;;
+      ${GPU_TESTS:-tests/test_sample_tokens_gpu.py tests/test_graph_engine_gpu.py \
+      tests/test_kv_reuse_gpu.py} 2>&1 | tee "$OUT/gpu-tests.log" | tail -6
+    [ -z "${GPU_TESTS:-}" ] && timeout "$(lim 90)" python3 tools/probe_sampler.py --presets full \
+      --out "$OUT" 2>&1 | tail -6 ;;
   e2e)
     timeout "$(lim 240)" python3 tools/probe_decode_e2e.py --preset full --formats "$F" --buckets 1,8 \
       --tokens 128 --reps "${E2E_REPS:-3}" --phases --json "$OUT/decode-e2e-$F.json" 2>&1 | grep -v Warning | tail -4 ;;
