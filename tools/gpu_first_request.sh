@@ -30,9 +30,11 @@ for part in ${PARTS:-tests e2e ttft}; do
   if [ "$(lim 40)" -lt 40 ]; then echo "== $part: skipped, $(lim 999) s left"; continue; fi
   case $part in
   tests)
+    # GPU_TESTS is parsed as shell words, so -k 'a or b' keeps its quotes
+    eval "targs=(${GPU_TESTS:-tests/test_sample_tokens_gpu.py tests/test_graph_engine_gpu.py \
+      tests/test_kv_reuse_gpu.py})"
     timeout "$(lim "${TEST_TIMEOUT:-300}")" python3 -m pytest -q -m gpu -p no:cacheprovider \
-      ${GPU_TESTS:-tests/test_sample_tokens_gpu.py tests/test_graph_engine_gpu.py \
-      tests/test_kv_reuse_gpu.py} 2>&1 | tee "$OUT/gpu-tests.log" | tail -6
+      "${targs[@]}" 2>&1 | tee "$OUT/gpu-tests.log" | tail -6
     [ -z "${GPU_TESTS:-}" ] && timeout "$(lim 90)" python3 tools/probe_sampler.py --presets full \
       --out "$OUT" 2>&1 | tail -6 ;;
   e2e)
