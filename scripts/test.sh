@@ -2,7 +2,11 @@
 # Set up a virtual environment from nothing (CPU PyTorch) and run the CPU test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "setting up .venv (one to two minutes on a fresh machine) ..." >&2
+if [ -x .venv/bin/python ]; then
+  echo "checking the packages in .venv ..." >&2
+else
+  echo "setting up .venv (one to two minutes on a fresh machine) ..." >&2
+fi
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
@@ -14,5 +18,6 @@ PYTHONWARNINGS=ignore::UserWarning python -m pip install -q -e ".[test,kernels]"
 # compile of tests/test_kernel_cache.py, are built once); the slowest tests are listed: CI must
 # stay well under 30 min. `-n 0` after other arguments runs in this one process.
 echo "running the CPU tests: one worker compiles every kernel once (~6 min on 2 idle cores, more" \
-  "on a busy machine), so the progress dots slow down for a while; ~10 min in all" >&2
+  "on a busy machine), so the progress dots slow down for a while; ~10 min in all on idle" \
+  "cores, several times that when other work shares them" >&2
 python -m pytest -q -n 2 --dist loadfile --durations=15 "$@"

@@ -736,13 +736,13 @@ def test_hostile_templates_fail_within_a_budget(case):
     from flint_graph.errors import TemplateError
 
     template, word = HOSTILE_TEMPLATES[case]
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(TemplateError) as e:
         render_chat(template, [{"role": "user", "content": "hi"}])
     # a loaded machine (CI beside other jobs) may reach the render budget before a size guard:
     # either is the one TemplateError this test asks for (seen once for "list doubling")
     assert word in str(e.value) or "rendering took more than" in str(e.value), str(e.value)
-    assert time.perf_counter() - t0 < 15, f"{case}: {time.perf_counter() - t0:.1f} s"
+    assert time.process_time() - t0 < 15, f"{case}: {time.process_time() - t0:.1f} s"
 
 
 # A bad-input trial (nineteenth session): a format width asked for a 1 GB string, and the
@@ -795,7 +795,7 @@ def test_templates_asking_for_huge_values_are_refused_before_building_them(case)
     import tracemalloc
 
     tracemalloc.start()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     try:
         with pytest.raises(TemplateError, match="longer than 67,108,864"):
             render_chat(SIZE_BOMBS[case], [{"role": "user", "content": "hi"}])
@@ -803,7 +803,7 @@ def test_templates_asking_for_huge_values_are_refused_before_building_them(case)
     finally:
         tracemalloc.stop()
     assert peak < 100e6, f"{case}: peak {peak / 1e6:.0f} MB"
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 # The second bad-input trial of the same day: routes the size checks above missed, each 1.5 to
@@ -836,13 +836,16 @@ ROUTES_AROUND = {
 @pytest.mark.parametrize("case", list(ROUTES_AROUND))
 def test_routes_around_the_size_checks_are_bounded_too(case):
     """Each is one TemplateError (a size, an item count or the memory one render may add:
-    RENDER_MEMORY) within 5 s and its stated traced peak."""
+    RENDER_MEMORY) within 5 s of this process's CPU time and its stated traced peak. CPU time,
+    not wall time: the bound is on the work a render does before its refusal (these routes took
+    15-40 s), and the slowest case (~0.8 s alone) took 9.2 s of wall time on a 2-core machine
+    running the test suite, chats and another session at once (2026-12-06)."""
     import time
     import tracemalloc
 
     template, mb = ROUTES_AROUND[case]
     tracemalloc.start()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     try:
         with pytest.raises(TemplateError):
             render_chat(template, [{"role": "user", "content": "hi"}])
@@ -850,7 +853,7 @@ def test_routes_around_the_size_checks_are_bounded_too(case):
     finally:
         tracemalloc.stop()
     assert peak < mb * 1e6, f"{case}: peak {peak / 1e6:.0f} MB"
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 def test_a_loop_that_charges_nothing_is_stopped_by_the_watchdog():
@@ -907,9 +910,9 @@ def test_a_template_asking_the_length_in_a_loop_renders_a_long_chat_quickly():
             "{%- endfor %}{%- for m in messages %}{{ m.role ~ ': ' ~ m.content }}{%- endfor %}")
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "w" * 100}
             for i in range(2001)]
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     assert render_chat(loop, msgs)
-    assert time.perf_counter() - t0 < 2
+    assert time.process_time() - t0 < 2
 
 
 ACCUMULATE = ("{% set ns = namespace(p='') %}{% for m in messages %}{% set ns.p = ns.p ~ "
@@ -1032,10 +1035,10 @@ def test_a_long_conversation_renders_quickly_under_the_size_checks():
 
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} " + "w" * 1000}
             for i in range(2000)]
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     out = render_chat(GLM47_CHAT_TEMPLATE, msgs)
     assert len(out) > 2_000_000
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
 
 
 def test_messages_this_server_returns_are_taken_back():

@@ -132,7 +132,7 @@ def test_sizes_past_their_bound_are_refused_before_use(field, value):
     raw[field] = value
     if field == "num_hidden_layers":
         raw["layer_types"] = ["full_attention"] * value
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(ConfigError, match=f"'{field}'.*at most"):
         FlintConfig.from_dict(raw, source="cfg.json")
-    assert time.perf_counter() - t0 < 2
+    assert time.process_time() - t0 < 2

@@ -51,10 +51,10 @@ def _poke(path, at: int, fmt: str, value) -> None:
 
 
 def _refused(path, *words) -> str:
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(CheckpointError) as e:
         read_gguf_metadata(path)
-    assert time.perf_counter() - t0 < 5, "took too long to refuse"
+    assert time.process_time() - t0 < 5, "took too long to refuse"
     msg = str(e.value)
     assert str(path) in msg and all(w in msg for w in words), msg
     assert "\n" not in msg

@@ -869,11 +869,11 @@ def test_schemas_that_expand_exponentially_are_refused_when_declared(params):
 
     from flint_graph.errors import InvalidRequestError
 
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(InvalidRequestError, match="tools\\[0\\] 'f'.*expands to more than.*"
                                                   "a reference cycle under a combinator"):
         tool_schemas([{"type": "function", "function": {"name": "f", "parameters": params}}])
-    assert time.perf_counter() - t0 < 2
+    assert time.process_time() - t0 < 2
 
 
 def test_a_flat_schema_past_the_node_bound_is_not_asked_about_cycles():

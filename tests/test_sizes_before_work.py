@@ -13,11 +13,11 @@ from flint_graph.runtime.sampling import SamplingParams
 
 @pytest.mark.parametrize("size", [16 << 20, 64 << 20])
 def test_a_huge_message_is_refused_before_tokenising(tiny_llm, size):
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(ContextLengthError, match=r"characters cannot fit the context limit of "
                                                  r"4,096 tokens"):
         tiny_llm.chat([{"role": "user", "content": "x" * size}])
-    assert time.perf_counter() - t0 < 10
+    assert time.process_time() - t0 < 10
 
 
 def test_a_huge_raw_prompt_is_refused_before_tokenising(tiny_llm):
@@ -37,12 +37,12 @@ def test_the_bound_never_refuses_a_prompt_that_fits(tiny_llm):
 def test_tools_from_an_endless_file_are_refused(capsys, tiny_ckpt):
     from flint_graph.cli import main
 
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     code = main(["generate", str(tiny_ckpt), "--prompt", "hi", "--tools", "/dev/zero",
                  "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 2 and "/dev/zero" in err and "MiB" in err, err
-    assert time.perf_counter() - t0 < 20
+    assert time.process_time() - t0 < 20
 
 
 @pytest.mark.parametrize("argv_of", [
@@ -71,9 +71,9 @@ def test_json_inputs_are_refused_by_kind_and_size_before_parsing(capsys, tmp_pat
     else:
         f = str(tmp_path / "big.json")
         (tmp_path / "big.json").write_text('{"n": ' + "7" * 5000 + "}")
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     code = main([str(a) for a in argv_of(f)])
     err = capsys.readouterr().err
     assert code == 2 and f in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
-    assert time.perf_counter() - t0 < 20
+    assert time.process_time() - t0 < 20
