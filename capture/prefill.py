@@ -142,28 +142,34 @@ W4A16_WG_NT_LARGE = 128
 # A chunk above the largest prefill graph runs eagerly, and cuBLAS does host work the first
 # time it sees a GEMM shape (its heuristics, per M): on the H100 the first 8,570-token NVFP4
 # request spent 7.7 ms more host time in `addmm` and 2.2 ms more in `mm` than the same request
-# later (2026-12-05, perf log), while the GPU waited at the chunk's start. So an eager chunk's
-# cuBLAS GEMMs run in row windows of EAGER_GEMM_ROWS and one final window of a graph bucket's
-# size (`gemm_row_windows`): every M cuBLAS sees is one the graph captures and the start-up
-# warm-up already ran, whatever the prompt's length.
+# later (2026-12-05, perf log), while the GPU waited at the chunk's start; and since prompts
+# rarely repeat a length, a long prompt would pay it nearly every time. So an eager chunk of
+# more than EAGER_GEMM_ROWS rows runs each cuBLAS GEMM in row windows of the GEMM_WINDOWS sizes
+# (largest first) and one last window of a graph bucket's size (`gemm_row_windows`): every M
+# cuBLAS sees is one the prefill graphs' capture or the start-up warm-up (16K tokens: two 8K
+# windows) already ran, whatever the prompt's length.
 EAGER_GEMM_ROWS = 4096
+GEMM_WINDOWS = (8192, 4096)
 
 
 def gemm_row_windows(t: int) -> list[tuple[int, int]]:
     """Row windows (start, end) covering rows 0 … t−1 of an eager chunk's GEMMs: [(0, t)] up
-    to EAGER_GEMM_ROWS rows, else windows of EAGER_GEMM_ROWS rows and, for the rest, one
-    window of the smallest GRAPH_BUCKETS size that holds it, ending at row t (it overlaps the
-    window before by fewer rows than that bucket; those rows are computed twice, alike).
-    Raises ValueError for t < 1."""
+    to EAGER_GEMM_ROWS rows, else as many windows of each GEMM_WINDOWS size as fit (largest
+    first) and, for the rest, one window of the smallest GRAPH_BUCKETS size that holds it,
+    ending at row t (it overlaps the window before by fewer rows than that bucket; those rows
+    are computed twice, alike). Raises ValueError for t < 1."""
     if t < 1:
         raise ValueError(f"t = {t}: expected a row count >= 1")
     if t <= EAGER_GEMM_ROWS:
         return [(0, t)]
-    whole = t // EAGER_GEMM_ROWS * EAGER_GEMM_ROWS
-    wins = [(r, r + EAGER_GEMM_ROWS) for r in range(0, whole, EAGER_GEMM_ROWS)]
-    if whole < t:
-        b = next(b for b in GRAPH_BUCKETS if b >= t - whole)
-        wins.append((t - b, t))
+    wins, r = [], 0
+    for size in GEMM_WINDOWS:
+        while t - r >= size:
+            wins.append((r, r + size))
+            r += size
+    if r < t:
+        b = next(b for b in GRAPH_BUCKETS if b >= t - r)
+        wins.append((max(0, t - b), t))
     return wins
 
 

@@ -61,11 +61,12 @@ def test_prefill_matches_the_reference_model(model, prompt, chunk):
     assert cache.layers[0].k[0].isnan().all(), "another slot's ring was written"
 
 
-@pytest.mark.parametrize("t", [1, 15, 4095, 4096, 4097, 4111, 4112, 8192, 8570, 12289, 32768,
-                               100_000])
+@pytest.mark.parametrize("t", [1, 15, 4095, 4096, 4097, 4111, 4112, 8191, 8192, 8570, 12288,
+                               12289, 16384, 32768, 100_000])
 def test_gemm_row_windows_cover_the_rows_at_seen_sizes(t):
-    """Every row in some window, windows in order, and above EAGER_GEMM_ROWS each window of
-    EAGER_GEMM_ROWS rows or of a graph bucket's (the M values cuBLAS saw at start-up)."""
+    """Every row in some window, windows in order, and above EAGER_GEMM_ROWS each window of a
+    GEMM_WINDOWS size (largest first, back to back from row 0) but the last, which is a graph
+    bucket's size ending at row t: the M values cuBLAS saw at start-up."""
     wins = gemm_row_windows(t)
     covered = torch.zeros(t, dtype=torch.bool)
     for r0, r1 in wins:
@@ -75,12 +76,21 @@ def test_gemm_row_windows_cover_the_rows_at_seen_sizes(t):
     if t <= prefill_mod.EAGER_GEMM_ROWS:
         assert wins == [(0, t)]
         return
-    sizes = {r1 - r0 for r0, r1 in wins}
-    assert sizes <= {prefill_mod.EAGER_GEMM_ROWS, *GRAPH_BUCKETS}
-    tail = t % prefill_mod.EAGER_GEMM_ROWS
-    assert len(wins) == t // prefill_mod.EAGER_GEMM_ROWS + (tail > 0)
-    if tail:  # the last window is the smallest bucket that holds what is left
-        assert wins[-1][1] - wins[-1][0] == min(b for b in GRAPH_BUCKETS if b >= tail)
+    sizes = [r1 - r0 for r0, r1 in wins]
+    whole, end = [], 0  # the back-to-back windows from row 0
+    for r0, r1 in wins:
+        if r0 != end or r1 - r0 not in prefill_mod.GEMM_WINDOWS:
+            break
+        whole.append(r1 - r0)
+        end = r1
+    assert whole == sorted(whole, reverse=True)
+    rest = t - sum(whole)
+    assert rest < min(prefill_mod.GEMM_WINDOWS)
+    if rest:  # the last window is the smallest bucket that holds what is left
+        assert len(sizes) == len(whole) + 1
+        assert sizes[-1] == min(b for b in GRAPH_BUCKETS if b >= rest)
+    else:
+        assert len(sizes) == len(whole)
 
 
 def test_gemm_row_windows_refuse_no_rows():
@@ -90,6 +100,7 @@ def test_gemm_row_windows_refuse_no_rows():
 
 def test_linear_rows_equals_one_gemm(monkeypatch):
     monkeypatch.setattr(prefill_mod, "EAGER_GEMM_ROWS", 64)
+    monkeypatch.setattr(prefill_mod, "GEMM_WINDOWS", (64,))
     g = torch.Generator().manual_seed(5)
     x = torch.randn(150, 96, generator=g).to(torch.bfloat16)
     w = torch.randn(40, 96, generator=g).to(torch.bfloat16)
@@ -101,6 +112,7 @@ def test_a_chunk_in_gemm_row_windows_matches_the_reference_model(model, prompt, 
     """The whole prompt as one chunk whose GEMMs run in windows (EAGER_GEMM_ROWS lowered so
     that the tiny model's 150 rows take three: 64, 64 and a 32-row bucket ending at row 150)."""
     monkeypatch.setattr(prefill_mod, "EAGER_GEMM_ROWS", 64)
+    monkeypatch.setattr(prefill_mod, "GEMM_WINDOWS", (64,))
     want = model.prefill(model.new_sequence(), prompt, chunk_tokens=64)
     cache = KVCache(CFG, num_slots=2, max_tokens=PROMPT + 10, device="cpu")
     got = Prefill(CFG, model.weights, cache, attention="reference").prefill(1, prompt, PROMPT)
