@@ -186,26 +186,6 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def kv_rows(block: torch.Tensor, entry: torch.Tensor, heads: torch.Tensor,
-            entries: int) -> torch.Tensor:
-    """Rows of a cache [NB, Hkv, P, D] viewed as [NB·Hkv·P, D] that a chunk's K or V rows go
-    to: block (slot or page) and entry int64 [T] per token, heads int64 [Hkv] (0 … Hkv − 1),
-    P = `entries` -> int64 [T·Hkv], token-major as k bf16 [T, Hkv, D] flattens."""
-    return ((block[:, None] * heads.numel() + heads) * entries + entry[:, None]).reshape(-1)
-
-
-def write_kv_rows(cache: torch.Tensor, rows: torch.Tensor, x: torch.Tensor) -> None:
-    """cache[NB, Hkv, P, D] (contiguous) ← x bf16 [T, Hkv, D] at `kv_rows`' rows, bit for bit.
-    Each row of D bf16 moves as D/4 int64 words where D allows: torch's indexed writes run a
-    thread per element, and `cache[where, :, entry] = x` took ~54 µs per call at 8K tokens on
-    the H200 (2 × 49 calls a chunk: 4.9 ms, perf log thirteenth session) for 8 MB."""
-    d = cache.shape[-1]
-    dst, src = cache.view(-1, d), x.reshape(-1, d)
-    if d % 4 == 0:
-        dst, src = dst.view(torch.int64), src.view(torch.int64)
-    dst.index_copy_(0, rows, src)
-
-
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
 
 
@@ -558,7 +538,6 @@ class Prefill:
         self._snap_at = torch.full((1,), -1, dtype=torch.int64, device=dev)
         self._pages = torch.zeros(kv.pages_per_slot, dtype=torch.int32, device=dev)
         self._rows = torch.arange(max(GRAPH_BUCKETS), device=dev)
-        self._heads = torch.arange(cfg.num_key_value_heads, device=dev)  # `kv_rows`
         self._h_last = torch.zeros(1, cfg.hidden_size, dtype=BF16, device=dev)
         self._start_host = 0  # the same start for the host-side gathers of "sdpa"/"reference"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -964,9 +943,7 @@ class Prefill:
             self._shared_sched = self._shared_schedule(tb)
         pps, scratch = self.kv.pages_per_slot, self.kv.scratch
         page = self._pages.long()[(pos // KV_PAGE).clamp_(max=pps - 1)]
-        heads = self._heads
-        self._dst = {False: kv_rows(torch.where(valid, page, scratch * pps), pos % KV_PAGE,
-                                    heads, KV_PAGE)}
+        self._dst = {False: (torch.where(valid, page, scratch * pps), pos % KV_PAGE)}
         w = self.cfg.sliding_window
         if w:
             keep = valid & (rows >= self._valid - w)
@@ -975,8 +952,7 @@ class Prefill:
             at = self._snap_at
             snap = valid & ~keep & (pos < at) & (pos >= at - w)
             other = scratch + snap.long() * (self.kv.snapshot_slot - scratch)
-            self._dst[True] = kv_rows(torch.where(keep, self._slot.long(), other), pos % w,
-                                      heads, w)
+            self._dst[True] = (torch.where(keep, self._slot.long(), other), pos % w)
         return pos
 
     def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor,
@@ -1359,10 +1335,10 @@ class Prefill:
             sinks = self.w.layers[i].sinks if cfg.attention_sinks else None
             fn = sdpa_attention if self.attention == "sdpa" else reference.attention
             out = fn(q, k_all, v_all, pos, k_pos, sinks, window).reshape(q.shape[0], -1)
-        dst = self._dst[bool(kv.ring)]
+        where, entry = self._dst[bool(kv.ring)]
         with self.side.fork():  # nothing before the next chunk reads it
-            write_kv_rows(kv.k, dst, k)
-            write_kv_rows(kv.v, dst, v)
+            kv.k[where, :, entry] = k
+            kv.v[where, :, entry] = v
         return out
 
     def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
