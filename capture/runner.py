@@ -28,11 +28,11 @@ from flint_graph.checkpoints.weights import FlintWeights
 
 KV_MEMORY_FRACTION = 0.8  # of the free GPU memory after weights, for the KV cache by default
 # the longest chunk start-up runs once eagerly (`GraphRunner._warm_up_eager`): ~0.25 s at full
-# size on the H200. 16K rather than 8K: the caching allocator serves a later chunk from the
-# warm-up's freed segments only if it is no larger (after an 8,192-token warm-up the first
-# 8,570-token request still made 20 cudaMallocs, 2.3 ms, on the H100; 2026-12-05, perf log),
-# and 8K-16K tokens is where most long prompts fall; a longer one would add start-up time for
-# less and less
+# size on the H200. 16K rather than 8K: it runs cuBLAS at M = 8,192 (the largest of
+# `prefill.gemm_row_windows`' sizes, which the graphs never use), and the caching allocator
+# serves a later chunk from the warm-up's freed segments only if it is no larger (after an
+# 8,192-token warm-up the first 8,570-token request made 20 cudaMallocs, 2.3 ms, on the H100;
+# 2026-12-05, perf log); a longer one would add start-up time for less and less
 EAGER_WARM_UP_TOKENS = 16384
 
 
