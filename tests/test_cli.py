@@ -716,6 +716,36 @@ def test_save_never_replaces_a_transcript_it_would_lose_messages_of(tmp_path, la
     assert json.loads(path.read_text())["messages"] == first
 
 
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("before, now", [([TOOL], None), (None, [TOOL]),
+                                          ([TOOL], [TOOL, {**TOOL, "function": {"name": "b"}}])],
+                         ids=["tools-dropped", "tools-added", "tools-changed"])
+def test_save_never_replaces_a_transcript_of_a_chat_with_other_tools(tmp_path, before, now):
+    """Bad-input trial (2026-12-06): `Hi` then `/save tt.json` in a chat with --tools, then the
+    same in a chat without tools, replaced the file and dropped its 4 tools. The tools are part
+    of the conversation: a transcript is replaced only by one declaring the same tools."""
+    path = tmp_path / "tt.json"
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    save_transcript(path, msgs, tools=before)
+    kept = path.read_text()
+    with pytest.raises(FlintError, match="a chat with other tools"):
+        save_transcript(path, msgs, tools=now)
+    assert path.read_text() == kept
+    replaced = []
+    save_transcript(path, msgs + [{"role": "user", "content": "more"}], replaced, tools=before)
+    assert replaced == [True]  # the same tools, grown: still replaced
+
+
+def test_save_never_replaces_a_file_whose_tools_are_not_a_list(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"messages": [], "tools": 5}')
+    with pytest.raises(FlintError, match="not a chat transcript"):
+        save_transcript(path, [{"role": "user", "content": "hi"}])
+    assert path.read_text() == '{"messages": [], "tools": 5}'
+
+
 def test_huge_tool_definitions_are_named_not_the_prompt(tiny_llm):
     """A short message with a huge tool description: the error says the tool definitions are
     what does not fit (bad-input trial: it blamed a 2-character prompt)."""

@@ -55,17 +55,19 @@ HELP_LONG = (
 TRANSCRIPT_CHECK_BYTES = 256 << 20  # larger files are not read to decide (and are not replaced)
 
 
-def _saved_messages(path: Path) -> list | None:
-    """The "messages" list of what save_transcript wrote at `path`, or None when the file is
-    not such a transcript (or too large to check)."""
+def _saved_transcript(path: Path) -> tuple[list, list] | None:
+    """(messages, tools) of what save_transcript wrote at `path` (tools [] when none were
+    declared), or None when the file is not such a transcript (or too large to check)."""
     try:
         if path.stat().st_size > TRANSCRIPT_CHECK_BYTES:
             return None
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return obj["messages"] if isinstance(obj, dict) and isinstance(obj.get("messages"),
-                                                                    list) else None
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
+        return None
+    tools = obj.get("tools", [])
+    return (obj["messages"], tools) if isinstance(tools, list) else None
 
 
 def queued_line(stream) -> str | None:
@@ -130,9 +132,9 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
     `openai_messages`; with `tools`, the declared tools beside them, as a chat request carries
     them, so the transcript replays as it ran) (same-directory temp file, then rename);
     appends True to `replaced` when an existing transcript was overwritten. An existing
-    transcript is replaced only by one that begins with all its messages (the same
-    conversation, saved again as it grew), so no saved message is ever lost; any other
-    existing file, or transcript, is refused (FlintError), never replaced.
+    transcript is replaced only by one that begins with all its messages and declares the same
+    tools (the same conversation, saved again as it grew), so no saved message or tool is ever
+    lost; any other existing file, or transcript, is refused (FlintError), never replaced.
 
     Raises FlintError naming the path if the directory does not exist or is not writable, or
     the name cannot be a file there (too long, a symlink loop, a directory): every such case
@@ -158,17 +160,23 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
         if tools:
             record["tools"] = tools
         text = json.dumps(record, ensure_ascii=False, indent=2)
-        saved = _saved_messages(path) if existed else []
-        saved = None if saved is None else openai_messages(saved)
-        if saved is None:
+        found = _saved_transcript(path) if existed else ([], [])
+        if found is None:
             # /save replaces only its own files: anything else there is the user's data
             raise FlintError(f"{path}: exists and is not a chat transcript; choose another "
                              "name, or delete it first")
+        saved, saved_tools = openai_messages(found[0]), found[1]
         if json.loads(text)["messages"][:len(saved)] != saved:
             # another conversation (or this one after /reset): replacing it would lose it
             raise FlintError(f"{path}: holds a transcript of {len(saved)} messages that this "
                              f"chat's {len(messages)} do not begin with; choose another name, "
                              "or delete it first")
+        if existed and json.loads(text).get("tools", []) != saved_tools:
+            # the same messages under other declared tools are another conversation: the
+            # tools are part of what the model saw (a bad-input trial, 2026-12-06)
+            raise FlintError(f"{path}: holds a transcript of a chat with other tools "
+                             f"({len(saved_tools)} declared there, {len(tools or [])} here); "
+                             "choose another name, or delete it first")
         mode = path.stat().st_mode & 0o777 if existed else 0o644
     except (OSError, RuntimeError) as e:  # ENAMETOOLONG, ELOOP; RuntimeError: a symlink loop
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
