@@ -22,6 +22,7 @@ from flint_graph.paths import cache_root
 GGUF_NAME = "model-nvfp4.gguf"
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 MARKER = ".flint-nano.json"
+UNPACKED_MB = 45  # the unpacked directory: the GGUF, its BF16 safetensors and side files (~42 MB)
 
 
 def packaged_dir() -> Path:
@@ -65,9 +66,11 @@ def ensure_nano_checkpoint(progress: bool = True, fresh: bool = False) -> Path:
     # one line even past 80 columns: the path is for copying (a pipe must not break it)
     Console(stderr=True, soft_wrap=True).print(
         f"flint-graph: unpacking flint-nano into {out}" + ("" if fresh else " (once)"))
+    from safetensors import SafetensorError
+
     try:
         _build(src, out, digest, progress)
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error
         if not _complete(out, digest):  # else another process finished it
             # HOME set to a file said "[Errno 20] Not a directory: '...partial-13997'"
             above = next((a for a in out.parents if os.path.lexists(a)), None)
@@ -75,7 +78,8 @@ def ensure_nano_checkpoint(progress: bool = True, fresh: bool = False) -> Path:
                    "FLINT_GRAPH_CACHE, else XDG_CACHE_HOME, else HOME/.cache)"
                    if above is not None and not above.is_dir() else f" ({e})")
             raise CheckpointError(f"{out}: cannot unpack flint-nano{why}; set "
-                                  "FLINT_GRAPH_CACHE to a writable directory") from None
+                                  "FLINT_GRAPH_CACHE to a writable directory with "
+                                  f"{UNPACKED_MB} MB free") from None
     return out
 
 
@@ -97,12 +101,19 @@ def _build(src: Path, out: Path, digest: str, progress: bool) -> None:
     tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name in (GGUF_NAME, *SIDE_FILES):
-        shutil.copyfile(src / name, tmp / name)
-    ck = load_checkpoint(tmp / GGUF_NAME, tmp, "cpu", progress)
-    write_safetensors(tmp, ck.cfg, ck.weights, progress=progress)
-    files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-    (tmp / MARKER).write_text(json.dumps({"package_sha256": digest, "files": files}, indent=1))
+    try:
+        for name in (GGUF_NAME, *SIDE_FILES):
+            shutil.copyfile(src / name, tmp / name)
+        ck = load_checkpoint(tmp / GGUF_NAME, tmp, "cpu", progress)
+        write_safetensors(tmp, ck.cfg, ck.weights, progress=progress)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        (tmp / MARKER).write_text(json.dumps({"package_sha256": digest, "files": files},
+                                             indent=1))
+    except BaseException:
+        # a full disk (or Ctrl-C) half-way: the partial copy would stay behind and keep the
+        # disk full (a bad-input trial, 2026-12-06: 12 MB, then 8 MB more, never removed)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if _complete(out, digest):  # another process finished first: keep its copy
         shutil.rmtree(tmp, ignore_errors=True)
         return

@@ -146,3 +146,26 @@ def test_damaged_side_files_of_the_default_are_unpacked_again(packaged, capsys, 
     err = capsys.readouterr().err
     assert "did not load" in err and "unpacking it again" in err
     assert llm.generate(["hi"], SamplingParams(max_tokens=2))[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("error", ["oserror", "safetensors"])
+def test_a_full_disk_while_unpacking_leaves_nothing_and_names_the_path(packaged, monkeypatch,
+                                                                       error):
+    """A bad-input trial (2026-12-06, the cache on a 20 MB tmpfs): each first run left its
+    `.partial-<pid>` directory behind (12 MB, then 8 MB: the disk stayed full) and the first
+    said only `internal error: SafetensorError: ... No space left on device`."""
+    from safetensors import SafetensorError
+
+    from flint_graph.checkpoints import hf_checkpoint
+
+    def full_disk(*a, **k):
+        if error == "oserror":
+            raise OSError(28, "No space left on device")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device")
+
+    monkeypatch.setattr(hf_checkpoint, "write_safetensors", full_disk)
+    with pytest.raises(CheckpointError, match=r"cannot unpack flint-nano .*No space left.*"
+                                              r"writable directory with \d+ MB free"):
+        embedded.ensure_nano_checkpoint(progress=False)
+    cache = embedded.cache_root()
+    assert not cache.exists() or list(cache.iterdir()) == []  # no partial directory left
