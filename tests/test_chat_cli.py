@@ -612,3 +612,33 @@ def test_a_refusal_without_tools_gets_generates_note_once(monkeypatch):
     ChatSession(FakeLLM("A tool request.", refusal), SamplingParams(max_tokens=6),
                 tools=[{"type": "function", "function": {"name": "f"}}], console=console).run()
     assert "note: the model declined" not in console.file.getvalue()  # tools were declared
+
+
+def test_read_line_capped_drops_a_long_line_whole():
+    from flint_graph.terminal.chat_cli import read_line_capped
+
+    stream = io.StringIO("short\r\n" + "x" * 5000 + "\nnext\nlast")
+    assert read_line_capped(stream, 100) == "short"
+    assert read_line_capped(stream, 100) is None  # read to its end, not kept
+    assert read_line_capped(stream, 100) == "next"
+    assert read_line_capped(stream, 100) == "last"
+    with pytest.raises(EOFError):
+        read_line_capped(stream, 100)
+
+
+def test_a_piped_line_past_the_cap_is_dropped_and_the_chat_goes_on(tiny_llm, monkeypatch,
+                                                                   capsys):
+    """A bad-input trial (2026-12-06): `head -c 1500000000 /dev/zero | tr '\\0' a | flint-graph
+    chat` held 3.3 GB (input() reads a line whole) before the size check refused it. A piped
+    line is now read up to PIPED_LINE_MAX_CHARS; a longer one is read past and reported."""
+    from flint_graph.terminal import chat_cli
+
+    monkeypatch.setattr(chat_cli, "PIPED_LINE_MAX_CHARS", 100)
+    stdin = io.TextIOWrapper(io.BytesIO(b"a" * 5000 + b"\n/help\n/exit\n"), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    s = ChatSession(tiny_llm, SamplingParams(max_tokens=6, seed=0))
+    assert s.run() == 0
+    out = capsys.readouterr().out
+    assert "that line holds more than 100 characters" in out and "it was not sent" in out
+    assert "/reset" in out  # /help after it still ran
+    assert s.messages == [] and "a" * 200 not in out

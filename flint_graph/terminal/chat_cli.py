@@ -39,6 +39,9 @@ HELP = ('""" starts and ends a message of several lines · '
         "/reasoning  show the last reasoning · /exit  quit (or /quit, Ctrl-D)")
 ECHO_CHARS = 2000  # of a piped line printed back after its prompt (the rest is counted)
 ECHO_LINES = 20  # of a piped """ message printed back (the rest is counted)
+# the longest piped line read (characters): far above what the largest context holds (the
+# exact check by the model's context follows), as `generate` caps its stdin at 64 MiB
+PIPED_LINE_MAX_CHARS = 64 << 20
 FENCE = '"""'  # a message of several lines is fenced by it, as in ollama's terminal chat
 # /help: every command and key, one a line (the banner's HELP is the one-line reminder)
 HELP_LONG = (
@@ -227,6 +230,10 @@ class ChatSession:
         # reads the real stdin and it is not a terminal)
         self.echo_input = (console is None and not sys.stdin.isatty()) if echo_input is None \
             else echo_input
+        if console is None and not sys.stdin.isatty():
+            # input() reads a line of any length whole: `head -c 1500000000 /dev/zero | tr
+            # '\0' a | flint-graph chat` held 3.3 GB before the size check (a bad-input trial)
+            self.console.input = self._piped_line  # type: ignore[method-assign]
         self.messages: list[dict[str, Any]] = []
         self.last_reasoning = ""
         self.reset()
@@ -274,6 +281,21 @@ class ChatSession:
             self.messages.append({"role": "user", "content": line})
             if self.answer() == "exit":
                 return 0
+
+    def _piped_line(self, prompt: str = "") -> str:
+        """`Console.input` for a stdin that is not a terminal: prints `prompt`, then reads one
+        line of at most PIPED_LINE_MAX_CHARS characters. A longer one is read to its end
+        without being kept, reported, and comes back as "" (nothing is sent; the chat goes
+        on). Raises EOFError at the end of the input, as input() does."""
+        if prompt:
+            self.console.print(prompt, end="")
+        line = read_line_capped(sys.stdin, PIPED_LINE_MAX_CHARS)
+        if line is None:
+            self.console.print(f"\n[yellow]that line holds more than "
+                               f"{PIPED_LINE_MAX_CHARS:,} characters, more than any model's "
+                               "context: it was not sent[/]")
+            return ""
+        return line
 
     def _ask(self, prompt: str, echo: bool = True) -> str:
         """One line of input after `prompt` (rich markup). Piped input is not echoed by a
@@ -581,6 +603,21 @@ MESSAGE_TOO_LONG = ("that message alone does not fit the model's context (the co
 MESSAGE_AND_TOOLS_TOO_LONG = ("that message and the tool definitions do not fit the model's "
                               "context together: shorten the message, or use fewer or shorter "
                               "tools (--tools)")
+
+
+def read_line_capped(stream, most: int) -> str | None:
+    """One line of the text `stream` without its line end, or None when it holds more than
+    `most` characters (the rest of that line is then read in 1 MiB parts and dropped, so at
+    most `most` + 1 MiB characters are held). Raises EOFError at the end of the input."""
+    line = stream.readline(most + 1)
+    if not line:
+        raise EOFError
+    if len(line) > most and not line.endswith("\n"):
+        while True:
+            part = stream.readline(1 << 20)
+            if not part or part.endswith("\n"):
+                return None
+    return line.removesuffix("\n").removesuffix("\r")
 
 
 def _read_bad_bytes_as_surrogates() -> None:
