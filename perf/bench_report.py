@@ -132,8 +132,11 @@ def read_json(path, schema: str, versions=VERSIONS) -> dict:
     found = data.get("schema") if isinstance(data, dict) else None
     if found != schema:
         what = (f"a JSON {type(data).__name__}, not an object" if not isinstance(data, dict)
-                else f"schema {found!r}" if found else 'no "schema" field')
-        hint = f" (this file is from {WRITER[found]})" if found in WRITER else ""
+                else f"schema {found!r}" if "schema" in data else 'no "schema" field')
+        # a schema that is no string (a list, an object) cannot be looked up: it was
+        # "internal error: TypeError: unhashable type" (a bad-input trial, 2026-12-06)
+        hint = (f" (this file is from {WRITER[found]})"
+                if isinstance(found, str) and found in WRITER else "")
         raise InvalidRequestError(f"{p}: {what}{hint}; expected {want}")
     version = data.get("version")
     if isinstance(version, bool) or version not in versions:

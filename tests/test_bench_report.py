@@ -311,3 +311,16 @@ def test_huge_figures_print_as_powers_of_ten():
     assert [br.num(1e308, 1, " µs"), br.num(10**400), br.num(-10**13), br.num(12.345),
             br.num(4096), br.num(0.001234)] == [
         "1.000e+308 µs", "1.000e+400", "-1.000e+13", "12.35", "4096", "0.00123"]
+
+
+@pytest.mark.parametrize("schema", [[], {}, 3, None])
+def test_a_schema_field_of_another_type_is_named_not_a_crash(tmp_path, schema):
+    """A bad-input trial (2026-12-06): `bench --compare` of a file whose "schema" was a list
+    or an object was `internal error: TypeError: unhashable type`."""
+    from flint_graph.perf.bench_report import read_json
+
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"schema": schema, "version": 1}))
+    with pytest.raises(InvalidRequestError,
+                       match=r"b\.json: schema .*; expected a flint-graph-bench JSON"):
+        read_json(path, "flint-graph-bench")
