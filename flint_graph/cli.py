@@ -16,6 +16,7 @@ and the console script reaches `main` within a millisecond or so.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
@@ -38,9 +39,19 @@ EXIT_INTERRUPTED = 130
 INTERRUPTED = "flint-graph: interrupted"
 
 
+# a write that failed for the machine's state, not ours: no space, over quota, an I/O error
+OUTPUT_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `flint-graph` console script; returns the exit code."""
     previous = None
+    if sys.stderr is None:  # `2>&-`: its messages go nowhere, as asked (input() needs one)
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:  # `>&-`: an answer would be lost after all the work
+        print("flint-graph: error: standard output is closed; redirect it to a file or "
+              "/dev/null", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         previous = _exit_on_sigint()  # first statement: Ctrl-C from here on ends cleanly
         t_entry = time.perf_counter()  # bench measures cold start from here
@@ -75,14 +86,27 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `flint-graph generate ... | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:
+        if e.errno not in OUTPUT_FULL_ERRNOS or os.environ.get("FLINT_GRAPH_DEBUG"):
+            return _internal_error(e)
+        # `> /dev/full`, a full disk or quota: the machine's state, not a bug (it was
+        # "internal error: OSError", a bad-input trial of 2026-12-06)
+        where = f" {e.filename}" if e.filename else " the output (standard output or a file)"
+        print(f"flint-graph: error: cannot write{where}: {e.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except Exception as e:  # a bug of ours: still one line unless asked for the traceback
-        if os.environ.get("FLINT_GRAPH_DEBUG"):
-            raise
-        print(f"flint-graph: internal error: {type(e).__name__}: {terminal_safe(str(e))} "
-              "(set FLINT_GRAPH_DEBUG=1 for the traceback)", file=sys.stderr)
-        return 1
+        return _internal_error(e)
     finally:
         _restore_sigint(previous)
+
+
+def _internal_error(e: Exception) -> int:
+    """One line for a bug of ours (the traceback with FLINT_GRAPH_DEBUG=1); exit code 1."""
+    if os.environ.get("FLINT_GRAPH_DEBUG"):
+        raise e
+    print(f"flint-graph: internal error: {type(e).__name__}: {terminal_safe(str(e))} "
+          "(set FLINT_GRAPH_DEBUG=1 for the traceback)", file=sys.stderr)
+    return 1
 
 
 def terminal_safe(text: str) -> str:

@@ -154,3 +154,32 @@ def test_save_under_a_file_says_it_is_a_file(tmp_path):
         save_transcript(tmp_path / "ok.json" / "x", [])
     with pytest.raises(FlintError, match="does not exist"):
         save_transcript(tmp_path / "nodir" / "x", [])
+
+
+@pytest.mark.parametrize("err, words", [
+    (OSError(28, "No space left on device"), "cannot write the output (standard output or a "
+                                             "file): No space left on device"),
+    (OSError(5, "Input/output error", "/mnt/x/report.json"),
+     "cannot write /mnt/x/report.json: Input/output error")])
+def test_a_full_output_is_an_error_not_an_internal_one(capsys, monkeypatch, err, words):
+    """A bad-input trial (2026-12-06): `generate > /dev/full` (and a full disk under --json)
+    ended with `internal error: OSError: [Errno 28] No space left on device`, exit 1."""
+    from flint_graph import cli
+
+    def fails(args):
+        raise err
+
+    monkeypatch.setitem(cli.COMMANDS, "generate", (fails, ()))
+    code = main(["generate", "--prompt", "hi"])
+    out = capsys.readouterr().err
+    assert code == 2 and f"flint-graph: error: {words}" in out and "internal" not in out, out
+
+
+def test_a_closed_stdout_is_refused_before_any_work(capsys, monkeypatch):
+    """`generate --prompt Hi >&-` was `AttributeError: 'NoneType' object has no attribute
+    'write'` after the whole run; a closed stderr (`2>&-`) now discards the messages."""
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["generate", "--prompt", "hi"]) == 2
+    assert "standard output is closed" in capsys.readouterr().err
