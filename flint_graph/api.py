@@ -12,6 +12,7 @@ ConfigError, InvalidRequestError, ContextLengthError, TemplateError) naming what
 from __future__ import annotations
 
 import functools
+import numbers
 import json
 import sys
 import threading
@@ -267,8 +268,11 @@ class LLM:
             raise InvalidRequestError("prompts: expected at least one prompt, got an empty list")
         if isinstance(prompts, str):
             prompts = [prompts]
-        elif isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int):
-            prompts = [list(prompts)]  # one prompt of ids (a tuple of ids too, not 3 prompts)
+        elif (isinstance(prompts, (list, tuple)) and prompts
+              and isinstance(prompts[0], numbers.Integral)):
+            # one prompt of ids (a tuple of ids too, not 3 prompts; numpy ids as well: a list
+            # of np.int64 was "expected text or a list of token ids, found int64")
+            prompts = [list(prompts)]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise InvalidRequestError(f"prompts: expected a string, a list of strings or a list "
                                       f"of token-id lists, found {type(prompts).__name__}")

@@ -532,6 +532,10 @@ def test_numpy_values_are_taken_where_python_numbers_are(tiny_llm):
     (b,) = tiny_llm.generate([[5, 6, 7]], params)
     assert a.token_ids == b.token_ids and a.prompt_token_ids == [5, 6, 7]
     assert all(type(t) is int for t in a.prompt_token_ids)
+    # one prompt as a flat list of numpy ids, as `generate([5, 6, 7])` is one (2026-12-06:
+    # "expected text or a list of token ids, found int64")
+    (c,) = tiny_llm.generate([np.int64(5), np.int64(6), np.int64(7)], params)
+    assert c.token_ids == b.token_ids and c.prompt_token_ids == [5, 6, 7]
     with pytest.raises(InvalidRequestError, match=r"prompt\[0\]: token ids must be integers"):
         tiny_llm.generate([[np.bool_(True), 5]], params)
     cfg = EngineConfig(max_slots=np.int32(2), prefill_chunk_tokens=np.int64(64),
