@@ -220,3 +220,19 @@ def test_load_onto_cuda_matches_cpu(cfg, weights, written):
     assert loaded.layers[3].ffn.gate.device.type == "cuda"
     for (name, a), (_, b) in zip(named_tensors(weights), named_tensors(loaded)):
         assert torch.equal(a, b.cpu()), name
+
+
+@pytest.mark.parametrize("where", ["/etc/passwd", "../elsewhere/model.safetensors",
+                                   "sub/model-00001.safetensors", "..", ""])
+def test_an_index_naming_a_shard_outside_its_directory_is_refused(cfg, copy, where):
+    """A bad-input trial (2026-12-06): the index's weight_map could send the loader to any
+    file on the machine (an absolute path, `../..`); shards are files beside the index."""
+    import json
+
+    index = json.loads((copy / INDEX_NAME).read_text())
+    name = next(iter(index["weight_map"]))
+    index["weight_map"][name] = where
+    (copy / INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=f"tensor '{name}' maps to .*expected the file "
+                                              "name of a shard in the same directory"):
+        load_safetensors(copy, cfg, progress=False)

@@ -314,6 +314,13 @@ def _shard_map(model_dir: Path) -> dict[str, Path]:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{index}: malformed index ({type(e).__name__}: {e}); expected "
                               "JSON with a 'weight_map' object") from None
+    for name, fname in weight_map.items():
+        # shards are files beside the index (as the Hub's sharded checkpoints are): a path
+        # elsewhere (`/etc/…`, `../../…`) had the loader open any file on the machine (a
+        # bad-input trial, 2026-12-06)
+        if fname in ("", ".", "..") or Path(fname).name != fname or "\\" in fname:
+            raise CheckpointError(f"{index}: tensor {name!r} maps to {fname!r}; expected the "
+                                  "file name of a shard in the same directory")
     for name, shard in assignments.items():
         if not shard.is_file():
             raise CheckpointError(f"{shard}: shard listed in {index} (for tensor {name}): "
