@@ -13,7 +13,18 @@ def cache_root() -> Path:
     root = os.environ.get("FLINT_GRAPH_CACHE")
     if root:
         return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flint_graph"
+    return Path(os.environ.get("XDG_CACHE_HOME") or _home() / ".cache") / "flint_graph"
+
+
+def _home() -> Path:
+    """The user's home: $HOME, or the account's home directory when HOME is unset or empty
+    (Path.home() turns an empty HOME into "/": `HOME= flint-graph chat` unpacked flint-nano
+    into /.cache, a bad-input trial of 2026-12-06)."""
+    if os.environ.get("HOME"):
+        return Path(os.environ["HOME"])
+    import pwd
+
+    return Path(pwd.getpwuid(os.getuid()).pw_dir)
 
 
 def why_not_a_file(path: Path) -> str:

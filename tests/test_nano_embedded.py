@@ -169,3 +169,22 @@ def test_a_full_disk_while_unpacking_leaves_nothing_and_names_the_path(packaged,
         embedded.ensure_nano_checkpoint(progress=False)
     cache = embedded.cache_root()
     assert not cache.exists() or list(cache.iterdir()) == []  # no partial directory left
+
+
+def test_an_empty_home_is_not_the_filesystem_root(monkeypatch):
+    """A bad-input trial (2026-12-06): with HOME="" (and no FLINT_GRAPH_CACHE or
+    XDG_CACHE_HOME) flint-nano was unpacked into /.cache: Path.home() reads an empty HOME as
+    "/". The account's home directory is used instead."""
+    import pwd
+
+    from flint_graph.paths import cache_root
+
+    monkeypatch.delenv("FLINT_GRAPH_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", "")
+    import os
+    from pathlib import Path
+
+    assert cache_root() == Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "flint_graph"
+    monkeypatch.setenv("HOME", "/tmp/h")
+    assert cache_root() == Path("/tmp/h/.cache/flint_graph")
