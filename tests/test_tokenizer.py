@@ -280,3 +280,14 @@ def test_chat_prompt_without_markers_in_data_encodes_as_before(tok):
     tools = [{"type": "function", "function": {"name": "f", "description": "d <b>"}}]
     segs = render_chat_segments(tok.chat_template, msgs, tools, markers=tok.added_tokens)
     assert tok.encode_segments(segs) == tok.encode(render_chat(tok.chat_template, msgs, tools))
+
+
+def test_a_tokenizer_json_with_a_byte_order_mark_loads(tok_dir, tok, tmp_path):
+    """A bad-input trial (2026-12-06): a UTF-8 BOM in tokenizer.json was "not a valid tokenizers
+    file (expected value at line 1 column 1)", while the other JSON files took it."""
+    copy = tmp_path / "tok"
+    shutil.copytree(tok_dir[0], copy)
+    text = (copy / "tokenizer.json").read_text(encoding="utf-8")
+    (copy / "tokenizer.json").write_text("\ufeff" + text, encoding="utf-8")
+    bom = FlintTokenizer.from_dir(copy)
+    assert bom.encode("hello world") == tok.encode("hello world")

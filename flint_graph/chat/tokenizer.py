@@ -303,7 +303,9 @@ class FlintTokenizer:
         if not tok_path.is_file():
             raise CheckpointError(f"{tok_path}: file not found (a tokenizer directory needs it)")
         try:
-            tok = Tokenizer.from_str(tok_path.read_text(encoding="utf-8"))
+            # "utf-8-sig": a byte-order mark (some Windows editors write one) is no part of the
+            # JSON, as for the checkpoint's other JSON files (it was "expected value at line 1")
+            tok = Tokenizer.from_str(tok_path.read_text(encoding="utf-8-sig"))
         except Exception as e:  # tokenizers raises a bare Exception for bad JSON or schema
             raise CheckpointError(f"{tok_path}: not a valid tokenizers file ({e})") from e
         template = config.get("chat_template")
