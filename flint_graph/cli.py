@@ -193,8 +193,9 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
         return None
     from flint_graph.checkpoints.jsonfile import read_capped
 
-    try:  # capped: `--tools /dev/zero` read until 6.7 GB
-        tools = read_capped(path, TOOLS_MAX_BYTES)
+    try:  # capped: `--tools /dev/zero` read until 6.7 GB; a key given twice is named (json
+        # kept the last: a second "name" in tools[0] was reported as a clash with tools[3])
+        tools = read_capped(path, TOOLS_MAX_BYTES, unique_keys=True)
     except FileNotFoundError:
         raise InvalidRequestError(f"{path}: tools file not found") from None
     except ValueError as e:

@@ -831,6 +831,18 @@ def test_tools_file_errors_speak_json_and_a_bom_is_read(capsys, tmp_path, tiny_c
     assert code == 0, err
 
 
+def test_a_key_given_twice_in_a_tools_file_is_named(capsys, tmp_path, tiny_ckpt):
+    """A bad-input trial (2026-12-06): a second "name" inside tools[0] silently replaced the
+    first, and the clash was reported as "tools[3].function.name: duplicate tool name"."""
+    path = tmp_path / "dup.json"
+    path.write_text('[{"type": "function", "function": {"name": "a", "name": "lookup", '
+                    '"parameters": {"type": "object"}}}, {"type": "function", "function": '
+                    '{"name": "lookup", "parameters": {"type": "object"}}}]')
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--tools", path)
+    assert code == 2 and "the key 'name' appears twice in one object" in err, err
+    assert "duplicate tool name" not in err
+
+
 def test_a_prompt_given_as_model_says_so(capsys, monkeypatch):
     """A new user's trial (2026-12-05): `generate "What is 2 plus 2?"` from a script (empty
     stdin) said "prompt: expected non-empty text", on a terminal "no prompt: pass --prompt";

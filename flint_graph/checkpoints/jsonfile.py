@@ -12,20 +12,30 @@ from typing import Any
 from flint_graph.errors import FlintError
 
 
-def loads(text: str | bytes) -> Any:
+def loads(text: str | bytes, unique_keys: bool = False) -> Any:
     """json.loads, with nesting too deep for Python's parser (RecursionError) reported as the
     ValueError a malformed document gives: a checkpoint's JSON never nests more than a few
-    levels, and 100,000 brackets must be one clean error, not a traceback."""
+    levels, and 100,000 brackets must be one clean error, not a traceback. `unique_keys`: a
+    key given twice in one object is a ValueError naming it (json keeps the last silently)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique if unique_keys else None)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the key {k!r} appears twice in one object")
+        out[k] = v
+    return out
 
 
 CHECKPOINT_JSON_MAX_BYTES = 64 << 20  # config / generation / tokenizer_config: a few KB each
 
 
-def read_capped(path: Path, max_bytes: int) -> Any:
+def read_capped(path: Path, max_bytes: int, unique_keys: bool = False) -> Any:
     """The JSON value in `path`, a regular file of at most `max_bytes` bytes, read only that far:
     a device, a pipe or a huge file is refused before its JSON is parsed (`eval --compare
     /dev/zero` once filled 18 GB of memory; a pipe with no writer would block forever).
@@ -61,7 +71,7 @@ def read_capped(path: Path, max_bytes: int) -> Any:
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 text ({e})") from None
     try:
-        return loads(text)
+        return loads(text, unique_keys)
     except ValueError as e:  # JSONDecodeError, nesting, an integer past 4,300 digits
         raise ValueError(f"not valid JSON ({e})") from None
 
