@@ -169,12 +169,13 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
             raise FlintError(f"{path}: exists and is not a chat transcript; choose another "
                              "name, or delete it first")
         saved, saved_tools = openai_messages(found[0]), found[1]
-        if json.loads(text)["messages"][:len(saved)] != saved:
+        written = json.loads(text)  # what the file will hold, as a later read sees it
+        if written["messages"][:len(saved)] != saved:
             # another conversation (or this one after /reset): replacing it would lose it
             raise FlintError(f"{path}: holds a transcript of {len(saved)} messages that this "
                              f"chat's {len(messages)} do not begin with; choose another name, "
                              "or delete it first")
-        if existed and json.loads(text).get("tools", []) != saved_tools:
+        if existed and written.get("tools", []) != saved_tools:
             # the same messages under other declared tools are another conversation: the
             # tools are part of what the model saw (a bad-input trial, 2026-12-06)
             raise FlintError(f"{path}: holds a transcript of a chat with other tools "
