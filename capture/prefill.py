@@ -554,6 +554,10 @@ class Prefill:
         # RoPE kind, and the MoE combine + residual; None/{} on the torch-ops paths
         self.qk_norm_rope: dict[int, object] = {}
         self.combine = None
+        # the KV write (kernels/prefill/kv_write.py) by ring (True) or pages; {}: the indexed
+        # assignment (torch-ops paths, and `set_kv_write(False)` for comparisons)
+        self.kv_write: dict[bool, object] = {}
+        self._kv_write_off: dict[bool, object] = {}
         # the kernel path's routing (moe_route: pick, and place per NT) and its per-expert
         # counts, zero between layers (place resets them; each chunk zeroes them first)
         self.pick, self.place = None, {}
@@ -626,6 +630,10 @@ class Prefill:
             self.act = self._silu_mul
             for spec in moe_combine.KERNEL.specs(cfg, ()):
                 self.combine = kset.get("moe_combine", **spec.as_dict())
+            from flint_graph.kernels.prefill import kv_write
+
+            for spec in kv_write.KERNEL.specs(cfg, ()):  # keyed by ring (P is the window)
+                self.kv_write[spec["P"] != KV_PAGE] = kset.get("kv_write", **spec.as_dict())
             for spec in moe_route.KERNEL.specs(cfg, ()):
                 if spec["KIND"] == 0:
                     self.pick = kset.get("moe_route", **spec.as_dict())
@@ -655,6 +663,19 @@ class Prefill:
                 self.set_bf16_grouped(BF16_GROUPED_MAX or W4A16_NT[0][0])
         if dev.type == "cuda":
             self._prime_alphas()
+
+    def set_kv_write(self, on: bool) -> None:
+        """The KV write by the kv_write kernel (on, the kernel path's default) or by torch's
+        indexed assignment (off: the comparison baseline; the cache is bit for bit the same).
+        Raises ValueError for on when the prefill has no kernel path. Recapture the graphs
+        after a change (their destinations' dtype differs)."""
+        if not on:
+            self._kv_write_off, self.kv_write = self.kv_write or self._kv_write_off, {}
+        elif not self.kv_write:
+            if not self._kv_write_off:
+                raise ValueError("set_kv_write(True): the kv_write kernel runs only on the "
+                                 "kernel path (attention='kernel')")
+            self.kv_write = self._kv_write_off
 
     def set_overlap(self, on: bool) -> None:
         """Run the side work (weight decodes ahead, the shared expert, KV writes) on a second
@@ -953,6 +974,9 @@ class Prefill:
             snap = valid & ~keep & (pos < at) & (pos >= at - w)
             other = scratch + snap.long() * (self.kv.snapshot_slot - scratch)
             self._dst[True] = (torch.where(keep, self._slot.long(), other), pos % w)
+        if self.kv_write:  # the kernel takes int32 destinations
+            self._dst = {ring: (where.int(), entry.int())
+                         for ring, (where, entry) in self._dst.items()}
         return pos
 
     def _layer(self, i: int, lw: LayerWeights, x: torch.Tensor,
@@ -1337,8 +1361,11 @@ class Prefill:
             out = fn(q, k_all, v_all, pos, k_pos, sinks, window).reshape(q.shape[0], -1)
         where, entry = self._dst[bool(kv.ring)]
         with self.side.fork():  # nothing before the next chunk reads it
-            kv.k[where, :, entry] = k
-            kv.v[where, :, entry] = v
+            if self.kv_write:
+                self.kv_write[bool(kv.ring)].launch(k, v, kv.k, kv.v, where, entry)
+            else:
+                kv.k[where, :, entry] = k
+                kv.v[where, :, entry] = v
         return out
 
     def _lm_head(self, h: torch.Tensor) -> torch.Tensor:

@@ -286,6 +286,17 @@ def test_shared_fold_changes_no_bit(kset, graphs):
                            ((25, 25), (77, 77), (150, 64), (700, 512), (1300, 600)))
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_kv_write_kernel_changes_no_bit(kset, fmt, graphs):
+    """The kv_write kernel copies each head row bit for bit to where torch's indexed
+    assignment put it, so the logits and every KV entry of slot 0 are the assignment's: a
+    chunk inside the window, chunks longer than the ring (rows it does not keep go to scratch),
+    a cached prefix, and an eager chunk above the graphs (4,700 rows)."""
+    _toggle_changes_no_bit(kset, fmt, graphs, lambda pre, on: pre.set_kv_write(on),
+                           ((25, 25), (150, 64), (1300, 600), (4700, 4700)))
+
+
 def _toggle_changes_no_bit(kset, fmt, graphs, toggle, cases):
     """Full-config prefills of (prompt tokens, chunk) `cases` with toggle(pre, on) off and on:
     logits and slot 0's KV entries bitwise equal."""

@@ -170,6 +170,10 @@ def main() -> int:
                    help="1: the side stream on (weight decodes ahead, shared expert and KV "
                         "writes beside the main stream: capture/side_stream.py), 0: one stream; "
                         "0,1 times both (default: the prefill's default, on)")
+    p.add_argument("--kv-write", default="",
+                   help="1: the KV write by the kv_write kernel (kernels/prefill/kv_write.py), "
+                        "0: by torch's indexed assignment; 0,1 times both (default: the "
+                        "prefill's default, the kernel)")
     p.add_argument("--fold", default="",
                    help="1: the NVFP4 shared expert as one more group of the routed W4A16 "
                         "launches (capture/prefill.py FOLD_SHARED), 0: its own launches; 0,1 "
@@ -229,19 +233,22 @@ def main() -> int:
         overlap_sweep = [bool(int(v)) for v in args.overlap.split(",") if v] or [None]
         shared_sweep = [bool(int(v)) for v in args.shared.split(",") if v] or [True]
         fold_sweep = [bool(int(v)) for v in args.fold.split(",") if v] or [None]
+        kvw_sweep = [bool(int(v)) for v in args.kv_write.split(",") if v] or [None]
         sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
-        runs = [(path, r, a, wgm, ov, sh, fo) for path in args.paths.split(",")
+        runs = [(path, r, a, wgm, ov, sh, fo, kw) for path in args.paths.split(",")
                 for r in (sweep if path == "graph" else [(None,) * 6])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
                 for wgm in ((wg_sweep or [None]) if path == "graph" else [None])
                 for ov in (overlap_sweep if path in ("graph", "kernel") else [None])
                 for sh in (shared_sweep if path in ("graph", "kernel") else [True])
-                for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])]
-        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold in runs:
+                for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])
+                for kw in (kvw_sweep if path in ("graph", "kernel") else [None])]
+        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold, kw \
+                in runs:
             chunk = args.chunk
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16)
@@ -251,6 +258,8 @@ def main() -> int:
                 pre.set_attn_kernel(attn[0], **attn[1])
             if ov is not None:
                 pre.set_overlap(ov)
+            if kw is not None:
+                pre.set_kv_write(kw)
             if fold is not None and pre.w4a16_shared:
                 pre.set_fold_shared(fold)
             if not shared:  # timing only: what the shared expert's own kernels cost
@@ -270,7 +279,8 @@ def main() -> int:
                        f"{''.join(f':{k}={v}' for k, v in attn[1].items()) if attn else ''}"
                        f"/wg>{pre.w4a16_wg_min if pre.w4a16_wg else '-'}"
                        f"/side{int(pre.side.on)}{'' if shared else '/no-shared'}"
-                       f"/fold{int(bool(pre.w4a16_fold))}")
+                       f"/fold{int(bool(pre.w4a16_fold))}"
+                       f"{'' if pre.kv_write or path != 'graph' else '/kv-indexed'}")
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))

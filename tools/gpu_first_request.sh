@@ -9,6 +9,8 @@
 #   profile  the first and a later request under torch.profiler
 #   prefill  the NVFP4 8K prefill over fresh processes (item 2)
 #   bench    flint-graph bench, full preset, 1K context, buckets 1 and 8 (step, e2e, TTFT, 8K)
+#   kvw      the prefill's KV write, kv_write kernel against the indexed assignment, A/B in
+#            one process (tools/bench_prefill.py --kv-write 0,1; TOKENS_KVW, default 512,8192)
 #   reuse    KV reuse on and off, GC pauses per request, REUSE_RUNS of: "tool" the tool loop
 #            (item 1's 85 ms resumed step), "new512" chat turns of ~512 new tokens each on 8K
 #            of history (issue 22's target); default both; BF16 needs the H200,
@@ -64,6 +66,11 @@ for part in ${PARTS:-tests e2e ttft}; do
     timeout "$(lim 300)" flint-graph bench --preset full --formats "$F" --contexts 1024 --buckets 1,8 \
       --baseline-steps 1 --e2e-tokens 64 --prefill-tokens 25,8k --json "$OUT/bench.json" 2>&1 \
       | tail -30 ;;
+  kvw)
+    timeout "$(lim "${PREFILL_TIMEOUT:-240}")" python3 tools/bench_prefill.py --formats "$F" --paths graph \
+      --tokens "${TOKENS_KVW:-512,8192}" --reps 7 --profile-tokens 0 --kernel-tokens= --kv-write 1,0,1 \
+      --out "$OUT/prefill-kvw" > "$OUT/prefill-kvw.log" 2>&1
+    echo "kvw: exit $?"; grep '^{' "$OUT/prefill-kvw.log" | cut -c1-400 ;;
   prefill)
     timeout "$(lim "${PREFILL_TIMEOUT:-240}")" python3 tools/bench_prefill.py --formats "$F" --paths graph \
       --tokens 8192 --reps 5 --profile-tokens 0 --kernel-tokens= --processes "${PROCESSES:-4}" \
