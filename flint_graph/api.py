@@ -139,8 +139,8 @@ def _ctrl_c(method):
     def call(*args, **kwargs):
         try:
             return method(*args, **kwargs)
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(INTERRUPTED) from None
+        except KeyboardInterrupt as e:  # its class kept: the CLI's SIGTERM is a subclass
+            raise type(e)(INTERRUPTED) from None
 
     return call
 
@@ -588,12 +588,12 @@ class RequestStream:
         self._reader = threading.get_ident()
         try:
             return next(self._deltas)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             # Ctrl-C in a script's loop: the request is aborted (the generator's cleanup, or
             # here when the signal landed outside it) and the script sees one short
             # KeyboardInterrupt instead of a traceback through the engine and the model
             self.cancel()
-            raise KeyboardInterrupt(INTERRUPTED) from None
+            raise type(e)(INTERRUPTED) from None
 
     def close(self) -> None:
         """Abort the request if it is still running (e.g. on Ctrl-C). From any thread: the

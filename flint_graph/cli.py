@@ -3,7 +3,8 @@ eval.
 
 Each subcommand parses its flags (`cli_args`), builds the public API objects and prints. Bad
 input ends in one line on stderr and exit status 2, never a traceback (set FLINT_GRAPH_DEBUG=1
-to see one for an unexpected internal error); Ctrl-C ends in `flint-graph: interrupted`, 130.
+to see one for an unexpected internal error); Ctrl-C ends in `flint-graph: interrupted`, 130; SIGTERM during `generate` ends it the same
+way (its `--json` output still printed) in `flint-graph: terminated`, 143.
 
 Start-up is split in two. While the flags are parsed and the heavy modules (torch, ...) are
 imported, Ctrl-C ends the process at once: a KeyboardInterrupt raised inside an import can be
@@ -16,6 +17,7 @@ and the console script reaches `main` within a millisecond or so.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import json
@@ -37,6 +39,14 @@ if TYPE_CHECKING:
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 INTERRUPTED = "flint-graph: interrupted"
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while `generate` runs: ended as Ctrl-C ends it (the request aborts, `--json`
+    still prints its output), then exit 128 + 15 with `flint-graph: terminated`. Without it a
+    `timeout` or `kill` left a `--json` caller nothing to read (a bad-input trial,
+    2026-12-06)."""
 
 
 # a write that failed for the machine's state, not ours: no space, over quota, an I/O error
@@ -78,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except FlintError as e:
         print(f"flint-graph: error: {terminal_safe(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Terminated:
+        print("flint-graph: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         # on a terminal the line holds the echoed ^C (and maybe half an answer); a log or a
         # pipe got an empty line (a new user's trial)
@@ -153,6 +166,23 @@ def _exit_interrupted(signum, frame) -> None:
         os.write(2, ("\n" if os.isatty(2) else "").encode() + f"{INTERRUPTED}\n".encode())
     finally:
         os._exit(EXIT_INTERRUPTED)
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises `Terminated` in the main thread for the block (a no-op elsewhere)."""
+    def terminated(signum, frame):
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread (an embedding program): its own handling stays
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _restore_sigint(previous) -> None:
@@ -367,7 +397,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     shown_reasoning = reasoning_open = False
     line_open = False  # stdout's last line has text: a tool call or the end starts a new one
     try:
-        with prefill_bar(llm.engine, True):  # a bar on a terminal, else plain lines
+        with _sigterm_raises(), prefill_bar(llm.engine, True):  # a bar on a terminal, else plain lines
             for d in stream:
                 if args.json:
                     continue

@@ -600,6 +600,33 @@ def test_generate_json_reports_what_was_generated_when_interrupted(capsys, monke
     assert obj["finish_reason"] == "abort" and obj["token_ids"] == [100, 101, 102]
 
 
+def test_generate_json_reports_what_was_generated_when_terminated(capsys, monkeypatch,
+                                                                  tiny_ckpt):
+    # A bad-input trial (2026-12-06): SIGTERM (`timeout`, `kill`) during `generate --json`
+    # ended the process with nothing on stdout. It now ends as Ctrl-C does: the request
+    # aborts, its JSON is printed, "flint-graph: terminated", exit 143; and the handler is
+    # given back afterwards.
+    import os
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    script = scripted_sampler([100, 101, 102, 103])
+
+    def sampler(logits, temperature, top_k, top_p, seeds, positions):
+        if int(positions[0]) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered at the next bytecode, in here
+        return script(logits, temperature, top_k, top_p, seeds, positions)
+
+    monkeypatch.setattr("flint_graph.runtime.engine.sample", sampler)
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--json",
+                          "--device", "cpu", "--max-tokens", 50)
+    assert code == 143 and err.strip().splitlines()[-1] == "flint-graph: terminated", err
+    obj = json.loads(out)
+    assert obj["finish_reason"] == "abort" and obj["token_ids"][:3] == [100, 101, 102]
+    assert len(obj["token_ids"]) <= 4
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 @pytest.mark.parametrize("value", ["", "1,x", "0", "2,-1", "1,,2"])
 def test_build_kernels_bad_buckets_are_one_clear_line(capsys, value):
     # Was "invalid <lambda> value", or (0, -1) a DSL layout TypeError after the progress bar.

@@ -8,6 +8,7 @@ weights sit on the NVFP4 grid with power-of-two scale2, so BF16 and NVFP4 hold i
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,43 @@ def test_tiny_checkpoint_built_once_then_reused(cfg, tmp_path, monkeypatch, caps
     assert not mk.is_complete(d, cfg, 0, mk.FORMATS)
     mk.ensure_tiny_checkpoint(progress=False)
     assert mk.is_complete(d, cfg, 0, mk.FORMATS)
+
+
+@pytest.mark.parametrize("where,error", [
+    ("safetensors", "safetensors"), ("safetensors", "enospc"), ("gguf", "enospc"),
+    ("gguf", "edquot")])
+def test_a_full_disk_is_named_with_the_room_needed(cfg, tmp_path, monkeypatch, capsys, where,
+                                                   error):
+    """A bad-input trial (2026-12-06, the output on a small tmpfs): `make-checkpoint` said
+    `internal error: SafetensorError: ... No space left on device`. Now one line naming the
+    output and the room its formats need, exit 2, nothing left behind; another OSError stays
+    what it is."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    import flint_graph.checkpoints.gguf_checkpoint as gc
+
+    def full(*args, **kwargs):
+        if error == "safetensors":
+            raise SafetensorError("Error while serializing: I/O error: No space left on device")
+        code = errno.ENOSPC if error == "enospc" else errno.EDQUOT
+        raise OSError(code, os.strerror(code), "model-nvfp4.gguf")
+
+    monkeypatch.setattr(mk if where == "safetensors" else gc,
+                        "write_safetensors" if where == "safetensors" else "write_gguf", full)
+    out = tmp_path / "full" / "ck"
+    assert mk.main(["--preset", "tiny", "--out", str(out), "--device", "cpu",
+                    "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out) in err and "GB free" in err, err
+    assert "internal error" not in err
+    assert list((tmp_path / "full").iterdir()) == []
+    monkeypatch.setattr(gc, "write_gguf", lambda *a, **k: (_ for _ in ()).throw(
+        PermissionError(errno.EACCES, "Permission denied")))
+    monkeypatch.setattr(mk, "write_safetensors", lambda *a, **k: None)
+    with pytest.raises(PermissionError):
+        mk.write_checkpoint(cfg, out, device="cpu", progress=False)
 
 
 def test_cli_main(tmp_path, capsys):

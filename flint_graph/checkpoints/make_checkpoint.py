@@ -11,6 +11,7 @@ place, so an interrupted run never leaves a directory that looks complete.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
@@ -122,6 +123,17 @@ def weights_bytes(cfg: FlintConfig, fmt: str = "bf16") -> int:
     return linear * 9 // 16 + (cfg.total_params - linear) * 2 + layer * 2
 
 
+def _disk_full(e: BaseException) -> bool:
+    """Whether a write failed for want of room: ENOSPC or EDQUOT, or safetensors' own error,
+    which carries no errno (it reads "I/O error: No space left on device")."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    from safetensors import SafetensorError
+
+    return isinstance(e, SafetensorError) and ("No space left" in str(e)
+                                               or "quota" in str(e).lower())
+
+
 def generation_config(special_ids: dict[str, int]) -> dict[str, Any]:
     """generation_config.json: DESIGN §1 sampling defaults, EOS ids = the tokenizer's ids of
     <|endoftext|>, <|user|>, <|observation|>, pad = <|endoftext|>. Raises CheckpointError
@@ -218,7 +230,8 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
     The same (cfg, seed, device type) gives byte-identical files.
     Returns {"out_dir", "formats", "seed", "device", "files": {name: bytes}, "total_bytes",
     "seconds": {step: s}}. Raises ConfigError for a bad `formats`/`device`, CheckpointError when
-    `out_dir` exists non-empty without `overwrite`.
+    `out_dir` exists non-empty without `overwrite`, or when the disk fills up while writing
+    (the partial output removed; the message gives the room the formats need).
     """
     from flint_graph.checkpoints.gguf_checkpoint import write_gguf
     from flint_graph.checkpoints.synthetic import make_weights
@@ -267,8 +280,13 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
                   "config": cfg.to_dict(), "files": files}
         (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
         _install(tmp, out_dir, overwrite)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _disk_full(e):  # the machine's state, not a bug: it said "internal error" (trial)
+            need = sum(weights_bytes(cfg, "bf16" if f == "bf16" else "nvfp4") for f in formats)
+            raise CheckpointError(
+                f"{out_dir}: cannot write the checkpoint ({e}); the partial output was removed. "
+                f"These formats need about {need / 1e9:,.2f} GB free on that disk") from None
         raise
     lap("total", t0)
     return {"out_dir": out_dir, "formats": list(formats), "seed": seed, "device": str(dev),
