@@ -51,6 +51,19 @@ def test_null_model_type_and_dtype_mean_unset():
     assert FlintConfig.from_dict(raw, source="cfg.json").hidden_size == _full()["hidden_size"]
 
 
+@pytest.mark.parametrize("scaling", [{"rope_type": "yarn", "factor": 4.0},
+                                     {"type": "linear", "factor": 2.0}, "dynamic"])
+def test_a_scaled_rope_is_refused_not_ignored(scaling):
+    """A bad-input trial (2026-12-06): `rope_scaling` was ignored, so a checkpoint trained
+    with a scaled RoPE would run with every sliding layer's angles wrong. Null and {} (HF's
+    unset) still load."""
+    with pytest.raises(ConfigError, match=r"cfg\.json: field 'rope_scaling'.*unscaled"):
+        FlintConfig.from_dict({**_full(), "rope_scaling": scaling}, source="cfg.json")
+    for unset in (None, {}):
+        assert FlintConfig.from_dict({**_full(), "rope_scaling": unset}) == \
+            FlintConfig.preset("full")
+
+
 @pytest.mark.parametrize("change, match", [
     ({"layer_types": ["sliding_attention"] * 48}, "layer_types.*48 entries.*49"),
     ({"layer_types": ["sliding_attention"] * 48 + ["global"]}, r"layer_types\[48\]"),

@@ -87,7 +87,8 @@ class FlintConfig:
         """Build and validate from a parsed config.json mapping.
 
         Raises ConfigError naming `source` and the field for an unknown architecture, a missing
-        or mistyped field, or an inconsistent value.
+        or mistyped field, an inconsistent value, or a `rope_scaling` (HF's scaled RoPE: YaRN,
+        linear, ...), which would otherwise be ignored and every rotation silently wrong.
         """
         archs = raw.get("architectures") or []
         if not isinstance(archs, list):
@@ -106,6 +107,11 @@ class FlintConfig:
             if raw.get(key) is not None and raw[key] not in WEIGHT_DTYPES:  # null: unset
                 raise ConfigError(f"{source}: field {key!r}: expected one of "
                                   f"{', '.join(WEIGHT_DTYPES)}, found {shown(raw[key], 80)}")
+        scaling = raw.get("rope_scaling")
+        if scaling not in (None, {}):  # a scaled RoPE changes every sliding layer's angles
+            raise ConfigError(f"{source}: field 'rope_scaling': Flint's RoPE is unscaled "
+                              f"(rope_theta alone); found {shown(scaling, 80)}, which this "
+                              "runtime does not implement; expected null or no field")
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in raw:
