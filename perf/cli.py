@@ -4,6 +4,7 @@ starts, so nothing heavy here) and what they run."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -312,7 +313,7 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False,
                 and not own[flag][1](full):
             raise InvalidRequestError(f"{flag} {path}: exists and is not {own[flag][0]}; choose "
                                       "another name, or delete it first")
-        missing = [a for a in full.parents if not a.exists()]
+        missing = [a for a in full.parents if not a.exists()]  # the deepest first
         try:  # a real probe: permission bits say little to root or on /proc
             full.parent.mkdir(parents=True, exist_ok=True)
             with open(full, "a"):
@@ -322,22 +323,29 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False,
         except OSError as e:
             raise InvalidRequestError(f"{flag} {path}: cannot write there "
                                       f"({e.strerror or e})") from None
-        if missing:  # made for the output, as `mkdir -p` would: said, so a typo shows
-            print(f"flint-graph: note: {flag}: created the directory {missing[-1]}",
-                  file=sys.stderr)
+        finally:  # a run refused later (a bad MODEL) must leave no directory behind (trial)
+            for d in missing:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
 
 
-def _write_all(outputs: list[tuple[str, Path | None, Any]]) -> list[str]:
-    """Write each (flag, path, text or a function making it) whose path is set; returns one
-    message per file that could not be written ("--json out.json: cannot write (…)"). None is
-    raised: a run's figures are never lost to one bad output (the tables are printed after)."""
+def write_outputs(outputs: list[tuple[str, Path | None, Any]]) -> list[str]:
+    """Write each (flag, path, text or a function making it) whose path is set, making its
+    missing directories as `mkdir -p` does (a note names the top one, so a typo shows);
+    returns one message per file that could not be written ("--json out.json: cannot write
+    the file (…)"). None is raised: a run's figures are never lost to one bad output (the
+    tables are printed after). bench, trace and eval write through it."""
     failed = []
     for flag, path, text in outputs:
         if path is None:
             continue
+        missing = [a for a in path.parents if not a.exists()]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text() if callable(text) else text)
+            if missing:  # made for the output, as `mkdir -p` would: said, so a typo shows
+                print(f"flint-graph: note: {flag}: created the directory {missing[-1]}",
+                      file=sys.stderr)
         except OSError as e:
             failed.append(f"{flag} {path}: cannot write the file ({e.strerror or e}); the "
                           "figures are in the tables above")
@@ -440,7 +448,7 @@ def run_bench_cmd(args) -> int:
     res = run_bench(o)
     # files first: the figures survive whatever happens to the tables, and the tables whatever
     # happens to a file (a full disk)
-    failed = _write_all([("--json", args.json, json.dumps(res, indent=1) + "\n"),
+    failed = write_outputs([("--json", args.json, json.dumps(res, indent=1) + "\n"),
                          ("--markdown", args.markdown,
                           lambda: bench_report.markdown(res) + "\n")])
     bench_report.print_report(res, console)
@@ -472,7 +480,7 @@ def run_trace_cmd(args) -> int:
     if args.prefill:  # the KV cache must hold the prompt
         o.contexts = (max(args.context[0], args.prefill),)
     tr = run_trace(o)
-    failed = _write_all([("--out", args.out,
+    failed = write_outputs([("--out", args.out,
                           lambda: json.dumps(trace_report.to_file_json(tr)) + "\n"),
                          ("--html", args.html, lambda: trace_report.html_plot(tr, top=args.top))])
     trace_report.print_trace(tr, console, top=args.top)

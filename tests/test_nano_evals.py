@@ -518,7 +518,7 @@ def test_cli_a_report_that_cannot_be_written_is_one_line(capsys, tmp_path, monke
     out, err = capsys.readouterr()
     assert code == 2 and "Traceback" not in err, err
     assert [ln for ln in err.splitlines() if "error" in ln] == [
-        ln for ln in err.splitlines() if f"--json {target}: cannot write the report" in ln]
+        ln for ln in err.splitlines() if f"--json {target}: cannot write the file" in ln]
     code = main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--json", "/dev/full"])
     assert code == 2 and "not a regular file" in capsys.readouterr().err
     assert "arith" in out

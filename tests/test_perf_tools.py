@@ -370,18 +370,23 @@ def test_trace_batch_errors_speak_of_one_value(value, words, capsys):
 
 def test_an_output_in_a_new_directory_says_it_made_it(tmp_path, capsys):
     """`eval --json /nonexistent/dir/x.json` created /nonexistent/dir silently (a hostile-input
-    trial): the directory is still made, as for `mkdir -p`, and the note names the top one."""
+    trial): the directory is still made, as for `mkdir -p`, and the note names the top one; but
+    only when the file is written: the check before the run leaves nothing behind, so a run
+    refused after it (a bad MODEL, another bad flag) creates no directory (trial, 2026-12-06)."""
     import argparse
 
-    from flint_graph.perf.cli import check_outputs
+    from flint_graph.perf.cli import check_outputs, write_outputs
 
     out = tmp_path / "typo" / "deeper" / "x.json"
     args = argparse.Namespace(json=out, compare=None, model=None)
     check_outputs(args, ("--json",), compare_runs=True)
-    assert (tmp_path / "typo" / "deeper").is_dir() and not out.exists()
+    assert not (tmp_path / "typo").exists() and capsys.readouterr().err == ""
+    assert write_outputs([("--json", out, "{}\n")]) == []
+    assert out.read_text() == "{}\n"
     assert capsys.readouterr().err.strip() == (
         f"flint-graph: note: --json: created the directory {tmp_path / 'typo'}")
     check_outputs(args, ("--json",), compare_runs=True)  # now there: nothing to say
+    assert write_outputs([("--json", out, "{}\n")]) == []
     assert capsys.readouterr().err == ""
 
 
