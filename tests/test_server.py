@@ -1227,3 +1227,101 @@ def test_bad_input_trial_messages_name_the_field_in_json(server):
     req = urllib.request.Request(url + "/health", method="HEAD")
     with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 200
+
+
+def _models(url: str, authorization: str | None) -> tuple[int, dict]:
+    """(status, JSON body) of a GET of `url` sending `authorization` as is."""
+    headers = {} if authorization is None else {"Authorization": authorization}
+    return _answer(urllib.request.Request(url, headers=headers), 10)
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "bEaReR", "Bearer"])
+def test_the_auth_scheme_is_case_insensitive_and_the_key_is_not(server, scheme):
+    """`Authorization: bearer KEY` got 401 (bad-input trial, 2026-12-06): the scheme is
+    case-insensitive (RFC 7235 §2.1) and may be followed by more than one space; the key is
+    compared exactly."""
+    url = server[1] + "/v1/models"
+    assert _models(url, f"{scheme} {KEY}")[0] == 200
+    assert _models(url, f"{scheme}  {KEY}")[0] == 200
+    for wrong in (f"{scheme} {KEY.upper()}", f"{scheme} {KEY}x", f"{scheme}{KEY}", scheme,
+                  f"{scheme} ", f"Basic {KEY}", KEY, f"Token {KEY}", None):
+        code, err = _models(url, wrong)
+        assert code == 401 and err["error"]["code"] == "invalid_api_key", (wrong, err)
+
+
+def test_a_model_is_retrieved_by_its_id(server, client):
+    """GET /v1/models/{id} (OpenAI's "retrieve model") was a 404 "no route" (bad-input trial,
+    2026-12-06): the served model's id gives the object the list gives (an id with a slash
+    too), another id an OpenAI 404 naming it, and the key is asked for as on /v1/models."""
+    assert client.models.retrieve(MODEL) == client.models.list().data[0]
+    code, listed = _models(f"{server[1]}/v1/models", f"Bearer {KEY}")
+    assert code == 200 and listed["data"][0] == {"id": MODEL, "object": "model", "created":
+                                                 listed["data"][0]["created"],
+                                                 "owned_by": "flint-graph"}, listed
+    assert _models(f"{server[1]}/v1/models/{MODEL}", f"Bearer {KEY}") == (200, listed["data"][0])
+    code, err = _models(f"{server[1]}/v1/models/gpt-9", f"Bearer {KEY}")
+    assert code == 404 and err == {"error": {
+        "message": f'model "gpt-9" does not exist; this server serves "{MODEL}"',
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}, err
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve(MODEL + "x")
+    assert _models(f"{server[1]}/v1/models/{MODEL}", None)[0] == 401
+    with _serving(server[0], "org/tiny") as url:
+        named = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        assert named.models.retrieve("org/tiny").id == "org/tiny"  # sent as org%2Ftiny
+        code, card = _models(url + "/v1/models/org/tiny", f"Bearer {KEY}")
+        assert code == 200 and card["id"] == "org/tiny", card
+        assert _models(url + "/v1/models/org", f"Bearer {KEY}")[0] == 404
+
+
+def _post_raw(url: str, data: bytes, headers: dict | None = None) -> tuple[int, dict, dict]:
+    """(status, JSON body, headers) of a POST of the bytes `data` with the API key."""
+    host, port = url.removeprefix("http://").split("/", 1)[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", "/" + url.split("/", 3)[3], data,
+                     {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json",
+                      **(headers or {})})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read()), {k.lower(): v for k, v in r.getheaders()}
+    finally:
+        conn.close()
+
+
+def test_a_body_that_is_not_utf8_is_named_so(server):
+    """A body that is not UTF-8 was "could not parse it as JSON" (bad-input trial,
+    2026-12-06): it is named as not UTF-8 with the byte and its offset; a byte-order mark is
+    still taken (RFC 8259 §8.1 lets a reader ignore it)."""
+    url = server[1] + "/v1/chat/completions"
+    body = b'{"max_tokens": 1, "messages": [{"role": "user", "content": "caf\xe9"}]}'
+    at = body.index(b"\xe9")
+    for data, offset in ((body, at), (b"\xef\xbb\xbf" + body, at + 3)):
+        code, err, _ = _post_raw(url, data)
+        assert code == 400 and err["error"]["message"] == (
+            f"request body: not valid UTF-8 (byte 0xE9 at offset {offset}: invalid "
+            "continuation byte); JSON bodies must be UTF-8"), err
+        assert err["error"]["type"] == "invalid_request_error"
+    good = body.replace(b"\xe9", "é".encode())
+    assert _post_raw(url, b"\xef\xbb\xbf" + good)[0] == 200
+    code, err, _ = _post_raw(url, b"{\xff")
+    assert code == 400 and "byte 0xFF at offset 1: invalid start byte" in \
+        err["error"]["message"], err
+
+
+@pytest.mark.parametrize("coding", ["gzip", "GZIP", "br", "identity, gzip"])
+def test_a_compressed_body_gets_415_naming_its_coding(server, coding):
+    """A `Content-Encoding: gzip` body was parsed as JSON and refused as not JSON (bad-input
+    trial, 2026-12-06): it gets 415 naming the coding, before its body is read, so the
+    connection closes; `identity` is no coding."""
+    import gzip
+
+    url = server[1] + "/v1/chat/completions"
+    body = json.dumps({"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+    code, err, headers = _post_raw(url, gzip.compress(body.encode()),
+                                   {"Content-Encoding": coding})
+    assert code == 415 and err["error"]["message"] == (
+        f"request body: compressed (Content-Encoding: {coding}); this server takes "
+        "uncompressed JSON bodies only"), err
+    assert err["error"]["code"] == "unsupported_content_encoding"
+    assert headers["connection"] == "close" and headers["accept-encoding"] == "identity"
+    assert _post_raw(url, body.encode(), {"Content-Encoding": "identity"})[0] == 200

@@ -1,7 +1,7 @@
 """`flint-graph serve`'s ASGI app (FastAPI): the OpenAI HTTP API on one `LLM` (issue 23).
 
-Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions and
-POST /v1/completions,
+Routes: GET /health, GET /metrics, GET /v1/models, GET /v1/models/{id},
+POST /v1/chat/completions and POST /v1/completions,
 streamed as server-sent events when the request says `stream`. Every request runs on the one
 engine: a handler drives its own request's stream in a worker thread, and the engine's steps
 advance every running request at once (`Engine.step` serialises them), so concurrent clients
@@ -46,19 +46,55 @@ BODY_TIMEOUT_S = 60.0  # to receive a whole request body
 # client for 2.7 s (a worker thread did not help, 2026-12-03); a prompt that fills the context
 # with its tool schemas holds a few thousand
 MAX_JSON_CONTAINERS = 200_000
+# an error's extra response headers: after a 408, 413 or 415 the rest of the body is unread,
+# so the connection closes rather than wait on it; a 415 for a content coding names the one
+# taken (RFC 9110 §15.5.16)
+_ERROR_HEADERS = {408: {"connection": "close"}, 413: {"connection": "close"},
+                  415: {"connection": "close", "accept-encoding": "identity"}}
+
+
+def _parsed(raw: bytearray) -> Any:
+    """The JSON value of a request body. Raises APIError 400 for more than
+    MAX_JSON_CONTAINERS '[' and '{' bytes, bytes that are not UTF-8 (RFC 8259 §8.1; a leading
+    byte-order mark is ignored, as §8.1 allows), nesting too deep to parse, or text that is
+    not JSON."""
+    containers = raw.count(b"[") + raw.count(b"{")
+    if containers > MAX_JSON_CONTAINERS:
+        # counted as bytes, so brackets inside strings count too (a string-aware count of
+        # a 16 MiB body held the event loop for up to 0.7 s here, 2026-12-05): say so
+        raise p.APIError(400, f"request body: {containers:,} '[' and '{{' characters, "
+                              "counted before parsing, inside strings too; at most "
+                              f"{MAX_JSON_CONTAINERS:,} (the bound on parsing time)",
+                         code="too_many_json_containers")
+    bom = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:  # was "could not parse it as JSON" (2026-12-06)
+        at = bom + e.start  # utf-8-sig counts from after the mark
+        raise p.APIError(400, f"request body: not valid UTF-8 (byte 0x{raw[at]:02X} at "
+                              f"offset {at}: {e.reason}); JSON bodies must be UTF-8") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise p.APIError(400, "request body: arrays and objects nested too deeply to "
+                              "parse") from None
+    except ValueError:
+        raise p.APIError(400, "request body: could not parse it as JSON") from None
 
 
 def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                max_waiting: int | None = 256, body_timeout_s: float = BODY_TIMEOUT_S,
                on_ready=None):
     """The FastAPI app serving `llm` as model `model_name`; with `api_key`, every /v1 route
-    wants `Authorization: Bearer <api_key>` (401 otherwise). Requests beyond the engine's
-    slots wait in arrival order; with `max_waiting`, one that finds that many already waiting
-    gets 429 at once (code "too_many_requests"), before any work. A request body must arrive
-    within `body_timeout_s` seconds (408 "request_timeout" otherwise: a body sent a byte at a
-    time held its connection for as long as the client liked), and hold at most
-    MAX_JSON_CONTAINERS '[' and '{' bytes (400 before parsing). 408 and 413 close the
-    connection (the rest of the body is unread).
+    wants `Authorization: Bearer <api_key>`, the scheme in any case (401 otherwise). Requests
+    beyond the engine's slots wait in arrival order; with `max_waiting`, one that finds that
+    many already waiting gets 429 at once (code "too_many_requests"), before any work. A
+    request body must arrive within `body_timeout_s` seconds (408 "request_timeout" otherwise:
+    a body sent a byte at a time held its connection for as long as the client liked), and
+    hold at most MAX_JSON_CONTAINERS '[' and '{' bytes (400 before parsing), in UTF-8 (400
+    naming the first bad byte's offset otherwise); a compressed body (any Content-Encoding
+    but identity) gets 415 before it is read. 408, 413 and 415 close the connection (the rest
+    of the body is unread).
 
     `llm` is an LLM, or a function returning one, called in a background thread when the app
     starts: until it returns, /health answers 503 {"status": "loading"} and every other route
@@ -77,11 +113,14 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     if max_waiting is not None and (not isinstance(max_waiting, int) or max_waiting < 1):
         raise ValueError(f"max_waiting = {max_waiting!r}: expected an int >= 1 (or None: no "
                          "bound)")
-    state: dict[str, Any] = {"llm": None, "metrics": None, "error": None, "stopping": False}
+    state: dict[str, Any] = {"llm": None, "metrics": None, "error": None, "stopping": False,
+                             "created": None}
     uploads: set[anyio.CancelScope] = set()  # request bodies being received
 
     def _loaded(model) -> None:
         state["metrics"] = ServerMetrics(model.engine)
+        # the model object's `created`: the same on every answer (it was each answer's time)
+        state["created"] = int(time.time())
         state["llm"] = model
         if on_ready is not None:
             on_ready(model)
@@ -167,9 +206,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
 
     @app.exception_handler(p.APIError)
     async def _api_error(_request: Request, e: p.APIError):
-        # after a 408 or 413 the rest of the body is unread: close rather than wait on it
-        close = {"connection": "close"} if e.status in (408, 413) else None
-        return JSONResponse(e.body(), status_code=e.status, headers=close)
+        return JSONResponse(e.body(), status_code=e.status,
+                            headers=_ERROR_HEADERS.get(e.status))
 
     @app.exception_handler(FlintError)
     async def _flint_error(_request: Request, e: FlintError):
@@ -181,17 +219,35 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             field = p.field_of(msg)
         return JSONResponse(p.APIError(400, msg, field).body(), status_code=400)
 
-    want = None if api_key is None else f"Bearer {api_key}".encode()
+    want = None if api_key is None else api_key.encode()
 
     def _auth(request: Request) -> None:
-        # compared in constant time: the time to refuse says nothing about the key
-        got = request.headers.get("authorization", "").encode("latin-1", "replace")
-        if want is not None and not hmac.compare_digest(got, want):
+        """APIError 401 unless the request's Authorization is "Bearer <api_key>", the scheme
+        in any case and followed by one space or more (RFC 7235 §2.1: `bearer KEY` was a
+        401, bad-input trial 2026-12-06)."""
+        if want is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        got = key.lstrip(" ").encode("latin-1", "replace")
+        # the key compared in constant time: the time to refuse says nothing about it
+        if not (hmac.compare_digest(got, want) and scheme.lower() == "bearer"):
             raise p.APIError(401, "missing or wrong API key (Authorization: Bearer ...)",
                              kind="authentication_error", code="invalid_api_key")
 
+    def _uncompressed(request: Request) -> None:
+        """APIError 415 for a body with a content coding (gzip, br, ...): it was parsed as
+        JSON as it came and refused as not JSON (bad-input trial, 2026-12-06). Decoding it
+        would need a bound on the decoded size; clients send these bodies uncompressed."""
+        given = request.headers.getlist("content-encoding")
+        codings = {c.strip().lower() for value in given for c in value.split(",")}
+        if codings - {"", "identity"}:  # identity: no coding (RFC 9110 §8.4.1)
+            raise p.APIError(415, f"request body: compressed (Content-Encoding: "
+                                  f"{', '.join(given)}); this server takes uncompressed JSON "
+                                  "bodies only", code="unsupported_content_encoding")
+
     async def _body(request: Request) -> Any:
         _auth(request)
+        _uncompressed(request)
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > p.MAX_BODY_BYTES:
             raise _too_large()
@@ -213,21 +269,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         if late:
             raise p.APIError(408, f"request body: not received within {body_timeout_s:g} s",
                              code="request_timeout")
-        containers = raw.count(b"[") + raw.count(b"{")
-        if containers > MAX_JSON_CONTAINERS:
-            # counted as bytes, so brackets inside strings count too (a string-aware count of
-            # a 16 MiB body held the event loop for up to 0.7 s here, 2026-12-05): say so
-            raise p.APIError(400, f"request body: {containers:,} '[' and '{{' characters, "
-                                  "counted before parsing, inside strings too; at most "
-                                  f"{MAX_JSON_CONTAINERS:,} (the bound on parsing time)",
-                             code="too_many_json_containers")
-        try:
-            return json.loads(raw)
-        except RecursionError:
-            raise p.APIError(400, "request body: arrays and objects nested too deeply to "
-                                  "parse") from None
-        except (ValueError, UnicodeDecodeError):
-            raise p.APIError(400, "request body: could not parse it as JSON") from None
+        return _parsed(raw)
 
     def _too_large() -> p.APIError:
         return p.APIError(413, f"request body: larger than {p.MAX_BODY_BYTES >> 20} MiB",
@@ -236,9 +278,16 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     def _model(body) -> None:
         name = body.get("model")
         if name is not None and name != model_name:
-            raise p.APIError(404, f"model {shown(name, 80)} does not exist; this server "
-                                  f"serves {shown(model_name, 80)}", "model",
-                             code="model_not_found")
+            raise _no_model(name)
+
+    def _no_model(name) -> p.APIError:
+        return p.APIError(404, f"model {shown(name, 80)} does not exist; this server serves "
+                               f"{shown(model_name, 80)}", "model", code="model_not_found")
+
+    def _card() -> dict[str, Any]:
+        """The served model's object, as GET /v1/models lists it."""
+        return {"id": model_name, "object": "model", "created": state["created"],
+                "owned_by": "flint-graph"}
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD too
     async def health():
@@ -258,9 +307,16 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     async def models(request: Request):
         _auth(request)
         _ready()
-        return {"object": "list", "data": [{"id": model_name, "object": "model",
-                                            "created": int(time.time()),
-                                            "owned_by": "flint-graph"}]}
+        return {"object": "list", "data": [_card()]}
+
+    # `path`: a served name may hold a slash ("org/model"), sent as is or as %2F
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(request: Request, model_id: str):
+        _auth(request)
+        _ready()
+        if model_id != model_name:
+            raise _no_model(model_id)
+        return _card()
 
     admitting = [0]  # requests accepted that have no first token yet (queued or prefilling)
     room_lock = threading.Lock()
