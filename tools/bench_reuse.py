@@ -4,7 +4,9 @@ a first user message of about --history tokens, then --turns short turns (or tur
 --new-tokens tokens each), greedy, the same conversation twice on one engine (reuse on, then off
 by capacity 0). Prints and writes
 reuse.json under --out: per turn the prompt tokens, cached tokens, TTFT (ms) and the ms of
-Python's garbage collections during the request, per generation (`gc_ms`).
+Python's garbage collections during the request, per generation (`gc_ms`), and the CUDA
+allocator's cudaMalloc / cudaFree calls and retries (`allocator`); `--profile-turns` runs chosen
+turns under torch.profiler.
 
     python tools/bench_reuse.py [--preset full] [--format bf16] [--history 8000] [--turns 6]
     python tools/bench_reuse.py --model nano --device cpu     # the embedded flint-nano
@@ -14,6 +16,7 @@ Python's garbage collections during the request, per generation (`gc_ms`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -46,6 +49,40 @@ class GcPauses:
 
 
 GC = GcPauses()
+
+
+class AllocatorCounts:
+    """The CUDA caching allocator's counters since the last `take()` (torch.cuda.memory_stats):
+    cudaMalloc and cudaFree calls, and retries (an allocation that failed, freed every cached
+    block, synchronising the device, and tried again: tens of ms). A resumed turn at 85-99 ms
+    against ~23 ms for its neighbours (BF16 tool loop, 2026-12-05; NVFP4 512-token turns,
+    2026-12-06) showed no GC pause; this says whether the allocator is where it goes. {} on
+    the CPU."""
+
+    KEYS = {"num_device_alloc": "cuda_malloc", "num_device_free": "cuda_free",
+            "num_alloc_retries": "retries"}
+
+    def __init__(self):
+        self._last = self._now()
+
+    @staticmethod
+    def _now() -> dict[str, int]:
+        import torch
+
+        if not torch.cuda.is_available():
+            return {}
+        stats = torch.cuda.memory_stats()
+        return {k: stats.get(k, 0) for k in AllocatorCounts.KEYS}
+
+    def take(self) -> dict[str, int]:
+        now = self._now()
+        out = {name: now[k] - self._last.get(k, 0) for k, name in self.KEYS.items()
+               if k in now and now[k] != self._last.get(k, 0)}
+        self._last = now
+        return out
+
+
+ALLOC: AllocatorCounts | None = None  # made in main, after torch is imported
 TOKENS_PER_ITEM = 2621 / 170  # 170 log items made 2,621 tokens (perf-log)
 
 
@@ -65,6 +102,8 @@ def row(key: str, t: int, out) -> dict:
     r = {key: t, "prompt_tokens": len(out.prompt_token_ids), "cached_tokens": out.cached_tokens,
          "ttft_ms": out.ttft_ms, "finish": out.finish_reason, "output_tokens": len(out.token_ids),
          "gc_ms": GC.take()}  # collections during this request (and its template rendering)
+    if ALLOC is not None:
+        r["allocator"] = ALLOC.take()
     if out.errors:
         r["errors"] = out.errors
     print(json.dumps(r), flush=True)
@@ -95,13 +134,42 @@ def conversation(llm, first: str, turns: int, max_tokens: int,
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     msgs, rows = [{"role": "user", "content": first}], []
     for t in range(turns):
-        msg = llm.chat(msgs, params=params)
+        with PROFILE.turn(t):
+            msg = llm.chat(msgs, params=params)
         rows.append(row("turn", t, msg.output))
         msgs += [{"role": "assistant", "content": msg.content or ""},
                  {"role": "user", "content": f"and what about item {t * 11}? answer "
                                              f"briefly.{extra(llm, t, new_tokens)}"}]
     return rows
 
+
+class TurnProfile:
+    """`--profile-turns`: the named turns (or steps) of the first run (reuse on) under
+    torch.profiler, host and device; each table (self CPU time by op, top 25) is written to
+    `<out>/profile-turn<N>.txt` and its first lines printed."""
+
+    def __init__(self, turns=(), out: Path | None = None):
+        self.turns, self.out, self.on = set(turns), out, True
+
+    @contextlib.contextmanager
+    def turn(self, t: int):
+        if not self.on or t not in self.turns:
+            yield
+            return
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        kinds = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available()
+                                          else [])
+        with profile(activities=kinds) as prof:
+            yield
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"profile-turn{t}.txt").write_text(table)
+        print("\n".join(table.splitlines()[:12]), flush=True)
+
+
+PROFILE = TurnProfile()
 
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look up the value of a key in the log.",
@@ -118,7 +186,8 @@ def tool_loop(llm, first: str, steps: int, max_tokens: int, new_tokens: int = 0)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     msgs, rows = [{"role": "user", "content": first}], []
     for t in range(steps):
-        msg = llm.chat(msgs, tools=TOOLS, params=params)
+        with PROFILE.turn(t):
+            msg = llm.chat(msgs, tools=TOOLS, params=params)
         rows.append(row("step", t, msg.output))
         msgs += [{"role": "assistant", "content": msg.content or "",
                   "reasoning_content": msg.reasoning_content,
@@ -152,6 +221,9 @@ def main() -> int:
     p.add_argument("--log-reuse", action="store_true",
                    help="print each KV-reuse decision (logger flint_graph.reuse at DEBUG): "
                         "where each prompt resumed, or why it ran cold")
+    p.add_argument("--profile-turns", default="",
+                   help="comma-separated turn (or step) numbers of the reuse-on run to run "
+                        "under torch.profiler (tables in --out); default none")
     p.add_argument("--no-gc-freeze", action="store_true",
                    help="leave start-up's objects to the cyclic GC (the flint-graph commands "
                         "freeze them once loaded: flint_graph/runtime/gc_policy.py)")
@@ -163,6 +235,12 @@ def main() -> int:
         logging.getLogger("flint_graph.reuse").setLevel(logging.DEBUG)
     if args.new_tokens < 0:
         p.error(f"--new-tokens {args.new_tokens}: expected a count >= 0")
+    global PROFILE, ALLOC
+    try:
+        PROFILE = TurnProfile([int(v) for v in args.profile_turns.split(",") if v],
+                              Path(args.out))
+    except ValueError:
+        p.error(f"--profile-turns {args.profile_turns!r}: expected comma-separated numbers")
     first = "Summarize this log. " + log_items(args.history)
     model = args.model
     if model == "nano":
@@ -184,7 +262,9 @@ def main() -> int:
 
             freeze_startup_objects()
         GC.take()  # start-up's collections are not the first request's
+        ALLOC = AllocatorCounts()
         res["on"] = run(llm, first, args.turns, args.max_tokens, args.new_tokens)
+        PROFILE.on = False
         llm.engine.drop_retained()
         llm.engine.prefix_cache.capacity = 0  # reuse off, same engine and weights
         GC.take()

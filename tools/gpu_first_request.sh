@@ -7,6 +7,7 @@
 #   ttft     why a process's first request is slower (item 1): tools/ttft_breakdown.py's
 #            first_* phases in a plain process and with CUDA_MODULE_LOADING=EAGER
 #   profile  the first and a later request under torch.profiler
+#   profile8k the 8K prefill's CUDA time by kernel (tools/bench_prefill.py --profile-tokens)
 #   prefill  the NVFP4 8K prefill over fresh processes (item 2)
 #   bench    flint-graph bench, full preset, 1K context, buckets 1 and 8 (step, e2e, TTFT, 8K)
 #   kvw      the prefill's KV write, kv_write kernel against the indexed assignment, A/B in
@@ -57,9 +58,10 @@ for part in ${PARTS:-tests e2e ttft}; do
   reuse)
     for run in ${REUSE_RUNS:-tool new512}; do
       args=(--tool-loop --turns 6); [ "$run" = new512 ] && args=(--new-tokens 512 --turns 4)
+      eval "extra=(${REUSE_EXTRA:-})"  # e.g. REUSE_EXTRA="--profile-turns 2 --log-reuse"
       timeout "$(lim 170)" python3 tools/bench_reuse.py --preset full \
         --format "${REUSE_FORMAT:-bf16}" --history 8192 "${args[@]}" --max-tokens 16 \
-        --out "$OUT/reuse" > "$OUT/reuse-$run.log" 2>&1
+        --out "$OUT/reuse" "${extra[@]}" > "$OUT/reuse-$run.log" 2>&1
       echo "reuse $run: exit $?"; grep "^{" "$OUT/reuse-$run.log" | cut -c1-300 | tail -16
     done ;;
   bench)
@@ -71,6 +73,11 @@ for part in ${PARTS:-tests e2e ttft}; do
       --tokens "${TOKENS_KVW:-512,8192}" --reps 7 --profile-tokens 0 --kernel-tokens= --kv-write 1,0,1 \
       --out "$OUT/prefill-kvw" > "$OUT/prefill-kvw.log" 2>&1
     echo "kvw: exit $?"; grep '^{' "$OUT/prefill-kvw.log" | cut -c1-400 ;;
+  profile8k)
+    timeout "$(lim 200)" python3 tools/bench_prefill.py --formats "$F" --paths graph --tokens 8192 \
+      --reps 3 --profile-tokens 8192 --kernel-tokens= --out "$OUT/prefill-profile" \
+      > "$OUT/prefill-profile.log" 2>&1
+    echo "profile8k: exit $?"; grep '^{' "$OUT/prefill-profile.log" | cut -c1-300 ;;
   prefill)
     timeout "$(lim "${PREFILL_TIMEOUT:-240}")" python3 tools/bench_prefill.py --formats "$F" --paths graph \
       --tokens 8192 --reps 5 --profile-tokens 0 --kernel-tokens= --processes "${PROCESSES:-4}" \
