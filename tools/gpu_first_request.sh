@@ -7,7 +7,8 @@
 #   ttft     why a process's first request is slower (item 1): tools/ttft_breakdown.py's
 #            first_* phases in a plain process and with CUDA_MODULE_LOADING=EAGER
 #   profile  the first and a later request under torch.profiler
-#   profile8k the 8K prefill's CUDA time by kernel (tools/bench_prefill.py --profile-tokens)
+#   profile8k the prefill's CUDA time by kernel at each of PROFILE_TOKENS (default 8192;
+#            tools/bench_prefill.py --profile-tokens)
 #   prefill  the NVFP4 8K prefill over fresh processes (item 2)
 #   bench    flint-graph bench, full preset, 1K context, buckets 1 and 8 (step, e2e, TTFT, 8K)
 #   kvw      the prefill's KV write, kv_write kernel against the indexed assignment, A/B in
@@ -74,10 +75,12 @@ for part in ${PARTS:-tests e2e ttft}; do
       --out "$OUT/prefill-kvw" > "$OUT/prefill-kvw.log" 2>&1
     echo "kvw: exit $?"; grep '^{' "$OUT/prefill-kvw.log" | cut -c1-400 ;;
   profile8k)
-    timeout "$(lim 200)" python3 tools/bench_prefill.py --formats "$F" --paths graph --tokens 8192 \
-      --reps 3 --profile-tokens 8192 --kernel-tokens= --out "$OUT/prefill-profile" \
-      > "$OUT/prefill-profile.log" 2>&1
-    echo "profile8k: exit $?"; grep '^{' "$OUT/prefill-profile.log" | cut -c1-300 ;;
+    for n in ${PROFILE_TOKENS:-8192}; do  # e.g. PROFILE_TOKENS="8192 512"
+      timeout "$(lim 200)" python3 tools/bench_prefill.py --formats "$F" --paths graph --tokens "$n" \
+        --reps 3 --profile-tokens "$n" --kernel-tokens= --out "$OUT/prefill-profile-$n" \
+        > "$OUT/prefill-profile-$n.log" 2>&1
+      echo "profile $n: exit $?"; grep '^{' "$OUT/prefill-profile-$n.log" | cut -c1-300
+    done ;;
   prefill)
     timeout "$(lim "${PREFILL_TIMEOUT:-240}")" python3 tools/bench_prefill.py --formats "$F" --paths graph \
       --tokens 8192 --reps 5 --profile-tokens 0 --kernel-tokens= --processes "${PROCESSES:-4}" \
