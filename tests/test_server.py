@@ -1101,6 +1101,33 @@ def test_half_sent_headers_time_out_and_extra_connections_are_closed():
                 c.close()
 
 
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    b"NOT AN HTTP REQUEST\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"])
+def test_an_unparseable_request_gets_a_json_400(request_bytes):
+    """A request uvicorn cannot parse was answered `Invalid HTTP request received.` as plain
+    text (a bad-input trial, 2026-12-06); the guarded protocol answers the API's JSON error,
+    400 bad_http_request, and closes the connection."""
+    from flint_graph.server.connections import guarded_protocol
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    with _uvicorn(app, lifespan="off", http=guarded_protocol()) as port:
+        out = _raw(port, request_bytes, wait=5.0)
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), out[:300]
+        assert b"content-type: application/json" in head.lower()
+        err = json.loads(body)["error"]
+        assert err["code"] == "bad_http_request" and err["type"] == "invalid_request_error"
+        assert err["message"].startswith("malformed HTTP request: ")
+        assert b"200 OK" in _raw(port, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close"
+                                       b"\r\n\r\n")
+
+
 def test_too_many_messages_are_refused_before_templating(server):
     """500,000 one-word messages took the template 5 s before a 400 naming the server's own
     tokenizer_config.json path (hostile-input trial, 2026-12-03): refused at once now."""

@@ -13,6 +13,9 @@ clients already connected keep being served; one client address may hold at most
 limit in the app (`create_app`'s body_timeout_s). Many addresses together can still fill the
 cap: a public server belongs behind a reverse proxy that limits clients.
 
+A request uvicorn cannot parse gets the API's JSON error (400 `bad_http_request`) instead of
+uvicorn's plain text.
+
 `guarded_protocol` subclasses the HTTP protocol class uvicorn would choose itself
 (`uvicorn.protocols.http.auto.AutoHTTPProtocol`: httptools when installed, else h11) and is
 passed as `uvicorn.Config(http=...)`.
@@ -38,6 +41,20 @@ def default_max_connections() -> int:
     if soft == resource.RLIM_INFINITY:
         return 1000
     return max(16, min(1000, soft - DESCRIPTORS_SPARE))
+
+
+def bad_request_bytes(reason: str) -> bytes:
+    """The whole HTTP/1.1 400 response for a request uvicorn could not parse (`reason`, its
+    words): the OpenAI error object the app gives every other error (type
+    invalid_request_error, code bad_http_request), then the connection closes."""
+    import json
+
+    body = json.dumps({"error": {"message": f"malformed HTTP request: {reason}",
+                                 "type": "invalid_request_error", "param": None,
+                                 "code": "bad_http_request"}}).encode()
+    head = (f"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    return head.encode("ascii") + body
 
 
 def guarded_protocol(header_timeout: float = HEADER_TIMEOUT_S,
@@ -94,6 +111,15 @@ def guarded_protocol(header_timeout: float = HEADER_TIMEOUT_S,
             # headers are complete, and then the timer leaves the connection alone
             armed = self.cycle
             self._header_timer = self.loop.call_later(header_timeout, self._expire, armed)
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn answers a request it cannot parse (a bad request line or header) as
+            # plain text before the app sees it; clients of this API read JSON errors
+            # (a bad-input trial, 2026-12-06)
+            if self.transport.is_closing():
+                return
+            self.transport.write(bad_request_bytes(msg))
+            self.transport.close()
 
         def _expire(self, armed) -> None:
             self._header_timer = None
