@@ -521,6 +521,48 @@ def test_a_line_or_ctrl_d_typed_while_an_answer_streamed_is_read():
         os.close(slave)
 
 
+def test_a_pasted_burst_is_read_one_line_at_a_time():
+    """A new user's trial (2026-12-06): 45 lines pasted into a fenced message arrived while
+    readline held the terminal in raw mode, so they were queued ending in carriage returns and
+    read back as one line joined by \r (the model then answered wrongly). Each is its own
+    line now, whatever ends it, one per call; a partial last line is the last one."""
+    import os
+    import pty
+    import tty as termios_tty
+
+    from flint_graph.terminal.chat_cli import queued_line
+
+    master, slave = pty.openpty()
+    try:
+        termios_tty.setraw(slave)  # as readline leaves it while a paste arrives
+        with open(slave, "rb", buffering=0, closefd=False) as t:
+            os.write(master, b"Remember these.\rK1 = 2\rK3 = 4\r\"\"\"\r")
+            got = [queued_line(t) for _ in range(4)]
+            assert got == ["Remember these.", "K1 = 2", "K3 = 4", '"""'], got
+            assert queued_line(t) is None
+            os.write(master, b"a\r\nb\nc")
+            assert [queued_line(t) for _ in range(3)] == ["a", "b", "c"]
+            assert queued_line(t) is None
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_pasted_fenced_message_keeps_its_line_breaks(tiny_llm, monkeypatch):
+    """The same paste through the chat: the fenced message is its lines joined by newlines."""
+    import flint_graph.terminal.chat_cli as cc
+
+    # nothing queued at the first prompt (the user types the opening fence), then the paste
+    pasted = iter([None, "Remember these.", "K1 = 2", "K3 = 4", '"""'])
+    monkeypatch.setattr(cc, "queued_line", lambda stream: next(pasted, None))
+    s, console = _session(tiny_llm, ['"""', "/exit"])
+    # queued lines are read on a terminal only
+    monkeypatch.setattr(type(s.console), "is_terminal", property(lambda self: True))
+    monkeypatch.setattr(s, "answer", lambda: None)
+    s.run()
+    assert s.messages[-1] == {"role": "user", "content": "Remember these.\nK1 = 2\nK3 = 4"}
+
+
 def test_save_takes_a_name_of_up_to_255_characters(tiny_llm, tmp_path, monkeypatch):
     """A bad-input trial (2026-12-05): `/save` of a legal 250-character name failed with "File
     name too long": the temporary file beside it took the whole name plus 10 characters. A

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -73,17 +74,28 @@ def _saved_transcript(path: Path) -> tuple[list, list] | None:
     return (obj["messages"], tools) if isinstance(tools, list) else None
 
 
+_QUEUED: dict[int, list[str]] = {}  # lines read from a terminal at once, per descriptor
+_LINE_ENDS = re.compile(r"\r\n|\r|\n")
+
+
 def queued_line(stream) -> str | None:
     """A line or a Ctrl-D the user typed while no one read the terminal (an answer streaming):
     the line without its newline, EOFError for the Ctrl-D, None when nothing whole is queued
     (or `stream` is no terminal). Read before input() because readline's switch to raw mode
     dropped a queued Ctrl-D: "Ctrl-D quits" failed while an answer streamed (new-user trial,
     2026-12-04). In canonical mode the terminal is readable only once a whole line or an
-    end-of-file is queued, so a half-typed line is left for readline to edit."""
+    end-of-file is queued, so a half-typed line is left for readline to edit.
+
+    A paste can queue many lines at once, and those that arrived while readline held the
+    terminal in raw mode end in a carriage return, not a newline: each is its own line, given
+    one per call (a 45-line paste into a fenced message was one line joined by \\r, and the
+    model answered it wrongly: new-user trial, 2026-12-06)."""
     try:
         fd = stream.fileno()
         if not os.isatty(fd):
             return None
+        if _QUEUED.get(fd):
+            return _QUEUED[fd].pop(0)
         import select
 
         if not select.select([fd], [], [], 0)[0]:
@@ -93,7 +105,11 @@ def queued_line(stream) -> str | None:
         return None
     if not data:
         raise EOFError
-    return data.decode("utf-8", "surrogateescape").rstrip("\r\n")
+    lines = _LINE_ENDS.split(data.decode("utf-8", "surrogateescape"))
+    if len(lines) > 1 and lines[-1] == "":  # the data ended with its last line's end
+        lines.pop()
+    _QUEUED[fd] = lines[1:]
+    return lines[0]
 
 
 def _file_argument(text: str) -> str:
