@@ -56,12 +56,15 @@ def test_null_model_type_and_dtype_mean_unset():
 def test_a_scaled_rope_is_refused_not_ignored(scaling):
     """A bad-input trial (2026-12-06): `rope_scaling` was ignored, so a checkpoint trained
     with a scaled RoPE would run with every sliding layer's angles wrong. Null and {} (HF's
-    unset) still load."""
+    unset) and HF's explicit {"rope_type": "default"} still load."""
     with pytest.raises(ConfigError, match=r"cfg\.json: field 'rope_scaling'.*unscaled"):
         FlintConfig.from_dict({**_full(), "rope_scaling": scaling}, source="cfg.json")
-    for unset in (None, {}):
+    for unset in (None, {}, {"rope_type": "default"}, {"type": "default"}):
         assert FlintConfig.from_dict({**_full(), "rope_scaling": unset}) == \
             FlintConfig.preset("full")
+    with pytest.raises(ConfigError, match="rope_scaling"):  # "default" with a factor: scaled
+        FlintConfig.from_dict({**_full(), "rope_scaling": {"rope_type": "default",
+                                                           "factor": 8.0}})
 
 
 @pytest.mark.parametrize("change, match", [

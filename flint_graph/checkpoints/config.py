@@ -46,6 +46,18 @@ GGUF_REQUIRED_KEYS = (
     "expert_gating_func", "expert_weights_norm", "expert_weights_scale")
 
 
+
+def _unscaled_rope(scaling: Any) -> bool:
+    """Whether a config.json `rope_scaling` value means plain RoPE: absent or null, {}, or
+    Hugging Face's explicit {"rope_type": "default"} (older files: "type"), with nothing else
+    but that key."""
+    if scaling is None or scaling == {}:
+        return True
+    if not isinstance(scaling, dict):
+        return False
+    kind = scaling.get("rope_type", scaling.get("type"))
+    return kind == "default" and set(scaling) <= {"rope_type", "type"}
+
 @dataclass(frozen=True)
 class FlintConfig:
     """The Flint architecture, one field per config.json key (units in the trailing comments)."""
@@ -108,10 +120,11 @@ class FlintConfig:
                 raise ConfigError(f"{source}: field {key!r}: expected one of "
                                   f"{', '.join(WEIGHT_DTYPES)}, found {shown(raw[key], 80)}")
         scaling = raw.get("rope_scaling")
-        if scaling not in (None, {}):  # a scaled RoPE changes every sliding layer's angles
+        if not _unscaled_rope(scaling):  # a scaled RoPE changes every sliding layer's angles
             raise ConfigError(f"{source}: field 'rope_scaling': Flint's RoPE is unscaled "
                               f"(rope_theta alone); found {shown(scaling, 80)}, which this "
-                              "runtime does not implement; expected null or no field")
+                              "runtime does not implement; expected null, no field or "
+                              "{\"rope_type\": \"default\"}")
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in raw:
