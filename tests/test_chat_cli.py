@@ -525,12 +525,14 @@ def test_a_pasted_burst_is_read_one_line_at_a_time():
     """A new user's trial (2026-12-06): 45 lines pasted into a fenced message arrived while
     readline held the terminal in raw mode, so they were queued ending in carriage returns and
     read back as one line joined by \r (the model then answered wrongly). Each is its own
-    line now, whatever ends it, one per call; a partial last line is the last one."""
+    line now, whatever ends it, one per call. A bad-input trial the same day: a paste past one
+    read (~4 KB) was cut at the read's end, or split inside a UTF-8 character; a piece with no
+    line end yet waits (for readline's edit buffer) instead of being sent."""
     import os
     import pty
     import tty as termios_tty
 
-    from flint_graph.terminal.chat_cli import queued_line
+    from flint_graph.terminal.chat_cli import drop_queued, pending_text, queued_line
 
     master, slave = pty.openpty()
     try:
@@ -541,7 +543,19 @@ def test_a_pasted_burst_is_read_one_line_at_a_time():
             assert got == ["Remember these.", "K1 = 2", "K3 = 4", '"""'], got
             assert queued_line(t) is None
             os.write(master, b"a\r\nb\nc")
-            assert [queued_line(t) for _ in range(3)] == ["a", "b", "c"]
+            assert [queued_line(t) for _ in range(3)] == ["a", "b", None]
+            assert pending_text(t) == "c" and pending_text(t) == ""
+            lines = [("\u00e9" * 50 + f" {i}") for i in range(100)]  # ~10 KB, 2-byte chars
+            data = "\r".join(lines).encode() + b"\r"
+            for i in range(0, len(data), 3000):  # arriving in pieces, as a paste does
+                os.write(master, data[i:i + 3000])
+            got = []
+            while (line := queued_line(t)) is not None:
+                got.append(line)
+            assert got == lines
+            os.write(master, b"x\ry\rz\r")
+            assert queued_line(t) == "x"
+            drop_queued(t)  # Ctrl-C during the answer: the rest is not sent
             assert queued_line(t) is None
     finally:
         os.close(master)

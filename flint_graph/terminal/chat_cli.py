@@ -74,8 +74,8 @@ def _saved_transcript(path: Path) -> tuple[list, list] | None:
     return (obj["messages"], tools) if isinstance(tools, list) else None
 
 
-_QUEUED: dict[int, list[str]] = {}  # lines read from a terminal at once, per descriptor
-_LINE_ENDS = re.compile(r"\r\n|\r|\n")
+_QUEUED: dict[int, bytes] = {}  # bytes read from a terminal but not yet given out, per fd
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 def queued_line(stream) -> str | None:
@@ -88,28 +88,85 @@ def queued_line(stream) -> str | None:
 
     A paste can queue many lines at once, and those that arrived while readline held the
     terminal in raw mode end in a carriage return, not a newline: each is its own line, given
-    one per call (a 45-line paste into a fenced message was one line joined by \\r, and the
-    model answered it wrongly: new-user trial, 2026-12-06)."""
+    one per call (a 45-line paste into a fenced message was one line joined by CRs, and the
+    model answered it wrongly: new-user trial, 2026-12-06). Everything queued is read, in as
+    many reads as it takes, and kept as bytes until its line ends, so a long paste is neither
+    cut at a read's end nor split inside a UTF-8 character (a bad-input trial: both happened
+    at ~4 KB). A last piece with no line end yet goes back to readline's edit buffer
+    (`pending_text`), where the user finishes it."""
     try:
         fd = stream.fileno()
         if not os.isatty(fd):
             return None
-        if _QUEUED.get(fd):
-            return _QUEUED[fd].pop(0)
-        import select
-
-        if not select.select([fd], [], [], 0)[0]:
-            return None
-        data = os.read(fd, 1 << 16)
+        buf = _QUEUED.get(fd, b"") + _read_ready(fd)
     except (OSError, ValueError, AttributeError):  # closed, not a real file
         return None
-    if not data:
-        raise EOFError
-    lines = _LINE_ENDS.split(data.decode("utf-8", "surrogateescape"))
-    if len(lines) > 1 and lines[-1] == "":  # the data ended with its last line's end
-        lines.pop()
-    _QUEUED[fd] = lines[1:]
-    return lines[0]
+    m = _LINE_END.search(buf)
+    if m is None:
+        _QUEUED[fd] = buf
+        if buf == b"" and _eof_pending.pop(fd, False):
+            raise EOFError
+        return None
+    _QUEUED[fd] = buf[m.end():]
+    return buf[:m.start()].decode("utf-8", "surrogateescape")
+
+
+_eof_pending: dict[int, bool] = {}
+
+
+@contextlib.contextmanager
+def _prefilled(text: str):
+    """The next input() starts with `text` in readline's edit buffer (nothing when empty or
+    readline is not loaded)."""
+    rl = sys.modules.get("readline") if text else None
+    if rl is None:
+        yield
+        return
+    rl.set_startup_hook(lambda: rl.insert_text(text))
+    try:
+        yield
+    finally:
+        rl.set_startup_hook()
+
+
+def _read_ready(fd: int) -> bytes:
+    """All bytes the terminal `fd` has ready now (b"" when none); an end-of-file (a read of
+    nothing while readable: Ctrl-D) is noted for `queued_line`."""
+    import select
+
+    out = b""
+    while select.select([fd], [], [], 0)[0]:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            _eof_pending[fd] = True
+            break
+        out += data
+    return out
+
+
+def pending_text(stream) -> str:
+    """The queued piece of a line with no line end yet (a paste that did not end in Enter),
+    taken out of the queue: the chat puts it in readline's edit buffer for the next prompt."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return ""
+    rest = _QUEUED.pop(fd, b"")
+    return rest.decode("utf-8", "surrogateescape") if rest else ""
+
+
+def drop_queued(stream) -> None:
+    """Forget every line queued for `stream` (Ctrl-C during an answer: the rest of a paste is
+    not sent on its own, one message at a time)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    _QUEUED.pop(fd, None)
+    try:
+        _read_ready(fd)
+    except OSError:
+        pass
 
 
 def _file_argument(text: str) -> str:
@@ -327,7 +384,9 @@ class ChatSession:
             self.console.print(prompt, end="")
             self.console.print(queued, highlight=False, markup=False)
             return queued
-        line = self.console.input(prompt)
+        partial = pending_text(sys.stdin) if self.console.is_terminal else ""
+        with _prefilled(partial):  # a pasted piece with no line end: the user finishes it
+            line = self.console.input(prompt)
         if self.echo_input:
             # a byte that is not UTF-8 reads as a lone surrogate, which stdout cannot encode;
             # control characters are shown, not obeyed (a piped file could drive the terminal)
@@ -527,6 +586,8 @@ class ChatSession:
             except KeyboardInterrupt:
                 stream.close()
                 stopped = True
+                if self.console.is_terminal:  # the rest of a paste is not sent line by line
+                    drop_queued(sys.stdin)
             finally:
                 engine.prefill_progress = None
         # The final split can differ from the streamed one (e.g. the model stopped without
