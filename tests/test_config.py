@@ -51,20 +51,47 @@ def test_null_model_type_and_dtype_mean_unset():
     assert FlintConfig.from_dict(raw, source="cfg.json").hidden_size == _full()["hidden_size"]
 
 
+@pytest.mark.parametrize("field", ["rope_scaling", "rope_parameters"])
 @pytest.mark.parametrize("scaling", [{"rope_type": "yarn", "factor": 4.0},
-                                     {"type": "linear", "factor": 2.0}, "dynamic"])
-def test_a_scaled_rope_is_refused_not_ignored(scaling):
+                                     {"type": "linear", "factor": 2.0}, "dynamic", [1],
+                                     {"rope_type": "default", "factor": 8.0},
+                                     {"rope_type": "yarn", "factor": 1.0}])
+def test_a_scaled_rope_is_refused_not_ignored(field, scaling):
     """A bad-input trial (2026-12-06): `rope_scaling` was ignored, so a checkpoint trained
-    with a scaled RoPE would run with every sliding layer's angles wrong. Null and {} (HF's
-    unset) and HF's explicit {"rope_type": "default"} still load."""
-    with pytest.raises(ConfigError, match=r"cfg\.json: field 'rope_scaling'.*unscaled"):
-        FlintConfig.from_dict({**_full(), "rope_scaling": scaling}, source="cfg.json")
-    for unset in (None, {}, {"rope_type": "default"}, {"type": "default"}):
-        assert FlintConfig.from_dict({**_full(), "rope_scaling": unset}) == \
-            FlintConfig.preset("full")
-    with pytest.raises(ConfigError, match="rope_scaling"):  # "default" with a factor: scaled
-        FlintConfig.from_dict({**_full(), "rope_scaling": {"rope_type": "default",
-                                                           "factor": 8.0}})
+    with a scaled RoPE would run with every sliding layer's angles wrong; a second found the
+    same under transformers v5's `rope_parameters` and `partial_rotary_factor`."""
+    with pytest.raises(ConfigError, match=rf"cfg\.json: field '{field}'.*unscaled"):
+        FlintConfig.from_dict({**_full(), field: scaling}, source="cfg.json")
+
+
+@pytest.mark.parametrize("field", ["rope_scaling", "rope_parameters"])
+@pytest.mark.parametrize("unset", [None, {}, {"rope_type": "default"}, {"type": "default"},
+                                   {"rope_type": "default", "factor": 1.0},
+                                   {"rope_type": "linear", "factor": 1.0},
+                                   {"rope_type": "default", "rope_theta": 10000.0}])
+def test_plain_rope_spelled_any_way_loads(field, unset):
+    """Null, {} and Hugging Face's explicit unscaled forms load (the trial's false refusals)."""
+    assert FlintConfig.from_dict({**_full(), field: unset}) == FlintConfig.preset("full")
+
+
+def test_rope_theta_and_partial_rotation_must_agree():
+    with pytest.raises(ConfigError, match="rope_parameters.*rope_theta 500000.0 disagrees"):
+        FlintConfig.from_dict({**_full(), "rope_parameters": {"rope_type": "default",
+                                                              "rope_theta": 500000.0}})
+    with pytest.raises(ConfigError, match="partial_rotary_factor.*whole head"):
+        FlintConfig.from_dict({**_full(), "partial_rotary_factor": 0.5})
+    assert FlintConfig.from_dict({**_full(), "partial_rotary_factor": 1.0}).head_dim == 128
+
+
+def test_gguf_rope_scaling_metadata_is_refused():
+    cfg = FlintConfig.preset("full")
+    meta = dict(cfg.gguf_metadata())
+    cfg.check_gguf_metadata({**meta, "flint.rope.scaling.factor": 1.0}, "m.gguf")
+    cfg.check_gguf_metadata({**meta, "flint.rope.scaling.type": "none"}, "m.gguf")
+    for key, value in (("flint.rope.scaling.factor", 4.0), ("flint.rope.scaling.type", "yarn"),
+                       ("flint.rope.scaling.original_context_length", 4096)):
+        with pytest.raises(ConfigError, match=rf"m\.gguf: GGUF metadata {key}.*unscaled"):
+            cfg.check_gguf_metadata({**meta, key: value}, "m.gguf")
 
 
 @pytest.mark.parametrize("change, match", [

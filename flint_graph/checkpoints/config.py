@@ -46,17 +46,45 @@ GGUF_REQUIRED_KEYS = (
     "expert_gating_func", "expert_weights_norm", "expert_weights_scale")
 
 
-
 def _unscaled_rope(scaling: Any) -> bool:
-    """Whether a config.json `rope_scaling` value means plain RoPE: absent or null, {}, or
-    Hugging Face's explicit {"rope_type": "default"} (older files: "type"), with nothing else
-    but that key."""
+    """Whether a config.json `rope_scaling` / `rope_parameters` value means plain RoPE: absent
+    or null, {}, Hugging Face's explicit {"rope_type": "default"} (older files: "type"), or a
+    "default" or "linear" one with factor 1; `rope_theta` inside it is checked elsewhere."""
     if scaling is None or scaling == {}:
         return True
     if not isinstance(scaling, dict):
         return False
-    kind = scaling.get("rope_type", scaling.get("type"))
-    return kind == "default" and set(scaling) <= {"rope_type", "type"}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    rest = set(scaling) - {"rope_type", "type", "rope_theta"}
+    factor = scaling.get("factor", 1.0)
+    one = isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor == 1.0
+    return kind in ("default", "linear") and rest <= {"factor"} and one
+
+
+def _check_rope_fields(raw: dict[str, Any], source: str) -> None:
+    """Refuse what would change RoPE's angles and this runtime would otherwise ignore: a scaled
+    RoPE under `rope_scaling` or transformers v5's `rope_parameters` (YaRN, dynamic, linear
+    with a factor...), a `rope_theta` there that disagrees with the top-level one, or a
+    `partial_rotary_factor` other than 1 (Flint rotates the whole head). Raises ConfigError
+    naming the field."""
+    for name in ("rope_scaling", "rope_parameters"):
+        value = raw.get(name)
+        if not _unscaled_rope(value):
+            raise ConfigError(f"{source}: field {name!r}: Flint's RoPE is unscaled (rope_theta "
+                              f"alone); found {shown(value, 80)}, which this runtime does not "
+                              "implement; expected null, no field or {\"rope_type\": "
+                              "\"default\"}")
+        theta = value.get("rope_theta") if isinstance(value, dict) else None
+        if theta is not None and theta != raw.get("rope_theta", theta):
+            raise ConfigError(f"{source}: field {name!r}: rope_theta {shown(theta, 40)} "
+                              f"disagrees with the top-level rope_theta "
+                              f"{shown(raw.get('rope_theta'), 40)}")
+    partial = raw.get("partial_rotary_factor")
+    if partial is not None and partial != 1:
+        raise ConfigError(f"{source}: field 'partial_rotary_factor': Flint rotates the whole "
+                          f"head (1); found {shown(partial, 40)}, which this runtime does not "
+                          "implement")
+
 
 @dataclass(frozen=True)
 class FlintConfig:
@@ -99,8 +127,9 @@ class FlintConfig:
         """Build and validate from a parsed config.json mapping.
 
         Raises ConfigError naming `source` and the field for an unknown architecture, a missing
-        or mistyped field, an inconsistent value, or a `rope_scaling` (HF's scaled RoPE: YaRN,
-        linear, ...), which would otherwise be ignored and every rotation silently wrong.
+        or mistyped field, an inconsistent value, or a scaled RoPE (`rope_scaling` or
+        `rope_parameters`: YaRN, dynamic, ...; `partial_rotary_factor`), which would otherwise
+        be ignored and every rotation silently wrong.
         """
         archs = raw.get("architectures") or []
         if not isinstance(archs, list):
@@ -119,12 +148,7 @@ class FlintConfig:
             if raw.get(key) is not None and raw[key] not in WEIGHT_DTYPES:  # null: unset
                 raise ConfigError(f"{source}: field {key!r}: expected one of "
                                   f"{', '.join(WEIGHT_DTYPES)}, found {shown(raw[key], 80)}")
-        scaling = raw.get("rope_scaling")
-        if not _unscaled_rope(scaling):  # a scaled RoPE changes every sliding layer's angles
-            raise ConfigError(f"{source}: field 'rope_scaling': Flint's RoPE is unscaled "
-                              f"(rope_theta alone); found {shown(scaling, 80)}, which this "
-                              "runtime does not implement; expected null, no field or "
-                              "{\"rope_type\": \"default\"}")
+        _check_rope_fields(raw, source)  # a scaled RoPE changes every sliding layer's angles
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in raw:
@@ -437,6 +461,13 @@ class FlintConfig:
         Raises ConfigError naming the key, the config.json value and the GGUF value, or the
         missing key.
         """
+        for key in found:  # llama.cpp's names for a scaled RoPE: ignored, every angle differs
+            if key.startswith(f"{GGUF_ARCH}.rope.scaling.") and not (
+                    key.endswith(".type") and found[key] in ("none", "linear")
+                    or key.endswith(".factor") and _plain(found[key]) in (0, 1)):
+                raise ConfigError(f"{source}: GGUF metadata {key} = {_plain(found[key])!r}: "
+                                  "Flint's RoPE is unscaled, which this runtime implements "
+                                  "alone; expected no rope.scaling keys")
         for key, want in self.gguf_metadata().items():
             if key not in found:
                 if key.removeprefix(f"{GGUF_ARCH}.") in GGUF_REQUIRED_KEYS:
