@@ -3,8 +3,10 @@ eval.
 
 Each subcommand parses its flags (`cli_args`), builds the public API objects and prints. Bad
 input ends in one line on stderr and exit status 2, never a traceback (set FLINT_GRAPH_DEBUG=1
-to see one for an unexpected internal error); Ctrl-C ends in `flint-graph: interrupted`, 130; SIGTERM during `generate` ends it the same
-way (its `--json` output still printed) in `flint-graph: terminated`, 143.
+to see one for an unexpected internal error); Ctrl-C ends in `flint-graph: interrupted`, 130; SIGTERM during generate, make-checkpoint,
+eval, bench, trace and build-kernels runs the same cleanups (partial output removed, a
+request aborted and its `--json` output still printed) and ends in `flint-graph: terminated`,
+143.
 
 Start-up is split in two. While the flags are parsed and the heavy modules (torch, ...) are
 imported, Ctrl-C ends the process at once: a KeyboardInterrupt raised inside an import can be
@@ -42,11 +44,19 @@ INTERRUPTED = "flint-graph: interrupted"
 EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
+# commands whose SIGTERM (`timeout`, `kill`, a job scheduler) runs the cleanups Ctrl-C runs:
+# partial checkpoints and unpacked directories removed, a request aborted and reported (a
+# bad-input trial, 2026-12-06: SIGTERM left `.ck.tmp-*` and `.partial-*` directories behind);
+# chat keeps the default (its Ctrl-C handling goes on chatting), serve has its own
+TERM_ENDS_LIKE_CTRL_C = ("generate", "make-checkpoint", "eval", "bench", "trace",
+                         "build-kernels")
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM while `generate` runs: ended as Ctrl-C ends it (the request aborts, `--json`
-    still prints its output), then exit 128 + 15 with `flint-graph: terminated`. Without it a
-    `timeout` or `kill` left a `--json` caller nothing to read (a bad-input trial,
-    2026-12-06)."""
+    """SIGTERM while a TERM_ENDS_LIKE_CTRL_C command runs: ended as Ctrl-C ends it (partial
+    output removed; a request aborted, `--json` still printing its output), then exit 128 + 15
+    with `flint-graph: terminated`. Without it a `timeout` or `kill` left a `--json` caller
+    nothing to read and partial directories behind (bad-input trials, 2026-12-06)."""
 
 
 # a write that failed for the machine's state, not ours: no space, over quota, an I/O error
@@ -62,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print("flint-graph: error: standard output is closed; redirect it to a file or "
               "/dev/null", file=sys.stderr)
         return EXIT_BAD_INPUT
+    stack = contextlib.ExitStack()
     try:
         previous = _exit_on_sigint()  # first statement: Ctrl-C from here on ends cleanly
         t_entry = time.perf_counter()  # bench measures cold start from here
@@ -78,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in modules:
             importlib.import_module(name)
         _restore_sigint(previous)  # from here Ctrl-C raises KeyboardInterrupt: cleanups run
+        if args.command in TERM_ENDS_LIKE_CTRL_C:
+            stack.enter_context(_sigterm_raises())
         args.t_entry = t_entry
         # the console script (argv None) owns its process; a caller passing argv (tests, a
         # program of its own) keeps its objects under the collector as they were
@@ -110,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug of ours: still one line unless asked for the traceback
         return _internal_error(e)
     finally:
+        stack.close()
         _restore_sigint(previous)
 
 
@@ -183,6 +197,24 @@ def _sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _sigterm_deferred():
+    """A SIGTERM during the block is held until its end, then raised as `Terminated` (a
+    finished `--json` answer was cut or lost when the signal came as it was printed)."""
+    got = []
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if got:
+        raise Terminated
 
 
 def _restore_sigint(previous) -> None:
@@ -437,7 +469,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise
     out = stream.output
     if args.json:
-        print(output_to_json(out, llm.engine.name))
+        with _sigterm_deferred():  # the finished answer is printed whole, then the signal
+            print(output_to_json(out, llm.engine.name))
         return 0
     if reasoning_open:
         sys.stderr.write("\n")

@@ -92,6 +92,22 @@ def _complete(out: Path, digest: str) -> bool:
         return False
 
 
+def _sweep_abandoned(out: Path) -> None:
+    """Remove `out`'s partial directories whose process is gone: a first run killed half-way
+    (SIGTERM, a lost terminal) runs no cleanup, and its copy stayed for good (a bad-input
+    trial, 2026-12-06: 67 MB where a clean cache holds 42)."""
+    for d in out.parent.glob(f"{out.name}.partial-*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (PermissionError, OverflowError, ValueError):  # alive (another user's) or odd
+            pass
+
+
 def _build(src: Path, out: Path, digest: str, progress: bool) -> None:
     from flint_graph.checkpoints.checkpoint import load_checkpoint
     from flint_graph.checkpoints.hf_checkpoint import write_safetensors
@@ -100,6 +116,7 @@ def _build(src: Path, out: Path, digest: str, progress: bool) -> None:
     # tests) must not delete each other's half-written files
     tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    _sweep_abandoned(out)
     tmp.mkdir(parents=True)
     try:
         for name in (GGUF_NAME, *SIDE_FILES):

@@ -9,6 +9,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -188,13 +189,14 @@ def test_tiny_checkpoint_built_once_then_reused(cfg, tmp_path, monkeypatch, caps
 
 @pytest.mark.parametrize("where,error", [
     ("safetensors", "safetensors"), ("safetensors", "enospc"), ("gguf", "enospc"),
-    ("gguf", "edquot")])
+    ("gguf", "edquot"), ("gguf", "efbig"), ("gguf", "numpy"), ("safetensors", "rust")])
 def test_a_full_disk_is_named_with_the_room_needed(cfg, tmp_path, monkeypatch, capsys, where,
                                                    error):
-    """A bad-input trial (2026-12-06, the output on a small tmpfs): `make-checkpoint` said
-    `internal error: SafetensorError: ... No space left on device`. Now one line naming the
-    output and the room its formats need, exit 2, nothing left behind; another OSError stays
-    what it is."""
+    """Bad-input trials (2026-12-06, the output on a small tmpfs or under `ulimit -f`):
+    `make-checkpoint` said `internal error: SafetensorError: ... No space left on device`,
+    `OSError: 4608 requested and 1024 written` (numpy, no errno), `Exception: ... (os error
+    28)` (tokenizers) or `File too large (os error 27)`. Now one line naming the output and the
+    room its formats need, exit 2, nothing left behind, the directories made for it too."""
     import errno
 
     from safetensors import SafetensorError
@@ -204,23 +206,68 @@ def test_a_full_disk_is_named_with_the_room_needed(cfg, tmp_path, monkeypatch, c
     def full(*args, **kwargs):
         if error == "safetensors":
             raise SafetensorError("Error while serializing: I/O error: No space left on device")
-        code = errno.ENOSPC if error == "enospc" else errno.EDQUOT
+        if error == "numpy":
+            raise OSError("4608 requested and 1024 written")
+        if error == "rust":
+            raise Exception("No space left on device (os error 28)")
+        code = {"enospc": errno.ENOSPC, "edquot": errno.EDQUOT, "efbig": errno.EFBIG}[error]
         raise OSError(code, os.strerror(code), "model-nvfp4.gguf")
 
     monkeypatch.setattr(mk if where == "safetensors" else gc,
                         "write_safetensors" if where == "safetensors" else "write_gguf", full)
-    out = tmp_path / "full" / "ck"
+    out = tmp_path / "new" / "deeper" / "ck"
     assert mk.main(["--preset", "tiny", "--out", str(out), "--device", "cpu",
                     "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and str(out) in err and "GB free" in err, err
+    assert err.count("\n") == 1 and str(out) in err and re.search(r"\d MB free", err), err
     assert "internal error" not in err
-    assert list((tmp_path / "full").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # new/deeper, made for it, are gone too
+
+
+def test_outputs_the_final_rename_cannot_take_are_refused_first(cfg, tmp_path, monkeypatch):
+    """A bad-input trial (2026-12-06): a symbolic link to an empty directory and an empty
+    mount point (a Docker volume) failed at the final rename, after all the work, with an
+    internal error (NotADirectoryError, EBUSY); a parent that is a file said "File exists".
+    Each is refused before any work; another OSError of the write is named, not a traceback."""
+    import errno
+
+    import flint_graph.checkpoints.gguf_checkpoint as gc
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    with pytest.raises(CheckpointError, match="is a symbolic link; pass the directory"):
+        mk.write_checkpoint(cfg, tmp_path / "link", device="cpu", progress=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="file is a file, not a directory"):
+        mk.write_checkpoint(cfg, tmp_path / "file" / "ck", device="cpu", progress=False)
+    monkeypatch.setattr(os.path, "ismount", lambda p: str(p) == str(tmp_path / "empty"))
+    with pytest.raises(CheckpointError, match="is a mount point.*inside it"):
+        mk.write_checkpoint(cfg, tmp_path / "empty", device="cpu", progress=False)
     monkeypatch.setattr(gc, "write_gguf", lambda *a, **k: (_ for _ in ()).throw(
         PermissionError(errno.EACCES, "Permission denied")))
-    monkeypatch.setattr(mk, "write_safetensors", lambda *a, **k: None)
-    with pytest.raises(PermissionError):
-        mk.write_checkpoint(cfg, out, device="cpu", progress=False)
+    with pytest.raises(CheckpointError, match=r"ck: cannot write the checkpoint \(Permission"):
+        mk.write_checkpoint(cfg, tmp_path / "ck", device="cpu", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "link"]
+
+
+def test_sigterm_removes_the_partial_output(tmp_path, monkeypatch, capsys):
+    """A bad-input trial (2026-12-06): `timeout -s TERM 3 flint-graph make-checkpoint ...`
+    exited 143 with no message and left a hidden `.ck.tmp-*` directory per run. SIGTERM now
+    runs Ctrl-C's cleanup: nothing left, `flint-graph: terminated`, 143."""
+    import signal
+
+    import flint_graph.checkpoints.gguf_checkpoint as gc
+    from flint_graph.cli import main
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(gc, "write_gguf",
+                        lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM) or 0)
+    out = tmp_path / "new" / "ck"
+    assert main(["make-checkpoint", "--preset", "tiny", "--out", str(out), "--device", "cpu",
+                 "--no-progress"]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "flint-graph: terminated"
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_cli_main(tmp_path, capsys):

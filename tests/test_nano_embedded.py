@@ -171,6 +171,26 @@ def test_a_full_disk_while_unpacking_leaves_nothing_and_names_the_path(packaged,
     assert not cache.exists() or list(cache.iterdir()) == []  # no partial directory left
 
 
+def test_a_killed_first_unpack_is_swept_by_the_next(packaged):
+    """A bad-input trial (2026-12-06): SIGTERM during the first unpack left its
+    `.partial-<pid>` directory for good (a killed process runs no cleanup). The next unpack
+    removes partial directories whose process is gone, and leaves a live one's alone."""
+    import subprocess
+
+    cache = embedded.cache_root()
+    out = embedded.ensure_nano_checkpoint(progress=False)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = out.with_name(f"{out.name}.partial-{gone.pid}")
+    live = out.with_name(f"{out.name}.partial-1")  # pid 1 is always alive
+    for d in (dead, live):
+        d.mkdir()
+        (d / "half.safetensors").write_bytes(b"x" * 100)
+    embedded.ensure_nano_checkpoint(progress=False, fresh=True)
+    assert not dead.exists() and live.exists()
+    assert cache.is_dir()
+
+
 def test_an_empty_home_is_not_the_filesystem_root(monkeypatch):
     """A bad-input trial (2026-12-06): with HOME="" (and no FLINT_GRAPH_CACHE or
     XDG_CACHE_HOME) flint-nano was unpacked into /.cache: Path.home() reads an empty HOME as

@@ -14,6 +14,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -123,15 +124,48 @@ def weights_bytes(cfg: FlintConfig, fmt: str = "bf16") -> int:
     return linear * 9 // 16 + (cfg.total_params - linear) * 2 + layer * 2
 
 
-def _disk_full(e: BaseException) -> bool:
-    """Whether a write failed for want of room: ENOSPC or EDQUOT, or safetensors' own error,
-    which carries no errno (it reads "I/O error: No space left on device")."""
-    if isinstance(e, OSError):
-        return e.errno in (errno.ENOSPC, errno.EDQUOT)
-    from safetensors import SafetensorError
+# how libraries without an errno say a write ran out of room: safetensors and tokenizers
+# (Rust: "No space left on device (os error 28)", "File too large (os error 27)") and numpy's
+# tofile ("4608 requested and 1024 written")
+_NO_ROOM = re.compile(r"No space left|os error (?:27|28|122)|File too large|quota exceeded"
+                      r"|\d+ requested and \d+ written", re.IGNORECASE)
 
-    return isinstance(e, SafetensorError) and ("No space left" in str(e)
-                                               or "quota" in str(e).lower())
+
+def _disk_full(e: BaseException) -> bool:
+    """Whether a write failed for want of room: ENOSPC, EDQUOT or EFBIG (a file-size limit),
+    or a library's own error for the same (`_NO_ROOM`: bad-input trials, 2026-12-06)."""
+    if isinstance(e, OSError) and e.errno is not None:
+        return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return isinstance(e, Exception) and bool(_NO_ROOM.search(str(e)))
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:,.1f} GB" if nbytes >= 1e9 else f"{max(nbytes / 1e6, 0.1):,.1f} MB"
+
+
+def _check_destination(out_dir: Path) -> None:
+    """Refuse, before any work, an output the final rename cannot take: a symbolic link (it
+    ended in NotADirectoryError after the whole run), a mount point (EBUSY), a path whose
+    nearest existing parent is a file. Raises CheckpointError saying what to pass instead."""
+    if out_dir.is_symlink():
+        raise CheckpointError(f"{out_dir}: is a symbolic link; pass the directory it points to "
+                              f"({os.path.realpath(out_dir)}) or a new name")
+    if out_dir.is_dir() and os.path.ismount(out_dir):
+        raise CheckpointError(f"{out_dir}: is a mount point, which cannot be replaced; write "
+                              f"into a directory inside it (e.g. {out_dir / 'checkpoint'})")
+    above = next((a for a in out_dir.parents if a.exists()), None)
+    if above is not None and not above.is_dir():
+        raise CheckpointError(f"{out_dir}: cannot write there ({above} is a file, not a "
+                              "directory)")
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove the directories made for an output that was not written (deepest first)."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            break
 
 
 def generation_config(special_ids: dict[str, int]) -> dict[str, Any]:
@@ -240,11 +274,14 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
     if not formats or any(f not in FORMATS for f in formats):
         raise ConfigError(f"formats {list(formats)}; expected a non-empty subset of {FORMATS}")
     dev, out_dir, t0 = pick_device(device), Path(out_dir), time.perf_counter()
+    _check_destination(out_dir)
     _is_occupied(out_dir, overwrite)  # refuse before any work, not after minutes of it
+    made = [d for d in out_dir.parents if not d.exists()]  # removed again if the write fails
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     except OSError as e:
+        _remove_empty(made)
         raise CheckpointError(f"{out_dir}: cannot write there ({e.strerror or e})") from None
     seconds: dict[str, float] = {}
 
@@ -282,11 +319,17 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
         _install(tmp, out_dir, overwrite)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(made)
         if _disk_full(e):  # the machine's state, not a bug: it said "internal error" (trial)
             need = sum(weights_bytes(cfg, "bf16" if f == "bf16" else "nvfp4") for f in formats)
             raise CheckpointError(
                 f"{out_dir}: cannot write the checkpoint ({e}); the partial output was removed. "
-                f"These formats need about {need / 1e9:,.2f} GB free on that disk") from None
+                f"These formats need about {_size(need)} free on that disk (and no file-size "
+                "limit below it: ulimit -f)") from None
+        if isinstance(e, OSError):  # the machine's or the path's state: named, not a traceback
+            raise CheckpointError(f"{out_dir}: cannot write the checkpoint "
+                                  f"({e.strerror or e}); the partial output was "
+                                  "removed") from None
         raise
     lap("total", t0)
     return {"out_dir": out_dir, "formats": list(formats), "seed": seed, "device": str(dev),
