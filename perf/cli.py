@@ -339,6 +339,7 @@ def write_outputs(outputs: list[tuple[str, Path | None, Any]]) -> list[str]:
     for flag, path, text in outputs:
         if path is None:
             continue
+        path = path.resolve()  # "new/../x.json" must not make new/ (a bad-input trial)
         missing = [a for a in path.parents if not a.exists()]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -1128,6 +1128,18 @@ def test_an_unparseable_request_gets_a_json_400(request_bytes):
                                        b"\r\n\r\n")
 
 
+def test_a_long_coding_or_number_is_named_briefly(server):
+    """A bad-input trial (2026-12-06): a 25 KB Content-Encoding was echoed whole in the 415,
+    and a 5,001-digit max_tokens was called "could not parse it as JSON"."""
+    url = server[1] + "/v1/chat/completions"
+    code, body, _ = _post_raw(url, b"{}", {"Content-Encoding": "gzip" + ", x" * 10_000})
+    assert code == 415 and len(body["error"]["message"]) < 200
+    raw = ('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": '
+           + "9" * 5001 + "}").encode()
+    code, body, _ = _post_raw(url, raw, {})
+    assert code == 400 and "more than 4,300 digits" in body["error"]["message"]
+
+
 def test_too_many_messages_are_refused_before_templating(server):
     """500,000 one-word messages took the template 5 s before a 400 naming the server's own
     tokenizer_config.json path (hostile-input trial, 2026-12-03): refused at once now."""

@@ -78,7 +78,10 @@ def _parsed(raw: bytearray) -> Any:
     except RecursionError:
         raise p.APIError(400, "request body: arrays and objects nested too deeply to "
                               "parse") from None
-    except ValueError:
+    except ValueError as e:
+        if "digits" in str(e):  # Python's bound on reading long integers, not bad JSON
+            raise p.APIError(400, "request body: a number with more than 4,300 digits; no "
+                                  "field takes one") from None
         raise p.APIError(400, "request body: could not parse it as JSON") from None
 
 
@@ -241,9 +244,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         given = request.headers.getlist("content-encoding")
         codings = {c.strip().lower() for value in given for c in value.split(",")}
         if codings - {"", "identity"}:  # identity: no coding (RFC 9110 §8.4.1)
-            raise p.APIError(415, f"request body: compressed (Content-Encoding: "
-                                  f"{', '.join(given)}); this server takes uncompressed JSON "
-                                  "bodies only", code="unsupported_content_encoding")
+            shown = ", ".join(given)  # echoed at most 80 characters (a 25 KB header was whole)
+            shown = shown if len(shown) <= 80 else shown[:80] + "…"
+            raise p.APIError(415, f"request body: compressed (Content-Encoding: {shown}); "
+                                  "this server takes uncompressed JSON bodies only",
+                             code="unsupported_content_encoding")
 
     async def _body(request: Request) -> Any:
         _auth(request)
