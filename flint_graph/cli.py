@@ -183,29 +183,11 @@ def _exit_interrupted(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_raises():
-    """SIGTERM raises `Terminated` in the main thread for the block (a no-op elsewhere)."""
-    def terminated(signum, frame):
-        raise Terminated
-
+def _on_sigterm(handler):
+    """`handler(signum, frame)` handles SIGTERM for the block, in the main thread (elsewhere,
+    an embedding program's handling stays)."""
     try:
-        previous = signal.signal(signal.SIGTERM, terminated)
-    except ValueError:  # not the main thread (an embedding program): its own handling stays
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def _sigterm_deferred():
-    """A SIGTERM during the block is held until its end, then raised as `Terminated` (a
-    finished `--json` answer was cut or lost when the signal came as it was printed)."""
-    got = []
-    try:
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+        previous = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         yield
         return
@@ -213,6 +195,24 @@ def _sigterm_deferred():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+def _sigterm_raises():
+    """SIGTERM raises `Terminated` for the block."""
+    return _on_sigterm(_raise_terminated)
+
+
+@contextlib.contextmanager
+def _sigterm_deferred():
+    """A SIGTERM during the block is held until its end, then raised as `Terminated` (a
+    finished `--json` answer was cut or lost when the signal came as it was printed)."""
+    got = []
+    with _on_sigterm(lambda signum, frame: got.append(signum)):
+        yield
     if got:
         raise Terminated
 
