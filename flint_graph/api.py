@@ -52,7 +52,8 @@ class GenerationOutput:
     (OpenAI's convention; a call cut off by max_tokens still says "length"); ttft_ms:
     submission to first token (ms); ms_per_token: mean time per output token after the first
     (TPOT, ms; None with fewer than two tokens); cached_tokens: prompt tokens served from the
-    KV of an earlier sequence (EngineConfig.kv_reuse) rather than prefilled. For chat requests reasoning_content / content /
+    KV of an earlier sequence (EngineConfig.kv_reuse) rather than prefilled; ttft_phases_ms:
+    where ttft_ms went (queued, admit, prefill, first_token; `Request.phases_ms`). For chat requests reasoning_content / content /
     tool_calls hold the parsed split, errors the malformed or rejected calls, the repairs made
     and the arguments that fit no reading of their schema ("tool call N: ..."), and for any
     request the engine's own failures ("decode step failed: ...").
@@ -74,6 +75,8 @@ class GenerationOutput:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, repr=False)
     # prompt tokens whose KV came from an earlier sequence instead of a prefill (issue 22)
     cached_tokens: int = 0
+    # where ttft_ms went, ms: queued, admit, prefill, first_token (`Request.phases_ms`)
+    ttft_phases_ms: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def prompt_tokens(self) -> int:
@@ -694,7 +697,8 @@ def _output(req: Request) -> GenerationOutput:
     out = GenerationOutput(req.prompt_ids, list(req.output_ids), req.text,
                            req.finish_reason or "abort", ttft, tpot,
                            logprobs=list(req.logprobs), cached_tokens=req.cached_tokens,
-                           top_logprobs=[list(t) for t in req.top_logprobs])
+                           top_logprobs=[list(t) for t in req.top_logprobs],
+                           ttft_phases_ms=req.phases_ms())
     if req.parser is not None:
         parsed = req.parser.result()
         out.reasoning_content = parsed.reasoning

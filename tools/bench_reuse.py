@@ -101,6 +101,7 @@ def row(key: str, t: int, out) -> dict:
     after a step 0 whose reply came back empty)."""
     r = {key: t, "prompt_tokens": len(out.prompt_token_ids), "cached_tokens": out.cached_tokens,
          "ttft_ms": out.ttft_ms, "finish": out.finish_reason, "output_tokens": len(out.token_ids),
+         "phases_ms": out.ttft_phases_ms,  # where the TTFT went (queued, admit, prefill, ...)
          "gc_ms": GC.take()}  # collections during this request (and its template rendering)
     if ALLOC is not None:
         r["allocator"] = ALLOC.take()

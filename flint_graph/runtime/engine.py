@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from time import perf_counter as _clock  # the phase marks' clock (the pacer's is time's)
 from collections import deque
 from collections.abc import Callable
 
@@ -231,6 +232,7 @@ class Engine:
             # inside this part: the rings as they stand there are saved during it (no chunk
             # boundary there, which would cost one more pass over the weights)
             inside = at if at is not None and done < at < done + n else None
+            req.marks.setdefault("prefill", _clock())
             t0 = time.perf_counter()
             try:
                 logits = self._prefill_part(req, done, n, snapshot_at=inside)
@@ -253,6 +255,7 @@ class Engine:
                 self._restart_prefill(req)
                 raise
             self.pacer.observe(n, (time.perf_counter() - t0) * 1e3, start=done)
+            req.marks["prefilled"] = _clock()
             self._prefilled[req.id] = done = done + n
             budget = None if budget is None else budget - n
             if done == at:  # the part ended there: the slot's rings are the snapshot
@@ -616,6 +619,7 @@ class Engine:
     def _admit(self, req: Request) -> None:
         """Give `req` a KV cache: the retained sequence sharing the longest usable prefix with
         its prompt (prefill resumes after it: req.cached_tokens), else a fresh one."""
+        req.marks["admit"] = _clock()
         m = self.prefix_cache.take(req.prompt_ids) if self.prefix_cache.capacity else None
         if m is None:
             if self.runner:

@@ -100,6 +100,10 @@ class Request:
         self._repeat = RepeatDetector(params.stop_on_repeat) if params.stop_on_repeat else None
         self.parser = parser
         self.t_submit = time.perf_counter()
+        # perf_counter times of the engine's phases up to the first token ("admit": taken from
+        # the queue, "prefill": its first prefill part starts, "prefilled": its last one ends,
+        # GPU work included): where a TTFT went (`phases_ms`)
+        self.marks: dict[str, float] = {}
         self.t_first: float | None = None
         self.t_last: float | None = None
         self._parser_failed = False  # `_parser_fault` ended parsing: finish with "error"
@@ -221,6 +225,24 @@ class Request:
                 reason = "tool_calls"
         self.finish_reason = reason
         delta.finish_reason = reason
+
+    def phases_ms(self) -> dict[str, float]:
+        """Where the time to the first token went, ms: "queued" (submission to admission: the
+        steps before it, e.g. other requests' work, snapshots due), "admit" (the prefix match
+        and the ring load, to the prefill's start), "prefill" (every prefill part, the GPU's
+        work included), "first_token" (sampling and appending it). {} before the first token;
+        a phase the request never reached is left out."""
+        if self.t_first is None:
+            return {}
+        order = [("queued", self.t_submit, "admit"), ("admit", "admit", "prefill"),
+                 ("prefill", "prefill", "prefilled"), ("first_token", "prefilled", None)]
+        out = {}
+        for name, a, b in order:
+            t0 = a if isinstance(a, float) else self.marks.get(a)
+            t1 = self.t_first if b is None else self.marks.get(b)
+            if t0 is not None and t1 is not None:
+                out[name] = round((t1 - t0) * 1e3, 3)
+        return out
 
     def timing(self) -> tuple[float | None, float | None]:
         """(TTFT ms from submission, mean ms per output token after the first) — None if unknown."""
