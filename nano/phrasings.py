@@ -32,13 +32,18 @@ GREETINGS = {
                         "Good morning", "Good evening!", "hi", "hello", "hey there", "Hiya",
                         "Morning!", "Heya", "Hi :)", "Hello, anyone there?", "Good day!",
                         "Hello friend", "hi!!", "Hi, nice to meet you", "Hey, you there?",
-                        "hello bot", "Evening!", "Hi again"],
+                        "hello bot", "Evening!", "Hi again",
+                        # step 6937 garbled the held-out "Greetings!"
+                        "Hey hey!", "Good to see you!", "Hello hello", "Hey buddy", "Sup"],
               "heldout": ["Howdy!", "Good afternoon.", "Greetings!", "Yo", "Hullo",
                           "Salutations!"]},
     "how": {"train": ["How are you?", "How are you doing?", "How's it going?",
                       "Hi, how are you?", "how r u", "Hello! How are you today?",
                       "How is your day?", "Are you doing well?", "How are things?",
-                      "You ok?", "How's your day going?"],
+                      "You ok?", "How's your day going?",
+                      # step 6937 answered the held-out "What's up?" as "who"
+                      "What's new?", "How's life?", "All good?", "How you doing?",
+                      "How's everything?"],
             "heldout": ["How have you been?", "What's up?", "How do you do?"]},
     "who": {"train": ["Who are you?", "What can you do?", "What are you?", "Help",
                       "What do you do?", "What are your skills?", "help me", "What is this?",
@@ -49,17 +54,26 @@ GREETINGS = {
                       # get_weather for "What are you able to do?")
                       "Describe yourself.", "Say a few words about yourself.",
                       "What are you capable of?", "Which tasks can you handle?",
-                      "Are you able to help me?", "What kind of assistant are you?"],
+                      "Are you able to help me?", "What kind of assistant are you?",
+                      # step 6937 refused the held-out "Tell me about yourself." 4 of 4 times
+                      "Give me a quick intro to you.", "What should I know about you?",
+                      "Explain what you are.", "Who am I talking to?"],
             "heldout": ["Tell me about yourself.", "What are you able to do?",
                         "Introduce yourself."]},
     "thanks": {"train": ["Thanks", "Thank you!", "thx", "Thanks a lot.", "Great, thanks!",
                          "ok thanks", "Nice, thank you.", "thank u", "Thanks so much!",
-                         "Appreciate it!", "Perfect, thanks.", "ty", "That helped, thanks."],
+                         "Appreciate it!", "Perfect, thanks.", "ty", "That helped, thanks.",
+                         # step 6937 said "Goodbye!" to the held-out "Much appreciated."
+                         "Thanks a bunch!", "Many thanks.", "Grateful for that.",
+                         "I owe you one."],
                "heldout": ["Cheers!", "Much appreciated.", "Thank you kindly."]},
     "bye": {"train": ["Bye", "Goodbye!", "See you", "bye!", "Good night", "That's all, bye.",
                       "See you soon!", "Bye for now.", "I'm done, goodbye.", "Later!",
                       "Have a nice day!", "cya", "Take care!", "So long.", "Until next time!",
-                      "Bye bye", "Goodnight, thanks for the help."],
+                      "Bye bye", "Goodnight, thanks for the help.",
+                      # step 6937 answered the held-out "Talk soon." with "You're welcome!"
+                      "Ciao!", "See ya!", "I'm off now.", "Gotta go.", "Signing off.",
+                      "Speak to you tomorrow.", "Until we meet again."],
             "heldout": ["Farewell.", "Catch you later!", "Talk soon."]},
 }
 
@@ -107,7 +121,14 @@ def _more_requests() -> list[str]:
              "Proofread my report.", "Give me five healthy snacks.", "Invent a new board game.",
              "Show me how to play chess.", "Solve this riddle for me.", "Write a SQL query for sales.",
              "Debug my JavaScript.", "Play a game with me.", "Tell me a fun fact.",
-             "Predict the stock market.", "Give me relationship advice."]
+             "Predict the stock market.", "Give me relationship advice.",
+             # step 6937 thanked "Teach me Spanish.", introduced itself for "Describe the plot
+             # of Hamlet." and for "What's the population of Brazil?"
+             "Help me learn German.", "Give me a French lesson.", "How do I learn Italian?",
+             "Show me how to knit.", "Retell the tale of Cinderella.",
+             "What happens in Romeo and Juliet?", "Summarize the book Moby Dick.",
+             "How many people live in Japan?", "What is the area of Canada?",
+             "How many citizens does India have?"]
     made = [f"{a} {f} about {t}." for a in asks for f in forms for t in topics]
     return made + facts + tasks
 
@@ -185,7 +206,19 @@ WORD_PROBLEMS = {
         "A train carries {a} passengers and {b} more get on. How many are on the train?",
         "What is {a} and {b} combined?", "Sum up {a} and {b}.", "{a} + {b} = ?",
         "Please add {b} to {a}.", "{name} ran {a} meters, rested, then ran {b} meters. How far "
-        "did {pron} run?", "How many is {a} with {b} more?"],
+        "did {pron} run?", "How many is {a} with {b} more?",
+        # "has / owns A and <gets> B more" with other verbs (twenty-fourth session: step 6937
+        # subtracted in all 6 held-out "has A marbles and finds B more" / "owns A books and
+        # buys B more" misses, 80% on phr-arith: the subtraction templates' "How much more"
+        # had taught "more" as minus): never the held-out "finds" or "buys"
+        "{name} has {a} {things} and picks up {b} more. How many does {pron} have now?",
+        "{name} owns {a} {things} and is given {b} more. How many does {pron} own now?",
+        "{name} has {a} {things}, then collects {b} more. How many {things} now?",
+        "A school has {a} chairs and orders {b} more. How many chairs does it have now?",
+        "{name} had {a} {things} and won {b} more. How many does {pron} have in total?",
+        "A club owns {a} balls and receives {b} more. How many balls does it have now?",
+        "{name} keeps {a} {things} and adds {b} more to them. How many are there now?",
+        "A bakery made {a} rolls and then baked {b} more. How many rolls is that?"],
     ("train", "-"): [
         "{name} had {a} {things} and gave {b} away. How many are left?",
         "A shop had {a} {things} and sold {b}. How many does it have now?",
