@@ -71,6 +71,18 @@ def non_empty(text: str) -> str:
     return text
 
 
+def served_name(text: str) -> str:
+    """argparse type of --served-model-name: non-empty, no control characters (a name with a
+    newline was served, but no client could retrieve it by id: a bad-input trial,
+    2026-12-06)."""
+    text = non_empty(text)
+    bad = next((ch for ch in text if ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(f"a control character ({ascii(bad)}) in the name; "
+                                         "clients send it in URLs and JSON")
+    return text
+
+
 def api_key(text: str) -> str:
     """argparse type of --api-key: printable ASCII without spaces, as an HTTP header carries it
     (a key with 'ключ' in it started a server whose key no request could send: headers are
@@ -263,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TCP port (default: %(default)s)")
     srv.add_argument("--api-key", metavar="KEY", type=api_key,
                      help="require 'Authorization: Bearer KEY' on /v1 routes")
-    srv.add_argument("--served-model-name", metavar="NAME", type=non_empty,
+    srv.add_argument("--served-model-name", metavar="NAME", type=served_name,
                      help="the model id clients send and /v1/models lists (default: the "
                           "checkpoint's file or directory name, or flint-nano)")
     srv.add_argument("--max-waiting", type=positive_int, default=256, metavar="N",

@@ -801,6 +801,17 @@ def test_serve_refuses_an_empty_key_or_name(flag, capsys):
     assert code == 2 and f"argument {flag}: expected a non-empty value" in err
 
 
+@pytest.mark.parametrize("name,found", [("a\nb", "'\\n'"), ("tab\there", "'\\t'"),
+                                        ("x\x7f", "'\\x7f'"), ("c1\x85", "'\\x85'")])
+def test_serve_refuses_a_name_with_a_control_character(name, found, capsys):
+    """A bad-input trial (2026-12-06): `--served-model-name $'a\\nb'` was served, but
+    `GET /v1/models/a%0Ab` found no route. Names with spaces, slashes and non-ASCII letters
+    stay allowed."""
+    code, _, err = _run(capsys, "serve", "--served-model-name", name)
+    assert code == 2 and "argument --served-model-name: a control character" in err
+    assert found in err, err
+
+
 @pytest.mark.parametrize("key,found", [("sk-ключ", "'к'"), ("sk 1", "' '"), ("sk\t1", "'\\t'")])
 def test_serve_refuses_a_key_no_header_can_carry(key, found, capsys):
     """A non-ASCII --api-key started a server whose key no request could send (headers are
