@@ -12,8 +12,8 @@ ConfigError, InvalidRequestError, ContextLengthError, TemplateError) naming what
 from __future__ import annotations
 
 import functools
-import numbers
 import json
+import numbers
 import sys
 import threading
 import time

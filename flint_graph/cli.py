@@ -3,10 +3,10 @@ eval.
 
 Each subcommand parses its flags (`cli_args`), builds the public API objects and prints. Bad
 input ends in one line on stderr and exit status 2, never a traceback (set FLINT_GRAPH_DEBUG=1
-to see one for an unexpected internal error); Ctrl-C ends in `flint-graph: interrupted`, 130; SIGTERM during generate, make-checkpoint,
-eval, bench, trace and build-kernels runs the same cleanups (partial output removed, a
-request aborted and its `--json` output still printed) and ends in `flint-graph: terminated`,
-143.
+to see one for an unexpected internal error); Ctrl-C ends in `flint-graph: interrupted`, 130.
+SIGTERM during generate, make-checkpoint, eval, bench, trace and build-kernels runs the same
+cleanups (partial output removed, a request aborted and its `--json` output still printed) and
+ends in `flint-graph: terminated`, 143.
 
 Start-up is split in two. While the flags are parsed and the heavy modules (torch, ...) are
 imported, Ctrl-C ends the process at once: a KeyboardInterrupt raised inside an import can be
@@ -429,7 +429,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     shown_reasoning = reasoning_open = False
     line_open = False  # stdout's last line has text: a tool call or the end starts a new one
     try:
-        with _sigterm_raises(), prefill_bar(llm.engine, True):  # a bar on a terminal, else plain lines
+        with prefill_bar(llm.engine, True):  # a bar on a terminal, else plain lines
             for d in stream:
                 if args.json:
                     continue

@@ -75,6 +75,7 @@ def _saved_transcript(path: Path) -> tuple[list, list] | None:
 
 
 _QUEUED: dict[int, bytes] = {}  # bytes read from a terminal but not yet given out, per fd
+_eof_pending: dict[int, bool] = {}  # a Ctrl-D read after them, per fd
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
@@ -109,9 +110,6 @@ def queued_line(stream) -> str | None:
         return None
     _QUEUED[fd] = buf[m.end():]
     return buf[:m.start()].decode("utf-8", "surrogateescape")
-
-
-_eof_pending: dict[int, bool] = {}
 
 
 @contextlib.contextmanager
