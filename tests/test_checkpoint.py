@@ -175,10 +175,34 @@ def test_nan_or_inf_weights_are_refused_naming_the_tensor(ckpt_dir, tmp_path):
     other = next(n for n in tensors if n.endswith("input_layernorm.weight"))
     tensors[other][1] = float("inf")
     save_file(tensors, str(shard), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=rf"{bad}: NaN or infinite weights in .*"
+    with pytest.raises(CheckpointError, match=rf"{bad}: NaN, infinite or out-of-range .*"
                                               rf"({name}|{other}) \(1 values\)") as e:
         load_checkpoint(bad, progress=False)
     assert f"in {shard.name};" in str(e.value)  # the shard, not only the directory
+
+
+def test_finite_but_impossibly_large_weights_are_refused(ckpt_dir, tmp_path):
+    """A new user's trial (2026-12-06): text written over the middle of a shard decoded to
+    finite values up to 3e32, which passed the NaN check; the model answered "!!!!" (logits
+    flattened by an overflowing norm) with exit 0. Values past WEIGHT_ABS_MAX are refused; the
+    largest a checkpoint may hold still loads."""
+    from safetensors.torch import load_file, save_file
+
+    from flint_graph.checkpoints.weights import WEIGHT_ABS_MAX
+
+    for value, refused in ((3e32, True), (-2 * WEIGHT_ABS_MAX, True), (WEIGHT_ABS_MAX / 2, False)):
+        bad = tmp_path / f"bad{value:g}"
+        shutil.copytree(ckpt_dir, bad)
+        shard = next(p for p in bad.glob("*.safetensors"))
+        tensors = load_file(str(shard))
+        name = next(n for n in tensors if n.endswith("mlp.down_proj.weight"))
+        tensors[name][0, :3] = value
+        save_file(tensors, str(shard), metadata={"format": "pt"})
+        if refused:
+            with pytest.raises(CheckpointError, match=rf"out-of-range.*{name} \(3 values\)"):
+                load_checkpoint(bad, progress=False)
+        else:
+            load_checkpoint(bad, progress=False)
 
 
 def test_a_checkpoint_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):

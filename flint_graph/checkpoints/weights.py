@@ -182,10 +182,18 @@ def _nbytes(t) -> int:
     return t.nbytes if isinstance(t, NVFP4Weight) else t.numel() * t.element_size()
 
 
+# A floating weight past this magnitude is damage, not training: trained LLM weights (norms,
+# embeddings, projections, sinks, router biases) stay within a few hundred, and one value of
+# 1e6 or more overflows the activations it feeds. Bytes of text written over a shard decode to
+# values like 3e32: finite, so the NaN check passed them, and the model answered "!!!!" with
+# exit 0 (a new user's trial, 2026-12-06).
+WEIGHT_ABS_MAX = 1e6
+
+
 class FiniteCheck:
-    """Counts NaN/inf in floating weights as a loader reads them, without a host sync per
-    tensor, and names the offenders at the end: random bytes in a file whose header is intact
-    otherwise load silently and decode to NaN logits.
+    """Counts NaN, inf and values past ±WEIGHT_ABS_MAX in floating weights as a loader reads
+    them, without a host sync per tensor, and names the offenders at the end: random bytes in a
+    file whose header is intact otherwise load silently and decode to garbage or NaN logits.
 
     `add(name, t)` queues a count for a floating tensor (integer tensors: NVFP4 codes and
     scales, are skipped); `raise_if_any(path, file_of)` raises CheckpointError naming `path`,
@@ -200,7 +208,8 @@ class FiniteCheck:
     def add(self, name: str, t: torch.Tensor) -> None:
         if t.is_floating_point():
             self.names.append(name)
-            self.counts.append(t.numel() - torch.isfinite(t).sum())
+            # NaN compares false and inf is past the bound: one pass counts all three
+            self.counts.append(t.numel() - (t.abs() <= WEIGHT_ABS_MAX).sum())
 
     def raise_if_any(self, path, file_of=None) -> None:
         from flint_graph.errors import CheckpointError
@@ -215,5 +224,6 @@ class FiniteCheck:
             if file_of is not None:
                 files = sorted({Path(file_of(n)).name for n, _ in bad})
                 more += f", in {', '.join(files)}"
-            raise CheckpointError(f"{path}: NaN or infinite weights in {listed}{more}; the "
-                                  "file is damaged or was not written by a float converter")
+            raise CheckpointError(f"{path}: NaN, infinite or out-of-range (|w| > "
+                                  f"{WEIGHT_ABS_MAX:g}) weights in {listed}{more}; the file is "
+                                  "damaged or was not written by a float converter")
