@@ -9,7 +9,8 @@
 #   4. the reference engine on the export, SUITES at N cases each (eval-ref.json);
 #   5. with GRAPH=1, the graph engine (BF16) on the export held to it (--compare,
 #      eval-graph-bf16.json), if the call's time allows (DEADLINE, default start + 570 s).
-# SKIP_BASE=1 skips step 1 (one call then fits steps 2-5 with MINUTES up to ~4.5). Otherwise
+# SKIP_BASE=1 skips step 1 (one call then fits steps 2-5 with MINUTES up to ~4.5); SKIP_EVAL=1
+# stops after step 3 (MINUTES up to ~8.5; score the export on the CPU, docs/nano.md). Otherwise
 # hold the graph engine to eval-ref.json afterwards with tools/gpu_eval_nano.sh (CK=...).
 # Needs the gguf wheel in .whl (../shared/device.md); INIT (default: the embedded flint-nano),
 # FIRST_STEP (default 6518: past flint-nano's 6517 steps, so the batches are new), MINUTES
@@ -35,6 +36,7 @@ tail -3 "$OUT/train.log" | tee -a "$log"
 cp /tmp/state/loss.jsonl "$OUT/loss.jsonl"
 python3 tools/train_nano.py --state /tmp/state --export /tmp/ck | tee -a "$log"
 cp /tmp/ck/model-nvfp4.gguf "$OUT/"
+[ -n "${SKIP_EVAL:-}" ] && { echo "done (SKIP_EVAL: no eval)" | tee -a "$log"; exit 0; }
 echo "== reference engine, the export" | tee -a "$log"
 flint-graph eval /tmp/ck --quiet --engine reference --n "${N:-30}" \
   --suite "${SUITES:-tools,arith,recall,chain,chat}" --json "$OUT/eval-ref.json" 2>&1 \
