@@ -272,11 +272,11 @@ def test_the_fit_is_solved_once_per_set_of_samples(monkeypatch):
     every step, prefilling or not: ~40 µs of host time per decode step on this CPU (B = 8:
     341 → 135 µs a step with an instant fake runner, 2026-12-05). It is solved again only
     after observe() adds a sample."""
-    import torch
+    from flint_graph.runtime import prefill_pacer
 
     calls = []
-    real = torch.linalg.lstsq
-    monkeypatch.setattr(torch.linalg, "lstsq", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = prefill_pacer.least_squares
+    monkeypatch.setattr(prefill_pacer, "least_squares", lambda *a: calls.append(1) or real(*a))
     p = PrefillPacer(200.0)
     for n, ms in ((100, 12.0), (400, 30.0), (800, 55.0)):
         p.observe(n, ms)
@@ -309,3 +309,40 @@ def test_the_host_step_probe_runs():
         med, p90 = probe.measure(llm, 2, 10, profile=False)
         assert 0 < med <= p90
         assert not llm.engine.has_work
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_least_squares_matches_torch_lstsq(seed):
+    """The pacer's plain-Python solve (it replaced torch.linalg.lstsq on the step path, whose
+    first call in a process is a suspect of issue 22's turn-2 stall) gives torch's solution
+    for the engine's design matrix: columns 1, s, n, n·s of very different sizes, noisy ms."""
+    import torch
+
+    from flint_graph.runtime.prefill_pacer import least_squares
+
+    g = torch.Generator().manual_seed(seed)
+    m = 4 + seed * 5
+    n = torch.randint(1, 32768, (m,), generator=g).double()
+    s = torch.randint(0, 100000, (m,), generator=g).double()
+    a = torch.stack([torch.ones(m, dtype=torch.float64), s, n, n * s], 1)
+    x_true = torch.tensor([20.0, 1e-4, 0.03, 1e-7], dtype=torch.float64)
+    y = a @ x_true + torch.randn(m, generator=g, dtype=torch.float64)
+    scale = a.abs().amax(0)
+    want = torch.linalg.lstsq(a / scale, y[:, None]).solution[:, 0] / scale
+    got = least_squares(a.tolist(), y.tolist())
+    assert got == pytest.approx(want.tolist(), rel=1e-6, abs=1e-12)
+
+
+def test_least_squares_dependent_columns():
+    """A column the others span (every start equal, so s and n·s repeat 1 and n) gets 0 and the
+    rest still fit; an exact line is recovered; a single column is a ratio of sums."""
+    from flint_graph.runtime.prefill_pacer import least_squares
+
+    rows = [[1.0, 5.0, n, 5.0 * n] for n in (100.0, 400.0, 800.0, 1600.0)]
+    y = [10.0 + 0.05 * r[2] for r in rows]
+    x = least_squares(rows, y)
+    pred = [sum(a * b for a, b in zip(r, x)) for r in rows]
+    assert pred == pytest.approx(y, rel=1e-9)
+    assert least_squares([[1.0, 2.0], [1.0, 4.0]], [3.0, 5.0]) == pytest.approx([1.0, 1.0])
+    assert least_squares([[2.0], [4.0]], [2.0, 4.0]) == pytest.approx([1.0])
+    assert least_squares([[0.0, 1.0], [0.0, 2.0]], [1.0, 2.0]) == pytest.approx([0.0, 1.0])

@@ -11,7 +11,8 @@
 # engine's (its clean runs and rerun), which took up to 172 s on the H200 for N = 30 (2026-12-03). REF=REPORT skips
 # the reference engine's clean runs and holds the graph engine's and the plants to that report
 # (SKIP_CLEAN=1: the plants only); GRAPH_PLANTS / PLANTS
-# list the plants to run on each engine (empty: none).
+# list the plants to run on each engine (empty: none); SUITES the suites (default: eval's own);
+# SKIP_RERUN=1 skips the graph engine's BF16 rerun.
 set -uo pipefail
 . tools/device_setup.sh
 N=${N:-50}
@@ -25,7 +26,9 @@ ev() {
     [ "$left" -lt 20 ] && { echo "skipped (deadline): $*" | tee -a "$log"; return; }
     [ "$left" -lt "$t" ] && t=$left
   fi
-  timeout "$t" flint-graph eval --quiet --n "$N" --contexts "$CTX" "$@" 2>&1 | tee -a "$log"
+  local suites=(); [ -n "${SUITES:-}" ] && suites=(--suite "$SUITES")
+  timeout "$t" flint-graph eval --quiet --n "$N" --contexts "$CTX" "${suites[@]}" "$@" 2>&1 \
+    | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   # --quiet prints nothing until the end, so a run cut by its time limit must say so itself
   [ "$rc" = 124 ] && echo "timed out after ${t} s (T): $*" | tee -a "$log"
@@ -42,8 +45,10 @@ fi
 if [ -z "${SKIP_CLEAN:-}" ]; then
   echo "== graph engine, BF16" | tee -a "$log"
   ev "$ck" --engine graph --compare "$OUT/eval-ref.json" --json "$OUT/eval-graph-bf16.json"
-  echo "== graph engine, BF16, again (same setup: must be bit-identical)" | tee -a "$log"
-  ev "$ck" --engine graph --compare "$OUT/eval-graph-bf16.json" --json /tmp/plants/rerun-graph.json
+  if [ -z "${SKIP_RERUN:-}" ]; then
+    echo "== graph engine, BF16, again (same setup: must be bit-identical)" | tee -a "$log"
+    ev "$ck" --engine graph --compare "$OUT/eval-graph-bf16.json" --json /tmp/plants/rerun-graph.json
+  fi
   echo "== graph engine, NVFP4 GGUF" | tee -a "$log"
   ev "$ck/model-nvfp4.gguf" --engine graph --compare "$OUT/eval-ref.json" \
     --json "$OUT/eval-graph-nvfp4.json"

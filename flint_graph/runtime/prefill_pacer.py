@@ -49,6 +49,44 @@ MAX_TOKENS = 1 << 30  # where a budget stops being a bound
 IDLE_STEP_MS = 1000.0  # the prefill time of a step with nothing decoding (at most one chunk)
 
 
+def least_squares(rows: list[list[float]], y: list[float]) -> list[float]:
+    """x minimising ‖rows·x − y‖₂ for a few columns (m × k, k ≤ 4 here), by modified
+    Gram-Schmidt on the columns scaled to unit size; a column that the earlier ones (nearly)
+    span gets 0, as a rank-revealing solver's basic solution would.
+
+    Plain Python on purpose: it runs on the engine's step path, between a request's admission
+    and its prefill, and the first fit of a process is where issue 22's turn-2 stall sat
+    (the "admit" phase, 49-99 ms, twenty-fifth session: docs/perf-log.md); a 32 × 4 solve
+    needs no library, and no library's first call can stall a request."""
+    m, k = len(rows), len(rows[0]) if rows else 0
+    scale = [max(1.0, max(abs(r[j]) for r in rows)) for j in range(k)]  # columns of very
+    cols = [[r[j] / scale[j] for r in rows] for j in range(k)]  # different sizes
+    q: list[list[float] | None] = []
+    r = [[0.0] * k for _ in range(k)]
+    for j in range(k):
+        v = cols[j][:]
+        norm0 = math.sqrt(sum(t * t for t in v))
+        for i, qi in enumerate(q):
+            if qi is None:
+                continue
+            r[i][j] = sum(a * b for a, b in zip(qi, v))
+            v = [a - r[i][j] * b for a, b in zip(v, qi)]
+        norm = math.sqrt(sum(t * t for t in v))
+        if norm <= 1e-10 * max(norm0, 1e-300) or norm == 0.0:
+            q.append(None)  # dependent on the columns before it: coefficient 0
+            continue
+        r[j][j] = norm
+        q.append([t / norm for t in v])
+    x = [0.0] * k
+    for j in reversed(range(k)):
+        if q[j] is None:
+            continue
+        acc = sum(a * b for a, b in zip(q[j], y))
+        acc -= sum(r[j][i] * x[i] for i in range(j + 1, k))
+        x[j] = acc / r[j][j]
+    return [x[j] / scale[j] for j in range(k)]
+
+
 def _finite_positive(v) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and v > 0)
@@ -93,16 +131,12 @@ class PrefillPacer:
     def _solve(self) -> tuple[float, float, float, float] | None:
         if len({n for n, _, _ in self.samples}) < 2:
             return None
-        import torch
-
-        rows = torch.tensor([[1.0, s, n, n * s] for n, s, _ in self.samples],
-                            dtype=torch.float64)
-        y = torch.tensor([[m] for _, _, m in self.samples], dtype=torch.float64)
+        rows = [[1.0, float(s), float(n), float(n * s)] for n, s, _ in self.samples]
+        y = [m for _, _, m in self.samples]
         if len({s for _, s, _ in self.samples}) < 2 or len(self.samples) < 4:
-            rows = rows[:, [0, 2]]
-        scale = rows.abs().amax(0).clamp(min=1.0)  # columns of very different sizes
-        sol = torch.linalg.lstsq(rows / scale, y).solution[:, 0] / scale
-        coef = [max(0.0, float(v)) if math.isfinite(float(v)) else 0.0 for v in sol]
+            rows = [[r[0], r[2]] for r in rows]
+        sol = least_squares(rows, y)
+        coef = [max(0.0, v) if math.isfinite(v) else 0.0 for v in sol]
         a, d, b, c = coef if len(coef) == 4 else (coef[0], 0.0, coef[1], 0.0)
         if b + c <= 0:  # noise: fall back to the mean cost per token, no fixed part
             b = sum(m for _, _, m in self.samples) / sum(n for n, _, _ in self.samples)
