@@ -31,15 +31,29 @@ from pathlib import Path
 import torch
 
 
-def time_prefill(pre, prompt: torch.Tensor, chunk: int, reps: int) -> float:
-    """Median seconds of `reps` whole prefills of `prompt` into slot 0 (logits on the host)."""
-    times = []
+def time_prefill(pre, prompt: torch.Tensor, chunk: int, reps: int,
+                 split: dict | None = None) -> float:
+    """Median seconds of `reps` whole prefills of `prompt` into slot 0 (logits on the host).
+    With `split` (a dict, filled in): the medians in ms of "issue_ms" (until `prefill`
+    returned: the host's launches; near the wall time when the host, not the GPU, sets the
+    pace) and "gpu_ms" (CUDA events on the current stream around the call: the GPU's span,
+    the side stream included, since it joins the current stream before the logits)."""
+    times, issue, gpu = [], [], []
     for _ in range(reps):
         torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
+        e0.record()
         logits = pre.prefill(0, prompt, chunk)
+        e1.record()
+        t1 = time.perf_counter()
         logits.cpu()
         times.append(time.perf_counter() - t0)
+        issue.append((t1 - t0) * 1e3)
+        gpu.append(e0.elapsed_time(e1))
+    if split is not None:
+        split.update(issue_ms=statistics.median(issue), gpu_ms=statistics.median(gpu),
+                     wall_ms_each=[round(t * 1e3, 2) for t in times])
     return statistics.median(times)
 
 
@@ -247,9 +261,10 @@ def main() -> int:
                 for sh in (shared_sweep if path in ("graph", "kernel") else [True])
                 for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])
                 for kw in (kvw_sweep if path in ("graph", "kernel") else [None])]
-        for path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold, kw \
-                in runs:
+        for obj, (path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold,
+                  kw) in enumerate(runs):
             chunk = args.chunk
+            prompt = None
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16)
             if wgm is not None and pre.w4a16:
@@ -291,14 +306,16 @@ def main() -> int:
             for n in lengths + (longer if path in ("kernel", "graph") else []):
                 prompt = torch.randint(0, cfg.vocab_size, (n,), generator=gen)
                 try:
-                    s = time_prefill(pre, prompt, chunk, args.reps if n <= 8192 else 1)
+                    split: dict = {}
+                    s = time_prefill(pre, prompt, chunk, args.reps if n <= 8192 else 1, split)
                 except Exception as e:  # noqa: BLE001 - report and go on with the others
                     print(f"{fmt} {path} {n}: {type(e).__name__}: {e}", flush=True)
                     continue
                 fl = cfg.prefill_flops(n)["total"]
                 row = {"format": fmt, "path": path, "row_moe_max": row_moe, "chunk": chunk,
                        "tokens": n, "ms": s * 1e3,
-                       "tokens_per_s": n / s, "tflops": fl / s / 1e12, "mfu": fl / s / peak}
+                       "tokens_per_s": n / s, "tflops": fl / s / 1e12, "mfu": fl / s / peak,
+                       "object": obj, **split}
                 res["rows"].append(row)
                 print(json.dumps(row), flush=True)
             # where a short prompt's time goes on the host (CPU self time by op)
@@ -310,8 +327,13 @@ def main() -> int:
             res["breakdown"][f"{fmt}/{path}/{row_moe} host, 25 tokens"] = prof.key_averages().table(
                 sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60)
             if args.profile_tokens:
-                prompt = torch.randint(0, cfg.vocab_size, (args.profile_tokens,), generator=gen)
-                res["breakdown"][f"{fmt}/{path}/{row_moe}"] = breakdown(pre, prompt, chunk)
+                # the prompt just timed where it has that length (a slow object's table then
+                # shows the same routing that was timed); one table per object
+                if prompt is None or len(prompt) != args.profile_tokens:
+                    prompt = torch.randint(0, cfg.vocab_size, (args.profile_tokens,),
+                                           generator=gen)
+                res["breakdown"][f"{fmt}/{path}/{row_moe} (object {obj})"] = breakdown(
+                    pre, prompt, chunk)
             del pre
             torch.cuda.empty_cache()
     write_report(res, out, args.profile_tokens)
