@@ -553,8 +553,15 @@ def tool_use(rng: random.Random, split: str) -> Episode:
     extra = tools[len(TOOLS["train"]):] if split == "train" else []
     user, call, result = _call(rng, split, extra)
     args = ", ".join(f"{k}={json.dumps(v)}" for k, v in call["arguments"].items())
-    msgs = [user, _say(f"This needs {call['name']} with {args}.", calls=[call]),
-            {"role": "tool", "content": result},
+    said = _say(f"This needs {call['name']} with {args}.", calls=[call])
+    if split == "train" and rng.random() < 0.3:
+        # the call as an OpenAI-style client sends it back, without its reasoning: steps 6937
+        # and 7718 renamed the first key of about half such results to "ok" (the generic
+        # tools' key; eval --suite result). Held-out draws are untouched (no rng used there).
+        # The template renders "" as it renders no reasoning at all; the call is then a
+        # context turn (shown, not trained) and the answer to the result is what is trained.
+        said["reasoning_content"] = ""
+    msgs = [user, said, {"role": "tool", "content": result},
             _say("The tool answered; I report its result.", f"Result: {result}")]
     return Episode("tool", msgs, tools, meta={"call": call})
 

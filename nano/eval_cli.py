@@ -41,6 +41,8 @@ figures (held-out cases of the flint-nano curriculum, greedy decoding):
   phr-refuse    (phrasing) a request outside the skills: as phr-greet,
                 and the answer starts "I can't"
   phr-multi     (phrasing) a greeting answered, then a phr-tools request
+  result        (suite result, not run by default) the turn after a tool
+                call: the tool's JSON answered as "Result: <JSON>" exactly
   targets       tools valid >= 95% and exact >= 90%, arith >= 90%,
                 recall@4096 >= 90% (what flint-nano is trained to);
                 phr-tools exact and phr-arith >= 90%, phr-greet and

@@ -30,6 +30,12 @@ and number pairs the training never saw. Every case is one chat request decoded 
   not cut off by the token limit; phr-refuse: a request outside the skills, `correct` when
   answered as briefly, starting "I can't"; phr-multi: a held-out greeting answered, then
   a phr-tools request, scored as tools.
+- result (not in the default suites): the turn after a tool call, a held-out tool request, the
+  call the training answer makes and the tool's JSON result given back; in every other case
+  the call's reasoning is left out, as an OpenAI-style client sends the assistant turn back
+  (content and tool_calls only). `correct`: the answer is "Result: " and that JSON exactly,
+  with no call. (Step 7718 kept every tool metric yet wrote "ok" for "value" in 5 of 6 such
+  results without the reasoning, 2026-12-06.)
 - chat (not in the default suites, so that the shipped reports keep their case list): what a
   chat user asked beyond the issue's suites, each scored as arith. chat-chain3: 3-digit
   arithmetic as the third request, after a tool request and an arithmetic one (either
@@ -67,7 +73,7 @@ from flint_graph.nano.curriculum import (TOOLS, arithmetic, convert_ask, greetin
 from flint_graph.nano.phrasings import GREETING_REPLIES
 from flint_graph.chat.tool_schema import admits, tool_schemas
 
-SUITES = ("tools", "arith", "recall", "chain", "chat", "phrasing")
+SUITES = ("tools", "arith", "recall", "chain", "chat", "phrasing", "result")
 DEFAULT_SUITES = ("tools", "arith", "recall", "chain")  # the shipped reports' case list
 DEFAULT_CONTEXTS = (1024, 4096, 16384)
 # A target is judged (met / MISSED, and --check's exit code) only over at least this many
@@ -109,7 +115,7 @@ TOOL_GROUPS = ("tools", "chain-tools", "phr-tools", "phr-multi")  # scored "vali
 MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48,
                   "chain-tools": 160, "chain-arith": 160, "chat-chain3": 160,
                   "chat-negative": 160, "chat-list": 48, "phr-tools": 160, "phr-arith": 160,
-                  "phr-greet": 160, "phr-refuse": 160, "phr-multi": 160}
+                  "phr-greet": 160, "phr-refuse": 160, "phr-multi": 160, "result": 96}
 CHAT_GROUPS = ("chat-chain3", "chat-negative", "chat-list")
 PHRASING_GROUPS = ("phr-tools", "phr-arith", "phr-greet", "phr-refuse", "phr-multi")
 BRIEF = 300  # characters: the longest reply phr-greet / phr-refuse count as brief
@@ -166,6 +172,13 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
             for i in range(n):
                 if suite == "phrasing":
                     cases.append(_phrasing_case(rng, group, i))
+                elif group == "result":
+                    ep = tool_use(rng, "heldout")  # user, the call, the tool's result
+                    ask = ep.messages[:3]
+                    if i % 2:  # the call as an API client sends it back: no reasoning
+                        call = {k: v for k, v in ask[1].items() if k != "reasoning_content"}
+                        ask = [ask[0], call, ask[2]]
+                    cases.append(Case(group, i, ask, ep.tools, ep.messages[3]["content"]))
                 elif group == "tools-direct":
                     ep = arithmetic(rng, "heldout", digits=3, op="+-"[i % 2])
                     cases.append(Case(group, i, ep.messages[:1],
@@ -458,7 +471,7 @@ def check_report(rep: Any, name: str) -> dict:
             bad(f"{f}.got", "the answer", missing=True)
         if not _known_group(c["group"]):
             bad(f"{f}.group", "a group of the suite (tools, tools-direct, arith, recall@C, "
-                "chain-tools, chain-arith, chat-*, phr-*)", c["group"])
+                "chain-tools, chain-arith, chat-*, phr-*, result)", c["group"])
         if (c["group"], c["index"]) in seen:
             bad(f, f'one case per group and index; {c["group"]} {c["index"]} comes twice',
                 c["index"])
@@ -544,8 +557,8 @@ def _top_step(step: Any) -> bool:
 
 
 def _known_group(group: str) -> bool:
-    if group in ("tools", "tools-direct", "arith", "chain-tools", "chain-arith", *CHAT_GROUPS,
-                 *PHRASING_GROUPS):
+    if group in ("tools", "tools-direct", "arith", "chain-tools", "chain-arith", "result",
+                 *CHAT_GROUPS, *PHRASING_GROUPS):
         return True
     suite, _, ctx = group.partition("@")
     return suite == "recall" and ctx.isascii() and ctx.isdigit()  # not "recall@²"

@@ -662,3 +662,31 @@ def test_a_long_eval_on_the_cpu_says_so_before_it_starts(tmp_path, capsys, monke
         assert "stopped here by the test" in err
         assert ("a long run" in err and "--n 10 --contexts 1024,4096 takes about 4 minutes"
                 in err) == long, (argv, err)
+
+
+def test_result_suite_cases():
+    """--suite result: the turn after a held-out tool call with its JSON result; every other
+    case sends the call back without its reasoning (as an OpenAI-style client does), and the
+    answer expected is "Result: " and the JSON exactly."""
+    import json
+
+    from flint_graph.nano.evals import build_cases, score
+
+    cases = build_cases(("result",), 6)
+    assert [c.group for c in cases] == ["result"] * 6
+    for c in cases:
+        user, call, tool = c.messages
+        assert user["role"] == "user" and call["tool_calls"] and tool["role"] == "tool"
+        assert bool(call.get("reasoning_content")) == (c.index % 2 == 0)
+        assert c.expect == "Result: " + tool["content"]
+        json.loads(tool["content"])
+
+    class Msg:
+        tool_calls, finish_reason = [], "stop"
+
+        def __init__(self, content):
+            self.content = content
+
+    assert score(cases[0], Msg(cases[0].expect)) == {"correct": True}
+    renamed = cases[0].expect.replace('{"', '{"ok_', 1)
+    assert score(cases[0], Msg(renamed)) == {"correct": False}
