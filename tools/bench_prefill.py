@@ -57,6 +57,21 @@ def time_prefill(pre, prompt: torch.Tensor, chunk: int, reps: int,
     return statistics.median(times)
 
 
+def gpu_state() -> str | None:
+    """nvidia-smi's SM and memory clocks, power, temperature and active throttle reasons right
+    now (None where it cannot say): read after each timed row, so a slow object can be told
+    apart from a clocked-down GPU (the 8K NVFP4 spread, docs/device-queue.md)."""
+    import subprocess
+
+    q = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout else None
+
+
 def breakdown(pre, prompt: torch.Tensor, chunk: int, top: int = 25) -> str:
     """CUDA time by kernel of one prefill of `prompt` (torch.profiler's table, our cubins
     included: CUPTI sees every launch)."""
@@ -315,7 +330,7 @@ def main() -> int:
                 row = {"format": fmt, "path": path, "row_moe_max": row_moe, "chunk": chunk,
                        "tokens": n, "ms": s * 1e3,
                        "tokens_per_s": n / s, "tflops": fl / s / 1e12, "mfu": fl / s / peak,
-                       "object": obj, **split}
+                       "object": obj, **split, "gpu_state": gpu_state()}
                 res["rows"].append(row)
                 print(json.dumps(row), flush=True)
             # where a short prompt's time goes on the host (CPU self time by op)
