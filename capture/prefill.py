@@ -522,6 +522,10 @@ class Prefill:
         self.qkv = [fuse_qkv(lw) for lw in weights.layers]  # [q; k; v] rows, held once
         # work the next kernel does not need runs beside it (capture/side_stream.py)
         self.side = SideStream(dev if attention == "kernel" and dev.type == "cuda" else None)
+        # chunks above this many rows run their side work in place (None: every chunk uses
+        # the side stream); set_side_max_rows
+        self.side_max_rows: int | None = None
+        self._side_off = SideStream(None)
         self._qkv_next: tuple[int, torch.Tensor] | None = None  # (layer, decoded [q; k; v])
         self._scratch: dict[str, torch.Tensor] = {}
         hq = cfg.num_attention_heads
@@ -684,6 +688,19 @@ class Prefill:
         if on and (self.attention != "kernel" or self.device.type != "cuda"):
             raise ValueError("the side stream needs attention='kernel' on CUDA")
         self.side = SideStream(self.device if on else None)
+
+    def set_side_max_rows(self, rows: int | None) -> None:
+        """Use the side stream only for chunks of at most `rows` rows (None: for every chunk,
+        the default). Why: at 8K rows the GPU is full without it and the side stream cost
+        1.0-1.6 ms in every pair measured (H100, perf log, twenty-fifth session), while below
+        512 rows it gains 0.5-1.7 ms (ninth session). The choice is made per chunk (and per
+        graph bucket at capture), so call this before `capture`. Either way the results are
+        bitwise the same (tests/test_prefill_gpu.py, side_stream). Raises ValueError for a
+        `rows` that is not None or an int ≥ 1."""
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int)
+                                 or rows < 1):
+            raise ValueError(f"side_max_rows {rows!r}: expected None or an int >= 1")
+        self.side_max_rows = rows
 
     def set_attn_kernel(self, name: str, **values: int) -> None:
         """Run attention on kernel `name` (ATTN_KERNELS; attn_prefill_wg falls back to
@@ -933,10 +950,16 @@ class Prefill:
         if self.pick is not None:
             self._counts.zero_()  # a chunk that failed half-way may have left counts behind
         self._qkv_next = None  # a decode ahead lives only within one body (graph pool memory)
-        x = reference.embed(self.w.embed, ids)
-        pos = self._prepare(ids.numel())
-        for i, lw in enumerate(self.w.layers):
-            x = self._layer(i, lw, x, pos)
+        configured = self.side
+        if self.side_max_rows is not None and ids.numel() > self.side_max_rows:
+            self.side = self._side_off  # this chunk's side work in place (set_side_max_rows)
+        try:
+            x = reference.embed(self.w.embed, ids)
+            pos = self._prepare(ids.numel())
+            for i, lw in enumerate(self.w.layers):
+                x = self._layer(i, lw, x, pos)
+        finally:
+            self.side = configured
         last = x.index_select(0, self._valid - 1)
         self._h_last.copy_(reference.rms_norm(last, self.w.final_norm, self.cfg.rms_norm_eps))
 

@@ -403,3 +403,61 @@ def test_a_snapshot_outside_the_prompt_is_refused(model, prompt, at):
     pre.prefill(0, prompt[:10], 64)
     with pytest.raises(InvalidRequestError, match="snapshot_at"):
         pre.prefill(0, prompt[10:20], 64, start=10, snapshot_at=at)
+
+
+class _CountingSide:
+    """A stand-in side stream that counts forks (the CPU has no second stream)."""
+
+    on = True
+
+    def __init__(self):
+        self.forks = 0
+
+    def fork(self):
+        import contextlib
+
+        self.forks += 1
+        return contextlib.nullcontext()
+
+    def mark(self, name):
+        pass
+
+    def wait(self, name):
+        pass
+
+    def join(self):
+        pass
+
+
+def test_side_max_rows_keeps_large_chunks_off_the_side_stream(model, prompt):
+    """set_side_max_rows(N): a chunk of more than N rows runs its side work in place, a chunk of
+    at most N forks as before, the configured side stream is back after either (and after a
+    failing chunk), and the logits do not change."""
+    cache = KVCache(CFG, num_slots=2, max_tokens=PROMPT + 10, device="cpu")
+    pre = Prefill(CFG, model.weights, cache, attention="reference")
+    want = pre.prefill(0, prompt[:40], 40)
+    side = pre.side = _CountingSide()
+    pre.set_side_max_rows(16)
+    got = pre.prefill(0, prompt[:40], 40)  # one chunk of 40 rows: in place
+    assert side.forks == 0 and pre.side is side
+    assert torch.equal(got, want)
+    pre.prefill(0, prompt[:40], 16)  # chunks of 16, 16 and 8 rows: on the side stream
+    assert side.forks > 0 and pre.side is side
+    pre.set_side_max_rows(None)
+    side.forks = 0
+    pre.prefill(0, prompt[:40], 40)
+    assert side.forks > 0
+    pre.set_side_max_rows(16)
+    real = pre._layer
+    pre._layer = lambda *a: (_ for _ in ()).throw(RuntimeError("simulated"))
+    with pytest.raises(RuntimeError, match="simulated"):
+        pre.prefill(0, prompt[:40], 40)
+    assert pre.side is side
+    pre._layer = real
+
+
+@pytest.mark.parametrize("rows", [0, -1, 1.5, True, "8"])
+def test_side_max_rows_refuses_what_is_not_a_row_count(model, rows):
+    pre = Prefill(CFG, model.weights, KVCache(CFG, 1, 64, device="cpu"), attention="reference")
+    with pytest.raises(ValueError, match="side_max_rows"):
+        pre.set_side_max_rows(rows)

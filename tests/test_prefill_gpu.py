@@ -276,6 +276,17 @@ def test_side_stream_changes_no_bit(kset, fmt, graphs):
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_side_max_rows_changes_no_bit(kset, graphs):
+    """set_side_max_rows(512): chunks above 512 rows run their side work in place, smaller ones
+    on the side stream, within one prefill (a 1,300-token prompt in 600-row chunks ends with a
+    100-row one), so the logits and every KV entry equal the side stream's everywhere; NVFP4,
+    eagerly and through the bucket graphs (captured with the threshold set)."""
+    _toggle_changes_no_bit(kset, "nvfp4", graphs,
+                           lambda pre, on: pre.set_side_max_rows(512 if on else None),
+                           ((150, 64), (1300, 600), (2100, 2048)))
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 def test_shared_fold_changes_no_bit(kset, graphs):
     """The NVFP4 shared expert as one more group of the routed grouped_w4a16 launches (SH = 1)
     runs the same per-row arithmetic on the same tiles as its own launches, so the logits and

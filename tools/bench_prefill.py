@@ -195,6 +195,10 @@ def main() -> int:
                         "time each: attn_prefill (mma.sync), attn_prefill_wg (wgmma), a variant "
                         "as NAME:K=V[:K=V…], e.g. attn_prefill_wg:ST=3 (default: "
                         "capture/prefill.py ATTN_KERNEL)")
+    p.add_argument("--side-max-rows", default="",
+                   help="graph and kernel paths: the side stream only for chunks of at most "
+                        "this many rows ('-': every chunk, the default); comma-separated values "
+                        "time each, e.g. --side-max-rows=-,4096,2048 (Prefill.set_side_max_rows)")
     p.add_argument("--overlap", default="",
                    help="1: the side stream on (weight decodes ahead, shared expert and KV "
                         "writes beside the main stream: capture/side_stream.py), 0: one stream; "
@@ -263,21 +267,24 @@ def main() -> int:
         shared_sweep = [bool(int(v)) for v in args.shared.split(",") if v] or [True]
         fold_sweep = [bool(int(v)) for v in args.fold.split(",") if v] or [None]
         kvw_sweep = [bool(int(v)) for v in args.kv_write.split(",") if v] or [None]
+        smr_sweep = [("max", None if v == "-" else int(v))
+                     for v in args.side_max_rows.split(",") if v] or [None]
         sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
-        runs = [(path, r, a, wgm, ov, sh, fo, kw) for path in args.paths.split(",")
+        runs = [(path, r, a, wgm, ov, sh, fo, kw, smr) for path in args.paths.split(",")
                 for r in (sweep if path == "graph" else [(None,) * 6])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
                 for wgm in ((wg_sweep or [None]) if path == "graph" else [None])
                 for ov in (overlap_sweep if path in ("graph", "kernel") else [None])
                 for sh in (shared_sweep if path in ("graph", "kernel") else [True])
                 for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])
-                for kw in (kvw_sweep if path in ("graph", "kernel") else [None])]
+                for kw in (kvw_sweep if path in ("graph", "kernel") else [None])
+                for smr in (smr_sweep if path in ("graph", "kernel") else [None])]
         for obj, (path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold,
-                  kw) in enumerate(runs):
+                  kw, smr) in enumerate(runs):
             chunk = args.chunk
             prompt = None
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
@@ -288,6 +295,8 @@ def main() -> int:
                 pre.set_attn_kernel(attn[0], **attn[1])
             if ov is not None:
                 pre.set_overlap(ov)
+            if smr is not None and pre.side.on:
+                pre.set_side_max_rows(smr[1])
             if kw is not None:
                 pre.set_kv_write(kw)
             if fold is not None and pre.w4a16_shared:
@@ -310,7 +319,8 @@ def main() -> int:
                        f"/wg>{pre.w4a16_wg_min if pre.w4a16_wg else '-'}"
                        f"/side{int(pre.side.on)}{'' if shared else '/no-shared'}"
                        f"/fold{int(bool(pre.w4a16_fold))}"
-                       f"{'' if pre.kv_write or path != 'graph' else '/kv-indexed'}")
+                       f"{'' if pre.kv_write or path != 'graph' else '/kv-indexed'}"
+                       f"{'' if pre.side_max_rows is None else f'/side<={pre.side_max_rows}'}")
             if path == "graph":
                 t0 = time.perf_counter()
                 buckets = pre.capture(min(chunk, args.graph_max))
