@@ -73,7 +73,9 @@ GREETINGS = {
                       "Bye bye", "Goodnight, thanks for the help.",
                       # step 6937 answered the held-out "Talk soon." with "You're welcome!"
                       "Ciao!", "See ya!", "I'm off now.", "Gotta go.", "Signing off.",
-                      "Speak to you tomorrow.", "Until we meet again."],
+                      "Speak to you tomorrow.", "Until we meet again.",
+                      # step 7718 called book_table for the held-out "Talk soon."
+                      "Speak soon!", "Chat soon.", "Later, friend.", "Off I go, bye."],
             "heldout": ["Farewell.", "Catch you later!", "Talk soon."]},
 }
 
@@ -128,7 +130,13 @@ def _more_requests() -> list[str]:
              "Show me how to knit.", "Retell the tale of Cinderella.",
              "What happens in Romeo and Juliet?", "Summarize the book Moby Dick.",
              "How many people live in Japan?", "What is the area of Canada?",
-             "How many citizens does India have?"]
+             "How many citizens does India have?",
+             # step 7718 thanked "Teach me Spanish." again and introduced itself for "Who
+             # painted the Mona Lisa?": imperatives "<verb> me ..." and more "Who ..." facts
+             "Coach me in tennis.", "Tutor me in algebra.", "Quiz me on capitals.",
+             "Drill me on vocabulary.", "Guide me through yoga.", "Train me for a marathon.",
+             "Who built the pyramids?", "Who sang Yesterday?", "Who directed Titanic?",
+             "Who composed the Moonlight Sonata?", "Who founded Microsoft?"]
     made = [f"{a} {f} about {t}." for a in asks for f in forms for t in topics]
     return made + facts + tasks
 
@@ -218,7 +226,11 @@ WORD_PROBLEMS = {
         "{name} had {a} {things} and won {b} more. How many does {pron} have in total?",
         "A club owns {a} balls and receives {b} more. How many balls does it have now?",
         "{name} keeps {a} {things} and adds {b} more to them. How many are there now?",
-        "A bakery made {a} rolls and then baked {b} more. How many rolls is that?"],
+        "A bakery made {a} rolls and then baked {b} more. How many rolls is that?",
+        # step 7718 subtracted the held-out "Total of A and B?" without tools (the training's
+        # terse "<noun> of A and B?" were all differences): terse sums of that shape
+        "Sum of {a} and {b}?", "The sum of {a} and {b}?", "{a} and {b}: what is their sum?",
+        "Addition of {a} and {b}?", "Combined, {a} and {b} make?"],
     ("train", "-"): [
         "{name} had {a} {things} and gave {b} away. How many are left?",
         "A shop had {a} {things} and sold {b}. How many does it have now?",
@@ -240,7 +252,12 @@ WORD_PROBLEMS = {
         "By how much does {a} exceed {b}?", "What is the gap from {b} up to {a}?",
         "Of the {a} seats, {b} are taken. How many are free?",
         "{b} of {a} tickets are sold. How many remain?",
-        "{name} has done {b} of the {a} tasks. How many are still to do?"],
+        "{name} has done {b} of the {a} tasks. How many are still to do?",
+        # step 7718 added for the held-out "What's the difference between A and B?" and got
+        # "I had A dollars and spent B" wrong: "between" and first-person subtractions
+        "What is the gap between {a} and {b}?", "How far apart are {a} and {b}?",
+        "I got {a} {things} and lost {b}. How many do I have now?",
+        "I owned {a} {things} and sold {b}. How many remain with me?"],
     ("heldout", "+"): [
         "{name} has {a} {things} and finds {b} more. How many does {pron} have now?",
         "A library owns {a} books and buys {b} more. How many books does it own now?",
