@@ -504,11 +504,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not args.raw and not tools and CALL_OPEN in out.content:
         # Without tools nothing parses calls (as in vLLM), so flint-nano's trained answer to
         # "Convert 120 km to mi." reached stdout as markup with nothing saying why.
-        why = (f"{args.tools} declares none" if args.tools is not None else
-               "no tools were declared; pass --tools TOOLS.json (e.g. examples/tools.json) to "
-               "have it parsed")
-        print(f"flint-graph: note: the answer holds a tool call ({CALL_OPEN}), shown as text "
-              f"since {why}", file=sys.stderr)
+        print(f"flint-graph: note: {call_as_text_hint(args.tools)}", file=sys.stderr)
     elif not args.raw and not tools and out.content.lstrip().startswith(DECLINED):
         # flint-nano declines a tool request it was given no tool for, in words that list
         # the skills it just declined ("Convert 120 km to mi." without --tools)
@@ -520,6 +516,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 # how flint-nano begins declining a request (nano/phrasings.py REFUSAL), and what generate and
 # the chat add when it declines with no tools declared
 DECLINED = "I can't do that."
+def call_as_text_hint(tools_path: str | None) -> str:
+    """The note for an answer holding a tool call that nothing parsed (no tools declared, as
+    in vLLM): what `generate` prints on stderr and the chat under the answer. tools_path: the
+    --tools file given (one declaring no tools), or None."""
+    from flint_graph.chat.tool_call_reader import CALL_OPEN
+
+    why = (f"{tools_path} declares none" if tools_path is not None else
+           "no tools were declared; pass --tools TOOLS.json (e.g. examples/tools.json) to "
+           "have it parsed")
+    return f"the answer holds a tool call ({CALL_OPEN}), shown as text since {why}"
+
+
 DECLINED_HINT = ("the model declined; if you asked for the weather, a unit conversion or a "
                  "table lookup, those are tool calls, offered with --tools TOOLS.json (e.g. "
                  "examples/tools.json)")
@@ -542,7 +550,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     check_tools_fit(llm, tools, args.tools, args.system)
     return ChatSession(llm, params, tools=tools, system=args.system,
                        enable_thinking=args.enable_thinking,
-                       show_reasoning=args.show_reasoning).run()
+                       show_reasoning=args.show_reasoning, tools_path=args.tools).run()
 
 
 def _cmd_make_checkpoint(args: argparse.Namespace) -> int:

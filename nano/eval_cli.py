@@ -80,9 +80,10 @@ def add_eval_parser(sub, positive_int) -> None:
                        description=textwrap.fill(
                            "Score a checkpoint on held-out tool-calling, arithmetic, "
                            "long-context recall and two-request chat cases through the chat "
-                           "API, on the chosen engine (--suite chat and --suite phrasing add "
-                           "more: a third request, greetings, out-of-scope requests and "
-                           "paraphrased skills); compare with a saved run.", 79),
+                           "API, on the chosen engine (--suite chat, phrasing and result add "
+                           "more: a third request, greetings, out-of-scope requests, "
+                           "paraphrased skills and the answer to a tool's result); compare "
+                           "with a saved run.", 79),
                        epilog=EVAL_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="BF16 checkpoint directory or NVFP4 .gguf (default: the embedded one)")
@@ -90,7 +91,8 @@ def add_eval_parser(sub, positive_int) -> None:
                    help="directory with config.json, tokenizer and generation_config.json for "
                         "a GGUF (default: the GGUF's own directory)")
     p.add_argument("--suite", default="tools,arith,recall,chain", metavar="S,..",
-                   help="suites to run (default: %(default)s)")
+                   help="suites to run, of tools, arith, recall, chain, chat, phrasing and "
+                        "result (default: %(default)s)")
     p.add_argument("--n", type=_case_count, default=50, metavar="N",
                    help=f"cases per suite and per recall context, 1 to {MAX_N} "
                         "(default: %(default)s: a GPU-sized run; on 2 CPU cores --n 10 "
@@ -272,12 +274,12 @@ def _target(share: float) -> str:
 
 
 def _verdict(target: dict) -> str:
-    """A target's cell: met / MISSED, or not judged below JUDGE_MIN_N cases (reports written
-    before the rule have no "judged" and are judged)."""
+    """A target's cell: met / MISSED, or not judged below `evals.judge_min_n` cases (reports
+    written before the rule have no "judged" and are judged)."""
     if not target.get("judged", True):
-        from flint_graph.nano.evals import JUDGE_MIN_N
+        from flint_graph.nano.evals import judge_min_n
 
-        return f"not judged (n < {JUDGE_MIN_N})"
+        return f"not judged (n < {judge_min_n(target.get('target', 1.0))})"
     return "met" if target["met"] else "MISSED"
 
 

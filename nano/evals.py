@@ -79,6 +79,16 @@ DEFAULT_CONTEXTS = (1024, 4096, 16384)
 # A target is judged (met / MISSED, and --check's exit code) only over at least this many
 # cases: at --n 2 one miss reads as 50% "MISSED" of a 90% target that --n 20 meets (95%)
 JUDGE_MIN_N = 10
+
+
+def judge_min_n(target: float) -> int:
+    """The fewest cases over which a target share is judged: JUDGE_MIN_N, and for a target
+    below 100% enough cases that one miss can still meet it (20 for 95%: at the README's
+    CPU run, --n 10, one miss in ten read "tools valid 90.0% ≥95% MISSED" for a model that
+    scores 96.7% at --n 30; a new user's trial, 2026-12-06)."""
+    if target >= 1:
+        return JUDGE_MIN_N
+    return max(JUDGE_MIN_N, math.ceil(round(1 / (1 - target), 6)))
 TARGETS = {("tools", "valid"): 0.95, ("tools", "exact"): 0.90, ("arith", "correct"): 0.90,
            ("recall@4096", "correct"): 0.90, ("phr-tools", "exact"): 0.90,
            ("phr-arith", "correct"): 0.90, ("phr-greet", "correct"): 1.0,
@@ -341,7 +351,7 @@ def summarize(records: list[dict], seconds: float = 0.0) -> dict[str, Any]:
             if k in g:
                 g[k] = round(g[k] / g["n"], 4)
     targets = [{"group": grp, "metric": m, "target": t, "value": groups[grp][m],
-                "met": groups[grp][m] >= t, "judged": groups[grp]["n"] >= JUDGE_MIN_N}
+                "met": groups[grp][m] >= t, "judged": groups[grp]["n"] >= judge_min_n(t)}
                for (grp, m), t in TARGETS.items() if grp in groups]
     return {"groups": groups, "targets": targets, "cases": records,
             "seconds": round(seconds, 1)}

@@ -670,6 +670,29 @@ def test_a_refusal_without_tools_gets_generates_note_once(monkeypatch):
     assert "note: the model declined" not in console.file.getvalue()  # tools were declared
 
 
+def test_a_call_shown_as_text_without_tools_gets_generates_note():
+    """A new user's trial (2026-12-06): "Convert 120 km to mi." in a chat without --tools printed
+    the raw <tool_call> markup with no word why, while generate notes it. The chat notes it
+    under every such answer, naming a --tools file that declared none."""
+    from chat_fakes import FakeLLM
+
+    call = "<tool_call>convert_units<arg_key>value</arg_key><arg_value>120</arg_value></tool_call>"
+    console = Console(file=io.StringIO(), width=300, force_terminal=False)
+    it = iter(["Convert 120 km to mi.", "/exit"])
+    console.input = lambda prompt="": next(it)  # type: ignore[method-assign]
+    ChatSession(FakeLLM("A conversion.", call), SamplingParams(max_tokens=6),
+                console=console).run()
+    out = console.file.getvalue()
+    assert "note: the answer holds a tool call (<tool_call>), shown as text since no tools " \
+        "were declared; pass --tools TOOLS.json" in out
+    console = Console(file=io.StringIO(), width=300, force_terminal=False)
+    it = iter(["Convert 120 km to mi.", "/exit"])
+    console.input = lambda prompt="": next(it)  # type: ignore[method-assign]
+    ChatSession(FakeLLM("A conversion.", call), SamplingParams(max_tokens=6),
+                console=console, tools=[], tools_path="empty.json").run()
+    assert "shown as text since empty.json declares none" in console.file.getvalue()
+
+
 def test_read_line_capped_drops_a_long_line_whole():
     from flint_graph.terminal.chat_cli import read_line_capped
 

@@ -285,13 +285,17 @@ class ChatSession:
     Args: llm: a loaded flint_graph.LLM; params: SamplingParams for every answer; tools: OpenAI
     function tools or None; system: optional system message; enable_thinking: reasoning on/off;
     show_reasoning: keep reasoning expanded; console: a rich Console (tests pass their own);
-    echo_input: print each input line after its prompt (default: when stdin is piped).
+    echo_input: print each input line after its prompt (default: when stdin is piped);
+    tools_path: the --tools file the tools came from (named in the note on a call shown as
+    text when it declares none).
     """
 
     def __init__(self, llm, params, tools=None, system: str | None = None,
                  enable_thinking: bool = True, show_reasoning: bool = False,
-                 console: Console | None = None, echo_input: bool | None = None):
+                 console: Console | None = None, echo_input: bool | None = None,
+                 tools_path: str | None = None):
         self.llm, self.params, self.tools = llm, params, tools
+        self.tools_path = tools_path
         self.hinted_tools = False  # the note on a refusal without tools, shown once
         self.system, self.enable_thinking = system, enable_thinking
         self.show_reasoning = show_reasoning
@@ -615,9 +619,15 @@ class ChatSession:
         elif out.finish_reason == "repeat":
             footer += " · the answer looped (--stop-on-repeat)"
         self.console.print(f"[dim]{footer}[/]")
-        from flint_graph.cli import DECLINED, DECLINED_HINT
+        from flint_graph.chat.tool_call_reader import CALL_OPEN
+        from flint_graph.cli import DECLINED, DECLINED_HINT, call_as_text_hint
 
-        if not self.tools and not self.hinted_tools and \
+        if not self.tools and CALL_OPEN in (msg.content or ""):
+            # as generate's note: without tools the call is markup in the answer (a new user's
+            # trial, 2026-12-06: "Convert 120 km to mi." in a chat without --tools)
+            self.console.print(Text(f"note: {call_as_text_hint(self.tools_path)}",
+                                    style="dim"))
+        elif not self.tools and not self.hinted_tools and \
                 (msg.content or "").lstrip().startswith(DECLINED):
             # as generate's note (a new user's trial: the chat showed the bare refusal,
             # which lists the very skills that need --tools); once a chat
