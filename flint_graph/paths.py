@@ -42,3 +42,32 @@ def why_not_a_file(path: Path) -> str:
                     "a symbolic link to a missing target")
         return "no such file or directory"
     return "a directory, not a file" if path.is_dir() else "not a regular file"
+
+
+def replace_file(path: Path, text: str, mode: int | None = None) -> None:
+    """Write `text` to `path` so that a reader, or a failure half-way (a full disk, a file-size
+    limit, a signal), sees the old file whole or the new one whole, never a truncated mix: a
+    temporary file beside it, flushed and synced, then renamed over it. The file keeps an
+    existing file's permission bits (else `mode`, default 0o644). A path that exists and is no
+    regular file (/dev/null) is written in place: a rename would replace the device. Raises
+    OSError (the caller names its flag or command); no temporary file is left behind."""
+    import tempfile
+
+    if path.exists() and not path.is_file():
+        path.write_text(text)
+        return
+    keep = path.stat().st_mode & 0o777 if path.exists() else (0o644 if mode is None else mode)
+    # the temporary name carries at most 40 characters of the user's: a legal name of up to
+    # 255 characters must not fail for the temporary one's extra (a bad-input trial)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, keep)  # mkstemp makes 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)

@@ -124,8 +124,10 @@ MAX_N = 10_000  # cases per group; more would take days on the reference engine
 
 def _case_count(text: str) -> int:
     """--n: 1..MAX_N."""
+    from flint_graph.perf.cli import plain_int
+
     try:
-        n = int(text)
+        n = plain_int(text)
     except ValueError:
         n = 0
     if not 1 <= n <= MAX_N:

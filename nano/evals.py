@@ -154,11 +154,18 @@ class Case:
 
 def parse_suites(text: str) -> tuple[str, ...]:
     """"tools,arith" -> ("tools", "arith"); raises InvalidRequestError naming --suite."""
-    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    given = [s.strip() for s in text.split(",") if s.strip()]
+    names = tuple(dict.fromkeys(given))
     bad = [s for s in names if s not in SUITES]
     if bad or not names:
+        which = f" ({', '.join(map(repr, bad))} is not one)" if len(bad) == 1 else \
+            f" ({', '.join(map(repr, bad))} are not)" if bad else ""
         raise InvalidRequestError(f"--suite {text!r}: expected a comma-separated subset of "
-                                  f"{','.join(SUITES)}")
+                                  f"{','.join(SUITES)}{which}")
+    if len(names) < len(given):  # as --contexts refuses a repeat: a typo, not a wish
+        twice = [s for s in names if given.count(s) > 1]
+        raise InvalidRequestError(f"--suite {text!r}: {', '.join(twice)} given more than "
+                                  "once; name each suite once")
     return names
 
 

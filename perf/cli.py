@@ -8,11 +8,13 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from flint_graph.cli_args import refuse_repeats, seed_int
+from flint_graph.paths import replace_file
 
 BENCH_FIGURES = """\
 figures (one process, one run):
@@ -90,11 +92,21 @@ self-contained page plotting the step by kind against the floor; --compare
 A.json B.json diffs two saved traces."""
 
 
+def plain_int(text: str) -> int:
+    """int(text) for plain ASCII digits only (surrounding blanks allowed); raises ValueError
+    otherwise: int() also reads "٣" and "1_0", and a flag takes plain digits (a bad-input
+    trial ran `eval --n ٣` and `--contexts ٣٠٠`, 2026-12-06; cli_args.integer's rule)."""
+    t = text.strip()
+    if not (t.isascii() and t.isdigit()):
+        raise ValueError(f"not plain digits: {text!r}")
+    return int(t)
+
+
 def _ints(text: str, what: str, shown: str | None = None) -> tuple[int, ...]:
     """Comma-separated ints ≥ 1, each once; `shown` is the text as the user typed it (for the
     error), when `text` is a rewriting of it."""
     try:
-        vals = tuple(int(x) for x in text.split(","))
+        vals = tuple(plain_int(x) for x in text.split(","))
     except ValueError:
         vals = ()
     if not vals or min(vals) < 1:
@@ -110,7 +122,7 @@ def _contexts(text: str) -> tuple[int, ...]:
         p = part.strip().lower()
         mult = 1024 if p.endswith("k") else 1
         try:
-            out.append(int(p[:-1] if mult > 1 else p) * mult)
+            out.append(plain_int(p[:-1] if mult > 1 else p) * mult)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated token counts (e.g. "
                                              f"1024,8192 or 1k,8k), found {text!r}") from None
@@ -283,50 +295,69 @@ def check_outputs(args, flags: tuple[str, ...], compare_runs: bool = False,
     inside = model if model and model.is_dir() else model.parent if model else None
     seen: dict[Path, str] = {}
     for flag, path in given.items():
-        if not str(path).strip():
-            raise InvalidRequestError(f"{flag}: expected a file name, found an empty path")
-        # opening a FIFO for the probe below would block until a reader comes; a device or a
-        # pipe (/dev/full, /dev/stdout into a pipe) fails only after the run: refuse them now
-        if path.exists() and not path.is_file() and not path.is_dir() \
-                and os.path.realpath(path) != os.devnull:
-            raise InvalidRequestError(f"{flag} {path}: not a regular file (a pipe, device or "
-                                      "socket); expected a file name (/dev/null discards)")
-        full = path.resolve()
-        if full in seen:
-            raise InvalidRequestError(f"{flag} and {seen[full]} name the same file {path}; "
-                                      "give each its own")
-        seen[full] = flag
-        if full.is_dir():
-            raise InvalidRequestError(f"{flag} {path}: is a directory; expected a file name")
-        if args.compare and full == Path(args.compare).resolve():
-            raise InvalidRequestError(f"{flag} {path}: is the --compare report; write the new "
-                                      "one elsewhere so the reference is kept")
-        if model and (full == model or (full.exists() and full.parent == inside)):
-            raise InvalidRequestError(f"{flag} {path}: would overwrite a file of the checkpoint "
-                                      f"{args.model}; write it elsewhere")
-        above = next(a for a in full.parents if a.exists())
-        if not above.is_dir():
-            raise InvalidRequestError(f"{flag} {path}: cannot write there ({above} is a file, "
-                                      "not a directory)")
-        existed = full.exists()
-        if existed and flag in (own or {}) and full.stat().st_size \
-                and not own[flag][1](full):
-            raise InvalidRequestError(f"{flag} {path}: exists and is not {own[flag][0]}; choose "
-                                      "another name, or delete it first")
-        missing = [a for a in full.parents if not a.exists()]  # the deepest first
-        try:  # a real probe: permission bits say little to root or on /proc
-            full.parent.mkdir(parents=True, exist_ok=True)
-            with open(full, "a"):
-                pass
-            if not existed:
-                full.unlink()
-        except OSError as e:
-            raise InvalidRequestError(f"{flag} {path}: cannot write there "
-                                      f"({e.strerror or e})") from None
-        finally:  # a run refused later (a bad MODEL) must leave no directory behind (trial)
-            for d in missing:
-                with contextlib.suppress(OSError):
-                    d.rmdir()
+        try:
+            _check_output(args, flag, path, seen, model, inside, own)
+        except (OSError, RuntimeError) as e:  # ENAMETOOLONG; RuntimeError: a symlink loop
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise InvalidRequestError(f"{flag} {path}: cannot write there ({why})") from None
+
+
+def _check_output(args, flag: str, path: Path, seen: dict, model: Path | None,
+                  inside: Path | None, own: dict | None) -> None:
+    """`check_outputs` for one flag; raises InvalidRequestError, or OSError / RuntimeError
+    from the file system (named by the caller)."""
+    from flint_graph.errors import InvalidRequestError
+
+    if not str(path).strip():
+        raise InvalidRequestError(f"{flag}: expected a file name, found an empty path")
+    # opening a FIFO for the probe below would block until a reader comes; a device or a
+    # pipe (/dev/full, /dev/stdout into a pipe) fails only after the run: refuse them now
+    if path.exists() and not path.is_file() and not path.is_dir() \
+            and os.path.realpath(path) != os.devnull:
+        raise InvalidRequestError(f"{flag} {path}: not a regular file (a pipe, device or "
+                                  "socket); expected a file name (/dev/null discards)")
+    full = path.resolve()
+    if full in seen:
+        raise InvalidRequestError(f"{flag} and {seen[full]} name the same file {path}; "
+                                  "give each its own")
+    seen[full] = flag
+    if full.is_dir():
+        raise InvalidRequestError(f"{flag} {path}: is a directory; expected a file name")
+    if args.compare and (full == Path(args.compare).resolve() or (
+            full.exists() and Path(args.compare).exists()
+            and os.path.samefile(full, args.compare))):  # a hard link is the same file
+        raise InvalidRequestError(f"{flag} {path}: is the --compare report; write the new "
+                                  "one elsewhere so the reference is kept")
+    if model and (full == model or (full.exists() and full.parent == inside)):
+        raise InvalidRequestError(f"{flag} {path}: would overwrite a file of the checkpoint "
+                                  f"{args.model}; write it elsewhere")
+    above = next(a for a in full.parents if a.exists())
+    if not above.is_dir():
+        raise InvalidRequestError(f"{flag} {path}: cannot write there ({above} is a file, "
+                                  "not a directory)")
+    existed = full.exists()
+    if existed and flag in (own or {}) and full.stat().st_size \
+            and not own[flag][1](full):
+        raise InvalidRequestError(f"{flag} {path}: exists and is not {own[flag][0]}; choose "
+                                  "another name, or delete it first")
+    missing = [a for a in full.parents if not a.exists()]  # the deepest first
+    try:  # a real probe: permission bits say little to root or on /proc
+        full.parent.mkdir(parents=True, exist_ok=True)
+        with open(full, "a"):
+            pass
+        if not existed:
+            full.unlink()
+        if os.path.realpath(full) != os.devnull:  # the file is replaced by a rename: the
+            fd, tmp = tempfile.mkstemp(dir=full.parent)  # directory must take a new file
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as e:
+        raise InvalidRequestError(f"{flag} {path}: cannot write there "
+                                  f"({e.strerror or e})") from None
+    finally:  # a run refused later (a bad MODEL) must leave no directory behind (trial)
+        for d in missing:
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def write_outputs(outputs: list[tuple[str, Path | None, Any]]) -> list[str]:
@@ -343,7 +374,9 @@ def write_outputs(outputs: list[tuple[str, Path | None, Any]]) -> list[str]:
         missing = [a for a in path.parents if not a.exists()]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text() if callable(text) else text)
+            # never truncate an earlier report before the new one is whole: a full disk left
+            # an invalid half-file where the previous report was (a bad-input trial)
+            replace_file(path, text() if callable(text) else text)
             if missing:  # made for the output, as `mkdir -p` would: said, so a typo shows
                 print(f"flint-graph: note: {flag}: created the directory {missing[-1]}",
                       file=sys.stderr)
@@ -377,8 +410,16 @@ def report_console():
     figures mid-word ("attentio|n") in output that is kept, grepped or pasted."""
     from rich.console import Console
 
-    console = Console()
-    return console if console.is_terminal else Console(width=PIPED_WIDTH)
+    class ReportConsole(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits 1 here, the code of a missed --check target (`eval | head -1` ended
+            # 1 with no word, a bad-input trial of 2026-12-06): the reader left, which
+            # flint_graph.cli.main answers as for generate, exit 0
+            self.quiet = True
+            raise BrokenPipeError
+
+    console = ReportConsole()
+    return console if console.is_terminal else ReportConsole(width=PIPED_WIDTH)
 
 
 def saved_json(schema: str):

@@ -387,9 +387,15 @@ def test_missing_content_is_refused_except_for_assistant_tool_calls():
     with pytest.raises(InvalidRequestError, match=r"^messages\[1\]\.content: missing; an? "
                                                   r"assistant message needs content unless"):
         render([{"role": "user", "content": "q"}, {"role": "assistant"}])
-    with pytest.raises(InvalidRequestError, match=r"^messages\[1\]\.content"):
-        render([{"role": "user", "content": "q"},
-                {"role": "assistant", "content": None, "tool_calls": []}])
+    # an explicit null is an empty answer: this server writes it for an output a stop string
+    # ended before any text, and an agent loop sends that message back as it came (a
+    # bad-input trial, 2026-12-06: it was refused as "found null")
+    for extra in ({}, {"tool_calls": []}):
+        assert render([{"role": "user", "content": "q"},
+                       {"role": "assistant", "content": None, **extra},
+                       {"role": "user", "content": "r"}]) == render(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""},
+             {"role": "user", "content": "r"}])
     out = render([{"role": "user", "content": "q"},
                   {"role": "assistant", "tool_calls": [call("ping", {})]}],
                  add_generation_prompt=False)
@@ -1045,16 +1051,18 @@ def test_messages_this_server_returns_are_taken_back():
     """A hostile-input trial: the reply to a request that max_tokens ended inside the
     reasoning is `{"role": "assistant", "content": null, "reasoning_content": ...}`; an agent
     loop that appends it got a 400. Such a turn (content null or absent, with reasoning) is
-    now an empty answer; without reasoning or tool calls it is still refused."""
+    now an empty answer, and so is content null alone: the reply to a stop string that matched
+    before any text (a bad-input trial, 2026-12-06). Content absent with nothing else is still
+    refused."""
     from flint_graph.chat.chat_messages import validate_messages
 
     for msg in ({"role": "assistant", "content": None, "reasoning_content": "thinking only"},
-                {"role": "assistant", "reasoning": "thinking only"}):
+                {"role": "assistant", "reasoning": "thinking only"},
+                {"role": "assistant", "content": None}):
         (_, got) = validate_messages([{"role": "user", "content": "hi"}, msg])
         assert got["content"] == ""
-    with pytest.raises(InvalidRequestError, match=r"messages\[1\]\.content: expected a string"):
-        validate_messages([{"role": "user", "content": "hi"},
-                           {"role": "assistant", "content": None}])
+    with pytest.raises(InvalidRequestError, match=r"messages\[1\]\.content: missing"):
+        validate_messages([{"role": "user", "content": "hi"}, {"role": "assistant"}])
 
 
 @pytest.mark.parametrize("messages, message", [
@@ -1165,3 +1173,17 @@ def test_a_template_variable_cannot_replace_the_templates_functions(name):
 def test_a_template_variable_cannot_take_a_name_jinja_reserves(name):
     with pytest.raises(InvalidRequestError, match=f"{name}: a name Jinja gives its own meaning"):
         render_chat(GLM47_CHAT_TEMPLATE, [{"role": "user", "content": "hi"}], **{name: 1})
+
+
+def test_empty_reasoning_content_gives_way_to_reasoning():
+    """reasoning_content "" and reasoning "R" passed the check ("" is "not given") but the
+    template took the empty string and dropped R (a bad-input trial, 2026-12-06); flint-nano
+    needs its call's reasoning to repeat a tool's result."""
+    call = [{"id": "c", "type": "function",
+             "function": {"name": "f", "arguments": "{}"}}]
+    base = [{"role": "user", "content": "q"}]
+    for given in ({"reasoning_content": "", "reasoning": "R"}, {"reasoning": "R"},
+                  {"reasoning_content": None, "reasoning": "R"}):
+        text = render(base + [{"role": "assistant", "content": "", "tool_calls": call, **given},
+                              {"role": "tool", "tool_call_id": "c", "content": "{}"}])
+        assert "<think>R</think>" in text, given

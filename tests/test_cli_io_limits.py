@@ -81,15 +81,17 @@ def test_a_file_that_cannot_be_written_after_the_run_keeps_the_figures(capsys, t
                                                                        monkeypatch):
     """`bench --json /dev/full` printed nothing after 10 s of measuring. Now the tables are
     printed, the other file is written, and the error names the flag."""
+    from flint_graph.perf import cli as perf_cli
+
     bad, good = tmp_path / "bad.json", tmp_path / "trace.html"
-    real = Path.write_text
+    real = perf_cli.replace_file
 
-    def write_text(self, *a, **k):
-        if self == bad:
+    def replace_file(path, text, *a):
+        if path == bad:
             raise OSError(28, "No space left on device")
-        return real(self, *a, **k)
+        return real(path, text, *a)
 
-    monkeypatch.setattr(Path, "write_text", write_text)
+    monkeypatch.setattr(perf_cli, "replace_file", replace_file)
     code, out, err = _run(capsys, "trace", "--preset", "tiny", "--device", "cpu", "--context",
                           128, "--steps", 1, "--no-progress", "--out", bad, "--html", good)
     assert code == 2, err
@@ -183,3 +185,56 @@ def test_a_closed_stdout_is_refused_before_any_work(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdout", None)
     assert main(["generate", "--prompt", "hi"]) == 2
     assert "standard output is closed" in capsys.readouterr().err
+
+
+def test_a_failed_write_keeps_the_earlier_report(tmp_path, monkeypatch):
+    """A bad-input trial (2026-12-06): `eval --json prev.json` on a full disk truncated the
+    earlier report and left 40 KB of invalid JSON, which the next --json then refused as not a
+    report. Outputs are written beside and renamed over: the old file stays whole, no
+    temporary file is left, and its permission bits carry over to a replacement."""
+    from flint_graph import paths
+    from flint_graph.perf.cli import write_outputs
+
+    prev = tmp_path / "prev.json"
+    prev.write_text('{"old": true}')
+    prev.chmod(0o640)
+
+    def no_room(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(paths.os, "fsync", no_room)
+    failed = write_outputs([("--json", prev, '{"new": true}')])
+    assert failed and "cannot write the file (No space left on device)" in failed[0]
+    assert prev.read_text() == '{"old": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prev.json"]
+    monkeypatch.undo()
+    assert write_outputs([("--json", prev, '{"new": true}')]) == []
+    assert prev.read_text() == '{"new": true}' and prev.stat().st_mode & 0o777 == 0o640
+
+
+def test_unusable_output_names_are_refused_by_flag(tmp_path):
+    """A bad-input trial (2026-12-06): a 300-character --json name and a symlink loop ended in
+    `internal error` (OSError / RuntimeError from the path checks), and a hard link to the
+    --compare report was overwritten with the new run (only resolved paths were compared)."""
+    from argparse import Namespace
+
+    from flint_graph.errors import InvalidRequestError
+    from flint_graph.perf.cli import check_outputs
+
+    def check(path, compare=None):
+        check_outputs(Namespace(json=path, compare=compare, model=None), ("--json",),
+                      compare_runs=True)
+
+    with pytest.raises(InvalidRequestError, match="--json .*: cannot write there"):
+        check(tmp_path / ("a" * 300 + ".json"))
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for target in (loop, loop / "x.json"):
+        with pytest.raises(InvalidRequestError, match="--json .*loop"):
+            check(target)
+    ref = tmp_path / "ref.json"
+    ref.write_text("{}")
+    os.link(ref, tmp_path / "hl.json")
+    with pytest.raises(InvalidRequestError, match="is the --compare report"):
+        check(tmp_path / "hl.json", compare=ref)
+    check(tmp_path / "new.json", compare=ref)

@@ -521,18 +521,15 @@ def test_cli_a_report_that_cannot_be_written_is_one_line(capsys, tmp_path, monke
     """A report that fails only when it is written, after the run (a full disk): one line
     naming it and exit 2, the scores still shown. (/dev/full, which once stood for a full disk
     here, is now refused before the run: not a regular file.)"""
-    from pathlib import Path
-
+    from flint_graph import paths
     from flint_graph.cli import main
 
-    target, real = tmp_path / "report.json", Path.write_text
+    target = tmp_path / "report.json"
 
-    def write_text(self, *a, **k):
-        if self == target:
-            raise OSError(28, "No space left on device")
-        return real(self, *a, **k)
+    def no_room(fd):  # the replacement file is written whole or not at all (replace_file)
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_text", write_text)
+    monkeypatch.setattr(paths.os, "fsync", no_room)
     code = main(["eval", "--suite", "arith", "--n", "1", "--quiet", "--json", str(target)])
     out, err = capsys.readouterr()
     assert code == 2 and "Traceback" not in err, err
@@ -709,3 +706,32 @@ def test_result_suite_cases():
     assert score(cases[0], Msg(cases[0].expect)) == {"correct": True}
     renamed = cases[0].expect.replace('{"', '{"ok_', 1)
     assert score(cases[0], Msg(renamed)) == {"correct": False}
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--suite", "tools,bogus"], "('bogus' is not one)"),
+    (["--suite", "result,result"], "result given more than once"),
+    (["--n", "٣"], "--n: expected a case count"),
+    (["--n", "1_0"], "--n: expected a case count"),
+    (["--contexts", "٣٠٠"], "--contexts: expected comma-separated recall contexts"),
+    (["--contexts", "1_024"], "--contexts: expected comma-separated recall contexts"),
+])  # fmt: skip
+def test_eval_flags_name_what_is_wrong(capsys, args, words):
+    """A bad-input trial (2026-12-06): `--suite tools,bogus` did not say which name was bad,
+    `--suite result,result` ran once without a word (a repeated --contexts value is refused),
+    and `--n ٣`, `--n 1_0`, `--contexts ٣٠٠` ran (int() reads them; flags take plain
+    digits)."""
+    from flint_graph.cli import main
+
+    assert main(["eval", *args, "--device", "cpu"]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_ends_a_report_with_exit_0():
+    """`eval … | head -1` ended with exit 1 and no word (rich's console exits 1 on a broken
+    pipe, the code of a missed --check target); the report console raises BrokenPipeError,
+    which the CLI answers as for generate: exit 0."""
+    from flint_graph.perf.cli import report_console
+
+    with pytest.raises(BrokenPipeError):
+        report_console().on_broken_pipe()

@@ -102,9 +102,12 @@ def _content(m: Mapping, role: str, where: str) -> str | None:
     if "content" not in m or m["content"] is None:
         if role == "assistant" and m.get("tool_calls"):
             return None
-        if role == "assistant" and (m.get("reasoning_content") or m.get("reasoning")):
+        if role == "assistant" and (m.get("reasoning_content") or m.get("reasoning")
+                                    or "content" in m):
             # what this server answers when max_tokens (or a stop string) ends the output
-            # inside its reasoning: an agent loop sends that message back as it came
+            # inside its reasoning, or before any text at all (a stop string matched at once:
+            # content null and nothing else, a bad-input trial of 2026-12-06): an agent loop
+            # sends that message back as it came
             return ""
         if "content" in m:
             raise InvalidRequestError(f"{where}.content: expected a string or a list of text "
@@ -227,6 +230,11 @@ def validate_messages(messages: Any) -> list[dict]:
             # both names of one field (this server streams both, equal): which one is meant?
             raise InvalidRequestError(f"{where}: reasoning_content and reasoning differ; they "
                                       "name the same field (give one, or both equal)")
+        if not m.get("reasoning_content") and m.get("reasoning"):
+            # "" is "not given" here as in the check above: the template would otherwise take
+            # the empty reasoning_content and drop `reasoning` (a bad-input trial, 2026-12-06;
+            # flint-nano renames result keys without its call's reasoning: docs/nano.md)
+            msg["reasoning_content"] = m["reasoning"]
         calls = m.get("tool_calls")
         if calls is not None:
             if role != "assistant":

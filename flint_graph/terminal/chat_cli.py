@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from flint_graph.errors import ContextLengthError, FlintError, not_utf8
+from flint_graph.paths import replace_file
 from flint_graph.terminal.live_text import printable, tail_lines
 from flint_graph.terminal.progress import prefill_bar
 
@@ -252,30 +252,15 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
             raise FlintError(f"{path}: holds a transcript of a chat with other tools "
                              f"({len(saved_tools)} declared there, {len(tools or [])} here); "
                              "choose another name, or delete it first")
-        mode = path.stat().st_mode & 0o777 if existed else 0o644
     except (OSError, RuntimeError) as e:  # ENAMETOOLONG, ELOOP; RuntimeError: a symlink loop
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise FlintError(f"{path}: cannot save transcript ({why})") from None
-    tmp = None
     try:
-        # the temporary name carries at most 40 characters of the user's: a legal name of up
-        # to 255 characters must not fail for the temporary one's extra (a bad-input trial)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp",
-                                   dir=path.parent)
-        os.chmod(tmp, mode)  # mkstemp makes 0600; a transcript keeps the usual mode
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        replace_file(path, text)
         if existed and replaced is not None:
             replaced.append(True)
     except OSError as e:
         raise FlintError(f"{path}: cannot save transcript ({e.strerror or e})") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)  # never leave a half-written temp file beside the user's
     return path
 
 
