@@ -645,15 +645,24 @@ class RequestStream:
 
 
 def _message_text(messages: Any) -> int:
-    """Characters of the text in OpenAI messages (string contents and text parts; anything
-    malformed counts 0: validation names it later): a lower bound of the prompt's length."""
+    """Characters of the text in OpenAI messages (string contents and text parts, an assistant
+    turn's reasoning and its calls' arguments; anything malformed counts 0: validation names it
+    later): a lower bound of the prompt's length. (Counting content alone blamed a 1.2 MB
+    reasoning_content on the tool definitions, a bad-input trial of 2026-12-06.)"""
     n = 0
     for m in messages if isinstance(messages, list) else ():
-        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(m, dict):
+            continue
+        content = m.get("content")
         parts = content if isinstance(content, list) else [content]
-        for part in parts:
-            text = part.get("text") if isinstance(part, dict) else part
-            n += len(text) if isinstance(text, str) else 0
+        texts = [part.get("text") if isinstance(part, dict) else part for part in parts]
+        texts.append(m.get("reasoning_content") or m.get("reasoning"))
+        for call in m.get("tool_calls") or () if isinstance(m.get("tool_calls"), list) else ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            texts.append(args if isinstance(args, str) else
+                         json.dumps(args) if isinstance(args, dict) else None)
+        n += sum(len(t) for t in texts if isinstance(t, str))
     return n
 
 

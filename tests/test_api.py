@@ -755,3 +755,18 @@ def test_an_abort_from_another_thread_ends_a_long_prefill_within_a_step(tiny_ckp
     assert req.finish_reason == "abort" and not eng.has_work
     assert steps[0] - at <= 2, f"{steps[0] - at} steps after the abort"
     assert took < 2, f"abort() returned after {took:.1f} s"  # once the request ended
+
+
+def test_message_text_counts_reasoning_and_call_arguments():
+    """A too-long prompt's message said "its messages 51 characters of 1,201,868, the rest
+    mostly the tool definitions" for a 1.2 MB reasoning_content (a bad-input trial,
+    2026-12-06): an assistant turn's reasoning and its calls' arguments are its text too."""
+    from flint_graph.api import _message_text
+
+    call = {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    msgs = [{"role": "user", "content": "abc"},
+            {"role": "assistant", "content": None, "reasoning_content": "r" * 10,
+             "tool_calls": [call, {"function": {"name": "g", "arguments": {"b": 2}}}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "zz"}], "reasoning": "q"},
+            "not a message", {"role": "tool", "content": 5}]
+    assert _message_text(msgs) == 3 + 10 + 8 + len('{"b": 2}') + 2 + 1
