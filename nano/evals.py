@@ -369,8 +369,11 @@ def same_setup(run_: dict, ref: dict) -> bool:
     batch, CPU threads and case list (suites, n, contexts, seed: they decide which requests
     share a batch), so their logits should be bit-identical."""
     def key(r):
+        # contexts shape only recall's cases: without it they change nothing (a result-only
+        # run with other --contexts was judged as another setup, a bad-input trial)
+        ctx = r.get("contexts") if "recall" in (r.get("suites") or ()) else None
         return (r.get("engine"), str(r.get("device", "")).split(":")[0], r.get("batch"),
-                r.get("threads"), r.get("suites"), r.get("n"), r.get("contexts"), r.get("seed"))
+                r.get("threads"), r.get("suites"), r.get("n"), ctx, r.get("seed"))
     return None not in key(run_)[:2] and key(run_) == key(ref)
 
 
@@ -557,7 +560,31 @@ def check_report(rep: Any, name: str) -> dict:
                 f"({cut.get(g, 0)})", v["length_hits"])
     for g in counts.keys() - groups.keys():
         bad(f"groups.{g}", "the scores of the group its cases name", missing=True)
+    # the scores and the suite list as the cases give them: a hand-edited "suites" made
+    # another setup of the same cases (a looser --compare tolerance), and scores that
+    # contradict the cases were taken without a word (a bad-input trial, 2026-12-06)
+    if "suites" in rep:
+        have = {suite_of(g) for g in counts}
+        if len(set(rep["suites"])) < len(rep["suites"]) or have != set(rep["suites"]):
+            bad("suites", f"the suites its cases come from ({', '.join(sorted(have))}), each "
+                "once", rep["suites"])
+    recomputed = summarize(cases)["groups"]
+    for g, v in groups.items():
+        for m in METRICS:
+            if v.get(m) != recomputed.get(g, {}).get(m):
+                bad(f"groups.{g}.{m}", f"the score its cases give "
+                    f"({recomputed.get(g, {}).get(m, 'none')})", v.get(m), m not in v)
     return rep
+
+
+def suite_of(group: str) -> str:
+    """The suite a case group belongs to ("recall@4096" -> "recall", "phr-arith" ->
+    "phrasing"); the group itself for one that is not known."""
+    return ("tools" if group in ("tools", "tools-direct") else
+            "recall" if group.startswith("recall@") else
+            "chain" if group in ("chain-tools", "chain-arith") else
+            "chat" if group in CHAT_GROUPS else
+            "phrasing" if group in PHRASING_GROUPS else group)
 
 
 def _top_step(step: Any) -> bool:

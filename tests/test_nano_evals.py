@@ -642,6 +642,12 @@ def test_cli_compare_refuses_a_planted_reference_unless_the_same_plant(tmp_path,
     ("device", 3, "device: expected a device name"),
     ("batch", 0, "batch: expected an integer >= 1"),
     ("threads", 1.5, "threads: expected null or an integer >= 1"),
+    # the suites and scores its cases give (a bad-input trial, 2026-12-06)
+    ("suites", ["tools", "arith"], "suites: expected the suites its cases come from"),
+    ("suites", ["arith", "arith"], "suites: expected the suites its cases come from"),
+    ("groups", {"arith": {"n": 1, "correct": 0.0}}, "groups.arith.correct: expected the score"),
+    ("groups", {"arith": {"n": 1, "valid": 1.0}}, "groups.arith.valid: expected the score"),
+    ("groups", {"arith": {"n": 1}}, "groups.arith.correct: expected the score"),
 ])
 def test_a_reports_setup_fields_are_checked(field, value, word):
     """A --compare reference edited to `"contexts": "abc"` or `"suites": ["bogus"]` was taken,
@@ -735,3 +741,14 @@ def test_a_reader_that_leaves_ends_a_report_with_exit_0():
 
     with pytest.raises(BrokenPipeError):
         report_console().on_broken_pipe()
+
+
+def test_contexts_matter_to_the_setup_only_with_recall():
+    """A --suite result run with other --contexts than its reference was held to the looser
+    other-setup tolerance, though contexts shape only the recall cases (a bad-input trial)."""
+    base = {"engine": "graph", "device": "cuda", "batch": 8, "threads": None, "n": 4,
+            "seed": 0}
+    a = {**base, "suites": ["result"], "contexts": [1024]}
+    assert evals.same_setup(a, {**a, "contexts": [4096]})
+    r = {**base, "suites": ["recall"], "contexts": [1024]}
+    assert not evals.same_setup(r, {**r, "contexts": [4096]})
