@@ -309,7 +309,10 @@ def _read_report(path: Path) -> dict:
     try:
         rep = read_capped(path, REPORT_MAX_BYTES)
     except (OSError, ValueError) as e:
-        raise InvalidRequestError(f"--compare {path}: cannot read an eval report ({e})") from None
+        # an OSError's own text repeats the path ("[Errno 2] No such file …: '/x.json'")
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise InvalidRequestError(f"--compare {path}: cannot read an eval report ({why})") \
+            from None
     return check_report(rep, f"--compare {path}")
 
 

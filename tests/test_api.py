@@ -770,3 +770,18 @@ def test_message_text_counts_reasoning_and_call_arguments():
             {"role": "assistant", "content": [{"type": "text", "text": "zz"}], "reasoning": "q"},
             "not a message", {"role": "tool", "content": 5}]
     assert _message_text(msgs) == 3 + 10 + 8 + len('{"b": 2}') + 2 + 1
+
+
+def test_a_chat_message_object_in_the_history_points_to_to_dict(tiny_llm):
+    """LLM.chat's ChatMessage put straight back into the messages said only "expected an
+    object, found ChatMessage" (a bad-input trial, 2026-12-06)."""
+    from flint_graph.api import ChatMessage
+    from flint_graph.errors import InvalidRequestError
+
+    msg = ChatMessage(content="hi", reasoning_content=None, tool_calls=[],
+                      finish_reason="stop", output=None)
+    with pytest.raises(InvalidRequestError, match=r"messages\[1\]: expected an object, found "
+                                                  r"ChatMessage; a ChatMessage goes back as "
+                                                  r"\.to_dict\(\)"):
+        tiny_llm.chat([{"role": "user", "content": "hi"}, msg,
+                       {"role": "user", "content": "x"}])

@@ -213,7 +213,10 @@ def validate_messages(messages: Any) -> list[dict]:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
-            raise InvalidRequestError(f"{where}: expected an object, found {kind(m)}")
+            # LLM.chat's answer put straight back into the history (a bad-input trial)
+            hint = "; a ChatMessage goes back as .to_dict()" \
+                if type(m).__name__ == "ChatMessage" else ""
+            raise InvalidRequestError(f"{where}: expected an object, found {kind(m)}{hint}")
         role = ROLE_ALIASES.get(m.get("role"), m.get("role")) \
             if isinstance(m.get("role"), str) else m.get("role")
         if role not in ROLES:
