@@ -1,0 +1,108 @@
+"""What the README says flint-nano answers, checked on the CPU against the embedded model
+(issue 25: every example in the README is checked by a test). The tool table is read from
+README.md itself: each row's request must make its call, and the result typed back must come
+back as `Result: <result>`. Each quoted example below must still be in README.md, so that a
+retrained checkpoint that answers differently fails here until the README says what it does.
+Greedy decoding: the answers are deterministic on this path."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from flint_graph.api import LLM
+from flint_graph.runtime.sampling import SamplingParams
+
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+TOOLS = json.loads((ROOT / "examples" / "tools.json").read_text())
+GREEDY = SamplingParams(temperature=0.0, max_tokens=200)
+
+
+def _table() -> list[tuple[str, str, str]]:
+    """(tool, request, result) of each row of the README's tool table."""
+    rows = re.findall(r"^\| `(\w+)` \| (.+?) \| `(\{.*\})` \|$", README, re.M)
+    # a row's request may carry a note in parentheses after it: "… 118. (expressions …)"
+    return [(tool, re.sub(r"\s*\(.*\)$", "", ask).strip(), result) for tool, ask, result in rows]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(device="cpu", progress=False)
+
+
+def test_the_tool_table_is_read():
+    assert [t for t, _, _ in _table()] == ["convert_units", "get_weather", "calculator",
+                                           "lookup"]
+
+
+def test_each_tool_row_calls_its_tool_and_reports_the_result_typed_back(llm):
+    rows = _table()
+    firsts = llm.chat_batch([([{"role": "user", "content": ask}], TOOLS)
+                             for _, ask, _ in rows], GREEDY)
+    follow = []
+    for (tool, ask, result), msg in zip(rows, firsts):
+        assert [c.name for c in msg.tool_calls] == [tool], (ask, msg)
+        follow.append(([{"role": "user", "content": ask}, msg.to_dict(),
+                        {"role": "tool", "content": result}], TOOLS))
+    for (_, ask, result), msg in zip(rows, llm.chat_batch(follow, GREEDY)):
+        assert msg.content.strip() == f"Result: {result}", (ask, msg.content)
+    assert 'It answers with the result it was given (`Result: {"value": 74.56' in README
+
+
+# (the words as the README quotes them, tools declared, what the answer must be)
+CLAIMS = [
+    ('"Hi" gets a\none-line answer that says what it can do', "Hi", None, "greeting"),
+    ('("Write a poem") a short "I can\'t do\nthat. I can …"', "Write a poem", None, "refusal"),
+    ("What's the weather like in\nParis today?", "What's the weather like in Paris today?",
+     TOOLS, ("get_weather", {"city": "Paris"})),
+    ('"Will it snow in Bergen tomorrow?"', "Will it snow in Bergen tomorrow?", TOOLS,
+     ("get_weather", {"city": "Bergen", "days": 2})),
+    ('"Convert 120 kilometres to miles"', "Convert 120 kilometres to miles", TOOLS,
+     ("convert_units", {"value": 120, "from_unit": "km", "to_unit": "mi"})),
+    ('"Tom had 500 apples and gave\naway 120. How many are left?"',
+     "Tom had 500 apples and gave away 120. How many are left?", TOOLS, "380"),
+    ('"Total of 394 and 655?" gets -261 without tools declared', "Total of 394 and 655?", None,
+     "-261"),
+    ('"Teach me\nSpanish." gets "You\'re welcome!"', "Teach me Spanish.", None,
+     "You're welcome!"),
+    ('"What is 457 plus 368?"\ngets column-by-column reasoning and 825', "What is 457 plus 368?",
+     TOOLS, "825"),
+    ('"What is 250 minus 750?" gets -500', "What is 250 minus 750?", TOOLS, "-500"),
+    ('"What is the weather in Oslo?" gets its call', "What is the weather in Oslo?", TOOLS,
+     ("get_weather", {"city": "Oslo"})),
+]
+
+
+def test_the_quoted_examples_answer_as_the_readme_says(llm):
+    for quoted, *_ in CLAIMS:
+        assert quoted in README, f"the README no longer says {quoted!r}: update CLAIMS"
+    answers = llm.chat_batch([([{"role": "user", "content": ask}], tools)
+                              for _, ask, tools, _ in CLAIMS], GREEDY)
+    for (_, ask, _, want), msg in zip(CLAIMS, answers):
+        text = msg.content.strip()
+        if want == "greeting":
+            assert not msg.tool_calls and "\n" not in text and "I can" in text, (ask, text)
+        elif want == "refusal":
+            assert not msg.tool_calls and text.startswith("I can't do that. I can"), (ask, text)
+        elif isinstance(want, tuple):
+            (call,) = msg.tool_calls
+            assert call.name == want[0] and want[1].items() <= call.arguments.items(), (ask, call)
+        else:
+            assert not msg.tool_calls and text == want, (ask, text)
+
+
+def test_a_second_request_after_a_conversion_calls_the_weather(llm):
+    assert ('"Convert 120 km to mi." answered,\nthen "Will it snow in Bergen tomorrow?" calls '
+            '`get_weather` for Bergen with 2 days') in README
+    msgs = [{"role": "user", "content": "Convert 120 km to mi."}]
+    call = llm.chat(msgs, TOOLS, GREEDY)
+    msgs += [call.to_dict(), {"role": "tool", "content": '{"value": 74.56, "unit": "mi"}'}]
+    msgs += [llm.chat(msgs, TOOLS, GREEDY).to_dict(),
+             {"role": "user", "content": "Will it snow in Bergen tomorrow?"}]
+    (got,) = llm.chat(msgs, TOOLS, GREEDY).tool_calls
+    assert got.name == "get_weather" and got.arguments["city"] == "Bergen"
+    assert got.arguments["days"] == 2
