@@ -74,6 +74,8 @@ CLAIMS = [
     ('"What is 250 minus 750?" gets -500', "What is 250 minus 750?", TOOLS, "-500"),
     ('"What is the weather in Oslo?" gets its call', "What is the weather in Oslo?", TOOLS,
      ("get_weather", {"city": "Oslo"})),
+    ('("Reserve a car in Madrid" gives\n`get_weather` for Madrid', "Reserve a car in Madrid",
+     TOOLS, ("get_weather", {"city": "Madrid"})),
 ]
 
 
@@ -106,3 +108,24 @@ def test_a_second_request_after_a_conversion_calls_the_weather(llm):
     (got,) = llm.chat(msgs, TOOLS, GREEDY).tool_calls
     assert got.name == "get_weather" and got.arguments["city"] == "Bergen"
     assert got.arguments["days"] == 2
+
+
+def test_a_pasted_list_is_answered_ready_and_its_keys_recalled(llm):
+    """The README's recall example: "Remember these values." and 45 lines `K1234 = 5678` as one
+    message, "Ready.", then "What was K…?" for keys near the top of the list."""
+    import random
+
+    assert "forty or more lines like `K1234 = 5678`" in README
+    assert 'replies "Ready.". Then ask "What was K1234?"' in README
+    rng = random.Random(3)
+    keys = rng.sample(range(1000, 10000), 45)
+    vals = [rng.randint(1000, 9999) for _ in keys]
+    msgs = [{"role": "user", "content": "Remember these values.\n" + "\n".join(
+        f"K{k} = {v}" for k, v in zip(keys, vals))}]
+    ready = llm.chat(msgs, None, GREEDY)
+    assert ready.content.strip() == "Ready."
+    msgs.append(ready.to_dict())
+    asks = [(msgs + [{"role": "user", "content": f"What was K{keys[i]}?"}], None)
+            for i in (0, 5, 20)]
+    got = [m.content.strip() for m in llm.chat_batch(asks, GREEDY)]
+    assert got == [str(vals[i]) for i in (0, 5, 20)]
