@@ -12,6 +12,8 @@
 #   prefill  the NVFP4 8K prefill over fresh processes (item 2)
 #   spread   the 8K spread inside one process: six fresh Prefill objects, side stream on for
 #            three and off for three, each timed then profiled by kernel (device-queue item 0)
+#   sidemax  where the side stream stops paying: --side-max-rows=-,4096,2048 at 512 … 8,192
+#            tokens (Prefill.set_side_max_rows; SIDEMAX_TOKENS, SIDEMAX_VALUES), one process
 #   bench    flint-graph bench, full preset, 1K context, buckets 1 and 8 (step, e2e, TTFT, 8K)
 #   kvw      the prefill's KV write, kv_write kernel against the indexed assignment, A/B in
 #            one process (tools/bench_prefill.py --kv-write 0,1; TOKENS_KVW, default 512,8192)
@@ -88,6 +90,11 @@ for part in ${PARTS:-tests e2e ttft}; do
       --tokens 8192 --reps 7 --profile-tokens 8192 --kernel-tokens= --overlap 1,1,1,0,0,0 \
       --out "$OUT/spread" > "$OUT/spread.log" 2>&1
     echo "spread: exit $?"; grep '^{' "$OUT/spread.log" | cut -c1-400 ;;
+  sidemax)
+    timeout "$(lim "${PREFILL_TIMEOUT:-300}")" python3 tools/bench_prefill.py --formats "$F" --paths graph \
+      --tokens "${SIDEMAX_TOKENS:-512,2048,4096,8192}" --reps 7 --profile-tokens 0 --kernel-tokens= \
+      --side-max-rows="${SIDEMAX_VALUES:--,4096,2048}" --out "$OUT/sidemax" > "$OUT/sidemax.log" 2>&1
+    echo "sidemax: exit $?"; grep '^{' "$OUT/sidemax.log" | cut -c1-260 ;;
   prefill)
     timeout "$(lim "${PREFILL_TIMEOUT:-240}")" python3 tools/bench_prefill.py --formats "$F" --paths graph \
       --tokens 8192 --reps 5 --profile-tokens 0 --kernel-tokens= --processes "${PROCESSES:-4}" \
