@@ -49,8 +49,10 @@ from flint_graph.nano.qat import export, fake_quant, parameters, trainable
 from flint_graph.chat.tokenizer import FlintTokenizer
 from flint_graph.checkpoints.weights import MoEWeights
 
+# greet and refuse were 1 each until step 7718, which still missed their 100% targets
+# (93.3 / 90%, docs/nano.md) while every other target held with room: 2 each from the next run
 SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1), ("repeat", 2), ("remember", 1),
-             ("recall-short", 1), ("chain", 3), ("greet", 1), ("refuse", 1))
+             ("recall-short", 1), ("chain", 3), ("greet", 2), ("refuse", 2))
 RECALL_MIX = (("recall", 1),)
 
 
