@@ -50,17 +50,20 @@ IDLE_STEP_MS = 1000.0  # the prefill time of a step with nothing decoding (at mo
 
 
 def least_squares(rows: list[list[float]], y: list[float]) -> list[float]:
-    """x minimising ‖rows·x − y‖₂ for a few columns (m × k, k ≤ 4 here), by modified
-    Gram-Schmidt on the columns scaled to unit size; a column that the earlier ones (nearly)
-    span gets 0, as a rank-revealing solver's basic solution would.
+    """x (k floats) minimising ‖rows·x − y‖₂ for `rows` m lists of k floats (k ≤ 4 here) and
+    `y` m floats, by modified Gram-Schmidt on the columns scaled to unit size; a column that
+    the earlier ones (nearly) span gets 0, as a rank-revealing solver's basic solution would.
+    Raises nothing for finite input (no rows: []).
 
     Plain Python on purpose: it runs on the engine's step path, between a request's admission
-    and its prefill, and the first fit of a process is where issue 22's turn-2 stall sat
-    (the "admit" phase, 49-99 ms, twenty-fifth session: docs/perf-log.md); a 32 × 4 solve
-    needs no library, and no library's first call can stall a request."""
-    m, k = len(rows), len(rows[0]) if rows else 0
-    scale = [max(1.0, max(abs(r[j]) for r in rows)) for j in range(k)]  # columns of very
-    cols = [[r[j] / scale[j] for r in rows] for j in range(k)]  # different sizes
+    and its prefill, and the first fit of a process is where issue 22's turn-2 stall sat (the
+    "admit" phase, 49-99 ms; the first torch.linalg.lstsq of a process took 67 ms on the GPU
+    machine: docs/perf-log.md, twenty-fifth session). A 32 × 4 solve needs no library, and no
+    library's first call can stall a request."""
+    k = len(rows[0]) if rows else 0
+    # the columns (1, s, n, n·s) differ by orders of magnitude: each scaled to at most 1
+    scale = [max(1.0, max(abs(r[j]) for r in rows)) for j in range(k)]
+    cols = [[r[j] / scale[j] for r in rows] for j in range(k)]
     q: list[list[float] | None] = []
     r = [[0.0] * k for _ in range(k)]
     for j in range(k):
