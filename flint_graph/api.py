@@ -48,12 +48,14 @@ class GenerationOutput:
 
     token_ids: generated ids (the stop token included when one ended it); text: visible text
     (special tokens and any matched stop string removed); finish_reason: "stop" | "length" |
-    "repeat" (a loop that SamplingParams.stop_on_repeat cut) | "abort" | "error" (its prefill or a decode step failed; the reason is in errors), or for chat "tool_calls" when the model stopped after calling at least one tool
-    (OpenAI's convention; a call cut off by max_tokens still says "length"); ttft_ms:
-    submission to first token (ms); ms_per_token: mean time per output token after the first
-    (TPOT, ms; None with fewer than two tokens); cached_tokens: prompt tokens served from the
-    KV of an earlier sequence (EngineConfig.kv_reuse) rather than prefilled; ttft_phases_ms:
-    where ttft_ms went (queued, admit, prefill, first_token; `Request.phases_ms`). For chat requests reasoning_content / content /
+    "repeat" (a loop that SamplingParams.stop_on_repeat cut) | "abort" | "error" (its prefill or
+    a decode step failed; the reason is in errors), or for chat "tool_calls" when the model
+    stopped after calling at least one tool (OpenAI's convention; a call cut off by max_tokens
+    still says "length"); ttft_ms: submission to first token (ms); ms_per_token: mean time per
+    output token after the first (TPOT, ms; None with fewer than two tokens); cached_tokens:
+    prompt tokens served from the KV of an earlier sequence (EngineConfig.kv_reuse) rather than
+    prefilled; ttft_phases_ms: where ttft_ms went (queued, admit, schedule, prefill,
+    first_token; `Request.phases_ms`). For chat requests reasoning_content / content /
     tool_calls hold the parsed split, errors the malformed or rejected calls, the repairs made
     and the arguments that fit no reading of their schema ("tool call N: ..."), and for any
     request the engine's own failures ("decode step failed: ...").
@@ -75,7 +77,7 @@ class GenerationOutput:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, repr=False)
     # prompt tokens whose KV came from an earlier sequence instead of a prefill (issue 22)
     cached_tokens: int = 0
-    # where ttft_ms went, ms: queued, admit, prefill, first_token (`Request.phases_ms`)
+    # where ttft_ms went, ms: queued, admit, schedule, prefill, first_token (`Request.phases_ms`)
     ttft_phases_ms: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property

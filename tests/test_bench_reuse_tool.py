@@ -25,7 +25,7 @@ def test_turn_rows_and_a_profiled_turn(bench, tmp_path, monkeypatch, capsys):
     assert all(r["allocator"] == {} for r in on)  # the CPU has no caching allocator
     for r in on + off:  # the TTFT split into its phases (GenerationOutput.ttft_phases_ms)
         phases = r["phases_ms"]
-        assert set(phases) == {"queued", "admit", "prefill", "first_token"}, phases
+        assert set(phases) == {"queued", "admit", "schedule", "prefill", "first_token"}, phases
         assert all(v >= 0 for v in phases.values())
         assert sum(phases.values()) == pytest.approx(r["ttft_ms"], abs=0.01)
     assert all(r["cached_tokens"] == 0 for r in off)

@@ -881,3 +881,26 @@ def test_an_abort_before_a_resumed_requests_first_chunk_keeps_no_wrong_ring(llms
     got, want = on.generate([c], params)[0], off.generate([c], params)[0]
     assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
     eng.drop_retained()
+
+
+def test_the_pacers_time_is_its_own_ttft_phase(tiny_llm, monkeypatch):
+    """Issue 22's turn-2 stall was the prefill pacer's first fit (torch.linalg.lstsq, 67 ms on
+    the GPU machine), counted in "admit" with the prefix match and the ring load. The budget
+    now has its own phase, "schedule", so a slow budget shows there and "admit" stays the
+    match and the ring load."""
+    import time
+
+    from flint_graph.runtime.sampling import SamplingParams
+
+    engine = tiny_llm.engine
+    real = engine.pacer.budget
+
+    def slow(*a, **k):
+        time.sleep(0.05)
+        return real(*a, **k)
+
+    monkeypatch.setattr(engine.pacer, "budget", slow)
+    (out,) = tiny_llm.generate(["hello there"], SamplingParams(max_tokens=2, temperature=0.0))
+    phases = out.ttft_phases_ms
+    assert list(phases) == ["queued", "admit", "schedule", "prefill", "first_token"]
+    assert phases["schedule"] >= 50 and phases["admit"] < 50, phases

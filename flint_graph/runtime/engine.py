@@ -643,6 +643,7 @@ class Engine:
         if req.snapshot_at is not None:
             self._pinned[req.id] = req.snapshot_at
         self.prefilling.append(req)
+        req.marks["admitted"] = _clock()
 
     def _alloc_slot(self) -> int:
         """A free graph-engine slot, evicting the least recently used retained sequence when

@@ -229,13 +229,16 @@ class Request:
     def phases_ms(self) -> dict[str, float]:
         """Where the time to the first token went, ms: "queued" (submission to admission: the
         steps before it, e.g. other requests' work, snapshots due), "admit" (the prefix match
-        and the ring load, to the prefill's start), "prefill" (every prefill part, the GPU's
-        work included), "first_token" (sampling and appending it). {} before the first token;
-        a phase the request never reached is left out."""
+        and the ring load), "schedule" (admitting the others of the step, ordering the
+        prefills, the pacer's budget: to the prefill's start), "prefill" (every prefill part,
+        the GPU's work included), "first_token" (sampling and appending it). {} before the
+        first token; a phase the request never reached is left out. (issue 22's turn-2 stall
+        was the pacer's first fit, then inside "admit": hence its own phase.)"""
         if self.t_first is None:
             return {}
-        order = [("queued", self.t_submit, "admit"), ("admit", "admit", "prefill"),
-                 ("prefill", "prefill", "prefilled"), ("first_token", "prefilled", None)]
+        order = [("queued", self.t_submit, "admit"), ("admit", "admit", "admitted"),
+                 ("schedule", "admitted", "prefill"), ("prefill", "prefill", "prefilled"),
+                 ("first_token", "prefilled", None)]
         out = {}
         for name, a, b in order:
             t0 = a if isinstance(a, float) else self.marks.get(a)
