@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from pathlib import Path
 
 
@@ -47,21 +49,38 @@ def why_not_a_file(path: Path) -> str:
 def replace_file(path: Path, text: str, mode: int | None = None) -> None:
     """Write `text` to `path` so that a reader, or a failure half-way (a full disk, a file-size
     limit, a signal), sees the old file whole or the new one whole, never a truncated mix: a
-    temporary file beside it, flushed and synced, then renamed over it. The file keeps an
-    existing file's permission bits (else `mode`, default 0o644). A path that exists and is no
-    regular file (/dev/null) is written in place: a rename would replace the device. Raises
-    OSError (the caller names its flag or command); no temporary file is left behind."""
+    temporary file beside it, flushed and synced, then renamed over it. An existing file keeps
+    its permission bits and, where this process may set them, its owner; a new one gets `mode`
+    (default 0o666) less the umask, as open() would. An existing file this process may not
+    write is not replaced (PermissionError), as an in-place write would not be. A path that
+    exists and is no regular file (/dev/null) is written in place: a rename would replace the
+    device. Raises OSError (the caller names its flag or command); no temporary file is left
+    behind."""
     import tempfile
 
-    if path.exists() and not path.is_file():
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
         path.write_text(text)
         return
-    keep = path.stat().st_mode & 0o777 if path.exists() else (0o644 if mode is None else mode)
+    if st is not None:
+        with open(path, "a"):  # read-only: refused here as a write in place would be
+            pass
+        keep = stat.S_IMODE(st.st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        keep = (0o666 if mode is None else mode) & ~umask
     # the temporary name carries at most 40 characters of the user's: a legal name of up to
     # 255 characters must not fail for the temporary one's extra (a bad-input trial)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=".tmp", dir=path.parent)
     try:
         os.chmod(tmp, keep)  # mkstemp makes 0600
+        if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+            with contextlib.suppress(OSError):  # only root may give a file away
+                os.chown(tmp, st.st_uid, st.st_gid)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

@@ -144,6 +144,9 @@ def _path(text: str) -> Path:
     """A file flag's value; an empty one (Path("") is ".") is refused."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a file name, found {text!r}")
+    if text.endswith(("/", os.sep)):  # Path() drops it: `--json new/` wrote a file "new"
+        raise argparse.ArgumentTypeError(f"{text!r} names a directory (it ends with /); "
+                                         "expected a file name")
     return Path(text)
 
 
@@ -317,6 +320,13 @@ def _check_output(args, flag: str, path: Path, seen: dict, model: Path | None,
         raise InvalidRequestError(f"{flag} {path}: not a regular file (a pipe, device or "
                                   "socket); expected a file name (/dev/null discards)")
     full = path.resolve()
+    if full.is_file() and _is_std_stream(full):
+        # `--json /dev/stdout > out.txt`: the report renamed over out.txt would leave the
+        # tables printed after it in a file without a name (a bad-input trial, 2026-12-06)
+        raise InvalidRequestError(f"{flag} {path}: is where this command's output goes "
+                                  f"({full}); write the report to a file of its own")
+    if os.path.realpath(full) == os.devnull:
+        return  # discards: any flag may name it, and no probe is needed
     if full in seen:
         raise InvalidRequestError(f"{flag} and {seen[full]} name the same file {path}; "
                                   "give each its own")
@@ -343,21 +353,40 @@ def _check_output(args, flag: str, path: Path, seen: dict, model: Path | None,
     missing = [a for a in full.parents if not a.exists()]  # the deepest first
     try:  # a real probe: permission bits say little to root or on /proc
         full.parent.mkdir(parents=True, exist_ok=True)
-        with open(full, "a"):
-            pass
-        if not existed:
-            full.unlink()
-        if os.path.realpath(full) != os.devnull:  # the file is replaced by a rename: the
-            fd, tmp = tempfile.mkstemp(dir=full.parent)  # directory must take a new file
-            os.close(fd)
-            os.unlink(tmp)
+        if existed:  # (a missing target is not created here: another run finishing now
+            with open(full, "a"):  # could rename its report there, and our unlink of the
+                pass  # probe would delete it, a bad-input trial of 2026-12-06)
     except OSError as e:
         raise InvalidRequestError(f"{flag} {path}: cannot write there "
                                   f"({e.strerror or e})") from None
+    try:  # the report is written beside the target and renamed over it (replace_file)
+        fd, tmp = tempfile.mkstemp(dir=full.parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise InvalidRequestError(f"{flag} {path}: cannot create a file in {full.parent} "
+                                  f"({e.strerror or e}); the report is written beside its "
+                                  "target and renamed over it") from None
     finally:  # a run refused later (a bad MODEL) must leave no directory behind (trial)
         for d in missing:
             with contextlib.suppress(OSError):
                 d.rmdir()
+
+
+def _is_std_stream(path: Path) -> bool:
+    """Whether `path` is the file standard output or standard error goes to (a redirect)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    for fd in (1, 2):
+        try:
+            o = os.fstat(fd)
+        except OSError:
+            continue
+        if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+            return True
+    return False
 
 
 def write_outputs(outputs: list[tuple[str, Path | None, Any]]) -> list[str]:

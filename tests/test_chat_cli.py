@@ -478,6 +478,21 @@ def test_save_takes_a_quoted_name_without_its_quotes(tiny_llm, tmp_path, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "my chat.json"]
 
 
+def test_save_names_that_are_rich_markup_are_shown_as_typed(tiny_llm, tmp_path, monkeypatch):
+    """`/save a[/]b.json` saved, then ended the chat with `internal error: MarkupError`, and
+    `/save x[bold]y.json` said "saved … to xy.json" (a bad-input trial, 2026-12-06): the name
+    goes into the message escaped, in the success and the error line alike."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a[").mkdir()
+    s, console = _session(tiny_llm, ["hi", "/save a[/]b.json", "/save x[bold]y.json",
+                                     "/save nodir[/]/z.json", "hello", "/exit"])
+    s.run()
+    out = console.file.getvalue()
+    assert "saved 2 messages to a[/]b.json" in out and "to x[bold]y.json" in out
+    assert "nodir[/]" in out and (tmp_path / "a[" / "]b.json").exists()
+    assert len(s.messages) == 4  # the chat went on: "hello" was answered
+
+
 def test_save_takes_exactly_one_file_name(tiny_llm, tmp_path, monkeypatch):
     """`/save a b c` wrote a file named "a b c" (bad-input trial, 2026-12-04): the argument is
     read as shell words, and anything but one word is the usage error, saying what it found."""

@@ -238,3 +238,64 @@ def test_unusable_output_names_are_refused_by_flag(tmp_path):
     with pytest.raises(InvalidRequestError, match="is the --compare report"):
         check(tmp_path / "hl.json", compare=ref)
     check(tmp_path / "new.json", compare=ref)
+
+
+def test_replace_file_keeps_a_read_only_file_and_applies_the_umask(tmp_path):
+    """A bad-input trial (2026-12-06) on the write-then-rename: a 0444 transcript was replaced
+    (a write in place is refused), and a new file was 0644 under `umask 077` (chat
+    transcripts readable by everyone)."""
+    from flint_graph.paths import replace_file
+
+    old = os.umask(0o077)
+    try:
+        replace_file(tmp_path / "new.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o600
+    ro = tmp_path / "ro.json"
+    ro.write_text("keep")
+    ro.chmod(0o444)
+    if os.geteuid() != 0:  # root writes any file: the refusal is for everyone else
+        with pytest.raises(PermissionError):
+            replace_file(ro, "new")
+        assert ro.read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json", "ro.json"]
+
+
+def test_output_flags_refuse_a_directory_name_and_standard_output(tmp_path, monkeypatch):
+    """`--json newdir/` wrote a file named newdir; `--json /dev/stdout > out.txt` renamed the
+    report over out.txt and the tables printed after it went to a file without a name; two
+    flags discarding to /dev/null were "the same file" (a bad-input trial, 2026-12-06). And a
+    missing target is not created by the check (another run's report renamed there meanwhile
+    was deleted by the probe's unlink)."""
+    from argparse import Namespace
+
+    from flint_graph.errors import InvalidRequestError
+    from flint_graph.perf.cli import check_outputs
+
+    def check(**flags):
+        check_outputs(Namespace(compare=None, model=None, **flags), tuple(
+            "--" + f for f in flags))
+
+    import argparse
+
+    from flint_graph.perf.cli import _path
+
+    with pytest.raises(argparse.ArgumentTypeError, match="names a directory"):
+        _path(f"{tmp_path}/newdir/")
+    out = tmp_path / "out.txt"
+    out.write_text("")
+    with open(out, "w") as f:
+        monkeypatch.setattr(os, "fstat", lambda fd, real=os.fstat: real(
+            f.fileno() if fd == 1 else fd))
+        with pytest.raises(InvalidRequestError, match="is where this command's output goes"):
+            check(json=out)
+    monkeypatch.undo()
+    check(json=Path(os.devnull), markdown=Path(os.devnull))
+    created = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: created.append(str(p)) or
+                        real_open(p, *a, **k))
+    check(json=tmp_path / "missing.json")
+    assert str(tmp_path / "missing.json") not in created
+    assert not (tmp_path / "missing.json").exists()

@@ -429,9 +429,11 @@ class ChatSession:
                 path = save_transcript(name, self.messages, replaced, self.tools)
                 existed = bool(replaced)
                 note = " (replaced the existing file)" if existed else ""
-                self.console.print(f"[dim]saved {len(self.messages)} messages to {path}{note}[/]")
+                # escaped: a name such as "a[/]b.json" is rich markup (a bad-input trial)
+                self.console.print(f"[dim]saved {len(self.messages)} messages to "
+                                   f"{escape(str(path))}{note}[/]")
             except FlintError as e:
-                self.console.print(f"[red]{e}[/]")
+                self.console.print(f"[red]{escape(str(e))}[/]")
         elif cmd == "/reasoning":
             self.console.print(Text(printable(self.last_reasoning) or "(no reasoning yet)",
                                     style="dim"), soft_wrap=True)
