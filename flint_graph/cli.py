@@ -513,9 +513,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-# how flint-nano begins declining a request (nano/phrasings.py REFUSAL), and what generate and
-# the chat add when it declines with no tools declared
-DECLINED = "I can't do that."
 def call_as_text_hint(tools_path: str | None) -> str:
     """The note for an answer holding a tool call that nothing parsed (no tools declared, as
     in vLLM): what `generate` prints on stderr and the chat under the answer. tools_path: the
@@ -528,6 +525,9 @@ def call_as_text_hint(tools_path: str | None) -> str:
     return f"the answer holds a tool call ({CALL_OPEN}), shown as text since {why}"
 
 
+# how flint-nano begins declining a request (nano/phrasings.py REFUSAL), and what generate and
+# the chat add when it declines with no tools declared
+DECLINED = "I can't do that."
 DECLINED_HINT = ("the model declined; if you asked for the weather, a unit conversion or a "
                  "table lookup, those are tool calls, offered with --tools TOOLS.json (e.g. "
                  "examples/tools.json)")

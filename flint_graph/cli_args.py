@@ -108,13 +108,22 @@ def refuse_repeats(values, text: str, noun: str = "value") -> None:
         raise RepeatedValue(f"{twice[0]} given twice in {text!r}; list each {noun} once")
 
 
+def plain_int(text: str) -> int:
+    """int(text) for plain ASCII digits only (surrounding blanks allowed); raises ValueError
+    otherwise: int() also reads "٣" and "1_0", and a flag takes plain digits (bad-input
+    trials: `--seed ١٢`, `eval --n ٣`, `--contexts ٣٠٠`)."""
+    t = text.strip()
+    if not (t.isascii() and t.isdigit()):
+        raise ValueError(f"not plain digits: {text!r}")
+    return int(t)
+
+
 def integer(text: str, expected: str = "an integer") -> int:
     """argparse type: an integer. One too long for Python to read (over 4,300 digits) is named
     by its length, not called invalid; `expected` words the error."""
     t = text.strip()
     body = t[1:] if t[:1] in ("+", "-") else t
-    if not (body.isascii() and body.isdigit()):
-        # int() also reads "١٢" and "1_0": a flag takes plain digits (bad-input trial)
+    if not (body.isascii() and body.isdigit()):  # plain_int's rule, with a sign
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     try:
         return int(t)

@@ -124,7 +124,7 @@ MAX_N = 10_000  # cases per group; more would take days on the reference engine
 
 def _case_count(text: str) -> int:
     """--n: 1..MAX_N."""
-    from flint_graph.perf.cli import plain_int
+    from flint_graph.cli_args import plain_int
 
     try:
         n = plain_int(text)

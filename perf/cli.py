@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from flint_graph.cli_args import refuse_repeats, seed_int
+from flint_graph.cli_args import plain_int, refuse_repeats, seed_int
 from flint_graph.paths import replace_file
 
 BENCH_FIGURES = """\
@@ -90,16 +90,6 @@ figures:
 (open it at ui.perfetto.dev or chrome://tracing); --html FILE a
 self-contained page plotting the step by kind against the floor; --compare
 A.json B.json diffs two saved traces."""
-
-
-def plain_int(text: str) -> int:
-    """int(text) for plain ASCII digits only (surrounding blanks allowed); raises ValueError
-    otherwise: int() also reads "٣" and "1_0", and a flag takes plain digits (a bad-input
-    trial ran `eval --n ٣` and `--contexts ٣٠٠`, 2026-12-06; cli_args.integer's rule)."""
-    t = text.strip()
-    if not (t.isascii() and t.isdigit()):
-        raise ValueError(f"not plain digits: {text!r}")
-    return int(t)
 
 
 def _ints(text: str, what: str, shown: str | None = None) -> tuple[int, ...]:
@@ -351,22 +341,23 @@ def _check_output(args, flag: str, path: Path, seen: dict, model: Path | None,
         raise InvalidRequestError(f"{flag} {path}: exists and is not {own[flag][0]}; choose "
                                   "another name, or delete it first")
     missing = [a for a in full.parents if not a.exists()]  # the deepest first
-    try:  # a real probe: permission bits say little to root or on /proc
-        full.parent.mkdir(parents=True, exist_ok=True)
-        if existed:  # (a missing target is not created here: another run finishing now
-            with open(full, "a"):  # could rename its report there, and our unlink of the
-                pass  # probe would delete it, a bad-input trial of 2026-12-06)
-    except OSError as e:
-        raise InvalidRequestError(f"{flag} {path}: cannot write there "
-                                  f"({e.strerror or e})") from None
-    try:  # the report is written beside the target and renamed over it (replace_file)
-        fd, tmp = tempfile.mkstemp(dir=full.parent)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as e:
-        raise InvalidRequestError(f"{flag} {path}: cannot create a file in {full.parent} "
-                                  f"({e.strerror or e}); the report is written beside its "
-                                  "target and renamed over it") from None
+    try:
+        try:  # a real probe: permission bits say little to root or on /proc
+            full.parent.mkdir(parents=True, exist_ok=True)
+            if existed:  # (a missing target is not created here: another run finishing now
+                with open(full, "a"):  # could rename its report there, and our unlink of
+                    pass  # the probe would delete it, a bad-input trial of 2026-12-06)
+        except OSError as e:
+            raise InvalidRequestError(f"{flag} {path}: cannot write there "
+                                      f"({e.strerror or e})") from None
+        try:  # the report is written beside the target and renamed over it (replace_file)
+            fd, tmp = tempfile.mkstemp(dir=full.parent)
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as e:
+            raise InvalidRequestError(f"{flag} {path}: cannot create a file in {full.parent} "
+                                      f"({e.strerror or e}); the report is written beside its "
+                                      "target and renamed over it") from None
     finally:  # a run refused later (a bad MODEL) must leave no directory behind (trial)
         for d in missing:
             with contextlib.suppress(OSError):
