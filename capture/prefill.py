@@ -124,6 +124,12 @@ W4A16_WG_MIN: int | None = 1536
 # --shared 0,1) replacing it by zeros took a whole NVFP4 prefill from 9.81 to 9.32 ms at 25
 # tokens and from 17.57 to 16.22 ms at 512. Measured with the fold: perf-log, tenth session.
 FOLD_SHARED = True
+# Chunks above this many rows run their side-stream work in place (Prefill.set_side_max_rows).
+# Why: a big chunk fills the GPU by itself and the fork and join only cost. H100, NVFP4
+# (tools/bench_prefill.py --side-max-rows=-,4096,2048, perf log twenty-sixth session): 4,096
+# tokens 62.1 ms with the side stream, 60.8 ms with it off above 2,048 rows; 8,192 tokens
+# 127.2 / 125.3 ms; 2,048 and 512 tokens within 0.4 ms either way (the chunk is on the side).
+SIDE_MAX_ROWS: int | None = 2048
 # A BF16 checkpoint's experts of chunks up to this many rows (at most 512: the NT = 16 range of
 # W4A16_NT) can run on grouped_w4a16's WB = 16 kernels: each touched expert read once, the
 # shared expert folded in, where torch._grouped_mm and cuBLAS serve them now (and the decode
@@ -524,7 +530,7 @@ class Prefill:
         self.side = SideStream(dev if attention == "kernel" and dev.type == "cuda" else None)
         # chunks above this many rows run their side work in place (None: every chunk uses
         # the side stream); set_side_max_rows
-        self.side_max_rows: int | None = None
+        self.side_max_rows: int | None = SIDE_MAX_ROWS
         self._side_off = SideStream(None)
         self._qkv_next: tuple[int, torch.Tensor] | None = None  # (layer, decoded [q; k; v])
         self._scratch: dict[str, torch.Tensor] = {}
@@ -690,10 +696,11 @@ class Prefill:
         self.side = SideStream(self.device if on else None)
 
     def set_side_max_rows(self, rows: int | None) -> None:
-        """Use the side stream only for chunks of at most `rows` rows (None: for every chunk,
-        the default). Why: at 8K rows the GPU is full without it and the side stream cost
-        1.0-1.6 ms in every pair measured (H100, perf log, twenty-fifth session), while below
-        512 rows it gains 0.5-1.7 ms (ninth session). The choice is made per chunk (and per
+        """Use the side stream only for chunks of at most `rows` rows (None: for every chunk;
+        default SIDE_MAX_ROWS = 2048). Why: at 8K rows the GPU is full without it and the side
+        stream cost 1.0-1.6 ms in every pair measured (H100, perf log, twenty-fifth session)
+        and ~1.2 ms at 4K (twenty-sixth), while below 512 rows it gains 0.5-1.7 ms (ninth
+        session) and at 2K it is even. The choice is made per chunk (and per
         graph bucket at capture), so call this before `capture`. Either way the results are
         bitwise the same (tests/test_prefill_gpu.py, side_stream). Raises ValueError for a
         `rows` that is not None or an int ≥ 1."""
