@@ -3,7 +3,8 @@ GEMMs: gate/up with SwiGLU (KIND 0, rows of x gathered through tok) and down (KI
 tile size NT, routed (E experts), shared (E = 1) and the shared folded in as expert E (SH = 1),
 the WS = 1 variant (weights through shared memory) and the BF16 experts (WB = 16), against `_reference` (reference.linear on the exactly dequantised weights);
 and of its wgmma form grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py: the same
-arguments and reference, NT = 64 and 128, routed only), with two larger chunks for it.
+arguments and reference, NT = 64 and 128, routed only, and its SUB = 1 variant, which must
+also match SUB = 0 bit for bit), with two larger chunks for it.
 
 Cases: chunks of 1, 7, 77 and 1,000 tokens (6 picks each) over few or all experts, one expert
 holding half the pairs (many tiles of one expert), both the full and the flint-nano shapes.
@@ -33,11 +34,12 @@ def kset():
 
 
 def _specs(preset, kernel="grouped_w4a16"):
-    """The model's specs of `kernel`; for grouped_w4a16 also the weights-through-shared-memory
-    variants (WS = 1, benchmarks)."""
+    """The model's specs of `kernel` and its benchmark variants: for grouped_w4a16 the
+    weights-through-shared-memory ones (WS = 1), for grouped_w4a16_wg the half-width last
+    tiles (SUB = 1)."""
     cfg = FlintConfig.preset(preset)
     if kernel == "grouped_w4a16_wg":
-        return gwg.KERNEL.specs(cfg, ())
+        return gwg.KERNEL.specs(cfg, ()) + gwg.bench_specs(cfg)
     return gw.KERNEL.specs(cfg, ()) + [s for s in gw.bench_specs(cfg)
                                        if s.as_dict().get("WS")]
 
@@ -63,6 +65,27 @@ def test_grouped_w4a16_matches_reference(kset, preset, kernel, tokens, experts, 
         assert not out.isnan().any(), f"{what}: {int(out.isnan().any(1).sum())} rows unwritten"
         rel = ((out.float() - want.float()).norm() / want.float().norm()).item()
         assert rel <= 1e-2, f"{what}: rel err {rel:.2e} > 1e-2"
+
+
+@pytest.mark.parametrize("preset", ["full", "nano"])
+def test_wg_half_width_tiles_change_no_bit(kset, preset):
+    """grouped_w4a16_wg SUB = 1 (a tile of at most NT / 2 rows on an NT / 2 wide loop) gives
+    the SUB = 0 output bit for bit: a column of a wgmma's product depends only on its own x
+    row, whatever N is. 4,000 tokens over all experts: ~94 pairs an expert, so at NT = 128 some
+    last tiles take the narrow loop and some the full one."""
+    for spec in gwg.KERNEL.specs(FlintConfig.preset(preset), ()):
+        args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(5),
+                            tokens=4000, experts_used=256)
+        outs = []
+        for sub in (0, 1):
+            a = [t.clone() for t in args]
+            values = {**spec.as_dict(), **({"SUB": 1} if sub else {})}
+            kset.get("grouped_w4a16_wg", **values).launch(*a)
+            outs.append(a[-1])
+        torch.cuda.synchronize()
+        assert not outs[1].isnan().any(), f"{spec.id} SUB=1: rows unwritten"
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), \
+            f"{spec.id}: SUB=1 changed bits"
 
 
 @pytest.mark.parametrize("kernel,tokens", [("grouped_w4a16", 50), ("grouped_w4a16_wg", 200)])
@@ -95,16 +118,18 @@ def _stale(name, t, tokens):
     return torch.randn_like(t.float()).to(t.dtype)
 
 
-@pytest.mark.parametrize("kernel,nt,sh,wb", [("grouped_w4a16", 32, 0, 4),
-                                             ("grouped_w4a16", 16, 1, 4),
-                                             ("grouped_w4a16", 16, 1, 16),
-                                             ("grouped_w4a16_wg", 128, 0, 4)])
+@pytest.mark.parametrize("kernel,nt,sh,wb,sub", [("grouped_w4a16", 32, 0, 4, 0),
+                                                 ("grouped_w4a16", 16, 1, 4, 0),
+                                                 ("grouped_w4a16", 16, 1, 16, 0),
+                                                 ("grouped_w4a16_wg", 128, 0, 4, 0),
+                                                 ("grouped_w4a16_wg", 128, 0, 4, 1)])
 @pytest.mark.parametrize("kind", [0, 1])
-def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, wb):
+def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, wb, sub):
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
     spec = [s for s in _specs("full", kernel) if s["KIND"] == kind and s["NT"] == nt
-            and s.as_dict().get("SH", 0) == sh and s.as_dict().get("WB", 4) == wb][0]
+            and s.as_dict().get("SH", 0) == sh and s.as_dict().get("WB", 4) == wb
+            and s.as_dict().get("SUB", 0) == sub][0]
     consumer = kset.get(kernel, **spec.as_dict())
     decl = (gwg if kernel == "grouped_w4a16_wg" else gw).KERNEL.args(spec)
     tokens = 300

@@ -113,6 +113,21 @@ def w4a16_wg_list(text: str) -> list[int | None]:
     return [_rows(v) for v in text.split(",") if v]
 
 
+def wg_values_list(text: str) -> list[dict[str, int]]:
+    """--wg-values: comma-separated '-' (the default spec values) or K=V[:K=V…]."""
+    out = []
+    for v in (v for v in text.split(",") if v):
+        values = {}
+        for kv in ([] if v == "-" else v.split(":")):
+            key, eq, val = kv.partition("=")
+            if not (key.isidentifier() and eq and val.isdigit()):
+                raise argparse.ArgumentTypeError(f"{kv!r} in {v!r}: expected '-' or K=V with V "
+                                                 "an integer ≥ 0, e.g. SUB=1")
+            values[key] = int(val)
+        out.append(values)
+    return out
+
+
 def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
     """--attn-kernel: comma-separated NAME[:K=V[:K=V…]] (NAME one of ATTN_KERNELS)."""
     from flint_graph.capture.prefill import ATTN_KERNELS
@@ -195,6 +210,11 @@ def main() -> int:
                         "time each: attn_prefill (mma.sync), attn_prefill_wg (wgmma), a variant "
                         "as NAME:K=V[:K=V…], e.g. attn_prefill_wg:ST=3 (default: "
                         "capture/prefill.py ATTN_KERNEL)")
+    p.add_argument("--wg-values", type=wg_values_list, default=[],
+                   help="NVFP4 graph path: grouped_w4a16_wg with other spec values, "
+                        "comma-separated variants to time each, '-' for the default, K=V[:K=V…] "
+                        "otherwise, e.g. --wg-values=-,SUB=1 (benchmark variants of "
+                        "kernels/prefill/grouped_w4a16_wg.py bench_specs)")
     p.add_argument("--side-max-rows", default="",
                    help="graph and kernel paths: the side stream only for chunks of at most "
                         "this many rows ('-': every chunk, the default); comma-separated values "
@@ -274,7 +294,9 @@ def main() -> int:
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
-        runs = [(path, r, a, wgm, ov, sh, fo, kw, smr) for path in args.paths.split(",")
+        wgv_sweep = args.wg_values if w4 else []
+        runs = [(path, r, a, wgm, ov, sh, fo, kw, smr, wgv)
+                for path in args.paths.split(",")
                 for r in (sweep if path == "graph" else [(None,) * 6])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
                 for wgm in ((wg_sweep or [None]) if path == "graph" else [None])
@@ -282,15 +304,18 @@ def main() -> int:
                 for sh in (shared_sweep if path in ("graph", "kernel") else [True])
                 for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])
                 for kw in (kvw_sweep if path in ("graph", "kernel") else [None])
-                for smr in (smr_sweep if path in ("graph", "kernel") else [None])]
+                for smr in (smr_sweep if path in ("graph", "kernel") else [None])
+                for wgv in ((wgv_sweep or [None]) if path == "graph" else [None])]
         for obj, (path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold,
-                  kw, smr) in enumerate(runs):
+                  kw, smr, wgv) in enumerate(runs):
             chunk = args.chunk
             prompt = None
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
                           row_moe_max=row_moe, w4a16=w4a16)
             if wgm is not None and pre.w4a16:
                 pre.set_w4a16_wg(wgm[1])
+            if wgv and pre.w4a16 and pre.w4a16_wg:
+                pre.set_w4a16_wg(pre.w4a16_wg_min, **wgv)
             if attn:
                 pre.set_attn_kernel(attn[0], **attn[1])
             if ov is not None:
@@ -317,6 +342,7 @@ def main() -> int:
                        f"/{pre.attn_kernel or 'torch'}"
                        f"{''.join(f':{k}={v}' for k, v in attn[1].items()) if attn else ''}"
                        f"/wg>{pre.w4a16_wg_min if pre.w4a16_wg else '-'}"
+                       f"{''.join(f':{k}={v}' for k, v in (wgv or {}).items())}"
                        f"/side{int(pre.side.on)}{'' if shared else '/no-shared'}"
                        f"/fold{int(bool(pre.w4a16_fold))}"
                        f"{'' if pre.kv_write or path != 'graph' else '/kv-indexed'}"

@@ -39,7 +39,15 @@ PDL: the tile schedule is an input and selects the expert, so every load follows
 griddepcontrol.wait (one wait at the top, in every thread; `routed_weights`).
 
 Tolerance (GPU test): as grouped_w4a16, ‖out − ref‖/‖ref‖ ≤ 1e-2 per launch (expected ~2e-3).
-Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile.
+SUB = 1 (a benchmark variant, `bench_specs`): a tile of at most NT / 2 rows (an expert's last
+tile) runs a second copy of the main loop and epilogue that is NT / 2 wide, chosen per CTA
+from the tile's row count. Why: at 8K tokens an expert holds ~192 ± 14 pairs, so its second
+128-pair tile is about half empty, and the wgmmas, the x copies and the B reads of its empty
+half are a quarter of the kernel's tensor work; the decode into shared memory is per tile and
+does not shrink. The columns past a tile's rows are never written out, so what the narrow loop
+leaves out changes no output bit.
+
+Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1).
 """
 
 import math
@@ -75,6 +83,8 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
+    if spec.as_dict().get("SUB", 0) not in (0, 1):
+        raise ValueError(f"grouped_w4a16_wg: SUB = {spec['SUB']}; expected 0 or 1")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16_wg: K = {k_dim} must be a multiple of {BK} and N = "
@@ -122,6 +132,12 @@ def _specs(cfg, buckets=()) -> list[Spec]:
     return [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt) for kind in (0, 1) for nt in NTS]
 
 
+def bench_specs(cfg, buckets=()) -> list[Spec]:
+    """The SUB = 1 variants of `_specs` (benchmarks until measured): a tile of at most NT / 2
+    rows runs a main loop NT / 2 wide."""
+    return [KERNEL.spec(**s.as_dict(), SUB=1) for s in _specs(cfg, buckets)]
+
+
 def _reference(spec: Spec, *args):
     return gw._reference(spec, *args)
 
@@ -143,6 +159,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     _check(spec)
     wg = arch == "sm_90a"  # wgmma; elsewhere mma.sync on the same layouts
     kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
+    sub = spec.as_dict().get("SUB", 0)
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     rows_cta = cta_rows(kind)
     steps = k_dim // BK
@@ -152,7 +169,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     x_per_thread = nt * 8 // threads  # 16-byte x chunks per thread per step
     out_pitch = _out_pitch(spec)
     out_units = rows_cta * 2 // 16
-    out_per_thread = math.ceil(nt * out_units / threads)
     nacc = nt // 2  # accumulators per thread: m64 × NT over 128 threads
     exch_bytes = 128 * nacc * 4 if kind == 0 else 0
     launch = _launch(spec)
@@ -184,22 +200,22 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                    du.prmt(p[0], p[1], 0x7632), du.prmt(p[2], p[3], 0x7632)]
             du.st_shared_v4(stage + Uint32(swz(wrow, 4 * half + j)), nat)
 
-    def mma_step(acc, a_tile, x_tile, warp, lane):
-        """acc += this warpgroup's A tile (64 rows × BK) · the x tile (NT rows × BK)ᵀ."""
+    def mma_step(acc, a_tile, x_tile, warp, lane, nx):
+        """acc += this warpgroup's A tile (64 rows × BK) · the x tile's first nx rows (× BK)ᵀ."""
         if wg:
-            vals = [acc[i] for i in range(nacc)]
+            vals = [acc[i] for i in range(nx // 2)]
             for kk in range(BK // 16):
                 da = du.smem_desc(a_tile + Uint32(kk * 32), 16, 1024)
                 db = du.smem_desc(x_tile + Uint32(kk * 32), 16, 1024)
-                vals = du.wgmma_ss(nt, da, db, vals, Int32(1))
-            for i in range(nacc):
+                vals = du.wgmma_ss(nx, da, db, vals, Int32(1))
+            for i in range(nx // 2):
                 acc[i] = vals[i]
             return
         w16 = (warp % 4) * 16
         m8 = lane // 8
         for kk in range(BK // 16):
             a = du.ldmatrix_x4(a_tile + Uint32(swz(w16 + lane % 16, 2 * kk + lane // 16)))
-            for j in range(0, nt // 8, 2):
+            for j in range(0, nx // 8, 2):
                 # n-tiles j and j + 1 (tokens 8j … 8j + 15), chunks 2kk and 2kk + 1
                 b = du.ldmatrix_x4(x_tile + Uint32(swz(8 * (j + m8 // 2) + lane % 8,
                                                        2 * kk + m8 % 2)))
@@ -210,11 +226,92 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                         acc[4 * (j + hh) + v] = c4[v]
 
     @cute.jit
+    def run(nx: cutlass.Constexpr, tid, base, dst, src, nbytes, ca, sa, ex, pair0, nrows, f0,
+            stacks, mout):
+        """The main loop and the epilogue of one tile for a tile width of nx pairs (wgmma's
+        N): NT, or NT / 2 for a tile of at most NT / 2 rows where SUB = 1. Its arguments are
+        what `body` set up (a function the DSL can trace inside a runtime branch takes its
+        values as arguments, not from the enclosing scope)."""
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        wgi, tw = tid // 128, tid % 128
+        wrow, half = tw // 2, tw % 2
+        xn = nx * 8 // threads  # this thread's x chunks: rows tid // 8 + 32i, i < xn
+        for s in cutlass.range_constexpr(min(X_AHEAD, steps)):
+            load_x(s, base, dst[:xn], src[:xn], nbytes[:xn])
+        nxt = load_w(0, ca, sa)
+        acc = cute.make_rmem_tensor((nx // 2,), Float32)
+        acc.fill(0.0)
+        a_off = wgi * 64 * 128  # this warpgroup's rows in an A stage
+        for s in cutlass.range_constexpr(steps):
+            words, sbytes = nxt
+            if cutlass.const_expr(s + 1 < steps):
+                nxt = load_w(s + 1, ca, sa)
+            a_tile = base + Uint32((s % W_STAGES) * lay["w_stage"]) + Uint32(a_off)
+            store_w(a_tile, wrow, half, words, sbytes)
+            du.cp_async_wait(min(X_AHEAD - 1, steps - 1 - s))
+            du.fence_proxy_async_shared()
+            cute.arch.sync_threads()
+            if cutlass.const_expr(s + X_AHEAD < steps):
+                load_x(s + X_AHEAD, base, dst[:xn], src[:xn], nbytes[:xn])
+            x_tile = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
+            if cutlass.const_expr(wg):
+                du.wgmma_fence()
+            mma_step(acc, a_tile, x_tile, warp, lane, nx)
+            if cutlass.const_expr(wg):
+                du.wgmma_commit()
+                # the previous step's wgmmas are done: its A stage may be overwritten
+                du.wgmma_wait(1)
+        if cutlass.const_expr(wg):
+            du.wgmma_wait(0)
+            vals = du.fence_values([acc[i] for i in range(nx // 2)])
+            for i in cutlass.range_constexpr(nx // 2):
+                acc[i] = vals[i]
+
+        # epilogue: scale2·2^7 (the decode's 2^-7), one rounding; KIND 0: SwiGLU
+        s2 = cutlass.select_(wgi == 0, stacks[0][2].iterator.toint(),
+                             stacks[1][2].iterator.toint())
+        alpha = du.as_f32(du.ld_weight_u32(s2 + Int64(ex) * 4)) * Float32(128.0)
+        du.cp_async_wait(0)
+        cute.arch.sync_threads()  # every stage is read: reuse the block
+        out_tile = base + Uint32(exch_bytes)
+        w16 = (warp % 4) * 16
+        if cutlass.const_expr(kind == 0):
+            if wgi == 0:  # gate: bf16(g) for the up warpgroup's thread at the same place
+                for i in cutlass.range_constexpr(nx // 2):
+                    gb = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
+                    du.st_shared_u32(base + Uint32((i * 128 + tw) * 4), gb << 16)
+            cute.arch.sync_threads()
+            if wgi == 1:
+                for i in cutlass.range_constexpr(nx // 2):
+                    gf = du.as_f32(du.ld_shared_u32(base + Uint32((i * 128 + tw) * 4)))
+                    ub = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
+                    uf = du.as_f32(ub << 16)
+                    val = (gf / (Float32(1.0) + cute.math.exp(-gf))) * uf
+                    tok_col = 8 * (i // 4) + 2 * t + i % 2
+                    feat = w16 + g + 8 * ((i % 4) // 2)
+                    du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
+                                     du.pack_bf16(val, val))
+        else:
+            for i in cutlass.range_constexpr(nx // 2):
+                tok_col = 8 * (i // 4) + 2 * t + i % 2
+                feat = wgi * 64 + w16 + g + 8 * ((i % 4) // 2)
+                du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
+                                 du.pack_bf16(acc[i] * alpha, acc[i] * alpha))
+        cute.arch.sync_threads()
+        ob = mout.iterator.toint() + f0 * 2
+        for i in cutlass.range_constexpr(math.ceil(nx * out_units / threads)):
+            c = tid + threads * i
+            row, u = c // out_units, c % out_units
+            if Uint32(row) < nrows:
+                words = du.ld_shared_v4(out_tile + Uint32(row * out_pitch + u * 16))
+                du.st_v4(ob + (Int64(pair0) + Int64(row)) * (n_out * 2) + Int64(u * 16),
+                         words)
+
+    @cute.jit
     def body(mx, mtok, mtiles, stacks, mout):
         tid, _, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
-        warp, lane = tid // 32, tid % 32
-        g, t = lane // 4, lane % 4
         wgi, tw = tid // 128, tid % 128
         cute.arch.griddepcontrol_wait()  # the schedule, x and tok are the producers' outputs
         cute.arch.griddepcontrol_launch_dependents()
@@ -256,76 +353,14 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             ca = cutlass.select_(wgi == 0, codes_g, codes_u) + grow * code_row + Int64(16 * half)
             sa = cutlass.select_(wgi == 0, scl_g, scl_u) + grow * scale_row + Int64(2 * half)
 
-            for s in cutlass.range_constexpr(min(X_AHEAD, steps)):
-                load_x(s, base, dst, src, nbytes)
-            nxt = load_w(0, ca, sa)
-            acc = cute.make_rmem_tensor((nacc,), Float32)
-            acc.fill(0.0)
-            a_off = wgi * 64 * 128  # this warpgroup's rows in an A stage
-            for s in cutlass.range_constexpr(steps):
-                words, sbytes = nxt
-                if cutlass.const_expr(s + 1 < steps):
-                    nxt = load_w(s + 1, ca, sa)
-                a_tile = base + Uint32((s % W_STAGES) * lay["w_stage"]) + Uint32(a_off)
-                store_w(a_tile, wrow, half, words, sbytes)
-                du.cp_async_wait(min(X_AHEAD - 1, steps - 1 - s))
-                du.fence_proxy_async_shared()
-                cute.arch.sync_threads()
-                if cutlass.const_expr(s + X_AHEAD < steps):
-                    load_x(s + X_AHEAD, base, dst, src, nbytes)
-                x_tile = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
-                if cutlass.const_expr(wg):
-                    du.wgmma_fence()
-                mma_step(acc, a_tile, x_tile, warp, lane)
-                if cutlass.const_expr(wg):
-                    du.wgmma_commit()
-                    # the previous step's wgmmas are done: its A stage may be overwritten
-                    du.wgmma_wait(1)
-            if cutlass.const_expr(wg):
-                du.wgmma_wait(0)
-                vals = du.fence_values([acc[i] for i in range(nacc)])
-                for i in cutlass.range_constexpr(nacc):
-                    acc[i] = vals[i]
-
-            # epilogue: scale2·2^7 (the decode's 2^-7), one rounding; KIND 0: SwiGLU
-            s2 = cutlass.select_(wgi == 0, stacks[0][2].iterator.toint(),
-                                 stacks[1][2].iterator.toint())
-            alpha = du.as_f32(du.ld_weight_u32(s2 + Int64(ex) * 4)) * Float32(128.0)
-            du.cp_async_wait(0)
-            cute.arch.sync_threads()  # every stage is read: reuse the block
-            out_tile = base + Uint32(exch_bytes)
-            w16 = (warp % 4) * 16
-            if cutlass.const_expr(kind == 0):
-                if wgi == 0:  # gate: bf16(g) for the up warpgroup's thread at the same place
-                    for i in cutlass.range_constexpr(nacc):
-                        gb = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
-                        du.st_shared_u32(base + Uint32((i * 128 + tw) * 4), gb << 16)
-                cute.arch.sync_threads()
-                if wgi == 1:
-                    for i in cutlass.range_constexpr(nacc):
-                        gf = du.as_f32(du.ld_shared_u32(base + Uint32((i * 128 + tw) * 4)))
-                        ub = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
-                        uf = du.as_f32(ub << 16)
-                        val = (gf / (Float32(1.0) + cute.math.exp(-gf))) * uf
-                        tok_col = 8 * (i // 4) + 2 * t + i % 2
-                        feat = w16 + g + 8 * ((i % 4) // 2)
-                        du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
-                                         du.pack_bf16(val, val))
+            args = (tid, base, dst, src, nbytes, ca, sa, ex, pair0, nrows, f0, stacks, mout)
+            if cutlass.const_expr(sub):
+                if nrows > Uint32(nt // 2):
+                    run(nt, *args)
+                else:
+                    run(nt // 2, *args)
             else:
-                for i in cutlass.range_constexpr(nacc):
-                    tok_col = 8 * (i // 4) + 2 * t + i % 2
-                    feat = wgi * 64 + w16 + g + 8 * ((i % 4) // 2)
-                    du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
-                                     du.pack_bf16(acc[i] * alpha, acc[i] * alpha))
-            cute.arch.sync_threads()
-            ob = mout.iterator.toint() + f0 * 2
-            for i in cutlass.range_constexpr(out_per_thread):
-                c = tid + threads * i
-                row, u = c // out_units, c % out_units
-                if Uint32(row) < nrows:
-                    words = du.ld_shared_v4(out_tile + Uint32(row * out_pitch + u * 16))
-                    du.st_v4(ob + (Int64(pair0) + Int64(row)) * (n_out * 2) + Int64(u * 16),
-                             words)
+                run(nt, *args)
 
     if kind == 0:
         @cute.kernel
