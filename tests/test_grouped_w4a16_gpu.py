@@ -3,8 +3,8 @@ GEMMs: gate/up with SwiGLU (KIND 0, rows of x gathered through tok) and down (KI
 tile size NT, routed (E experts), shared (E = 1) and the shared folded in as expert E (SH = 1),
 the WS = 1 variant (weights through shared memory) and the BF16 experts (WB = 16), against `_reference` (reference.linear on the exactly dequantised weights);
 and of its wgmma form grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py: the same
-arguments and reference, NT = 64 and 128, routed only, and its SUB = 1 variant, which must
-also match SUB = 0 bit for bit), with two larger chunks for it.
+arguments and reference, NT = 64, 128 and 256, routed only, SUB 0 and 1, which must also
+agree bit for bit), with two larger chunks for it.
 
 Cases: chunks of 1, 7, 77 and 1,000 tokens (6 picks each) over few or all experts, one expert
 holding half the pairs (many tiles of one expert), both the full and the flint-nano shapes.
@@ -70,17 +70,18 @@ def test_grouped_w4a16_matches_reference(kset, preset, kernel, tokens, experts, 
 @pytest.mark.parametrize("preset", ["full", "nano"])
 def test_wg_half_width_tiles_change_no_bit(kset, preset):
     """grouped_w4a16_wg SUB = 1 (a tile of at most NT / 2 rows on an NT / 2 wide loop) gives
-    the SUB = 0 output bit for bit: a column of a wgmma's product depends only on its own x
-    row, whatever N is. 4,000 tokens over all experts: ~94 pairs an expert, so at NT = 128 some
-    last tiles take the narrow loop and some the full one."""
-    for spec in gwg.KERNEL.specs(FlintConfig.preset(preset), ()):
+    the SUB = 0 output bit for bit, at every NT: a column of a wgmma's product depends only on
+    its own x row, whatever N is. 4,000 tokens over all experts: ~94 pairs an expert, so at
+    NT = 128 some last tiles take the narrow loop and some the full one."""
+    for spec in _specs(preset, "grouped_w4a16_wg"):
+        if spec["SUB"]:
+            continue
         args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(5),
                             tokens=4000, experts_used=256)
         outs = []
         for sub in (0, 1):
             a = [t.clone() for t in args]
-            values = {**spec.as_dict(), **({"SUB": 1} if sub else {})}
-            kset.get("grouped_w4a16_wg", **values).launch(*a)
+            kset.get("grouped_w4a16_wg", **{**spec.as_dict(), "SUB": sub}).launch(*a)
             outs.append(a[-1])
         torch.cuda.synchronize()
         assert not outs[1].isnan().any(), f"{spec.id} SUB=1: rows unwritten"

@@ -73,6 +73,8 @@ def main() -> int:
         for kind in [int(v) for v in args.kinds.split(",")]:
             values = dict(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
                           E=cfg.n_routed_experts, NT=nt)
+            if wg:
+                values["SUB"] = gwg.SUB[nt]  # every spec names it
             values.update({k: int(v) for k, v in (kv.split("=") for kv in
                                                   args.values.split(",") if kv)})
             spec = (gwg.KERNEL.spec(**values) if wg
