@@ -22,7 +22,7 @@ if [ "$part" = sub ]; then
   tokens=2048,4096,8192; wgv=-,SUB=1,-,SUB=1
 else
   tests=(tests/test_grouped_w4a16_gpu.py tests/test_moe_route_gpu.py
-         tests/test_prefill_gpu.py -k "wg or place or by-size")
+         tests/test_prefill_gpu.py -k "w4a16_wg or wg_half or wgmma_w4a16 or place")
   probes=("--nt 128" "--nt 256" "--nt 256 --values SUB=0"); ptok=8192,4096
   tokens=4096,8192; wgv=-,NT=256,-,NT=256
 fi
