@@ -598,7 +598,6 @@ class Prefill:
         self.w4a16_routed_max, self.w4a16_shared_max = W4A16_ROUTED_MAX, W4A16_SHARED_MAX
         self.w4a16_wg: dict[tuple[int, int], object] = {}  # grouped_w4a16_wg by (KIND, NT)
         self.w4a16_wg_min: int | None = None  # chunks above this many rows use them
-        self.w4a16_wg_large_nt = W4A16_WG_NT_LARGE  # their NT above W4A16_WG_NT's sizes
         use_w4a16 = (attention == "kernel" and fmt == "nvfp4" and w4a16 is not False
                       and grouped_w4a16.fits(cfg))
         # BF16 experts of short chunks on grouped_w4a16's WB = 16 kernels, the shared expert
@@ -1124,7 +1123,7 @@ class Prefill:
         of `rows` rows: by W4A16_WG_NT where grouped_w4a16_wg runs the routed experts (`_wg`),
         else `w4a16_nt` when set, else by W4A16_NT (the shared expert: `routed` False)."""
         if routed and self._wg(rows):
-            return next((n for r, n in W4A16_WG_NT if rows <= r), self.w4a16_wg_large_nt)
+            return next((n for r, n in W4A16_WG_NT if rows <= r), W4A16_WG_NT_LARGE)
         return self.w4a16_nt or next((n for r, n in W4A16_NT if rows <= r), W4A16_NT_LARGE)
 
     def _wg(self, rows: int) -> bool:
@@ -1210,33 +1209,22 @@ class Prefill:
                 self._fold_scheds[tb] = got
         return got
 
-    def set_w4a16_wg(self, min_rows: int | None, large_nt: int | None = None,
-                     **values: int) -> None:
+    def set_w4a16_wg(self, min_rows: int | None, **values: int) -> None:
         """Run the routed NVFP4 experts of chunks above `min_rows` rows on grouped_w4a16_wg
-        (None: never), with tiles of `large_nt` pairs above W4A16_WG_NT's sizes (None:
-        W4A16_WG_NT_LARGE; 256 is a benchmark variant) and other spec values (`values`, e.g.
-        SUB=0: benchmark variants, built by tools/build_gpu_cache.py). Needs the grouped W4A16
-        path (NVFP4 experts, the kernel path, a config both kernels fit); raises ValueError
-        otherwise or for a `large_nt` the kernel has no tiles of, KernelCacheError when the
-        cache lacks the kernels."""
+        (None: never), with other spec values (`values`, e.g. PF=1: benchmark variants, built
+        by tools/build_gpu_cache.py). Needs the grouped W4A16 path (NVFP4 experts, the kernel
+        path, a config both kernels fit); raises ValueError otherwise, KernelCacheError when
+        the cache lacks the kernels."""
         if min_rows is None:
             self.w4a16_wg, self.w4a16_wg_min = {}, None
             return
         if not self.w4a16_args or not grouped_w4a16_wg.fits(self.cfg):
             raise ValueError("grouped_w4a16_wg needs NVFP4 experts on the grouped W4A16 path "
                              "and expert shapes it fits")
-        large = W4A16_WG_NT_LARGE if large_nt is None else large_nt
-        nts = {n for _, n in W4A16_WG_NT} | {large}
-        if large not in grouped_w4a16_wg.NTS + grouped_w4a16_wg.BENCH_NTS:
-            raise ValueError(f"large_nt {large_nt!r}: expected one of "
-                             f"{grouped_w4a16_wg.NTS + grouped_w4a16_wg.BENCH_NTS}")
-        specs = grouped_w4a16_wg.KERNEL.specs(self.cfg, ()) + [
-            s for s in grouped_w4a16_wg.bench_specs(self.cfg)
-            if s["NT"] not in grouped_w4a16_wg.NTS and s["SUB"] == grouped_w4a16_wg.SUB[s["NT"]]]
         self.w4a16_wg = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16_wg",
                                                              **{**s.as_dict(), **values})
-                         for s in specs if s["NT"] in nts}
-        self.w4a16_wg_min, self.w4a16_wg_large_nt = min_rows, large
+                         for s in grouped_w4a16_wg.KERNEL.specs(self.cfg, ())}
+        self.w4a16_wg_min = min_rows
 
     def set_w4a16_variant(self, **values: int) -> None:
         """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,

@@ -152,7 +152,12 @@ WEATHER = {
               "Tell me the forecast for {city} {when}.",
               "What will the weather be in {city} {when}?", "Any rain in {city} {when}?",
               "Check the weather in {city} {when}, please.",
-              "I'm visiting {city} {when}. What's the forecast?"],
+              "I'm visiting {city} {when}. What's the forecast?",
+              # questions that never say "weather", "rain" or "forecast" (twenty-sixth
+              # session: step 8636, trained on more refusals, refused the held-out "Should I
+              # pack a coat for Hanoi tomorrow?" three times in three)
+              "Do I need a jacket in {city} {when}?", "Will it be hot in {city} {when}?",
+              "Is it cold in {city} {when}?", "What should I wear in {city} {when}?"],
     "heldout": ["What's the weather like in {city} {when}?", "Will it snow in {city} {when}?",
                 "Should I pack a coat for {city} {when}?", "Is it warm in {city} {when}?",
                 "Could you see what the weather does in {city} {when}?"],

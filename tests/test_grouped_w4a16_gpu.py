@@ -3,8 +3,8 @@ GEMMs: gate/up with SwiGLU (KIND 0, rows of x gathered through tok) and down (KI
 tile size NT, routed (E experts), shared (E = 1) and the shared folded in as expert E (SH = 1),
 the WS = 1 variant (weights through shared memory) and the BF16 experts (WB = 16), against `_reference` (reference.linear on the exactly dequantised weights);
 and of its wgmma form grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py: the same
-arguments and reference, NT = 64, 128 and 256, routed only, SUB 0 and 1, which must also
-agree bit for bit), with two larger chunks for it.
+arguments and reference, NT = 64 and 128, routed only, SUB 0 and 1, which must also agree
+bit for bit), with two larger chunks for it.
 
 Cases: chunks of 1, 7, 77 and 1,000 tokens (6 picks each) over few or all experts, one expert
 holding half the pairs (many tiles of one expert), both the full and the flint-nano shapes.

@@ -193,15 +193,13 @@ def test_prefill_on_the_wgmma_attention_kernel_matches_reference(kset, fmt):
     _every_case(kset, "full", fmt, 6, f"full {fmt} wgmma attention", setup)
 
 
-@pytest.mark.parametrize("min_rows,large_nt", [(0, None), (600, None), (600, 256)],
-                         ids=["always", "by-size", "by-size-nt256"])
-def test_nvfp4_experts_on_the_wgmma_w4a16_kernels_match_reference(kset, min_rows, large_nt):
+@pytest.mark.parametrize("min_rows", [0, 600], ids=["always", "by-size"])
+def test_nvfp4_experts_on_the_wgmma_w4a16_kernels_match_reference(kset, min_rows):
     """The routed NVFP4 experts on grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py) for
-    chunks above `min_rows` rows (600: the cases' chunks fall on both sides; large_nt: the
-    tile size above 2,048 rows, 256 a benchmark variant), full config shapes, every chunk case
-    of the file, eager: the same tolerances."""
-    _every_case(kset, "full", "nvfp4", 7, f"full nvfp4 wgmma W4A16 >{min_rows} NT {large_nt}",
-                lambda pre: pre.set_w4a16_wg(min_rows, large_nt=large_nt))
+    chunks above `min_rows` rows (600: the cases' chunks fall on both sides), full config
+    shapes, every chunk case of the file, eager: the same tolerances."""
+    _every_case(kset, "full", "nvfp4", 7, f"full nvfp4 wgmma W4A16 >{min_rows}",
+                lambda pre: pre.set_w4a16_wg(min_rows))
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])

@@ -213,8 +213,7 @@ def main() -> int:
     p.add_argument("--wg-values", type=wg_values_list, default=[],
                    help="NVFP4 graph path: grouped_w4a16_wg with other spec values, "
                         "comma-separated variants to time each, '-' for the default, K=V[:K=V…] "
-                        "otherwise, e.g. --wg-values=-,SUB=0,NT=256 (NT: the tile size of "
-                        "chunks above 2,048 rows; benchmark variants of "
+                        "otherwise, e.g. --wg-values=-,SUB=1 (benchmark variants of "
                         "kernels/prefill/grouped_w4a16_wg.py bench_specs)")
     p.add_argument("--side-max-rows", default="",
                    help="graph and kernel paths: the side stream only for chunks of at most "
@@ -316,8 +315,7 @@ def main() -> int:
             if wgm is not None and pre.w4a16:
                 pre.set_w4a16_wg(wgm[1])
             if wgv and pre.w4a16 and pre.w4a16_wg:
-                wgv_rest = {k: v for k, v in wgv.items() if k != "NT"}
-                pre.set_w4a16_wg(pre.w4a16_wg_min, large_nt=wgv.get("NT"), **wgv_rest)
+                pre.set_w4a16_wg(pre.w4a16_wg_min, **wgv)
             if attn:
                 pre.set_attn_kernel(attn[0], **attn[1])
             if ov is not None:

@@ -1,7 +1,7 @@
 """The routed experts of a large prefill chunk as grouped W4A16 GEMMs on Hopper's warpgroup MMA
 (wgmma): the same function, arguments, tile schedule, reference and tolerance as
 `grouped_w4a16` (kernels/prefill/grouped_w4a16.py: KIND 0 gate/up with SwiGLU over the pairs'
-gathered x rows, KIND 1 down), for tiles of NT = 64 or 128 pairs (256: a benchmark variant). Its GPU tests passed on the
+gathered x rows, KIND 1 down), for tiles of NT = 64 or 128 pairs. Its GPU tests passed on the
 H200; the prefill runs it for chunks above 1,536 rows (capture/prefill.py W4A16_WG_MIN,
 Prefill.set_w4a16_wg): 8K NVFP4 routed experts 67 -> 52 ms, but below 2K tokens the mostly
 empty 64-pair tiles lose to grouped_w4a16 (perf log, 2026-12-02 sixth and seventh sessions).
@@ -61,13 +61,12 @@ BK = 64  # k per step: one 128-byte row of the swizzled layout
 X_STAGES = 4  # x tiles in shared memory, filled X_AHEAD steps ahead
 X_AHEAD = 2  # so a refilled stage was last read X_STAGES − X_AHEAD = 2 steps before
 W_STAGES = 2
-NTS = (64, 128)  # pairs per tile (wgmma's N) of the model's specs
-BENCH_NTS = (256,)  # benchmark tile sizes (one CTA per SM: 161 KB of shared memory)
+NTS = (64, 128)  # pairs per tile: wgmma's N
 # SUB per NT in the model's specs. H100, tools/probe_grouped_w4a16.py (perf log, twenty-sixth
 # session): NT = 128 at 8K tokens gate/up 667 -> 648 us, down 320 -> 304 us, and the whole 8K
 # NVFP4 prefill 123.5 -> 122.1 ms; NT = 64 at 2K slower (gate/up 272 -> 295 us: almost no tile
 # has at most 32 rows there, and the second copy of the loop doubles the code).
-SUB = {64: 0, 128: 1, 256: 1}
+SUB = {64: 0, 128: 1}
 
 
 def cta_rows(kind: int) -> int:
@@ -86,8 +85,8 @@ def _check(spec: Spec) -> None:
     kind, h, m, nt = spec["KIND"], spec["H"], spec["M"], spec["NT"]
     if kind not in (0, 1):
         raise ValueError(f"grouped_w4a16_wg: KIND = {kind}; expected 0 (gate/up) or 1 (down)")
-    if nt not in NTS + BENCH_NTS:
-        raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS + BENCH_NTS}")
+    if nt not in NTS:
+        raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
     if spec.as_dict().get("SUB", 0) not in (0, 1):
@@ -141,15 +140,8 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """Benchmark variants: each model spec with the other SUB, and NT = 256 tiles (an expert's
-    ~192 pairs at 8K in one tile, so its weights are decoded once, not twice; one CTA per SM)
-    with SUB 0 and 1."""
-    if not fits(cfg):
-        return []
-    out = [KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in _specs(cfg, buckets)]
-    e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    return out + [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt, SUB=sub) for kind in (0, 1)
-                  for nt in BENCH_NTS for sub in (0, 1)]
+    """Benchmark variants: each model spec with the other SUB."""
+    return [KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in _specs(cfg, buckets)]
 
 
 def _reference(spec: Spec, *args):

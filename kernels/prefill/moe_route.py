@@ -96,8 +96,7 @@ def _specs(cfg, buckets=()) -> list[Spec]:
             or cfg.first_k_dense_replace >= cfg.num_hidden_layers:
         return []
     out = [KERNEL.spec(KIND=0, E=e, K=k, NORM=int(cfg.norm_topk_prob))]
-    nts = sorted(set(grouped_w4a16.NTS) | set(grouped_w4a16_wg.NTS)  # both W4A16 kernels
-                 | set(grouped_w4a16_wg.BENCH_NTS))
+    nts = sorted(set(grouped_w4a16.NTS) | set(grouped_w4a16_wg.NTS))  # both W4A16 kernels
     return out + [KERNEL.spec(KIND=1, E=e, K=k, NT=nt) for nt in nts]
 
 
