@@ -47,22 +47,16 @@ def test_unsupported_specialisations_are_refused(bad, match):
 def test_every_spec_names_its_half_width_choice(preset):
     """SUB is explicit in every spec (the cache is asked for what a spec names), the model's
     specs take the measured default per NT (`gwg.SUB`), the benchmark list holds the other
-    choice for each and each model spec with WA = 1 (codes through shared memory), all within
-    two CTAs per SM."""
+    choice for each."""
     cfg = FlintConfig.preset(preset)
     model, bench = gwg._specs(cfg), gwg.bench_specs(cfg)
     assert all(s["SUB"] == gwg.SUB[s["NT"]] for s in model)
-    assert {(s["KIND"], s["NT"], s["SUB"]) for s in model + bench
-            if not s.as_dict().get("WA")} == {(k, n, b) for k in (0, 1) for n in gwg.NTS
-                                              for b in (0, 1)}
-    assert {(s["KIND"], s["NT"], s["SUB"]) for s in bench if s.as_dict().get("WA")} == {
-        (s["KIND"], s["NT"], s["SUB"]) for s in model}
+    assert {(s["KIND"], s["NT"], s["SUB"]) for s in model + bench} == {
+        (k, n, b) for k in (0, 1) for n in gwg.NTS for b in (0, 1)}
     for s in bench:
         assert check_spec(gwg.KERNEL, s)[1].smem <= 113 * 1024  # two CTAs per SM
 
 
-@pytest.mark.parametrize("key", ["SUB", "WA"])
-def test_switches_are_zero_or_one(key):
-    with pytest.raises(ValueError, match=f"{key} = 2"):
-        check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128,
-                                               **{"SUB": 1, key: 2}))
+def test_half_width_choice_is_zero_or_one():
+    with pytest.raises(ValueError, match="SUB = 2"):
+        check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128, SUB=2))

@@ -3,7 +3,8 @@
 # on grouped_w4a16_wg. PART=sub (run 3): SUB = 1, an expert's last tile of at most NT / 2 rows
 # on a half-width loop. PART=nt256 (run 4): tiles of 256 pairs above 2,048 rows, measured
 # slower and removed; that part needs commit 3eb4b3f (git checkout 3eb4b3f), where it was written.
-# PART=wa (run 6, the default): WA = 1, the codes through shared memory.
+# PART=wa (run 6): WA = 1, the codes through shared memory, measured slower and removed; that
+# part needs commit 3263ab1. On later commits only PART=sub runs.
 #   1. GPU tests: the kernel against the reference (full and flint-nano shapes), SUB 0 and 1
 #      bit for bit, the slow-producer PDL test; nt256 adds moe_route's place at NT = 256 and
 #      whole prefills with NT = 256 against the reference model;
@@ -16,7 +17,7 @@ start=$(date +%s)
 deadline=${DEADLINE:-$(( start + 560 ))}
 left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l) : $1 )); }
 . tools/device_setup.sh
-part=${PART:-wa}
+part=${PART:-sub}
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ "$part" = wa ]; then
   tests=(tests/test_grouped_w4a16_gpu.py tests/test_prefill_gpu.py

@@ -47,17 +47,8 @@ half are a quarter of the kernel's tensor work; the decode into shared memory is
 does not shrink. The columns past a tile's rows are never written out, so what the narrow loop
 leaves out changes no output bit.
 
-WA = 1 (a benchmark variant, `bench_specs`): the code and scale bytes go through shared memory
-by cp.async with the x copies, one step further ahead (C_STAGES = 3 stages of 4.5 KB: 112 KB at
-NT = 128, still two CTAs per SM), and each thread reads its next step's 18 bytes from there
-before issuing this step's wgmmas. Why: with the codes in registers, ptxas (at 126 of the 128
-registers two CTAs per SM allow) issues each step's weight loads at the end of the step before,
-just ahead of the barrier, so the decode right after waits a whole L2 or DRAM round trip (the
-SASS of the twenty-sixth session; ncu's first stall reason, long scoreboard, eleventh session).
-The same decode and the same products in the same order: bit for bit the WA = 0 output.
-
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1;
-every spec names it), WA (0, 1).
+every spec names it).
 """
 
 import math
@@ -70,7 +61,6 @@ BK = 64  # k per step: one 128-byte row of the swizzled layout
 X_STAGES = 4  # x tiles in shared memory, filled X_AHEAD steps ahead
 X_AHEAD = 2  # so a refilled stage was last read X_STAGES − X_AHEAD = 2 steps before
 W_STAGES = 2
-C_STAGES = 3  # WA = 1: code stages, filled C_AHEAD = X_AHEAD + 1 steps ahead
 NTS = (64, 128)  # pairs per tile: wgmma's N
 # SUB per NT in the model's specs. H100, tools/probe_grouped_w4a16.py (perf log, twenty-sixth
 # session): NT = 128 at 8K tokens gate/up 667 -> 648 us, down 320 -> 304 us, and the whole 8K
@@ -99,9 +89,8 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
-    for key in ("SUB", "WA"):
-        if spec.as_dict().get(key, 0) not in (0, 1):
-            raise ValueError(f"grouped_w4a16_wg: {key} = {spec[key]}; expected 0 or 1")
+    if spec.as_dict().get("SUB", 0) not in (0, 1):
+        raise ValueError(f"grouped_w4a16_wg: SUB = {spec['SUB']}; expected 0 or 1")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16_wg: K = {k_dim} must be a multiple of {BK} and N = "
@@ -116,18 +105,12 @@ def _args(spec: Spec):
 
 def _layout(spec: Spec) -> dict[str, int]:
     """Byte offsets in the 1024-aligned shared-memory block: the A (weight) stages, each two
-    warpgroups × 64 rows × 128 B, then the x stages, NT rows × 128 B, then with WA = 1 the
-    code stages (128 rows × BK / 2 code bytes, then each row's 4 scale bytes once per k half);
-    the epilogue reuses it."""
+    warpgroups × 64 rows × 128 B, then the x stages, NT rows × 128 B; the epilogue reuses it."""
     w_stage = 2 * 64 * 128
     x_stage = spec["NT"] * 128
     x0 = W_STAGES * w_stage
-    c0 = x0 + X_STAGES * x_stage
-    c_codes = 128 * BK // 2
-    c_stage = c_codes + 128 * 2 * 4
-    stages = C_STAGES if spec.as_dict().get("WA", 0) else 0
-    return {"w_stage": w_stage, "x0": x0, "x_stage": x_stage, "c0": c0, "c_codes": c_codes,
-            "c_stage": c_stage, "total": c0 + stages * c_stage}
+    return {"w_stage": w_stage, "x0": x0, "x_stage": x_stage,
+            "total": x0 + X_STAGES * x_stage}
 
 
 def _out_pitch(spec: Spec) -> int:
@@ -157,10 +140,8 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """Benchmark variants: each model spec with the other SUB, and with WA = 1."""
-    model = _specs(cfg, buckets)
-    return ([KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in model]
-            + [KERNEL.spec(**s.as_dict(), WA=1) for s in model])
+    """Benchmark variants: each model spec with the other SUB."""
+    return [KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in _specs(cfg, buckets)]
 
 
 def _reference(spec: Spec, *args):
@@ -185,7 +166,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     wg = arch == "sm_90a"  # wgmma; elsewhere mma.sync on the same layouts
     kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
     sub = spec.as_dict().get("SUB", 0)
-    wa = spec.as_dict().get("WA", 0)
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     rows_cta = cta_rows(kind)
     steps = k_dim // BK
@@ -204,37 +184,12 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         """Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` (swizzled)."""
         return row * 128 + ((chunk ^ (row % 8)) * 16)
 
-    def load_x(s, base, dst, src, nbytes, codes=()):
-        """cp.async this thread's x chunks of step s into its stage and, with WA = 1, its code
-        and scale bytes of the steps in `codes` (a (steps, ca, sa, crow) pair: `load_c`); one
-        commit group (trace-time helper)."""
+    def load_x(s, base, dst, src, nbytes):
+        """cp.async this thread's x chunks of step s into its stage (trace-time helper)."""
         stage = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
         for d, a, n in zip(dst, src, nbytes):
             du.cp_async_16(stage + d, a + Int64(s * BK * 2), n)
-        if codes:
-            steps_c, ca, sa, crow = codes
-            for j in steps_c:
-                load_c(j, base, ca, sa, crow)
         du.cp_async_commit()
-
-    def c_addr(j, base, crow):
-        """(codes, scale word) shared addresses of this thread's step-j chunk (WA = 1): its 16
-        code bytes at row crow's k half, its own copy of the row's 4 scale bytes."""
-        stage = base + Uint32(lay["c0"] + (j % C_STAGES) * lay["c_stage"])
-        return stage + crow * Uint32(16), stage + Uint32(lay["c_codes"]) + crow * Uint32(4)
-
-    def read_c(j, base, crow, half):
-        """This thread's 16 code bytes and 2 scale bytes of step j from its code stage."""
-        cw, sw = c_addr(j, base, crow)
-        return du.ld_shared_v4(cw), du.ld_shared_u16(sw + Uint32(2) * Uint32(half))
-
-    def load_c(j, base, ca, sa, crow):
-        """cp.async this thread's code chunk and its row's scale word of step j (WA = 1):
-        `ca` the chunk's global address, `sa` the row's first scale byte (k 0), `crow` the
-        thread's slot index (row · 2 + k half; its code chunk is slot crow's 16 bytes)."""
-        cdst, sdst = c_addr(j, base, crow)
-        du.cp_async_16(cdst, ca + Int64(j * BK // 2), Int32(16))
-        du.cp_async_4(sdst, sa + Int64(j * BK // 16))
 
     def load_w(s, ca, sa):
         """This thread's 16 code bytes and 2 scale bytes of step s (registers)."""
@@ -288,28 +243,15 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         wgi, tw = tid // 128, tid % 128
         wrow, half = tw // 2, tw % 2
         xn = nx * 8 // threads  # this thread's x chunks: rows tid // 8 + 32i, i < xn
-        crow = Uint32(tw)  # WA = 1: this thread's code slot (row wgi·64 + wrow, k half)
-        crow = crow + Uint32(wgi * 128)
-        sa_row = sa - Int64(2 * half)  # the row's scale bytes of step 0 (sa: this half's)
-        if cutlass.const_expr(wa):
-            # codes ride with the x copies one step further ahead (C_AHEAD = X_AHEAD + 1):
-            # step j's with x of step j − 1, steps 0 and 1 with x of step 0
-            for s in cutlass.range_constexpr(min(X_AHEAD, steps)):
-                first = [j for j in range(s + 1 if s else 0, s + 2) if j < steps]
-                load_x(s, base, dst[:xn], src[:xn], nbytes[:xn], (first, ca, sa_row, crow))
-            du.cp_async_wait(min(X_AHEAD, steps) - 1)  # steps 0 and 1's codes are in
-            cute.arch.sync_threads()
-            nxt = read_c(0, base, crow, half)
-        else:
-            for s in cutlass.range_constexpr(min(X_AHEAD, steps)):
-                load_x(s, base, dst[:xn], src[:xn], nbytes[:xn])
-            nxt = load_w(0, ca, sa)
+        for s in cutlass.range_constexpr(min(X_AHEAD, steps)):
+            load_x(s, base, dst[:xn], src[:xn], nbytes[:xn])
+        nxt = load_w(0, ca, sa)
         acc = cute.make_rmem_tensor((nx // 2,), Float32)
         acc.fill(0.0)
         a_off = wgi * 64 * 128  # this warpgroup's rows in an A stage
         for s in cutlass.range_constexpr(steps):
             words, sbytes = nxt
-            if cutlass.const_expr(not wa and s + 1 < steps):
+            if cutlass.const_expr(s + 1 < steps):
                 nxt = load_w(s + 1, ca, sa)
             a_tile = base + Uint32((s % W_STAGES) * lay["w_stage"]) + Uint32(a_off)
             store_w(a_tile, wrow, half, words, sbytes)
@@ -317,13 +259,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             du.fence_proxy_async_shared()
             cute.arch.sync_threads()
             if cutlass.const_expr(s + X_AHEAD < steps):
-                codes = (([s + X_AHEAD + 1] if s + X_AHEAD + 1 < steps else []), ca, sa_row,
-                         crow) if wa else ()
-                load_x(s + X_AHEAD, base, dst[:xn], src[:xn], nbytes[:xn], codes)
-            if cutlass.const_expr(wa and s + 1 < steps):
-                # the next step's codes, into registers before this step's wgmmas: read after
-                # the wgmma wait they would hold the decode behind it
-                nxt = read_c(s + 1, base, crow, half)
+                load_x(s + X_AHEAD, base, dst[:xn], src[:xn], nbytes[:xn])
             x_tile = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
             if cutlass.const_expr(wg):
                 du.wgmma_fence()

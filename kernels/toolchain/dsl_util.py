@@ -356,15 +356,6 @@ def cp_async_8(dst, src, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def cp_async_4(dst, src, *, loc=None, ip=None) -> None:
-    """cp.async of 4 bytes from global byte address `src` to shared address `dst` (u32), through
-    L1 (.ca)."""
-    _asm(None, [_u32(dst, loc, ip), _i64(src, loc, ip)],
-         "cp.async.ca.shared.global [$0], [$1], 4;", "r,l,~{memory}", loc, ip,
-         side_effects=True)
-
-
-@dsl_user_op
 def ld_shared_u16(addr, *, loc=None, ip=None) -> Uint32:
     """2 bytes at a 2-byte aligned shared-window address (u32), zero-extended."""
     return Uint32(_asm(T.i32(), [_u32(addr, loc, ip)],
