@@ -134,6 +134,9 @@ def _path(text: str) -> Path:
     """A file flag's value; an empty one (Path("") is ".") is refused."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a file name, found {text!r}")
+    if text == "-":  # not stdout: the tables and the progress already go there
+        raise argparse.ArgumentTypeError("'-' is not taken for stdout here (the tables go "
+                                         "there); expected a file name, e.g. report.json")
     if text.endswith(("/", os.sep)):  # Path() drops it: `--json new/` wrote a file "new"
         raise argparse.ArgumentTypeError(f"{text!r} names a directory (it ends with /); "
                                          "expected a file name")

@@ -1,6 +1,7 @@
-"""tools/bench_prefill.py's --processes aggregate (the GPU part of the tool runs on the H200
-only): each row the median over the processes, every process's value kept, the rates rescaled
-to the median, and the table's spread column."""
+"""tools/bench_prefill.py's --processes aggregate (the GPU part of the tool runs on a GPU
+machine only): each row the median over the processes, every process's value kept, the rates
+rescaled to the median, and the table's spread column; its option checks and those of
+tools/probe_grouped_w4a16.py, which stop a malformed value before any work."""
 
 import json
 
@@ -44,3 +45,63 @@ def test_one_process_keeps_the_plain_table(bench, tmp_path, capsys):
     bench.write_report(_report({512: 16.9}), tmp_path, 0)
     md = (tmp_path / "prefill.md").read_text()
     assert "spread" not in md and "| 512 | 16.9 |" in md
+
+
+# Each malformed value stops the tool at once with a message naming the option, before the
+# CUDA check and before the minutes of making weights (a bad-input trial, 2026-12-06: these got
+# tracebacks after the weights, or were read as something else).
+BAD = [
+    (["--side-max-rows=abc"], "--side-max-rows 'abc'"), (["--side-max-rows=0"], "--side-max-rows"),
+    (["--nt=x"], "--nt 'x'"), (["--overlap=yes"], "--overlap 'yes'"),
+    (["--moe=foo"], "--moe 'foo'"), (["--depth=9"], "--depth '9'"),
+    (["--row-moe-max=x"], "--row-moe-max 'x'"), (["--paths=foo"], "--paths 'foo'"),
+    (["--formats=fp8"], "--formats 'fp8'"), (["--tokens="], "--tokens ''"),
+    (["--tokens=abc"], "--tokens 'abc'"), (["--kernel-tokens=x"], "--kernel-tokens 'x'"),
+    (["--tokens=99999999999999"], "262144 positions"), (["--preset=nope"], "--preset 'nope'"),
+    (["--out=/dev/full"], "--out '/dev/full'"), (["--out="], "--out ''"),
+    (["--reps=0"], "--reps 0"), (["--processes=0"], "--processes 0"),
+    (["--wg-values=SUB=2"], "SUB is one of 0, 1"), (["--wg-values=FOO=1"], "takes SUB"),
+    (["--wg-values=SUB=1:SUB=0"], "SUB given twice"), (["--wg-values=SUB=١"], "expected K=V"),
+    (["--wg-values=SUB=²"], "expected K=V"), (["--attn-kernel=attn_prefill_wg:ST=7"],
+                                               "ST is one of 2, 3"),
+    (["--attn-kernel=attn_prefill:ST=3"], "attn_prefill takes no K=V values"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[a[0] for a, _ in BAD])
+def test_bad_values_stop_before_any_work(bench, monkeypatch, capsys, argv, message):
+    monkeypatch.setattr("sys.argv", ["bench_prefill.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and "CUDA" not in err, err
+
+
+def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
+    """The documented variants parse (attn_prefill_wg:WS=1 is one of its bench specs)."""
+    monkeypatch.setattr("sys.argv", ["bench_prefill.py", "--wg-values=-,SUB=0",
+                                     "--attn-kernel=attn_prefill_wg:WS=1,attn_prefill_wg:ST=3",
+                                     "--side-max-rows=-,2048", "--tokens=512,8192",
+                                     "--formats=nvfp4", "--paths=graph", "--out", "x"])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--values=SUB=2", "--kernel=grouped_w4a16_wg"], "--values 'SUB=2'"),
+    (["--values=FOO"], "--values 'FOO'"), (["--values=PF=1"], "--values 'PF=1'"),
+    (["--kernel=grouped_w4a16_wg", "--values=SUB=1,SUB=0"], "each once"),
+    (["--nt=7"], "--nt 7"), (["--kernel=grouped_w4a16_wg", "--nt=16"], "64, 128"),
+    (["--tokens=abc"], "--tokens 'abc'"), (["--kinds=2"], "--kinds '2'"),
+    (["--reps=0"], "--reps 0")])
+def test_probe_bad_values_stop_before_any_work(monkeypatch, capsys, argv, message):
+    probe = tool_module("probe_grouped_w4a16")
+    monkeypatch.setattr("sys.argv", ["probe_grouped_w4a16.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        probe.main()
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err

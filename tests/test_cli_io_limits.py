@@ -283,6 +283,9 @@ def test_output_flags_refuse_a_directory_name_and_standard_output(tmp_path, monk
 
     with pytest.raises(argparse.ArgumentTypeError, match="names a directory"):
         _path(f"{tmp_path}/newdir/")
+    # `eval --json -` wrote a file named "-" (a bad-input trial, 2026-12-06)
+    with pytest.raises(argparse.ArgumentTypeError, match="'-' is not taken for stdout"):
+        _path("-")
     out = tmp_path / "out.txt"
     out.write_text("")
     with open(out, "w") as f:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -92,7 +93,7 @@ def _rows(text: str) -> int | None:
     """'-' (every size / off) or a row count ≥ 0."""
     if text == "-":
         return None
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r}: expected '-' or a row count ≥ 0")
     return int(text)
 
@@ -113,23 +114,41 @@ def w4a16_wg_list(text: str) -> list[int | None]:
     return [_rows(v) for v in text.split(",") if v]
 
 
+def _kv_values(v: str, pairs: list[str], known: dict[str, tuple[int, ...]], what: str,
+               example: str) -> dict[str, int]:
+    """K=V pairs of variant `v` (ASCII digits; each key once, one of `known`, its value among
+    known[key]); raises ArgumentTypeError naming the pair and what was expected."""
+    values: dict[str, int] = {}
+    for kv in pairs:
+        key, eq, val = kv.partition("=")
+        if not (key.isidentifier() and eq and val.isascii() and val.isdigit()):
+            raise argparse.ArgumentTypeError(f"{kv!r} in {v!r}: expected K=V with V an integer "
+                                             f"≥ 0, e.g. {example}")
+        if key in values:
+            raise argparse.ArgumentTypeError(f"{v!r}: {key} given twice")
+        if key not in known:
+            raise argparse.ArgumentTypeError(
+                f"{v!r}: {what} takes {', '.join(sorted(known)) or 'no K=V values'}")
+        if int(val) not in known[key]:
+            raise argparse.ArgumentTypeError(f"{kv!r} in {v!r}: {key} is one of "
+                                             f"{', '.join(map(str, known[key]))}")
+        values[key] = int(val)
+    return values
+
+
 def wg_values_list(text: str) -> list[dict[str, int]]:
-    """--wg-values: comma-separated '-' (the default spec values) or K=V[:K=V…]."""
+    """--wg-values: comma-separated '-' (the default spec values) or K=V[:K=V…] with K one of
+    grouped_w4a16_wg's benchmark switches (SUB 0 or 1)."""
     out = []
     for v in (v for v in text.split(",") if v):
-        values = {}
-        for kv in ([] if v == "-" else v.split(":")):
-            key, eq, val = kv.partition("=")
-            if not (key.isidentifier() and eq and val.isdigit()):
-                raise argparse.ArgumentTypeError(f"{kv!r} in {v!r}: expected '-' or K=V with V "
-                                                 "an integer ≥ 0, e.g. SUB=1")
-            values[key] = int(val)
-        out.append(values)
+        out.append({} if v == "-" else _kv_values(v, v.split(":"), {"SUB": (0, 1)},
+                                                  "grouped_w4a16_wg", "SUB=0"))
     return out
 
 
 def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
-    """--attn-kernel: comma-separated NAME[:K=V[:K=V…]] (NAME one of ATTN_KERNELS)."""
+    """--attn-kernel: comma-separated NAME[:K=V[:K=V…]] (NAME one of ATTN_KERNELS; K=V one of
+    attn_prefill_wg's benchmark variants: ST 2 or 3 stages, WS 0 or 1)."""
     from flint_graph.capture.prefill import ATTN_KERNELS
 
     out = []
@@ -137,19 +156,71 @@ def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
         name, *pairs = v.split(":")
         if name not in ATTN_KERNELS:
             raise argparse.ArgumentTypeError(f"{name!r}: expected one of {', '.join(ATTN_KERNELS)}")
-        values = {}
-        for kv in pairs:
-            key, eq, val = kv.partition("=")
-            if not (key.isidentifier() and eq and val.isdigit()):
-                raise argparse.ArgumentTypeError(f"{kv!r} in {v!r}: expected K=V with V an "
-                                                 "integer ≥ 0, e.g. attn_prefill_wg:ST=3")
-            values[key] = int(val)
-        known = {"attn_prefill_wg": {"ST"}}.get(name, set())
-        if set(values) - known:
-            raise argparse.ArgumentTypeError(
-                f"{v!r}: {name} takes {', '.join(sorted(known)) or 'no K=V values'}")
-        out.append((name, values))
+        known = {"attn_prefill_wg": {"ST": (2, 3), "WS": (0, 1)}}.get(name, {})
+        out.append((name, _kv_values(v, pairs, known, name, "attn_prefill_wg:ST=3")))
     return out
+
+
+# comma-separated integer options, checked before any work: (minimum, allowed values or None,
+# '-' allowed, at least one value)
+INT_LISTS = {"tokens": (1, None, False, True), "kernel_tokens": (1, None, False, False),
+             "row_moe_max": (0, None, False, False), "nt": (1, (16, 32, 64), False, False),
+             "depth": (1, (2, 3, 4), False, False), "ws": (0, (0, 1), False, False),
+             "side_max_rows": (1, None, True, False), "overlap": (0, (0, 1), False, False),
+             "kv_write": (0, (0, 1), False, False), "fold": (0, (0, 1), False, False),
+             "shared": (0, (0, 1), False, False)}
+NAME_LISTS = {"formats": ("bf16", "nvfp4"), "paths": ("graph", "kernel", "sdpa"),
+              "moe": ("w4a16", "unpack")}
+
+
+def check_args(p: argparse.ArgumentParser, args) -> None:
+    """Every option's values, before any work (weights take minutes to make): p.error names
+    the option and what it expected."""
+    for name, (least, allowed, dash, needed) in INT_LISTS.items():
+        flag, text = "--" + name.replace("_", "-"), getattr(args, name)
+        vals = [v for v in text.split(",") if v]
+        if needed and not vals:
+            p.error(f"{flag} {text!r}: expected at least one value")
+        for v in vals:
+            if dash and v == "-":
+                continue
+            if not (v.isascii() and v.isdigit()) or int(v) < least \
+                    or (allowed and int(v) not in allowed):
+                want = (f"one of {', '.join(map(str, allowed))}" if allowed else
+                        f"an integer ≥ {least}") + (" or '-'" if dash else "")
+                p.error(f"{flag} {v!r}: expected {want}, comma-separated")
+    for name, allowed in NAME_LISTS.items():
+        flag, text = "--" + name, getattr(args, name)
+        vals = [v for v in text.split(",") if v]
+        if name != "moe" and not vals:
+            p.error(f"{flag} {text!r}: expected at least one of {', '.join(allowed)}")
+        for v in vals:
+            if v not in allowed:
+                p.error(f"{flag} {v!r}: expected one of {', '.join(allowed)}, comma-separated")
+    for flag, value, least in (("--reps", args.reps, 1), ("--chunk", args.chunk, 1),
+                               ("--graph-max", args.graph_max, 1),
+                               ("--processes", args.processes, 1),
+                               ("--profile-tokens", args.profile_tokens, 0)):
+        if value < least:
+            p.error(f"{flag} {value}: expected {least} or more")
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.errors import ConfigError
+
+    try:
+        cfg = FlintConfig.preset(args.preset)
+    except (ConfigError, ValueError) as e:
+        p.error(f"--preset {args.preset!r}: {e}")
+    longest = max(int(v) for v in (args.tokens + "," + args.kernel_tokens).split(",") if v)
+    if longest > cfg.max_position_embeddings:
+        p.error(f"--tokens/--kernel-tokens {longest}: the {args.preset} config holds at most "
+                f"{cfg.max_position_embeddings} positions")
+    out = Path(args.out or ".")
+    if not args.out or (out.exists() and not out.is_dir()):
+        p.error(f"--out {args.out!r}: expected a directory (it holds prefill.md, "
+                "prefill.json and per-process folders)")
+    near = next(d for d in (out, *out.absolute().parents) if d.exists())
+    if not near.is_dir() or not os.access(near, os.W_OK | os.X_OK):
+        p.error(f"--out {args.out!r}: {near} is not a directory this user can write to")
 
 
 def main() -> int:
@@ -161,21 +232,27 @@ def main() -> int:
     from flint_graph.checkpoints.synthetic import make_weights
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="full")
-    p.add_argument("--tokens", default="25,512,2048,8192,32768")
+    p.add_argument("--preset", default="full",
+                   help="model config: full (Flint 40B), nano or tiny (default: full)")
+    p.add_argument("--tokens", default="25,512,2048,8192,32768",
+                   help="prompt lengths to time, comma-separated")
     p.add_argument("--kernel-tokens", default="100000",
                    help="longer prompts timed on the kernel path only (the baseline takes minutes)")
     from flint_graph.runtime.engine_config import KERNEL_PREFILL_CHUNK
 
     p.add_argument("--chunk", type=int, default=KERNEL_PREFILL_CHUNK,
                    help=f"prompt tokens per chunk (default: the engine's, {KERNEL_PREFILL_CHUNK})")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--formats", default="bf16,nvfp4")
+    p.add_argument("--reps", type=int, default=3,
+                   help="timed prefills per row (the median is reported; default 3)")
+    p.add_argument("--formats", default="bf16,nvfp4",
+                   help="weight formats, comma-separated: bf16, nvfp4 (nvfp4 alone fits an "
+                        "80 GB GPU)")
     p.add_argument("--paths", default="graph,kernel,sdpa",
                    help="graph = the kernel path as the engine runs it (chunks of up to "
                         "--graph-max tokens replay CUDA graphs, larger ones run eagerly), "
                         "kernel = every chunk launched eagerly, sdpa = the torch-ops baseline")
-    p.add_argument("--graph-max", type=int, default=4096)
+    p.add_argument("--graph-max", type=int, default=4096,
+                   help="the largest chunk (tokens) the graph path captures as a CUDA graph")
     p.add_argument("--row-moe-max", default="",
                    help="chunks up to this many rows run the MoE on the decode kernels "
                         "(capture/prefill_row_moe.py; default: prefill.ROW_MOE_MAX per "
@@ -235,7 +312,8 @@ def main() -> int:
                    help="0: the NVFP4 shared expert on W4A16 replaced by zeros, a timing-only "
                         "bound on what it costs (outputs are wrong); 0,1 times both (default: "
                         "run it)")
-    p.add_argument("--out", default="out")
+    p.add_argument("--out", default="out",
+                   help="directory for prefill.md and prefill.json (created; default: out)")
     p.add_argument("--processes", type=int, default=1,
                    help="run the bench in this many fresh processes and report each row's "
                         "median over them, with the spread (module docstring)")
@@ -243,14 +321,16 @@ def main() -> int:
                    help="prompt length of the per-kernel breakdown (0: none); clamped to the "
                         "longest timed prompt, which sizes the KV cache")
     args = p.parse_args()
-    if args.processes < 1:
-        p.error(f"--processes {args.processes}: expected 1 or more")
+    check_args(p, args)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (this machine has none)")
     if args.processes > 1:
         return in_processes(args.processes, Path(args.out), sys.argv[1:], args.profile_tokens)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {args.out!r}: cannot create it ({e.strerror})")
     torch.backends.cuda.matmul.allow_tf32 = False
     lengths = [int(x) for x in args.tokens.split(",")]
     longer = [int(x) for x in args.kernel_tokens.split(",") if x]

@@ -1,6 +1,6 @@
 """Launch the prefill's grouped W4A16 expert kernels (kernels/prefill/grouped_w4a16.py) alone,
 at full size, on the schedule a chunk of --tokens tokens makes (6 uniform picks of 256
-experts), so a profiler sees them without the rest of the prefill:
+experts), so that a profiler sees them without the rest of the prefill, e.g.
 
     ncu -k regex:grouped_w4a16 --set full python tools/probe_grouped_w4a16.py --tokens 25
 
@@ -42,21 +42,70 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / statistics.median(times)
 
 
+# the spec values --values may change, per kernel, and what each may be
+VALUES = {"grouped_w4a16_wg": {"SUB": (0, 1)}, "grouped_w4a16": {"WS": (0, 1)}}
+
+
+def _ints(text: str) -> list[int] | None:
+    vals = [v for v in text.split(",") if v]
+    if not vals or not all(v.isascii() and v.isdigit() for v in vals):
+        return None
+    return [int(v) for v in vals]
+
+
+def check_args(p: argparse.ArgumentParser, args) -> None:
+    """Every option's values before any GPU work: p.error names the option and what it
+    expected; args.values becomes a dict."""
+    from flint_graph.kernels.prefill import grouped_w4a16_wg as gwg
+
+    tokens = _ints(args.tokens)
+    if tokens is None or min(tokens) < 1:
+        p.error(f"--tokens {args.tokens!r}: expected chunk sizes ≥ 1, comma-separated")
+    kinds = _ints(args.kinds)
+    if kinds is None or set(kinds) - {0, 1} or len(set(kinds)) != len(kinds):
+        p.error(f"--kinds {args.kinds!r}: expected 0 (gate/up) and/or 1 (down), each once")
+    nts = gwg.NTS if args.kernel == "grouped_w4a16_wg" else gw.NTS
+    if args.nt and args.nt not in nts:
+        p.error(f"--nt {args.nt}: {args.kernel} takes 0 (the prefill's choice) or one of "
+                f"{', '.join(map(str, nts))}")
+    if args.depth not in gw.DEPTHS:
+        p.error(f"--depth {args.depth}: expected one of {', '.join(map(str, gw.DEPTHS))}")
+    for flag, value in (("--reps", args.reps), ("--layers", args.layers)):
+        if value < 1:
+            p.error(f"{flag} {value}: expected 1 or more")
+    known, values = VALUES[args.kernel], {}
+    for kv in (kv for kv in args.values.split(",") if kv):
+        key, eq, val = kv.partition("=")
+        if key not in known or not (eq and val.isascii() and val.isdigit()) \
+                or int(val) not in known[key] or key in values:
+            p.error(f"--values {kv!r}: {args.kernel} takes "
+                    + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in known.items())
+                    + ", each once")
+        values[key] = int(val)
+    args.values = values
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", default="25,512")
+    p.add_argument("--tokens", default="25,512", help="chunk sizes (tokens), comma-separated")
     p.add_argument("--kernel", default="grouped_w4a16",
                    choices=("grouped_w4a16", "grouped_w4a16_wg"),
                    help="the routed experts' kernel (grouped_w4a16_wg: the wgmma one, chunks "
                         "above 1,536 rows in the prefill)")
     p.add_argument("--nt", type=int, default=0, help="pairs per tile (0: the prefill's choice)")
-    p.add_argument("--depth", type=int, default=gw.DEPTH)
-    p.add_argument("--kinds", default="0,1")
+    p.add_argument("--depth", type=int, default=gw.DEPTH,
+                   help=f"grouped_w4a16's weight steps in registers ({gw.DEPTHS})")
+    p.add_argument("--kinds", default="0,1", help="0 gate/up, 1 down, comma-separated")
     p.add_argument("--values", default="",
-                   help="more spec values, K=V[,K=V…] (e.g. PF=1 for grouped_w4a16_wg)")
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--layers", type=int, default=8)
+                   help="more spec values, K=V[,K=V…]: grouped_w4a16_wg's SUB (0, 1), "
+                        "grouped_w4a16's WS (0, 1)")
+    p.add_argument("--reps", type=int, default=20, help="launches per CUDA graph")
+    p.add_argument("--layers", type=int, default=8,
+                   help="weight sets rotated so each launch reads DRAM")
     args = p.parse_args()
+    check_args(p, args)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (this machine has none)")
     from flint_graph.capture.launcher import KernelSet, capture_graph
     from flint_graph.capture.prefill import (W4A16_NT, W4A16_NT_LARGE, W4A16_WG_NT,
                                              W4A16_WG_NT_LARGE)
@@ -67,16 +116,16 @@ def main() -> int:
     wg = args.kernel == "grouped_w4a16_wg"
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
-    for t in [int(v) for v in args.tokens.split(",")]:
+    shown = ",".join(f"{k}={v}" for k, v in args.values.items())
+    for t in [int(v) for v in args.tokens.split(",") if v]:
         nt = args.nt or (next((n for r, n in W4A16_WG_NT if t <= r), W4A16_WG_NT_LARGE) if wg
                          else next((n for r, n in W4A16_NT if t <= r), W4A16_NT_LARGE))
-        for kind in [int(v) for v in args.kinds.split(",")]:
+        for kind in [int(v) for v in args.kinds.split(",") if v]:
             values = dict(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
                           E=cfg.n_routed_experts, NT=nt)
             if wg:
                 values["SUB"] = gwg.SUB[nt]  # every spec names it
-            values.update({k: int(v) for k, v in (kv.split("=") for kv in
-                                                  args.values.split(",") if kv)})
+            values.update(args.values)
             spec = (gwg.KERNEL.spec(**values) if wg
                     else gw.KERNEL.spec(**values, D=args.depth))
             k = kset.get(args.kernel, **spec.as_dict())
@@ -108,7 +157,7 @@ def main() -> int:
                 times.append(s.elapsed_time(e) * 1e3 / args.reps)
             us = statistics.median(times)
             fl = t * 6 * 2 * cfg.hidden_size * cfg.moe_intermediate_size * (2 - kind)
-            print(f"{args.kernel}{'/' + args.values if args.values else ''} T={t} KIND={kind} NT={nt}"
+            print(f"{args.kernel}{'/' + shown if shown else ''} T={t} KIND={kind} NT={nt}"
                   f"{'' if wg else f' D={args.depth}'}: {len(live)} tiles, {experts} "
                   f"experts, {nbytes / 1e6:.1f} MB of weights, {us:.1f} us "
                   f"({nbytes / (us * 1e-6) / bw:.0%} of copy BW, {fl / us / 1e6:.0f} TFLOP/s)",
