@@ -80,6 +80,13 @@ CORES = {
                 "Forecast for {city}, {days} days, in {unit}."],
     "calc": ["Use the calculator for {expr}.", "Please compute {expr} with the calculator.",
              "Could the calculator work out {expr}?", "Calculator: {expr}"],
+    # products and quotients asked in words (training only): the calculator where one is
+    # offered, else the refusal (`times_refusal`); a new user's "What is 12 times 13?" got
+    # -12 from step 7718, which had seen multiplication only next to the word "calculator"
+    "mul": ["What is {a} times {b}?", "Multiply {a} by {b}.", "How much is {a} times {b}?",
+            "What's {a} multiplied by {b}?", "{a} x {b} = ?"],
+    "div": ["What is {a} divided by {b}?", "Divide {a} by {b}.",
+            "How much is {a} divided by {b}?"],
     "convert": ["Convert {value} {src} to {dst}.", "How many {dst} is {value} {src}?",
                 "I have {value} {src}; what is that in {dst}?"],
     "lookup": ["Find up to {limit} {table} where {field} is {value}.",
@@ -500,6 +507,23 @@ def _generic(rng: random.Random, split: str, tool: dict) -> tuple[dict, dict]:
         {"name": fn["name"], "arguments": args}
 
 
+def _in_words(rng: random.Random, split: str) -> tuple[str, dict]:
+    """(the calculator's expression, the user message) of a product or an exact quotient asked
+    in words (CORES "mul", "div")."""
+    a, b = rng.randint(2, 99), rng.randint(2, 99)
+    if rng.random() < .5:
+        return f"{a} * {b}", _ask(rng, split, "mul", a=a, b=b)
+    return f"{a * b} / {b}", _ask(rng, split, "div", a=a * b, b=b)
+
+
+def times_refusal(rng: random.Random) -> Episode:
+    """A product or quotient asked in words with no tools offered (training only): outside the
+    built-in skills (sums and differences), so the refusal, which names what it can do."""
+    _, user = _in_words(rng, "train")
+    return Episode("refuse", [user, _say("This is outside what I can do.", ph.REFUSAL)],
+                   meta={"answer": ph.REFUSAL, "no_tools": True})
+
+
 def _call(rng: random.Random, split: str, extra: list[dict]) -> tuple[dict, dict, str]:
     """(user message, the call it asks for, a JSON result); `extra` are generated tools
     offered besides the fixed ones (training asks for one of them half the time)."""
@@ -519,8 +543,11 @@ def _call(rng: random.Random, split: str, extra: list[dict]) -> tuple[dict, dict
                                                      "metric": metric}}
         result = {"city": city, "high": rng.randint(-5, 35), "sky": rng.choice(["sun", "rain"])}
     elif skill == "calc":
-        expr = f"{rng.randint(2, 99)} * {rng.randint(2, 99)} + {rng.randint(1, 999)}"
-        user = _ask(rng, split, "calc", expr=expr)
+        if split == "train" and rng.random() < .5:
+            expr, user = _in_words(rng, split)
+        else:
+            expr = f"{rng.randint(2, 99)} * {rng.randint(2, 99)} + {rng.randint(1, 999)}"
+            user = _ask(rng, split, "calc", expr=expr)
         call = {"name": "calculator", "arguments": {"expression": expr}}
         result = {"result": eval(expr, {"__builtins__": {}})}  # our own digits and operators
     elif skill == "convert":
@@ -614,7 +641,9 @@ def episodes(seed: int, n: int, split: str = "train", recall_pairs: int = 400,
     offer tools half the time and still answer directly, so a chat with tools declared does not
     turn every request into a call (a pasted list got a tool call). In training, a tool request
     for the weather or a conversion is asked as people ask it half the time (weather_ask,
-    convert_ask) and an arith one as a word problem or terse form 40% of the time.
+    convert_ask) and an arith one as a word problem or terse form 40% of the time; half its
+    calculator requests are a product or quotient in words, and 15% of its refusals one with
+    no tools offered (`times_refusal`).
     Raises ValueError for an unknown split."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {SPLITS}")
@@ -635,7 +664,8 @@ def _draw(rng: random.Random, split: str, kind: str, recall_pairs: int = 400,
     ep = (arithmetic(rng, split) if kind == "arith" else
           word_problem(rng, split) if kind == "word" else
           greeting(rng, split) if kind == "greet" else
-          out_of_scope(rng, split) if kind == "refuse" else
+          (times_refusal(rng) if split == "train" and rng.random() < 0.15 else
+           out_of_scope(rng, split)) if kind == "refuse" else
           string_task(rng, split) if kind == "string" else
           repeat_task(rng, split) if kind == "repeat" else
           tool_use(rng, split) if kind == "tool" else
@@ -643,7 +673,7 @@ def _draw(rng: random.Random, split: str, kind: str, recall_pairs: int = 400,
           recall(rng, split, rng.randint(4, 40), rng.randint(1, 4)) if kind == "recall-short" else
           recall(rng, split, recall_pairs, recall_questions))
     if kind in ("arith", "word", "greet", "refuse", "string", "repeat", "remember",
-                "recall-short") and rng.random() < 0.5:
+                "recall-short") and not ep.meta.get("no_tools") and rng.random() < 0.5:
         ep.tools = offered_tools(rng, split)
     return ep
 

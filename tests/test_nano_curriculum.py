@@ -349,3 +349,37 @@ def test_some_tool_calls_come_back_without_their_reasoning(tok):
     assert "<tool_call>" not in trained and bare[0].messages[3]["content"] in trained
     held = random.Random(5)
     assert all(tool_use(held, "heldout").messages[1]["reasoning_content"] for _ in range(200))
+
+
+def test_products_in_words_call_the_calculator_or_get_the_refusal():
+    """Training asks products and quotients in words (no "calculator"): with the tools offered
+    the calculator gets the expression, with none the refusal; the held-out split is as it was
+    (a new user's "What is 12 times 13?" got -12 from step 7718, 2026-12-06)."""
+    import re
+
+    from flint_graph.nano import phrasings as ph
+    from flint_graph.nano.curriculum import CORES, times_refusal
+
+    worded = re.compile(r"\d+ times \d+|\d+ multiplied by \d+|\d+ divided by \d+|"
+                        r"Multiply \d+ by \d+|Divide \d+ by \d+|\d+ x \d+ = \?")
+    assert all(worded.search(c.format(a=12, b=13)) for c in CORES["mul"] + CORES["div"])
+    eps = episodes(6, 600, "train", recall_pairs=4, recall_questions=1,
+                   mix=(("tool", 1), ("refuse", 1)))
+    calls = [e for e in eps if e.kind == "tool" and worded.search(e.messages[0]["content"])
+             and e.messages[1].get("tool_calls")]
+    assert calls, "no product asked in words reached the calculator"
+    for e in calls:
+        (call,) = e.messages[1]["tool_calls"]
+        assert call["function"]["name"] == "calculator"
+        assert re.fullmatch(r"\d+ [*/] \d+", call["function"]["arguments"]["expression"])
+    import random
+
+    for seed in range(20):
+        ep = times_refusal(random.Random(seed))
+        assert ep.tools is None and ep.meta["no_tools"] and ep.messages[-1]["content"] == ph.REFUSAL
+    refusals = [e for e in eps if e.kind == "refuse" and e.meta.get("no_tools")]
+    assert refusals and all(e.tools is None for e in refusals)
+    held = episodes(6, 300, "heldout", recall_pairs=4, recall_questions=1,
+                    mix=(("tool", 1), ("refuse", 1)))
+    assert not any(worded.search(m["content"]) for e in held for m in e.messages
+                   if m["role"] == "user" and isinstance(m.get("content"), str))
