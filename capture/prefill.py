@@ -598,6 +598,7 @@ class Prefill:
         self.w4a16_routed_max, self.w4a16_shared_max = W4A16_ROUTED_MAX, W4A16_SHARED_MAX
         self.w4a16_wg: dict[tuple[int, int], object] = {}  # grouped_w4a16_wg by (KIND, NT)
         self.w4a16_wg_min: int | None = None  # chunks above this many rows use them
+        self.w4a16_wg_rs = 0  # their RS value (a benchmark variant: x in pair order)
         use_w4a16 = (attention == "kernel" and fmt == "nvfp4" and w4a16 is not False
                       and grouped_w4a16.fits(cfg))
         # BF16 experts of short chunks on grouped_w4a16's WB = 16 kernels, the shared expert
@@ -1212,7 +1213,8 @@ class Prefill:
     def set_w4a16_wg(self, min_rows: int | None, **values: int) -> None:
         """Run the routed NVFP4 experts of chunks above `min_rows` rows on grouped_w4a16_wg
         (None: never), with other spec values (`values`, e.g. PF=1: benchmark variants, built
-        by tools/build_gpu_cache.py). Needs the grouped W4A16 path (NVFP4 experts, the kernel
+        by tools/build_gpu_cache.py; RS=1 also puts x in its pair order, an extra copy). Needs
+        the grouped W4A16 path (NVFP4 experts, the kernel
         path, a config both kernels fit); raises ValueError otherwise, KernelCacheError when
         the cache lacks the kernels."""
         if min_rows is None:
@@ -1224,7 +1226,7 @@ class Prefill:
         self.w4a16_wg = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16_wg",
                                                              **{**s.as_dict(), **values})
                          for s in grouped_w4a16_wg.KERNEL.specs(self.cfg, ())}
-        self.w4a16_wg_min = min_rows
+        self.w4a16_wg_min, self.w4a16_wg_rs = min_rows, values.get("RS", 0)
 
     def set_w4a16_variant(self, **values: int) -> None:
         """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,
@@ -1293,7 +1295,10 @@ class Prefill:
             gate_up, down = self.w4a16_args[i]
             act = torch.empty(p, cfg.moe_intermediate_size, dtype=BF16, device=dev)
             y = torch.empty(p, cfg.hidden_size, dtype=BF16, device=dev)
-            kernels = self.w4a16_wg if self._wg(t) else self.w4a16
+            wg = self._wg(t)
+            kernels = self.w4a16_wg if wg else self.w4a16
+            if wg and self.w4a16_wg_rs:  # RS = 1 reads x in pair order (and writes act in it)
+                h = grouped_w4a16_wg.pair_order(h).contiguous()
             kernels[0, nt].launch(h, tok, tiles, *gate_up, act)
             kernels[1, nt].launch(act, tiles, *down, y)
         else:

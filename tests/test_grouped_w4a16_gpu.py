@@ -4,7 +4,7 @@ tile size NT, routed (E experts), shared (E = 1) and the shared folded in as exp
 the WS = 1 variant (weights through shared memory) and the BF16 experts (WB = 16), against `_reference` (reference.linear on the exactly dequantised weights);
 and of its wgmma form grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py: the same
 arguments and reference, NT = 64 and 128, routed only, SUB 0 and 1, which must also agree
-bit for bit), with two larger chunks for it.
+bit for bit, and RS = 1 with its input in pair order), with two larger chunks for it.
 
 Cases: chunks of 1, 7, 77 and 1,000 tokens (6 picks each) over few or all experts, one expert
 holding half the pairs (many tiles of one expert), both the full and the flint-nano shapes.
@@ -54,11 +54,12 @@ LARGE = [(4000, 256, False), (2000, 16, True)]  # many full tiles per expert (th
                          [("grouped_w4a16", *c) for c in CASES]
                          + [("grouped_w4a16_wg", *c) for c in CASES + LARGE])
 def test_grouped_w4a16_matches_reference(kset, preset, kernel, tokens, experts, skew):
+    mod = gwg if kernel == "grouped_w4a16_wg" else gw  # gwg: RS = 1's pair order
     for spec in _specs(preset, kernel):
         gen = torch.Generator(device="cuda").manual_seed(tokens * 31 + experts + spec["NT"])
-        args = gw.make_args(spec, gen=gen, tokens=tokens, experts_used=experts, skew=skew)
+        args = mod.make_args(spec, gen=gen, tokens=tokens, experts_used=experts, skew=skew)
         out = args[-1]
-        (want,) = gw._reference(spec, *[a.clone() for a in args])
+        (want,) = mod._reference(spec, *[a.clone() for a in args])
         kset.get(kernel, **spec.as_dict()).launch(*args)
         torch.cuda.synchronize()
         what = f"{spec.id} T={tokens} experts={experts} skew={skew}"
@@ -74,7 +75,7 @@ def test_wg_half_width_tiles_change_no_bit(kset, preset):
     its own x row, whatever N is. 4,000 tokens over all experts: ~94 pairs an expert, so at
     NT = 128 some last tiles take the narrow loop and some the full one."""
     for spec in _specs(preset, "grouped_w4a16_wg"):
-        if spec["SUB"]:
+        if spec["SUB"] or spec.as_dict().get("RS"):  # RS sums k in another order
             continue
         args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(5),
                             tokens=4000, experts_used=256)
@@ -119,23 +120,25 @@ def _stale(name, t, tokens):
     return torch.randn_like(t.float()).to(t.dtype)
 
 
-@pytest.mark.parametrize("kernel,nt,sh,wb,sub", [("grouped_w4a16", 32, 0, 4, 0),
-                                                 ("grouped_w4a16", 16, 1, 4, 0),
-                                                 ("grouped_w4a16", 16, 1, 16, 0),
-                                                 ("grouped_w4a16_wg", 128, 0, 4, 0),
-                                                 ("grouped_w4a16_wg", 128, 0, 4, 1)])
+@pytest.mark.parametrize("kernel,nt,sh,wb,sub,rs", [("grouped_w4a16", 32, 0, 4, 0, 0),
+                                                    ("grouped_w4a16", 16, 1, 4, 0, 0),
+                                                    ("grouped_w4a16", 16, 1, 16, 0, 0),
+                                                    ("grouped_w4a16_wg", 128, 0, 4, 0, 0),
+                                                    ("grouped_w4a16_wg", 128, 0, 4, 1, 0),
+                                                    ("grouped_w4a16_wg", 64, 0, 4, 0, 1)])
 @pytest.mark.parametrize("kind", [0, 1])
-def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, wb, sub):
+def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, wb, sub, rs):
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
     spec = [s for s in _specs("full", kernel) if s["KIND"] == kind and s["NT"] == nt
             and s.as_dict().get("SH", 0) == sh and s.as_dict().get("WB", 4) == wb
-            and s.as_dict().get("SUB", 0) == sub][0]
+            and s.as_dict().get("SUB", 0) == sub and s.as_dict().get("RS", 0) == rs][0]
     consumer = kset.get(kernel, **spec.as_dict())
     decl = (gwg if kernel == "grouped_w4a16_wg" else gw).KERNEL.args(spec)
     tokens = 300
-    args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(11),
-                        tokens=tokens, experts_used=64)
+    args = (gwg if kernel == "grouped_w4a16_wg" else gw).make_args(
+        spec, gen=torch.Generator(device="cuda").manual_seed(11), tokens=tokens,
+        experts_used=64)
     for target, a in enumerate(decl):
         if a.role != "input":
             continue

@@ -47,16 +47,55 @@ def test_unsupported_specialisations_are_refused(bad, match):
 def test_every_spec_names_its_half_width_choice(preset):
     """SUB is explicit in every spec (the cache is asked for what a spec names), the model's
     specs take the measured default per NT (`gwg.SUB`), the benchmark list holds the other
-    choice for each."""
+    choice for each and each model spec with RS = 1."""
     cfg = FlintConfig.preset(preset)
     model, bench = gwg._specs(cfg), gwg.bench_specs(cfg)
     assert all(s["SUB"] == gwg.SUB[s["NT"]] for s in model)
-    assert {(s["KIND"], s["NT"], s["SUB"]) for s in model + bench} == {
-        (k, n, b) for k in (0, 1) for n in gwg.NTS for b in (0, 1)}
+    assert {(s["KIND"], s["NT"], s["SUB"]) for s in model + bench
+            if not s.as_dict().get("RS")} == {(k, n, b) for k in (0, 1) for n in gwg.NTS
+                                              for b in (0, 1)}
+    assert {(s["KIND"], s["NT"], s["SUB"]) for s in bench if s.as_dict().get("RS")} == {
+        (s["KIND"], s["NT"], s["SUB"]) for s in model}
     for s in bench:
         assert check_spec(gwg.KERNEL, s)[1].smem <= 113 * 1024  # two CTAs per SM
 
 
-def test_half_width_choice_is_zero_or_one():
-    with pytest.raises(ValueError, match="SUB = 2"):
-        check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128, SUB=2))
+@pytest.mark.parametrize("key", ["SUB", "RS"])
+def test_switches_are_zero_or_one(key):
+    with pytest.raises(ValueError, match=f"{key} = 2"):
+        check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128,
+                                               **{"SUB": 1, key: 2}))
+
+
+def test_pair_order_puts_each_code_words_pairs_side_by_side():
+    """RS = 1's input order: position 2i + j of each 8-element chunk holds element i + 4j, and
+    natural_order undoes it."""
+    import torch
+
+    x = torch.arange(2 * 16).reshape(2, 16)
+    p = gwg.pair_order(x)
+    assert p[0, :8].tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert p[1, 8:].tolist() == [24, 28, 25, 29, 26, 30, 27, 31]
+    assert torch.equal(gwg.natural_order(p), x)
+
+
+@pytest.mark.parametrize("kind", [0, 1])
+def test_the_rs_reference_is_the_plain_one_in_pair_order(kind):
+    """With RS = 1 the arguments carry the input in pair order and KIND 0's reference output
+    is in it too (so down's RS = 1 reads gate/up's output as it is); flint-nano's shapes on
+    the CPU."""
+    import torch
+
+    cfg = FlintConfig.preset("nano")
+    plain = [s for s in gwg._specs(cfg) if s["KIND"] == kind and s["NT"] == 64][0]
+    rs = gwg.KERNEL.spec(**plain.as_dict(), RS=1)
+    args = gw.make_args(plain, gen=torch.Generator().manual_seed(1), tokens=40,
+                        experts_used=6, device="cpu")
+    got = gwg.make_args(rs, gen=torch.Generator().manual_seed(1), tokens=40, experts_used=6,
+                        device="cpu")
+    assert torch.equal(got[0], gwg.pair_order(args[0]))
+    (want,) = gw._reference(plain, *[a.clone() for a in args])
+    (out,) = gwg._reference(rs, *[a.clone() for a in got])
+    want = gwg.pair_order(want) if kind == 0 else want
+    assert torch.equal(out.isnan(), want.isnan())
+    assert torch.equal(out.nan_to_num(), want.nan_to_num())

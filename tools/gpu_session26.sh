@@ -4,7 +4,8 @@
 # on a half-width loop. PART=nt256 (run 4): tiles of 256 pairs above 2,048 rows, measured
 # slower and removed; that part needs commit 3eb4b3f (git checkout 3eb4b3f), where it was written.
 # PART=wa (run 6): WA = 1, the codes through shared memory, measured slower and removed; that
-# part needs commit 3263ab1. On later commits only PART=sub runs.
+# part needs commit 3263ab1. PART=rs (written at the session's end, for the next device call):
+# RS = 1, the decoded weights as wgmma's A from registers, x in pair order.
 #   1. GPU tests: the kernel against the reference (full and flint-nano shapes), SUB 0 and 1
 #      bit for bit, the slow-producer PDL test; nt256 adds moe_route's place at NT = 256 and
 #      whole prefills with NT = 256 against the reference model;
@@ -19,7 +20,12 @@ left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l
 . tools/device_setup.sh
 part=${PART:-sub}
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
-if [ "$part" = wa ]; then
+if [ "$part" = rs ]; then
+  tests=(tests/test_grouped_w4a16_gpu.py tests/test_prefill_gpu.py
+         -k "w4a16_wg or wg_half or wgmma_w4a16")
+  probes=("--nt 64" "--nt 64 --values RS=1" "--nt 128" "--nt 128 --values RS=1"); ptok=8192,2048
+  tokens=2048,8192; wgv=-,RS=1,-,RS=1
+elif [ "$part" = wa ]; then
   tests=(tests/test_grouped_w4a16_gpu.py tests/test_prefill_gpu.py
          -k "w4a16_wg or wg_variants or wgmma_w4a16")
   probes=("--nt 0" "--nt 0 --values WA=1"); ptok=8192,2048

@@ -47,8 +47,19 @@ half are a quarter of the kernel's tensor work; the decode into shared memory is
 does not shrink. The columns past a tile's rows are never written out, so what the narrow loop
 leaves out changes no output bit.
 
+RS = 1 (a benchmark variant, `bench_specs`; compiled, not yet run on a GPU): the decoded weights
+go to wgmma as A from registers, so no A tile is stored to or read from shared memory (32 of
+a step's ~80 KB there at NT = 128; the kernel is bound by that traffic: perf log, twenty-sixth
+session). Each thread of a quad loads its two rows' 32 code bytes of a step (the quad shares
+them) and decodes from each code word only its pair (t, t + 4), which is what wgmma's A
+fragment slots (2t, 2t + 1) multiply when x is in `pair_order` (position 2i + j of each
+8-element chunk holds element i + 4j): the prefill copies x into that order once per layer,
+and KIND 0 writes act in it for KIND 1. 125 / 94 registers at NT = 64 (two CTAs per SM),
+156 / 134 at NT = 128 (one). Tolerance as above; not bit for bit equal to RS = 0 (the k
+order of each product's sum differs).
+
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1;
-every spec names it).
+every spec names it), RS (0, 1).
 """
 
 import math
@@ -89,8 +100,9 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
-    if spec.as_dict().get("SUB", 0) not in (0, 1):
-        raise ValueError(f"grouped_w4a16_wg: SUB = {spec['SUB']}; expected 0 or 1")
+    for key in ("SUB", "RS"):
+        if spec.as_dict().get(key, 0) not in (0, 1):
+            raise ValueError(f"grouped_w4a16_wg: {key} = {spec[key]}; expected 0 or 1")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16_wg: K = {k_dim} must be a multiple of {BK} and N = "
@@ -105,10 +117,11 @@ def _args(spec: Spec):
 
 def _layout(spec: Spec) -> dict[str, int]:
     """Byte offsets in the 1024-aligned shared-memory block: the A (weight) stages, each two
-    warpgroups × 64 rows × 128 B, then the x stages, NT rows × 128 B; the epilogue reuses it."""
+    warpgroups × 64 rows × 128 B (none with RS = 1), then the x stages, NT rows × 128 B; the
+    epilogue reuses it."""
     w_stage = 2 * 64 * 128
     x_stage = spec["NT"] * 128
-    x0 = W_STAGES * w_stage
+    x0 = 0 if spec.as_dict().get("RS", 0) else W_STAGES * w_stage  # RS = 1: A in registers
     return {"w_stage": w_stage, "x0": x0, "x_stage": x_stage,
             "total": x0 + X_STAGES * x_stage}
 
@@ -140,17 +153,42 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """Benchmark variants: each model spec with the other SUB."""
-    return [KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in _specs(cfg, buckets)]
+    """Benchmark variants: each model spec with the other SUB, and with RS = 1."""
+    model = _specs(cfg, buckets)
+    return ([KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in model]
+            + [KERNEL.spec(**s.as_dict(), RS=1) for s in model])
+
+
+def pair_order(t):
+    """RS = 1's order of an input's last dimension (x for KIND 0, act for KIND 1; KIND 0 writes
+    act in it): within each 8-element chunk, position 2i + j holds element i + 4j (i < 4,
+    j < 2), the pairs (k, k + 4) the e2m1 decode makes from one code word. Shape kept."""
+    *lead, k = t.shape
+    return t.reshape(*lead, k // 8, 2, 4).transpose(-1, -2).reshape(*lead, k)
+
+
+def natural_order(t):
+    """The inverse of `pair_order`."""
+    *lead, k = t.shape
+    return t.reshape(*lead, k // 8, 4, 2).transpose(-1, -2).reshape(*lead, k)
 
 
 def _reference(spec: Spec, *args):
-    return gw._reference(spec, *args)
+    """grouped_w4a16's reference; with RS = 1 on the input in `pair_order` (and for KIND 0
+    the output in it)."""
+    if not spec.as_dict().get("RS", 0):
+        return gw._reference(spec, *args)
+    (out,) = gw._reference(spec, natural_order(args[0]), *args[1:])
+    return (pair_order(out) if spec["KIND"] == 0 else out,)
 
 
 def make_args(spec: Spec, **kw) -> list:
-    """grouped_w4a16.make_args for this spec's NT (the tile schedule's size)."""
-    return gw.make_args(spec, **kw)
+    """grouped_w4a16.make_args for this spec's NT (the tile schedule's size); with RS = 1 the
+    input in `pair_order`."""
+    args = gw.make_args(spec, **kw)
+    if spec.as_dict().get("RS", 0):
+        args[0] = pair_order(args[0]).contiguous()
+    return args
 
 
 def _build(spec: Spec, arch: str = "sm_90a"):
@@ -166,6 +204,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     wg = arch == "sm_90a"  # wgmma; elsewhere mma.sync on the same layouts
     kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
     sub = spec.as_dict().get("SUB", 0)
+    rs = spec.as_dict().get("RS", 0)
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     rows_cta = cta_rows(kind)
     steps = k_dim // BK
@@ -206,6 +245,30 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                    du.prmt(p[0], p[1], 0x7632), du.prmt(p[2], p[3], 0x7632)]
             du.st_shared_v4(stage + Uint32(swz(wrow, 4 * half + j)), nat)
 
+    def load_rs(s, rows_c, rows_s):
+        """RS = 1: this thread's two rows' code words (8 u32 each: k 8c … 8c + 7 of step s in
+        word c) and scale words (4 bytes: one per 16 k) of step s (registers)."""
+        words = [du.ld_weight_v4(c + Int64(s * BK // 2)) + du.ld_weight_v4(
+            c + Int64(s * BK // 2 + 16)) for c in rows_c]
+        return words, [du.ld_weight_u32(a + Int64(s * BK // 16)) for a in rows_s]
+
+    def decode_rs(words, sw, t):
+        """RS = 1: the wgmma A fragments of one step, per k16 block kk the 4 bf16x2 registers
+        (row g: k pair of chunk 2kk, row g + 8: the same, then both of chunk 2kk + 1), each the
+        pair (t, t + 4) of its code word (the x tile is in `pair_order`), e2m1 · e4m3 · 2^-7."""
+        sh = Uint32(4) * Uint32(t)
+        scs = [scales(du.prmt(sw[0], sw[1], sel)) for sel in (0x5410, 0x7632)]
+        frags = []
+        for kk in range(BK // 16):
+            regs = []
+            for c, r in ((2 * kk, 0), (2 * kk, 1), (2 * kk + 1, 0), (2 * kk + 1, 1)):
+                w = words[r][c] >> sh
+                e = du.select_bits(w, w << 6, 0x00770077)
+                regs.append(du.mul_bf16x2_by_half((e << 6) & Uint32(0x81C081C0),
+                                                  scs[kk // 2][r], kk % 2))
+            frags.append(regs)
+        return frags
+
     def mma_step(acc, a_tile, x_tile, warp, lane, nx):
         """acc += this warpgroup's A tile (64 rows × BK) · the x tile's first nx rows (× BK)ᵀ."""
         if wg:
@@ -245,11 +308,59 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         xn = nx * 8 // threads  # this thread's x chunks: rows tid // 8 + 32i, i < xn
         for s in cutlass.range_constexpr(min(X_AHEAD, steps)):
             load_x(s, base, dst[:xn], src[:xn], nbytes[:xn])
-        nxt = load_w(0, ca, sa)
         acc = cute.make_rmem_tensor((nx // 2,), Float32)
         acc.fill(0.0)
+        if cutlass.const_expr(rs):
+            # rows 16·warp + g and + 8 of the warpgroup's 64 (wgmma's A fragment rows)
+            r0 = Int64((warp % 4) * 16 + g) + f0
+            if cutlass.const_expr(kind == 1):
+                r0 = r0 + Int64(wgi * 64)
+            cbase = cutlass.select_(wgi == 0, stacks[0][0].iterator.toint(),
+                                    stacks[1][0].iterator.toint())
+            sbase = cutlass.select_(wgi == 0, stacks[0][1].iterator.toint(),
+                                    stacks[1][1].iterator.toint())
+            grows = [Int64(ex) * n_out + r0, Int64(ex) * n_out + r0 + Int64(8)]
+            rows_c = [cbase + gr * code_row for gr in grows]
+            rows_s = [sbase + gr * scale_row for gr in grows]
+            ahead = load_rs(0, rows_c, rows_s)
+            for s in cutlass.range_constexpr(steps):
+                rwords, rscales = ahead
+                if cutlass.const_expr(s + 1 < steps):
+                    ahead = load_rs(s + 1, rows_c, rows_s)
+                frags = decode_rs(rwords, rscales, t)
+                du.cp_async_wait(min(X_AHEAD - 1, steps - 1 - s))
+                du.fence_proxy_async_shared()
+                cute.arch.sync_threads()
+                if cutlass.const_expr(s + X_AHEAD < steps):
+                    load_x(s + X_AHEAD, base, dst[:xn], src[:xn], nbytes[:xn])
+                x_tile = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
+                if cutlass.const_expr(wg):
+                    du.wgmma_fence()
+                    vals = [acc[i] for i in range(nx // 2)]
+                    for kk in cutlass.range_constexpr(BK // 16):
+                        db = du.smem_desc(x_tile + Uint32(kk * 32), 16, 1024)
+                        vals = du.wgmma_rs(nx, frags[kk], db, vals, Int32(1))
+                    for i in cutlass.range_constexpr(nx // 2):
+                        acc[i] = vals[i]
+                    du.wgmma_commit()
+                    # the x stage step s + 2 refills was read by step s − 2's wgmmas, done
+                    du.wgmma_wait(1)
+                else:
+                    m8 = lane // 8
+                    for kk in cutlass.range_constexpr(BK // 16):
+                        for j in cutlass.range_constexpr(0, nx // 8, 2):
+                            b = du.ldmatrix_x4(x_tile + Uint32(swz(8 * (j + m8 // 2) + lane % 8,
+                                                                   2 * kk + m8 % 2)))
+                            for hh in cutlass.range_constexpr(2):
+                                c4 = [acc[4 * (j + hh) + v] for v in range(4)]
+                                c4 = du.mma_bf16_m16n8k16(frags[kk], [b[2 * hh], b[2 * hh + 1]],
+                                                          c4)
+                                for v in cutlass.range_constexpr(4):
+                                    acc[4 * (j + hh) + v] = c4[v]
         a_off = wgi * 64 * 128  # this warpgroup's rows in an A stage
-        for s in cutlass.range_constexpr(steps):
+        if cutlass.const_expr(not rs):
+            nxt = load_w(0, ca, sa)
+        for s in cutlass.range_constexpr(0 if rs else steps):
             words, sbytes = nxt
             if cutlass.const_expr(s + 1 < steps):
                 nxt = load_w(s + 1, ca, sa)
@@ -296,6 +407,8 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                     val = (gf / (Float32(1.0) + cute.math.exp(-gf))) * uf
                     tok_col = 8 * (i // 4) + 2 * t + i % 2
                     feat = w16 + g + 8 * ((i % 4) // 2)
+                    if cutlass.const_expr(rs):  # act in pair_order: down's RS = 1 input
+                        feat = (feat & ~7) + 2 * (feat & 3) + ((feat >> 2) & 1)
                     du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
                                      du.pack_bf16(val, val))
         else:
@@ -310,9 +423,9 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             c = tid + threads * i
             row, u = c // out_units, c % out_units
             if Uint32(row) < nrows:
-                words = du.ld_shared_v4(out_tile + Uint32(row * out_pitch + u * 16))
+                unit = du.ld_shared_v4(out_tile + Uint32(row * out_pitch + u * 16))
                 du.st_v4(ob + (Int64(pair0) + Int64(row)) * (n_out * 2) + Int64(u * 16),
-                         words)
+                         unit)
 
     @cute.jit
     def body(mx, mtok, mtiles, stacks, mout):
