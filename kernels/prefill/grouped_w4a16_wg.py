@@ -230,6 +230,16 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             du.cp_async_16(stage + d, a + Int64(s * BK * 2), n)
         du.cp_async_commit()
 
+    def x_ready(s, base, dst, src, nbytes):
+        """Step s's x tile (its shared address), once every thread's copies are in and fenced
+        for wgmma (one barrier), with the stage of step s + X_AHEAD refilled after it."""
+        du.cp_async_wait(min(X_AHEAD - 1, steps - 1 - s))
+        du.fence_proxy_async_shared()
+        cute.arch.sync_threads()
+        if s + X_AHEAD < steps:
+            load_x(s + X_AHEAD, base, dst, src, nbytes)
+        return base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
+
     def load_w(s, ca, sa):
         """This thread's 16 code bytes and 2 scale bytes of step s (registers)."""
         return du.ld_weight_v4(ca + Int64(s * BK // 2)), du.ld_weight_u16(sa + Int64(s * BK // 16))
@@ -328,12 +338,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 if cutlass.const_expr(s + 1 < steps):
                     ahead = load_rs(s + 1, rows_c, rows_s)
                 frags = decode_rs(rwords, rscales, t)
-                du.cp_async_wait(min(X_AHEAD - 1, steps - 1 - s))
-                du.fence_proxy_async_shared()
-                cute.arch.sync_threads()
-                if cutlass.const_expr(s + X_AHEAD < steps):
-                    load_x(s + X_AHEAD, base, dst[:xn], src[:xn], nbytes[:xn])
-                x_tile = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
+                x_tile = x_ready(s, base, dst[:xn], src[:xn], nbytes[:xn])
                 if cutlass.const_expr(wg):
                     du.wgmma_fence()
                     vals = [acc[i] for i in range(nx // 2)]
@@ -366,12 +371,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 nxt = load_w(s + 1, ca, sa)
             a_tile = base + Uint32((s % W_STAGES) * lay["w_stage"]) + Uint32(a_off)
             store_w(a_tile, wrow, half, words, sbytes)
-            du.cp_async_wait(min(X_AHEAD - 1, steps - 1 - s))
-            du.fence_proxy_async_shared()
-            cute.arch.sync_threads()
-            if cutlass.const_expr(s + X_AHEAD < steps):
-                load_x(s + X_AHEAD, base, dst[:xn], src[:xn], nbytes[:xn])
-            x_tile = base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
+            x_tile = x_ready(s, base, dst[:xn], src[:xn], nbytes[:xn])
             if cutlass.const_expr(wg):
                 du.wgmma_fence()
             mma_step(acc, a_tile, x_tile, warp, lane, nx)
