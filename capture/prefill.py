@@ -1212,9 +1212,9 @@ class Prefill:
 
     def set_w4a16_wg(self, min_rows: int | None, **values: int) -> None:
         """Run the routed NVFP4 experts of chunks above `min_rows` rows on grouped_w4a16_wg
-        (None: never), with other spec values (`values`, e.g. PF=1: benchmark variants, built
-        by tools/build_gpu_cache.py; RS=1 also puts x in its pair order, an extra copy). Needs
-        the grouped W4A16 path (NVFP4 experts, the kernel
+        (None: never), with other spec values (`values`, e.g. SUB=0 or RS=1: benchmark
+        variants, built by tools/build_gpu_cache.py; RS=1 also copies x into its pair order).
+        Needs the grouped W4A16 path (NVFP4 experts, the kernel
         path, a config both kernels fit); raises ValueError otherwise, KernelCacheError when
         the cache lacks the kernels."""
         if min_rows is None:
@@ -1297,9 +1297,9 @@ class Prefill:
             y = torch.empty(p, cfg.hidden_size, dtype=BF16, device=dev)
             wg = self._wg(t)
             kernels = self.w4a16_wg if wg else self.w4a16
-            if wg and self.w4a16_wg_rs:  # RS = 1 reads x in pair order (and writes act in it)
-                h = grouped_w4a16_wg.pair_order(h).contiguous()
-            kernels[0, nt].launch(h, tok, tiles, *gate_up, act)
+            # RS = 1 reads x in pair order (and writes act in it)
+            xin = grouped_w4a16_wg.pair_order(h).contiguous() if wg and self.w4a16_wg_rs else h
+            kernels[0, nt].launch(xin, tok, tiles, *gate_up, act)
             kernels[1, nt].launch(act, tiles, *down, y)
         else:
             # the per-expert counts only an NVFP4 decode reads (it skips untouched experts)
