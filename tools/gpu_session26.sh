@@ -5,7 +5,9 @@
 # slower and removed; that part needs commit 3eb4b3f (git checkout 3eb4b3f), where it was written.
 # PART=wa (run 6): WA = 1, the codes through shared memory, measured slower and removed; that
 # part needs commit 3263ab1. PART=rs (written at the session's end, for the next device call):
-# RS = 1, the decoded weights as wgmma's A from registers, x in pair order.
+# RS = 1, the decoded weights as wgmma's A from registers, x in pair order (run in the
+# twenty-seventh session). PART=pf (twenty-seventh session): PF = 4 / 8, L2 prefetches of the
+# code lines PF steps ahead, with and without RS; the probe at each variant's own NT.
 #   1. GPU tests: the kernel against the reference (full and flint-nano shapes), SUB 0 and 1
 #      bit for bit, the slow-producer PDL test; nt256 adds moe_route's place at NT = 256 and
 #      whole prefills with NT = 256 against the reference model;
@@ -20,7 +22,15 @@ left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l
 . tools/device_setup.sh
 part=${PART:-sub}
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
-if [ "$part" = rs ]; then
+probe_tokens=()
+if [ "$part" = pf ]; then
+  tests=(tests/test_grouped_w4a16_gpu.py -k wg)
+  probes=("--nt 128" "--nt 128 --values PF=4" "--nt 128 --values PF=8"
+          "--nt 128 --values RS=1,PF=8" "--nt 64" "--nt 64 --values PF=8"
+          "--nt 64 --values RS=1" "--nt 64 --values RS=1,PF=8")
+  probe_tokens=(8192 8192 8192 8192 2048 2048 2048 2048)
+  ptok=8192; tokens=2048,8192; wgv=-,PF=4,PF=8,RS=1:PF=8,-,PF=8
+elif [ "$part" = rs ]; then
   tests=(tests/test_grouped_w4a16_gpu.py tests/test_prefill_gpu.py
          -k "w4a16_wg or wg_half or wgmma_w4a16")
   probes=("--nt 64" "--nt 64 --values RS=1" "--nt 128" "--nt 128 --values RS=1"); ptok=8192,2048
@@ -44,10 +54,11 @@ fi
 timeout "$(left 240)" python3 -m pytest -q -m gpu -p no:cacheprovider "${tests[@]}" 2>&1 \
   | tee "$OUT/gpu-tests.log" | tail -8
 for pass in 1 2; do
-  for v in "${probes[@]}"; do
+  for i in "${!probes[@]}"; do
+    v=${probes[$i]}
     # shellcheck disable=SC2086  # $v holds several options
     timeout "$(left 60)" python3 tools/probe_grouped_w4a16.py --kernel grouped_w4a16_wg \
-      --tokens "$ptok" --layers 4 --reps 8 $v 2>&1 | grep -v Warning \
+      --tokens "${probe_tokens[$i]:-$ptok}" --layers 4 --reps 8 $v 2>&1 | grep -v Warning \
       | tee -a "$OUT/probe.log" | grep -v "^copy"
   done
 done
