@@ -67,14 +67,6 @@ def test_switches_are_zero_or_one(key):
                                                **{"SUB": 1, key: 2}))
 
 
-@pytest.mark.parametrize("pf", [1, 2, 12, -4])
-def test_prefetch_distance_is_a_whole_code_line(pf):
-    """PF counts steps ahead in whole 128-byte code lines (4 steps each): 0, 4 or 8."""
-    with pytest.raises(ValueError, match=f"PF = {pf}"):
-        check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128, SUB=1,
-                                               PF=pf))
-
-
 def test_pair_order_puts_each_code_words_pairs_side_by_side():
     """RS = 1's input order: position 2i + j of each 8-element chunk holds element i + 4j, and
     natural_order undoes it."""

@@ -7,7 +7,8 @@
 # part needs commit 3263ab1. PART=rs (written at the session's end, for the next device call):
 # RS = 1, the decoded weights as wgmma's A from registers, x in pair order (run in the
 # twenty-seventh session). PART=pf (twenty-seventh session): PF = 4 / 8, L2 prefetches of the
-# code lines PF steps ahead, with and without RS; the probe at each variant's own NT.
+# code lines PF steps ahead, with and without RS; the probe at each variant's own NT. Measured
+# no faster and removed; that part needs commit 3e62901.
 #   1. GPU tests: the kernel against the reference (full and flint-nano shapes), SUB 0 and 1
 #      bit for bit, the slow-producer PDL test; nt256 adds moe_route's place at NT = 256 and
 #      whole prefills with NT = 256 against the reference model;

@@ -58,15 +58,8 @@ and KIND 0 writes act in it for KIND 1. 125 / 94 registers at NT = 64 (two CTAs 
 156 / 134 at NT = 128 (one). Tolerance as above; not bit for bit equal to RS = 0 (the k
 order of each product's sum differs).
 
-PF = 4 or 8 (a benchmark variant): each thread that loads a weight row's code bytes also asks
-L2 for the row's 128-byte line PF steps ahead (`prefetch.global.L2`, one predicated instruction
-every 4 steps, no registers held). Why: the register loads run one step ahead, and the H100
-runs of the twenty-sixth session put a CTA's step at ~1,100 cycles with two CTAs per SM and
-~1,700 with RS = 1 at NT = 128 (one CTA per SM), against ~512 cycles of tensor work: the one
-step ahead does not hide a DRAM round trip under load. The prefetch changes no output bit.
-
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1;
-every spec names it), RS (0, 1), PF (0, 4, 8: steps ahead; 0 = none).
+every spec names it), RS (0, 1).
 """
 
 import math
@@ -80,7 +73,6 @@ X_STAGES = 4  # x tiles in shared memory, filled X_AHEAD steps ahead
 X_AHEAD = 2  # so a refilled stage was last read X_STAGES − X_AHEAD = 2 steps before
 W_STAGES = 2
 NTS = (64, 128)  # pairs per tile: wgmma's N
-PFS = (0, 4, 8)  # L2 prefetch distances in steps (PF): multiples of the 4 steps of a code line
 # SUB per NT in the model's specs. H100, tools/probe_grouped_w4a16.py (perf log, twenty-sixth
 # session): NT = 128 at 8K tokens gate/up 667 -> 648 us, down 320 -> 304 us, and the whole 8K
 # NVFP4 prefill 123.5 -> 122.1 ms; NT = 64 at 2K slower (gate/up 272 -> 295 us: almost no tile
@@ -111,8 +103,6 @@ def _check(spec: Spec) -> None:
     for key in ("SUB", "RS"):
         if spec.as_dict().get(key, 0) not in (0, 1):
             raise ValueError(f"grouped_w4a16_wg: {key} = {spec[key]}; expected 0 or 1")
-    if spec.as_dict().get("PF", 0) not in PFS:
-        raise ValueError(f"grouped_w4a16_wg: PF = {spec['PF']}; expected one of {PFS}")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16_wg: K = {k_dim} must be a multiple of {BK} and N = "
@@ -163,13 +153,10 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """Benchmark variants: each model spec with the other SUB, with RS = 1, with each PF, and
-    with RS = 1 and PF = 8."""
+    """Benchmark variants: each model spec with the other SUB, and with RS = 1."""
     model = _specs(cfg, buckets)
     return ([KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in model]
-            + [KERNEL.spec(**s.as_dict(), RS=1) for s in model]
-            + [KERNEL.spec(**s.as_dict(), PF=pf) for s in model for pf in PFS if pf]
-            + [KERNEL.spec(**s.as_dict(), RS=1, PF=8) for s in model])
+            + [KERNEL.spec(**s.as_dict(), RS=1) for s in model])
 
 
 def pair_order(t):
@@ -209,7 +196,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64, Uint32
-    from cutlass.cutlass_dsl import dsl_user_op
 
     from flint_graph.kernels.decode.gemv_mma import frag_ops
     from flint_graph.kernels.toolchain import dsl_util as du
@@ -219,7 +205,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
     sub = spec.as_dict().get("SUB", 0)
     rs = spec.as_dict().get("RS", 0)
-    pf = spec.as_dict().get("PF", 0)
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     rows_cta = cta_rows(kind)
     steps = k_dim // BK
@@ -233,13 +218,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     exch_bytes = 128 * nacc * 4 if kind == 0 else 0
     launch = _launch(spec)
     dequant, _, scales = frag_ops()
-
-    @dsl_user_op
-    def prefetch_l2(addr, sel, *, loc=None, ip=None):
-        """prefetch.global.L2 of the line holding global byte address `addr` where sel == 0."""
-        du._asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), du._u32(sel, loc, ip)],
-                "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, $1, 0;\n\t"
-                "@p prefetch.global.L2 [$0];\n\t}", "l,r", loc, ip, side_effects=True)
 
     def swz(row, chunk):
         """Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` (swizzled)."""
@@ -261,17 +239,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         if s + X_AHEAD < steps:
             load_x(s + X_AHEAD, base, dst, src, nbytes)
         return base + Uint32(lay["x0"] + (s % X_STAGES) * lay["x_stage"])
-
-    def prefetch(s, addr, sel):
-        """PF: at each 4th step s, where `sel` is 0, ask L2 for the 128-byte code line(s) of the
-        row holding byte address `addr` (this thread's bytes of step 0) PF steps ahead (at
-        step 0 every line up to there): trace-time helper, nothing where PF = 0."""
-        if not pf or s % 4:
-            return
-        lines = range(1, pf // 4 + 1) if s == 0 else (s // 4 + pf // 4,)
-        for ln in lines:
-            if 4 * ln < steps:
-                prefetch_l2(addr + Int64(ln * 128), sel)
 
     def load_w(s, ca, sa):
         """This thread's 16 code bytes and 2 scale bytes of step s (registers)."""
@@ -368,8 +335,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             ahead = load_rs(0, rows_c, rows_s)
             for s in cutlass.range_constexpr(steps):
                 rwords, rscales = ahead
-                for rc in rows_c:  # one thread of the quad asks for its two rows
-                    prefetch(s, rc, t)
                 if cutlass.const_expr(s + 1 < steps):
                     ahead = load_rs(s + 1, rows_c, rows_s)
                 frags = decode_rs(rwords, rscales, t)
@@ -402,7 +367,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             nxt = load_w(0, ca, sa)
         for s in cutlass.range_constexpr(0 if rs else steps):
             words, sbytes = nxt
-            prefetch(s, ca, half)
             if cutlass.const_expr(s + 1 < steps):
                 nxt = load_w(s + 1, ca, sa)
             a_tile = base + Uint32((s % W_STAGES) * lay["w_stage"]) + Uint32(a_off)
