@@ -598,7 +598,7 @@ class Prefill:
         self.w4a16_routed_max, self.w4a16_shared_max = W4A16_ROUTED_MAX, W4A16_SHARED_MAX
         self.w4a16_wg: dict[tuple[int, int], object] = {}  # grouped_w4a16_wg by (KIND, NT)
         self.w4a16_wg_min: int | None = None  # chunks above this many rows use them
-        self.w4a16_wg_rs = 0  # their RS value (a benchmark variant: x in pair order)
+        self.w4a16_wg_rs: dict[int, int] = {}  # their RS value by NT (1: x in pair order)
         use_w4a16 = (attention == "kernel" and fmt == "nvfp4" and w4a16 is not False
                       and grouped_w4a16.fits(cfg))
         # BF16 experts of short chunks on grouped_w4a16's WB = 16 kernels, the shared expert
@@ -1212,8 +1212,9 @@ class Prefill:
 
     def set_w4a16_wg(self, min_rows: int | None, **values: int) -> None:
         """Run the routed NVFP4 experts of chunks above `min_rows` rows on grouped_w4a16_wg
-        (None: never), with other spec values (`values`, e.g. SUB=0 or RS=1: benchmark
-        variants, built by tools/build_gpu_cache.py; RS=1 also copies x into its pair order).
+        (None: never), with other spec values than the model's (`values`, e.g. SUB=0, RS=0 or
+        RS=1: benchmark variants, built by tools/build_gpu_cache.py). Where a kernel has RS = 1
+        (the default at NT = 64) the layer copies x into its pair order first.
         Needs the grouped W4A16 path (NVFP4 experts, the kernel
         path, a config both kernels fit); raises ValueError otherwise, KernelCacheError when
         the cache lacks the kernels."""
@@ -1223,10 +1224,12 @@ class Prefill:
         if not self.w4a16_args or not grouped_w4a16_wg.fits(self.cfg):
             raise ValueError("grouped_w4a16_wg needs NVFP4 experts on the grouped W4A16 path "
                              "and expert shapes it fits")
-        self.w4a16_wg = {(s["KIND"], s["NT"]): self._kset.get("grouped_w4a16_wg",
-                                                             **{**s.as_dict(), **values})
-                         for s in grouped_w4a16_wg.KERNEL.specs(self.cfg, ())}
-        self.w4a16_wg_min, self.w4a16_wg_rs = min_rows, values.get("RS", 0)
+        specs = [grouped_w4a16_wg.spec_values(**{**s.as_dict(), **values})
+                 for s in grouped_w4a16_wg.KERNEL.specs(self.cfg, ())]
+        self.w4a16_wg = {(v["KIND"], v["NT"]): self._kset.get("grouped_w4a16_wg", **v)
+                         for v in specs}
+        self.w4a16_wg_rs = {v["NT"]: v.get("RS", 0) for v in specs}
+        self.w4a16_wg_min = min_rows
 
     def set_w4a16_variant(self, **values: int) -> None:
         """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,
@@ -1298,7 +1301,8 @@ class Prefill:
             wg = self._wg(t)
             kernels = self.w4a16_wg if wg else self.w4a16
             # RS = 1 reads x in pair order (and writes act in it)
-            xin = grouped_w4a16_wg.pair_order(h).contiguous() if wg and self.w4a16_wg_rs else h
+            rs = wg and self.w4a16_wg_rs.get(nt)
+            xin = grouped_w4a16_wg.pair_order(h).contiguous() if rs else h
             kernels[0, nt].launch(xin, tok, tiles, *gate_up, act)
             kernels[1, nt].launch(act, tiles, *down, y)
         else:

@@ -45,19 +45,30 @@ def test_unsupported_specialisations_are_refused(bad, match):
 
 @pytest.mark.parametrize("preset", ["nano", "full"])
 def test_every_spec_names_its_half_width_choice(preset):
-    """SUB is explicit in every spec (the cache is asked for what a spec names), the model's
-    specs take the measured default per NT (`gwg.SUB`), the benchmark list holds the other
-    choice for each and each model spec with RS = 1."""
+    """SUB is explicit in every spec (the cache is asked for what a spec names) and RS named
+    only where it is 1; the model's specs take the measured defaults per NT (`gwg.SUB`,
+    `gwg.RS`), the benchmark list holds each model spec with the other SUB and with the other
+    RS."""
     cfg = FlintConfig.preset(preset)
     model, bench = gwg._specs(cfg), gwg.bench_specs(cfg)
     assert all(s["SUB"] == gwg.SUB[s["NT"]] for s in model)
-    assert {(s["KIND"], s["NT"], s["SUB"]) for s in model + bench
-            if not s.as_dict().get("RS")} == {(k, n, b) for k in (0, 1) for n in gwg.NTS
-                                              for b in (0, 1)}
-    assert {(s["KIND"], s["NT"], s["SUB"]) for s in bench if s.as_dict().get("RS")} == {
-        (s["KIND"], s["NT"], s["SUB"]) for s in model}
+    assert all(s.as_dict().get("RS", 0) == gwg.RS[s["NT"]] for s in model)
+    assert all(s.as_dict().get("RS", 1) == 1 for s in model + bench)
+
+    def key(s, **change):
+        v = {"RS": 0, **s.as_dict(), **change}
+        return v["KIND"], v["NT"], v["SUB"], v["RS"]
+
+    assert {key(s) for s in bench} == (
+        {key(s, SUB=1 - s["SUB"]) for s in model}
+        | {key(s, RS=1 - s.as_dict().get("RS", 0)) for s in model})
     for s in bench:
         assert check_spec(gwg.KERNEL, s)[1].smem <= 113 * 1024  # two CTAs per SM
+
+
+def test_rs_zero_is_never_named():
+    assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=0) == {"KIND": 0, "NT": 64, "SUB": 0}
+    assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=1)["RS"] == 1
 
 
 @pytest.mark.parametrize("key", ["SUB", "RS"])
@@ -87,8 +98,9 @@ def test_the_rs_reference_is_the_plain_one_in_pair_order(kind):
     import torch
 
     cfg = FlintConfig.preset("nano")
-    plain = [s for s in gwg._specs(cfg) if s["KIND"] == kind and s["NT"] == 64][0]
-    rs = gwg.KERNEL.spec(**plain.as_dict(), RS=1)
+    rs = [s for s in gwg._specs(cfg) if s["KIND"] == kind and s["NT"] == 64][0]
+    assert rs["RS"] == 1  # the default at NT = 64
+    plain = gwg.KERNEL.spec(**gwg.spec_values(**{**rs.as_dict(), "RS": 0}))
     args = gw.make_args(plain, gen=torch.Generator().manual_seed(1), tokens=40,
                         experts_used=6, device="cpu")
     got = gwg.make_args(rs, gen=torch.Generator().manual_seed(1), tokens=40, experts_used=6,

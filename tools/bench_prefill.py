@@ -22,6 +22,7 @@ measurement of the code.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -439,7 +440,13 @@ def main() -> int:
                 prompt = torch.randint(0, cfg.vocab_size, (n,), generator=gen)
                 try:
                     split: dict = {}
+                    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
                     s = time_prefill(pre, prompt, chunk, args.reps if n <= 8192 else 1, split)
+                    # the caching allocator's free-and-retry (a cudaFree: the host waits for
+                    # the GPU mid-issue) during the timed runs, and what the process holds
+                    split["alloc_retries"] = (torch.cuda.memory_stats().get(
+                        "num_alloc_retries", 0) - retries)
+                    split["reserved_gb"] = round(torch.cuda.memory_reserved() / 1e9, 2)
                 except Exception as e:  # noqa: BLE001 - report and go on with the others
                     print(f"{fmt} {path} {n}: {type(e).__name__}: {e}", flush=True)
                     continue
@@ -466,7 +473,11 @@ def main() -> int:
                                            generator=gen)
                 res["breakdown"][f"{fmt}/{path}/{row_moe} (object {obj})"] = breakdown(
                     pre, prompt, chunk)
+            # a Prefill may hold reference cycles, which `del` alone leaves (and their GPU
+            # memory) to a later collection; the suspect for later objects' 8K host stalls in
+            # the twenty-seventh session (issue time = GPU time): the rows' alloc_retries say
             del pre
+            gc.collect()
             torch.cuda.empty_cache()
     write_report(res, out, args.profile_tokens)
     return 0

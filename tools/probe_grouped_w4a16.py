@@ -123,10 +123,10 @@ def main() -> int:
         for kind in [int(v) for v in args.kinds.split(",") if v]:
             values = dict(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
                           E=cfg.n_routed_experts, NT=nt)
-            if wg:
-                values["SUB"] = gwg.SUB[nt]  # every spec names it
+            if wg:  # the model's SUB (every spec names it) and RS at this NT
+                values.update(SUB=gwg.SUB[nt], RS=gwg.RS[nt])
             values.update(args.values)
-            spec = (gwg.KERNEL.spec(**values) if wg
+            spec = (gwg.KERNEL.spec(**gwg.spec_values(**values)) if wg
                     else gw.KERNEL.spec(**values, D=args.depth))
             k = kset.get(args.kernel, **spec.as_dict())
             gen = torch.Generator(device="cuda").manual_seed(t)

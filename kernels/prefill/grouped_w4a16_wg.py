@@ -47,16 +47,18 @@ half are a quarter of the kernel's tensor work; the decode into shared memory is
 does not shrink. The columns past a tile's rows are never written out, so what the narrow loop
 leaves out changes no output bit.
 
-RS = 1 (a benchmark variant, `bench_specs`; compiled, not yet run on a GPU): the decoded weights
-go to wgmma as A from registers, so no A tile is stored to or read from shared memory (32 of
-a step's ~80 KB there at NT = 128; the kernel is bound by that traffic: perf log, twenty-sixth
-session). Each thread of a quad loads its two rows' 32 code bytes of a step (the quad shares
-them) and decodes from each code word only its pair (t, t + 4), which is what wgmma's A
-fragment slots (2t, 2t + 1) multiply when x is in `pair_order` (position 2i + j of each
-8-element chunk holds element i + 4j): the prefill copies x into that order once per layer,
-and KIND 0 writes act in it for KIND 1. 125 / 94 registers at NT = 64 (two CTAs per SM),
-156 / 134 at NT = 128 (one). Tolerance as above; not bit for bit equal to RS = 0 (the k
-order of each product's sum differs).
+RS = 1 (the default at NT = 64, `RS`): the decoded weights go to wgmma as A from registers, so
+no A tile is stored to or read from shared memory (32 of a step's ~80 KB there at NT = 128).
+Each thread of a quad loads its two rows' 32 code bytes of a step (the quad shares them) and
+decodes from each code word only its pair (t, t + 4), which is what wgmma's A fragment slots
+(2t, 2t + 1) multiply when x is in `pair_order` (position 2i + j of each 8-element chunk holds
+element i + 4j): the prefill copies x into that order once per layer, and KIND 0 writes act
+in it for KIND 1. 125 / 94 registers at NT = 64 (two CTAs per SM), 156 / 134 at NT = 128 (one).
+Measured on the H100 (perf log, twenty-seventh session): at NT = 64 gate/up 2K 272-278 ->
+266-268 us, down 135 -> 132 us, the whole 2K NVFP4 prefill 38.7 -> 38.2 ms (the pair-order
+copy included); at NT = 128 one CTA per SM loses the overlap (8K gate/up 646 -> 971 us), so
+there it stays a bench spec. Tolerance as above; not bit for bit equal to RS = 0 (the k order
+of each product's sum differs).
 
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1;
 every spec names it), RS (0, 1).
@@ -78,6 +80,8 @@ NTS = (64, 128)  # pairs per tile: wgmma's N
 # NVFP4 prefill 123.5 -> 122.1 ms; NT = 64 at 2K slower (gate/up 272 -> 295 us: almost no tile
 # has at most 32 rows there, and the second copy of the loop doubles the code).
 SUB = {64: 0, 128: 1}
+# RS per NT in the model's specs (H100, perf log, twenty-seventh session; the module doc).
+RS = {64: 1, 128: 0}
 
 
 def cta_rows(kind: int) -> int:
@@ -148,15 +152,22 @@ def _specs(cfg, buckets=()) -> list[Spec]:
     if not fits(cfg):
         return []
     e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    return [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt, SUB=SUB[nt]) for kind in (0, 1)
-            for nt in NTS]
+    return [KERNEL.spec(**spec_values(KIND=kind, H=h, M=m, E=e, NT=nt, SUB=SUB[nt], RS=RS[nt]))
+            for kind in (0, 1) for nt in NTS]
+
+
+def spec_values(**values: int) -> dict[str, int]:
+    """`values` as a spec names them: RS only where it is 1 (RS = 0 is the kernel's form
+    without it, so a spec and the cache key never carry RS = 0)."""
+    return {k: v for k, v in values.items() if k != "RS" or v}
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """Benchmark variants: each model spec with the other SUB, and with RS = 1."""
+    """Benchmark variants: each model spec with the other SUB, and with the other RS."""
     model = _specs(cfg, buckets)
     return ([KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in model]
-            + [KERNEL.spec(**s.as_dict(), RS=1) for s in model])
+            + [KERNEL.spec(**spec_values(**{**s.as_dict(), "RS": 1 - s.as_dict().get("RS", 0)}))
+               for s in model])
 
 
 def pair_order(t):
