@@ -95,13 +95,15 @@ def test_wg_half_width_tiles_change_no_bit(kset, preset):
 
 @pytest.mark.parametrize("kernel,tokens", [("grouped_w4a16", 50), ("grouped_w4a16_wg", 200)])
 def test_unused_tiles_write_nothing(kset, kernel, tokens):
-    """A schedule whose tiles cover only some pairs leaves the other rows as they were."""
+    """A schedule whose tiles cover only some pairs leaves the other rows as they were (the
+    model's first spec: grouped_w4a16_wg's is RS = 1, so its module makes the arguments)."""
     spec = _specs("full", kernel)[1 if kernel == "grouped_w4a16" else 0]
-    args = gw.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(3), tokens=tokens,
-                        experts_used=10)
+    mod = gwg if kernel == "grouped_w4a16_wg" else gw
+    args = mod.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(3), tokens=tokens,
+                         experts_used=10)
     tiles = args[2]
     tiles[1::2] = torch.tensor([-1, 0, 0, 0], dtype=torch.int32, device="cuda")
-    (want,) = gw._reference(spec, *[a.clone() for a in args])
+    (want,) = mod._reference(spec, *[a.clone() for a in args])
     kset.get(kernel, **spec.as_dict()).launch(*args)
     torch.cuda.synchronize()
     out = args[-1]
