@@ -60,7 +60,7 @@ BAD = [
     (["--tokens=99999999999999"], "262144 positions"), (["--preset=nope"], "--preset 'nope'"),
     (["--out=/dev/full"], "--out '/dev/full'"), (["--out="], "--out ''"),
     (["--reps=0"], "--reps 0"), (["--processes=0"], "--processes 0"),
-    (["--wg-values=SUB=2"], "SUB is one of 0, 1"), (["--wg-values=FOO=1"], "takes RS, SUB"),
+    (["--wg-values=SUB=2"], "SUB is one of 0, 1"), (["--wg-values=FOO=1"], "takes RS, SUB, WS"),
     (["--wg-values=SUB=1:SUB=0"], "SUB given twice"), (["--wg-values=SUB=١"], "expected K=V"),
     (["--wg-values=SUB=²"], "expected K=V"), (["--attn-kernel=attn_prefill_wg:ST=7"],
                                                "ST is one of 2, 3"),
@@ -80,7 +80,7 @@ def test_bad_values_stop_before_any_work(bench, monkeypatch, capsys, argv, messa
 
 def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
     """The documented variants parse (attn_prefill_wg:WS=1 is one of its bench specs)."""
-    monkeypatch.setattr("sys.argv", ["bench_prefill.py", "--wg-values=-,SUB=0",
+    monkeypatch.setattr("sys.argv", ["bench_prefill.py", "--wg-values=-,SUB=0,WS=1:SUB=0:RS=0",
                                      "--attn-kernel=attn_prefill_wg:WS=1,attn_prefill_wg:ST=3",
                                      "--side-max-rows=-,2048", "--tokens=512,8192",
                                      "--formats=nvfp4", "--paths=graph", "--out", "x"])

@@ -36,7 +36,7 @@ def kset():
 def _specs(preset, kernel="grouped_w4a16"):
     """The model's specs of `kernel` and its benchmark variants: for grouped_w4a16 the
     weights-through-shared-memory ones (WS = 1), for grouped_w4a16_wg the half-width last
-    tiles (SUB = 1) and the other RS."""
+    tiles (SUB = 1), the other RS and the warp-specialized form (WS = 1)."""
     cfg = FlintConfig.preset(preset)
     if kernel == "grouped_w4a16_wg":
         return gwg.KERNEL.specs(cfg, ()) + gwg.bench_specs(cfg)
@@ -125,19 +125,21 @@ def _stale(name, t, tokens):
     return torch.randn_like(t.float()).to(t.dtype)
 
 
-@pytest.mark.parametrize("kernel,nt,sh,wb,sub,rs", [("grouped_w4a16", 32, 0, 4, 0, 0),
-                                                    ("grouped_w4a16", 16, 1, 4, 0, 0),
-                                                    ("grouped_w4a16", 16, 1, 16, 0, 0),
-                                                    ("grouped_w4a16_wg", 128, 0, 4, 0, 0),
-                                                    ("grouped_w4a16_wg", 128, 0, 4, 1, 0),
-                                                    ("grouped_w4a16_wg", 64, 0, 4, 0, 1)])
+@pytest.mark.parametrize("kernel,nt,sh,wb,sub,rs,ws", [("grouped_w4a16", 32, 0, 4, 0, 0, 0),
+                                                       ("grouped_w4a16", 16, 1, 4, 0, 0, 0),
+                                                       ("grouped_w4a16", 16, 1, 16, 0, 0, 0),
+                                                       ("grouped_w4a16_wg", 128, 0, 4, 0, 0, 0),
+                                                       ("grouped_w4a16_wg", 128, 0, 4, 1, 0, 0),
+                                                       ("grouped_w4a16_wg", 64, 0, 4, 0, 1, 0),
+                                                       ("grouped_w4a16_wg", 128, 0, 4, 0, 0, 1)])
 @pytest.mark.parametrize("kind", [0, 1])
-def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, wb, sub, rs):
+def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, wb, sub, rs, ws):
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
     spec = [s for s in _specs("full", kernel) if s["KIND"] == kind and s["NT"] == nt
             and s.as_dict().get("SH", 0) == sh and s.as_dict().get("WB", 4) == wb
-            and s.as_dict().get("SUB", 0) == sub and s.as_dict().get("RS", 0) == rs][0]
+            and s.as_dict().get("SUB", 0) == sub and s.as_dict().get("RS", 0) == rs
+            and s.as_dict().get("WS", 0) == ws][0]
     consumer = kset.get(kernel, **spec.as_dict())
     decl = (gwg if kernel == "grouped_w4a16_wg" else gw).KERNEL.args(spec)
     tokens = 300

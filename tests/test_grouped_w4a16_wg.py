@@ -59,11 +59,14 @@ def test_every_spec_names_its_half_width_choice(preset):
         v = {"RS": 0, **s.as_dict(), **change}
         return v["KIND"], v["NT"], v["SUB"], v["RS"]
 
-    assert {key(s) for s in bench} == (
+    assert {key(s) for s in bench if not s.as_dict().get("WS")} == (
         {key(s, SUB=1 - s["SUB"]) for s in model}
         | {key(s, RS=1 - s.as_dict().get("RS", 0)) for s in model})
-    for s in bench:
-        assert check_spec(gwg.KERNEL, s)[1].smem <= 113 * 1024  # two CTAs per SM
+    assert {key(s) for s in bench if s.as_dict().get("WS")} == {
+        key(s, SUB=0, RS=0) for s in model}
+    for s in bench:  # two CTAs per SM, but for WS = 1 at NT = 128 (one, of 12 warps)
+        most = 227 if s.as_dict().get("WS") and s["NT"] == 128 else 113
+        assert check_spec(gwg.KERNEL, s)[1].smem <= most * 1024
 
 
 def test_rs_zero_is_never_named():
@@ -71,7 +74,15 @@ def test_rs_zero_is_never_named():
     assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=1)["RS"] == 1
 
 
-@pytest.mark.parametrize("key", ["SUB", "RS"])
+def test_ws_takes_the_plain_loop_only():
+    with pytest.raises(ValueError, match="WS = 1 takes SUB = 0"):
+        check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128, SUB=1,
+                                               WS=1))
+    assert check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128,
+                                                  SUB=0, WS=1))[1].block[0] == 384
+
+
+@pytest.mark.parametrize("key", ["SUB", "RS", "WS"])
 def test_switches_are_zero_or_one(key):
     with pytest.raises(ValueError, match=f"{key} = 2"):
         check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128,

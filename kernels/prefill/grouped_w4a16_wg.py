@@ -70,6 +70,14 @@ from flint_graph.kernels.prefill import grouped_w4a16 as gw
 from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec
 
 WARPS = 8  # two warpgroups
+# WS = 1 (the warp-specialized form, a bench variant): a third warpgroup produces each step's
+# A tile (decoded weights) and x tile into WS_STAGES stages, filled WS_AHEAD steps ahead for x
+WS_WARPS = 12
+WS_STAGES = 4
+WS_AHEAD = 2
+# named barriers (0 is the CTA's): stage s full (producer -> consumers) and empty (consumers
+# -> producer), all 384 threads; the consumers' own barrier in the epilogue
+WS_FULL, WS_EMPTY, WS_EPI = 1, 1 + WS_STAGES, 1 + 2 * WS_STAGES
 BK = 64  # k per step: one 128-byte row of the swizzled layout
 X_STAGES = 4  # x tiles in shared memory, filled X_AHEAD steps ahead
 X_AHEAD = 2  # so a refilled stage was last read X_STAGES − X_AHEAD = 2 steps before
@@ -104,9 +112,11 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
-    for key in ("SUB", "RS"):
+    for key in ("SUB", "RS", "WS"):
         if spec.as_dict().get(key, 0) not in (0, 1):
             raise ValueError(f"grouped_w4a16_wg: {key} = {spec[key]}; expected 0 or 1")
+    if _ws(spec) and (spec.as_dict().get("SUB", 0) or spec.as_dict().get("RS", 0)):
+        raise ValueError("grouped_w4a16_wg: WS = 1 takes SUB = 0 and no RS")
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16_wg: K = {k_dim} must be a multiple of {BK} and N = "
@@ -119,12 +129,19 @@ def _args(spec: Spec):
                                    NT=16, D=gw.DEPTH))
 
 
+def _ws(spec: Spec) -> int:
+    return spec.as_dict().get("WS", 0)
+
+
 def _layout(spec: Spec) -> dict[str, int]:
     """Byte offsets in the 1024-aligned shared-memory block: the A (weight) stages, each two
     warpgroups × 64 rows × 128 B (none with RS = 1), then the x stages, NT rows × 128 B; the
     epilogue reuses it."""
     w_stage = 2 * 64 * 128
     x_stage = spec["NT"] * 128
+    if _ws(spec):  # WS_STAGES stages of each
+        return {"w_stage": w_stage, "x0": WS_STAGES * w_stage, "x_stage": x_stage,
+                "total": WS_STAGES * (w_stage + x_stage)}
     x0 = 0 if spec.as_dict().get("RS", 0) else W_STAGES * w_stage  # RS = 1: A in registers
     return {"w_stage": w_stage, "x0": x0, "x_stage": x_stage,
             "total": x0 + X_STAGES * x_stage}
@@ -143,7 +160,7 @@ def _smem(spec: Spec) -> int:
 def _launch(spec: Spec) -> Launch:
     n_out = spec["M"] if spec["KIND"] == 0 else spec["H"]
     return Launch(grid=(n_out // cta_rows(spec["KIND"]), ("NTILES", 1), 1),
-                  block=(32 * WARPS, 1, 1), smem=_smem(spec))
+                  block=(32 * (WS_WARPS if _ws(spec) else WARPS), 1, 1), smem=_smem(spec))
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
@@ -163,10 +180,13 @@ def spec_values(**values: int) -> dict[str, int]:
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """Benchmark variants: each model spec with the other SUB, and with the other RS."""
+    """Benchmark variants: each model spec with the other SUB, with the other RS, and in the
+    warp-specialized form (WS = 1, SUB = 0, no RS)."""
     model = _specs(cfg, buckets)
     return ([KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in model]
             + [KERNEL.spec(**spec_values(**{**s.as_dict(), "RS": 1 - s.as_dict().get("RS", 0)}))
+               for s in model]
+            + [KERNEL.spec(**spec_values(**{**s.as_dict(), "SUB": 0, "RS": 0}), WS=1)
                for s in model])
 
 
@@ -216,6 +236,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
     sub = spec.as_dict().get("SUB", 0)
     rs = spec.as_dict().get("RS", 0)
+    ws = _ws(spec)
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     rows_cta = cta_rows(kind)
     steps = k_dim // BK
@@ -316,6 +337,63 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                         acc[4 * (j + hh) + v] = c4[v]
 
     @cute.jit
+    def epilogue(acc, nx: cutlass.Constexpr, named: cutlass.Constexpr, tid, base, ex, pair0,
+                 nrows, f0, stacks, mout):
+        """Scale, round and store the tile's nx pairs × the CTA's rows from acc: threads
+        0 … 255 (the two MMA warpgroups), joined by the CTA's barrier or, where `named` (WS =
+        1: the producer takes no part), by the named barrier WS_EPI of the 256."""
+        def sync():
+            if cutlass.const_expr(named):
+                cute.arch.barrier(barrier_id=WS_EPI, number_of_threads=threads)
+            else:
+                cute.arch.sync_threads()
+
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        wgi, tw = tid // 128, tid % 128
+        # epilogue: scale2·2^7 (the decode's 2^-7), one rounding; KIND 0: SwiGLU
+        s2 = cutlass.select_(wgi == 0, stacks[0][2].iterator.toint(),
+                             stacks[1][2].iterator.toint())
+        alpha = du.as_f32(du.ld_weight_u32(s2 + Int64(ex) * 4)) * Float32(128.0)
+        du.cp_async_wait(0)
+        sync()  # every stage is read: reuse the block
+        out_tile = base + Uint32(exch_bytes)
+        w16 = (warp % 4) * 16
+        if cutlass.const_expr(kind == 0):
+            if wgi == 0:  # gate: bf16(g) for the up warpgroup's thread at the same place
+                for i in cutlass.range_constexpr(nx // 2):
+                    gb = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
+                    du.st_shared_u32(base + Uint32((i * 128 + tw) * 4), gb << 16)
+            sync()
+            if wgi == 1:
+                for i in cutlass.range_constexpr(nx // 2):
+                    gf = du.as_f32(du.ld_shared_u32(base + Uint32((i * 128 + tw) * 4)))
+                    ub = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
+                    uf = du.as_f32(ub << 16)
+                    val = (gf / (Float32(1.0) + cute.math.exp(-gf))) * uf
+                    tok_col = 8 * (i // 4) + 2 * t + i % 2
+                    feat = w16 + g + 8 * ((i % 4) // 2)
+                    if cutlass.const_expr(rs):  # act in pair_order: down's RS = 1 input
+                        feat = (feat & ~7) + 2 * (feat & 3) + ((feat >> 2) & 1)
+                    du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
+                                     du.pack_bf16(val, val))
+        else:
+            for i in cutlass.range_constexpr(nx // 2):
+                tok_col = 8 * (i // 4) + 2 * t + i % 2
+                feat = wgi * 64 + w16 + g + 8 * ((i % 4) // 2)
+                du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
+                                 du.pack_bf16(acc[i] * alpha, acc[i] * alpha))
+        sync()
+        ob = mout.iterator.toint() + f0 * 2
+        for i in cutlass.range_constexpr(math.ceil(nx * out_units / threads)):
+            c = tid + threads * i
+            row, u = c // out_units, c % out_units
+            if Uint32(row) < nrows:
+                unit = du.ld_shared_v4(out_tile + Uint32(row * out_pitch + u * 16))
+                du.st_v4(ob + (Int64(pair0) + Int64(row)) * (n_out * 2) + Int64(u * 16),
+                         unit)
+
+    @cute.jit
     def run(nx: cutlass.Constexpr, tid, base, dst, src, nbytes, ca, sa, ex, pair0, nrows, f0,
             stacks, mout):
         """The main loop and the epilogue of one tile for a tile width of nx pairs (wgmma's
@@ -396,47 +474,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             for i in cutlass.range_constexpr(nx // 2):
                 acc[i] = vals[i]
 
-        # epilogue: scale2·2^7 (the decode's 2^-7), one rounding; KIND 0: SwiGLU
-        s2 = cutlass.select_(wgi == 0, stacks[0][2].iterator.toint(),
-                             stacks[1][2].iterator.toint())
-        alpha = du.as_f32(du.ld_weight_u32(s2 + Int64(ex) * 4)) * Float32(128.0)
-        du.cp_async_wait(0)
-        cute.arch.sync_threads()  # every stage is read: reuse the block
-        out_tile = base + Uint32(exch_bytes)
-        w16 = (warp % 4) * 16
-        if cutlass.const_expr(kind == 0):
-            if wgi == 0:  # gate: bf16(g) for the up warpgroup's thread at the same place
-                for i in cutlass.range_constexpr(nx // 2):
-                    gb = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
-                    du.st_shared_u32(base + Uint32((i * 128 + tw) * 4), gb << 16)
-            cute.arch.sync_threads()
-            if wgi == 1:
-                for i in cutlass.range_constexpr(nx // 2):
-                    gf = du.as_f32(du.ld_shared_u32(base + Uint32((i * 128 + tw) * 4)))
-                    ub = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
-                    uf = du.as_f32(ub << 16)
-                    val = (gf / (Float32(1.0) + cute.math.exp(-gf))) * uf
-                    tok_col = 8 * (i // 4) + 2 * t + i % 2
-                    feat = w16 + g + 8 * ((i % 4) // 2)
-                    if cutlass.const_expr(rs):  # act in pair_order: down's RS = 1 input
-                        feat = (feat & ~7) + 2 * (feat & 3) + ((feat >> 2) & 1)
-                    du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
-                                     du.pack_bf16(val, val))
-        else:
-            for i in cutlass.range_constexpr(nx // 2):
-                tok_col = 8 * (i // 4) + 2 * t + i % 2
-                feat = wgi * 64 + w16 + g + 8 * ((i % 4) // 2)
-                du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
-                                 du.pack_bf16(acc[i] * alpha, acc[i] * alpha))
-        cute.arch.sync_threads()
-        ob = mout.iterator.toint() + f0 * 2
-        for i in cutlass.range_constexpr(math.ceil(nx * out_units / threads)):
-            c = tid + threads * i
-            row, u = c // out_units, c % out_units
-            if Uint32(row) < nrows:
-                unit = du.ld_shared_v4(out_tile + Uint32(row * out_pitch + u * 16))
-                du.st_v4(ob + (Int64(pair0) + Int64(row)) * (n_out * 2) + Int64(u * 16),
-                         unit)
+        epilogue(acc, nx, False, tid, base, ex, pair0, nrows, f0, stacks, mout)
 
     @cute.jit
     def body(mx, mtok, mtiles, stacks, mout):
@@ -492,13 +530,131 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             else:
                 run(nt, *args)
 
+
+    # -- WS = 1: warpgroups 0 and 1 issue the wgmmas, warpgroup 2 decodes and copies -----------
+    everyone = 32 * WS_WARPS
+
+    @cute.jit
+    def produce(ptid, base, mx, mtok, pair0, nrows, ex, f0, stacks):
+        """WS = 1's producer (threads 256 … 383 as ptid 0 … 127): per step, the x tile's
+        copies WS_AHEAD steps ahead (chunk ptid % 8 of rows ptid // 8 + 16i) once the
+        consumers released their stage, then the A tile of weight row ptid of the CTA's 128
+        (both k halves), then, its x copies complete and both fenced for wgmma's async proxy,
+        the stage handed over."""
+        xb = mx.iterator.toint()
+        chunk = ptid % 8
+        xrows = [ptid // 8 + 16 * i for i in range(nt // 16)]
+        oks = [Uint32(row) < nrows for row in xrows]
+        if cutlass.const_expr(kind == 0):
+            srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4, ok)
+                     for row, ok in zip(xrows, oks)]
+        else:
+            srows = [cutlass.select_(ok, pair0 + Uint32(row), Uint32(0))
+                     for row, ok in zip(xrows, oks)]
+        src = [xb + Int64(srow) * (k_dim * 2) + Int64(chunk * 16) for srow in srows]
+        nbytes = [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks]
+        dst = [Uint32(swz(row, chunk)) for row in xrows]
+        pw, wrow = ptid // 64, ptid % 64  # the consumer warpgroup whose A rows these are
+        frow = f0 + Int64(wrow)
+        if cutlass.const_expr(kind == 1):
+            frow = frow + Int64(pw * 64)
+        grow = Int64(ex) * n_out + frow
+        ca = cutlass.select_(pw == 0, stacks[0][0].iterator.toint(),
+                             stacks[1][0].iterator.toint()) + grow * code_row
+        sa = cutlass.select_(pw == 0, stacks[0][1].iterator.toint(),
+                             stacks[1][1].iterator.toint()) + grow * scale_row
+        a_off = Uint32(pw * 64 * 128)
+
+        def copy_x(s):
+            stage = base + Uint32(lay["x0"] + (s % WS_STAGES) * lay["x_stage"])
+            for d, a, n in zip(dst, src, nbytes):
+                du.cp_async_16(stage + d, a + Int64(s * BK * 2), n)
+            du.cp_async_commit()
+
+        def load(s):
+            return (du.ld_weight_v4(ca + Int64(s * BK // 2))
+                    + du.ld_weight_v4(ca + Int64(s * BK // 2 + 16)),
+                    du.ld_weight_u32(sa + Int64(s * BK // 16)))
+
+        for s in cutlass.range_constexpr(min(WS_AHEAD, steps)):
+            copy_x(s)
+        nxt = load(0)
+        for s in cutlass.range_constexpr(steps):
+            words, sw = nxt
+            if cutlass.const_expr(s + 1 < steps):
+                nxt = load(s + 1)
+            if cutlass.const_expr(s + WS_AHEAD < steps):
+                if cutlass.const_expr(s + WS_AHEAD >= WS_STAGES):
+                    cute.arch.barrier(barrier_id=WS_EMPTY + (s + WS_AHEAD) % WS_STAGES,
+                                      number_of_threads=everyone)
+                copy_x(s + WS_AHEAD)
+            a_tile = base + Uint32((s % WS_STAGES) * lay["w_stage"]) + a_off
+            store_w(a_tile, wrow, 0, words[:4], sw)
+            store_w(a_tile, wrow, 1, words[4:], sw >> Uint32(16))
+            du.cp_async_wait(min(WS_AHEAD, steps - 1 - s))
+            du.fence_proxy_async_shared()
+            cute.arch.barrier_arrive(barrier_id=WS_FULL + s % WS_STAGES,
+                                     number_of_threads=everyone)
+
+    @cute.jit
+    def consume(tid, base, ex, pair0, nrows, f0, stacks, mout):
+        """WS = 1's consumers (threads 0 … 255): per step, wait for the stage, issue the
+        warpgroup's wgmmas on it, and release the stage of the step before once its wgmmas are
+        done (only stages the producer refills: each barrier sees as many arrivals as waits);
+        then the epilogue, joined by a barrier of the 256."""
+        warp, lane = tid // 32, tid % 32
+        wgi = tid // 128
+        acc = cute.make_rmem_tensor((nt // 2,), Float32)
+        acc.fill(0.0)
+        for s in cutlass.range_constexpr(steps):
+            cute.arch.barrier(barrier_id=WS_FULL + s % WS_STAGES, number_of_threads=everyone)
+            a_tile = base + Uint32((s % WS_STAGES) * lay["w_stage"] + wgi * 64 * 128)
+            x_tile = base + Uint32(lay["x0"] + (s % WS_STAGES) * lay["x_stage"])
+            if cutlass.const_expr(wg):
+                du.wgmma_fence()
+            mma_step(acc, a_tile, x_tile, warp, lane, nt)
+            if cutlass.const_expr(wg):
+                du.wgmma_commit()
+                du.wgmma_wait(1)  # step s − 1's wgmmas are done
+            if cutlass.const_expr(s >= 1 and s - 1 + WS_STAGES < steps):
+                cute.arch.barrier_arrive(barrier_id=WS_EMPTY + (s - 1) % WS_STAGES,
+                                         number_of_threads=everyone)
+        if cutlass.const_expr(wg):
+            du.wgmma_wait(0)
+            vals = du.fence_values([acc[i] for i in range(nt // 2)])
+            for i in cutlass.range_constexpr(nt // 2):
+                acc[i] = vals[i]
+        epilogue(acc, nt, True, tid, base, ex, pair0, nrows, f0, stacks, mout)
+
+    @cute.jit
+    def body_ws(mx, mtok, mtiles, stacks, mout):
+        tid, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        cute.arch.griddepcontrol_wait()  # the schedule, x and tok are the producers' outputs
+        cute.arch.griddepcontrol_launch_dependents()
+        info = du.ld_v4(mtiles.iterator.toint() + Int64(by) * 16)
+        ex, pair0, nrows = info[0], info[1], info[2]
+        if ex < Uint32(e):
+            alloc = cutlass.memory.SmemAllocator()
+            smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
+                                         byte_alignment=128)
+            raw = du.smem_addr(smem)
+            base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms: 1024-aligned
+            f0 = Int64(bx * rows_cta)
+            if tid >= threads:
+                produce(tid - threads, base, mx, mtok, pair0, nrows, ex, f0, stacks)
+            else:
+                consume(tid, base, ex, pair0, nrows, f0, stacks, mout)
+
+    main = body_ws if ws else body
+
     if kind == 0:
         @cute.kernel
         def grouped_w4a16_wg_kernel(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
                                     gc: cute.Tensor, gs: cute.Tensor, g2: cute.Tensor,
                                     uc: cute.Tensor, us: cute.Tensor, u2: cute.Tensor,
                                     mout: cute.Tensor):
-            body(mx, mtok, mtiles, [(gc, gs, g2), (uc, us, u2)], mout)
+            main(mx, mtok, mtiles, [(gc, gs, g2), (uc, us, u2)], mout)
 
         @cute.jit
         def grouped_w4a16_wg(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
@@ -514,7 +670,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     @cute.kernel
     def grouped_w4a16_wg_kernel(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
                                 ds: cute.Tensor, d2: cute.Tensor, mout: cute.Tensor):
-        body(mx, mx, mtiles, [(dc, ds, d2), (dc, ds, d2)], mout)
+        main(mx, mx, mtiles, [(dc, ds, d2), (dc, ds, d2)], mout)
 
     @cute.jit
     def grouped_w4a16_wg(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
