@@ -60,8 +60,20 @@ copy included); at NT = 128 one CTA per SM loses the overlap (8K gate/up 646 -> 
 there it stays a bench spec. Tolerance as above; not bit for bit equal to RS = 0 (the k order
 of each product's sum differs).
 
+WS = 1 (a benchmark variant, `bench_specs`): the warp-specialized form. Warpgroups 0 and 1
+only issue the wgmmas (the same rows and tiles as above); warpgroup 2, the producer, decodes
+each step's A tile (row ptid of the CTA's 128, both k halves) from its code bytes, which it
+copies (cp.async) with x WS_AHEAD steps ahead into WS_STAGES stages (the row's scale bytes once,
+at the start), handing each stage over by
+named barriers of all 384 threads (full: the producer arrives once its copies are complete and
+its stores fenced for the async proxy; empty: the consumers arrive once the wgmmas reading the
+stage are waited, only for stages the producer refills, so each barrier sees as many arrivals
+as waits). One CTA per SM (197 KB at NT = 128). Why: in the plain form every thread decodes
+and then waits at the step's CTA barrier, so a CTA's decode and its wgmmas alternate and only
+the second CTA on the SM overlaps them (~1,140 cycles a step against 512 of tensor work).
+
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1;
-every spec names it), RS (0, 1).
+every spec names it), RS (0, 1), WS (0, 1; WS = 1 takes SUB = 0 and no RS).
 """
 
 import math
@@ -73,8 +85,11 @@ WARPS = 8  # two warpgroups
 # WS = 1 (the warp-specialized form, a bench variant): a third warpgroup produces each step's
 # A tile (decoded weights) and x tile into WS_STAGES stages, filled WS_AHEAD steps ahead for x
 WS_WARPS = 12
-WS_STAGES = 4
-WS_AHEAD = 2
+WS_STAGES = 5
+# x tiles and code bytes are copied this many steps ahead (cp.async): the first WS run loaded
+# the codes into registers, which ptxas issued right before their use, so the producer waited
+# a DRAM round trip every step (8K gate/up 1,145 us against 647 for the plain form)
+WS_AHEAD = 3
 # named barriers (0 is the CTA's): stage s full (producer -> consumers) and empty (consumers
 # -> producer), all 384 threads; the consumers' own barrier in the epilogue
 WS_FULL, WS_EMPTY, WS_EPI = 1, 1 + WS_STAGES, 1 + 2 * WS_STAGES
@@ -117,6 +132,7 @@ def _check(spec: Spec) -> None:
             raise ValueError(f"grouped_w4a16_wg: {key} = {spec[key]}; expected 0 or 1")
     if _ws(spec) and (spec.as_dict().get("SUB", 0) or spec.as_dict().get("RS", 0)):
         raise ValueError("grouped_w4a16_wg: WS = 1 takes SUB = 0 and no RS")
+
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
         raise ValueError(f"grouped_w4a16_wg: K = {k_dim} must be a multiple of {BK} and N = "
@@ -139,9 +155,12 @@ def _layout(spec: Spec) -> dict[str, int]:
     epilogue reuses it."""
     w_stage = 2 * 64 * 128
     x_stage = spec["NT"] * 128
-    if _ws(spec):  # WS_STAGES stages of each
-        return {"w_stage": w_stage, "x0": WS_STAGES * w_stage, "x_stage": x_stage,
-                "total": WS_STAGES * (w_stage + x_stage)}
+    if _ws(spec):  # WS_STAGES stages of A, x and code bytes (128 rows × 32 B), then the scales
+        k_dim = spec["H"] if spec["KIND"] == 0 else spec["M"]
+        c0 = WS_STAGES * (w_stage + x_stage)
+        s0 = c0 + WS_STAGES * 128 * BK // 2
+        return {"w_stage": w_stage, "x0": WS_STAGES * w_stage, "x_stage": x_stage, "c0": c0,
+                "c_stage": 128 * BK // 2, "s0": s0, "total": s0 + 128 * (k_dim // 16)}
     x0 = 0 if spec.as_dict().get("RS", 0) else W_STAGES * w_stage  # RS = 1: A in registers
     return {"w_stage": w_stage, "x0": x0, "x_stage": x_stage,
             "total": x0 + X_STAGES * x_stage}
@@ -564,34 +583,40 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         sa = cutlass.select_(pw == 0, stacks[0][1].iterator.toint(),
                              stacks[1][1].iterator.toint()) + grow * scale_row
         a_off = Uint32(pw * 64 * 128)
+        my_codes = base + Uint32(lay["c0"] + ptid * (BK // 2))
+        my_scales = base + Uint32(lay["s0"]) + Uint32(ptid) * Uint32(scale_row)
 
-        def copy_x(s):
+        def copy_step(s):
+            """x and this row's code bytes of step s into stage s % WS_STAGES: one group."""
             stage = base + Uint32(lay["x0"] + (s % WS_STAGES) * lay["x_stage"])
             for d, a, n in zip(dst, src, nbytes):
                 du.cp_async_16(stage + d, a + Int64(s * BK * 2), n)
+            cst = my_codes + Uint32((s % WS_STAGES) * lay["c_stage"])
+            for hh in range(2):
+                du.cp_async_16(cst + Uint32(16 * hh), ca + Int64(s * BK // 2 + 16 * hh), 16)
             du.cp_async_commit()
 
-        def load(s):
-            return (du.ld_weight_v4(ca + Int64(s * BK // 2))
-                    + du.ld_weight_v4(ca + Int64(s * BK // 2 + 16)),
-                    du.ld_weight_u32(sa + Int64(s * BK // 16)))
-
+        in_smem = scale_row % 16 == 0  # else (flint-nano's down: 8 B a row) in registers
+        sregs = [] if in_smem else [du.ld_weight_u32(sa + Int64(4 * i))
+                                    for i in range(scale_row // 4)]
+        for c in range(scale_row // 16 if in_smem else 0):  # the row's scales, step 0's group
+            du.cp_async_16(my_scales + Uint32(16 * c), sa + Int64(16 * c), 16)
         for s in cutlass.range_constexpr(min(WS_AHEAD, steps)):
-            copy_x(s)
-        nxt = load(0)
+            copy_step(s)
         for s in cutlass.range_constexpr(steps):
-            words, sw = nxt
-            if cutlass.const_expr(s + 1 < steps):
-                nxt = load(s + 1)
             if cutlass.const_expr(s + WS_AHEAD < steps):
                 if cutlass.const_expr(s + WS_AHEAD >= WS_STAGES):
                     cute.arch.barrier(barrier_id=WS_EMPTY + (s + WS_AHEAD) % WS_STAGES,
                                       number_of_threads=everyone)
-                copy_x(s + WS_AHEAD)
+                copy_step(s + WS_AHEAD)
+            du.cp_async_wait(min(WS_AHEAD, steps - 1 - s))  # step s's group is in
+            cst = my_codes + Uint32((s % WS_STAGES) * lay["c_stage"])
+            words = du.ld_shared_v4(cst) + du.ld_shared_v4(cst + Uint32(16))
+            sw = (du.ld_shared_u32(my_scales + Uint32(s * BK // 16)) if in_smem
+                  else sregs[s * BK // 64])
             a_tile = base + Uint32((s % WS_STAGES) * lay["w_stage"]) + a_off
             store_w(a_tile, wrow, 0, words[:4], sw)
             store_w(a_tile, wrow, 1, words[4:], sw >> Uint32(16))
-            du.cp_async_wait(min(WS_AHEAD, steps - 1 - s))
             du.fence_proxy_async_shared()
             cute.arch.barrier_arrive(barrier_id=WS_FULL + s % WS_STAGES,
                                      number_of_threads=everyone)
