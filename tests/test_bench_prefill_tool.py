@@ -60,7 +60,7 @@ BAD = [
     (["--tokens=99999999999999"], "262144 positions"), (["--preset=nope"], "--preset 'nope'"),
     (["--out=/dev/full"], "--out '/dev/full'"), (["--out="], "--out ''"),
     (["--reps=0"], "--reps 0"), (["--processes=0"], "--processes 0"),
-    (["--wg-values=SUB=2"], "SUB is one of 0, 1"), (["--wg-values=FOO=1"], "takes RS, SUB, WS"),
+    (["--wg-values=SUB=2"], "SUB is one of 0, 1"), (["--wg-values=FOO=1"], "takes RS, SUB, WP, WS"),
     (["--wg-values=SUB=1:SUB=0"], "SUB given twice"), (["--wg-values=SUB=١"], "expected K=V"),
     (["--wg-values=SUB=²"], "expected K=V"), (["--attn-kernel=attn_prefill_wg:ST=7"],
                                                "ST is one of 2, 3"),

@@ -28,10 +28,10 @@ probe_tokens=()
 if [ "$part" = ws ]; then
   tests=(tests/test_grouped_w4a16_gpu.py tests/test_prefill_gpu.py
          -k "wg or wgmma_w4a16")
-  probes=("--nt 128" "--nt 128 --values WS=1,SUB=0" "--nt 64" "--nt 64 --values WS=1,SUB=0,RS=0"
-          "--nt 64 --values WS=1,SUB=0,RS=0")
-  probe_tokens=(8192 8192 2048 2048 8192)
-  ptok=8192; tokens=2048,8192; wgv=-,WS=1:SUB=0:RS=0,-,WS=1:SUB=0:RS=0
+  probes=("--nt 128" "--nt 128 --values WS=1,SUB=0" "--nt 128 --values WS=1,SUB=0,WP=2"
+          "--nt 64" "--nt 64 --values WS=1,SUB=0,RS=0" "--nt 64 --values WS=1,SUB=0,RS=0,WP=2")
+  probe_tokens=(8192 8192 8192 2048 2048 2048)
+  ptok=8192; tokens=2048,8192; wgv=-,WS=1:SUB=0:RS=0,WS=1:SUB=0:RS=0:WP=2
 elif [ "$part" = pf ]; then
   tests=(tests/test_grouped_w4a16_gpu.py -k wg)
   probes=("--nt 128" "--nt 128 --values PF=4" "--nt 128 --values PF=8"

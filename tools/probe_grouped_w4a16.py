@@ -43,7 +43,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
 
 
 # the spec values --values may change, per kernel, and what each may be
-VALUES = {"grouped_w4a16_wg": {"SUB": (0, 1), "RS": (0, 1), "WS": (0, 1)},
+VALUES = {"grouped_w4a16_wg": {"SUB": (0, 1), "RS": (0, 1), "WS": (0, 1), "WP": (1, 2)},
           "grouped_w4a16": {"WS": (0, 1)}}
 
 
@@ -99,7 +99,7 @@ def main() -> int:
     p.add_argument("--kinds", default="0,1", help="0 gate/up, 1 down, comma-separated")
     p.add_argument("--values", default="",
                    help="more spec values, K=V[,K=V…]: grouped_w4a16_wg's SUB, RS and WS (0, 1; "
-                        "WS=1 needs SUB=0,RS=0), "
+                        "WS=1 needs SUB=0,RS=0) and WP (1, 2), "
                         "grouped_w4a16's WS (0, 1)")
     p.add_argument("--reps", type=int, default=20, help="launches per CUDA graph")
     p.add_argument("--layers", type=int, default=8,

@@ -68,12 +68,14 @@ at the start), handing each stage over by
 named barriers of all 384 threads (full: the producer arrives once its copies are complete and
 its stores fenced for the async proxy; empty: the consumers arrive once the wgmmas reading the
 stage are waited, only for stages the producer refills, so each barrier sees as many arrivals
-as waits). One CTA per SM (197 KB at NT = 128). Why: in the plain form every thread decodes
+as waits). One CTA per SM (197 KB at NT = 128). WP = 2 (a bench variant of WS = 1): two producer
+warpgroups, each thread one row's k half (512 threads, 128 registers). Why: in the plain form every thread decodes
 and then waits at the step's CTA barrier, so a CTA's decode and its wgmmas alternate and only
 the second CTA on the SM overlaps them (~1,140 cycles a step against 512 of tensor work).
 
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1;
-every spec names it), RS (0, 1), WS (0, 1; WS = 1 takes SUB = 0 and no RS).
+every spec names it), RS (0, 1), WS (0, 1; WS = 1 takes SUB = 0 and no RS), WP (1, 2: WS = 1's producer
+warpgroups; default 1).
 """
 
 import math
@@ -82,9 +84,9 @@ from flint_graph.kernels.prefill import grouped_w4a16 as gw
 from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec
 
 WARPS = 8  # two warpgroups
-# WS = 1 (the warp-specialized form, a bench variant): a third warpgroup produces each step's
-# A tile (decoded weights) and x tile into WS_STAGES stages, filled WS_AHEAD steps ahead for x
-WS_WARPS = 12
+# WS = 1 (the warp-specialized form, a bench variant): WP more warpgroups produce each step's
+# A tile (decoded weights) and x tile into WS_STAGES stages
+WPS = (1, 2)
 WS_STAGES = 5
 # x tiles and code bytes are copied this many steps ahead (cp.async): the first WS run loaded
 # the codes into registers, which ptxas issued right before their use, so the producer waited
@@ -93,6 +95,7 @@ WS_AHEAD = 3
 # named barriers (0 is the CTA's): stage s full (producer -> consumers) and empty (consumers
 # -> producer), all 384 threads; the consumers' own barrier in the epilogue
 WS_FULL, WS_EMPTY, WS_EPI = 1, 1 + WS_STAGES, 1 + 2 * WS_STAGES
+WS_PROD = WS_EPI + 1  # the producers' own barrier (WP = 2: the scales they share)
 BK = 64  # k per step: one 128-byte row of the swizzled layout
 X_STAGES = 4  # x tiles in shared memory, filled X_AHEAD steps ahead
 X_AHEAD = 2  # so a refilled stage was last read X_STAGES − X_AHEAD = 2 steps before
@@ -132,6 +135,9 @@ def _check(spec: Spec) -> None:
             raise ValueError(f"grouped_w4a16_wg: {key} = {spec[key]}; expected 0 or 1")
     if _ws(spec) and (spec.as_dict().get("SUB", 0) or spec.as_dict().get("RS", 0)):
         raise ValueError("grouped_w4a16_wg: WS = 1 takes SUB = 0 and no RS")
+    if "WP" in spec.as_dict() and (not _ws(spec) or spec["WP"] not in WPS):
+        raise ValueError(f"grouped_w4a16_wg: WP = {spec['WP']}; expected one of {WPS}, with "
+                         "WS = 1")
 
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
@@ -147,6 +153,11 @@ def _args(spec: Spec):
 
 def _ws(spec: Spec) -> int:
     return spec.as_dict().get("WS", 0)
+
+
+def _warps(spec: Spec) -> int:
+    """Warps per CTA: 8, or with WS = 1 those and 4 per producer warpgroup (WP)."""
+    return WARPS + 4 * spec.as_dict().get("WP", 1) if _ws(spec) else WARPS
 
 
 def _layout(spec: Spec) -> dict[str, int]:
@@ -179,7 +190,7 @@ def _smem(spec: Spec) -> int:
 def _launch(spec: Spec) -> Launch:
     n_out = spec["M"] if spec["KIND"] == 0 else spec["H"]
     return Launch(grid=(n_out // cta_rows(spec["KIND"]), ("NTILES", 1), 1),
-                  block=(32 * (WS_WARPS if _ws(spec) else WARPS), 1, 1), smem=_smem(spec))
+                  block=(32 * _warps(spec), 1, 1), smem=_smem(spec))
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
@@ -205,8 +216,8 @@ def bench_specs(cfg, buckets=()) -> list[Spec]:
     return ([KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in model]
             + [KERNEL.spec(**spec_values(**{**s.as_dict(), "RS": 1 - s.as_dict().get("RS", 0)}))
                for s in model]
-            + [KERNEL.spec(**spec_values(**{**s.as_dict(), "SUB": 0, "RS": 0}), WS=1)
-               for s in model])
+            + [KERNEL.spec(**spec_values(**{**s.as_dict(), "SUB": 0, "RS": 0}), WS=1, **wp)
+               for s in model for wp in ({}, {"WP": 2})])
 
 
 def pair_order(t):
@@ -551,7 +562,9 @@ def _build(spec: Spec, arch: str = "sm_90a"):
 
 
     # -- WS = 1: warpgroups 0 and 1 issue the wgmmas, warpgroup 2 decodes and copies -----------
-    everyone = 32 * WS_WARPS
+    producers = 32 * (_warps(spec) - WARPS)
+    everyone = threads + producers
+    wp = producers // 128
 
     @cute.jit
     def produce(ptid, base, mx, mtok, pair0, nrows, ex, f0, stacks):
@@ -562,7 +575,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         the stage handed over."""
         xb = mx.iterator.toint()
         chunk = ptid % 8
-        xrows = [ptid // 8 + 16 * i for i in range(nt // 16)]
+        xrows = [ptid // 8 + (producers // 8) * i for i in range(nt * 8 // producers)]
         oks = [Uint32(row) < nrows for row in xrows]
         if cutlass.const_expr(kind == 0):
             srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4, ok)
@@ -573,7 +586,10 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         src = [xb + Int64(srow) * (k_dim * 2) + Int64(chunk * 16) for srow in srows]
         nbytes = [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks]
         dst = [Uint32(swz(row, chunk)) for row in xrows]
-        pw, wrow = ptid // 64, ptid % 64  # the consumer warpgroup whose A rows these are
+        # this thread's weight row of the CTA's 128 and its k halves (WP = 2: one each)
+        row = ptid if wp == 1 else ptid // 2
+        halves = (0, 1) if wp == 1 else (ptid % 2,)
+        pw, wrow = row // 64, row % 64  # the consumer warpgroup whose A rows these are
         frow = f0 + Int64(wrow)
         if cutlass.const_expr(kind == 1):
             frow = frow + Int64(pw * 64)
@@ -583,8 +599,8 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         sa = cutlass.select_(pw == 0, stacks[0][1].iterator.toint(),
                              stacks[1][1].iterator.toint()) + grow * scale_row
         a_off = Uint32(pw * 64 * 128)
-        my_codes = base + Uint32(lay["c0"] + ptid * (BK // 2))
-        my_scales = base + Uint32(lay["s0"]) + Uint32(ptid) * Uint32(scale_row)
+        my_codes = base + Uint32(lay["c0"]) + Uint32(row * (BK // 2))
+        my_scales = base + Uint32(lay["s0"]) + Uint32(row) * Uint32(scale_row)
 
         def copy_step(s):
             """x and this row's code bytes of step s into stage s % WS_STAGES: one group."""
@@ -592,15 +608,25 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             for d, a, n in zip(dst, src, nbytes):
                 du.cp_async_16(stage + d, a + Int64(s * BK * 2), n)
             cst = my_codes + Uint32((s % WS_STAGES) * lay["c_stage"])
-            for hh in range(2):
-                du.cp_async_16(cst + Uint32(16 * hh), ca + Int64(s * BK // 2 + 16 * hh), 16)
+            for hh in cutlass.range_constexpr(2):
+                if cutlass.const_expr(wp == 1):
+                    du.cp_async_16(cst + Uint32(16 * hh), ca + Int64(s * BK // 2 + 16 * hh), 16)
+                elif cutlass.const_expr(hh == 0):
+                    hb = Uint32(16) * Uint32(halves[0])
+                    du.cp_async_16(cst + hb, ca + Int64(s * BK // 2) + Int64(hb), 16)
             du.cp_async_commit()
 
         in_smem = scale_row % 16 == 0  # else (flint-nano's down: 8 B a row) in registers
         sregs = [] if in_smem else [du.ld_weight_u32(sa + Int64(4 * i))
                                     for i in range(scale_row // 4)]
-        for c in range(scale_row // 16 if in_smem else 0):  # the row's scales, step 0's group
-            du.cp_async_16(my_scales + Uint32(16 * c), sa + Int64(16 * c), 16)
+        # the row's scales, in step 0's group
+        for c in cutlass.range_constexpr(scale_row // 16 if in_smem else 0):
+            if cutlass.const_expr(wp == 1):
+                du.cp_async_16(my_scales + Uint32(16 * c), sa + Int64(16 * c), 16)
+            elif cutlass.const_expr(c % 2 == 0):  # WP = 2: the row's two threads share them
+                cc = Uint32(c) + Uint32(halves[0])
+                if cc < Uint32(scale_row // 16):
+                    du.cp_async_16(my_scales + Uint32(16) * cc, sa + Int64(16) * Int64(cc), 16)
         for s in cutlass.range_constexpr(min(WS_AHEAD, steps)):
             copy_step(s)
         for s in cutlass.range_constexpr(steps):
@@ -610,13 +636,21 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                                       number_of_threads=everyone)
                 copy_step(s + WS_AHEAD)
             du.cp_async_wait(min(WS_AHEAD, steps - 1 - s))  # step s's group is in
+            if cutlass.const_expr(s == 0 and wp == 2 and in_smem):
+                # the scale chunks the row's other thread copied
+                cute.arch.barrier(barrier_id=WS_PROD, number_of_threads=producers)
             cst = my_codes + Uint32((s % WS_STAGES) * lay["c_stage"])
-            words = du.ld_shared_v4(cst) + du.ld_shared_v4(cst + Uint32(16))
             sw = (du.ld_shared_u32(my_scales + Uint32(s * BK // 16)) if in_smem
                   else sregs[s * BK // 64])
             a_tile = base + Uint32((s % WS_STAGES) * lay["w_stage"]) + a_off
-            store_w(a_tile, wrow, 0, words[:4], sw)
-            store_w(a_tile, wrow, 1, words[4:], sw >> Uint32(16))
+            if cutlass.const_expr(wp == 1):
+                words = du.ld_shared_v4(cst) + du.ld_shared_v4(cst + Uint32(16))
+                store_w(a_tile, wrow, 0, words[:4], sw)
+                store_w(a_tile, wrow, 1, words[4:], sw >> Uint32(16))
+            else:
+                hb = Uint32(halves[0])
+                words = du.ld_shared_v4(cst + Uint32(16) * hb)
+                store_w(a_tile, wrow, halves[0], words, sw >> (Uint32(16) * hb))
             du.fence_proxy_async_shared()
             cute.arch.barrier_arrive(barrier_id=WS_FULL + s % WS_STAGES,
                                      number_of_threads=everyone)
