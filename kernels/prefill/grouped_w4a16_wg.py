@@ -60,22 +60,22 @@ copy included); at NT = 128 one CTA per SM loses the overlap (8K gate/up 646 -> 
 there it stays a bench spec. Tolerance as above; not bit for bit equal to RS = 0 (the k order
 of each product's sum differs).
 
-WS = 1 (a benchmark variant, `bench_specs`): the warp-specialized form. Warpgroups 0 and 1
-only issue the wgmmas (the same rows and tiles as above); warpgroup 2, the producer, decodes
-each step's A tile (row ptid of the CTA's 128, both k halves) from its code bytes, which it
-copies (cp.async) with x WS_AHEAD steps ahead into WS_STAGES stages (the row's scale bytes once,
-at the start), handing each stage over by
-named barriers of all 384 threads (full: the producer arrives once its copies are complete and
-its stores fenced for the async proxy; empty: the consumers arrive once the wgmmas reading the
-stage are waited, only for stages the producer refills, so each barrier sees as many arrivals
-as waits). One CTA per SM (197 KB at NT = 128). WP = 2 (a bench variant of WS = 1): two producer
-warpgroups, each thread one row's k half (512 threads, 128 registers). Why: in the plain form every thread decodes
-and then waits at the step's CTA barrier, so a CTA's decode and its wgmmas alternate and only
-the second CTA on the SM overlaps them (~1,140 cycles a step against 512 of tensor work).
+WS = 1 (a benchmark variant, `bench_specs`): the warp-specialized form. Warpgroups 0 and 1 only
+issue the wgmmas (the same rows and tiles as above); warpgroup 2, the producer, decodes each
+step's A tile (row ptid of the CTA's 128, both k halves) from its code bytes, which it copies
+(cp.async) with x WS_AHEAD steps ahead into WS_STAGES stages (the row's scale bytes once, at the
+start), handing each stage over by named barriers of all 384 threads (full: the producer arrives
+once its copies are complete and its stores fenced for the async proxy; empty: the consumers
+arrive once the wgmmas reading the stage are waited, only for stages the producer refills, so
+each barrier sees as many arrivals as waits). One CTA per SM (197 KB at NT = 128). WP = 2 (a
+bench variant of WS = 1): two producer warpgroups, each thread one row's k half (512 threads,
+128 registers). Why: in the plain form every thread decodes and then waits at the step's CTA
+barrier, so a CTA's decode and its wgmmas alternate and only the second CTA on the SM overlaps
+them (~1,140 cycles a step against 512 of tensor work).
 
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1;
-every spec names it), RS (0, 1), WS (0, 1; WS = 1 takes SUB = 0 and no RS), WP (1, 2: WS = 1's producer
-warpgroups; default 1).
+every spec names it), RS (0, 1), WS (0, 1; WS = 1 takes SUB = 0 and no RS), WP (1, 2: WS = 1's
+producer warpgroups; default 1).
 """
 
 import math
