@@ -273,7 +273,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     threads = 32 * WARPS
     lay = _layout(spec)
     code_row, scale_row = k_dim // 2, k_dim // 16  # bytes per weight row
-    x_per_thread = nt * 8 // threads  # 16-byte x chunks per thread per step
     out_pitch = _out_pitch(spec)
     out_units = rows_cta * 2 // 16
     nacc = nt // 2  # accumulators per thread: m64 × NT over 128 threads
@@ -284,6 +283,26 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     def swz(row, chunk):
         """Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` (swizzled)."""
         return row * 128 + ((chunk ^ (row % 8)) * 16)
+
+    def x_chunks(ti, nthr, mx, mtok, pair0, nrows):
+        """(source addresses, byte counts 16 or 0, swizzled stage offsets) of thread ti's x
+        chunks of each step, when nthr threads copy the tile: chunk ti % 8 of rows ti // 8 +
+        (nthr / 8)·i; rows past the tile's nrows read nothing (zero fill). KIND 0 gathers
+        each pair's token row through tok (trace-time helper)."""
+        xb = mx.iterator.toint()
+        chunk = ti % 8
+        xrows = [ti // 8 + (nthr // 8) * i for i in range(nt * 8 // nthr)]
+        oks = [Uint32(row) < nrows for row in xrows]
+        if kind == 0:
+            srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4,
+                                  ok) for row, ok in zip(xrows, oks)]
+        else:
+            srows = [cutlass.select_(ok, pair0 + Uint32(row), Uint32(0))
+                     for row, ok in zip(xrows, oks)]
+        src = [xb + Int64(srow) * (k_dim * 2) + Int64(chunk * 16) for srow in srows]
+        nbytes = [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks]
+        dst = [Uint32(swz(row, chunk)) for row in xrows]
+        return src, nbytes, dst
 
     def load_x(s, base, dst, src, nbytes):
         """cp.async this thread's x chunks of step s into its stage (trace-time helper)."""
@@ -369,7 +388,8 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     @cute.jit
     def epilogue(acc, nx: cutlass.Constexpr, named: cutlass.Constexpr, tid, base, ex, pair0,
                  nrows, f0, stacks, mout):
-        """Scale, round and store the tile's nx pairs × the CTA's rows from acc: threads
+        """Wait for the last wgmmas, then scale, round and store the tile's nx pairs × the
+        CTA's rows from acc: threads
         0 … 255 (the two MMA warpgroups), joined by the CTA's barrier or, where `named` (WS =
         1: the producer takes no part), by the named barrier WS_EPI of the 256."""
         def sync():
@@ -378,6 +398,11 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             else:
                 cute.arch.sync_threads()
 
+        if cutlass.const_expr(wg):  # the last step's wgmmas
+            du.wgmma_wait(0)
+            vals = du.fence_values([acc[i] for i in range(nx // 2)])
+            for i in cutlass.range_constexpr(nx // 2):
+                acc[i] = vals[i]
         warp, lane = tid // 32, tid % 32
         g, t = lane // 4, lane % 4
         wgi, tw = tid // 128, tid % 128
@@ -498,12 +523,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 du.wgmma_commit()
                 # the previous step's wgmmas are done: its A stage may be overwritten
                 du.wgmma_wait(1)
-        if cutlass.const_expr(wg):
-            du.wgmma_wait(0)
-            vals = du.fence_values([acc[i] for i in range(nx // 2)])
-            for i in cutlass.range_constexpr(nx // 2):
-                acc[i] = vals[i]
-
         epilogue(acc, nx, False, tid, base, ex, pair0, nrows, f0, stacks, mout)
 
     @cute.jit
@@ -523,19 +542,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms: 1024-aligned
 
             # this thread's x chunks: chunk tid % 8 of rows tid // 8 + 32i (fixed over steps)
-            xb = mx.iterator.toint()
-            chunk = tid % 8
-            xrows = [tid // 8 + (threads // 8) * i for i in range(x_per_thread)]
-            oks = [Uint32(row) < nrows for row in xrows]
-            if cutlass.const_expr(kind == 0):
-                srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4,
-                                      ok) for row, ok in zip(xrows, oks)]
-            else:
-                srows = [cutlass.select_(ok, pair0 + Uint32(row), Uint32(0))
-                         for row, ok in zip(xrows, oks)]
-            src = [xb + Int64(srow) * (k_dim * 2) + Int64(chunk * 16) for srow in srows]
-            nbytes = [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks]
-            dst = [Uint32(swz(row, chunk)) for row in xrows]
+            src, nbytes, dst = x_chunks(tid, threads, mx, mtok, pair0, nrows)
 
             # this thread's weight row (of its warpgroup's 64) and k half of each step
             wrow, half = tw // 2, tw % 2
@@ -573,19 +580,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         consumers released their stage, then the A tile of weight row ptid of the CTA's 128
         (both k halves), then, its x copies complete and both fenced for wgmma's async proxy,
         the stage handed over."""
-        xb = mx.iterator.toint()
-        chunk = ptid % 8
-        xrows = [ptid // 8 + (producers // 8) * i for i in range(nt * 8 // producers)]
-        oks = [Uint32(row) < nrows for row in xrows]
-        if cutlass.const_expr(kind == 0):
-            srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4, ok)
-                     for row, ok in zip(xrows, oks)]
-        else:
-            srows = [cutlass.select_(ok, pair0 + Uint32(row), Uint32(0))
-                     for row, ok in zip(xrows, oks)]
-        src = [xb + Int64(srow) * (k_dim * 2) + Int64(chunk * 16) for srow in srows]
-        nbytes = [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks]
-        dst = [Uint32(swz(row, chunk)) for row in xrows]
+        src, nbytes, dst = x_chunks(ptid, producers, mx, mtok, pair0, nrows)
         # this thread's weight row of the CTA's 128 and its k halves (WP = 2: one each)
         row = ptid if wp == 1 else ptid // 2
         halves = (0, 1) if wp == 1 else (ptid % 2,)
@@ -678,11 +673,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             if cutlass.const_expr(s >= 1 and s - 1 + WS_STAGES < steps):
                 cute.arch.barrier_arrive(barrier_id=WS_EMPTY + (s - 1) % WS_STAGES,
                                          number_of_threads=everyone)
-        if cutlass.const_expr(wg):
-            du.wgmma_wait(0)
-            vals = du.fence_values([acc[i] for i in range(nt // 2)])
-            for i in cutlass.range_constexpr(nt // 2):
-                acc[i] = vals[i]
         epilogue(acc, nt, True, tid, base, ex, pair0, nrows, f0, stacks, mout)
 
     @cute.jit
