@@ -541,32 +541,40 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             raw = du.smem_addr(smem)
             base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms: 1024-aligned
 
-            # this thread's x chunks: chunk tid % 8 of rows tid // 8 + 32i (fixed over steps)
-            src, nbytes, dst = x_chunks(tid, threads, mx, mtok, pair0, nrows)
-
-            # this thread's weight row (of its warpgroup's 64) and k half of each step
-            wrow, half = tw // 2, tw % 2
-            f0 = Int64(bx * rows_cta)
-            frow = f0 + Int64(wrow)
-            if cutlass.const_expr(kind == 1):
-                frow = frow + Int64(wgi * 64)
-            codes_g = stacks[0][0].iterator.toint()
-            codes_u = stacks[1][0].iterator.toint()
-            scl_g = stacks[0][1].iterator.toint()
-            scl_u = stacks[1][1].iterator.toint()
-            grow = Int64(ex) * n_out + frow
-            ca = cutlass.select_(wgi == 0, codes_g, codes_u) + grow * code_row + Int64(16 * half)
-            sa = cutlass.select_(wgi == 0, scl_g, scl_u) + grow * scale_row + Int64(2 * half)
-
-            args = (tid, base, dst, src, nbytes, ca, sa, ex, pair0, nrows, f0, stacks, mout)
-            if cutlass.const_expr(sub):
-                if nrows > Uint32(nt // 2):
-                    run(nt, *args)
+            if cutlass.const_expr(ws):
+                f0 = Int64(bx * rows_cta)
+                if tid >= threads:
+                    produce(tid - threads, base, mx, mtok, pair0, nrows, ex, f0, stacks)
                 else:
-                    run(nt // 2, *args)
+                    consume(tid, base, ex, pair0, nrows, f0, stacks, mout)
             else:
-                run(nt, *args)
+                # this thread's x chunks: chunk tid % 8 of rows tid // 8 + 32i (fixed for steps)
+                src, nbytes, dst = x_chunks(tid, threads, mx, mtok, pair0, nrows)
 
+                # this thread's weight row (of its warpgroup's 64) and k half of each step
+                wrow, half = tw // 2, tw % 2
+                f0 = Int64(bx * rows_cta)
+                frow = f0 + Int64(wrow)
+                if cutlass.const_expr(kind == 1):
+                    frow = frow + Int64(wgi * 64)
+                codes_g = stacks[0][0].iterator.toint()
+                codes_u = stacks[1][0].iterator.toint()
+                scl_g = stacks[0][1].iterator.toint()
+                scl_u = stacks[1][1].iterator.toint()
+                grow = Int64(ex) * n_out + frow
+                ca = (cutlass.select_(wgi == 0, codes_g, codes_u) + grow * code_row
+                      + Int64(16 * half))
+                sa = (cutlass.select_(wgi == 0, scl_g, scl_u) + grow * scale_row
+                      + Int64(2 * half))
+
+                args = (tid, base, dst, src, nbytes, ca, sa, ex, pair0, nrows, f0, stacks, mout)
+                if cutlass.const_expr(sub):
+                    if nrows > Uint32(nt // 2):
+                        run(nt, *args)
+                    else:
+                        run(nt // 2, *args)
+                else:
+                    run(nt, *args)
 
     # -- WS = 1: warpgroups 0 and 1 issue the wgmmas, warpgroup 2 decodes and copies -----------
     producers = 32 * (_warps(spec) - WARPS)
@@ -675,27 +683,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                                          number_of_threads=everyone)
         epilogue(acc, nt, True, tid, base, ex, pair0, nrows, f0, stacks, mout)
 
-    @cute.jit
-    def body_ws(mx, mtok, mtiles, stacks, mout):
-        tid, _, _ = cute.arch.thread_idx()
-        bx, by, _ = cute.arch.block_idx()
-        cute.arch.griddepcontrol_wait()  # the schedule, x and tok are the producers' outputs
-        cute.arch.griddepcontrol_launch_dependents()
-        info = du.ld_v4(mtiles.iterator.toint() + Int64(by) * 16)
-        ex, pair0, nrows = info[0], info[1], info[2]
-        if ex < Uint32(e):
-            alloc = cutlass.memory.SmemAllocator()
-            smem = alloc.allocate_tensor(cutlass.Uint8, cute.make_layout((launch.smem,)),
-                                         byte_alignment=128)
-            raw = du.smem_addr(smem)
-            base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms: 1024-aligned
-            f0 = Int64(bx * rows_cta)
-            if tid >= threads:
-                produce(tid - threads, base, mx, mtok, pair0, nrows, ex, f0, stacks)
-            else:
-                consume(tid, base, ex, pair0, nrows, f0, stacks, mout)
-
-    main = body_ws if ws else body
 
     if kind == 0:
         @cute.kernel
@@ -703,7 +690,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                                     gc: cute.Tensor, gs: cute.Tensor, g2: cute.Tensor,
                                     uc: cute.Tensor, us: cute.Tensor, u2: cute.Tensor,
                                     mout: cute.Tensor):
-            main(mx, mtok, mtiles, [(gc, gs, g2), (uc, us, u2)], mout)
+            body(mx, mtok, mtiles, [(gc, gs, g2), (uc, us, u2)], mout)
 
         @cute.jit
         def grouped_w4a16_wg(mx: cute.Tensor, mtok: cute.Tensor, mtiles: cute.Tensor,
@@ -719,7 +706,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     @cute.kernel
     def grouped_w4a16_wg_kernel(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
                                 ds: cute.Tensor, d2: cute.Tensor, mout: cute.Tensor):
-        main(mx, mx, mtiles, [(dc, ds, d2), (dc, ds, d2)], mout)
+        body(mx, mx, mtiles, [(dc, ds, d2), (dc, ds, d2)], mout)
 
     @cute.jit
     def grouped_w4a16_wg(mx: cute.Tensor, mtiles: cute.Tensor, dc: cute.Tensor,
