@@ -61,7 +61,10 @@ BAD = [
     (["--out=/dev/full"], "--out '/dev/full'"), (["--out="], "--out ''"),
     (["--reps=0"], "--reps 0"), (["--processes=0"], "--processes 0"),
     (["--wg-values=SUB=2"], "SUB is one of 0, 1"), (["--wg-values=FOO=1"], "takes RS, SUB, WP, WS"),
-    (["--wg-values=SUB=1:SUB=0"], "SUB given twice"), (["--wg-values=SUB=١"], "expected K=V"),
+    (["--wg-values=SUB=1:SUB=0"], "SUB given twice"),
+    (["--wg-values=WS=1"], "WS = 1 takes SUB = 0 and no RS"),
+    (["--wg-values=WS=1:SUB=0"], "WS = 1 takes SUB = 0 and no RS"),
+    (["--wg-values=WP=2"], "WP = 2; expected one of (1, 2), with WS = 1"), (["--wg-values=SUB=١"], "expected K=V"),
     (["--wg-values=SUB=²"], "expected K=V"), (["--attn-kernel=attn_prefill_wg:ST=7"],
                                                "ST is one of 2, 3"),
     (["--attn-kernel=attn_prefill:ST=3"], "attn_prefill takes no K=V values"),
@@ -94,6 +97,9 @@ def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
     (["--values=SUB=2", "--kernel=grouped_w4a16_wg"], "--values 'SUB=2'"),
     (["--values=FOO"], "--values 'FOO'"), (["--values=PF=1"], "--values 'PF=1'"),
     (["--kernel=grouped_w4a16_wg", "--values=SUB=1,SUB=0"], "each once"),
+    (["--kernel=grouped_w4a16_wg", "--values=WS=1"], "WS = 1 takes SUB = 0"),
+    (["--kernel=grouped_w4a16_wg", "--tokens=2048", "--values=WS=1,SUB=0"], "no RS"),
+    (["--kernel=grouped_w4a16_wg", "--values=WP=2"], "with WS = 1"),
     (["--nt=7"], "--nt 7"), (["--kernel=grouped_w4a16_wg", "--nt=16"], "64, 128"),
     (["--tokens=abc"], "--tokens 'abc'"), (["--kinds=2"], "--kinds '2'"),
     (["--reps=0"], "--reps 0")])
@@ -105,3 +111,14 @@ def test_probe_bad_values_stop_before_any_work(monkeypatch, capsys, argv, messag
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+def test_probe_good_variant_reaches_the_cuda_check(monkeypatch, capsys):
+    """WS=1 with SUB=0 is valid at 8,192 tokens (NT = 128, where RS is 0 by default)."""
+    probe = tool_module("probe_grouped_w4a16")
+    monkeypatch.setattr("sys.argv", ["probe_grouped_w4a16.py", "--kernel=grouped_w4a16_wg",
+                                     "--tokens=8192", "--values=WS=1,SUB=0,WP=2"])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        probe.main()
+    assert "needs a CUDA GPU" in capsys.readouterr().err

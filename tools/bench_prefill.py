@@ -141,13 +141,18 @@ def wg_values_list(text: str) -> list[dict[str, int]]:
     """--wg-values: comma-separated '-' (the default spec values) or K=V[:K=V…] with K one of
     grouped_w4a16_wg's benchmark switches (SUB, RS, WS: 0 or 1; WS=1 needs SUB=0:RS=0; WP:
     1 or 2, with WS=1)."""
+    from flint_graph.kernels.prefill import grouped_w4a16_wg as gwg
+
     out = []
     for v in (v for v in text.split(",") if v):
-        out.append({} if v == "-" else _kv_values(v, v.split(":"), {"SUB": (0, 1),
-                                                                     "RS": (0, 1),
-                                                                     "WS": (0, 1),
-                                                                     "WP": (1, 2)},
-                                                  "grouped_w4a16_wg", "SUB=0"))
+        values = {} if v == "-" else _kv_values(v, v.split(":"), {"SUB": (0, 1), "RS": (0, 1),
+                                                                  "WS": (0, 1), "WP": (1, 2)},
+                                                "grouped_w4a16_wg", "SUB=0")
+        try:
+            gwg.check_variant(values)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{v!r}: {e}") from None
+        out.append(values)
     return out
 
 

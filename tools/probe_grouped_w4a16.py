@@ -83,6 +83,15 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
                     + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in known.items())
                     + ", each once")
         values[key] = int(val)
+    if args.kernel == "grouped_w4a16_wg":
+        from flint_graph.capture.prefill import W4A16_WG_NT, W4A16_WG_NT_LARGE
+
+        nts = [args.nt] if args.nt else sorted({next(
+            (n for r, n in W4A16_WG_NT if t <= r), W4A16_WG_NT_LARGE) for t in tokens})
+        try:  # a combination no spec takes (e.g. WS=1 with SUB=1): before any GPU work
+            gwg.check_variant(values, nts)
+        except ValueError as e:
+            p.error(f"--values {args.values!r}: {e}")
     args.values = values
 
 

@@ -209,6 +209,16 @@ def spec_values(**values: int) -> dict[str, int]:
     return {k: v for k, v in values.items() if k != "RS" or v}
 
 
+def check_variant(values: dict[str, int], nts=NTS) -> None:
+    """Whether spec values `values` (a bench variant, e.g. {"WS": 1, "SUB": 0, "RS": 0}) make a
+    valid spec with the model's other values at each NT of `nts` (the rules do not depend on
+    the shapes: Flint's are used). Raises ValueError saying what is wrong (`_check`'s
+    message), so a tool can refuse the option before any GPU work."""
+    for nt in nts:
+        _check(KERNEL.spec(**spec_values(**{"KIND": 0, "H": 2048, "M": 512, "E": 256, "NT": nt,
+                                            "SUB": SUB[nt], "RS": RS[nt], **values})))
+
+
 def bench_specs(cfg, buckets=()) -> list[Spec]:
     """Benchmark variants: each model spec with the other SUB, with the other RS, and in the
     warp-specialized form (WS = 1, SUB = 0, no RS)."""
