@@ -133,3 +133,20 @@ def test_a_pasted_list_is_answered_ready_and_its_keys_recalled(llm):
             for i in (0, 5, 20)]
     got = [m.content.strip() for m in llm.chat_batch(asks, GREEDY)]
     assert got == [str(vals[i]) for i in (0, 5, 20)]
+
+
+def test_the_piped_chat_example_answers_both_lines_and_exits(monkeypatch, capsys):
+    """The README's scripted chat (`printf '…' | ./scripts/chat.sh`, which runs `flint-graph
+    chat` on the embedded model): one message per line, the greeting answered briefly, the sum
+    right, and `/exit` ends it with exit code 0 (a new user's trial asked for the sentence)."""
+    import io
+
+    from flint_graph.cli import main
+
+    m = re.search(r"`printf '(.+?)' \| \./scripts/chat\.sh`", README)
+    assert m, "the README no longer shows the piped chat: update this test"
+    monkeypatch.setattr("sys.stdin", io.StringIO(m.group(1).replace("\\n", "\n")))
+    code = main(["chat", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "I can" in out and "825" in out, out[-2000:]
