@@ -27,7 +27,22 @@ def _cut(word: re.Match) -> str:
     return f"{w[:SHOWN_CHARS // 2]}…{w[-8:]} ({len(w):,} characters)"
 
 
-class ArgParser(argparse.ArgumentParser):
+class ValueParser(argparse.ArgumentParser):
+    """argparse that refuses `--OPTION=--` with an error naming the option. Python 3.11's
+    argparse drops the `--` and hands the option an empty list without its type check or
+    choices, which the code after it took for a value (a bad-input trial, 2026-12-06:
+    tracebacks from ~20 options of tools/bench_prefill.py and tools/probe_grouped_w4a16.py,
+    and `flint-graph generate --tools=--` an internal error). The bench tools use it as is."""
+
+    def _get_values(self, action, arg_strings):
+        if action.option_strings and action.nargs in (None, argparse.OPTIONAL) \
+                and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected a value, "
+                       "found '--'")
+        return super()._get_values(action, arg_strings)
+
+
+class ArgParser(ValueParser):
     """argparse with the CLI's error shape: one line `flint-graph: error: ...` naming the
     --help to read, exit status 2 (argparse prints a multi-line usage first); values it
     quotes are cut to SHOWN_CHARS, and negative numbers in exponent form or ±inf are values."""

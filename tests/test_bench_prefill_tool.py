@@ -64,7 +64,14 @@ BAD = [
     (["--wg-values=SUB=1:SUB=0"], "SUB given twice"),
     (["--wg-values=WS=1"], "WS = 1 takes SUB = 0 and no RS"),
     (["--wg-values=WS=1:SUB=0"], "WS = 1 takes SUB = 0 and no RS"),
-    (["--wg-values=WP=2"], "WP = 2; expected one of (1, 2), with WS = 1"), (["--wg-values=SUB=١"], "expected K=V"),
+    (["--wg-values=WP=2"], "WP = 2; expected one of (1, 2), with WS = 1"),
+    (["--wg-values=SUB=0:RS=1"], "no spec tools/build_gpu_cache.py builds"),
+    (["--attn-kernel=attn_prefill_wg:WS=1:ST=3"], "WS=1 form takes ST=2"),
+    # argparse hands `--OPT=--` an empty list unchecked (a bad-input trial, 2026-12-06)
+    (["--side-max-rows=--"], "--side-max-rows: expected a value, found '--'"),
+    (["--reps=--"], "--reps: expected a value, found '--'"),
+    (["--wg-values=--"], "--wg-values: expected a value, found '--'"),
+    (["--out=" + "x" * 300], "File name too long"), (["--wg-values=SUB=١"], "expected K=V"),
     (["--wg-values=SUB=²"], "expected K=V"), (["--attn-kernel=attn_prefill_wg:ST=7"],
                                                "ST is one of 2, 3"),
     (["--attn-kernel=attn_prefill:ST=3"], "attn_prefill takes no K=V values"),
@@ -100,6 +107,11 @@ def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
     (["--kernel=grouped_w4a16_wg", "--values=WS=1"], "WS = 1 takes SUB = 0"),
     (["--kernel=grouped_w4a16_wg", "--tokens=2048", "--values=WS=1,SUB=0"], "no RS"),
     (["--kernel=grouped_w4a16_wg", "--values=WP=2"], "with WS = 1"),
+    (["--kernel=grouped_w4a16_wg", "--tokens=8192", "--values=SUB=0,RS=1"], "no spec"),
+    (["--values=WS=1", "--nt=64"], "no such grouped_w4a16 spec is built"),
+    (["--values=WS=1", "--depth=3"], "no such grouped_w4a16 spec is built"),
+    (["--tokens=99999999999"], "from 1 to 262144"), (["--tokens=--"], "found '--'"),
+    (["--kernel=--"], "--kernel: expected a value, found '--'"),
     (["--nt=7"], "--nt 7"), (["--kernel=grouped_w4a16_wg", "--nt=16"], "64, 128"),
     (["--tokens=abc"], "--tokens 'abc'"), (["--kinds=2"], "--kinds '2'"),
     (["--reps=0"], "--reps 0")])
@@ -113,11 +125,16 @@ def test_probe_bad_values_stop_before_any_work(monkeypatch, capsys, argv, messag
     assert message in err and "Traceback" not in err, err
 
 
-def test_probe_good_variant_reaches_the_cuda_check(monkeypatch, capsys):
-    """WS=1 with SUB=0 is valid at 8,192 tokens (NT = 128, where RS is 0 by default)."""
+@pytest.mark.parametrize("argv", [
+    ["--kernel=grouped_w4a16_wg", "--tokens=8192", "--values=WS=1,SUB=0,WP=2"],
+    ["--kernel=grouped_w4a16_wg", "--tokens=8192", "--values=WS=1,SUB=0,WP=1"],  # WP=1: default
+    ["--kernel=grouped_w4a16_wg", "--values=WS=0"], ["--values=WS=0"], ["--depth=3"]])
+def test_probe_good_variant_reaches_the_cuda_check(monkeypatch, capsys, argv):
+    """Valid variants get as far as the GPU check: WS=1 with SUB=0 at 8,192 tokens (NT = 128,
+    where RS is 0 by default), the defaults spelled out (WS=0, WP=1: built as the specs
+    without them), another depth."""
     probe = tool_module("probe_grouped_w4a16")
-    monkeypatch.setattr("sys.argv", ["probe_grouped_w4a16.py", "--kernel=grouped_w4a16_wg",
-                                     "--tokens=8192", "--values=WS=1,SUB=0,WP=2"])
+    monkeypatch.setattr("sys.argv", ["probe_grouped_w4a16.py", *argv])
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(SystemExit):
         probe.main()

@@ -1021,3 +1021,11 @@ def test_no_pipeline_on_the_reference_engine_says_it_changes_nothing(capsys, tin
     assert code == 0
     assert ("flint-graph: note: --no-pipeline concerns the graph engine's decode steps; the "
             "reference engine running here decodes one step at a time anyway") in err, err
+
+
+@pytest.mark.parametrize("option", ["--tools", "--max-tokens", "--seed"])
+def test_an_option_given_as_double_dash_is_refused(capsys, option):
+    """`--tools=--` reached the code as an empty list (argparse drops the `--` unchecked) and
+    ended in an internal error (a bad-input trial, 2026-12-06): refused, naming the option."""
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", f"{option}=--")
+    assert code == 2 and f"{option}: expected a value, found '--'" in err, err

@@ -72,6 +72,21 @@ def test_every_spec_names_its_half_width_choice(preset):
 def test_rs_zero_is_never_named():
     assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=0) == {"KIND": 0, "NT": 64, "SUB": 0}
     assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=1)["RS"] == 1
+    assert gwg.spec_values(NT=128, SUB=0, WS=1, WP=1) == {"NT": 128, "SUB": 0, "WS": 1}
+    assert gwg.spec_values(NT=128, SUB=1, WS=0) == {"NT": 128, "SUB": 1}
+
+
+@pytest.mark.parametrize("values,ok", [({}, True), ({"RS": 0}, True), ({"WS": 0}, True),
+                                       ({"WS": 1, "SUB": 0, "RS": 0, "WP": 2}, True),
+                                       ({"WS": 1}, False), ({"SUB": 0, "RS": 1}, False),
+                                       ({"WP": 2}, False)])
+def test_check_variant_accepts_what_the_cache_build_makes(values, ok):
+    """check_variant passes a variant exactly when every NT's spec is valid and built."""
+    if ok:
+        gwg.check_variant(values)
+    else:
+        with pytest.raises(ValueError):
+            gwg.check_variant(values)
 
 
 def test_ws_takes_the_plain_loop_only():

@@ -167,7 +167,13 @@ def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
         if name not in ATTN_KERNELS:
             raise argparse.ArgumentTypeError(f"{name!r}: expected one of {', '.join(ATTN_KERNELS)}")
         known = {"attn_prefill_wg": {"ST": (2, 3), "WS": (0, 1)}}.get(name, {})
-        out.append((name, _kv_values(v, pairs, known, name, "attn_prefill_wg:ST=3")))
+        values = _kv_values(v, pairs, known, name, "attn_prefill_wg:ST=3")
+        if values.get("WS") == 0:
+            del values["WS"]  # the default form: its specs do not name WS
+        if values.get("WS") and values.get("ST", 2) != 2:
+            raise argparse.ArgumentTypeError(f"{v!r}: attn_prefill_wg's WS=1 form takes ST=2 "
+                                             "(tools/build_gpu_cache.py builds no other)")
+        out.append((name, values))
     return out
 
 
@@ -225,11 +231,15 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--tokens/--kernel-tokens {longest}: the {args.preset} config holds at most "
                 f"{cfg.max_position_embeddings} positions")
     out = Path(args.out or ".")
-    if not args.out or (out.exists() and not out.is_dir()):
-        p.error(f"--out {args.out!r}: expected a directory (it holds prefill.md, "
-                "prefill.json and per-process folders)")
-    near = next(d for d in (out, *out.absolute().parents) if d.exists())
-    if not near.is_dir() or not os.access(near, os.W_OK | os.X_OK):
+    try:  # a name the file system refuses (too long, …) is a bad --out, not a traceback
+        if not args.out or (out.exists() and not out.is_dir()):
+            p.error(f"--out {args.out!r}: expected a directory (it holds prefill.md, "
+                    "prefill.json and per-process folders)")
+        near = next(d for d in (out, *out.absolute().parents) if d.exists())
+        writable = near.is_dir() and os.access(near, os.W_OK | os.X_OK)
+    except OSError as e:
+        p.error(f"--out {args.out!r}: {e.strerror or e}")
+    if not writable:
         p.error(f"--out {args.out!r}: {near} is not a directory this user can write to")
 
 
@@ -240,8 +250,9 @@ def main() -> int:
     from flint_graph.checkpoints.make_checkpoint import make_nvfp4_weights, quantize_weights
     from flint_graph.perf.measure import matmul_peak_flops
     from flint_graph.checkpoints.synthetic import make_weights
+    from flint_graph.cli_args import ValueParser
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full",
                    help="model config: full (Flint 40B), nano or tiny (default: full)")
     p.add_argument("--tokens", default="25,512,2048,8192,32768",

@@ -60,8 +60,10 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
     from flint_graph.kernels.prefill import grouped_w4a16_wg as gwg
 
     tokens = _ints(args.tokens)
-    if tokens is None or min(tokens) < 1:
-        p.error(f"--tokens {args.tokens!r}: expected chunk sizes ≥ 1, comma-separated")
+    most = FlintConfig.preset("full").max_position_embeddings
+    if tokens is None or min(tokens) < 1 or max(tokens) > most:
+        p.error(f"--tokens {args.tokens!r}: expected chunk sizes from 1 to {most} (the full "
+                "config's positions), comma-separated")
     kinds = _ints(args.kinds)
     if kinds is None or set(kinds) - {0, 1} or len(set(kinds)) != len(kinds):
         p.error(f"--kinds {args.kinds!r}: expected 0 (gate/up) and/or 1 (down), each once")
@@ -92,11 +94,29 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             gwg.check_variant(values, nts)
         except ValueError as e:
             p.error(f"--values {args.values!r}: {e}")
+    else:
+        from flint_graph.capture.prefill import W4A16_NT, W4A16_NT_LARGE
+
+        if values.get("WS") == 0:
+            del values["WS"]  # the default form: its specs do not name WS
+        cfg = FlintConfig.preset("full")
+        built = {s.id for s in gw.KERNEL.specs(cfg, ()) + gw.bench_specs(cfg)}
+        nts = [args.nt] if args.nt else sorted({next(
+            (n for r, n in W4A16_NT if t <= r), W4A16_NT_LARGE) for t in tokens})
+        for nt in nts:  # a GPU machine without the CuTe DSL cannot build a missing one
+            spec = gw.KERNEL.spec(KIND=0, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
+                                  E=cfg.n_routed_experts, NT=nt, **values, D=args.depth)
+            if spec.id not in built:
+                p.error(f"--values {args.values!r} --depth {args.depth} at NT = {nt}: no such "
+                        "grouped_w4a16 spec is built (tools/build_gpu_cache.py: the depths "
+                        f"{gw.DEPTHS}, or WS=1 at depth {gw.DEPTH} and NT <= {gw.WS_MAX_NT})")
     args.values = values
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from flint_graph.cli_args import ValueParser
+
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", default="25,512", help="chunk sizes (tokens), comma-separated")
     p.add_argument("--kernel", default="grouped_w4a16",
                    choices=("grouped_w4a16", "grouped_w4a16_wg"),

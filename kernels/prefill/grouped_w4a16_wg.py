@@ -203,20 +203,33 @@ def _specs(cfg, buckets=()) -> list[Spec]:
             for kind in (0, 1) for nt in NTS]
 
 
+# values that are the kernel's form without them: a spec (and the cache key) never names them
+UNNAMED = {"RS": 0, "WS": 0, "WP": 1}
+
+
 def spec_values(**values: int) -> dict[str, int]:
-    """`values` as a spec names them: RS only where it is 1 (RS = 0 is the kernel's form
-    without it, so a spec and the cache key never carry RS = 0)."""
-    return {k: v for k, v in values.items() if k != "RS" or v}
+    """`values` as a spec names them: without RS = 0, WS = 0 or WP = 1 (`UNNAMED`)."""
+    return {k: v for k, v in values.items() if UNNAMED.get(k, -1) != v}
 
 
 def check_variant(values: dict[str, int], nts=NTS) -> None:
-    """Whether spec values `values` (a bench variant, e.g. {"WS": 1, "SUB": 0, "RS": 0}) make a
-    valid spec with the model's other values at each NT of `nts` (the rules do not depend on
-    the shapes: Flint's are used). Raises ValueError saying what is wrong (`_check`'s
-    message), so a tool can refuse the option before any GPU work."""
+    """Whether spec values `values` (a bench variant, e.g. {"WS": 1, "SUB": 0, "RS": 0}) make,
+    with the model's other values at each NT of `nts`, a valid spec that the cache build
+    makes (`_specs` and `bench_specs` at Flint's shapes: the rules do not depend on them).
+    Raises ValueError saying what is wrong, so a tool can refuse the option before any GPU
+    work (a GPU machine without the CuTe DSL cannot build a missing one)."""
+    from flint_graph.checkpoints.config import FlintConfig
+
+    cfg = FlintConfig.preset("full")
+    built = {s.id for s in _specs(cfg) + bench_specs(cfg)}
     for nt in nts:
-        _check(KERNEL.spec(**spec_values(**{"KIND": 0, "H": 2048, "M": 512, "E": 256, "NT": nt,
-                                            "SUB": SUB[nt], "RS": RS[nt], **values})))
+        spec = KERNEL.spec(**spec_values(**{"KIND": 0, "H": 2048, "M": 512, "E": 256, "NT": nt,
+                                            "SUB": SUB[nt], "RS": RS[nt], **values}))
+        _check(spec)
+        if spec.id not in built:
+            raise ValueError(f"at NT = {nt} that is no spec tools/build_gpu_cache.py builds "
+                             "(the model's, each with the other SUB or the other RS, or WS = 1 "
+                             "with SUB = 0, no RS and WP 1 or 2)")
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
