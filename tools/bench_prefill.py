@@ -156,6 +156,19 @@ def wg_values_list(text: str) -> list[dict[str, int]]:
     return out
 
 
+def _attn_variant_built(values: dict[str, int]) -> bool:
+    """Whether attn_prefill_wg's specs with `values` are among those the cache build makes
+    (`_specs` and `bench_specs` at the full config): a GPU machine without the CuTe DSL
+    cannot build a missing one."""
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.kernels.prefill import attn_prefill_wg as awg
+
+    cfg = FlintConfig.preset("full")
+    built = {s.id for s in awg.KERNEL.specs(cfg, ()) + awg.bench_specs(cfg)}
+    base = [s for s in awg.KERNEL.specs(cfg, ()) if "SPLITS" not in s.as_dict()]
+    return all(awg.KERNEL.spec(**{**s.as_dict(), **values}).id in built for s in base)
+
+
 def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
     """--attn-kernel: comma-separated NAME[:K=V[:K=V…]] (NAME one of ATTN_KERNELS; K=V one of
     attn_prefill_wg's benchmark variants: ST 2 or 3 stages, WS 0 or 1)."""
@@ -170,9 +183,10 @@ def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
         values = _kv_values(v, pairs, known, name, "attn_prefill_wg:ST=3")
         if values.get("WS") == 0:
             del values["WS"]  # the default form: its specs do not name WS
-        if values.get("WS") and values.get("ST", 2) != 2:
-            raise argparse.ArgumentTypeError(f"{v!r}: attn_prefill_wg's WS=1 form takes ST=2 "
-                                             "(tools/build_gpu_cache.py builds no other)")
+        if values and not _attn_variant_built(values):
+            raise argparse.ArgumentTypeError(
+                f"{v!r}: no such attn_prefill_wg spec is built (tools/build_gpu_cache.py "
+                "builds ST=3 or WS=1, one at a time: its WS=1 form takes ST=2)")
         out.append((name, values))
     return out
 

@@ -47,6 +47,16 @@ VALUES = {"grouped_w4a16_wg": {"SUB": (0, 1), "RS": (0, 1), "WS": (0, 1), "WP": 
           "grouped_w4a16": {"WS": (0, 1)}}
 
 
+def prefill_nt(tokens: int, wg: bool) -> int:
+    """The tile width (pairs) the prefill picks for a chunk of `tokens` rows: grouped_w4a16_wg
+    (`wg`) or grouped_w4a16 (capture/prefill.py W4A16_WG_NT / W4A16_NT)."""
+    from flint_graph.capture.prefill import (W4A16_NT, W4A16_NT_LARGE, W4A16_WG_NT,
+                                             W4A16_WG_NT_LARGE)
+
+    table, large = (W4A16_WG_NT, W4A16_WG_NT_LARGE) if wg else (W4A16_NT, W4A16_NT_LARGE)
+    return next((n for r, n in table if tokens <= r), large)
+
+
 def _ints(text: str) -> list[int] | None:
     vals = [v for v in text.split(",") if v]
     if not vals or not all(v.isascii() and v.isdigit() for v in vals):
@@ -85,24 +95,18 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
                     + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in known.items())
                     + ", each once")
         values[key] = int(val)
-    if args.kernel == "grouped_w4a16_wg":
-        from flint_graph.capture.prefill import W4A16_WG_NT, W4A16_WG_NT_LARGE
-
-        nts = [args.nt] if args.nt else sorted({next(
-            (n for r, n in W4A16_WG_NT if t <= r), W4A16_WG_NT_LARGE) for t in tokens})
+    wg = args.kernel == "grouped_w4a16_wg"
+    nts = [args.nt] if args.nt else sorted({prefill_nt(t, wg) for t in tokens})
+    if wg:
         try:  # a combination no spec takes (e.g. WS=1 with SUB=1): before any GPU work
             gwg.check_variant(values, nts)
         except ValueError as e:
             p.error(f"--values {args.values!r}: {e}")
     else:
-        from flint_graph.capture.prefill import W4A16_NT, W4A16_NT_LARGE
-
         if values.get("WS") == 0:
             del values["WS"]  # the default form: its specs do not name WS
         cfg = FlintConfig.preset("full")
         built = {s.id for s in gw.KERNEL.specs(cfg, ()) + gw.bench_specs(cfg)}
-        nts = [args.nt] if args.nt else sorted({next(
-            (n for r, n in W4A16_NT if t <= r), W4A16_NT_LARGE) for t in tokens})
         for nt in nts:  # a GPU machine without the CuTe DSL cannot build a missing one
             spec = gw.KERNEL.spec(KIND=0, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
                                   E=cfg.n_routed_experts, NT=nt, **values, D=args.depth)
@@ -138,8 +142,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (this machine has none)")
     from flint_graph.capture.launcher import KernelSet, capture_graph
-    from flint_graph.capture.prefill import (W4A16_NT, W4A16_NT_LARGE, W4A16_WG_NT,
-                                             W4A16_WG_NT_LARGE)
     from flint_graph.kernels.prefill import grouped_w4a16_wg as gwg
 
     cfg = FlintConfig.preset("full")
@@ -149,8 +151,7 @@ def main() -> int:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     shown = ",".join(f"{k}={v}" for k, v in args.values.items())
     for t in [int(v) for v in args.tokens.split(",") if v]:
-        nt = args.nt or (next((n for r, n in W4A16_WG_NT if t <= r), W4A16_WG_NT_LARGE) if wg
-                         else next((n for r, n in W4A16_NT if t <= r), W4A16_NT_LARGE))
+        nt = args.nt or prefill_nt(t, wg)
         for kind in [int(v) for v in args.kinds.split(",") if v]:
             values = dict(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
                           E=cfg.n_routed_experts, NT=nt)
