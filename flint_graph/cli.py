@@ -259,7 +259,8 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
         # kept the last: a second "name" in tools[0] was reported as a clash with tools[3])
         tools = read_capped(path, TOOLS_MAX_BYTES, unique_keys=True)
     except FileNotFoundError:
-        raise InvalidRequestError(f"{path}: tools file not found") from None
+        raise InvalidRequestError(f"{path}: tools file not found; a tools file is a JSON list of "
+                                  "a few function tools (e.g. examples/tools.json)") from None
     except ValueError as e:
         raise InvalidRequestError(f"{path}: {e}; a tools file is a JSON list of a few function "
                                   "tools") from None

@@ -1029,3 +1029,13 @@ def test_an_option_given_as_double_dash_is_refused(capsys, option):
     ended in an internal error (a bad-input trial, 2026-12-06): refused, naming the option."""
     code, _, err = _run(capsys, "generate", "--prompt", "hi", f"{option}=--")
     assert code == 2 and f"{option}: expected a value, found '--'" in err, err
+
+
+def test_missing_tools_and_config_paths_say_what_was_expected(capsys, tmp_path):
+    """A new user's trial (2026-12-06): a missing tools file or --hf-config-path named only
+    what was missing; both now say what the path should hold."""
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", "--tools", tmp_path / "no.json")
+    assert code == 2 and "tools file not found; a tools file is a JSON list" in err, err
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", "--hf-config-path",
+                        tmp_path / "nodir")
+    assert code == 2 and "does not exist; expected a directory with config.json" in err, err

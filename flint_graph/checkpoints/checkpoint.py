@@ -79,7 +79,10 @@ def _config_dir(hf_config_path: str | Path | None, fallback: Path, gguf: Path | 
     if hf_config_path is not None:
         d = Path(hf_config_path)
         if not d.exists():
-            raise CheckpointError(f"{d}: hf_config_path does not exist")
+            raise CheckpointError(f"{d}: hf_config_path (--hf-config-path) does not exist; "
+                                  "expected a directory with config.json, tokenizer.json, "
+                                  "tokenizer_config.json and generation_config.json (or its "
+                                  "config.json)")
         if d.is_file() and d.name == CONFIG_NAME:
             d = d.parent
         elif not d.is_dir():
