@@ -1233,20 +1233,29 @@ class Prefill:
 
     def set_w4a16_variant(self, **values: int) -> None:
         """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,
-        WS = 1 weights through shared memory for NT ≤ WS_MAX_NT: benchmark variants, whose
-        cubins come from tools/build_gpu_cache.py; none given: the defaults). Raises KernelCacheError when the cache lacks them."""
-        if values.get("WS") == 0:
-            values = {k: v for k, v in values.items() if k != "WS"}  # the default has no WS
-        if values:  # the SH kernels are built with the defaults only: the shared expert then
-            self.w4a16_fold = {}  # runs on its own kernels, with the variant
+        WS = 1 weights through shared memory for NT ≤ WS_MAX_NT, PF = 2, 4, 8 L2 prefetches
+        for NT in PF_NTS: benchmark variants, whose cubins come from tools/build_gpu_cache.py;
+        none given: the defaults). PF alone keeps the shared expert folded in (its SH kernels
+        are built with each PF); any other value runs the shared expert on its own kernels.
+        Raises KernelCacheError when the cache lacks them."""
+        values = {k: v for k, v in values.items() if v or k not in ("WS", "PF")}  # defaults
+        fold_too = set(values) <= {"PF"}
+        if not fold_too:  # the SH kernels are built with the defaults only: the shared
+            self.w4a16_fold = {}  # expert then runs on its own kernels, with the variant
         for spec in grouped_w4a16.KERNEL.specs(self.cfg, ()):
-            if spec.as_dict().get("SH"):
-                continue
-            key = (spec["KIND"], spec["NT"]) if spec["E"] > 1 else ("shared", spec["KIND"],
-                                                                     spec["NT"])
             mine = dict(values)
             if spec["NT"] > grouped_w4a16.WS_MAX_NT:
                 mine.pop("WS", None)  # not built for tiles this large: the default serves
+            if spec["NT"] not in grouped_w4a16.PF_NTS or (spec["E"] == 1
+                                                          and not spec.as_dict().get("SH")):
+                mine.pop("PF", None)  # not built: the default serves
+            if spec.as_dict().get("SH"):
+                if fold_too and self.w4a16_fold and spec.as_dict().get("WB", 4) == 4:
+                    self.w4a16_fold[(spec["KIND"], spec["NT"])] = self._kset.get(
+                        "grouped_w4a16", **{**spec.as_dict(), **mine})
+                continue
+            key = (spec["KIND"], spec["NT"]) if spec["E"] > 1 else ("shared", spec["KIND"],
+                                                                     spec["NT"])
             self.w4a16[key] = self._kset.get("grouped_w4a16", **{**spec.as_dict(), **mine})
 
     def _moe(self, i: int, lw: LayerWeights, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

@@ -60,11 +60,9 @@ BAD = [
     (["--tokens=99999999999999"], "262144 positions"), (["--preset=nope"], "--preset 'nope'"),
     (["--out=/dev/full"], "--out '/dev/full'"), (["--out="], "--out ''"),
     (["--reps=0"], "--reps 0"), (["--processes=0"], "--processes 0"),
-    (["--wg-values=SUB=2"], "SUB is one of 0, 1"), (["--wg-values=FOO=1"], "takes RS, SUB, WP, WS"),
+    (["--wg-values=SUB=2"], "SUB is one of 0, 1"), (["--wg-values=FOO=1"], "takes RS, SUB"),
     (["--wg-values=SUB=1:SUB=0"], "SUB given twice"),
-    (["--wg-values=WS=1"], "WS = 1 takes SUB = 0 and no RS"),
-    (["--wg-values=WS=1:SUB=0"], "WS = 1 takes SUB = 0 and no RS"),
-    (["--wg-values=WP=2"], "WP = 2; expected one of (1, 2), with WS = 1"),
+    (["--wg-values=WS=1:SUB=0"], "takes RS, SUB"),  # WS and WP removed (twenty-eighth session)
     (["--wg-values=SUB=0:RS=1"], "no spec tools/build_gpu_cache.py builds"),
     (["--attn-kernel=attn_prefill_wg:WS=1:ST=3"], "WS=1 form takes ST=2"),
     # argparse hands `--OPT=--` an empty list unchecked (a bad-input trial, 2026-12-06)
@@ -90,7 +88,7 @@ def test_bad_values_stop_before_any_work(bench, monkeypatch, capsys, argv, messa
 
 def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
     """The documented variants parse (attn_prefill_wg:WS=1 is one of its bench specs)."""
-    monkeypatch.setattr("sys.argv", ["bench_prefill.py", "--wg-values=-,SUB=0,WS=1:SUB=0:RS=0",
+    monkeypatch.setattr("sys.argv", ["bench_prefill.py", "--wg-values=-,SUB=0,RS=0",
                                      "--attn-kernel=attn_prefill_wg:WS=1,attn_prefill_wg:ST=3",
                                      "--side-max-rows=-,2048", "--tokens=512,8192",
                                      "--formats=nvfp4", "--paths=graph", "--out", "x"])
@@ -104,9 +102,7 @@ def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
     (["--values=SUB=2", "--kernel=grouped_w4a16_wg"], "--values 'SUB=2'"),
     (["--values=FOO"], "--values 'FOO'"), (["--values=PF=1"], "--values 'PF=1'"),
     (["--kernel=grouped_w4a16_wg", "--values=SUB=1,SUB=0"], "each once"),
-    (["--kernel=grouped_w4a16_wg", "--values=WS=1"], "WS = 1 takes SUB = 0"),
-    (["--kernel=grouped_w4a16_wg", "--tokens=2048", "--values=WS=1,SUB=0"], "no RS"),
-    (["--kernel=grouped_w4a16_wg", "--values=WP=2"], "with WS = 1"),
+    (["--kernel=grouped_w4a16_wg", "--values=WS=1,SUB=0"], "--values 'WS=1'"),  # removed
     (["--kernel=grouped_w4a16_wg", "--tokens=8192", "--values=SUB=0,RS=1"], "no spec"),
     (["--values=WS=1", "--nt=64"], "no such grouped_w4a16 spec is built"),
     (["--values=WS=1", "--depth=3"], "no such grouped_w4a16 spec is built"),
@@ -126,13 +122,12 @@ def test_probe_bad_values_stop_before_any_work(monkeypatch, capsys, argv, messag
 
 
 @pytest.mark.parametrize("argv", [
-    ["--kernel=grouped_w4a16_wg", "--tokens=8192", "--values=WS=1,SUB=0,WP=2"],
-    ["--kernel=grouped_w4a16_wg", "--tokens=8192", "--values=WS=1,SUB=0,WP=1"],  # WP=1: default
-    ["--kernel=grouped_w4a16_wg", "--values=WS=0"], ["--values=WS=0"], ["--depth=3"]])
+    ["--kernel=grouped_w4a16_wg", "--tokens=8192", "--values=SUB=0,RS=0"],
+    ["--values=WS=0"], ["--depth=3"]])
 def test_probe_good_variant_reaches_the_cuda_check(monkeypatch, capsys, argv):
-    """Valid variants get as far as the GPU check: WS=1 with SUB=0 at 8,192 tokens (NT = 128,
-    where RS is 0 by default), the defaults spelled out (WS=0, WP=1: built as the specs
-    without them), another depth."""
+    """Valid variants get as far as the GPU check: grouped_w4a16_wg's SUB=0 at 8,192 tokens
+    (NT = 128, where SUB is 1 by default) with RS=0 spelled out (built as the specs without
+    it), grouped_w4a16's default spelled out (WS=0), another depth."""
     probe = tool_module("probe_grouped_w4a16")
     monkeypatch.setattr("sys.argv", ["probe_grouped_w4a16.py", *argv])
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)

@@ -163,3 +163,29 @@ def test_bf16_specs_the_kernel_cannot_take_are_refused(values, message):
     base = dict(KIND=0, H=256, M=128, E=16, NT=16, D=gw.DEPTH, SH=1, WB=16)
     with pytest.raises(ValueError, match=message):
         gw.KERNEL.args(gw.KERNEL.spec(**{**base, **values}))
+
+
+@pytest.mark.parametrize("values,message", [
+    (dict(PF=3), "PF = 3"),
+    (dict(PF=4, WS=1), "PF = 4 .*WS = 0"),
+    (dict(PF=4, SH=1, WB=16), "PF = 4 .*WB = 4"),
+])
+def test_prefetch_specs_the_kernel_cannot_take_are_refused(values, message):
+    base = dict(KIND=0, H=256, M=128, E=16, NT=16, D=gw.DEPTH)
+    with pytest.raises(ValueError, match=message):
+        gw.KERNEL.args(gw.KERNEL.spec(**{**base, **values}))
+
+
+def test_prefetch_variants_cover_what_the_prefill_can_swap_in():
+    """Each PF has a twin of every NVFP4 routed and SH spec at PF_NTS, so
+    Prefill.set_w4a16_variant(PF=…) keeps the shared expert folded in."""
+    from flint_graph.checkpoints.config import FlintConfig
+
+    cfg = FlintConfig.preset("full")
+    built = {s.id for s in gw.bench_specs(cfg)}
+    model = [s for s in gw.KERNEL.specs(cfg, ()) if s["NT"] in gw.PF_NTS
+             and s.as_dict().get("WB", 4) == 4 and (s["E"] > 1 or s.as_dict().get("SH"))]
+    assert len(model) == 8
+    for spec in model:
+        for pf in gw.PFS[1:]:
+            assert gw.KERNEL.spec(**spec.as_dict(), PF=pf).id in built

@@ -36,7 +36,8 @@ def test_the_tiny_config_has_none():
 
 
 @pytest.mark.parametrize("bad, match", [(dict(NT=32), "NT = 32"), (dict(KIND=2), "KIND = 2"),
-                                        (dict(M=96), "multiple of 64")])
+                                        (dict(M=96), "multiple of 64"),
+                                        (dict(WS=1), "no compile-time value WS")])
 def test_unsupported_specialisations_are_refused(bad, match):
     values = dict(KIND=0, H=2048, M=512, E=256, NT=64) | bad
     with pytest.raises(ValueError, match=match):
@@ -59,26 +60,20 @@ def test_every_spec_names_its_half_width_choice(preset):
         v = {"RS": 0, **s.as_dict(), **change}
         return v["KIND"], v["NT"], v["SUB"], v["RS"]
 
-    assert {key(s) for s in bench if not s.as_dict().get("WS")} == (
+    assert {key(s) for s in bench} == (
         {key(s, SUB=1 - s["SUB"]) for s in model}
         | {key(s, RS=1 - s.as_dict().get("RS", 0)) for s in model})
-    assert {key(s) for s in bench if s.as_dict().get("WS")} == {
-        key(s, SUB=0, RS=0) for s in model}
-    for s in bench:  # two CTAs per SM, but for WS = 1 (one, of 12 warps)
-        most = 227 if s.as_dict().get("WS") else 113
-        assert check_spec(gwg.KERNEL, s)[1].smem <= most * 1024
+    for s in bench:  # two CTAs per SM
+        assert check_spec(gwg.KERNEL, s)[1].smem <= 113 * 1024
 
 
 def test_rs_zero_is_never_named():
     assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=0) == {"KIND": 0, "NT": 64, "SUB": 0}
     assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=1)["RS"] == 1
-    assert gwg.spec_values(NT=128, SUB=0, WS=1, WP=1) == {"NT": 128, "SUB": 0, "WS": 1}
-    assert gwg.spec_values(NT=128, SUB=1, WS=0) == {"NT": 128, "SUB": 1}
 
 
-@pytest.mark.parametrize("values,ok", [({}, True), ({"RS": 0}, True), ({"WS": 0}, True),
-                                       ({"WS": 1, "SUB": 0, "RS": 0, "WP": 2}, True),
-                                       ({"WS": 1}, False), ({"SUB": 0, "RS": 1}, False),
+@pytest.mark.parametrize("values,ok", [({}, True), ({"RS": 0}, True), ({"SUB": 1}, True),
+                                       ({"SUB": 0, "RS": 1}, False), ({"WS": 1}, False),
                                        ({"WP": 2}, False)])
 def test_check_variant_accepts_what_the_cache_build_makes(values, ok):
     """check_variant passes a variant exactly when every NT's spec is valid and built."""
@@ -89,15 +84,7 @@ def test_check_variant_accepts_what_the_cache_build_makes(values, ok):
             gwg.check_variant(values)
 
 
-def test_ws_takes_the_plain_loop_only():
-    with pytest.raises(ValueError, match="WS = 1 takes SUB = 0"):
-        check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128, SUB=1,
-                                               WS=1))
-    assert check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128,
-                                                  SUB=0, WS=1))[1].block[0] == 384
-
-
-@pytest.mark.parametrize("key", ["SUB", "RS", "WS"])
+@pytest.mark.parametrize("key", ["SUB", "RS"])
 def test_switches_are_zero_or_one(key):
     with pytest.raises(ValueError, match=f"{key} = 2"):
         check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128,

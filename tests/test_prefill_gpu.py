@@ -194,15 +194,13 @@ def test_prefill_on_the_wgmma_attention_kernel_matches_reference(kset, fmt):
 
 
 @pytest.mark.parametrize("min_rows,values", [(0, {}), (600, {}), (600, {"RS": 1}),
-                                             (600, {"RS": 0}),
-                                             (600, {"WS": 1, "SUB": 0, "RS": 0})],
-                         ids=["always", "by-size", "by-size-RS", "by-size-RS0", "by-size-WS"])
+                                             (600, {"RS": 0})],
+                         ids=["always", "by-size", "by-size-RS", "by-size-RS0"])
 def test_nvfp4_experts_on_the_wgmma_w4a16_kernels_match_reference(kset, min_rows, values):
     """The routed NVFP4 experts on grouped_w4a16_wg (kernels/prefill/grouped_w4a16_wg.py) for
     chunks above `min_rows` rows (600: the cases' chunks fall on both sides; `values`: a
-    benchmark variant's spec values: RS = 1 at every NT, RS = 0 at every NT, the
-    warp-specialized form; the default has RS = 1 at NT = 64 only, with x in pair order
-    there), full config shapes, every
+    benchmark variant's spec values: RS = 1 at every NT, RS = 0 at every NT; the default has
+    RS = 1 at NT = 64 only, with x in pair order there), full config shapes, every
     chunk case of the file, eager: the same tolerances."""
     _every_case(kset, "full", "nvfp4", 7, f"full nvfp4 wgmma W4A16 >{min_rows} {values}",
                 lambda pre: pre.set_w4a16_wg(min_rows, **values))

@@ -139,14 +139,12 @@ def _kv_values(v: str, pairs: list[str], known: dict[str, tuple[int, ...]], what
 
 def wg_values_list(text: str) -> list[dict[str, int]]:
     """--wg-values: comma-separated '-' (the default spec values) or K=V[:K=V…] with K one of
-    grouped_w4a16_wg's benchmark switches (SUB, RS, WS: 0 or 1; WS=1 needs SUB=0:RS=0; WP:
-    1 or 2, with WS=1)."""
+    grouped_w4a16_wg's benchmark switches (SUB, RS: 0 or 1)."""
     from flint_graph.kernels.prefill import grouped_w4a16_wg as gwg
 
     out = []
     for v in (v for v in text.split(",") if v):
-        values = {} if v == "-" else _kv_values(v, v.split(":"), {"SUB": (0, 1), "RS": (0, 1),
-                                                                  "WS": (0, 1), "WP": (1, 2)},
+        values = {} if v == "-" else _kv_values(v, v.split(":"), {"SUB": (0, 1), "RS": (0, 1)},
                                                 "grouped_w4a16_wg", "SUB=0")
         try:
             gwg.check_variant(values)
@@ -196,6 +194,7 @@ def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
 INT_LISTS = {"tokens": (1, None, False, True), "kernel_tokens": (1, None, False, False),
              "row_moe_max": (0, None, False, False), "nt": (1, (16, 32, 64), False, False),
              "depth": (1, (2, 3, 4), False, False), "ws": (0, (0, 1), False, False),
+             "pf": (0, (0, 2, 4, 8), False, False),
              "side_max_rows": (1, None, True, False), "overlap": (0, (0, 1), False, False),
              "kv_write": (0, (0, 1), False, False), "fold": (0, (0, 1), False, False),
              "shared": (0, (0, 1), False, False)}
@@ -307,6 +306,9 @@ def main() -> int:
     p.add_argument("--ws", default="",
                    help="1: the W4A16 kernels' weights through shared memory (cp.async, "
                         "grouped_w4a16.WS_STAGES deep); 0,1 times both (default: 0)")
+    p.add_argument("--pf", default="",
+                   help="the W4A16 kernels' L2 prefetch distance in steps at NT 16 and 32 "
+                        "(grouped_w4a16 PF: 0, 2, 4, 8; several values time each; default: 0)")
     p.add_argument("--w4a16-max", type=w4a16_max_list, default=[],
                    help="NVFP4 graph path: ROUTED/SHARED, the largest chunk (rows) the routed "
                         "and the shared expert run on the grouped W4A16 kernels, larger ones "
@@ -394,6 +396,7 @@ def main() -> int:
         nt_sweep = [int(v) for v in args.nt.split(",") if v] or [None]
         depth_sweep = [int(v) for v in args.depth.split(",") if v] or [None]
         ws_sweep = [int(v) for v in args.ws.split(",") if v] or [None]
+        pf_sweep = [int(v) for v in args.pf.split(",") if v] or [None]
         w4 = fmt == "nvfp4"
         max_sweep = args.w4a16_max or [None]
         attn_sweep = args.attn_kernel or [None]
@@ -404,15 +407,16 @@ def main() -> int:
         kvw_sweep = [bool(int(v)) for v in args.kv_write.split(",") if v] or [None]
         smr_sweep = [("max", None if v == "-" else int(v))
                      for v in args.side_max_rows.split(",") if v] or [None]
-        sweep = [(r, m, n, d, w, x) for r in rows_sweep for m in (moe_sweep or [None])
+        sweep = [(r, m, n, d, w, pf, x) for r in rows_sweep for m in (moe_sweep or [None])
                  for n in (nt_sweep if m is not False and w4 else [None])
                  for d in (depth_sweep if m is not False and w4 else [None])
                  for w in (ws_sweep if m is not False and w4 else [None])
+                 for pf in (pf_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
         wgv_sweep = args.wg_values if w4 else []
         runs = [(path, r, a, wgm, ov, sh, fo, kw, smr, wgv)
                 for path in args.paths.split(",")
-                for r in (sweep if path == "graph" else [(None,) * 6])
+                for r in (sweep if path == "graph" else [(None,) * 7])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
                 for wgm in ((wg_sweep or [None]) if path == "graph" else [None])
                 for ov in (overlap_sweep if path in ("graph", "kernel") else [None])
@@ -421,7 +425,7 @@ def main() -> int:
                 for kw in (kvw_sweep if path in ("graph", "kernel") else [None])
                 for smr in (smr_sweep if path in ("graph", "kernel") else [None])
                 for wgv in ((wgv_sweep or [None]) if path == "graph" else [None])]
-        for obj, (path, (row_moe, w4a16, nt, depth, ws, most), attn, wgm, ov, shared, fold,
+        for obj, (path, (row_moe, w4a16, nt, depth, ws, pf, most), attn, wgm, ov, shared, fold,
                   kw, smr, wgv) in enumerate(runs):
             chunk = args.chunk
             prompt = None
@@ -447,12 +451,13 @@ def main() -> int:
             pre.w4a16_nt = nt
             if most is not None:
                 pre.w4a16_routed_max, pre.w4a16_shared_max = most
-            variant = {k: v for k, v in (("D", depth), ("WS", ws)) if v is not None}
+            variant = {k: v for k, v in (("D", depth), ("WS", ws), ("PF", pf))
+                       if v is not None}
             if variant and pre.w4a16:
                 pre.set_w4a16_variant(**variant)
             grouped = 'w4a16' if pre.w4a16 else 'bf16-grouped' if pre.w4a16_fold else 'unpack'
             row_moe = (f"{pre.row_moe_max}/{grouped}/{nt or 'auto'}"
-                       f"/D{depth or 'auto'}/WS{ws or 0}"
+                       f"/D{depth or 'auto'}/WS{ws or 0}{f'/PF{pf}' if pf else ''}"
                        f"/max{pre.w4a16_routed_max},{pre.w4a16_shared_max}"
                        f"/{pre.attn_kernel or 'torch'}"
                        f"{''.join(f':{k}={v}' for k, v in attn[1].items()) if attn else ''}"

@@ -8,8 +8,9 @@
 # RS = 1, the decoded weights as wgmma's A from registers, x in pair order (run in the
 # twenty-seventh session). PART=pf (twenty-seventh session): PF = 4 / 8, L2 prefetches of the
 # code lines PF steps ahead, with and without RS; the probe at each variant's own NT. Measured
-# no faster and removed; that part needs commit 3e62901. PART=ws (twenty-seventh session): WS = 1,
-# the warp-specialized form (a producer warpgroup decodes and copies, two consumers issue wgmma).
+# no faster and removed; that part needs commit 3e62901. PART=ws (twenty-eighth session): WS = 1,
+# the warp-specialized form (a producer warpgroup decodes and copies, two consumers issue wgmma),
+# and WP = 2. Measured slower and removed; that part needs commit dabc55c.
 #   1. GPU tests: the kernel against the reference (full and flint-nano shapes), SUB 0 and 1
 #      bit for bit, the slow-producer PDL test; nt256 adds moe_route's place at NT = 256 and
 #      whole prefills with NT = 256 against the reference model;
@@ -25,14 +26,8 @@ left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l
 part=${PART:-sub}
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 probe_tokens=()
-if [ "$part" = ws ]; then
-  tests=(tests/test_grouped_w4a16_gpu.py tests/test_prefill_gpu.py
-         -k "wg or wgmma_w4a16")
-  probes=("--nt 128" "--nt 128 --values WS=1,SUB=0" "--nt 128 --values WS=1,SUB=0,WP=2"
-          "--nt 64" "--nt 64 --values WS=1,SUB=0,RS=0" "--nt 64 --values WS=1,SUB=0,RS=0,WP=2")
-  probe_tokens=(8192 8192 8192 2048 2048 2048)
-  ptok=8192; tokens=2048,8192; wgv=-,WS=1:SUB=0:RS=0,WS=1:SUB=0:RS=0:WP=2
-elif [ "$part" = pf ]; then
+# PART=ws ran in the twenty-eighth session and needs commit dabc55c (WS = 1 and WP = 2 removed)
+if [ "$part" = pf ]; then
   tests=(tests/test_grouped_w4a16_gpu.py -k wg)
   probes=("--nt 128" "--nt 128 --values PF=4" "--nt 128 --values PF=8"
           "--nt 128 --values RS=1,PF=8" "--nt 64" "--nt 64 --values PF=8"

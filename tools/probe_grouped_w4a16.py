@@ -43,8 +43,8 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
 
 
 # the spec values --values may change, per kernel, and what each may be
-VALUES = {"grouped_w4a16_wg": {"SUB": (0, 1), "RS": (0, 1), "WS": (0, 1), "WP": (1, 2)},
-          "grouped_w4a16": {"WS": (0, 1)}}
+VALUES = {"grouped_w4a16_wg": {"SUB": (0, 1), "RS": (0, 1)},
+          "grouped_w4a16": {"WS": (0, 1), "PF": (0, 2, 4, 8)}}
 
 
 def prefill_nt(tokens: int, wg: bool) -> int:
@@ -98,13 +98,14 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
     wg = args.kernel == "grouped_w4a16_wg"
     nts = [args.nt] if args.nt else sorted({prefill_nt(t, wg) for t in tokens})
     if wg:
-        try:  # a combination no spec takes (e.g. WS=1 with SUB=1): before any GPU work
+        try:  # a combination no spec takes (e.g. SUB=0,RS=1 at NT 128): before any GPU work
             gwg.check_variant(values, nts)
         except ValueError as e:
             p.error(f"--values {args.values!r}: {e}")
     else:
-        if values.get("WS") == 0:
-            del values["WS"]  # the default form: its specs do not name WS
+        for key in ("WS", "PF"):
+            if values.get(key) == 0:
+                del values[key]  # the default form: its specs do not name WS or PF
         cfg = FlintConfig.preset("full")
         built = {s.id for s in gw.KERNEL.specs(cfg, ()) + gw.bench_specs(cfg)}
         for nt in nts:  # a GPU machine without the CuTe DSL cannot build a missing one
@@ -113,7 +114,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             if spec.id not in built:
                 p.error(f"--values {args.values!r} --depth {args.depth} at NT = {nt}: no such "
                         "grouped_w4a16 spec is built (tools/build_gpu_cache.py: the depths "
-                        f"{gw.DEPTHS}, or WS=1 at depth {gw.DEPTH} and NT <= {gw.WS_MAX_NT})")
+                        f"{gw.DEPTHS}, or WS=1 at depth {gw.DEPTH} and NT <= {gw.WS_MAX_NT}, "
+                        f"or PF=2|4|8 at depth {gw.DEPTH} and NT in {gw.PF_NTS})")
     args.values = values
 
 
@@ -131,9 +133,9 @@ def main() -> int:
                    help=f"grouped_w4a16's weight steps in registers ({gw.DEPTHS})")
     p.add_argument("--kinds", default="0,1", help="0 gate/up, 1 down, comma-separated")
     p.add_argument("--values", default="",
-                   help="more spec values, K=V[,K=V…]: grouped_w4a16_wg's SUB, RS and WS (0, 1; "
-                        "WS=1 needs SUB=0,RS=0) and WP (1, 2), "
-                        "grouped_w4a16's WS (0, 1)")
+                   help="more spec values, K=V[,K=V…]: grouped_w4a16_wg's SUB and RS (0, 1), "
+                        "grouped_w4a16's WS (0, 1) and PF (0, 2, 4, 8: L2 prefetch steps "
+                        "ahead, NT 16 and 32)")
     p.add_argument("--reps", type=int, default=20, help="launches per CUDA graph")
     p.add_argument("--layers", type=int, default=8,
                    help="weight sets rotated so each launch reads DRAM")

@@ -64,8 +64,16 @@ Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2 per launch; expected 
 rounding (≤ 2^-9 relative); fp32 summation order and the ·scale2 rounding may flip a bf16
 rounding of g or u (KIND 0) in rare elements, and the hardware exp's last ulp the SwiGLU
 rounding. Rows of no tile (padding pairs) are never written.
+PF = 2, 4 or 8 (a benchmark variant, `bench_specs`): each lane also asks L2 for one of its
+quad's four weight rows' 128-byte code line PF steps ahead (`prefetch.global.L2`, once every two
+steps: a line holds two steps of a row), and for each row's scale line at the start. Why: at 512
+tokens the loop is latency-bound (ncu, tenth session: 48% of cycles issue, DRAM 39% of peak),
+and the SASS shows ptxas issuing the next step's code loads halfway through the current step,
+so each warp still waits most of a DRAM round trip a step; a prefetch has no destination
+register for ptxas to save, so it stays where it is written. Changes no output bit.
+
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, D weight steps
-held in registers (D − 1 in flight while one is computed); optional WS, SH and WB (above).
+held in registers (D − 1 in flight while one is computed); optional WS, SH, WB and PF (above).
 """
 
 import math
@@ -89,6 +97,8 @@ W_ROW_BYTES = BK // 2 + BK // 16  # one weight row's codes and scale bytes of a 
 W_ROWS = WARPS * 2 * 16  # weight rows a CTA reads: two m16 tiles per warp (gate and up, or down)
 ROW_BYTES = BK * 2  # one x row of a step in shared memory
 NTS = (16, 32, 64)
+PFS = (0, 2, 4, 8)  # L2 prefetch distances in steps (PF; 0: none): a code line is two steps
+PF_NTS = (16, 32)  # NT of the PF bench specs: the chunks grouped_w4a16 runs (≤ 1,536 rows)
 WB_NT = (16,)  # NT of the WB = 16 (BF16) specs (NT = 32 spills at the full config)
 
 
@@ -138,6 +148,10 @@ def _check(spec: Spec) -> None:
     if _sh(spec) not in (0, 1) or (_sh(spec) and _ws(spec)):
         raise ValueError(f"grouped_w4a16: SH = {_sh(spec)} (WS = {_ws(spec)}); expected 0, or "
                          f"1 with WS = 0")
+    if _pf(spec) not in PFS or (_pf(spec) and (_ws(spec) or _wb(spec) != 4)):
+        raise ValueError(f"grouped_w4a16: PF = {_pf(spec)} (WS = {_ws(spec)}, WB = "
+                         f"{_wb(spec)}); expected one of {PFS}, other than 0 only with WS = 0 "
+                         "and WB = 4")
     if _wb(spec) not in (4, 16) or (_wb(spec) == 16 and (
             _ws(spec) or not _sh(spec) or spec["D"] != DEPTH or nt not in WB_NT)):
         raise ValueError(f"grouped_w4a16: WB = {_wb(spec)} (SH = {_sh(spec)}, WS = {_ws(spec)}, "
@@ -190,6 +204,10 @@ def _ws(spec: Spec) -> int:
 
 def _sh(spec: Spec) -> int:
     return spec.as_dict().get("SH", 0)
+
+
+def _pf(spec: Spec) -> int:
+    return spec.as_dict().get("PF", 0)
 
 
 def _wb(spec: Spec) -> int:
@@ -245,11 +263,15 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """The other weight-step depths D of `_specs`' kernels (tools/bench_prefill.py --depth)."""
+    """The other weight-step depths D of `_specs`' kernels (tools/bench_prefill.py --depth),
+    WS = 1, and each PF at PF_NTS (the SH kernels too, so the prefill keeps the fold)."""
     base = [s for s in _specs(cfg) if not _sh(s) and _wb(s) == 4]
+    pf_base = [s for s in _specs(cfg) if _wb(s) == 4 and s["NT"] in PF_NTS
+               and (s["E"] > 1 or _sh(s))]
     return [KERNEL.spec(**{**s.as_dict(), "D": d}) for s in base for d in DEPTHS
             if d != DEPTH] + [KERNEL.spec(**{**s.as_dict(), "WS": 1}) for s in base
-                              if s["NT"] <= WS_MAX_NT]
+                              if s["NT"] <= WS_MAX_NT] \
+        + [KERNEL.spec(**s.as_dict(), PF=pf) for s in pf_base for pf in PFS if pf]
 
 
 def _dequant(codes, scales, scale2):
@@ -374,6 +396,7 @@ def _build(spec: Spec):
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64, Uint32
+    from cutlass.cutlass_dsl import dsl_user_op
 
     from flint_graph.kernels.decode.gemv_mma import frag_ops
     from flint_graph.kernels.toolchain import dsl_util as du
@@ -395,6 +418,7 @@ def _build(spec: Spec):
     launch = _launch(spec)
     dequant, xpairs, scales = frag_ops()
     ws = _ws(spec)
+    pf = _pf(spec)
     sh = _sh(spec)
     wb = _wb(spec)
     w_row = k_dim * 2  # WB = 16: bytes per BF16 weight row
@@ -483,6 +507,27 @@ def _build(spec: Spec):
                     rc[i, r, j, s % depth] = words[j]
                 rs[i, r, s % depth] = du.ld_weight_u16(sa + Int64(s * BK // 16))
 
+    @dsl_user_op
+    def prefetch_l2(addr, *, loc=None, ip=None):
+        """prefetch.global.L2 of the line holding global byte address `addr`."""
+        du._asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
+                loc, ip, side_effects=True)
+
+    def prefetch(s, pf_row):
+        """PF: at each even step s, ask L2 for this lane's row's code line PF steps ahead (at
+        step 0 also the lines from step D up to there, and the row's scales): trace-time
+        helper, nothing where PF = 0. `pf_row`: (code, scale) addresses of the row at step 0."""
+        if not pf or s % 2:
+            return
+        ca, sa = pf_row
+        first = (depth + 1) // 2 * 2 if s == 0 else s + pf
+        for step in range(first, s + pf + 1, 2):
+            if step < steps:
+                prefetch_l2(ca + Int64(step * BK // 2))
+        if s == 0:
+            for ln in range(-(-(steps * BK // 16) // 128)):
+                prefetch_l2(sa + Int64(ln * 128))
+
     def swz(unit, row):
         """The physical 16-byte unit of x unit `unit` (0..15) in row `row` of a stage."""
         return unit ^ ((((unit >> 3) & 1) << 1) | (row & 1))
@@ -523,6 +568,18 @@ def _build(spec: Spec):
             wrows = [_lane_rows(bases[i][:2], f0
                                 + Int64(16 * warp if kind == 0 else 32 * warp + 16 * i), g, t)
                      for i in range(2)]
+            pf_row = None
+            if cutlass.const_expr(pf > 0):  # lane t asks for its quad's row (i, r) = (t // 2,
+                # t % 2): KIND 1 row 16i + 8r + g = 8t + g of the warp's 32; KIND 0 row 8r + g
+                # of stack i (gate, up)
+                if cutlass.const_expr(kind == 0):
+                    prow = f0 + Int64(16 * warp + g) + Int64(8 * (t % 2))
+                    up = t >= 2
+                    pf_row = [cutlass.select_(up, bases[1][0], bases[0][0]) + prow * code_row,
+                              cutlass.select_(up, bases[1][1], bases[0][1]) + prow * scale_row]
+                else:
+                    prow = f0 + Int64(32 * warp + g) + Int64(8 * t)
+                    pf_row = [bases[0][0] + prow * code_row, bases[0][1] + prow * scale_row]
             slots = 1 if ws else depth
             rc = cute.make_rmem_tensor((2, 2, 4, 4, slots) if wb == 16 else (2, 2, 4, slots),
                                        Uint32)
@@ -550,6 +607,7 @@ def _build(spec: Spec):
             acc = cute.make_rmem_tensor((2, ntn, 4), Float32)
             acc.fill(0.0)
             for s in cutlass.range_constexpr(steps):
+                prefetch(s, pf_row)
                 du.cp_async_wait(min(stages - 2, steps - 1 - s))
                 cute.arch.sync_threads()
                 if cutlass.const_expr(s + stages - 1 < steps):

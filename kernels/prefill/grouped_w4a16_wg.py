@@ -60,22 +60,14 @@ copy included); at NT = 128 one CTA per SM loses the overlap (8K gate/up 646 -> 
 there it stays a bench spec. Tolerance as above; not bit for bit equal to RS = 0 (the k order
 of each product's sum differs).
 
-WS = 1 (a benchmark variant, `bench_specs`): the warp-specialized form. Warpgroups 0 and 1 only
-issue the wgmmas (the same rows and tiles as above); warpgroup 2, the producer, decodes each
-step's A tile (row ptid of the CTA's 128, both k halves) from its code bytes, which it copies
-(cp.async) with x WS_AHEAD steps ahead into WS_STAGES stages (the row's scale bytes once, at the
-start), handing each stage over by named barriers of all 384 threads (full: the producer arrives
-once its copies are complete and its stores fenced for the async proxy; empty: the consumers
-arrive once the wgmmas reading the stage are waited, only for stages the producer refills, so
-each barrier sees as many arrivals as waits). One CTA per SM (197 KB at NT = 128). WP = 2 (a
-bench variant of WS = 1): two producer warpgroups, each thread one row's k half (512 threads,
-128 registers). Why: in the plain form every thread decodes and then waits at the step's CTA
-barrier, so a CTA's decode and its wgmmas alternate and only the second CTA on the SM overlaps
-them (~1,140 cycles a step against 512 of tensor work).
+WS = 1, a warp-specialized form (one producer warpgroup, or two with WP = 2, decoding into
+shared memory for the two wgmma warpgroups), was measured slower on the H100 and removed (the
+code: `git show dabc55c`): 8K gate/up at NT = 128 646 µs default, 1,294 µs WS = 1 (its second
+form), 861 µs WS = 1 WP = 2; 2K at NT = 64 267 µs default, 553 µs WS = 1, 351 µs WS = 1 WP = 2
+(tools/probe_grouped_w4a16.py, perf log twenty-eighth session).
 
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1;
-every spec names it), RS (0, 1), WS (0, 1; WS = 1 takes SUB = 0 and no RS), WP (1, 2: WS = 1's
-producer warpgroups; default 1).
+every spec names it), RS (0, 1).
 """
 
 import math
@@ -84,18 +76,6 @@ from flint_graph.kernels.prefill import grouped_w4a16 as gw
 from flint_graph.kernels.toolchain.spec import KernelDef, Launch, Spec
 
 WARPS = 8  # two warpgroups
-# WS = 1 (the warp-specialized form, a bench variant): WP more warpgroups produce each step's
-# A tile (decoded weights) and x tile into WS_STAGES stages
-WPS = (1, 2)
-WS_STAGES = 5
-# x tiles and code bytes are copied this many steps ahead (cp.async): the first WS run loaded
-# the codes into registers, which ptxas issued right before their use, so the producer waited
-# a DRAM round trip every step (8K gate/up 1,145 us against 647 for the plain form)
-WS_AHEAD = 3
-# named barriers (0 is the CTA's): stage s full (producer -> consumers) and empty (consumers
-# -> producer), all 384 threads; the consumers' own barrier in the epilogue
-WS_FULL, WS_EMPTY, WS_EPI = 1, 1 + WS_STAGES, 1 + 2 * WS_STAGES
-WS_PROD = WS_EPI + 1  # the producers' own barrier (WP = 2: the scales they share)
 BK = 64  # k per step: one 128-byte row of the swizzled layout
 X_STAGES = 4  # x tiles in shared memory, filled X_AHEAD steps ahead
 X_AHEAD = 2  # so a refilled stage was last read X_STAGES − X_AHEAD = 2 steps before
@@ -130,14 +110,13 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
-    for key in ("SUB", "RS", "WS"):
+    unknown = sorted(set(spec.as_dict()) - {"KIND", "H", "M", "E", "NT", "SUB", "RS"})
+    if unknown:  # e.g. WS or WP, removed (the module doc)
+        raise ValueError(f"grouped_w4a16_wg: no compile-time value {', '.join(unknown)}; it "
+                         "takes KIND, H, M, E, NT, SUB and RS")
+    for key in ("SUB", "RS"):
         if spec.as_dict().get(key, 0) not in (0, 1):
             raise ValueError(f"grouped_w4a16_wg: {key} = {spec[key]}; expected 0 or 1")
-    if _ws(spec) and (spec.as_dict().get("SUB", 0) or spec.as_dict().get("RS", 0)):
-        raise ValueError("grouped_w4a16_wg: WS = 1 takes SUB = 0 and no RS")
-    if "WP" in spec.as_dict() and (not _ws(spec) or spec["WP"] not in WPS):
-        raise ValueError(f"grouped_w4a16_wg: WP = {spec['WP']}; expected one of {WPS}, with "
-                         "WS = 1")
 
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
@@ -151,27 +130,12 @@ def _args(spec: Spec):
                                    NT=16, D=gw.DEPTH))
 
 
-def _ws(spec: Spec) -> int:
-    return spec.as_dict().get("WS", 0)
-
-
-def _warps(spec: Spec) -> int:
-    """Warps per CTA: 8, or with WS = 1 those and 4 per producer warpgroup (WP)."""
-    return WARPS + 4 * spec.as_dict().get("WP", 1) if _ws(spec) else WARPS
-
-
 def _layout(spec: Spec) -> dict[str, int]:
     """Byte offsets in the 1024-aligned shared-memory block: the A (weight) stages, each two
     warpgroups × 64 rows × 128 B (none with RS = 1), then the x stages, NT rows × 128 B; the
     epilogue reuses it."""
     w_stage = 2 * 64 * 128
     x_stage = spec["NT"] * 128
-    if _ws(spec):  # WS_STAGES stages of A, x and code bytes (128 rows × 32 B), then the scales
-        k_dim = spec["H"] if spec["KIND"] == 0 else spec["M"]
-        c0 = WS_STAGES * (w_stage + x_stage)
-        s0 = c0 + WS_STAGES * 128 * BK // 2
-        return {"w_stage": w_stage, "x0": WS_STAGES * w_stage, "x_stage": x_stage, "c0": c0,
-                "c_stage": 128 * BK // 2, "s0": s0, "total": s0 + 128 * (k_dim // 16)}
     x0 = 0 if spec.as_dict().get("RS", 0) else W_STAGES * w_stage  # RS = 1: A in registers
     return {"w_stage": w_stage, "x0": x0, "x_stage": x_stage,
             "total": x0 + X_STAGES * x_stage}
@@ -190,7 +154,7 @@ def _smem(spec: Spec) -> int:
 def _launch(spec: Spec) -> Launch:
     n_out = spec["M"] if spec["KIND"] == 0 else spec["H"]
     return Launch(grid=(n_out // cta_rows(spec["KIND"]), ("NTILES", 1), 1),
-                  block=(32 * _warps(spec), 1, 1), smem=_smem(spec))
+                  block=(32 * WARPS, 1, 1), smem=_smem(spec))
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
@@ -204,16 +168,16 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 
 # values that are the kernel's form without them: a spec (and the cache key) never names them
-UNNAMED = {"RS": 0, "WS": 0, "WP": 1}
+UNNAMED = {"RS": 0}
 
 
 def spec_values(**values: int) -> dict[str, int]:
-    """`values` as a spec names them: without RS = 0, WS = 0 or WP = 1 (`UNNAMED`)."""
+    """`values` as a spec names them: without RS = 0 (`UNNAMED`)."""
     return {k: v for k, v in values.items() if UNNAMED.get(k, -1) != v}
 
 
 def check_variant(values: dict[str, int], nts=NTS) -> None:
-    """Whether spec values `values` (a bench variant, e.g. {"WS": 1, "SUB": 0, "RS": 0}) make,
+    """Whether spec values `values` (a bench variant, e.g. {"SUB": 0, "RS": 1}) make,
     with the model's other values at each NT of `nts`, a valid spec that the cache build
     makes (`_specs` and `bench_specs` at Flint's shapes: the rules do not depend on them).
     Raises ValueError saying what is wrong, so a tool can refuse the option before any GPU
@@ -228,19 +192,15 @@ def check_variant(values: dict[str, int], nts=NTS) -> None:
         _check(spec)
         if spec.id not in built:
             raise ValueError(f"at NT = {nt} that is no spec tools/build_gpu_cache.py builds "
-                             "(the model's, each with the other SUB or the other RS, or WS = 1 "
-                             "with SUB = 0, no RS and WP 1 or 2)")
+                             "(the model's, each with the other SUB or the other RS)")
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """Benchmark variants: each model spec with the other SUB, with the other RS, and in the
-    warp-specialized form (WS = 1, SUB = 0, no RS)."""
+    """Benchmark variants: each model spec with the other SUB and with the other RS."""
     model = _specs(cfg, buckets)
     return ([KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in model]
             + [KERNEL.spec(**spec_values(**{**s.as_dict(), "RS": 1 - s.as_dict().get("RS", 0)}))
-               for s in model]
-            + [KERNEL.spec(**spec_values(**{**s.as_dict(), "SUB": 0, "RS": 0}), WS=1, **wp)
-               for s in model for wp in ({}, {"WP": 2})])
+               for s in model])
 
 
 def pair_order(t):
@@ -289,7 +249,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     kind, h, m, e, nt = spec["KIND"], spec["H"], spec["M"], spec["E"], spec["NT"]
     sub = spec.as_dict().get("SUB", 0)
     rs = spec.as_dict().get("RS", 0)
-    ws = _ws(spec)
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     rows_cta = cta_rows(kind)
     steps = k_dim // BK
@@ -307,14 +266,14 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         """Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` (swizzled)."""
         return row * 128 + ((chunk ^ (row % 8)) * 16)
 
-    def x_chunks(ti, nthr, mx, mtok, pair0, nrows):
+    def x_chunks(ti, mx, mtok, pair0, nrows):
         """(source addresses, byte counts 16 or 0, swizzled stage offsets) of thread ti's x
-        chunks of each step, when nthr threads copy the tile: chunk ti % 8 of rows ti // 8 +
-        (nthr / 8)·i; rows past the tile's nrows read nothing (zero fill). KIND 0 gathers
-        each pair's token row through tok (trace-time helper)."""
+        chunks of each step: chunk ti % 8 of rows ti // 8 + 32i; rows past the tile's nrows
+        read nothing (zero fill). KIND 0 gathers each pair's token row through tok
+        (trace-time helper)."""
         xb = mx.iterator.toint()
         chunk = ti % 8
-        xrows = [ti // 8 + (nthr // 8) * i for i in range(nt * 8 // nthr)]
+        xrows = [ti // 8 + (threads // 8) * i for i in range(nt * 8 // threads)]
         oks = [Uint32(row) < nrows for row in xrows]
         if kind == 0:
             srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4,
@@ -409,18 +368,9 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                         acc[4 * (j + hh) + v] = c4[v]
 
     @cute.jit
-    def epilogue(acc, nx: cutlass.Constexpr, named: cutlass.Constexpr, tid, base, ex, pair0,
-                 nrows, f0, stacks, mout):
+    def epilogue(acc, nx: cutlass.Constexpr, tid, base, ex, pair0, nrows, f0, stacks, mout):
         """Wait for the last wgmmas, then scale, round and store the tile's nx pairs × the
-        CTA's rows from acc: threads
-        0 … 255 (the two MMA warpgroups), joined by the CTA's barrier or, where `named` (WS =
-        1: the producer takes no part), by the named barrier WS_EPI of the 256."""
-        def sync():
-            if cutlass.const_expr(named):
-                cute.arch.barrier(barrier_id=WS_EPI, number_of_threads=threads)
-            else:
-                cute.arch.sync_threads()
-
+        CTA's rows from acc (all 256 threads, joined by the CTA's barrier)."""
         if cutlass.const_expr(wg):  # the last step's wgmmas
             du.wgmma_wait(0)
             vals = du.fence_values([acc[i] for i in range(nx // 2)])
@@ -434,7 +384,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                              stacks[1][2].iterator.toint())
         alpha = du.as_f32(du.ld_weight_u32(s2 + Int64(ex) * 4)) * Float32(128.0)
         du.cp_async_wait(0)
-        sync()  # every stage is read: reuse the block
+        cute.arch.sync_threads()  # every stage is read: reuse the block
         out_tile = base + Uint32(exch_bytes)
         w16 = (warp % 4) * 16
         if cutlass.const_expr(kind == 0):
@@ -442,7 +392,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 for i in cutlass.range_constexpr(nx // 2):
                     gb = du.pack_bf16(acc[i] * alpha, acc[i] * alpha)
                     du.st_shared_u32(base + Uint32((i * 128 + tw) * 4), gb << 16)
-            sync()
+            cute.arch.sync_threads()
             if wgi == 1:
                 for i in cutlass.range_constexpr(nx // 2):
                     gf = du.as_f32(du.ld_shared_u32(base + Uint32((i * 128 + tw) * 4)))
@@ -461,7 +411,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 feat = wgi * 64 + w16 + g + 8 * ((i % 4) // 2)
                 du.st_shared_u16(out_tile + Uint32(tok_col * out_pitch + feat * 2),
                                  du.pack_bf16(acc[i] * alpha, acc[i] * alpha))
-        sync()
+        cute.arch.sync_threads()
         ob = mout.iterator.toint() + f0 * 2
         for i in cutlass.range_constexpr(math.ceil(nx * out_units / threads)):
             c = tid + threads * i
@@ -546,7 +496,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 du.wgmma_commit()
                 # the previous step's wgmmas are done: its A stage may be overwritten
                 du.wgmma_wait(1)
-        epilogue(acc, nx, False, tid, base, ex, pair0, nrows, f0, stacks, mout)
+        epilogue(acc, nx, tid, base, ex, pair0, nrows, f0, stacks, mout)
 
     @cute.jit
     def body(mx, mtok, mtiles, stacks, mout):
@@ -564,148 +514,33 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             raw = du.smem_addr(smem)
             base = (raw + Uint32(1023)) & Uint32(0xFFFFFC00)  # swizzle atoms: 1024-aligned
 
-            if cutlass.const_expr(ws):
-                f0 = Int64(bx * rows_cta)
-                if tid >= threads:
-                    produce(tid - threads, base, mx, mtok, pair0, nrows, ex, f0, stacks)
-                else:
-                    consume(tid, base, ex, pair0, nrows, f0, stacks, mout)
-            else:
-                # this thread's x chunks: chunk tid % 8 of rows tid // 8 + 32i (fixed for steps)
-                src, nbytes, dst = x_chunks(tid, threads, mx, mtok, pair0, nrows)
+            # this thread's x chunks: chunk tid % 8 of rows tid // 8 + 32i (fixed for steps)
+            src, nbytes, dst = x_chunks(tid, mx, mtok, pair0, nrows)
 
-                # this thread's weight row (of its warpgroup's 64) and k half of each step
-                wrow, half = tw // 2, tw % 2
-                f0 = Int64(bx * rows_cta)
-                frow = f0 + Int64(wrow)
-                if cutlass.const_expr(kind == 1):
-                    frow = frow + Int64(wgi * 64)
-                codes_g = stacks[0][0].iterator.toint()
-                codes_u = stacks[1][0].iterator.toint()
-                scl_g = stacks[0][1].iterator.toint()
-                scl_u = stacks[1][1].iterator.toint()
-                grow = Int64(ex) * n_out + frow
-                ca = (cutlass.select_(wgi == 0, codes_g, codes_u) + grow * code_row
-                      + Int64(16 * half))
-                sa = (cutlass.select_(wgi == 0, scl_g, scl_u) + grow * scale_row
-                      + Int64(2 * half))
+            # this thread's weight row (of its warpgroup's 64) and k half of each step
+            wrow, half = tw // 2, tw % 2
+            f0 = Int64(bx * rows_cta)
+            frow = f0 + Int64(wrow)
+            if cutlass.const_expr(kind == 1):
+                frow = frow + Int64(wgi * 64)
+            codes_g = stacks[0][0].iterator.toint()
+            codes_u = stacks[1][0].iterator.toint()
+            scl_g = stacks[0][1].iterator.toint()
+            scl_u = stacks[1][1].iterator.toint()
+            grow = Int64(ex) * n_out + frow
+            ca = (cutlass.select_(wgi == 0, codes_g, codes_u) + grow * code_row
+                  + Int64(16 * half))
+            sa = (cutlass.select_(wgi == 0, scl_g, scl_u) + grow * scale_row
+                  + Int64(2 * half))
 
-                args = (tid, base, dst, src, nbytes, ca, sa, ex, pair0, nrows, f0, stacks, mout)
-                if cutlass.const_expr(sub):
-                    if nrows > Uint32(nt // 2):
-                        run(nt, *args)
-                    else:
-                        run(nt // 2, *args)
-                else:
+            args = (tid, base, dst, src, nbytes, ca, sa, ex, pair0, nrows, f0, stacks, mout)
+            if cutlass.const_expr(sub):
+                if nrows > Uint32(nt // 2):
                     run(nt, *args)
-
-    # -- WS = 1: warpgroups 0 and 1 issue the wgmmas, warpgroup 2 decodes and copies -----------
-    producers = 32 * (_warps(spec) - WARPS)
-    everyone = threads + producers
-    wp = producers // 128
-
-    @cute.jit
-    def produce(ptid, base, mx, mtok, pair0, nrows, ex, f0, stacks):
-        """WS = 1's producer (threads 256 … 383 as ptid 0 … 127): per step, the x tile's
-        copies WS_AHEAD steps ahead (chunk ptid % 8 of rows ptid // 8 + 16i) once the
-        consumers released their stage, then the A tile of weight row ptid of the CTA's 128
-        (both k halves), then, its x copies complete and both fenced for wgmma's async proxy,
-        the stage handed over."""
-        src, nbytes, dst = x_chunks(ptid, producers, mx, mtok, pair0, nrows)
-        # this thread's weight row of the CTA's 128 and its k halves (WP = 2: one each)
-        row = ptid if wp == 1 else ptid // 2
-        halves = (0, 1) if wp == 1 else (ptid % 2,)
-        pw, wrow = row // 64, row % 64  # the consumer warpgroup whose A rows these are
-        frow = f0 + Int64(wrow)
-        if cutlass.const_expr(kind == 1):
-            frow = frow + Int64(pw * 64)
-        grow = Int64(ex) * n_out + frow
-        ca = cutlass.select_(pw == 0, stacks[0][0].iterator.toint(),
-                             stacks[1][0].iterator.toint()) + grow * code_row
-        sa = cutlass.select_(pw == 0, stacks[0][1].iterator.toint(),
-                             stacks[1][1].iterator.toint()) + grow * scale_row
-        a_off = Uint32(pw * 64 * 128)
-        my_codes = base + Uint32(lay["c0"]) + Uint32(row * (BK // 2))
-        my_scales = base + Uint32(lay["s0"]) + Uint32(row) * Uint32(scale_row)
-
-        def copy_step(s):
-            """x and this row's code bytes of step s into stage s % WS_STAGES: one group."""
-            stage = base + Uint32(lay["x0"] + (s % WS_STAGES) * lay["x_stage"])
-            for d, a, n in zip(dst, src, nbytes):
-                du.cp_async_16(stage + d, a + Int64(s * BK * 2), n)
-            cst = my_codes + Uint32((s % WS_STAGES) * lay["c_stage"])
-            for hh in cutlass.range_constexpr(2):
-                if cutlass.const_expr(wp == 1):
-                    du.cp_async_16(cst + Uint32(16 * hh), ca + Int64(s * BK // 2 + 16 * hh), 16)
-                elif cutlass.const_expr(hh == 0):
-                    hb = Uint32(16) * Uint32(halves[0])
-                    du.cp_async_16(cst + hb, ca + Int64(s * BK // 2) + Int64(hb), 16)
-            du.cp_async_commit()
-
-        in_smem = scale_row % 16 == 0  # else (flint-nano's down: 8 B a row) in registers
-        sregs = [] if in_smem else [du.ld_weight_u32(sa + Int64(4 * i))
-                                    for i in range(scale_row // 4)]
-        # the row's scales, in step 0's group
-        for c in cutlass.range_constexpr(scale_row // 16 if in_smem else 0):
-            if cutlass.const_expr(wp == 1):
-                du.cp_async_16(my_scales + Uint32(16 * c), sa + Int64(16 * c), 16)
-            elif cutlass.const_expr(c % 2 == 0):  # WP = 2: the row's two threads share them
-                cc = Uint32(c) + Uint32(halves[0])
-                if cc < Uint32(scale_row // 16):
-                    du.cp_async_16(my_scales + Uint32(16) * cc, sa + Int64(16) * Int64(cc), 16)
-        for s in cutlass.range_constexpr(min(WS_AHEAD, steps)):
-            copy_step(s)
-        for s in cutlass.range_constexpr(steps):
-            if cutlass.const_expr(s + WS_AHEAD < steps):
-                if cutlass.const_expr(s + WS_AHEAD >= WS_STAGES):
-                    cute.arch.barrier(barrier_id=WS_EMPTY + (s + WS_AHEAD) % WS_STAGES,
-                                      number_of_threads=everyone)
-                copy_step(s + WS_AHEAD)
-            du.cp_async_wait(min(WS_AHEAD, steps - 1 - s))  # step s's group is in
-            if cutlass.const_expr(s == 0 and wp == 2 and in_smem):
-                # the scale chunks the row's other thread copied
-                cute.arch.barrier(barrier_id=WS_PROD, number_of_threads=producers)
-            cst = my_codes + Uint32((s % WS_STAGES) * lay["c_stage"])
-            sw = (du.ld_shared_u32(my_scales + Uint32(s * BK // 16)) if in_smem
-                  else sregs[s * BK // 64])
-            a_tile = base + Uint32((s % WS_STAGES) * lay["w_stage"]) + a_off
-            if cutlass.const_expr(wp == 1):
-                words = du.ld_shared_v4(cst) + du.ld_shared_v4(cst + Uint32(16))
-                store_w(a_tile, wrow, 0, words[:4], sw)
-                store_w(a_tile, wrow, 1, words[4:], sw >> Uint32(16))
+                else:
+                    run(nt // 2, *args)
             else:
-                hb = Uint32(halves[0])
-                words = du.ld_shared_v4(cst + Uint32(16) * hb)
-                store_w(a_tile, wrow, halves[0], words, sw >> (Uint32(16) * hb))
-            du.fence_proxy_async_shared()
-            cute.arch.barrier_arrive(barrier_id=WS_FULL + s % WS_STAGES,
-                                     number_of_threads=everyone)
-
-    @cute.jit
-    def consume(tid, base, ex, pair0, nrows, f0, stacks, mout):
-        """WS = 1's consumers (threads 0 … 255): per step, wait for the stage, issue the
-        warpgroup's wgmmas on it, and release the stage of the step before once its wgmmas are
-        done (only stages the producer refills: each barrier sees as many arrivals as waits);
-        then the epilogue, joined by a barrier of the 256."""
-        warp, lane = tid // 32, tid % 32
-        wgi = tid // 128
-        acc = cute.make_rmem_tensor((nt // 2,), Float32)
-        acc.fill(0.0)
-        for s in cutlass.range_constexpr(steps):
-            cute.arch.barrier(barrier_id=WS_FULL + s % WS_STAGES, number_of_threads=everyone)
-            a_tile = base + Uint32((s % WS_STAGES) * lay["w_stage"] + wgi * 64 * 128)
-            x_tile = base + Uint32(lay["x0"] + (s % WS_STAGES) * lay["x_stage"])
-            if cutlass.const_expr(wg):
-                du.wgmma_fence()
-            mma_step(acc, a_tile, x_tile, warp, lane, nt)
-            if cutlass.const_expr(wg):
-                du.wgmma_commit()
-                du.wgmma_wait(1)  # step s − 1's wgmmas are done
-            if cutlass.const_expr(s >= 1 and s - 1 + WS_STAGES < steps):
-                cute.arch.barrier_arrive(barrier_id=WS_EMPTY + (s - 1) % WS_STAGES,
-                                         number_of_threads=everyone)
-        epilogue(acc, nt, True, tid, base, ex, pair0, nrows, f0, stacks, mout)
-
+                run(nt, *args)
 
     if kind == 0:
         @cute.kernel
