@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -514,3 +515,24 @@ def test_build_compiles_a_repeated_spec_once(built, tmp_path, monkeypatch):
     monkeypatch.setattr(build, "compile_spec", lambda *a: calls.append(a) or real(*a))
     counts = build.build_cache(root, [(kdef, spec)] * 3, ["sm_90a"], progress=False, workers=1)
     assert len(calls) == 1 and counts == {"built": 1, "reused": 0, "total": 1}
+
+
+def test_prune_drops_only_what_is_no_longer_built(built, tmp_path):
+    """tools/build_gpu_cache.py --prune: entries (and cubins) outside the build list go, the
+    rest stay loadable, so the cache a device call carries holds no removed variants."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from build_gpu_cache import prune
+
+    root = _copy(built, tmp_path)
+    kdef = registry(("rmsnorm",))[0]
+    keep = kdef.spec(B=1, H=64)
+    entries = json.loads((root / MANIFEST).read_text())["entries"]
+    assert len(entries) > 1
+    gone = [e for e in entries if e != entry_id(keep, "sm_90a")]
+    assert prune(root, [(kdef, keep)], ["sm_90a"]) == len(gone)
+    left = json.loads((root / MANIFEST).read_text())["entries"]
+    assert list(left) == [entry_id(keep, "sm_90a")]
+    assert not any((root / entries[e]["cubin"]).exists() for e in gone)
+    assert KernelCache(root).get(kdef, keep, "sm_90a", build=False).meta

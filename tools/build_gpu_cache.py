@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, kernel_module, registry
 from flint_graph.kernels.toolchain.build import build_cache, model_specs
-from flint_graph.kernels.toolchain.cache import KernelCacheError
+from flint_graph.kernels.toolchain.cache import (KernelCacheError, entry_id, read_manifest,
+                                                 write_manifest)
 from flint_graph.kernels.toolchain.spec import BUCKETS, unique_specs
 from flint_graph.nano.plants import planted_config
 
@@ -60,7 +62,13 @@ def main() -> int:
     p.add_argument("--preset", action="append", choices=PRESETS,
                    help="build only this config's kernels (repeatable; default: every preset, "
                         "the bench variants and the test kernels)")
+    p.add_argument("--prune", action="store_true",
+                   help="afterwards remove the entries and cubins this command does not "
+                        "build (variants since removed, other --arch), so the cache a device "
+                        "call carries stays small; only with every preset")
     args = p.parse_args()
+    if args.prune and args.preset and set(args.preset) != set(PRESETS):
+        p.error("--prune needs every preset (without --preset): it keeps only what they build")
     if args.jobs is not None and args.jobs < 1:
         p.error(f"--jobs {args.jobs}: expected at least 1 compile process")
     t0 = time.perf_counter()
@@ -71,7 +79,22 @@ def main() -> int:
         print(f"build_gpu_cache: {e}", file=sys.stderr)
         return 2
     print(f"{args.out}: {counts} in {time.perf_counter() - t0:.0f} s")
+    if args.prune:
+        print(f"{args.out}: pruned {prune(Path(args.out), work, args.arch or ['sm_90a'])} "
+              "entries of specs no longer built")
     return 0
+
+
+def prune(root: Path, work: list, archs: list[str]) -> int:
+    """Drop from `root`'s manifest every entry whose (spec, arch) is not in `work` × `archs`,
+    and its cubin; returns how many went."""
+    entries = read_manifest(root)
+    keep = {entry_id(spec, arch) for _, spec in work for arch in archs}
+    gone = [eid for eid in entries if eid not in keep]
+    for eid in gone:
+        (root / entries.pop(eid)["cubin"]).unlink(missing_ok=True)
+    write_manifest(root, entries)
+    return len(gone)
 
 
 if __name__ == "__main__":
