@@ -259,8 +259,15 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
         # kept the last: a second "name" in tools[0] was reported as a clash with tools[3])
         tools = read_capped(path, TOOLS_MAX_BYTES, unique_keys=True)
     except FileNotFoundError:
-        raise InvalidRequestError(f"{path}: tools file not found; a tools file is a JSON list of "
-                                  "a few function tools (e.g. examples/tools.json)") from None
+        from pathlib import Path
+
+        path = Path(path)
+        where = "" if path.is_absolute() else f" (looked for {Path.cwd() / path}: a relative " \
+            "path is taken from the current directory)"
+        example = Path(__file__).resolve().parent.parent / "examples" / "tools.json"
+        raise InvalidRequestError(
+            f"{path}: tools file not found{where}; a tools file is a JSON list of a few function "
+            f"tools (e.g. {example if example.is_file() else 'examples/tools.json'})") from None
     except ValueError as e:
         raise InvalidRequestError(f"{path}: {e}; a tools file is a JSON list of a few function "
                                   "tools") from None
@@ -489,6 +496,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             and not out.tool_calls:
         print(f"flint-graph: note: max tokens ({len(out.token_ids)}) ran out while the model was "
               "still reasoning; raise --max-tokens for an answer", file=sys.stderr)
+    elif out.finish_reason == "length":
+        # the answer itself cut short: without this only --json said so (a new user's trial,
+        # 2026-12-06: `generate --prompt Hi --no-think --max-tokens 60` ended mid-line)
+        print(f"flint-graph: note: max tokens ({len(out.token_ids)}) ended the answer early; "
+              "raise --max-tokens for the rest", file=sys.stderr)
     elif out.finish_reason == "repeat":
         print(f"flint-graph: note: the answer repeated itself; --stop-on-repeat ended it after "
               f"{len(out.token_ids)} tokens", file=sys.stderr)

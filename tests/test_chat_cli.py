@@ -736,3 +736,17 @@ def test_a_piped_line_past_the_cap_is_dropped_and_the_chat_goes_on(tiny_llm, mon
     assert "that line holds more than 100 characters" in out and "it was not sent" in out
     assert "/reset" in out  # /help after it still ran
     assert s.messages == [] and "a" * 200 not in out
+
+
+def test_a_tool_result_that_is_not_json_gets_a_note_once(nano_llm):
+    """A new user's trial (2026-12-06): "it is sunny and 25 degrees" typed as get_weather's
+    result was answered from an invented {"sky": "rain"} without a word; the result is still
+    sent as typed, with a note (once a session) that flint-nano was trained on JSON results."""
+    s, console = _session(nano_llm, ["Convert 120 km to mi.", "about 74.6 miles",
+                                     "Convert 5 kg to lb.", "roughly 11 pounds", "/exit"],
+                          params=GREEDY, tools=NANO_TOOLS)
+    assert s.run() == 0
+    out = console.file.getvalue()
+    assert out.count("note: this result is not JSON") == 1, out
+    assert s.messages[2] == {"role": "tool", "content": "about 74.6 miles",
+                             "tool_call_id": s.messages[1]["tool_calls"][0]["id"]}

@@ -1039,3 +1039,21 @@ def test_missing_tools_and_config_paths_say_what_was_expected(capsys, tmp_path):
     code, _, err = _run(capsys, "generate", "--prompt", "hi", "--hf-config-path",
                         tmp_path / "nodir")
     assert code == 2 and "does not exist; expected a directory with config.json" in err, err
+
+
+def test_a_relative_tools_path_says_where_it_was_looked_for(capsys, tmp_path, monkeypatch):
+    """A new user's trial (2026-12-06): `scripts/chat.sh --tools examples/tools.json` from
+    another directory suggested the very path that had failed."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", "--tools", "examples/tools.json")
+    assert code == 2 and f"looked for {tmp_path / 'examples/tools.json'}" in err, err
+    assert "relative path is taken from the current directory" in err, err
+
+
+def test_an_answer_cut_by_max_tokens_is_noted(capsys, tiny_ckpt):
+    """A new user's trial (2026-12-06): an answer (not reasoning) cut off by --max-tokens
+    ended mid-line with nothing on stderr; only --json said finish_reason "length"."""
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--raw",
+                          "--max-tokens", "3", "--temperature", "0",
+                          "--device", "cpu")
+    assert code == 0 and "max tokens (3) ended the answer early; raise --max-tokens" in err, err

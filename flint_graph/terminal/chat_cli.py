@@ -282,6 +282,7 @@ class ChatSession:
         self.llm, self.params, self.tools = llm, params, tools
         self.tools_path = tools_path
         self.hinted_tools = False  # the note on a refusal without tools, shown once
+        self.hinted_json = False  # the note on a tool result that is not JSON, shown once
         self.system, self.enable_thinking = system, enable_thinking
         self.show_reasoning = show_reasoning
         # piped, rich would break lines at 80 columns inside words; a reader of the file wraps
@@ -537,8 +538,26 @@ class ChatSession:
                     continue
                 if self._text_ok(result, "result"):
                     break
+            self._hint_json(result)
             self.messages.append({"role": "tool", "content": result, "tool_call_id": call.id})
         return None
+
+    def _hint_json(self, result: str) -> None:
+        """Once a session, a note when a tool result is not JSON: flint-nano was trained only
+        on JSON results and answered "it is sunny and 25 degrees" with an invented
+        {"sky": "rain"} (a new user's trial, 2026-12-06); the result is sent as typed."""
+        if self.hinted_json:
+            return
+        try:
+            json.loads(result)
+            return
+        except ValueError:
+            pass
+        self.hinted_json = True
+        example = '{"city": "Rome", "high": 25, "sky": "sun"}'
+        self.console.print(Text("note: this result is not JSON; a model trained on JSON tool "
+                                f"results (flint-nano: e.g. {example}) may misread plain text "
+                                "and answer from a result it invents", style="dim"))
 
     def _text_ok(self, text: str, what: str) -> bool:
         """Whether typed text can be sent; if not (a byte that is not UTF-8, read as a lone
