@@ -7,11 +7,11 @@
 #   2. the kernel alone (tools/probe_grouped_w4a16.py, 512 and 1,024 tokens, copy bandwidth
 #      beside it), PF 0 / 2 / 4 / 8 alternated twice;
 #   3. whole NVFP4 prefills of 512 and 1,024 tokens, PF 0 / 4 / 8 alternated twice in one process;
-#   4. ncu (if time is left): issue and DRAM use of gate/up at 512 tokens, PF 0 and the best.
+#   4. ncu (if time is left): issue and DRAM use of gate/up at 512 tokens, PF 0 (and NCU_PF).
 # Device run: carry [".whl", ".kcache"], command: bash tools/gpu_session28.sh
 set -uo pipefail
 start=$(date +%s)
-deadline=${DEADLINE:-$(( start + 560 ))}
+deadline=${DEADLINE:-$(( start + 420 ))}
 left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l) : $1 )); }
 . tools/device_setup.sh
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -27,7 +27,7 @@ for pass in 1 2; do
 done
 grep "^copy" "$OUT/probe.log" | head -2
 timeout "$(left 240)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
-  --tokens 512,1024 --reps 7 --profile-tokens 0 --kernel-tokens= --pf 0,4,8,0,4,8 \
+  --tokens 512,1024 --reps 5 --profile-tokens 0 --kernel-tokens= --pf 0,4,8,0,4,8 \
   --out "$OUT/prefill" > "$OUT/prefill.log" 2>&1
 echo "prefill: exit $?"
 grep '^{' "$OUT/prefill.log" | python3 -c "
@@ -35,9 +35,8 @@ import json, sys
 for l in sys.stdin:
     d = json.loads(l)
     print(d['tokens'], d['row_moe_max'], round(d['ms'], 2), round(d.get('gpu_ms', 0), 2))"
-best=${NCU_PF:-4}
-if [ "$(left 120)" -ge 100 ] && [ -x /usr/local/cuda/bin/ncu ]; then
-  for pf in 0 "$best"; do
+if [ "$(left 120)" -ge 60 ] && [ -x /usr/local/cuda/bin/ncu ]; then
+  for pf in 0 ${NCU_PF:-}; do
     v=(); [ "$pf" = 0 ] || v=(--values "PF=$pf")
     timeout "$(left 60)" /usr/local/cuda/bin/ncu -k regex:grouped_w4a16 -c 2 \
       --section SchedulerStats --section WarpStateStats --section SpeedOfLight \
