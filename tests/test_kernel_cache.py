@@ -536,3 +536,28 @@ def test_prune_drops_only_what_is_no_longer_built(built, tmp_path):
     assert list(left) == [entry_id(keep, "sm_90a")]
     assert not any((root / entries[e]["cubin"]).exists() for e in gone)
     assert KernelCache(root).get(kdef, keep, "sm_90a", build=False).meta
+
+
+def test_prune_never_deletes_outside_the_cache(tmp_path):
+    """A bad-input trial (2026-12-06): --prune unlinked whatever an entry's "cubin" named
+    ("../victim.txt", an absolute path) and stopped with a traceback on a malformed entry.
+    Now such entries leave the manifest and no file outside the directory is touched."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from build_gpu_cache import prune
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    victim, absolute = tmp_path / "victim.txt", tmp_path / "victim2.cubin"
+    victim.write_text("precious")
+    absolute.write_text("precious")
+    (root / "old.cubin").write_bytes(b"x")
+    entries = {"a@sm_90a": {"cubin": "../victim.txt"}, "b@sm_90a": {"cubin": str(absolute)},
+               "c@sm_90a": {}, "d@sm_90a": 5, "e@sm_90a": {"cubin": None},
+               "f@sm_90a": {"cubin": ""}, "g@sm_90a": {"cubin": "old.cubin"}}
+    (root / MANIFEST).write_text(json.dumps({"version": 1, "entries": entries}))
+    assert prune(root, [], ["sm_90a"]) == len(entries)
+    assert victim.read_text() == "precious" and absolute.read_text() == "precious"
+    assert not (root / "old.cubin").exists()
+    assert json.loads((root / MANIFEST).read_text())["entries"] == {}

@@ -232,6 +232,20 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
                                ("--profile-tokens", args.profile_tokens, 0)):
         if value < least:
             p.error(f"{flag} {value}: expected {least} or more")
+    # the W4A16 variants are built one at a time (grouped_w4a16.bench_specs): a row that
+    # combined two would find no kernel after the weights were made and earlier rows timed
+    picked = {flag: [int(v) for v in text.split(",") if v and int(v) != default]
+              for flag, text, default in (("--depth", args.depth, 2), ("--ws", args.ws, 0),
+                                          ("--pf", args.pf, 0))}
+    if sum(bool(v) for v in picked.values()) > 1:
+        p.error(f"{', '.join(f for f, v in picked.items() if v)}: each builds a variant of the "
+                "W4A16 kernels on its own; give other values than the default for one of "
+                "--depth (2), --ws (0) and --pf (0) per run")
+    bad_nt = [v for v in args.nt.split(",") if v and int(v) not in (16, 32)]
+    if picked["--pf"] and bad_nt:
+        p.error(f"--pf with --nt {','.join(bad_nt)}: PF is built for NT 16 and 32 only")
+    if picked["--ws"] and bad_nt:
+        p.error(f"--ws 1 with --nt {','.join(bad_nt)}: WS is built for NT 16 and 32 only")
     from flint_graph.checkpoints.config import FlintConfig
     from flint_graph.errors import ConfigError
 
@@ -308,7 +322,8 @@ def main() -> int:
                         "grouped_w4a16.WS_STAGES deep); 0,1 times both (default: 0)")
     p.add_argument("--pf", default="",
                    help="the W4A16 kernels' L2 prefetch distance in steps at NT 16 and 32 "
-                        "(grouped_w4a16 PF: 0, 2, 4, 8; several values time each; default: 0)")
+                        "(grouped_w4a16 PF: 0, 2, 4, 8; several values time each; default: 0); "
+                        "chunks on grouped_w4a16_wg (above 1,536 rows) or at NT 64 keep PF = 0")
     p.add_argument("--w4a16-max", type=w4a16_max_list, default=[],
                    help="NVFP4 graph path: ROUTED/SHARED, the largest chunk (rows) the routed "
                         "and the shared expert run on the grouped W4A16 kernels, larger ones "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, kernel_module, registry
-from flint_graph.kernels.toolchain.build import build_cache, model_specs
+from flint_graph.kernels.toolchain.build import _exclusive, build_cache, model_specs
 from flint_graph.kernels.toolchain.cache import (KernelCacheError, entry_id, read_manifest,
                                                  write_manifest)
 from flint_graph.kernels.toolchain.spec import BUCKETS, unique_specs
@@ -80,20 +80,33 @@ def main() -> int:
         return 2
     print(f"{args.out}: {counts} in {time.perf_counter() - t0:.0f} s")
     if args.prune:
-        print(f"{args.out}: pruned {prune(Path(args.out), work, args.arch or ['sm_90a'])} "
-              "entries of specs no longer built")
+        try:
+            gone = prune(Path(args.out), work, args.arch or ["sm_90a"])
+        except KernelCacheError as e:
+            print(f"build_gpu_cache: {e}", file=sys.stderr)
+            return 2
+        print(f"{args.out}: pruned {gone} entries of specs no longer built")
     return 0
 
 
 def prune(root: Path, work: list, archs: list[str]) -> int:
     """Drop from `root`'s manifest every entry whose (spec, arch) is not in `work` × `archs`,
-    and its cubin; returns how many went."""
-    entries = read_manifest(root)
-    keep = {entry_id(spec, arch) for _, spec in work for arch in archs}
-    gone = [eid for eid in entries if eid not in keep]
-    for eid in gone:
-        (root / entries.pop(eid)["cubin"]).unlink(missing_ok=True)
-    write_manifest(root, entries)
+    and its cubin; returns how many went. Under the build lock, as a build writes. A cubin is
+    deleted only where the entry names a plain `.cubin` file in `root` (the manifest is data:
+    an entry naming "../x" or "/x" is dropped but nothing outside the directory is touched); a
+    malformed entry is dropped the same way. Raises KernelCacheError for a file that is not a
+    kernel manifest."""
+    with _exclusive(root):
+        entries = read_manifest(root)
+        keep = {entry_id(spec, arch) for _, spec in work for arch in archs}
+        gone = [eid for eid in entries if eid not in keep]
+        for eid in gone:
+            meta = entries.pop(eid)
+            name = meta.get("cubin") if isinstance(meta, dict) else None
+            if isinstance(name, str) and name.endswith(".cubin") and "/" not in name \
+                    and "\\" not in name:
+                (root / name).unlink(missing_ok=True)
+        write_manifest(root, entries)
     return len(gone)
 
 
