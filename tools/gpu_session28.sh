@@ -27,7 +27,7 @@ for pass in 1 2; do
 done
 grep "^copy" "$OUT/probe.log" | head -2
 timeout "$(left 240)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
-  --tokens 512,1024 --reps 5 --profile-tokens 0 --kernel-tokens= --pf 0,4,8,0,4,8 \
+  --tokens 512,1024 --reps 5 --profile-tokens 0 --kernel-tokens= --pf "${BENCH_PF:-0,4,8,0,4,8}" \
   --out "$OUT/prefill" > "$OUT/prefill.log" 2>&1
 echo "prefill: exit $?"
 grep '^{' "$OUT/prefill.log" | python3 -c "
