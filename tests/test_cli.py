@@ -1057,3 +1057,18 @@ def test_an_answer_cut_by_max_tokens_is_noted(capsys, tiny_ckpt):
                           "--max-tokens", "3", "--temperature", "0",
                           "--device", "cpu")
     assert code == 0 and "max tokens (3) ended the answer early; raise --max-tokens" in err, err
+
+
+def test_an_unreadable_checkpoint_file_is_a_clean_error(capsys, tiny_ckpt, monkeypatch):
+    """A bad-input trial (2026-12-06): a mode-000 safetensors shard (or index, or directory)
+    ended in "internal error: PermissionError", exit 1. Root reads any file, so the reader is
+    made to fail as it does for another user."""
+    from flint_graph.checkpoints import hf_checkpoint
+
+    def denied(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(hf_checkpoint, "read_safetensors_header", denied)
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--device", "cpu")
+    assert code == 2 and "cannot read it (permission denied)" in err, err
+    assert "internal error" not in err and ".safetensors" in err, err

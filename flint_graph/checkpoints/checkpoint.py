@@ -149,8 +149,21 @@ def load_checkpoint(path: str | Path, hf_config_path: str | Path | None = None,
       directory when it holds config.json.
     Raises CheckpointError naming the path when it does not exist, is neither format, or a GGUF
     has no config directory (the message explains --hf-config-path); ConfigError for a bad
-    config.json; loader errors (shapes, dtypes, metadata mismatch) propagate.
+    config.json or a file this user may not read; loader errors (shapes, dtypes, metadata
+    mismatch) propagate.
     """
+    try:
+        return _load(path, hf_config_path, device, progress)
+    except PermissionError as e:
+        # a file or directory the user cannot read gave "internal error: PermissionError"
+        # from whichever reader met it first (a bad-input trial, 2026-12-06)
+        raise CheckpointError(f"{e.filename or path}: cannot read it (permission denied); "
+                              "a checkpoint's files must be readable by this user") from None
+
+
+def _load(path: str | Path, hf_config_path: str | Path | None, device: torch.device | str,
+          progress: bool) -> LoadedCheckpoint:
+    """`load_checkpoint` without its PermissionError translation."""
     from flint_graph.checkpoints.hf_checkpoint import INDEX_NAME, SINGLE_NAME, load_safetensors
 
     path = Path(path)
