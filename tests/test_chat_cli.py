@@ -750,3 +750,18 @@ def test_a_tool_result_that_is_not_json_gets_a_note_once(nano_llm):
     assert out.count("note: this result is not JSON") == 1, out
     assert s.messages[2] == {"role": "tool", "content": "about 74.6 miles",
                              "tool_call_id": s.messages[1]["tool_calls"][0]["id"]}
+
+
+def test_a_system_prompt_longer_than_the_context_is_named(tiny_llm, monkeypatch):
+    """A bad-input trial (2026-12-06): `chat --system` of 120,000 characters blamed every
+    message ("that message alone does not fit"), even after /reset; the hint now names the
+    system prompt when it is the longer part."""
+    small = dataclasses.replace(tiny_llm.cfg, max_position_embeddings=256)
+    monkeypatch.setattr(tiny_llm, "cfg", small)
+    monkeypatch.setattr(tiny_llm.engine, "cfg", small)
+    console = Console(file=io.StringIO(), width=400, force_terminal=False)
+    s, _ = _session(tiny_llm, ["hi", "/exit"], console=console, system="be brief " * 300)
+    s.run()
+    out = console.file.getvalue()
+    assert "the system prompt (--system) is longer than that message" in out, out
+    assert MESSAGE_TOO_LONG not in out and CONTEXT_FULL not in out

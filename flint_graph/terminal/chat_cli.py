@@ -480,8 +480,12 @@ class ChatSession:
                     # ... unless the new message is all there is: then /reset would not help.
                     alone = self.messages[-1:] and self.messages[-1]["role"] == "user" and all(
                         m["role"] == "system" for m in self.messages[:-1])
+                    # a system prompt longer than the message is what to shorten
+                    system = sum(len(m.get("content") or "") for m in self.messages[:-1]) > \
+                        len(self.messages[-1].get("content") or "") if alone else False
                     hint = CONTEXT_FULL if not alone else \
-                        MESSAGE_AND_TOOLS_TOO_LONG if self.tools else MESSAGE_TOO_LONG
+                        too_long_with(bool(self.tools), system) if self.tools or system \
+                        else MESSAGE_TOO_LONG
                     self.console.print(f"[yellow]{hint}[/]")
                 if self.messages and self.messages[-1]["role"] == "user":
                     self.messages.pop()
@@ -695,6 +699,17 @@ MESSAGE_TOO_LONG = ("that message alone does not fit the model's context (the co
 MESSAGE_AND_TOOLS_TOO_LONG = ("that message and the tool definitions do not fit the model's "
                               "context together: shorten the message, or use fewer or shorter "
                               "tools (--tools)")
+
+
+def too_long_with(tools: bool, system: bool) -> str:
+    """The hint for a first message that does not fit beside the tool definitions and/or the
+    system prompt: a --system longer than the context was blamed on every message, even after
+    /reset (a bad-input trial, 2026-12-06)."""
+    if not system:
+        return MESSAGE_AND_TOOLS_TOO_LONG
+    return ("the system prompt (--system) is longer than that message, and together"
+            + (" with the tool definitions" if tools else "") + " they do not fit the model's "
+            "context: shorten the system prompt (start the chat again with a shorter --system)")
 
 
 def read_line_capped(stream, most: int) -> str | None:
