@@ -381,3 +381,17 @@ def test_trace_and_bench_name_their_own_nvfp4_flag(monkeypatch):
         o = BenchOptions(preset="full", device="cpu", progress=False, nvfp4_flag=flag)
         with pytest.raises(ConfigError, match=rf"need 24\.9 GB \({flag}\)"):
             next(sources(o, 1024))
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(tmp_path):
+    """A bad-input trial (2026-12-06): `flint-graph make-checkpoint ... | head -1` exited 1
+    (rich's broken-pipe exit) with the checkpoint complete; `generate | head` exits 0."""
+    script = ("import sys; from flint_graph.cli import main; "
+              "sys.exit(main(['make-checkpoint', '--preset', 'tiny', '--no-progress', "
+              f"'--out', {str(tmp_path / 'ck')!r}]))")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before the summary is printed
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and (tmp_path / "ck" / "config.json").is_file(), err

@@ -417,7 +417,7 @@ def check_memory(cfg: FlintConfig, device: torch.device, fmt: str = "bf16",
 def run(args: argparse.Namespace) -> int:
     """Write the checkpoint `args` (from `add_arguments`) describe and print a summary; 0 on
     success. Raises FlintError for bad input (the caller prints it on one line)."""
-    from rich.console import Console
+    from flint_graph.terminal.stdout_console import StdoutConsole
 
     if args.seed < 0:
         raise ConfigError(f"--seed {args.seed}: expected a non-negative integer")
@@ -428,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
                  "--format gguf")
     summary = write_checkpoint(cfg, args.out_dir, formats, args.seed, args.device,
                                args.progress, args.quantize_embeddings, args.overwrite)
-    out = Console()
+    out = StdoutConsole()
     out.print(f"wrote {summary['out_dir']} ({summary['total_bytes'] / 1e6:,.1f} MB, "
               f"{summary['seconds']['total']:.1f} s on {summary['device']})")
     for name, size in summary["files"].items():

@@ -31,6 +31,7 @@ from flint_graph.errors import ContextLengthError, FlintError, not_utf8
 from flint_graph.paths import replace_file
 from flint_graph.terminal.live_text import printable, tail_lines
 from flint_graph.terminal.progress import prefill_bar
+from flint_graph.terminal.stdout_console import StdoutConsole
 
 __all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
 
@@ -286,8 +287,8 @@ class ChatSession:
         self.system, self.enable_thinking = system, enable_thinking
         self.show_reasoning = show_reasoning
         # piped, rich would break lines at 80 columns inside words; a reader of the file wraps
-        self.console = console or Console(highlight=False,
-                                          soft_wrap=not sys.stdout.isatty())
+        self.console = console or StdoutConsole(highlight=False,
+                                                soft_wrap=not sys.stdout.isatty())
         # piped input is not echoed by a terminal: `_ask` prints it (None: when this session
         # reads the real stdin and it is not a terminal)
         self.echo_input = (console is None and not sys.stdin.isatty()) if echo_input is None \
