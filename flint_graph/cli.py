@@ -338,6 +338,13 @@ def load_llm(args: argparse.Namespace):
     from flint_graph.runtime.engine_config import EngineConfig
 
     _check_model_path(args.model)
+    if args.model is None and args.hf_config_path is not None \
+            and os.path.exists(args.hf_config_path):  # a missing one: the loader says so
+        # it replaced flint-nano's own config.json and failed on a tensor's shape, without
+        # naming the flag (a bad-input trial, 2026-12-06)
+        raise InvalidRequestError(f"--hf-config-path {args.hf_config_path}: it gives a GGUF "
+                                  "checkpoint its config; the embedded default (no MODEL) has "
+                                  "its own: give MODEL too, or leave the option out")
     llm = LLM(args.model, hf_config_path=args.hf_config_path, device=args.device,
               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
                                   max_context=args.max_context, prefill=args.prefill,

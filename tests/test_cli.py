@@ -1072,3 +1072,10 @@ def test_an_unreadable_checkpoint_file_is_a_clean_error(capsys, tiny_ckpt, monke
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--device", "cpu")
     assert code == 2 and "cannot read it (permission denied)" in err, err
     assert "internal error" not in err and ".safetensors" in err, err
+
+
+def test_hf_config_path_without_a_model_is_refused(capsys, tmp_path):
+    """A bad-input trial (2026-12-06): `generate --hf-config-path DIR` without MODEL put DIR's
+    config on the embedded flint-nano and failed on a tensor shape, not naming the flag."""
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", "--hf-config-path", tmp_path)
+    assert code == 2 and "--hf-config-path" in err and "give MODEL too" in err, err
