@@ -8,7 +8,8 @@
 #      beside it), PF 0 / 2 / 4 / 8 alternated twice;
 #   3. whole NVFP4 prefills of 512 and 1,024 tokens, PF 0 / 4 / 8 alternated twice in one process;
 #   4. ncu (if time is left): issue and DRAM use of gate/up at 512 tokens, PF 0 (and NCU_PF).
-# Device run: carry [".whl", ".kcache"], command: bash tools/gpu_session28.sh
+# Device run: carry [".whl", ".kcache"], command: bash tools/gpu_session28.sh (SKIP_BENCH=1:
+# steps 1-2 only; BENCH_PF: step 3's PF list; NCU_PF: step 4 for that PF too)
 set -uo pipefail
 start=$(date +%s)
 deadline=${DEADLINE:-$(( start + 420 ))}
@@ -26,6 +27,7 @@ for pass in 1 2; do
   done
 done
 grep "^copy" "$OUT/probe.log" | head -2
+[ -n "${SKIP_BENCH:-}" ] && { echo "done (SKIP_BENCH) in $(( $(date +%s) - start )) s"; exit 0; }
 timeout "$(left 240)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
   --tokens 512,1024 --reps 5 --profile-tokens 0 --kernel-tokens= --pf "${BENCH_PF:-0,4,8,0,4,8}" \
   --out "$OUT/prefill" > "$OUT/prefill.log" 2>&1
