@@ -461,3 +461,33 @@ def test_side_max_rows_refuses_what_is_not_a_row_count(model, rows):
     pre = Prefill(CFG, model.weights, KVCache(CFG, 1, 64, device="cpu"), attention="reference")
     with pytest.raises(ValueError, match="side_max_rows"):
         pre.set_side_max_rows(rows)
+
+
+def test_kept_bf16_dense_weights_change_no_bit(model, prompt):
+    """Prefill.set_dense_bf16: the NVFP4 dense projections decoded once and kept give the
+    per-chunk decode's logits and KV bit for bit (the decode is exact; scale2 stays apart),
+    and nothing is kept for BF16 weights."""
+    from flint_graph.checkpoints.weights import NVFP4Weight
+
+    def bits(t):  # NaN-safe (unwritten KV entries are NaN)
+        return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+    nvfp4 = isinstance(model.weights.layers[0].o_proj, NVFP4Weight)
+    outs = []
+    for on in (False, True):
+        cache = KVCache(CFG, num_slots=1, max_tokens=PROMPT, device="cpu")
+        pre = Prefill(CFG, model.weights, cache, attention="reference")
+        kept = pre.set_dense_bf16(on)
+        assert (kept > 0) == (on and nvfp4) and bool(pre.dec.kept) == (kept > 0)
+        logits = pre.prefill(0, prompt, 64)
+        # slot 0's entries only: the scratch slot takes the rows a chunk does not keep,
+        # several to one entry, in no fixed order
+        pages = cache.page_table(0).long()
+        outs.append([logits] + [t.clone() for lc in cache.layers
+                                for t in ((lc.k[0], lc.v[0]) if lc.ring else
+                                          (lc.k[pages], lc.v[pages]))])
+        if on and nvfp4:  # the kept copy is what a fresh decode gives
+            w = model.weights.layers[0].o_proj
+            assert torch.equal(pre.dec.unscaled(w), NVFP4Decoder("cpu").unscaled(w))
+    for a, b in zip(*outs):
+        assert torch.equal(bits(a), bits(b))

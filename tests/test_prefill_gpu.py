@@ -302,6 +302,16 @@ def test_shared_fold_changes_no_bit(kset, graphs):
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_dense_bf16_changes_no_bit(kset, graphs):
+    """set_dense_bf16: the NVFP4 dense projections decoded once (the same nvfp4_unpack kernel,
+    exact) and read by every chunk instead of decoded per chunk on the side stream, so the
+    logits and every KV entry are the per-chunk decode's: short and long chunks (a prompt in
+    several), eagerly and through the bucket graphs (captured after the copies were made)."""
+    _toggle_changes_no_bit(kset, "nvfp4", graphs, lambda pre, on: pre.set_dense_bf16(on),
+                           ((25, 25), (150, 64), (1300, 600), (2100, 2048)))
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 def test_kv_write_kernel_changes_no_bit(kset, fmt, graphs):
     """The kv_write kernel copies each head row bit for bit to where torch's indexed

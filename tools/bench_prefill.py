@@ -196,7 +196,8 @@ INT_LISTS = {"tokens": (1, None, False, True), "kernel_tokens": (1, None, False,
              "depth": (1, (2, 3, 4), False, False), "ws": (0, (0, 1), False, False),
              "pf": (0, (0, 2, 4, 8), False, False),
              "side_max_rows": (1, None, True, False), "overlap": (0, (0, 1), False, False),
-             "kv_write": (0, (0, 1), False, False), "fold": (0, (0, 1), False, False),
+             "kv_write": (0, (0, 1), False, False),
+             "dense_bf16": (0, (0, 1), False, False), "fold": (0, (0, 1), False, False),
              "shared": (0, (0, 1), False, False)}
 NAME_LISTS = {"formats": ("bf16", "nvfp4"), "paths": ("graph", "kernel", "sdpa"),
               "moe": ("w4a16", "unpack")}
@@ -356,6 +357,10 @@ def main() -> int:
                    help="1: the KV write by the kv_write kernel (kernels/prefill/kv_write.py), "
                         "0: by torch's indexed assignment; 0,1 times both (default: the "
                         "prefill's default, the kernel)")
+    p.add_argument("--dense-bf16", default="",
+                   help="1: the NVFP4 dense projections kept decoded in BF16 (Prefill."
+                        "set_dense_bf16: ~2.2 GB at full size, bit for bit the same output), 0: "
+                        "decoded per chunk (the default); 0,1 times both")
     p.add_argument("--fold", default="",
                    help="1: the NVFP4 shared expert as one more group of the routed W4A16 "
                         "launches (capture/prefill.py FOLD_SHARED), 0: its own launches; 0,1 "
@@ -420,6 +425,7 @@ def main() -> int:
         shared_sweep = [bool(int(v)) for v in args.shared.split(",") if v] or [True]
         fold_sweep = [bool(int(v)) for v in args.fold.split(",") if v] or [None]
         kvw_sweep = [bool(int(v)) for v in args.kv_write.split(",") if v] or [None]
+        dbf_sweep = [bool(int(v)) for v in args.dense_bf16.split(",") if v] or [None]
         smr_sweep = [("max", None if v == "-" else int(v))
                      for v in args.side_max_rows.split(",") if v] or [None]
         sweep = [(r, m, n, d, w, pf, x) for r in rows_sweep for m in (moe_sweep or [None])
@@ -429,7 +435,7 @@ def main() -> int:
                  for pf in (pf_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
         wgv_sweep = args.wg_values if w4 else []
-        runs = [(path, r, a, wgm, ov, sh, fo, kw, smr, wgv)
+        runs = [(path, r, a, wgm, ov, sh, fo, kw, db, smr, wgv)
                 for path in args.paths.split(",")
                 for r in (sweep if path == "graph" else [(None,) * 7])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
@@ -438,10 +444,11 @@ def main() -> int:
                 for sh in (shared_sweep if path in ("graph", "kernel") else [True])
                 for fo in (fold_sweep if w4 and path in ("graph", "kernel") else [None])
                 for kw in (kvw_sweep if path in ("graph", "kernel") else [None])
+                for db in (dbf_sweep if w4 and path in ("graph", "kernel") else [None])
                 for smr in (smr_sweep if path in ("graph", "kernel") else [None])
                 for wgv in ((wgv_sweep or [None]) if path == "graph" else [None])]
         for obj, (path, (row_moe, w4a16, nt, depth, ws, pf, most), attn, wgm, ov, shared, fold,
-                  kw, smr, wgv) in enumerate(runs):
+                  kw, db, smr, wgv) in enumerate(runs):
             chunk = args.chunk
             prompt = None
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
@@ -458,6 +465,7 @@ def main() -> int:
                 pre.set_side_max_rows(smr[1])
             if kw is not None:
                 pre.set_kv_write(kw)
+            kept = pre.set_dense_bf16(db) if db is not None else 0
             if fold is not None and pre.w4a16_shared:
                 pre.set_fold_shared(fold)
             if not shared:  # timing only: what the shared expert's own kernels cost
@@ -481,6 +489,7 @@ def main() -> int:
                        f"/side{int(pre.side.on)}{'' if shared else '/no-shared'}"
                        f"/fold{int(bool(pre.w4a16_fold))}"
                        f"{'' if pre.kv_write or path != 'graph' else '/kv-indexed'}"
+                       f"{f'/dense-bf16:{kept / 1e9:.2f}GB' if kept else ''}"
                        f"{'' if pre.side_max_rows is None else f'/side<={pre.side_max_rows}'}")
             if path == "graph":
                 t0 = time.perf_counter()
