@@ -9,17 +9,20 @@
 #   3. whole NVFP4 prefills of 512 and 1,024 tokens, PF 0 / 4 / 8 alternated twice in one process;
 #   4. ncu (if time is left): issue and DRAM use of gate/up at 512 tokens, PF 0 (and NCU_PF).
 # Device run: carry [".whl", ".kcache"], command: bash tools/gpu_session28.sh (SKIP_BENCH=1:
-# steps 1-2 only; BENCH_PF: step 3's PF list; NCU_PF: step 4 for that PF too)
+# steps 1-2 only; PROBE_ONLY=1: one pass of step 2 only, PROBE_PF its PF values;
+# BENCH_PF: step 3's PF list; NCU_PF: step 4 for that PF too)
 set -uo pipefail
 start=$(date +%s)
 deadline=${DEADLINE:-$(( start + 420 ))}
 left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l) : $1 )); }
 . tools/device_setup.sh
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout "$(left 200)" python3 -m pytest -q -m gpu -p no:cacheprovider \
-  tests/test_grouped_w4a16_gpu.py -k "prefetch" 2>&1 | tee "$OUT/gpu-tests.log" | tail -6
-for pass in 1 2; do
-  for pf in 0 2 4 8; do
+[ -n "${PROBE_ONLY:-}" ] || timeout "$(left 200)" python3 -m pytest -q -m gpu \
+  -p no:cacheprovider tests/test_grouped_w4a16_gpu.py -k "prefetch" 2>&1 \
+  | tee "$OUT/gpu-tests.log" | tail -6
+passes=${PROBE_ONLY:+1}
+for pass in ${passes:-1 2}; do
+  for pf in 0 ${PROBE_PF:-2 4 8}; do
     v=(); [ "$pf" = 0 ] || v=(--values "PF=$pf")
     timeout "$(left 60)" python3 tools/probe_grouped_w4a16.py --kernel grouped_w4a16 \
       --tokens 512,1024 --layers 8 --reps 20 "${v[@]}" 2>&1 | grep -v Warning \
