@@ -181,16 +181,25 @@ def cmd_eval(args) -> int:
                                   f"this run has --seed {args.seed}; its cases differ, so pass "
                                   "the same --seed")
     model = args.model
-    if model is None:  # resolved first, so that --json cannot overwrite one of its files
+    if model is None:
+        # what needs no model is refused before the default one is unpacked (in a fresh cache
+        # its note made a one-line error two lines): the --json path, the cases
+        check_outputs(args, ("--json",), compare_runs=True,
+                      own={"--json": ("an eval report", _is_report)})
+        cases = evals.build_cases(suites, args.n, args.seed, contexts)
         from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
+        # resolved before the full check below, so that --json cannot overwrite its files
         model = args.model = str(ensure_default_checkpoint(progress=args.progress))
     elif not Path(model).exists():
         raise InvalidRequestError(f"{model}: no such checkpoint (expected a BF16 checkpoint "
                                   "directory or an NVFP4 .gguf file)")
+    else:
+        cases = None
     check_outputs(args, ("--json",), compare_runs=True,
                   own={"--json": ("an eval report", _is_report)})
-    cases = evals.build_cases(suites, args.n, args.seed, contexts)
+    if cases is None:
+        cases = evals.build_cases(suites, args.n, args.seed, contexts)
     common = {(c.group, c.index) for c in cases} & {(c["group"], c["index"])
                                                      for c in (ref or {}).get("cases", [])}
     theirs = [c["group"] for c in (ref or {}).get("cases", [])]
