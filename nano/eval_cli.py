@@ -183,9 +183,9 @@ def cmd_eval(args) -> int:
     model = args.model
     if model is None:
         # what needs no model is refused before the default one is unpacked (in a fresh cache
-        # its note made a one-line error two lines): the --json path, the cases
-        check_outputs(args, ("--json",), compare_runs=True,
-                      own={"--json": ("an eval report", _is_report)})
+        # its note made a one-line error two lines): where --json can be written (what it
+        # may replace is checked below, with the checkpoint's files known), the cases
+        check_outputs(args, ("--json",), compare_runs=True)
         cases = evals.build_cases(suites, args.n, args.seed, contexts)
         from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
