@@ -1280,30 +1280,33 @@ class Prefill:
 
     def set_w4a16_variant(self, **values: int) -> None:
         """Run the grouped W4A16 kernels with other spec values (D weight steps in registers,
-        WS = 1 weights through shared memory for NT ≤ WS_MAX_NT, PF = 2, 4, 8 L2 prefetches
-        for NT in PF_NTS: benchmark variants, whose cubins come from tools/build_gpu_cache.py;
-        none given: the defaults). PF alone keeps the shared expert folded in (its SH kernels
-        are built with each PF); any other value runs the shared expert on its own kernels.
-        Raises KernelCacheError when the cache lacks them."""
-        values = {k: v for k, v in values.items() if v or k not in ("WS", "PF")}  # defaults
-        fold_too = set(values) <= {"PF"}
-        if not fold_too:  # the SH kernels are built with the defaults only: the shared
-            self.w4a16_fold = {}  # expert then runs on its own kernels, with the variant
+        WS = 1 weights through shared memory for NT ≤ WS_MAX_NT, both without PF; PF = 0, 2,
+        4, 8 L2 prefetches for NT in PF_NTS: benchmark variants, whose cubins come from
+        tools/build_gpu_cache.py; none given: the model's specs). PF alone keeps the shared
+        expert folded in (its SH kernels are built with each PF); D or WS runs the shared
+        expert on its own kernels. Raises KernelCacheError when the cache lacks them."""
+        values = {k: v for k, v in values.items()  # WS = 0 and D = DEPTH: the defaults
+                  if (k, v) not in (("WS", 0), ("D", grouped_w4a16.DEPTH))}
+        pf = values.pop("PF", None)
+        if values:  # the SH kernels are built with the defaults only: the shared expert
+            self.w4a16_fold = {}  # then runs on its own kernels, with the variant
         for spec in grouped_w4a16.KERNEL.specs(self.cfg, ()):
-            mine = dict(values)
-            if spec["NT"] > grouped_w4a16.WS_MAX_NT:
-                mine.pop("WS", None)  # not built for tiles this large: the default serves
-            if spec["NT"] not in grouped_w4a16.PF_NTS or (spec["E"] == 1
-                                                          and not spec.as_dict().get("SH")):
-                mine.pop("PF", None)  # not built: the default serves
-            if spec.as_dict().get("SH"):
-                if fold_too and self.w4a16_fold and spec.as_dict().get("WB", 4) == 4:
+            sh, routed = spec.as_dict().get("SH"), spec["E"] > 1
+            d = spec.as_dict()
+            if values:  # D and WS variants are built without PF
+                d = {**grouped_w4a16.without_pf(spec), **values}
+                if spec["NT"] > grouped_w4a16.WS_MAX_NT:
+                    d.pop("WS", None)  # not built for tiles this large: the default serves
+            if pf is not None and spec["NT"] in grouped_w4a16.PF_NTS and (routed or sh):
+                d = {**{k: v for k, v in d.items() if k != "PF"}, **({"PF": pf} if pf else {})}
+            if sh:
+                if not values and self.w4a16_fold and spec.as_dict().get("WB", 4) == 4:
                     self.w4a16_fold[(spec["KIND"], spec["NT"])] = self._kset.get(
-                        "grouped_w4a16", **{**spec.as_dict(), **mine})
+                        "grouped_w4a16", **d)
                 continue
-            key = (spec["KIND"], spec["NT"]) if spec["E"] > 1 else ("shared", spec["KIND"],
-                                                                     spec["NT"])
-            self.w4a16[key] = self._kset.get("grouped_w4a16", **{**spec.as_dict(), **mine})
+            key = (spec["KIND"], spec["NT"]) if routed else ("shared", spec["KIND"],
+                                                              spec["NT"])
+            self.w4a16[key] = self._kset.get("grouped_w4a16", **d)
 
     def _moe(self, i: int, lw: LayerWeights, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MoE block on the kernel path: the residual stream x and its FFN norm h,

@@ -187,5 +187,20 @@ def test_prefetch_variants_cover_what_the_prefill_can_swap_in():
              and s.as_dict().get("WB", 4) == 4 and (s["E"] > 1 or s.as_dict().get("SH"))]
     assert len(model) == 8
     for spec in model:
-        for pf in gw.PFS[1:]:
-            assert gw.KERNEL.spec(**spec.as_dict(), PF=pf).id in built
+        assert spec.as_dict().get("PF", 0) == gw.PF_MODEL.get((spec["KIND"], spec["NT"]), 0)
+        for pf in gw.PFS:
+            twin = gw.KERNEL.spec(**gw.without_pf(spec), **({"PF": pf} if pf else {}))
+            assert twin.id in built or twin.id == spec.id
+
+
+def test_variants_of_other_forms_name_no_prefetch():
+    """D and WS variants are built from the model's specs without PF (PF with WS is refused),
+    and the shared expert's own one-expert launches never take PF_MODEL."""
+    from flint_graph.checkpoints.config import FlintConfig
+
+    cfg = FlintConfig.preset("full")
+    for spec in gw.bench_specs(cfg):
+        d = spec.as_dict()
+        if d.get("WS") or d["D"] != gw.DEPTH:
+            assert "PF" not in d, spec.id
+    assert all("PF" not in s.as_dict() for s in gw.KERNEL.specs(cfg, ()) if s["E"] == 1)

@@ -323,7 +323,8 @@ def main() -> int:
                         "grouped_w4a16.WS_STAGES deep); 0,1 times both (default: 0)")
     p.add_argument("--pf", default="",
                    help="the W4A16 kernels' L2 prefetch distance in steps at NT 16 and 32 "
-                        "(grouped_w4a16 PF: 0, 2, 4, 8; several values time each; default: 0); "
+                        "(grouped_w4a16 PF: 0, 2, 4, 8; several values time each; default: "
+                        "the model's, grouped_w4a16.PF_MODEL: 2 for gate/up at NT 16); "
                         "chunks on grouped_w4a16_wg (above 1,536 rows) or at NT 64 keep PF = 0")
     p.add_argument("--w4a16-max", type=w4a16_max_list, default=[],
                    help="NVFP4 graph path: ROUTED/SHARED, the largest chunk (rows) the routed "

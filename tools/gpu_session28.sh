@@ -6,7 +6,7 @@
 #      folded), the slow-producer PDL test with PF;
 #   2. the kernel alone (tools/probe_grouped_w4a16.py, 512 and 1,024 tokens, copy bandwidth
 #      beside it), PF 0 / 2 / 4 / 8 alternated twice;
-#   3. whole NVFP4 prefills of 512 and 1,024 tokens, PF 0 / 4 / 8 alternated twice in one process;
+#   3. whole NVFP4 prefills of 512 and 1,024 tokens, PF 0 / 2 alternated twice in one process;
 #   4. ncu (if time is left): issue and DRAM use of gate/up at 512 tokens, PF 0 (and NCU_PF).
 # Device run: carry [".whl", ".kcache"], command: bash tools/gpu_session28.sh (SKIP_BENCH=1:
 # steps 1-2 only; PROBE_ONLY=1: one pass of step 2 only, PROBE_PF its PF values;
@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$
 passes=${PROBE_ONLY:+1}
 for pass in ${passes:-1 2}; do
   for pf in 0 ${PROBE_PF:-2 4 8}; do
-    v=(); [ "$pf" = 0 ] || v=(--values "PF=$pf")
+    v=(--values "PF=$pf")  # PF=0 named: the default is the model's (PF_MODEL)
     timeout "$(left 60)" python3 tools/probe_grouped_w4a16.py --kernel grouped_w4a16 \
       --tokens 512,1024 --layers 8 --reps 20 "${v[@]}" 2>&1 | grep -v Warning \
       | tee -a "$OUT/probe.log" | grep -v "^copy"
@@ -32,7 +32,7 @@ done
 grep "^copy" "$OUT/probe.log" | head -2
 [ -n "${SKIP_BENCH:-}" ] && { echo "done (SKIP_BENCH) in $(( $(date +%s) - start )) s"; exit 0; }
 timeout "$(left 240)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
-  --tokens 512,1024 --reps 5 --profile-tokens 0 --kernel-tokens= --pf "${BENCH_PF:-0,4,8,0,4,8}" \
+  --tokens 512,1024 --reps 5 --profile-tokens 0 --kernel-tokens= --pf "${BENCH_PF:-0,2,0,2}" \
   --out "$OUT/prefill" > "$OUT/prefill.log" 2>&1
 echo "prefill: exit $?"
 grep '^{' "$OUT/prefill.log" | python3 -c "
@@ -42,7 +42,7 @@ for l in sys.stdin:
     print(d['tokens'], d['row_moe_max'], round(d['ms'], 2), round(d.get('gpu_ms', 0), 2))"
 if [ "$(left 120)" -ge 60 ] && [ -x /usr/local/cuda/bin/ncu ]; then
   for pf in 0 ${NCU_PF:-}; do
-    v=(); [ "$pf" = 0 ] || v=(--values "PF=$pf")
+    v=(--values "PF=$pf")  # PF=0 named: the default is the model's (PF_MODEL)
     timeout "$(left 60)" /usr/local/cuda/bin/ncu -k regex:grouped_w4a16 -c 2 \
       --section SchedulerStats --section WarpStateStats --section SpeedOfLight \
       --section Occupancy python3 tools/probe_grouped_w4a16.py --kernel grouped_w4a16 \

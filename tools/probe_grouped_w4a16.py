@@ -47,6 +47,19 @@ VALUES = {"grouped_w4a16_wg": {"SUB": (0, 1), "RS": (0, 1)},
           "grouped_w4a16": {"WS": (0, 1), "PF": (0, 2, 4, 8)}}
 
 
+def gw_spec(cfg, kind: int, nt: int, values: dict, depth: int):
+    """grouped_w4a16's routed spec at (KIND, NT) with `values` and D = `depth`: the model's PF
+    (grouped_w4a16.PF_MODEL) unless PF is given (PF=0: none) or another form (WS, D) is."""
+    v = dict(values)
+    pf = v.pop("PF", None)
+    if pf is None and not v.get("WS") and depth == gw.DEPTH:
+        v.update(gw._pf_model(kind, nt, True))
+    elif pf:
+        v["PF"] = pf
+    return gw.KERNEL.spec(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
+                         E=cfg.n_routed_experts, NT=nt, D=depth, **v)
+
+
 def prefill_nt(tokens: int, wg: bool) -> int:
     """The tile width (pairs) the prefill picks for a chunk of `tokens` rows: grouped_w4a16_wg
     (`wg`) or grouped_w4a16 (capture/prefill.py W4A16_WG_NT / W4A16_NT)."""
@@ -103,14 +116,13 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         except ValueError as e:
             p.error(f"--values {args.values!r}: {e}")
     else:
-        for key in ("WS", "PF"):
-            if values.get(key) == 0:
-                del values[key]  # the default form: its specs do not name WS or PF
+        if values.get("WS") == 0:
+            del values["WS"]  # the default form: its specs do not name WS
         cfg = FlintConfig.preset("full")
         built = {s.id for s in gw.KERNEL.specs(cfg, ()) + gw.bench_specs(cfg)}
-        for nt in nts:  # a GPU machine without the CuTe DSL cannot build a missing one
-            spec = gw.KERNEL.spec(KIND=0, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
-                                  E=cfg.n_routed_experts, NT=nt, **values, D=args.depth)
+        for nt, kind in ((nt, kind) for nt in nts for kind in (0, 1)):
+            # a GPU machine without the CuTe DSL cannot build a missing one
+            spec = gw_spec(cfg, kind, nt, values, args.depth)
             if spec.id not in built:
                 p.error(f"--values {args.values!r} --depth {args.depth} at NT = {nt}: no such "
                         "grouped_w4a16 spec is built (tools/build_gpu_cache.py: the depths "
@@ -161,7 +173,7 @@ def main() -> int:
                 values.update(SUB=gwg.SUB[nt], RS=gwg.RS[nt])
             values.update(args.values)
             spec = (gwg.KERNEL.spec(**gwg.spec_values(**values)) if wg
-                    else gw.KERNEL.spec(**values, D=args.depth))
+                    else gw_spec(cfg, kind, nt, args.values, args.depth))
             k = kset.get(args.kernel, **spec.as_dict())
             gen = torch.Generator(device="cuda").manual_seed(t)
             sets = [(gwg if wg else gw).make_args(spec, gen=gen, tokens=t, experts_used=256)
@@ -192,7 +204,9 @@ def main() -> int:
             us = statistics.median(times)
             fl = t * 6 * 2 * cfg.hidden_size * cfg.moe_intermediate_size * (2 - kind)
             print(f"{args.kernel}{'/' + shown if shown else ''} T={t} KIND={kind} NT={nt}"
-                  f"{'' if wg else f' D={args.depth}'}: {len(live)} tiles, {experts} "
+                  f"{'' if wg else f' D={args.depth}'}"
+                  f"{' PF=%d' % spec['PF'] if 'PF' in spec.as_dict() else ''}"
+                  f": {len(live)} tiles, {experts} "
                   f"experts, {nbytes / 1e6:.1f} MB of weights, {us:.1f} us "
                   f"({nbytes / (us * 1e-6) / bw:.0%} of copy BW, {fl / us / 1e6:.0f} TFLOP/s)",
                   flush=True)

@@ -64,13 +64,17 @@ Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2 per launch; expected 
 rounding (≤ 2^-9 relative); fp32 summation order and the ·scale2 rounding may flip a bf16
 rounding of g or u (KIND 0) in rare elements, and the hardware exp's last ulp the SwiGLU
 rounding. Rows of no tile (padding pairs) are never written.
-PF = 2, 4 or 8 (a benchmark variant, `bench_specs`): each lane also asks L2 for one of its
+PF = 2, 4 or 8 (PF = 2 the model's for gate/up at NT 16, `PF_MODEL`; the others benchmark
+variants, `bench_specs`): each lane also asks L2 for one of its
 quad's four weight rows' 128-byte code line PF steps ahead (`prefetch.global.L2`, once every two
 steps: a line holds two steps of a row), and for each row's scale line at the start. Why: at 512
 tokens the loop is latency-bound (ncu, tenth session: 48% of cycles issue, DRAM 39% of peak),
 and the SASS shows ptxas issuing the next step's code loads halfway through the current step,
 so each warp still waits most of a DRAM round trip a step; a prefetch has no destination
-register for ptxas to save, so it stays where it is written. Changes no output bit.
+register for ptxas to save, so it stays where it is written. Changes no output bit (GPU
+test). Measured on the H100 (perf log, twenty-eighth session): gate/up at 512 tokens (NT 16)
+152-153 -> 137.5 us with PF = 2, slower with 4 and 8 (161, 195: lines fetched that far ahead
+are evicted or crowd the loads in flight); NT 32 at 1,024 tokens -1%; down slower with any PF.
 
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, D weight steps
 held in registers (D − 1 in flight while one is computed); optional WS, SH, WB and PF (above).
@@ -99,6 +103,11 @@ ROW_BYTES = BK * 2  # one x row of a step in shared memory
 NTS = (16, 32, 64)
 PFS = (0, 2, 4, 8)  # L2 prefetch distances in steps (PF; 0: none): a code line is two steps
 PF_NTS = (16, 32)  # NT of the PF bench specs: the chunks grouped_w4a16 runs (≤ 1,536 rows)
+# PF of the model's routed (and SH) specs by (KIND, NT); others 0. H100, the kernel alone at
+# 512 tokens (perf log, twenty-eighth session): gate/up NT 16 152.2-153.3 -> 137.5-137.6 us
+# with PF = 2 (PF = 4 161, PF = 8 195); NT 32 at 1,024 tokens 168.7-169.1 -> 167.4-167.7;
+# down slower with every PF (67.0-67.5 -> 73.0-74.2: its 4 steps are all prefetched at once).
+PF_MODEL = {(0, 16): 2}
 WB_NT = (16,)  # NT of the WB = 16 (BF16) specs (NT = 32 spills at the full config)
 
 
@@ -251,10 +260,12 @@ def _specs(cfg, buckets=()) -> list[Spec]:
         return []
     e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
     groups = [(e, m)] + ([(1, shared_width(cfg))] if shared_width(cfg) else [])
-    specs = [KERNEL.spec(KIND=kind, H=h, M=width, E=n, NT=nt, D=DEPTH) for n, width in groups
+    specs = [KERNEL.spec(KIND=kind, H=h, M=width, E=n, NT=nt, D=DEPTH,
+                         **_pf_model(kind, nt, n > 1)) for n, width in groups
              for kind in (0, 1) for nt in NTS]
     if shared_width(cfg) == m:  # SH: the shared expert as one more group of the routed launch
-        specs += [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt, D=DEPTH, SH=1)
+        specs += [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt, D=DEPTH, SH=1,
+                              **_pf_model(kind, nt, True))
                   for kind in (0, 1) for nt in NTS]
         # WB = 16: BF16 experts, for a BF16 checkpoint's short chunks (capture/prefill.py)
         specs += [KERNEL.spec(KIND=kind, H=h, M=m, E=e, NT=nt, D=DEPTH, SH=1, WB=16)
@@ -262,16 +273,29 @@ def _specs(cfg, buckets=()) -> list[Spec]:
     return specs
 
 
+def _pf_model(kind: int, nt: int, routed: bool) -> dict:
+    """The PF value a model spec names (PF_MODEL; none for PF = 0 and the shared expert's own
+    one-expert launches)."""
+    pf = PF_MODEL.get((kind, nt), 0) if routed else 0
+    return {"PF": pf} if pf else {}
+
+
+def without_pf(spec: Spec) -> dict:
+    """`spec`'s values without PF: the base the other variants are named from."""
+    return {k: v for k, v in spec.as_dict().items() if k != "PF"}
+
+
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """The other weight-step depths D of `_specs`' kernels (tools/bench_prefill.py --depth),
-    WS = 1, and each PF at PF_NTS (the SH kernels too, so the prefill keeps the fold)."""
-    base = [s for s in _specs(cfg) if not _sh(s) and _wb(s) == 4]
+    """The other weight-step depths D of `_specs`' kernels (tools/bench_prefill.py --depth)
+    and WS = 1, both without PF, and each other PF at PF_NTS (the SH kernels too, so the
+    prefill keeps the fold)."""
+    base = [without_pf(s) for s in _specs(cfg) if not _sh(s) and _wb(s) == 4]
     pf_base = [s for s in _specs(cfg) if _wb(s) == 4 and s["NT"] in PF_NTS
                and (s["E"] > 1 or _sh(s))]
-    return [KERNEL.spec(**{**s.as_dict(), "D": d}) for s in base for d in DEPTHS
-            if d != DEPTH] + [KERNEL.spec(**{**s.as_dict(), "WS": 1}) for s in base
-                              if s["NT"] <= WS_MAX_NT] \
-        + [KERNEL.spec(**s.as_dict(), PF=pf) for s in pf_base for pf in PFS if pf]
+    return [KERNEL.spec(**{**s, "D": d}) for s in base for d in DEPTHS if d != DEPTH] \
+        + [KERNEL.spec(**{**s, "WS": 1}) for s in base if s["NT"] <= WS_MAX_NT] \
+        + [KERNEL.spec(**without_pf(s), **({"PF": pf} if pf else {})) for s in pf_base
+           for pf in PFS if pf != _pf(s)]
 
 
 def _dequant(codes, scales, scale2):
