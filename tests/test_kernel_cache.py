@@ -33,9 +33,11 @@ BUCKETS = (1, 8)  # the decode kernels' batch buckets compiled here (2 and 4 lie
 # no other entry may use local memory. (entry id pattern, bytes per thread) The other one
 # found then, attn_decode at flint-nano's 128 splits (624 bytes), is fixed.
 KNOWN_LOCAL = (
-    # grouped_w4a16's NVFP4 gate/up at H = 256 (two k steps), 16-pair tiles: an 8-byte frame
-    # (with the model's PF = 2 since the twenty-eighth session, as without)
-    (r"grouped_w4a16/D=2,E=16,H=256,KIND=0,M=128,NT=16(,PF=2)?(,SH=1)?@sm_\d+a", 8),
+    # grouped_w4a16's NVFP4 gate/up at H = 256 (two k steps), 16-pair tiles: an 8-byte frame;
+    # with the model's PF = 2 (twenty-eighth session) the folded one has none on sm_90a
+    (r"grouped_w4a16/D=2,E=16,H=256,KIND=0,M=128,NT=16(,PF=2)?@sm_\d+a", 8),
+    (r"grouped_w4a16/D=2,E=16,H=256,KIND=0,M=128,NT=16(,PF=2)?,SH=1@sm_100a", 8),
+    (r"grouped_w4a16/D=2,E=16,H=256,KIND=0,M=128,NT=16,SH=1@sm_90a", 8),
 )
 
 
