@@ -205,7 +205,10 @@ def test_a_ref_into_a_list_by_index_resolves():
     ({"type": "string"}, r"parameters\.type is \"string\""),
     ({"$ref": "#/$defs/nope"}, r"parameters\.\$ref is \"#/\$defs/nope\"; expected a reference"),
     ({"$defs": []}, r"parameters\.\$defs is \[\]"),
-    ({"enum": "abc"}, r"parameters\.enum is \"abc\"; expected an array"),
+    ({"enum": "abc"}, r"parameters\.enum is \"abc\"; expected a non-empty array"),
+    # admits no value: no call could be valid (a bad-input trial, 2026-12-06)
+    ({"properties": {"value": {"enum": []}}},
+     r"parameters\.properties\.value\.enum is \[\]; expected a non-empty array"),
     ({"anyOf": {}}, r"parameters\.anyOf is \{\}; expected a non-empty array"),
     ({"anyOf": []}, r"parameters\.anyOf is \[\]"),
     ({"properties": {"value": {"not": 3}}}, r"parameters\.properties\.value\.not is 3"),

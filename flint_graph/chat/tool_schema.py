@@ -232,8 +232,9 @@ def _check_keywords(node: dict, root: Any, where: str, path: str) -> None:
         if not isinstance(value, dict) or (key != "dependencies" and not all(
                 is_schema(v) for v in value.values())):
             raise fail(key, "an object whose values are schemas (objects or booleans)")
-    if "enum" in node and not isinstance(node["enum"], list):
-        raise fail("enum", "an array of the allowed values")
+    if "enum" in node and not (isinstance(node["enum"], list) and node["enum"]):
+        # [] admits no value, so no call could ever be valid (a bad-input trial, 2026-12-06)
+        raise fail("enum", "a non-empty array of the allowed values")
     for key in _COMBINATORS:
         if key in node and not (isinstance(node[key], list) and node[key]
                                 and all(is_schema(v) for v in node[key])):
