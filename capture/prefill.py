@@ -227,9 +227,8 @@ class NVFP4Decoder:
     def unscaled(self, w: NVFP4Weight) -> torch.Tensor:
         """e2m1·e4m3 of `w` as bf16 [N, K] (exact), scale2 left out: the copy `keep` made, or
         decoded now."""
-        hit = self.kept.get(w.codes.data_ptr())
-        if hit is not None and hit[0].shape == w.codes.shape:
-            return hit[1]
+        if self.has(w):
+            return self.kept[w.codes.data_ptr()][1]
         out = torch.empty(w.shape, dtype=BF16, device=w.device)
         if self.kernel is not None and w.codes.is_contiguous() and w.scales.is_contiguous():
             self.kernel.launch(w.codes.view(-1, 8), w.scales.view(-1), self.one,

@@ -180,13 +180,12 @@ def cmd_eval(args) -> int:
         raise InvalidRequestError(f"--compare {args.compare}: made with --seed {ref['seed']}, "
                                   f"this run has --seed {args.seed}; its cases differ, so pass "
                                   "the same --seed")
+    # the cases and where --json can be written need no model: refused before the default one
+    # is unpacked (in a fresh cache its note made a one-line error two lines)
+    cases = evals.build_cases(suites, args.n, args.seed, contexts)
     model = args.model
     if model is None:
-        # what needs no model is refused before the default one is unpacked (in a fresh cache
-        # its note made a one-line error two lines): where --json can be written (what it
-        # may replace is checked below, with the checkpoint's files known), the cases
         check_outputs(args, ("--json",), compare_runs=True)
-        cases = evals.build_cases(suites, args.n, args.seed, contexts)
         from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
 
         # resolved before the full check below, so that --json cannot overwrite its files
@@ -194,12 +193,8 @@ def cmd_eval(args) -> int:
     elif not Path(model).exists():
         raise InvalidRequestError(f"{model}: no such checkpoint (expected a BF16 checkpoint "
                                   "directory or an NVFP4 .gguf file)")
-    else:
-        cases = None
     check_outputs(args, ("--json",), compare_runs=True,
                   own={"--json": ("an eval report", _is_report)})
-    if cases is None:
-        cases = evals.build_cases(suites, args.n, args.seed, contexts)
     common = {(c.group, c.index) for c in cases} & {(c["group"], c["index"])
                                                      for c in (ref or {}).get("cases", [])}
     theirs = [c["group"] for c in (ref or {}).get("cases", [])]
