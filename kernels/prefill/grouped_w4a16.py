@@ -415,6 +415,28 @@ def make_args(spec: Spec, *, gen: torch.Generator, tokens: int = 77, experts_use
     return [a.to(device) for a in (*args, out)]
 
 
+def x_sources(mx, mtok, kind: int, pair0, nrows, xrows: list[int], k_dim: int, offset: int):
+    """(global byte addresses, byte counts 16 or 0) of one thread's 16-byte x pieces at byte
+    `offset` of tile rows `xrows` (trace-time helper, after griddepcontrol.wait; shared with
+    grouped_w4a16_wg): KIND 0 gathers each pair's token row through tok, KIND 1 reads pair
+    rows pair0 + row; rows past the tile's `nrows` read nothing (a cp.async zero fill)."""
+    import cutlass
+    from cutlass import Int32, Int64, Uint32
+
+    from flint_graph.kernels.toolchain import dsl_util as du
+
+    oks = [Uint32(row) < nrows for row in xrows]
+    if kind == 0:
+        srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4, ok)
+                 for row, ok in zip(xrows, oks)]
+    else:
+        srows = [cutlass.select_(ok, pair0 + Uint32(row), Uint32(0))
+                 for row, ok in zip(xrows, oks)]
+    xb = mx.iterator.toint()
+    return ([xb + Int64(srow) * (k_dim * 2) + Int64(offset) for srow in srows],
+            [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks])
+
+
 def _build(spec: Spec):
     import cuda.bindings.driver as cuda
     import cutlass
@@ -572,18 +594,9 @@ def _build(spec: Spec):
                                          byte_alignment=128)
             sbase = du.smem_addr(smem)
             # this thread's x copies: unit tid % 16 of rows tid // 16 + 8i (fixed over steps)
-            xb = mx.iterator.toint()
             unit = tid % units
             xrows = [tid // units + (threads // units) * i for i in range(x_per_thread)]
-            oks = [Uint32(row) < nrows for row in xrows]
-            if cutlass.const_expr(kind == 0):
-                srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4,
-                                      ok) for row, ok in zip(xrows, oks)]
-            else:
-                srows = [cutlass.select_(ok, pair0 + Uint32(row), Uint32(0))
-                         for row, ok in zip(xrows, oks)]
-            src = [xb + Int64(srow) * (k_dim * 2) + Int64(unit * 16) for srow in srows]
-            nbytes = [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks]
+            src, nbytes = x_sources(mx, mtok, kind, pair0, nrows, xrows, k_dim, unit * 16)
             dst = [Uint32(row * ROW_BYTES) + Uint32(swz(unit, row) * 16) for row in xrows]
 
             # the weight rows of this lane: m-tile i, rows g and g + 8

@@ -271,18 +271,9 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         chunks of each step: chunk ti % 8 of rows ti // 8 + 32i; rows past the tile's nrows
         read nothing (zero fill). KIND 0 gathers each pair's token row through tok
         (trace-time helper)."""
-        xb = mx.iterator.toint()
         chunk = ti % 8
         xrows = [ti // 8 + (threads // 8) * i for i in range(nt * 8 // threads)]
-        oks = [Uint32(row) < nrows for row in xrows]
-        if kind == 0:
-            srows = [du.ld_u32_if(mtok.iterator.toint() + (Int64(pair0) + Int64(row)) * 4,
-                                  ok) for row, ok in zip(xrows, oks)]
-        else:
-            srows = [cutlass.select_(ok, pair0 + Uint32(row), Uint32(0))
-                     for row, ok in zip(xrows, oks)]
-        src = [xb + Int64(srow) * (k_dim * 2) + Int64(chunk * 16) for srow in srows]
-        nbytes = [cutlass.select_(ok, Int32(16), Int32(0)) for ok in oks]
+        src, nbytes = gw.x_sources(mx, mtok, kind, pair0, nrows, xrows, k_dim, chunk * 16)
         dst = [Uint32(swz(row, chunk)) for row in xrows]
         return src, nbytes, dst
 
