@@ -491,3 +491,10 @@ def test_kept_bf16_dense_weights_change_no_bit(model, prompt):
             assert torch.equal(pre.dec.unscaled(w), NVFP4Decoder("cpu").unscaled(w))
     for a, b in zip(*outs):
         assert torch.equal(bits(a), bits(b))
+    if nvfp4:  # and the chunks read the kept copies: spoiling one changes the logits
+        for _, copy in pre.dec.kept.values():
+            copy.zero_()
+        cache = KVCache(CFG, num_slots=1, max_tokens=PROMPT, device="cpu")
+        spoiled = Prefill(CFG, model.weights, cache, attention="reference")
+        spoiled.dec = pre.dec
+        assert not torch.equal(spoiled.prefill(0, prompt, 64), outs[0][0])
