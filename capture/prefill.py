@@ -41,6 +41,8 @@ So only summation order differs (and attention's bf16 P in the kernel, see attn_
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -193,6 +195,20 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # -- NVFP4 into BF16 scratch ---------------------------------------------------------------------
+
+
+def dense_bf16_bytes(weights: FlintWeights) -> int:
+    """GPU memory `Prefill.set_dense_bf16(True)` keeps, in bytes: 2 per element of every
+    NVFP4 dense projection (q, k, v, o, the dense MLPs and the shared experts; ~2.4 GB at full
+    size), 0 for a BF16 checkpoint. What capture/runner.py sets aside before it sizes the KV
+    cache, when the Prefill does not exist yet."""
+    total = 0
+    for lw in weights.layers:
+        mlp = lw.ffn.shared if isinstance(lw.ffn, MoEWeights) else lw.ffn
+        ws = [lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj]
+        ws += [mlp.gate, mlp.up, mlp.down] if mlp is not None else []
+        total += sum(2 * math.prod(w.shape) for w in ws if isinstance(w, NVFP4Weight))
+    return total
 
 
 class NVFP4Decoder:
@@ -1259,10 +1275,13 @@ class Prefill:
     def set_dense_bf16(self, on: bool) -> int:
         """Keep the NVFP4 dense projections ([q; k; v], o, the dense MLPs and the shared
         expert's matrices) decoded in BF16 for every chunk (on), or decode them per chunk and
-        layer on the side stream (off, the default). The decode is exact (e2m1·e4m3, scale2
-        stays the GEMM's alpha), so the output is bit for bit the same; on trades GPU memory
-        (~2.2 GB at full size) for the per-chunk decode (~1.2 ms of CUDA time at 512 tokens
-        on the H100, twenty-fourth session). Call before `capture`. Returns the bytes kept."""
+        layer on the side stream (off, this object's default; the graph engine turns it on,
+        EngineConfig.prefill_dense_bf16). The decode is exact (e2m1·e4m3, scale2 stays the
+        GEMM's alpha), so the output is bit for bit the same; on trades GPU memory
+        (`dense_bf16_bytes`: ~2.4 GB at full size) for the per-chunk decode (H100, twenty-ninth
+        session: a 25-token prefill 10.5 → 9.55 ms, 512 tokens 17.9 → 17.4 ms). Call before
+        `capture`. Returns the bytes kept; raises torch.OutOfMemoryError when they do not
+        fit."""
         if not on:
             self.dec.kept.clear()
             return 0

@@ -37,17 +37,18 @@ EAGER_WARM_UP_TOKENS = 16384
 
 
 def kv_tokens_for(cfg: FlintConfig, num_slots: int, max_context: int | None,
-                  device: torch.device) -> int:
+                  device: torch.device, reserve: int = 0) -> int:
     """Tokens of KV per slot: `max_context` if given, else as many as fit in
     KV_MEMORY_FRACTION of the free GPU memory (capped by the model's context limit), after the
-    slots' rings and the most memory KV reuse's ring snapshots can take (`snapshot_reserve`)."""
+    slots' rings, the most memory KV reuse's ring snapshots can take (`snapshot_reserve`) and
+    `reserve` bytes more (the prefill's kept BF16 dense weights, `prefill.dense_bf16_bytes`)."""
     limit = cfg.max_position_embeddings
     if max_context is not None:
         return min(max_context, limit)
     free, _ = torch.cuda.mem_get_info(device)
     per_token = cfg.kv_bytes_per_token * (num_slots + 1)
     ring = cfg.sliding_kv_bytes_per_slot * (num_slots + 2)  # + scratch, + the snapshot row
-    rest = free * KV_MEMORY_FRACTION - ring - snapshot_reserve(cfg, num_slots)
+    rest = free * KV_MEMORY_FRACTION - ring - snapshot_reserve(cfg, num_slots) - reserve
     return max(1, min(limit, int(rest // per_token)))
 
 
@@ -71,15 +72,21 @@ class GraphRunner:
     def __init__(self, cfg: FlintConfig, weights: FlintWeights, model: ReferenceModel,
                  max_slots: int, max_context: int | None, vocab_limit: int, kset=None,
                  torch_sampler: bool = False, prefill: str = "kernel",
-                 prefill_chunk: int = 2048, prefill_graphs: bool = True):
+                 prefill_chunk: int = 2048, prefill_graphs: bool = True,
+                 prefill_dense_bf16: bool = True):
         from flint_graph.capture.launcher import KernelSet
+        from flint_graph.capture.prefill import Prefill, dense_bf16_bytes
 
         if not 1 <= max_slots <= max(BUCKETS):
             raise ValueError(f"max_slots {max_slots}: the graph engine runs 1 to {max(BUCKETS)}")
         self.cfg, self.model, self.timings = cfg, model, {}
         dev = self.device = weights.final_norm.device
         t0 = time.perf_counter()
-        tokens = kv_tokens_for(cfg, max_slots, max_context, dev)
+        # the prefill's kept BF16 dense weights come out of the KV cache's share (they are
+        # made after it, once the Prefill exists)
+        dense = (dense_bf16_bytes(weights) if prefill != "reference" and prefill_dense_bf16
+                 else 0)
+        tokens = kv_tokens_for(cfg, max_slots, max_context, dev, reserve=dense)
         try:
             self.kv = KVCache(cfg, max_slots, tokens, device=dev)
         except torch.OutOfMemoryError as e:
@@ -117,10 +124,17 @@ class GraphRunner:
         self.prefill_path = prefill
         self.prefiller = None
         if prefill != "reference":
-            from flint_graph.capture.prefill import Prefill
-
             self.prefiller = Prefill(cfg, weights, self.kv, "kernel" if prefill == "kernel"
                                      else "sdpa", kset=self.kset)
+            if dense:
+                try:
+                    self.prefiller.set_dense_bf16(True)
+                except torch.OutOfMemoryError as e:
+                    self.prefiller.set_dense_bf16(False)
+                    raise ConfigError(
+                        f"out of GPU memory keeping the prefill's BF16 dense weights "
+                        f"({dense / 2**30:.1f} GiB, after {self.kv.nbytes / 2**30:.1f} GiB of "
+                        f"KV cache); lower --max-context or pass --no-prefill-dense-bf16") from e
         self.prefill_buckets: list[int] = []
         if prefill == "kernel" and prefill_graphs:
             t0 = time.perf_counter()
@@ -148,6 +162,7 @@ class GraphRunner:
         self._ids_ready = [torch.cuda.Event() for _ in range(2)]
         self._flip = 0
         self.memory = {"weights": weights.nbytes(), "kv_cache": self.kv.nbytes,
+                       "prefill_dense_bf16": dense,
                        "peak_allocated": torch.cuda.max_memory_allocated(dev)}
 
     def _warm_up_eager(self, chunk: int) -> None:

@@ -749,6 +749,7 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
         out.update({k: round(v, 3) for k, v in eng.runner.timings.items()})
         out["kernels_per_step"] = eng.runner.kernels_per_step
         out["kv_cache_bytes"] = eng.runner.kv.nbytes
+        out["prefill_dense_bf16_bytes"] = eng.runner.memory["prefill_dense_bf16"]
         out["context_limit"] = eng.context_limit
     else:
         out["fallback_reason"] = eng.fallback_reason

@@ -349,6 +349,7 @@ def load_llm(args: argparse.Namespace):
               engine=EngineConfig(cpu_threads=args.threads, engine=args.engine,
                                   max_context=args.max_context, prefill=args.prefill,
                                   prefill_graphs=args.prefill_graphs,
+                                  prefill_dense_bf16=args.prefill_dense_bf16,
                                   prefill_step_ms=args.prefill_step_ms,
                                   kv_reuse=args.kv_reuse,
                                   pipeline_decode=args.pipeline_decode,
@@ -362,6 +363,10 @@ def load_llm(args: argparse.Namespace):
     if not args.prefill_graphs and llm.engine.name == "reference":
         print("flint-graph: note: --no-prefill-graphs concerns the graph engine's kernel "
               "prefill; the reference engine running here has no graphs to turn off",
+              file=sys.stderr)
+    if not args.prefill_dense_bf16 and llm.engine.name == "reference":
+        print("flint-graph: note: --no-prefill-dense-bf16 concerns the graph engine's prefill; "
+              "the reference engine running here decodes NVFP4 weights its own way",
               file=sys.stderr)
     if not args.pipeline_decode and llm.engine.name == "reference":
         print("flint-graph: note: --no-pipeline concerns the graph engine's decode steps; the "

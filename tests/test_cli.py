@@ -1023,6 +1023,15 @@ def test_no_pipeline_on_the_reference_engine_says_it_changes_nothing(capsys, tin
             "reference engine running here decodes one step at a time anyway") in err, err
 
 
+def test_no_prefill_dense_bf16_on_the_reference_engine_says_it_changes_nothing(capsys,
+                                                                              tiny_ckpt):
+    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 2,
+                        "--device", "cpu", "--no-prefill-dense-bf16")
+    assert code == 0
+    assert ("flint-graph: note: --no-prefill-dense-bf16 concerns the graph engine's prefill; "
+            "the reference engine running here decodes NVFP4 weights its own way") in err, err
+
+
 @pytest.mark.parametrize("option", ["--tools", "--max-tokens", "--seed"])
 def test_an_option_given_as_double_dash_is_refused(capsys, option):
     """`--tools=--` reached the code as an empty list (argparse drops the `--` unchecked) and

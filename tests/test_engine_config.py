@@ -112,6 +112,13 @@ def test_cpu_threads_must_be_a_positive_int(value):
         EngineConfig(cpu_threads=value)
 
 
+@pytest.mark.parametrize("name", ["prefill_graphs", "prefill_dense_bf16", "kv_reuse"])
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_switches_must_be_bools(name, value):
+    with pytest.raises(InvalidRequestError, match=f"{name} {value!r}: expected True or False"):
+        EngineConfig(**{name: value})
+
+
 def test_llm_applies_the_policy(threads, tiny_ckpt):
     from flint_graph import LLM
 

@@ -102,6 +102,19 @@ def model(request, kset):
     torch.cuda.empty_cache()
 
 
+def test_the_nvfp4_prefill_keeps_its_dense_weights_in_bf16(model):
+    """GraphRunner keeps the prefill's NVFP4 dense projections decoded in BF16 (on by default,
+    EngineConfig.prefill_dense_bf16): what it set aside before sizing the KV cache
+    (prefill.dense_bf16_bytes) is what the decoder holds; nothing for BF16 weights. (Bit for
+    bit the per-chunk decode's output: test_prefill_gpu.py test_dense_bf16_changes_no_bit.)"""
+    from flint_graph.capture.prefill import dense_bf16_bytes
+
+    runner, expect = model.runner, dense_bf16_bytes(model.weights)
+    assert (expect > 0) == model.name.endswith("nvfp4")
+    assert runner.memory["prefill_dense_bf16"] == expect
+    assert sum(c.nbytes for _, c in runner.prefiller.dec.kept.values()) == expect
+
+
 def _tokens(cfg, n, seed):
     return torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
 

@@ -556,6 +556,12 @@ def test_the_kv_cache_leaves_room_for_every_snapshot(monkeypatch):
     ring = cfg.sliding_kv_bytes_per_slot * 10  # 8 slots, the scratch and the snapshot row
     used = tokens * cfg.kv_bytes_per_token * 9 + ring + reserve
     assert used <= free * runner.KV_MEMORY_FRACTION < used + cfg.kv_bytes_per_token * 9
+    # and after the prefill's kept BF16 dense weights (prefill.dense_bf16_bytes), when given
+    dense = 2_400_000_000
+    fewer = runner.kv_tokens_for(cfg, 8, None, torch.device("cpu"), reserve=dense)
+    assert fewer * cfg.kv_bytes_per_token * 9 + ring + reserve + dense \
+        <= free * runner.KV_MEMORY_FRACTION < (fewer + 1) * cfg.kv_bytes_per_token * 9 + ring \
+        + reserve + dense
 
 
 # -- generated ids back into the next prompt (flint_graph/chat/generated_ids.py) ------------------

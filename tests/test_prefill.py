@@ -467,6 +467,7 @@ def test_kept_bf16_dense_weights_change_no_bit(model, prompt):
     """Prefill.set_dense_bf16: the NVFP4 dense projections decoded once and kept give the
     per-chunk decode's logits and KV bit for bit (the decode is exact; scale2 stays apart),
     and nothing is kept for BF16 weights."""
+    from flint_graph.capture.prefill import dense_bf16_bytes
     from flint_graph.checkpoints.weights import NVFP4Weight
 
     def bits(t):  # NaN-safe (unwritten KV entries are NaN)
@@ -479,6 +480,8 @@ def test_kept_bf16_dense_weights_change_no_bit(model, prompt):
         pre = Prefill(CFG, model.weights, cache, attention="reference")
         kept = pre.set_dense_bf16(on)
         assert (kept > 0) == (on and nvfp4) and bool(pre.dec.kept) == (kept > 0)
+        # what the graph engine sets aside for them before it sizes the KV cache
+        assert kept == (dense_bf16_bytes(model.weights) if on else 0)
         logits = pre.prefill(0, prompt, 64)
         # slot 0's entries only: the scratch slot takes the rows a chunk does not keep,
         # several to one entry, in no fixed order

@@ -118,7 +118,8 @@ class Engine:
                                    prefill=engine.prefill,
                                    prefill_chunk=min(chunk, engine.prefill_tokens_per_step
                                                      or chunk),
-                                   prefill_graphs=engine.prefill_graphs), None
+                                   prefill_graphs=engine.prefill_graphs,
+                                   prefill_dense_bf16=engine.prefill_dense_bf16), None
             except (ImportError, FlintError, ValueError, RuntimeError) as e:
                 why = f"{type(e).__name__}: {e}"
         if engine.engine == "graph":

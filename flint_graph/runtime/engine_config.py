@@ -49,6 +49,11 @@ class EngineConfig:
     # kernel prefill: replay chunks of up to prefill_chunk_tokens (≤ 4096) as CUDA graphs
     # captured at start-up, one per chunk-size bucket (capture/prefill.py GRAPH_BUCKETS)
     prefill_graphs: bool = True
+    # graph engine, NVFP4 checkpoint: keep the dense projections (q, k, v, o, dense MLPs, shared
+    # experts) decoded in BF16 for the prefill instead of decoding them per chunk (~2.4 GB at
+    # full size, taken from the KV cache's share; bit for bit the same output; a 25-token
+    # prefill ~1 ms faster on the H100, docs/perf-log.md twenty-ninth session)
+    prefill_dense_bf16: bool = True
     # keep finished sequences' KV and serve a request from the one sharing the longest prefix
     # of token ids (flint_graph/runtime/prefix_cache.py); outputs equal a cold start's
     kv_reuse: bool = True
@@ -81,9 +86,10 @@ class EngineConfig:
         if not isinstance(self.pipeline_decode, bool):
             raise InvalidRequestError(f"pipeline_decode {self.pipeline_decode!r}: expected "
                                       "True or False")
-        if not isinstance(self.prefill_graphs, bool):
-            raise InvalidRequestError(f"prefill_graphs {self.prefill_graphs!r}: expected "
-                                      "True or False")
+        for name in ("prefill_graphs", "prefill_dense_bf16"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} {getattr(self, name)!r}: expected True or "
+                                          "False")
         if self.prefill not in PREFILLS:
             raise InvalidRequestError(f"prefill {self.prefill!r}: expected one of "
                                       f"{', '.join(PREFILLS)}")
