@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 22 on the H200 (twenty-ninth session), one call, files under $OUT:
+#   1. tests/test_kv_reuse_gpu.py (the graph engine: reuse on equals a cold start, bit for bit);
+#   2. tools/bench_reuse.py, full size, reuse on then off in one process each: 20 chat turns of
+#      ~512 new tokens on 8K of history (NVFP4, then BF16: the target's case), a 10-step tool
+#      loop (NVFP4), 32K of history with ~512 new tokens (the ≤ 0.05 target; NVFP4), the BF16
+#      tool loop; in that order, each skipped when less than 60 s are left.
+# Device run: carry [".whl", ".kcache"], needs_h200 (BF16 full size is ~80 GB of weights),
+# command: bash tools/gpu_reuse_h200.sh (RUNS: the names below to run, default all)
+set -uo pipefail
+start=$(date +%s)
+deadline=${DEADLINE:-$(( start + 575 ))}
+left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l) : $1 )); }
+. tools/device_setup.sh
+nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
+runs=" ${RUNS:-tests nvfp4-new512 bf16-new512 nvfp4-tool nvfp4-32k bf16-tool} "
+reuse() {
+  local name=$1; shift
+  [[ $runs == *" $name "* ]] || return 0
+  if [ "$(left 999)" -lt 60 ]; then echo "$name: skipped, $(left 999) s left"; return 0; fi
+  local t0=$SECONDS
+  timeout "$(left 240)" python3 tools/bench_reuse.py --preset full --max-tokens 16 "$@" \
+    --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+  echo "$name: exit $? in $(( SECONDS - t0 )) s"
+  grep '^{' "$OUT/$name.log" | python3 -c "
+import json, sys
+rows = [json.loads(l) for l in sys.stdin]
+rows = [r for r in rows if 'ttft_ms' in r]
+half = len(rows) // 2  # reuse on, then the same turns off
+for on, off in zip(rows[:half], rows[half:]):
+    print(on.get('turn', on.get('step')), on['prompt_tokens'], on['cached_tokens'], round(on['ttft_ms'], 2),
+          round(off['ttft_ms'], 2), round(on['ttft_ms'] / off['ttft_ms'], 3))"
+}
+if [[ $runs == *" tests "* ]]; then
+  timeout "$(left 150)" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_kv_reuse_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -4
+fi
+reuse nvfp4-new512 --format nvfp4 --history 8192 --new-tokens 512 --turns 20
+reuse bf16-new512 --format bf16 --history 8192 --new-tokens 512 --turns 20
+reuse nvfp4-tool --format nvfp4 --history 8192 --tool-loop --turns 10
+reuse nvfp4-32k --format nvfp4 --history 32768 --new-tokens 512 --turns 3
+reuse bf16-tool --format bf16 --history 8192 --tool-loop --turns 10
+echo "done in $(( $(date +%s) - start )) s"
