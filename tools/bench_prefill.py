@@ -301,7 +301,10 @@ def main() -> int:
                         "--graph-max tokens replay CUDA graphs, larger ones run eagerly), "
                         "kernel = every chunk launched eagerly, sdpa = the torch-ops baseline")
     p.add_argument("--graph-max", type=int, default=4096,
-                   help="the largest chunk (tokens) the graph path captures as a CUDA graph")
+                   help="the largest chunk (tokens) the graph path captures as a CUDA graph "
+                        "(default 4096, the largest bucket; above it, a bucket of that size "
+                        "is captured too: e.g. 8192 replays an 8K prompt's chunk instead of "
+                        "launching it eagerly)")
     p.add_argument("--row-moe-max", default="",
                    help="chunks up to this many rows run the MoE on the decode kernels "
                         "(capture/prefill_row_moe.py; default: prefill.ROW_MOE_MAX per "
@@ -494,6 +497,7 @@ def main() -> int:
                        f"{'' if pre.side_max_rows is None else f'/side<={pre.side_max_rows}'}")
             if path == "graph":
                 t0 = time.perf_counter()
+                pre.graph_max = max(pre.graph_max, args.graph_max)  # above 4,096: one more
                 buckets = pre.capture(min(chunk, args.graph_max))
                 res[f"capture_{fmt}_s"] = time.perf_counter() - t0
                 print(f"{fmt}: captured buckets {buckets} in "
