@@ -365,9 +365,9 @@ def load_llm(args: argparse.Namespace):
               "prefill; the reference engine running here has no graphs to turn off",
               file=sys.stderr)
     if not args.prefill_dense_bf16 and llm.engine.name == "reference":
-        print("flint-graph: note: --no-prefill-dense-bf16 concerns the graph engine's prefill; "
-              "the reference engine running here decodes NVFP4 weights its own way",
-              file=sys.stderr)
+        print("flint-graph: note: --no-prefill-dense-bf16 concerns the graph engine's prefill "
+              "of NVFP4 checkpoints; the reference engine running here keeps no such copy, so "
+              "it changes nothing", file=sys.stderr)
     if not args.pipeline_decode and llm.engine.name == "reference":
         print("flint-graph: note: --no-pipeline concerns the graph engine's decode steps; the "
               "reference engine running here decodes one step at a time anyway",

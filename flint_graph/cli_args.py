@@ -255,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "/reset, /save FILE, /reasoning, /help, /exit. Ctrl-C "
                                       "stops the current answer; Ctrl-D, /exit or /quit quits.")
     _model_args(chat)
-    _sampling_args(chat)
+    _sampling_args(chat, repeat_default=CHAT_STOP_ON_REPEAT)
     chat.add_argument("--system", metavar="TEXT", help="system message for the conversation")
     chat.add_argument("--show-reasoning", action="store_true",
                       help="keep reasoning expanded after each answer (default: collapsed to "
@@ -463,7 +463,14 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
                    help="turn thinking off (the prompt ends with </think>)")
 
 
-def _sampling_args(p: argparse.ArgumentParser) -> None:
+# the terminal chat ends a looping answer after this many tokens of it unless told otherwise:
+# flint-nano answered a plain-text tool result with '{"sky": "rainrainrain…' to the 512-token
+# limit, every time (a new user's trial, 2026-12-06); generate and the API keep it off, so a
+# script gets exactly what it asked for
+CHAT_STOP_ON_REPEAT = 64
+
+
+def _sampling_args(p: argparse.ArgumentParser, repeat_default: int = 0) -> None:
     g = p.add_argument_group("sampling (defaults come from the checkpoint's "
                              "generation_config.json)")
     g.add_argument("--max-tokens", type=positive_int, metavar="N",
@@ -476,6 +483,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=integer, metavar="S", help="seed for reproducible sampling")
     g.add_argument("--stop", action="append", metavar="TEXT", default=None,
                    help="stop string (repeatable); it is not included in the output")
-    g.add_argument("--stop-on-repeat", type=integer, metavar="N", default=0,
+    g.add_argument("--stop-on-repeat", type=integer, metavar="N", default=repeat_default,
                    help="end an answer whose last N tokens are one short block said over and "
-                        "over (at least 4 times), e.g. 64; N from 8 to 4096 (default: off)")
+                        "over (at least 4 times); N from 8 to 4096, 0 = off (default: "
+                        + (f"{repeat_default}" if repeat_default else "off") + ")")

@@ -665,7 +665,12 @@ def test_stop_on_repeat_cuts_the_answer_where_it_starts_to_loop(capsys, tiny_ckp
     for cmd in ("generate", "chat"):
         args = build_parser().parse_args([cmd, "--stop-on-repeat", "64"])
         assert sampling_params(args).stop_on_repeat == 64
-    assert sampling_params(build_parser().parse_args(["chat"])).stop_on_repeat == 0
+    # on by default in the terminal chat only (a looping answer to a plain-text tool result
+    # ran to the limit every time); 0 turns it off there; generate keeps it off
+    assert sampling_params(build_parser().parse_args(["chat"])).stop_on_repeat == 64
+    assert sampling_params(build_parser().parse_args(["chat", "--stop-on-repeat", "0"])) \
+        .stop_on_repeat == 0
+    assert sampling_params(build_parser().parse_args(["generate"])).stop_on_repeat == 0
     for prompt in ("count with me", "hello hello hello"):  # neither loops on this checkpoint
         base = ["generate", tiny_ckpt, "--device", "cpu", "--prompt", prompt, "--raw",
                 "--temperature", "0", "--max-tokens", "200", "--json"]
@@ -1028,8 +1033,9 @@ def test_no_prefill_dense_bf16_on_the_reference_engine_says_it_changes_nothing(c
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 2,
                         "--device", "cpu", "--no-prefill-dense-bf16")
     assert code == 0
-    assert ("flint-graph: note: --no-prefill-dense-bf16 concerns the graph engine's prefill; "
-            "the reference engine running here decodes NVFP4 weights its own way") in err, err
+    assert ("flint-graph: note: --no-prefill-dense-bf16 concerns the graph engine's prefill "
+            "of NVFP4 checkpoints; the reference engine running here keeps no such copy, so it "
+            "changes nothing") in err, err
 
 
 @pytest.mark.parametrize("option", ["--tools", "--max-tokens", "--seed"])
