@@ -366,6 +366,36 @@ def test_bad_sidecar_is_refused_by_name(tiny_ckpt_gguf, tmp_path, name, arr, raw
         _load(path)
 
 
+@pytest.mark.parametrize("name, arr, want", [
+    # a huge but finite scale2 (below MAX_SCALE2): the largest weight 6 · block scale · scale2
+    # passes the ±1e6 the BF16 path enforces; it loaded and answered id 0 throughout
+    ("blk.0.attn_output.scale", np.array([1e30], np.float32),
+     r"blk\.0\.attn_output\.weight \(NVFP4: 6 · block scale · scale2 past the bound\);"),
+    ("blk.2.attn_q.scale", np.array([1e4], np.float32), r"blk\.2\.attn_q\.weight \(NVFP4"),
+    # one expert of a stack: named with the count of experts
+    (LOST_SCALE, np.array([2.0**-12] * 7 + [1e9], np.float32),
+     r"blk\.2\.ffn_gate_exps\.weight \(NVFP4: 6 · block scale · scale2 past the bound in 1 "
+     r"of 8 experts\);"),
+])  # fmt: skip
+def test_an_nvfp4_tensor_whose_largest_weight_passes_the_bound_is_refused(
+        tiny_ckpt_gguf, tmp_path, name, arr, want):
+    """The bound every floating weight is held to (|w| ≤ WEIGHT_ABS_MAX), for NVFP4 tensors:
+    E2M1's 6 · the largest E4M3 block scale · scale2, per expert for a stack (a bad-input
+    trial, 2026-12-06)."""
+    path = _rewrite(tiny_ckpt_gguf, tmp_path / "big.gguf", replace={name: (arr, _F32)})
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: NaN, infinite or "
+                                              rf"out-of-range \(\|w\| > 1e\+06\) weights in .*{want}"):
+        _load(path)
+
+
+def test_an_nvfp4_scale2_that_keeps_weights_in_range_loads(tiny_ckpt_gguf, tmp_path):
+    """The bound's other side: a scale2 larger than the file's (2.0 instead of ~1e-3) whose
+    largest weight stays within ±1e6 still loads."""
+    path = _rewrite(tiny_ckpt_gguf, tmp_path / "ok.gguf",
+                    replace={"blk.0.attn_output.scale": (np.array([2.0], np.float32), _F32)})
+    assert float(_load(path).layers[0].o_proj.scale2) == 2.0
+
+
 @pytest.mark.gpu
 def test_cuda_load_matches_cpu_and_frees_on_failure(tiny_file, monkeypatch):
     from flint_graph.checkpoints import nvfp4

@@ -394,6 +394,8 @@ def load_gguf(path: str | Path, cfg: FlintConfig, device: torch.device | str,
                 loaded[spec.name] = _load_one(spec, t, side, device, timings)
                 if isinstance(loaded[spec.name], torch.Tensor):
                     finite.add(spec.name, loaded[spec.name])
+                else:
+                    finite.add_nvfp4(spec.name, loaded[spec.name])
                 advance(t.n_bytes)
         finite.raise_if_any(path)
         return _assemble(cfg, loaded)

@@ -196,20 +196,39 @@ class FiniteCheck:
     file whose header is intact otherwise load silently and decode to garbage or NaN logits.
 
     `add(name, t)` queues a count for a floating tensor (integer tensors: NVFP4 codes and
-    scales, are skipped); `raise_if_any(path, file_of)` raises CheckpointError naming `path`,
-    the first tensors with non-finite values and how many each holds, and with `file_of` (a
-    tensor name -> its file) the files that hold them (a directory of shards named only the
+    scales, are skipped), `add_nvfp4(name, w)` one for an NVFP4 weight's largest value;
+    `raise_if_any(path, file_of)` raises CheckpointError naming `path`, the first tensors with
+    non-finite or out-of-range values and how many each holds, and with `file_of` (a tensor
+    name -> its file) the files that hold them (a directory of shards named only the
     directory, 2026-12-03)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.counts: list[torch.Tensor] = []
+        # what a count counts, per name: "values", "of E experts", "" (one NVFP4 tensor)
+        self.units: list[str] = []
 
     def add(self, name: str, t: torch.Tensor) -> None:
         if t.is_floating_point():
             self.names.append(name)
+            self.units.append("values")
             # NaN compares false and inf is past the bound: one pass counts all three
             self.counts.append(t.numel() - (t.abs() <= WEIGHT_ABS_MAX).sum())
+
+    def add_nvfp4(self, name: str, w: NVFP4Weight) -> None:
+        """Queue the bound of an NVFP4 tensor: its largest possible weight, E2M1's 6 · its
+        largest E4M3 block scale · scale2 (per expert for a stack with scale2 [E]), past
+        WEIGHT_ABS_MAX counts as one offending tensor (or expert). scale2 alone is checked
+        when the file is opened; a huge finite one with ordinary block scales loaded and
+        answered with id 0 throughout (a bad-input trial, 2026-12-06)."""
+        # the E4M3 value grows with the byte's low 7 bits; 0x7F (NaN) decodes to 0, and a
+        # byte with bit 7 set to the value of its low bits (nvfp4._ue4m3_value)
+        low = torch.where(w.scales == 0x7F, 0, w.scales & 0x7F)
+        top = low.flatten(1).amax(1) if w.scale2.numel() > 1 else low.amax()
+        value = nvfp4.ue4m3_to_float(top | 0x80)  # | 0x80: the formula, 0x7F's 0 aside
+        self.names.append(name)
+        self.units.append(f"of {w.scale2.numel()} experts" if w.scale2.numel() > 1 else "")
+        self.counts.append((value * nvfp4.E2M1_MAX * w.scale2.float() > WEIGHT_ABS_MAX).sum())
 
     def raise_if_any(self, path, file_of=None) -> None:
         from flint_graph.errors import CheckpointError
@@ -217,12 +236,14 @@ class FiniteCheck:
         if not self.counts:
             return
         counts = torch.stack(self.counts).tolist()  # one sync for the whole checkpoint
-        bad = [(n, c) for n, c in zip(self.names, counts) if c]
+        bad = [(n, c, u) for n, c, u in zip(self.names, counts, self.units) if c]
         if bad:
-            listed = ", ".join(f"{n} ({c} values)" for n, c in bad[:5])
+            listed = ", ".join(f"{n} ({c} {u})" if u == "values" else
+                               f"{n} (NVFP4: 6 · block scale · scale2 past the bound"
+                               f"{f' in {c} {u}' if u else ''})" for n, c, u in bad[:5])
             more = f" and {len(bad) - 5} more tensors" if len(bad) > 5 else ""
             if file_of is not None:
-                files = sorted({Path(file_of(n)).name for n, _ in bad})
+                files = sorted({Path(file_of(n)).name for n, _, _ in bad})
                 more += f", in {', '.join(files)}"
             raise CheckpointError(f"{path}: NaN, infinite or out-of-range (|w| > "
                                   f"{WEIGHT_ABS_MAX:g}) weights in {listed}{more}; the file is "
