@@ -116,6 +116,37 @@ def test_a_chat_template_that_is_not_utf8_names_the_file(ckpt):
     _refused(ckpt, path, "UTF-8")
 
 
+PLACES = {  # what sits where a file should be -> words the error must say
+    "directory": (lambda p: p.mkdir(), "not a regular file"),
+    "device": (lambda p: p.symlink_to("/dev/zero"), "not a regular file"),
+    "dangling link": (lambda p: p.symlink_to(p.parent / "gone"), "which does not exist"),
+    "link loop": (lambda p: p.symlink_to(p), "symbolic link loop"),
+}
+
+
+@pytest.mark.parametrize("name", ["generation_config.json", "chat_template.jinja",
+                                  "tokenizer.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("place", list(PLACES))
+def test_a_checkpoint_file_that_is_not_a_regular_file_is_named(ckpt, name, place):
+    """The optional files (generation_config.json, chat_template.jinja) are skipped only when
+    nothing is there: a directory, a device or a broken link in their place was skipped in
+    silence, losing the checkpoint's sampling defaults, EOS ids and max_new_tokens or its
+    template (a bad-input trial, 2026-12-06); tokenizer.json's error said "file not found"
+    for a file that was there. Each is named with what is wrong."""
+    path = ckpt / name
+    if path.exists():
+        path.unlink()
+    make, words = PLACES[place]
+    make(path)
+    _refused(ckpt, path, words)
+
+
+@pytest.mark.parametrize("name", ["generation_config.json", "chat_template.jinja"])
+def test_an_optional_file_that_is_absent_is_no_error(ckpt, name):
+    (ckpt / name).unlink(missing_ok=True)
+    assert _load(ckpt).tokenizer.vocab_size > 0
+
+
 def test_an_index_mapping_to_non_strings_names_the_index(ckpt):
     index = ckpt / "model.safetensors.index.json"
     obj = json.loads(index.read_text())

@@ -21,7 +21,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from flint_graph.errors import CheckpointError, ConfigError, shown
-from flint_graph.checkpoints.jsonfile import read_json_object
+from flint_graph.checkpoints.jsonfile import MISSING, file_problem, read_json_object
 
 # Control tokens: framing and role markers, skipped when decoding user-visible text.
 GLM47_CONTROL_TOKENS = (
@@ -300,8 +300,10 @@ class FlintTokenizer:
         config = read_json_object(path / "tokenizer_config.json", CheckpointError,
                                   "file not found (a tokenizer directory needs it)")
         tok_path = path / "tokenizer.json"
-        if not tok_path.is_file():
-            raise CheckpointError(f"{tok_path}: file not found (a tokenizer directory needs it)")
+        problem = file_problem(tok_path)
+        if problem is not None:
+            raise CheckpointError(f"{tok_path}: {problem} (a tokenizer directory needs this "
+                                  "file)")
         try:
             # "utf-8-sig": a byte-order mark (some Windows editors write one) is no part of the
             # JSON, as for the checkpoint's other JSON files (it was "expected value at line 1")
@@ -313,7 +315,12 @@ class FlintTokenizer:
             named = {d.get("name"): d.get("template") for d in template if isinstance(d, dict)}
             template = named.get("default")
         jinja_path = path / "chat_template.jinja"
-        if jinja_path.is_file():
+        problem = file_problem(jinja_path)
+        if problem not in (None, MISSING):  # else tokenizer_config's was used in silence
+            raise CheckpointError(f"{jinja_path}: {problem}; expected the chat template as a "
+                                  "text file, or no such file (tokenizer_config.json's "
+                                  "chat_template is used then)")
+        if problem is None:
             try:
                 template = jinja_path.read_text(encoding="utf-8")
             except UnicodeDecodeError as e:

@@ -19,7 +19,7 @@ import torch
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.paths import why_not_a_file
 from flint_graph.errors import CheckpointError
-from flint_graph.checkpoints.jsonfile import read_json_object
+from flint_graph.checkpoints.jsonfile import MISSING, file_problem, read_json_object
 from flint_graph.checkpoints.weights import FlintWeights, NVFP4Weight
 
 GGUF_MAGIC = b"GGUF"
@@ -53,9 +53,10 @@ class LoadedCheckpoint:
 
 def read_generation_config(config_dir: str | Path) -> dict[str, Any]:
     """generation_config.json of `config_dir` as a dict ({} when the file is absent: many HF
-    checkpoints ship none). Raises CheckpointError naming the file when it is not a JSON object."""
+    checkpoints ship none). Raises CheckpointError naming the file when it is not a regular
+    file (a directory, a device, a dangling link) or not a JSON object."""
     path = Path(config_dir) / GENERATION_CONFIG_NAME
-    if not path.is_file():
+    if file_problem(path) == MISSING:  # a directory or a dangling link in its place is named
         return {}
     return read_json_object(path, CheckpointError, "file not found")
 

@@ -35,6 +35,30 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 CHECKPOINT_JSON_MAX_BYTES = 64 << 20  # config / generation / tokenizer_config: a few KB each
 
 
+MISSING = "file not found"
+
+
+def file_problem(path: Path) -> str | None:
+    """Why `path` is not a regular file, or None when it is: MISSING when nothing is there
+    (not even a link), else the reason — a symbolic link loop, a link to nothing, or not a
+    regular file (a directory, device or pipe). A checkpoint's optional files (generation
+    config, chat_template.jinja) are skipped only when MISSING; a directory or a link to
+    /dev/zero in their place was skipped silently (a bad-input trial, 2026-12-06)."""
+    path = Path(path)
+    if path.is_file():
+        return None
+    if not os.path.lexists(path):
+        return MISSING
+    if not path.exists():
+        try:  # exists() is False for a symlink loop too: say which
+            os.stat(path)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return "a symbolic link loop, not a file"
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    return "not a regular file (a directory, device or pipe)"
+
+
 def read_capped(path: Path, max_bytes: int, unique_keys: bool = False) -> Any:
     """The JSON value in `path`, a regular file of at most `max_bytes` bytes, read only that far:
     a device, a pipe or a huge file is refused before its JSON is parsed (`eval --compare
@@ -45,19 +69,12 @@ def read_capped(path: Path, max_bytes: int, unique_keys: bool = False) -> Any:
     gzip-compressed, not UTF-8, or not valid JSON
     (nesting too deep and integers longer than Python's 4,300 digits included)."""
     path = Path(path)
-    if not path.is_file():
-        if not path.exists():
-            try:  # exists() is False for a symlink loop too: say which
-                os.stat(path)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise ValueError("a symbolic link loop, not a file") from None
-            if path.is_symlink():
-                raise ValueError(f"a symbolic link to {os.readlink(path)}, which does not "
-                                 "exist")
-            raise FileNotFoundError(2, "No such file or directory", str(path))
-        raise ValueError(f"not a regular file (a directory, device or pipe); expected a JSON "
-                         f"file of at most {max_bytes >> 20} MiB")
+    problem = file_problem(path)
+    if problem == MISSING:
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    if problem is not None:
+        raise ValueError(problem + (f"; expected a JSON file of at most {max_bytes >> 20} MiB"
+                                    if problem.startswith("not a regular") else ""))
     with open(path, "rb") as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
@@ -82,7 +99,7 @@ def read_json_object(path: Path, error: type[FlintError], missing: str) -> dict[
     Raises `error` naming the path with `missing` when the file is absent, and with the reason
     when `read_capped` refuses it (not a regular file, over 64 MiB, not UTF-8 JSON) or the top
     level is not an object."""
-    if not path.exists():
+    if file_problem(path) == MISSING:
         raise error(f"{path}: {missing}")
     try:
         raw = read_capped(path, CHECKPOINT_JSON_MAX_BYTES)
