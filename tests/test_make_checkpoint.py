@@ -286,12 +286,34 @@ def test_cli_main(tmp_path, capsys):
     assert "hidden_size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--format", ""], "--format '': empty; expected a comma-separated list of bf16 and gguf"),
+    (["--format", ",,,"], "--format ',,,': empty"),
+    (["--format", "BF16"], "--format 'BF16': 'BF16' unknown"),
+    (["--format", "bf16,bf16"], "--format 'bf16,bf16': bf16 given twice"),
+    (["--format", "bf16", "--quantize-embeddings"],
+     "--quantize-embeddings stores the embedding and LM head as NVFP4 in the GGUF; --format "
+     "has no gguf"),
+])  # fmt: skip
+def test_bad_format_lists_name_the_flag(tmp_path, capsys, argv, words):
+    """--format's errors name the flag and the value typed (they spoke of `formats ['BF16']`),
+    a format given twice is refused as for bench and eval, and --quantize-embeddings without
+    a GGUF is refused instead of ignored (a bad-input trial, 2026-12-06); nothing is written."""
+    out = tmp_path / "f"
+    assert mk.main(["--preset", "tiny", "--out", str(out), "--device", "cpu", "--no-progress",
+                    *argv]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
 def test_tool_script_reports_errors_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "tools" / "make_checkpoint.py"),
                         "--out", str(tmp_path / "t"), "--format", "bf16,fp8"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
-    assert "formats" in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "--format 'bf16,fp8': 'fp8' unknown" in r.stderr and r.stderr.count("\n") == 1 \
+        and "Traceback" not in r.stderr
 
 
 def test_every_flag_has_help(capsys):

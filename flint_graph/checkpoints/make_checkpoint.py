@@ -414,6 +414,21 @@ def check_memory(cfg: FlintConfig, device: torch.device, fmt: str = "bf16",
             f"(--device cuda on a large GPU)")
 
 
+def parse_formats(text: str) -> tuple[str, ...]:
+    """--format's comma-separated list, e.g. "bf16,gguf". Raises ConfigError naming the flag
+    for an empty list, an unknown format or one given twice (its message spoke of
+    `formats ['BF16']` before: a bad-input trial, 2026-12-06)."""
+    formats = [f.strip() for f in text.split(",") if f.strip()]
+    wrong = [f for f in formats if f not in FORMATS]
+    twice = sorted({f for f in formats if formats.count(f) > 1})
+    if not formats or wrong or twice:
+        why = (f"{', '.join(repr(f) for f in wrong)} unknown" if wrong
+               else f"{', '.join(twice)} given twice" if twice else "empty")
+        raise ConfigError(f"--format {text!r}: {why}; expected a comma-separated list of "
+                          f"{' and '.join(FORMATS)} (each at most once)")
+    return tuple(formats)
+
+
 def run(args: argparse.Namespace) -> int:
     """Write the checkpoint `args` (from `add_arguments`) describe and print a summary; 0 on
     success. Raises FlintError for bad input (the caller prints it on one line)."""
@@ -423,7 +438,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seed {args.seed}: expected a non-negative integer")
     cfg = (FlintConfig.from_json(args.config_path) if args.config_path
            else FlintConfig.preset(args.preset or DEFAULT_PRESET))
-    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    formats = parse_formats(args.formats)
+    if args.quantize_embeddings and "gguf" not in formats:
+        raise ConfigError("--quantize-embeddings stores the embedding and LM head as NVFP4 in "
+                          "the GGUF; --format has no gguf (add it, or leave the flag out)")
     check_memory(cfg, pick_device(args.device), "bf16" if "bf16" in formats else "nvfp4",
                  "--format gguf")
     summary = write_checkpoint(cfg, args.out_dir, formats, args.seed, args.device,
