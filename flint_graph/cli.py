@@ -222,6 +222,12 @@ def _restore_sigint(previous) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+def base_url(host: str, port: int) -> str:
+    """The server's URL for `serve`'s log lines: an IPv6 address in brackets (RFC 3986 §3.2.2:
+    http://[::1]:8000; `--host ::1` printed http://::1:8000, a bad-input trial, 2026-12-06)."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
 def build_parser():
     """The argument parser with every subcommand (`cli_args.build_parser`, imported when
     called so that importing this module stays light)."""
@@ -651,11 +657,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     started = time.perf_counter()
+    base = base_url(args.host, args.port)
 
     def ready(llm) -> None:  # a log line a user (or a script tailing it) can wait for
         kind = "graph" if llm.engine.runner else "reference"
         print(f"flint-graph: ready in {time.perf_counter() - started:.1f} s: {name!r} ({kind} "
-              f"engine) answers POST http://{args.host}:{args.port}/v1/chat/completions",
+              f"engine) answers POST {base}/v1/chat/completions",
               file=sys.stderr, flush=True)
 
     app = create_app(lambda: load_llm(args), name, api_key=args.api_key, on_error=stop,
@@ -702,7 +709,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                    timeout_graceful_shutdown=args.shutdown_grace + 5,
                                    http=guarded_protocol()))
-    print(f"flint-graph: serving {name!r} on http://{args.host}:{args.port}/v1 (loading the "
+    print(f"flint-graph: serving {name!r} on {base}/v1 (loading the "
           "model: GET /health answers 503 until it is ready)", file=sys.stderr)
 
     def _terminated(*_):  # a stop request, not a failure: exit 0 (systemd, docker stop)

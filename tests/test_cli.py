@@ -799,6 +799,15 @@ def test_a_tool_that_is_no_object_is_named_as_such(tool, found):
         validate_tools([tool])
 
 
+@pytest.mark.parametrize("host, url", [("127.0.0.1", "http://127.0.0.1:8000"),
+                                       ("::1", "http://[::1]:8000"), ("::", "http://[::]:8000"),
+                                       ("localhost", "http://localhost:8000")])
+def test_serve_logs_a_url_an_ipv6_host_can_be_reached_at(host, url):
+    from flint_graph.cli import base_url
+
+    assert base_url(host, 8000) == url
+
+
 @pytest.mark.parametrize("flag", ["--api-key", "--served-model-name"])
 def test_serve_refuses_an_empty_key_or_name(flag, capsys):
     """An empty --api-key started a server that answered 401 to every request."""
