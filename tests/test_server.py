@@ -1016,6 +1016,14 @@ def test_hostile_keys_and_values_get_short_encodable_400s(server):
     hi = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     code, body = _post(url, {**hi, "\ud800": 1})
     assert code == 400 and "\\ud800" in body["error"]["message"], body
+    # a right-to-left override or a control character is quoted escaped, not raw (a client's
+    # U+202E reversed the log line that showed the error, bad-input trial 2026-12-06)
+    for key in ("\u202emax", "\u2067x", "a\x1b[31mb", "\x85c"):
+        code, body = _post(url, {**hi, key: 1})
+        err = body["error"]
+        shown = key.encode("unicode_escape").decode().replace("\\x", "\\u00")
+        assert code == 400 and shown in err["message"] and shown in err["param"], (key, err)
+        assert not any(c in err["message"] + err["param"] for c in "\u202e\u2067\x1b\x85")
     code, body = _post(url, {**hi, "k" * 200_000: 1})
     assert code == 400 and len(body["error"]["message"]) <= MESSAGE_CHARS + 1
     assert len(body["error"]["param"]) <= 101

@@ -52,12 +52,20 @@ MESSAGE_CHARS = 1000  # of an error message; PARAM_CHARS of its param
 PARAM_CHARS = 100
 
 
+# control characters and the bidirectional overrides and isolates (Unicode TR9): quoted raw in
+# an error, a client's U+202E reversed the text of the log line or terminal that showed it
+_ESCAPED = {c: f"\\u{c:04x}" for c in [*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200E,
+                                        0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+
+
 def _printable(text: str, most: int) -> str:
-    """`text` cut to `most` characters (marked "…") with lone surrogates escaped (\\ud800):
-    error bodies quote the client's keys and values, which a hostile client can make 15 MB
-    long (a 29 MB error body) or unencodable as UTF-8 (a 500, 2026-12-03)."""
+    """`text` cut to `most` characters (marked "…") with lone surrogates (\\ud800), control
+    characters and bidirectional controls (\\u202e) escaped: error bodies quote the client's
+    keys and values, which a hostile client can make 15 MB long (a 29 MB error body),
+    unencodable as UTF-8 (a 500, 2026-12-03) or able to reorder what a terminal shows
+    (2026-12-06)."""
     text = text if len(text) <= most else text[:most] + "…"
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").translate(_ESCAPED)
 
 
 class APIError(Exception):
