@@ -589,10 +589,10 @@ class Prefill:
         self._h_last = torch.zeros(1, cfg.hidden_size, dtype=BF16, device=dev)
         self._start_host = 0  # the same start for the host-side gathers of "sdpa"/"reference"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # the largest chunk `capture` may capture (tokens): the largest of GRAPH_BUCKETS; a
-        # bench sets it higher to capture one bucket more, of that size (tools/bench_prefill.py
-        # --graph-max: an 8K chunk replayed, no host launches, against eager)
-        self.graph_max = max(GRAPH_BUCKETS)
+        # the chunk sizes `capture` may capture (tokens), GRAPH_BUCKETS; a bench adds larger
+        # ones (tools/bench_prefill.py --graph-buckets: an 8K chunk replayed, no host
+        # launches, against eager)
+        self.graph_buckets: tuple[int, ...] = GRAPH_BUCKETS
         # the buckets that split full layers' keys (attn_prefill_wg SPLITS), captured again
         # with the split: replayed for a chunk after SPLIT_MIN_START cached tokens
         self.split_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -799,8 +799,8 @@ class Prefill:
     @torch.inference_mode()
     def capture(self, max_tokens: int) -> list[int]:
         """Capture the chunk body as one CUDA graph per bucket of GRAPH_BUCKETS below
-        `max_tokens` (the largest chunk the engine sends, capped at `graph_max` and the slot's
-        capacity; itself a bucket), and the final norm + LM head as one more; returns
+        `max_tokens` (the largest chunk the engine sends, capped at the largest of
+        `graph_buckets` and the slot's capacity; itself a bucket), and the final norm + LM head as one more; returns
         the buckets. Kernel attention only (the others gather on the host): raises
         RuntimeError otherwise. Warm-up and capture write only the scratch slot. All graphs
         share one memory pool: they never run at once."""
@@ -809,8 +809,8 @@ class Prefill:
         if self.attention != "kernel":
             raise RuntimeError(f"prefill graphs need attention='kernel', not "
                                f"{self.attention!r}")
-        top = min(max_tokens, self.graph_max, self.kv.max_tokens)
-        buckets = sorted({b for b in GRAPH_BUCKETS if b < top} | {top})
+        top = min(max_tokens, max(self.graph_buckets), self.kv.max_tokens)
+        buckets = sorted({b for b in self.graph_buckets if b < top} | {top})
         pool = torch.cuda.graph_pool_handle()
         self._set_slot(self.kv.scratch)
         side = torch.cuda.Stream()

@@ -80,6 +80,8 @@ BAD = [
     (["--ws=1", "--depth=3"], "--depth, --ws: each builds a variant"),
     (["--pf=2", "--nt=64"], "PF is built for NT 16 and 32 only"),
     (["--ws=1", "--nt=16,64"], "WS is built for NT 16 and 32 only"), (["--pf=3"], "--pf '3'"),
+    (["--graph-buckets=5120,x"], "--graph-buckets '5120,x': expected comma-separated token"),
+    (["--graph-buckets=0"], "--graph-buckets '0'"), (["--graph-max=0"], "--graph-max 0"),
 ]
 
 
@@ -98,6 +100,7 @@ def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["bench_prefill.py", "--wg-values=-,SUB=0,RS=0",
                                      "--attn-kernel=attn_prefill_wg:WS=1,attn_prefill_wg:ST=3",
                                      "--side-max-rows=-,2048", "--tokens=512,8192",
+                                     "--graph-max=8192", "--graph-buckets=5120,6144,7168",
                                      "--formats=nvfp4", "--paths=graph", "--out", "x"])
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(SystemExit):

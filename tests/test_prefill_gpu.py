@@ -183,6 +183,33 @@ def test_prefill_matches_reference(kset, preset, fmt, graphs):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_a_bucket_above_4096_replays_within_the_tolerances(kset, fmt):
+    """Prefill.graph_buckets with a bucket past GRAPH_BUCKETS (a bench's --graph-buckets, the
+    8K chunk replayed instead of launched eagerly): a 4,700-token chunk replays the 5,120-row
+    graph, padded by 420 rows, and its logits and every KV entry meet the reference tolerances
+    (full config)."""
+    from flint_graph.capture.kv_cache import KVCache
+    from flint_graph.capture.prefill import GRAPH_BUCKETS, Prefill
+
+    cfg, w, ref = _model("full", fmt)
+    tokens = 4700
+    prompt = torch.randint(0, cfg.vocab_size, (tokens,),
+                           generator=torch.Generator().manual_seed(21))
+    seq = ref.new_sequence()
+    want = ref.prefill(seq, prompt, chunk_tokens=2048)
+    cache = KVCache(cfg, num_slots=2, max_tokens=5120)
+    pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
+    pre.graph_buckets = (*GRAPH_BUCKETS, 5120)
+    assert pre.capture(8192)[-1] == 5120 and pre._bucket(tokens) == 5120
+    logit_rels, kv_rels = [], []
+    got = pre.prefill(1, prompt, tokens)
+    what = f"full {fmt} prompt {tokens} on the 5,120-row graph"
+    _check_logits(got, want, what, logit_rels)
+    _check_kv(cache, seq, 1, tokens, what, kv_rels)
+    _median_ok(kv_rels, f"{what} KV")
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 def test_prefill_on_the_wgmma_attention_kernel_matches_reference(kset, fmt):
     """The prefill with attn_prefill_wg (kernels/prefill/attn_prefill_wg.py) for attention, full
     config shapes, every chunk case of the file, eager: the same tolerances."""

@@ -227,6 +227,14 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         for v in vals:
             if v not in allowed:
                 p.error(f"{flag} {v!r}: expected one of {', '.join(allowed)}, comma-separated")
+    try:
+        extra = [int(v) for v in args.graph_buckets.split(",") if v.strip()]
+    except ValueError:
+        extra = [0]
+    if any(b < 1 for b in extra):
+        p.error(f"--graph-buckets {args.graph_buckets!r}: expected comma-separated token "
+                "counts >= 1")
+    args.graph_buckets = extra
     for flag, value, least in (("--reps", args.reps, 1), ("--chunk", args.chunk, 1),
                                ("--graph-max", args.graph_max, 1),
                                ("--processes", args.processes, 1),
@@ -273,7 +281,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
 
 def main() -> int:
     from flint_graph.capture.kv_cache import KVCache
-    from flint_graph.capture.prefill import Prefill
+    from flint_graph.capture.prefill import GRAPH_BUCKETS, Prefill
     from flint_graph.checkpoints.config import FlintConfig
     from flint_graph.checkpoints.make_checkpoint import make_nvfp4_weights, quantize_weights
     from flint_graph.perf.measure import matmul_peak_flops
@@ -305,6 +313,10 @@ def main() -> int:
                         "(default 4096, the largest bucket; above it, a bucket of that size "
                         "is captured too: e.g. 8192 replays an 8K prompt's chunk instead of "
                         "launching it eagerly)")
+    p.add_argument("--graph-buckets", default="",
+                   help="more chunk sizes (tokens, comma-separated) to capture beside "
+                        "prefill.GRAPH_BUCKETS, up to --graph-max, e.g. 5120,6144,7168 with "
+                        "--graph-max 8192: a chunk replays the smallest bucket that holds it")
     p.add_argument("--row-moe-max", default="",
                    help="chunks up to this many rows run the MoE on the decode kernels "
                         "(capture/prefill_row_moe.py; default: prefill.ROW_MOE_MAX per "
@@ -497,7 +509,8 @@ def main() -> int:
                        f"{'' if pre.side_max_rows is None else f'/side<={pre.side_max_rows}'}")
             if path == "graph":
                 t0 = time.perf_counter()
-                pre.graph_max = max(pre.graph_max, args.graph_max)  # above 4,096: one more
+                pre.graph_buckets = tuple(sorted({*GRAPH_BUCKETS, *args.graph_buckets,
+                                                  args.graph_max}))
                 buckets = pre.capture(min(chunk, args.graph_max))
                 res[f"capture_{fmt}_s"] = time.perf_counter() - t0
                 print(f"{fmt}: captured buckets {buckets} in "
