@@ -78,7 +78,11 @@ DEQUANT_EXPERTS = 16  # experts decoded per torch op pass (bounds the int32 inde
 # chunk's size); a replay costs one. Above 4096
 # tokens a chunk's GPU time (8K: ~276 ms) is far above its launches, which overlap it, so
 # larger chunks run eagerly and hold no graph memory.
-GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
+# Above 4,096 rows a chunk launched eagerly is paced by the host's ~4,000 launches: on the H100
+# (2026-12-06, NVFP4) 4,700 tokens took 79.9 ms eager against 73.7 replayed on the 5,120 bucket,
+# 6,000 tokens 135.4 against 93.5 (6,144), 8,192 122.9 against 121.4, with less memory reserved
+GRAPH_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 5120, 6144, 7168,
+                 8192)
 # MoE layers of chunks up to this many rows run on the decode kernels in groups of 8
 # (capture/prefill_row_moe.py; NVFP4: W4A16, no BF16 decode of the experts); larger chunks
 # run grouped GEMMs. Per weight format, from the crossover measured on the H200
@@ -589,9 +593,8 @@ class Prefill:
         self._h_last = torch.zeros(1, cfg.hidden_size, dtype=BF16, device=dev)
         self._start_host = 0  # the same start for the host-side gathers of "sdpa"/"reference"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # the chunk sizes `capture` may capture (tokens), GRAPH_BUCKETS; a bench adds larger
-        # ones (tools/bench_prefill.py --graph-buckets: an 8K chunk replayed, no host
-        # launches, against eager)
+        # the chunk sizes `capture` may capture (tokens), GRAPH_BUCKETS; a bench may add others
+        # (tools/bench_prefill.py --graph-buckets)
         self.graph_buckets: tuple[int, ...] = GRAPH_BUCKETS
         # the buckets that split full layers' keys (attn_prefill_wg SPLITS), captured again
         # with the split: replayed for a chunk after SPLIT_MIN_START cached tokens
@@ -1251,7 +1254,7 @@ class Prefill:
             tok = torch.cat([torch.zeros(p, dtype=torch.int32),
                              torch.arange(tb, dtype=torch.int32)])
             got = (tiles.to(self.device), tok.to(self.device), head.shape[0])
-            if tb in GRAPH_BUCKETS:
+            if tb in self.graph_buckets:
                 self._fold_scheds[tb] = got
         return got
 
@@ -1415,7 +1418,7 @@ class Prefill:
             tiles = grouped_w4a16.tile_schedule(torch.tensor([tb], dtype=torch.int32), nt,
                                                 grouped_w4a16.max_tiles(tb, 1, nt))
             got = (nt, tiles.to(self.device), torch.arange(tb, dtype=torch.int32).to(self.device))
-            if tb in GRAPH_BUCKETS:  # not every eager size: they would pile up
+            if tb in self.graph_buckets:  # not every eager size: they would pile up
                 self._shared_scheds[tb] = got
         return got
 

@@ -167,7 +167,7 @@ class GraphRunner:
 
     def _warm_up_eager(self, chunk: int) -> None:
         """Prefill one chunk longer than the largest captured bucket into slot 0 (its next owner
-        overwrites it), as a prompt of more than 4,096 tokens will: such a chunk runs eagerly,
+        overwrites it), as a prompt of more than 8,192 tokens will: such a chunk runs eagerly,
         and its first run pays for what a graph replay never touches: the caching allocator's
         first cudaMalloc of the chunk's activations (~1 GB at 8K tokens, full size) and the
         torch kernels loaded on their first use (cuBLAS's per-shape work is left out by

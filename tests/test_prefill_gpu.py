@@ -184,12 +184,12 @@ def test_prefill_matches_reference(kset, preset, fmt, graphs):
 
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 def test_a_bucket_above_4096_replays_within_the_tolerances(kset, fmt):
-    """Prefill.graph_buckets with a bucket past GRAPH_BUCKETS (a bench's --graph-buckets, the
-    8K chunk replayed instead of launched eagerly): a 4,700-token chunk replays the 5,120-row
-    graph, padded by 420 rows, and its logits and every KV entry meet the reference tolerances
-    (full config)."""
+    """The buckets above 4,096 rows (5,120 … 8,192 since the twenty-ninth session; those
+    chunks ran eagerly before): a 4,700-token chunk replays the 5,120-row graph, padded by 420
+    rows, its cuBLAS GEMMs in row windows, and its logits and every KV entry meet the reference
+    tolerances (full config)."""
     from flint_graph.capture.kv_cache import KVCache
-    from flint_graph.capture.prefill import GRAPH_BUCKETS, Prefill
+    from flint_graph.capture.prefill import Prefill
 
     cfg, w, ref = _model("full", fmt)
     tokens = 4700
@@ -199,7 +199,6 @@ def test_a_bucket_above_4096_replays_within_the_tolerances(kset, fmt):
     want = ref.prefill(seq, prompt, chunk_tokens=2048)
     cache = KVCache(cfg, num_slots=2, max_tokens=5120)
     pre = Prefill(cfg, w, cache, attention="kernel", kset=kset)
-    pre.graph_buckets = (*GRAPH_BUCKETS, 5120)
     assert pre.capture(8192)[-1] == 5120 and pre._bucket(tokens) == 5120
     logit_rels, kv_rels = [], []
     got = pre.prefill(1, prompt, tokens)

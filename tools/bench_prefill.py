@@ -308,11 +308,11 @@ def main() -> int:
                    help="graph = the kernel path as the engine runs it (chunks of up to "
                         "--graph-max tokens replay CUDA graphs, larger ones run eagerly), "
                         "kernel = every chunk launched eagerly, sdpa = the torch-ops baseline")
-    p.add_argument("--graph-max", type=int, default=4096,
+    p.add_argument("--graph-max", type=int, default=8192,
                    help="the largest chunk (tokens) the graph path captures as a CUDA graph "
-                        "(default 4096, the largest bucket; above it, a bucket of that size "
-                        "is captured too: e.g. 8192 replays an 8K prompt's chunk instead of "
-                        "launching it eagerly)")
+                        "(default 8192, the largest of prefill.GRAPH_BUCKETS; 4096 launches "
+                        "longer chunks eagerly, as before the twenty-ninth session; above "
+                        "8192, a bucket of that size is captured too)")
     p.add_argument("--graph-buckets", default="",
                    help="more chunk sizes (tokens, comma-separated) to capture beside "
                         "prefill.GRAPH_BUCKETS, up to --graph-max, e.g. 5120,6144,7168 with "

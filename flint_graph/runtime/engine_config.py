@@ -46,7 +46,7 @@ class EngineConfig:
     engine: str = "auto"
     max_context: int | None = None  # KV tokens per sequence (graph engine); None = what fits
     prefill: str = "kernel"  # graph engine's prefill path, one of PREFILLS
-    # kernel prefill: replay chunks of up to prefill_chunk_tokens (≤ 4096) as CUDA graphs
+    # kernel prefill: replay chunks of up to prefill_chunk_tokens (≤ 8192) as CUDA graphs
     # captured at start-up, one per chunk-size bucket (capture/prefill.py GRAPH_BUCKETS)
     prefill_graphs: bool = True
     # graph engine, NVFP4 checkpoint: keep the dense projections (q, k, v, o, dense MLPs, shared
