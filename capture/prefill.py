@@ -859,6 +859,14 @@ class Prefill:
         torch.cuda.synchronize()
         return buckets
 
+    def drop_graphs(self) -> None:
+        """Forget every captured graph (a capture that ran out of memory part way leaves the
+        largest buckets' graphs behind), so `capture` can run again; their pool is freed with
+        them."""
+        self.graphs.clear()
+        self.split_graphs.clear()
+        self.head_graph = None
+
     def _bucket(self, n: int) -> int | None:
         fits = [b for b in self.graphs if b >= n]
         return min(fits) if fits else None

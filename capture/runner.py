@@ -61,6 +61,36 @@ def snapshot_reserve(cfg: FlintConfig, num_slots: int) -> int:
     return 2 * num_slots * MAX_SNAPSHOTS * cfg.sliding_kv_bytes_per_slot
 
 
+# The largest prefill bucket when the full set's graph pool does not fit beside the KV cache:
+# the buckets up to it are what the engine captured before the twenty-ninth session
+FALLBACK_GRAPH_MAX = 4096
+
+
+def capture_prefill_graphs(prefiller, chunk: int) -> tuple[list[int], bool]:
+    """`prefiller.capture(chunk)`'s buckets, and whether it fell back: when the graph pool of
+    the buckets above FALLBACK_GRAPH_MAX rows (up to 8,192) runs out of GPU memory next to the
+    KV cache, the graphs are dropped and captured again up to FALLBACK_GRAPH_MAX (larger chunks
+    then run eagerly, slower by the host's launches) instead of refusing to start. Raises
+    ConfigError naming the flags when even those do not fit."""
+    try:
+        return prefiller.capture(chunk), False
+    except torch.OutOfMemoryError as e:
+        if chunk <= FALLBACK_GRAPH_MAX:
+            raise _graphs_oom(chunk) from e
+    prefiller.drop_graphs()
+    torch.cuda.empty_cache()
+    try:
+        return prefiller.capture(FALLBACK_GRAPH_MAX), True
+    except torch.OutOfMemoryError as e:
+        raise _graphs_oom(chunk) from e
+
+
+def _graphs_oom(chunk: int) -> ConfigError:
+    return ConfigError(f"out of GPU memory capturing the prefill graphs (chunks up to {chunk} "
+                       "tokens); lower --prefill-chunk, --max-context or pass "
+                       "--no-prefill-graphs")
+
+
 class GraphRunner:
     """KV cache + captured decode graphs for `max_slots` (≤ 8) concurrent sequences.
 
@@ -136,15 +166,11 @@ class GraphRunner:
                         f"({dense / 2**30:.1f} GiB, after {self.kv.nbytes / 2**30:.1f} GiB of "
                         f"KV cache); lower --max-context or pass --no-prefill-dense-bf16") from e
         self.prefill_buckets: list[int] = []
+        self.prefill_graphs_fell_back = False  # capture_prefill_graphs' fallback taken
         if prefill == "kernel" and prefill_graphs:
             t0 = time.perf_counter()
-            try:
-                self.prefill_buckets = self.prefiller.capture(prefill_chunk)
-            except torch.OutOfMemoryError as e:
-                raise ConfigError(
-                    f"out of GPU memory capturing the prefill graphs (chunks up to "
-                    f"{prefill_chunk} tokens); lower --prefill-chunk, --max-context or pass "
-                    f"--no-prefill-graphs") from e
+            self.prefill_buckets, self.prefill_graphs_fell_back = capture_prefill_graphs(
+                self.prefiller, prefill_chunk)
             self.timings["capture_prefill_s"] = time.perf_counter() - t0
         if self.prefiller is not None:
             # the torch ops around a replay (validation, copies) load their kernels on first

@@ -729,8 +729,9 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
     kernel_load_B{b}_s (kernel-cache entries loaded and the layers set up) and capture_B{b}_s;
     kernel_cache_s their load total; capture_prefill_s, the prefill buckets' graphs;
     warm_up_eager_s, one eager chunk run so that the first long prompt pays no first-use
-    costs: capture/runner.py); kernels_per_step per bucket (our launches), and bytes of
-    weights and KV cache; kv_reuse: how many finished sequences the engine may retain
+    costs: capture/runner.py); kernels_per_step per bucket (our launches), bytes of weights
+    and KV cache, prefill_dense_bf16_bytes (the prefill's kept BF16 dense weights) and
+    prefill_buckets (the chunk sizes in tokens replayed as graphs); kv_reuse: how many finished sequences the engine may retain
     (retained_max, 0 = reuse off; on the graph engine they hold KV slots counted in
     kv_cache_bytes) and the bytes of one ring snapshot (snapshot_bytes; up to
     snapshots_per_sequence per retained or running sequence, on the engine's device;
@@ -750,6 +751,9 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
         out["kernels_per_step"] = eng.runner.kernels_per_step
         out["kv_cache_bytes"] = eng.runner.kv.nbytes
         out["prefill_dense_bf16_bytes"] = eng.runner.memory["prefill_dense_bf16"]
+        # the chunk sizes replayed as graphs (fewer when their pool did not fit beside the KV
+        # cache: capture/runner.py capture_prefill_graphs)
+        out["prefill_buckets"] = eng.runner.prefill_buckets
         out["context_limit"] = eng.context_limit
     else:
         out["fallback_reason"] = eng.fallback_reason

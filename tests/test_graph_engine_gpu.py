@@ -34,6 +34,7 @@ def test_auto_picks_the_graph_engine_on_cuda(tiny_ckpt):
     assert report["engine"] == "graph" and report["kernels_per_step"][1] == 7 * 6 + 3
     assert all(report[f"capture_B{b}_s"] > 0 for b in (1, 2, 4, 8))
     assert report["kv_cache_bytes"] > 0 and report["context_limit"] > 0
+    assert report["prefill_buckets"][0] == 16 and report["prefill_dense_bf16_bytes"] == 0  # BF16
 
 
 def test_greedy_generation_follows_the_reference(llms):

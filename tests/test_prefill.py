@@ -501,3 +501,54 @@ def test_kept_bf16_dense_weights_change_no_bit(model, prompt):
         spoiled = Prefill(CFG, model.weights, cache, attention="reference")
         spoiled.dec = pre.dec
         assert not torch.equal(spoiled.prefill(0, prompt, 64), outs[0][0])
+
+
+class _FakePrefill:
+    """A Prefill stand-in for capture_prefill_graphs: capturing past `fits` tokens runs out of
+    GPU memory after the largest bucket's graph was made."""
+
+    def __init__(self, fits: int):
+        self.fits, self.calls, self.graphs = fits, [], {}
+
+    def capture(self, max_tokens: int) -> list[int]:
+        self.calls.append(max_tokens)
+        top = min(max_tokens, max(GRAPH_BUCKETS))
+        self.graphs[top] = "graph"  # the largest first, as Prefill.capture
+        if top > self.fits:
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+        return [b for b in GRAPH_BUCKETS if b <= top]
+
+    def drop_graphs(self) -> None:
+        self.graphs.clear()
+
+
+def test_prefill_graphs_fall_back_to_4096_when_the_larger_buckets_do_not_fit():
+    """capture/runner.py capture_prefill_graphs: the buckets above 4,096 rows (new in the
+    twenty-ninth session) must not make a start-up that fitted before fail: their pool running
+    out of memory beside the KV cache drops the half-made graphs and captures up to 4,096
+    (larger chunks run eagerly); when even those do not fit, a ConfigError names the flags."""
+    from flint_graph.capture.runner import FALLBACK_GRAPH_MAX, capture_prefill_graphs
+    from flint_graph.errors import ConfigError
+
+    assert max(GRAPH_BUCKETS) > FALLBACK_GRAPH_MAX == 4096
+    pre = _FakePrefill(fits=8192)
+    assert capture_prefill_graphs(pre, 32768) == (list(GRAPH_BUCKETS), False)
+    pre = _FakePrefill(fits=4096)
+    buckets, fell_back = capture_prefill_graphs(pre, 32768)
+    assert fell_back and max(buckets) == 4096 and pre.calls == [32768, 4096]
+    assert list(pre.graphs) == [4096]  # the 8,192 graph made before the failure was dropped
+    for chunk in (32768, 2048):
+        pre = _FakePrefill(fits=1024)
+        with pytest.raises(ConfigError, match=rf"prefill graphs \(chunks up to {chunk} tokens\)"
+                                              r"; lower --prefill-chunk, --max-context or pass "
+                                              "--no-prefill-graphs"):
+            capture_prefill_graphs(pre, chunk)
+        assert pre.calls == ([32768, 4096] if chunk > 4096 else [chunk])
+
+
+def test_drop_graphs_forgets_every_captured_graph(model):
+    pre = Prefill(CFG, model.weights, KVCache(CFG, 1, 64, device="cpu"), attention="reference")
+    pre.graphs[16], pre.split_graphs[16], pre.head_graph = "g", "s", ("h", None)
+    pre.drop_graphs()
+    assert not pre.graphs and not pre.split_graphs and pre.head_graph is None
+    assert pre._bucket(8) is None
