@@ -12,7 +12,8 @@ start=$(date +%s)
 deadline=${DEADLINE:-$(( start + 575 ))}
 left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l) : $1 )); }
 . tools/device_setup.sh
-nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
+# at most 8 files come back from $OUT (install.log, gpu-tests.log, five logs, one archive)
+nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader
 runs=" ${RUNS:-tests nvfp4-new512 bf16-new512 nvfp4-tool nvfp4-32k bf16-tool} "
 reuse() {
   local name=$1; shift
@@ -20,7 +21,7 @@ reuse() {
   if [ "$(left 999)" -lt 60 ]; then echo "$name: skipped, $(left 999) s left"; return 0; fi
   local t0=$SECONDS
   timeout "$(left 240)" python3 tools/bench_reuse.py --preset full --max-tokens 16 "$@" \
-    --out "$OUT/$name" > "$OUT/$name.log" 2>&1
+    --out "/tmp/reuse/$name" > "$OUT/$name.log" 2>&1
   echo "$name: exit $? in $(( SECONDS - t0 )) s"
   grep '^{' "$OUT/$name.log" | python3 -c "
 import json, sys
@@ -40,4 +41,5 @@ reuse bf16-new512 --format bf16 --history 8192 --new-tokens 512 --turns 20
 reuse nvfp4-tool --format nvfp4 --history 8192 --tool-loop --turns 10
 reuse nvfp4-32k --format nvfp4 --history 32768 --new-tokens 512 --turns 3
 reuse bf16-tool --format bf16 --history 8192 --tool-loop --turns 10
+[ -d /tmp/reuse ] && tar czf "$OUT/reuse-json.tgz" -C /tmp/reuse .
 echo "done in $(( $(date +%s) - start )) s"
