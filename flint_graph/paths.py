@@ -29,21 +29,30 @@ def _home() -> Path:
     return Path(pwd.getpwuid(os.getuid()).pw_dir)
 
 
-def why_not_a_file(path: Path) -> str:
-    """Why `path` is not a readable regular file, in words for an error message: "no such
-    file or directory", "a symbolic link to a missing target", "a symbolic link that loops",
-    "a directory, not a file", or "not a regular file". (exists() is False for a dangling or
-    looping link, which read as plainly missing.)"""
+def file_kind(path: Path) -> str:
+    """What is at `path`: "file" (a regular one), "missing" (nothing, or nothing this user may
+    stat), "loop" (a symbolic link that loops), "dangling" (a link to nothing), "directory", or
+    "other" (a device, pipe or socket). exists() is False for a dangling or looping link, which
+    read as plainly missing; the messages built on this one tell them apart."""
     try:
-        path.stat()
+        st = Path(path).stat()
     except OSError as e:
         if os.path.islink(path):
             import errno
 
-            return ("a symbolic link that loops" if e.errno == errno.ELOOP else
-                    "a symbolic link to a missing target")
-        return "no such file or directory"
-    return "a directory, not a file" if path.is_dir() else "not a regular file"
+            return "loop" if e.errno == errno.ELOOP else "dangling"
+        return "missing"
+    return ("file" if stat.S_ISREG(st.st_mode) else
+            "directory" if stat.S_ISDIR(st.st_mode) else "other")
+
+
+def why_not_a_file(path: Path) -> str:
+    """Why `path` is not a readable regular file, in words for an error message: "no such
+    file or directory", "a symbolic link to a missing target", "a symbolic link that loops",
+    "a directory, not a file", or "not a regular file" (`file_kind`)."""
+    return {"missing": "no such file or directory", "dangling": "a symbolic link to a missing "
+            "target", "loop": "a symbolic link that loops",
+            "directory": "a directory, not a file"}.get(file_kind(path), "not a regular file")
 
 
 def replace_file(path: Path, text: str, mode: int | None = None) -> None:

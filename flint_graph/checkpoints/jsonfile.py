@@ -3,13 +3,13 @@ with one error shape: the path, then what was wrong."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from flint_graph.errors import FlintError
+from flint_graph.paths import file_kind
 
 
 def loads(text: str | bytes, unique_keys: bool = False) -> Any:
@@ -41,20 +41,18 @@ MISSING = "file not found"
 def file_problem(path: Path) -> str | None:
     """Why `path` is not a regular file, or None when it is: MISSING when nothing is there
     (not even a link), else the reason — a symbolic link loop, a link to nothing, or not a
-    regular file (a directory, device or pipe). A checkpoint's optional files (generation
-    config, chat_template.jinja) are skipped only when MISSING; a directory or a link to
+    regular file (a directory, device or pipe): `paths.file_kind` in these files' words. A
+    checkpoint's optional files (generation config, chat_template.jinja) are skipped only when
+    MISSING; a directory or a link to
     /dev/zero in their place was skipped silently (a bad-input trial, 2026-12-06)."""
-    path = Path(path)
-    if path.is_file():
+    kind = file_kind(Path(path))
+    if kind == "file":
         return None
-    if not os.path.lexists(path):
+    if kind == "missing":
         return MISSING
-    if not path.exists():
-        try:  # exists() is False for a symlink loop too: say which
-            os.stat(path)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                return "a symbolic link loop, not a file"
+    if kind == "loop":
+        return "a symbolic link loop, not a file"
+    if kind == "dangling":
         return f"a symbolic link to {os.readlink(path)}, which does not exist"
     return "not a regular file (a directory, device or pipe)"
 
