@@ -206,13 +206,17 @@ def dense_bf16_bytes(weights: FlintWeights) -> int:
     NVFP4 dense projection (q, k, v, o, the dense MLPs and the shared experts; ~2.4 GB at full
     size), 0 for a BF16 checkpoint. What capture/runner.py sets aside before it sizes the KV
     cache, when the Prefill does not exist yet."""
-    total = 0
-    for lw in weights.layers:
-        mlp = lw.ffn.shared if isinstance(lw.ffn, MoEWeights) else lw.ffn
-        ws = [lw.q_proj, lw.k_proj, lw.v_proj, lw.o_proj]
-        ws += [mlp.gate, mlp.up, mlp.down] if mlp is not None else []
-        total += sum(2 * math.prod(w.shape) for w in ws if isinstance(w, NVFP4Weight))
-    return total
+    return sum(2 * math.prod(w.shape) for lw in weights.layers
+               for w in [lw.q_proj, lw.k_proj, lw.v_proj] + _dense_after_attention(lw)
+               if isinstance(w, NVFP4Weight))
+
+
+def _dense_after_attention(lw: LayerWeights) -> list[NVFP4Weight]:
+    """Layer `lw`'s NVFP4 o projection and dense MLP (or shared expert) matrices: what
+    `set_dense_bf16` keeps besides [q; k; v]."""
+    mlp = lw.ffn.shared if isinstance(lw.ffn, MoEWeights) else lw.ffn
+    ws = [lw.o_proj] + ([mlp.gate, mlp.up, mlp.down] if mlp is not None else [])
+    return [w for w in ws if isinstance(w, NVFP4Weight)]
 
 
 class NVFP4Decoder:
@@ -1305,10 +1309,7 @@ class Prefill:
             if len(self.qkv[i]) == 3:
                 codes, scales, row_s2 = self.qkv[i]
                 ws.append(NVFP4Weight(codes, scales, row_s2[:1]))
-            mlps = [lw.ffn] if not isinstance(lw.ffn, MoEWeights) else [lw.ffn.shared]
-            ws += [w for w in [lw.o_proj] + [getattr(m, n) for m in mlps if m is not None
-                                             for n in ("gate", "up", "down")]
-                   if isinstance(w, NVFP4Weight)]
+            ws += _dense_after_attention(lw)
         return self.dec.keep(ws)
 
     def set_w4a16_variant(self, **values: int) -> None:
