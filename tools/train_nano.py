@@ -50,9 +50,11 @@ from flint_graph.chat.tokenizer import FlintTokenizer
 from flint_graph.checkpoints.weights import MoEWeights
 
 # greet and refuse were 1 each until step 7718, which still missed their 100% targets
-# (93.3 / 90%, docs/nano.md) while every other target held with room: 2 each from the next run
+# (93.3 / 90%, docs/nano.md); 2 each in the unshipped step-8636 run reached phr-greet 100% but
+# left phr-refuse at 90% and refused weather questions that never say "weather": refuse 1.5
+# from the thirtieth session's run, beside the weather phrasings added against that
 SHORT_MIX = (("tool", 4), ("arith", 4), ("string", 1), ("repeat", 2), ("remember", 1),
-             ("recall-short", 1), ("chain", 3), ("greet", 2), ("refuse", 2))
+             ("recall-short", 1), ("chain", 3), ("greet", 2), ("refuse", 1.5))
 RECALL_MIX = (("recall", 1),)
 
 
