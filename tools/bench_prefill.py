@@ -283,6 +283,7 @@ def main() -> int:
     from flint_graph.capture.kv_cache import KVCache
     from flint_graph.capture.prefill import GRAPH_BUCKETS, Prefill
     from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.runtime.engine_config import EngineConfig
     from flint_graph.checkpoints.make_checkpoint import make_nvfp4_weights, quantize_weights
     from flint_graph.perf.measure import matmul_peak_flops
     from flint_graph.checkpoints.synthetic import make_weights
@@ -375,8 +376,9 @@ def main() -> int:
                         "prefill's default, the kernel)")
     p.add_argument("--dense-bf16", default="",
                    help="1: the NVFP4 dense projections kept decoded in BF16 (Prefill."
-                        "set_dense_bf16: ~2.2 GB at full size, bit for bit the same output), 0: "
-                        "decoded per chunk (the default); 0,1 times both")
+                        "set_dense_bf16: ~2.2 GB at full size, bit for bit the same output; the "
+                        "default, as the graph engine's EngineConfig.prefill_dense_bf16), 0: "
+                        "decoded per chunk; 0,1 times both")
     p.add_argument("--fold", default="",
                    help="1: the NVFP4 shared expert as one more group of the routed W4A16 "
                         "launches (capture/prefill.py FOLD_SHARED), 0: its own launches; 0,1 "
@@ -441,7 +443,9 @@ def main() -> int:
         shared_sweep = [bool(int(v)) for v in args.shared.split(",") if v] or [True]
         fold_sweep = [bool(int(v)) for v in args.fold.split(",") if v] or [None]
         kvw_sweep = [bool(int(v)) for v in args.kv_write.split(",") if v] or [None]
-        dbf_sweep = [bool(int(v)) for v in args.dense_bf16.split(",") if v] or [None]
+        # unset: the engine's default (EngineConfig), so a plain bench times what serving runs
+        dbf_sweep = [bool(int(v)) for v in args.dense_bf16.split(",") if v] or [
+            EngineConfig.prefill_dense_bf16]
         smr_sweep = [("max", None if v == "-" else int(v))
                      for v in args.side_max_rows.split(",") if v] or [None]
         sweep = [(r, m, n, d, w, pf, x) for r in rows_sweep for m in (moe_sweep or [None])
