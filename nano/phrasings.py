@@ -157,7 +157,12 @@ WEATHER = {
               # session: step 8636, trained on more refusals, refused the held-out "Should I
               # pack a coat for Hanoi tomorrow?" three times in three)
               "Do I need a jacket in {city} {when}?", "Will it be hot in {city} {when}?",
-              "Is it cold in {city} {when}?", "What should I wear in {city} {when}?"],
+              "Is it cold in {city} {when}?", "What should I wear in {city} {when}?",
+              # "Should I …" questions (thirtieth session: step 8593 still refused "Should I
+              # pack a coat for Hanoi …" in 3 of 30 phr-multi cases)
+              "Should I bring an umbrella to {city} {when}?",
+              "Should I take a sweater to {city} {when}?", "Do I need a coat in {city} {when}?",
+              "Should I wear shorts in {city} {when}?"],
     "heldout": ["What's the weather like in {city} {when}?", "Will it snow in {city} {when}?",
                 "Should I pack a coat for {city} {when}?", "Is it warm in {city} {when}?",
                 "Could you see what the weather does in {city} {when}?"],
