@@ -16,6 +16,7 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
+from flint_graph.checkpoints import jsonfile
 from flint_graph.errors import CheckpointError
 from flint_graph.paths import cache_root
 
@@ -85,7 +86,7 @@ def ensure_nano_checkpoint(progress: bool = True, fresh: bool = False) -> Path:
 
 def _complete(out: Path, digest: str) -> bool:
     try:
-        m = json.loads((out / MARKER).read_text())
+        m = jsonfile.loads((out / MARKER).read_text())
         return m["package_sha256"] == digest and all(
             (out / name).stat().st_size == size for name, size in m["files"].items())
     except (OSError, ValueError, KeyError, TypeError):

@@ -765,3 +765,17 @@ def test_a_system_prompt_longer_than_the_context_is_named(tiny_llm, monkeypatch)
     out = console.file.getvalue()
     assert "the system prompt (--system) is longer than that message" in out, out
     assert MESSAGE_TOO_LONG not in out and CONTEXT_FULL not in out
+
+
+@pytest.mark.parametrize("result", ["[" * 3000, "1" * 5000, '{"v": ' + "9" * 5000 + "}"],
+                         ids=["nested-3000", "digits-5000", "digits-in-object"])
+def test_a_result_json_cannot_read_keeps_the_chat_going(nano_llm, result):
+    """A bad-input trial (2026-12-06): 3,000 '[' typed as a tool result ended the chat with
+    "internal error: RecursionError" (the JSON note's check caught only ValueError), losing
+    the conversation before /save. Each of these is sent as typed, with the note."""
+    s, console = _session(nano_llm, ["Convert 120 km to mi.", result, "/exit"],
+                          params=GREEDY, tools=NANO_TOOLS)
+    assert s.run() == 0
+    out = console.file.getvalue()
+    assert "note: this result is not JSON" in out and "internal error" not in out
+    assert any(m["role"] == "tool" and m["content"] == result for m in s.messages)

@@ -413,8 +413,8 @@ def test_malformed_bodies_and_routes_get_openai_errors(server):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
     msg = json.loads(e.value.read())["error"]["message"]
-    assert e.value.code == 400 and msg == ("request body: arrays and objects nested too deeply "
-                                           "to parse"), msg
+    assert e.value.code == 400 and msg == ("request body: could not parse it as JSON (nested "
+                                           "too deeply)"), msg
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     conn.putrequest("POST", "/v1/chat/completions")  # announces 64 MiB, sends none of it

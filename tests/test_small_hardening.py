@@ -566,3 +566,53 @@ def test_an_empty_chat_batch_is_refused_as_an_empty_generate(tiny_llm):
         tiny_llm.chat_batch([])
     with pytest.raises(InvalidRequestError, match="prompts: expected at least one prompt"):
         tiny_llm.generate([])
+
+
+# -- JSON text from outside: every failure one named ValueError (bad-input trial, 2026-12-06) --
+
+UNREADABLE_JSON = {  # text, the words of the error
+    "digits": ('{"x": -' + "9" * 4301 + "}", "an integer with more than 4,300 digits"),
+    "nested": ("[" * 3000 + "]" * 3000, "nested too deeply"),
+    "invalid": ('{"x": }', "Expecting value"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREADABLE_JSON))
+def test_json_from_outside_fails_as_one_value_error_that_says_why(case):
+    from flint_graph.checkpoints import jsonfile
+
+    text, words = UNREADABLE_JSON[case]
+    with pytest.raises(ValueError) as e:
+        jsonfile.loads(text)
+    assert words in str(e.value) and "sys.set_int_max_str_digits" not in str(e.value)
+
+
+@pytest.mark.parametrize("case", list(UNREADABLE_JSON))
+def test_tool_call_arguments_json_cannot_read_name_their_field(case):
+    """An assistant turn's tool_calls[].function.arguments holding a 4,301-digit integer was a
+    500 with a traceback in the server's log (and a bare ValueError from LLM.chat): only
+    json.JSONDecodeError and RecursionError were caught."""
+    from flint_graph.chat.chat_messages import validate_messages
+
+    text, words = UNREADABLE_JSON[case]
+    call = {"id": "c1", "type": "function", "function": {"name": "a", "arguments": text}}
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]}]
+    with pytest.raises(InvalidRequestError) as e:
+        validate_messages(msgs)
+    assert "messages[1].tool_calls[0].function.arguments: expected a JSON object" in str(e.value)
+    assert words in str(e.value)
+
+
+def test_marker_files_json_cannot_read_mean_not_complete(tmp_path):
+    """make-checkpoint's and flint-nano's markers are read to decide whether to rebuild: one
+    that Python cannot read (nested 3,000 deep) must mean "rebuild", not a RecursionError."""
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.checkpoints.make_checkpoint import MARKER_NAME, _marker_files, is_complete
+    from flint_graph.nano import embedded
+
+    (tmp_path / MARKER_NAME).write_text("[" * 3000)
+    (tmp_path / embedded.MARKER).write_text("[" * 3000)
+    assert _marker_files(tmp_path) == set()
+    assert not is_complete(tmp_path, FlintConfig.preset("tiny"), 0, ("bf16",))
+    assert not embedded._complete(tmp_path, "0" * 64)

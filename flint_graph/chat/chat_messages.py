@@ -23,13 +23,13 @@ rendering. Errors are InvalidRequestError naming the field, e.g. `messages[2].co
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from flint_graph.chat.tool_call_reader import CALL_NAME
+from flint_graph.checkpoints import jsonfile
 from flint_graph.errors import InvalidRequestError, kind, not_utf8, shown
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -175,13 +175,10 @@ def _normalize_call(call: Any, field: str) -> dict:
         args = {}  # clients write a zero-argument call as "" or null
     elif isinstance(args, str):  # OpenAI sends arguments as a JSON string
         try:
-            args = json.loads(args)
-        except json.JSONDecodeError as e:
+            args = jsonfile.loads(args)
+        except ValueError as e:  # invalid, nested too deeply, an integer past the digit limit
             raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
-                                      f"found invalid JSON ({e})") from e  # fmt: skip
-        except RecursionError:
-            raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
-                                      "found JSON nested too deeply to read") from None
+                                      f"found invalid JSON ({e})") from None  # fmt: skip
     if not isinstance(args, Mapping):
         raise InvalidRequestError(f"{field}.function.arguments: expected a JSON object, "
                                   f"found {kind(args)}")  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +14,25 @@ from flint_graph.paths import file_kind
 
 
 def loads(text: str | bytes, unique_keys: bool = False) -> Any:
-    """json.loads, with nesting too deep for Python's parser (RecursionError) reported as the
-    ValueError a malformed document gives: a checkpoint's JSON never nests more than a few
-    levels, and 100,000 brackets must be one clean error, not a traceback. `unique_keys`: a
-    key given twice in one object is a ValueError naming it (json keeps the last silently)."""
+    """json.loads for text from outside (checkpoint files, reports, request fields, tool
+    results typed in a chat): every way it can fail is one ValueError whose text says why —
+    invalid JSON (json.JSONDecodeError, passed on), nesting too deep for Python's parser (a
+    RecursionError: 100,000 brackets must be one clean error, not a traceback) and an integer
+    longer than Python's int-to-string limit (its own message tells a user to call
+    sys.set_int_max_str_digits(); a request's tool-call arguments holding one was a 500 with a
+    traceback, bad-input trial 2026-12-06). `unique_keys`: a key given twice in one object is
+    a ValueError naming it (json keeps the last silently)."""
     try:
         return json.loads(text, object_pairs_hook=_unique if unique_keys else None)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:
+        if "integer string conversion" in str(e):
+            raise ValueError(f"an integer with more than {sys.get_int_max_str_digits():,} "
+                             "digits") from None
+        raise
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

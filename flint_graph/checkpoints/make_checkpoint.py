@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from flint_graph.checkpoints import nvfp4
+from flint_graph.checkpoints import jsonfile, nvfp4
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.runtime.engine_config import pick_device
 from flint_graph.errors import CheckpointError, ConfigError, FlintError
@@ -216,7 +216,7 @@ def _marker_files(out_dir: Path) -> set[str]:
     """The names of the files make-checkpoint wrote into `out_dir` (its marker's "files"; none
     when the marker cannot be read)."""
     try:
-        files = json.loads((out_dir / MARKER_NAME).read_text()).get("files", {})
+        files = jsonfile.loads((out_dir / MARKER_NAME).read_text()).get("files", {})
     except (OSError, ValueError, AttributeError):
         return set()
     return set(files) if isinstance(files, dict) else set()
@@ -348,7 +348,7 @@ def is_complete(out_dir: Path, cfg: FlintConfig, seed: int, formats: tuple[str, 
     """True when `out_dir` holds a finished checkpoint of (cfg, seed) with every format: its
     marker matches and every file it lists is there with the size it recorded."""
     try:
-        m = json.loads((out_dir / MARKER_NAME).read_text())
+        m = jsonfile.loads((out_dir / MARKER_NAME).read_text())
         return (m["version"] == MARKER_VERSION and m["seed"] == seed
                 and m["config"] == cfg.to_dict() and set(formats) <= set(m["formats"])
                 and all((out_dir / n).is_file() and (out_dir / n).stat().st_size == size

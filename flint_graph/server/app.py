@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from flint_graph.checkpoints import jsonfile
 from flint_graph.errors import FlintError, found, shown
 from flint_graph.server import protocol as p
 from flint_graph.server.metrics import ServerMetrics
@@ -74,15 +75,11 @@ def _parsed(raw: bytearray) -> Any:
         raise p.APIError(400, f"request body: not valid UTF-8 (byte 0x{raw[at]:02X} at "
                               f"offset {at}: {e.reason}); JSON bodies must be UTF-8") from None
     try:
-        return json.loads(text)
-    except RecursionError:
-        raise p.APIError(400, "request body: arrays and objects nested too deeply to "
-                              "parse") from None
-    except ValueError as e:
-        if "digits" in str(e):  # Python's bound on reading long integers, not bad JSON
-            raise p.APIError(400, "request body: a number with more than 4,300 digits; no "
-                                  "field takes one") from None
+        return jsonfile.loads(text)
+    except json.JSONDecodeError:
         raise p.APIError(400, "request body: could not parse it as JSON") from None
+    except ValueError as e:  # nested too deeply, an integer past Python's digit limit
+        raise p.APIError(400, f"request body: could not parse it as JSON ({e})") from None
 
 
 def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,

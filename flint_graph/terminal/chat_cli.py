@@ -27,6 +27,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
+from flint_graph.checkpoints import jsonfile
 from flint_graph.errors import ContextLengthError, FlintError, not_utf8
 from flint_graph.paths import replace_file
 from flint_graph.terminal.live_text import printable, tail_lines
@@ -66,8 +67,8 @@ def _saved_transcript(path: Path) -> tuple[list, list] | None:
     try:
         if path.stat().st_size > TRANSCRIPT_CHECK_BYTES:
             return None
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        obj = jsonfile.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: not UTF-8, or not JSON (jsonfile.loads)
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
         return None
@@ -554,7 +555,7 @@ class ChatSession:
         if self.hinted_json:
             return
         try:
-            json.loads(result)
+            jsonfile.loads(result)  # 3,000 '[' typed as a result ended the chat (RecursionError)
             return
         except ValueError:
             pass
