@@ -31,6 +31,7 @@ import time
 import unicodedata
 
 from flint_graph.errors import FlintError, InvalidRequestError, kind, not_utf8
+from flint_graph.terminal.stderr_stream import install as install_quiet_stderr
 
 TYPE_CHECKING = False  # typing itself takes milliseconds to import; checkers know this name
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
               "/dev/null", file=sys.stderr)
         return EXIT_BAD_INPUT
     stack = contextlib.ExitStack()
+    stderr = install_quiet_stderr()  # stderr's reader leaving must not end the command
     try:
         previous = _exit_on_sigint()  # first statement: Ctrl-C from here on ends cleanly
         t_entry = time.perf_counter()  # bench measures cold start from here
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.close()
         _restore_sigint(previous)
+        sys.stderr = stderr
 
 
 def _internal_error(e: Exception) -> int:

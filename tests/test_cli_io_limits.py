@@ -302,3 +302,41 @@ def test_output_flags_refuse_a_directory_name_and_standard_output(tmp_path, monk
     check(json=tmp_path / "missing.json")
     assert str(tmp_path / "missing.json") not in created
     assert not (tmp_path / "missing.json").exists()
+
+
+@pytest.mark.parametrize("how", ["reader-left", "full"])
+def test_stderr_that_cannot_be_written_keeps_the_answer(tmp_path, how):
+    """A bad-input trial (2026-12-06): `generate --prompt … 2>&1 >ans.txt | head -c 5` exited 0
+    with ans.txt empty (the BrokenPipeError of a reasoning write on stderr ended the command as
+    if stdout's reader had left), and `2>/dev/full` exited 1 with no answer. stderr now goes
+    quiet when it cannot be written; the answer still reaches stdout."""
+    import subprocess
+    import sys
+
+    ans = tmp_path / "ans.txt"
+    cmd = [sys.executable, "-m", "flint_graph.cli", "generate", "--prompt",
+           "What is 457 plus 368?", "--engine", "reference", "--device", "cpu"]
+    with open(ans, "w") as out:
+        if how == "full":
+            with open("/dev/full", "w") as full:
+                code = subprocess.run(cmd, stdout=out, stderr=full, timeout=300).returncode
+        else:
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE)
+            p.stderr.read(5)  # `| head -c 5`: a few bytes, then the reader leaves
+            p.stderr.close()
+            code = p.wait(timeout=300)
+    assert code == 0 and ans.read_text().strip() == "825"
+
+
+def test_the_quiet_stderr_drops_text_only_after_a_failed_write():
+    from flint_graph.terminal.stderr_stream import QuietWhenReaderLeaves
+
+    class Breaks(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError("reader left")
+
+    ok = QuietWhenReaderLeaves(io.StringIO())
+    ok.write("kept\n")
+    assert ok.getvalue() == "kept\n" and not ok.reader_left
+    gone = QuietWhenReaderLeaves(Breaks())
+    assert gone.write("lost") == 4 and gone.reader_left  # no exception: the work goes on
