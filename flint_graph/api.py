@@ -323,7 +323,8 @@ class LLM:
         if isinstance(messages, list) and not messages:  # other types: validate_messages
             raise InvalidRequestError("messages: expected at least one message, got none")
         self._check_prompt_size(_message_text(messages))  # before templating a huge one
-        source = self.checkpoint.config_dir / "tokenizer_config.json"
+        source = (self.tokenizer.template_file
+                  or self.checkpoint.config_dir / "tokenizer_config.json")
         try:
             segments = render_chat_segments(
                 self.tokenizer.chat_template, messages, tools,

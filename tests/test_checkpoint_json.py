@@ -201,3 +201,21 @@ def test_a_decoder_entry_at_another_id_is_refused(ckpt):
     dec[str(int(key) + 100)] = dec.pop(key)
     path.write_text(json.dumps(c))
     _refused(ckpt, "tokenizer_config.json", "<|user|>", str(int(key) + 100))
+
+
+@pytest.mark.parametrize("template, words", [
+    ("{{ messages[1].content }}", "chat template failed"),
+    ("{% if true %}", "chat template"),
+    ("   ", "rendered an empty prompt")], ids=["raises", "does-not-compile", "empty"])
+def test_template_errors_name_chat_template_jinja_when_it_was_read_from_there(
+        ckpt, template, words):
+    """A bad-input trial (2026-12-06): every error of a template read from chat_template.jinja
+    (compile, raise, render, empty prompt) was reported against DIR/tokenizer_config.json, in
+    the CLI and over HTTP."""
+    from flint_graph.api import LLM
+
+    (ckpt / "chat_template.jinja").write_text(template)
+    llm = LLM(str(ckpt), device="cpu", progress=False)
+    with pytest.raises(FlintError) as e:
+        llm.render([{"role": "user", "content": "hi"}])
+    assert str(e.value).startswith(f"{ckpt / 'chat_template.jinja'}: ") and words in str(e.value)

@@ -291,3 +291,30 @@ def test_a_tokenizer_json_with_a_byte_order_mark_loads(tok_dir, tok, tmp_path):
     (copy / "tokenizer.json").write_text("\ufeff" + text, encoding="utf-8")
     bom = FlintTokenizer.from_dir(copy)
     assert bom.encode("hello world") == tok.encode("hello world")
+
+
+@pytest.mark.parametrize("name, cap", [("tokenizer.json", "TOKENIZER_JSON_MAX_BYTES"),
+                                       ("chat_template.jinja", "CHAT_TEMPLATE_MAX_BYTES")])
+def test_tokenizer_files_past_their_size_bound_are_refused_before_reading(
+        tok_dir, tmp_path, monkeypatch, name, cap):
+    """A bad-input trial (2026-12-06): a 2 GiB tokenizer.json took 4.5 GB of memory before its
+    error, and a 512 MB chat_template.jinja loaded and then spent 73 s and 2.9 GB in its first
+    render. Each file is read only up to its bound (lowered here to keep the test small)."""
+    from flint_graph.chat import tokenizer as tk
+
+    copy = tmp_path / "tok"
+    shutil.copytree(tok_dir[0], copy)
+    monkeypatch.setattr(tk, cap, 4096)
+    (copy / name).write_text("x" * 5000)
+    with pytest.raises(CheckpointError, match=rf"{name}: larger than 0 MiB"):
+        FlintTokenizer.from_dir(copy)
+
+
+def test_the_template_file_is_the_one_the_template_came_from(tok_dir, tmp_path):
+    """Template errors named DIR/tokenizer_config.json when the template was read from
+    chat_template.jinja (a bad-input trial, 2026-12-06)."""
+    assert FlintTokenizer.from_dir(tok_dir[0]).template_file.endswith("tokenizer_config.json")
+    copy = tmp_path / "tok"
+    shutil.copytree(tok_dir[0], copy)
+    (copy / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    assert FlintTokenizer.from_dir(copy).template_file == str(copy / "chat_template.jinja")

@@ -239,6 +239,32 @@ def _plain_pipeline(tokenizer: Tokenizer) -> tuple[Tokenizer, bool]:
     return plain, tokenizer.normalizer is None and local(spec)
 
 
+# Size bounds on what a checkpoint's tokenizer files may hold, checked before reading them:
+# a 2 GiB tokenizer.json took 4.5 GB of memory before its error, and a 512 MB
+# chat_template.jinja loaded and then spent 73 s and 2.9 GB in its first render (a bad-input
+# trial, 2026-12-06). Real ones: tokenizer.json 7-35 MB (Flint's ~20 MB), templates a few KB.
+TOKENIZER_JSON_MAX_BYTES = 256 << 20
+CHAT_TEMPLATE_MAX_BYTES = 4 << 20
+
+
+def _read_capped_text(path: Path, max_bytes: int, encoding: str) -> str:
+    """The text of the regular file `path` (checked by the caller), read only up to
+    `max_bytes` + 1 bytes. Raises CheckpointError naming the file when it is larger, cannot be
+    read or is not UTF-8."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+    if len(data) > max_bytes:
+        raise CheckpointError(f"{path}: larger than {max_bytes >> 20} MiB, the most a "
+                              f"checkpoint's {path.name} may hold")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
 class FlintTokenizer:
     """A GLM-style tokenizer: `tokenizers.Tokenizer` plus its HF tokenizer_config.
 
@@ -249,10 +275,13 @@ class FlintTokenizer:
     """
 
     def __init__(self, tokenizer: Tokenizer, config: dict, chat_template: str | None = None,
-                 source: str = "<memory>") -> None:  # fmt: skip
+                 source: str = "<memory>", template_file: str | None = None) -> None:  # fmt: skip
         self._tok = tokenizer
         self._source = source
         self._chat_template = chat_template
+        # the file the chat template was read from (chat_template.jinja or
+        # tokenizer_config.json), which its errors name; None when given in memory
+        self.template_file = template_file
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         missing = [t for t in _CHAT_TOKENS if t not in vocab]
         if missing:
@@ -304,12 +333,14 @@ class FlintTokenizer:
         if problem is not None:
             raise CheckpointError(f"{tok_path}: {problem} (a tokenizer directory needs this "
                                   "file)")
+        text = _read_capped_text(tok_path, TOKENIZER_JSON_MAX_BYTES, "utf-8-sig")
         try:
             # "utf-8-sig": a byte-order mark (some Windows editors write one) is no part of the
             # JSON, as for the checkpoint's other JSON files (it was "expected value at line 1")
-            tok = Tokenizer.from_str(tok_path.read_text(encoding="utf-8-sig"))
+            tok = Tokenizer.from_str(text)
         except Exception as e:  # tokenizers raises a bare Exception for bad JSON or schema
             raise CheckpointError(f"{tok_path}: not a valid tokenizers file ({e})") from e
+        del text
         template = config.get("chat_template")
         if isinstance(template, list):
             named = {d.get("name"): d.get("template") for d in template if isinstance(d, dict)}
@@ -320,15 +351,18 @@ class FlintTokenizer:
             raise CheckpointError(f"{jinja_path}: {problem}; expected the chat template as a "
                                   "text file, or no such file (tokenizer_config.json's "
                                   "chat_template is used then)")
+        template_file = path / "tokenizer_config.json"
         if problem is None:
-            try:
-                template = jinja_path.read_text(encoding="utf-8")
-            except UnicodeDecodeError as e:
-                raise CheckpointError(f"{jinja_path}: not UTF-8 text (byte {e.start})") from None
+            template = _read_capped_text(jinja_path, CHAT_TEMPLATE_MAX_BYTES, "utf-8")
+            template_file = jinja_path
         if template is not None and not isinstance(template, str):
             raise CheckpointError(f"{path / 'tokenizer_config.json'}: chat_template: expected a "
                                   f"string, found {type(template).__name__}")  # fmt: skip
-        return cls(tok, config, template, source=str(path))
+        if template is not None and len(template) > CHAT_TEMPLATE_MAX_BYTES:
+            raise CheckpointError(f"{template_file}: chat_template holds {len(template):,} "
+                                  f"characters; at most {CHAT_TEMPLATE_MAX_BYTES >> 20} MiB")
+        return cls(tok, config, template, source=str(path),
+                   template_file=None if template is None else str(template_file))
 
     @property
     def vocab_size(self) -> int:
