@@ -125,7 +125,8 @@ PLACES = {  # what sits where a file should be -> words the error must say
 
 
 @pytest.mark.parametrize("name", ["generation_config.json", "chat_template.jinja",
-                                  "tokenizer.json", "tokenizer_config.json"])
+                                  "tokenizer.json", "tokenizer_config.json",
+                                  "model.safetensors.index.json"])
 @pytest.mark.parametrize("place", list(PLACES))
 def test_a_checkpoint_file_that_is_not_a_regular_file_is_named(ckpt, name, place):
     """The optional files (generation_config.json, chat_template.jinja) are skipped only when
