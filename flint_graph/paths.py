@@ -9,13 +9,29 @@ from pathlib import Path
 
 
 def cache_root() -> Path:
-    """$FLINT_GRAPH_CACHE, else $XDG_CACHE_HOME/flint_graph, else ~/.cache/flint_graph.
+    """$FLINT_GRAPH_CACHE, else $XDG_CACHE_HOME/flint_graph, else ~/.cache/flint_graph, as an
+    absolute path.
 
-    Holds the embedded default checkpoint and the compiled kernel cache."""
+    Holds the embedded default checkpoint and the compiled kernel cache. A leading "~" is the
+    home directory (a value from a .env file or a systemd unit reaches us unexpanded: "~/x"
+    made a directory named "~" in the working directory, a bad-input trial of 2026-12-06); a
+    relative FLINT_GRAPH_CACHE is taken from the working directory once, and a relative
+    XDG_CACHE_HOME is ignored, as the XDG base directory specification says."""
     root = os.environ.get("FLINT_GRAPH_CACHE")
     if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or _home() / ".cache") / "flint_graph"
+        return _expand_home(root).absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = _expand_home(xdg) if xdg else None
+    if base is None or not base.is_absolute():
+        base = _home() / ".cache"
+    return base / "flint_graph"
+
+
+def _expand_home(value: str) -> Path:
+    """`value` with a leading "~" or "~/" as the user's home (`_home`); "~user" forms too."""
+    if value == "~" or value.startswith("~/"):
+        return _home() / value[2:]
+    return Path(value).expanduser()
 
 
 def _home() -> Path:

@@ -208,3 +208,24 @@ def test_an_empty_home_is_not_the_filesystem_root(monkeypatch):
     assert cache_root() == Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "flint_graph"
     monkeypatch.setenv("HOME", "/tmp/h")
     assert cache_root() == Path("/tmp/h/.cache/flint_graph")
+
+
+def test_cache_paths_from_the_environment_are_absolute(monkeypatch, tmp_path):
+    """A bad-input trial (2026-12-06): FLINT_GRAPH_CACHE="~/x" (unexpanded, as from a .env
+    file) unpacked 45 MB into a directory named "~" in the working directory, and a relative
+    XDG_CACHE_HOME was used from whatever the working directory was."""
+    from pathlib import Path
+
+    from flint_graph.paths import cache_root
+
+    monkeypatch.setenv("HOME", "/tmp/h")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLINT_GRAPH_CACHE", "~/x")
+    assert cache_root() == Path("/tmp/h/x")
+    monkeypatch.setenv("FLINT_GRAPH_CACHE", "rel/cache")
+    assert cache_root() == tmp_path / "rel" / "cache"
+    monkeypatch.delenv("FLINT_GRAPH_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")
+    assert cache_root() == Path("/tmp/h/.cache/flint_graph")
+    monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")
+    assert cache_root() == Path("/tmp/h/xdg/flint_graph")
