@@ -1372,3 +1372,32 @@ def test_a_compressed_body_gets_415_naming_its_coding(server, coding):
     assert err["error"]["code"] == "unsupported_content_encoding"
     assert headers["connection"] == "close" and headers["accept-encoding"] == "identity"
     assert _post_raw(url, body.encode(), {"Content-Encoding": "identity"})[0] == 200
+
+
+def test_bodies_being_received_share_one_memory_bound(server, monkeypatch):
+    """A bad-input trial (2026-12-06): 128 connections each holding a 16 MiB body just short of
+    complete took 2.7 GB of the server's memory (each may take 60 s to send it). Past
+    MAX_BODIES_IN_FLIGHT_BYTES of bodies still arriving, one more gets 503 (connection closed,
+    Retry-After), and the bytes are given back when those bodies end."""
+    import time
+
+    from flint_graph.server import app as server_app
+
+    monkeypatch.setattr(server_app, "MAX_BODIES_IN_FLIGHT_BYTES", 1 << 20)
+    host, port = server[1].removeprefix("http://").split(":")
+    held = http.client.HTTPConnection(host, int(port), timeout=30)
+    held.putrequest("POST", "/v1/chat/completions")
+    held.putheader("Authorization", f"Bearer {KEY}")
+    held.putheader("Content-Length", str(3 << 20))
+    held.endheaders()
+    held.send(b" " * (900 << 10))  # 0.9 MiB of a 3 MiB body, and no more for now
+    time.sleep(0.5)
+    url = server[1] + "/v1/chat/completions"
+    big = b'{"messages": [{"role": "user", "content": "hi"}]' + b" " * (400 << 10) + b"}"
+    code, body, headers = _post_raw(url, big)
+    assert code == 503 and body["error"]["code"] == "bodies_in_flight", body
+    assert headers.get("connection") == "close" and headers.get("retry-after") == "1"
+    held.close()  # the held body ends (the client left): its bytes are given back
+    time.sleep(0.5)
+    code, body, _ = _post_raw(url, big.replace(b'"hi"}]', b'"hi"}], "max_tokens": 1'))
+    assert code == 200, body

@@ -42,6 +42,11 @@ _STOPPED = object()  # ... or abort_all ended the request before it (a shutdown'
 
 
 BODY_TIMEOUT_S = 60.0  # to receive a whole request body
+# bytes of request bodies being received at once, all connections together: each connection
+# may take BODY_TIMEOUT_S to send up to MAX_BODY_BYTES, and 128 bodies held just short of
+# complete took 2.7 GB of the server's memory (a bad-input trial, 2026-12-06); past this a body
+# gets 503 and the client retries
+MAX_BODIES_IN_FLIGHT_BYTES = 256 << 20
 # '[' and '{' bytes a body may hold (counted before parsing): json.loads holds the interpreter
 # lock while it builds each array and object, so 5.4 million of them in 16 MB held every other
 # client for 2.7 s (a worker thread did not help, 2026-12-03); a prompt that fills the context
@@ -52,6 +57,8 @@ MAX_JSON_CONTAINERS = 200_000
 # taken (RFC 9110 §15.5.16)
 _ERROR_HEADERS = {408: {"connection": "close"}, 413: {"connection": "close"},
                   415: {"connection": "close", "accept-encoding": "identity"}}
+# ... and by error code, where the status alone does not say the body went unread
+_ERROR_HEADERS_BY_CODE = {"bodies_in_flight": {"connection": "close", "retry-after": "1"}}
 
 
 def _parsed(raw: bytearray) -> Any:
@@ -116,6 +123,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     state: dict[str, Any] = {"llm": None, "metrics": None, "error": None, "stopping": False,
                              "created": None}
     uploads: set[anyio.CancelScope] = set()  # request bodies being received
+    in_flight = [0]  # their bytes so far (MAX_BODIES_IN_FLIGHT_BYTES); the event loop's only
 
     def _loaded(model) -> None:
         state["metrics"] = ServerMetrics(model.engine)
@@ -207,7 +215,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     @app.exception_handler(p.APIError)
     async def _api_error(_request: Request, e: p.APIError):
         return JSONResponse(e.body(), status_code=e.status,
-                            headers=_ERROR_HEADERS.get(e.status))
+                            headers=_ERROR_HEADERS_BY_CODE.get(e.code)
+                            or _ERROR_HEADERS.get(e.status))
 
     @app.exception_handler(FlintError)
     async def _flint_error(_request: Request, e: FlintError):
@@ -261,11 +270,18 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                 with anyio.move_on_after(body_timeout_s) as clock:
                     async for part in request.stream():
                         raw += part
+                        in_flight[0] += len(part)
                         if len(raw) > p.MAX_BODY_BYTES:
                             raise _too_large()
+                        if in_flight[0] > MAX_BODIES_IN_FLIGHT_BYTES:
+                            raise p.APIError(
+                                503, f"server busy: request bodies being received hold more "
+                                     f"than {MAX_BODIES_IN_FLIGHT_BYTES >> 20} MiB; retry later",
+                                kind="server_error", code="bodies_in_flight")
                 late = clock.cancelled_caught
             finally:
                 uploads.discard(scope)
+                in_flight[0] -= len(raw)
         if scope.cancelled_caught:
             raise _stopping()
         if late:
