@@ -366,6 +366,13 @@ def load_llm(args: argparse.Namespace):
                                      if args.prefill_chunk else {})))
     if getattr(args, "stats", False):
         print("flint-graph: start-up " + json.dumps(llm.startup), file=sys.stderr)
+    from flint_graph.runtime.sampling import unapplied_generation_keys
+
+    unapplied = unapplied_generation_keys(llm.generation_config)
+    if unapplied:
+        print(f"flint-graph: note: {llm.checkpoint.config_dir / 'generation_config.json'} sets "
+              f"{', '.join(unapplied)}, which flint-graph does not apply (it reads temperature, "
+              "top_p, top_k, do_sample, max_new_tokens and eos_token_id)", file=sys.stderr)
     if args.max_context is not None and llm.engine.name == "reference":
         print("flint-graph: note: --max-context sizes the graph engine's KV cache; the reference "
               "engine running here grows its cache as needed and ignores it", file=sys.stderr)

@@ -220,3 +220,18 @@ def test_template_errors_name_chat_template_jinja_when_it_was_read_from_there(
     with pytest.raises(FlintError) as e:
         llm.render([{"role": "user", "content": "hi"}])
     assert str(e.value).startswith(f"{ckpt / 'chat_template.jinja'}: ") and words in str(e.value)
+
+
+def test_generation_config_keys_not_applied_get_a_note(ckpt, capsys):
+    """repetition_penalty, min_p or max_length in generation_config.json were dropped without a
+    word (a bad-input trial, 2026-12-06); the CLI now names them once at start-up."""
+    from flint_graph.cli import main
+
+    path = ckpt / "generation_config.json"
+    gen = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**gen, "repetition_penalty": 1.2, "max_length": 4096}))
+    assert main(["generate", str(ckpt), "--prompt", "hi", "--max-tokens", "1",
+                 "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert (f"note: {path} sets repetition_penalty, max_length, which flint-graph does not "
+            "apply") in err

@@ -413,3 +413,28 @@ def test_greedy_is_sample_at_temperature_zero():
                   seeds=torch.arange(b), positions=zeros)
     got = greedy(logits)
     assert torch.equal(got, want) and got[0] == 7 and got[1] == 0 and got[3] == 0
+
+
+def test_do_sample_false_in_generation_config_decodes_greedily():
+    """A bad-input trial (2026-12-06): a checkpoint with {"do_sample": false} and no
+    temperature sampled at temperature 1.0 (three seeds, three answers), where Hugging Face
+    decodes greedily. An explicit false now means temperature 0; a request's own temperature
+    still wins; true or absent keeps the file's temperature."""
+    assert SamplingParams().with_defaults({"do_sample": False}).temperature == 0.0
+    assert SamplingParams().with_defaults({"do_sample": False,
+                                           "temperature": 0.7}).temperature == 0.0
+    assert SamplingParams(temperature=0.5).with_defaults({"do_sample": False}).temperature == 0.5
+    assert SamplingParams().with_defaults({"do_sample": True,
+                                           "temperature": 0.7}).temperature == 0.7
+    assert SamplingParams().with_defaults({}).temperature == 1.0
+    with pytest.raises(ConfigError, match="'do_sample': expected true or false"):
+        SamplingParams().with_defaults({"do_sample": "no"})
+
+
+def test_generation_config_keys_not_applied_are_listed():
+    from flint_graph.runtime.sampling import unapplied_generation_keys
+
+    gen = {"repetition_penalty": 1.1, "min_p": 0.0, "max_length": 4096, "temperature": 0.6,
+           "num_beams": 1, "typical_p": 0.9, "do_sample": True}
+    assert unapplied_generation_keys(gen) == ["repetition_penalty", "max_length", "typical_p"]
+    assert unapplied_generation_keys({"repetition_penalty": 1.0, "min_p": None}) == []

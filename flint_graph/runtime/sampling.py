@@ -167,7 +167,7 @@ class SamplingParams:
     def with_defaults(self, generation_config: dict[str, Any]) -> SamplingParams:
         """Fill the None fields from a parsed generation_config.json.
 
-        Reads temperature, top_p, top_k, max_new_tokens (the default max_tokens, as in
+        Reads temperature (0, greedy, when do_sample is false), top_p, top_k, max_new_tokens (the default max_tokens, as in
         Hugging Face's GenerationConfig; absent: DEFAULT_MAX_TOKENS) and eos_token_id (an
         int or a list of ints); a missing or null key gives the neutral value (temperature 1.0,
         top_p 1.0, top_k 0) or no EOS id.
@@ -179,6 +179,12 @@ class SamplingParams:
         temperature = _gen_value(gen, "temperature", NEUTRAL_TEMPERATURE,
                                  lambda v: _finite(v) and v >= 0,
                                  "a finite number >= 0")
+        # "do_sample": false says greedy whatever the temperature (Hugging Face's reading; a
+        # checkpoint with it and no temperature sampled at 1.0 here, a bad-input trial of
+        # 2026-12-06); true or absent leaves the temperature as given (vLLM's reading)
+        if _gen_value(gen, "do_sample", True, lambda v: isinstance(v, bool),
+                      "true or false") is False:
+            temperature = 0.0
         top_p = _gen_value(gen, "top_p", NEUTRAL_TOP_P, lambda v: _is_real(v) and 0 < v <= 1,
                            "a number in (0, 1]")
         top_k = _gen_value(gen, "top_k", NEUTRAL_TOP_K,
@@ -199,6 +205,27 @@ class SamplingParams:
             top_k=top_k if self.top_k is None else self.top_k,
             stop_token_ids=tuple(ids),
         )
+
+
+# generation_config.json keys that change what is sampled and that flint-graph does not apply,
+# with the value that means "off" (None: any value is a note); `unapplied_generation_keys`
+_UNAPPLIED = {"repetition_penalty": 1.0, "min_p": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0,
+              "eta_cutoff": 0.0, "no_repeat_ngram_size": 0, "presence_penalty": 0.0,
+              "frequency_penalty": 0.0, "num_beams": 1, "max_length": None}
+
+
+def unapplied_generation_keys(generation_config: dict[str, Any]) -> list[str]:
+    """The keys of a parsed generation_config.json that would change sampling or length and
+    that `with_defaults` does not apply (a repetition penalty, min-p, beams, max_length: the
+    prompt's length plus the answer's, where flint-graph reads max_new_tokens), in file order;
+    the CLI prints them in a note, since they were dropped in silence (a bad-input trial,
+    2026-12-06). A key set to its "off" value is not listed."""
+    out = []
+    for key, value in generation_config.items():
+        if key in _UNAPPLIED and value is not None and (
+                _UNAPPLIED[key] is None or value != _UNAPPLIED[key]):
+            out.append(key)
+    return out
 
 
 def _is_real(v: object) -> bool:
