@@ -73,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         print("flint-graph: error: standard output is closed; redirect it to a file or "
               "/dev/null", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure") \
+            and "utf" not in (sys.stdout.encoding or "").lower():
+        # an answer in characters stdout's encoding lacks (PYTHONIOENCODING=ascii, a C locale)
+        # was an internal error after all the work (a bad-input trial, 2026-12-06): escaped
+        # instead, as Python's stderr does
+        sys.stdout.reconfigure(errors="backslashreplace")
     stack = contextlib.ExitStack()
     stderr = install_quiet_stderr()  # stderr's reader leaving must not end the command
     try:

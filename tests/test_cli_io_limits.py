@@ -340,3 +340,24 @@ def test_the_quiet_stderr_drops_text_only_after_a_failed_write():
     assert ok.getvalue() == "kept\n" and not ok.reader_left
     gone = QuietWhenReaderLeaves(Breaks())
     assert gone.write("lost") == 4 and gone.reader_left  # no exception: the work goes on
+
+
+def test_an_answer_stdout_cannot_encode_is_escaped_not_an_internal_error(monkeypatch, capsys):
+    """A bad-input trial (2026-12-06): PYTHONIOENCODING=ascii with a non-ASCII answer ended in
+    `internal error: UnicodeEncodeError` after the whole run."""
+    import sys
+
+    from flint_graph import cli
+
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="ascii", errors="strict")
+    monkeypatch.setattr(sys, "stdout", out)
+
+    def prints(args):
+        print("caf\u00e9 \u4e2d")
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "generate", (prints, ()))
+    assert main(["generate", "--prompt", "hi"]) == 0
+    out.flush()
+    assert raw.getvalue() == b"caf\\xe9 \\u4e2d\n"
