@@ -483,7 +483,10 @@ def test_completion_logprobs_zero_gives_the_chosen_tokens(server, client):
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens == 6
     assert all(x <= 0 for x in lp.token_logprobs) and lp.top_logprobs is None
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    # offsets index the completion's characters (a token holding part of one reads
+    # "bytes:\xNN…", so token lengths do not add up to them)
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert lp.text_offset[-1] <= len(r.choices[0].text)
     streamed = [c.choices[0].logprobs for c in client.completions.create(**body, stream=True)]
     assert [t for s in streamed for t in s.tokens] == lp.tokens
     assert [x for s in streamed for x in s.token_logprobs] == lp.token_logprobs
@@ -1401,3 +1404,19 @@ def test_bodies_being_received_share_one_memory_bound(server, monkeypatch):
     time.sleep(0.5)
     code, body, _ = _post_raw(url, big.replace(b'"hi"}]', b'"hi"}], "max_tokens": 1'))
     assert code == 200, body
+
+
+def test_completion_alternatives_that_split_a_character_stay_apart():
+    """A bad-input trial (2026-12-06): with logprobs 5, tokens holding parts of characters all
+    read U+FFFD and collapsed into one key of top_logprobs (3 or 4 alternatives instead of 5,
+    the value kept the last written). Such a token now reads "bytes:\\xNN…" (OpenAI's form),
+    and a key two ids share keeps the more likely value."""
+    from flint_graph.server.protocol import completion_logprobs
+
+    tb = {1: b"\xf0\x9f", 2: b"\x98\x80", 3: b"a", 4: b"a"}.get
+    lp, end = completion_logprobs([1, 2, 3], [-0.1, -0.2, -0.3], tb,
+                                  tops=[[(1, -0.1), (2, -0.5), (3, -1.0), (4, -2.0)]] * 3)
+    assert lp["tokens"] == ["bytes:\\xf0\\x9f", "bytes:\\x98\\x80", "a"]
+    assert lp["top_logprobs"][0] == {"bytes:\\xf0\\x9f": -0.1, "bytes:\\x98\\x80": -0.5,
+                                     "a": -1.0}
+    assert lp["text_offset"] == [0, 0, 1] and end == 2

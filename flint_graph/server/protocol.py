@@ -287,10 +287,21 @@ def token_logprobs(ids, lps, token_bytes, tops=None) -> list[dict[str, Any]]:
             for tid, lp, top in zip(ids, lps, tops or [()] * len(ids))]
 
 
+def _legacy_text(raw: bytes) -> str:
+    """A token's text in the legacy completions logprobs: its bytes decoded when they are whole
+    UTF-8, else OpenAI's form for part of a character, "bytes:" and each byte as \\xNN. Decoded
+    with replacement, every such token read U+FFFD, so the alternatives of one step (keys of a
+    dict) collapsed into one: 3 of the 5 asked for (a bad-input trial, 2026-12-06)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
 def completion_logprobs(ids, lps, token_bytes, offset: int = 0,
                         decoder=None, tops=None) -> tuple[dict[str, Any], int]:
-    """The legacy completions `choices[].logprobs` of tokens `ids`: their texts (as in
-    `token_logprobs`), log-probabilities, the alternatives (`tops`: per token (id,
+    """The legacy completions `choices[].logprobs` of tokens `ids`: their texts (`_legacy_text`:
+    "bytes:\\xNN…" for part of a character), log-probabilities, the alternatives (`tops`: per token (id,
     log-probability) pairs, as {text: log-probability}; None, null in the response, when
     logprobs 0 asked for none: a list, even an empty one, keeps a stream's type the same)
     and each token's character offset in the completion text, counted from
@@ -301,10 +312,16 @@ def completion_logprobs(ids, lps, token_bytes, offset: int = 0,
     for tid in ids:
         raw = token_bytes(tid)
         offsets.append(offset)
-        tokens.append(raw.decode("utf-8", "replace"))
+        tokens.append(_legacy_text(raw))
         offset += len(decoder.decode(raw))
-    alternatives = None if tops is None else [
-        {token_bytes(t).decode("utf-8", "replace"): v for t, v in top} for top in tops]
+    alternatives = None
+    if tops is not None:
+        alternatives = []
+        for top in tops:
+            alt: dict[str, float] = {}
+            for t, v in top:  # most likely first: a key two ids share keeps the larger value
+                alt.setdefault(_legacy_text(token_bytes(t)), v)
+            alternatives.append(alt)
     return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": alternatives,
             "text_offset": offsets}, offset
 
