@@ -86,6 +86,25 @@ def non_empty(text: str) -> str:
     return text
 
 
+def model_path(text: str) -> str:
+    """argparse type of MODEL: a non-empty path ('' read as the working directory: `eval ''`
+    evaluated whatever GGUF sat there, a bad-input trial of 2026-12-06)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a BF16 checkpoint directory or an NVFP4 "
+                                         ".gguf file; leave MODEL out for the default")
+    return text
+
+
+def hf_config_dir(text: str) -> str:
+    """argparse type of --hf-config-path: a non-empty path (its error named the API's
+    `hf_config_path`, not the flag)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a directory holding config.json (or that "
+                                         "config.json); leave the option out to read them "
+                                         "beside MODEL")
+    return text
+
+
 def served_name(text: str) -> str:
     """argparse type of --served-model-name: non-empty, no control characters (a name with a
     newline was served, but no client could retrieve it by id: a bad-input trial,
@@ -396,11 +415,11 @@ def _nonempty_path(text: str) -> Path:
 def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
     """MODEL and the engine flags; with `conversation`, also --tools and --no-think (a
     server takes those per request instead)."""
-    p.add_argument("model", nargs="?", metavar="MODEL",
+    p.add_argument("model", nargs="?", metavar="MODEL", type=model_path,
                    help="BF16 checkpoint directory or NVFP4 .gguf file (default: the embedded "
                         "flint-nano, a small demo model unpacked into a cache directory on "
                         "first use)")
-    p.add_argument("--hf-config-path", metavar="DIR",
+    p.add_argument("--hf-config-path", metavar="DIR", type=hf_config_dir,
                    help="directory with config.json, tokenizer and generation_config.json for "
                         "a GGUF (default: the GGUF's own directory)")
     p.add_argument("--device", metavar="DEV",

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from flint_graph.cli_args import RepeatedValue, seed_int
+from flint_graph.cli_args import RepeatedValue, hf_config_dir, model_path, seed_int
 
 EVAL_FIGURES = """\
 figures (held-out cases of the flint-nano curriculum, greedy decoding):
@@ -85,9 +85,9 @@ def add_eval_parser(sub, positive_int) -> None:
                            "paraphrased skills and the answer to a tool's result); compare "
                            "with a saved run.", 79),
                        epilog=EVAL_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", metavar="MODEL",
+    p.add_argument("model", nargs="?", metavar="MODEL", type=model_path,
                    help="BF16 checkpoint directory or NVFP4 .gguf (default: the embedded one)")
-    p.add_argument("--hf-config-path", metavar="DIR",
+    p.add_argument("--hf-config-path", metavar="DIR", type=hf_config_dir,
                    help="directory with config.json, tokenizer and generation_config.json for "
                         "a GGUF (default: the GGUF's own directory)")
     p.add_argument("--suite", default="tools,arith,recall,chain", metavar="S,..",

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from flint_graph.cli_args import plain_int, refuse_repeats, seed_int
+from flint_graph.cli_args import model_path, plain_int, refuse_repeats, seed_int
 from flint_graph.paths import replace_file
 
 BENCH_FIGURES = """\
@@ -160,7 +160,7 @@ def _formats(text: str) -> tuple[str, ...]:
 
 
 def _common(p: argparse.ArgumentParser, positive_int) -> None:
-    p.add_argument("model", nargs="?", metavar="MODEL",
+    p.add_argument("model", nargs="?", metavar="MODEL", type=model_path,
                    help="a BF16 checkpoint directory or NVFP4 .gguf file (its config.json "
                         "beside it); default: synthetic weights of --preset made in memory")
     p.add_argument("--preset", choices=("tiny", "nano", "full"), default="tiny",

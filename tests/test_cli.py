@@ -1103,3 +1103,28 @@ def test_hf_config_path_without_a_model_is_refused(capsys, tmp_path):
     config on the embedded flint-nano and failed on a tensor shape, not naming the flag."""
     code, _, err = _run(capsys, "generate", "--prompt", "hi", "--hf-config-path", tmp_path)
     assert code == 2 and "--hf-config-path" in err and "give MODEL too" in err, err
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "eval", "bench", "trace"])
+@pytest.mark.parametrize("argv, words", [
+    ([""], "argument MODEL: expected a BF16 checkpoint directory or an NVFP4 .gguf file"),
+    (["--hf-config-path", "", "x.gguf"],
+     "argument --hf-config-path: expected a directory holding config.json")],
+    ids=["model", "hf-config-path"])
+def test_empty_paths_are_refused_by_the_flag_they_came_from(capsys, monkeypatch, tmp_path,
+                                                             command, argv, words):
+    """A bad-input trial (2026-12-06): `eval ''` read '' as the working directory and evaluated
+    the GGUF that sat there, `generate ''` answered "(or None for the embedded default)" and
+    `--hf-config-path ''` named the API's hf_config_path."""
+    if argv[0] == "--hf-config-path" and command in ("bench", "trace"):
+        pytest.skip("bench and trace take no --hf-config-path")
+    monkeypatch.chdir(tmp_path)
+    assert main([command, *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_an_empty_model_file_is_called_empty(tmp_path, capsys):
+    empty = tmp_path / "model.gguf"
+    empty.write_bytes(b"")
+    assert main(["generate", str(empty), "--prompt", "hi"]) == 2
+    assert f"{empty}: not a GGUF file (empty, expected b'GGUF')" in capsys.readouterr().err

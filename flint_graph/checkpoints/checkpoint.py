@@ -115,7 +115,8 @@ def _describe_non_gguf(path: Path) -> str:
     if len(head) >= 9 and head[8:9] == b"{":  # 8-byte length then a JSON header: safetensors
         return (f"{path}: a safetensors file, not a checkpoint; pass the directory that holds "
                 "it with config.json (BF16) or an NVFP4 GGUF file")
-    return (f"{path}: not a GGUF file (starts with {head[:4]!r}, expected {GGUF_MAGIC!r}) and "
+    start = "empty" if not head else f"starts with {head[:4]!r}"
+    return (f"{path}: not a GGUF file ({start}, expected {GGUF_MAGIC!r}) and "
             "not a directory; expected a BF16 checkpoint directory or an NVFP4 GGUF file")
 
 
