@@ -1208,6 +1208,11 @@ def test_prompts_over_the_token_limit_are_refused_early_and_health_answers(serve
             code, err = a.result()
             msg = err["error"]["message"]
             assert code == 400 and "at least" in msg and "context limit is 4,096" in msg, err
+            # a chat's prompt is its messages: OpenAI names that param (it said "prompt",
+            # a bad-input trial of 2026-12-06); completions keep "prompt"
+            assert err["error"]["param"] == "messages", err
+    code, err = _post(url + "/v1/completions", {"prompt": text, "max_tokens": 1})
+    assert code == 400 and err["error"]["param"] == "prompt", err
 
 
 @pytest.mark.parametrize("stop, status, message", [

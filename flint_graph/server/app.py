@@ -219,13 +219,15 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                             or _ERROR_HEADERS.get(e.status))
 
     @app.exception_handler(FlintError)
-    async def _flint_error(_request: Request, e: FlintError):
+    async def _flint_error(request: Request, e: FlintError):
         msg = str(e)
         # the error's own field where it has one ("sampling argument 'stop': ..." starts with
         # none), else the field its message starts with
         field = getattr(e, "field", None)
         if field not in p.CHAT_FIELDS | p.COMPLETION_FIELDS:
             field = p.field_of(msg)
+        if field == "prompt" and request.url.path.endswith("/chat/completions"):
+            field = "messages"  # a chat's prompt is its messages (OpenAI's param there)
         return JSONResponse(p.APIError(400, msg, field).body(), status_code=400)
 
     want = None if api_key is None else api_key.encode()
