@@ -417,3 +417,17 @@ def test_a_reader_that_leaves_early_is_not_an_error(tmp_path):
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 0, err
     assert "Traceback" not in err and (tmp_path / "ck" / "config.json").is_file(), err
+
+
+def test_a_config_whose_vocab_is_too_small_is_named(tmp_path, capsys):
+    """A bad-input trial (2026-12-06): `make-checkpoint --config C` with vocab_size 100 failed
+    deep in the write with "vocab_size: expected >= 276", naming no file."""
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.cli import main
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({**FlintConfig.preset("tiny").to_dict(), "vocab_size": 100}))
+    assert main(["make-checkpoint", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{cfg}: vocab_size 100: a synthetic checkpoint's tokenizer needs at least 276" in err
+    assert not (tmp_path / "o").exists()

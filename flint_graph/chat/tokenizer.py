@@ -104,6 +104,12 @@ def build_corpus(vocab_size: int, seed: int = 0) -> list[str]:
     return lines
 
 
+def min_trained_vocab_size() -> int:
+    """The smallest vocab_size `train_tokenizer` takes: 256 byte tokens plus the GLM-4.7 added
+    tokens."""
+    return _BYTE_ALPHABET + len(GLM47_SPECIAL_TOKENS)
+
+
 def train_tokenizer(vocab_size: int, seed: int = 0, corpus: Iterable[str] | None = None,
                     split_digits: bool = False) -> Tokenizer:
     """Train a byte-level BPE on `corpus` (default: the built-in one, `build_corpus`) and append
@@ -116,7 +122,7 @@ def train_tokenizer(vocab_size: int, seed: int = 0, corpus: Iterable[str] | None
     added with special=True, text tags with special=False. Deterministic for (vocab_size, seed).
     Raises ConfigError if `vocab_size` cannot hold 256 byte tokens plus the added tokens.
     """
-    min_size = _BYTE_ALPHABET + len(GLM47_SPECIAL_TOKENS)
+    min_size = min_trained_vocab_size()
     if vocab_size < min_size:
         raise ConfigError(f"vocab_size: expected >= {min_size} (256 bytes + "
                           f"{len(GLM47_SPECIAL_TOKENS)} added tokens), found {vocab_size}")

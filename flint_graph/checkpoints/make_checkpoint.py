@@ -438,6 +438,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seed {args.seed}: expected a non-negative integer")
     cfg = (FlintConfig.from_json(args.config_path) if args.config_path
            else FlintConfig.preset(args.preset or DEFAULT_PRESET))
+    from flint_graph.chat.tokenizer import min_trained_vocab_size
+
+    if cfg.vocab_size < min_trained_vocab_size():  # the error came from deep in the write,
+        # naming no file (a bad-input trial, 2026-12-06)
+        raise ConfigError(f"{args.config_path or 'preset'}: vocab_size {cfg.vocab_size}: a "
+                          "synthetic checkpoint's tokenizer needs at least "
+                          f"{min_trained_vocab_size()} ids (256 bytes and the GLM-4.7 added "
+                          "tokens)")
     formats = parse_formats(args.formats)
     if args.quantize_embeddings and "gguf" not in formats:
         raise ConfigError("--quantize-embeddings stores the embedding and LM head as NVFP4 in "
