@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flint_graph.checkpoints.jsonfile import read_capped
-from flint_graph.errors import InvalidRequestError
+from flint_graph.errors import InvalidRequestError, shown
 
 RESULT_MAX_BYTES = 256 << 20  # a bench or trace JSON is a few MB; a device or 1 GB file is refused
 
@@ -140,8 +140,12 @@ def read_json(path, schema: str, versions=VERSIONS) -> dict:
         raise InvalidRequestError(f"{p}: {what}{hint}; expected {want}")
     version = data.get("version")
     if isinstance(version, bool) or version not in versions:
-        raise InvalidRequestError(f"{p}: {schema} version {data.get('version')!r}; expected "
-                                  f"{want} (written by a newer flint-graph?)")
+        # only a larger whole number can come from a newer flint-graph ("1", a string, was
+        # asked about as if it did: a bad-input trial, 2026-12-06)
+        newer = (isinstance(version, int) and not isinstance(version, bool)
+                 and version > max(versions))
+        raise InvalidRequestError(f"{p}: {schema} version {shown(version, 40)}; expected "
+                                  f"{want}{' (written by a newer flint-graph?)' if newer else ''}")
     from flint_graph.perf.schema import SPECS, check
 
     if schema in SPECS:

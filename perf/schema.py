@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from flint_graph.errors import InvalidRequestError
+from flint_graph.errors import InvalidRequestError, shown
 
 _DECODE = {"engine": "str", "format": "str", "B": "int", "context": "int", "median_ms": "num",
            "p90_ms?": "?num", "steps?": "?int", "tokens_per_s?": "?num", "bytes?": "?num",
@@ -39,9 +39,10 @@ SPECS = {"flint-graph-bench": BENCH, "flint-graph-trace": TRACE}
 
 
 def _bad(path, where: str, expected: str, value) -> InvalidRequestError:
-    shown = repr(value) if len(repr(value)) < 40 else f"a {type(value).__name__}"
-    return InvalidRequestError(f"{path}: field {where or '(top level)'} is {shown}; expected "
-                               f"{expected}")
+    # in the file's own words (null, "one", true), not Python's (None, 'one', True): a
+    # bad-input trial, 2026-12-06
+    return InvalidRequestError(f"{path}: field {where or '(top level)'} is {shown(value, 40)}; "
+                               f"expected {expected}")
 
 
 def check(path, value, spec, where: str = "") -> None:

@@ -216,16 +216,16 @@ def test_bench_refuses_what_cannot_run(capsys):
 
 
 @pytest.mark.parametrize("field,value,expect", [
-    ("decode", "abc", "field decode is 'abc'; expected a JSON list"),
-    ("decode", [None], "field decode[0] is None; expected a JSON object"),
+    ("decode", "abc", "field decode is \"abc\"; expected a JSON list"),
+    ("decode", [None], "field decode[0] is null; expected a JSON object"),
     ("decode", [{"engine": "graph", "format": "bf16", "B": 1, "context": 9,
-                 "median_ms": "fast"}], "field decode[0].median_ms is 'fast'"),
+                 "median_ms": "fast"}], "field decode[0].median_ms is \"fast\""),
     ("decode", [{"engine": "graph", "format": "bf16", "B": 1, "context": 9,
-                 "median_ms": True}], "decode[0].median_ms is True"),
+                 "median_ms": True}], "decode[0].median_ms is true"),
     ("kernels_per_step", [1], "field kernels_per_step is [1]; expected a JSON object"),
-    ("cold_start", {"total_s": "x"}, "cold_start.total_s is 'x'"),
-    ("model", "x", "field model is 'x'"),
-    ("version", True, "version True"),
+    ("cold_start", {"total_s": "x"}, "cold_start.total_s is \"x\""),
+    ("model", "x", "field model is \"x\""),
+    ("version", True, "version true"),
 ])
 def test_compare_names_the_bad_field(tmp_path, capsys, field, value, expect):
     good = {"schema": "flint-graph-bench", "version": 1, "machine": {}, "model": {}}
@@ -245,7 +245,7 @@ def test_trace_compare_names_the_bad_field(tmp_path, capsys):
                                        "us": "x"}]}
     f = _save(tmp_path / "t.json", t)
     assert main(["trace", "--compare", f, f]) == 2
-    assert "field kernels[0].us is 'x'" in capsys.readouterr().err
+    assert "field kernels[0].us is \"x\"" in capsys.readouterr().err
 
 
 def _save(path, doc) -> str:
@@ -404,3 +404,15 @@ def test_host_step_probe_times_real_decode_steps(tiny_ckpt):
     med, p90 = probe.measure(LLM(tiny_ckpt, device="cpu", progress=False), 2, 30, False,
                              gpu_us=200.0, pipeline=True)
     assert 200 <= med <= p90
+
+
+@pytest.mark.parametrize("version, newer", [("1", False), (0, False), (2, True)])
+def test_only_a_larger_version_is_called_newer(tmp_path, capsys, version, newer):
+    """`"version": "1"` was asked about as "written by a newer flint-graph?" (a bad-input
+    trial, 2026-12-06): only a larger whole number can be."""
+    good = {"schema": "flint-graph-bench", "version": 1, "machine": {}, "model": {}}
+    bad = _save(tmp_path / "c.json", good | {"version": version})
+    assert main(["bench", "--compare", bad, _save(tmp_path / "a.json", good)]) == 2
+    err = capsys.readouterr().err
+    assert f"version {json.dumps(version)};" in err
+    assert ("written by a newer flint-graph?" in err) == newer, err
