@@ -416,3 +416,17 @@ def test_only_a_larger_version_is_called_newer(tmp_path, capsys, version, newer)
     err = capsys.readouterr().err
     assert f"version {json.dumps(version)};" in err
     assert ("written by a newer flint-graph?" in err) == newer, err
+
+
+def test_synthetic_flags_beside_a_model_get_a_note(tiny_ckpt, tmp_path, capsys):
+    """`trace MODEL --format bf16 --preset full` ignored both flags in silence (a bad-input
+    trial, 2026-12-06): a checkpoint has its own config and weight format."""
+    out = tmp_path / "t.json"
+    assert main(["trace", str(tiny_ckpt), "--preset", "full", "--format", "bf16", "--device",
+                 "cpu", "--context", "64", "--steps", "1", "--out", str(out),
+                 "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "note: --preset and --format describe the synthetic weights" in err
+    assert main(["trace", str(tiny_ckpt), "--device", "cpu", "--context", "64", "--steps", "1",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert "note: --preset" not in capsys.readouterr().err
