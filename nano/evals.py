@@ -154,7 +154,12 @@ class Case:
 
 def parse_suites(text: str) -> tuple[str, ...]:
     """"tools,arith" -> ("tools", "arith"); raises InvalidRequestError naming --suite."""
-    given = [s.strip() for s in text.split(",") if s.strip()]
+    parts = [s.strip() for s in text.split(",")]
+    if len(parts) > 1 and "" in parts:  # "tools," or "tools,,arith": a name left out, as
+        # --contexts refuses one (it was accepted in silence, a bad-input trial of 2026-12-06)
+        raise InvalidRequestError(f"--suite {text!r}: an empty name between commas; expected "
+                                  f"a comma-separated subset of {','.join(SUITES)}")
+    given = [s for s in parts if s]
     names = tuple(dict.fromkeys(given))
     bad = [s for s in names if s not in SUITES]
     if bad or not names:

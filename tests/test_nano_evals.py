@@ -717,6 +717,8 @@ def test_result_suite_cases():
 @pytest.mark.parametrize("args, words", [
     (["--suite", "tools,bogus"], "('bogus' is not one)"),
     (["--suite", "result,result"], "result given more than once"),
+    (["--suite", "tools,"], "an empty name between commas"),
+    (["--suite", "tools,,arith"], "an empty name between commas"),
     (["--n", "٣"], "--n: expected a case count"),
     (["--n", "1_0"], "--n: expected a case count"),
     (["--contexts", "٣٠٠"], "--contexts: expected comma-separated recall contexts"),
