@@ -575,9 +575,11 @@ def call_as_text_hint(tools_path: str | None) -> str:
 # how flint-nano begins declining a request (nano/phrasings.py REFUSAL), and what generate and
 # the chat add when it declines with no tools declared
 DECLINED = "I can't do that."
-DECLINED_HINT = ("the model declined; if you asked for the weather, a unit conversion or a "
-                 "table lookup, those are tool calls, offered with --tools TOOLS.json (e.g. "
-                 "examples/tools.json)")
+# the calculator was missing from the list, though "What is 12 times 13?" needs it (a new
+# user's trial, 2026-12-06)
+DECLINED_HINT = ("the model declined; if you asked for the weather, a unit conversion, a "
+                 "calculation or a table lookup, those are tool calls, offered with --tools "
+                 "TOOLS.json (e.g. examples/tools.json)")
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:

@@ -513,8 +513,8 @@ def test_generate_without_tools_names_tools_when_the_model_declines(capsys, monk
     # conditional: "Write a poem" is declined in the same words, and tools would not help it
     assert [line for line in err.splitlines() if "--tools" in line] == [
         "flint-graph: note: the model declined; if you asked for the weather, a unit "
-        "conversion or a table lookup, those are tool calls, offered with --tools "
-        "TOOLS.json (e.g. examples/tools.json)"]
+        "conversion, a calculation or a table lookup, those are tool calls, offered with "
+        "--tools TOOLS.json (e.g. examples/tools.json)"]
     tools = Path(__file__).resolve().parents[1] / "examples" / "tools.json"
     assert "--tools" not in _run(capsys, *argv, "--tools", tools)[2]  # tools offered: no note
 

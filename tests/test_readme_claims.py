@@ -153,23 +153,24 @@ def test_the_piped_chat_example_answers_both_lines_and_exits(monkeypatch, capsys
     assert "I can" in out and "825" in out, out[-2000:]
 
 
-def test_a_plain_text_tool_result_is_noted_and_its_loop_cut(monkeypatch, capsys):
+def test_a_plain_text_tool_result_is_noted_and_answered_from_an_invented_one(monkeypatch,
+                                                                            capsys):
     """The README's warning about a tool result typed as plain text: the chat notes once that it
-    is not JSON, and the answer flint-nano loops into (`"sky": "rainrain…`) is cut by the
-    chat's default --stop-on-repeat 64 instead of running to the 512-token limit (a new user's
-    trial, 2026-12-06: ~15 s of "rain" every time)."""
+    is not JSON, and flint-nano answers from a result it invents (step 7718 looped there,
+    `"sky": "rainrain…` for ~15 s, which the chat's default --stop-on-repeat 64 cuts; step 8593
+    answers in a few dozen tokens, a new user's trial of 2026-12-06)."""
     import io
 
     from flint_graph.cli import main
 
-    assert '("it is sunny and 25 degrees") was answered from a result it invented' in README
-    assert "a loop the chat cuts after 64 tokens of it (`--stop-on-repeat`" in README
+    assert '("it is sunny and 25 degrees") is answered from a result it invents' in README
+    assert 'the model before it looped there, which the chat cuts after 64 tokens' in README
     monkeypatch.setattr("sys.stdin", io.StringIO(
         "Will it snow in Bergen tomorrow?\nit is sunny and 25 degrees\n/exit\n"))
     code = main(["chat", "--device", "cpu", "--tools", str(ROOT / "examples" / "tools.json")])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert out.count("this result is not JSON") == 1, out[-2000:]
+    assert 'Result: {"ok": true, "id": 25, "high": 25,' in out, out[-2000:]
     footers = [line for line in out.splitlines() if " tokens · " in line]
-    assert len(footers) == 2 and "the answer looped" in footers[1], footers
-    assert int(re.search(r"output (\d+) tokens", footers[1]).group(1)) < 200, footers[1]
+    assert len(footers) == 2 and int(re.search(r"output (\d+) tokens", footers[1]).group(1)) < 200
