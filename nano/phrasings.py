@@ -75,7 +75,10 @@ GREETINGS = {
                       "Ciao!", "See ya!", "I'm off now.", "Gotta go.", "Signing off.",
                       "Speak to you tomorrow.", "Until we meet again.",
                       # step 7718 called book_table for the held-out "Talk soon."
-                      "Speak soon!", "Chat soon.", "Later, friend.", "Off I go, bye."],
+                      "Speak soon!", "Chat soon.", "Later, friend.", "Off I go, bye.",
+                      # step 8593 still missed "Talk soon." (held out) and greeted "See you
+                      # later" (a new user's trial, 2026-12-06): for the next run
+                      "See you later.", "Talk to you later!", "Talk tomorrow.", "Bye, talk later."],
             "heldout": ["Farewell.", "Catch you later!", "Talk soon."]},
 }
 
@@ -93,7 +96,11 @@ OUT_OF_SCOPE = {
               "Explain how a car engine works.", "Give me three facts about whales.",
               "Fix the grammar in this sentence: me and him goes home.",
               "The capital of Italy is", "Once upon a time", "Sing me a lullaby.",
-              "What's your favourite colour?", "Write a limerick about cheese."],
+              "What's your favourite colour?", "Write a limerick about cheese.",
+              # step 8593: "Translate hello to French" called get_weather with tools offered,
+              # and the held-out "Teach me Spanish." got "You're welcome!" (for the next run)
+              "Translate hello to German.", "Teach me how to knit.", "Help me learn Italian.",
+              "Translate thank you into Japanese."],
     "heldout": ["Write a long story about dragons.", "Compose a haiku about autumn.",
                 "What's the population of Brazil?",
                 "Can you explain how photosynthesis works?", "Teach me Spanish.",
