@@ -807,8 +807,8 @@ class Prefill:
     def capture(self, max_tokens: int) -> list[int]:
         """Capture the chunk body as one CUDA graph per bucket of GRAPH_BUCKETS below
         `max_tokens` (the largest chunk the engine sends, capped at the largest of
-        `graph_buckets` and the slot's capacity; itself a bucket), and the final norm + LM head as one more; returns
-        the buckets. Kernel attention only (the others gather on the host): raises
+        `graph_buckets` and the slot's capacity; itself a bucket), and the final norm + LM
+        head as one more; returns the buckets. Kernel attention only (the others gather on the host): raises
         RuntimeError otherwise. Warm-up and capture write only the scratch slot. All graphs
         share one memory pool: they never run at once."""
         from flint_graph.capture.launcher import capture_graph

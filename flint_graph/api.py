@@ -732,7 +732,8 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
     warm_up_eager_s, one eager chunk run so that the first long prompt pays no first-use
     costs: capture/runner.py); kernels_per_step per bucket (our launches), bytes of weights
     and KV cache, prefill_dense_bf16_bytes (the prefill's kept BF16 dense weights) and
-    prefill_buckets (the chunk sizes in tokens replayed as graphs); kv_reuse: how many finished sequences the engine may retain
+    prefill_buckets (the chunk sizes in tokens replayed as graphs); kv_reuse: how many
+    finished sequences the engine may retain
     (retained_max, 0 = reuse off; on the graph engine they hold KV slots counted in
     kv_cache_bytes) and the bytes of one ring snapshot (snapshot_bytes; up to
     snapshots_per_sequence per retained or running sequence, on the engine's device;

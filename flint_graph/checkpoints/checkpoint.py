@@ -175,13 +175,13 @@ def _load(path: str | Path, hf_config_path: str | Path | None, device: torch.dev
     gguf: Path | None = None
     if path.is_dir():
         has_st = (path / INDEX_NAME).is_file() or (path / SINGLE_NAME).is_file()
-        for name in (INDEX_NAME, SINGLE_NAME):
+        for name, what in ((INDEX_NAME, "safetensors index (JSON)"),
+                           (SINGLE_NAME, "safetensors file")):
             # something other than a file under the name (a directory, a link to nothing, a
             # loop) was "holds safetensors shards but no index" (a bad-input trial, 2026-12-06)
-            problem = file_problem(path / name)
-            if not has_st and problem not in (None, MISSING):
-                raise CheckpointError(f"{path / name}: {problem}; expected the "
-                                      f"{'safetensors index (JSON)' if name == INDEX_NAME else 'safetensors file'}")
+            problem = None if has_st else file_problem(path / name)
+            if problem not in (None, MISSING):
+                raise CheckpointError(f"{path / name}: {problem}; expected the {what}")
         if not has_st and any(path.glob("*.safetensors")):
             raise CheckpointError(f"{path}: holds safetensors shards but no {INDEX_NAME}; "
                                   "the index maps each tensor to its shard")

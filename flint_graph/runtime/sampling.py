@@ -167,8 +167,9 @@ class SamplingParams:
     def with_defaults(self, generation_config: dict[str, Any]) -> SamplingParams:
         """Fill the None fields from a parsed generation_config.json.
 
-        Reads temperature (0, greedy, when do_sample is false), top_p, top_k, max_new_tokens (the default max_tokens, as in
-        Hugging Face's GenerationConfig; absent: DEFAULT_MAX_TOKENS) and eos_token_id (an
+        Reads temperature (0, greedy, when do_sample is false), top_p, top_k, max_new_tokens
+        (the default max_tokens, as in Hugging Face's GenerationConfig; absent:
+        DEFAULT_MAX_TOKENS) and eos_token_id (an
         int or a list of ints); a missing or null key gives the neutral value (temperature 1.0,
         top_p 1.0, top_k 0) or no EOS id.
         stop_token_ids becomes the explicit ids followed by the EOS ids not already in them

@@ -300,9 +300,9 @@ def _legacy_text(raw: bytes) -> str:
 
 def completion_logprobs(ids, lps, token_bytes, offset: int = 0,
                         decoder=None, tops=None) -> tuple[dict[str, Any], int]:
-    """The legacy completions `choices[].logprobs` of tokens `ids`: their texts (`_legacy_text`:
-    "bytes:\\xNN…" for part of a character), log-probabilities, the alternatives (`tops`: per token (id,
-    log-probability) pairs, as {text: log-probability}; None, null in the response, when
+    """The legacy completions `choices[].logprobs` of tokens `ids`: their texts
+    (`_legacy_text`: "bytes:\\xNN…" for part of a character), log-probabilities, the
+    alternatives (`tops`: per token (id, log-probability) pairs, as {text: log-probability}; None, null in the response, when
     logprobs 0 asked for none: a list, even an empty one, keeps a stream's type the same)
     and each token's character offset in the completion text, counted from
     `offset` with `decoder` (an incremental UTF-8 decoder carried across calls: a token that
