@@ -227,7 +227,9 @@ class DecodeLayer:
         sh = ffn.shared
         gate_up = _weight_args(ffn.gate, e) + _weight_args(ffn.up, e)
         gate_up += _weight_args(sh.gate) + _weight_args(sh.up)
-        down = _weight_args(ffn.down, e) + _weight_args(sh.down)
+        routed_down = _weight_args(ffn.down, e)
+        gate_up += routed_down[:2]  # codes and scales (BF16: the matrix), for PD's prefetch
+        down = routed_down + _weight_args(sh.down)
         return gate_up, down
 
     def launch(self, bufs: StepBuffers, kv: LayerKV, *, pdl: bool | None = None) -> None:

@@ -51,7 +51,9 @@ class RowGroupMoE:
             sh = ffn.shared
             gate_up = _weight_args(ffn.gate, e) + _weight_args(ffn.up, e)
             gate_up += _weight_args(sh.gate) + _weight_args(sh.up)
-            down = _weight_args(ffn.down, e) + _weight_args(sh.down)
+            routed_down = _weight_args(ffn.down, e)
+            gate_up += routed_down[:2]  # codes and scales (BF16: the matrix), for PD's prefetch
+            down = routed_down + _weight_args(sh.down)
             self.args[i] = (gate_up, down)
             fmt = int(isinstance(ffn.gate, NVFP4Weight))
         if fmt is None:

@@ -22,11 +22,12 @@ def _spec(b=2, topk=True, fmt=1):
 def test_argument_order_follows_docs_decode_kernels():
     nv = [f"{p}_{w}" for p in ("gate", "up") for w in ("codes", "scales", "scale2")]
     assert [a.name for a in mgu.KERNEL.args(_spec(fmt=1))] == \
-        ["h", "experts", *nv, *(f"shared_{n}" for n in nv), "act", "act_sh"]
+        ["h", "experts", *nv, *(f"shared_{n}" for n in nv), "down_codes", "down_scales",
+         "act", "act_sh"]
     assert [a.name for a in mgu.KERNEL.args(_spec(topk=False, fmt=0))] == \
         ["h", "shared_gate", "shared_up", "act_sh"]
     assert [a.role for a in mgu.KERNEL.args(_spec(fmt=0))] == \
-        ["input", "input"] + ["weight"] * 4 + ["output"] * 2
+        ["input", "input"] + ["weight"] * 5 + ["output"] * 2
 
 
 def _inputs(spec, args):
@@ -50,7 +51,8 @@ def test_specs_cover_buckets_formats_and_both_layer_kinds(preset):
             assert (s["E"], s["M"], s["MS"]) == (0, 0, cfg.intermediate_size)
             assert "experts" not in [a.name for a in args] and "act" not in [a.name for a in args]
         per = 3 if s["FMT"] == 1 else 1  # tensors per weight matrix
-        assert len(args) == 2 + 2 * per + (s["TOPK"] > 0) * (2 + 2 * per)
+        down = 2 if s["FMT"] == 1 else 1  # moe_down's routed weights, for PD's prefetch
+        assert len(args) == 2 + 2 * per + (s["TOPK"] > 0) * (2 + 2 * per + down)
         assert launch.grid[0] == s["MS"] // 16 + mgu.slots(s) * s["M"] // 16
 
 
@@ -151,3 +153,26 @@ def test_bytes_moved_counts_picked_experts_once():
     args = mgu.make_args(bf, gen=torch.Generator().manual_seed(3), device="cpu")
     assert mgu.bytes_moved(bf, args) == 2 * 2 * 64 + 2 * 192 * 64 * 2 + 2 * 2 * 192
     assert math.isclose(mgu.SMEM, 8 * 32 * mgu.WARPS * 4)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "nano", "full"])
+def test_pd_is_on_at_small_buckets_and_every_other_pd_is_a_bench_spec(preset):
+    """PD = 1 (prefetch moe_down's weights) at B ≤ PD_MAX_B in the model specs; bench_specs
+    holds each MoE spec with the other PD and the same down declarations as moe_down."""
+    from flint_graph.kernels.decode import moe_down
+
+    cfg = FlintConfig.preset(preset)
+    model = [s for s in mgu.KERNEL.specs(cfg, BUCKETS) if s["TOPK"]]
+    assert [s["PD"] for s in model] == [int(s["B"] <= mgu.PD_MAX_B) for s in model]
+    bench = mgu.bench_specs(cfg, BUCKETS)
+    assert sorted(s.id for s in bench) == sorted(
+        mgu.KERNEL.spec(**{**s.as_dict(), "PD": 1 - s["PD"]}).id for s in model)
+    for s in model + bench:
+        check_spec(mgu.KERNEL, s)
+        down = {a.name: a for a in moe_down.KERNEL.args(
+            next(d for d in moe_down.KERNEL.specs(cfg, (s["B"],))
+                 if d["FMT"] == s["FMT"] and d["TOPK"]))}
+        for a in mgu.KERNEL.args(s):
+            if a.name.startswith("down"):
+                assert (a.dtype, a.shape, a.align) == (down[a.name].dtype, down[a.name].shape,
+                                                        down[a.name].align), a.name

@@ -36,8 +36,10 @@ def kset():
 
 
 def _specs():
-    return [(p, s) for p in ("tiny", "full") for s in mgu.KERNEL.specs(FlintConfig.preset(p),
-                                                                       BUCKETS)]
+    """Every model spec and every bench spec (the other PD) of the tiny and full configs."""
+    return [(p, s) for p in ("tiny", "full") for s in
+            mgu.KERNEL.specs(FlintConfig.preset(p), BUCKETS)
+            + mgu.bench_specs(FlintConfig.preset(p), BUCKETS)]
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -88,7 +90,7 @@ def test_moe_gate_up_matches_reference(kset, case):
 
 def _pdl_specs():
     full = FlintConfig.preset("full")
-    return [s for s in mgu.KERNEL.specs(full, (1, 8))]
+    return mgu.KERNEL.specs(full, (1, 8)) + mgu.bench_specs(full, (1, 8))
 
 
 @pytest.mark.parametrize("spec", _pdl_specs(), ids=lambda s: s.key)

@@ -30,6 +30,16 @@ The shared scale2 is loaded before the wait, in every CTA. Measured on the H200 
 CTA i bulk-prefetching (cp.async.bulk.prefetch.L2) the weights of tile i + 264, a wave later
 (MoE B = 8 unchanged at 28.7 µs, dense B = 8 10.4 -> 11.5 µs).
 
+PD = 1 (the model spec at B ≤ PD_MAX_B; `pd_for`): after issuing its own weight loads, routed
+tile j of slot s bulk-prefetches into L2 the j-th of M/16 equal runs of expert experts[s]'s
+down codes (thread 0) and block scales (thread 32) — 16 KB and 2 KB at full size — so the
+moe_down launch that follows finds its routed weights in L2 instead of starting its DRAM
+requests after its own wait. Why: at B = 1 this launch reads ~8 MB in ~5 µs, well below the
+copy rate, so the expert's 4.1 MB of down weights fit in its idle DRAM time. moe_down's
+routed weights are therefore arguments here (only prefetched, never read for values; passed
+at PD = 0 too, so every MoE spec has one signature). Prediction: moe_down −1 to −1.5 µs a
+layer, this launch +0 to +0.5 µs (tools/probe_moe_pd.py measures the step both ways).
+
 Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2 per output. The dequantised products are exact
 on both sides (the NVFP4 trick gives e2m1·e4m3·2^-7 exactly; BF16 is exact), so g and u differ
 from the reference only by the fp32 summation order (~1e-6 relative) and one fp32 rounding of
@@ -57,6 +67,13 @@ WARPS = 8  # split K
 DEPTH = {0: 4, 1: 2}  # FMT -> weight steps in flight per lane (4 rows each)
 KCHUNK = {0: 8, 1: 32}  # FMT -> k per lane chunk (16 weight bytes per row)
 SMEM = 8 * 2 * ROWS * WARPS * 4  # fp32 partials [batch col][gate/up row][warp]
+PD_MAX_B = 2  # buckets up to this prefetch moe_down's weights into L2 (PD = 1, see `pd_for`)
+
+
+def pd_for(batch: int) -> int:
+    """PD of the model spec at bucket `batch`: 1 (routed CTAs prefetch the down rows of their
+    expert into L2 for moe_down) at B ≤ PD_MAX_B, where this launch leaves DRAM idle."""
+    return int(batch <= PD_MAX_B)
 
 
 def slots(spec: Spec) -> int:
@@ -82,9 +99,21 @@ def _args(spec: Spec):
         out += weights("gate_", (e, m), e) + weights("up_", (e, m), e)
     out += weights("shared_gate_", (ms,), 1) + weights("shared_up_", (ms,), 1)
     if moe:
+        out += _down_args(spec)
         out += [TensorArg("act", "bf16", (s, b, m), "output")]
     out += [TensorArg("act_sh", "bf16", (b, ms), "output")]
     return tuple(out)
+
+
+def _down_args(spec: Spec) -> list[TensorArg]:
+    """The routed down weights moe_down reads (its declarations), which PD = 1 prefetches into
+    L2: NVFP4 codes and block scales (scale2 is one word per expert: not worth a request) or
+    the BF16 matrix. Passed at PD = 0 too, so every MoE spec has one signature."""
+    e, h, m = spec["E"], spec["H"], spec["M"]
+    if spec["FMT"] == 0:
+        return [TensorArg("down", "bf16", (e, h, m), "weight")]
+    return [TensorArg("down_codes", "u8", (e, h, m // 2), "weight"),
+            TensorArg("down_scales", "u8", (e, h, m // 16), "weight", align=4)]
 
 
 def _tiles(spec: Spec) -> int:
@@ -110,11 +139,17 @@ def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
         for fmt in (0, 1):
             if has_moe:
                 out.append(KERNEL.spec(B=b, H=h, E=cfg.n_routed_experts, M=m, MS=ms,
-                                       TOPK=cfg.num_experts_per_tok, FMT=fmt))
+                                       TOPK=cfg.num_experts_per_tok, FMT=fmt, PD=pd_for(b)))
             if cfg.first_k_dense_replace > 0:
                 out.append(KERNEL.spec(B=b, H=h, E=0, M=0, MS=cfg.intermediate_size, TOPK=0,
                                        FMT=fmt))
     return unique_specs(out)
+
+
+def bench_specs(cfg, buckets=BUCKETS) -> list[Spec]:
+    """Benchmark variants: each MoE model spec with the other PD (tools/probe_moe_pd.py)."""
+    return [KERNEL.spec(**{**s.as_dict(), "PD": 1 - s["PD"]}) for s in _specs(cfg, buckets)
+            if s["TOPK"] > 0]
 
 
 # -- reference, arguments, bytes ----------------------------------------------------------------
@@ -206,7 +241,13 @@ def make_args(spec: Spec, *, gen: torch.Generator, device: str = "cuda", experts
                     t[unpicked] = float("nan")
         out += routed
     out += weights((ms,), 1) + weights((ms,), 1)
-    if moe:
+    if moe:  # moe_down's routed weights: only prefetched (PD = 1), never read for values
+        if fmt == 0:
+            out.append((torch.randn((e, h, m), generator=gen, device=on)
+                        / math.sqrt(m)).to(torch.bfloat16))
+        else:
+            out += [torch.randint(0, 256, (e, h, m // n), generator=gen, dtype=torch.uint8,
+                                  device=on) for n in (2, 16)]
         out.append(torch.full((s, b, m), float("nan"), dtype=torch.bfloat16, device=on))
     out.append(torch.full((b, ms), float("nan"), dtype=torch.bfloat16, device=on))
     return [t.to(device) for t in out]
@@ -248,31 +289,34 @@ def _build(spec: Spec):
                                gs: cute.Tensor, g2: cute.Tensor, uc: cute.Tensor,
                                us: cute.Tensor, u2: cute.Tensor, sgc: cute.Tensor,
                                sgs: cute.Tensor, sg2: cute.Tensor, suc: cute.Tensor,
-                               sus: cute.Tensor, su2: cute.Tensor, act: cute.Tensor,
-                               act_sh: cute.Tensor):
-            body([h, ex, gc, gs, g2, uc, us, u2, sgc, sgs, sg2, suc, sus, su2, act, act_sh])
+                               sus: cute.Tensor, su2: cute.Tensor, dc: cute.Tensor,
+                               ds: cute.Tensor, act: cute.Tensor, act_sh: cute.Tensor):
+            body([h, ex, gc, gs, g2, uc, us, u2, sgc, sgs, sg2, suc, sus, su2, dc, ds, act,
+                  act_sh])
 
         @cute.jit
         def moe_gate_up(h: cute.Tensor, ex: cute.Tensor, gc: cute.Tensor, gs: cute.Tensor,
                         g2: cute.Tensor, uc: cute.Tensor, us: cute.Tensor, u2: cute.Tensor,
                         sgc: cute.Tensor, sgs: cute.Tensor, sg2: cute.Tensor,
                         suc: cute.Tensor, sus: cute.Tensor, su2: cute.Tensor,
-                        act: cute.Tensor, act_sh: cute.Tensor, stream: cuda.CUstream):
-            moe_gate_up_kernel(h, ex, gc, gs, g2, uc, us, u2, sgc, sgs, sg2, suc, sus, su2, act,
-                               act_sh).launch(grid=launch.grid, block=launch.block,
-                                              smem=launch.smem, stream=stream, use_pdl=True)
+                        dc: cute.Tensor, ds: cute.Tensor, act: cute.Tensor,
+                        act_sh: cute.Tensor, stream: cuda.CUstream):
+            moe_gate_up_kernel(h, ex, gc, gs, g2, uc, us, u2, sgc, sgs, sg2, suc, sus, su2, dc,
+                               ds, act, act_sh).launch(grid=launch.grid, block=launch.block,
+                                                       smem=launch.smem, stream=stream,
+                                                       use_pdl=True)
     elif moe:
         @cute.kernel
         def moe_gate_up_kernel(h: cute.Tensor, ex: cute.Tensor, gw: cute.Tensor,
                                uw: cute.Tensor, sgw: cute.Tensor, suw: cute.Tensor,
-                               act: cute.Tensor, act_sh: cute.Tensor):
-            body([h, ex, gw, uw, sgw, suw, act, act_sh])
+                               dw: cute.Tensor, act: cute.Tensor, act_sh: cute.Tensor):
+            body([h, ex, gw, uw, sgw, suw, dw, act, act_sh])
 
         @cute.jit
         def moe_gate_up(h: cute.Tensor, ex: cute.Tensor, gw: cute.Tensor, uw: cute.Tensor,
-                        sgw: cute.Tensor, suw: cute.Tensor, act: cute.Tensor,
+                        sgw: cute.Tensor, suw: cute.Tensor, dw: cute.Tensor, act: cute.Tensor,
                         act_sh: cute.Tensor, stream: cuda.CUstream):
-            moe_gate_up_kernel(h, ex, gw, uw, sgw, suw, act, act_sh).launch(
+            moe_gate_up_kernel(h, ex, gw, uw, sgw, suw, dw, act, act_sh).launch(
                 grid=launch.grid, block=launch.block, smem=launch.smem, stream=stream,
                 use_pdl=True)
     elif fmt == 1:
@@ -318,6 +362,7 @@ def _body(spec: Spec):
 
     b_rows, k, m, ms, fmt = spec["B"], spec["H"], spec["M"], spec["MS"], spec["FMT"]
     moe, nvfp4 = spec["TOPK"] > 0, fmt == 1
+    pd = moe and spec.as_dict().get("PD", 0) == 1
     tiles_sh, tiles_r = ms // ROWS, max(m // ROWS, 1)
     nch = k // KCHUNK[fmt]  # lane chunks per row
     steps = math.ceil(nch / (4 * WARPS))  # lane chunk = t + 4 * (warp + WARPS * step)
@@ -420,6 +465,33 @@ def _body(spec: Spec):
         ld.global.nc, as dsl_util's weight loads: stays where it is issued)."""
         return du.as_f32(Uint32(du._ld_nc(".b32", 1, a, loc, ip)), loc=loc, ip=ip)
 
+    @dsl_user_op
+    def prefetch_l2(a, nbytes, *, loc=None, ip=None):
+        """cp.async.bulk.prefetch.L2 of nbytes (a multiple of 16) at a 16-byte aligned global
+        byte address: a hint, nothing waits for it."""
+        du._asm(None, [Int64(a).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip)],
+                "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r", loc, ip, side_effects=True)
+
+    # PD: routed tile j of an expert prefetches the j-th of tiles_r equal runs of that expert's
+    # down codes (thread 0) and block scales (thread 32), each widened to 16-byte bounds
+    down_runs = []  # (index in ts, bytes per expert, bytes per run)
+    if pd:
+        per_expert = [k * m // 2, k * m // 16] if nvfp4 else [k * m * 2]
+        down_runs = [(2 + 4 * per + i, n, -(-(-(-n // tiles_r)) // 16) * 16)
+                     for i, n in enumerate(per_expert)]
+
+    @cute.jit
+    def prefetch_down(ts, e, j, tidx):
+        for i in cutlass.range_constexpr(len(down_runs)):
+            at, n, run = down_runs[i]
+            if tidx == 32 * i:
+                off = Int64(j) * run
+                if off < n:
+                    start = addr(ts[at]) + Int64(e) * n + off
+                    end = start + cutlass.min(Int64(run), Int64(n) - off)
+                    a0 = start - start % 16
+                    prefetch_l2(a0, Int32(end - a0 + 15) // 16 * 16)
+
     @cute.jit
     def body(ts):
         mx, mact_sh = ts[0], ts[-1]
@@ -467,6 +539,8 @@ def _body(spec: Spec):
                 if bidx >= tiles_sh:
                     for s in cutlass.range_constexpr(depth):
                         load_w(s, w_bases)
+                    if cutlass.const_expr(pd):
+                        prefetch_down(ts, e, n0 // ROWS, tidx)
             # scale2 of the CTA's matrices, issued with its weights (not after the split-K
             # barrier, where a routed scale2[e] was one more dependent L2 round trip)
             g2, u2 = s2_sh[0], s2_sh[1]

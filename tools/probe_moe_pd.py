@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""moe_gate_up's PD (prefetch moe_down's routed weights into L2) measured in the whole decode
+step: one engine, each bucket's captured step re-captured with every MoE layer's moe_gate_up at
+PD = 0 and at PD = 1 (both in the kernel cache: one is the model spec, the other a bench spec),
+alternating --rounds times; per round the median of --steps replays (CUDA events, every row at
+--context). Also checks that both PD values give the same logits bit for bit (the prefetch is a
+hint: it changes no value). One JSON line per bucket and context, then a summary line.
+
+    python tools/probe_moe_pd.py --preset full --format nvfp4 --buckets 1,2,4 --contexts 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _set_pd(graph, kset, pd: int) -> None:
+    """Point every MoE layer of `graph` at moe_gate_up with PD = pd and re-capture it."""
+    for layer in graph.layers:
+        if layer.moe:
+            spec = {**layer.gate_up.spec.as_dict(), "PD": pd}
+            layer.gate_up = kset.get("moe_gate_up", **spec)
+    graph.capture()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="full")
+    p.add_argument("--format", default="nvfp4", choices=("nvfp4", "bf16"))
+    p.add_argument("--buckets", default="1,2,4")
+    p.add_argument("--contexts", default="1024")
+    p.add_argument("--steps", type=int, default=200, help="replays timed per round")
+    p.add_argument("--rounds", type=int, default=4, help="PD = 0 / PD = 1 alternations")
+    p.add_argument("--json", default=None, help="also write the records here")
+    args = p.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    from flint_graph.perf.bench import BenchOptions, sources
+    from flint_graph.perf.measure import graph_steps
+
+    buckets = [int(b) for b in args.buckets.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    o = BenchOptions(preset=args.preset, formats=(args.format,), buckets=tuple(buckets),
+                     progress=False)
+    out = []
+    for fmt, llm in sources(o, max(contexts) + 64):
+        runner = llm.engine.runner
+        for b in buckets:
+            g = runner.graphs[b]
+            for ctx in contexts:
+                times = {0: [], 1: []}
+                logits = {}
+                for _ in range(args.rounds):
+                    for pd in (0, 1):
+                        _set_pd(g, runner.kset, pd)
+                        times[pd].append(statistics.median(graph_steps(runner, b, ctx,
+                                                                       args.steps)))
+                        logits[pd] = g.logits_bf16.clone()
+                rec = {"format": fmt, "B": b, "context": ctx,
+                       "bitwise_equal": bool(torch.equal(logits[0], logits[1])),
+                       **{f"pd{pd}_ms": round(statistics.median(v), 4) for pd, v in times.items()},
+                       **{f"pd{pd}_rounds": [round(t, 4) for t in v] for pd, v in times.items()}}
+                rec["delta_us"] = round((rec["pd1_ms"] - rec["pd0_ms"]) * 1e3, 1)
+                print(json.dumps(rec), flush=True)
+                out.append(rec)
+            # leave the graph as the engine builds it
+            from flint_graph.kernels.decode import moe_gate_up
+            _set_pd(g, runner.kset, moe_gate_up.pd_for(b))
+        del llm, runner
+        torch.cuda.empty_cache()
+    print(json.dumps({"summary": [(r["B"], r["context"], r["delta_us"], r["bitwise_equal"])
+                                  for r in out]}))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
