@@ -18,6 +18,7 @@ from flint_graph.runtime.sampling import SamplingParams
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
+FLAT = " ".join(README.split())  # quotes are matched across the README's line breaks
 TOOLS = json.loads((ROOT / "examples" / "tools.json").read_text())
 GREEDY = SamplingParams(temperature=0.0, max_tokens=200)
 
@@ -50,7 +51,7 @@ def test_each_tool_row_calls_its_tool_and_reports_the_result_typed_back(llm):
                         {"role": "tool", "content": result}], TOOLS))
     for (_, ask, result), msg in zip(rows, llm.chat_batch(follow, GREEDY)):
         assert msg.content.strip() == f"Result: {result}", (ask, msg.content)
-    assert 'It answers with the result it was given (`Result: {"value": 74.56' in README
+    assert 'It answers with the result it was given (`Result: {"value": 74.56' in FLAT
 
 
 # (the words as the README quotes them, tools declared, what the answer must be)
@@ -86,7 +87,8 @@ CLAIMS = [
 
 def test_the_quoted_examples_answer_as_the_readme_says(llm):
     for quoted, *_ in CLAIMS:
-        assert quoted in README, f"the README no longer says {quoted!r}: update CLAIMS"
+        assert " ".join(quoted.split()) in FLAT, \
+            f"the README no longer says {quoted!r}: update CLAIMS"
     answers = llm.chat_batch([([{"role": "user", "content": ask}], tools)
                               for _, ask, tools, _ in CLAIMS], GREEDY)
     for (_, ask, _, want), msg in zip(CLAIMS, answers):
@@ -103,8 +105,8 @@ def test_the_quoted_examples_answer_as_the_readme_says(llm):
 
 
 def test_a_second_request_after_a_conversion_calls_the_weather(llm):
-    assert ('"Convert 120 km to mi." answered,\nthen "Will it snow in Bergen tomorrow?" calls '
-            '`get_weather` for Bergen with 2 days') in README
+    assert ('"Convert 120 km to mi." answered, then "Will it snow in Bergen tomorrow?" calls '
+            '`get_weather` for Bergen with 2 days') in FLAT
     msgs = [{"role": "user", "content": "Convert 120 km to mi."}]
     call = llm.chat(msgs, TOOLS, GREEDY)
     msgs += [call.to_dict(), {"role": "tool", "content": '{"value": 74.56, "unit": "mi"}'}]
@@ -120,8 +122,8 @@ def test_a_pasted_list_is_answered_ready_and_its_keys_recalled(llm):
     message, "Ready.", then "What was K…?" for keys near the top of the list."""
     import random
 
-    assert "forty or more lines like `K1234 = 5678`" in README
-    assert 'replies "Ready.". Then ask "What was K1234?"' in README
+    assert "forty or more lines like `K1234 = 5678`" in FLAT
+    assert 'replies "Ready.". Then ask "What was K1234?"' in FLAT
     rng = random.Random(3)
     keys = rng.sample(range(1000, 10000), 45)
     vals = [rng.randint(1000, 9999) for _ in keys]
@@ -163,8 +165,8 @@ def test_a_plain_text_tool_result_is_noted_and_answered_from_an_invented_one(mon
 
     from flint_graph.cli import main
 
-    assert '("it is sunny and 25 degrees") is answered from a result it invents' in README
-    assert 'the model before it looped there, which the chat cuts after 64 tokens' in README
+    assert '("it is sunny and 25 degrees") is answered from a result it invents' in FLAT
+    assert 'the model before it looped there, which the chat cuts after 64 tokens' in FLAT
     monkeypatch.setattr("sys.stdin", io.StringIO(
         "Will it snow in Bergen tomorrow?\nit is sunny and 25 degrees\n/exit\n"))
     code = main(["chat", "--device", "cpu", "--tools", str(ROOT / "examples" / "tools.json")])
