@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         # was an internal error after all the work (a bad-input trial, 2026-12-06): escaped
         # instead, as Python's stderr does
         sys.stdout.reconfigure(errors="backslashreplace")
+    for name in ("COLUMNS", "LINES"):
+        # rich takes COLUMNS=0 as a width of 0 and printed nothing (the chat's prompt and
+        # answers, eval's report, make-checkpoint's summary: a bad-input trial, 2026-12-06);
+        # a size that is not a positive number is unset, as shutil.get_terminal_size treats it
+        value = os.environ.get(name)
+        if value is not None and not (value.strip().isdigit() and int(value) > 0):
+            del os.environ[name]
     stack = contextlib.ExitStack()
     stderr = install_quiet_stderr()  # stderr's reader leaving must not end the command
     try:

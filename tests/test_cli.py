@@ -1128,3 +1128,15 @@ def test_an_empty_model_file_is_called_empty(tmp_path, capsys):
     empty.write_bytes(b"")
     assert main(["generate", str(empty), "--prompt", "hi"]) == 2
     assert f"{empty}: not a GGUF file (empty, expected b'GGUF')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("columns", ["0", "-3", " ", "abc"])
+def test_a_terminal_width_that_is_no_positive_number_is_ignored(capsys, tmp_path, monkeypatch,
+                                                                columns):
+    """COLUMNS=0 made rich print nothing at all: the chat's prompt and answers, eval's report,
+    make-checkpoint's summary (a bad-input trial, 2026-12-06). Unset instead, as shutil does."""
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, err = _run(capsys, "make-checkpoint", "--preset", "tiny", "--out",
+                          tmp_path / "ck", "--device", "cpu", "--no-progress")
+    assert code == 0, err
+    assert "wrote" in out and "config.json" in out, out

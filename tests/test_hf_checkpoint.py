@@ -236,3 +236,26 @@ def test_an_index_naming_a_shard_outside_its_directory_is_refused(cfg, copy, whe
     with pytest.raises(CheckpointError, match=f"tensor '{name}' maps to .*expected the file "
                                               "name of a shard in the same directory"):
         load_safetensors(copy, cfg, progress=False)
+
+
+def test_loaded_weights_do_not_follow_the_files_afterwards(cfg, weights, copy):
+    """The CPU load copies every tensor out of the shards' memory maps: a shard overwritten in
+    place (same size) or truncated after loading changes no weight and cannot fault a later
+    read (a bad-input trial, 2026-12-06: `serve` switched to unchecked weights, or died of
+    SIGBUS on the next request after `: > shard`)."""
+    loaded = load_safetensors(copy, cfg, progress=False)
+    before = [(n, t.clone()) for n, t in named_tensors(loaded)]
+    shards = sorted(copy.glob("model-*.safetensors"))
+    for path in shards:  # every data byte past the header zeroed, in place
+        with open(path, "r+b") as f:
+            head = 8 + int.from_bytes(f.read(8), "little")
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(head)
+            f.write(bytes(size - head))
+    for (name, want), (_, got) in zip(before, named_tensors(loaded)):
+        assert torch.equal(got, want), f"{name} changed with its file"
+    for path in shards:
+        path.write_bytes(b"")
+    assert all(torch.equal(got, want)  # reading every tensor again: no SIGBUS
+               for (_, want), (_, got) in zip(before, named_tensors(loaded)))

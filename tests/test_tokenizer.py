@@ -318,3 +318,47 @@ def test_the_template_file_is_the_one_the_template_came_from(tok_dir, tmp_path):
     shutil.copytree(tok_dir[0], copy)
     (copy / "chat_template.jinja").write_text("{{ messages[0].content }}")
     assert FlintTokenizer.from_dir(copy).template_file == str(copy / "chat_template.jinja")
+
+
+def _with_pipeline(tok_dir, tmp_path, **parts):
+    """A copy of the test tokenizer directory with tokenizer.json's `parts` replaced."""
+    src = tok_dir[0]
+    data = json.loads((src / "tokenizer.json").read_text())
+    data.update(parts)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    shutil.copy(src / "tokenizer_config.json", tmp_path / "tokenizer_config.json")
+    return tmp_path
+
+
+@pytest.mark.parametrize("normalizer", [
+    {"type": "Replace", "pattern": {"String": ""}, "content": "x"},
+    {"type": "Prepend", "prepend": ""},
+], ids=["empty-replace", "empty-prepend"])
+def test_a_panicking_normalizer_is_a_checkpoint_error_naming_the_file(tok_dir, tmp_path,
+                                                                      normalizer):
+    """A Rust panic in `tokenizers` (a BaseException, past every `except Exception`) comes out
+    of every encode and decode path as CheckpointError naming tokenizer.json (a bad-input
+    trial, 2026-12-06: the CLI showed a traceback, the chat ended, the server answered a
+    plain-text 500)."""
+    tok = FlintTokenizer.from_dir(_with_pipeline(tok_dir, tmp_path, normalizer=normalizer))
+    for encode in (tok.encode, lambda t: tok.encode(t, most=100), tok.encode_text):
+        with pytest.raises(CheckpointError, match=r"tokenizer\.json's pipeline failed"):
+            encode("hello")
+    assert tok.decode([5, 6]) is not None  # decoding does not run the normalizer
+
+
+def test_a_split_regex_past_onigs_limit_fails_that_text_only(tok_dir, tmp_path):
+    pre = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated",
+           "invert": False}
+    tok = FlintTokenizer.from_dir(_with_pipeline(tok_dir, tmp_path, pre_tokenizer=pre))
+    assert tok.decode(tok.encode("hello")) == "hello"
+    with pytest.raises(CheckpointError, match=str(tmp_path)):
+        tok.encode("a" * 40 + "!")
+    assert tok.decode(tok.encode("world")) == "world"  # the tokenizer is still usable
+
+
+def test_a_panic_while_loading_names_the_file(tok_dir, tmp_path):
+    bad = {"type": "Precompiled", "precompiled_charsmap": "AAAA"}
+    d = _with_pipeline(tok_dir, tmp_path, normalizer=bad)
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: not a valid tokenizers file"):
+        FlintTokenizer.from_dir(d)

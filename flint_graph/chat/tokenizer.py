@@ -222,6 +222,41 @@ def _whole_pre_tokens(enc, size: int) -> int:
     return past if past == len(words) else bisect.bisect_left(words, words[past])
 
 
+def is_rust_panic(e: BaseException) -> bool:
+    """Whether `e` is a Rust panic surfacing from `tokenizers` (pyo3's PanicException): a
+    BaseException, not an Exception, so no `except Exception` sees it. A malformed
+    tokenizer.json raises one on load or on every encode (an empty Replace pattern, a
+    Precompiled charsmap that is not one), or on one text (a Split regex past Onig's retry
+    limit): a bad-input trial, 2026-12-06, had them crash the CLI, end a chat and answer a
+    plain-text 500."""
+    return type(e).__name__ == "PanicException" and not isinstance(e, Exception)
+
+
+class _PanicGuard:
+    """A `tokenizers.Tokenizer` (attributes passed through) whose methods raise
+    CheckpointError naming the checkpoint's tokenizer.json instead of a Rust panic."""
+
+    def __init__(self, tokenizer: Tokenizer, source: str) -> None:
+        self._raw, self._source = tokenizer, source
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._raw, name)
+        if not callable(attr):
+            return attr
+
+        def guarded(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except BaseException as e:
+                if not is_rust_panic(e):
+                    raise
+                raise CheckpointError(
+                    f"{self._source}: tokenizer.json's pipeline failed in {name} (a panic in "
+                    f"the tokenizers library: {str(e).strip()[:300]}); the file's normalizer, "
+                    "pre-tokenizer or model is malformed") from None
+        return guarded
+
+
 def _plain_pipeline(tokenizer: Tokenizer) -> tuple[Tokenizer, bool]:
     """`tokenizer` without added tokens and post-processor (normalizer, pre-tokenizer, BPE
     only; sharing its model, so nothing is copied: a JSON round trip took 1 s at Flint's
@@ -282,6 +317,7 @@ class FlintTokenizer:
 
     def __init__(self, tokenizer: Tokenizer, config: dict, chat_template: str | None = None,
                  source: str = "<memory>", template_file: str | None = None) -> None:  # fmt: skip
+        tokenizer = _PanicGuard(tokenizer, source)
         self._tok = tokenizer
         self._source = source
         self._chat_template = chat_template
@@ -314,7 +350,8 @@ class FlintTokenizer:
                        if t.content}  # fmt: skip
         self._added_re = re.compile("|".join(re.escape(t) for t in sorted(self._added, key=len,
                                                                           reverse=True)) or "(?!)")
-        self._plain, self._sliceable = _plain_pipeline(tokenizer)
+        plain, self._sliceable = _plain_pipeline(tokenizer)
+        self._plain = _PanicGuard(plain, source)
         # `tokenizers` matches an added token by its exact text unless a flag widens the match
         # (lstrip / rstrip / single_word) or the normalizer runs first: then encode_segments
         # of a raw text gives `encode`'s ids, bounded
@@ -344,8 +381,11 @@ class FlintTokenizer:
             # "utf-8-sig": a byte-order mark (some Windows editors write one) is no part of the
             # JSON, as for the checkpoint's other JSON files (it was "expected value at line 1")
             tok = Tokenizer.from_str(text)
-        except Exception as e:  # tokenizers raises a bare Exception for bad JSON or schema
-            raise CheckpointError(f"{tok_path}: not a valid tokenizers file ({e})") from e
+        except BaseException as e:  # a bare Exception for bad JSON or schema, or a panic
+            if not (isinstance(e, Exception) or is_rust_panic(e)):
+                raise
+            raise CheckpointError(f"{tok_path}: not a valid tokenizers file "
+                                  f"({str(e).strip()[:300]})") from None
         del text
         template = config.get("chat_template")
         if isinstance(template, list):

@@ -366,7 +366,8 @@ def load_safetensors(model_dir: str | Path, cfg: FlintConfig,
     Validates first (nothing reaches the device before): the index (or a single
     model.safetensors), that every listed shard exists, and every expected tensor's presence,
     shape and dtype against `cfg`, refusing unexpected tensors. Then reads through safetensors'
-    memory map (`safe_open(framework="pt", device=...)`) tensor by tensor onto `device`; routed
+    memory map (`safe_open(framework="pt", device=...)`) tensor by tensor onto `device` (copied,
+    so nothing keeps the files mapped once it returns); routed
     experts are copied into stacks allocated there (gate/up [E, M, H], down [E, H, M]).
     Linears, norms, embeddings come back BF16; router [E, H], router_bias [E], sinks [heads] F32.
     Without `qk_norm` the q/k norms are ones [D]; without `attention_sinks` sinks are -inf.
@@ -389,7 +390,11 @@ def load_safetensors(model_dir: str | Path, cfg: FlintConfig,
 
         def get(name: str) -> torch.Tensor:
             spec = specs[name]
-            t = files[shards[name]].get_tensor(name).to(dev, _TORCH_DTYPE[spec.dtype])
+            # copied on the CPU: a tensor of the shard's memory map would read a file changed
+            # or truncated while it runs (the weights switched unchecked, or SIGBUS killed
+            # `serve`: a bad-input trial, 2026-12-06); on a GPU .to() copies anyway
+            t = files[shards[name]].get_tensor(name).to(dev, _TORCH_DTYPE[spec.dtype],
+                                                        copy=dev.type == "cpu")
             finite.add(name, t)
             advance(_spec_bytes(spec))
             return t
