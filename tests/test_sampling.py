@@ -438,3 +438,19 @@ def test_generation_config_keys_not_applied_are_listed():
            "num_beams": 1, "typical_p": 0.9, "do_sample": True}
     assert unapplied_generation_keys(gen) == ["repetition_penalty", "max_length", "typical_p"]
     assert unapplied_generation_keys({"repetition_penalty": 1.0, "min_p": None}) == []
+
+
+def test_every_length_or_token_constraint_of_generation_config_gets_the_note():
+    """stop_strings, min_new_tokens, suppress_tokens, … were dropped without the note that
+    repetition_penalty gets (a bad-input trial, 2026-12-06); their "off" values, and empty
+    lists, are not listed."""
+    from flint_graph.runtime.sampling import unapplied_generation_keys
+
+    gen = {"stop_strings": ["END"], "min_new_tokens": 5, "min_length": 3,
+           "bad_words_ids": [[7]], "suppress_tokens": [1, 2], "forced_eos_token_id": 2,
+           "length_penalty": 1.0, "stop_strings_off": [], "begin_suppress_tokens": []}
+    assert unapplied_generation_keys(gen) == ["stop_strings", "min_new_tokens", "min_length",
+                                              "bad_words_ids", "suppress_tokens",
+                                              "forced_eos_token_id"]
+    assert unapplied_generation_keys({"stop_strings": [], "bad_words_ids": None,
+                                      "min_new_tokens": 0, "renormalize_logits": False}) == []

@@ -210,9 +210,17 @@ class SamplingParams:
 
 # generation_config.json keys that change what is sampled and that flint-graph does not apply,
 # with the value that means "off" (None: any value is a note); `unapplied_generation_keys`
+# (None, or an empty list, string or object, is "off" for every key)
 _UNAPPLIED = {"repetition_penalty": 1.0, "min_p": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0,
               "eta_cutoff": 0.0, "no_repeat_ngram_size": 0, "presence_penalty": 0.0,
-              "frequency_penalty": 0.0, "num_beams": 1, "max_length": None}
+              "frequency_penalty": 0.0, "num_beams": 1, "max_length": None,
+              # the rest were dropped without the note too (a bad-input trial, 2026-12-06)
+              "stop_strings": None, "min_new_tokens": 0, "min_length": 0, "bad_words_ids": None,
+              "suppress_tokens": None, "begin_suppress_tokens": None,
+              "forced_bos_token_id": None, "forced_eos_token_id": None, "sequence_bias": None,
+              "num_beam_groups": 1, "diversity_penalty": 0.0, "length_penalty": 1.0,
+              "exponential_decay_length_penalty": None, "guidance_scale": 1.0,
+              "renormalize_logits": False}
 
 
 def unapplied_generation_keys(generation_config: dict[str, Any]) -> list[str]:
@@ -223,7 +231,7 @@ def unapplied_generation_keys(generation_config: dict[str, Any]) -> list[str]:
     2026-12-06). A key set to its "off" value is not listed."""
     out = []
     for key, value in generation_config.items():
-        if key in _UNAPPLIED and value is not None and (
+        if key in _UNAPPLIED and value not in (None, [], "", {}) and (
                 _UNAPPLIED[key] is None or value != _UNAPPLIED[key]):
             out.append(key)
     return out
