@@ -424,9 +424,17 @@ class LLM:
         text = "".join(s.text for s in segments)
         check_prompt_text(text)
 
-        def what() -> str:  # the tool definitions are part of it
-            return (f"prompt (its messages {_message_text(messages):,} characters of "
-                    f"{len(text):,}, the rest mostly the tool definitions)" if tools else "prompt")
+        def what() -> str:  # where its characters are: the history or the tools to trim
+            if not tools:
+                return "prompt"
+            # the definitions as JSON: the template writes them about so (4,001 one-character
+            # messages were said to be "mostly the tool definitions" for one tool `f`, where
+            # the template's markup around each message was the rest: a bad-input trial,
+            # 2026-12-06)
+            defs = len(json.dumps(tools, ensure_ascii=False))
+            return (f"prompt ({len(text):,} characters: its messages {_message_text(messages):,}"
+                    f", the tool definitions about {defs:,}, the rest the chat template's "
+                    "markup around them)")
 
         self._check_prompt_size(text, what)
         try:  # twice the limit: splicing the generated ids back in below may shorten it

@@ -609,6 +609,20 @@ def _cmd_chat(args: argparse.Namespace) -> int:
                        show_reasoning=args.show_reasoning, tools_path=args.tools).run()
 
 
+def default_served_name(model: str | None) -> str:
+    """The model id `serve` lists without --served-model-name: the checkpoint's file or
+    directory name, its control characters (a newline, an escape: no client could send them
+    back, and they reached /v1/models as they were, a bad-input trial 2026-12-06) each
+    replaced by "_"; "flint-nano" for the embedded default or a name with nothing else."""
+    from pathlib import Path
+
+    if not model:
+        return "flint-nano"
+    stem = Path(model).stem
+    clean = "".join("_" if ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 else ch for ch in stem)
+    return clean if clean.strip("_ ") else "flint-nano"
+
+
 def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
     from flint_graph.checkpoints import make_checkpoint
 
@@ -673,7 +687,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                   f"missing): in the project's directory, {pip} install -e "
                                   "'.[serve]'") from None
     _check_model_path(args.model)  # before listening
-    name = args.served_model_name or (Path(args.model).stem if args.model else "flint-nano")
+    name = args.served_model_name or default_served_name(args.model)
     _check_address(args.host, args.port)  # before loading: uvicorn would report it as a trace
     failed: list[str] = []
 

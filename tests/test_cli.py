@@ -858,7 +858,7 @@ def test_chat_refuses_tools_that_leave_no_room_at_start(capsys, tmp_path, tiny_c
     assert code == 2 and "bigtools.json: the tool definitions take at least" in err, err
     assert "4,096-token context, leaving no room for a conversation" in err
     code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--tools", big)
-    assert code == 2 and "the rest mostly the tool definitions" in err, err
+    assert code == 2 and "the tool definitions about 3" in err, err
 
 
 def test_tools_file_errors_speak_json_and_a_bom_is_read(capsys, tmp_path, tiny_ckpt):
@@ -1140,3 +1140,19 @@ def test_a_terminal_width_that_is_no_positive_number_is_ignored(capsys, tmp_path
                           tmp_path / "ck", "--device", "cpu", "--no-progress")
     assert code == 0, err
     assert "wrote" in out and "config.json" in out, out
+
+
+@pytest.mark.parametrize("model, want", [
+    (None, "flint-nano"), ("/ck/flint-40b", "flint-40b"), ("/ck/flint.gguf", "flint"),
+    ("/ck/bad\nname\x1b[31mRED", "bad_name_[31mRED"), ("/ck/\x07", "flint-nano"),
+    ("/ck/caf\u00e9\u0085x", "caf\u00e9_x"),
+])
+def test_the_default_served_name_has_no_control_character(model, want):
+    """serve's default model id came from the directory name as it was: a newline and an
+    escape reached /v1/models, which --served-model-name refuses (a bad-input trial,
+    2026-12-06)."""
+    from flint_graph.cli import default_served_name
+    from flint_graph.cli_args import served_name
+
+    assert default_served_name(model) == want
+    assert served_name(want) == want
