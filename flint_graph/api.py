@@ -594,11 +594,24 @@ class RequestStream:
         self._llm, self._req, self._thinking = llm, req, thinking
         self._deltas = llm._stream(req)
         self._reader: int | None = None  # the thread iterating this stream, once one has
+        self._reading = threading.Lock()  # held inside __next__
 
     def __iter__(self) -> Iterator[RequestDelta]:
         return self
 
     def __next__(self) -> RequestDelta:
+        # two threads iterating one stream: the second got Python's bare "ValueError:
+        # generator already executing" (a bad-input trial, 2026-12-06)
+        if not self._reading.acquire(blocking=False):
+            raise InvalidRequestError("this RequestStream is being read by another thread; "
+                                      "read a stream from one thread (other threads may "
+                                      "cancel() it)")
+        try:
+            return self._next()
+        finally:
+            self._reading.release()
+
+    def _next(self) -> RequestDelta:
         self._reader = threading.get_ident()
         try:
             return next(self._deltas)

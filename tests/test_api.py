@@ -785,3 +785,33 @@ def test_a_chat_message_object_in_the_history_points_to_to_dict(tiny_llm):
                                                   r"\.to_dict\(\)"):
         tiny_llm.chat([{"role": "user", "content": "hi"}, msg,
                        {"role": "user", "content": "x"}])
+
+
+def test_a_second_thread_reading_one_stream_gets_a_clear_error(tiny_llm):
+    """Two threads iterating one RequestStream: the second got Python's bare "ValueError:
+    generator already executing" (a bad-input trial, 2026-12-06). Now InvalidRequestError
+    saying to read a stream from one thread; the first reader is not disturbed."""
+    import threading
+
+    from flint_graph.errors import InvalidRequestError
+
+    stream = tiny_llm.stream("hello", SamplingParams(max_tokens=40, ignore_eos=True))
+    inside, release = threading.Event(), threading.Event()
+    deltas = stream._deltas
+
+    def slow():  # the reader's generator, paused inside one delta
+        for d in deltas:
+            inside.set()
+            release.wait(30)
+            yield d
+
+    stream._deltas = slow()
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(stream))
+    reader.start()
+    assert inside.wait(30)
+    with pytest.raises(InvalidRequestError, match="being read by another thread"):
+        next(stream)
+    release.set()
+    reader.join(60)
+    assert len(got) >= 1 and stream.output.finish_reason == "length"
