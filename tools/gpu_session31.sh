@@ -33,7 +33,10 @@ if [[ $parts == *" long "* ]]; then
 fi
 if [[ $parts == *" trace "* ]]; then
   timeout "$(left 120)" flint-graph trace --preset full --context 1024 --no-progress --top 30 \
-    > "$OUT/trace1k.txt" 2>&1
+    --out "$OUT/trace1k.json" > "$OUT/trace1k.txt" 2>&1
   echo "trace: exit $?"; grep -v '^ *[0-9]\+ ' "$OUT/trace1k.txt" | tail -40
 fi
+# at most 8 files come back: the install log and the prefill table (its JSON has it) go
+grep -q . "$OUT/install.log" 2>/dev/null || rm -f "$OUT/install.log"
+rm -f "$OUT/long/prefill.md"
 echo "done in $(( $(date +%s) - start )) s"
