@@ -157,13 +157,13 @@ def test_bytes_moved_counts_picked_experts_once():
 
 @pytest.mark.parametrize("preset", ["tiny", "nano", "full"])
 def test_pd_is_on_at_small_buckets_and_every_other_pd_is_a_bench_spec(preset):
-    """PD = 1 (prefetch moe_down's weights) at B ≤ PD_MAX_B in the model specs; bench_specs
+    """PD = 1 (prefetch moe_down's weights) at B in PD_BUCKETS in the model specs; bench_specs
     holds each MoE spec with the other PD and the same down declarations as moe_down."""
     from flint_graph.kernels.decode import moe_down
 
     cfg = FlintConfig.preset(preset)
     model = [s for s in mgu.KERNEL.specs(cfg, BUCKETS) if s["TOPK"]]
-    assert [s["PD"] for s in model] == [int(s["B"] <= mgu.PD_MAX_B) for s in model]
+    assert [s["PD"] for s in model] == [int(s["B"] in mgu.PD_BUCKETS) for s in model]
     bench = mgu.bench_specs(cfg, BUCKETS)
     assert sorted(s.id for s in bench) == sorted(
         mgu.KERNEL.spec(**{**s.as_dict(), "PD": 1 - s["PD"]}).id for s in model)

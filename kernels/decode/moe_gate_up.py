@@ -30,15 +30,19 @@ The shared scale2 is loaded before the wait, in every CTA. Measured on the H200 
 CTA i bulk-prefetching (cp.async.bulk.prefetch.L2) the weights of tile i + 264, a wave later
 (MoE B = 8 unchanged at 28.7 µs, dense B = 8 10.4 -> 11.5 µs).
 
-PD = 1 (the model spec at B ≤ PD_MAX_B; `pd_for`): after issuing its own weight loads, routed
+PD = 1 (the model spec at B = 2 only, `pd_for`): after issuing its own weight loads, routed
 tile j of slot s bulk-prefetches into L2 the j-th of M/16 equal runs of expert experts[s]'s
 down codes (thread 0) and block scales (thread 32) — 16 KB and 2 KB at full size — so the
 moe_down launch that follows finds its routed weights in L2 instead of starting its DRAM
 requests after its own wait. Why: at B = 1 this launch reads ~8 MB in ~5 µs, well below the
 copy rate, so the expert's 4.1 MB of down weights fit in its idle DRAM time. moe_down's
 routed weights are therefore arguments here (only prefetched, never read for values; passed
-at PD = 0 too, so every MoE spec has one signature). Prediction: moe_down −1 to −1.5 µs a
-layer, this launch +0 to +0.5 µs (tools/probe_moe_pd.py measures the step both ways).
+at PD = 0 too, so every MoE spec has one signature). Predicted: moe_down −1 to −1.5 µs a
+layer, this launch +0 to +0.5 µs, −25 to −70 µs a step at B ≤ 2. Measured on the H200
+(tools/probe_moe_pd.py, the whole NVFP4 step at 1K, PD 0 / 1 alternated four times, logits
+bit for bit equal): B = 1 1.6646 -> 1.6781 ms (+13.5 µs), B = 2 2.0180 -> 2.0034 (−14.6 µs),
+B = 4 2.4884 -> 2.5146 (+26.2 µs); so PD = 1 is the model spec at B = 2 only. At B = 1 the
+prefetch's 4 MB of DRAM requests slow this launch's own loads more than they save moe_down.
 
 Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2 per output. The dequantised products are exact
 on both sides (the NVFP4 trick gives e2m1·e4m3·2^-7 exactly; BF16 is exact), so g and u differ
@@ -67,13 +71,16 @@ WARPS = 8  # split K
 DEPTH = {0: 4, 1: 2}  # FMT -> weight steps in flight per lane (4 rows each)
 KCHUNK = {0: 8, 1: 32}  # FMT -> k per lane chunk (16 weight bytes per row)
 SMEM = 8 * 2 * ROWS * WARPS * 4  # fp32 partials [batch col][gate/up row][warp]
-PD_MAX_B = 2  # buckets up to this prefetch moe_down's weights into L2 (PD = 1, see `pd_for`)
+# buckets whose model spec prefetches moe_down's weights into L2 (PD = 1, see `pd_for`):
+# measured on the H200 (tools/probe_moe_pd.py, perf log thirty-first session), the NVFP4 step
+# at 1K is 14.6 µs shorter at B = 2, but 13.5 µs longer at B = 1 and 26 µs at B = 4
+PD_BUCKETS = (2,)
 
 
 def pd_for(batch: int) -> int:
     """PD of the model spec at bucket `batch`: 1 (routed CTAs prefetch the down rows of their
-    expert into L2 for moe_down) at B ≤ PD_MAX_B, where this launch leaves DRAM idle."""
-    return int(batch <= PD_MAX_B)
+    expert into L2 for moe_down) where it was measured faster, B in PD_BUCKETS."""
+    return int(batch in PD_BUCKETS)
 
 
 def slots(spec: Spec) -> int:
