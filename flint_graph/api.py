@@ -253,6 +253,7 @@ class LLM:
         self.engine = Engine(self.checkpoint, self.device, self.tokenizer.vocab_size, engine)
         # recent chat requests: their generated ids go back into later prompts (generated_ids)
         self._chat_history: deque[Request] = deque(maxlen=CHAT_HISTORY)
+        self._chat_history_lock = threading.Lock()
         self.startup = startup_report(self, load_s, time.perf_counter() - loaded)
 
     # -- raw completion ---------------------------------------------------------------------
@@ -442,7 +443,11 @@ class LLM:
         except TooManyTokens as e:
             raise self._too_many_tokens(e, what()) from None
         # earlier turns the template wrote back verbatim get the ids that were generated
-        done = [(r.prompt_ids, r.output_ids) for r in self._chat_history if r.is_finished
+        # a copy first: server threads append to the deque while another iterates it
+        # ("deque mutated during iteration", a bad-input trial, 2026-12-06)
+        with self._chat_history_lock:
+            history = list(self._chat_history)
+        done = [(r.prompt_ids, r.output_ids) for r in history if r.is_finished
                 and r.finish_reason in ("stop", "tool_calls") and not r.errors]
         ids = splice_generated(ids, done, lambda t: self.tokenizer.decode(t, False))
         req = self._request(ids, params, parser=parser, what=what)
@@ -451,7 +456,8 @@ class LLM:
         req.snapshot_at = preamble_end(ids, self.tokenizer.special_ids.get("<|user|>"))
         if name is not None:
             self._force_call(req, name, enable_thinking)
-        self._chat_history.append(req)
+        with self._chat_history_lock:
+            self._chat_history.append(req)
         return req
 
     def _force_call(self, req: Request, name: str, thinking: bool) -> None:

@@ -815,3 +815,38 @@ def test_a_second_thread_reading_one_stream_gets_a_clear_error(tiny_llm):
     release.set()
     reader.join(60)
     assert len(got) >= 1 and stream.output.finish_reason == "length"
+
+
+def test_concurrent_chats_read_the_chat_history_safely(tiny_llm, monkeypatch):
+    """Server threads each run `LLM.chat`, which read the recent chat requests while another
+    thread appended to them: "RuntimeError: deque mutated during iteration" (a bad-input
+    trial, 2026-12-06, with the read slowed as here: 12 of 90 chats failed). The history is
+    copied under a lock now."""
+    import threading
+    import time
+
+    from flint_graph.runtime.request import Request
+
+    real = Request.is_finished
+
+    def slow(self):  # widens the window in which another thread appends
+        time.sleep(0.0005)
+        return real.fget(self)
+
+    monkeypatch.setattr(Request, "is_finished", property(slow))
+    errors = []
+
+    def chats(k):
+        try:
+            for j in range(4):
+                tiny_llm.chat([{"role": "user", "content": f"hi {k} {j}"}],
+                              params=SamplingParams(max_tokens=2))
+        except Exception as e:  # noqa: BLE001 - the test reports whatever escaped
+            errors.append(e)
+
+    threads = [threading.Thread(target=chats, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]

@@ -779,3 +779,18 @@ def test_a_result_json_cannot_read_keeps_the_chat_going(nano_llm, result):
     out = console.file.getvalue()
     assert "note: this result is not JSON" in out and "internal error" not in out
     assert any(m["role"] == "tool" and m["content"] == result for m in s.messages)
+
+
+@pytest.mark.parametrize("first", ['\ufeff"""', "\ufeff/reset", "\ufeffHi"])
+def test_a_byte_order_mark_before_the_first_line_is_dropped(tiny_llm, first):
+    """A BOM at the start of piped chat input (some Windows editors write one) kept the
+    opening \"\"\" or the first /command from being seen, and reached the model as "\\ufeffHi"
+    (a bad-input trial, 2026-12-06); `generate` already dropped it from stdin. Only the
+    first line loses it: later ones are the user's text as typed."""
+    rest = {'\ufeff"""': ["a", "b", '"""'], "\ufeff/reset": [], "\ufeffHi": []}[first]
+    s, console = _session(tiny_llm, [first, *rest, "x\ufeff", "/exit"])
+    assert s.run() == 0
+    users = [m["content"] for m in s.messages if m["role"] == "user"]
+    want = {'\ufeff"""': ["a\nb", "x\ufeff"], "\ufeff/reset": ["x\ufeff"],
+            "\ufeffHi": ["Hi", "x\ufeff"]}[first]
+    assert users == want, users

@@ -1187,3 +1187,30 @@ def test_empty_reasoning_content_gives_way_to_reasoning():
         text = render(base + [{"role": "assistant", "content": "", "tool_calls": call, **given},
                               {"role": "tool", "tool_call_id": "c", "content": "{}"}])
         assert "<think>R</think>" in text, given
+
+
+def test_tool_results_sent_out_of_order_are_rendered_in_call_order():
+    """OpenAI pairs a tool result with its call by tool_call_id; the template renders results
+    by position without ids, so results sent in another order were answered swapped (a
+    bad-input trial, 2026-12-06: the 5 km result came back for the 120 km call). Results that
+    all name their calls are put in the calls' order; a run where one lacks its id keeps the
+    order it came in."""
+    from flint_graph.chat.chat_messages import validate_messages
+
+    def call(i, km):
+        return {"id": i, "type": "function", "function": {
+            "name": "convert_units", "arguments": {"value": km, "from_unit": "km",
+                                                   "to_unit": "mi"}}}
+
+    asked = {"role": "assistant", "content": "", "tool_calls": [call("a", 120), call("b", 5)]}
+    res_a = {"role": "tool", "tool_call_id": "a", "content": '{"value": 74.56}'}
+    res_b = {"role": "tool", "tool_call_id": "b", "content": '{"value": 3.1}'}
+    user = {"role": "user", "content": "Convert 120 km and 5 km to mi."}
+    swapped = validate_messages([user, asked, res_b, res_a, {"role": "user", "content": "ok"}])
+    assert [m.get("tool_call_id") for m in swapped] == [None, None, "a", "b", None]
+    in_order = validate_messages([user, asked, res_a, res_b])
+    assert render_chat(GLM47_CHAT_TEMPLATE, swapped[:4]) == \
+        render_chat(GLM47_CHAT_TEMPLATE, in_order)
+    no_id = {"role": "tool", "content": '{"value": 74.56}'}
+    kept = validate_messages([user, asked, res_b, no_id])
+    assert [m.get("tool_call_id") for m in kept] == [None, None, "b", None]

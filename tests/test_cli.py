@@ -716,7 +716,13 @@ def test_max_tokens_below_one_names_the_flag(capsys, bad):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("content", ["precious notes\n", "{}", '{"messages": 3}', "[1, 2]"])
+@pytest.mark.parametrize("content", [
+    "precious notes\n", "{}", '{"messages": 3}', "[1, 2]",
+    # an OpenAI request body, and a file with settings beside an empty list: "messages" alone
+    # made them transcripts, and /save dropped their other keys (a bad-input trial, 2026-12-06)
+    '{"model": "flint-nano", "messages": [{"role": "user", "content": "hi"}], '
+    '"max_tokens": 64, "note": "my curl body"}',
+    '{"messages": [], "settings": {"theme": "dark"}}'])
 def test_save_transcript_never_replaces_a_file_that_is_not_one(tmp_path, content):
     """/save onto an existing file that is not a chat transcript is refused and the file kept
     (bad-input trial: /save precious.txt replaced it and said so afterwards)."""

@@ -194,7 +194,8 @@ MAX_MESSAGES = 8192
 def validate_messages(messages: Any) -> list[dict]:
     """Check OpenAI-style chat messages and return normalised copies (module docstring): content
     a string (text parts joined; None only for an assistant turn with tool calls), inline
-    assistant reasoning split out, tool-call arguments dicts. The caller's objects are not
+    assistant reasoning split out, tool-call arguments dicts, tool results that name their
+    calls in the calls' order (`_results_in_call_order`). The caller's objects are not
     modified. Raises InvalidRequestError naming `messages[i].field` with what was expected and
     found."""
     if isinstance(messages, tuple):
@@ -256,6 +257,28 @@ def validate_messages(messages: Any) -> list[dict]:
                                                       "arguments")
         out.append(msg)
     _check_tool_results(out)
+    return _results_in_call_order(out)
+
+
+def _results_in_call_order(messages: list[dict]) -> list[dict]:
+    """`messages` with each run of tool results put in the order of the calls they answer,
+    where every result of the run names its call by `tool_call_id` (checked before). OpenAI
+    pairs a result with its call by id, but the chat template writes the results as
+    `<tool_response>` blocks in message order without ids (glm47-format.md), so the model pairs
+    them by position: results sent in another order were answered as if swapped (a bad-input
+    trial, 2026-12-06: the 5 km result came back for the 120 km call)."""
+    out, i = list(messages), 0
+    while i < len(out):
+        m = out[i]
+        calls = m.get("tool_calls") if m["role"] == "assistant" else None
+        j = i + 1
+        while j < len(out) and out[j]["role"] == "tool":
+            j += 1
+        order = {c.get("id"): k for k, c in enumerate(calls or ())}
+        run = out[i + 1:j]
+        if run and all(r.get("tool_call_id") in order for r in run):
+            out[i + 1:j] = sorted(run, key=lambda r: order[r["tool_call_id"]])
+        i = j
     return out
 
 

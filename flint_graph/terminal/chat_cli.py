@@ -63,14 +63,19 @@ TRANSCRIPT_CHECK_BYTES = 256 << 20  # larger files are not read to decide (and a
 
 def _saved_transcript(path: Path) -> tuple[list, list] | None:
     """(messages, tools) of what save_transcript wrote at `path` (tools [] when none were
-    declared), or None when the file is not such a transcript (or too large to check)."""
+    declared), or None when the file is not such a transcript (or too large to check): an
+    object with a "messages" list and nothing but an optional "tools" list beside it. (An
+    OpenAI request body, `{"model": …, "messages": […], "max_tokens": …}`, also has a
+    "messages" list: taken for a transcript, its other keys were lost on /save, a bad-input
+    trial of 2026-12-06.)"""
     try:
         if path.stat().st_size > TRANSCRIPT_CHECK_BYTES:
             return None
         obj = jsonfile.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # ValueError: not UTF-8, or not JSON (jsonfile.loads)
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) \
+            or not set(obj) <= {"messages", "tools"}:
         return None
     tools = obj.get("tools", [])
     return (obj["messages"], tools) if isinstance(tools, list) else None
@@ -300,6 +305,7 @@ class ChatSession:
             self.console.input = self._piped_line  # type: ignore[method-assign]
         self.messages: list[dict[str, Any]] = []
         self.last_reasoning = ""
+        self._read_any = False  # whether a line was read yet (a BOM may lead the first)
         self.reset()
 
     def reset(self) -> None:
@@ -365,8 +371,18 @@ class ChatSession:
         """One line of input after `prompt` (rich markup). Piped input is not echoed by a
         terminal, so it is printed after the prompt: a transcript of `chat < turns.txt` reads
         "you> Hi" rather than prompts and answers run together (`echo` False: piped, neither
-        the prompt nor the line is printed). Raises EOFError at the end of the input and
-        KeyboardInterrupt on Ctrl-C, as input() does."""
+        the prompt nor the line is printed). A byte-order mark at the start of the input (some
+        Windows editors write one) is dropped, as `generate` drops it from stdin: it kept a
+        script's opening fence line or first `/save` from being seen as such, and the model
+        was answering "<U+FEFF>Hi" (a bad-input trial, 2026-12-06). Raises EOFError at the end of the
+        input and KeyboardInterrupt on Ctrl-C, as input() does."""
+        line = self._ask_line(prompt, echo)
+        if not self._read_any:
+            self._read_any = True
+            line = line.removeprefix("\ufeff")
+        return line
+
+    def _ask_line(self, prompt: str, echo: bool) -> str:
         if not echo and self.echo_input:
             return self.console.input("")
         queued = queued_line(sys.stdin) if self.console.is_terminal else None
