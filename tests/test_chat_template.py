@@ -1214,3 +1214,15 @@ def test_tool_results_sent_out_of_order_are_rendered_in_call_order():
     no_id = {"role": "tool", "content": '{"value": 74.56}'}
     kept = validate_messages([user, asked, res_b, no_id])
     assert [m.get("tool_call_id") for m in kept] == [None, None, "b", None]
+
+
+def test_results_without_ids_after_calls_without_ids_keep_their_order():
+    """Calls without ids and results without tool_call_id (the chat format allows both) are
+    left in the order they came (the first form of the reordering failed on them)."""
+    from flint_graph.chat.chat_messages import validate_messages
+
+    calls = [{"type": "function", "function": {"name": f, "arguments": {}}} for f in "fg"]
+    msgs = [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}]
+    assert [m["content"] for m in validate_messages(msgs)[2:]] == ["1", "2"]

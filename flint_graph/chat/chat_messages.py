@@ -274,9 +274,10 @@ def _results_in_call_order(messages: list[dict]) -> list[dict]:
         j = i + 1
         while j < len(out) and out[j]["role"] == "tool":
             j += 1
-        order = {c.get("id"): k for k, c in enumerate(calls or ())}
+        order = {c["id"]: k for k, c in enumerate(calls or ()) if c.get("id") is not None}
         run = out[i + 1:j]
-        if run and all(r.get("tool_call_id") in order for r in run):
+        if run and all(r.get("tool_call_id") is not None and r["tool_call_id"] in order
+                       for r in run):
             out[i + 1:j] = sorted(run, key=lambda r: order[r["tool_call_id"]])
         i = j
     return out
