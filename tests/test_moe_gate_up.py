@@ -158,7 +158,7 @@ def test_bytes_moved_counts_picked_experts_once():
 @pytest.mark.parametrize("preset", ["tiny", "nano", "full"])
 def test_pd_is_on_at_small_buckets_and_every_other_pd_is_a_bench_spec(preset):
     """PD = 1 (prefetch moe_down's weights) at B in PD_BUCKETS in the model specs; bench_specs
-    holds each MoE spec with the other PD and the same down declarations as moe_down."""
+    holds each MoE spec with the other PD values, all with moe_down's down declarations."""
     from flint_graph.kernels.decode import moe_down
 
     cfg = FlintConfig.preset(preset)
@@ -166,7 +166,8 @@ def test_pd_is_on_at_small_buckets_and_every_other_pd_is_a_bench_spec(preset):
     assert [s["PD"] for s in model] == [int(s["B"] in mgu.PD_BUCKETS) for s in model]
     bench = mgu.bench_specs(cfg, BUCKETS)
     assert sorted(s.id for s in bench) == sorted(
-        mgu.KERNEL.spec(**{**s.as_dict(), "PD": 1 - s["PD"]}).id for s in model)
+        mgu.KERNEL.spec(**{**s.as_dict(), "PD": pd}).id for s in model
+        for pd in mgu.PD_VALUES if pd != s["PD"])
     for s in model + bench:
         check_spec(mgu.KERNEL, s)
         down = {a.name: a for a in moe_down.KERNEL.args(

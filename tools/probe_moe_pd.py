@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """moe_gate_up's PD (prefetch moe_down's routed weights into L2) measured in the whole decode
 step: one engine, each bucket's captured step re-captured with every MoE layer's moe_gate_up at
-PD = 0 and at PD = 1 (both in the kernel cache: one is the model spec, the other a bench spec),
-alternating --rounds times; per round the median of --steps replays (CUDA events, every row at
---context). Also checks that both PD values give the same logits bit for bit (the prefetch is a
-hint: it changes no value). One JSON line per bucket and context, then a summary line.
+each PD of --pd (all in the kernel cache: one is the model spec, the others bench specs), in
+turn, --rounds times; per round the median of --steps replays (CUDA events, every row at
+--context). Also checks that every PD gives the same logits bit for bit (the prefetch is a
+hint: it changes no value). One JSON line per bucket and context (delta_us: each PD against
+the first), then a summary line.
 
-    python tools/probe_moe_pd.py --preset full --format nvfp4 --buckets 1,2,4 --contexts 1024
+    python tools/probe_moe_pd.py --preset full --format nvfp4 --buckets 1,2,4 --contexts 1024 \
+        --pd 0,1,2
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def main() -> int:
     p.add_argument("--buckets", default="1,2,4")
     p.add_argument("--contexts", default="1024")
     p.add_argument("--steps", type=int, default=200, help="replays timed per round")
-    p.add_argument("--rounds", type=int, default=4, help="PD = 0 / PD = 1 alternations")
+    p.add_argument("--rounds", type=int, default=4, help="rounds over the PD values")
+    p.add_argument("--pd", default="0,1", help="PD values, the first the baseline")
     p.add_argument("--json", default=None, help="also write the records here")
     args = p.parse_args()
     import torch
@@ -56,19 +59,22 @@ def main() -> int:
         for b in buckets:
             g = runner.graphs[b]
             for ctx in contexts:
-                times = {0: [], 1: []}
+                pds = [int(v) for v in args.pd.split(",")]
+                times = {pd: [] for pd in pds}
                 logits = {}
                 for _ in range(args.rounds):
-                    for pd in (0, 1):
+                    for pd in pds:
                         _set_pd(g, runner.kset, pd)
                         times[pd].append(statistics.median(graph_steps(runner, b, ctx,
                                                                        args.steps)))
                         logits[pd] = g.logits_bf16.clone()
                 rec = {"format": fmt, "B": b, "context": ctx,
-                       "bitwise_equal": bool(torch.equal(logits[0], logits[1])),
+                       "bitwise_equal": all(torch.equal(logits[pds[0]], v)
+                                            for v in logits.values()),
                        **{f"pd{pd}_ms": round(statistics.median(v), 4) for pd, v in times.items()},
                        **{f"pd{pd}_rounds": [round(t, 4) for t in v] for pd, v in times.items()}}
-                rec["delta_us"] = round((rec["pd1_ms"] - rec["pd0_ms"]) * 1e3, 1)
+                rec["delta_us"] = {pd: round((rec[f"pd{pd}_ms"] - rec[f"pd{pds[0]}_ms"]) * 1e3, 1)
+                                   for pd in pds[1:]}
                 print(json.dumps(rec), flush=True)
                 out.append(rec)
             # leave the graph as the engine builds it

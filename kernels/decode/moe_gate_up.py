@@ -43,6 +43,8 @@ layer, this launch +0 to +0.5 µs, −25 to −70 µs a step at B ≤ 2. Measure
 bit for bit equal): B = 1 1.6646 -> 1.6781 ms (+13.5 µs), B = 2 2.0180 -> 2.0034 (−14.6 µs),
 B = 4 2.4884 -> 2.5146 (+26.2 µs); so PD = 1 is the model spec at B = 2 only. At B = 1 the
 prefetch's 4 MB of DRAM requests slow this launch's own loads more than they save moe_down.
+PD = 2 (a bench spec, not measured yet) issues the same prefetches after the CTA's MMA loop,
+when its own loads are in, so they share no queue with them; it leaves moe_down less lead.
 
 Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2 per output. The dequantised products are exact
 on both sides (the NVFP4 trick gives e2m1·e4m3·2^-7 exactly; BF16 is exact), so g and u differ
@@ -75,6 +77,7 @@ SMEM = 8 * 2 * ROWS * WARPS * 4  # fp32 partials [batch col][gate/up row][warp]
 # measured on the H200 (tools/probe_moe_pd.py, perf log thirty-first session), the NVFP4 step
 # at 1K is 14.6 µs shorter at B = 2, but 13.5 µs longer at B = 1 and 26 µs at B = 4
 PD_BUCKETS = (2,)
+PD_VALUES = (0, 1, 2)  # built: none, after the CTA's loads (the model's), after its MMA loop
 
 
 def pd_for(batch: int) -> int:
@@ -154,9 +157,10 @@ def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
 
 
 def bench_specs(cfg, buckets=BUCKETS) -> list[Spec]:
-    """Benchmark variants: each MoE model spec with the other PD (tools/probe_moe_pd.py)."""
-    return [KERNEL.spec(**{**s.as_dict(), "PD": 1 - s["PD"]}) for s in _specs(cfg, buckets)
-            if s["TOPK"] > 0]
+    """Benchmark variants: each MoE model spec with the other PD values (0 none, 1 after the
+    CTA's weight loads, 2 after its MMA loop; tools/probe_moe_pd.py)."""
+    return [KERNEL.spec(**{**s.as_dict(), "PD": pd}) for s in _specs(cfg, buckets)
+            if s["TOPK"] > 0 for pd in PD_VALUES if pd != s["PD"]]
 
 
 # -- reference, arguments, bytes ----------------------------------------------------------------
@@ -369,7 +373,7 @@ def _body(spec: Spec):
 
     b_rows, k, m, ms, fmt = spec["B"], spec["H"], spec["M"], spec["MS"], spec["FMT"]
     moe, nvfp4 = spec["TOPK"] > 0, fmt == 1
-    pd = moe and spec.as_dict().get("PD", 0) == 1
+    pd = spec.as_dict().get("PD", 0) if moe else 0  # 1: after its loads, 2: after its MMAs
     tiles_sh, tiles_r = ms // ROWS, max(m // ROWS, 1)
     nch = k // KCHUNK[fmt]  # lane chunks per row
     steps = math.ceil(nch / (4 * WARPS))  # lane chunk = t + 4 * (warp + WARPS * step)
@@ -546,7 +550,7 @@ def _body(spec: Spec):
                 if bidx >= tiles_sh:
                     for s in cutlass.range_constexpr(depth):
                         load_w(s, w_bases)
-                    if cutlass.const_expr(pd):
+                    if cutlass.const_expr(pd == 1):
                         prefetch_down(ts, e, n0 // ROWS, tidx)
             # scale2 of the CTA's matrices, issued with its weights (not after the split-K
             # barrier, where a routed scale2[e] was one more dependent L2 round trip)
@@ -563,6 +567,9 @@ def _body(spec: Spec):
                 if cutlass.const_expr(s + depth < steps):
                     load_w(s + depth, w_bases)
                 acc = mma_step(s, a, acc)
+            if cutlass.const_expr(pd == 2):  # its own loads are in: no queue to share
+                if bidx >= tiles_sh:
+                    prefetch_down(ts, e, n0 // ROWS, tidx)
             # split-K over the warps: partials [batch col][gate row / ROWS + up row][warp]
             sp = cutlass.memory.SmemAllocator().allocate_tensor(
                 Float32, cute.make_layout((8, 2 * ROWS, WARPS)), byte_alignment=16)
