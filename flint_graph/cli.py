@@ -616,10 +616,11 @@ def default_served_name(model: str | None) -> str:
     replaced by "_"; "flint-nano" for the embedded default or a name with nothing else."""
     from pathlib import Path
 
+    from flint_graph.cli_args import is_control
+
     if not model:
         return "flint-nano"
-    stem = Path(model).stem
-    clean = "".join("_" if ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 else ch for ch in stem)
+    clean = "".join("_" if is_control(ch) else ch for ch in Path(model).stem)
     return clean if clean.strip("_ ") else "flint-nano"
 
 

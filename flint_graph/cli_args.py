@@ -105,12 +105,17 @@ def hf_config_dir(text: str) -> str:
     return text
 
 
+def is_control(ch: str) -> bool:
+    """Whether `ch` is a C0 or C1 control character or DEL (Unicode category Cc)."""
+    return ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0
+
+
 def served_name(text: str) -> str:
     """argparse type of --served-model-name: non-empty, no control characters (a name with a
     newline was served, but no client could retrieve it by id: a bad-input trial,
     2026-12-06)."""
     text = non_empty(text)
-    bad = next((ch for ch in text if ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0), None)
+    bad = next((ch for ch in text if is_control(ch)), None)
     if bad is not None:
         raise argparse.ArgumentTypeError(f"a control character ({ascii(bad)}) in the name; "
                                          "clients send it in URLs and JSON")

@@ -21,10 +21,7 @@
 #     interleave    a running stream's time per token while an 8K and a 32K prompt arrive.
 # Device run: carry [".whl", ".kcache"], command: PARTS="..." bash tools/gpu_session31.sh
 set -uo pipefail
-start=$(date +%s)
-deadline=${DEADLINE:-$(( start + 570 ))}
-left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l) : $1 )); }
-. tools/device_setup.sh
+. tools/device_setup.sh  # also start, deadline (570 s) and left
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 parts=" ${PARTS:-tests pd long trace} "
 has() { [[ $parts == *" $1 "* ]]; }

@@ -40,8 +40,10 @@ def main() -> int:
 
     budgets = [None if v.strip() == "none" else float(v) for v in args.step_ms.split(",")]
     lengths = [_tokens(v) for v in args.prompts.split(",")]
-    o = BenchOptions(preset=args.preset, formats=(args.format,),
-                     buckets=(1, 2, 4, 8)[:max(1, (len(lengths)).bit_length() + 1)],
+    if len(lengths) > 7:
+        p.error(f"--prompts: {len(lengths)} prompts; at most 7 (beside the stream, 8 rows)")
+    # the stream and every arriving prompt decode together: all buckets (up to 8 rows)
+    o = BenchOptions(preset=args.preset, formats=(args.format,), buckets=(1, 2, 4, 8),
                      progress=False)
     out = []
     for fmt, llm in sources(o, max(lengths) + 256):

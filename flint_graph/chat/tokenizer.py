@@ -234,7 +234,8 @@ def is_rust_panic(e: BaseException) -> bool:
 
 class _PanicGuard:
     """A `tokenizers.Tokenizer` (attributes passed through) whose methods raise
-    CheckpointError naming the checkpoint's tokenizer.json instead of a Rust panic."""
+    CheckpointError naming the checkpoint's tokenizer.json instead of a Rust panic. Each
+    method is wrapped once, on first use, and kept (decode runs once a generated token)."""
 
     def __init__(self, tokenizer: Tokenizer, source: str) -> None:
         self._raw, self._source = tokenizer, source
@@ -254,6 +255,7 @@ class _PanicGuard:
                     f"{self._source}: tokenizer.json's pipeline failed in {name} (a panic in "
                     f"the tokenizers library: {str(e).strip()[:300]}); the file's normalizer, "
                     "pre-tokenizer or model is malformed") from None
+        setattr(self, name, guarded)  # found before __getattr__ from now on
         return guarded
 
 

@@ -374,8 +374,8 @@ class ChatSession:
         the prompt nor the line is printed). A byte-order mark at the start of the input (some
         Windows editors write one) is dropped, as `generate` drops it from stdin: it kept a
         script's opening fence line or first `/save` from being seen as such, and the model
-        was answering "<U+FEFF>Hi" (a bad-input trial, 2026-12-06). Raises EOFError at the end of the
-        input and KeyboardInterrupt on Ctrl-C, as input() does."""
+        was answering "<U+FEFF>Hi" (a bad-input trial, 2026-12-06). Raises EOFError at the
+        end of the input and KeyboardInterrupt on Ctrl-C, as input() does."""
         line = self._ask_line(prompt, echo)
         if not self._read_any:
             self._read_any = True

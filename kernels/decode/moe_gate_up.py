@@ -488,7 +488,7 @@ def _body(spec: Spec):
     down_runs = []  # (index in ts, bytes per expert, bytes per run)
     if pd:
         per_expert = [k * m // 2, k * m // 16] if nvfp4 else [k * m * 2]
-        down_runs = [(2 + 4 * per + i, n, -(-(-(-n // tiles_r)) // 16) * 16)
+        down_runs = [(2 + 4 * per + i, n, (math.ceil(n / tiles_r) + 15) // 16 * 16)
                      for i, n in enumerate(per_expert)]
 
     @cute.jit
