@@ -228,7 +228,24 @@ def main() -> int:
     p.add_argument("--no-gc-freeze", action="store_true",
                    help="leave start-up's objects to the cyclic GC (the flint-graph commands "
                         "freeze them once loaded: flint_graph/runtime/gc_policy.py)")
+    p.add_argument("--split-ctas", type=int, default=None,
+                   help="attn_prefill_wg.SPLIT_CTAS for this run: a chunk after a long prefix "
+                        "splits its full layers' keys while it has fewer CTAs than this")
+    p.add_argument("--split-picks", default=None,
+                   help="attn_prefill_wg.SPLIT_PICKS for this run, comma-separated (each one of "
+                        "SPLIT_CHOICES, the SPLITS built)")
     args = p.parse_args()
+    if args.split_ctas is not None or args.split_picks:
+        from flint_graph.kernels.prefill import attn_prefill_wg as awg
+
+        if args.split_ctas is not None:
+            awg.SPLIT_CTAS = args.split_ctas
+        if args.split_picks:
+            picks = tuple(int(v) for v in args.split_picks.split(","))
+            if not set(picks) <= set(awg.SPLIT_CHOICES):
+                p.error(f"--split-picks {args.split_picks}: expected values among "
+                        f"{awg.SPLIT_CHOICES}")
+            awg.SPLIT_PICKS = picks
     if args.log_reuse:
         import logging
 

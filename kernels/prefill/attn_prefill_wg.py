@@ -42,7 +42,7 @@ never refilled while a wgmma still reads it; cp.async writes are made visible to
 proxy by fence.proxy.async before that barrier. Sinks and the end as attn_prefill: the running
 max starts at the sink and the sum at 1 in one lane of each quad.
 
-Split-KV (specs SPLITS = 4, 16; full layers; 2026-12-04): a short chunk after a long prefix has
+Split-KV (specs SPLITS = 2, 4, 16; full layers; 2026-12-04, 2 added 2026-12-07): a short chunk after a long prefix has
 few CTAs (25 tokens: 8), each walking every key tile in order. With SPLITS, grid z splits a
 CTA's key tiles into n = min(SPLITS, ceil(tiles / SPLIT_MIN_TILES)) runs of chunk = max(
 SPLIT_MIN_TILES, ceil(tiles / n)) tiles (CTAs past n walk none and stop); each writes its rows'
@@ -102,7 +102,10 @@ STAGE_CHOICES = (2, 3)
 LOG2E = 1.4426950408889634
 DS = (64, 128)  # head dims this kernel takes (O is 64 × D fp32 per warpgroup in registers)
 RESCALE_AT = 8.0  # a row's reference max moves (O and l rescaled) only past this growth, log2
-SPLIT_CHOICES = (4, 16)  # spec SPLITS: key-range splits of a short chunk (`splits_for`)
+SPLIT_CHOICES = (2, 4, 16)  # spec SPLITS built: key-range splits of a short chunk
+# ... and those `splits_for` picks from (2 is built for the bench until measured: a 512-row
+# chunk after 8K of history has 128 CTAs, one per SM, where the kernel is laid out for two)
+SPLIT_PICKS = (4, 16)
 SPLIT_MIN_TILES = 4  # a split takes at least this many key tiles (256 keys)
 SPLIT_CTAS = 128  # a chunk splits its keys only while it has fewer CTAs than this
 # ... and only after this many cached keys: before, a CTA's key loop is short and the partials'
@@ -170,7 +173,7 @@ def splits_for(cfg, tokens: int) -> int:
     ctas = -(-tokens * g // (WARPS * ROWS)) * cfg.num_key_value_heads
     if ctas >= SPLIT_CTAS:
         return 1
-    return next((s for s in SPLIT_CHOICES if ctas * s >= SPLIT_CTAS), SPLIT_CHOICES[-1])
+    return next((s for s in SPLIT_PICKS if ctas * s >= SPLIT_CTAS), SPLIT_PICKS[-1])
 
 
 def split_rows(cfg) -> tuple[int, int]:
