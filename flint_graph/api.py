@@ -803,10 +803,18 @@ def startup_report(llm: LLM, load_s: float, engine_s: float) -> dict[str, Any]:
     return out
 
 
-def output_to_json(out: GenerationOutput, engine: str | None = None) -> str:
+def output_to_json(out: GenerationOutput, engine: str | None = None,
+                   context_limit: int | None = None) -> str:
     """`out` as one JSON object (the CLI's `generate --json`); `engine`, when given, names the
-    engine that decoded it ("graph" or "reference")."""
+    engine that decoded it ("graph" or "reference"); `context_limit` (tokens), when given, is
+    reported with "length_cause": "context_limit" when a "length" finish came from the context
+    filling up, "max_tokens" when from the output limit (both are "length" in OpenAI's API)."""
     extra = {"engine": engine} if engine is not None else {}
+    if context_limit is not None:
+        extra["context_limit"] = context_limit
+        if out.finish_reason == "length":
+            full = len(out.prompt_token_ids) + len(out.token_ids) >= context_limit
+            extra["length_cause"] = "context_limit" if full else "max_tokens"
     return json.dumps({
         "token_ids": out.token_ids,
         "text": out.text,

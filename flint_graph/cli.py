@@ -507,7 +507,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         stream.close()  # the request ends with finish_reason "abort"
         if args.json:  # the plain output already streamed it: --json reports it now
-            print(output_to_json(stream.output, llm.engine.name))
+            print(output_to_json(stream.output, llm.engine.name, llm.engine.context_limit))
         elif not _isatty(sys.stderr) and (reasoning_open or line_open and _same_file(
                 sys.stdout, sys.stderr)):
             # half a line of reasoning or answer where "flint-graph: interrupted" goes next
@@ -517,9 +517,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             sys.stderr.flush()
         raise
     out = stream.output
+    limit = llm.engine.context_limit
+    room = limit - len(out.prompt_token_ids)
     if args.json:
         with _sigterm_deferred():  # the finished answer is printed whole, then the signal
-            print(output_to_json(out, llm.engine.name))
+            print(output_to_json(out, llm.engine.name, limit))
+        if out.finish_reason == "length" and len(out.token_ids) >= room:
+            # stderr, beside the JSON's "length_cause" (a new user's trial, 2026-12-06: the
+            # plain output said why the answer ended and --json did not)
+            print(f"flint-graph: note: the context limit ({limit} tokens) ended the answer "
+                  f"after {len(out.token_ids)} tokens; shorten the prompt", file=sys.stderr)
         return 0
     if reasoning_open:
         sys.stderr.write("\n")
@@ -527,8 +534,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print()
     for err in out.errors:
         print(f"flint-graph: warning: {err}", file=sys.stderr)
-    limit = llm.engine.context_limit
-    room = limit - len(out.prompt_token_ids)
     if out.finish_reason == "length" and len(out.token_ids) >= room:
         print(f"flint-graph: note: the context limit ({limit} tokens) "
               f"ended the answer after {len(out.token_ids)} tokens; shorten the prompt",

@@ -300,8 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object: token_ids, text, reasoning_content, "
                           "content, tool_calls, finish_reason, ttft_ms, ms_per_token, prompt_tokens, "
-                          "cached_tokens, errors, "
-                          "engine (graph or reference)")
+                          "cached_tokens, errors, engine (graph or reference), context_limit "
+                          "and, when finish_reason is length, length_cause (max_tokens or "
+                          "context_limit)")
     _sampling_args(gen)
     gen.set_defaults(command="generate")
 

@@ -417,6 +417,16 @@ def test_context_limit_note_names_the_context_not_max_tokens(capsys, tiny_ckpt):
     code, out, err = _run(capsys, "generate", tiny_ckpt, "--raw", "--prompt", prompt,
                           "--max-tokens", 1000, "--temperature", 0, "--device", "cpu")
     assert code == 0 and "context limit" in err and "--max-tokens" not in err
+    # --json says it too: "length_cause" in the object, the note on stderr (a new user's trial)
+    code, out, err = _run(capsys, "generate", tiny_ckpt, "--raw", "--prompt", prompt,
+                          "--max-tokens", 1000, "--temperature", 0, "--device", "cpu", "--json")
+    got = json.loads(out)
+    assert code == 0 and got["finish_reason"] == "length" and "context limit" in err
+    assert got["length_cause"] == "context_limit" and got["context_limit"] == limit
+    code, out, _ = _run(capsys, "generate", tiny_ckpt, "--raw", "--prompt", "hello",
+                        "--max-tokens", 3, "--temperature", 0, "--device", "cpu", "--json")
+    got = json.loads(out)
+    assert got["finish_reason"] == "length" and got["length_cause"] == "max_tokens"
 
 
 def test_cpu_index_and_unwritable_output_are_clean(capsys, tiny_ckpt, tmp_path):
