@@ -2,7 +2,7 @@
 # Thirty-second session's device calls (one script, files under $OUT; issues 21, 22 and 24):
 #   run 1 (PARTS="split reuse-split split-tests", the default; issue 22, NVFP4):
 #     split         tools/probe_attn_speed.py: attn_prefill_wg's full layers alone for chunks
-#                   of 256-1,024 queries after 2K-32K cached keys, SPLITS 1 / 2 / 4;
+#                   of 256-1,024 queries after 2K-32K cached keys, SPLITS 1 / 2 / 4, WS = 1;
 #     reuse-split   tools/bench_reuse.py, 8K of history + ~470 new tokens a turn, NVFP4, with
 #                   splits as today (SPLIT_CTAS 128), and with SPLIT_CTAS 256 picking from
 #                   (2, 4, 16) and from (4, 16);
@@ -25,7 +25,7 @@ gpu_tests() {  # gpu_tests LOG SECONDS PYTEST-ARGS... (-k applies to every file 
 }
 if has split; then
   timeout "$(left 120)" python3 tools/probe_attn_speed.py --kinds full \
-    --variants attn_prefill_wg,attn_prefill_wg:SPLITS=2,attn_prefill_wg:SPLITS=4 \
+    --variants attn_prefill_wg,attn_prefill_wg:SPLITS=2,attn_prefill_wg:SPLITS=4,attn_prefill_wg:WS=1 \
     --cases 256+8192,512+8192,768+8192,1024+8192,512+2048,512+32768 --out "$OUT" \
     > "$OUT/split.log" 2>&1
   echo "split: exit $?"; cat "$OUT/split.log" | tail -20
