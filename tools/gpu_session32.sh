@@ -25,7 +25,7 @@ gpu_tests() {  # gpu_tests LOG SECONDS PYTEST-ARGS... (-k applies to every file 
 }
 if has split; then
   timeout "$(left 120)" python3 tools/probe_attn_speed.py --kinds full \
-    --variants attn_prefill_wg,attn_prefill_wg:SPLITS=2,attn_prefill_wg:SPLITS=4,attn_prefill_wg:WS=1 \
+    --variants attn_prefill_wg,attn_prefill_wg:SPLITS=2,attn_prefill_wg:SPLITS=4,attn_prefill_wg:WS=1,attn_prefill_wg:ST=3 \
     --cases 256+8192,512+8192,768+8192,1024+8192,512+2048,512+32768 --out "$OUT" \
     > "$OUT/split.log" 2>&1
   echo "split: exit $?"; cat "$OUT/split.log" | tail -20
