@@ -8,9 +8,10 @@
 #                   (2, 4, 16) and from (4, 16);
 #     split-tests   tests/test_attn_prefill_gpu.py (every SPLITS spec, 2 new) and the reuse
 #                   GPU tests;
-#   run 2 (PARTS="pd pacing"):
+#   run 2 (PARTS="pd pacing trace512"):
 #     pd            moe_gate_up's GPU tests (PD 0, 1, 2) and tools/probe_moe_pd.py --pd 0,1,2;
 #     pacing        tools/probe_pacing.py: the pacer's budget swept, 8K and 32K arriving;
+#     trace512      flint-graph trace --prefill 512 (NVFP4): a 512-token prefill per kernel;
 #   run 3 (PARTS="prefill-tests"): the prefill's GPU tests (whole prefills and kernels).
 # Device run: carry [".whl", ".kcache"], command: PARTS="..." bash tools/gpu_session32.sh
 set -uo pipefail
@@ -68,6 +69,11 @@ if has pacing; then
     --step-ms 25,50,100,200,none --prompts 8k,32k --json "$OUT/pacing.json" \
     > "$OUT/pacing.log" 2>&1
   echo "pacing: exit $?"; tail -8 "$OUT/pacing.log"
+fi
+if has trace512; then
+  timeout "$(left 120)" flint-graph trace --preset full --prefill 512 --no-progress --top 40 \
+    --out "$OUT/trace512.json" > "$OUT/trace512.txt" 2>&1
+  echo "trace512: exit $?"; grep -v '^ *[0-9]\+ ' "$OUT/trace512.txt" | tail -50
 fi
 if has prefill-tests; then
   gpu_tests gpu-tests-prefill.log 560 tests/test_prefill_gpu.py tests/test_prefill_kernels_gpu.py
