@@ -8,10 +8,12 @@
 #                   (2, 4, 16) and from (4, 16);
 #     split-tests   tests/test_attn_prefill_gpu.py (every SPLITS spec, 2 new) and the reuse
 #                   GPU tests;
-#   run 2 (PARTS="pd pacing trace512"):
+#   run 2 (PARTS="pd pacing trace512 ncu"):
 #     pd            moe_gate_up's GPU tests (PD 0, 1, 2) and tools/probe_moe_pd.py --pd 0,1,2;
 #     pacing        tools/probe_pacing.py: the pacer's budget swept, 8K and 32K arriving;
 #     trace512      flint-graph trace --prefill 512 (NVFP4): a 512-token prefill per kernel;
+#     ncu           Nsight Compute on an 8K full layer's attention (and 512 queries after 8K)
+#                   and on grouped_w4a16_wg gate/up at 8K: stall reasons, pipe use;
 #   run 3 (PARTS="prefill-tests"): the prefill's GPU tests (whole prefills and kernels).
 # Device run: carry [".whl", ".kcache"], command: PARTS="..." bash tools/gpu_session32.sh
 set -uo pipefail
@@ -72,8 +74,21 @@ if has pacing; then
 fi
 if has trace512; then
   timeout "$(left 120)" flint-graph trace --preset full --prefill 512 --no-progress --top 40 \
-    --out "$OUT/trace512.json" > "$OUT/trace512.txt" 2>&1
+    --out /tmp/trace512.json > "$OUT/trace512.txt" 2>&1
   echo "trace512: exit $?"; grep -v '^ *[0-9]\+ ' "$OUT/trace512.txt" | tail -50
+fi
+if has ncu && [ -x /usr/local/cuda/bin/ncu ]; then  # one file back: ncu.log
+  sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats
+            --section SchedulerStats --section Occupancy --section InstructionStats)
+  timeout "$(left 120)" /usr/local/cuda/bin/ncu --clock-control none -k regex:attn_prefill_wg \
+    -c 2 "${sections[@]}" python3 tools/probe_attn_speed.py --ncu --variants attn_prefill_wg \
+    --kinds full --cases 8192+0,512+8192 > "$OUT/ncu.log" 2>&1
+  echo "ncu attention: exit $?"
+  timeout "$(left 120)" /usr/local/cuda/bin/ncu --clock-control none -k regex:grouped_w4a16_wg \
+    -c 1 "${sections[@]}" python3 tools/probe_grouped_w4a16.py --kernel grouped_w4a16_wg \
+    --tokens 8192 --kinds 0 --layers 1 --reps 1 >> "$OUT/ncu.log" 2>&1
+  echo "ncu experts: exit $?"; grep -E "Duration|Throughput|Issue Slots Busy|Stall|Pipe|Warp Cycles" \
+    "$OUT/ncu.log" | head -60
 fi
 if has prefill-tests; then
   gpu_tests gpu-tests-prefill.log 560 tests/test_prefill_gpu.py tests/test_prefill_kernels_gpu.py
