@@ -691,9 +691,19 @@ def _message_text(messages: Any) -> int:
             fn = call.get("function") if isinstance(call, dict) else None
             args = fn.get("arguments") if isinstance(fn, dict) else None
             texts.append(args if isinstance(args, str) else
-                         json.dumps(args) if isinstance(args, dict) else None)
+                         _dumped(args) if isinstance(args, dict) else None)
         n += sum(len(t) for t in texts if isinstance(t, str))
     return n
+
+
+def _dumped(value: dict) -> str | None:
+    """`value` as JSON text, or None where it holds what JSON cannot (a set, a circular
+    reference, an int past Python's 4,300-digit conversion limit): validation names it later
+    (a bad-input trial, 2026-12-07: these raised TypeError / ValueError from this count)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return None
 
 
 def forced_call(tool_choice: Any) -> str | None:

@@ -772,6 +772,28 @@ def test_message_text_counts_reasoning_and_call_arguments():
     assert _message_text(msgs) == 3 + 10 + 8 + len('{"b": 2}') + 2 + 1
 
 
+@pytest.mark.parametrize("args, what", [({"x": {1, 2}}, "found set"),
+                                        ({"x": 10 ** 5000}, "digits"),
+                                        ("circular", "contains itself")])
+def test_call_arguments_json_cannot_hold_are_named_not_raised(tiny_llm, args, what):
+    """A call's arguments holding a set, a 5,000-digit int or itself raised TypeError /
+    ValueError from the prompt's length count, before validation could name the field (a
+    bad-input trial, 2026-12-07)."""
+    from flint_graph.errors import InvalidRequestError
+
+    if args == "circular":
+        args = {}
+        args["self"] = args
+    msgs = [{"role": "user", "content": "Convert 120 km to mi."},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_0", "type": "function",
+                 "function": {"name": "convert_units", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "1"}]
+    with pytest.raises(InvalidRequestError, match=r"^messages\[1\]\.tool_calls\[0\]") as e:
+        tiny_llm.chat(msgs)
+    assert what in str(e.value)
+
+
 def test_a_chat_message_object_in_the_history_points_to_to_dict(tiny_llm):
     """LLM.chat's ChatMessage put straight back into the messages said only "expected an
     object, found ChatMessage" (a bad-input trial, 2026-12-06)."""

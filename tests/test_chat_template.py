@@ -689,6 +689,14 @@ USER = {"role": "user", "content": "q"}
              "tool_calls": [call("f", '{"k": Infinity}')]}],
      None, {}, "messages[1].tool_calls[0].function.arguments.k", "not a JSON number"),
     ([USER], None, {"extra": float("nan")}, "extra", "not a JSON number"),
+    # ints Python will not write out (past sys.get_int_max_str_digits()): the template's
+    # tojson raised ValueError, reported as the checkpoint's fault (bad-input trial, 2026-12-07)
+    ([USER], [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "maximum": 10 ** 5000}}}],
+     {}, "tools[0].function.parameters.maximum", "5,001 digits"),
+    ([USER, {"role": "assistant", "content": "", "tool_calls": [call("f", {"k": -10 ** 4400})]}],
+     None, {}, "messages[1].tool_calls[0].function.arguments.k", "digits"),
+    ([USER], None, {"extra": [10 ** 9000]}, "extra[0]", "digits"),
 ])  # fmt: skip
 def test_data_that_is_not_json_or_not_unicode_is_refused_naming_the_field(messages, tools, kwargs,
                                                                         field, what):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,6 +75,16 @@ def check_data(value: Any, field: str, depth: int = 0) -> None:
         # then reach the prompt as `"maximum": NaN`): not JSON data
         raise InvalidRequestError(f"{field}: {shown(value)} is not a JSON number; expected a "
                                   "finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4000:
+        # Python writes an int of more than sys.get_int_max_str_digits() (4,300 by default)
+        # digits only with a ValueError, which the template raised as the checkpoint's fault
+        # (a bad-input trial, 2026-12-07: `"maximum": 10**5000` in a tool schema)
+        try:
+            str(value)
+        except ValueError:
+            raise InvalidRequestError(f"{field}: an integer of about {_digits(value):,} "
+                                      f"digits; expected at most {sys.get_int_max_str_digits():,}"
+                                      ) from None
     if value is None or isinstance(value, (bool, int, float)):
         return
     if depth >= MAX_NESTING:
@@ -93,6 +104,11 @@ def check_data(value: Any, field: str, depth: int = 0) -> None:
     else:
         raise InvalidRequestError(f"{field}: expected JSON data (a string, number, bool, null, "
                                   f"list or object), found {kind(value)}")
+
+
+def _digits(value: int) -> int:
+    """About how many decimal digits `value` has (without writing it out)."""
+    return int(value.bit_length() * math.log10(2)) + 1
 
 
 def _content(m: Mapping, role: str, where: str) -> str | None:
