@@ -425,23 +425,34 @@ class LLM:
         text = "".join(s.text for s in segments)
         check_prompt_text(text)
 
-        def what() -> str:  # where its characters are: the history or the tools to trim
-            if not tools:
-                return "prompt"
+        def shares() -> tuple[int, int]:  # (message characters, tool definition characters)
+            said = _message_text(messages)
             # the definitions as JSON: the template writes them about so (4,001 one-character
             # messages were said to be "mostly the tool definitions" for one tool `f`, where
             # the template's markup around each message was the rest: a bad-input trial,
-            # 2026-12-06)
-            defs = len(json.dumps(tools, ensure_ascii=False))
-            return (f"prompt ({len(text):,} characters: its messages {_message_text(messages):,}"
-                    f", the tool definitions about {defs:,}, the rest the chat template's "
-                    "markup around them)")
+            # 2026-12-06), compactly and never more than the text leaves (2,000 one-line tools
+            # were "about 104,890" of a 103,364-character prompt: a bad-input trial, 2026-12-07)
+            defs = len(json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
+            return said, max(0, min(defs, len(text) - said))
 
-        self._check_prompt_size(text, what)
-        try:  # twice the limit: splicing the generated ids back in below may shorten it
-            ids = self.tokenizer.encode_segments(segments, most=2 * self.engine.context_limit)
-        except TooManyTokens as e:
-            raise self._too_many_tokens(e, what()) from None
+        def what() -> str:  # where its characters are: the history or the tools to trim
+            if not tools:
+                return "prompt"
+            said, defs = shares()
+            return (f"prompt ({len(text):,} characters: its messages {said:,}, the tool "
+                    f"definitions about {defs:,}, the rest the chat template's markup around "
+                    "them)")
+
+        try:
+            self._check_prompt_size(text, what)
+            try:  # twice the limit: splicing the generated ids back in below may shorten it
+                ids = self.tokenizer.encode_segments(segments, most=2 * self.engine.context_limit)
+            except TooManyTokens as e:
+                raise self._too_many_tokens(e, what()) from None
+        except ContextLengthError as e:
+            if tools and 2 * shares()[1] > len(text):
+                e.field = "tools"  # the server's `param`: what to trim is the definitions
+            raise
         # earlier turns the template wrote back verbatim get the ids that were generated
         # a copy first: server threads append to the deque while another iterates it
         # ("deque mutated during iteration", a bad-input trial, 2026-12-06)

@@ -1425,3 +1425,20 @@ def test_completion_alternatives_that_split_a_character_stay_apart():
     assert lp["top_logprobs"][0] == {"bytes:\\xf0\\x9f": -0.1, "bytes:\\x98\\x80": -0.5,
                                      "a": -1.0}
     assert lp["text_offset"] == [0, 0, 1] and end == 2
+
+
+def test_a_prompt_too_long_for_its_tools_names_tools_with_shares_that_add_up(server):
+    """2,000 one-line tool definitions: the 400 said `param: messages` and "the tool
+    definitions about 104,890" of a 103,364-character prompt (a bad-input trial, 2026-12-07).
+    Now `param` is `tools` and the shares fit inside the prompt's characters."""
+    import re
+
+    tools = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(4000)]
+    status, err = _post(server[1] + "/v1/chat/completions",
+                        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                         "tools": tools, "max_tokens": 2})
+    assert status == 400 and err["error"]["param"] == "tools", err
+    m = re.search(r"prompt \(([\d,]+) characters: its messages ([\d,]+), the tool definitions "
+                  r"about ([\d,]+)", err["error"]["message"])
+    total, said, defs = (int(g.replace(",", "")) for g in m.groups())
+    assert said == 2 and said + defs <= total and defs > total // 2, err
