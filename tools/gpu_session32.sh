@@ -20,6 +20,9 @@ set -uo pipefail
 . tools/device_setup.sh  # also start, deadline (570 s) and left
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 parts=" ${PARTS:-split reuse-split split-tests} "
+if has split-tests-first; then  # SPLIT_K: a -k filter (e.g. "attn_prefill_wg-full")
+  gpu_tests gpu-tests-split.log 150 tests/test_attn_prefill_gpu.py ${SPLIT_K:+-k "$SPLIT_K"}
+fi
 has() { [[ $parts == *" $1 "* ]]; }
 gpu_tests() {  # gpu_tests LOG SECONDS PYTEST-ARGS... (-k applies to every file named)
   local log=$1 limit=$2; shift 2
@@ -57,8 +60,8 @@ if has reuse-split; then
   reuse ctas256-4 --split-ctas 256 --split-picks 4,16
   reuse today-again
 fi
-if has split-tests; then
-  gpu_tests gpu-tests-split.log 200 tests/test_attn_prefill_gpu.py tests/test_kv_reuse_gpu.py
+if has split-tests; then  # SPLIT_K: a -k filter (e.g. "attn_prefill_wg-full" for the splits)
+  gpu_tests gpu-tests-split.log 200 tests/test_attn_prefill_gpu.py ${SPLIT_K:+-k "$SPLIT_K"}
 fi
 if has pd; then
   gpu_tests gpu-tests-pd.log 120 tests/test_moe_gate_up_gpu.py
