@@ -20,15 +20,15 @@ set -uo pipefail
 . tools/device_setup.sh  # also start, deadline (570 s) and left
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 parts=" ${PARTS:-split reuse-split split-tests} "
-if has split-tests-first; then  # SPLIT_K: a -k filter (e.g. "attn_prefill_wg-full")
-  gpu_tests gpu-tests-split.log 150 tests/test_attn_prefill_gpu.py ${SPLIT_K:+-k "$SPLIT_K"}
-fi
 has() { [[ $parts == *" $1 "* ]]; }
 gpu_tests() {  # gpu_tests LOG SECONDS PYTEST-ARGS... (-k applies to every file named)
   local log=$1 limit=$2; shift 2
   timeout "$(left "$limit")" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 \
     | tee "$OUT/$log" | tail -4
 }
+if has split-tests-first; then  # SPLIT_K: a -k filter (e.g. "attn_prefill_wg-full")
+  gpu_tests gpu-tests-split.log 150 tests/test_attn_prefill_gpu.py ${SPLIT_K:+-k "$SPLIT_K"}
+fi
 if has split; then
   timeout "$(left 120)" python3 tools/probe_attn_speed.py --kinds full \
     --variants attn_prefill_wg,attn_prefill_wg:SPLITS=2,attn_prefill_wg:SPLITS=4,attn_prefill_wg:WS=1,attn_prefill_wg:ST=3 \
