@@ -273,6 +273,16 @@ def test_streamed_tool_call_deltas_concatenate_to_the_call(tmp_path):
         named = {"type": "function", "function": {"name": "get_weather"}}
         greeting = c.chat.completions.create(**hi, tool_choice=named)
         streamed = list(c.chat.completions.create(**hi, stream=True, tool_choice=named))
+        # "Hi" with tool_choice "required": flint-nano greets after the forced <tool_call>, no
+        # call; the answer says so (it said finish "stop" and nothing else: a bad-input trial)
+        req_hi = c.chat.completions.create(**hi, tool_choice="required")
+        req_hi_s = list(c.chat.completions.create(**hi, stream=True, tool_choice="required"))
+    m = req_hi.choices[0].message
+    said = (m.model_extra or {}).get("withdrawn_tool_calls")
+    assert m.tool_calls or (said and "tool_choice forced a call" in said[0]["reason"]), m
+    gone = [w for ch in req_hi_s if ch.choices
+            for w in (ch.choices[0].delta.model_extra or {}).get("withdrawn_tool_calls") or ()]
+    assert m.tool_calls or len(gone) == 1, (m, gone)  # said once, mid-stream or at the end
     for r in forced.values():  # the call the model makes unasked, forced or not
         assert r.choices[0].message.tool_calls[0].function.name == "convert_units", r
         assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == \

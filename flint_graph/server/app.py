@@ -388,7 +388,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         weakref.finalize(stream, admission.done)  # a response never iterated frees it too
         _started(stream)
         decode = _decoder(llm) if params.logprobs else None
-        sse = await _respond(request, body, _chat_events(stream, usage, decode, admission),
+        sse = await _respond(request, body, _chat_events(stream, usage, decode, admission,
+                                                         body.get("tool_choice")),
                              stream, "chat", metrics, admission)
         if sse:
             return sse
@@ -400,7 +401,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         msg = stream.message
         if not msg.reasoning_content:
             msg = dataclasses.replace(msg, reasoning_content=None)
-        return p.chat_response(p.new_id("chatcmpl"), model_name, msg, _decoder(llm))
+        return p.chat_response(p.new_id("chatcmpl"), model_name, msg, _decoder(llm),
+                               body.get("tool_choice"))
 
     def _stopping(stream=None) -> p.APIError:
         n = 0 if stream is None else len(stream.output.token_ids)
@@ -428,9 +430,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         sent[0] = n
         return new
 
-    def _chat_events(stream, usage: bool, decode=None, admission=None) -> Iterator[dict]:
+    def _chat_events(stream, usage: bool, decode=None, admission=None,
+                     tool_choice=None) -> Iterator[dict]:
         rid, created = p.new_id("chatcmpl"), int(time.time())
         sent = [0]  # tokens whose logprobs went out (they ride on the chunks, in order)
+        withdrawn = False
         yield p.chat_chunk(rid, model_name, created, {"role": "assistant", "content": ""})
         for d in stream:
             if admission is not None:
@@ -449,6 +453,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             gone = [{"index": c.index, "reason": c.error} for c in d.tool_call_deltas if c.error]
             if gone:
                 delta["withdrawn_tool_calls"] = gone
+                withdrawn = True
             if delta:
                 chunk = p.chat_chunk(rid, model_name, created, delta)
                 lps = _new_logprobs(stream, sent, decode)
@@ -458,7 +463,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             else:
                 yield None  # nothing to send; `_pump` still checks the client is there
         msg = stream.message
-        last = p.chat_chunk(rid, model_name, created, {}, msg.finish_reason)
+        # a forced call that never started sent no fragment to withdraw: the last chunk says
+        # it did not come (a withdrawn one already said so in its own chunk)
+        missed = None if withdrawn else p.missed_forced_call(tool_choice, msg)
+        last = p.chat_chunk(rid, model_name, created,
+                            {"withdrawn_tool_calls": missed} if missed else {}, msg.finish_reason)
         lps = _new_logprobs(stream, sent, decode)
         if lps is not None:  # tokens whose text was held back (or produced none) until the end
             last["choices"][0]["logprobs"] = {"content": lps, "refusal": None}

@@ -263,6 +263,21 @@ def chat_message(msg) -> dict[str, Any]:
     return out
 
 
+def missed_forced_call(tool_choice: Any, msg) -> list[dict[str, Any]] | None:
+    """`withdrawn_tool_calls` entries ([{"index": 0, "reason"}]) for an answer with no tool
+    call where `tool_choice` forced one ("required" or a named function), else None. The
+    engine forces `<tool_call>` and the name but not what follows (`api.forced_call`), so the
+    model can still write no valid call; without this a client saw `finish_reason: "stop"` and
+    content starting with the forced `<tool_call>` (a bad-input trial, 2026-12-07)."""
+    from flint_graph.api import forced_call
+
+    if forced_call(tool_choice) is None or msg.tool_calls:
+        return None
+    why = next((e for e in msg.output.errors if e.startswith("tool call")),
+               "the model wrote no tool call")
+    return [{"index": 0, "reason": f"tool_choice forced a call and none came: {why}"}]
+
+
 def chat_logprobs(out, token_bytes) -> dict[str, Any] | None:
     """OpenAI's `choices[].logprobs` for a GenerationOutput that recorded them (None when not
     asked): `token_logprobs` of its tokens."""
@@ -326,13 +341,20 @@ def completion_logprobs(ids, lps, token_bytes, offset: int = 0,
             "text_offset": offsets}, offset
 
 
-def chat_response(rid: str, model: str, msg, decode=None) -> dict[str, Any]:
-    """The non-streamed chat.completion object (`decode`: token id -> bytes, for logprobs)."""
+def chat_response(rid: str, model: str, msg, decode=None,
+                  tool_choice: Any = None) -> dict[str, Any]:
+    """The non-streamed chat.completion object (`decode`: token id -> bytes, for logprobs);
+    the message carries `withdrawn_tool_calls` where `tool_choice` forced a call that did not
+    come (`missed_forced_call`)."""
     out = msg.output
     lps = chat_logprobs(out, decode) if decode is not None else None
+    message = chat_message(msg)
+    missed = missed_forced_call(tool_choice, msg)
+    if missed:
+        message["withdrawn_tool_calls"] = missed
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "message": chat_message(msg),
+            "choices": [{"index": 0, "message": message,
                          "finish_reason": msg.finish_reason, "logprobs": lps}],
             "usage": usage(len(out.prompt_token_ids), len(out.token_ids), out.cached_tokens)}
 
