@@ -212,6 +212,24 @@ def test_a_ref_into_a_list_by_index_resolves():
     ({"anyOf": {}}, r"parameters\.anyOf is \{\}; expected a non-empty array"),
     ({"anyOf": []}, r"parameters\.anyOf is \[\]"),
     ({"properties": {"value": {"not": 3}}}, r"parameters\.properties\.value\.not is 3"),
+    # value constraints JSON Schema forbids (a bad-input trial, 2026-12-07)
+    ({"properties": {"value": {"multipleOf": 0}}},
+     r"parameters\.properties\.value\.multipleOf is 0; expected a number above 0"),
+    ({"properties": {"value": {"multipleOf": -2.5}}},
+     r"parameters\.properties\.value\.multipleOf is -2\.5"),
+    ({"properties": {"value": {"minimum": "x"}}},
+     r"parameters\.properties\.value\.minimum is \"x\"; expected a number"),
+    ({"properties": {"value": {"maximum": True}}},
+     r"parameters\.properties\.value\.maximum is true; expected a number"),
+    ({"properties": {"value": {"exclusiveMinimum": "0"}}},
+     r"parameters\.properties\.value\.exclusiveMinimum is \"0\""),
+    ({"properties": {"value": {"maxLength": -1}}},
+     r"parameters\.properties\.value\.maxLength is -1; expected a non-negative integer"),
+    ({"properties": {"value": {"minItems": 1.5}}},
+     r"parameters\.properties\.value\.minItems is 1\.5"),
+    ({"properties": {"value": {"pattern": 5}}},
+     r"parameters\.properties\.value\.pattern is 5; expected a string"),
+    ({"maxProperties": "2"}, r"parameters\.maxProperties is \"2\""),
 ])
 def test_malformed_tool_schemas_are_refused_naming_the_keyword(change, match):
     from flint_graph.chat.tool_schema import tool_schemas
@@ -221,6 +239,18 @@ def test_malformed_tool_schemas_are_refused_naming_the_keyword(change, match):
     with pytest.raises(InvalidRequestError, match=rf"^tools\[0\] 'convert': {match}"):
         tool_schemas([{"type": "function", "function": {"name": "convert",
                                                         "parameters": params}}])
+
+
+@pytest.mark.parametrize("constraint", [{"multipleOf": 0.5}, {"minimum": 0, "maximum": 1e9},
+                                        {"exclusiveMinimum": True}, {"maxLength": 2.0},
+                                        {"pattern": "(", "format": "uri"}, {"minItems": 0}])
+def test_allowed_value_constraints_pass(constraint):
+    """Their legal forms: draft 4's boolean exclusiveMinimum, 2.0 as an integer count, and a
+    pattern Python's re would not compile (ECMA-262's, the tool's to apply)."""
+    from flint_graph.chat.tool_schema import tool_schemas
+
+    params = {"type": "object", "properties": {"value": {"type": "number", **constraint}}}
+    assert tool_schemas([{"type": "function", "function": {"name": "f", "parameters": params}}])
 
 
 def _generate_with_nan(llm, tensor, max_tokens: int):

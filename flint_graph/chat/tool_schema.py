@@ -10,8 +10,8 @@ a value without deciding its JSON type (minimum, pattern, items, properties, ...
 `$ref`s are not checked: the tool validates its own input. A reference cycle is cut at a
 fixed depth and counts as "anything". The declaration itself is checked when the tools arrive
 (`tool_schemas`): a parameters schema that is not an object schema, a keyword whose value JSON
-Schema does not allow (`required`, `properties`, `enum`, the combinators, ...) or a local
-`$ref` to nothing is refused, naming its path.
+Schema does not allow (`required`, `properties`, `enum`, the combinators, `multipleOf`,
+`minimum`, `maxLength`, ...) or a local `$ref` to nothing is refused, naming its path.
 
 `type_argument(text, schema, root)` picks, in this order, the first reading the schema admits:
   1. None, for the text `null` (blanks around it ignored);
@@ -64,6 +64,9 @@ JSON_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null
 _ONE_SCHEMA = {"additionalProperties", "items", "additionalItems", "contains", "not", "if",
                "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
 _SCHEMA_LISTS = {"allOf", "anyOf", "oneOf", "prefixItems", "items"}
+_NUMBER_KEYWORDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+_COUNT_KEYWORDS = {"minLength", "maxLength", "minItems", "maxItems", "minProperties",
+                   "maxProperties", "minContains", "maxContains"}
 _SCHEMA_MAPS = {"properties", "patternProperties", "dependentSchemas", "$defs", "definitions",
                 "dependencies"}
 
@@ -242,12 +245,35 @@ def _check_keywords(node: dict, root: Any, where: str, path: str) -> None:
     for key in _ONE_SCHEMA - {"items"}:
         if key in node and not is_schema(node[key]):
             raise fail(key, "a schema (an object or a boolean)")
+    # value constraints are the tool's to check (module doc), but a value JSON Schema
+    # forbids for one is refused like the rest (a bad-input trial, 2026-12-07: `multipleOf: 0`,
+    # `minimum: "x"` and `pattern: 5` were accepted); a pattern is ECMA-262, not compiled here
+    for key in _NUMBER_KEYWORDS & node.keys():
+        v = node[key]
+        draft4 = key.startswith("exclusive") and isinstance(v, bool)  # draft 4's flag form
+        if not draft4 and not _is_number(v):
+            raise fail(key, "a number")
+    if "multipleOf" in node and not (_is_number(node["multipleOf"]) and node["multipleOf"] > 0):
+        raise fail("multipleOf", "a number above 0")
+    for key in _COUNT_KEYWORDS & node.keys():
+        v = node[key]
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)  # 2.0 is an integer in JSON Schema
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            raise fail(key, "a non-negative integer")
+    for key in ("pattern", "format") & node.keys():
+        if not isinstance(node[key], str):
+            raise fail(key, "a string")
     if "$ref" in node:
         ref = node["$ref"]
         if not isinstance(ref, str):
             raise fail("$ref", "a string")
         if ref.startswith("#") and _deref(node, root) is None and ref != "#":
             raise fail("$ref", "a reference to a part of this tool's parameters")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _has_properties(schema: Any, root: Any) -> bool:
