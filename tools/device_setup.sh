@@ -7,6 +7,11 @@
 start=${start:-$(date +%s)}
 deadline=${deadline:-${DEADLINE:-$(( start + ${CALL_SECONDS:-570} ))}}
 left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l) : $1 )); }
+gpu_tests() {  # gpu_tests LOG SECONDS PYTEST-ARGS...: GPU tests into $OUT/LOG (-k: every file)
+  local log=$1 limit=$2; shift 2
+  timeout "$(left "$limit")" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 \
+    | tee "$OUT/$log" | tail -4
+}
 mkdir -p "$OUT"
 export FLINT_GRAPH_CACHE=${FLINT_GRAPH_CACHE:-$PWD/.kcache} PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -23,14 +23,7 @@ reuse() {
   timeout "$(left 240)" python3 tools/bench_reuse.py --preset full --max-tokens 16 "$@" \
     --out "/tmp/reuse/$name" > "$OUT/$name.log" 2>&1
   echo "$name: exit $? in $(( SECONDS - t0 )) s"
-  grep '^{' "$OUT/$name.log" | python3 -c "
-import json, sys
-rows = [json.loads(l) for l in sys.stdin]
-rows = [r for r in rows if 'ttft_ms' in r]
-half = len(rows) // 2  # reuse on, then the same turns off
-for on, off in zip(rows[:half], rows[half:]):
-    print(on.get('turn', on.get('step')), on['prompt_tokens'], on['cached_tokens'], round(on['ttft_ms'], 2),
-          round(off['ttft_ms'], 2), round(on['ttft_ms'] / off['ttft_ms'], 3))"
+  python3 tools/reuse_table.py < "$OUT/$name.log"
 }
 if [[ $runs == *" tests "* ]]; then
   timeout "$(left 150)" python3 -m pytest -q -m gpu -p no:cacheprovider \

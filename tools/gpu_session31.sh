@@ -25,11 +25,6 @@ set -uo pipefail
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 parts=" ${PARTS:-tests pd long trace} "
 has() { [[ $parts == *" $1 "* ]]; }
-gpu_tests() {  # gpu_tests LOG SECONDS PYTEST-ARGS... (-k applies to every file named)
-  local log=$1 limit=$2; shift 2
-  timeout "$(left "$limit")" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 \
-    | tee "$OUT/$log" | tail -4
-}
 if has tests; then
   gpu_tests gpu-tests.log 150 tests/test_moe_gate_up_gpu.py tests/test_decode_layer_gpu.py \
     tests/test_decode_step_gpu.py

@@ -21,11 +21,6 @@ set -uo pipefail
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 parts=" ${PARTS:-split reuse-split split-tests} "
 has() { [[ $parts == *" $1 "* ]]; }
-gpu_tests() {  # gpu_tests LOG SECONDS PYTEST-ARGS... (-k applies to every file named)
-  local log=$1 limit=$2; shift 2
-  timeout "$(left "$limit")" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" 2>&1 \
-    | tee "$OUT/$log" | tail -4
-}
 if has split-tests-first; then  # SPLIT_K: a -k filter (e.g. "attn_prefill_wg-full")
   gpu_tests gpu-tests-split.log 150 tests/test_attn_prefill_gpu.py ${SPLIT_K:+-k "$SPLIT_K"}
 fi
@@ -44,15 +39,7 @@ reuse() {  # reuse NAME ARGS...: 4 chat turns of ~470 new tokens on 8K of histor
     --format nvfp4 --history 8192 --new-tokens 512 --turns 4 "$@" --out "/tmp/reuse/$name" \
     > "/tmp/reuse-$name.log" 2>&1
   echo "$name: exit $? in $(( SECONDS - t0 )) s"
-  grep '^{' "/tmp/reuse-$name.log" | python3 -c "
-import json, sys
-rows = [json.loads(l) for l in sys.stdin]
-rows = [r for r in rows if 'ttft_ms' in r]
-half = len(rows) // 2  # reuse on, then the same turns off
-for on, off in zip(rows[:half], rows[half:]):
-    print('$name', on['turn'], on['prompt_tokens'], on['cached_tokens'], round(on['ttft_ms'], 2),
-          round(on['phases_ms']['prefill'], 2), round(off['ttft_ms'], 2),
-          round(on['ttft_ms'] / off['ttft_ms'], 3))" | tee -a "$OUT/reuse-split.txt"
+  python3 tools/reuse_table.py "$name" < "/tmp/reuse-$name.log" | tee -a "$OUT/reuse-split.txt"
 }
 if has reuse-split; then
   reuse today
