@@ -25,10 +25,11 @@ if has split-tests-first; then  # SPLIT_K: a -k filter (e.g. "attn_prefill_wg-fu
   gpu_tests gpu-tests-split.log 150 tests/test_attn_prefill_gpu.py ${SPLIT_K:+-k "$SPLIT_K"}
 fi
 if has split; then
+  v=attn_prefill_wg  # SPLIT_VARIANTS, SPLIT_CASES: a shorter probe when time is short
   timeout "$(left 120)" python3 tools/probe_attn_speed.py --kinds full \
-    --variants attn_prefill_wg,attn_prefill_wg:SPLITS=2,attn_prefill_wg:SPLITS=4,attn_prefill_wg:WS=1,attn_prefill_wg:ST=3 \
-    --cases 256+8192,512+8192,768+8192,1024+8192,512+2048,512+32768 --out "$OUT" \
-    > "$OUT/split.log" 2>&1
+    --variants "${SPLIT_VARIANTS:-$v,$v:SPLITS=2,$v:SPLITS=4,$v:WS=1,$v:ST=3}" \
+    --cases "${SPLIT_CASES:-256+8192,512+8192,768+8192,1024+8192,512+2048,512+32768}" \
+    --out "$OUT" > "$OUT/split.log" 2>&1
   echo "split: exit $?"; cat "$OUT/split.log" | tail -20
 fi
 reuse() {  # reuse NAME ARGS...: 4 chat turns of ~470 new tokens on 8K of history, NVFP4
