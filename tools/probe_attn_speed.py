@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -91,12 +92,16 @@ def main() -> int:
                     times.append(s.elapsed_time(e) / 1e3 / args.reps)
                 sec = statistics.median(times)
                 fl = ap.flops(spec, t, start)
+                # the launch's CTAs (grid x · y · z): one an SM or two tells how much of the
+                # kernel's overlap a case can have (attn_prefill_wg is laid out for two)
+                ctas = math.prod(mod.KERNEL.launch(spec).grid_for({"T": t}))
                 row = {"variant": variant, "kind": kind, "tokens": t, "start": start,
-                       "us": sec * 1e6, "tflops": fl / sec / 1e12, "of_peak": fl / sec / peak}
+                       "ctas": ctas, "us": sec * 1e6, "tflops": fl / sec / 1e12,
+                       "of_peak": fl / sec / peak}
                 rows.append(row)
-                print(f"{variant:28s} {kind:7s} T={t:6d} S={start:6d}: {sec * 1e6:9.1f} us "
-                      f"{row['tflops']:6.1f} TFLOP/s ({row['of_peak']:.0%} of the matmul peak)",
-                      flush=True)
+                print(f"{variant:28s} {kind:7s} T={t:6d} S={start:6d} {ctas:5d} CTAs: "
+                      f"{sec * 1e6:9.1f} us {row['tflops']:6.1f} TFLOP/s ({row['of_peak']:.0%} "
+                      "of the matmul peak)", flush=True)
                 del graph, sets
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
