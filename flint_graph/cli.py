@@ -518,15 +518,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise
     out = stream.output
     limit = llm.engine.context_limit
-    room = limit - len(out.prompt_token_ids)
+    context_note = None  # said in --json mode too, beside its "length_cause" (a new user's trial)
+    if out.finish_reason == "length" and len(out.token_ids) >= limit - len(out.prompt_token_ids):
+        context_note = (f"flint-graph: note: the context limit ({limit} tokens) ended the answer "
+                        f"after {len(out.token_ids)} tokens; shorten the prompt")
     if args.json:
         with _sigterm_deferred():  # the finished answer is printed whole, then the signal
             print(output_to_json(out, llm.engine.name, limit))
-        if out.finish_reason == "length" and len(out.token_ids) >= room:
-            # stderr, beside the JSON's "length_cause" (a new user's trial, 2026-12-06: the
-            # plain output said why the answer ended and --json did not)
-            print(f"flint-graph: note: the context limit ({limit} tokens) ended the answer "
-                  f"after {len(out.token_ids)} tokens; shorten the prompt", file=sys.stderr)
+        if context_note:
+            print(context_note, file=sys.stderr)
         return 0
     if reasoning_open:
         sys.stderr.write("\n")
@@ -534,10 +534,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print()
     for err in out.errors:
         print(f"flint-graph: warning: {err}", file=sys.stderr)
-    if out.finish_reason == "length" and len(out.token_ids) >= room:
-        print(f"flint-graph: note: the context limit ({limit} tokens) "
-              f"ended the answer after {len(out.token_ids)} tokens; shorten the prompt",
-              file=sys.stderr)
+    if context_note:
+        print(context_note, file=sys.stderr)
     elif out.finish_reason == "length" and not args.raw and not out.content \
             and not out.tool_calls:
         print(f"flint-graph: note: max tokens ({len(out.token_ids)}) ran out while the model was "
@@ -680,7 +678,6 @@ def _check_address(host: str, port: int) -> None:
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Serve the OpenAI HTTP API until Ctrl-C (flint_graph/server)."""
     import asyncio
-    from pathlib import Path
 
     try:
         import uvicorn

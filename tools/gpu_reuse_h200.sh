@@ -8,10 +8,8 @@
 # Device run: carry [".whl", ".kcache"], needs_h200 (BF16 full size is ~80 GB of weights),
 # command: bash tools/gpu_reuse_h200.sh (RUNS: the names below to run, default all)
 set -uo pipefail
-start=$(date +%s)
-deadline=${DEADLINE:-$(( start + 575 ))}
-left() { local l=$(( deadline - $(date +%s) )); echo $(( l < $1 ? (l < 1 ? 1 : l) : $1 )); }
-. tools/device_setup.sh
+CALL_SECONDS=${CALL_SECONDS:-575}
+. tools/device_setup.sh  # also start, deadline (DEADLINE, else CALL_SECONDS) and left
 # at most 8 files come back from $OUT (install.log, gpu-tests.log, five logs, one archive)
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader
 runs=" ${RUNS:-tests nvfp4-new512 bf16-new512 nvfp4-tool nvfp4-32k bf16-tool} "
@@ -26,8 +24,7 @@ reuse() {
   python3 tools/reuse_table.py < "$OUT/$name.log"
 }
 if [[ $runs == *" tests "* ]]; then
-  timeout "$(left 150)" python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_kv_reuse_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -4
+  gpu_tests gpu-tests.log 150 tests/test_kv_reuse_gpu.py
 fi
 reuse nvfp4-new512 --format nvfp4 --history 8192 --new-tokens 512 --turns 20
 reuse bf16-new512 --format bf16 --history 8192 --new-tokens 512 --turns 20
