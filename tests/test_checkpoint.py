@@ -102,6 +102,22 @@ def test_gguf_without_config_dir_explains_hf_config_path(ckpt_dir, tmp_path):
     assert ck.config_dir == ckpt_dir and ck.format is WeightFormat.NVFP4
 
 
+@pytest.mark.parametrize("damage", ["truncated", "header"])
+def test_corrupt_gguf_without_config_dir_says_corrupt_first(ckpt_dir, tmp_path, damage):
+    # a broken file is the user's first problem: asking for --hf-config-path before saying so
+    # sent them to fetch a config for a file that could never load (a bad-input trial)
+    data = bytearray((ckpt_dir / GGUF_NAME).read_bytes())
+    if damage == "truncated":
+        data = data[:200]
+    else:
+        data[24:32] = b"\xff" * 8  # the first metadata key's length: 2^64 - 1
+    lone = tmp_path / "flint.gguf"
+    lone.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=str(lone)) as e:
+        load_checkpoint(lone, progress=False)
+    assert "--hf-config-path" not in str(e.value) and "config.json" not in str(e.value)
+
+
 def test_random_file_refused(tmp_path):
     junk = tmp_path / "model.gguf"
     junk.write_bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(3),
