@@ -421,7 +421,8 @@ class LLM:
         # distinct ids, so tool results pair with theirs across a transcript
         earlier = sum(len(m.get("tool_calls") or ()) for m in messages
                       if isinstance(m, dict) and m.get("role") == "assistant")
-        parser = OutputParser(tools=declared, thinking=enable_thinking, first_id=earlier)
+        parser = OutputParser(tools=declared, thinking=enable_thinking, first_id=earlier,
+                              forced=None if name is None else "<tool_call>" + name)
         text = "".join(s.text for s in segments)
         check_prompt_text(text)
 

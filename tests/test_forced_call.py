@@ -67,13 +67,16 @@ def test_a_call_the_model_opens_itself_gets_only_the_forced_name(tiny_llm):
 
 def test_the_engine_appends_the_forced_tokens(tiny_llm):
     call, think, name, eos = _ids(tiny_llm)
-    out = tiny_llm.chat([{"role": "user", "content": "hi"}], TOOLS,
+    msg = tiny_llm.chat([{"role": "user", "content": "hi"}], TOOLS,
                         SamplingParams(max_tokens=12, temperature=0, logprobs=True),
-                        enable_thinking=False, tool_choice=NAMED).output
+                        enable_thinking=False, tool_choice=NAMED)
+    out = msg.output
     assert out.token_ids[:1 + len(name)] == [call, *name]
     assert len(out.logprobs) == len(out.token_ids)  # the forced tokens' own log-probabilities
-    text = out.content + "".join(c.name for c in out.tool_calls)
-    assert "get_weather" in text
+    # the tiny model's call is a call or reported as none; the forced text is never content
+    assert [c.name for c in msg.tool_calls] == ["get_weather"] or \
+        any(e.startswith("tool call 1") for e in out.errors), (msg, out.errors)
+    assert not msg.content.startswith("<tool_call>")
 
 
 def test_a_named_choice_never_returns_a_call_to_another_tool(tiny_llm):

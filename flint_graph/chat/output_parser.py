@@ -110,13 +110,16 @@ class OutputParser:
     parses no calls. thinking: whether the prompt ended inside `<think>`. Raises
     InvalidRequestError for a malformed `tools` list. first_id: the number in the first call's
     id ("call_<first_id>", then counting up), so that a conversation's calls keep distinct ids
-    when each turn is parsed anew (LLM.chat passes the calls already in the history). Decisions
-    and policies: module docstring.
+    when each turn is parsed anew (LLM.chat passes the calls already in the history). forced:
+    the text the engine wrote for the model at the start of its first call (`<tool_call>` and
+    the forced name, `LLM._force_call`): when that call is rejected, its content loses that
+    text, which the model never chose. Decisions and policies: module docstring.
     """
 
     def __init__(self, tools: list[dict] | None = None, thinking: bool = True,
-                 first_id: int = 0):
+                 first_id: int = 0, forced: str | None = None):
         self._first_id = first_id
+        self._forced = forced
         self._schemas = tool_schemas(tools)
         self._calls_on = tools is None or len(tools) > 0
         # Text states hold back a suffix that may become a tag they act on (none but the
@@ -286,7 +289,13 @@ class OutputParser:
             self._delta.tool_calls.append(reader.call)
             self._state = STRIP
         else:
-            self._emit(CONTENT, reader.rejected)
+            rejected = reader.rejected
+            if self._num_calls == 1 and self._forced and rejected.startswith(self._forced):
+                # a forced call the model did not write: what it wrote instead is the answer
+                # ("<tool_call>Hello! …" for a greeting under tool_choice "required", a new
+                # user's trial, 2026-12-07); the error and withdrawn_tool_calls say why
+                rejected = rejected[len(self._forced):].lstrip()
+            self._emit(CONTENT, rejected)
             self._state = CONTENT
             self._stray_seen = True  # its leftover tags are that call's, already reported
         return True
