@@ -794,3 +794,11 @@ def test_a_byte_order_mark_before_the_first_line_is_dropped(tiny_llm, first):
     want = {'\ufeff"""': ["a\nb", "x\ufeff"], "\ufeff/reset": ["x\ufeff"],
             "\ufeffHi": ["Hi", "x\ufeff"]}[first]
     assert users == want, users
+
+
+def test_the_banner_names_every_command():
+    """A new user's trial (2026-12-07): the README says "/help lists the commands", but the
+    banner's reminder listed every command except /help."""
+    from flint_graph.terminal.chat_cli import COMMANDS, HELP
+
+    assert all(cmd in HELP for cmd in COMMANDS)

@@ -39,7 +39,8 @@ __all__ = ["ChatSession", "save_transcript", "printable", "HELP"]
 COMMANDS = ("/exit", "/quit", "/reset", "/save", "/reasoning", "/help")
 HELP = ('""" starts and ends a message of several lines · '
         "/reset  start a new conversation · /save FILE  save the transcript as JSON · "
-        "/reasoning  show the last reasoning · /exit  quit (or /quit, Ctrl-D)")
+        "/reasoning  show the last reasoning · /help  every command · "
+        "/exit  quit (or /quit, Ctrl-D)")
 ECHO_CHARS = 2000  # of a piped line printed back after its prompt (the rest is counted)
 ECHO_LINES = 20  # of a piped """ message printed back (the rest is counted)
 # the longest piped line read (characters): far above what the largest context holds (the
