@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import torch
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
-from flint_graph.perf.machine import header, machine_info
+from flint_graph.perf.machine import header, machine_info, note_no_gpu
 from flint_graph.perf.measure import (e2e_record, graph_nodes_per_bucket, graph_steps,
                                       interleave_record, matmul_peak_flops,
                                       prefill_baseline_record, prefill_record, reference_fits,
@@ -207,6 +208,15 @@ def run_bench(o: BenchOptions) -> dict:
     dev = pick_device(o.device)
     if o.engine == "graph" and dev.type != "cuda":
         raise InvalidRequestError(f"--engine graph: needs CUDA, this run is on {dev}")
+    # what the run leaves out, said before it starts (a new user's trial, 2026-12-07: the
+    # 8K-100K contexts vanished from a tiny-preset table without a word, and nothing said why
+    # every row was the reference engine)
+    dropped = [c for c in DEFAULT_CONTEXTS if c >= limit] if o.contexts is None else []
+    if dropped:
+        print(f"flint-graph: note: contexts {', '.join(f'{c:,}' for c in dropped)} do not fit "
+              f"this model's {limit:,}-token limit and are skipped (--preset full has them)",
+              file=sys.stderr)
+    note_no_gpu(dev, "every row")
     source = o.model or f"preset {o.preset} (synthetic, seed {o.seed}, in memory)"
     res = header("flint-graph-bench", cfg, str(source), dev, o.command)
     res.update(copy_bw=copy_bandwidth(dev), kv_fill=KV_FILL, cold_start=None,

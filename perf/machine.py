@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -100,3 +101,13 @@ def rss_anon() -> int:
     except OSError:
         pass
     return 0
+
+
+def note_no_gpu(dev, what: str) -> None:
+    """On a device other than CUDA, a stderr note that `what` ("every row", "the trace") is the
+    reference engine's, and why: bench and trace on a CPU said nothing of it (a new user's
+    trial, 2026-12-07)."""
+    if dev.type != "cuda":
+        print(f"flint-graph: note: no CUDA GPU ({dev}): {what} is the reference engine's; the "
+              "graph engine (AOT kernels in CUDA graphs, the figures in docs/perf-log.md) needs "
+              "an NVIDIA GPU", file=sys.stderr)

@@ -27,7 +27,7 @@ import torch
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError, InvalidRequestError
-from flint_graph.perf.machine import header
+from flint_graph.perf.machine import header, note_no_gpu
 from flint_graph.perf.roofline import copy_bandwidth, step_kernels
 
 KV_FILL = "synthetic: random KV values (not a prefill), timing only"
@@ -336,7 +336,9 @@ def run_trace(o) -> dict:
                                   f"{cfg.max_position_embeddings - 1} (the model's limit)")
     from flint_graph.runtime.engine_config import pick_device
 
-    bw = copy_bandwidth(pick_device(o.device))  # before the weights, as bench measures it
+    dev = pick_device(o.device)
+    note_no_gpu(dev, "the trace")
+    bw = copy_bandwidth(dev)  # before the weights, as bench measures it
     fmt, llm = next(sources(o, ctx + 1))
     dev = llm.device
     res = header("flint-graph-trace", cfg,

@@ -74,7 +74,11 @@ def test_bench_on_the_cpu_writes_every_figure(tmp_path, capsys):
     rc = main(["bench", *SMALL, "--contexts", "300,600", "--buckets", "1,2", "--steps", "2",
                "--baseline-steps", "2", "--e2e-tokens", "3", "--prefill-tokens", "40",
                "--json", str(out), "--markdown", str(md)])
-    assert rc == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    # the engine every row ran on, said (a new user's trial, 2026-12-07); no context dropped
+    assert "no CUDA GPU (cpu): every row is the reference engine's" in err
+    assert "skipped" not in err
     r = json.loads(out.read_text())
     assert r["schema"] == "flint-graph-bench" and r["machine"]["device"] == "cpu"
     assert r["model"]["config_hash"] == config_hash(FlintConfig.preset("tiny"))
@@ -92,11 +96,28 @@ def test_bench_on_the_cpu_writes_every_figure(tmp_path, capsys):
     assert rc == 0
 
 
+def test_bench_names_the_default_contexts_a_small_model_skips(capsys, monkeypatch):
+    """A new user's trial (2026-12-07): `bench` on the tiny preset measured 1,024 only, and
+    nothing said that 8K, 32K and 100K had been dropped. The note names them before the run
+    (stopped here right after: the plan is what is checked)."""
+    import flint_graph.perf.bench as bench
+
+    def stop(*a, **k):
+        raise SystemExit(7)
+
+    monkeypatch.setattr(bench, "copy_bandwidth", stop)
+    assert main(["bench", *SMALL]) == 7
+    err = capsys.readouterr().err
+    assert "contexts 8,192, 32,768, 100,000 do not fit this model's 4,096-token limit" in err
+
+
 def test_trace_on_the_cpu_writes_a_timeline(tmp_path, capsys):
     out, page = tmp_path / "t.json", tmp_path / "t.html"
     rc = main(["trace", *SMALL, "--context", "200", "--steps", "2", "--out", str(out),
                "--html", str(page)])
-    assert rc == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "no CUDA GPU (cpu): the trace is the reference engine's" in err
     t = json.loads(out.read_text())
     assert t["schema"] == "flint-graph-trace" and t["engine"] == "reference"
     assert t["traceEvents"] and t["step_us"] > 0
