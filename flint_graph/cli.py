@@ -707,8 +707,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               f"engine) answers POST {base}/v1/chat/completions",
               file=sys.stderr, flush=True)
 
+    def log_request(line: str) -> None:
+        print(f"flint-graph: {line}", file=sys.stderr, flush=True)
+
     app = create_app(lambda: load_llm(args), name, api_key=args.api_key, on_error=stop,
-                     max_waiting=args.max_waiting, on_ready=ready)
+                     max_waiting=args.max_waiting, on_ready=ready,
+                     request_log=None if args.no_request_log else log_request)
 
     class Server(uvicorn.Server):
         loop = None

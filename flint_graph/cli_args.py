@@ -335,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "aborted: a streamed one ends with finish_reason \"abort\" and "
                           "[DONE], another gets a 503 error; a second signal does that at "
                           "once (default: %(default)s)")
+    srv.add_argument("--no-request-log", action="store_true",
+                     help="do not print a line on stderr for each finished request (route, "
+                          "finish reason, prompt / cached / generated tokens, TTFT, time); "
+                          "GET /metrics counts them either way")
     srv.set_defaults(command="serve")
 
     mk = sub.add_parser("make-checkpoint", help="write a synthetic Flint checkpoint (BF16 "

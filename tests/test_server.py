@@ -713,17 +713,42 @@ def _ended_with_abort(lines: list[bytes]) -> None:
     assert finishes == ["abort"]
 
 
+def test_the_request_log_line():
+    """`serve`'s line per finished request (metrics.request_line): route, finish reason,
+    prompt tokens with the cached share, generated tokens, TTFT and the total time."""
+    from types import SimpleNamespace
+
+    from flint_graph.server.metrics import request_line
+
+    out = SimpleNamespace(token_ids=[1] * 41, prompt_token_ids=[2] * 1230, cached_tokens=1200,
+                          finish_reason="stop", ttft_ms=120.4, ms_per_token=45.0)
+    assert request_line("chat", out) == ("POST /v1/chat/completions stop: 1,230 prompt tokens "
+                                         "(1,200 cached), 41 generated, TTFT 120 ms, 1.92 s")
+    out = SimpleNamespace(token_ids=[], prompt_token_ids=[2] * 5, cached_tokens=0,
+                          finish_reason="abort", ttft_ms=None, ms_per_token=None)
+    assert request_line("completions", out) == \
+        "POST /v1/completions abort: 5 prompt tokens, 0 generated"
+
+
 def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
     """`docker stop` / systemd send SIGTERM: the server stops as on Ctrl-C and exits 0 (uvicorn
     re-raised the signal after its graceful shutdown: the process died of it, status 143)."""
     import signal
 
-    with _serve_process(tiny_ckpt) as (p, _):
+    with _serve_process(tiny_ckpt, "--served-model-name", "x") as (p, port):
+        # one request first: the log gives it a line (`serve` was silent while requests came
+        # and went: a new user's trial, 2026-12-07)
+        status, _ = _post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                          {"model": "x", "max_tokens": 3, "temperature": 0,
+                           "messages": [{"role": "user", "content": "hi"}]}, key=None)
+        assert status == 200
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0, p.stderr.read().decode()[-500:]
         # the log said when the model was ready, and says it is stopping (it said nothing);
         # with no request open, nothing about a grace ("0 request(s) open get 5 s" read oddly)
         err = p.stderr.read().decode()
+        assert re.search(r"flint-graph: POST /v1/chat/completions \w+: \d+ prompt tokens, "
+                         r"3 generated, TTFT \d+ ms, \d+\.\d\d s\n", err), err
         assert re.search(r"flint-graph: ready in \d+\.\d s: '\w+' \(reference engine\) answers "
                          r"POST http://127\.0\.0\.1:\d+/v1/chat/completions", err), err
         assert "flint-graph: stopping (SIGTERM)\n" in err, err

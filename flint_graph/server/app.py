@@ -91,7 +91,7 @@ def _parsed(raw: bytearray) -> Any:
 
 def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
                max_waiting: int | None = 256, body_timeout_s: float = BODY_TIMEOUT_S,
-               on_ready=None):
+               on_ready=None, request_log=None):
     """The FastAPI app serving `llm` as model `model_name`; with `api_key`, every /v1 route
     wants `Authorization: Bearer <api_key>`, the scheme in any case (401 otherwise). Requests
     beyond the engine's slots wait in arrival order; with `max_waiting`, one that finds that
@@ -107,7 +107,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     starts: until it returns, /health answers 503 {"status": "loading"} and every other route
     503; if it raises, /health answers 503 {"status": "error", "error": ...} and
     `on_error(message)` is called (the CLI stops the server with it); once it is loaded,
-    `on_ready(llm)` (the CLI logs that the server is ready).
+    `on_ready(llm)` (the CLI logs that the server is ready). `request_log(line)`, when given,
+    gets one line per finished generation (`metrics.request_line`: route, finish reason,
+    tokens, TTFT, time).
 
     `app.state.abort_all()` (the CLI calls it when a shutdown's grace has passed) aborts every
     open request in the engine (from a thread: an abort waits for the engine step in
@@ -126,7 +128,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     in_flight = [0]  # their bytes so far (MAX_BODIES_IN_FLIGHT_BYTES); the event loop's only
 
     def _loaded(model) -> None:
-        state["metrics"] = ServerMetrics(model.engine)
+        state["metrics"] = ServerMetrics(model.engine, request_log)
         # the model object's `created`: the same on every answer (it was each answer's time)
         state["created"] = int(time.time())
         state["llm"] = model

@@ -13,12 +13,32 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 
 
+ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def request_line(route: str, out) -> str:
+    """One finished request as a log line: its path, finish reason, prompt tokens (cached
+    share), generated tokens, TTFT (ms) and total time (s, TTFT + TPOT for the rest); e.g.
+    `POST /v1/chat/completions stop: 23 prompt tokens (12 cached), 41 generated, TTFT 120 ms,
+    1.91 s`. `out`: a GenerationOutput (api.py)."""
+    n = len(out.token_ids)
+    cached = f" ({out.cached_tokens:,} cached)" if out.cached_tokens else ""
+    parts = [f"{len(out.prompt_token_ids):,} prompt tokens{cached}", f"{n:,} generated"]
+    if out.ttft_ms is not None:
+        total = out.ttft_ms + (out.ms_per_token or 0.0) * max(n - 1, 0)
+        parts += [f"TTFT {out.ttft_ms:,.0f} ms", f"{total / 1e3:,.2f} s"]
+    return f"POST {ROUTES.get(route, route)} {out.finish_reason}: {', '.join(parts)}"
+
+
 class ServerMetrics:
     """The server's metrics in their own registry (several apps in one process, as the tests
     run, keep apart). `record(route, output)` after each request; `render()` -> (bytes, content
-    type) for the /metrics response."""
+    type) for the /metrics response. `log`: called with each finished request's
+    `request_line` (the CLI prints it; a new user's trial found `serve` silent while requests
+    came and went, 2026-12-07), or None."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, log=None):
+        self.log = log
         r = self.registry = CollectorRegistry()
         self.requests = Counter("flint_requests", "Finished requests", ["route", "finish_reason"],
                                 registry=r)
@@ -54,6 +74,8 @@ class ServerMetrics:
             self.ttft.observe(out.ttft_ms / 1e3)
         if out.ms_per_token is not None:
             self.tpot.observe(out.ms_per_token / 1e3)
+        if self.log is not None:
+            self.log(request_line(route, out))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
