@@ -318,16 +318,36 @@ def _question(case: Case) -> str:
     return text if len(text) <= QUESTION_CHARS else "…" + text[-QUESTION_CHARS:]
 
 
+# a case's cost for the progress bar, from flint-nano's reference engine on 2 CPU cores
+# (2026-12-07, 8 cases a batch): a prompt token ~0.8 ms + 0.2 ms per 1K tokens of its prompt
+# (recall@1024 1.0 ms a token, recall@16384 4.2: attention grows with the context), a decode
+# step of the batch ~40 ms, ~60% of a suite's token limit used on average
+PROMPT_TOKEN_S, PROMPT_TOKEN_S_PER_TOKEN, STEP_S, LIMIT_USED = 8e-4, 2e-7, 0.04, 0.6
+
+
+def case_costs(llm, cases: list[Case], batch: int) -> list[float]:
+    """Each case's estimated seconds (the constants above): its prompt's share plus its share of
+    its batch's decode steps. Only the progress bar's proportions use it; a GPU's ratio of
+    prefill to decode differs, but the long prompts dominate there too."""
+    costs = []
+    for c in cases:
+        t = len(llm.tokenizer.encode(llm.render(c.messages, c.tools)))
+        steps = LIMIT_USED * MAX_NEW_TOKENS[c.suite]
+        costs.append(t * (PROMPT_TOKEN_S + PROMPT_TOKEN_S_PER_TOKEN * t) + steps * STEP_S / batch)
+    return costs
+
+
 def run(llm, cases: list[Case], batch: int = 8, progress: bool = True) -> dict[str, Any]:
     """Decode every case greedily through `llm.chat_batch`, `batch` at a time, and score it.
     Returns {"groups": {group: {"n", metric: fraction}}, "targets": [...], "cases": [...],
     "seconds"}."""
-    from flint_graph.terminal.progress import progress_bar
+    from flint_graph.terminal.progress import weighted_progress_bar
     from flint_graph.runtime.sampling import SamplingParams
 
     t0 = time.perf_counter()
     records = []
-    with progress_bar(progress, "eval", len(cases), unit="steps") as advance:
+    weights = case_costs(llm, cases, batch) if progress else [1.0] * len(cases)
+    with weighted_progress_bar(progress, "eval", weights) as advance:
         for b in range(0, len(cases), batch):
             chunk = cases[b:b + batch]
             limit = max(MAX_NEW_TOKENS[c.suite] for c in chunk)

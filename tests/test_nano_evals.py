@@ -754,3 +754,37 @@ def test_contexts_matter_to_the_setup_only_with_recall():
     assert evals.same_setup(a, {**a, "contexts": [4096]})
     r = {**base, "suites": ["recall"], "contexts": [1024]}
     assert not evals.same_setup(r, {**r, "contexts": [4096]})
+
+
+def test_the_progress_bar_weighs_a_long_recall_case_above_a_short_one(tiny_llm):
+    """A new user's trial (2026-12-07): the bar counted cases, so after the quick ones it said
+    ~3 minutes were left of a run of more than an hour (the 16K-token recall cases come last).
+    Each case now weighs its estimated seconds: a 16K recall list many times a tool call."""
+    tools = evals.build_cases(("tools",), 2)[:1]
+    long = evals.build_cases(("recall",), 2, contexts=(16384,))[:1]
+    short, big = evals.case_costs(tiny_llm, tools + long, batch=8)
+    assert big > 20 * short > 0
+
+
+def test_the_weighted_bar_counts_items_and_is_silent_off_a_terminal(monkeypatch):
+    from rich.console import Console
+
+    from flint_graph.terminal.progress import weighted_progress_bar
+
+    with weighted_progress_bar(True, "eval", [1.0, 9.0]) as advance:  # stderr not a terminal
+        advance(1)
+    seen = []
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+    import rich.progress
+
+    update = rich.progress.Progress.update
+
+    def spy(self, task, **kw):
+        seen.append((kw.get("advance"), kw.get("items")))
+        return update(self, task, **kw)
+
+    monkeypatch.setattr(rich.progress.Progress, "update", spy)
+    with weighted_progress_bar(True, "eval", [1.0, 9.0, 5.0]) as advance:
+        advance(2)
+        advance(1)
+    assert seen == [(10.0, 2), (5.0, 3)]
