@@ -77,3 +77,17 @@ def test_json_inputs_are_refused_by_kind_and_size_before_parsing(capsys, tmp_pat
     assert code == 2 and f in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert time.process_time() - t0 < 20
+
+
+def test_a_prompt_a_growing_normalizer_could_blow_up_is_refused_before_tokenising(
+        tiny_llm, monkeypatch):
+    """A bad-input trial (2026-12-07): a normalizer that lengthens a text (here taken as
+    10^6-fold) made a 170,000-character prompt an 11 GB allocation in Rust, which aborted the
+    process. Past `max_text_chars` the prompt is refused by its length, naming the growth."""
+    monkeypatch.setattr(tiny_llm.tokenizer, "normalizer_growth", 1e6)
+    assert tiny_llm.tokenizer.max_text_chars == 134
+    for ask in (lambda: tiny_llm.generate(["h" * 135], SamplingParams(max_tokens=1)),
+                lambda: tiny_llm.chat([{"role": "user", "content": "h" * 200}])):
+        with pytest.raises(ContextLengthError, match=r"normalizer can lengthen a text up to "
+                                                     r"1,000,000-fold, so at most 134 "):
+            ask()

@@ -362,3 +362,57 @@ def test_a_panic_while_loading_names_the_file(tok_dir, tmp_path):
     d = _with_pipeline(tok_dir, tmp_path, normalizer=bad)
     with pytest.raises(CheckpointError, match=r"tokenizer\.json: not a valid tokenizers file"):
         FlintTokenizer.from_dir(d)
+
+
+def _with(tok_dir, tmp_path, edit):
+    """A copy of the tokenizer directory with tokenizer.json's JSON changed by `edit(data)`."""
+    copy = tmp_path / "tok"
+    shutil.copytree(tok_dir[0], copy)
+    data = json.loads((copy / "tokenizer.json").read_text())
+    edit(data)
+    (copy / "tokenizer.json").write_text(json.dumps(data))
+    return copy
+
+
+def _long_added_token(data):
+    entry = next(e for e in data["added_tokens"] if e["content"] == "[MASK]")
+    entry["content"] = "Q" * 100_000
+
+
+@pytest.mark.parametrize("edit, message", [
+    # every render listed each prefix of each marker: ~10 GB for this one (a bad-input trial)
+    (_long_added_token, r'added token \d+ is 100,000 characters \("QQQ.*at most 256'),
+    # the normalizer grew a 170,000-character prompt to 11 GB: a Rust abort of the process
+    (lambda d: d.update(normalizer={"type": "Replace", "pattern": {"String": "h"},
+                                    "content": "hello" * 20000}),
+     r'normalizer: can lengthen a text up to 100,000-fold \(Replace of "h" by 100,000'),
+    (lambda d: d.update(normalizer={"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"Regex": "a"}, "content": "bbbbbbb"}] * 3}),
+     r"normalizer: can lengthen a text up to 512-fold"),
+    # a 400-token answer decoded to 109 MB
+    (lambda d: d.update(decoder={"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": " "}, "content": "x" * 1_000_000},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+         "use_regex": True}]}),
+     r"decoder: can lengthen a token's text up to 1,000,000-fold"),
+])
+def test_a_tokenizer_that_can_blow_a_text_up_is_refused_at_load(tok_dir, tmp_path, edit,
+                                                                message):
+    """Bad-input trials (2026-12-07): a tokenizer.json whose added token, normalizer or decoder
+    can make a short text enormous loaded, and then exhausted the memory (or aborted the
+    process in Rust) at the first prompt. Each is refused at load, naming the file and part."""
+    with pytest.raises(CheckpointError, match="tokenizer.json " + message):
+        FlintTokenizer.from_dir(_with(tok_dir, tmp_path, edit))
+
+
+def test_a_normalizer_that_may_grow_a_text_bounds_the_prompt_it_encodes(tok_dir, tmp_path):
+    """NFKC (at most 18-fold, by the bound taken for it) loads, and the characters a prompt may
+    hold shrink by that much; without a normalizer the bound is NORMALIZED_MAX_CHARS."""
+    from flint_graph.chat.tokenizer import NORMALIZED_MAX_CHARS
+
+    nfkc = FlintTokenizer.from_dir(_with(tok_dir, tmp_path,
+                                         lambda d: d.update(normalizer={"type": "NFKC"})))
+    assert nfkc.normalizer_growth == 18
+    assert nfkc.max_text_chars == NORMALIZED_MAX_CHARS // 18
+    assert nfkc.encode("hello") and FlintTokenizer.from_dir(tok_dir[0]).max_text_chars == \
+        NORMALIZED_MAX_CHARS

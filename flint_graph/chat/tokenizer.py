@@ -290,6 +290,83 @@ TOKENIZER_JSON_MAX_BYTES = 256 << 20
 CHAT_TEMPLATE_MAX_BYTES = 4 << 20
 
 
+# Added tokens become the chat prompt's markers (`prompt_segments`), whose prefixes are listed
+# per render: one of 100,000 characters made every render build ~10 GB of them (a bad-input
+# trial, 2026-12-07). Real ones are short tags (GLM-4.7's longest ~20 characters).
+ADDED_TOKEN_MAX_CHARS = 256
+# How many times a tokenizer.json's normalizer may lengthen a text, and its decoder a token's
+# text: a Replace of "h" by 100,000 characters made a 170,000-character prompt an 11 GB
+# allocation that aborted the process in Rust, and a Replace decoder of " " by 1 MB made a
+# 400-token answer 109 MB (a bad-input trial, 2026-12-07). Unicode normalization grows a text
+# at most 18-fold (NFKC/NFKD, e.g. U+FDFA); Flint's tokenizer has no normalizer.
+PIPELINE_GROWTH_MAX = 64
+# the most characters a prompt may hold after normalization (`FlintTokenizer.max_text_chars`)
+NORMALIZED_MAX_CHARS = 1 << 27
+# bounds on the growth of each normalizer type without a Replace-like content (per character)
+_NORMALIZER_GROWTH = {"NFC": 3, "NFD": 4, "NFKC": 18, "NFKD": 18, "Lowercase": 3,
+                      "BertNormalizer": 3, "Precompiled": 18, "ByteLevel": 4, "Strip": 1,
+                      "StripAccents": 1, "Nmt": 1}
+
+
+def pipeline_growth(spec: dict | None, items: str) -> tuple[float, str]:
+    """(the most times the normalizer or decoder `spec` (its tokenizer.json object; `items`
+    names a Sequence's list: "normalizers" or "decoders") can lengthen a text, the part that
+    grows it most, in words). A Replace grows it by its content over its pattern's length (a
+    regex pattern: content + 1, as a match may be one character or empty); Prepend by its
+    string; a Sequence by the product of its parts; a decoder other than Replace not at all;
+    a normalizer type not known here by 18 (`_NORMALIZER_GROWTH`)."""
+    if not isinstance(spec, dict):
+        return 1.0, ""
+    kind = spec.get("type")
+    if kind == "Sequence":
+        total, worst, top = 1.0, "", 0.0
+        for part in spec.get(items) or ():
+            g, why = pipeline_growth(part, items)
+            total *= g
+            if g > top:
+                top, worst = g, why
+        return total, worst
+    if kind == "Replace":
+        content = spec.get("content")
+        content = content if isinstance(content, str) else ""
+        pattern = spec.get("pattern") if isinstance(spec.get("pattern"), dict) else {}
+        text = pattern.get("String")
+        if isinstance(text, str) and text:
+            g = max(1.0, len(content) / len(text))
+            return g, f"Replace of {shown(text, 20)} by {len(content):,} characters"
+        return float(len(content) + 1), f"Replace by {len(content):,} characters"
+    if kind == "Prepend":
+        prepend = spec.get("prepend")
+        n = len(prepend) if isinstance(prepend, str) else 0
+        return float(1 + n), f"Prepend of {n:,} characters"
+    if items == "decoders":
+        return 1.0, ""
+    return float(_NORMALIZER_GROWTH.get(kind, 18)), f"{shown(kind, 30)}"
+
+
+def _check_pipeline(tokenizer, source: str) -> float:
+    """The normalizer's growth (`pipeline_growth`); raises CheckpointError naming tokenizer.json
+    when the normalizer or the decoder grows a text more than PIPELINE_GROWTH_MAX-fold."""
+    grown = 1.0
+    for part, items in (("normalizer", "normalizers"), ("decoder", "decoders")):
+        obj = getattr(tokenizer, part)
+        if obj is None:
+            continue
+        try:
+            spec = json.loads(obj.__getstate__())
+        except (TypeError, ValueError, AttributeError):
+            spec = None
+        g, why = pipeline_growth(spec, items)
+        if g > PIPELINE_GROWTH_MAX:
+            what = "a text" if part == "normalizer" else "a token's text"
+            raise CheckpointError(f"{source}: tokenizer.json {part}: can lengthen {what} up to "
+                                  f"{g:,.0f}-fold ({why}); at most {PIPELINE_GROWTH_MAX}-fold is "
+                                  "accepted (Unicode normalization: 18-fold at most)")
+        if part == "normalizer":
+            grown = g
+    return grown
+
+
 def _read_capped_text(path: Path, max_bytes: int, encoding: str) -> str:
     """The text of the regular file `path` (checked by the caller), read only up to
     `max_bytes` + 1 bytes. Raises CheckpointError naming the file when it is larger, cannot be
@@ -332,6 +409,14 @@ class FlintTokenizer:
             raise CheckpointError(f"{source}: tokenizer.json lacks the GLM-4.7 tokens {missing} "
                                   "(each must be one added token)")  # fmt: skip
         self._vocab_size = max(vocab.values()) + 1
+        for i, t in sorted(tokenizer.get_added_tokens_decoder().items()):
+            if len(t.content) > ADDED_TOKEN_MAX_CHARS:
+                raise CheckpointError(
+                    f"{source}: tokenizer.json added token {i} is {len(t.content):,} "
+                    f"characters ({shown(t.content, 40)}); an added token (a control token or "
+                    f"tag) may have at most {ADDED_TOKEN_MAX_CHARS}")
+        # a prompt of n characters is at most n * growth after normalization
+        self.normalizer_growth = _check_pipeline(tokenizer, source)
         # no token stands for more characters than this (byte-level BPE: one character per
         # byte), so a text of n characters has at least n / max_token_chars tokens
         self.max_token_chars = max(1, max(len(t) for t in vocab))
@@ -411,6 +496,12 @@ class FlintTokenizer:
                                   f"characters; at most {CHAT_TEMPLATE_MAX_BYTES >> 20} MiB")
         return cls(tok, config, template, source=str(path),
                    template_file=None if template is None else str(template_file))
+
+    @property
+    def max_text_chars(self) -> int:
+        """The most characters a text to encode may hold: NORMALIZED_MAX_CHARS after the
+        normalizer's growth (`pipeline_growth`; no normalizer: 134,217,728)."""
+        return int(NORMALIZED_MAX_CHARS // self.normalizer_growth)
 
     @property
     def vocab_size(self) -> int:
