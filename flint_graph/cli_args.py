@@ -92,6 +92,18 @@ def model_path(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("expected a BF16 checkpoint directory or an NVFP4 "
                                          ".gguf file; leave MODEL out for the default")
+    return usable_name(text)
+
+
+def usable_name(text: str) -> str:
+    """`text`, a path flag's value, unless it cannot name a file at all (`paths.name_problem`:
+    a NUL, a name too long for the file system, a directory on its way not searchable), which
+    raises ArgumentTypeError saying so (argparse adds the flag's name)."""
+    from flint_graph.paths import name_problem
+
+    problem = name_problem(text)
+    if problem:  # (ArgParser.error cuts a long name)
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
     return text
 
 
@@ -102,7 +114,7 @@ def hf_config_dir(text: str) -> str:
         raise argparse.ArgumentTypeError("expected a directory holding config.json (or that "
                                          "config.json); leave the option out to read them "
                                          "beside MODEL")
-    return text
+    return usable_name(text)
 
 
 def is_control(ch: str) -> bool:
@@ -419,7 +431,7 @@ def _nonempty_path(text: str) -> Path:
     directory."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a path, found {text!r}")
-    return Path(text)
+    return Path(usable_name(text))
 
 
 def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:

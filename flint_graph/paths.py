@@ -45,6 +45,40 @@ def _home() -> Path:
     return Path(pwd.getpwuid(os.getuid()).pw_dir)
 
 
+def name_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot name a file at all, in words for an error message, or None: a NUL
+    character in it, a name in it longer than the file system allows, or a directory on the
+    way that this user may not search. Each made `Path.exists()` raise (a bare ValueError or
+    OSError: "internal error: OSError: [Errno 36] File name too long" from the CLI and the
+    API alike, a bad-input trial of 2026-12-07); a path that merely does not exist is None."""
+    text = os.fspath(path)
+    if "\0" in (text if isinstance(text, str) else text.decode("latin-1")):
+        return "it holds a NUL character, which no file name can"
+    try:
+        os.stat(text)
+    except OSError as e:
+        import errno
+
+        if e.errno == errno.ENAMETOOLONG:
+            parts = [len(os.fsencode(p)) for p in Path(text).parts] or [0]
+            return (f"the name is too long for the file system ({len(os.fsencode(text)):,} "
+                    f"bytes, its longest part {max(parts):,}; a part may have at most 255)")
+        if e.errno == errno.EACCES:
+            return "permission denied looking it up (a directory on its way is not searchable)"
+    except ValueError:  # an unencodable path (a lone surrogate on a non-UTF-8 file system)
+        return "it cannot be encoded as a file name on this system"
+    return None
+
+
+def short_path(path: str | os.PathLike, limit: int = 80) -> str:
+    """`path` for an error message: whole up to `limit` characters, else its start and end
+    around "…" (a 5,000-character name filled the terminal)."""
+    text = os.fspath(path)
+    text = text if isinstance(text, str) else os.fsdecode(text)
+    text = text.replace("\0", "\\0")
+    return text if len(text) <= limit else text[:limit // 2] + "…" + text[-(limit // 2 - 1):]
+
+
 def file_kind(path: Path) -> str:
     """What is at `path`: "file" (a regular one), "missing" (nothing, or nothing this user may
     stat), "loop" (a symbolic link that loops), "dangling" (a link to nothing), "directory", or

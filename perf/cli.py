@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from flint_graph.cli_args import model_path, plain_int, refuse_repeats, seed_int
+from flint_graph.cli_args import model_path, plain_int, refuse_repeats, seed_int, usable_name
 from flint_graph.paths import replace_file
 
 BENCH_FIGURES = """\
@@ -140,7 +140,7 @@ def _path(text: str) -> Path:
     if text.endswith(("/", os.sep)):  # Path() drops it: `--json new/` wrote a file "new"
         raise argparse.ArgumentTypeError(f"{text!r} names a directory (it ends with /); "
                                          "expected a file name")
-    return Path(text)
+    return Path(usable_name(text))
 
 
 def _format(text: str) -> tuple[str]:

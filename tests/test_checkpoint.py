@@ -240,3 +240,16 @@ def test_a_checkpoint_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "open", failing)
     with pytest.raises(CheckpointError, match=r"model.gguf: cannot read it \(Input/output"):
         is_gguf(path)
+
+
+@pytest.mark.parametrize("path, problem", [("ba\0se", "NUL character"),
+                                           ("x" * 5000, "too long for the file system")])
+def test_a_path_no_file_can_have_is_named_not_a_bare_os_error(path, problem):
+    """A bad-input trial (2026-12-07): LLM("ba\\0se") raised a bare ValueError and a 5,000-
+    character name a bare OSError from Path.exists()."""
+    from flint_graph import LLM
+
+    with pytest.raises(CheckpointError, match=f"checkpoint path: .*{problem}"):
+        LLM(path, device="cpu", progress=False)
+    with pytest.raises(CheckpointError, match=f"hf_config_path path: .*{problem}"):
+        load_checkpoint("nowhere.gguf", hf_config_path=path, progress=False)

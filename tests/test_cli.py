@@ -1172,3 +1172,40 @@ def test_the_default_served_name_has_no_control_character(model, want):
 
     assert default_served_name(model) == want
     assert served_name(want) == want
+
+
+LONG = "x" * 300  # a name part past the file systems' 255 bytes
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["generate", LONG, "--prompt", "hi"], "MODEL"),
+    (["generate", f"/tmp/{LONG}/x", "--prompt", "hi"], "MODEL"),
+    (["serve", LONG], "MODEL"),
+    (["eval", LONG], "MODEL"),
+    (["bench", LONG], "MODEL"),
+    (["generate", "--hf-config-path", LONG, "--prompt", "hi"], "--hf-config-path"),
+    (["chat", "--tools", f"/tmp/{LONG}"], "--tools"),
+    (["make-checkpoint", "--out", f"/tmp/{LONG}"], "--out"),
+    (["make-checkpoint", "--config", LONG, "--out", "/tmp/x"], "--config"),
+    (["bench", "--json", f"/tmp/{LONG}.json"], "--json"),
+    (["trace", "--html", f"/tmp/{LONG}.html"], "--html"),
+    (["eval", "--compare", LONG], "--compare"),
+])
+def test_a_path_no_file_system_takes_is_a_one_line_error_naming_its_flag(capsys, argv, flag):
+    """A bad-input trial (2026-12-07): a 300-character name (and a NUL, and a directory that
+    may not be searched) was "internal error: OSError: [Errno 36] File name too long" from
+    Path.exists() in seven places. Every path flag refuses it, naming the flag."""
+    code, _, err = _run(capsys, *argv)
+    assert code == 2, err
+    assert f"argument {flag}: " in err and "too long for the file system" in err, err
+    assert "internal error" not in err and err.count("\n") == 1
+
+
+def test_a_nul_or_an_unsearchable_directory_in_a_path_is_named(capsys):
+    from flint_graph.paths import name_problem
+
+    assert "NUL" in name_problem("ba\0se")
+    if name_problem("/proc/1/root") is None:  # a machine where this user may look it up
+        return
+    code, _, err = _run(capsys, "generate", "/proc/1/root", "--prompt", "hi")
+    assert code == 2 and "argument MODEL: /proc/1/root: permission denied looking it up" in err

@@ -259,3 +259,21 @@ def test_loaded_weights_do_not_follow_the_files_afterwards(cfg, weights, copy):
         path.write_bytes(b"")
     assert all(torch.equal(got, want)  # reading every tensor again: no SIGBUS
                for (_, want), (_, got) in zip(before, named_tensors(loaded)))
+
+
+def test_an_index_with_a_byte_order_mark_loads_and_a_nul_in_a_shard_name_is_named(cfg, copy):
+    """A bad-input trial (2026-12-07): a BOM in the index was refused in Python's words
+    ("Unexpected UTF-8 BOM (decode using utf-8-sig)"), as no other JSON file of the checkpoint
+    is, and a NUL in a shard name was "internal error: ValueError: embedded null byte"."""
+    import json
+
+    index = copy / INDEX_NAME
+    text = index.read_text(encoding="utf-8")
+    index.write_text("\ufeff" + text, encoding="utf-8")
+    load_safetensors(copy, cfg, progress=False)
+    data = json.loads(text)
+    name, shard = next(iter(data["weight_map"].items()))
+    data["weight_map"][name] = shard + "\u0000x"
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=f'{index}: tensor "{name}" maps to .*NUL'):
+        load_safetensors(copy, cfg, progress=False)

@@ -154,6 +154,14 @@ def load_checkpoint(path: str | Path, hf_config_path: str | Path | None = None,
     config.json or a file this user may not read; loader errors (shapes, dtypes, metadata
     mismatch) propagate.
     """
+    from flint_graph.paths import name_problem, short_path
+
+    for given, what in ((path, "checkpoint"), (hf_config_path, "hf_config_path")):
+        # a NUL, a name too long or a lookup refused: Path.exists() raised ValueError /
+        # OSError from deep in the loader (a bad-input trial, 2026-12-07)
+        problem = None if given is None else name_problem(given)
+        if problem:
+            raise CheckpointError(f"{short_path(given)}: {what} path: {problem}")
     try:
         return _load(path, hf_config_path, device, progress)
     except PermissionError as e:

@@ -27,8 +27,8 @@ from safetensors.torch import save_file
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.checkpoints.jsonfile import loads
-from flint_graph.paths import why_not_a_file
-from flint_graph.errors import CheckpointError
+from flint_graph.paths import name_problem, why_not_a_file
+from flint_graph.errors import CheckpointError, shown
 from flint_graph.terminal.progress import progress_bar
 from flint_graph.checkpoints.weights import (FiniteCheck, FlintWeights, LayerWeights, MLPWeights, MoEWeights,
                                  NVFP4Weight, expert_weight)
@@ -305,7 +305,9 @@ def _shard_map(model_dir: Path) -> dict[str, Path]:
                                   "not a BF16 safetensors checkpoint directory")
         return {name: single for name in read_safetensors_header(single)}
     try:
-        weight_map = loads(index.read_text(encoding="utf-8"))["weight_map"]
+        # "utf-8-sig": a byte-order mark is no part of the JSON, as for the other JSON files
+        # (it was "Unexpected UTF-8 BOM (decode using utf-8-sig)": a bad-input trial)
+        weight_map = loads(index.read_text(encoding="utf-8-sig"))["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError(f"weight_map is {type(weight_map).__name__}, not an object")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
@@ -321,6 +323,10 @@ def _shard_map(model_dir: Path) -> dict[str, Path]:
         if fname in ("", ".", "..") or Path(fname).name != fname or "\\" in fname:
             raise CheckpointError(f"{index}: tensor {name!r} maps to {fname!r}; expected the "
                                   "file name of a shard in the same directory")
+        problem = name_problem(model_dir / fname)  # a NUL in it: "internal error: ValueError"
+        if problem:
+            raise CheckpointError(f"{index}: tensor {shown(name, 60)} maps to "
+                                  f"{shown(fname, 60)}: {problem}")
     for name, shard in assignments.items():
         if not shard.is_file():
             raise CheckpointError(f"{shard}: shard listed in {index} (for tensor {name}): "
