@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +323,14 @@ class LLM:
         # tools is data, encoded as ordinary text (prompt_segments).
         if isinstance(messages, list) and not messages:  # other types: validate_messages
             raise InvalidRequestError("messages: expected at least one message, got none")
+        sampling = sorted(k for k in template_kwargs if k in _SAMPLING_FIELDS)
+        if sampling:  # `chat(msgs, max_tokens=3)` went to the template, silently unused (a
+            # bad-input trial, 2026-12-07)
+            raise InvalidRequestError(
+                f"{', '.join(sampling)}: "
+                f"{'a sampling setting' if len(sampling) == 1 else 'sampling settings'}, not "
+                "chat template variables; pass "
+                f"params=SamplingParams({', '.join(f'{k}=...' for k in sampling)})")
         self._check_prompt_size(_message_text(messages))  # before templating a huge one
         source = (self.tokenizer.template_file
                   or self.checkpoint.config_dir / "tokenizer_config.json")
@@ -723,6 +731,10 @@ def _dumped(value: dict) -> str | None:
         return json.dumps(value)
     except (TypeError, ValueError, RecursionError):
         return None
+
+
+# SamplingParams' fields: keyword arguments of chat() that are these go nowhere near the template
+_SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 
 
 def forced_call(tool_choice: Any) -> str | None:

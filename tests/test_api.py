@@ -872,3 +872,18 @@ def test_concurrent_chats_read_the_chat_history_safely(tiny_llm, monkeypatch):
     for t in threads:
         t.join(120)
     assert not errors, errors[:3]
+
+
+@pytest.mark.parametrize("kwargs, named", [({"max_tokens": 3}, "max_tokens: a sampling setting"),
+                                           ({"top_p": 0.5, "temperature": 0},
+                                            "temperature, top_p: sampling settings")])
+def test_sampling_settings_as_chat_keywords_are_refused_not_passed_to_the_template(
+        tiny_llm, kwargs, named):
+    """A bad-input trial (2026-12-07): `llm.chat(msgs, max_tokens=3)` handed max_tokens to the
+    chat template as a variable, where nothing read it, and generated a full-length answer."""
+    msgs = [{"role": "user", "content": "hi"}]
+    for call in (lambda: tiny_llm.chat(msgs, **kwargs),
+                 lambda: tiny_llm.stream_chat(msgs, **kwargs),
+                 lambda: tiny_llm.chat_batch([msgs], **kwargs)):
+        with pytest.raises(InvalidRequestError, match=named + ".*params=SamplingParams"):
+            call()
