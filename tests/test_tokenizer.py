@@ -416,3 +416,25 @@ def test_a_normalizer_that_may_grow_a_text_bounds_the_prompt_it_encodes(tok_dir,
     assert nfkc.max_text_chars == NORMALIZED_MAX_CHARS // 18
     assert nfkc.encode("hello") and FlintTokenizer.from_dir(tok_dir[0]).max_text_chars == \
         NORMALIZED_MAX_CHARS
+
+
+@pytest.mark.parametrize("template, found", [
+    (None, "found null"), ({}, "found object"), (5, "found integer"),
+    ([{"template": "x"}], 'none is named "default".*no entry has a name'),
+    ([{"name": "tool_use", "template": "x"}], 'none is named "default".*names found: "tool_use"'),
+])
+def test_a_chat_template_of_the_wrong_shape_is_named_in_json_words(tok_dir, tmp_path, template,
+                                                                   found):
+    """A bad-input trial (2026-12-07): "expected a string, found dict / int" (Python's names),
+    and a list without a "default" entry read as "has no chat_template"."""
+    copy = tmp_path / "tok"
+    shutil.copytree(tok_dir[0], copy)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    if template is None:  # null: no template, refused when one is asked for
+        with pytest.raises(CheckpointError, match="has no chat_template"):
+            _ = FlintTokenizer.from_dir(copy).chat_template
+        return
+    with pytest.raises(CheckpointError, match="tokenizer_config.json: chat_template.*" + found):
+        FlintTokenizer.from_dir(copy)

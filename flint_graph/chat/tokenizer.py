@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from flint_graph.errors import CheckpointError, ConfigError, shown
+from flint_graph.errors import CheckpointError, ConfigError, kind as json_kind, shown
 from flint_graph.checkpoints.jsonfile import MISSING, file_problem, read_json_object
 
 # Control tokens: framing and role markers, skipped when decoding user-visible text.
@@ -477,6 +477,13 @@ class FlintTokenizer:
         template = config.get("chat_template")
         if isinstance(template, list):
             named = {d.get("name"): d.get("template") for d in template if isinstance(d, dict)}
+            if "default" not in named:  # it said "has no chat_template", though one was there
+                names = [shown(n, 30) for n in named if n is not None]
+                raise CheckpointError(
+                    f"{path / 'tokenizer_config.json'}: chat_template is a list of "
+                    f"{len(template)} entries and none is named \"default\" (the one used; "
+                    f"{'names found: ' + ', '.join(names[:8]) if names else 'no entry has a name'}"
+                    "); expected [{\"name\": \"default\", \"template\": \"...\"}, ...]")
             template = named.get("default")
         jinja_path = path / "chat_template.jinja"
         problem = file_problem(jinja_path)
@@ -490,7 +497,7 @@ class FlintTokenizer:
             template_file = jinja_path
         if template is not None and not isinstance(template, str):
             raise CheckpointError(f"{path / 'tokenizer_config.json'}: chat_template: expected a "
-                                  f"string, found {type(template).__name__}")  # fmt: skip
+                                  f"string, found {json_kind(template)}")  # fmt: skip
         if template is not None and len(template) > CHAT_TEMPLATE_MAX_BYTES:
             raise CheckpointError(f"{template_file}: chat_template holds {len(template):,} "
                                   f"characters; at most {CHAT_TEMPLATE_MAX_BYTES >> 20} MiB")
@@ -740,7 +747,7 @@ def _check_added_ids(tokenizer: Tokenizer, config: dict, source: str) -> None:
         return
     if not isinstance(decoder, dict):
         raise CheckpointError(f"{source}: tokenizer_config.json added_tokens_decoder: expected "
-                              f"an object of id -> token, found {type(decoder).__name__}")
+                              f"an object of id -> token, found {json_kind(decoder)}")
     for key, entry in decoder.items():
         content = entry.get("content") if isinstance(entry, dict) else None
         if not (isinstance(key, str) and key.isdigit() and isinstance(content, str)):

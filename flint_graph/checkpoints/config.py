@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from flint_graph.errors import ConfigError, shown
+from flint_graph.errors import ConfigError, kind as json_kind, shown
 from flint_graph.checkpoints.jsonfile import read_json_object
 
 SLIDING = "sliding_attention"
@@ -134,7 +134,7 @@ class FlintConfig:
         archs = raw.get("architectures") or []
         if not isinstance(archs, list):
             raise ConfigError(f"{source}: field 'architectures': expected a list of names, "
-                              f"found {type(archs).__name__}")
+                              f"found {json_kind(archs)}")
         if ARCHITECTURE not in archs and raw.get("model_type") != GGUF_ARCH:
             raise ConfigError(
                 f"{source}: unknown architecture {shown(archs or raw.get('model_type'), 80)}; "
@@ -499,7 +499,7 @@ def _kind(v: Any) -> str:
         return "a number"
     if isinstance(v, (list, tuple)):
         return "a list"
-    return "a string" if isinstance(v, str) else type(v).__name__
+    return "a string" if isinstance(v, str) else json_kind(v)
 
 
 def _plain(v: Any) -> Any:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flint_graph.errors import FlintError
+from flint_graph.errors import FlintError, kind as json_kind
 from flint_graph.paths import file_kind
 
 
@@ -118,5 +118,5 @@ def read_json_object(path: Path, error: type[FlintError], missing: str) -> dict[
     except OSError as e:
         raise error(f"{path}: cannot read ({e})") from None
     if not isinstance(raw, dict):
-        raise error(f"{path}: expected a JSON object, found {type(raw).__name__}")
+        raise error(f"{path}: expected a JSON object, found {json_kind(raw)}")
     return raw
