@@ -196,3 +196,25 @@ def test_the_cli_exits_2_naming_the_key(ckpt, capsys):
     code = main(["generate", str(g), "--prompt", "hi", "--max-tokens", "2", "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 2 and PATTERN in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("byte", [7, 9, 255])
+def test_a_bool_that_is_no_0_or_1_is_refused(tmp_path, byte):
+    """A bad-input trial (2026-12-07): a flag's byte of 7 or 9 (e.g. expert_weights_norm) read
+    as true. A GGUF bool is one byte, 0 or 1; others are refused naming the key, alone or in
+    an array."""
+    g = tmp_path / "b.gguf"
+    w = GGUFWriter(g, "flint")
+    w.add_bool("flint.expert_weights_norm", True)
+    w.add_array("flint.sliding_window_pattern", [True, False, True])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    check_gguf_structure(g)
+    data = g.read_bytes()
+    _poke(g, _value_at(g, "flint.expert_weights_norm"), "B", byte)
+    _refused(g, "flint.expert_weights_norm", f"the byte {byte} is no bool")
+    g.write_bytes(data)
+    _poke(g, _value_at(g, "flint.sliding_window_pattern") + 12 + 2, "B", byte)
+    _refused(g, "flint.sliding_window_pattern", f"element 2 is the byte {byte}")

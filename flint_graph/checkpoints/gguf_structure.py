@@ -33,7 +33,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 DEFAULT_ALIGNMENT = 32
 # value types (gguf.GGUFValueType) -> element size in bytes; 8 = string, 9 = array
 SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-STRING, ARRAY = 8, 9
+STRING, ARRAY, BOOL = 8, 9, 7
 QUOTE = 60  # characters of an untrusted name quoted in a message
 
 
@@ -165,14 +165,25 @@ def _value(c: _Cursor, vtype: int, key: str):
         if width is None:
             raise c.fail(f"{key}: unknown array element type {etype}")
         c.need(count * width, f"the {count} elements of {key}")
+        if etype == BOOL and max(c.buf[c.pos:c.pos + count], default=0) > 1:
+            bad = next(j for j in range(count) if c.buf[c.pos + j] > 1)
+            raise c.fail(f"{key}: element {bad} is the byte {c.buf[c.pos + bad]}; a bool is 0 "
+                         "or 1")
         c.pos += count * width
         return None
     width = SCALAR_SIZE.get(vtype)
     if width is None:
         raise c.fail(f"{key}: unknown value type {vtype}")
-    fmt = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+    fmt = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q",
            12: "d"}[vtype]
-    return c.unpack(fmt, f"the value of {key}")
+    value = c.unpack(fmt, f"the value of {key}")
+    if vtype == BOOL:
+        # any non-zero byte read as true ("?"): a 7 or a 9 in a flag passed (a bad-input
+        # trial, 2026-12-07); GGUF writes a bool as one byte, 0 or 1
+        if value > 1:
+            raise c.fail(f"{key}: the byte {value} is no bool (0 or 1)")
+        return bool(value)
+    return value
 
 
 def _span(c: _Cursor, info, alignment: int, data_start: int) -> tuple[int, int, str]:

@@ -57,8 +57,11 @@ MAX_JSON_CONTAINERS = 200_000
 # taken (RFC 9110 §15.5.16)
 _ERROR_HEADERS = {408: {"connection": "close"}, 413: {"connection": "close"},
                   415: {"connection": "close", "accept-encoding": "identity"}}
-# ... and by error code, where the status alone does not say the body went unread
-_ERROR_HEADERS_BY_CODE = {"bodies_in_flight": {"connection": "close", "retry-after": "1"}}
+# ... and by error code, where the status alone does not say the body went unread; a busy
+# server's 429 says when to retry, as the 503 does (RFC 9110 §10.2.3; a bad-input trial found
+# it without one, 2026-12-07: clients such as openai's then back off by their own guess)
+_ERROR_HEADERS_BY_CODE = {"bodies_in_flight": {"connection": "close", "retry-after": "1"},
+                          "too_many_requests": {"retry-after": "1"}}
 
 
 def _parsed(raw: bytearray) -> Any:
