@@ -78,6 +78,7 @@ CLAIMS = [
     ('"What is 457 plus 368?"\ngets column-by-column reasoning and 825', "What is 457 plus 368?",
      TOOLS, "825"),
     ('"What is 250 minus 750?" gets -500', "What is 250 minus 750?", TOOLS, "-500"),
+    ('("What is 200 minus 300?" gets 900)', "What is 200 minus 300?", TOOLS, "900"),
     ('"What is the weather in Oslo?" gets its call', "What is the weather in Oslo?", TOOLS,
      ("get_weather", {"city": "Oslo"})),
     ('("Reserve a car in Madrid" gives\n`get_weather` for Madrid', "Reserve a car in Madrid",
@@ -115,6 +116,28 @@ def test_a_second_request_after_a_conversion_calls_the_weather(llm):
     (got,) = llm.chat(msgs, TOOLS, GREEDY).tool_calls
     assert got.name == "get_weather" and got.arguments["city"] == "Bergen"
     assert got.arguments["days"] == 2
+
+
+def test_follow_ups_that_point_back_go_wrong_as_the_readme_says(llm):
+    """A new user's trial (2026-12-07): "that", "it" and "what about X" follow-ups were never
+    trained; the README says what they get, and this holds it to that."""
+    for quoted in ('"Now subtract 100 from that." after 825 computes 457 - 100',
+                   '"And what about Bergen?" after an Oslo forecast gets the refusal',
+                   '"Double it." gets "You\'re welcome!"'):
+        assert quoted in FLAT, f"the README no longer says {quoted!r}"
+    sums = [{"role": "user", "content": "What is 457 plus 368?"}]
+    sums.append(llm.chat(sums, TOOLS, GREEDY).to_dict())
+    assert sums[-1]["content"] == "825"
+    weather = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    weather.append(llm.chat(weather, TOOLS, GREEDY).to_dict())
+    weather.append({"role": "tool", "content": '{"city": "Oslo", "high": 12, "sky": "rain"}'})
+    weather.append(llm.chat(weather, TOOLS, GREEDY).to_dict())
+    asks = [sums + [{"role": "user", "content": "Now subtract 100 from that."}],
+            sums + [{"role": "user", "content": "Double it."}],
+            weather + [{"role": "user", "content": "And what about Bergen?"}]]
+    got = [m.content.strip() for m in llm.chat_batch([(a, TOOLS) for a in asks], GREEDY)]
+    assert got[0] == "357" and got[1] == "You're welcome!", got
+    assert got[2].startswith("I can't do that. I can"), got
 
 
 def test_a_pasted_list_is_answered_ready_and_its_keys_recalled(llm):
