@@ -292,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "stops the current answer; Ctrl-D, /exit or /quit quits.")
     _model_args(chat)
     _sampling_args(chat, repeat_default=CHAT_STOP_ON_REPEAT)
+    _engine_args(chat)
     chat.add_argument("--system", metavar="TEXT", help="system message for the conversation")
     chat.add_argument("--show-reasoning", action="store_true",
                       help="keep reasoning expanded after each answer (default: collapsed to "
@@ -316,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "and, when finish_reason is length, length_cause (max_tokens or "
                           "context_limit)")
     _sampling_args(gen)
+    _engine_args(gen)
     gen.set_defaults(command="generate")
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat completions, "
@@ -326,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "/health and /metrics (Prometheus). Needs the serve "
                                      "extra (FastAPI, uvicorn, prometheus-client).")
     _model_args(srv, conversation=False)
+    _engine_args(srv)
     srv.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default: %(default)s, this machine only). "
                           "The server holds at most 1,000 connections, 256 per client "
@@ -435,8 +438,9 @@ def _nonempty_path(text: str) -> Path:
 
 
 def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
-    """MODEL and the engine flags; with `conversation`, also --tools and --no-think (a
-    server takes those per request instead)."""
+    """MODEL, --hf-config-path, --device, --threads, --stats (the engine's flags:
+    `_engine_args`); with `conversation`, also --tools and --no-think (a server takes those per
+    request instead)."""
     p.add_argument("model", nargs="?", metavar="MODEL", type=model_path,
                    help="BF16 checkpoint directory or NVFP4 .gguf file (default: the embedded "
                         "flint-nano, a small demo model unpacked into a cache directory on "
@@ -451,46 +455,6 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
                         "and for prompts of 256+ tokens the cores the load average leaves free; "
                         "unless OMP_NUM_THREADS is set; else torch's own choice). --threads 1 "
                         "keeps one thread throughout (best on a busy machine)")
-    p.add_argument("--engine", choices=("auto", "graph", "reference"), default="auto",
-                   help="decode path: graph = CUDA-graph replay of the AOT kernels (needs a GPU "
-                        "and the kernel cache, see flint-graph build-kernels); reference = the "
-                        "plain PyTorch model; auto (default) = graph where it can run")
-    p.add_argument("--prefill", choices=("kernel", "torch", "reference"), default="kernel",
-                   help="graph engine's prompt path (GPU only; the reference engine always "
-                        "prefills with the plain model): kernel (default) = the CuTe DSL prefill "
-                        "attention with cuBLAS and grouped expert GEMMs; torch = torch's SDPA "
-                        "for attention (the baseline); reference = the plain PyTorch model")
-    p.add_argument("--no-prefill-graphs", dest="prefill_graphs", action="store_false",
-                   help="kernel prefill: launch each chunk's kernels one by one instead of "
-                        "replaying the CUDA graphs captured at start-up per chunk size (for "
-                        "comparisons; the graphs cut ~80 ms of host launches per chunk)")
-    p.add_argument("--no-prefill-dense-bf16", dest="prefill_dense_bf16", action="store_false",
-                   help="graph engine with an NVFP4 checkpoint: decode the dense weights for "
-                        "each prefill chunk instead of keeping a BF16 copy (the copy takes "
-                        "~2.4 GB at full size from the KV cache and saves ~1 ms per prompt; "
-                        "the output is the same either way)")
-    p.add_argument("--no-kv-reuse", dest="kv_reuse", action="store_false",
-                   help="prefill every prompt whole instead of continuing the finished sequence "
-                        "that shares its longest prefix (chat turns, tool results: only the "
-                        "new tokens are prefilled by default)")
-    p.add_argument("--no-pipeline", dest="pipeline_decode", action="store_false",
-                   help="graph engine: launch each decode step only after the host has handled "
-                        "the previous step's tokens (by default the next step runs on the GPU "
-                        "meanwhile; for comparisons)")
-    p.add_argument("--prefill-chunk", type=positive_int, metavar="N",
-                   help="prompt tokens per prefill chunk, on either engine (default: 32768 on "
-                        "the graph engine's kernel prefill, else 2048; lower it if a long "
-                        "prompt runs out of memory)")
-    p.add_argument("--prefill-step-ms", type=step_ms, metavar="MS", default=200.0,
-                   help="while other requests are generating, prefill about this many ms of a "
-                        "new prompt per step (predicted from the prefills timed so far): lower "
-                        "keeps their tokens coming more evenly, higher gets the new prompt's "
-                        "first token sooner (default: 200). 'none': one chunk per step, "
-                        "whatever the timings, so a rerun splits every prompt alike and repeats "
-                        "bit for bit")
-    p.add_argument("--max-context", type=positive_int, metavar="N",
-                   help="KV tokens per sequence for the graph engine (default: what fits in "
-                        "80%% of the free GPU memory, up to the model's limit)")
     p.add_argument("--stats", action="store_true",
                    help="print the start-up report on stderr (JSON): engine, seconds for the "
                         "checkpoint (read + repack) and the engine (KV cache, kernel cache, "
@@ -502,6 +466,55 @@ def _model_args(p: argparse.ArgumentParser, conversation: bool = True) -> None:
                    help="JSON file with a list of OpenAI-style function tools the model may call")
     p.add_argument("--no-think", dest="enable_thinking", action="store_false",
                    help="turn thinking off (the prompt ends with </think>)")
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    """The engine's flags, in their own group after the others: most tune the GPU's graph
+    engine, and listed first they hid --tools, --no-think and sampling from a CPU user (a new
+    user's trial, 2026-12-07)."""
+    g = p.add_argument_group("engine", "Most of these tune the graph engine on an NVIDIA GPU; "
+                             "a CPU runs the reference engine, where only --prefill-chunk, "
+                             "--prefill-step-ms and --no-kv-reuse apply.")
+    g.add_argument("--engine", choices=("auto", "graph", "reference"), default="auto",
+                   help="decode path: graph = CUDA-graph replay of the AOT kernels (needs a GPU "
+                        "and the kernel cache, see flint-graph build-kernels); reference = the "
+                        "plain PyTorch model; auto (default) = graph where it can run")
+    g.add_argument("--prefill", choices=("kernel", "torch", "reference"), default="kernel",
+                   help="graph engine's prompt path (GPU only; the reference engine always "
+                        "prefills with the plain model): kernel (default) = the CuTe DSL prefill "
+                        "attention with cuBLAS and grouped expert GEMMs; torch = torch's SDPA "
+                        "for attention (the baseline); reference = the plain PyTorch model")
+    g.add_argument("--no-prefill-graphs", dest="prefill_graphs", action="store_false",
+                   help="kernel prefill: launch each chunk's kernels one by one instead of "
+                        "replaying the CUDA graphs captured at start-up per chunk size (for "
+                        "comparisons; the graphs cut ~80 ms of host launches per chunk)")
+    g.add_argument("--no-prefill-dense-bf16", dest="prefill_dense_bf16", action="store_false",
+                   help="graph engine with an NVFP4 checkpoint: decode the dense weights for "
+                        "each prefill chunk instead of keeping a BF16 copy (the copy takes "
+                        "~2.4 GB at full size from the KV cache and saves ~1 ms per prompt; "
+                        "the output is the same either way)")
+    g.add_argument("--no-kv-reuse", dest="kv_reuse", action="store_false",
+                   help="prefill every prompt whole instead of continuing the finished sequence "
+                        "that shares its longest prefix (chat turns, tool results: only the "
+                        "new tokens are prefilled by default)")
+    g.add_argument("--no-pipeline", dest="pipeline_decode", action="store_false",
+                   help="graph engine: launch each decode step only after the host has handled "
+                        "the previous step's tokens (by default the next step runs on the GPU "
+                        "meanwhile; for comparisons)")
+    g.add_argument("--prefill-chunk", type=positive_int, metavar="N",
+                   help="prompt tokens per prefill chunk, on either engine (default: 32768 on "
+                        "the graph engine's kernel prefill, else 2048; lower it if a long "
+                        "prompt runs out of memory)")
+    g.add_argument("--prefill-step-ms", type=step_ms, metavar="MS", default=200.0,
+                   help="while other requests are generating, prefill about this many ms of a "
+                        "new prompt per step (predicted from the prefills timed so far): lower "
+                        "keeps their tokens coming more evenly, higher gets the new prompt's "
+                        "first token sooner (default: 200). 'none': one chunk per step, "
+                        "whatever the timings, so a rerun splits every prompt alike and repeats "
+                        "bit for bit")
+    g.add_argument("--max-context", type=positive_int, metavar="N",
+                   help="KV tokens per sequence for the graph engine (default: what fits in "
+                        "80%% of the free GPU memory, up to the model's limit)")
 
 
 # the terminal chat ends a looping answer after this many tokens of it unless told otherwise:
