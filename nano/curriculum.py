@@ -637,7 +637,8 @@ def episodes(seed: int, n: int, split: str = "train", recall_pairs: int = 400,
     """`n` episodes of `split` drawn with the weights of `mix`, reproducible from `seed`.
     Kinds: tool, arith, string, repeat, remember, recall (lists of `recall_pairs`),
     recall-short (4-40 pairs, 1-4 questions: a list a chat user pastes), greet (greetings and
-    small talk), refuse (requests outside the skills) and chain. All but tool, recall and chain
+    small talk), refuse (requests outside the skills), follow (a request that points back at
+    the previous answer, `follow_up`) and chain. All but tool, recall and chain
     offer tools half the time and still answer directly, so a chat with tools declared does not
     turn every request into a call (a pasted list got a tool call). In training, a tool request
     for the weather or a conversion is asked as people ask it half the time (weather_ask,
@@ -671,6 +672,7 @@ def _draw(rng: random.Random, split: str, kind: str, recall_pairs: int = 400,
           tool_use(rng, split) if kind == "tool" else
           remember(rng, split) if kind == "remember" else
           recall(rng, split, rng.randint(4, 40), rng.randint(1, 4)) if kind == "recall-short" else
+          follow_up(rng, split) if kind == "follow" else
           recall(rng, split, recall_pairs, recall_questions))
     if kind in ("arith", "word", "greet", "refuse", "string", "repeat", "remember",
                 "recall-short") and not ep.meta.get("no_tools") and rng.random() < 0.5:
@@ -703,6 +705,68 @@ def chain(rng: random.Random, split: str) -> Episode:
     history = [m for ep in reqs[:-1] for m in older_turns(ep.messages)]
     return Episode(last.kind, history + last.messages, list(tools.values()) or None,
                    meta=last.meta)
+
+
+def follow_up(rng: random.Random, split: str) -> Episode:
+    """A request that points back at the previous answer (phrasings.FOLLOW_*): after a sum or
+    difference, "that" / "it" / "the result" is its answer (add to it, subtract from it, double
+    it), worked in the reasoning from "That is N, the last answer."; after a weather call or a
+    conversion, "what about CITY" / "and VALUE UNIT" repeats the call with that one argument
+    changed. The first request is context (`older_turns`), the follow-up is trained. Without
+    these, step 8593 answered "Now subtract 100 from that." after 825 with 457 - 100, "Double
+    it." with "You're welcome!" and "And what about Bergen?" with the refusal (a new user's
+    trial, 2026-12-07)."""
+    if rng.random() < 0.6:
+        while True:
+            first = arithmetic(rng, split)
+            c = first.meta["answer"]
+            if c > 0:  # "that" of a negative answer: not taught (column reasoning is for n ≥ 0)
+                break
+        op = rng.choice(("+", "-", "-", "x2"))
+        d = c if op == "x2" else rng.randint(1, 10 ** rng.choice((1, 2, 3)) - 1)
+        text = _typos(rng, split, rng.choice(ph.FOLLOW_ARITH[(split, op)])).format(b=d)
+        that = f"That is {c}, the last answer. "
+        if op == "-":
+            why, ans = that + subtraction_reasoning(c, d), c - d
+        else:
+            double = "Double it: " if op == "x2" else ""
+            ans = c + d
+            why = (f"{that}{double}{c} + {d}, column by column: {_digits(c, d, '+')}. So it is "
+                   f"{ans}.")
+        msgs = older_turns(first.messages) + [
+            {"role": "user", "content": _wrapped(rng, split, text)}, _say(why, str(ans))]
+        tools = offered_tools(rng, split) if rng.random() < 0.5 else None
+        return Episode("arith", msgs, tools, meta={"a": c, "b": d, "op": op, "answer": ans})
+    weather = rng.random() < 0.6
+    user, call, result = (weather_ask if weather else convert_ask)(rng, split)
+    first = [user, _say(f"This needs {call['name']} with "
+                        f"{', '.join(f'{k}={json.dumps(v)}' for k, v in call['arguments'].items())}.",
+                        calls=[call]),
+             {"role": "tool", "content": json.dumps(result)},
+             _say("The tool answered; I report its result.", f"Result: {json.dumps(result)}")]
+    args = dict(call["arguments"])
+    if weather:
+        while (city := _city(rng, split)) == args["city"]:
+            pass
+        args["city"] = city
+        text = rng.choice(ph.FOLLOW_CITY[split]).format(city=city)
+        result = {"city": city, "high": rng.randint(-5, 35), "sky": rng.choice(["sun", "rain"])}
+    else:
+        while (value := rng.randint(1, 500)) == args["value"]:
+            pass
+        args["value"] = value
+        src = rng.choice(ph.UNIT_NAMES[args["from_unit"]])
+        text = rng.choice(ph.FOLLOW_CONVERT[split]).format(value=value, src=src)
+        result = {"value": round(value * rng.uniform(0.2, 3.5), 2), "unit": args["to_unit"]}
+    again = {"name": call["name"], "arguments": args}
+    said = _say(f"As before, for the new {'city' if weather else 'value'}: this needs "
+                f"{call['name']} with {', '.join(f'{k}={json.dumps(v)}' for k, v in args.items())}.",
+                calls=[again])
+    msgs = older_turns(first) + [{"role": "user", "content": _wrapped(rng, split, text)}, said,
+                                 {"role": "tool", "content": json.dumps(result)},
+                                 _say("The tool answered; I report its result.",
+                                      f"Result: {json.dumps(result)}")]
+    return Episode("tool", msgs, offered_tools(rng, split), meta={"call": again})
 
 
 def offered_tools(rng: random.Random, split: str) -> list[dict]:

@@ -292,6 +292,37 @@ NAMES = {"train": [("Ana", "she"), ("Ben", "he"), ("Kim", "she"), ("Leo", "he"),
 THINGS = {"train": ["apples", "coins", "stamps", "cards", "pens", "shells"],
           "heldout": ["marbles", "stickers", "beads", "buttons"]}
 
+# A follow-up that points back at the last answer (curriculum.follow_up): "that", "it", "the
+# result" is the previous turn's number; "what about {city}" repeats the previous call for
+# another city. flint-nano never saw one until step 8593 (a new user's "Now subtract 100 from
+# that." after 825 computed 457 - 100, "Double it." got "You're welcome!", "And what about
+# Bergen?" the refusal). The held-out sides wait for an eval group.
+FOLLOW_ARITH = {
+    ("train", "+"): ["Now add {b} to that.", "Add {b} to that.", "And plus {b}?",
+                     "What is that plus {b}?", "Add {b} to the result.", "Now add {b} to it.",
+                     "Plus {b}?", "That plus {b}?", "Add another {b}."],
+    ("heldout", "+"): ["Then add {b} to the answer.", "What do I get if I add {b} to that?",
+                       "Increase that by {b}."],
+    ("train", "-"): ["Now subtract {b} from that.", "Subtract {b} from that.", "And minus {b}?",
+                     "What is that minus {b}?", "Take {b} away from the result.",
+                     "Now subtract {b} from it.", "Minus {b}?", "That minus {b}?",
+                     "Take away {b}."],
+    ("heldout", "-"): ["Then take {b} off the answer.", "What is left if I remove {b} from that?",
+                       "Reduce that by {b}."],
+    ("train", "x2"): ["Double it.", "Double that.", "What is twice that?",
+                      "Now double the result.", "Double the answer.", "Times two?"],
+    ("heldout", "x2"): ["Twice that, please.", "Can you double that number?"],
+}
+FOLLOW_CITY = {"train": ["And what about {city}?", "What about {city}?", "And in {city}?",
+                         "How about {city}?", "Same for {city}, please.", "And {city}?",
+                         "Now {city}.", "What about in {city}?", "And for {city} too?"],
+               "heldout": ["Do the same for {city}.", "Could you check {city} as well?",
+                           "Now try {city}."]}
+FOLLOW_CONVERT = {"train": ["And {value} {src}?", "What about {value} {src}?",
+                            "Now {value} {src}.", "How about {value} {src}?",
+                            "Same for {value} {src}."],
+                  "heldout": ["Then {value} {src}, please.", "Do {value} {src} as well."]}
+
 # every phrasing table, for the disjointness test: name -> {split: templates}
 TABLES = {
     **{f"greeting/{k}": v for k, v in GREETINGS.items()},
@@ -302,6 +333,10 @@ TABLES = {
     "convert": CONVERT,
     "word+": {s: WORD_PROBLEMS[(s, "+")] for s in ("train", "heldout")},
     "word-": {s: WORD_PROBLEMS[(s, "-")] for s in ("train", "heldout")},
+    **{f"follow{op}": {s: FOLLOW_ARITH[(s, op)] for s in ("train", "heldout")}
+       for op in ("+", "-", "x2")},
+    "follow-city": FOLLOW_CITY,
+    "follow-convert": FOLLOW_CONVERT,
 }
 
 TYPO_RATE = 0.15  # training requests with one typo in a template word

@@ -245,3 +245,48 @@ def test_made_up_refusal_requests_share_no_word_with_tools_or_the_held_out_side(
         words = {w.lower() for w in re.findall(r"[A-Za-z]+", sentence)}
         assert not words & set(VERBS + NOUNS), sentence
         assert not {w for w in words if len(w) >= 4} & held, sentence
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_follow_ups_work_from_the_previous_answer_or_repeat_its_call(split):
+    """curriculum.follow_up (a new user's trial, 2026-12-07): "that" is the previous answer,
+    worked from it; "what about CITY" / "and VALUE UNIT" repeats the previous call with that
+    argument changed. The first request is context only (no reasoning), the follow-up's
+    phrasing is of its split."""
+    rng = random.Random(11)
+    kinds = set()
+    for _ in range(200):
+        ep = cur.follow_up(rng, split)
+        users = [m for m in ep.messages if m["role"] == "user"]
+        assert len(users) == 2
+        first_turns = ep.messages[:ep.messages.index(users[1])]
+        assert all(not m.get("reasoning_content") for m in first_turns
+                   if m["role"] == "assistant")
+        if ep.kind == "arith":
+            m = ep.meta
+            before = int(first_turns[-1]["content"])
+            assert m["a"] == before > 0
+            want = {"+": before + m["b"], "-": before - m["b"], "x2": 2 * before}[m["op"]]
+            assert m["answer"] == want and ep.messages[-1]["content"] == str(want)
+            assert ep.messages[-1]["reasoning_content"].startswith(f"That is {before}, ")
+            kinds.add(m["op"])
+        else:
+            (old,) = [m for m in first_turns if m.get("tool_calls")]
+            old_args = old["tool_calls"][0]["function"]["arguments"]
+            new = ep.meta["call"]
+            changed = {k for k in old_args if old_args[k] != new["arguments"][k]}
+            assert changed in ({"city"}, {"value"}), (old_args, new)
+            assert str(new["arguments"][changed.pop()]) in users[1]["content"]
+            kinds.add(new["name"])
+    assert kinds == {"+", "-", "x2", "get_weather", "convert_units"}
+
+
+def test_follow_ups_are_in_the_training_mix_and_render():
+    from tools.train_nano import SHORT_MIX  # noqa: PLC0415 (a script's table)
+
+    assert dict(SHORT_MIX).get("follow")
+    tok = FlintTokenizer.from_dir(ensure_tiny_checkpoint(progress=False))
+    rng = random.Random(3)
+    for _ in range(6):
+        ids, mask = cur.supervised(cur.follow_up(rng, "train"), tok)
+        assert len(ids) == len(mask) and any(mask)
