@@ -707,7 +707,7 @@ def chain(rng: random.Random, split: str) -> Episode:
                    meta=last.meta)
 
 
-def follow_up(rng: random.Random, split: str) -> Episode:
+def follow_up(rng: random.Random, split: str, kind: str | None = None) -> Episode:
     """A request that points back at the previous answer (phrasings.FOLLOW_*): after a sum or
     difference, "that" / "it" / "the result" is its answer (add to it, subtract from it, double
     it), worked in the reasoning from "That is N, the last answer."; after a weather call or a
@@ -715,8 +715,10 @@ def follow_up(rng: random.Random, split: str) -> Episode:
     changed. The first request is context (`older_turns`), the follow-up is trained. Without
     these, step 8593 answered "Now subtract 100 from that." after 825 with 457 - 100, "Double
     it." with "You're welcome!" and "And what about Bergen?" with the refusal (a new user's
-    trial, 2026-12-07)."""
-    if rng.random() < 0.6:
+    trial, 2026-12-07). `kind` "arith" or "tool" picks one (default: arith 60% of the time)."""
+    if kind is None:
+        kind = "arith" if rng.random() < 0.6 else "tool"
+    if kind == "arith":
         while True:
             first = arithmetic(rng, split)
             c = first.meta["answer"]

@@ -80,9 +80,10 @@ def add_eval_parser(sub, positive_int) -> None:
                        description=textwrap.fill(
                            "Score a checkpoint on held-out tool-calling, arithmetic, "
                            "long-context recall and two-request chat cases through the chat "
-                           "API, on the chosen engine (--suite chat, phrasing and result add "
-                           "more: a third request, greetings, out-of-scope requests, "
-                           "paraphrased skills and the answer to a tool's result); compare "
+                           "API, on the chosen engine (--suite chat, phrasing, result and "
+                           "follow add more: a third request, greetings, out-of-scope requests, "
+                           "paraphrased skills, the answer to a tool's result and follow-ups "
+                           "that point back at the last answer); compare "
                            "with a saved run.", 79),
                        epilog=EVAL_FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", metavar="MODEL", type=model_path,
@@ -91,8 +92,8 @@ def add_eval_parser(sub, positive_int) -> None:
                    help="directory with config.json, tokenizer and generation_config.json for "
                         "a GGUF (default: the GGUF's own directory)")
     p.add_argument("--suite", default="tools,arith,recall,chain", metavar="S,..",
-                   help="suites to run, of tools, arith, recall, chain, chat, phrasing and "
-                        "result (default: %(default)s)")
+                   help="suites to run, of tools, arith, recall, chain, chat, phrasing, "
+                        "result and follow (default: %(default)s)")
     p.add_argument("--n", type=_case_count, default=50, metavar="N",
                    help=f"cases per suite and per recall context, 1 to {MAX_N} "
                         "(default: %(default)s: a GPU-sized run; on 2 CPU cores --n 10 "

@@ -42,6 +42,11 @@ and number pairs the training never saw. Every case is one chat request decoded 
   order); chat-negative: a − b with a < b, 3 digits, the answer negative; chat-list: a pasted
   list of 4-40 key = value lines, then one question for a key in its first half, with the
   tools offered in every other case (a chat with tools declared must still answer it).
+- follow (not in the default suites; no target yet): a request that points back at the
+  previous answer, in held-out phrasings (`curriculum.follow_up`). follow-arith: after a sum
+  or difference, "that" is its answer ("Then take 40 off the answer."), scored as arith;
+  follow-tools: after a forecast or a conversion, "Do the same for Lima." repeats the call
+  with the city (or value) changed, scored valid / exact as tools.
 
 Targets (reference path): tools valid ≥ 95% with exact ≥ 90%, arith ≥ 90%, recall@4096 ≥ 90%;
 phrasing (issue 25): phr-tools exact and phr-arith ≥ 90%, phr-greet and phr-refuse 100%. Every
@@ -67,13 +72,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flint_graph.errors import InvalidRequestError, shown
-from flint_graph.nano.curriculum import (TOOLS, arithmetic, convert_ask, greeting, older_turns,
-                                         out_of_scope, recall, tool_use, weather_ask,
-                                         word_problem)
+from flint_graph.nano.curriculum import (TOOLS, arithmetic, convert_ask, follow_up, greeting,
+                                         older_turns, out_of_scope, recall, tool_use,
+                                         weather_ask, word_problem)
 from flint_graph.nano.phrasings import GREETING_REPLIES
 from flint_graph.chat.tool_schema import admits, tool_schemas
 
-SUITES = ("tools", "arith", "recall", "chain", "chat", "phrasing", "result")
+SUITES = ("tools", "arith", "recall", "chain", "chat", "phrasing", "result", "follow")
 DEFAULT_SUITES = ("tools", "arith", "recall", "chain")  # the shipped reports' case list
 DEFAULT_CONTEXTS = (1024, 4096, 16384)
 # A target is judged (met / MISSED, and --check's exit code) only over at least this many
@@ -120,12 +125,13 @@ LOGPROB_TOL_OTHER = 2.6e-4
 TOKENS_PER_PAIR = 12  # "K1234 = 5678\n" with digits split (flint-nano's tokenizer)
 MAX_RECALL_PAIRS = 9000  # distinct keys K1000..K9999
 METRICS = ("valid", "exact", "correct")
-TOOL_GROUPS = ("tools", "chain-tools", "phr-tools", "phr-multi")  # scored "valid" and "exact";
+TOOL_GROUPS = ("tools", "chain-tools", "phr-tools", "phr-multi", "follow-tools")  # scored "valid" and "exact";
 # the others "correct"
 MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48,
                   "chain-tools": 160, "chain-arith": 160, "chat-chain3": 160,
                   "chat-negative": 160, "chat-list": 48, "phr-tools": 160, "phr-arith": 160,
-                  "phr-greet": 160, "phr-refuse": 160, "phr-multi": 160, "result": 96}
+                  "phr-greet": 160, "phr-refuse": 160, "phr-multi": 160, "result": 96,
+                  "follow-arith": 160, "follow-tools": 160}
 CHAT_GROUPS = ("chat-chain3", "chat-negative", "chat-list")
 PHRASING_GROUPS = ("phr-tools", "phr-arith", "phr-greet", "phr-refuse", "phr-multi")
 BRIEF = 300  # characters: the longest reply phr-greet / phr-refuse count as brief
@@ -188,7 +194,8 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
                   ["tools", "tools-direct"] if suite == "tools" else
                   ["chain-tools", "chain-arith"] if suite == "chain" else
                   list(CHAT_GROUPS) if suite == "chat" else
-                  list(PHRASING_GROUPS) if suite == "phrasing" else [suite])
+                  list(PHRASING_GROUPS) if suite == "phrasing" else
+                  ["follow-arith", "follow-tools"] if suite == "follow" else [suite])
         for group in groups:
             rng = random.Random(f"eval/{seed}/{group}")  # one stream per group: stable cases
             for i in range(n):
@@ -227,6 +234,12 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
                     ask = [m for e in earlier for m in older_turns(e.messages)] + ep.messages[:1]
                     tools = next(e.tools for e in earlier if e.tools)
                     cases.append(Case(group, i, ask, tools, str(ep.meta["answer"])))
+                elif suite == "follow":  # held-out follow-ups that point back (no target)
+                    ep = follow_up(rng, "heldout", "arith" if group == "follow-arith" else "tool")
+                    last = max(j for j, m in enumerate(ep.messages) if m["role"] == "user")
+                    expect = (str(ep.meta["answer"]) if group == "follow-arith" else
+                              ep.meta["call"])
+                    cases.append(Case(group, i, ep.messages[:last + 1], ep.tools, expect))
                 elif group == "chat-negative":
                     ep = arithmetic(rng, "heldout", digits=3, op="-", negative=True)
                     cases.append(Case(group, i, ep.messages[:1], None, str(ep.meta["answer"])))

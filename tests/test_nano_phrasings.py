@@ -76,8 +76,8 @@ def test_no_training_opening_or_closing_holds_a_held_out_sentence():
 
 def test_the_eval_asks_nothing_a_training_template_produces():
     patterns = [(t, ph.pattern(t)) for t in _templates("train")]
-    cases = evals.build_cases(("phrasing",), 60)
-    assert {c.group for c in cases} == set(evals.PHRASING_GROUPS)
+    cases = evals.build_cases(("phrasing", "follow"), 60)
+    assert {c.group for c in cases} == {*evals.PHRASING_GROUPS, "follow-arith", "follow-tools"}
     for c in cases:
         ask = c.messages[-1]["content"]
         hits = [p for p, rx in patterns if rx.fullmatch(ask)]
@@ -290,3 +290,21 @@ def test_follow_ups_are_in_the_training_mix_and_render():
     for _ in range(6):
         ids, mask = cur.supervised(cur.follow_up(rng, "train"), tok)
         assert len(ids) == len(mask) and any(mask)
+
+
+def test_the_follow_suite_asks_held_out_follow_ups_with_their_answers():
+    """eval --suite follow: the follow-up is the last message, after the first request's
+    turns (reasoning dropped); its expectation is the follow-up's own answer or call."""
+    cases = evals.build_cases(("follow",), 20)
+    for c in cases:
+        assert c.messages[-1]["role"] == "user"
+        assert sum(m["role"] == "user" for m in c.messages) == 2
+        assert all(not m.get("reasoning_content") for m in c.messages if m["role"] == "assistant")
+        if c.group == "follow-arith":
+            before = int(c.messages[-2]["content"])
+            assert int(c.expect) != before
+        else:
+            first = next(m for m in c.messages if m.get("tool_calls"))
+            old = first["tool_calls"][0]["function"]
+            assert c.expect["name"] == old["name"] and c.expect["arguments"] != old["arguments"]
+    assert evals.build_cases(("follow",), 20) == cases  # reproducible
