@@ -505,11 +505,11 @@ class LLM:
         limit = self.engine.context_limit * self.tokenizer.max_token_chars
         n = text if isinstance(text, int) else len(text)
         if n > self.tokenizer.max_text_chars and self.tokenizer.max_text_chars < limit:
-            # the tokenizer's normalizer may lengthen it past what is encoded at all (an
+            # the tokenizer's pipeline may lengthen it past what is encoded at all (an
             # expanding Replace aborted the process in Rust: a bad-input trial, 2026-12-07)
             raise ContextLengthError(
-                f"{what()}: {n:,} characters; this tokenizer's normalizer can lengthen a text "
-                f"up to {self.tokenizer.normalizer_growth:,.0f}-fold, so at most "
+                f"{what()}: {n:,} characters; this tokenizer's normalizer and pre-tokenizer can "
+                f"lengthen a text up to {self.tokenizer.text_growth:,.0f}-fold, so at most "
                 f"{self.tokenizer.max_text_chars:,} characters are encoded")
         if n > limit:
             raise ContextLengthError(

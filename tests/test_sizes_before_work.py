@@ -84,10 +84,10 @@ def test_a_prompt_a_growing_normalizer_could_blow_up_is_refused_before_tokenisin
     """A bad-input trial (2026-12-07): a normalizer that lengthens a text (here taken as
     10^6-fold) made a 170,000-character prompt an 11 GB allocation in Rust, which aborted the
     process. Past `max_text_chars` the prompt is refused by its length, naming the growth."""
-    monkeypatch.setattr(tiny_llm.tokenizer, "normalizer_growth", 1e6)
-    assert tiny_llm.tokenizer.max_text_chars == 134
-    for ask in (lambda: tiny_llm.generate(["h" * 135], SamplingParams(max_tokens=1)),
+    monkeypatch.setattr(tiny_llm.tokenizer, "text_growth", 1e6)
+    assert tiny_llm.tokenizer.max_text_chars == 33
+    for ask in (lambda: tiny_llm.generate(["h" * 34], SamplingParams(max_tokens=1)),
                 lambda: tiny_llm.chat([{"role": "user", "content": "h" * 200}])):
-        with pytest.raises(ContextLengthError, match=r"normalizer can lengthen a text up to "
-                                                     r"1,000,000-fold, so at most 134 "):
+        with pytest.raises(ContextLengthError, match=r"pre-tokenizer can lengthen a text up to "
+                                                     r"1,000,000-fold, so at most 33 "):
             ask()

@@ -407,15 +407,15 @@ def test_a_tokenizer_that_can_blow_a_text_up_is_refused_at_load(tok_dir, tmp_pat
 
 def test_a_normalizer_that_may_grow_a_text_bounds_the_prompt_it_encodes(tok_dir, tmp_path):
     """NFKC (at most 18-fold, by the bound taken for it) loads, and the characters a prompt may
-    hold shrink by that much; without a normalizer the bound is NORMALIZED_MAX_CHARS."""
+    hold shrink by that much; without a normalizer the byte-level pre-tokenizer's 4 is all."""
     from flint_graph.chat.tokenizer import NORMALIZED_MAX_CHARS
 
     nfkc = FlintTokenizer.from_dir(_with(tok_dir, tmp_path,
                                          lambda d: d.update(normalizer={"type": "NFKC"})))
-    assert nfkc.normalizer_growth == 18
-    assert nfkc.max_text_chars == NORMALIZED_MAX_CHARS // 18
+    assert nfkc.text_growth == 18 * 4  # NFKC, then the byte-level pre-tokenizer
+    assert nfkc.max_text_chars == NORMALIZED_MAX_CHARS // 72
     assert nfkc.encode("hello") and FlintTokenizer.from_dir(tok_dir[0]).max_text_chars == \
-        NORMALIZED_MAX_CHARS
+        NORMALIZED_MAX_CHARS // 4
 
 
 @pytest.mark.parametrize("template, found", [
@@ -438,3 +438,41 @@ def test_a_chat_template_of_the_wrong_shape_is_named_in_json_words(tok_dir, tmp_
         return
     with pytest.raises(CheckpointError, match="tokenizer_config.json: chat_template.*" + found):
         FlintTokenizer.from_dir(copy)
+
+
+def _byte_levels(n):
+    def edit(data):
+        extra = [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": False}] * n
+        data["pre_tokenizer"] = {"type": "Sequence",
+                                 "pretokenizers": [data["pre_tokenizer"], *extra]}
+    return edit
+
+
+def _many_long_added_tokens(data):
+    start = max(e["id"] for e in data["added_tokens"]) + 1
+    data["added_tokens"] += [{"id": start + i, "content": f"<|{i:04d}" + "x" * 240 + "|>",
+                              "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True} for i in range(80)]
+
+
+@pytest.mark.parametrize("edit, message", [
+    # 24 more ByteLevel passes: a 101-character prompt became a 400 MB allocation, a Rust abort
+    (_byte_levels(24), r"pre_tokenizer: can lengthen a text up to [\d,]+-fold"),
+    (lambda d: d.update(normalizer={"type": "NFKC"}) or _byte_levels(1)(d),
+     r"pre_tokenizer with the normalizer: can lengthen a text up to 288-fold"),
+    # 80 tokens of 246 characters: each render listed ~2.4M characters of their prefixes
+    (_many_long_added_tokens, r"81 added tokens|added tokens are too long together"),
+])
+def test_a_pipeline_or_added_tokens_that_grow_a_render_are_refused_at_load(tok_dir, tmp_path,
+                                                                          edit, message):
+    """A re-trial of the bounds above (2026-12-07): the pre-tokenizer's growth was not counted
+    (a chain of ByteLevel passes doubles a text each), and the added tokens were bounded one by
+    one but not together (1,000 of 256 characters: 51 s and 3.6 GB at the first chat)."""
+    with pytest.raises(CheckpointError, match=message):
+        FlintTokenizer.from_dir(_with(tok_dir, tmp_path, edit))
+
+
+def test_one_more_byte_level_pass_still_loads(tok_dir, tmp_path):
+    tok = FlintTokenizer.from_dir(_with(tok_dir, tmp_path, _byte_levels(1)))
+    assert tok.text_growth == 16

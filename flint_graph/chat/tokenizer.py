@@ -298,23 +298,41 @@ ADDED_TOKEN_MAX_CHARS = 256
 # text: a Replace of "h" by 100,000 characters made a 170,000-character prompt an 11 GB
 # allocation that aborted the process in Rust, and a Replace decoder of " " by 1 MB made a
 # 400-token answer 109 MB (a bad-input trial, 2026-12-07). Unicode normalization grows a text
-# at most 18-fold (NFKC/NFKD, e.g. U+FDFA); Flint's tokenizer has no normalizer.
-PIPELINE_GROWTH_MAX = 64
-# the most characters a prompt may hold after normalization (`FlintTokenizer.max_text_chars`)
-NORMALIZED_MAX_CHARS = 1 << 27
+# at most 18-fold (NFKC/NFKD, e.g. U+FDFA); Flint's tokenizer has no normalizer and a
+# byte-level pre-tokenizer (4-fold at most).
+PIPELINE_GROWTH_MAX = 128  # NFKC (18) and a byte-level pre-tokenizer (4) together: 72
+# the most characters a prompt may hold after normalization and pre-tokenization
+# (`FlintTokenizer.max_text_chars`): encoding costs ~150 bytes of peak memory a character there
+# (a re-trial of 2026-12-07: 2^27 would have been ~20 GB), so ~5 GB at most, reached only by
+# a pipeline near PIPELINE_GROWTH_MAX and a prompt that fills it; a 262K-token prompt is ~1M
+# characters, and a byte-level pre-tokenizer is taken to grow one 4-fold (8.4M allowed)
+NORMALIZED_MAX_CHARS = 1 << 25
 # bounds on the growth of each normalizer type without a Replace-like content (per character)
 _NORMALIZER_GROWTH = {"NFC": 3, "NFD": 4, "NFKC": 18, "NFKD": 18, "Lowercase": 3,
                       "BertNormalizer": 3, "Precompiled": 18, "ByteLevel": 4, "Strip": 1,
                       "StripAccents": 1, "Nmt": 1}
+# ... and of each pre-tokenizer type: ByteLevel writes a character per UTF-8 byte (4 for one
+# character, and its output characters are 2 bytes each, so a chain of them grows 2-4-fold a
+# pass: 24 in a Sequence made a 101-character prompt a 400 MB allocation that aborted the
+# process, a re-trial of 2026-12-07); Metaspace may prepend one; the splitters add nothing
+_PRE_TOKENIZER_GROWTH = {"ByteLevel": 4, "Metaspace": 2, "Split": 1, "Whitespace": 1,
+                         "WhitespaceSplit": 1, "Punctuation": 1, "Digits": 1,
+                         "UnicodeScripts": 1, "BertPreTokenizer": 1, "CharDelimiterSplit": 1}
+# Σ len² over the added tokens: a chat render lists every prefix and suffix of each (for the
+# markers cut at a string's ends), ~Σ len² / 2 characters; 1,000 tokens of 256 characters
+# took 51 s and 3.6 GB at the first chat (a re-trial, 2026-12-07). GLM-4.7's: ~60,000
+ADDED_TOKENS_SQUARED_MAX = 1 << 22
 
 
 def pipeline_growth(spec: dict | None, items: str) -> tuple[float, str]:
     """(the most times the normalizer or decoder `spec` (its tokenizer.json object; `items`
-    names a Sequence's list: "normalizers" or "decoders") can lengthen a text, the part that
+    names a Sequence's list: "normalizers", "pretokenizers" or "decoders") can lengthen a text,
+    the part that
     grows it most, in words). A Replace grows it by its content over its pattern's length (a
     regex pattern: content + 1, as a match may be one character or empty); Prepend by its
     string; a Sequence by the product of its parts; a decoder other than Replace not at all;
-    a normalizer type not known here by 18 (`_NORMALIZER_GROWTH`)."""
+    a normalizer type not known here by 18 (`_NORMALIZER_GROWTH`), a pre-tokenizer by
+    `_PRE_TOKENIZER_GROWTH` (one not known there by 4)."""
     if not isinstance(spec, dict):
         return 1.0, ""
     kind = spec.get("type")
@@ -341,14 +359,19 @@ def pipeline_growth(spec: dict | None, items: str) -> tuple[float, str]:
         return float(1 + n), f"Prepend of {n:,} characters"
     if items == "decoders":
         return 1.0, ""
+    if items == "pretokenizers":
+        return float(_PRE_TOKENIZER_GROWTH.get(kind, 4)), f"{shown(kind, 30)}"
     return float(_NORMALIZER_GROWTH.get(kind, 18)), f"{shown(kind, 30)}"
 
 
 def _check_pipeline(tokenizer, source: str) -> float:
-    """The normalizer's growth (`pipeline_growth`); raises CheckpointError naming tokenizer.json
-    when the normalizer or the decoder grows a text more than PIPELINE_GROWTH_MAX-fold."""
+    """How many times the normalizer and pre-tokenizer together can lengthen a text
+    (`pipeline_growth`); raises CheckpointError naming tokenizer.json when the normalizer, the
+    pre-tokenizer, both together, or the decoder grow a text more than
+    PIPELINE_GROWTH_MAX-fold."""
     grown = 1.0
-    for part, items in (("normalizer", "normalizers"), ("decoder", "decoders")):
+    for part, items in (("normalizer", "normalizers"), ("pre_tokenizer", "pretokenizers"),
+                        ("decoder", "decoders")):
         obj = getattr(tokenizer, part)
         if obj is None:
             continue
@@ -357,12 +380,17 @@ def _check_pipeline(tokenizer, source: str) -> float:
         except (TypeError, ValueError, AttributeError):
             spec = None
         g, why = pipeline_growth(spec, items)
+        if part != "decoder":
+            g, why = grown * g, (why if g > 1 else "")
         if g > PIPELINE_GROWTH_MAX:
-            what = "a text" if part == "normalizer" else "a token's text"
-            raise CheckpointError(f"{source}: tokenizer.json {part}: can lengthen {what} up to "
-                                  f"{g:,.0f}-fold ({why}); at most {PIPELINE_GROWTH_MAX}-fold is "
-                                  "accepted (Unicode normalization: 18-fold at most)")
-        if part == "normalizer":
+            what = "a token's text" if part == "decoder" else "a text"
+            with_normalizer = " with the normalizer" if part == "pre_tokenizer" and grown > 1 \
+                else ""
+            raise CheckpointError(f"{source}: tokenizer.json {part}{with_normalizer}: can "
+                                  f"lengthen {what} up to {g:,.0f}-fold ({why}); at most "
+                                  f"{PIPELINE_GROWTH_MAX}-fold is accepted (Unicode "
+                                  "normalization: 18-fold at most, a byte-level pre-tokenizer 4)")
+        if part != "decoder":
             grown = g
     return grown
 
@@ -415,8 +443,16 @@ class FlintTokenizer:
                     f"{source}: tokenizer.json added token {i} is {len(t.content):,} "
                     f"characters ({shown(t.content, 40)}); an added token (a control token or "
                     f"tag) may have at most {ADDED_TOKEN_MAX_CHARS}")
-        # a prompt of n characters is at most n * growth after normalization
-        self.normalizer_growth = _check_pipeline(tokenizer, source)
+        squares = sum(len(t.content) ** 2 for t in tokenizer.get_added_tokens_decoder().values())
+        if squares > ADDED_TOKENS_SQUARED_MAX:
+            n = len(tokenizer.get_added_tokens_decoder())
+            raise CheckpointError(
+                f"{source}: tokenizer.json's {n:,} added tokens are too long together (the "
+                f"sum of their squared lengths is {squares:,}; at most "
+                f"{ADDED_TOKENS_SQUARED_MAX:,}): each becomes a marker a chat prompt is "
+                "searched for")
+        # a prompt of n characters is at most n * growth after normalization and pre-tokenizing
+        self.text_growth = _check_pipeline(tokenizer, source)
         # no token stands for more characters than this (byte-level BPE: one character per
         # byte), so a text of n characters has at least n / max_token_chars tokens
         self.max_token_chars = max(1, max(len(t) for t in vocab))
@@ -506,9 +542,10 @@ class FlintTokenizer:
 
     @property
     def max_text_chars(self) -> int:
-        """The most characters a text to encode may hold: NORMALIZED_MAX_CHARS after the
-        normalizer's growth (`pipeline_growth`; no normalizer: 134,217,728)."""
-        return int(NORMALIZED_MAX_CHARS // self.normalizer_growth)
+        """The most characters a text to encode may hold: NORMALIZED_MAX_CHARS over the
+        normalizer's and pre-tokenizer's growth (`pipeline_growth`: 8,388,608 for a byte-level
+        pre-tokenizer alone, as Flint's)."""
+        return int(NORMALIZED_MAX_CHARS // self.text_growth)
 
     @property
     def vocab_size(self) -> int:
