@@ -45,27 +45,41 @@ def _home() -> Path:
     return Path(pwd.getpwuid(os.getuid()).pw_dir)
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: Linux's limits for one part and a whole path
+
+
 def name_problem(path: str | os.PathLike) -> str | None:
     """Why `path` cannot name a file at all, in words for an error message, or None: a NUL
     character in it, a name in it longer than the file system allows, or a directory on the
     way that this user may not search. Each made `Path.exists()` raise (a bare ValueError or
     OSError: "internal error: OSError: [Errno 36] File name too long" from the CLI and the
     API alike, a bad-input trial of 2026-12-07); a path that merely does not exist is None."""
-    text = os.fspath(path)
-    if "\0" in (text if isinstance(text, str) else text.decode("latin-1")):
+    text = os.fsdecode(os.fspath(path))
+    if "\0" in text:
         return "it holds a NUL character, which no file name can"
+    try:
+        parts = [len(os.fsencode(p)) for p in Path(text).parts] or [0]
+        whole = len(os.fsencode(text))
+    except UnicodeEncodeError:  # a lone surrogate on a file system that is not UTF-8
+        return "it cannot be encoded as a file name on this system"
+    too_long = (f"the name is too long for the file system ({whole:,} bytes, its longest part "
+                f"{max(parts):,}; a part may have at most {NAME_MAX}, the whole at most "
+                f"{PATH_MAX - 1:,})")
+    if max(parts) > NAME_MAX or whole >= PATH_MAX:
+        # checked before the lookup, which reports a missing directory first: `--json
+        # missing/<300 characters>` passed, ran an hour-long eval and then lost its figures
+        # (a re-trial, 2026-12-07)
+        return too_long
     try:
         os.stat(text)
     except OSError as e:
         import errno
 
-        if e.errno == errno.ENAMETOOLONG:
-            parts = [len(os.fsencode(p)) for p in Path(text).parts] or [0]
-            return (f"the name is too long for the file system ({len(os.fsencode(text)):,} "
-                    f"bytes, its longest part {max(parts):,}; a part may have at most 255)")
+        if e.errno == errno.ENAMETOOLONG:  # a file system with smaller limits
+            return too_long
         if e.errno == errno.EACCES:
             return "permission denied looking it up (a directory on its way is not searchable)"
-    except ValueError:  # an unencodable path (a lone surrogate on a non-UTF-8 file system)
+    except ValueError:  # an unencodable path
         return "it cannot be encoded as a file name on this system"
     return None
 

@@ -1190,6 +1190,12 @@ LONG = "x" * 300  # a name part past the file systems' 255 bytes
     (["bench", "--json", f"/tmp/{LONG}.json"], "--json"),
     (["trace", "--html", f"/tmp/{LONG}.html"], "--html"),
     (["eval", "--compare", LONG], "--compare"),
+    # a missing directory before it: the lookup said "no such file" first, so an eval ran an
+    # hour and then could not write its figures (a re-trial, 2026-12-07)
+    (["eval", "--json", f"/tmp/missing-dir/{LONG}", "--n", "1"], "--json"),
+    (["trace", "--out", f"/tmp/missing-dir/{LONG}.json"], "--out"),
+    (["make-checkpoint", "--out", f"/tmp/missing-dir/{LONG}"], "--out"),
+    (["generate", "/tmp/x/" + "y/" * 2100, "--prompt", "hi"], "MODEL"),  # 4,206 bytes
 ])
 def test_a_path_no_file_system_takes_is_a_one_line_error_naming_its_flag(capsys, argv, flag):
     """A bad-input trial (2026-12-07): a 300-character name (and a NUL, and a directory that
