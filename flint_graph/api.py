@@ -323,14 +323,16 @@ class LLM:
         # tools is data, encoded as ordinary text (prompt_segments).
         if isinstance(messages, list) and not messages:  # other types: validate_messages
             raise InvalidRequestError("messages: expected at least one message, got none")
-        sampling = sorted(k for k in template_kwargs if k in _SAMPLING_FIELDS)
+        sampling = sorted(k for k in template_kwargs if k in _SAMPLING_FIELDS
+                          or k in _SAMPLING_ALIASES)
         if sampling:  # `chat(msgs, max_tokens=3)` went to the template, silently unused (a
-            # bad-input trial, 2026-12-07)
+            # bad-input trial, 2026-12-07; max_new_tokens and vLLM's sampling_params too)
+            fields = dict.fromkeys(_SAMPLING_ALIASES.get(k, k) for k in sampling)
             raise InvalidRequestError(
                 f"{', '.join(sampling)}: "
                 f"{'a sampling setting' if len(sampling) == 1 else 'sampling settings'}, not "
-                "chat template variables; pass "
-                f"params=SamplingParams({', '.join(f'{k}=...' for k in sampling)})")
+                "chat template variables; pass params=SamplingParams("
+                + ", ".join(f"{k}=..." if k else "..." for k in fields) + ")")
         self._check_prompt_size(_message_text(messages))  # before templating a huge one
         source = (self.tokenizer.template_file
                   or self.checkpoint.config_dir / "tokenizer_config.json")
@@ -735,6 +737,9 @@ def _dumped(value: dict) -> str | None:
 
 # SamplingParams' fields: keyword arguments of chat() that are these go nowhere near the template
 _SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+# ... and other runtimes' names for them (transformers, OpenAI, vLLM): SamplingParams' field
+_SAMPLING_ALIASES = {"max_new_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
+                     "sampling_params": "", "do_sample": "temperature"}
 
 
 def forced_call(tool_choice: Any) -> str | None:
