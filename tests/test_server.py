@@ -742,6 +742,10 @@ def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
                           {"model": "x", "max_tokens": 3, "temperature": 0,
                            "messages": [{"role": "user", "content": "hi"}]}, key=None)
         assert status == 200
+        status, _ = _post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                          {"model": "x", "max_tokens": -1,
+                           "messages": [{"role": "user", "content": "hi"}]}, key=None)
+        assert status == 400
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0, p.stderr.read().decode()[-500:]
         # the log said when the model was ready, and says it is stopping (it said nothing);
@@ -749,6 +753,8 @@ def test_sigterm_shuts_down_gracefully_and_exits_0(tiny_ckpt):
         err = p.stderr.read().decode()
         assert re.search(r"flint-graph: POST /v1/chat/completions \w+: \d+ prompt tokens, "
                          r"3 generated, TTFT \d+ ms, \d+\.\d\d s\n", err), err
+        # a refused one gets its line too (a re-trial: 400s, 404s and 429s were silent)
+        assert re.search(r"flint-graph: POST /v1/chat/completions 400: max_tokens", err), err
         assert re.search(r"flint-graph: ready in \d+\.\d s: '\w+' \(reference engine\) answers "
                          r"POST http://127\.0\.0\.1:\d+/v1/chat/completions", err), err
         assert "flint-graph: stopping (SIGTERM)\n" in err, err

@@ -112,7 +112,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
     `on_error(message)` is called (the CLI stops the server with it); once it is loaded,
     `on_ready(llm)` (the CLI logs that the server is ready). `request_log(line)`, when given,
     gets one line per finished generation (`metrics.request_line`: route, finish reason,
-    tokens, TTFT, time).
+    tokens, TTFT, time) and one per refused request (method, path, status, reason).
 
     `app.state.abort_all()` (the CLI calls it when a shutdown's grace has passed) aborts every
     open request in the engine (from a thread: an abort waits for the engine step in
@@ -217,8 +217,18 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         # (through the catch-all below, Starlette re-raised it: a 58-line traceback per client)
         return Response(status_code=400)
 
+    def _log_refusal(request: Request, status: int, message: str) -> None:
+        """The request log's line for a refused request (a re-trial, 2026-12-07: 400s, 404s
+        and 429s left none, so a burst of refusals was invisible): method, path, status and
+        the start of the reason. Not for /health, which load balancers poll."""
+        if request_log is not None and request.url.path != "/health":
+            reason = " ".join(message.split())
+            reason = reason if len(reason) <= 120 else reason[:120] + "…"
+            request_log(f"{request.method} {request.url.path} {status}: {reason}")
+
     @app.exception_handler(p.APIError)
-    async def _api_error(_request: Request, e: p.APIError):
+    async def _api_error(request: Request, e: p.APIError):
+        _log_refusal(request, e.status, e.message)
         return JSONResponse(e.body(), status_code=e.status,
                             headers=_ERROR_HEADERS_BY_CODE.get(e.code)
                             or _ERROR_HEADERS.get(e.status))
@@ -233,6 +243,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             field = p.field_of(msg)
         if field == "prompt" and request.url.path.endswith("/chat/completions"):
             field = "messages"  # a chat's prompt is its messages (OpenAI's param there)
+        _log_refusal(request, 400, msg)
         return JSONResponse(p.APIError(400, msg, field).body(), status_code=400)
 
     want = None if api_key is None else api_key.encode()
@@ -366,7 +377,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         with room_lock:
             waiting = admitting[0]
             if max_waiting is not None and waiting >= max_waiting:
-                raise p.APIError(429, f"server busy: {waiting} requests already wait for "
+                raise p.APIError(429, f"server busy: {waiting} "
+                                      f"request{'s' if waiting != 1 else ''} already wait"
+                                      f"{'s' if waiting == 1 else ''} for "
                                       f"their first token (flint-graph serve --max-waiting "
                                       f"{max_waiting}); retry later", kind="rate_limit_error",
                                  code="too_many_requests")
