@@ -79,6 +79,9 @@ class GenerationOutput:
     cached_tokens: int = 0
     # where ttft_ms went, ms: queued, admit, schedule, prefill, first_token (`Request.phases_ms`)
     ttft_phases_ms: dict[str, float] = field(default_factory=dict, repr=False)
+    # tool_choice forced a call and the model did not complete it: what it wrote after the
+    # forced `<tool_call>` and name, in neither content nor tool_calls (errors say why)
+    withdrawn_call_text: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -790,6 +793,7 @@ def _output(req: Request) -> GenerationOutput:
         out.content = parsed.content
         out.tool_calls = list(parsed.tool_calls)
         out.errors = list(parsed.errors)
+        out.withdrawn_call_text = parsed.withdrawn or None
     elif req.parser_failed:  # its output is shown as written; the error says why
         out.content = req.text
     out.errors += req.errors

@@ -1006,31 +1006,37 @@ def test_arguments_a_tool_does_not_declare_are_named(others, errors):
     assert got.errors == errors
 
 
-@pytest.mark.parametrize("forced, written, content", [
+@pytest.mark.parametrize("forced, written, withdrawn", [
     ("<tool_call>", "Hello! I can check the weather.", "Hello! I can check the weather."),
     ("<tool_call>get_weather", " sunny<|x|>", "sunny<|x|>"),
     ("<tool_call>get_weather", "<arg_key>city</arg_key>oops", "<arg_key>city</arg_key>oops"),
+    ("<tool_call>calculator", "<arg_key>expression</arg_key><arg_value>457</arg_value>"
+     "</tool_call>", "<arg_key>expression</arg_key><arg_value>457</arg_value></tool_call>"),
 ])
 @pytest.mark.parametrize("chunk", [1, 5, 1000])
-def test_a_forced_call_the_model_did_not_write_leaves_no_forced_tag_in_content(
-        forced, written, content, chunk):
+def test_a_forced_call_the_model_did_not_complete_is_no_content(forced, written, withdrawn,
+                                                                chunk):
     """A new user's trial (2026-12-07): tool_choice "required" and "Hi" answered content
-    "<tool_call>Hello! I can …": the engine's forced `<tool_call>` (and name) was shown as if
-    the model wrote it. Rejected, the forced call's content is what the model wrote after the
-    forced text, in the result and in the stream alike, and the error still says why."""
+    "<tool_call>Hello! I can …", the engine's forced text shown as the model's; its re-trial:
+    with that gone, the rest of the call's markup ("<arg_key>expression</arg_key>…") was still
+    the content. A rejected forced call gives no content, streamed or not; what the model
+    wrote after the forced text is the result's `withdrawn` (the server's
+    withdrawn_tool_calls[].text), and the error says why."""
     text = "</think>" + forced + written
     parser = OutputParser(TOOLS, forced=forced)
     streamed = "".join(parser.feed(text[i:i + chunk]).content
                        for i in range(0, len(text), chunk))
     streamed += parser.finish("stop").content
     out = parser.result()
-    assert not out.tool_calls and out.content == content == streamed
+    assert not out.tool_calls and out.content == streamed == ""
+    assert out.withdrawn == withdrawn
     assert out.errors and out.errors[0].startswith("tool call 1")
+    assert out.errors[0].endswith("withdrawn (tool_choice forced it)"), out.errors
 
 
-def test_only_the_forced_call_loses_its_tag():
+def test_only_the_forced_call_is_withdrawn():
     """A later rejected call, or a rejected first call the engine did not force, keeps its
-    text as written (it is the model's own)."""
+    text as content, as written (it is the model's own)."""
     bad = "<tool_call>nope<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>"
     out = parse_output("</think>" + bad, tools=TOOLS)
     assert out.content == bad
@@ -1038,4 +1044,4 @@ def test_only_the_forced_call_loses_its_tag():
     parser.feed(f"</think>{WEATHER_PARIS}{bad}")
     parser.finish("stop")
     out = parser.result()
-    assert len(out.tool_calls) == 1 and out.content == bad
+    assert len(out.tool_calls) == 1 and out.content == bad and out.withdrawn == ""

@@ -287,6 +287,10 @@ def test_streamed_tool_call_deltas_concatenate_to_the_call(tmp_path):
     # "<tool_call>Hello! I can …": a new user's trial, 2026-12-07), streamed or not
     streamed_text = "".join(ch.choices[0].delta.content or "" for ch in req_hi_s if ch.choices)
     assert "<tool_call>" not in (m.content or "") + streamed_text, (m, streamed_text)
+    # nor does the rest of a withdrawn call: what the model wrote is the entry's text (its
+    # re-trial found "<arg_key>expression</arg_key>…" left as content)
+    if not m.tool_calls:
+        assert not m.content and not streamed_text and said[0].get("text"), (m, said)
     for r in forced.values():  # the call the model makes unasked, forced or not
         assert r.choices[0].message.tool_calls[0].function.name == "convert_units", r
         assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == \

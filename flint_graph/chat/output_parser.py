@@ -95,6 +95,13 @@ class ParsedOutput:
     content: str
     tool_calls: list[ToolCall]
     errors: list[str]
+    # what the model wrote after a forced call's `<tool_call>` and name when that call was
+    # rejected (`OutputParser(forced=…)`): shown neither as content nor as a call
+    withdrawn: str = ""
+
+
+# a rejected call's error ends so (tool_call_reader); a withdrawn forced call's so instead
+KEPT, WITHDRAWN = "; its text is kept as content", "; withdrawn (tool_choice forced it)"
 
 
 @cache
@@ -112,14 +119,16 @@ class OutputParser:
     id ("call_<first_id>", then counting up), so that a conversation's calls keep distinct ids
     when each turn is parsed anew (LLM.chat passes the calls already in the history). forced:
     the text the engine wrote for the model at the start of its first call (`<tool_call>` and
-    the forced name, `LLM._force_call`): when that call is rejected, its content loses that
-    text, which the model never chose. Decisions and policies: module docstring.
+    the forced name, `LLM._force_call`): when that call is rejected, none of its text becomes
+    content (the result's `withdrawn` holds what the model wrote after the forced text).
+    Decisions and policies: module docstring.
     """
 
     def __init__(self, tools: list[dict] | None = None, thinking: bool = True,
                  first_id: int = 0, forced: str | None = None):
         self._first_id = first_id
         self._forced = forced
+        self._withdrawn, self._withholding = "", False
         self._schemas = tool_schemas(tools)
         self._calls_on = tools is None or len(tools) > 0
         # Text states hold back a suffix that may become a tag they act on (none but the
@@ -173,7 +182,8 @@ class OutputParser:
     def result(self) -> ParsedOutput:
         """A copy of everything parsed so far (complete once finish() has run)."""
         reasoning, content = ("".join(self._parts[c]) for c in (REASONING, CONTENT))
-        return ParsedOutput(reasoning, content, list(self._tool_calls), list(self._errors))
+        return ParsedOutput(reasoning, content, list(self._tool_calls), list(self._errors),
+                            self._withdrawn.strip())
 
     @property
     def has_tool_calls(self) -> bool:
@@ -183,7 +193,11 @@ class OutputParser:
     # -- emission -----------------------------------------------------------------------------
 
     def _emit(self, channel: str, text: str) -> None:
-        """Append to "reasoning" or "content" of both the accumulated output and the delta."""
+        """Append to "reasoning" or "content" of both the accumulated output and the delta
+        (content after a withdrawn forced call goes to `withdrawn` instead)."""
+        if channel == CONTENT and self._withholding:
+            self._withdrawn += text
+            return
         self._parts[channel].append(text)  # a list: long outputs must not be re-copied per token
         setattr(self._delta, channel, getattr(self._delta, channel) + text)
 
@@ -291,10 +305,14 @@ class OutputParser:
         else:
             rejected = reader.rejected
             if self._num_calls == 1 and self._forced and rejected.startswith(self._forced):
-                # a forced call the model did not write: what it wrote instead is the answer
-                # ("<tool_call>Hello! …" for a greeting under tool_choice "required", a new
-                # user's trial, 2026-12-07); the error and withdrawn_tool_calls say why
-                rejected = rejected[len(self._forced):].lstrip()
+                # a forced call the model did not complete: its text and what follows it are
+                # no answer (content showed "<tool_call>Hello! …", then call markup,
+                # "<arg_key>expression</arg_key>…": a new user's trial and its re-trial,
+                # 2026-12-07); kept apart for withdrawn_tool_calls, the error says why
+                rejected, self._withholding = rejected[len(self._forced):].lstrip(), True
+                for errors in (self._errors, self._delta.errors):
+                    if errors and errors[-1].endswith(KEPT):
+                        errors[-1] = errors[-1][:-len(KEPT)] + WITHDRAWN
             self._emit(CONTENT, rejected)
             self._state = CONTENT
             self._stray_seen = True  # its leftover tags are that call's, already reported

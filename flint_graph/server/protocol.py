@@ -264,7 +264,8 @@ def chat_message(msg) -> dict[str, Any]:
 
 
 def missed_forced_call(tool_choice: Any, msg) -> list[dict[str, Any]] | None:
-    """`withdrawn_tool_calls` entries ([{"index": 0, "reason"}]) for an answer with no tool
+    """`withdrawn_tool_calls` entries ([{"index": 0, "reason", "text"}]: text, where there is
+    some, what the model wrote after the forced `<tool_call>`) for an answer with no tool
     call where `tool_choice` forced one ("required" or a named function), else None. The
     engine forces `<tool_call>` and the name but not what follows (`api.forced_call`), so the
     model can still write no valid call; without this a client saw `finish_reason: "stop"` and
@@ -275,7 +276,10 @@ def missed_forced_call(tool_choice: Any, msg) -> list[dict[str, Any]] | None:
         return None
     why = next((e for e in msg.output.errors if e.startswith("tool call")),
                "the model wrote no tool call")
-    return [{"index": 0, "reason": f"tool_choice forced a call and none came: {why}"}]
+    entry = {"index": 0, "reason": f"tool_choice forced a call and none came: {why}"}
+    if msg.output.withdrawn_call_text:  # what it wrote instead: not content (a re-trial)
+        entry["text"] = msg.output.withdrawn_call_text
+    return [entry]
 
 
 def chat_logprobs(out, token_bytes) -> dict[str, Any] | None:
