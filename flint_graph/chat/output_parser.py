@@ -30,6 +30,9 @@ flint_graph/chat/tool_schema.py types its values. Decisions (tests/test_output_p
   before them: the model skipped the opening tag) stay content as written and add one error, so
   a half-written call is never shown as a plain answer without a warning (none after a rejected
   call: its leftover tags are covered by that call's error).
+- A call the engine forced (tool_choice: `forced`, the `<tool_call>` and name it wrote) that
+  the model did not complete is withdrawn: nothing after the forced text becomes content (it
+  is the result's `withdrawn`), and its error ends "withdrawn (tool_choice forced it)".
 - Errors (`errors`): malformed or rejected calls (their raw text becomes content), repairs,
   arguments that fit no reading of their schema, required arguments a kept call lacks and
   arguments it has that the tool does not declare (unless its additionalProperties is true or
@@ -128,7 +131,8 @@ class OutputParser:
                  first_id: int = 0, forced: str | None = None):
         self._first_id = first_id
         self._forced = forced
-        self._withdrawn, self._withholding = "", False
+        self._withdrawn: list[str] = []  # content after a rejected forced call
+        self._withholding = False
         self._schemas = tool_schemas(tools)
         self._calls_on = tools is None or len(tools) > 0
         # Text states hold back a suffix that may become a tag they act on (none but the
@@ -183,7 +187,7 @@ class OutputParser:
         """A copy of everything parsed so far (complete once finish() has run)."""
         reasoning, content = ("".join(self._parts[c]) for c in (REASONING, CONTENT))
         return ParsedOutput(reasoning, content, list(self._tool_calls), list(self._errors),
-                            self._withdrawn.strip())
+                            "".join(self._withdrawn).strip())
 
     @property
     def has_tool_calls(self) -> bool:
@@ -196,7 +200,7 @@ class OutputParser:
         """Append to "reasoning" or "content" of both the accumulated output and the delta
         (content after a withdrawn forced call goes to `withdrawn` instead)."""
         if channel == CONTENT and self._withholding:
-            self._withdrawn += text
+            self._withdrawn.append(text)
             return
         self._parts[channel].append(text)  # a list: long outputs must not be re-copied per token
         setattr(self._delta, channel, getattr(self._delta, channel) + text)
