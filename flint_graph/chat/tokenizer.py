@@ -292,7 +292,7 @@ CHAT_TEMPLATE_MAX_BYTES = 4 << 20
 
 # Added tokens become the chat prompt's markers (`prompt_segments`), whose prefixes are listed
 # per render: one of 100,000 characters made every render build ~10 GB of them (a bad-input
-# trial, 2026-12-07). Real ones are short tags (GLM-4.7's longest ~20 characters).
+# trial, 2026-12-07). Real ones are short tags (flint-nano's longest: 16 characters).
 ADDED_TOKEN_MAX_CHARS = 256
 # How many times a tokenizer.json's normalizer may lengthen a text, and its decoder a token's
 # text: a Replace of "h" by 100,000 characters made a 170,000-character prompt an 11 GB
@@ -320,7 +320,7 @@ _PRE_TOKENIZER_GROWTH = {"ByteLevel": 4, "Metaspace": 2, "Split": 1, "Whitespace
                          "UnicodeScripts": 1, "BertPreTokenizer": 1, "CharDelimiterSplit": 1}
 # Σ len² over the added tokens: a chat render lists every prefix and suffix of each (for the
 # markers cut at a string's ends), ~Σ len² / 2 characters; 1,000 tokens of 256 characters
-# took 51 s and 3.6 GB at the first chat (a re-trial, 2026-12-07). GLM-4.7's: ~60,000
+# took 51 s and 3.6 GB at the first chat (a re-trial, 2026-12-07). flint-nano's 20 tags: 2,216
 ADDED_TOKENS_SQUARED_MAX = 1 << 22
 
 
