@@ -206,13 +206,17 @@ def _load(path: str | Path, hf_config_path: str | Path | None, device: torch.dev
         gguf = path
     else:
         raise CheckpointError(_describe_non_gguf(path))
-    if gguf is not None:
-        # a corrupt GGUF with no config beside it asked for --hf-config-path first, and only
-        # once given one said the file was broken (a bad-input trial, 2026-12-07)
-        from flint_graph.checkpoints.gguf_structure import check_gguf_structure
+    try:
+        config_dir = _config_dir(hf_config_path, gguf.parent if gguf else path, gguf)
+    except CheckpointError:
+        if gguf is not None:
+            # a corrupt GGUF with no config beside it asked for --hf-config-path first, and
+            # only once given one said the file was broken (a bad-input trial, 2026-12-07);
+            # checked here only, since the loader checks it again on the way in
+            from flint_graph.checkpoints.gguf_structure import check_gguf_structure
 
-        check_gguf_structure(gguf)
-    config_dir = _config_dir(hf_config_path, gguf.parent if gguf else path, gguf)
+            check_gguf_structure(gguf)
+        raise
     cfg = FlintConfig.from_json(config_dir / CONFIG_NAME)
     generation_config = read_generation_config(config_dir)
     if gguf is None:
