@@ -359,8 +359,9 @@ def run(llm, cases: list[Case], batch: int = 8, progress: bool = True) -> dict[s
 
     t0 = time.perf_counter()
     records = []
-    weights = case_costs(llm, cases, batch) if progress else [1.0] * len(cases)
-    with weighted_progress_bar(progress, "eval", weights) as advance:
+    # (the costs tokenize every case: only for a bar that is drawn)
+    with weighted_progress_bar(progress, "eval",
+                               lambda: case_costs(llm, cases, batch)) as advance:
         for b in range(0, len(cases), batch):
             chunk = cases[b:b + batch]
             limit = max(MAX_NEW_TOKENS[c.suite] for c in chunk)

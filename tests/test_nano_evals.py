@@ -771,7 +771,10 @@ def test_the_weighted_bar_counts_items_and_is_silent_off_a_terminal(monkeypatch)
 
     from flint_graph.terminal.progress import weighted_progress_bar
 
-    with weighted_progress_bar(True, "eval", [1.0, 9.0]) as advance:  # stderr not a terminal
+    def never():
+        raise AssertionError("weights computed for a bar that is not drawn")
+
+    with weighted_progress_bar(True, "eval", never) as advance:  # stderr not a terminal
         advance(1)
     seen = []
     monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
@@ -784,7 +787,7 @@ def test_the_weighted_bar_counts_items_and_is_silent_off_a_terminal(monkeypatch)
         return update(self, task, **kw)
 
     monkeypatch.setattr(rich.progress.Progress, "update", spy)
-    with weighted_progress_bar(True, "eval", [1.0, 9.0, 5.0]) as advance:
+    with weighted_progress_bar(True, "eval", lambda: [1.0, 9.0, 5.0]) as advance:
         advance(2)
         advance(1)
     assert seen == [(10.0, 2), (5.0, 3)]

@@ -45,14 +45,15 @@ def progress_bar(enabled: bool, label: str, total: int,
 
 
 @contextlib.contextmanager
-def weighted_progress_bar(enabled: bool, label: str, weights: list[float],
+def weighted_progress_bar(enabled: bool, label: str, weights: Callable[[], list[float]],
                           noun: str = "cases") -> Iterator[Callable[[int], None]]:
     """A rich progress bar on stderr over items of unequal cost: yields `advance(k)` (the next k
-    items are done, in order). The bar and its time remaining follow the items' `weights`
-    (estimated seconds, or any unit in proportion), the count column the items ("80/400
-    cases"); a no-op as `progress_bar`'s. Why: eval's cases range from a 300-token sum to a
-    16K-token recall list, ~150x the time on a CPU, and a bar by count said ~3 minutes left of
-    a run of more than an hour (a new user's trial, 2026-12-07)."""
+    items are done, in order). The bar and its time remaining follow the items' weights
+    (`weights()`, called only when the bar is drawn: estimated seconds, or any unit in
+    proportion), the count column the items ("80/400 cases"); a no-op as `progress_bar`'s.
+    Why: eval's cases range from a 300-token sum to a 16K-token recall list, ~150x the time on
+    a CPU, and a bar by count said ~3 minutes left of a run of more than an hour (a new user's
+    trial, 2026-12-07)."""
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -61,6 +62,7 @@ def weighted_progress_bar(enabled: bool, label: str, weights: list[float],
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    weights = weights()
     n = len(weights)
     bar = Progress(TextColumn("{task.description}"), BarColumn(),
                    TextColumn(f"{{task.fields[items]}}/{n} {noun}"), TimeRemainingColumn(),
