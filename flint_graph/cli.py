@@ -66,7 +66,7 @@ OUTPUT_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `flint-graph` console script; returns the exit code."""
-    previous = None
+    previous = previous_term = None
     if sys.stderr is None:  # `2>&-`: its messages go nowhere, as asked (input() needs one)
         sys.stderr = open(os.devnull, "w")
     if sys.stdout is None:  # `>&-`: an answer would be lost after all the work
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     stderr = install_quiet_stderr()  # stderr's reader leaving must not end the command
     try:
         previous = _exit_on_sigint()  # first statement: Ctrl-C from here on ends cleanly
+        previous_term = _exit_on_sigterm()  # and SIGTERM
         t_entry = time.perf_counter()  # bench measures cold start from here
         from flint_graph.cli_args import build_parser
 
@@ -101,11 +102,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(COMMANDS)} (flint-graph --help explains them)", file=sys.stderr)
             return EXIT_BAD_INPUT
         run, modules = COMMANDS[args.command]
+        _STARTING["command"] = args.command
         for name in modules:
             importlib.import_module(name)
         _restore_sigint(previous)  # from here Ctrl-C raises KeyboardInterrupt: cleanups run
         if args.command in TERM_ENDS_LIKE_CTRL_C:
             stack.enter_context(_sigterm_raises())
+        elif args.command != "serve":  # serve's start-up ends at once until it is listening
+            _restore_sigterm(previous_term)
         args.t_entry = t_entry
         # the console script (argv None) owns its process; a caller passing argv (tests, a
         # program of its own) keeps its objects under the collector as they were
@@ -140,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.close()
         _restore_sigint(previous)
+        _restore_sigterm(previous_term)
+        _STARTING.pop("command", None)
         sys.stderr = stderr
 
 
@@ -172,6 +178,42 @@ def _exit_on_sigint():
         return previous
     except ValueError:  # signal handlers can only be set from the main thread
         return None
+
+
+# the command being started, for the start-up SIGTERM handler's words and status
+_STARTING: dict[str, str] = {}
+
+
+def _exit_on_sigterm():
+    """Make SIGTERM end the process at once during start-up, as `_exit_on_sigint` does Ctrl-C:
+    `flint-graph: terminated`, exit 143, or for `serve` (a stop request, as its own handler
+    treats it later) `flint-graph: stopped (SIGTERM) while starting`, exit 0. Without it a
+    SIGTERM in serve's first second (its imports, before its handler) killed the process by
+    the signal, with no word (a bad-input trial, 2026-12-07). Returns the handler to restore,
+    or None where SIGTERM is left alone (ignored, or not the main thread)."""
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous in (signal.SIG_IGN, None):
+            return None
+        signal.signal(signal.SIGTERM, _exit_terminated)
+        return previous
+    except ValueError:  # signal handlers can only be set from the main thread
+        return None
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None and signal.getsignal(signal.SIGTERM) is _exit_terminated:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_terminated(signum, frame) -> None:
+    # Nothing that needs cleaning up exists yet: end here rather than raise into an import.
+    serve = _STARTING.get("command") == "serve"
+    try:
+        os.write(2, b"flint-graph: stopped (SIGTERM) while starting\n" if serve
+                 else b"flint-graph: terminated\n")
+    finally:
+        os._exit(0 if serve else EXIT_TERMINATED)
 
 
 def _isatty(stream) -> bool:

@@ -1228,3 +1228,35 @@ def test_help_lists_the_engine_flags_last(capsys, command):
     for flag in (["--tools", "--no-think", "--max-tokens"] if command != "serve" else
                  ["--host", "--port", "--api-key"]):
         assert text.index(flag) < engine, flag
+
+
+_TERM_DURING_IMPORTS = """
+import importlib, os, signal, sys
+from flint_graph import cli
+real = importlib.import_module
+def import_module(name, *a):
+    if name == "flint_graph.api":  # a command's start-up imports: SIGTERM arrives in them
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(name, *a)
+cli.importlib.import_module = import_module
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command, code, line", [
+    ("serve", 0, "flint-graph: stopped (SIGTERM) while starting"),
+    ("generate", 143, "flint-graph: terminated"),
+    ("chat", 143, "flint-graph: terminated"),
+])
+def test_sigterm_during_start_up_ends_with_a_word(tmp_path, command, code, line):
+    # A bad-input trial (2026-12-07): SIGTERM in serve's first second (its imports, before
+    # its own handler) killed the process by the signal without a word; serve treats SIGTERM
+    # as a stop request (exit 0) once running, so it does while starting too.
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _TERM_DURING_IMPORTS, command,
+                        str(tmp_path / "missing.gguf")], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == code, p.stderr[-800:]
+    assert p.stderr.strip().splitlines()[-1] == line, p.stderr[-800:]
