@@ -52,6 +52,17 @@ def test_resume_point(cached, snaps, lcp, prompt, want):
     assert resume_point(cached, snaps, lcp, prompt) == want
 
 
+@pytest.mark.parametrize("lcp, snaps, want", [
+    (100, [], (100, None)),  # the last whole position: the cut step's entry is not read
+    (150, [], (100, None)),
+    (99, [], (0, None)),  # one before: it would read the entry the cut step overwrote
+    (99, [60], (60, 60)),  # the prompt's snapshot serves instead
+    (59, [60], (59, 60)),
+])
+def test_resume_point_after_a_cut_decode_step(lcp, snaps, want):
+    assert resume_point(100, snaps, lcp, 150, live_back=0) == want
+
+
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([], [1]) == 0
@@ -257,7 +268,7 @@ def test_the_kv_check_catches_a_resume_from_the_live_ring(llms, monkeypatch):
     near tie)."""
     import flint_graph.runtime.prefix_cache as pc
 
-    def live_ring(cached, snapshots, lcp, prompt_len):
+    def live_ring(cached, snapshots, lcp, prompt_len, live_back=1):
         top = min(lcp, prompt_len - 1, cached)
         return (top, None) if top > 0 else (0, None)
 
@@ -325,13 +336,16 @@ def _interrupt_decode_after(monkeypatch, steps: int) -> None:
     monkeypatch.setattr(SequenceKV, "update", update)
 
 
-@pytest.mark.parametrize("resume_at", [1, 2, 3])  # tokens before the end of the retained ids
-def test_a_decode_step_interrupted_by_ctrl_c_leaves_nothing_reusable(llms, monkeypatch,
-                                                                     resume_at):
+@pytest.mark.parametrize("resume_at, cached", [(1, "all"), (2, "prompt"), (3, "prompt")])
+def test_a_decode_step_interrupted_by_ctrl_c_keeps_what_is_whole(llms, monkeypatch,
+                                                                 resume_at, cached):
     """Ctrl-C lands inside a decode step (the terminal chat's way to stop a reply): the step
-    already wrote the next position into some rings, over an entry the sequence's ids still
-    claim. The request is aborted as the API does; nothing may be retained, and a later prompt
-    sharing its ids gets a cold start's tokens and log-probabilities."""
+    already wrote the next position into some rings, over the spare entry the sequence's
+    rings hold. The request is aborted as the API does. Its positions before the step stay
+    reusable (dropping them all cost a new user's next chat turn its whole history,
+    2026-12-07), but only where the cut cannot reach: resuming at the last whole position
+    from the live rings, or earlier from the prompt's ring snapshot; a later prompt gets a
+    cold start's tokens and log-probabilities either way."""
     on, off = llms
     eng = on.engine
     eng.prefix_cache.clear()
@@ -343,10 +357,39 @@ def test_a_decode_step_interrupted_by_ctrl_c_leaves_nothing_reusable(llms, monke
         while not req.is_finished:
             eng.step()
     eng.abort(req)
-    assert len(eng.prefix_cache) == 0
+    whole = len(req.prompt_ids) + req.num_generated - 1  # the cut step wrote this position
+    assert [len(e.ids) for e in eng.prefix_cache.entries] == [whole]
+    assert eng.prefix_cache.entries[0].live_back == 0
     ids = (req.prompt_ids + req.output_ids)[:-resume_at] + [99, 98, 97]
     q = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=True)
     a, b = on.generate([ids], q)[0], off.generate([ids], q)[0]
+    assert a.cached_tokens == (whole if cached == "all" else len(req.prompt_ids))
+    assert (a.token_ids, a.logprobs) == (b.token_ids, b.logprobs)
+    eng.drop_retained()
+
+
+def test_a_cut_decode_step_never_serves_a_resume_from_its_overwritten_ring_entry(llms,
+                                                                                monkeypatch):
+    """The sibling without a snapshot to fall back on: the prompt's snapshot is gone (as when
+    there was no memory for it), so a prompt diverging one token before the last whole
+    position has nothing that holds the keys it needs and runs cold, not from the cut rings."""
+    on, off = llms
+    eng = on.engine
+    eng.prefix_cache.clear()
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    req = on._request(list(range(4, 44)), params, None)
+    eng.add(req)
+    _interrupt_decode_after(monkeypatch, 5)
+    with pytest.raises(KeyboardInterrupt):
+        while not req.is_finished:
+            eng.step()
+    eng.abort(req)
+    (entry,) = eng.prefix_cache.entries
+    entry.snapshots.clear()
+    ids = (req.prompt_ids + req.output_ids)[:-2] + [99, 98, 97]
+    q = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=True)
+    a, b = on.generate([ids], q)[0], off.generate([ids], q)[0]
+    assert a.cached_tokens == 0
     assert (a.token_ids, a.logprobs) == (b.token_ids, b.logprobs)
     eng.drop_retained()
 
@@ -910,3 +953,32 @@ def test_the_pacers_time_is_its_own_ttft_phase(tiny_llm, monkeypatch):
     phases = out.ttft_phases_ms
     assert list(phases) == ["queued", "admit", "schedule", "prefill", "first_token"]
     assert phases["schedule"] >= 50 and phases["admit"] < 50, phases
+
+
+def test_the_chat_turn_after_a_reply_stopped_by_ctrl_c_reuses_the_history(llms, monkeypatch):
+    """A new user's trial (2026-12-07): a chat reply stopped with Ctrl-C (it lands inside a
+    decode step) left nothing retained, so the next turn prefilled its whole 568-token
+    history (TTFT 711 ms against 30-100 ms a turn before). The history up to the stopped
+    turn's prompt is reused now, with a cold start's tokens."""
+    on, off = llms
+    on.engine.prefix_cache.clear()
+    msgs = [{"role": "user", "content": "say something about the number 37, at length"}]
+    first = on.chat(msgs, params=GREEDY)
+    msgs += [{"role": "assistant", "content": first.content or "",
+              "reasoning_content": first.reasoning_content},
+             {"role": "user", "content": "and now about 74"}]
+    stream = on.stream_chat(msgs, params=SamplingParams(temperature=0.0, max_tokens=40,
+                                                         ignore_eos=True))
+    _interrupt_decode_after(monkeypatch, 5)
+    text = []
+    with pytest.raises(KeyboardInterrupt):
+        for delta in stream:
+            text.append(delta.content or "")
+    stopped = stream.output
+    assert stopped.finish_reason == "abort" and len(stopped.token_ids) >= 5
+    msgs += [{"role": "assistant", "content": "".join(text)},
+             {"role": "user", "content": "thanks"}]
+    a, b = on.chat(msgs, params=GREEDY), off.chat(msgs, params=GREEDY)
+    assert a.output.cached_tokens >= len(stopped.prompt_token_ids) - 1
+    assert a.output.token_ids == b.output.token_ids
+    on.engine.drop_retained()

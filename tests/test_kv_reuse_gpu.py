@@ -115,6 +115,43 @@ def test_graph_engine_ctrl_c_mid_prefill_and_mid_decode_leave_nothing_wrong(llms
     eng.drop_retained()
 
 
+def test_graph_engine_abort_after_a_cut_decode_step_keeps_only_what_is_whole(llms,
+                                                                               monkeypatch):
+    """Ctrl-C inside a decode step, then the abort (the chat's Ctrl-C): the positions before
+    the cut step are retained, its live rings only from the last whole position (the step,
+    pipelined, may still be writing on the stream), and later prompts resuming one or two
+    tokens before that end match a cold start."""
+    on, off = llms
+    eng = on.engine
+    eng.drop_retained()
+    ids = [(5 * i) % 200 + 3 for i in range(70)]
+    q = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=True,
+                       top_logprobs=4)
+    real, fired = eng._graph_tokens, {"n": 0}
+
+    def tokens(rows, ids_, logits):
+        fired["n"] += 1
+        if fired["n"] == 6:
+            raise KeyboardInterrupt
+        return real(rows, ids_, logits)
+
+    monkeypatch.setattr(eng, "_graph_tokens", tokens)
+    b = on._request(ids, q, None)
+    eng.add(b)
+    with pytest.raises(KeyboardInterrupt):
+        while not b.is_finished:
+            eng.step()
+    monkeypatch.setattr(eng, "_graph_tokens", real)
+    eng.abort(b)
+    (entry,) = eng.prefix_cache.entries
+    assert entry.live_back == 0 and len(entry.ids) <= len(ids) + len(b.output_ids) - 1
+    seq = list(entry.ids)
+    for back in (1, 2):
+        more = seq[:len(seq) - back + 1] + [11, 12, 13]
+        assert_greedy_match(on.generate([more], q), off.generate([more], q), exact=False)
+    eng.drop_retained()
+
+
 # The CPU file's scripted conversations (tests/test_kv_reuse.py), here on the graph engine:
 # its resumed prefills replay other chunk buckets than a cold start, yet the greedy tokens and
 # the cached counts must be the CPU test's.
@@ -225,7 +262,7 @@ def test_graph_engine_kv_check_catches_a_resume_from_the_live_ring(llms, monkeyp
     holds the keys needed): the sliding layers' rings must be off by far more than 1e-2."""
     import flint_graph.runtime.prefix_cache as pc
 
-    def live_ring(cached, snapshots, lcp, prompt_len):
+    def live_ring(cached, snapshots, lcp, prompt_len, live_back=1):
         top = min(lcp, prompt_len - 1, cached)
         return (top, None) if top > 0 else (0, None)
 

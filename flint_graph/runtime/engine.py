@@ -748,12 +748,19 @@ class Engine:
         """Drop `req` from the engine. Its KV is retained for reuse when its prompt was fully
         prefilled and nothing failed (finish stop / length / abort after the prefill), and
         the prompt's finished chunks when it was aborted between prefill steps; a request
-        that failed or was in a decode step that did not return (Ctrl-C mid-step: its KV may
-        be a position ahead of its ids) leaves nothing reusable (nor does a chunk cut by
-        Ctrl-C: `_restart_prefill` forgot it already)."""
+        that failed leaves nothing reusable (nor does a chunk cut by Ctrl-C:
+        `_restart_prefill` forgot it already). One whose decode step did not return (Ctrl-C
+        mid-step, the chat's way to stop a reply) keeps the positions before the step's and
+        the snapshots already saved, but not its live rings' spare entry, which the step may
+        have overwritten (`Retained.live_back` 0)."""
         keep = (self.prefix_cache.capacity and req in self.running and req.finish_reason in
-                (None, "stop", "length", "repeat", "abort", "tool_calls") and not req.errors
-                and req.id not in self._unsettled)
+                (None, "stop", "length", "repeat", "abort", "tool_calls") and not req.errors)
+        # Ctrl-C mid-step: every position below the step's is whole, the step's own (and in
+        # some layers the ring entry it replaces) may be half-written or still being written
+        # (stream-ordered before anything a later request queues). Dropping it all cost the
+        # next chat turn its whole history (a new user's trial, 2026-12-07: TTFT 711 ms, none
+        # of 568 prompt tokens cached, against 30-100 ms a turn before).
+        cut = req.id in self._unsettled
         # Aborted mid-prefill (a client that left or timed out, between steps): the chunks
         # done are whole (a chunk cut by Ctrl-C restarts the prefill, `_restart_prefill`), so
         # that prefix is kept, and the same prompt sent again resumes there instead of from 0.
@@ -769,14 +776,18 @@ class Engine:
                             req in self.running, req.id in self._unsettled)
         self._unsettled.discard(req.id)
         if keep:
-            self._take_snapshots(req)
-            n = self._cached_tokens(req)
+            if cut:  # a snapshot still due would copy rings the cut step may have written
+                self._snapshot_due.pop(req.id, None)
+                n = self._expected_tokens(req)
+            else:
+                self._take_snapshots(req)
+                n = self._cached_tokens(req)
             ids = (req.prompt_ids + req.output_ids)[:n]
             kv = self._slot[req.id] if self.runner else self._kv[req.id]
-            snaps = self._snapshots.get(req.id, {})
-            reuse_log.debug("request %s retained: %d ids, snapshots %s", req.id, len(ids),
-                            sorted(snaps))
-            evicted = self.prefix_cache.add(Retained(ids, kv, snaps))
+            snaps = {q: r for q, r in self._snapshots.get(req.id, {}).items() if q <= n}
+            reuse_log.debug("request %s retained%s: %d ids, snapshots %s", req.id,
+                            " after a cut decode step" if cut else "", len(ids), sorted(snaps))
+            evicted = self.prefix_cache.add(Retained(ids, kv, snaps, live_back=0 if cut else 1))
         elif partial:
             self._take_snapshots(req)  # rings due at its next step (a part that ended there)
             n = self._prefilled[req.id]

@@ -52,16 +52,20 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
-def resume_point(cached: int, snapshots, lcp: int, prompt_len: int) -> tuple[int, int | None]:
+def resume_point(cached: int, snapshots, lcp: int, prompt_len: int,
+                 live_back: int = 1) -> tuple[int, int | None]:
     """(r, snapshot) for a prompt of `prompt_len` ids sharing `lcp` leading ids with a sequence
     of `cached` tokens whose rings were also saved at the positions in `snapshots`: prefill
     resumes at position r (r tokens reused; 0 = cold), restoring the rings of `snapshot` first
     (None: the live rings serve). r leaves at least one prompt token to prefill (its logits
-    give the first output token) and never passes the cached tokens."""
+    give the first output token) and never passes the cached tokens. The live rings serve r
+    from `cached − live_back` on: 1 where they hold exactly the cached positions (a ring of W
+    entries has one to spare), 0 where an interrupted step may have written position `cached`
+    over the spare (`Retained.live_back`)."""
     top = min(lcp, prompt_len - 1, cached)
     if top <= 0:
         return 0, None
-    if top >= cached - 1:
+    if top >= cached - live_back:
         return top, None
     best = (0, None)
     for s in snapshots:
@@ -99,12 +103,16 @@ MAX_SNAPSHOTS = 3
 @dataclass
 class Retained:
     """A finished sequence kept for reuse: `ids` are the tokens whose KV `kv` holds (positions
-    0 … len(ids) − 1); `snapshots` maps a position to the rings saved there."""
+    0 … len(ids) − 1); `snapshots` maps a position to the rings saved there; `live_back` is
+    how far before len(ids) the live rings can resume (`resume_point`): 1, or 0 for a
+    sequence whose last decode step was cut by Ctrl-C (its rings may hold position len(ids)
+    over the spare entry that a resume one token earlier needs)."""
 
     ids: list[int]
     kv: object
     snapshots: dict[int, object] = field(default_factory=dict)
     last_used: int = field(default_factory=lambda: next(_clock))
+    live_back: int = 1
 
 
 @dataclass
@@ -158,7 +166,7 @@ class PrefixCache:
         seen = []
         for e in self.entries:
             lcp = common_prefix(e.ids, prompt)
-            r, snap = resume_point(len(e.ids), e.snapshots, lcp, len(prompt))
+            r, snap = resume_point(len(e.ids), e.snapshots, lcp, len(prompt), e.live_back)
             if log.isEnabledFor(logging.DEBUG):
                 seen.append(f"{len(e.ids)} ids, common prefix {lcp}, snapshots "
                             f"{sorted(e.snapshots)} -> resume {r}")
