@@ -505,11 +505,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="prompt tokens per prefill chunk, on either engine (default: 32768 on "
                         "the graph engine's kernel prefill, else 2048; lower it if a long "
                         "prompt runs out of memory)")
-    g.add_argument("--prefill-step-ms", type=step_ms, metavar="MS", default=200.0,
+    g.add_argument("--prefill-step-ms", type=step_ms, metavar="MS", default=100.0,
                    help="while other requests are generating, prefill about this many ms of a "
                         "new prompt per step (predicted from the prefills timed so far): lower "
                         "keeps their tokens coming more evenly, higher gets the new prompt's "
-                        "first token sooner (default: 200). 'none': one chunk per step, "
+                        "first token sooner (default: 100). 'none': one chunk per step, "
                         "whatever the timings, so a rerun splits every prompt alike and repeats "
                         "bit for bit")
     g.add_argument("--max-context", type=positive_int, metavar="N",

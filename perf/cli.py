@@ -47,7 +47,7 @@ figures (one process, one run):
   interleave    with --interleave 8k,32k: a running stream's time per token
                 (p50, p99, max over the steps it took, their count shown) while
                 those prompts arrive together, and their TTFT, with the engine's
-                default pacing (200 ms of prefill per step) and untimed (one
+                default pacing (100 ms of prefill per step) and untimed (one
                 chunk a step); needs --buckets up to 1 + their count
   cold start    CLI entry to first token, split into checkpoint read, repack
                 (GGUF), KV allocation, kernel-cache load, graph capture, first

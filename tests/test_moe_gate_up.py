@@ -157,13 +157,15 @@ def test_bytes_moved_counts_picked_experts_once():
 
 @pytest.mark.parametrize("preset", ["tiny", "nano", "full"])
 def test_pd_is_on_at_small_buckets_and_every_other_pd_is_a_bench_spec(preset):
-    """PD = 1 (prefetch moe_down's weights) at B in PD_BUCKETS in the model specs; bench_specs
-    holds each MoE spec with the other PD values, all with moe_down's down declarations."""
+    """PD_MODEL's PD (prefetch moe_down's weights) at its buckets in the model specs, 0 at the
+    others; bench_specs holds each MoE spec with the other PD values, all with moe_down's down
+    declarations."""
     from flint_graph.kernels.decode import moe_down
 
     cfg = FlintConfig.preset(preset)
     model = [s for s in mgu.KERNEL.specs(cfg, BUCKETS) if s["TOPK"]]
-    assert [s["PD"] for s in model] == [int(s["B"] in mgu.PD_BUCKETS) for s in model]
+    assert [s["PD"] for s in model] == [mgu.PD_MODEL.get(s["B"], 0) for s in model]
+    assert {s["B"]: s["PD"] for s in model} == {1: 2, 2: 2, 4: 0, 8: 0}
     bench = mgu.bench_specs(cfg, BUCKETS)
     assert sorted(s.id for s in bench) == sorted(
         mgu.KERNEL.spec(**{**s.as_dict(), "PD": pd}).id for s in model

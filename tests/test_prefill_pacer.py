@@ -146,7 +146,7 @@ def test_interleave_record_times_the_stream_while_prompts_arrive(tiny_llm, step_
     schema.check("interleave", r, schema._INTERLEAVE)
     assert set(r["ttft_ms"]) == {"40", "90"} and r["steps"] >= 1
     assert r["tpot_p50_ms"] <= r["tpot_p99_ms"] <= r["tpot_max_ms"]
-    assert tiny_llm.engine.pacer.step_ms == 200.0  # restored
+    assert tiny_llm.engine.pacer.step_ms == 100.0  # restored
     assert not tiny_llm.engine.has_work
     assert "40+90" in _interleave_row(r)[0]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from flint_graph.errors import InvalidRequestError
+from flint_graph.runtime.prefill_pacer import DEFAULT_STEP_MS
 
 
 ENGINES = ("auto", "graph", "reference")
@@ -38,7 +39,7 @@ class EngineConfig:
     # while other requests decode, a step's prefill is sized to take about this many ms
     # (predicted from the prefills timed so far, prefill_pacer.py); None = no timing: one
     # chunk per step, so the same requests split alike and a rerun repeats bit for bit
-    prefill_step_ms: float | None = 200.0
+    prefill_step_ms: float | None = DEFAULT_STEP_MS
     cpu_threads: int | None = None  # torch CPU threads; None = automatic (apply_cpu_threads)
     # "graph": decode steps by CUDA-graph replay of the AOT kernels (CUDA and a kernel cache
     # needed); "reference": the plain PyTorch model; "auto": graph where it can run, else

@@ -34,7 +34,13 @@ small step budget spends most of each step on the fixed part. At 50 ms a running
 p50 / p99 time per token of 54 / 79 ms (BF16) while an 8K and a 32K prompt arrived, but the 32K
 prompt's first token took 22 s instead of 1.5 s; unpaced (before step_ms=None meant a chunk a
 step), the stream stalled once for 1.8 s.
-The default, 200 ms, gave 217 / 272 ms per token and 2.1 s for the 32K prompt.
+200 ms gave 217 / 272 ms per token and 2.1 s for the 32K prompt (2026-12-01). With today's
+prefill (NVFP4, graph engine, `tools/probe_pacing.py`, an H100, 2026-12-07) the fixed part is
+small, and the budget trades evenly: 200 ms gave a stream p50 / p99 201 / 209 ms per token and
+the 32K prompt 865 ms to its first token; 100 ms 101 / 112 ms and 1,020 ms (+18%); 50 ms 53 /
+61 ms and 1,272 ms (+47%); 25 ms 27 / 73 ms and 1,838 ms; one chunk a step 392 / 559 ms and
+783 ms. The 8K prompt's first token took 201-222 ms at every budget. The default, 100 ms,
+halves the running streams' time per token for a sixth more on the long prompt's first token.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import math
 from collections import deque
 
 SAMPLES = 32  # prefill calls the fit remembers
+DEFAULT_STEP_MS = 100.0  # the step budget's default (module docstring: the trade-off)
 FIRST_TOKENS = 256  # the budget while decoding, before anything is known
 MIN_TOKENS = 64  # the least a step prefills while decoding: a prompt always moves on
 MAX_TOKENS = 1 << 30  # where a budget stops being a bound
@@ -102,7 +109,7 @@ class PrefillPacer:
     bound); max_tokens: a hard cap per step either way (None: none). Raises ValueError for a
     step_ms that is not a finite number > 0 or a max_tokens that is not an int ≥ 1."""
 
-    def __init__(self, step_ms: float | None = 200.0, max_tokens: int | None = None):
+    def __init__(self, step_ms: float | None = DEFAULT_STEP_MS, max_tokens: int | None = None):
         if step_ms is not None and not _finite_positive(step_ms):
             raise ValueError(f"step_ms {step_ms!r}: expected a finite number > 0 (or None)")
         if max_tokens is not None and (not isinstance(max_tokens, int)

@@ -30,7 +30,7 @@ The shared scale2 is loaded before the wait, in every CTA. Measured on the H200 
 CTA i bulk-prefetching (cp.async.bulk.prefetch.L2) the weights of tile i + 264, a wave later
 (MoE B = 8 unchanged at 28.7 µs, dense B = 8 10.4 -> 11.5 µs).
 
-PD = 1 (the model spec at B = 2 only, `pd_for`): after issuing its own weight loads, routed
+PD = 1 (a bench spec since 2026-12-07; PD = 2 below is the model's): after issuing its own weight loads, routed
 tile j of slot s bulk-prefetches into L2 the j-th of M/16 equal runs of expert experts[s]'s
 down codes (thread 0) and block scales (thread 32) — 16 KB and 2 KB at full size — so the
 moe_down launch that follows finds its routed weights in L2 instead of starting its DRAM
@@ -41,10 +41,15 @@ at PD = 0 too, so every MoE spec has one signature). Predicted: moe_down −1 to
 layer, this launch +0 to +0.5 µs, −25 to −70 µs a step at B ≤ 2. Measured on the H200
 (tools/probe_moe_pd.py, the whole NVFP4 step at 1K, PD 0 / 1 alternated four times, logits
 bit for bit equal): B = 1 1.6646 -> 1.6781 ms (+13.5 µs), B = 2 2.0180 -> 2.0034 (−14.6 µs),
-B = 4 2.4884 -> 2.5146 (+26.2 µs); so PD = 1 is the model spec at B = 2 only. At B = 1 the
+B = 4 2.4884 -> 2.5146 (+26.2 µs); so PD = 1 was the model spec at B = 2 only (until PD = 2). At B = 1 the
 prefetch's 4 MB of DRAM requests slow this launch's own loads more than they save moe_down.
-PD = 2 (a bench spec, not measured yet) issues the same prefetches after the CTA's MMA loop,
-when its own loads are in, so they share no queue with them; it leaves moe_down less lead.
+PD = 2 (the model spec at B = 1 and 2, `pd_for`) issues the same prefetches after the CTA's
+MMA loop, when its own loads are in, so they share no queue with them; it leaves moe_down less
+lead. Measured on an H100 (2026-12-07, the same probe, PD 0 / 1 / 2 alternated four times,
+logits bit for bit equal; each round within 3 µs of its median): B = 1 1.7608 / 1.7763 /
+1.7298 ms (PD = 2 −31.0 µs against PD = 0; predicted 0 to −20), B = 2 2.1025 / 2.1119 /
+2.0395 (−63.0 µs), B = 4 2.6177 / 2.7248 / 2.6765 (+58.8 µs: at B = 4 the launch moves
+~4× the routed bytes and has no idle DRAM time to lend). Not yet measured on the H200.
 
 Tolerance (GPU test): ‖out − ref‖/‖ref‖ ≤ 1e-2 per output. The dequantised products are exact
 on both sides (the NVFP4 trick gives e2m1·e4m3·2^-7 exactly; BF16 is exact), so g and u differ
@@ -73,17 +78,17 @@ WARPS = 8  # split K
 DEPTH = {0: 4, 1: 2}  # FMT -> weight steps in flight per lane (4 rows each)
 KCHUNK = {0: 8, 1: 32}  # FMT -> k per lane chunk (16 weight bytes per row)
 SMEM = 8 * 2 * ROWS * WARPS * 4  # fp32 partials [batch col][gate/up row][warp]
-# buckets whose model spec prefetches moe_down's weights into L2 (PD = 1, see `pd_for`):
-# measured on the H200 (tools/probe_moe_pd.py, perf log thirty-first session), the NVFP4 step
-# at 1K is 14.6 µs shorter at B = 2, but 13.5 µs longer at B = 1 and 26 µs at B = 4
-PD_BUCKETS = (2,)
-PD_VALUES = (0, 1, 2)  # built: none, after the CTA's loads (the model's), after its MMA loop
+# bucket -> PD of its model spec where a prefetch of moe_down's weights into L2 was measured
+# faster (tools/probe_moe_pd.py, perf log thirty-fourth session, H100): PD = 2 at B = 1 and 2
+# (−31 and −63 µs a step against none); at B = 4 none is fastest (PD = 2 +59 µs)
+PD_MODEL = {1: 2, 2: 2}
+PD_VALUES = (0, 1, 2)  # built: none, after the CTA's loads, after its MMA loop (the model's)
 
 
 def pd_for(batch: int) -> int:
-    """PD of the model spec at bucket `batch`: 1 (routed CTAs prefetch the down rows of their
-    expert into L2 for moe_down) where it was measured faster, B in PD_BUCKETS."""
-    return int(batch in PD_BUCKETS)
+    """PD of the model spec at bucket `batch`: PD_MODEL's (routed CTAs prefetch the down rows
+    of their expert into L2 for moe_down) where it was measured faster, else 0."""
+    return PD_MODEL.get(batch, 0)
 
 
 def slots(spec: Spec) -> int:
@@ -116,7 +121,7 @@ def _args(spec: Spec):
 
 
 def _down_args(spec: Spec) -> list[TensorArg]:
-    """The routed down weights moe_down reads (its declarations), which PD = 1 prefetches into
+    """The routed down weights moe_down reads (its declarations), which PD = 1 and 2 prefetch into
     L2: NVFP4 codes and block scales (scale2 is one word per expert: not worth a request) or
     the BF16 matrix. Passed at PD = 0 too, so every MoE spec has one signature."""
     e, h, m = spec["E"], spec["H"], spec["M"]
@@ -252,7 +257,7 @@ def make_args(spec: Spec, *, gen: torch.Generator, device: str = "cuda", experts
                     t[unpicked] = float("nan")
         out += routed
     out += weights((ms,), 1) + weights((ms,), 1)
-    if moe:  # moe_down's routed weights: only prefetched (PD = 1), never read for values
+    if moe:  # moe_down's routed weights: only prefetched (PD = 1, 2), never read for values
         if fmt == 0:
             out.append((torch.randn((e, h, m), generator=gen, device=on)
                         / math.sqrt(m)).to(torch.bfloat16))
