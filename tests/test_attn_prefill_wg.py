@@ -75,20 +75,6 @@ def test_short_chunks_split_their_keys_until_the_gpu_is_full():
     assert most == 496 and rows == max(wg.splits_for(cfg, t) * t for t in range(1, 497))
 
 
-def test_a_512_row_chunk_splits_in_two_with_the_bench_choices(monkeypatch):
-    """The choice `tools/bench_reuse.py --split-ctas 256 --split-picks 2,4,16` runs (issue
-    22's resumed turn: 512 rows are 128 CTAs, one an SM): 512 rows split in two, 1,024 not at
-    all, 25 tokens in 16 as today; the partials allocated for it hold every split chunk."""
-    cfg = FlintConfig.preset("full")
-    assert 2 in wg.SPLIT_CHOICES and wg.splits_for(cfg, 512) == 1  # today's pick: no split
-    monkeypatch.setattr(wg, "SPLIT_CTAS", 256)
-    monkeypatch.setattr(wg, "SPLIT_PICKS", (2, 4, 16))
-    assert [wg.splits_for(cfg, t) for t in (25, 256, 496, 512, 768, 1008, 1024)] == \
-        [16, 4, 4, 2, 2, 2, 1]
-    rows, most = wg.split_rows(cfg)
-    assert most == 1008 and rows == max(wg.splits_for(cfg, t) * t for t in range(1, 1009))
-
-
 def test_the_tiny_config_keeps_attn_prefill():
     cfg = FlintConfig.preset("tiny")  # head dim 32: wgmma's O tile takes 64 or 128
     assert not wg.fits(cfg) and wg._specs(cfg) == []

@@ -42,7 +42,7 @@ never refilled while a wgmma still reads it; cp.async writes are made visible to
 proxy by fence.proxy.async before that barrier. Sinks and the end as attn_prefill: the running
 max starts at the sink and the sum at 1 in one lane of each quad.
 
-Split-KV (specs SPLITS = 2, 4, 16; full layers; 2026-12-04, 2 added 2026-12-07): a short chunk after a long prefix has
+Split-KV (specs SPLITS = 4, 16; full layers; 2026-12-04): a short chunk after a long prefix has
 few CTAs (25 tokens: 8), each walking every key tile in order. With SPLITS, grid z splits a
 CTA's key tiles into n = min(SPLITS, ceil(tiles / SPLIT_MIN_TILES)) runs of chunk = max(
 SPLIT_MIN_TILES, ceil(tiles / n)) tiles (CTAs past n walk none and stop); each writes its rows'
@@ -52,7 +52,11 @@ covers the CTA's partial stores) combines the n partials (ld.global.cg), writes 
 and resets the counter for the next launch. The sink enters split 0 only (the other splits
 start at max −inf, sum 0), so it counts once in the combined denominator. `splits_for` picks
 SPLITS per chunk size and the prefill (capture/prefill.py) uses it after SPLIT_MIN_START cached
-tokens. 25 queries after 8,192 keys: 206 → 45.5 µs (H200, perf log).
+tokens. 25 queries after 8,192 keys: 206 → 45.5 µs (H200, perf log). SPLITS = 2 for a 512-row
+chunk after 8K of history (128 CTAs, one an SM, where the kernel is laid out for two) was
+built and measured on an H100 (2026-12-07, `tools/probe_attn_speed.py`): 199.5 µs unsplit,
+203.4 µs in two, 220.8 in four (a resumed chat turn 20.85 → 20.86 ms with two), so it was
+removed; the unsplit chunk already runs at 355 TFLOP/s there.
 
 Warp-specialized form (spec WS = 1, a bench variant until timed on the H200; written
 2026-12-05 without a GPU): FlashAttention-3's structure (Shah et al. 2024, §3.1) on the same
@@ -102,10 +106,8 @@ STAGE_CHOICES = (2, 3)
 LOG2E = 1.4426950408889634
 DS = (64, 128)  # head dims this kernel takes (O is 64 × D fp32 per warpgroup in registers)
 RESCALE_AT = 8.0  # a row's reference max moves (O and l rescaled) only past this growth, log2
-SPLIT_CHOICES = (2, 4, 16)  # spec SPLITS built: key-range splits of a short chunk
-# ... and those `splits_for` picks from (2 is built for the bench until measured: a 512-row
-# chunk after 8K of history has 128 CTAs, one per SM, where the kernel is laid out for two)
-SPLIT_PICKS = (4, 16)
+SPLIT_CHOICES = (4, 16)  # spec SPLITS built: key-range splits of a short chunk
+SPLIT_PICKS = SPLIT_CHOICES  # ... and those `splits_for` picks from (bench_reuse.py can narrow it)
 SPLIT_MIN_TILES = 4  # a split takes at least this many key tiles (256 keys)
 SPLIT_CTAS = 128  # a chunk splits its keys only while it has fewer CTAs than this
 # ... and only after this many cached keys: before, a CTA's key loop is short and the partials'
