@@ -127,24 +127,30 @@ def test_graph_engine_abort_after_a_cut_decode_step_keeps_only_what_is_whole(llm
     ids = [(5 * i) % 200 + 3 for i in range(70)]
     q = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=True,
                        top_logprobs=4)
-    real, fired = eng._graph_tokens, {"n": 0}
+    # Ctrl-C as a step's launch returns (its graph queued, the host not yet told): the step
+    # may still be writing. (Ctrl-C once a step was read, in `_graph_tokens`, is no cut: the
+    # read step is whole, `_ahead` counts its token.)
+    real, fired = eng.runner.launch, {"n": 0}
 
-    def tokens(rows, ids_, logits):
+    def launch(rows):
+        pending = real(rows)
         fired["n"] += 1
         if fired["n"] == 6:
             raise KeyboardInterrupt
-        return real(rows, ids_, logits)
+        return pending
 
-    monkeypatch.setattr(eng, "_graph_tokens", tokens)
+    monkeypatch.setattr(eng.runner, "launch", launch)
     b = on._request(ids, q, None)
     eng.add(b)
     with pytest.raises(KeyboardInterrupt):
         while not b.is_finished:
             eng.step()
-    monkeypatch.setattr(eng, "_graph_tokens", real)
+    monkeypatch.setattr(eng.runner, "launch", real)
     eng.abort(b)
     (entry,) = eng.prefix_cache.entries
-    assert entry.live_back == 0 and len(entry.ids) <= len(ids) + len(b.output_ids) - 1
+    # the step before the cut one was read, its token not yet appended: the cut step feeds
+    # it at position len(ids + output), over the ring entry a resume one earlier needs
+    assert entry.live_back == 0 and entry.ids == ids + b.output_ids
     seq = list(entry.ids)
     for back in (1, 2):
         more = seq[:len(seq) - back + 1] + [11, 12, 13]

@@ -778,7 +778,12 @@ class Engine:
         if keep:
             if cut:  # a snapshot still due would copy rings the cut step may have written
                 self._snapshot_due.pop(req.id, None)
-                n = self._expected_tokens(req)
+                # n: the position the cut step writes. The reference engine writes each step
+                # at the ids' count (it resets its count before a step); a graph step in
+                # flight where `_cached_tokens` says, one further when the step before it
+                # was read but its token not yet appended (`_ahead`): there the cut step
+                # writes n over ring entry n − 513, which a resume at n − 1 would read
+                n = self._cached_tokens(req) if self.runner else self._expected_tokens(req)
             else:
                 self._take_snapshots(req)
                 n = self._cached_tokens(req)
