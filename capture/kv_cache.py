@@ -50,6 +50,28 @@ class KVCache:
         first = slot * self.pages_per_slot
         return torch.arange(first, first + self.pages_per_slot, dtype=torch.int32)
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copy the full layers' K/V of positions 0 … n − 1 from slot `src`'s pages to slot
+        `dst`'s, whole pages at once (entries past n in the last page come along: the next
+        prefill overwrites them, as a new owner overwrites a freed slot's). The rings are not
+        copied: a KV-reuse fork (flint_graph/runtime/prefix_cache.py, `Match.fork`) loads them
+        from a snapshot. One batched copy on the current stream, after the work queued there.
+        Raises ValueError for a slot out of range or n past a slot's tokens."""
+        if not (0 <= src < self.num_slots and 0 <= dst < self.num_slots) or src == dst:
+            raise ValueError(f"copy_prefix: slots {src} -> {dst}: expected two different "
+                             f"slots below {self.num_slots}")
+        if not 0 <= n <= self.max_tokens:
+            raise ValueError(f"copy_prefix: {n} tokens: expected 0 to {self.max_tokens}")
+        pages = -(-n // KV_PAGE)
+        s, d = src * self.pages_per_slot, dst * self.pages_per_slot
+        out, inp = [], []
+        for kv in self.layers:
+            if not kv.ring:
+                out += [kv.k[d:d + pages], kv.v[d:d + pages]]
+                inp += [kv.k[s:s + pages], kv.v[s:s + pages]]
+        if out and pages:
+            torch._foreach_copy_(out, inp)
+
     @property
     def nbytes(self) -> int:
         """Bytes held by all layers' K and V."""

@@ -264,6 +264,11 @@ class GraphRunner:
                 out.append(None)
         return out
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copy the full layers' KV of positions 0 … n − 1 from slot `src` to slot `dst`
+        (`KVCache.copy_prefix`)."""
+        self.kv.copy_prefix(src, dst, n)
+
     def load_rings(self, slot: int, rings: list) -> None:
         """Write rings saved by `save_rings` back into `slot` (one batched copy)."""
         dst, src = [], []

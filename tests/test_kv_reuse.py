@@ -982,3 +982,70 @@ def test_the_chat_turn_after_a_reply_stopped_by_ctrl_c_reuses_the_history(llms, 
     assert a.output.cached_tokens >= len(stopped.prompt_token_ids) - 1
     assert a.output.token_ids == b.output.token_ids
     on.engine.drop_retained()
+
+
+def test_two_conversations_taking_turns_with_the_same_tools_each_keep_their_history(llms):
+    """A bad-input trial (2026-12-07): two chats taking turns with the same system prompt and
+    tools each resumed only after the preamble, every turn (416 of 609-1,228 tokens), because
+    each turn took the other conversation's retained sequence, the only other one holding the
+    preamble snapshot, and continued in its KV: both histories were lost at every turn. A
+    resume from another sequence's preamble now takes a copy; each conversation resumes its
+    own history, with a cold start's tokens."""
+    from flint_graph.runtime.prefix_cache import preamble_end
+
+    on, off = llms
+    user = on.tokenizer.special_ids["<|user|>"]
+    got, want = {}, {}
+    for llm, out in ((on, got), (off, want)):
+        llm.engine.drop_retained()
+        msgs = {k: [{"role": "system", "content": SYSTEM}] for k in "AB"}
+        for turn in range(3):
+            for k in "AB":
+                msgs[k].append({"role": "user", "content": f"{k} {turn}: what is under key {k}?"})
+                msg = llm.chat(msgs[k], tools=TOOLS, params=GREEDY)
+                out[k, turn] = (msg.output, msg.output.cached_tokens,
+                                msg.output.prompt_token_ids)
+                msgs[k].append({"role": "assistant", "content": msg.content or "",
+                                "reasoning_content": msg.reasoning_content})
+    keys = sorted(got)
+    assert_greedy_match([got[k][0] for k in keys], [want[k][0] for k in keys], _exact(on))
+    b = preamble_end(got["A", 0][2], user)
+    assert b is not None and got["B", 0][1] == b  # B's first turn: A's preamble, a copy
+    for k in "AB":
+        for turn in (1, 2):
+            before = len(got[k, turn - 1][2])  # its own last prompt, resumed one before its end
+            assert got[k, turn][1] >= before - 1, (k, turn, got[k, turn][1], before)
+    on.engine.drop_retained()
+
+
+def test_the_graph_cache_copies_a_slots_full_layer_prefix():
+    """KVCache.copy_prefix (the graph engine's fork of a chat preamble): the full layers'
+    positions below n reach the other slot's pages, rings and other slots stay as they were."""
+    from flint_graph.capture.kv_cache import KVCache, SlotKV
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.kernels.toolchain.spec import KV_PAGE
+
+    cfg = FlintConfig.preset("tiny")
+    cache = KVCache(cfg, num_slots=3, max_tokens=80, device="cpu")
+    torch.manual_seed(0)
+    for kv in cache.layers:
+        kv.k.normal_()
+        kv.v.normal_()
+    before = [(kv.k.clone(), kv.v.clone()) for kv in cache.layers]
+    cache.copy_prefix(0, 2, 37)
+    src, dst = SlotKV(cache, 0), SlotKV(cache, 2)
+    pos = torch.arange(37)
+    for i, kv in enumerate(cache.layers):
+        if kv.ring:
+            assert torch.equal(kv.k, before[i][0]) and torch.equal(kv.v, before[i][1])
+            continue
+        for t in (kv.k, kv.v):
+            a = t[src.pages[pos // KV_PAGE], :, pos % KV_PAGE]
+            b = t[dst.pages[pos // KV_PAGE], :, pos % KV_PAGE]
+            assert torch.equal(a, b)
+        one = slice(cache.pages_per_slot, 2 * cache.pages_per_slot)  # slot 1: untouched
+        assert torch.equal(kv.k[one], before[i][0][one])
+    with pytest.raises(ValueError, match="two different slots"):
+        cache.copy_prefix(1, 1, 5)
+    with pytest.raises(ValueError, match="tokens: expected 0 to"):
+        cache.copy_prefix(0, 1, cache.max_tokens + 1)

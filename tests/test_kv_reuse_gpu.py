@@ -189,6 +189,15 @@ def test_graph_engine_new_conversation_with_the_same_tools_resumes_after_them(ll
     test_a_new_conversation_with_the_same_tools_resumes_after_them(llms)
 
 
+def test_graph_engine_two_conversations_taking_turns_keep_their_history(llms):
+    """The fork of a chat preamble on the graph engine (`KVCache.copy_prefix` into a new
+    slot, the other conversation's slot left retained)."""
+    from test_kv_reuse import \
+        test_two_conversations_taking_turns_with_the_same_tools_each_keep_their_history as t
+
+    t(llms)
+
+
 def _positions(kv, t, slot: int, n: int):
     """Positions 0 … n−1 of `slot` in a paged layer's K or V t [pages, HKV, KV_PAGE, D]:
     [n, HKV, D]."""

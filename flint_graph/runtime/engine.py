@@ -622,6 +622,8 @@ class Engine:
         its prompt (prefill resumes after it: req.cached_tokens), else a fresh one."""
         req.marks["admit"] = _clock()
         m = self.prefix_cache.take(req.prompt_ids) if self.prefix_cache.capacity else None
+        if m is not None and m.fork and not self._fork(req, m):
+            m.fork = False  # no room for a copy: the request continues in the entry's KV
         if m is None:
             if self.runner:
                 self._slot[req.id] = self._alloc_slot()
@@ -629,7 +631,9 @@ class Engine:
                 self._kv[req.id] = self.model.new_sequence()
             self._prefilled[req.id] = 0
         else:
-            if self.runner:
+            if m.fork:
+                pass  # `_fork` gave it a copy of the reused positions
+            elif self.runner:
                 self._slot[req.id] = m.entry.kv
             else:
                 self._kv[req.id] = m.entry.kv
@@ -646,6 +650,35 @@ class Engine:
         self.prefilling.append(req)
         req.marks["admitted"] = _clock()
 
+    def _fork(self, req: Request, m) -> bool:
+        """Give `req` a KV holding a copy of `m.entry`'s first `m.reuse` positions (the full
+        layers'; the rings come from the snapshot `_admit` loads) and put the entry back in
+        the cache (a new conversation sharing another's chat preamble, `Match.fork`). False,
+        with nothing changed, when there is no room for the copy (no graph-engine slot free
+        even after evicting the other retained sequences, or no memory)."""
+        if self.runner:
+            try:
+                slot = self._alloc_slot()  # the entry is out of the cache: never evicted here
+            except RuntimeError:
+                return False
+            self.runner.copy_prefix(m.entry.kv, slot, m.reuse)
+            self._slot[req.id] = slot
+        else:
+            src, seq = m.entry.kv, self.model.new_sequence()
+            try:
+                for i, w in enumerate(src.windows):
+                    if w is None:
+                        seq.k[i] = src.k[i][:m.reuse].clone()
+                        seq.v[i] = src.v[i][:m.reuse].clone()
+            except torch.OutOfMemoryError:
+                return False
+            seq.num_tokens = m.reuse
+            self._kv[req.id] = seq
+        for e in self.prefix_cache.add(m.entry):  # back as it was (nothing grew: no eviction)
+            if self.runner:
+                self.runner.free_slot(e.kv)
+        return True
+
     def _alloc_slot(self) -> int:
         """A free graph-engine slot, evicting the least recently used retained sequence when
         none is free."""
@@ -654,6 +687,12 @@ class Engine:
             if victim is not None:
                 self.runner.free_slot(victim.kv)
         return self.runner.alloc_slot()
+
+    def _preamble(self, rid: int, snaps: dict) -> int | None:
+        """Request `rid`'s chat preamble snapshot position (`Retained.preamble`), where it was
+        saved; None otherwise."""
+        at = self._pinned.get(rid)
+        return at if at in snaps else None
 
     def _take_snapshots(self, req: Request | None = None) -> None:
         """Take the ring snapshots due (of `req` only, or of every request): the rings as the
@@ -792,7 +831,8 @@ class Engine:
             snaps = {q: r for q, r in self._snapshots.get(req.id, {}).items() if q <= n}
             reuse_log.debug("request %s retained%s: %d ids, snapshots %s", req.id,
                             " after a cut decode step" if cut else "", len(ids), sorted(snaps))
-            evicted = self.prefix_cache.add(Retained(ids, kv, snaps, live_back=0 if cut else 1))
+            evicted = self.prefix_cache.add(Retained(ids, kv, snaps, live_back=0 if cut else 1,
+                                                     preamble=self._preamble(req.id, snaps)))
         elif partial:
             self._take_snapshots(req)  # rings due at its next step (a part that ended there)
             n = self._prefilled[req.id]
@@ -800,7 +840,8 @@ class Engine:
             snaps = {q: r for q, r in self._snapshots.get(req.id, {}).items() if q <= n}
             reuse_log.debug("request %s retained after an abort mid-prefill: %d ids, "
                             "snapshots %s", req.id, n, sorted(snaps))
-            evicted = self.prefix_cache.add(Retained(req.prompt_ids[:n], kv, snaps))
+            evicted = self.prefix_cache.add(Retained(req.prompt_ids[:n], kv, snaps,
+                                                     preamble=self._preamble(req.id, snaps)))
             keep = True
         else:
             evicted = []

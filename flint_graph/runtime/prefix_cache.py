@@ -15,7 +15,12 @@ at P serves; a tool loop continues past the whole previous sequence, served by i
 A chat request also marks where its preamble (system prompt and tool definitions) ends, at its
 first `<|user|>` (`preamble_end`): the prefill stops there once to save the rings, so a new
 conversation with the same system prompt and tools (a chat's /reset, an agent's next task)
-resumes after them. Anything else falls back to a cold prefill, never to a wrong ring.
+resumes after them. Such a resume takes a copy of the preamble's KV and leaves the retained
+sequence in place (`Match.fork`): taking it would hand one conversation's slot to the other,
+so two conversations taking turns with the same tools each lost their history at every turn
+(a bad-input trial, 2026-12-07: 416 of 609-1,228 prompt tokens cached a turn, against the
+whole history without tools). Anything else falls back to a cold prefill, never to a wrong
+ring.
 
 Engine-agnostic: `Retained.kv` and the snapshot values are whatever the engine stores (a
 reference `SequenceKV` and ring copies, or a graph-engine slot and ring copies); this module
@@ -103,7 +108,8 @@ MAX_SNAPSHOTS = 3
 @dataclass
 class Retained:
     """A finished sequence kept for reuse: `ids` are the tokens whose KV `kv` holds (positions
-    0 … len(ids) − 1); `snapshots` maps a position to the rings saved there; `live_back` is
+    0 … len(ids) − 1); `snapshots` maps a position to the rings saved there (`preamble`, if
+    set, is one of them: where its chat preamble ends); `live_back` is
     how far before len(ids) the live rings can resume (`resume_point`): 1, or 0 for a
     sequence whose last decode step was cut by Ctrl-C (its rings may hold position len(ids)
     over the spare entry that a resume one token earlier needs)."""
@@ -113,16 +119,21 @@ class Retained:
     snapshots: dict[int, object] = field(default_factory=dict)
     last_used: int = field(default_factory=lambda: next(_clock))
     live_back: int = 1
+    preamble: int | None = None  # the chat preamble's snapshot position, where it has one
 
 
 @dataclass
 class Match:
     """What `PrefixCache.take` found: the entry (now removed from the cache), the resume point
-    and the snapshot to restore (None: the live rings)."""
+    and the snapshot to restore (None: the live rings). `fork`: the prompt shares only the
+    entry's chat preamble, so the caller should copy the reused positions and put the entry
+    back (`PrefixCache.add`) rather than continue in its KV, which holds another
+    conversation."""
 
     entry: Retained
     reuse: int
     snapshot: int | None
+    fork: bool = False
 
 
 class PrefixCache:
@@ -174,9 +185,15 @@ class PrefixCache:
                 best = Match(e, r, snap)
         if best is not None:
             self.entries.remove(best.entry)
+            e = best.entry
+            best.fork = (best.snapshot is not None and best.snapshot == e.preamble
+                         and len(e.ids) > e.preamble + 1)
+            if best.fork:
+                e.last_used = next(_clock)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("prompt of %d ids: %s; retained: %s", len(prompt),
-                      f"resumes at {best.reuse} (snapshot {best.snapshot})" if best else "cold",
+                      f"resumes at {best.reuse} (snapshot {best.snapshot}"
+                      f"{', a copy of its preamble' if best.fork else ''})" if best else "cold",
                       "; ".join(seen) or "none")
         return best
 
