@@ -176,10 +176,13 @@ def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int,
     pick the top-k of s + bias; weights are the picked s (bias excluded), divided by their sum
     when `norm`, times `scaling`. `logits` fp32 [T, E], when given, stands for x·routerᵀ (a
     caller that computes the same sums faster, e.g. capture/prefill.py on tensor cores)."""
+    acc = acc_dtype(x)
     if logits is None:
-        acc = acc_dtype(x)
         logits = (x.to(acc) @ router.to(acc).T).float()
-    s = torch.sigmoid(logits)  # [T, E]
+    # sigmoid of the fp32 logits in `acc`, rounded once: torch's fp32 sigmoid on the CPU takes
+    # SIMD or scalar code per element by its place in the tensor, so a row's weights changed
+    # in the last bit with the rows beside it (a bad-input trial, 2026-12-07)
+    s = torch.sigmoid(logits.to(acc)).float()  # [T, E]
     ids = torch.topk(s + bias.float(), top_k, dim=-1).indices  # [T, K]
     w = s.gather(-1, ids)
     if norm:
@@ -190,9 +193,12 @@ def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int,
 def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear, *,
            dtype: torch.dtype = ACT_DTYPE) -> torch.Tensor:
     """SwiGLU MLP down(silu(gate(x)) ⊙ up(x)): x bf16 [T, H] -> bf16 [T, H]; gate/up [F, H],
-    down [H, F]. Each projection rounds to bf16; silu(g)·u is taken in fp32, rounded once."""
+    down [H, F]. Each projection rounds to bf16; silu(g)·u is taken in `acc_dtype` (fp32, or
+    fp64 on the CPU, where fp32 silu's bits depend on the tensor's size: `route`), rounded
+    once."""
     g, u = linear(x, gate, dtype=dtype), linear(x, up, dtype=dtype)  # [T, F]
-    return linear((F.silu(g.float()) * u.float()).to(dtype), down, dtype=dtype)
+    acc = acc_dtype(x)
+    return linear((F.silu(g.to(acc)) * u.to(acc)).to(dtype), down, dtype=dtype)
 
 
 def moe(x: torch.Tensor, w: MoEWeights, top_k: int, scaling: float, norm: bool, *,
