@@ -766,16 +766,26 @@ def test_the_progress_bar_weighs_a_long_recall_case_above_a_short_one(tiny_llm):
     assert big > 20 * short > 0
 
 
-def test_the_weighted_bar_counts_items_and_is_silent_off_a_terminal(monkeypatch):
+def test_the_weighted_bar_counts_items_and_writes_plain_lines_off_a_terminal(monkeypatch):
     from rich.console import Console
 
-    from flint_graph.terminal.progress import weighted_progress_bar
+    from flint_graph.terminal.progress import plain_count_lines, weighted_progress_bar
 
     def never():
-        raise AssertionError("weights computed for a bar that is not drawn")
+        raise AssertionError("weights computed for work that ended before its first line")
 
     with weighted_progress_bar(True, "eval", never) as advance:  # stderr not a terminal
         advance(1)
+    # off a terminal: a plain line every few seconds (`eval 2>err.log` wrote nothing for
+    # minutes: a new user's trial, 2026-12-07)
+    lines = []
+    with plain_count_lines("eval", lambda: [1.0, 9.0, 5.0], every_s=0.05,
+                           write=lines.append) as advance:
+        advance(2)
+        import time
+        time.sleep(0.3)
+    assert lines and lines[-1].startswith("eval: 2 of 3 cases done (67% of the estimated "
+                                          "work), 0 s"), lines
     seen = []
     monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
     import rich.progress

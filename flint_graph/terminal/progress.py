@@ -1,6 +1,6 @@
-"""Progress bars for long work (checkpoint writes and loads, long prompt prefills), always on
-stderr so that stdout stays clean for `generate --json` and pipes; a long prefill writes plain
-lines where stderr is not a terminal."""
+"""Progress bars for long work (checkpoint writes and loads, long prompt prefills, eval), always
+on stderr so that stdout stays clean for `generate --json` and pipes; a long prefill and an
+eval write plain lines where stderr is not a terminal."""
 
 from __future__ import annotations
 
@@ -57,8 +57,12 @@ def weighted_progress_bar(enabled: bool, label: str, weights: Callable[[], list[
     from rich.console import Console
 
     console = Console(stderr=True)
-    if not enabled or not console.is_terminal:
+    if not enabled:
         yield lambda k: None
+        return
+    if not console.is_terminal:  # a log or a pipe: plain lines (`plain_count_lines`)
+        with plain_count_lines(label, weights, noun) as advance:
+            yield advance
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -77,6 +81,54 @@ def weighted_progress_bar(enabled: bool, label: str, weights: Callable[[], list[
             bar.update(task, advance=w, items=done[0])
 
         yield advance
+
+
+# the plain lines of `weighted_progress_bar` where stderr is not a terminal: the first after
+# this many seconds, then one this often (an eval of minutes gets a few lines)
+PLAIN_COUNT_EVERY_S = 30.0
+
+
+@contextlib.contextmanager
+def plain_count_lines(label: str, weights: Callable[[], list[float]], noun: str = "cases",
+                      every_s: float | None = None, write: Callable[[str], None] | None = None,
+                      clock: Callable[[], float] = time.monotonic
+                      ) -> Iterator[Callable[[int], None]]:
+    """`weighted_progress_bar` for a log or a pipe: yields `advance(k)`; a background timer
+    writes "eval: 40 of 480 cases done (12% of the estimated work), 2 min 10 s" through `write`
+    (default: stderr, flushed) every `every_s` seconds (PLAIN_COUNT_EVERY_S), the first after
+    as long: nothing for work that ends sooner. `weights()` is called once, at the first
+    line. Why: `eval --n 10 2>err.log` ran 2.6 minutes and wrote nothing, so from a pipe or a
+    CI log it looked hung (a new user's trial, 2026-12-07)."""
+    every = PLAIN_COUNT_EVERY_S if every_s is None else every_s
+    write = write or _stderr_line
+    start, done, stop = clock(), [0], threading.Event()
+    state: dict = {}
+
+    def line() -> str:
+        if "w" not in state:
+            state["w"] = weights()
+        w = state["w"]
+        share = sum(w[:done[0]]) / max(sum(w), 1e-9)
+        secs = int(clock() - start)
+        took = f"{secs // 60} min {secs % 60} s" if secs >= 60 else f"{secs} s"
+        return (f"{label}: {done[0]:,} of {len(w):,} {noun} done ({100 * share:.0f}% of the "
+                f"estimated work), {took}\n")
+
+    def run() -> None:
+        while not stop.wait(every):
+            write(line())
+
+    thread = threading.Thread(target=run, name=f"{label}-progress", daemon=True)
+    thread.start()
+
+    def advance(k: int) -> None:
+        done[0] += k
+
+    try:
+        yield advance
+    finally:
+        stop.set()
+        thread.join(timeout=2)
 
 
 class PlainPrefillLines:
