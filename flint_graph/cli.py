@@ -363,8 +363,14 @@ def _check_model_path(model: str | None) -> None:
 
         # `generate "What is 2 plus 2?"` reads the words as MODEL (a new user's trial)
         prompt_like = " " in model.strip() or model.rstrip().endswith(("?", "!"))
+        # `generate --prompt hi extra` read "extra" as MODEL with no word of why (a new
+        # user's trial, 2026-12-07): a bare word that is not a path is named as MODEL
+        bare = not prompt_like and not any(c in model for c in "/\\.")
         hint = ("; if that was the prompt, pass it with --prompt TEXT or on stdin (the first "
-                "word after the command is MODEL)") if prompt_like else ""
+                "word after the command is MODEL)") if prompt_like else (
+                "; it was read as MODEL, the checkpoint (a word left outside --prompt's "
+                "quotes is read so; without MODEL the embedded flint-nano runs)"
+                if bare else "")
         raise InvalidRequestError(f"{model}: no such checkpoint, {why_not_a_file(Path(model))} "
                                   "(expected a BF16 checkpoint directory or an NVFP4 .gguf "
                                   f"file){hint}")

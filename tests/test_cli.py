@@ -1260,3 +1260,12 @@ def test_sigterm_during_start_up_ends_with_a_word(tmp_path, command, code, line)
                        timeout=120)
     assert p.returncode == code, p.stderr[-800:]
     assert p.stderr.strip().splitlines()[-1] == line, p.stderr[-800:]
+
+
+def test_a_stray_word_read_as_model_is_named_so(capsys):
+    # A new user's trial (2026-12-07): `generate --prompt hi extra` said "extra: no such
+    # checkpoint …", correct but puzzling; a bare word is now said to be read as MODEL
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", "extra")
+    assert code == 2 and "extra: no such checkpoint" in err and "read as MODEL" in err, err
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", "/no/such/model.gguf")
+    assert code == 2 and "read as MODEL" not in err, err
