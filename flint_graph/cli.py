@@ -170,11 +170,17 @@ def _exit_on_sigint():
     """Make Ctrl-C end the process at once (start-up phase); returns the handler to restore,
     or None when SIGINT is left alone (ignored, as for a background job, or not the main
     thread of an embedding program)."""
+    return _start_up_handler(signal.SIGINT, _exit_interrupted)
+
+
+def _start_up_handler(signum, handler):
+    """Install `handler` for `signum` unless the signal is ignored or this is not the main
+    thread; returns the handler to restore, or None where the signal is left alone."""
     try:
-        previous = signal.getsignal(signal.SIGINT)
+        previous = signal.getsignal(signum)
         if previous in (signal.SIG_IGN, None):
             return None
-        signal.signal(signal.SIGINT, _exit_interrupted)
+        signal.signal(signum, handler)
         return previous
     except ValueError:  # signal handlers can only be set from the main thread
         return None
@@ -191,14 +197,7 @@ def _exit_on_sigterm():
     SIGTERM in serve's first second (its imports, before its handler) killed the process by
     the signal, with no word (a bad-input trial, 2026-12-07). Returns the handler to restore,
     or None where SIGTERM is left alone (ignored, or not the main thread)."""
-    try:
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous in (signal.SIG_IGN, None):
-            return None
-        signal.signal(signal.SIGTERM, _exit_terminated)
-        return previous
-    except ValueError:  # signal handlers can only be set from the main thread
-        return None
+    return _start_up_handler(signal.SIGTERM, _exit_terminated)
 
 
 def _restore_sigterm(previous) -> None:

@@ -336,6 +336,22 @@ def _interrupt_decode_after(monkeypatch, steps: int) -> None:
     monkeypatch.setattr(SequenceKV, "update", update)
 
 
+def _aborted_after_a_cut_step(llm, monkeypatch, prompt: list[int]):
+    """A request on `llm` (cache emptied first) whose sixth decode step is cut by Ctrl-C,
+    then aborted as the chat does; returns it."""
+    eng = llm.engine
+    eng.prefix_cache.clear()
+    req = llm._request(prompt, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+                       None)
+    eng.add(req)
+    _interrupt_decode_after(monkeypatch, 5)
+    with pytest.raises(KeyboardInterrupt):
+        while not req.is_finished:
+            eng.step()
+    eng.abort(req)
+    return req
+
+
 @pytest.mark.parametrize("resume_at, cached", [(1, "all"), (2, "prompt"), (3, "prompt")])
 def test_a_decode_step_interrupted_by_ctrl_c_keeps_what_is_whole(llms, monkeypatch,
                                                                  resume_at, cached):
@@ -348,15 +364,7 @@ def test_a_decode_step_interrupted_by_ctrl_c_keeps_what_is_whole(llms, monkeypat
     cold start's tokens and log-probabilities either way."""
     on, off = llms
     eng = on.engine
-    eng.prefix_cache.clear()
-    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    req = on._request(list(range(3, 43)), params, None)
-    eng.add(req)
-    _interrupt_decode_after(monkeypatch, 5)
-    with pytest.raises(KeyboardInterrupt):
-        while not req.is_finished:
-            eng.step()
-    eng.abort(req)
+    req = _aborted_after_a_cut_step(on, monkeypatch, list(range(3, 43)))
     whole = len(req.prompt_ids) + req.num_generated - 1  # the cut step wrote this position
     assert [len(e.ids) for e in eng.prefix_cache.entries] == [whole]
     assert eng.prefix_cache.entries[0].live_back == 0
@@ -375,15 +383,7 @@ def test_a_cut_decode_step_never_serves_a_resume_from_its_overwritten_ring_entry
     position has nothing that holds the keys it needs and runs cold, not from the cut rings."""
     on, off = llms
     eng = on.engine
-    eng.prefix_cache.clear()
-    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    req = on._request(list(range(4, 44)), params, None)
-    eng.add(req)
-    _interrupt_decode_after(monkeypatch, 5)
-    with pytest.raises(KeyboardInterrupt):
-        while not req.is_finished:
-            eng.step()
-    eng.abort(req)
+    req = _aborted_after_a_cut_step(on, monkeypatch, list(range(4, 44)))
     (entry,) = eng.prefix_cache.entries
     entry.snapshots.clear()
     ids = (req.prompt_ids + req.output_ids)[:-2] + [99, 98, 97]
