@@ -176,7 +176,7 @@ def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int,
     pick the top-k of s + bias; weights are the picked s (bias excluded), divided by their sum
     when `norm`, times `scaling`. `logits` fp32 [T, E], when given, stands for x·routerᵀ (a
     caller that computes the same sums faster, e.g. capture/prefill.py on tensor cores)."""
-    acc = acc_dtype(x)
+    acc = acc_dtype(x if logits is None else logits)
     if logits is None:
         logits = (x.to(acc) @ router.to(acc).T).float()
     # sigmoid of the fp32 logits in `acc`, rounded once: torch's fp32 sigmoid on the CPU takes
