@@ -1049,3 +1049,98 @@ def test_the_graph_cache_copies_a_slots_full_layer_prefix():
         cache.copy_prefix(1, 1, 5)
     with pytest.raises(ValueError, match="tokens: expected 0 to"):
         cache.copy_prefix(0, 1, cache.max_tokens + 1)
+
+
+def _sigint_once_in(monkeypatch, cls, name: str, before: bool) -> None:
+    """Make the next call of cls.name send this process a real SIGINT (Ctrl-C) before or after
+    it runs; later calls run as they are."""
+    import os
+    import signal
+
+    real = getattr(cls, name)
+
+    def once(*a, **k):
+        monkeypatch.setattr(cls, name, real)
+        if before:
+            os.kill(os.getpid(), signal.SIGINT)
+        out = real(*a, **k)
+        if not before:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(cls, name, once)
+
+
+def test_ctrl_c_inside_a_retirement_retires_once(llms, monkeypatch):
+    """A bad-input trial (2026-12-07): Ctrl-C right after `PrefixCache.add`, before the request
+    left the running rows, let the next step retire it again: two retained entries shared one
+    KV, and a later prompt resumed from rings another had overwritten (wrong tokens). The
+    retirement now runs with Ctrl-C held (held_signals.py): one entry, a cold start's tokens."""
+    from flint_graph.runtime.prefix_cache import PrefixCache
+
+    on, off = llms
+    on.engine.drop_retained()
+    q = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=True)
+    _sigint_once_in(monkeypatch, PrefixCache, "add", before=False)
+    with pytest.raises(KeyboardInterrupt):
+        on.generate([list(range(10, 40))], q)
+    eng = on.engine
+    assert not eng.running and not eng.prefilling and len(eng.prefix_cache) == 1
+    full = eng.prefix_cache.entries[0].ids
+    for more in ([20 + i for i in range(20)], [700, 701, 702]):
+        ids = full[:-1] + more
+        a, b = on.generate([ids], q)[0], off.generate([ids], q)[0]
+        assert (a.token_ids, a.logprobs) == (b.token_ids, b.logprobs)
+    kvs = [id(e.kv) for e in eng.prefix_cache.entries]
+    assert len(kvs) == len(set(kvs))
+    eng.drop_retained()
+
+
+@pytest.mark.parametrize("where", ["take", "fork"])
+def test_ctrl_c_inside_an_admission_loses_no_request(llms, monkeypatch, where):
+    """The same trial: Ctrl-C while a request was being admitted (popped from the queue, its KV
+    being taken or copied from a retained sequence) left it in no list, its stream stepping
+    forever. Admission now runs with Ctrl-C held: the request is admitted, then Ctrl-C is
+    raised, and the next steps finish it as a cold start would."""
+    from flint_graph.runtime.prefix_cache import PrefixCache
+
+    on, off = llms
+    eng = on.engine
+    eng.drop_retained()
+    q = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=True)
+    if where == "take":
+        first = list(range(50, 90))
+        on.generate([first], q)
+        ids = first + [5, 6, 7]
+        _sigint_once_in(monkeypatch, PrefixCache, "take", before=True)
+    else:  # a second conversation with the same tools resumes from the first's preamble copy
+        msgs = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "what is under key a?"}]
+        on.chat(msgs, tools=TOOLS, params=GREEDY)
+        ids = on.render([msgs[0], {"role": "user", "content": "and key z?"}], TOOLS)
+        ids = on.tokenizer.encode(ids)
+        monkeypatch.setattr(type(eng), "_fork", _sigint_after(type(eng)._fork, monkeypatch,
+                                                            type(eng)))
+    req = on._request(ids, q, None)
+    eng.add(req)
+    with pytest.raises(KeyboardInterrupt):
+        eng.step()
+    assert req in eng.prefilling or req in eng.running
+    while not req.is_finished:
+        eng.step()
+    cold = off.generate([ids], q)[0]
+    assert (req.output_ids, req.logprobs) == (cold.token_ids, cold.logprobs)
+    eng.drop_retained()
+
+
+def _sigint_after(real, monkeypatch, cls):
+    import os
+    import signal
+
+    def once(self, *a, **k):
+        monkeypatch.setattr(cls, "_fork", real)
+        out = real(self, *a, **k)
+        os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    return once

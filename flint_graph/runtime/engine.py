@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from flint_graph.checkpoints.checkpoint import LoadedCheckpoint
+from flint_graph.runtime.held_signals import signals_held
 from flint_graph.runtime.engine_config import (EngineConfig, apply_cpu_threads,
                                                default_prefill_chunk, prefill_threads)
 from flint_graph.errors import ConfigError, FlintError
@@ -209,12 +210,13 @@ class Engine:
         self._take_snapshots()  # before anything this step writes can reach a ring
         admitted: list[Request] = []
         while len(self.running) + len(self.prefilling) < self.max_slots:
-            with self._queue_lock:
-                req = self.waiting.popleft() if self.waiting else None
-            if req is None:
-                break
-            if not req.is_finished:  # an abort may finish it between add and here
-                self._admit(req)
+            with signals_held():  # popped and admitted whole, or left queued (held_signals.py)
+                with self._queue_lock:
+                    req = self.waiting.popleft() if self.waiting else None
+                if req is None:
+                    break
+                if not req.is_finished:  # an abort may finish it between add and here
+                    self._admit(req)
         # while rows decode, a step prefills what fits in its time budget (PrefillPacer)
         # the prompts with the fewest tokens left first: a short request is not queued behind
         # a long prompt's remaining chunks (each step takes at most one chunk of them)
@@ -784,6 +786,11 @@ class Engine:
         return len(req.prompt_ids) + max(0, req.num_generated - 1)
 
     def _retire(self, req: Request) -> None:
+        """`_retire_now` with Ctrl-C and SIGTERM held: retired whole (held_signals.py)."""
+        with signals_held():
+            self._retire_now(req)
+
+    def _retire_now(self, req: Request) -> None:
         """Drop `req` from the engine. Its KV is retained for reuse when its prompt was fully
         prefilled and nothing failed (finish stop / length / abort after the prefill), and
         the prompt's finished chunks when it was aborted between prefill steps; a request
