@@ -90,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     stderr = install_quiet_stderr()  # stderr's reader leaving must not end the command
     try:
         previous = _exit_on_sigint()  # first statement: Ctrl-C from here on ends cleanly
-        previous_term = _exit_on_sigterm()  # and SIGTERM
+        # and SIGTERM; the command's first word names it before the parser is built (a
+        # SIGTERM to serve 0.1 s in said "terminated", exit 143: a re-trial, 2026-12-07)
+        _STARTING["command"] = next((a for a in (sys.argv[1:] if argv is None else argv)
+                                     if not a.startswith("-")), "")
+        previous_term = _exit_on_sigterm()
+        _STARTING["previous"] = previous_term
         t_entry = time.perf_counter()  # bench measures cold start from here
         from flint_graph.cli_args import build_parser
 
@@ -108,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         _restore_sigint(previous)  # from here Ctrl-C raises KeyboardInterrupt: cleanups run
         if args.command in TERM_ENDS_LIKE_CTRL_C:
             stack.enter_context(_sigterm_raises())
-        elif args.command != "serve":  # serve's start-up ends at once until it is listening
-            _restore_sigterm(previous_term)
+        # serve's start-up ends at once until it is listening, chat's until its model is
+        # loaded (`start_up_over`: it died by the signal, without a word, during a load of
+        # tens of seconds; a re-trial, 2026-12-07)
         args.t_entry = t_entry
         # the console script (argv None) owns its process; a caller passing argv (tests, a
         # program of its own) keeps its objects under the collector as they were
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.close()
         _restore_sigint(previous)
         _restore_sigterm(previous_term)
-        _STARTING.pop("command", None)
+        _STARTING.clear()
         sys.stderr = stderr
 
 
@@ -186,8 +192,15 @@ def _start_up_handler(signum, handler):
         return None
 
 
-# the command being started, for the start-up SIGTERM handler's words and status
-_STARTING: dict[str, str] = {}
+# the command being started ("command", for the start-up SIGTERM handler's words and status)
+# and the SIGTERM handler to give back when its start-up is over ("previous")
+_STARTING: dict = {}
+
+
+def start_up_over() -> None:
+    """A command's start-up is over (chat: its model loaded): SIGTERM gets back the handler it
+    had before `main` (Python's default: the chat keeps it while it chats)."""
+    _restore_sigterm(_STARTING.get("previous"))
 
 
 def _exit_on_sigterm():
@@ -353,7 +366,7 @@ def load_tools(path: Path | None) -> list[dict[str, Any]] | None:
     return tools
 
 
-def _check_model_path(model: str | None) -> None:
+def check_model_path(model: str | None) -> None:
     """Refuse a MODEL path that is not there before anything loads, saying what is there."""
     from pathlib import Path
 
@@ -367,8 +380,8 @@ def _check_model_path(model: str | None) -> None:
         bare = not prompt_like and not any(c in model for c in "/\\.")
         hint = ("; if that was the prompt, pass it with --prompt TEXT or on stdin (the first "
                 "word after the command is MODEL)") if prompt_like else (
-                "; it was read as MODEL, the checkpoint (a word left outside --prompt's "
-                "quotes is read so; without MODEL the embedded flint-nano runs)"
+                "; it was read as MODEL, the checkpoint (the one word a command takes "
+                "outside its options; without it the embedded flint-nano runs)"
                 if bare else "")
         raise InvalidRequestError(f"{model}: no such checkpoint, {why_not_a_file(Path(model))} "
                                   "(expected a BF16 checkpoint directory or an NVFP4 .gguf "
@@ -406,7 +419,7 @@ def load_llm(args: argparse.Namespace):
     from flint_graph.api import LLM
     from flint_graph.runtime.engine_config import EngineConfig
 
-    _check_model_path(args.model)
+    check_model_path(args.model)
     if args.model is None and args.hf_config_path is not None \
             and os.path.exists(args.hf_config_path):  # a missing one: the loader says so
         # it replaced flint-nano's own config.json and failed on a tensor's shape, without
@@ -505,7 +518,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from flint_graph.api import output_to_json
 
-    _check_model_path(args.model)  # before the prompt: a prompt given as MODEL says so
+    check_model_path(args.model)  # before the prompt: a prompt given as MODEL says so
     prompt = read_prompt(args)
     tools = load_tools(args.tools)
     if args.raw and (args.tools is not None or not args.enable_thinking):
@@ -654,6 +667,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             raise InvalidRequestError(f"--system: {not_utf8(args.system, e)}") from None
     llm = load_llm(args)
     check_tools_fit(llm, tools, args.tools, args.system)
+    start_up_over()
     return ChatSession(llm, params, tools=tools, system=args.system,
                        enable_thinking=args.enable_thinking,
                        show_reasoning=args.show_reasoning, tools_path=args.tools).run()
@@ -736,7 +750,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"flint-graph serve needs the serve extra ({e.name} is "
                                   f"missing): in the project's directory, {pip} install -e "
                                   "'.[serve]'") from None
-    _check_model_path(args.model)  # before listening
+    check_model_path(args.model)  # before listening
     name = args.served_model_name or default_served_name(args.model)
     _check_address(args.host, args.port)  # before loading: uvicorn would report it as a trace
     failed: list[str] = []

@@ -191,9 +191,10 @@ def cmd_eval(args) -> int:
 
         # resolved before the full check below, so that --json cannot overwrite its files
         model = args.model = str(ensure_default_checkpoint(progress=args.progress))
-    elif not Path(model).exists():
-        raise InvalidRequestError(f"{model}: no such checkpoint (expected a BF16 checkpoint "
-                                  "directory or an NVFP4 .gguf file)")
+    else:  # the CLI's words (a bare word is said to be read as MODEL)
+        from flint_graph.cli import check_model_path
+
+        check_model_path(model)
     check_outputs(args, ("--json",), compare_runs=True,
                   own={"--json": ("an eval report", _is_report)})
     common = {(c.group, c.index) for c in cases} & {(c["group"], c["index"])

@@ -1230,34 +1230,54 @@ def test_help_lists_the_engine_flags_last(capsys, command):
         assert text.index(flag) < engine, flag
 
 
-_TERM_DURING_IMPORTS = """
+_TERM_DURING_START_UP = """
 import importlib, os, signal, sys
-from flint_graph import cli
-real = importlib.import_module
-def import_module(name, *a):
-    if name == "flint_graph.api":  # a command's start-up imports: SIGTERM arrives in them
-        os.kill(os.getpid(), signal.SIGTERM)
-    return real(name, *a)
-cli.importlib.import_module = import_module
+from flint_graph import cli, cli_args
+when = sys.argv.pop(1)
+def term():
+    os.kill(os.getpid(), signal.SIGTERM)
+if when == "imports":  # a command's start-up imports
+    real = importlib.import_module
+    def import_module(name, *a):
+        if name == "flint_graph.api":
+            term()
+        return real(name, *a)
+    cli.importlib.import_module = import_module
+elif when == "parser":  # before its arguments are parsed
+    real_parser = cli_args.build_parser
+    def build_parser():
+        term()
+        return real_parser()
+    cli_args.build_parser = build_parser
+else:  # the model's load (chat: tens of seconds for a real checkpoint)
+    def load_llm(args):
+        term()
+        raise AssertionError("SIGTERM did not end the load")
+    cli.load_llm = load_llm
 sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("command, code, line", [
-    ("serve", 0, "flint-graph: stopped (SIGTERM) while starting"),
-    ("generate", 143, "flint-graph: terminated"),
-    ("chat", 143, "flint-graph: terminated"),
+@pytest.mark.parametrize("when, command, code, line", [
+    ("imports", "serve", 0, "flint-graph: stopped (SIGTERM) while starting"),
+    ("parser", "serve", 0, "flint-graph: stopped (SIGTERM) while starting"),
+    ("imports", "generate", 143, "flint-graph: terminated"),
+    ("imports", "chat", 143, "flint-graph: terminated"),
+    ("load", "chat", 143, "flint-graph: terminated"),
 ])
-def test_sigterm_during_start_up_ends_with_a_word(tmp_path, command, code, line):
+def test_sigterm_during_start_up_ends_with_a_word(tmp_path, when, command, code, line):
     # A bad-input trial (2026-12-07): SIGTERM in serve's first second (its imports, before
     # its own handler) killed the process by the signal without a word; serve treats SIGTERM
-    # as a stop request (exit 0) once running, so it does while starting too.
+    # as a stop request (exit 0) once running, so it does while starting too. Its re-trial:
+    # before the arguments were parsed serve said "terminated" (143), and chat died silently
+    # during its model's load.
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-c", _TERM_DURING_IMPORTS, command,
-                        str(tmp_path / "missing.gguf")], capture_output=True, text=True,
-                       timeout=120)
+    model = [] if when == "load" else [str(tmp_path / "missing.gguf")]
+    p = subprocess.run([sys.executable, "-c", _TERM_DURING_START_UP, when, command, *model,
+                        *(["--device", "cpu"] if when == "load" else [])],
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == code, p.stderr[-800:]
     assert p.stderr.strip().splitlines()[-1] == line, p.stderr[-800:]
 
@@ -1269,3 +1289,7 @@ def test_a_stray_word_read_as_model_is_named_so(capsys):
     assert code == 2 and "extra: no such checkpoint" in err and "read as MODEL" in err, err
     code, _, err = _run(capsys, "generate", "--prompt", "hi", "/no/such/model.gguf")
     assert code == 2 and "read as MODEL" not in err, err
+    for command in ("chat", "serve", "eval"):  # their words too (a re-trial: eval had none)
+        code, _, err = _run(capsys, command, "extra")
+        assert code == 2 and "extra: no such checkpoint" in err and "read as MODEL" in err \
+            and "--prompt" not in err, (command, err)
