@@ -686,6 +686,12 @@ def older_turns(messages: list[dict]) -> list[dict]:
     return [dict(m, reasoning_content="") if m["role"] == "assistant" else m for m in messages]
 
 
+# chains in training that are a greeting, then a tool request (the eval's phr-multi shape):
+# step 9521, trained with the follow-ups, fell from 90% to 80% there (a request after a
+# greeting refused, answered like a greeting or given an invented tool; docs/nano.md)
+GREET_THEN_TOOL = 0.25
+
+
 def chain(rng: random.Random, split: str) -> Episode:
     """Two or three requests in one conversation (tool use, arithmetic or a string task each;
     in training also a greeting or an out-of-scope request).
@@ -696,7 +702,10 @@ def chain(rng: random.Random, split: str) -> Episode:
     name)."""
     kinds = ("tool", "arith", "arith", "string") + (("greet", "refuse") if split == "train"
                                                     else ())
-    reqs = [_draw(rng, split, rng.choice(kinds)) for _ in range(rng.choice((2, 2, 3)))]
+    if split == "train" and rng.random() < GREET_THEN_TOOL:
+        reqs = [_draw(rng, split, "greet"), _draw(rng, split, "tool")]
+    else:
+        reqs = [_draw(rng, split, rng.choice(kinds)) for _ in range(rng.choice((2, 2, 3)))]
     last, tools = reqs[-1], {}
     for ep in reqs:
         for t in ep.tools or []:

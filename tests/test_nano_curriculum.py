@@ -383,3 +383,23 @@ def test_products_in_words_call_the_calculator_or_get_the_refusal():
                     mix=(("tool", 1), ("refuse", 1)))
     assert not any(worded.search(m["content"]) for e in held for m in e.messages
                    if m["role"] == "user" and isinstance(m.get("content"), str))
+
+
+def test_a_quarter_of_training_chains_are_a_greeting_then_a_tool_request():
+    """GREET_THEN_TOOL: the phr-multi shape (a greeting answered, then a tool request) in
+    training, with training phrasings; held-out chains never take it."""
+    import random
+
+    from flint_graph.nano.curriculum import GREET_THEN_TOOL, chain
+    from flint_graph.nano.evals import GREETING_ANSWERS
+
+    rng = random.Random(5)
+    eps = [chain(rng, "train") for _ in range(400)]
+    shaped = [ep for ep in eps if ep.kind == "tool"
+              and sum(m["role"] == "user" for m in ep.messages) == 2
+              and ep.messages[1]["role"] == "assistant" and not ep.messages[1].get("tool_calls")
+              and ep.messages[1]["content"] in GREETING_ANSWERS]
+    assert 0.6 * GREET_THEN_TOOL < len(shaped) / len(eps) < 1.6 * GREET_THEN_TOOL
+    held = [chain(random.Random(i), "heldout") for i in range(60)]
+    assert not any(ep.messages[1]["content"] in GREETING_ANSWERS for ep in held
+                   if len(ep.messages) > 1 and ep.messages[1]["role"] == "assistant")
