@@ -319,6 +319,19 @@ class SequenceKV:
         every layer; the next call's tokens start at the new `num_tokens`."""
         self.num_tokens += num_tokens
 
+    def prefix_copy(self, n: int) -> "SequenceKV":
+        """A new sequence holding a copy of the full layers' K/V of positions 0 … n − 1 (n ≤
+        num_tokens), its rings left unwritten for the caller to load from a snapshot (a KV-reuse
+        fork, flint_graph/runtime/prefix_cache.py `Match.fork`; the graph engine's counterpart
+        is `KVCache.copy_prefix`). Raises torch.OutOfMemoryError when the copy does not fit."""
+        seq = SequenceKV(self.windows, self.k[0].shape[1], self.k[0].shape[2],
+                         self.k[0].device, dtype=self.k[0].dtype, chunk_tokens=self.chunk_tokens)
+        for i, w in enumerate(self.windows):
+            if w is None:
+                seq.k[i], seq.v[i] = self.k[i][:n].clone(), self.v[i][:n].clone()
+        seq.num_tokens = n
+        return seq
+
 
 # -- model -----------------------------------------------------------------------------------
 

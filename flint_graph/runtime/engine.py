@@ -633,13 +633,12 @@ class Engine:
                 self._kv[req.id] = self.model.new_sequence()
             self._prefilled[req.id] = 0
         else:
-            if m.fork:
-                pass  # `_fork` gave it a copy of the reused positions
-            elif self.runner:
-                self._slot[req.id] = m.entry.kv
-            else:
-                self._kv[req.id] = m.entry.kv
-                m.entry.kv.num_tokens = m.reuse
+            if not m.fork:  # it continues in the entry's KV (a fork has `_fork`'s copy)
+                if self.runner:
+                    self._slot[req.id] = m.entry.kv
+                else:
+                    self._kv[req.id] = m.entry.kv
+                    m.entry.kv.num_tokens = m.reuse
             if m.snapshot is not None:
                 self._load_rings(req, m.entry.snapshots[m.snapshot])
             # rings saved at or before the resume point still describe this sequence
@@ -666,16 +665,10 @@ class Engine:
             self.runner.copy_prefix(m.entry.kv, slot, m.reuse)
             self._slot[req.id] = slot
         else:
-            src, seq = m.entry.kv, self.model.new_sequence()
             try:
-                for i, w in enumerate(src.windows):
-                    if w is None:
-                        seq.k[i] = src.k[i][:m.reuse].clone()
-                        seq.v[i] = src.v[i][:m.reuse].clone()
+                self._kv[req.id] = m.entry.kv.prefix_copy(m.reuse)
             except torch.OutOfMemoryError:
                 return False
-            seq.num_tokens = m.reuse
-            self._kv[req.id] = seq
         for e in self.prefix_cache.add(m.entry):  # back as it was (nothing grew: no eviction)
             if self.runner:
                 self.runner.free_slot(e.kv)
