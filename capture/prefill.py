@@ -613,6 +613,9 @@ class Prefill:
         # RoPE kind, and the MoE combine + residual; None/{} on the torch-ops paths
         self.qk_norm_rope: dict[int, object] = {}
         self.combine = None
+        # the layer norms on rmsnorm_rows by RES (1: with the residual add before it); {}:
+        # torch's ops (`rms_norm`, `residual_add`) off the kernel path
+        self.norm_rows: dict[int, object] = {}
         # the KV write (kernels/prefill/kv_write.py) by ring (True) or pages; {}: the indexed
         # assignment (torch-ops paths, and `set_kv_write(False)` for comparisons)
         self.kv_write: dict[bool, object] = {}
@@ -690,6 +693,10 @@ class Prefill:
             self.act = self._silu_mul
             for spec in moe_combine.KERNEL.specs(cfg, ()):
                 self.combine = kset.get("moe_combine", **spec.as_dict())
+            from flint_graph.kernels.prefill import rmsnorm_rows
+
+            self.norm_rows = {s["RES"]: kset.get("rmsnorm_rows", **s.as_dict())
+                              for s in rmsnorm_rows.KERNEL.specs(cfg, ())}
             from flint_graph.kernels.prefill import kv_write
 
             for spec in kv_write.KERNEL.specs(cfg, ()):  # keyed by ring (P is the window)
@@ -1101,7 +1108,7 @@ class Prefill:
         def linear(a: torch.Tensor, w: Linear) -> torch.Tensor:
             return self.dec.linear(a, w, wu=ahead.get(id(w)))
 
-        h = rms_norm(x, lw.attn_norm, eps)
+        h = self._norm(x, lw.attn_norm)
         y = self._qkv(i, h)
         if self.qk_norm_rope:
             q = torch.empty(t, hq, d, dtype=BF16, device=self.device)
@@ -1124,8 +1131,7 @@ class Prefill:
         if (self.row_moe is not None and isinstance(lw.ffn, MoEWeights) and t % GROUP == 0
                 and t <= self.row_moe_max):
             return self.row_moe.run(i, lw, x, o, self._row_mask)
-        x = residual_add(x, o)
-        h = rms_norm(x, lw.ffn_norm, eps)
+        x, h = self._add_norm(x, o, lw.ffn_norm)
         if isinstance(lw.ffn, MoEWeights):
             if self.pick is not None:
                 return self._moe(i, lw, x, h)  # the residual add is in the combine kernel
@@ -1135,6 +1141,29 @@ class Prefill:
             f = lw.ffn
             y = swiglu(h, f.gate, f.up, f.down, linear, self.act)
         return residual_add(x, y)
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """`reference.rms_norm` of x bf16 [T, H] with gain w bf16 [H] -> bf16 [T, H], on
+        rmsnorm_rows (RES 0) on the kernel path, else torch's."""
+        kernel = self.norm_rows.get(0)
+        if kernel is None:
+            return rms_norm(x, w, self.cfg.rms_norm_eps)
+        y = torch.empty_like(x)
+        kernel.launch(x, w, y, self.cfg.rms_norm_eps)
+        return y
+
+    def _add_norm(self, x: torch.Tensor, o: torch.Tensor,
+                  w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream x bf16 [T, H] plus o bf16 [T, H] (`reference.residual_add`) and
+        that sum's `reference.rms_norm` with gain w: (new x, normed), both bf16 [T, H]; one
+        rmsnorm_rows (RES 1) launch on the kernel path, else torch's ops."""
+        kernel = self.norm_rows.get(1)
+        if kernel is None:
+            x = residual_add(x, o)
+            return x, rms_norm(x, w, self.cfg.rms_norm_eps)
+        r, y = torch.empty_like(x), torch.empty_like(x)
+        kernel.launch(o, x, w, r, y, self.cfg.rms_norm_eps)
+        return r, y
 
     def _qkv_ahead(self, i: int) -> None:
         """With the side stream on: decode layer i's NVFP4 [q; k; v] on it now, for `_qkv` of

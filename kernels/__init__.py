@@ -12,7 +12,7 @@ reference, compiled ahead of time into a cubin cache. Grouped by what a reader l
 | | `moe_router`, `moe_gate_up`, `moe_down`, `sample_tokens` |
 | `prefill/` | the prefill's kernels (docs/prefill.md): `attn_prefill` (and its wgmma |
 | | form `attn_prefill_wg`), `nvfp4_unpack`, `moe_combine`, `qk_norm_rope`, `swiglu`, |
-| | `grouped_w4a16` (and `grouped_w4a16_wg`), `moe_route`, `kv_write` |
+| | `grouped_w4a16` (and `grouped_w4a16_wg`), `moe_route`, `kv_write`, `rmsnorm_rows` |
 | `pdl_check/` | test-only: the PDL ordering test's slow producer, and a consumer that |
 | | breaks the rule on purpose |
 
@@ -28,7 +28,7 @@ MODEL_KERNELS = ("rmsnorm", "gemv_bf16", "gemv_nvfp4", "qk_norm_rope_kv", "attn_
                  "moe_router", "moe_gate_up", "moe_down", "sample_tokens",
                  "attn_prefill", "nvfp4_unpack", "moe_combine", "qk_norm_rope",
                  "swiglu", "grouped_w4a16", "moe_route", "attn_prefill_wg",
-                 "grouped_w4a16_wg", "kv_write")
+                 "grouped_w4a16_wg", "kv_write", "rmsnorm_rows")
 # Test-only kernels, built into every cache so the GPU tests can run wherever the cache goes.
 TEST_KERNELS = ("slow_producer", "early_reader")
 # The folder of each kernel module (and of the decode GEMVs' shared building blocks).
@@ -36,7 +36,8 @@ FOLDER = {**{n: "decode" for n in MODEL_KERNELS[:9] + ("gemv_mma",)},
           "attn_prefill": "prefill", "nvfp4_unpack": "prefill", "moe_combine": "prefill",
           "qk_norm_rope": "prefill", "swiglu": "prefill", "grouped_w4a16": "prefill",
           "moe_route": "prefill", "attn_prefill_wg": "prefill", "grouped_w4a16_wg": "prefill",
-          "kv_write": "prefill", "slow_producer": "pdl_check", "early_reader": "pdl_check"}
+          "kv_write": "prefill", "rmsnorm_rows": "prefill", "slow_producer": "pdl_check",
+          "early_reader": "pdl_check"}
 
 
 def kernel_module(name: str):

@@ -19,6 +19,7 @@ from flint_graph.capture.prefill import Prefill, moe_grouped, split_router
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels.prefill import moe_combine as mc
 from flint_graph.kernels.prefill import qk_norm_rope as qr
+from flint_graph.kernels.prefill import rmsnorm_rows as nr
 from flint_graph.kernels.prefill import swiglu as sw
 from flint_graph.kernels.toolchain.spec import check_spec
 from flint_graph.checkpoints.synthetic import make_weights
@@ -39,6 +40,42 @@ def test_specs_declare_every_kind_the_model_needs(preset):
         check_spec(qr.KERNEL, spec)
         assert len(qr.make_args(spec, gen=torch.Generator().manual_seed(0), device="cpu")) \
             == len(qr.KERNEL.args(spec))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "nano", "full"])
+def test_rmsnorm_rows_declares_both_norms_of_a_layer(preset):
+    cfg = FlintConfig.preset(preset)
+    specs = nr.KERNEL.specs(cfg, ())
+    assert sorted((s["H"], s["RES"]) for s in specs) == [(cfg.hidden_size, 0),
+                                                         (cfg.hidden_size, 1)]
+    for spec in specs:
+        check_spec(nr.KERNEL, spec)
+        args = nr.make_args(spec, gen=torch.Generator().manual_seed(0), rows=5, device="cpu")
+        assert len(args) == len(nr.KERNEL.args(spec))
+        assert all(a.isnan().all() for a, d in zip(args, nr.KERNEL.args(spec))
+                   if getattr(d, "role", "") == "output"), "outputs must start poisoned"
+
+
+def test_rmsnorm_rows_reference_and_the_prefills_torch_path_are_the_reference_ops():
+    """RES 1 is `reference.residual_add` then `reference.rms_norm`, RES 0 the norm alone; the
+    prefill's own fallback off the kernel path (`Prefill._add_norm`, `_norm`) gives the same
+    bits, so the kernel path and the torch path are held to one definition."""
+    cfg = FlintConfig.preset("tiny")
+    gen = torch.Generator().manual_seed(3)
+    one, res = sorted(nr.KERNEL.specs(cfg, ()), key=lambda s: s["RES"])
+    x, residual, w, _, _, eps = nr.make_args(res, gen=gen, rows=9, eps=cfg.rms_norm_eps,
+                                            device="cpu")
+    r, y = nr._reference(res, x, residual, w, eps)
+    assert torch.equal(r, reference.residual_add(residual, x))
+    assert torch.equal(y, reference.rms_norm(r, w, eps))
+    (y0,) = nr._reference(one, x, w, eps)
+    assert torch.equal(y0, reference.rms_norm(x, w, eps))
+    pre = Prefill(cfg, make_weights(cfg, 0, "cpu"), KVCache(cfg, 1, 16, device="cpu"),
+                  attention="reference")
+    assert pre.norm_rows == {}
+    got_r, got_y = pre._add_norm(residual, x, w)
+    assert torch.equal(got_r, r) and torch.equal(got_y, y)
+    assert torch.equal(pre._norm(x, w), y0)
 
 
 def test_swiglu_reference_is_the_reference_activation():

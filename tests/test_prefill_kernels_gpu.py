@@ -1,6 +1,6 @@
 """GPU tests of the prefill's elementwise kernels against their references: moe_combine
-(kernels/prefill/moe_combine.py), qk_norm_rope (kernels/prefill/qk_norm_rope.py) and swiglu
-(kernels/prefill/swiglu.py), both
+(kernels/prefill/moe_combine.py), qk_norm_rope (kernels/prefill/qk_norm_rope.py), swiglu
+(kernels/prefill/swiglu.py) and rmsnorm_rows (kernels/prefill/rmsnorm_rows.py), both
 configs, chunk lengths that are no multiple of anything (1, 77, 1000), padding rows, positions
 near the context limit; and the PDL ordering test for each input behind a slow producer.
 
@@ -9,7 +9,9 @@ Tolerances: moe_combine bitwise (it performs the reference's operations in its o
 rounded on its own); qk_norm_rope as the decode kernel it shares its code with
 (tests/test_qk_norm_rope_kv_gpu.py): rel. ≤ 1e-2 and at most 1% of q/k elements different at
 all, values bit-exact; swiglu rel. ≤ 1e-2 and at most 1% of the elements different (the
-hardware exp's last ulp may flip the one bf16 rounding).
+hardware exp's last ulp may flip the one bf16 rounding); rmsnorm_rows the same for y (fp32
+summation order and the hardware rsqrt against torch's), its residual output bitwise (one fp32
+add of two bf16 values, rounded once).
 """
 
 import pytest
@@ -19,6 +21,7 @@ from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import registry
 from flint_graph.kernels.prefill import moe_combine as mc
 from flint_graph.kernels.prefill import qk_norm_rope as qr
+from flint_graph.kernels.prefill import rmsnorm_rows as nr
 from flint_graph.kernels.prefill import swiglu as sw
 
 pytestmark = pytest.mark.gpu
@@ -30,7 +33,7 @@ def kset():
     from flint_graph.capture.launcher import KernelSet
 
     return KernelSet(kernels=registry(("moe_combine", "qk_norm_rope", "swiglu",
-                                        "slow_producer")))
+                                        "rmsnorm_rows", "slow_producer")))
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -129,3 +132,49 @@ def test_pdl_qk_norm_rope_reads_inputs_after_the_wait(kset):
         args = qr.make_args(spec, gen=_gen(6), tokens=300, start=1000, theta=cfg.rope_theta,
                             eps=cfg.rms_norm_eps)
         _pdl_check(kset, qr.KERNEL, spec, args, ("qkv", "positions"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("rows", [1, 77, 512, 4099])
+def test_rmsnorm_rows_matches_reference(kset, preset, rows):
+    cfg = FlintConfig.preset(preset)
+    for spec in nr.KERNEL.specs(cfg, ()):
+        args = nr.make_args(spec, gen=_gen(rows + spec["RES"]), rows=rows, eps=cfg.rms_norm_eps)
+        kset.get("rmsnorm_rows", **spec.as_dict()).launch(*args)
+        torch.cuda.synchronize()
+        inputs = [a for a, d in zip(args, nr.KERNEL.args(spec))
+                  if getattr(d, "role", "") != "output"]
+        want = nr._reference(spec, *inputs)
+        outs = [a for a, d in zip(args, nr.KERNEL.args(spec))
+                if getattr(d, "role", "") == "output"]
+        what = f"{spec.id} T={rows}"
+        for got in outs:
+            assert not got.isnan().any(), f"{what}: unwritten"
+        if spec["RES"]:
+            assert torch.equal(_bits(outs[0]), _bits(want[0])), \
+                f"{what}: the new residual must be bit-exact"
+        _check_close(f"{what}: y", outs[-1], want[-1])
+
+
+def test_rmsnorm_rows_row_is_the_same_alone(kset):
+    """A row's norm does not depend on the chunk around it (one warp a row): row 600 of a
+    1,000-row launch is bitwise row 0 of a launch of that row alone, so a resumed prefill
+    (issue 22) and a cold one normalise a token alike."""
+    for spec in nr.KERNEL.specs(FlintConfig.preset("full"), ()):
+        args = nr.make_args(spec, gen=_gen(30 + spec["RES"]), rows=1000)
+        kset.get("rmsnorm_rows", **spec.as_dict()).launch(*args)
+        decl = nr.KERNEL.args(spec)
+        alone = [a[600:601].clone() if getattr(d, "role", "") == "input" else
+                 torch.full_like(a[:1], float("nan")) if getattr(d, "role", "") == "output"
+                 else a for a, d in zip(args, decl)]
+        kset.get("rmsnorm_rows", **spec.as_dict()).launch(*alone)
+        torch.cuda.synchronize()
+        for a, b, d in zip(args, alone, decl):
+            if getattr(d, "role", "") == "output":
+                assert torch.equal(_bits(a[600:601]), _bits(b)), f"{spec.id}: {d.name} differs"
+
+
+def test_pdl_rmsnorm_rows_reads_inputs_after_the_wait(kset):
+    for spec in nr.KERNEL.specs(FlintConfig.preset("full"), ()):
+        args = nr.make_args(spec, gen=_gen(9 + spec["RES"]), rows=300)
+        _pdl_check(kset, nr.KERNEL, spec, args, ("x", "residual") if spec["RES"] else ("x",))

@@ -53,24 +53,31 @@ def _reference(spec: Spec, x, residual, w, eps: float):
 
 
 def _build(spec: Spec):
+    return build_norm(spec["H"], residual=True)
+
+
+def build_norm(h: int, *, residual: bool):
+    """The `@cute.jit` launcher of the norm over rows of width h, one warp a row, as many rows
+    as x has (grid = x.shape[0], static for a decode bucket, dynamic for a prefill chunk:
+    kernels/prefill/rmsnorm_rows.py). residual True: args (x, residual, w, residual_out, y,
+    eps), the add then the norm; False: (x, w, y, eps), the norm of x alone."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
 
     from flint_graph.kernels.toolchain import dsl_util as du
 
-    h = spec["H"]
     chunks = h // VEC
     per_lane = math.ceil(chunks / 32)
     ragged = chunks % 32 != 0  # some lanes own fewer chunks: predicate them
     bf16, f32 = cutlass.BFloat16, cutlass.Float32
 
-    @cute.kernel
-    def rmsnorm_kernel(mx: cute.Tensor, mr: cute.Tensor, mw: cute.Tensor, mro: cute.Tensor,
-                       my: cute.Tensor, eps: cutlass.Float32):
+    @cute.jit
+    def body(mx: cute.Tensor, mr: cute.Tensor, mw: cute.Tensor, mro: cute.Tensor,
+             my: cute.Tensor, eps: cutlass.Float32):  # inlined into the kernels below
         lane, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
-        gx = cute.flat_divide(mx, (1, VEC))  # (1, VEC, B, chunks)
+        gx = cute.flat_divide(mx, (1, VEC))  # (1, VEC, rows, chunks)
         gr = cute.flat_divide(mr, (1, VEC))
         gro = cute.flat_divide(mro, (1, VEC))
         gy = cute.flat_divide(my, (1, VEC))
@@ -94,12 +101,16 @@ def _build(spec: Spec):
             c = lane + 32 * j
             if cutlass.const_expr(not ragged) or c < chunks:
                 cute.copy(ld, gx[0, None, row, c], rx[None, j])
-                cute.copy(ld, gr[0, None, row, c], rr[None, j])
+                if cutlass.const_expr(residual):
+                    cute.copy(ld, gr[0, None, row, c], rr[None, j])
         ss = f32(0.0)
         for j in cutlass.range_constexpr(per_lane):
-            s = (rx[None, j].load().to(f32) + rr[None, j].load().to(f32)).to(bf16)
-            rr[None, j].store(s)  # the new residual, rounded once (zero on idle lanes)
-            sf = s.to(f32)
+            if cutlass.const_expr(residual):
+                s = (rx[None, j].load().to(f32) + rr[None, j].load().to(f32)).to(bf16)
+                rr[None, j].store(s)  # the new residual, rounded once (zero on idle lanes)
+            else:
+                rr[None, j].store(rx[None, j].load())  # the row itself (zero on idle lanes)
+            sf = rr[None, j].load().to(f32)
             ss = ss + (sf * sf).reduce(cute.ReductionOp.ADD, f32(0.0), 0)
         for k in cutlass.range_constexpr(5):
             ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=16 >> k)
@@ -109,16 +120,33 @@ def _build(spec: Spec):
             if cutlass.const_expr(not ragged) or c < chunks:
                 y = (rr[None, j].load().to(f32) * rstd) * rw[None, j].load().to(f32)
                 rx[None, j].store(y.to(bf16))
-                cute.copy(st, rr[None, j], gro[0, None, row, c])
+                if cutlass.const_expr(residual):
+                    cute.copy(st, rr[None, j], gro[0, None, row, c])
                 cute.copy(st, rx[None, j], gy[0, None, row, c])
 
-    launch = _launch(spec)
+    # the cubin's parameters are the kernel's, so each form has its own signature
+    if residual:
+        @cute.kernel
+        def rmsnorm_kernel(mx: cute.Tensor, mr: cute.Tensor, mw: cute.Tensor, mro: cute.Tensor,
+                           my: cute.Tensor, eps: cutlass.Float32):
+            body(mx, mr, mw, mro, my, eps)
 
-    @cute.jit
-    def rmsnorm(mx: cute.Tensor, mr: cute.Tensor, mw: cute.Tensor, mro: cute.Tensor,
-                my: cute.Tensor, eps: cutlass.Float32, stream: cuda.CUstream):
-        rmsnorm_kernel(mx, mr, mw, mro, my, eps).launch(
-            grid=launch.grid, block=launch.block, smem=launch.smem, stream=stream, use_pdl=True)
+        @cute.jit
+        def rmsnorm(mx: cute.Tensor, mr: cute.Tensor, mw: cute.Tensor, mro: cute.Tensor,
+                    my: cute.Tensor, eps: cutlass.Float32, stream: cuda.CUstream):
+            rmsnorm_kernel(mx, mr, mw, mro, my, eps).launch(
+                grid=(mx.shape[0], 1, 1), block=[32, 1, 1], stream=stream, use_pdl=True)
+    else:
+        @cute.kernel
+        def rmsnorm_kernel(mx: cute.Tensor, mw: cute.Tensor, my: cute.Tensor,
+                           eps: cutlass.Float32):
+            body(mx, mx, mw, my, my, eps)  # stand-ins: the residual is never read nor written
+
+        @cute.jit
+        def rmsnorm(mx: cute.Tensor, mw: cute.Tensor, my: cute.Tensor, eps: cutlass.Float32,
+                    stream: cuda.CUstream):
+            rmsnorm_kernel(mx, mw, my, eps).launch(
+                grid=(mx.shape[0], 1, 1), block=[32, 1, 1], stream=stream, use_pdl=True)
 
     return rmsnorm
 
