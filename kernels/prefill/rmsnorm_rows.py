@@ -10,9 +10,10 @@ sum rounded once to bf16, the norm in fp32 from it, rounded once).
 
 Why: capture/prefill.py ran these as torch ops, a layer_norm kernel (~5.8 µs at 512 rows on
 the H100) twice a layer and an elementwise add (~4 µs), none with a PDL edge to its
-neighbours; in the 512-token NVFP4 prefill 10% of the time was covered by no kernel
-(`flint-graph trace --prefill 512`, perf log, thirty-fifth session). Traffic at T rows of H:
-RES 1 reads 2·T·H·2 bytes and writes as much (8 MB at 512 × 2048), RES 0 half that.
+neighbours. Traffic at T rows of H: RES 1 reads 2·T·H·2 bytes and writes as much (8 MB at 512
+× 2048), RES 0 half that. Measured on the H100 (perf log, thirty-fifth session, `flint-graph
+trace --preset full --prefill N`, NVFP4, against the torch ops on the same machine): 512 tokens
+16.84 → 16.63 ms (medians of three runs), 8K 120.02 → 119.58 ms; 49 fewer launches a prefill.
 
 PDL: x and residual are predecessors' outputs, read only after the wait, in every thread; w
 is a weight.
