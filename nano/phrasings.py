@@ -247,7 +247,12 @@ WORD_PROBLEMS = {
         # step 7718 subtracted the held-out "Total of A and B?" without tools (the training's
         # terse "<noun> of A and B?" were all differences): terse sums of that shape
         "Sum of {a} and {b}?", "The sum of {a} and {b}?", "{a} and {b}: what is their sum?",
-        "Addition of {a} and {b}?", "Combined, {a} and {b} make?"],
+        "Addition of {a} and {b}?", "Combined, {a} and {b} make?",
+        # step 11306 subtracted "Total of A and B?" again (4 of its 6 phr-arith misses), after
+        # a run with more refusals and chains: more terse "<noun> of A and B?" sums, none with
+        # the held-out word "total"
+        "Aggregate of {a} and {b}?", "The addition of {a} and {b}?", "Add up {a} and {b}?",
+        "{a} and {b} altogether?", "Amount of {a} and {b} put together?"],
     ("train", "-"): [
         "{name} had {a} {things} and gave {b} away. How many are left?",
         "A shop had {a} {things} and sold {b}. How many does it have now?",
