@@ -541,6 +541,34 @@ def test_prune_drops_only_what_is_no_longer_built(built, tmp_path):
     assert KernelCache(root).get(kdef, keep, "sm_90a", build=False).meta
 
 
+def test_export_copies_only_the_asked_entries_into_a_loadable_cache(built, tmp_path):
+    """tools/build_gpu_cache.py --export: a cache of just the given specs (what a device call
+    carries beside a GGUF, under its 64 MiB), loadable; a spec the cache lacks, an entry that
+    names a file outside it, or the cache itself as the target is refused."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from build_gpu_cache import export
+
+    root = _copy(built, tmp_path)
+    kdef = registry(("rmsnorm",))[0]
+    keep = kdef.spec(B=1, H=64)
+    dest = tmp_path / "export" / "kernels"
+    n, size = export(root, dest, [(kdef, keep)], ["sm_90a"])
+    left = json.loads((dest / MANIFEST).read_text())["entries"]
+    assert n == 1 and list(left) == [entry_id(keep, "sm_90a")] and size > 0
+    assert KernelCache(dest).get(kdef, keep, "sm_90a", build=False).meta
+    with pytest.raises(KernelCacheError, match="not built"):
+        export(root, dest, [(kdef, kdef.spec(B=3, H=64))], ["sm_90a"])
+    with pytest.raises(KernelCacheError, match="must not be the cache"):
+        export(root, root, [(kdef, keep)], ["sm_90a"])
+    manifest = json.loads((root / MANIFEST).read_text())
+    manifest["entries"][entry_id(keep, "sm_90a")]["cubin"] = "../victim.cubin"
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(KernelCacheError, match="names no cubin"):
+        export(root, dest, [(kdef, keep)], ["sm_90a"])
+
+
 def test_prune_never_deletes_outside_the_cache(tmp_path):
     """A bad-input trial (2026-12-06): --prune unlinked whatever an entry's "cubin" named
     ("../victim.txt", an absolute path) and stopped with a traceback on a malformed entry.

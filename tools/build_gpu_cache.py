@@ -10,6 +10,11 @@ for sm_90a, into .kcache/kernels (what tools/gpu_check.sh points FLINT_GRAPH_CAC
 Incremental: entries already up to date are kept. The whole cache is about 750 compiles (over an
 hour on 2 cores); `--preset nano` builds only what `tools/gpu_eval_nano.sh` runs (flint-nano and
 its planted configs: 104 compiles, about 2 minutes on 2 cores).
+
+`--export DIR` then copies only the model specialisations of the presets asked for (no bench
+variants) and the test kernels into DIR/kernels, a cache to point FLINT_GRAPH_CACHE at: the
+whole cache (~27 MB) and a candidate flint-nano GGUF (~12 MB) together pass the 64 MiB a device
+call may carry, and the three presets' model kernels are ~11 MB (thirty-fifth session).
 """
 
 from __future__ import annotations
@@ -66,6 +71,10 @@ def main() -> int:
                    help="afterwards remove the entries and cubins this command does not "
                         "build (variants since removed, other --arch), so the cache a device "
                         "call carries stays small; only with every preset")
+    p.add_argument("--export", metavar="DIR",
+                   help="afterwards copy the model specialisations of the presets (no bench "
+                        "variants) and the test kernels into DIR/kernels: a smaller cache for "
+                        "FLINT_GRAPH_CACHE=DIR")
     args = p.parse_args()
     if args.prune and args.preset and set(args.preset) != set(PRESETS):
         p.error("--prune needs every preset (without --preset): it keeps only what they build")
@@ -86,7 +95,51 @@ def main() -> int:
             print(f"build_gpu_cache: {e}", file=sys.stderr)
             return 2
         print(f"{args.out}: pruned {gone} entries of specs no longer built")
+    if args.export:
+        presets = tuple(dict.fromkeys(args.preset or PRESETS))
+        subset = [w for preset in presets for w in todo((preset,))]
+        subset += model_specs(None, (), registry(TEST_KERNELS))
+        try:
+            n, size = export(Path(args.out), Path(args.export) / "kernels", subset,
+                             args.arch or ["sm_90a"])
+        except KernelCacheError as e:
+            print(f"build_gpu_cache: {e}", file=sys.stderr)
+            return 2
+        print(f"{args.export}/kernels: {n} entries, {size / 1e6:.1f} MB")
     return 0
+
+
+def export(root: Path, dest: Path, work: list, archs: list[str]) -> tuple[int, int]:
+    """Copy the entries of `work` × `archs` and their cubins from the cache `root` into a fresh
+    cache `dest` (emptied first); returns (entries, bytes of cubins). Raises KernelCacheError
+    when `root` lacks one of them (build it first), an entry names no plain cubin file of
+    `root`, or `dest` is `root`."""
+    import shutil
+
+    if dest.resolve() == root.resolve():
+        raise KernelCacheError(f"--export {dest.parent}: the export must not be the cache itself")
+    with _exclusive(root):
+        entries = read_manifest(root)
+        want = {entry_id(spec, arch) for _, spec in work for arch in archs}
+        missing = sorted(want - entries.keys())
+        if missing:
+            raise KernelCacheError(f"{root}: {len(missing)} entries to export are not built "
+                                   f"(first: {missing[0]})")
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        size = 0
+        for eid in want:
+            meta = entries[eid]
+            name = meta.get("cubin") if isinstance(meta, dict) else None
+            if not (isinstance(name, str) and name.endswith(".cubin") and "/" not in name
+                    and "\\" not in name):
+                raise KernelCacheError(f"{root}: entry {eid} names no cubin of the cache "
+                                       f"({name!r})")
+            shutil.copyfile(root / name, dest / name)
+            size += (dest / name).stat().st_size
+        write_manifest(dest, {eid: entries[eid] for eid in want})
+    return len(want), size
 
 
 def prune(root: Path, work: list, archs: list[str]) -> int:
