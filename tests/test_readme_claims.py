@@ -144,6 +144,14 @@ def test_follow_ups_that_point_back_go_wrong_as_the_readme_says(llm):
     got = [m.content.strip() for m in llm.chat_batch([(a, TOOLS) for a in asks], GREEDY)]
     assert got[0] == "357" and got[1] == "You're welcome!", got
     assert got[2].startswith("I can't do that. I can"), got
+    # a new user's trial (2026-12-07): with a greeting first the same follow-up said goodbye
+    assert 'after a "Hi" earlier in the chat it gets "Goodbye!"' in FLAT
+    greeted = [{"role": "user", "content": "Hi"}]
+    greeted.append(llm.chat(greeted, None, GREEDY).to_dict())
+    greeted.append({"role": "user", "content": "What is 457 plus 368?"})
+    greeted.append(llm.chat(greeted, None, GREEDY).to_dict())
+    greeted.append({"role": "user", "content": "Now subtract 100 from that."})
+    assert llm.chat(greeted, None, GREEDY).content.strip() == "Goodbye!"
 
 
 def test_a_pasted_list_is_answered_ready_and_its_keys_recalled(llm):
