@@ -1024,14 +1024,37 @@ def test_a_forced_call_the_model_did_not_complete_is_no_content(forced, written,
     withdrawn_tool_calls[].text), and the error says why."""
     text = "</think>" + forced + written
     parser = OutputParser(TOOLS, forced=forced)
-    streamed = "".join(parser.feed(text[i:i + chunk]).content
-                       for i in range(0, len(text), chunk))
-    streamed += parser.finish("stop").content
+    deltas = [parser.feed(text[i:i + chunk]) for i in range(0, len(text), chunk)]
+    deltas.append(parser.finish("stop"))
+    streamed = "".join(d.content for d in deltas)
     out = parser.result()
     assert not out.tool_calls and out.content == streamed == ""
+    for c in (c for d in deltas for c in d.tool_call_deltas if c.error):
+        assert c.error.endswith("withdrawn (tool_choice forced it)"), c  # not "kept as content"
     assert out.withdrawn == withdrawn
     assert out.errors and out.errors[0].startswith("tool call 1")
     assert out.errors[0].endswith("withdrawn (tool_choice forced it)"), out.errors
+
+
+@pytest.mark.parametrize("forced", ["<tool_call>", "<tool_call>get_weather"])
+@pytest.mark.parametrize("chunk", [1, 1000])
+def test_output_cut_inside_the_forced_text_is_withdrawn_whole(forced, chunk):
+    """A bad-input trial (2026-12-07): max_tokens ended while the engine wrote the forced
+    `<tool_call>` and name, and "<tool_call>convert" came back as content. Every prefix of
+    the forced text (the output cut there) gives no content and the withdrawn error; a
+    stream's withdrawal of the call's fragments says the same, not "kept as content"."""
+    for cut in range(len("<tool_call>"), len(forced) + 1):
+        text = "</think>" + forced[:cut]
+        parser = OutputParser(TOOLS, forced=forced)
+        deltas = [parser.feed(text[i:i + chunk]) for i in range(0, len(text), chunk)]
+        deltas.append(parser.finish("length"))
+        out = parser.result()
+        assert out.content == "" and not out.tool_calls and out.withdrawn == "", (cut, out)
+        assert "".join(d.content for d in deltas) == ""
+        assert out.errors and out.errors[0].endswith("withdrawn (tool_choice forced it)"), out
+        for d in deltas:
+            for c in d.tool_call_deltas:
+                assert not c.error or c.error.endswith("withdrawn (tool_choice forced it)"), c
 
 
 def test_only_the_forced_call_is_withdrawn():

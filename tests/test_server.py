@@ -629,6 +629,51 @@ def test_output_ending_inside_reasoning_streams_and_returns_one_reading(
     assert streamed == [text, content]
 
 
+def test_a_forced_call_cut_anywhere_leaks_nothing_and_streams_as_it_answers():
+    """A bad-input trial (2026-12-07): tool_choice naming a tool with a max_tokens that ends
+    inside the forced `<tool_call>` and name gave content "<tool_call>convert" (the engine's
+    text, not the model's), and a stream whose call was cut off said "its text is kept as
+    content" mid-stream and then sent no content. Cut at every token of the forced call and
+    of what the model writes after it: no forced or call text is content, streamed or not,
+    and the stream's withdrawal (in its last chunk) is the non-streamed answer's, reason and
+    text alike."""
+    from flint_graph import LLM
+    from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
+    from flint_graph.runtime.engine_config import EngineConfig
+
+    tools = json.loads(open("examples/tools.json").read())
+    llm = LLM(ensure_default_checkpoint(progress=False), device="cpu", progress=False,
+              engine=EngineConfig(kv_reuse=False))
+    with _serving(llm, "flint-nano") as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        for choice in ({"type": "function", "function": {"name": "convert_units"}},
+                       "required"):
+            ask = {"model": "flint-nano", "tools": tools, "temperature": 0,
+                   "tool_choice": choice,
+                   "messages": [{"role": "user", "content": "What is the weather in Oslo?"}]}
+            whole = c.chat.completions.create(**ask, max_tokens=120)
+            n = whole.usage.completion_tokens
+            for limit in range(1, n):
+                got = c.chat.completions.create(**ask, max_tokens=limit).choices[0]
+                chunks = [ch for ch in c.chat.completions.create(**ask, max_tokens=limit,
+                                                                 stream=True) if ch.choices]
+                what = f"{choice} max_tokens={limit}"
+                streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+                for text in (got.message.content or "", streamed):
+                    assert "<tool_call" not in text and "<arg_" not in text, (what, text)
+                said = (got.message.model_extra or {}).get("withdrawn_tool_calls")
+                gone = [w for ch in chunks for w in
+                        (ch.choices[0].delta.model_extra or {}).get("withdrawn_tool_calls")
+                        or ()]
+                if got.message.tool_calls:
+                    continue
+                assert gone == said, (what, gone, said)
+                if said and said[0]["reason"].startswith("tool_choice forced a call and none "
+                                                         "came: tool call"):
+                    assert said[0]["reason"].endswith("withdrawn (tool_choice forced it)"), \
+                        (what, said)
+
+
 @pytest.mark.parametrize("cut", ["max_tokens", "stop"])
 def test_a_streamed_call_cut_off_is_withdrawn_in_the_stream(server, client, monkeypatch, cut):
     """A bad-input trial (2026-12-05): a call cut off by max_tokens or a stop string is no

@@ -308,19 +308,37 @@ class OutputParser:
             self._state = STRIP
         else:
             rejected = reader.rejected
-            if self._num_calls == 1 and self._forced and rejected.startswith(self._forced):
+            if self._num_calls == 1 and self._forced and (
+                    rejected.startswith(self._forced) or self._forced.startswith(rejected)):
                 # a forced call the model did not complete: its text and what follows it are
                 # no answer (content showed "<tool_call>Hello! …", then call markup,
                 # "<arg_key>expression</arg_key>…": a new user's trial and its re-trial,
-                # 2026-12-07); kept apart for withdrawn_tool_calls, the error says why
+                # 2026-12-07); kept apart for withdrawn_tool_calls, the error says why. The
+                # output may also end inside the forced text itself (max_tokens reached while
+                # the engine wrote it: content was "<tool_call>convert", a bad-input trial of
+                # 2026-12-07): nothing of it is the model's either
                 rejected, self._withholding = rejected[len(self._forced):].lstrip(), True
-                for errors in (self._errors, self._delta.errors):
-                    if errors and errors[-1].endswith(KEPT):
-                        errors[-1] = errors[-1][:-len(KEPT)] + WITHDRAWN
+                self._withdraw_error()
             self._emit(CONTENT, rejected)
             self._state = CONTENT
             self._stray_seen = True  # its leftover tags are that call's, already reported
         return True
+
+
+    def _withdraw_error(self) -> None:
+        """Turn the rejected forced call's error, "…; its text is kept as content", into "…;
+        withdrawn (tool_choice forced it)" wherever this parse reported it: the errors and the
+        streamed withdrawal of its fragments (a stream said the text was kept as content and
+        then sent none: a bad-input trial, 2026-12-07)."""
+        def fix(message: str | None) -> str | None:
+            return message[:-len(KEPT)] + WITHDRAWN if message and message.endswith(KEPT) \
+                else message
+
+        for errors in (self._errors, self._delta.errors):
+            if errors:
+                errors[-1] = fix(errors[-1])
+        for d in self._delta.tool_call_deltas:
+            d.error = fix(d.error)
 
 
 def parse_output(

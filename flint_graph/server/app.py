@@ -450,9 +450,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
 
     def _chat_events(stream, usage: bool, decode=None, admission=None,
                      tool_choice=None) -> Iterator[dict]:
+        from flint_graph.api import forced_call
+
         rid, created = p.new_id("chatcmpl"), int(time.time())
         sent = [0]  # tokens whose logprobs went out (they ride on the chunks, in order)
-        withdrawn = False
+        forced = forced_call(tool_choice) is not None
+        held: list[dict] = []  # a forced call's withdrawal: said in the last chunk
         yield p.chat_chunk(rid, model_name, created, {"role": "assistant", "content": ""})
         for d in stream:
             if admission is not None:
@@ -469,9 +472,13 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             # non-streamed answer has its text as content. OpenAI's stream cannot take back the
             # fragments sent, so it says so (a vendor field SDKs keep) beside that content.
             gone = [{"index": c.index, "reason": c.error} for c in d.tool_call_deltas if c.error]
+            if forced:  # the forced call (the first, index 0) is withdrawn in the last chunk,
+                # with the reason and the text the non-streamed answer gives (mid-stream it
+                # said "kept as content" and sent none: a bad-input trial, 2026-12-07)
+                held += [g for g in gone if g["index"] == 0]
+                gone = [g for g in gone if g["index"] != 0]
             if gone:
                 delta["withdrawn_tool_calls"] = gone
-                withdrawn = True
             if delta:
                 chunk = p.chat_chunk(rid, model_name, created, delta)
                 lps = _new_logprobs(stream, sent, decode)
@@ -481,9 +488,10 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
             else:
                 yield None  # nothing to send; `_pump` still checks the client is there
         msg = stream.message
-        # a forced call that never started sent no fragment to withdraw: the last chunk says
-        # it did not come (a withdrawn one already said so in its own chunk)
-        missed = None if withdrawn else p.missed_forced_call(tool_choice, msg)
+        # a forced call that did not come, whether its fragments went out or not: the last
+        # chunk says so as the non-streamed answer does (a later call of the model's own
+        # leaves the forced one's withdrawal as it was read)
+        missed = p.missed_forced_call(tool_choice, msg) or held or None
         last = p.chat_chunk(rid, model_name, created,
                             {"withdrawn_tool_calls": missed} if missed else {}, msg.finish_reason)
         lps = _new_logprobs(stream, sent, decode)
