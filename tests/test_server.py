@@ -674,6 +674,36 @@ def test_a_forced_call_cut_anywhere_leaks_nothing_and_streams_as_it_answers():
                         (what, said)
 
 
+def test_a_call_the_parser_found_wanting_is_flagged_streamed_or_not():
+    """A bad-input trial (2026-12-07): tool_choice naming calculator for "What is the weather
+    in Oslo?" returned a calculator call with get_weather's arguments (its required
+    `expression` missing, three undeclared ones) and nothing to flag it, though the parser had
+    recorded both. The message (or a stream's last delta) now carries them as
+    `tool_call_warnings`, the same list either way."""
+    from flint_graph import LLM
+    from flint_graph.checkpoints.make_checkpoint import ensure_default_checkpoint
+    from flint_graph.runtime.engine_config import EngineConfig
+
+    tools = json.loads(open("examples/tools.json").read())
+    llm = LLM(ensure_default_checkpoint(progress=False), device="cpu", progress=False,
+              engine=EngineConfig(kv_reuse=False))
+    ask = {"model": "flint-nano", "tools": tools, "temperature": 0, "max_tokens": 120,
+           "messages": [{"role": "user", "content": "What is the weather in Oslo?"}]}
+    with _serving(llm, "flint-nano") as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        forced = {"type": "function", "function": {"name": "calculator"}}
+        got = c.chat.completions.create(**ask, tool_choice=forced).choices[0].message
+        chunks = [ch for ch in c.chat.completions.create(**ask, tool_choice=forced, stream=True)
+                  if ch.choices]
+        plain = c.chat.completions.create(**ask).choices[0].message  # a good call: no field
+    said = (got.model_extra or {}).get("tool_call_warnings")
+    assert got.tool_calls and got.tool_calls[0].function.name == "calculator", got
+    assert said and any("missing required argument expression" in w for w in said), said
+    last = [(ch.choices[0].delta.model_extra or {}).get("tool_call_warnings") for ch in chunks]
+    assert last[-1] == said and not any(last[:-1]), last
+    assert plain.tool_calls and "tool_call_warnings" not in (plain.model_extra or {}), plain
+
+
 @pytest.mark.parametrize("cut", ["max_tokens", "stop"])
 def test_a_streamed_call_cut_off_is_withdrawn_in_the_stream(server, client, monkeypatch, cut):
     """A bad-input trial (2026-12-05): a call cut off by max_tokens or a stop string is no

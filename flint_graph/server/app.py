@@ -492,8 +492,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, on_error=None,
         # chunk says so as the non-streamed answer does (a later call of the model's own
         # leaves the forced one's withdrawal as it was read)
         missed = p.missed_forced_call(tool_choice, msg) or held or None
+        warnings = p.tool_call_warnings(msg)
         last = p.chat_chunk(rid, model_name, created,
-                            {"withdrawn_tool_calls": missed} if missed else {}, msg.finish_reason)
+                            ({"withdrawn_tool_calls": missed} if missed else {})
+                            | ({"tool_call_warnings": warnings} if warnings else {}),
+                            msg.finish_reason)
         lps = _new_logprobs(stream, sent, decode)
         if lps is not None:  # tokens whose text was held back (or produced none) until the end
             last["choices"][0]["logprobs"] = {"content": lps, "refusal": None}

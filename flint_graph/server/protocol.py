@@ -282,6 +282,20 @@ def missed_forced_call(tool_choice: Any, msg) -> list[dict[str, Any]] | None:
     return [entry]
 
 
+def tool_call_warnings(msg) -> list[str] | None:
+    """The output parser's findings on this answer's calls, for `tool_call_warnings` (a vendor
+    field of the message, or of a stream's last delta): a returned call's missing required or
+    undeclared arguments, repairs, values no reading of the schema fits, a rejected call whose
+    text became content, call markup outside a call; None when there are none. A withdrawn
+    forced call is said by `withdrawn_tool_calls` instead. Why: a forced calculator call with
+    get_weather's arguments came back with nothing to flag it, though the parser had recorded
+    it (a bad-input trial, 2026-12-07); the CLI's `--json` shows these as `errors`."""
+    from flint_graph.chat.output_parser import WITHDRAWN
+
+    said = [e for e in msg.output.errors if not e.endswith(WITHDRAWN)]
+    return said or None
+
+
 def chat_logprobs(out, token_bytes) -> dict[str, Any] | None:
     """OpenAI's `choices[].logprobs` for a GenerationOutput that recorded them (None when not
     asked): `token_logprobs` of its tokens."""
@@ -349,13 +363,17 @@ def chat_response(rid: str, model: str, msg, decode=None,
                   tool_choice: Any = None) -> dict[str, Any]:
     """The non-streamed chat.completion object (`decode`: token id -> bytes, for logprobs);
     the message carries `withdrawn_tool_calls` where `tool_choice` forced a call that did not
-    come (`missed_forced_call`)."""
+    come (`missed_forced_call`), and `tool_call_warnings` where the parser found something in
+    a call (`tool_call_warnings`)."""
     out = msg.output
     lps = chat_logprobs(out, decode) if decode is not None else None
     message = chat_message(msg)
     missed = missed_forced_call(tool_choice, msg)
     if missed:
         message["withdrawn_tool_calls"] = missed
+    warnings = tool_call_warnings(msg)
+    if warnings:
+        message["tool_call_warnings"] = warnings
     return {"id": rid, "object": "chat.completion", "created": int(time.time()),
             "model": model,
             "choices": [{"index": 0, "message": message,
