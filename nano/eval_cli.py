@@ -204,6 +204,19 @@ def cmd_eval(args) -> int:
         raise InvalidRequestError(f"--compare {args.compare}: no case in common with this run "
                                   f"(it has {', '.join(dict.fromkeys(theirs))}; use the same "
                                   "--suite and --contexts)")
+    if ref is not None:
+        # cases pair by group and index, so they must be the same requests: a report whose
+        # "seed" was missing paired other cases and failed this run for it (a bad-input trial,
+        # 2026-12-07); each case's question decides, whatever the report's fields say
+        asked = {(c.group, c.index): evals.question_text(c) for c in cases}
+        for c in ref.get("cases", []):
+            mine = asked.get((c["group"], c["index"]))
+            if mine is not None and isinstance(c.get("question"), str) and c["question"] != mine:
+                raise InvalidRequestError(
+                    f"--compare {args.compare}: its case {c['group']} #{c['index']} asked "
+                    f"{_cut(c['question'])}, this run's asks {_cut(mine)}: the report was "
+                    "made with other cases (another --seed, or another version's suites), so "
+                    "the two cannot be compared")
     device = pick_device(args.device)
     if device.type == "cpu" and (args.n > CPU_QUICK_N or "recall" in suites
                                  and max(contexts) > CPU_QUICK_CONTEXT):
@@ -393,3 +406,8 @@ def _print(report: dict, console=None) -> None:
                   "log-probability lists of different lengths (a report edited or cut)")
         print(f"compare: {'PASSED' if c['passed'] else 'FAILED'}")
     sys.stdout.flush()
+
+
+def _cut(text: str) -> str:
+    """`text` quoted, cut to 60 characters, for an error message."""
+    return repr(text if len(text) <= 60 else text[:57] + "...")

@@ -322,7 +322,7 @@ def _got(msg) -> Any:
 QUESTION_CHARS = 300  # of a case's last user message kept in its record (recall's run to 16K tokens)
 
 
-def _question(case: Case) -> str:
+def question_text(case: Case) -> str:
     """The case's last user message, cut to its last QUESTION_CHARS characters (a recall
     case's question follows its long list), so a report says what each answer was asked."""
     text = next((m.get("content") or "" for m in reversed(case.messages)
@@ -370,7 +370,7 @@ def run(llm, cases: list[Case], batch: int = 8, progress: bool = True) -> dict[s
                                                  logprobs=True, top_logprobs=TOP_LOGPROBS))
             for c, m in zip(chunk, msgs):
                 records.append({"group": c.group, "index": c.index, "expect": c.expect,
-                                "question": _question(c), "got": _got(m),
+                                "question": question_text(c), "got": _got(m),
                                 "text": m.output.text,
                                 "finish": m.finish_reason,
                                 "logprobs": [round(x, 5) for x in m.output.logprobs],

@@ -434,6 +434,28 @@ def test_cli_compare_refuses_bad_reports_and_keeps_the_reference(tmp_path):
     assert json.loads(ref.read_text()) == _good_report()
 
 
+def test_cli_compare_refuses_a_report_of_other_cases_whatever_its_fields_say(tmp_path):
+    """A bad-input trial (2026-12-07): a --seed 5 report with its "seed" key deleted was held
+    to a --seed 0 run, paired by group and index with other questions, and failed the run
+    ("identical answers: 0.0%"). Cases pair only where they ask the same: a report without
+    "seed", or one from another version's suites (a changed question), is refused before any
+    decoding, naming the case and both questions."""
+    other = evals.question_text(evals.build_cases(("arith",), 1, 5, (1024,))[0])
+    ours = evals.question_text(evals.build_cases(("arith",), 1, 0, (1024,))[0])
+    assert other != ours
+    for name, change in (("noseed", lambda r: r.pop("seed")),
+                         ("edited", lambda r: None)):
+        rep = _good_report()
+        rep["cases"][0]["question"] = other
+        change(rep)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(rep))
+        out = _cli("--compare", str(path), "--suite", "arith", "--n", "1", "--quiet",
+                   "--device", "cpu")
+        assert out.returncode == 2 and "made with other cases" in out.stderr, out.stderr
+        assert "arith #0" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
 def test_cli_contexts_beyond_the_model_limit_fail_before_decoding():
     out = _cli("--suite", "recall", "--n", "1", "--contexts", "40000", "--quiet", "--device",
                "cpu")
@@ -610,11 +632,11 @@ def test_the_fingerprint_is_shared_by_both_formats_and_changed_by_training():
 def test_a_long_question_keeps_its_end():
     long = evals.Case("arith", 0, [{"role": "user", "content": "x" * 5000 + " what is 2 + 2?"}],
                       None, "4")
-    q = evals._question(long)
+    q = evals.question_text(long)
     assert q.startswith("…") and q.endswith("what is 2 + 2?")
     assert len(q) == evals.QUESTION_CHARS + 1
     recall = evals.build_cases(("recall",), 1, seed=0, contexts=(1024,))[0]
-    assert "K" in evals._question(recall) and len(evals._question(recall)) < 200
+    assert "K" in evals.question_text(recall) and len(evals.question_text(recall)) < 200
 
 
 def test_cli_compare_refuses_a_planted_reference_unless_the_same_plant(tmp_path, capsys):
