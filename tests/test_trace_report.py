@@ -87,6 +87,32 @@ def test_kind_totals_with_gaps():
     assert k["total"]["frac_bw"] == pytest.approx(0.3) and k["total"]["count"] == 4
 
 
+def test_gap_boundaries_charge_each_hole_to_the_kernels_around_it():
+    """Each stretch between kernels goes to (the kernel that ended last → the next one); under
+    PDL overlap the one ending last is the one before the hole; the stretch after the last
+    kernel has no boundary (it is in the kinds' gap row only)."""
+    rows = tr.gap_boundaries(gap_trace())
+    assert {(r["before"], r["after"]): (r["count"], r["us"]) for r in rows} == {
+        ("embedding", "qkv_gemv"): (1, 5.0), ("qkv_gemv", "attn_decode"): (1, 5.0),
+        ("attn_decode", "lm_head"): (1, 5.0)}
+    assert all(r["share"] == pytest.approx(0.05) for r in rows)
+    assert [(r["before"], r["after"], r["count"], r["us"]) for r in
+            tr.gap_boundaries(pdl_trace())] == [("o_gemv", "residual_add", 1, 5.0)]
+    assert tr.gap_boundaries(_trace(10.0, [])) == []
+
+
+def test_kernel_families_group_by_what_launched_them():
+    assert tr.family("kernel_cutlass_grouped_w4a16_kernel_tensorptrbf16gmemalign16o2048") == \
+        "grouped_w4a16"
+    assert tr.family("kernel_cutlass_rmsnorm_kernel_tensorptr") == "rmsnorm"
+    assert tr.family("nvjet_sm90_tst_384x8_64x4_2x1_v_bz_TNT") == "cuBLAS"
+    assert tr.family("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor"
+                     "_add<c10::BFloat16>>(int, float)") == "torch vectorized_elementwise_kernel"
+    assert tr.family("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10"
+                     "::BFloat16, float>(int, float)") == "torch vectorized_layer_norm_kernel"
+    assert tr.family("moe_router") == "moe_router" and tr.family(None) == "?"
+
+
 def test_kind_totals_overlap_uses_the_union():
     k = _by_kind(pdl_trace())
     # union [0, 40] + [45, 50] = 45 µs: gap 5 µs, not 50 − 55 (the summed durations)
@@ -219,6 +245,9 @@ def test_print_trace_numbers():
     table = text.split("slowest kernels")[1].split("start µs: from")[0]
     rows = [line for line in table.splitlines() if line.startswith("│")]
     assert [r.split("│")[2].strip() for r in rows] == ["qkv_gemv", "attn[bold]x"]
+    assert "where the gap is: the largest boundaries" in text
+    assert any("qkv_gemv" in line and "attn[bold]x" in line and "5.0" in line
+               for line in text.split("where the gap is")[1].splitlines()), text
 
 
 def test_terminal_and_html_list_the_same_slowest_kernels():
@@ -242,8 +271,9 @@ def test_piped_trace_tables_break_no_word(monkeypatch, capsys):
     tr.print_trace(trace, report_console())
     out = capsys.readouterr().out
     rows = table_rows(out)
-    assert len(rows) == 6 + 4  # one line per kind and per kernel: nothing folded onto a second
-    assert ["2", "attn_decode_sm90_pdl_b1", "0", "attention"] == rows[7][:4]
+    # one line per kind, per gap boundary and per kernel: nothing folded onto a second
+    assert len(rows) == 6 + 3 + 4
+    assert ["2", "attn_decode_sm90_pdl_b1", "0", "attention"] == rows[10][:4]
     assert all(r[0] for r in rows)
 
 
