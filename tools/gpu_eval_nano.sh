@@ -8,7 +8,10 @@
 # and the gguf wheel in .whl; N (default 50) cases per suite, PLANT_N per plant run; CK a
 # checkpoint directory (default: the embedded flint-nano); DEADLINE (epoch seconds) cuts each
 # step's time so the call ends by then; T (150 s) limits each run, REF_T (400 s) the reference
-# engine's (its clean runs and rerun), which took up to 172 s on the H200 for N = 30 (2026-12-03). REF=REPORT skips
+# engine's (its clean runs and rerun), which took up to 172 s on the H200 for N = 30 (2026-12-03)
+# with the default suites, and 389 s of decoding on an H100 for N = 30 with
+# SUITES=tools,arith,recall,chain,chat,phrasing,result (2026-12-07: REF_T=300 cut it; give
+# it REF_T=560 and the call to itself, then hold the graph engine to it with REF=). REF=REPORT skips
 # the reference engine's clean runs and holds the graph engine's and the plants to that report
 # (SKIP_CLEAN=1: the plants only); GRAPH_PLANTS / PLANTS
 # list the plants to run on each engine (empty: none); SUITES the suites (default: eval's own);
