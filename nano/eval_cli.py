@@ -177,10 +177,6 @@ def cmd_eval(args) -> int:
         raise InvalidRequestError(
             f"--compare {args.compare}: made with --plant {ref['plant']} (a deliberate bug); "
             "hold runs to a clean reference, or pass the same --plant to check a rerun")
-    if ref is not None and ref.get("seed", args.seed) != args.seed:
-        raise InvalidRequestError(f"--compare {args.compare}: made with --seed {ref['seed']}, "
-                                  f"this run has --seed {args.seed}; its cases differ, so pass "
-                                  "the same --seed")
     # the cases and where --json can be written need no model: refused before the default one
     # is unpacked (in a fresh cache its note made a one-line error two lines)
     cases = evals.build_cases(suites, args.n, args.seed, contexts)
@@ -205,18 +201,7 @@ def cmd_eval(args) -> int:
                                   f"(it has {', '.join(dict.fromkeys(theirs))}; use the same "
                                   "--suite and --contexts)")
     if ref is not None:
-        # cases pair by group and index, so they must be the same requests: a report whose
-        # "seed" was missing paired other cases and failed this run for it (a bad-input trial,
-        # 2026-12-07); each case's question decides, whatever the report's fields say
-        asked = {(c.group, c.index): evals.question_text(c) for c in cases}
-        for c in ref.get("cases", []):
-            mine = asked.get((c["group"], c["index"]))
-            if mine is not None and isinstance(c.get("question"), str) and c["question"] != mine:
-                raise InvalidRequestError(
-                    f"--compare {args.compare}: its case {c['group']} #{c['index']} asked "
-                    f"{_cut(c['question'])}, this run's asks {_cut(mine)}: the report was "
-                    "made with other cases (another --seed, or another version's suites), so "
-                    "the two cannot be compared")
+        _same_cases(ref, cases, args)
     device = pick_device(args.device)
     if device.type == "cpu" and (args.n > CPU_QUICK_N or "recall" in suites
                                  and max(contexts) > CPU_QUICK_CONTEXT):
@@ -408,6 +393,48 @@ def _print(report: dict, console=None) -> None:
     sys.stdout.flush()
 
 
-def _cut(text: str) -> str:
-    """`text` quoted, cut to 60 characters, for an error message."""
-    return repr(text if len(text) <= 60 else text[:57] + "...")
+def _same_cases(ref: dict, cases: list, args) -> None:
+    """Raise InvalidRequestError unless the --compare report `ref` ran this run's `cases`.
+    Cases pair by group and index, so they must be the same requests: the questions a report
+    records decide (a report whose "seed" was deleted paired other cases and failed the run;
+    one whose seed was edited sent the user to the wrong --seed: a bad-input trial and its
+    re-trial, 2026-12-07); without any, its seed does, and without either it is refused."""
+    from flint_graph.errors import InvalidRequestError
+    from flint_graph.nano import evals
+
+    seed = ref.get("seed")
+    asked = {(c.group, c.index): evals.question_text(c) for c in cases}
+    theirs = [(c, asked.get((c["group"], c["index"]))) for c in ref.get("cases", [])
+              if "question" in c]
+    other = next(((c, mine) for c, mine in theirs if mine is not None and c["question"] != mine),
+                 None)
+    if other is None and theirs:
+        return
+    if seed is not None and seed != args.seed:
+        raise InvalidRequestError(f"--compare {args.compare}: made with --seed {seed}, this "
+                                  f"run has --seed {args.seed}; its cases differ, so pass the "
+                                  "same --seed")
+    if other is not None:
+        c, mine = other
+        a, b = _differ(c["question"], mine)
+        raise InvalidRequestError(
+            f"--compare {args.compare}: its case {c['group']} #{c['index']} asked {a}, this "
+            f"run's asks {b}: the report was made with other cases (another --seed, or another "
+            "version's suites), so the two cannot be compared")
+    if seed is None:
+        raise InvalidRequestError(
+            f"--compare {args.compare}: it records neither its --seed nor its cases' questions, "
+            "so which cases it ran cannot be told; compare with a report this version wrote")
+
+
+def _differ(a: str, b: str, width: int = 60) -> tuple[str, str]:
+    """`a` and `b` quoted for an error message, each cut to about `width` characters around
+    where they first differ (two questions cut at the same place had read alike)."""
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    lo = max(0, i - width // 3)
+
+    def cut(t: str) -> str:
+        part = t[lo:lo + width]
+        return repr(("…" if lo else "") + part + ("…" if lo + width < len(t) else ""))
+
+    return cut(a), cut(b)

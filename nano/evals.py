@@ -134,6 +134,7 @@ MAX_NEW_TOKENS = {"tools": 160, "tools-direct": 160, "arith": 160, "recall": 48,
                   "follow-arith": 160, "follow-tools": 160}
 CHAT_GROUPS = ("chat-chain3", "chat-negative", "chat-list")
 PHRASING_GROUPS = ("phr-tools", "phr-arith", "phr-greet", "phr-refuse", "phr-multi")
+FOLLOW_GROUPS = ("follow-arith", "follow-tools")
 BRIEF = 300  # characters: the longest reply phr-greet / phr-refuse count as brief
 # a greeting's reply counts when it is one of the trained ones (any intent's): brief nonsense
 # ("ratcen", a reversed word) passed a brevity rule alone
@@ -195,7 +196,7 @@ def build_cases(suites: tuple[str, ...], n: int, seed: int = 0,
                   ["chain-tools", "chain-arith"] if suite == "chain" else
                   list(CHAT_GROUPS) if suite == "chat" else
                   list(PHRASING_GROUPS) if suite == "phrasing" else
-                  ["follow-arith", "follow-tools"] if suite == "follow" else [suite])
+                  list(FOLLOW_GROUPS) if suite == "follow" else [suite])
         for group in groups:
             rng = random.Random(f"eval/{seed}/{group}")  # one stream per group: stable cases
             for i in range(n):
@@ -545,7 +546,8 @@ def check_report(rep: Any, name: str) -> dict:
                 bad(f"{f}.{m}", "true or false", c[m])
         if c.get("text") is not None and not isinstance(c["text"], str):
             bad(f"{f}.text", "the output text", c["text"])
-        if c.get("question") is not None and not isinstance(c["question"], str):
+        if "question" in c and not isinstance(c["question"], str):
+            # null as well: it had turned --compare's check of the questions off (a re-trial)
             bad(f"{f}.question", "the case's question text", c["question"])
         if "finish" in c and c["finish"] not in ("stop", "length", "repeat", "abort", "error",
                                                  "tool_calls"):
@@ -569,6 +571,10 @@ def check_report(rep: Any, name: str) -> dict:
     for k, least in (("n", 1), ("seed", 0), ("batch", 1)):
         if k in rep and not (type(rep[k]) is int and rep[k] >= least):
             bad(k, f"an integer >= {least}", rep[k])
+    for i, c in enumerate(cases):  # a case past the run's n was dropped unseen from --compare
+        if type(rep.get("n")) is int and c["index"] >= rep["n"]:
+            bad(f"cases[{i}].index", f"a case number below the report's n ({rep['n']})",
+                c["index"])
     # the setup fields decide whether two runs are the same setup, held to identical
     # log-probabilities (`same_setup`): a malformed one had loosened that to another setup's
     # tolerance (a hostile-input trial: "contexts": "abc" passed)
@@ -623,7 +629,8 @@ def suite_of(group: str) -> str:
             "recall" if group.startswith("recall@") else
             "chain" if group in ("chain-tools", "chain-arith") else
             "chat" if group in CHAT_GROUPS else
-            "phrasing" if group in PHRASING_GROUPS else group)
+            "phrasing" if group in PHRASING_GROUPS else
+            "follow" if group in FOLLOW_GROUPS else group)
 
 
 def _top_step(step: Any) -> bool:
@@ -641,7 +648,7 @@ def _top_step(step: Any) -> bool:
 
 def _known_group(group: str) -> bool:
     if group in ("tools", "tools-direct", "arith", "chain-tools", "chain-arith", "result",
-                 *CHAT_GROUPS, *PHRASING_GROUPS):
+                 *CHAT_GROUPS, *PHRASING_GROUPS, *FOLLOW_GROUPS):
         return True
     suite, _, ctx = group.partition("@")
     return suite == "recall" and ctx.isascii() and ctx.isdigit()  # not "recall@²"

@@ -443,17 +443,38 @@ def test_cli_compare_refuses_a_report_of_other_cases_whatever_its_fields_say(tmp
     other = evals.question_text(evals.build_cases(("arith",), 1, 5, (1024,))[0])
     ours = evals.question_text(evals.build_cases(("arith",), 1, 0, (1024,))[0])
     assert other != ours
-    for name, change in (("noseed", lambda r: r.pop("seed")),
-                         ("edited", lambda r: None)):
+    for name, change, args, needle in (
+            ("noseed", lambda r: r.pop("seed"), (), "made with other cases"),
+            ("edited", lambda r: None, (), "made with other cases"),
+            # its re-trial: questions of seed 5 under "seed": 0 sent the user from --seed 5 to
+            # --seed 0, where the questions differ; the questions decide (--seed 5 runs)
+            ("seed-edited", lambda r: r.update(seed=0), (), "made with other cases"),
+            # no question and no seed: nothing tells which cases it ran (null questions had
+            # turned the check off)
+            ("nothing", lambda r: [r.pop("seed"), r["cases"][0].pop("question")], (),
+             "records neither its --seed nor its cases' questions"),
+            ("null", lambda r: r["cases"][0].update(question=None), (), "cases[0].question"),
+            ("past-n", lambda r: r["cases"][0].update(index=7), (), "cases[0].index")):
         rep = _good_report()
         rep["cases"][0]["question"] = other
         change(rep)
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(rep))
         out = _cli("--compare", str(path), "--suite", "arith", "--n", "1", "--quiet",
-                   "--device", "cpu")
-        assert out.returncode == 2 and "made with other cases" in out.stderr, out.stderr
-        assert "arith #0" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+                   "--device", "cpu", *args)
+        assert out.returncode == 2 and needle in out.stderr, (name, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, (name, out.stderr)
+        if needle == "made with other cases":
+            assert "arith #0" in out.stderr
+
+
+def test_two_questions_in_an_error_are_shown_where_they_differ():
+    from flint_graph.nano.eval_cli import _differ
+
+    a = "One more thing: What is 258 plus 459? Many thanks in advance."
+    x, y = _differ(a, a + " ")
+    assert x != y and x.startswith("'…") and y.endswith(" '")
+    assert _differ("abc", "abd") == ("'abc'", "'abd'")
 
 
 def test_cli_contexts_beyond_the_model_limit_fail_before_decoding():
@@ -823,3 +844,25 @@ def test_the_weighted_bar_counts_items_and_writes_plain_lines_off_a_terminal(mon
         advance(2)
         advance(1)
     assert seen == [(10.0, 2), (5.0, 3)]
+
+
+def test_every_report_in_docs_passes_the_report_check():
+    """A report of every suite can be a --compare reference: step 9521's `--suite follow`
+    report failed the check (follow-arith was no known group), found scanning docs/ in the
+    thirty-fifth session."""
+    import gzip
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    seen = 0
+    for path in [*docs.rglob("*.json"), *docs.rglob("*.json.gz")]:
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rt") as f:
+                rep = json.load(f)
+        except (ValueError, OSError):
+            continue
+        if isinstance(rep, dict) and "cases" in rep and "groups" in rep:
+            evals.check_report(rep, str(path))
+            seen += 1
+    assert seen >= 50
