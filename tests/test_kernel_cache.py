@@ -562,6 +562,13 @@ def test_export_copies_only_the_asked_entries_into_a_loadable_cache(built, tmp_p
         export(root, dest, [(kdef, kdef.spec(B=3, H=64))], ["sm_90a"])
     with pytest.raises(KernelCacheError, match="must not be the cache"):
         export(root, root, [(kdef, keep)], ["sm_90a"])
+    mine = tmp_path / "mine" / "kernels"  # someone's folder is never emptied
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("precious")
+    with pytest.raises(KernelCacheError, match="holds files other than a kernel cache"):
+        export(root, mine, [(kdef, keep)], ["sm_90a"])
+    assert (mine / "notes.txt").read_text() == "precious"
+    assert export(root, dest, [(kdef, keep)], ["sm_90a"])[0] == 1  # an export is replaced
     manifest = json.loads((root / MANIFEST).read_text())
     manifest["entries"][entry_id(keep, "sm_90a")]["cubin"] = "../victim.cubin"
     (root / MANIFEST).write_text(json.dumps(manifest))

@@ -27,8 +27,8 @@ from pathlib import Path
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, kernel_module, registry
 from flint_graph.kernels.toolchain.build import _exclusive, build_cache, model_specs
-from flint_graph.kernels.toolchain.cache import (KernelCacheError, entry_id, read_manifest,
-                                                 write_manifest)
+from flint_graph.kernels.toolchain.cache import (MANIFEST, KernelCacheError, entry_id,
+                                                 read_manifest, write_manifest)
 from flint_graph.kernels.toolchain.spec import BUCKETS, unique_specs
 from flint_graph.nano.plants import planted_config
 
@@ -125,17 +125,20 @@ def export(root: Path, dest: Path, work: list, archs: list[str]) -> tuple[int, i
         if missing:
             raise KernelCacheError(f"{root}: {len(missing)} entries to export are not built "
                                    f"(first: {missing[0]})")
-        if dest.exists():
+        names = {eid: _own_cubin(entries[eid]) for eid in want}
+        bad = next((eid for eid, name in names.items() if name is None), None)
+        if bad is not None:
+            raise KernelCacheError(f"{root}: entry {bad} names no cubin of the cache "
+                                   f"({entries[bad]!r:.80})")
+        if dest.exists():  # only an earlier export is replaced, never someone's folder
+            if any(f.name != MANIFEST and not f.name.endswith((".cubin", ".lock"))
+                   for f in dest.iterdir()):
+                raise KernelCacheError(f"--export {dest.parent}: {dest} holds files other than "
+                                       "a kernel cache's; choose another directory")
             shutil.rmtree(dest)
         dest.mkdir(parents=True)
         size = 0
-        for eid in want:
-            meta = entries[eid]
-            name = meta.get("cubin") if isinstance(meta, dict) else None
-            if not (isinstance(name, str) and name.endswith(".cubin") and "/" not in name
-                    and "\\" not in name):
-                raise KernelCacheError(f"{root}: entry {eid} names no cubin of the cache "
-                                       f"({name!r})")
+        for eid, name in names.items():
             shutil.copyfile(root / name, dest / name)
             size += (dest / name).stat().st_size
         write_manifest(dest, {eid: entries[eid] for eid in want})
@@ -154,13 +157,20 @@ def prune(root: Path, work: list, archs: list[str]) -> int:
         keep = {entry_id(spec, arch) for _, spec in work for arch in archs}
         gone = [eid for eid in entries if eid not in keep]
         for eid in gone:
-            meta = entries.pop(eid)
-            name = meta.get("cubin") if isinstance(meta, dict) else None
-            if isinstance(name, str) and name.endswith(".cubin") and "/" not in name \
-                    and "\\" not in name:
+            name = _own_cubin(entries.pop(eid))
+            if name is not None:
                 (root / name).unlink(missing_ok=True)
         write_manifest(root, entries)
     return len(gone)
+
+
+def _own_cubin(meta) -> str | None:
+    """The cubin file an entry names when it is a plain `.cubin` name inside the cache (the
+    manifest is data: "../x" or "/x" must never be touched), else None."""
+    name = meta.get("cubin") if isinstance(meta, dict) else None
+    ok = isinstance(name, str) and name.endswith(".cubin") and "/" not in name \
+        and "\\" not in name
+    return name if ok else None
 
 
 if __name__ == "__main__":
