@@ -144,6 +144,11 @@ def test_follow_ups_that_point_back_go_wrong_as_the_readme_says(llm):
     got = [m.content.strip() for m in llm.chat_batch([(a, TOOLS) for a in asks], GREEDY)]
     assert got[0] == "357" and got[1] == "You're welcome!", got
     assert got[2].startswith("I can't do that. I can"), got
+    # a new user's trial (2026-12-07): the README's answers are those with tools declared;
+    # without them "Double it." gets the self-introduction (the subtraction is the same)
+    assert "without tools declared, the model's self-introduction" in FLAT
+    bare = [m.content.strip() for m in llm.chat_batch([(a, None) for a in asks[:2]], GREEDY)]
+    assert bare[0] == "357" and bare[1].startswith("I'm flint-nano"), bare
     # a new user's trial (2026-12-07): with a greeting first the same follow-up said goodbye
     assert 'after a "Hi" earlier in the chat it gets "Goodbye!"' in FLAT
     greeted = [{"role": "user", "content": "Hi"}]
