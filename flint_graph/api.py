@@ -32,8 +32,7 @@ from flint_graph.runtime.engine import Engine
 from flint_graph.runtime.engine_config import EngineConfig, pick_device
 from flint_graph.runtime.prefix_cache import preamble_end
 from flint_graph.errors import (CheckpointError, ConfigError, ContextLengthError,
-                                InvalidRequestError, TemplateError, found, kind, not_utf8,
-                                shown)
+                                InvalidRequestError, TemplateError, found, kind, not_utf8)
 from flint_graph.chat.output_parser import OutputParser, ToolCall
 from flint_graph.runtime.request import Request, RequestDelta
 from flint_graph.runtime.sampling import SamplingParams
@@ -166,7 +165,7 @@ class LLM:
         progress: show progress bars while loading.
         engine: runtime knobs (EngineConfig: max_slots, prefill_chunk_tokens, cpu_threads,
             engine ("auto" | "graph" | "reference"; a plain string is taken as this field),
-            max_context;
+            max_context: tokens per sequence, prompt and output, on either engine;
             on the CPU a small model gets one thread unless told otherwise, see
             engine_config.apply_cpu_threads).
     Raises CheckpointError / ConfigError for a missing, corrupt or inconsistent checkpoint,
@@ -334,8 +333,10 @@ class LLM:
             raise InvalidRequestError(
                 f"{', '.join(sampling)}: "
                 f"{'a sampling setting' if len(sampling) == 1 else 'sampling settings'}, not "
-                "chat template variables; pass params=SamplingParams("
-                + ", ".join(f"{k}=..." if k else "..." for k in fields) + ")")
+                "chat template variables; chat(), stream_chat() and chat_batch() take them as "
+                "params=SamplingParams(" + ", ".join(f"{k}=..." if k else "..." for k in fields)
+                + ")")
+        _check_api_names(template_kwargs)
         self._check_prompt_size(_message_text(messages))  # before templating a huge one
         source = (self.tokenizer.template_file
                   or self.checkpoint.config_dir / "tokenizer_config.json")
@@ -396,22 +397,32 @@ class LLM:
     @_ctrl_c
     def chat_batch(self, conversations: list[tuple[list[dict[str, Any]], list[dict] | None]],
                    params: SamplingParams | None = None, *, enable_thinking: bool = True,
+                   tool_choice: str | dict | None = None,
                    **template_kwargs: Any) -> list[ChatMessage]:
         """`chat` for many conversations at once, run as one batch by the scheduler (as many
         at a time as the engine has slots): conversations is a list of (messages, tools)
-        pairs, or of plain message lists (no tools). Returns one ChatMessage per conversation,
-        in order. Raises as `chat`, and InvalidRequestError naming `conversations[i]` for an
-        entry that is neither, or `conversations` for an empty list."""
+        pairs, or of plain message lists (no tools); `tool_choice` (as `chat`'s) applies to
+        every one. Returns one ChatMessage per conversation, in order. Raises as `chat`, the
+        message starting with `conversations[i]` for an error in entry i (InvalidRequestError
+        also for an entry that is neither form), or naming `conversations` for an empty
+        list."""
         if not isinstance(conversations, (list, tuple)):
             raise InvalidRequestError(f"conversations: expected a list of (messages, tools) "
                                       f"pairs or of message lists, found {kind(conversations)}")
         if not conversations:  # as generate([]): an empty batch is a caller's slip
             raise InvalidRequestError("conversations: expected at least one conversation, got "
                                       "an empty list")
-        reqs = [self._chat_request(*_conversation(c, i), params,
-                                   enable_thinking=enable_thinking, tool_choice=None,
-                                   **template_kwargs)
-                for i, c in enumerate(conversations)]
+        _check_api_names(template_kwargs)  # before the calls below, where tools= collides
+        reqs = []
+        for i, c in enumerate(conversations):
+            try:
+                reqs.append(self._chat_request(*_conversation(c, i), params,
+                                               enable_thinking=enable_thinking,
+                                               tool_choice=tool_choice, **template_kwargs))
+            except (InvalidRequestError, TemplateError) as e:
+                if not str(e).startswith(f"conversations[{i}]"):  # which entry, in a batch
+                    e.args = (f"conversations[{i}]: {e}",)
+                raise
         self._run(reqs)
         return [_message(r, enable_thinking) for r in reqs]
 
@@ -536,6 +547,8 @@ class LLM:
             size = f"{what}: at least {e.counted:,} tokens" + (f" (counted{read})" if read else "")
         limit = self.engine.context_limit
         source = ("max_position_embeddings" if limit == self.cfg.max_position_embeddings else
+                  "max_context: EngineConfig(max_context=...), --max-context"
+                  if limit == self.engine.max_context else
                   "the KV cache per sequence; EngineConfig(max_context=...) sets it")
         return ContextLengthError(f"{size}; the context limit is {limit:,} tokens ({source}), "
                                   "leaving no room to generate")
@@ -738,6 +751,26 @@ def _dumped(value: dict) -> str | None:
         return None
 
 
+# keyword arguments chat() and chat_batch() pass on to the template that the API sets itself
+_API_SET = {
+    "tools": "chat_batch() takes each conversation's tools in its (messages, tools) pair",
+    "messages": "the conversation is the first argument, not a template variable",
+    "add_generation_prompt": "chat() always ends the prompt with the assistant's turn; "
+                             "flint_graph.chat.chat_template.render_chat renders other prompts",
+    "markers": "set by the API from the tokenizer's added tokens, not a template variable",
+    "template": "the checkpoint's chat template is the one its tokenizer_config.json holds"}
+
+
+def _check_api_names(template_kwargs: Mapping[str, Any]) -> None:
+    """Raise InvalidRequestError naming a template keyword argument the API sets itself
+    (`_API_SET`): `chat_batch(c, tools=[])` crashed with a TypeError, `chat(m,
+    add_generation_prompt=False)` answered from a prompt without the assistant's turn (a
+    bad-input trial, 2026-12-07)."""
+    taken = sorted(_API_SET.keys() & template_kwargs.keys())
+    if taken:
+        raise InvalidRequestError(f"{taken[0]}: {_API_SET[taken[0]]}", field=taken[0])
+
+
 # SamplingParams' fields: keyword arguments of chat() that are these go nowhere near the template
 _SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 # ... and other runtimes' names for them (transformers, OpenAI, vLLM): SamplingParams' field
@@ -768,7 +801,7 @@ def _conversation(entry: Any, i: int) -> tuple[Any, Any]:
     if isinstance(entry, (list, tuple)) and len(entry) == 2:
         return entry[0], entry[1]
     raise InvalidRequestError(f"conversations[{i}]: expected a (messages, tools) pair or a list "
-                              f"of messages, found {kind(entry)} {shown(entry, 60)}")
+                              f"of messages, found {found(entry, 60)}")
 
 
 def _message(req: Request, thinking: bool) -> ChatMessage:

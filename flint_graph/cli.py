@@ -446,9 +446,6 @@ def load_llm(args: argparse.Namespace):
         print(f"flint-graph: note: {llm.checkpoint.config_dir / 'generation_config.json'} sets "
               f"{', '.join(unapplied)}, which flint-graph does not apply (it reads temperature, "
               "top_p, top_k, do_sample, max_new_tokens and eos_token_id)", file=sys.stderr)
-    if args.max_context is not None and llm.engine.name == "reference":
-        print("flint-graph: note: --max-context sizes the graph engine's KV cache; the reference "
-              "engine running here grows its cache as needed and ignores it", file=sys.stderr)
     if not args.prefill_graphs and llm.engine.name == "reference":
         print("flint-graph: note: --no-prefill-graphs concerns the graph engine's kernel "
               "prefill; the reference engine running here has no graphs to turn off",
@@ -581,7 +578,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     context_note = None  # said in --json mode too, beside its "length_cause" (a new user's trial)
     if out.finish_reason == "length" and len(out.token_ids) >= limit - len(out.prompt_token_ids):
         context_note = (f"flint-graph: note: the context limit ({limit} tokens) ended the answer "
-                        f"after {len(out.token_ids)} tokens; shorten the prompt")
+                        f"after {len(out.token_ids)} tokens; shorten the prompt"
+                        + (" or raise --max-context" if args.max_context is not None
+                           and limit == args.max_context else ""))
     if args.json:
         with _sigterm_deferred():  # the finished answer is printed whole, then the signal
             print(output_to_json(out, llm.engine.name, limit))

@@ -513,8 +513,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "whatever the timings, so a rerun splits every prompt alike and repeats "
                         "bit for bit")
     g.add_argument("--max-context", type=positive_int, metavar="N",
-                   help="KV tokens per sequence for the graph engine (default: what fits in "
-                        "80%% of the free GPU memory, up to the model's limit)")
+                   help="tokens per sequence, prompt and output (default: the graph engine "
+                        "holds what fits in 80%% of the free GPU memory, the reference engine "
+                        "the model's limit)")
 
 
 # the terminal chat ends a looping answer after this many tokens of it unless told otherwise:

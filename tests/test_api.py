@@ -894,4 +894,99 @@ def test_sampling_settings_as_chat_keywords_are_refused_not_passed_to_the_templa
                  lambda: tiny_llm.chat_batch([msgs], **kwargs)):
         with pytest.raises(InvalidRequestError) as e:
             call()
-        assert str(e.value).startswith(named) and hint in str(e.value), e.value
+        text = str(e.value).removeprefix("conversations[0]: ")  # chat_batch names its entry
+        assert text.startswith(named) and hint in text, e.value
+
+
+# other runtimes' request options, and template arguments the template never reads: they went
+# to the template as variables, unused, and the answer came as if they were not there (a
+# bad-input trial, 2026-12-07)
+@pytest.mark.parametrize("name, value", [
+    ("frequency_penalty", 2.0), ("presence_penalty", 1.0), ("repetition_penalty", 1.3),
+    ("min_p", 0.1), ("logit_bias", {"5": 10}), ("n", 2),
+    ("response_format", {"type": "json_object"}), ("chat_template", "{{ 'hi' }}"),
+    ("continue_final_message", True), ("reasoning_effort", "low"),
+])
+def test_keywords_the_chat_template_never_reads_are_refused(tiny_llm, name, value):
+    msgs = [{"role": "user", "content": "hi"}]
+    for call in (lambda: tiny_llm.chat(msgs, **{name: value}),
+                 lambda: tiny_llm.stream_chat(msgs, **{name: value}),
+                 lambda: tiny_llm.render(msgs, **{name: value}),
+                 lambda: tiny_llm.chat_batch([msgs], **{name: value})):
+        with pytest.raises(InvalidRequestError) as e:
+            call()
+        text = str(e.value).removeprefix("conversations[0]: ")
+        assert text.startswith(f"{name}: not a variable of this checkpoint's chat template"), text
+        assert "the template reads clear_thinking, enable_thinking" in text and \
+            e.value.field == name, text
+
+
+def test_a_variable_the_template_reads_still_reaches_it(tiny_llm):
+    """clear_thinking (GLM-4.7's: keep earlier turns' reasoning) is read by the template."""
+    msgs = [{"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b", "reasoning_content": "why"},
+            {"role": "user", "content": "c"}]
+    assert "why" not in tiny_llm.render(msgs)
+    assert "why" in tiny_llm.render(msgs, clear_thinking=False)
+
+
+@pytest.mark.parametrize("name, value, said", [
+    ("add_generation_prompt", False, "always ends the prompt with the assistant's turn"),
+    ("markers", [], "set by the API from the tokenizer's added tokens"),
+    ("template", "{{ 1 }}", "tokenizer_config.json holds"),
+])
+def test_names_the_api_sets_itself_are_refused(tiny_llm, name, value, said):
+    """`chat(m, add_generation_prompt=False)` answered from a prompt without the assistant's
+    turn; markers= and template= collided with the renderer's own arguments and came back as
+    a TypeError about an internal function (a bad-input trial, 2026-12-07)."""
+    msgs = [{"role": "user", "content": "hi"}]
+    for call in (lambda: tiny_llm.chat(msgs, **{name: value}),
+                 lambda: tiny_llm.chat_batch([msgs], **{name: value})):
+        with pytest.raises(InvalidRequestError) as e:
+            call()
+        assert str(e.value).removeprefix("conversations[0]: ").startswith(f"{name}: ") \
+            and said in str(e.value), e.value
+
+
+def test_chat_batch_takes_tool_choice_and_refuses_tools_as_a_keyword(tiny_llm):
+    """A bad-input trial (2026-12-07): chat_batch(c, tool_choice=...) and chat_batch(c,
+    tools=[]) raised a bare TypeError. tool_choice now applies to every conversation; tools
+    belong in each (messages, tools) pair."""
+    msgs = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string"}}}}}]
+    with pytest.raises(InvalidRequestError, match=r"^tools: chat_batch\(\) takes each"):
+        tiny_llm.chat_batch([msgs], tools=[])
+    with pytest.raises(InvalidRequestError, match=r"^conversations\[1\]: tool_choice"):
+        tiny_llm.chat_batch([(msgs, tools), (msgs, None)],
+                            tool_choice={"type": "function", "function": {"name": "f"}})
+    short = SamplingParams(max_tokens=3, temperature=0.0)
+    got = tiny_llm.chat_batch([(msgs, tools)], short, tool_choice="none")
+    assert len(got) == 1 and not got[0].tool_calls
+
+
+def test_chat_batch_errors_name_the_conversation(tiny_llm):
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(InvalidRequestError, match=r"^conversations\[2\]: messages\[0\]"):
+        tiny_llm.chat_batch([msgs, msgs, [{"role": "user"}]])
+    with pytest.raises(InvalidRequestError, match=r"^conversations\[0\]: tools: expected a list"):
+        tiny_llm.chat_batch([(msgs, "x")])
+    with pytest.raises(InvalidRequestError, match=r"^conversations\[0\]: .*found null$"):
+        tiny_llm.chat_batch([None])
+
+
+def test_tools_may_be_a_tuple_as_messages_may(tiny_llm):
+    tools = ({"type": "function", "function": {"name": "f"}},)
+    msgs = ({"role": "user", "content": "hi"},)
+    assert "f" in tiny_llm.render(list(msgs), tools)
+    assert tiny_llm.render(msgs, tools) == tiny_llm.render(list(msgs), list(tools))
+
+
+def test_min_tokens_past_the_default_max_tokens_names_where_that_default_comes_from(tiny_llm):
+    """SamplingParams(min_tokens=600) failed with "<= max_tokens (512)", a value the caller
+    never set (a bad-input trial, 2026-12-07)."""
+    default = tiny_llm.generation_config.get("max_new_tokens")
+    p = SamplingParams(min_tokens=(default or 4096) + 1)
+    with pytest.raises(InvalidRequestError, match=r"^min_tokens: .* more than the default "
+                                                  r"max_tokens .*; set max_tokens too"):
+        tiny_llm.generate(["hi"], p)

@@ -658,10 +658,20 @@ def test_stats_prints_the_start_up_report(capsys, tiny_ckpt):
         report["checkpoint_s"], abs=2e-3)
 
 
-def test_max_context_on_the_reference_engine_says_it_is_ignored(capsys, tiny_ckpt):
-    code, _, err = _run(capsys, "generate", tiny_ckpt, "--prompt", "hi", "--max-tokens", 2,
-                        "--device", "cpu", "--max-context", 10)
-    assert code == 0 and "--max-context sizes the graph engine's KV cache" in err
+def test_max_context_caps_a_sequence_on_the_reference_engine_too(capsys, tiny_ckpt):
+    """--max-context is tokens per sequence on either engine (a bad-input trial, 2026-12-07:
+    the reference engine ignored EngineConfig(max_context=...)): a prompt past it is refused
+    naming it, and an answer it cuts says so."""
+    base = ["generate", tiny_ckpt, "--device", "cpu", "--raw", "--temperature", "0"]
+    code, _, err = _run(capsys, *base, "--prompt", "hi " * 20, "--max-context", 10)
+    assert code == 2 and "the context limit is 10 tokens (max_context" in err, err
+    code, out, err = _run(capsys, *base, "--prompt", "hi", "--max-context", 10, "--json",
+                          "--max-tokens", 50)
+    out = json.loads(out)
+    assert code == 0 and out["context_limit"] == 10, err
+    assert out["prompt_tokens"] + len(out["token_ids"]) <= 10
+    if out["finish_reason"] == "length":
+        assert "or raise --max-context" in err, err
 
 
 def test_stop_on_repeat_cuts_the_answer_where_it_starts_to_loop(capsys, tiny_ckpt):

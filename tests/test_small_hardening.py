@@ -230,6 +230,16 @@ def test_a_ref_into_a_list_by_index_resolves():
     ({"properties": {"value": {"pattern": 5}}},
      r"parameters\.properties\.value\.pattern is 5; expected a string"),
     ({"maxProperties": "2"}, r"parameters\.maxProperties is \"2\""),
+    # a bad-input trial (2026-12-07): `items` not a schema, a JSON Pointer escape RFC 6901
+    # does not have ("~2": only ~0 and ~1 exist)
+    ({"properties": {"value": {"type": "array", "items": 5}}},
+     r"parameters\.properties\.value\.items is 5; expected a schema .* or an array of"),
+    ({"properties": {"value": {"type": "array", "items": [{"type": "number"}, 3]}}},
+     r"parameters\.properties\.value\.items is \[\{"),
+    ({"$defs": {"a~2b": {"type": "number"}}, "properties": {"value": {"$ref": "#/$defs/a~2b"}}},
+     r"parameters\.properties\.value\.\$ref is \"#/\$defs/a~2b\"; expected a reference"),
+    ({"$defs": {"a~": {"type": "number"}}, "properties": {"value": {"$ref": "#/$defs/a~"}}},
+     r"parameters\.properties\.value\.\$ref is \"#/\$defs/a~\""),
 ])
 def test_malformed_tool_schemas_are_refused_naming_the_keyword(change, match):
     from flint_graph.chat.tool_schema import tool_schemas
@@ -243,7 +253,9 @@ def test_malformed_tool_schemas_are_refused_naming_the_keyword(change, match):
 
 @pytest.mark.parametrize("constraint", [{"multipleOf": 0.5}, {"minimum": 0, "maximum": 1e9},
                                         {"exclusiveMinimum": True}, {"maxLength": 2.0},
-                                        {"pattern": "(", "format": "uri"}, {"minItems": 0}])
+                                        {"pattern": "(", "format": "uri"}, {"minItems": 0},
+                                        {"items": {"type": "number"}}, {"items": False},
+                                        {"items": [{"type": "number"}, True]}])
 def test_allowed_value_constraints_pass(constraint):
     """Their legal forms: draft 4's boolean exclusiveMinimum, 2.0 as an integer count, and a
     pattern Python's re would not compile (ECMA-262's, the tool's to apply)."""
@@ -646,3 +658,12 @@ def test_marker_files_json_cannot_read_mean_not_complete(tmp_path):
     assert _marker_files(tmp_path) == set()
     assert not is_complete(tmp_path, FlintConfig.preset("tiny"), 0, ("bf16",))
     assert not embedded._complete(tmp_path, "0" * 64)
+
+
+def test_json_pointer_escapes_that_exist_still_resolve():
+    """~0 and ~1 (RFC 6901) keep working beside the refusal of other escapes."""
+    from flint_graph.chat.tool_schema import tool_schemas
+
+    params = {"type": "object", "$defs": {"a/b~c": {"type": "number"}},
+              "properties": {"value": {"$ref": "#/$defs/a~1b~0c"}}}
+    assert tool_schemas([{"type": "function", "function": {"name": "f", "parameters": params}}])

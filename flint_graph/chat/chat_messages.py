@@ -344,6 +344,8 @@ def _check_tool_results(messages: list[dict]) -> None:
 def validate_tools(tools: Any) -> list[dict] | None:
     """Check OpenAI function tools ({"type": "function", "function": {"name", "parameters"?,
     "description"?}}); None or [] mean no tools. Raises InvalidRequestError naming `tools[i]`."""
+    if isinstance(tools, tuple):  # as messages may be (a bad-input trial, 2026-12-07)
+        tools = list(tools)
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):

@@ -34,7 +34,7 @@ from flint_graph.chat.chat_messages import (check_data, check_tool_choice, valid
                                         validate_tools)
 from flint_graph.errors import InvalidRequestError, TemplateError, kind
 from flint_graph.chat.prompt_segments import DataEscaper, Segment
-from flint_graph.chat.template_sandbox import compile_template, render_budgeted
+from flint_graph.chat.template_sandbox import compile_template, render_budgeted, template_variables
 
 __all__ = ["GLM47_CHAT_TEMPLATE", "Segment", "render_chat", "render_chat_segments",
            "validate_messages", "validate_tools"]  # validation lives in chat_messages
@@ -185,6 +185,18 @@ def render_chat_segments(template: str, messages: list[dict], tools: list[dict] 
             raise InvalidRequestError(f"{name}: a name Jinja gives its own meaning in a "
                                       "template; a template variable cannot take it")
         check_data(value, name)
+    names = template_variables(template) if isinstance(template, str) else None
+    unread = sorted(set(kwargs) - names[0]) if names is not None else []
+    if unread:  # it would go nowhere, silently (a bad-input trial, 2026-12-07: other
+        # runtimes' request options, frequency_penalty, n, response_format, chat_template …)
+        own = sorted(names[1] - TEMPLATE_FUNCTIONS - TEMPLATE_RESERVED
+                     - {"messages", "tools", "tool_choice", "add_generation_prompt"})
+        raise InvalidRequestError(
+            f"{', '.join(unread)}: not {'a variable' if len(unread) == 1 else 'variables'} "
+            "of this checkpoint's chat template, so it would have no effect (the template "
+            f"reads {', '.join(own) or 'no other variables'}; sampling settings go in "
+            "SamplingParams; other runtimes' request options such as penalties, n or "
+            "response_format are not supported)", field=unread[0])
     if tool_choice == "none":
         tool_list = None
     if not isinstance(template, str):

@@ -50,7 +50,8 @@ from jinja2.utils import Namespace
 
 from flint_graph.errors import TemplateError
 
-__all__ = ["RENDER_CHARS", "RENDER_SECONDS", "compile_template", "render_budgeted"]
+__all__ = ["RENDER_CHARS", "RENDER_SECONDS", "compile_template", "render_budgeted",
+           "template_variables"]
 
 RENDER_SECONDS = 5.0  # wall time, checked at every call and operator the template evaluates
 RENDER_CALLS = 2_000_000  # calls (functions, macros, filters) and operators
@@ -449,6 +450,24 @@ def _budget_range(*args: int) -> range:
 
 
 @lru_cache(maxsize=8)
+@lru_cache(maxsize=8)
+def template_variables(template: str) -> tuple[frozenset[str], frozenset[str]] | None:
+    """(every name a chat template loads, those of them it never assigns itself), from its
+    syntax tree alone (no code generation, so no constant folding of a hostile template's
+    expressions outside the render budget), or None when it does not parse
+    (`compile_template` then says why). A keyword argument for the template that it never
+    loads would have no effect: the chat API refuses it (`render_chat_segments`)."""
+    try:
+        tree = jinja2.Environment().parse(template)
+    except (jinja2.TemplateSyntaxError, RecursionError, MemoryError):
+        return None
+    loaded, stored = set(), set()
+    for node in tree.find_all(jinja2.nodes.Name):
+        (loaded if node.ctx == "load" else stored).add(node.name)
+    stored.update(m.name for m in tree.find_all(jinja2.nodes.Macro))
+    return frozenset(loaded), frozenset(loaded - stored)
+
+
 def compile_template(template: str) -> jinja2.Template:
     """Compile a chat template (str) in the budgeted sandbox. Raises TemplateError if it does
     not compile (syntax, nesting too deep, too large)."""

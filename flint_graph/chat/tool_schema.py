@@ -245,6 +245,9 @@ def _check_keywords(node: dict, root: Any, where: str, path: str) -> None:
     for key in _ONE_SCHEMA - {"items"}:
         if key in node and not is_schema(node[key]):
             raise fail(key, "a schema (an object or a boolean)")
+    items = node.get("items", True)  # `"items": 5` was accepted (a bad-input trial, 2026-12-07)
+    if not (is_schema(items) or (isinstance(items, list) and all(is_schema(v) for v in items))):
+        raise fail("items", "a schema (an object or a boolean) or an array of schemas")
     # value constraints are the tool's to check (module doc), but a value JSON Schema
     # forbids for one is refused like the rest (a bad-input trial, 2026-12-07: `multipleOf: 0`,
     # `minimum: "x"` and `pattern: 5` were accepted); a pattern is ECMA-262, not compiled here
@@ -402,6 +405,8 @@ def _deref(schema: dict, root: Any) -> Any:
         return None  # remote references are not fetched: not checked
     node = root
     for part in (p for p in unquote(ref[1:]).split("/")[1:]):
+        if "~" in part.replace("~0", "").replace("~1", ""):
+            return None  # "~" escapes only 0 and 1 in a JSON Pointer (RFC 6901): "a~2b" is none
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]

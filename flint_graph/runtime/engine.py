@@ -54,6 +54,9 @@ class Engine:
                  engine: EngineConfig):
         self.cfg = ckpt.cfg
         self.device = device
+        # the reference engine holds its KV as it grows: max_context only caps a sequence
+        # there (a bad-input trial, 2026-12-07: it was ignored off the graph engine)
+        self.max_context = engine.max_context
         apply_cpu_threads(engine, device, ckpt.cfg.hidden_size)
         self.model = ReferenceModel(ckpt.cfg, ckpt.weights, device)
         self.runner, self.fallback_reason = self._graph_runner(ckpt, engine, tokenizer_vocab)
@@ -134,9 +137,12 @@ class Engine:
 
     @property
     def context_limit(self) -> int:
-        """Tokens one sequence may hold (prompt + output): the model's limit, or the graph
-        engine's KV capacity per slot."""
-        return self.runner.context_limit if self.runner else self.cfg.max_position_embeddings
+        """Tokens one sequence may hold (prompt + output): the graph engine's KV capacity per
+        slot, else the model's limit capped by EngineConfig.max_context where set."""
+        if self.runner:
+            return self.runner.context_limit
+        most = self.cfg.max_position_embeddings
+        return most if self.max_context is None else min(most, self.max_context)
 
     @property
     def has_work(self) -> bool:

@@ -45,7 +45,8 @@ class EngineConfig:
     # needed); "reference": the plain PyTorch model; "auto": graph where it can run, else
     # reference (the reason is kept in Engine.fallback_reason).
     engine: str = "auto"
-    max_context: int | None = None  # KV tokens per sequence (graph engine); None = what fits
+    max_context: int | None = None  # tokens per sequence (prompt + output); None: the graph
+    # engine's KV holds what fits in 80% of free GPU memory, the reference engine the model's limit
     prefill: str = "kernel"  # graph engine's prefill path, one of PREFILLS
     # kernel prefill: replay chunks of up to prefill_chunk_tokens (≤ 8192) as CUDA graphs
     # captured at start-up, one per chunk-size bucket (capture/prefill.py GRAPH_BUCKETS)

@@ -56,7 +56,9 @@ class SamplingParams:
     top_p: nucleus mass in (0, 1]; None = the checkpoint default.
     top_k: keep the k most likely tokens, 0 = off; None = the checkpoint default.
     seed: int in [0, 2**63) for reproducible draws; None = the engine picks a fresh one.
-    max_tokens: most tokens to generate (reasoning included), >= 1; None = up to the context.
+    max_tokens: most tokens to generate (reasoning included), >= 1; None = the checkpoint's
+        generation_config.json max_new_tokens (512 for flint-nano), else DEFAULT_MAX_TOKENS
+        (`with_defaults`), and never past the context limit.
     min_tokens: stop token ids are ignored until this many tokens precede them (0..max_tokens).
     stop: stop strings (non-empty); the matched one is not part of the output. A single str is
         taken as one stop string, None as none. Stored as a tuple.
@@ -193,6 +195,13 @@ class SamplingParams:
                            "an integer in [0, 2**63)")
         max_new = _gen_value(gen, "max_new_tokens", DEFAULT_MAX_TOKENS,
                              lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+        if self.max_tokens is None and self.min_tokens > max_new:  # the check in __post_init__
+            # would name a max_tokens the caller never set (a bad-input trial, 2026-12-07)
+            raise InvalidRequestError(
+                f"min_tokens: {self.min_tokens} is more than the default max_tokens "
+                f"({max_new}: generation_config.json max_new_tokens"
+                f"{'' if 'max_new_tokens' in gen else ', absent, so DEFAULT_MAX_TOKENS'}); "
+                "set max_tokens too", field="min_tokens")
         eos = _gen_value(gen, "eos_token_id", [], _is_id_list, "a token id or a list of ids")
         eos = [eos] if _is_int(eos) else list(eos)
         ids = list(self.stop_token_ids or ())
