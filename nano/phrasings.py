@@ -169,7 +169,14 @@ WEATHER = {
               # pack a coat for Hanoi …" in 3 of 30 phr-multi cases)
               "Should I bring an umbrella to {city} {when}?",
               "Should I take a sweater to {city} {when}?", "Do I need a coat in {city} {when}?",
-              "Should I wear shorts in {city} {when}?"],
+              "Should I wear shorts in {city} {when}?",
+              # "Should I pack …" with other things packed (thirty-sixth session: step 11306
+              # refused the held-out "Should I pack a coat for Cusco this week?" in phr-tools
+              # and phr-multi); never the held-out "a coat for"
+              "Should I pack sunscreen for {city} {when}?",
+              "Should I pack a scarf for {city} {when}?",
+              "Should I pack boots for my trip to {city} {when}?",
+              "Should I pack warm clothes for {city} {when}?"],
     "heldout": ["What's the weather like in {city} {when}?", "Will it snow in {city} {when}?",
                 "Should I pack a coat for {city} {when}?", "Is it warm in {city} {when}?",
                 "Could you see what the weather does in {city} {when}?"],
