@@ -593,6 +593,14 @@ class Prefill:
         # (`prefill(snapshot_at=)`); -1: none (a graph replay reads it like _start)
         self._snap_at = torch.full((1,), -1, dtype=torch.int64, device=dev)
         self._pages = torch.zeros(kv.pages_per_slot, dtype=torch.int32, device=dev)
+        # every slot's page table on the device, so choosing a slot is a device copy: a copy
+        # from pageable host memory syncs the stream first, so the host waited there for all
+        # work queued before the prefill (decode steps in flight too)
+        self._page_tables = torch.stack([kv.page_table(s) for s in range(kv.num_slots)]).to(dev)
+        # prompt ids reach the device through this pinned buffer, for the same reason
+        # (`_ids_to_device`); _stage_done: the copy out of it last issued
+        self._stage: torch.Tensor | None = None
+        self._stage_done: torch.cuda.Event | None = None
         self._rows = torch.arange(max(GRAPH_BUCKETS), device=dev)
         self._h_last = torch.zeros(1, cfg.hidden_size, dtype=BF16, device=dev)
         self._start_host = 0  # the same start for the host-side gathers of "sdpa"/"reference"
@@ -931,7 +939,7 @@ class Prefill:
             raise ContextLengthError(f"prompt: {start} cached + {t} new tokens exceed the "
                                      f"KV cache's {cap} tokens per slot")
         lo, hi = torch.stack(list(torch.aminmax(tokens))).tolist()  # one transfer for both
-        tokens = tokens.to(self.device, torch.int64)
+        tokens = self._ids_to_device(tokens)
         if lo < 0 or hi >= self.cfg.vocab_size:
             raise InvalidRequestError(f"prompt: ids span [{lo}, {hi}]; expected [0, vocab_size "
                                       f"= {self.cfg.vocab_size})")
@@ -1014,7 +1022,25 @@ class Prefill:
 
     def _set_slot(self, slot: int) -> None:
         self._slot.fill_(slot)
-        self._pages.copy_(self.kv.page_table(slot))
+        self._pages.copy_(self._page_tables[slot])
+
+    def _ids_to_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Prompt ids int [T] as int64 [T] on the device. From host memory on CUDA they go
+        through a pinned buffer and an asynchronous copy: a copy from pageable memory syncs
+        the stream first, stalling the host until every step queued before it has run."""
+        if tokens.device == self.device or self.device.type != "cuda":
+            return tokens.to(self.device, torch.int64)
+        n = tokens.numel()
+        if self._stage is None or self._stage.numel() < n:
+            self._stage = torch.empty(max(n, 4096), dtype=torch.int64, pin_memory=True)
+            self._stage_done = None
+        if self._stage_done is not None:
+            self._stage_done.synchronize()  # the last copy out of the buffer has run
+        self._stage[:n].copy_(tokens)
+        out = self._stage[:n].to(self.device, non_blocking=True)
+        self._stage_done = torch.cuda.Event()
+        self._stage_done.record()
+        return out
 
     def _body(self, ids: torch.Tensor) -> None:
         """Every layer for ids int64 [Tb] (rows ≥ valid are padding), then the final norm of
