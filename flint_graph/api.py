@@ -412,7 +412,17 @@ class LLM:
         if not conversations:  # as generate([]): an empty batch is a caller's slip
             raise InvalidRequestError("conversations: expected at least one conversation, got "
                                       "an empty list")
+        # what every conversation shares is checked once, so its error names no entry (a
+        # re-trial, 2026-12-07: `chat_batch([c], n=2)` was blamed on conversations[0])
         _check_api_names(template_kwargs)  # before the calls below, where tools= collides
+        self._sampling(params)
+        if not isinstance(enable_thinking, bool):
+            raise InvalidRequestError(f"enable_thinking: expected a bool, found "
+                                      f"{kind(enable_thinking)}", field="enable_thinking")
+        if template_kwargs:
+            self._render_segments([{"role": "user", "content": "x"}], None,
+                                  enable_thinking=enable_thinking, tool_choice=None,
+                                  **template_kwargs)
         reqs = []
         for i, c in enumerate(conversations):
             try:
@@ -430,6 +440,8 @@ class LLM:
 
     def _chat_request(self, messages, tools, params, *, enable_thinking: bool,
                       tool_choice: str | None, **template_kwargs: Any) -> Request:
+        if isinstance(tools, tuple):  # as messages may be (a re-trial, 2026-12-07)
+            tools = list(tools)
         segments = self._render_segments(messages, tools, enable_thinking=enable_thinking,
                                          tool_choice=tool_choice, **template_kwargs)
         # With tools, a call to an undeclared one is reported and left visible as content.
@@ -581,12 +593,18 @@ class LLM:
                 f"prompt: token id {bad[0]} outside [0, vocab_size = {self.cfg.vocab_size})")
         return list(prompt)
 
-    def _request(self, prompt_ids: list[int], params: SamplingParams | None,
-                 parser: OutputParser | None, what=lambda: "prompt") -> Request:
+    def _sampling(self, params: SamplingParams | None) -> SamplingParams:
+        """`params` with the checkpoint's defaults filled in (SamplingParams.with_defaults).
+        Raises InvalidRequestError for params that are not SamplingParams, or whose
+        min_tokens passes the default max_tokens."""
         if params is not None and not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"params: expected SamplingParams, found "
                                       f"{type(params).__name__}")
-        params = (params or SamplingParams()).with_defaults(self.generation_config)
+        return (params or SamplingParams()).with_defaults(self.generation_config)
+
+    def _request(self, prompt_ids: list[int], params: SamplingParams | None,
+                 parser: OutputParser | None, what=lambda: "prompt") -> Request:
+        params = self._sampling(params)
         limit = self.engine.context_limit
         if len(prompt_ids) >= limit:  # `what` names the prompt (its tool definitions' share)
             raise self._too_many_tokens(TooManyTokens(len(prompt_ids), None, None, exact=True),

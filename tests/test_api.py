@@ -906,6 +906,8 @@ def test_sampling_settings_as_chat_keywords_are_refused_not_passed_to_the_templa
     ("min_p", 0.1), ("logit_bias", {"5": 10}), ("n", 2),
     ("response_format", {"type": "json_object"}), ("chat_template", "{{ 'hi' }}"),
     ("continue_final_message", True), ("reasoning_effort", "low"),
+    # names the template sets itself (a re-trial, 2026-12-07: accepted, no effect)
+    ("keep_reasoning", True), ("ns", 1), ("m", {}), ("content", "x"), ("reasoning", "x"),
 ])
 def test_keywords_the_chat_template_never_reads_are_refused(tiny_llm, name, value):
     msgs = [{"role": "user", "content": "hi"}]
@@ -916,9 +918,45 @@ def test_keywords_the_chat_template_never_reads_are_refused(tiny_llm, name, valu
         with pytest.raises(InvalidRequestError) as e:
             call()
         text = str(e.value).removeprefix("conversations[0]: ")
-        assert text.startswith(f"{name}: not a variable of this checkpoint's chat template"), text
-        assert "the template reads clear_thinking, enable_thinking" in text and \
+        assert text.startswith(f"{name}: not a variable this checkpoint's chat template "
+                               "reads from its caller"), text
+        assert "(it reads clear_thinking, enable_thinking;" in text and \
             e.value.field == name, text
+
+
+def test_the_variables_a_template_reads_come_from_its_syntax_tree_in_run_order():
+    """`template_variables`: a name loaded before anything assigns it (a set's value before
+    its target, a loop's iterable before its variable, a macro's defaults before its
+    arguments); odd or many names are shown shortened in the refusal."""
+    from flint_graph.chat.chat_template import render_chat
+    from flint_graph.chat.template_sandbox import template_variables
+
+    t = ("{% set x = x if x is defined else 1 %}{{ x }}{% set y = 2 %}{{ y }}"
+         "{% for m in messages %}{{ m.content }}{{ loop.index }}{% endfor %}"
+         "{% macro f(a, b=c) %}{{ a }}{% endmacro %}{{ f(1) }}{{ g }}")
+    assert template_variables(t) == {"x", "messages", "loop", "c", "g"}
+    assert template_variables("{% if %}") is None  # compile_template says why
+    msgs = [{"role": "user", "content": "hi"}]
+    assert render_chat(t, msgs, x=5, c=1, g="!") == "52hi1" + "1!"
+    with pytest.raises(InvalidRequestError, match=r"^y: not a variable"):
+        render_chat(t, msgs, y=3)
+    with pytest.raises(InvalidRequestError, match=r'^"", "a-b": not variables .* so they'):
+        render_chat(t, msgs, **{"": 1, "a-b": 2})
+    with pytest.raises(InvalidRequestError, match=r'^"zzzz.{30,40}…: not a variable'):
+        render_chat(t, msgs, **{"z" * 100_000: 1})
+
+
+def test_chat_batch_names_no_entry_for_what_every_conversation_shares(tiny_llm):
+    """A re-trial (2026-12-07): `chat_batch([c], n=2)`, `params=5`, `enable_thinking="no"`
+    and a min_tokens past the default max_tokens were blamed on conversations[0]."""
+    msgs = [{"role": "user", "content": "hi"}]
+    for kwargs, start in (({"n": 2}, "n: not a variable"),
+                          ({"params": 5}, "params: expected SamplingParams"),
+                          ({"enable_thinking": "no"}, "enable_thinking: expected a bool"),
+                          ({"params": SamplingParams(min_tokens=10**6)}, "min_tokens: ")):
+        with pytest.raises(InvalidRequestError) as e:
+            tiny_llm.chat_batch([msgs, msgs], **kwargs)
+        assert str(e.value).startswith(start), e.value
 
 
 def test_a_variable_the_template_reads_still_reaches_it(tiny_llm):
@@ -980,6 +1018,9 @@ def test_tools_may_be_a_tuple_as_messages_may(tiny_llm):
     msgs = ({"role": "user", "content": "hi"},)
     assert "f" in tiny_llm.render(list(msgs), tools)
     assert tiny_llm.render(msgs, tools) == tiny_llm.render(list(msgs), list(tools))
+    short = SamplingParams(max_tokens=2, temperature=0.0)  # chat's parser takes them too
+    assert tiny_llm.chat(msgs, tools, short).finish_reason in ("length", "stop", "tool_calls")
+    assert len(tiny_llm.chat_batch([(msgs, tools)], short)) == 1
 
 
 def test_min_tokens_past_the_default_max_tokens_names_where_that_default_comes_from(tiny_llm):

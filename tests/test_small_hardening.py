@@ -238,6 +238,10 @@ def test_a_ref_into_a_list_by_index_resolves():
      r"parameters\.properties\.value\.items is \[\{"),
     ({"$defs": {"a~2b": {"type": "number"}}, "properties": {"value": {"$ref": "#/$defs/a~2b"}}},
      r"parameters\.properties\.value\.\$ref is \"#/\$defs/a~2b\"; expected a reference"),
+    ({"properties": {"value": {"type": "array", "prefixItems": 3}}},
+     r"parameters\.properties\.value\.prefixItems is 3; expected a non-empty array"),
+    ({"properties": {"value": {"type": "array", "prefixItems": [3]}}},
+     r"parameters\.properties\.value\.prefixItems is \[3\]"),
     ({"$defs": {"a~": {"type": "number"}}, "properties": {"value": {"$ref": "#/$defs/a~"}}},
      r"parameters\.properties\.value\.\$ref is \"#/\$defs/a~\""),
 ])

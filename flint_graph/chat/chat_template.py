@@ -32,7 +32,7 @@ import jinja2
 
 from flint_graph.chat.chat_messages import (check_data, check_tool_choice, validate_messages,
                                         validate_tools)
-from flint_graph.errors import InvalidRequestError, TemplateError, kind
+from flint_graph.errors import InvalidRequestError, TemplateError, kind, shown
 from flint_graph.chat.prompt_segments import DataEscaper, Segment
 from flint_graph.chat.template_sandbox import compile_template, render_budgeted, template_variables
 
@@ -185,17 +185,22 @@ def render_chat_segments(template: str, messages: list[dict], tools: list[dict] 
             raise InvalidRequestError(f"{name}: a name Jinja gives its own meaning in a "
                                       "template; a template variable cannot take it")
         check_data(value, name)
-    names = template_variables(template) if isinstance(template, str) else None
-    unread = sorted(set(kwargs) - names[0]) if names is not None else []
+    free = template_variables(template) if isinstance(template, str) else None
+    unread = sorted(set(kwargs) - free) if free is not None else []
     if unread:  # it would go nowhere, silently (a bad-input trial, 2026-12-07: other
-        # runtimes' request options, frequency_penalty, n, response_format, chat_template …)
-        own = sorted(names[1] - TEMPLATE_FUNCTIONS - TEMPLATE_RESERVED
+        # runtimes' request options, frequency_penalty, n, response_format, chat_template …,
+        # and names the template sets itself, keep_reasoning)
+        own = sorted(free - TEMPLATE_FUNCTIONS - TEMPLATE_RESERVED
                      - {"messages", "tools", "tool_choice", "add_generation_prompt"})
+        one = len(unread) == 1
+        names = ", ".join(n if n.isidentifier() and len(n) <= 40 else shown(n, 40)
+                          for n in unread[:5]) + (f" and {len(unread) - 5} more"
+                                                  if len(unread) > 5 else "")
         raise InvalidRequestError(
-            f"{', '.join(unread)}: not {'a variable' if len(unread) == 1 else 'variables'} "
-            "of this checkpoint's chat template, so it would have no effect (the template "
-            f"reads {', '.join(own) or 'no other variables'}; sampling settings go in "
-            "SamplingParams; other runtimes' request options such as penalties, n or "
+            f"{names}: not {'a variable' if one else 'variables'} this checkpoint's chat "
+            f"template reads from its caller, so {'it' if one else 'they'} would have no "
+            f"effect (it reads {', '.join(own) or 'no other variables'}; sampling settings go "
+            "in SamplingParams; other runtimes' request options such as penalties, n or "
             "response_format are not supported)", field=unread[0])
     if tool_choice == "none":
         tool_list = None

@@ -450,24 +450,63 @@ def _budget_range(*args: int) -> range:
 
 
 @lru_cache(maxsize=8)
-@lru_cache(maxsize=8)
-def template_variables(template: str) -> tuple[frozenset[str], frozenset[str]] | None:
-    """(every name a chat template loads, those of them it never assigns itself), from its
-    syntax tree alone (no code generation, so no constant folding of a hostile template's
-    expressions outside the render budget), or None when it does not parse
-    (`compile_template` then says why). A keyword argument for the template that it never
-    loads would have no effect: the chat API refuses it (`render_chat_segments`)."""
+def template_variables(template: str) -> frozenset[str] | None:
+    """The names a chat template reads from its caller: loaded before anything in the
+    template assigns them (a `set`, a loop or macro variable, a macro's name), walking its
+    syntax tree in the order it runs (a `set`'s value before its target, a loop's iterable
+    before its variable). From the tree alone: no code generation, so a hostile template's
+    expressions are not folded outside the render budget. None when it does not parse
+    (`compile_template` then says why). A keyword argument for the template that is not one
+    of these would have no effect: the chat API refuses it (`render_chat_segments`). Scopes
+    are not tracked, so a name assigned in one loop counts as assigned after it too."""
+    nodes = jinja2.nodes
     try:
         tree = jinja2.Environment().parse(template)
     except (jinja2.TemplateSyntaxError, RecursionError, MemoryError):
         return None
-    loaded, stored = set(), set()
-    for node in tree.find_all(jinja2.nodes.Name):
-        (loaded if node.ctx == "load" else stored).add(node.name)
-    stored.update(m.name for m in tree.find_all(jinja2.nodes.Macro))
-    return frozenset(loaded), frozenset(loaded - stored)
+    assigned: set[str] = set()
+    free: set[str] = set()
+
+    def visit(node) -> None:
+        if isinstance(node, list):
+            for n in node:
+                visit(n)
+            return
+        if not isinstance(node, nodes.Node):
+            return
+        if isinstance(node, nodes.Name):
+            if node.ctx == "load":
+                if node.name not in assigned:
+                    free.add(node.name)
+            else:  # store, param
+                assigned.add(node.name)
+            return
+        if isinstance(node, nodes.Assign):
+            order = [node.node, node.target]
+        elif isinstance(node, nodes.AssignBlock):
+            order = [node.body, node.filter, node.target]
+        elif isinstance(node, nodes.For):
+            order = [node.iter, node.target, node.test, node.body, node.else_]
+        elif isinstance(node, nodes.With):
+            order = [node.values, node.targets, node.body]
+        elif isinstance(node, (nodes.Macro, nodes.CallBlock)):
+            if isinstance(node, nodes.Macro):
+                assigned.add(node.name)
+            order = [node.defaults, node.args, node.body] + (
+                [node.call] if isinstance(node, nodes.CallBlock) else [])
+        else:
+            order = list(node.iter_child_nodes())
+        for child in order:
+            visit(child)
+
+    try:
+        visit(tree.body)
+    except RecursionError:
+        return None
+    return frozenset(free)
 
 
+@lru_cache(maxsize=8)
 def compile_template(template: str) -> jinja2.Template:
     """Compile a chat template (str) in the budgeted sandbox. Raises TemplateError if it does
     not compile (syntax, nesting too deep, too large)."""

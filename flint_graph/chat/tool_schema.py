@@ -245,6 +245,9 @@ def _check_keywords(node: dict, root: Any, where: str, path: str) -> None:
     for key in _ONE_SCHEMA - {"items"}:
         if key in node and not is_schema(node[key]):
             raise fail(key, "a schema (an object or a boolean)")
+    if "prefixItems" in node and not (isinstance(node["prefixItems"], list) and node["prefixItems"]
+                                      and all(is_schema(v) for v in node["prefixItems"])):
+        raise fail("prefixItems", "a non-empty array of schemas")  # a re-trial, 2026-12-07
     items = node.get("items", True)  # `"items": 5` was accepted (a bad-input trial, 2026-12-07)
     if not (is_schema(items) or (isinstance(items, list) and all(is_schema(v) for v in items))):
         raise fail("items", "a schema (an object or a boolean) or an array of schemas")
