@@ -107,9 +107,12 @@ def gap_boundaries(trace: dict, top: int = 5) -> list[dict]:
     """Where the step's uncovered time lies: each stretch no kernel covers, charged to the
     boundary it sits on (the family of the kernel that ended last before it → the family of
     the kernel that starts it), summed per boundary, the `top` largest: [{"before", "after",
-    "count", "us", "share"}] (µs; share of the step). Needs each kernel's raw start and
-    duration (launch_us, span_us; start_us / us where absent). Why: a 512-token prefill had
-    10% of its time in 490 gaps and no way to tell which launches left them (thirty-fifth
+    "count", "us", "share", "largest_us", "at_us"}] (µs; share of the step; the boundary's
+    largest stretch and where it starts, from the first kernel's start). Needs each kernel's
+    raw start and duration (launch_us, span_us; start_us / us where absent). Why: a 512-token
+    prefill had 10% of its time in 490 gaps and no way to tell which launches left them
+    (thirty-fifth session); then one stretch of 749 µs before its graph's first kernel (the
+    launch, under the profiler) made most of that, which a sum per boundary hid (thirty-sixth
     session)."""
     ks = trace.get("kernels") or []
     step = trace.get("step_us") or 0.0
@@ -117,15 +120,19 @@ def gap_boundaries(trace: dict, top: int = 5) -> list[dict]:
                     k.get("span_us", k.get("us") or 0.0), family(k.get("name"))) for k in ks)
     totals: dict[tuple[str, str], list[float]] = {}
     done, last = None, None
+    first = spans[0][0] if spans else 0.0
     for start, dur, fam in spans:
         if done is not None and start > done:
-            t = totals.setdefault((last, fam), [0, 0.0])
+            t = totals.setdefault((last, fam), [0, 0.0, 0.0, 0.0])
             t[0] += 1
             t[1] += start - done
+            if start - done > t[2]:
+                t[2], t[3] = start - done, done - first
         if done is None or start + dur > done:
             done, last = start + dur, fam
-    rows = [{"before": b, "after": a, "count": n, "us": us, "share": _share(us, step)}
-            for (b, a), (n, us) in totals.items()]
+    rows = [{"before": b, "after": a, "count": n, "us": us, "share": _share(us, step),
+             "largest_us": big, "at_us": at}
+            for (b, a), (n, us, big, at) in totals.items()]
     return sorted(rows, key=lambda r: -r["us"])[:top]
 
 
@@ -238,11 +245,16 @@ def print_trace(trace: dict, console, top: int = TOP_KERNELS) -> None:
     if gaps:
         console.print(rich_table(
             "where the gap is: the largest boundaries", ("kernel before", "kernel after",
-                                                          "count", "µs", "share %"),
+                                                          "count", "µs", "share %",
+                                                          "largest µs", "at µs"),
             [[g["before"], g["after"], str(g["count"]), f"{g['us']:.1f}",
-              "-" if g["share"] is None else f"{100 * g['share']:.1f}"] for g in gaps],
+              "-" if g["share"] is None else f"{100 * g['share']:.1f}",
+              f"{g['largest_us']:.1f}", f"{g['at_us']:.1f}"] for g in gaps],
             "each stretch no kernel covers, charged to the kernels on either side of it (by "
-            "family: our kernels by name, cuBLAS, torch's by template), summed per pair", left=2))
+            "family: our kernels by name, cuBLAS, torch's by template), summed per pair; "
+            "largest: the pair's longest stretch, at: where it starts (from the step's first "
+            "kernel). A trace runs under the profiler, which slows a graph's launch: a long "
+            "stretch at the start of a graph replay is mostly that", left=2))
     slow = _kernel_grid(trace, top)
     console.print(rich_table(f"the {len(slow)} slowest kernels", KERNEL_COLS, slow,
                              "start µs: from the step's first kernel start; % BW = bytes / µs "

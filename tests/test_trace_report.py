@@ -96,6 +96,8 @@ def test_gap_boundaries_charge_each_hole_to_the_kernels_around_it():
         ("embedding", "qkv_gemv"): (1, 5.0), ("qkv_gemv", "attn_decode"): (1, 5.0),
         ("attn_decode", "lm_head"): (1, 5.0)}
     assert all(r["share"] == pytest.approx(0.05) for r in rows)
+    assert {(r["before"], r["largest_us"], r["at_us"]) for r in rows} == {
+        ("embedding", 5.0, 10.0), ("qkv_gemv", 5.0, 45.0), ("attn_decode", 5.0, 70.0)}
     assert [(r["before"], r["after"], r["count"], r["us"]) for r in
             tr.gap_boundaries(pdl_trace())] == [("o_gemv", "residual_add", 1, 5.0)]
     assert tr.gap_boundaries(_trace(10.0, [])) == []
