@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from flint_graph.chat.chat_template import Segment, render_chat_segments
+from flint_graph.chat.chat_template import Segment, check_template_kwargs, render_chat_segments
 from flint_graph.chat.generated_ids import splice_generated
 from flint_graph.checkpoints.checkpoint import LoadedCheckpoint, load_checkpoint
 from flint_graph.runtime.engine import Engine
@@ -318,13 +318,10 @@ class LLM:
             messages, tools, enable_thinking=enable_thinking, tool_choice=tool_choice,
             **template_kwargs))
 
-    def _render_segments(self, messages: list[dict[str, Any]], tools: list[dict] | None, *,
-                         enable_thinking: bool, tool_choice: str | None,
-                         **template_kwargs: Any) -> list[Segment]:
-        # The prompt as scaffolding / data segments: control-token text inside messages and
-        # tools is data, encoded as ordinary text (prompt_segments).
-        if isinstance(messages, list) and not messages:  # other types: validate_messages
-            raise InvalidRequestError("messages: expected at least one message, got none")
+    def _check_template_kwargs(self, template_kwargs: dict[str, Any]) -> None:
+        """Raise InvalidRequestError for a keyword argument of chat() and its kin that is a
+        sampling setting, a name the API sets itself (`_API_SET`) or one the checkpoint's chat
+        template would not take (`check_template_kwargs`)."""
         sampling = sorted(k for k in template_kwargs if k in _SAMPLING_FIELDS
                           or k in _SAMPLING_ALIASES)
         if sampling:  # `chat(msgs, max_tokens=3)` went to the template, silently unused (a
@@ -337,6 +334,16 @@ class LLM:
                 "params=SamplingParams(" + ", ".join(f"{k}=..." if k else "..." for k in fields)
                 + ")")
         _check_api_names(template_kwargs)
+        check_template_kwargs(self.tokenizer.chat_template, template_kwargs)
+
+    def _render_segments(self, messages: list[dict[str, Any]], tools: list[dict] | None, *,
+                         enable_thinking: bool, tool_choice: str | None,
+                         **template_kwargs: Any) -> list[Segment]:
+        # The prompt as scaffolding / data segments: control-token text inside messages and
+        # tools is data, encoded as ordinary text (prompt_segments).
+        if isinstance(messages, list) and not messages:  # other types: validate_messages
+            raise InvalidRequestError("messages: expected at least one message, got none")
+        self._check_template_kwargs(template_kwargs)
         self._check_prompt_size(_message_text(messages))  # before templating a huge one
         source = (self.tokenizer.template_file
                   or self.checkpoint.config_dir / "tokenizer_config.json")
@@ -414,15 +421,11 @@ class LLM:
                                       "an empty list")
         # what every conversation shares is checked once, so its error names no entry (a
         # re-trial, 2026-12-07: `chat_batch([c], n=2)` was blamed on conversations[0])
-        _check_api_names(template_kwargs)  # before the calls below, where tools= collides
         self._sampling(params)
         if not isinstance(enable_thinking, bool):
             raise InvalidRequestError(f"enable_thinking: expected a bool, found "
                                       f"{kind(enable_thinking)}", field="enable_thinking")
-        if template_kwargs:
-            self._render_segments([{"role": "user", "content": "x"}], None,
-                                  enable_thinking=enable_thinking, tool_choice=None,
-                                  **template_kwargs)
+        self._check_template_kwargs(template_kwargs)
         reqs = []
         for i, c in enumerate(conversations):
             try:

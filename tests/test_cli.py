@@ -670,8 +670,7 @@ def test_max_context_caps_a_sequence_on_the_reference_engine_too(capsys, tiny_ck
     out = json.loads(out)
     assert code == 0 and out["context_limit"] == 10, err
     assert out["prompt_tokens"] + len(out["token_ids"]) <= 10
-    if out["finish_reason"] == "length":
-        assert "or raise --max-context" in err, err
+    assert out["finish_reason"] == "length" and "or raise --max-context" in err, err
 
 
 def test_stop_on_repeat_cuts_the_answer_where_it_starts_to_loop(capsys, tiny_ckpt):

@@ -36,7 +36,8 @@ from flint_graph.errors import InvalidRequestError, TemplateError, kind, shown
 from flint_graph.chat.prompt_segments import DataEscaper, Segment
 from flint_graph.chat.template_sandbox import compile_template, render_budgeted, template_variables
 
-__all__ = ["GLM47_CHAT_TEMPLATE", "Segment", "render_chat", "render_chat_segments",
+__all__ = ["GLM47_CHAT_TEMPLATE", "Segment", "check_template_kwargs", "render_chat",
+           "render_chat_segments",
            "validate_messages", "validate_tools"]  # validation lives in chat_messages
 
 # what the sandbox gives every template (template_sandbox.compile_template, and Jinja's own)
@@ -158,25 +159,11 @@ def render_chat(template: str, messages: list[dict], tools: list[dict] | None = 
     return "".join(s.text for s in segments)
 
 
-def render_chat_segments(template: str, messages: list[dict], tools: list[dict] | None = None,
-                         *, markers: Iterable[str], add_generation_prompt: bool = True,
-                         enable_thinking: bool = True, tool_choice: str | dict | None = None,
-                         **kwargs: Any) -> list[Segment]:  # fmt: skip
-    """Like `render_chat`, but the prompt comes back as `Segment`s that keep the caller's data
-    apart from the template's scaffolding (`prompt_segments` says which is which and how).
-
-    `markers`: the text of every added token of the tokenizer that will encode the prompt
-    (`FlintTokenizer.added_tokens`); inside data they are encoded as ordinary text. Joined,
-    the segments' text is the prompt. Raises as `render_chat`.
-    """
-    for flag, value in (("add_generation_prompt", add_generation_prompt),
-                        ("enable_thinking", enable_thinking),
-                        ("clear_thinking", kwargs.get("clear_thinking", True))):  # fmt: skip
-        if not isinstance(value, bool):
-            raise InvalidRequestError(f"{flag}: expected a bool, found {kind(value)}")
-    msgs = validate_messages(messages)
-    tool_list = validate_tools(tools)
-    check_tool_choice(tool_choice, tool_list)
+def check_template_kwargs(template: Any, kwargs: dict[str, Any]) -> None:
+    """Raise InvalidRequestError for a keyword argument `render_chat` would hand `template` as
+    a variable and should not: one of the template's own functions or a name Jinja reserves,
+    a value that is not data (`check_data`), or a name the template never reads from its
+    caller (`template_variables`; it would have no effect)."""
     for name, value in kwargs.items():  # template variables are data too
         if name in TEMPLATE_FUNCTIONS:  # `raise_exception=1` replaced the template's own
             raise InvalidRequestError(f"{name}: the chat template's own function; a template "
@@ -202,6 +189,28 @@ def render_chat_segments(template: str, messages: list[dict], tools: list[dict] 
             f"effect (it reads {', '.join(own) or 'no other variables'}; sampling settings go "
             "in SamplingParams; other runtimes' request options such as penalties, n or "
             "response_format are not supported)", field=unread[0])
+
+
+def render_chat_segments(template: str, messages: list[dict], tools: list[dict] | None = None,
+                         *, markers: Iterable[str], add_generation_prompt: bool = True,
+                         enable_thinking: bool = True, tool_choice: str | dict | None = None,
+                         **kwargs: Any) -> list[Segment]:  # fmt: skip
+    """Like `render_chat`, but the prompt comes back as `Segment`s that keep the caller's data
+    apart from the template's scaffolding (`prompt_segments` says which is which and how).
+
+    `markers`: the text of every added token of the tokenizer that will encode the prompt
+    (`FlintTokenizer.added_tokens`); inside data they are encoded as ordinary text. Joined,
+    the segments' text is the prompt. Raises as `render_chat`.
+    """
+    for flag, value in (("add_generation_prompt", add_generation_prompt),
+                        ("enable_thinking", enable_thinking),
+                        ("clear_thinking", kwargs.get("clear_thinking", True))):  # fmt: skip
+        if not isinstance(value, bool):
+            raise InvalidRequestError(f"{flag}: expected a bool, found {kind(value)}")
+    msgs = validate_messages(messages)
+    tool_list = validate_tools(tools)
+    check_tool_choice(tool_choice, tool_list)
+    check_template_kwargs(template, kwargs)
     if tool_choice == "none":
         tool_list = None
     if not isinstance(template, str):
