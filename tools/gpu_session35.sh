@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The thirty-fifth session's queue for the next device calls (docs/device-queue.md item 0; one
 # script, files under $OUT, at most eight of them; issues 21, 22, 24). PARTS picks, in order:
+#   start      the prefill's start without pageable copies (thirty-sixth session): its
+#              full-preset NVFP4 graph test, then 512 tokens timed (start.txt);
 #   gaps       flint-graph trace --prefill 512 (NVFP4): the "where the gap is" table, the
 #              boundaries that leave the prefill's uncovered time (gaps.txt);
 #   bench      flint-graph bench: TTFT of 25 tokens and the 512 / 8K prefills in both formats
@@ -12,12 +14,21 @@
 #   tests      every prefill GPU test (tests-prefill.log; ~6 min on an H100), then the
 #              decode norm's and the reuse tests (tests-other.log) with what time is left.
 # Default PARTS="gaps bench long reuse pd" (~8 min); PARTS=tests in a call of its own.
-# Device run: carry [".whl", ".kcache"], command: PARTS="..." bash tools/gpu_session35.sh
+# Device run: carry [".whl", ".nano-run/kmodel"] with FLINT_GRAPH_CACHE=$PWD/.nano-run/kmodel
+# (the tree with .kcache is over 64 MiB), or [".whl", ".kcache"]; command:
+# PARTS="..." bash tools/gpu_session35.sh
 set -uo pipefail
 . tools/device_setup.sh  # also start, deadline (570 s) and left
 nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 parts=" ${PARTS:-gaps bench long reuse pd} "
 has() { [[ $parts == *" $1 "* ]]; }
+if has start; then
+  gpu_tests start-test.log 100 tests/test_prefill_gpu.py \
+    -k "prefill_matches_reference and full and nvfp4 and graphs"
+  timeout "$(left 120)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
+    --tokens 512 --reps 15 --kernel-tokens= > "$OUT/start.txt" 2>&1
+  echo "start: exit $?"; tail -8 "$OUT/start.txt"
+fi
 if has gaps; then
   timeout "$(left 120)" flint-graph trace --preset full --prefill 512 --no-progress --top 10 \
     > "$OUT/gaps.txt" 2>&1
