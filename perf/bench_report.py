@@ -29,6 +29,8 @@ from flint_graph.errors import InvalidRequestError, shown
 RESULT_MAX_BYTES = 256 << 20  # a bench or trace JSON is a few MB; a device or 1 GB file is refused
 
 SCHEMA, VERSIONS = "flint-graph-bench", (1,)
+# How a markdown report begins: `bench --markdown` replaces only a file that begins so
+MARKDOWN_HEAD = "**flint-graph bench** — "
 BASELINES = ("reference", "compiled")  # what the graph engine is timed against, in column order
 SHORT = {"reference": "ref", "compiled": "comp"}
 DECODE_FIELDS = ("median_ms", "p90_ms", "tokens_per_s", "fraction")
@@ -298,7 +300,7 @@ def summary_table(result: dict) -> Table:
 def markdown(result: dict) -> str:
     """The two tables as markdown (docs/perf-log.md, $OUT/bench.md), headed by one line with
     machine, git rev, config hash and date; then what did not run."""
-    out = [f"**flint-graph bench** — {header_line(result)}", "",
+    out = [f"{MARKDOWN_HEAD}{header_line(result)}", "",
            f"`{result.get('command') or '-'}`", ""]
     out += [*md_table(*_decode_grid(result)), "", _decode_caption(result), ""]
     out += [*md_table(*_summary_grid(result)), "", SUMMARY_CAPTION]

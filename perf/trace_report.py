@@ -33,6 +33,8 @@ COLOURS = {"embedding": "#8c564b", "attention": "#1f77b4", "gemv": "#ff7f0e", "g
            "moe": "#2ca02c",
            "norm": "#9467bd", "lm_head": "#d62728", "sampling": "#e377c2", "other": "#7f7f7f",
            "gap": "#d0d0d0", "floor": "#303030"}
+# How an HTML plot begins: `trace --html` replaces only a file that begins so
+HTML_HEAD = '<!DOCTYPE html>\n<html><head><meta charset="utf-8">\n<title>flint-graph trace: '
 CHROME_KEYS = ("traceEvents", "displayTimeUnit", "metadata")
 KIND_COLS = ["kind", "count", "µs", "share %", "MB", "floor µs", "% BW"]
 KERNEL_COLS = ["#", "name", "layer", "kind", "start µs", "µs", "MB", "% BW", "share %"]
@@ -454,11 +456,11 @@ def html_plot(trace: dict, top: int = TOP_KERNELS) -> str:
                      for k, c in COLOURS.items())
     slow = _kernel_grid(trace, top)
     bw = bandwidth(trace.get("copy_bw"))
-    head = (f"<title>flint-graph trace: {_e(_title(trace))}</title><style>{CSS}</style>"
+    head = (f"{HTML_HEAD}{_e(_title(trace))}</title><style>{CSS}</style>"
             f"</head><body><h3>{_e(title)}</h3><p>{_e(trace.get('source') or '')}; copy BW "
             f"{_e(bw)}</p>")
     return "\n".join([
-        "<!DOCTYPE html>", '<html><head><meta charset="utf-8">', head,
+        head,
         "<h4>the step by kind (overlapping kernels share their overlap) and its floor (bytes / "
         + "copy BW)</h4>", _step_svg(trace), f"<p>{legend}</p>",
         "<h4>µs per kind (summed durations) and floor µs per kind</h4>",

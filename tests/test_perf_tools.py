@@ -194,6 +194,11 @@ def test_outputs_replace_only_their_own_earlier_files(tmp_path, capsys):
     notes.txt` and `trace --out report.json` replace them and print "wrote")."""
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
+    # files that quote our outputs' first lines further on are still the user's (a bad-input
+    # trial saw `bench --markdown` replace such notes: the check looked anywhere in 4 KB)
+    quoting_md, quoting_html = tmp_path / "mine.md", tmp_path / "mine.html"
+    quoting_md.write_text("# My notes\n\n**flint-graph bench** — CPU, yesterday\n")
+    quoting_html.write_text("<html><body><title>flint-graph trace: mine</title></body></html>\n")
     run = ["--buckets", "1", "--contexts", "64", "--steps", "1", "--baseline-steps", "1",
            "--e2e-tokens", "2", "--prefill-tokens", "16"]
     bj, bm, tj, th = (tmp_path / n for n in ("b.json", "b.md", "t.json", "t.html"))
@@ -208,11 +213,17 @@ def test_outputs_replace_only_their_own_earlier_files(tmp_path, capsys):
             (["bench", *SMALL, *run, "--markdown", str(notes)], "a flint-graph bench markdown"),
             (["trace", *SMALL, "--context", "64", "--out", str(bj)], "a flint-graph trace JSON"),
             (["trace", *SMALL, "--context", "64", "--html", str(bm)], "a flint-graph trace HTML"),
+            (["bench", *SMALL, *run, "--markdown", str(quoting_md)],
+             "a flint-graph bench markdown"),
+            (["trace", *SMALL, "--context", "64", "--html", str(quoting_html)],
+             "a flint-graph trace HTML"),
     ]:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert f"exists and is not {what}" in err, (argv, err)
     assert notes.read_text() == "my notes\n"
+    assert quoting_md.read_text().startswith("# My notes")
+    assert quoting_html.read_text().startswith("<html><body>")
     assert json.loads(bj.read_text())["schema"] == "flint-graph-bench"
     assert json.loads(tj.read_text())["schema"] == "flint-graph-trace"
 
