@@ -28,9 +28,8 @@ import signal
 import shlex
 import sys
 import time
-import unicodedata
 
-from flint_graph.errors import FlintError, InvalidRequestError, kind, not_utf8
+from flint_graph.errors import FlintError, InvalidRequestError, kind, not_utf8, terminal_safe
 from flint_graph.terminal.stderr_stream import install as install_quiet_stderr
 
 TYPE_CHECKING = False  # typing itself takes milliseconds to import; checkers know this name
@@ -162,14 +161,6 @@ def _internal_error(e: Exception) -> int:
     print(f"flint-graph: internal error: {type(e).__name__}: {terminal_safe(str(e))} "
           "(set FLINT_GRAPH_DEBUG=1 for the traceback)", file=sys.stderr)
     return 1
-
-
-def terminal_safe(text: str) -> str:
-    """`text` with control characters other than newline and tab written as escapes (\\x1b,
-    \\x9b): an error message that quotes a user's path or value must not move the cursor,
-    recolour or retitle the terminal it is printed on."""
-    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) != "Cc"
-                   else ascii(ch)[1:-1] for ch in text)
 
 
 def _exit_on_sigint():

@@ -32,6 +32,16 @@ def shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def terminal_safe(text: str) -> str:
+    """`text` with control characters other than newline and tab written as escapes (\\x1b,
+    \\x9b): an error message that quotes a user's path or value must not move the cursor,
+    recolour or retitle the terminal it is printed on."""
+    import unicodedata
+
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) != "Cc"
+                   else ascii(ch)[1:-1] for ch in text)
+
+
 _JSON_KINDS = {type(None): "null", bool: "boolean", int: "integer", float: "number",
                str: "string", list: "array", tuple: "array", dict: "object"}
 

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flint_graph.checkpoints.jsonfile import read_capped
-from flint_graph.errors import InvalidRequestError, shown
+from flint_graph.errors import InvalidRequestError, shown, terminal_safe
 
 RESULT_MAX_BYTES = 256 << 20  # a bench or trace JSON is a few MB; a device or 1 GB file is refused
 
@@ -152,7 +152,21 @@ def read_json(path, schema: str, versions=VERSIONS) -> dict:
 
     if schema in SPECS:
         check(p, data, SPECS[schema])
-    return data
+    return _shown_strings(data)
+
+
+def _shown_strings(value):
+    """`value` (parsed JSON) with every string, keys too, made terminal-safe
+    (`errors.terminal_safe`): a saved file's names reach the terminal in the --compare tables,
+    where an escape sequence in one would retitle the window or write the clipboard (a
+    bad-input trial put OSC 52 in an engine name)."""
+    if isinstance(value, str):
+        return terminal_safe(value)
+    if isinstance(value, list):
+        return [_shown_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {_shown_strings(k): _shown_strings(v) for k, v in value.items()}
+    return value
 
 
 def rich_table(title: str, cols, rows, caption: str, left: int = 1) -> Table:

@@ -429,10 +429,12 @@ def write_outputs(outputs: list[tuple[str, Path | None, Any]]) -> list[str]:
 
 def _finish(console, failed: list[str], wrote: list[str]) -> int:
     """Print what was written, then each write failure on stderr; exit status 2 if any."""
-    for line in wrote:
-        console.print(line)
+    from flint_graph.errors import terminal_safe
+
+    for line in wrote:  # a path the user typed: shown, never obeyed as control or rich markup
+        console.print(terminal_safe(line), markup=False, highlight=False)
     for message in failed:
-        print(f"flint-graph: error: {message}", file=sys.stderr)
+        print(f"flint-graph: error: {terminal_safe(message)}", file=sys.stderr)
     return 2 if failed else 0
 
 

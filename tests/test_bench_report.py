@@ -5,6 +5,7 @@ warnings, and load()'s errors. CPU only, no torch."""
 from __future__ import annotations
 
 import copy
+import io
 import json
 import re
 
@@ -324,3 +325,43 @@ def test_a_schema_field_of_another_type_is_named_not_a_crash(tmp_path, schema):
     with pytest.raises(InvalidRequestError,
                        match=r"b\.json: schema .*; expected a flint-graph-bench JSON"):
         read_json(path, "flint-graph-bench")
+
+
+def test_saved_strings_cannot_drive_the_terminal(tmp_path):
+    """Every string of a saved bench or trace JSON is shown, not obeyed, in --compare: a
+    bad-input trial put a window title and an OSC 52 clipboard write in an engine name (and
+    in `machine.cpu`, and in trace kernel names) and both reached the terminal whole."""
+    from flint_graph.perf import trace_report as tr
+    from test_trace_report import gap_trace
+
+    esc = "ref\x1b]0;PWNED\x1b\\\x1b]52;c;ZWNobw==\x07\x9b31m"
+    res = cuda_result()
+    res["decode"][0]["engine"] = esc
+    res["machine"] = {**(res.get("machine") or {}), "cpu": esc}
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(res))
+    trace = gap_trace()
+    trace["kernels"][0]["name"] = esc
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps(tr.to_file_json(trace)))
+    for loaded in (br.load(a), tr.load(t)):
+        text = json.dumps(loaded, ensure_ascii=False)
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
+    assert br.load(a)["decode"][0]["engine"] == "ref\\x1b]0;PWNED\\x1b\\\\x1b]52;c;ZWNobw==\\x07\\x9b31m"
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    br.print_compare(br.load(a), br.load(a), console)
+    tr.print_compare(tr.load(t), tr.load(t), console)
+    out = console.file.getvalue()
+    assert "\x1b]" not in out and "\x07" not in out and "\x9b" not in out
+
+
+def test_wrote_lines_show_the_path_as_typed(capsys):
+    """The "wrote PATH" line shows control characters and rich markup of the user's own
+    output name, as error messages do (`wrote esc^[[31mfile` recoloured the terminal)."""
+    from flint_graph.perf.cli import _finish
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    assert _finish(console, ["--json x\x1b[31m: cannot write"], ["wrote esc\x1b[31m[bold]f"]) == 2
+    out = console.file.getvalue()
+    assert "esc\\x1b[31m[bold]f" in _strip(out) and "\x1b[31m" not in out
+    assert "x\\x1b[31m: cannot write" in capsys.readouterr().err

@@ -27,7 +27,7 @@ import torch
 from flint_graph.checkpoints import jsonfile, nvfp4
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.runtime.engine_config import pick_device
-from flint_graph.errors import CheckpointError, ConfigError, FlintError
+from flint_graph.errors import CheckpointError, ConfigError, FlintError, terminal_safe
 from flint_graph.checkpoints.hf_checkpoint import write_safetensors
 # The flags and their defaults live apart so the CLI can show --help without torch.
 from flint_graph.checkpoints.make_checkpoint_args import (DEFAULT_FORMATS, DEFAULT_PRESET, DEFAULT_SEED,
@@ -455,8 +455,9 @@ def run(args: argparse.Namespace) -> int:
     summary = write_checkpoint(cfg, args.out_dir, formats, args.seed, args.device,
                                args.progress, args.quantize_embeddings, args.overwrite)
     out = StdoutConsole()
-    out.print(f"wrote {summary['out_dir']} ({summary['total_bytes'] / 1e6:,.1f} MB, "
-              f"{summary['seconds']['total']:.1f} s on {summary['device']})")
+    out.print(terminal_safe(f"wrote {summary['out_dir']} ({summary['total_bytes'] / 1e6:,.1f} "
+                            f"MB, {summary['seconds']['total']:.1f} s on {summary['device']})"),
+              markup=False)
     for name, size in summary["files"].items():
         out.print(f"  {name:<40} {size:>16,} bytes", highlight=False)
     steps = ", ".join(f"{k} {v:.1f} s" for k, v in summary["seconds"].items() if k != "total")
