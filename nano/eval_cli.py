@@ -289,8 +289,8 @@ def _verdict(target: dict) -> str:
     return "met" if target["met"] else "MISSED"
 
 
-# a report holds every case's answer and log-probabilities: ~2 KB a case, so the largest run
-# (--n 10000 over every group) stays under this
+# a report holds every case's answer and log-probabilities: ~13 KB a case (480 cases: 6.1 MB);
+# what it may take parsed is bounded too (jsonfile.PARSED_MAX_BYTES: reports to ~200 MB)
 REPORT_MAX_BYTES = 1 << 30
 
 

@@ -7,6 +7,7 @@ characters of quoted values escaped in error messages."""
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -144,6 +145,31 @@ def test_a_gzipped_json_file_is_named(tmp_path):
     (tmp_path / "r.json.gz").write_bytes(gzip.compress(b'{"groups": {}}'))
     with pytest.raises(ValueError, match="gzip-compressed; decompress it first"):
         read_capped(tmp_path / "r.json.gz", 1 << 20)
+
+
+def test_memory_of_a_parsed_json_is_bounded_not_only_its_size(tmp_path, monkeypatch, capsys):
+    """40 MiB of `[{},{},…]` passed every file-size cap and parsed into 1.3 GB of objects, in
+    eval --compare, eval --json's own-file check and bench --compare (a bad-input trial):
+    read_capped estimates the parsed size first (an upper bound, `parsed_size`) and refuses
+    past PARSED_MAX_BYTES. Scaled down here by lowering the bound."""
+    from flint_graph.checkpoints import jsonfile
+
+    big = tmp_path / "big.json"
+    big.write_bytes(b"[" + b"{}," * 200_000 + b"{}]")  # 600 KB -> ~24 MB of objects
+    real = json.dumps({"schema": "flint-graph-bench", "version": 1,
+                       "rows": [{"name": f"k{i}", "us": i * 1.5} for i in range(5_000)]})
+    assert jsonfile.parsed_size(big.read_bytes()) > 20 * big.stat().st_size
+    assert jsonfile.parsed_size(real.encode()) < 10 * len(real)
+    monkeypatch.setattr(jsonfile, "PARSED_MAX_BYTES", 8 << 20)
+    with pytest.raises(ValueError, match=r"about 25 MB of memory parsed; expected at most 8 MB"):
+        jsonfile.read_capped(big, 1 << 30)
+    (tmp_path / "real.json").write_text(real)
+    assert len(jsonfile.read_capped(tmp_path / "real.json", 1 << 30)["rows"]) == 5_000
+    for argv in (["bench", "--compare", str(big), str(big)],
+                 ["eval", "--suite", "arith", "--n", "1", "--compare", str(big)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "of memory parsed" in err and str(big) in err and "Traceback" not in err, err
 
 
 def test_save_under_a_file_says_it_is_a_file(tmp_path):

@@ -45,6 +45,10 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 CHECKPOINT_JSON_MAX_BYTES = 64 << 20  # config / generation / tokenizer_config: a few KB each
+# Memory a parsed file may take (estimated before parsing, `parsed_size`). Why: a file's size
+# does not bound it: 40 MiB of `{},` parse into 1.3 GB of Python objects (a bad-input trial;
+# eval's 1 GiB cap would have allowed ~30 GB), while real reports take 3-4 bytes a byte.
+PARSED_MAX_BYTES = 1 << 30
 
 
 MISSING = "file not found"
@@ -76,7 +80,8 @@ def read_capped(path: Path, max_bytes: int, unique_keys: bool = False) -> Any:
 
     Raises FileNotFoundError, OSError when it cannot be read, and ValueError whose text is the
     whole reason: not a regular file (or a link to nothing), larger than the cap,
-    gzip-compressed, not UTF-8, or not valid JSON
+    gzip-compressed, too many objects and arrays for PARSED_MAX_BYTES of memory, not UTF-8,
+    or not valid JSON
     (nesting too deep and integers longer than Python's 4,300 digits included)."""
     path = Path(path)
     problem = file_problem(path)
@@ -91,6 +96,9 @@ def read_capped(path: Path, max_bytes: int, unique_keys: bool = False) -> Any:
         raise ValueError(f"more than {max_bytes >> 20} MiB")
     if data[:2] == b"\x1f\x8b":  # reports are shipped gzipped in docs/
         raise ValueError("gzip-compressed; decompress it first (gunzip -k FILE)")
+    if (need := parsed_size(data)) > PARSED_MAX_BYTES:
+        raise ValueError(f"its objects and arrays would take about {_mb(need)} of memory "
+                         f"parsed; expected at most {_mb(PARSED_MAX_BYTES)}")
     try:
         # JSON is UTF-8 (RFC 8259), which lets a reader ignore a byte-order mark: files saved
         # by Windows editors often begin with one
@@ -101,6 +109,20 @@ def read_capped(path: Path, max_bytes: int, unique_keys: bool = False) -> Any:
         return loads(text, unique_keys)
     except ValueError as e:  # JSONDecodeError, nesting, an integer past 4,300 digits
         raise ValueError(f"not valid JSON ({e})") from None
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def parsed_size(data: bytes) -> int:
+    """An upper bound, in bytes, on the memory `data`'s JSON takes once parsed by Python's json:
+    ~72 bytes a container (an empty dict or list with its slot), ~48 a value after a comma and
+    ~56 a key (a short str and its entry), plus the text. Counted over the raw bytes, brackets
+    and commas inside strings too, so it only overestimates (by a few times for JSON whose
+    strings hold JSON); linear and done in C, unlike a scan that skips strings."""
+    containers = data.count(b"{") + data.count(b"[")
+    return 72 * containers + 48 * data.count(b",") + 56 * data.count(b":") + len(data)
 
 
 def read_json_object(path: Path, error: type[FlintError], missing: str) -> dict[str, Any]:
