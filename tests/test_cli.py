@@ -326,6 +326,47 @@ def test_overwrite_never_deletes_files_added_to_a_checkpoint(capsys, tmp_path, a
     assert _run(capsys, *args, "--overwrite")[0] == 0  # a checkpoint alone is replaced
 
 
+@pytest.mark.parametrize("fault", ["sigint", "second rename fails"])
+def test_overwrite_interrupted_between_its_renames_keeps_a_checkpoint(capsys, tmp_path,
+                                                                      monkeypatch, fault):
+    """--overwrite moves the old checkpoint aside, then the new one in: a Ctrl-C between the two
+    (simulated by a trial) left no checkpoint at --out and the old one under a hidden name. Now
+    the signal waits for both renames (the new checkpoint is in place, exit 130), and a failed
+    second rename puts the old one back."""
+    import os
+    import signal
+    from pathlib import Path
+
+    ck = tmp_path / "ck"
+    args = ("make-checkpoint", "--preset", "tiny", "--out", ck, "--device", "cpu",
+            "--no-progress")
+    assert _run(capsys, *args)[0] == 0
+    first = (ck / "config.json").read_text()
+    real_rename, calls = Path.rename, []
+
+    def rename(self, target):
+        calls.append(str(target))
+        if len(calls) == 2 and fault == "second rename fails":
+            raise OSError(28, "No space left on device")
+        out = real_rename(self, target)
+        if len(calls) == 1 and fault == "sigint":
+            os.kill(os.getpid(), signal.SIGINT)  # lands between the two renames
+        return out
+
+    monkeypatch.setattr(Path, "rename", rename)
+    code, _, err = _run(capsys, *args, "--seed", "7", "--overwrite")
+    monkeypatch.undo()
+    assert calls[0].endswith(".old"), calls
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"], list(tmp_path.iterdir())
+    if fault == "sigint":
+        assert code == 130 and (ck / "config.json").is_file()
+        assert (ck / "model-nvfp4.gguf").is_file() or (ck / "model.safetensors").is_file() \
+            or any(ck.glob("*.safetensors"))
+    else:
+        assert code == 2 and "No space left" in err, err
+        assert (ck / "config.json").read_text() == first  # the old checkpoint, back in place
+
+
 def test_overwrite_through_a_symlink_is_refused_cleanly(capsys, tmp_path):
     """--overwrite on a symlink to a checkpoint ended in "internal error: OSError: Cannot call
     rmtree on a symbolic link" with the link replaced by a directory and a stray link left

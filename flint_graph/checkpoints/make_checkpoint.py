@@ -223,12 +223,23 @@ def _marker_files(out_dir: Path) -> set[str]:
 
 
 def _install(tmp: Path, out_dir: Path, overwrite: bool) -> None:
-    """Rename the finished `tmp` to `out_dir` (replacing an old one only with `overwrite`)."""
+    """Rename the finished `tmp` to `out_dir` (replacing an old one only with `overwrite`).
+    The old checkpoint steps aside and the new one takes its name with Ctrl-C and SIGTERM held
+    (a trial's interrupt between the two renames left no checkpoint at `out_dir`, the old one
+    under a hidden name) until the old one is deleted, and steps back if the second rename
+    fails."""
+    from flint_graph.runtime.held_signals import signals_held
+
     if _is_occupied(out_dir, overwrite):
         old = out_dir.with_name(f"{tmp.name}.old")
-        out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
+        with signals_held():
+            out_dir.rename(old)
+            try:
+                tmp.rename(out_dir)
+            except BaseException:
+                old.rename(out_dir)
+                raise
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
         return
     os.replace(tmp, out_dir)  # rename(2) replaces an empty directory atomically
 
