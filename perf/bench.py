@@ -23,6 +23,7 @@ Output: the dict documented in perf/bench_report.py (schema "flint-graph-bench")
 from __future__ import annotations
 
 import gc
+import shutil
 import statistics
 import sys
 import tempfile
@@ -113,11 +114,28 @@ def step_record(engine: str, fmt: str, b: int, ctx: int, times_ms: list[float], 
 # -- the model under test --------------------------------------------------------------------
 
 def _side_files(cfg: FlintConfig, seed: int) -> Path:
-    """config.json, tokenizer and generation_config for synthetic in-memory weights."""
-    from flint_graph.checkpoints.make_checkpoint import write_side_files
+    """config.json, tokenizer and generation_config for synthetic in-memory weights, in a new
+    temporary directory (the caller removes it). Raises ConfigError naming the directory and
+    the reason when they cannot be written there (a full disk, `ulimit -f`: "internal error:
+    Exception: File too large" from the tokenizer's save, a bad-input trial)."""
+    from flint_graph.checkpoints.make_checkpoint import _disk_full, write_side_files
+    from flint_graph.errors import ConfigError
 
-    d = Path(tempfile.mkdtemp(prefix="flint-bench-"))
-    write_side_files(cfg, d, seed)
+    try:
+        d = Path(tempfile.mkdtemp(prefix="flint-bench-"))
+    except OSError as e:
+        raise ConfigError(f"cannot make a temporary directory for the synthetic weights' "
+                          f"tokenizer ({e.strerror or e}; TMPDIR sets where)") from None
+    try:
+        write_side_files(cfg, d, seed)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+        shutil.rmtree(d, ignore_errors=True)
+        if not (isinstance(e, OSError) or _disk_full(e)):
+            raise
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError(f"{d}: cannot write the synthetic weights' tokenizer and config "
+                          f"({why}; TMPDIR sets where, and `ulimit -f` must allow a few "
+                          "MB)") from None
     return d
 
 
@@ -132,7 +150,6 @@ def sources(o: BenchOptions, kv_tokens: int):
     weights (BF16, then the same snapped to NVFP4 in place; NVFP4 alone is made layer by layer,
     so the full preset fits an 80 GB GPU). Raises ConfigError when the weights cannot fit."""
     from flint_graph.api import LLM
-    from flint_graph.checkpoints.checkpoint import LoadedCheckpoint, WeightFormat, read_generation_config
     from flint_graph.runtime.engine_config import pick_device
 
     if o.model is not None:
@@ -140,12 +157,22 @@ def sources(o: BenchOptions, kv_tokens: int):
                   engine=_engine_config(o, kv_tokens))
         yield llm.checkpoint.format.value, llm
         return
+    cfg, dev = FlintConfig.preset(o.preset), pick_device(o.device)
+    side = _side_files(cfg, o.seed)
+    try:
+        yield from _synthetic_sources(o, kv_tokens, cfg, dev, side)
+    finally:  # each LLM has read the files by the time it is yielded; nothing is left in /tmp
+        shutil.rmtree(side, ignore_errors=True)
+
+
+def _synthetic_sources(o: BenchOptions, kv_tokens: int, cfg: FlintConfig, dev, side: Path):
+    """`sources` for the preset's synthetic weights, their side files in `side`."""
+    from flint_graph.api import LLM
+    from flint_graph.checkpoints.checkpoint import LoadedCheckpoint, WeightFormat, read_generation_config
     from flint_graph.checkpoints.make_checkpoint import (check_memory, make_nvfp4_weights,
                                                          quantize_weights)
     from flint_graph.checkpoints.synthetic import make_weights
 
-    cfg, dev = FlintConfig.preset(o.preset), pick_device(o.device)
-    side = _side_files(cfg, o.seed)
     if "bf16" in o.formats:
         # the full preset's BF16 weights need ~80 GB: refuse up front
         check_memory(cfg, dev, nvfp4_flag=o.nvfp4_flag)

@@ -462,3 +462,31 @@ def test_synthetic_flags_beside_a_model_get_a_note(tiny_ckpt, tmp_path, capsys):
     assert main(["trace", str(tiny_ckpt), "--device", "cpu", "--context", "64", "--steps", "1",
                  "--out", str(out), "--no-progress"]) == 0
     assert "note: --preset" not in capsys.readouterr().err
+
+
+def test_synthetic_side_files_are_removed_and_their_failure_named(tmp_path, monkeypatch, capsys):
+    """bench and trace without MODEL write the synthetic weights' tokenizer into a temporary
+    directory: it was never removed (one per run in /tmp), and a failure to write it (`ulimit
+    -f 20`: the tokenizers library's bare "Exception: File too large") was "internal error"
+    (a bad-input trial). Now it is removed after the run, and the failure names it."""
+    import tempfile
+
+    from flint_graph.checkpoints import make_checkpoint
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["trace", *SMALL, "--context", "64", "--steps", "1"]) == 0
+    assert main(["bench", *SMALL, "--buckets", "1", "--contexts", "64", "--steps", "1",
+                 "--baseline-steps", "1", "--e2e-tokens", "2", "--prefill-tokens", "16"]) == 0
+    assert not list(tmp_path.glob("flint-bench-*"))
+    capsys.readouterr()
+
+    def no_room(*a, **k):
+        raise Exception("File too large (os error 27)")
+
+    monkeypatch.setattr(make_checkpoint, "write_side_files", no_room)
+    for argv in (["trace", *SMALL, "--context", "64"], ["bench", *SMALL, "--contexts", "64"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "cannot write the synthetic weights' tokenizer" in err and "File too large" in err
+        assert "internal error" not in err, err
+    assert not list(tmp_path.glob("flint-bench-*"))
