@@ -70,6 +70,17 @@ def num(v, p: int = 2, unit: str = "") -> str:
     return (f"{v:.{p}f}" if abs(v) >= 1 or v == 0 else f"{v:#.3g}") + unit
 
 
+def signed(v: float, p: int = 2, unit: str = "") -> str:
+    """`num` with its sign always shown ("+1.25", "-0.50"): a difference between two runs."""
+    return ("+" if v >= 0 else "") + num(v, p, unit)
+
+
+def change_pct(change: float) -> str:
+    """A relative change (0.029) as a signed percentage ("+2.9%"), in powers of ten when huge:
+    a compared file's 1e308 made a 309-digit cell of f"{change:+.1%}" (a bad-input trial)."""
+    return signed(change * 100, 1, "%")
+
+
 def bandwidth(bytes_per_s: float | None) -> str:
     """A bandwidth in TB/s, or GB/s below 1 TB/s (a CPU); "-" for None."""
     if not bytes_per_s:
@@ -403,7 +414,7 @@ def compare_warnings(a: dict, b: dict) -> list[str]:
                    "bytes and times differ by model")
     ca = rel_change(a.get("copy_bw"), b.get("copy_bw"))
     if ca is not None and abs(ca) > COPY_BW_TOLERANCE:
-        out.append(f"copy bandwidth differs by {ca:+.1%}: A {bandwidth(a.get('copy_bw'))}, B "
+        out.append(f"copy bandwidth differs by {change_pct(ca)}: A {bandwidth(a.get('copy_bw'))}, B "
                    f"{bandwidth(b.get('copy_bw'))} (another machine, clock or load?): floors "
                    "and fractions move with it")
     sa, sb = a.get("settings") or {}, b.get("settings") or {}
@@ -422,7 +433,7 @@ def change_text(change: float | None, better: str | None, threshold: float,
     """A change as "+2.9%": green when better, red when worse, dim below `threshold`."""
     if note or change is None:
         return Text(note or "-", style="dim")
-    text = f"{change:+.1%}"
+    text = change_pct(change)
     if abs(change) < threshold:
         return Text(text, style="dim")
     good = {"lower": change < 0, "higher": change > 0}.get(better)

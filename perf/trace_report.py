@@ -21,9 +21,10 @@ from itertools import pairwise
 from rich.markup import escape
 from rich.text import Text
 
+from flint_graph.errors import InvalidRequestError
 from flint_graph.perf.bench_report import (bandwidth, change_text, compare_warnings,
                                            header_line, megabytes, num, pct, read_json,
-                                           rel_change, rich_table)
+                                           rel_change, rich_table, signed)
 from flint_graph.perf.cli import TOP_KERNELS
 
 SCHEMA = "flint-graph-trace"
@@ -311,8 +312,18 @@ def to_file_json(trace: dict) -> dict:
 def load(path) -> dict:
     """A saved trace (`flint-graph trace --out FILE`) without its Chrome-trace keys. Raises
     InvalidRequestError naming the path when it is missing, not JSON, not a
-    "flint-graph-trace" file (e.g. a bench result) or another version."""
-    return {k: v for k, v in read_json(path, SCHEMA).items() if k not in CHROME_KEYS}
+    "flint-graph-trace" file (e.g. a bench result), another version, or a kernel longer than
+    the step."""
+    trace = {k: v for k, v in read_json(path, SCHEMA).items() if k not in CHROME_KEYS}
+    # a kernel's µs is its share of the step, so none can exceed it: a file claiming one
+    # 1e308 µs kernel in a 10,040 µs step was compared as if true (a bad-input trial)
+    step = trace["step_us"]
+    for i, k in enumerate(trace["kernels"]):
+        if k["us"] > step * (1 + 1e-6) + 1e-3:
+            raise InvalidRequestError(f"{path}: field kernels[{i}].us is {num(k['us'])}; "
+                                      f"expected at most the step's {num(step)} µs (step_us): "
+                                      "a kernel's µs is its share of the step")
+    return trace
 
 
 # -- comparing two traces ------------------------------------------------------------------------
@@ -358,7 +369,7 @@ def _delta_table(kernels: list[dict], what: str, sign: int, top: int):
         return f"no matched kernel got {what}"
     cells = [[r["name"] or "-", "step" if r["layer"] is None else r["layer"], r["kind"] or "-",
               num(r["a_us"], 2), num(r["b_us"], 2),
-              Text(f"{r['delta_us']:+.2f}", style="green" if r["delta_us"] < 0 else "red")]
+              Text(signed(r["delta_us"]), style="green" if r["delta_us"] < 0 else "red")]
              for r in rows]
     return rich_table(f"the {len(rows)} kernels that got {what} most",
                       ["name", "layer", "kind", "A µs", "B µs", "Δ µs"], cells,

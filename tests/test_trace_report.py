@@ -4,7 +4,9 @@ traces, the terminal tables and the HTML plot. CPU only, no torch."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
 
 import pytest
 from report_console import in_terminal, piped, table_rows
@@ -306,3 +308,30 @@ def test_an_empty_trace_does_not_crash():
     console = Console(record=True, width=160)
     tr.print_trace(empty, console)
     assert "graph nodes: -; kernels per step: -" in console.export_text()
+
+
+def test_compare_cells_stay_short_for_huge_values():
+    """A compared file's 1e308 µs printed a 309-digit Δ µs cell (the A and B columns were
+    already short) and would have printed a 309-digit change: every difference goes through
+    `num`'s powers of ten (a bad-input trial)."""
+    from flint_graph.perf.bench_report import change_pct, signed
+
+    a, b = pdl_trace(), pdl_trace()
+    b["kernels"][0]["us"] = 1e308
+    b["step_us"] = 1e308
+    console = Console(file=io.StringIO(), width=300)
+    tr.print_compare(a, b, console)
+    out = console.file.getvalue()
+    assert "1.000e+308" in out and not re.search(r"\d{20}", out), out
+    assert signed(-1e308) == "-1.000e+308" and signed(2.5) == "+2.50"
+    assert change_pct(0.029) == "+2.9%" and change_pct(-0.5) == "-50.0%"
+    assert change_pct(5.8e300) == "+5.800e+302%"
+
+
+def test_a_kernel_longer_than_its_step_is_refused(tmp_path):
+    trace = pdl_trace()
+    trace["kernels"][1]["us"] = trace["step_us"] * 10
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(tr.to_file_json(trace)))
+    with pytest.raises(InvalidRequestError, match=r"kernels\[1\]\.us is .*expected at most the step"):
+        tr.load(path)
