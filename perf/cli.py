@@ -517,9 +517,34 @@ def _start(args, report, outputs: tuple[str, ...], own: dict | None = None):
     check_outputs(args, outputs, own=own)
     if not args.compare:
         return console
+    if ignored := _measuring_flags_given(args):
+        from flint_graph.errors import InvalidRequestError
+
+        raise InvalidRequestError(f"{', '.join(ignored)}: --compare reads two saved files and "
+                                  "measures nothing; run without it to measure")
     a, b = (report.load(p) for p in args.compare)
-    report.print_compare(a, b, console)
+    if args.command == "trace":
+        report.print_compare(a, b, console, top=args.top)
+    else:
+        report.print_compare(a, b, console)
     return None
+
+
+# flags that shape how a comparison is shown, not what a run measures
+_SHOWN_WITH_COMPARE = {"help", "compare", "command", "progress", "top"}
+
+
+def _measuring_flags_given(args) -> list[str]:
+    """The flags (and MODEL) of `args.command` set to other than their defaults that only a
+    measuring run uses: --compare would ignore them (`bench MODEL --compare A B --buckets 1`
+    compared the files without a word: a bad-input trial). Output flags are check_outputs'."""
+    from flint_graph.cli_args import build_parser
+
+    sub = next(a for a in build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    return [a.option_strings[0] if a.option_strings else a.metavar
+            for a in sub._actions if a.dest not in _SHOWN_WITH_COMPARE
+            and getattr(args, a.dest, a.default) != a.default]
 
 
 def run_bench_cmd(args) -> int:

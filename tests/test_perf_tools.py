@@ -490,3 +490,27 @@ def test_synthetic_side_files_are_removed_and_their_failure_named(tmp_path, monk
         assert "cannot write the synthetic weights' tokenizer" in err and "File too large" in err
         assert "internal error" not in err, err
     assert not list(tmp_path.glob("flint-bench-*"))
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["some/model"], "MODEL"), (["--preset", "full"], "--preset"),
+    (["--buckets", "1"], "--buckets"), (["--steps", "5"], "--steps"),
+    (["--contexts", "1k", "--compiled"], "--contexts, --compiled")])
+def test_compare_refuses_the_flags_it_would_ignore(tmp_path, capsys, extra, named):
+    """`bench nonexist --compare A B` and `--compare A B --buckets 1 --steps 5` compared the
+    files and ignored the rest without a word (a bad-input trial): measuring flags beside
+    --compare are refused, as output flags are; display flags (trace --top) are used."""
+    good = {"schema": "flint-graph-bench", "version": 1, "machine": {}, "model": {}}
+    a = _save(tmp_path / "a.json", good)
+    assert main(["bench", *extra, "--compare", a, a]) == 2
+    err = capsys.readouterr().err
+    assert f"{named}: --compare reads two saved files and measures nothing" in err, err
+
+
+def test_trace_compare_takes_top_and_refuses_measuring_flags(tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert main(["trace", *SMALL, "--context", "64", "--steps", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["trace", "--compare", str(out), str(out), "--top", "2"]) == 0
+    assert main(["trace", "--compare", str(out), str(out), "--context", "5", "--batch", "8"]) == 2
+    assert "--batch, --context: --compare reads" in capsys.readouterr().err
