@@ -69,6 +69,9 @@ Exit status: 0; 1 with --check when a target is missed or the --compare
 fails; 2 for bad input."""
 
 
+DEFAULT_CONTEXTS = (1024, 4096, 16384)  # eval --contexts
+
+
 def add_eval_parser(sub, positive_int) -> None:
     """`flint-graph eval`."""
     from flint_graph.nano.plants import PLANTS
@@ -98,7 +101,7 @@ def add_eval_parser(sub, positive_int) -> None:
                    help=f"cases per suite and per recall context, 1 to {MAX_N} "
                         "(default: %(default)s: a GPU-sized run; on 2 CPU cores --n 10 "
                         "--contexts 1024,4096 takes about 4 minutes)")
-    p.add_argument("--contexts", type=_recall_contexts, default=(1024, 4096, 16384),
+    p.add_argument("--contexts", type=_recall_contexts, default=DEFAULT_CONTEXTS,
                    metavar="C,..",
                    help="recall contexts in tokens, e.g. 1024,4k (default: 1024,4096,16384)")
     p.add_argument("--seed", type=seed_int, default=0, help="case seed (default: 0)")
@@ -202,6 +205,11 @@ def cmd_eval(args) -> int:
                                   "--suite and --contexts)")
     if ref is not None:
         _same_cases(ref, cases, args)
+    if "recall" not in suites and contexts != DEFAULT_CONTEXTS:
+        # `--suite arith --contexts 40000` ran without a word that the flag did nothing
+        print(f"flint-graph: eval: note: --contexts sets the recall suite's prompt lengths; "
+              f"this run has no recall suite ({','.join(suites)}), so it is not used",
+              file=sys.stderr)
     device = pick_device(args.device)
     if device.type == "cpu" and (args.n > CPU_QUICK_N or "recall" in suites
                                  and max(contexts) > CPU_QUICK_CONTEXT):

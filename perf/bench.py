@@ -28,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -112,6 +112,11 @@ def step_record(engine: str, fmt: str, b: int, ctx: int, times_ms: list[float], 
 
 
 # -- the model under test --------------------------------------------------------------------
+
+def _default(name: str):
+    """BenchOptions' default for field `name`."""
+    return next(f.default for f in fields(BenchOptions) if f.name == name)
+
 
 def _side_files(cfg: FlintConfig, seed: int) -> Path:
     """config.json, tokenizer and generation_config for synthetic in-memory weights, in a new
@@ -244,6 +249,11 @@ def run_bench(o: BenchOptions) -> dict:
               f"this model's {limit:,}-token limit and are skipped (--preset full has them)",
               file=sys.stderr)
     note_no_gpu(dev, "every row")
+    if (dev.type != "cuda" or o.engine == "reference") and o.steps != _default("steps"):
+        # `--steps N` on the CPU was accepted, unused and saved in the settings (a trial)
+        print(f"flint-graph: note: --steps {o.steps} times the graph engine, which does not "
+              f"run here; the reference engine's rows take --baseline-steps "
+              f"({o.baseline_steps})", file=sys.stderr)
     source = o.model or f"preset {o.preset} (synthetic, seed {o.seed}, in memory)"
     res = header("flint-graph-bench", cfg, str(source), dev, o.command)
     res.update(copy_bw=copy_bandwidth(dev), kv_fill=KV_FILL, cold_start=None,

@@ -288,7 +288,10 @@ def test_cli_main(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--format", ""], "--format '': empty; expected a comma-separated list of bf16 and gguf"),
-    (["--format", ",,,"], "--format ',,,': empty"),
+    (["--format", ",,,"], "--format ',,,': an empty item"),
+    (["--format", "gguf,"], "--format 'gguf,': an empty item"),  # was dropped (a trial)
+    (["--format", ",gguf"], "--format ',gguf': an empty item"),
+    (["--format", "gguf,,bf16"], "--format 'gguf,,bf16': an empty item"),
     (["--format", "BF16"], "--format 'BF16': 'BF16' unknown"),
     (["--format", "bf16,bf16"], "--format 'bf16,bf16': bf16 given twice"),
     (["--format", "bf16", "--quantize-embeddings"],

@@ -514,3 +514,16 @@ def test_trace_compare_takes_top_and_refuses_measuring_flags(tmp_path, capsys):
     assert main(["trace", "--compare", str(out), str(out), "--top", "2"]) == 0
     assert main(["trace", "--compare", str(out), str(out), "--context", "5", "--batch", "8"]) == 2
     assert "--batch, --context: --compare reads" in capsys.readouterr().err
+
+
+def test_flags_a_run_cannot_use_get_a_note(capsys):
+    """`bench --steps N` on the CPU (the graph engine's replays; the reference rows take
+    --baseline-steps) and `eval --suite arith --contexts 40000` (the recall suite's lengths)
+    were accepted and unused without a word (a bad-input trial)."""
+    assert main(["bench", *SMALL, "--buckets", "1", "--contexts", "64", "--steps", "7",
+                 "--baseline-steps", "1", "--e2e-tokens", "2", "--prefill-tokens", "16"]) == 0
+    err = capsys.readouterr().err
+    assert "--steps 7 times the graph engine, which does not run here" in err, err
+    assert main(["eval", "--suite", "arith", "--contexts", "2k", "--n", "1", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "--contexts sets the recall suite's prompt lengths" in err, err

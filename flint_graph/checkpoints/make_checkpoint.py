@@ -427,14 +427,18 @@ def check_memory(cfg: FlintConfig, device: torch.device, fmt: str = "bf16",
 
 def parse_formats(text: str) -> tuple[str, ...]:
     """--format's comma-separated list, e.g. "bf16,gguf". Raises ConfigError naming the flag
-    for an empty list, an unknown format or one given twice (its message spoke of
+    for an empty list or item, an unknown format or one given twice (its message spoke of
     `formats ['BF16']` before: a bad-input trial, 2026-12-06)."""
-    formats = [f.strip() for f in text.split(",") if f.strip()]
-    wrong = [f for f in formats if f not in FORMATS]
-    twice = sorted({f for f in formats if formats.count(f) > 1})
-    if not formats or wrong or twice:
+    formats = [f.strip() for f in text.split(",")]
+    # an empty item ("gguf," or "gguf,,bf16") is refused as bench's and eval's lists refuse
+    # one; it was dropped without a word (a bad-input trial)
+    empty = not text.strip() or "" in formats
+    wrong = [f for f in formats if f and f not in FORMATS]
+    twice = sorted({f for f in formats if f and formats.count(f) > 1})
+    if empty or wrong or twice:
         why = (f"{', '.join(repr(f) for f in wrong)} unknown" if wrong
-               else f"{', '.join(twice)} given twice" if twice else "empty")
+               else f"{', '.join(twice)} given twice" if twice
+               else "empty" if not text.strip() else "an empty item")
         raise ConfigError(f"--format {text!r}: {why}; expected a comma-separated list of "
                           f"{' and '.join(FORMATS)} (each at most once)")
     return tuple(formats)
