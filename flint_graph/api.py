@@ -192,8 +192,8 @@ class LLM:
         self.device = pick_device(device)
         if engine.engine == "graph" and self.device.type != "cuda":
             # Refuse before reading a checkpoint that may be tens of GB.
-            raise ConfigError(f"engine=graph: the graph engine needs CUDA and this run is on "
-                              f"{self.device}; use engine auto or reference (--engine)")
+            raise ConfigError(f"engine=graph (--engine graph): the graph engine needs CUDA and "
+                              f"this run is on {self.device}; use engine auto or reference")
         if model is not None:
             t0 = time.perf_counter()
             checkpoint = load_checkpoint(model, hf_config_path, self.device, progress)

@@ -74,6 +74,7 @@ DEFAULT_CONTEXTS = (1024, 4096, 16384)  # eval --contexts
 
 def add_eval_parser(sub, positive_int) -> None:
     """`flint-graph eval`."""
+    from flint_graph.cli_args import thread_count
     from flint_graph.nano.plants import PLANTS
     from flint_graph.perf.cli import _path
 
@@ -110,7 +111,9 @@ def add_eval_parser(sub, positive_int) -> None:
     p.add_argument("--device", metavar="DEV", help="torch device (default: cuda when present)")
     p.add_argument("--engine", choices=("auto", "graph", "reference"), default="auto",
                    help="decode path (default: auto = graph where it can run)")
-    p.add_argument("--threads", type=positive_int, metavar="N", help="CPU threads for torch")
+    p.add_argument("--threads", type=thread_count, metavar="N",
+                   help="CPU threads for torch, at most 4 per CPU (default: as for chat's "
+                        "--threads)")
     p.add_argument("--plant", choices=PLANTS, metavar="BUG",
                    help=f"run with a deliberate bug: {', '.join(PLANTS)}")
     p.add_argument("--json", type=_path, metavar="FILE", help="write the report and every case")

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flint_graph.checkpoints.jsonfile import read_capped
-from flint_graph.errors import InvalidRequestError, shown, terminal_safe
+from flint_graph.errors import InvalidRequestError, kind, shown, terminal_safe
 
 RESULT_MAX_BYTES = 256 << 20  # a bench or trace JSON is a few MB; a device or 1 GB file is refused
 
@@ -144,8 +144,9 @@ def read_json(path, schema: str, versions=VERSIONS) -> dict:
         raise InvalidRequestError(f"{p}: cannot read ({e}); expected {want}") from None
     found = data.get("schema") if isinstance(data, dict) else None
     if found != schema:
-        what = (f"a JSON {type(data).__name__}, not an object" if not isinstance(data, dict)
-                else f"schema {found!r}" if "schema" in data else 'no "schema" field')
+        # in JSON's words (null, "x", [...]), not Python's (NoneType, None: a trial)
+        what = (f"a JSON {kind(data)}, not an object" if not isinstance(data, dict)
+                else f"schema {shown(found, 40)}" if "schema" in data else 'no "schema" field')
         # a schema that is no string (a list, an object) cannot be looked up: it was
         # "internal error: TypeError: unhashable type" (a bad-input trial, 2026-12-06)
         hint = (f" (this file is from {WRITER[found]})"

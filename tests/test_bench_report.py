@@ -282,7 +282,9 @@ def test_load_ok_and_errors(tmp_path):
     assert br.load(good) == cuda_result()
     cases = {"missing.json": (None, "no such file"),
              "not.json": ("{'schema': oops", "not valid JSON"),
-             "list.json": ("[1, 2]", "a JSON list, not an object"),
+             "list.json": ("[1, 2]", "a JSON array, not an object"),
+             "null.json": ("null", "a JSON null, not an object"),  # was "NoneType" (a trial)
+             "schema-null.json": ('{"schema": null}', "schema null"),
              "noschema.json": ('{"version": 1}', 'no "schema" field'),
              "trace.json": (json.dumps({"schema": "flint-graph-trace", "version": 1}),
                             "this file is from flint-graph trace --out"),

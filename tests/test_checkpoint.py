@@ -96,7 +96,8 @@ def test_gguf_without_config_dir_explains_hf_config_path(ckpt_dir, tmp_path):
     with pytest.raises(CheckpointError, match="--hf-config-path") as e:
         load_checkpoint(lone, progress=False)
     assert str(lone) in str(e.value)
-    with pytest.raises(CheckpointError, match=f"{tmp_path}: hf_config_path has no config.json"):
+    with pytest.raises(CheckpointError,
+                       match=f"{tmp_path}: hf_config_path \\(--hf-config-path\\) has no config.json"):
         load_checkpoint(lone, hf_config_path=tmp_path, progress=False)
     ck = load_checkpoint(lone, hf_config_path=ckpt_dir / "config.json", progress=False)
     assert ck.config_dir == ckpt_dir and ck.format is WeightFormat.NVFP4

@@ -163,8 +163,9 @@ def test_graph_engine_on_the_cpu_says_it_needs_cuda_before_loading(tiny_ckpt, mo
 
     with monkeypatch.context() as m:
         m.setattr(api, "load_checkpoint", no_load)
-        with pytest.raises(ConfigError, match="engine=graph: the graph engine needs CUDA and "
-                                              "this run is on cpu; use engine auto or reference"):
+        with pytest.raises(ConfigError, match="engine=graph \\(--engine graph\\): the graph "
+                                              "engine needs CUDA and this run is on cpu; use "
+                                              "engine auto or reference"):
             LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(engine="graph"))
     llm = LLM(tiny_ckpt, device="cpu", progress=False)  # auto falls back, saying why
     assert llm.engine.name == "reference" and "needs CUDA" in llm.engine.fallback_reason

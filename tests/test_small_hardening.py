@@ -523,8 +523,8 @@ def test_hf_config_path_that_is_a_file_says_so(tiny_ckpt, tmp_path):
 
     other = tmp_path / "hostname"
     other.write_text("box\n")
-    with pytest.raises(CheckpointError, match=r"hostname: hf_config_path is a file, not a "
-                                          r"directory"):
+    with pytest.raises(CheckpointError, match=r"hostname: hf_config_path \(--hf-config-path\) "
+                                          r"is a file, not a directory"):
         load_checkpoint(f"{tiny_ckpt}/model-nvfp4.gguf", hf_config_path=other)
 
 

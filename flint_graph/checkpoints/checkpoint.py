@@ -87,12 +87,12 @@ def _config_dir(hf_config_path: str | Path | None, fallback: Path, gguf: Path | 
         if d.is_file() and d.name == CONFIG_NAME:
             d = d.parent
         elif not d.is_dir():
-            raise CheckpointError(f"{d}: hf_config_path is a file, not a directory; expected "
+            raise CheckpointError(f"{d}: hf_config_path (--hf-config-path) is a file, not a directory; expected "
                                   "a directory with config.json, tokenizer.json, "
                                   "tokenizer_config.json and generation_config.json (or its "
                                   "config.json)")
         if not (d / CONFIG_NAME).is_file():
-            raise CheckpointError(f"{d}: hf_config_path has no {CONFIG_NAME}; expected a "
+            raise CheckpointError(f"{d}: hf_config_path (--hf-config-path) has no {CONFIG_NAME}; expected a "
                                   "directory with config.json, tokenizer.json, "
                                   "tokenizer_config.json and generation_config.json")
         return d
