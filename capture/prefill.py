@@ -596,7 +596,9 @@ class Prefill:
         # every slot's page table on the device, so choosing a slot is a device copy: a copy
         # from pageable host memory syncs the stream first, so the host waited there for all
         # work queued before the prefill (decode steps in flight too)
-        self._page_tables = torch.stack([kv.page_table(s) for s in range(kv.num_slots)]).to(dev)
+        # (the scratch slot's too: capture and padding rows write there)
+        self._page_tables = torch.stack([kv.page_table(s)
+                                         for s in range(kv.scratch + 1)]).to(dev)
         # prompt ids reach the device through this pinned buffer, for the same reason
         # (`_ids_to_device`); _stage_done: the copy out of it last issued
         self._stage: torch.Tensor | None = None
