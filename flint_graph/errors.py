@@ -42,6 +42,11 @@ def terminal_safe(text: str) -> str:
                    else ascii(ch)[1:-1] for ch in text)
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 case", "2 cases", "1,000 cases": a count and its noun in the right number."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 _JSON_KINDS = {type(None): "null", bool: "boolean", int: "integer", float: "number",
                str: "string", list: "array", tuple: "array", dict: "object"}
 

@@ -170,7 +170,7 @@ def cmd_eval(args) -> int:
     from flint_graph.api import LLM
     from flint_graph.checkpoints.checkpoint import load_checkpoint
     from flint_graph.runtime.engine_config import EngineConfig, pick_device
-    from flint_graph.errors import InvalidRequestError
+    from flint_graph.errors import InvalidRequestError, counted
     from flint_graph.nano import evals
     from flint_graph.nano.plants import plant
     from flint_graph.perf.cli import check_outputs
@@ -218,7 +218,7 @@ def cmd_eval(args) -> int:
                                  and max(contexts) > CPU_QUICK_CONTEXT):
         # a new user ran the README's first eval line on the CPU: over an hour, with no word
         # of it but a bar at 0/400
-        print(f"flint-graph: eval: {len(cases)} cases on the CPU"
+        print(f"flint-graph: eval: {counted(len(cases), 'case')} on the CPU"
               + (f", recall prompts up to {max(contexts):,} tokens" if "recall" in suites
                  else "") + f": a long run (the default one takes well over an hour on 2 "
               f"cores); --n {CPU_QUICK_N} --contexts 1024,4096 takes about 4 minutes",

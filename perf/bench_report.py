@@ -273,7 +273,7 @@ def _interleave_row(r: dict) -> list[str]:
              f"{num(r.get('tpot_p99_ms'), 1, ' ms')}, max {num(r.get('tpot_max_ms'), 1, ' ms')};"
              f" TTFT {ttft}")
     prompts = "+".join(num(n) for n in r.get("prompts") or [])
-    how += f", {num(r.get('steps'))} steps"
+    how += f", {num(r.get('steps'))} step{'' if r.get('steps') == 1 else 's'}"
     return [f"stream while {prompts} arrive ({how})", r.get("engine") or "-",
             r.get("format") or "-", value]
 

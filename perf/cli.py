@@ -272,7 +272,8 @@ def _synthetic_flags(args, command: str) -> None:
     flag = "--format" if command == "trace" else "--formats"
     given = [f for f, v in (("--preset", args.preset), (flag, args.formats)) if v is not None]
     if args.model is not None and given:
-        print(f"flint-graph: note: {' and '.join(given)} describe the synthetic weights made "
+        print(f"flint-graph: note: {' and '.join(given)} "
+              f"{'describe' if len(given) > 1 else 'describes'} the synthetic weights made "
               f"when no MODEL is given; {args.model} has its own config and weight format, so "
               f"{'they are' if len(given) > 1 else 'it is'} not used", file=sys.stderr)
     args.preset = args.preset or SYNTHETIC_DEFAULTS["preset"]

@@ -259,7 +259,7 @@ def print_trace(trace: dict, console, top: int = TOP_KERNELS) -> None:
             "kernel). A trace runs under the profiler, which slows a graph's launch: a long "
             "stretch at the start of a graph replay is mostly that", left=2))
     slow = _kernel_grid(trace, top)
-    console.print(rich_table(f"the {len(slow)} slowest kernels", KERNEL_COLS, slow,
+    console.print(rich_table(_slowest(len(slow)), KERNEL_COLS, slow,
                              "start µs: from the step's first kernel start; % BW = bytes / µs "
                              "as a fraction of copy BW; share = µs / step µs; layer \"step\": "
                              "outside the layers.", left=4))
@@ -371,7 +371,8 @@ def _delta_table(kernels: list[dict], what: str, sign: int, top: int):
               num(r["a_us"], 2), num(r["b_us"], 2),
               Text(signed(r["delta_us"]), style="green" if r["delta_us"] < 0 else "red")]
              for r in rows]
-    return rich_table(f"the {len(rows)} kernels that got {what} most",
+    return rich_table(f"the {len(rows)} kernels that got {what} most" if len(rows) > 1
+                      else f"the kernel that got {what} most",
                       ["name", "layer", "kind", "A µs", "B µs", "Δ µs"], cells,
                       "Δ = B − A; matched by layer, name and occurrence in the layer.", left=3)
 
@@ -458,6 +459,10 @@ def _html_table(cols, rows) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _slowest(n: int) -> str:
+    return f"the {n} slowest kernels" if n != 1 else "the slowest kernel"
+
+
 def html_plot(trace: dict, top: int = TOP_KERNELS) -> str:
     """A self-contained HTML page (inline SVG and CSS; no scripts, fonts or links): the title
     line, the step by kind beside the floor, µs vs floor µs per kind, the kind totals and the
@@ -477,5 +482,5 @@ def html_plot(trace: dict, top: int = TOP_KERNELS) -> str:
         "<h4>µs per kind (summed durations) and floor µs per kind</h4>",
         _kinds_svg(kind_totals(trace)),
         f"<h4>kinds</h4>{_html_table(KIND_COLS, _kind_grid(trace))}",
-        f"<p>{_e(KIND_CAPTION.format(bw=bw))}</p><h4>the {len(slow)} slowest kernels</h4>",
+        f"<p>{_e(KIND_CAPTION.format(bw=bw))}</p><h4>{_slowest(len(slow))}</h4>",
         _html_table(KERNEL_COLS, slow), "</body></html>", ""])
