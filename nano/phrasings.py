@@ -143,7 +143,14 @@ def _more_requests() -> list[str]:
              "Coach me in tennis.", "Tutor me in algebra.", "Quiz me on capitals.",
              "Drill me on vocabulary.", "Guide me through yoga.", "Train me for a marathon.",
              "Who built the pyramids?", "Who sang Yesterday?", "Who directed Titanic?",
-             "Who composed the Moonlight Sonata?", "Who founded Microsoft?"]
+             "Who composed the Moonlight Sonata?", "Who founded Microsoft?",
+             # thirty-seventh session: step 12061 called get_weather for city "Can" on the
+             # held-out "Good morning! Can you explain how photosynthesis works?": requests
+             # opening "Can you …" / "Could you …" (none with a held-out content word)
+             "Can you tell me how rainbows form?", "Can you show me how bees make honey?",
+             "Can you tell me how tides happen?", "Can you say why leaves turn red?",
+             "Could you tell me how volcanoes erupt?", "Can you tell me about the Roman empire?",
+             "Can you sum up the news for me?", "Could you tell me how a plane flies?"]
     made = [f"{a} {f} about {t}." for a in asks for f in forms for t in topics]
     return made + facts + tasks
 
@@ -176,7 +183,14 @@ WEATHER = {
               "Should I pack sunscreen for {city} {when}?",
               "Should I pack a scarf for {city} {when}?",
               "Should I pack boots for my trip to {city} {when}?",
-              "Should I pack warm clothes for {city} {when}?"],
+              "Should I pack warm clothes for {city} {when}?",
+              # thirty-seventh session: step 12061 still refused "Should I pack a coat for …"
+              # (held out) and "Is it warm in …" (held out): more "pack a … for" items and
+              # warmth asked with "Is it …"
+              "Should I pack a jacket for {city} {when}?",
+              "Should I pack an umbrella for {city} {when}?",
+              "Should I pack a sweater for {city} {when}?", "Is it hot in {city} {when}?",
+              "Is it chilly in {city} {when}?", "Is it mild in {city} {when}?"],
     "heldout": ["What's the weather like in {city} {when}?", "Will it snow in {city} {when}?",
                 "Should I pack a coat for {city} {when}?", "Is it warm in {city} {when}?",
                 "Could you see what the weather does in {city} {when}?"],
