@@ -599,3 +599,23 @@ def test_prune_never_deletes_outside_the_cache(tmp_path):
     assert victim.read_text() == "precious" and absolute.read_text() == "precious"
     assert not (root / "old.cubin").exists()
     assert json.loads((root / MANIFEST).read_text())["entries"] == {}
+
+
+def test_export_with_bench_adds_one_kernels_bench_variants():
+    """--with-bench KERNEL adds that kernel's bench_specs to an export (the PD probe needs
+    moe_gate_up's; the model-only cache lacked them, thirty-seventh session); nothing else."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from build_gpu_cache import bench_variants
+
+    from flint_graph.kernels import kernel_module
+    from flint_graph.kernels.toolchain.spec import BUCKETS as ALL_BUCKETS
+
+    got = bench_variants(["moe_gate_up", "moe_gate_up"], ("full",))
+    assert got and {k.name for k, _ in got} == {"moe_gate_up"}
+    cfg = FlintConfig.preset("full")
+    want = kernel_module("moe_gate_up").bench_specs(cfg, ALL_BUCKETS)
+    assert {s for _, s in got} == set(want)
+    assert any(dict(s.values).get("PD") for _, s in got)
+    assert bench_variants([], ("full",)) == []

@@ -14,7 +14,8 @@ its planted configs: 104 compiles, about 2 minutes on 2 cores).
 `--export DIR` then copies only the model specialisations of the presets asked for (no bench
 variants) and the test kernels into DIR/kernels, a cache to point FLINT_GRAPH_CACHE at: the
 whole cache (~27 MB) and a candidate flint-nano GGUF (~12 MB) together pass the 64 MiB a device
-call may carry, and the three presets' model kernels are ~11 MB (thirty-fifth session).
+call may carry, and the three presets' model kernels are ~11 MB (thirty-fifth session). `--with-bench KERNEL`
+adds one kernel's bench variants to the export (e.g. moe_gate_up for tools/probe_moe_pd.py).
 """
 
 from __future__ import annotations
@@ -75,7 +76,13 @@ def main() -> int:
                    help="afterwards copy the model specialisations of the presets (no bench "
                         "variants) and the test kernels into DIR/kernels: a smaller cache for "
                         "FLINT_GRAPH_CACHE=DIR")
+    p.add_argument("--with-bench", action="append", metavar="KERNEL", default=[],
+                   choices=MODEL_KERNELS,
+                   help="with --export, also copy this kernel's bench variants (repeatable; "
+                        "e.g. moe_gate_up for tools/probe_moe_pd.py)")
     args = p.parse_args()
+    if args.with_bench and not args.export:
+        p.error("--with-bench chooses what --export copies; give --export DIR too")
     if args.prune and args.preset and set(args.preset) != set(PRESETS):
         p.error("--prune needs every preset (without --preset): it keeps only what they build")
     if args.jobs is not None and args.jobs < 1:
@@ -99,6 +106,7 @@ def main() -> int:
         presets = tuple(dict.fromkeys(args.preset or PRESETS))
         subset = [w for preset in presets for w in todo((preset,))]
         subset += model_specs(None, (), registry(TEST_KERNELS))
+        subset += bench_variants(args.with_bench, presets)
         try:
             n, size = export(Path(args.out), Path(args.export) / "kernels", subset,
                              args.arch or ["sm_90a"])
@@ -107,6 +115,19 @@ def main() -> int:
             return 2
         print(f"{args.export}/kernels: {n} entries, {size / 1e6:.1f} MB")
     return 0
+
+
+def bench_variants(names: list[str], presets: tuple[str, ...]) -> list:
+    """(KernelDef, Spec) pairs of the `bench_specs` of the kernels `names` for `presets`:
+    what `--with-bench` adds to an export (the thirty-seventh session's PD probe found them
+    missing from the model-only cache a device call carried)."""
+    out = []
+    for name in dict.fromkeys(names):
+        (kdef,) = registry((name,))
+        bench = getattr(kernel_module(name), "bench_specs", lambda c, b: [])
+        for preset in presets:
+            out += [(kdef, s) for s in unique_specs(bench(FlintConfig.preset(preset), BUCKETS))]
+    return out
 
 
 def export(root: Path, dest: Path, work: list, archs: list[str]) -> tuple[int, int]:
