@@ -200,15 +200,16 @@ def test_the_piped_chat_example_answers_both_lines_and_exits(monkeypatch, capsys
 def test_a_plain_text_tool_result_is_noted_and_answered_from_an_invented_one(monkeypatch,
                                                                             capsys):
     """The README's warning about a tool result typed as plain text: the chat notes once that it
-    is not JSON, and flint-nano answers from a result it invents (step 7718 looped there,
-    `"sky": "rainrain…` for ~15 s, which the chat's default --stop-on-repeat 64 cuts; step 8593
-    answers in a few dozen tokens, a new user's trial of 2026-12-06)."""
+    is not JSON, and flint-nano answers from a result it invents, or after the Bergen question
+    loops there until the chat's default --stop-on-repeat 64 cuts it (the README had said only
+    the model before step 8593 looped: a new user's trial of 2026-12-07 saw step 8593 loop)."""
     import io
 
     from flint_graph.cli import main
 
     assert '("it is sunny and 25 degrees") is answered from a result it invents' in FLAT
-    assert 'the model before it looped there, which the chat cuts after 64 tokens' in FLAT
+    assert 'after "Will it snow in Bergen tomorrow?"' in FLAT
+    assert 'which the chat cuts after 64 tokens (`--stop-on-repeat`: "the answer looped")' in FLAT
     monkeypatch.setattr("sys.stdin", io.StringIO(
         "Will it snow in Bergen tomorrow?\nit is sunny and 25 degrees\n/exit\n"))
     code = main(["chat", "--device", "cpu", "--tools", str(ROOT / "examples" / "tools.json")])
@@ -218,3 +219,4 @@ def test_a_plain_text_tool_result_is_noted_and_answered_from_an_invented_one(mon
     assert 'Result: {"ok": true, "id": 25, "high": 25,' in out, out[-2000:]
     footers = [line for line in out.splitlines() if " tokens · " in line]
     assert len(footers) == 2 and int(re.search(r"output (\d+) tokens", footers[1]).group(1)) < 200
+    assert "the answer looped" in footers[1], footers
