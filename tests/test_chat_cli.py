@@ -348,6 +348,26 @@ def test_exit_at_the_tool_result_prompt_ends_the_chat(nano_llm):
     assert [m["role"] for m in s.messages] == ["user", "assistant"]
 
 
+def test_the_end_of_input_at_the_tool_result_prompt_ends_the_chat(nano_llm):
+    """Ctrl-D or a piped script's end at the result prompt ends the chat, as at you>: a new
+    user's piped chat said "tool loop stopped" and then printed a dangling "you>"."""
+    s, console = _session(nano_llm, [], params=GREEDY, tools=NANO_TOOLS)
+    lines = iter(["Convert 120 km to mi."])
+    prompts = []
+
+    def ask(prompt=""):
+        prompts.append(prompt)
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    console.input = ask  # type: ignore[method-assign]
+    assert s.run() == 0
+    assert "tool loop stopped (end of input)" in console.file.getvalue()
+    assert len(prompts) == 2 and "result of convert_units" in prompts[-1], prompts
+
+
 def test_a_tool_result_gets_an_answer(nano_llm):
     s, console = _session(nano_llm, ["Convert 120 km to mi.", '{"value": 74.56, "unit": "mi"}',
                                      "/exit"], params=GREEDY, tools=NANO_TOOLS)

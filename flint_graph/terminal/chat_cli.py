@@ -533,16 +533,20 @@ class ChatSession:
 
     def _read_results(self, calls) -> str | None:
         """Ask for each call's result and add it to the history as a tool message. Returns
-        None when all were added, "exit" for /exit, "stop" when the tool loop ends otherwise
-        (/reset, Ctrl-C, the end of the input). A result of several lines is fenced by FENCE,
+        None when all were added, "exit" for /exit and the end of the input (Ctrl-D), "stop"
+        when the tool loop ends otherwise (/reset, Ctrl-C). A result of several lines is fenced by FENCE,
         as a message is."""
         for call in calls:
             while True:  # a result that cannot be sent would fail every later turn
                 try:
                     result = self._ask(f"[bold magenta]result of {call.name}>[/] ")
-                except (EOFError, KeyboardInterrupt):
+                except KeyboardInterrupt:
                     self.console.print("[dim]tool loop stopped[/]")
                     return "stop"
+                except EOFError:  # Ctrl-D, or a piped script's end: the chat ends, as at you>
+                    # (a new user's piped chat printed a dangling "you>" after this)
+                    self.console.print("[dim]tool loop stopped (end of input)[/]")
+                    return "exit"
                 fenced = result.lstrip().startswith(FENCE)
                 if fenced:
                     result = self._read_fenced(result.lstrip()[len(FENCE):])
