@@ -214,15 +214,6 @@ def cmd_eval(args) -> int:
               f"this run has no recall suite ({','.join(suites)}), so it is not used",
               file=sys.stderr)
     device = pick_device(args.device)
-    if device.type == "cpu" and (args.n > CPU_QUICK_N or "recall" in suites
-                                 and max(contexts) > CPU_QUICK_CONTEXT):
-        # a new user ran the README's first eval line on the CPU: over an hour, with no word
-        # of it but a bar at 0/400
-        print(f"flint-graph: eval: {counted(len(cases), 'case')} on the CPU"
-              + (f", recall prompts up to {max(contexts):,} tokens" if "recall" in suites
-                 else "") + f": a long run (the default one takes well over an hour on 2 "
-              f"cores); --n {CPU_QUICK_N} --contexts 1024,4096 takes about 4 minutes",
-              file=sys.stderr)
     ckpt = load_checkpoint(model, args.hf_config_path, device, args.progress)
     weights = ckpt.weights.fingerprint()  # before a plant changes them
     _check_same_weights(ref, weights, args.compare)
@@ -242,6 +233,16 @@ def cmd_eval(args) -> int:
             f"--contexts {too_long[0]}: a recall prompt of about that many tokens plus its "
             f"answer does not fit the model's context limit of {limit} tokens; use at most "
             f"{limit - evals.MAX_NEW_TOKENS['recall']}")
+    if device.type == "cpu" and (args.n > CPU_QUICK_N or "recall" in suites
+                                 and max(contexts) > CPU_QUICK_CONTEXT):
+        # a new user ran the README's first eval line on the CPU: over an hour, with no word
+        # of it but a bar at 0/400 (said after the checks that can refuse the run: a note
+        # and then an error read as two verdicts, a bad-input trial)
+        print(f"flint-graph: eval: {counted(len(cases), 'case')} on the CPU"
+              + (f", recall prompts up to {max(contexts):,} tokens" if "recall" in suites
+                 else "") + f": a long run (the default one takes well over an hour on 2 "
+              f"cores); --n {CPU_QUICK_N} --contexts 1024,4096 takes about 4 minutes",
+              file=sys.stderr)
     report = evals.run(llm, cases, args.batch, args.progress)
     report.update({"model": str(model), "format": ckpt.format.value, "engine": llm.engine.name,
                    "device": str(device), "plant": args.plant, "n": args.n, "seed": args.seed,

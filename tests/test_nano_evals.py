@@ -709,16 +709,17 @@ def test_a_reports_setup_fields_are_checked(field, value, word):
 def test_a_long_eval_on_the_cpu_says_so_before_it_starts(tmp_path, capsys, monkeypatch):
     """A new user's trial (2026-12-05): the README's first eval line on the CPU showed a bar
     at 0/400 and nothing else for what would take well over an hour. A run past --n 10 or
-    recall past 4,096 tokens now says so on stderr before it loads anything; a short one
-    does not."""
-    from flint_graph.checkpoints import checkpoint
+    recall past 4,096 tokens now says so on stderr before its cases run (after the checks that
+    can still refuse it: a note followed by an error read as two verdicts, a trial of
+    2026-12-07); a short one does not."""
     from flint_graph.cli import main
     from flint_graph.errors import InvalidRequestError
+    from flint_graph.nano import evals
 
     def stop(*a, **k):
         raise InvalidRequestError("stopped here by the test")
 
-    monkeypatch.setattr(checkpoint, "load_checkpoint", stop)
+    monkeypatch.setattr(evals, "run", stop)
     for argv, long in ((["--suite", "arith", "--n", "2"], False),
                        (["--suite", "arith", "--n", "11"], True),
                        (["--suite", "recall", "--n", "1", "--contexts", "1024,8192"], True)):
@@ -727,6 +728,11 @@ def test_a_long_eval_on_the_cpu_says_so_before_it_starts(tmp_path, capsys, monke
         assert "stopped here by the test" in err
         assert ("a long run" in err and "--n 10 --contexts 1024,4096 takes about 4 minutes"
                 in err) == long, (argv, err)
+    # refused for the model's context limit: the error alone, no note before it
+    assert main(["eval", "--quiet", "--device", "cpu", "--suite", "recall", "--n", "1",
+                 "--contexts", "40000"]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit the model's context limit" in err and "a long run" not in err, err
 
 
 def test_result_suite_cases():
