@@ -341,6 +341,8 @@ def _top_k() -> int:
 def _print(report: dict, console=None) -> None:
     """The header line, the table of scores and the --compare verdict, on `console` (default:
     bench's and trace's report console)."""
+    from flint_graph.errors import counted
+
     from rich.markup import escape
     from rich.table import Table
 
@@ -391,7 +393,8 @@ def _print(report: dict, console=None) -> None:
             else:
                 rule = (f"pass ≤ {c['logprob_tolerance']:.3g}: "
                         f"{'within' if c['logprob_within'] else 'OUTSIDE'}")
-            print(f"log-probabilities of the {c['logprob_tokens']} tokens both decoded alike: "
+            print(f"log-probabilities of the {counted(c['logprob_tokens'], 'token')} both "
+                  "decoded alike: "
                   f"mean |Δ| {c['logprob_mean_abs_diff']:.3g} nats ({rule}), max "
                   f"{c['logprob_max_abs_diff']:.3g}")
         if c.get("top_logprob_pairs"):
@@ -399,7 +402,8 @@ def _print(report: dict, console=None) -> None:
                   f"ids listed by both): mean |Δ| {c['top_logprob_mean_abs_diff']:.3g} nats "
                   "(informational: not yet part of the verdict)")
         if c.get("logprob_length_mismatches"):
-            print(f"{c['logprob_length_mismatches']} outputs alike in both runs have "
+            n = c["logprob_length_mismatches"]
+            print(f"{counted(n, 'output')} alike in both runs {'has' if n == 1 else 'have'} "
                   "log-probability lists of different lengths (a report edited or cut)")
         print(f"compare: {'PASSED' if c['passed'] else 'FAILED'}")
     sys.stdout.flush()

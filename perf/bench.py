@@ -133,9 +133,9 @@ def _side_files(cfg: FlintConfig, seed: int) -> Path:
                           f"tokenizer ({e.strerror or e}; TMPDIR sets where)") from None
     try:
         write_side_files(cfg, d, seed)
-    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+    except BaseException as e:  # Ctrl-C and SIGTERM too: nothing is left in /tmp (a trial)
         shutil.rmtree(d, ignore_errors=True)
-        if not (isinstance(e, OSError) or _disk_full(e)):
+        if not isinstance(e, Exception) or not (isinstance(e, OSError) or _disk_full(e)):
             raise
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ConfigError(f"{d}: cannot write the synthetic weights' tokenizer and config "
@@ -163,11 +163,13 @@ def sources(o: BenchOptions, kv_tokens: int):
         yield llm.checkpoint.format.value, llm
         return
     cfg, dev = FlintConfig.preset(o.preset), pick_device(o.device)
-    side = _side_files(cfg, o.seed)
+    side = None
     try:
+        side = _side_files(cfg, o.seed)
         yield from _synthetic_sources(o, kv_tokens, cfg, dev, side)
     finally:  # each LLM has read the files by the time it is yielded; nothing is left in /tmp
-        shutil.rmtree(side, ignore_errors=True)
+        if side is not None:
+            shutil.rmtree(side, ignore_errors=True)
 
 
 def _synthetic_sources(o: BenchOptions, kv_tokens: int, cfg: FlintConfig, dev, side: Path):

@@ -21,7 +21,7 @@ from itertools import pairwise
 from rich.markup import escape
 from rich.text import Text
 
-from flint_graph.errors import InvalidRequestError
+from flint_graph.errors import InvalidRequestError, counted
 from flint_graph.perf.bench_report import (bandwidth, change_text, compare_warnings,
                                            header_line, megabytes, num, pct, read_json,
                                            rel_change, rich_table, signed)
@@ -399,7 +399,8 @@ def print_compare(a: dict, b: dict, console, top: int = 15, threshold: float = 0
         console.print(_delta_table(c["kernels"], what, sign, top))
     only = Counter("B" if r["a_us"] is None else "A" for r in c["kernels"] if r["delta_us"] is None)
     if only:
-        console.print(f"unmatched: {only['A']} kernels only in A, {only['B']} only in B",
+        console.print(f"unmatched: {counted(only['A'], 'kernel')} only in A, {only['B']} only "
+                      "in B",
                       style="yellow")
 
 

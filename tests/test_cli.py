@@ -367,6 +367,20 @@ def test_overwrite_interrupted_between_its_renames_keeps_a_checkpoint(capsys, tm
         assert (ck / "config.json").read_text() == first  # the old checkpoint, back in place
 
 
+def test_overwrite_of_the_current_directory_works(capsys, tmp_path, monkeypatch):
+    """`make-checkpoint --out . --overwrite` inside a checkpoint made its temporary directory
+    inside the one it replaced, then refused it as a file it did not write (a trial)."""
+    ck = tmp_path / "ck"
+    args = ("--preset", "tiny", "--device", "cpu", "--no-progress")
+    assert _run(capsys, "make-checkpoint", "--out", ck, *args)[0] == 0
+    monkeypatch.chdir(ck)
+    code, _, err = _run(capsys, "make-checkpoint", "--out", ".", *args, "--seed", "3",
+                        "--overwrite")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert '"seed": 3' in (ck / ".flint-checkpoint-complete.json").read_text()
+
+
 def test_overwrite_through_a_symlink_is_refused_cleanly(capsys, tmp_path):
     """--overwrite on a symlink to a checkpoint ended in "internal error: OSError: Cannot call
     rmtree on a symbolic link" with the link replaced by a directory and a stray link left

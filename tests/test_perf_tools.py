@@ -491,6 +491,13 @@ def test_synthetic_side_files_are_removed_and_their_failure_named(tmp_path, monk
         assert "internal error" not in err, err
     assert not list(tmp_path.glob("flint-bench-*"))
 
+    def interrupted(*a, **k):  # Ctrl-C while the tokenizer is written (a re-trial)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(make_checkpoint, "write_side_files", interrupted)
+    assert main(["trace", *SMALL, "--context", "64"]) == 130
+    assert not list(tmp_path.glob("flint-bench-*"))
+
 
 @pytest.mark.parametrize("extra,named", [
     (["some/model"], "MODEL"), (["--preset", "full"], "--preset"),

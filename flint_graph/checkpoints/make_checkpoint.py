@@ -284,7 +284,9 @@ def write_checkpoint(cfg: FlintConfig, out_dir: str | Path,
     formats = tuple(formats)
     if not formats or any(f not in FORMATS for f in formats):
         raise ConfigError(f"formats {list(formats)}; expected a non-empty subset of {FORMATS}")
-    dev, out_dir, t0 = pick_device(device), Path(out_dir), time.perf_counter()
+    # absolute (links kept): `--out .` made its temporary directory inside the directory it
+    # was to replace (Path('.').parent is '.'), and --overwrite then refused it (a trial)
+    dev, out_dir, t0 = pick_device(device), Path(os.path.abspath(out_dir)), time.perf_counter()
     _check_destination(out_dir)
     _is_occupied(out_dir, overwrite)  # refuse before any work, not after minutes of it
     made = [d for d in out_dir.parents if not d.exists()]  # removed again if the write fails

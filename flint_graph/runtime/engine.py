@@ -127,7 +127,7 @@ class Engine:
             except (ImportError, FlintError, ValueError, RuntimeError) as e:
                 why = f"{type(e).__name__}: {e}"
         if engine.engine == "graph":
-            raise ConfigError(f"engine=graph: {why}")
+            raise ConfigError(f"engine=graph (--engine graph): {why}")
         return None, why
 
     @property

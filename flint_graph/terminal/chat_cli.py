@@ -28,7 +28,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from flint_graph.checkpoints import jsonfile
-from flint_graph.errors import ContextLengthError, FlintError, not_utf8
+from flint_graph.errors import ContextLengthError, FlintError, counted, not_utf8
 from flint_graph.paths import replace_file
 from flint_graph.terminal.live_text import printable, tail_lines
 from flint_graph.terminal.progress import prefill_bar
@@ -251,7 +251,7 @@ def save_transcript(path: str | Path, messages: list[dict[str, Any]],
         written = json.loads(text)  # what the file will hold, as a later read sees it
         if written["messages"][:len(saved)] != saved:
             # another conversation (or this one after /reset): replacing it would lose it
-            raise FlintError(f"{path}: holds a transcript of {len(saved)} messages that this "
+            raise FlintError(f"{path}: holds a transcript of {counted(len(saved), 'message')} that this "
                              f"chat's {len(messages)} do not begin with; choose another name, "
                              "or delete it first")
         if existed and written.get("tools", []) != saved_tools:
