@@ -34,11 +34,13 @@ def shown(value: object, limit: int = 60) -> str:
 
 def terminal_safe(text: str) -> str:
     """`text` with control characters other than newline and tab written as escapes (\\x1b,
-    \\x9b): an error message that quotes a user's path or value must not move the cursor,
-    recolour or retitle the terminal it is printed on."""
+    \\x9b), and format characters too (\\u202e, \\u200b: bidirectional overrides and
+    zero-width marks reorder or hide what is shown, a re-trial of 2026-12-07): an error
+    message or a saved file's name must not move the cursor, recolour, retitle or rearrange
+    the terminal it is printed on."""
     import unicodedata
 
-    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) != "Cc"
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf")
                    else ascii(ch)[1:-1] for ch in text)
 
 

@@ -462,8 +462,9 @@ def report_console():
             self.quiet = True
             raise BrokenPipeError
 
-    console = ReportConsole()
-    return console if console.is_terminal else ReportConsole(width=PIPED_WIDTH)
+    # emoji=False: a saved file's ":thumbs_up:" is text, not a picture (a re-trial)
+    console = ReportConsole(emoji=False)
+    return console if console.is_terminal else ReportConsole(width=PIPED_WIDTH, emoji=False)
 
 
 def saved_json(schema: str):

@@ -355,6 +355,15 @@ def test_saved_strings_cannot_drive_the_terminal(tmp_path):
     tr.print_compare(tr.load(t), tr.load(t), console)
     out = console.file.getvalue()
     assert "\x1b]" not in out and "\x07" not in out and "\x9b" not in out
+    # format characters (a bidi override, a zero-width space) are shown escaped too, and a
+    # ":thumbs_up:" stays text in the report console (a re-trial)
+    res["decode"][0]["engine"] = "ref\u202eevil\u200b :thumbs_up:"
+    a.write_text(json.dumps(res))
+    assert br.load(a)["decode"][0]["engine"] == "ref\\u202eevil\\u200b :thumbs_up:"
+    from flint_graph.perf.cli import report_console
+
+    rc = report_console()
+    assert rc._emoji is False
 
 
 def test_wrote_lines_show_the_path_as_typed(capsys):

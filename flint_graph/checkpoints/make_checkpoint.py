@@ -474,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
     out = StdoutConsole()
     out.print(terminal_safe(f"wrote {summary['out_dir']} ({summary['total_bytes'] / 1e6:,.1f} "
                             f"MB, {summary['seconds']['total']:.1f} s on {summary['device']})"),
-              markup=False)
+              markup=False, emoji=False)
     for name, size in summary["files"].items():
         out.print(f"  {name:<40} {size:>16,} bytes", highlight=False)
     steps = ", ".join(f"{k} {v:.1f} s" for k, v in summary["seconds"].items() if k != "total")
