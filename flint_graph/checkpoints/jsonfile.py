@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -116,13 +117,19 @@ def _mb(n: int) -> str:
 
 
 def parsed_size(data: bytes) -> int:
-    """An upper bound, in bytes, on the memory `data`'s JSON takes once parsed by Python's json:
-    ~72 bytes a container (an empty dict or list with its slot), ~48 a value after a comma and
-    ~56 a key (a short str and its entry), plus the text. Counted over the raw bytes, brackets
-    and commas inside strings too, so it only overestimates (by a few times for JSON whose
-    strings hold JSON); linear and done in C, unlike a scan that skips strings."""
+    """An estimate, in bytes, of the memory `data`'s JSON takes while Python's json parses it,
+    meant to be above it for any shape: ~200 bytes a container (a small dict is 184), ~48 a
+    value after a comma, ~100 a key (its str and its slot), ~60 a string (a pair of quotes),
+    and the text about four times over (the bytes, the decoded str, the strings parsed out of
+    it, a margin) at 4 bytes a character when it holds a character beyond the BMP (Python then stores
+    the whole str at that width: a 95 MB string with one emoji took 1 GB, a re-trial), else 2
+    where it is not ASCII. Counted over the raw bytes (brackets and commas inside strings
+    too): linear and done in C, unlike a scan that skips strings."""
     containers = data.count(b"{") + data.count(b"[")
-    return 72 * containers + 48 * data.count(b",") + 56 * data.count(b":") + len(data)
+    wide = 4 if re.search(rb"[\xf0-\xf4]|\\u[dD][89abAB]", data) else \
+        2 if re.search(rb"[\x80-\xff]|\\u", data) else 1
+    return (200 * containers + 48 * data.count(b",") + 100 * data.count(b":")
+            + 30 * data.count(b'"') + len(data) * (2 + 2 * wide) + 4096)
 
 
 def read_json_object(path: Path, error: type[FlintError], missing: str) -> dict[str, Any]:
