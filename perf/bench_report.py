@@ -29,7 +29,7 @@ from flint_graph.errors import InvalidRequestError, kind, shown, terminal_safe
 RESULT_MAX_BYTES = 256 << 20  # a bench or trace JSON is a few MB; a device or 1 GB file is refused
 
 SCHEMA, VERSIONS = "flint-graph-bench", (1,)
-# How a markdown report begins: `bench --markdown` replaces only a file that begins so
+# How a markdown report begins
 MARKDOWN_HEAD = "**flint-graph bench** — "
 BASELINES = ("reference", "compiled")  # what the graph engine is timed against, in column order
 SHORT = {"reference": "ref", "compiled": "comp"}

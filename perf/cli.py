@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -481,20 +482,35 @@ def saved_json(schema: str):
     return recognise
 
 
-def begins_as(module: str, head: str):
-    """A recogniser for check_outputs' `own`: whether a text file we write (bench's markdown,
-    trace's HTML) begins with the `head` constant of flint_graph.perf.`module`, as every one we
-    write does. A file that only mentions it further on is a user's (a bad-input trial saw
-    `bench --markdown notes.md` replace notes quoting a report's first line)."""
-    def recognise(path: Path) -> bool:
-        import importlib
+SEAL = "<!-- flint-graph {what}; sha256 of the text above: {digest} -->\n"
+SEAL_MAX_BYTES = 64 << 20  # a report is a few hundred KB
 
-        marker = getattr(importlib.import_module(f"flint_graph.perf.{module}"), head).encode()
+
+def seal(text: str, what: str) -> str:
+    """`text` (ending in a newline) with a last line naming `what` wrote it and the sha256 of
+    everything before that line: what `sealed_as` recognises as our own earlier output."""
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return text + SEAL.format(what=what, digest=digest)
+
+
+def sealed_as(what: str):
+    """A recogniser for check_outputs' `own`: whether a file is one `seal(…, what)` wrote,
+    unchanged since (its last line's digest matches the text above it). A file that only
+    begins like a report, or quotes one, or was a report and has been edited, is a user's
+    (bad-input trials: `bench --markdown notes.md` replaced notes quoting, and then notes
+    beginning with, a report's first line)."""
+    def recognise(path: Path) -> bool:
         try:
             with open(path, "rb") as f:
-                return f.read(len(marker)) == marker
+                data = f.read(SEAL_MAX_BYTES + 1)
         except OSError:
             return False
+        if len(data) > SEAL_MAX_BYTES or not data.endswith(b" -->\n"):
+            return False
+        body, _, last = data[:-1].rpartition(b"\n")
+        body += b"\n"
+        want = SEAL.format(what=what, digest=hashlib.sha256(body).hexdigest()).encode()
+        return last + b"\n" == want
     return recognise
 
 
@@ -504,10 +520,10 @@ def begins_as(module: str, head: str):
 OWN_OUTPUTS = {
     "bench": {"--json": ("a flint-graph bench JSON", saved_json("flint-graph-bench")),
               "--markdown": ("a flint-graph bench markdown report",
-                             begins_as("bench_report", "MARKDOWN_HEAD"))},
+                             sealed_as("bench markdown"))},
     "trace": {"--out": ("a flint-graph trace JSON", saved_json("flint-graph-trace")),
               "--html": ("a flint-graph trace HTML plot",
-                         begins_as("trace_report", "HTML_HEAD"))},
+                         sealed_as("trace html"))},
 }
 
 
@@ -569,7 +585,7 @@ def run_bench_cmd(args) -> int:
     # happens to a file (a full disk)
     failed = write_outputs([("--json", args.json, json.dumps(res, indent=1) + "\n"),
                          ("--markdown", args.markdown,
-                          lambda: bench_report.markdown(res) + "\n")])
+                          lambda: seal(bench_report.markdown(res) + "\n", "bench markdown"))])
     bench_report.print_report(res, console)
     done = [f"wrote {p}" for f, p in (("--json", args.json), ("--markdown", args.markdown))
             if p and not any(m.startswith(f"{f} ") for m in failed)]
@@ -602,7 +618,8 @@ def run_trace_cmd(args) -> int:
     tr = run_trace(o)
     failed = write_outputs([("--out", args.out,
                           lambda: json.dumps(trace_report.to_file_json(tr)) + "\n"),
-                         ("--html", args.html, lambda: trace_report.html_plot(tr, top=args.top))])
+                         ("--html", args.html,
+                          lambda: seal(trace_report.html_plot(tr, top=args.top), "trace html"))])
     trace_report.print_trace(tr, console, top=args.top)
     ok = {f: p for f, p in (("--out", args.out), ("--html", args.html))
           if p and not any(m.startswith(f"{f} ") for m in failed)}

@@ -34,7 +34,7 @@ COLOURS = {"embedding": "#8c564b", "attention": "#1f77b4", "gemv": "#ff7f0e", "g
            "moe": "#2ca02c",
            "norm": "#9467bd", "lm_head": "#d62728", "sampling": "#e377c2", "other": "#7f7f7f",
            "gap": "#d0d0d0", "floor": "#303030"}
-# How an HTML plot begins: `trace --html` replaces only a file that begins so
+# How an HTML plot begins
 HTML_HEAD = '<!DOCTYPE html>\n<html><head><meta charset="utf-8">\n<title>flint-graph trace: '
 CHROME_KEYS = ("traceEvents", "displayTimeUnit", "metadata")
 KIND_COLS = ["kind", "count", "µs", "share %", "MB", "floor µs", "% BW"]

@@ -196,9 +196,17 @@ def test_outputs_replace_only_their_own_earlier_files(tmp_path, capsys):
     notes.write_text("my notes\n")
     # files that quote our outputs' first lines further on are still the user's (a bad-input
     # trial saw `bench --markdown` replace such notes: the check looked anywhere in 4 KB)
+    # ... and so are files that begin as a report does, and reports edited since (a re-trial):
+    # only a report whose last line's sha256 matches the text above it is ours
+    from flint_graph.perf.bench_report import MARKDOWN_HEAD
+    from flint_graph.perf.trace_report import HTML_HEAD
+
     quoting_md, quoting_html = tmp_path / "mine.md", tmp_path / "mine.html"
     quoting_md.write_text("# My notes\n\n**flint-graph bench** — CPU, yesterday\n")
     quoting_html.write_text("<html><body><title>flint-graph trace: mine</title></body></html>\n")
+    head_md, head_html = tmp_path / "head.md", tmp_path / "head.html"
+    head_md.write_text(f"{MARKDOWN_HEAD}my notes\n\nImportant: do not lose these.\n")
+    head_html.write_text(f"{HTML_HEAD}my copy</title>MY NOTES\n")
     run = ["--buckets", "1", "--contexts", "64", "--steps", "1", "--baseline-steps", "1",
            "--e2e-tokens", "2", "--prefill-tokens", "16"]
     bj, bm, tj, th = (tmp_path / n for n in ("b.json", "b.md", "t.json", "t.html"))
@@ -207,6 +215,8 @@ def test_outputs_replace_only_their_own_earlier_files(tmp_path, capsys):
         assert main(["trace", *SMALL, "--context", "64", "--steps", "1", "--out", str(tj),
                      "--html", str(th)]) == 0
     capsys.readouterr()
+    edited = tmp_path / "edited.md"  # our own report, with the user's line added
+    edited.write_text(bm.read_text().replace("\n", "\nmy line\n", 1))
     for argv, what in [
             (["bench", *SMALL, *run, "--json", str(notes)], "a flint-graph bench JSON"),
             (["bench", *SMALL, *run, "--json", str(tj)], "a flint-graph bench JSON"),
@@ -217,6 +227,10 @@ def test_outputs_replace_only_their_own_earlier_files(tmp_path, capsys):
              "a flint-graph bench markdown"),
             (["trace", *SMALL, "--context", "64", "--html", str(quoting_html)],
              "a flint-graph trace HTML"),
+            (["bench", *SMALL, *run, "--markdown", str(head_md)], "a flint-graph bench markdown"),
+            (["trace", *SMALL, "--context", "64", "--html", str(head_html)],
+             "a flint-graph trace HTML"),
+            (["bench", *SMALL, *run, "--markdown", str(edited)], "a flint-graph bench markdown"),
     ]:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
@@ -224,6 +238,8 @@ def test_outputs_replace_only_their_own_earlier_files(tmp_path, capsys):
     assert notes.read_text() == "my notes\n"
     assert quoting_md.read_text().startswith("# My notes")
     assert quoting_html.read_text().startswith("<html><body>")
+    assert "do not lose" in head_md.read_text() and "MY NOTES" in head_html.read_text()
+    assert "my line" in edited.read_text()
     assert json.loads(bj.read_text())["schema"] == "flint-graph-bench"
     assert json.loads(tj.read_text())["schema"] == "flint-graph-trace"
 
