@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
         parser = build_parser()
         args = parser.parse_args(argv)
+        from flint_graph.cli_args import given_dests
+
+        args.given = given_dests(sys.argv[1:] if argv is None else list(argv))
         if getattr(args, "command", None) is None:
             # a usage error, one line as every other (README); --help prints the whole help
             print(f"flint-graph: error: no command given; expected one of "

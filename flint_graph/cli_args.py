@@ -270,6 +270,20 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+def given_dests(argv: list[str]) -> set[str]:
+    """The dests of the options (and positionals) `argv` gives, whatever their values: parsed
+    again with every default suppressed. What a flag that a run cannot use is checked by
+    (`bench --compare A B --buckets 1,2,4,8`, the default typed out, was ignored without a word
+    where `--buckets 1` was refused: a re-trial). `argv` must parse (it did once already)."""
+    parser = build_parser()
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for p in [parser, *(c for s in subs for c in s.choices.values())]:
+        for action in p._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand; `args.command` names the one chosen."""
     p = ArgParser(

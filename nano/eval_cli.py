@@ -208,7 +208,8 @@ def cmd_eval(args) -> int:
                                   "--suite and --contexts)")
     if ref is not None:
         _same_cases(ref, cases, args)
-    if "recall" not in suites and contexts != DEFAULT_CONTEXTS:
+    if "recall" not in suites and ("contexts" in getattr(args, "given", ())
+                                   or contexts != DEFAULT_CONTEXTS):
         # `--suite arith --contexts 40000` ran without a word that the flag did nothing
         print(f"flint-graph: eval: note: --contexts sets the recall suite's prompt lengths; "
               f"this run has no recall suite ({','.join(suites)}), so it is not used",

@@ -272,8 +272,11 @@ def _synthetic_flags(args, command: str) -> None:
     bad-input trial of 2026-12-06: a checkpoint has its own config and weight format)."""
     flag = "--format" if command == "trace" else "--formats"
     given = [f for f, v in (("--preset", args.preset), (flag, args.formats)) if v is not None]
+    if "seed" in getattr(args, "given", ()):  # it seeds the synthetic weights only (a re-trial)
+        given.append("--seed")
     if args.model is not None and given:
-        print(f"flint-graph: note: {' and '.join(given)} "
+        print(f"flint-graph: note: {', '.join(given[:-1]) + ' and ' if given[:-1] else ''}"
+              f"{given[-1]} "
               f"{'describe' if len(given) > 1 else 'describes'} the synthetic weights made "
               f"when no MODEL is given; {args.model} has its own config and weight format, so "
               f"{'they are' if len(given) > 1 else 'it is'} not used", file=sys.stderr)
@@ -560,9 +563,13 @@ def _measuring_flags_given(args) -> list[str]:
 
     sub = next(a for a in build_parser()._actions
                if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    given = getattr(args, "given", None)  # set by flint_graph.cli.main: typed, at any value
+
+    def typed(a) -> bool:
+        return a.dest in given if given is not None else \
+            getattr(args, a.dest, a.default) != a.default
     return [a.option_strings[0] if a.option_strings else a.metavar
-            for a in sub._actions if a.dest not in _SHOWN_WITH_COMPARE
-            and getattr(args, a.dest, a.default) != a.default]
+            for a in sub._actions if a.dest not in _SHOWN_WITH_COMPARE and typed(a)]
 
 
 def run_bench_cmd(args) -> int:

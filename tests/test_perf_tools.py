@@ -475,6 +475,10 @@ def test_synthetic_flags_beside_a_model_get_a_note(tiny_ckpt, tmp_path, capsys):
                  "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "note: --preset and --format describe the synthetic weights" in err
+    # --seed too, at any value (a re-trial: `--seed 5` beside a MODEL went unnoted)
+    assert main(["trace", str(tiny_ckpt), "--seed", "0", "--device", "cpu", "--context", "64",
+                 "--steps", "1", "--no-progress"]) == 0
+    assert "note: --seed describes the synthetic weights" in capsys.readouterr().err
     assert main(["trace", str(tiny_ckpt), "--device", "cpu", "--context", "64", "--steps", "1",
                  "--out", str(out), "--no-progress"]) == 0
     assert "note: --preset" not in capsys.readouterr().err
@@ -518,7 +522,10 @@ def test_synthetic_side_files_are_removed_and_their_failure_named(tmp_path, monk
 @pytest.mark.parametrize("extra,named", [
     (["some/model"], "MODEL"), (["--preset", "full"], "--preset"),
     (["--buckets", "1"], "--buckets"), (["--steps", "5"], "--steps"),
-    (["--contexts", "1k", "--compiled"], "--contexts, --compiled")])
+    (["--contexts", "1k", "--compiled"], "--contexts, --compiled"),
+    # at their defaults too: typed, they were ignored without a word (a re-trial)
+    (["--buckets", "1,2,4,8"], "--buckets"), (["--seed", "0"], "--seed"),
+    (["--engine", "auto"], "--engine")])
 def test_compare_refuses_the_flags_it_would_ignore(tmp_path, capsys, extra, named):
     """`bench nonexist --compare A B` and `--compare A B --buckets 1 --steps 5` compared the
     files and ignored the rest without a word (a bad-input trial): measuring flags beside
@@ -550,3 +557,6 @@ def test_flags_a_run_cannot_use_get_a_note(capsys):
     assert main(["eval", "--suite", "arith", "--contexts", "2k", "--n", "1", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "--contexts sets the recall suite's prompt lengths" in err, err
+    assert main(["eval", "--suite", "arith", "--contexts", "1k,4k,16k", "--n", "1",
+                 "--quiet"]) == 0  # the default, typed out
+    assert "--contexts sets the recall suite's" in capsys.readouterr().err
