@@ -135,8 +135,11 @@ def replace_file(path: Path, text: str, mode: int | None = None) -> None:
         st = os.stat(path)
     except FileNotFoundError:
         st = None
+    # UTF-8 whatever the locale, and a surrogate-escaped byte of the user's (a report quotes
+    # argv) written back as that byte: a strict encode was an internal error that lost the
+    # run's figures, and the sha256 of a sealed report must be over what is written (a re-trial)
     if st is not None and not stat.S_ISREG(st.st_mode):
-        path.write_text(text)
+        path.write_text(text, encoding="utf-8", errors="surrogateescape")
         return
     if st is not None:
         with open(path, "a"):  # read-only: refused here as a write in place would be
@@ -154,7 +157,7 @@ def replace_file(path: Path, text: str, mode: int | None = None) -> None:
         if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
             with contextlib.suppress(OSError):  # only root may give a file away
                 os.chown(tmp, st.st_uid, st.st_gid)
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

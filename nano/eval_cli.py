@@ -303,7 +303,7 @@ def _verdict(target: dict) -> str:
 
 
 # a report holds every case's answer and log-probabilities: ~13 KB a case (480 cases: 6.1 MB);
-# what it may take parsed is bounded too (jsonfile.PARSED_MAX_BYTES: reports to ~100 MB)
+# what it may take parsed is bounded too (jsonfile.PARSED_MAX_BYTES: reports to ~200 MB)
 REPORT_MAX_BYTES = 1 << 30
 
 

@@ -492,7 +492,8 @@ SEAL_MAX_BYTES = 64 << 20  # a report is a few hundred KB
 def seal(text: str, what: str) -> str:
     """`text` (ending in a newline) with a last line naming `what` wrote it and the sha256 of
     everything before that line: what `sealed_as` recognises as our own earlier output."""
-    digest = hashlib.sha256(text.encode()).hexdigest()
+    # the bytes replace_file writes (argv's undecodable bytes come back as themselves)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
     return text + SEAL.format(what=what, digest=digest)
 
 

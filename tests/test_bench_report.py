@@ -376,3 +376,17 @@ def test_wrote_lines_show_the_path_as_typed(capsys):
     out = console.file.getvalue()
     assert "esc\\x1b[31m[bold]f" in _strip(out) and "\x1b[31m" not in out
     assert "x\\x1b[31m: cannot write" in capsys.readouterr().err
+
+
+def test_a_sealed_report_quoting_undecodable_argv_is_written_and_recognised(tmp_path):
+    """A report quotes the command line, where a byte no encoding decodes arrives as a
+    surrogate (`--markdown $'s\\xff.md'`): the seal's strict encode was an internal error that
+    lost the run's tables (a re-trial). The file holds that byte back and is ours next time."""
+    from flint_graph.perf.cli import seal, sealed_as, write_outputs
+
+    text = seal("**flint-graph bench** — x\n\n`flint-graph bench --markdown s\udcff.md`\n",
+                "bench markdown")
+    out = tmp_path / "s.md"
+    assert write_outputs([("--markdown", out, text)]) == []
+    assert b"s\xff.md" in out.read_bytes()
+    assert sealed_as("bench markdown")(out) and not sealed_as("trace html")(out)
