@@ -271,15 +271,15 @@ def _synthetic_flags(args, command: str) -> None:
     are not used (`trace MODEL --format bf16 --preset full` ignored both in silence, a
     bad-input trial of 2026-12-06: a checkpoint has its own config and weight format)."""
     flag = "--format" if command == "trace" else "--formats"
-    given = [f for f, v in (("--preset", args.preset), (flag, args.formats)) if v is not None]
+    named = [f for f, v in (("--preset", args.preset), (flag, args.formats)) if v is not None]
     if "seed" in getattr(args, "given", ()):  # it seeds the synthetic weights only (a re-trial)
-        given.append("--seed")
-    if args.model is not None and given:
-        print(f"flint-graph: note: {', '.join(given[:-1]) + ' and ' if given[:-1] else ''}"
-              f"{given[-1]} "
-              f"{'describe' if len(given) > 1 else 'describes'} the synthetic weights made "
+        named.append("--seed")
+    if args.model is not None and named:
+        print(f"flint-graph: note: {', '.join(named[:-1]) + ' and ' if named[:-1] else ''}"
+              f"{named[-1]} "
+              f"{'describe' if len(named) > 1 else 'describes'} the synthetic weights made "
               f"when no MODEL is given; {args.model} has its own config and weight format, so "
-              f"{'they are' if len(given) > 1 else 'it is'} not used", file=sys.stderr)
+              f"{'they are' if len(named) > 1 else 'it is'} not used", file=sys.stderr)
     args.preset = args.preset or SYNTHETIC_DEFAULTS["preset"]
     args.formats = args.formats or SYNTHETIC_DEFAULTS[command]
 
