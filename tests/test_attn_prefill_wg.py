@@ -20,7 +20,7 @@ def test_specialisations_mirror_attn_prefill(preset):
     full = [b for b in base if not b["RING"]]
     assert base + [{**b, "SPLITS": n} for b in full for n in wg.SPLIT_CHOICES] == \
         [s.as_dict() for s in specs]
-    plain = [s for s in wg.bench_specs(cfg) if not wg._ws(s)]
+    plain = [s for s in wg.bench_specs(cfg) if not wg._ws(s) and not wg._fc(s)]
     assert {s["ST"] for s in plain} == set(wg.STAGE_CHOICES) - {wg.STAGES}
     for s in specs + plain:
         args, launch = check_spec(wg.KERNEL, s)
@@ -65,6 +65,22 @@ def test_the_warp_specialized_form_per_layer_kind(preset):
     assert len(set(ids)) == len(ids) and max(ids) < 16
 
 
+@pytest.mark.parametrize("preset", ["nano", "full"])
+def test_the_run_copies_variant_of_every_model_spec(preset):
+    """FC = 1 (bench variant, the module doc's "FC"): every model spec again, split ones
+    included, with the same arguments and launch; a pass of the CTA's copies covers a multiple
+    of 8 key rows, so a row's swizzle is the same in every pass (what its copies rely on)."""
+    cfg = FlintConfig.preset(preset)
+    fc = [s for s in wg.bench_specs(cfg) if wg._fc(s)]
+    assert [{k: v for k, v in s.as_dict().items() if k != "FC"} for s in fc] == \
+        [s.as_dict() for s in wg._specs(cfg)]
+    for s in fc:
+        args, launch = check_spec(wg.KERNEL, s)
+        plain = wg.KERNEL.spec(**{k: v for k, v in s.as_dict().items() if k != "FC"})
+        assert (args, launch) == check_spec(wg.KERNEL, plain)
+        assert (32 * wg.WARPS // (s["D"] // 8)) % 8 == 0
+
+
 def test_short_chunks_split_their_keys_until_the_gpu_is_full():
     """splits_for: 1 once a chunk's own CTAs reach SPLIT_CTAS, else the smallest choice that
     reaches it (the largest when none does); split_rows bounds the partials of every split."""
@@ -85,7 +101,9 @@ def test_the_tiny_config_keeps_attn_prefill():
                                         (dict(SPLITS=8), "SPLITS = 8"),
                                         (dict(WS=2), "WS = 2"),
                                         (dict(WS=1, ST=3), "WS = 1 takes ST = 2"),
-                                        (dict(WS=1, SPLITS=4), "WS = 1 takes ST = 2")])
+                                        (dict(WS=1, SPLITS=4), "WS = 1 takes ST = 2"),
+                                        (dict(FC=2), "FC = 2"),
+                                        (dict(FC=1, WS=1), "not with WS = 1")])
 def test_unsupported_specialisations_are_refused(bad, match):
     values = dict(HQ=32, HKV=4, D=128, P=64, RING=0, W=0, ST=2) | bad
     with pytest.raises(ValueError, match=match):

@@ -169,7 +169,7 @@ def _attn_variant_built(values: dict[str, int]) -> bool:
 
 def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
     """--attn-kernel: comma-separated NAME[:K=V[:K=V…]] (NAME one of ATTN_KERNELS; K=V one of
-    attn_prefill_wg's benchmark variants: ST 2 or 3 stages, WS 0 or 1)."""
+    attn_prefill_wg's benchmark variants: ST 2 or 3 stages, WS 0 or 1, FC 0 or 1)."""
     from flint_graph.capture.prefill import ATTN_KERNELS
 
     out = []
@@ -177,14 +177,15 @@ def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
         name, *pairs = v.split(":")
         if name not in ATTN_KERNELS:
             raise argparse.ArgumentTypeError(f"{name!r}: expected one of {', '.join(ATTN_KERNELS)}")
-        known = {"attn_prefill_wg": {"ST": (2, 3), "WS": (0, 1)}}.get(name, {})
+        known = {"attn_prefill_wg": {"ST": (2, 3), "WS": (0, 1), "FC": (0, 1)}}.get(name, {})
         values = _kv_values(v, pairs, known, name, "attn_prefill_wg:ST=3")
-        if values.get("WS") == 0:
-            del values["WS"]  # the default form: its specs do not name WS
+        for key in ("WS", "FC"):
+            if values.get(key) == 0:
+                del values[key]  # the default form: its specs do not name them
         if values and not _attn_variant_built(values):
             raise argparse.ArgumentTypeError(
                 f"{v!r}: no such attn_prefill_wg spec is built (tools/build_gpu_cache.py "
-                "builds ST=3 or WS=1, one at a time: its WS=1 form takes ST=2)")
+                "builds ST=3, WS=1 or FC=1, one at a time: its WS=1 form takes ST=2)")
         out.append((name, values))
     return out
 

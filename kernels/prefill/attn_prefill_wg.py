@@ -80,6 +80,24 @@ tile j − 1 at the old reference max, like l), pack P_j. SASS (sm_90a): no loca
 a full layer at 8K 1.19 → ~0.95–1.05 ms (≥ 520 TFLOP/s), 32K 635 → ~570 ms, 100K 3.94 →
 ~3.4 s. sm_100a builds the same roles with mma.sync (it spills; never run).
 
+Run copies (spec FC = 1, a bench variant until timed on a GPU; 2026-12-07): the SASS of the
+full layer's loop (sm_90a, nvdisasm) has ~530 instructions a thread per key tile on its common
+path, ~200 of them the per-copy address work of `load_tile` (for each of a thread's 4 K/V chunk
+rows: new key or cached, page, bounds, swizzle, two 64-bit selects), against ~170 for the
+softmax. Per SM and tile, two CTAs' 8 warps each issue ~2,000 cycles of instructions against
+~2,050 cycles of tensor work at the peak, so issue, not the tensor pipe, can bound the loop. A
+tile inside [lo, qmax] whose 64 keys are all the chunk's own, or all in one page, or in one
+unwrapped run of the ring, is copied from one base at one row stride: the thread's chunk rows
+are rows_pass = 16 apart, so its four copies sit at immediate offsets in shared memory (a row's
+swizzle, row mod 8, is the same in every pass) and at one stride apart in global memory; every
+other tile (the causal and window edges, the boundary between the cache and the chunk, a ring
+wrap) takes `load_tile`. The same bytes land in the same places, so the output is bit for bit
+the default form's (GPU test). ptxas took 152-171 registers for the extra path unasked; the
+launch asks for two CTAs per SM (`min_blocks_per_mp`), which holds it at 128 with no spills
+(the split specs spill 16 bytes in the combine). Common path ~530 → ~430 instructions a tile.
+Prediction: a full layer at 8K and at 32K −5 to −12% (1.19 → ~1.05-1.13 ms at 8K on the H200),
+sliding layers −3 to −8%; if the tensor pipe, not issue, bounds the loop, nothing.
+
 sm_100a has no wgmma: that build (compiled in CI, never run here) issues the same products as
 mma.sync m16n8k16 per warp with ldmatrix from the same swizzled layout; the rest of the kernel
 is shared.
@@ -148,6 +166,9 @@ def _check(spec: Spec) -> None:
     if _ws(spec) not in (0, 1):
         raise ValueError(f"attn_prefill_wg: WS = {_ws(spec)}; expected 1 (warp-specialized) "
                          "or no WS")
+    if _fc(spec) not in (0, 1) or (_fc(spec) and _ws(spec)):
+        raise ValueError(f"attn_prefill_wg: FC = {_fc(spec)}; expected 1 (the plain form's "
+                         "run copies) or no FC, and not with WS = 1")
     if _ws(spec) and (spec["ST"] != 2 or _splits(spec) != 1):
         raise ValueError(f"attn_prefill_wg: WS = 1 takes ST = 2 and no SPLITS (got ST = "
                          f"{spec['ST']}, SPLITS = {_splits(spec)})")
@@ -159,6 +180,10 @@ def _splits(spec: Spec) -> int:
 
 def _ws(spec: Spec) -> int:
     return dict(spec.values).get("WS", 0)
+
+
+def _fc(spec: Spec) -> int:
+    return dict(spec.values).get("FC", 0)
 
 
 def _bn(spec: Spec) -> int:
@@ -258,12 +283,14 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """The other stage counts of `_specs`' kernels and their warp-specialized form
-    (tools/bench_prefill.py --attn-kernel attn_prefill_wg:ST=3, attn_prefill_wg:WS=1)."""
+    """The other stage counts of `_specs`' kernels, their warp-specialized form and their run
+    copies (tools/bench_prefill.py --attn-kernel attn_prefill_wg:ST=3, attn_prefill_wg:WS=1,
+    attn_prefill_wg:FC=1; the last with SPLITS too)."""
     base = [s for s in _specs(cfg, buckets) if _splits(s) == 1]
     return ([KERNEL.spec(**{**s.as_dict(), "ST": st}) for s in base
              for st in STAGE_CHOICES if st != STAGES]
-            + [KERNEL.spec(**s.as_dict(), WS=1) for s in base])
+            + [KERNEL.spec(**s.as_dict(), WS=1) for s in base]
+            + [KERNEL.spec(**s.as_dict(), FC=1) for s in _specs(cfg, buckets)])
 
 
 def _build(spec: Spec, arch: str = "sm_90a"):
@@ -271,6 +298,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     import cutlass
     import cutlass.cute as cute
     from cutlass import Boolean, Float32, Int32, Int64, Uint32
+    from cutlass.cutlass_dsl import dsl_user_op
 
     from flint_graph.kernels.toolchain import dsl_util as du
 
@@ -294,6 +322,28 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     qk_scale = LOG2E / math.sqrt(d)
     ninf = float("-inf")
     launch = _launch(spec)
+    fc = _fc(spec)
+    rows_pass = threads // cpr  # key rows one pass of the CTA's 16-byte copies covers
+    passes = BN * cpr // threads
+    # FC's run copies rely on it: a chunk row's swizzle (row mod 8) is the same in every pass
+    assert not fc or rows_pass % 8 == 0, (spec.id, rows_pass)
+
+    @dsl_user_op
+    def cp_async_16_at(dst, src, dst_off: int, src_off: int, *, loc=None, ip=None) -> None:
+        """cp.async of 16 bytes from global `src` + src_off to shared `dst` + dst_off, both
+        offsets immediates in the instruction (so no address arithmetic per copy)."""
+        du._asm(None, [du._u32(dst, loc, ip), du._i64(src, loc, ip)],
+                f"cp.async.cg.shared.global [$0+{dst_off}], [$1+{src_off}], 16;",
+                "r,l,~{memory}", loc, ip, side_effects=True)
+
+    def run_copies(ks, kbase, vbase, thr, pass_bytes):
+        """FC = 1: this thread's chunks of a key tile whose rows lie at one stride in global
+        memory (`pass_bytes` apart per pass of `rows_pass` rows) from the tile's first row at
+        kbase / vbase, thread offset `thr`, into the stage at `ks`, committed as one group."""
+        for i in range(passes):
+            cp_async_16_at(ks, kbase + thr, i * rows_pass * 128, i * pass_bytes)
+            cp_async_16_at(ks, vbase + thr, lay["tile"] + i * rows_pass * 128, i * pass_bytes)
+        du.cp_async_commit()
 
     def swz(row, chunk, blk_bytes):
         """Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled operand whose
@@ -623,6 +673,11 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         for pre in cutlass.range_constexpr(stages - 1):
             load_tile(t_first + pre, pre, tid, kvh, n, lo, qmax, slot, base, kc, vc, kn, vn, tb,
                       mtable)
+        # FC = 1: this thread's offsets in a key tile (first pass; the others at immediates):
+        # in the stage (swizzled), in the chunk's K/V (rows hkv·D·2 bytes apart) and in a
+        # page or ring (rows D·2 apart)
+        row0, col0 = tid // cpr, tid % cpr
+        dst_thr = Uint32(swz(row0, col0, BN * 128))
         for it in cutlass.range(ntiles):
             tile = t_first + it
             stage = it % stages
@@ -632,7 +687,50 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             kb = tile * BN
             ks = base + Uint32(lay["stages"] + stage * lay["stage"])
             vs = ks + Uint32(lay["tile"])
-            if wg and ring == 0:
+            if cutlass.const_expr(fc == 1):
+                # run copies (module doc, FC): a tile inside [lo, qmax] whose keys are all
+                # the chunk's or all in one page / one unwrapped run of the ring takes its
+                # copies at one stride from one base; any other tile the per-copy path
+                pend = None
+                if cutlass.const_expr(wg and ring == 0):
+                    pend = scores_issue(qs, ks, warp)
+                nt = tile + stages - 1
+                kbn = nt * BN
+                nks = base + Uint32(lay["stages"] + ((it + stages - 1) % stages) * lay["stage"])
+                inside = (kbn >= lo) & (kbn + (BN - 1) <= qmax)
+                fresh = inside & (kbn >= n)
+                stored = inside & (kbn + (BN - 1) < n)
+                if cutlass.const_expr(ring == 1):
+                    stored = stored & (kbn % size + BN <= size)
+                if fresh | stored:
+                    # one base and row stride for both: the chunk's K/V rows are hkv·D·2
+                    # bytes apart, a page's or ring's D·2
+                    off_n = Int64((kbn - n) * hkv + kvh) * (d * 2)
+                    off_c = Int64(0)
+                    if cutlass.const_expr(ring == 1):
+                        off_c = (Int64(slot * hkv + kvh) * size + Int64(kbn % size)) * (d * 2)
+                    else:
+                        pg = du.ld_u32_if(tb + Int64(kbn // size) * 4, stored)
+                        off_c = Int64(Int32(pg) * hkv + kvh) * (size * d * 2)
+                    stride = cutlass.select_(fresh, Int32(hkv * d * 2), Int32(d * 2))
+                    thr = Int64(row0 * stride + col0 * 16)
+                    kbase = cutlass.select_(fresh, kn + off_n, kc + off_c) + thr
+                    vbase = cutlass.select_(fresh, vn + off_n, vc + off_c) + thr
+                    for i in range(passes):
+                        srci = Int64(stride * (i * rows_pass))
+                        du.cp_async_16(nks + dst_thr + Uint32(i * rows_pass * 128), kbase + srci,
+                                       Int32(16))
+                        du.cp_async_16(nks + dst_thr + Uint32(lay["tile"] + i * rows_pass * 128),
+                                       vbase + srci, Int32(16))
+                    du.cp_async_commit()
+                else:
+                    load_tile(nt, (it + stages - 1) % stages, tid, kvh, n, lo, qmax, slot,
+                              base, kc, vc, kn, vn, tb, mtable)
+                if cutlass.const_expr(wg and ring == 0):
+                    scores_wait(sc, pend)
+                else:
+                    scores(sc, qs, ks, warp, lane)
+            elif wg and ring == 0:
                 # the next tile's copies are issued while this tile's S wgmmas run (they
                 # write another stage, whose last readers were waited before the barrier).
                 # Not on ring layers: their copies' addresses with S's accumulators live
@@ -931,6 +1029,10 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             ob = mout.iterator.toint()
             store_out(ob, st, acc, q0, last, kvh, warp, lane)
 
+    # FC = 1: two CTAs per SM (≤ 128 registers) asked of ptxas, which otherwise took 152-171
+    # for the run copies' extra path (the carveout only keeps the DSL from asking a GPU)
+    occupancy = {"min_blocks_per_mp": 2, "preferred_smem_carveout": 100} if fc else {}
+
     if _ws(spec):
         @cute.jit
         def attn_prefill_wg(mq: cute.Tensor, mkn: cute.Tensor, mvn: cute.Tensor,
@@ -953,7 +1055,8 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             grid = (cute.ceil_div(mq.shape[0], tq), hkv, splits)
             attn_prefill_wg_kernel(mq, mkn, mvn, mkc, mvc, mtable, mstart, msinks, mout, mop,
                                    mlp, mcnt).launch(grid=grid, block=list(launch.block),
-                                                     smem=launch.smem, stream=stream)
+                                                     smem=launch.smem, stream=stream,
+                                                     **occupancy)
         return attn_prefill_wg
 
     @cute.jit
@@ -962,7 +1065,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                         msinks: cute.Tensor, mout: cute.Tensor, stream: cuda.CUstream):
         grid = (cute.ceil_div(mq.shape[0], tq), hkv, 1)
         attn_prefill_wg_kernel(mq, mkn, mvn, mkc, mvc, mtable, mstart, msinks, mout).launch(
-            grid=grid, block=list(launch.block), smem=launch.smem, stream=stream)
+            grid=grid, block=list(launch.block), smem=launch.smem, stream=stream, **occupancy)
 
     return attn_prefill_wg
 
