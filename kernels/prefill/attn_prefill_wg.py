@@ -80,23 +80,27 @@ tile j − 1 at the old reference max, like l), pack P_j. SASS (sm_90a): no loca
 a full layer at 8K 1.19 → ~0.95–1.05 ms (≥ 520 TFLOP/s), 32K 635 → ~570 ms, 100K 3.94 →
 ~3.4 s. sm_100a builds the same roles with mma.sync (it spills; never run).
 
-Run copies (spec FC = 1, a bench variant until timed on a GPU; 2026-12-07): the SASS of the
-full layer's loop (sm_90a, nvdisasm) has ~530 instructions a thread per key tile on its common
-path, ~200 of them the per-copy address work of `load_tile` (for each of a thread's 4 K/V chunk
-rows: new key or cached, page, bounds, swizzle, two 64-bit selects), against ~170 for the
-softmax. Per SM and tile, two CTAs' 8 warps each issue ~2,000 cycles of instructions against
-~2,050 cycles of tensor work at the peak, so issue, not the tensor pipe, can bound the loop. A
-tile inside [lo, qmax] whose 64 keys are all the chunk's own, or all in one page, or in one
-unwrapped run of the ring, is copied from one base at one row stride: the thread's chunk rows
-are rows_pass = 16 apart, so its four copies sit at immediate offsets in shared memory (a row's
-swizzle, row mod 8, is the same in every pass) and at one stride apart in global memory; every
-other tile (the causal and window edges, the boundary between the cache and the chunk, a ring
-wrap) takes `load_tile`. The same bytes land in the same places, so the output is bit for bit
-the default form's (GPU test). ptxas took 152-171 registers for the extra path unasked; the
-launch asks for two CTAs per SM (`min_blocks_per_mp`), which holds it at 128 with no spills
-(the split specs spill 16 bytes in the combine). Common path ~530 → ~430 instructions a tile.
-Prediction: a full layer at 8K and at 32K −5 to −12% (1.19 → ~1.05-1.13 ms at 8K on the H200),
-sliding layers −3 to −8%; if the tensor pipe, not issue, bounds the loop, nothing.
+Fewer instructions a key tile (spec FC = 1, a bench variant until timed on a GPU;
+2026-12-07): the SASS of the full layer's loop (sm_90a, nvdisasm) has ~530 instructions a
+thread per key tile on its common path: ~200 of them the per-copy address work of `load_tile`
+(for each of a thread's 4 K/V chunk rows: new key or cached, page, bounds, swizzle, two 64-bit
+selects) and ~80 the 12 wgmma descriptors built from their addresses, against ~170 for the
+softmax. Per SM and tile, two CTAs' 16 warps issue ~2,000 cycles of instructions against
+~2,050 cycles of tensor work at the peak, so issue, not the tensor pipe, can bound the loop.
+FC = 1 cuts both: (1) run copies: a tile inside [lo, qmax] whose 64 keys are all the chunk's
+own, or all in one page, or in one unwrapped run of the ring, is copied from one base at one
+row stride; a thread's chunk rows are rows_pass = 16 apart, so its copies sit at immediate
+offsets in shared memory (a row's swizzle, row mod 8, is the same in every pass) and one
+stride apart in global memory; every other tile (the causal and window edges, the boundary
+between the cache and the chunk, a ring wrap) takes `load_tile`; (2) each operand's descriptor
+is built once a tile and stepped by adding the step's offset >> 4 to its start-address field
+(bits 0-13; no carry: every address is below 256 KB). The same bytes land in the same places
+and the descriptors are the same values, so the output is bit for bit the default form's (GPU
+test). ptxas took 152-171 registers for the extra path unasked; the launch asks for two CTAs
+per SM (`min_blocks_per_mp`), which holds it at 128 with no spills (the split specs spill 16
+bytes in the combine). Common path ~530 → ~390 instructions a tile. Prediction: a full layer
+at 8K and at 32K −8 to −18% (1.19 → ~0.98-1.10 ms at 8K on the H200), sliding layers −3 to
+−10%; if the tensor pipe, not issue, bounds the loop, nothing.
 
 sm_100a has no wgmma: that build (compiled in CI, never run here) issues the same products as
 mma.sync m16n8k16 per warp with ldmatrix from the same swizzled layout; the rest of the kernel
@@ -430,11 +434,16 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         wgi = warp // 4
         vals = [Float32(0.0)] * (bn // 2)
         du.wgmma_fence()
+        dq0 = du.smem_desc(qs + Uint32(wgi * 64 * 128), 16, 1024) if fc else None
+        dk0 = du.smem_desc(ks, 16, 1024) if fc else None
         for s in range(ksteps):
             # K-major: k-step s is 32 bytes into a 128-byte row of block s // 4
-            da = du.smem_desc(qs + Uint32((s // 4) * blk_q + wgi * 64 * 128 + (s % 4) * 32),
-                              16, 1024)
-            db = du.smem_desc(ks + Uint32((s // 4) * bn * 128 + (s % 4) * 32), 16, 1024)
+            qo, ko = (s // 4) * blk_q + (s % 4) * 32, (s // 4) * bn * 128 + (s % 4) * 32
+            if fc:  # the start address field (addr >> 4, bits 0-13) plus the step's offset
+                da, db = dq0 + Int64(qo >> 4), dk0 + Int64(ko >> 4)
+            else:
+                da = du.smem_desc(qs + Uint32(qo + wgi * 64 * 128), 16, 1024)
+                db = du.smem_desc(ks + Uint32(ko), 16, 1024)
             vals = du.wgmma_ss(bn, da, db, vals, Int32(1 if s else 0))
         du.wgmma_commit()
         return vals
@@ -471,9 +480,13 @@ def _build(spec: Spec, arch: str = "sm_90a"):
         × 4 bf16x2), V from `vs`; returns the accumulators (valid after its wgmma_wait)."""
         vals = [acc[i] for i in range(dtiles * 4)]
         du.wgmma_fence()
+        dv0 = du.smem_desc(vs, bn * 128, 1024) if fc else None
         for kk in range(bn // 16):
             # MN-major: 16 keys = two 1024-byte groups of 8 rows; 64-column blocks apart
-            db = du.smem_desc(vs + Uint32(kk * 16 * 128), bn * 128, 1024)
+            if fc:
+                db = dv0 + Int64((kk * 16 * 128) >> 4)
+            else:
+                db = du.smem_desc(vs + Uint32(kk * 16 * 128), bn * 128, 1024)
             vals = du.wgmma_rs(d, pa[kk], db, vals, Int32(1), trans_b=1)
         du.wgmma_commit()
         return vals
