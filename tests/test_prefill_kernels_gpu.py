@@ -33,7 +33,7 @@ def kset():
     from flint_graph.capture.launcher import KernelSet
 
     return KernelSet(kernels=registry(("moe_combine", "qk_norm_rope", "swiglu",
-                                        "rmsnorm_rows", "slow_producer")))
+                                        "rmsnorm_rows", "slow_producer", "qk_norm_rope_kv")))
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -82,6 +82,33 @@ def test_qk_norm_rope_matches_reference(kset, preset, tokens, start):
         _check_close(f"{what}: q_out", args[5], q_ref)
         _check_close(f"{what}: k_out", args[6], k_ref.reshape(args[6].shape))
         assert torch.equal(args[7], v_ref.reshape(args[7].shape)), f"{what}: v_out not a copy"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_qk_norm_rope_rotates_as_the_decode_kernel(kset, preset):
+    """The prefill build takes each row's (cos, sin) from a table its CTA computes once; the
+    decode build computes them in every head's warp. Same function, same inputs: the same
+    bits, for rows at positions up to 262,000 (q_out, and k_out against the key the decode
+    kernel writes into its ring slot)."""
+    from flint_graph.kernels.decode import qk_norm_rope_kv as dk
+
+    cfg = FlintConfig.preset(preset)
+    spec = next(s for s in qr._specs(cfg) if s["ROPE"])
+    dspec = next(s for s in dk._specs(cfg) if s["ROPE"] and s["RING"] and s["B"] == 8)
+    positions = [0, 1, 511, 512, 4095, 100_003, 200_000, 262_000]
+    args = qr.make_args(spec, gen=_gen(11), tokens=8, theta=cfg.rope_theta,
+                        eps=cfg.rms_norm_eps)
+    args[1] = torch.tensor(positions, dtype=torch.int32, device="cuda")
+    dargs = dk.make_args(dspec, gen=_gen(12), positions=positions, theta=cfg.rope_theta,
+                         eps=cfg.rms_norm_eps)
+    dargs[0], dargs[3], dargs[4], dargs[5] = args[0], args[2], args[3], args[4]
+    kset.get("qk_norm_rope", **spec.as_dict()).launch(*args)
+    kset.get("qk_norm_rope_kv", **dspec.as_dict()).launch(*dargs)
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(args[5]), _bits(dargs[6])), f"{spec.id}: q_out differs"
+    page, entry = dk.cache_entry(dspec, dargs[1], dargs[2])
+    assert torch.equal(_bits(args[6]), _bits(dargs[7][page, :, entry])), \
+        f"{spec.id}: k_out differs from the decode kernel's key"
 
 
 @pytest.mark.parametrize("rows,width", [(1, 8), (77, 512), (3, 10944), (4099, 512)])

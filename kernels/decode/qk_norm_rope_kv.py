@@ -276,8 +276,10 @@ def build(spec: Spec, prefill: bool):
         cs = cutlass.select_(((quad + 1) & 2) != 0, -cs, cs)
         return Float32(cs), Float32(sn)
 
-    def norm_rope(rx, w, freqs, pos, lane, eps):
-        """bf16 registers (E, 2) -> fp32 [[half 0], [half 1]] of rope(bf16(rmsnorm(x)))."""
+    def norm_rope(rx, w, freqs, pos, lane, eps, cs=None):
+        """bf16 registers (E, 2) -> fp32 [[half 0], [half 1]] of rope(bf16(rmsnorm(x))); `cs`:
+        the lane's E (cos, sin) pairs already computed (the prefill's shared table), else
+        computed here from `freqs`."""
         x = [[rx[i, hf].to(Float32) for i in range(e)] for hf in range(2)]
         ss = Float32(0.0)
         for hf in range(2):
@@ -294,7 +296,7 @@ def build(spec: Spec, prefill: bool):
             return y
         out = [[None] * e, [None] * e]
         for i in range(e):
-            c, s = cos_sin(pos, freqs[i])
+            c, s = cos_sin(pos, freqs[i]) if cs is None else cs[i]
             out[0][i] = y[0][i] * c + (-y[1][i]) * s
             out[1][i] = y[1][i] * c + y[0][i] * s
         return out
@@ -306,16 +308,29 @@ def build(spec: Spec, prefill: bool):
             return cute.flat_divide(m, (1, 1, e))[0, 0, None, page, kv, c]
         return page_chunks(m, page)[0, 0, None, kv, entry, c]
 
+    # the prefill's rotations come from a table of the row's D/2 (cos, sin) that the CTA
+    # computes once (thread i: frequency i), not from each head's warp: the fp64 angle
+    # reduction is ~96 fp64 instructions a lane and head, and 36 rotated heads made a sliding
+    # layer's qk_norm_rope fp64-bound (~58 µs of the H100's fp64 pipe at 8K tokens, against
+    # ~55 µs of copying)
+    shared_table = prefill and rope
+
     @cute.jit
     def body(mqkv: cute.Tensor, mpos: cute.Tensor, mtab: cute.Tensor, mqn: cute.Tensor,
              mkn: cute.Tensor, mfreq: cute.Tensor, mqo: cute.Tensor, mkc: cute.Tensor,
-             mvc: cute.Tensor, eps: cutlass.Float32, head: Int32, row: Int32):
+             mvc: cute.Tensor, eps: cutlass.Float32, head: Int32, row: Int32,
+             sub: Int32, tab: Uint32):
         lane, _, _ = cute.arch.thread_idx()
         ln = cutlass.min(lane, lanes - 1) if cutlass.const_expr(ragged) else lane
         # PDL prologue: weights only
         wq_bits, wk_bits = load_norm_w(mqn, ln), load_norm_w(mkn, ln)
         rf = cute.make_rmem_tensor((2 * e,), Uint32)  # the lane's E fp64 inv_freq, as words
-        if cutlass.const_expr(rope):
+        tid = sub * 32 + lane
+        if cutlass.const_expr(shared_table):  # this thread's frequency of the table
+            fa = mfreq.iterator.toint() + Int64(cutlass.min(tid, half - 1)) * 8
+            rf[0] = du.ld_weight_u32(fa)
+            rf[1] = du.ld_weight_u32(fa + 4)
+        elif cutlass.const_expr(rope):
             fbase = mfreq.iterator.toint() + Int64(ln) * (8 * e)
             for j in cutlass.range_constexpr(e // 2):
                 words = du.ld_weight_v4(fbase + 16 * j)
@@ -325,7 +340,17 @@ def build(spec: Spec, prefill: bool):
         cute.arch.griddepcontrol_launch_dependents()
 
         freqs = [None] * e
-        if cutlass.const_expr(rope):
+        cs = None
+        if cutlass.const_expr(shared_table):
+            if tid < half:
+                c0, s0 = cos_sin(mpos[row], cute.recast_tensor(rf, Float64)[0])
+                du.st_shared_u32(tab + Uint32(tid * 8), du.f32_bits(c0))
+                du.st_shared_u32(tab + Uint32(tid * 8 + 4), du.f32_bits(s0))
+            cute.arch.sync_threads()
+            cs = [(du.as_f32(du.ld_shared_u32(tab + Uint32((ln * e + i) * 8))),
+                   du.as_f32(du.ld_shared_u32(tab + Uint32((ln * e + i) * 8 + 4))))
+                  for i in range(e)]
+        elif cutlass.const_expr(rope):
             rf64 = cute.recast_tensor(rf, Float64)
             freqs = [rf64[i] for i in range(e)]
         ld = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=16 * e)
@@ -340,7 +365,7 @@ def build(spec: Spec, prefill: bool):
             for hf in cutlass.range_constexpr(2):
                 cute.copy(ld, gqkv[0, None, row, head * (d // e) + hf * lanes + ln],
                           rx[None, hf])
-            y = norm_rope(rx, widen(wq_bits), freqs, pos, lane, eps)
+            y = norm_rope(rx, widen(wq_bits), freqs, pos, lane, eps, cs)
             for hf in cutlass.range_constexpr(2):
                 for i in cutlass.range_constexpr(e):
                     ro[i, hf] = y[hf][i].to(BFloat16)
@@ -359,7 +384,7 @@ def build(spec: Spec, prefill: bool):
                 for hf in cutlass.range_constexpr(2):
                     cute.copy(ld, gqkv[0, None, row, head * (d // e) + hf * lanes + ln],
                               rx[None, hf])
-                y = norm_rope(rx, widen(wk_bits), freqs, pos, lane, eps)
+                y = norm_rope(rx, widen(wk_bits), freqs, pos, lane, eps, cs)
                 for hf in cutlass.range_constexpr(2):
                     for i in cutlass.range_constexpr(e):
                         ro[i, hf] = y[hf][i].to(BFloat16)
@@ -367,7 +392,7 @@ def build(spec: Spec, prefill: bool):
                     for hf in cutlass.range_constexpr(2):
                         cute.copy(st, ro[None, hf], kv_slot(mkc, page, entry, kv,
                                                             hf * lanes + ln))
-            else:
+            elif kv < 2 * hkv:  # (the prefill's last CTA may have warps past the heads)
                 kv = kv - hkv
                 for hf in cutlass.range_constexpr(2):
                     cute.copy(ld, gqkv[0, None, row, head * (d // e) + hf * lanes + ln],
@@ -385,8 +410,13 @@ def build(spec: Spec, prefill: bool):
             group, row, _ = cute.arch.block_idx()
             _, sub, _ = cute.arch.thread_idx()
             head = group * PREFILL_WARPS + sub
-            if head < hq + 2 * hkv:
-                body(mqkv, mpos, mpos, mqn, mkn, mfreq, mqo, mko, mvo, eps, head, row)
+            tab = Uint32(0)
+            if cutlass.const_expr(shared_table):
+                tab = du.smem_addr(cutlass.memory.SmemAllocator().allocate_tensor(
+                    Float32, cute.make_layout((d,)), byte_alignment=16))
+            # every warp enters: with the table, all of them meet at its barrier; one past
+            # the heads does nothing else
+            body(mqkv, mpos, mpos, mqn, mkn, mfreq, mqo, mko, mvo, eps, head, row, sub, tab)
 
         @cute.jit
         def qk_norm_rope(mqkv: cute.Tensor, mpos: cute.Tensor, mqn: cute.Tensor,
@@ -405,7 +435,8 @@ def build(spec: Spec, prefill: bool):
                                mqo: cute.Tensor, mkc: cute.Tensor, mvc: cute.Tensor,
                                eps: cutlass.Float32):
         head, row, _ = cute.arch.block_idx()
-        body(mqkv, mpos, mtab, mqn, mkn, mfreq, mqo, mkc, mvc, eps, head, row)
+        body(mqkv, mpos, mtab, mqn, mkn, mfreq, mqo, mkc, mvc, eps, head, row,
+             Int32(0), Uint32(0))
 
     launch = _launch(spec)
 

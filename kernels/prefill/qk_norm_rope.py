@@ -17,7 +17,17 @@ and a rounding) with one read of qkv and one write of q, k and v.
 Design and PDL: as the decode kernel (one warp per head and row), PREFILL_WARPS heads of a
 row per CTA (grid (⌈(HQ + 2·HKV) / 8⌉, T): one warp per CTA was latency-bound); the
 norm weights and the inv_freq table are loaded before griddepcontrol.wait, qkv and positions
-only after it, in every thread.
+only after it, in every thread. With RoPE the CTA first computes its row's D/2 (cos, sin)
+once into shared memory (thread i: frequency i, after the wait: the position is an input) and
+every head's warp reads its lanes' pairs from there (2026-12-07). Why: the decode kernel's
+fp64 angle reduction is ~96 fp64 instructions a lane for each head, so a row's 36 rotated
+heads cost ~110K fp64 lane-operations: at the H100's 64 fp64 lanes a clock per SM that is ~58
+µs of a sliding layer's ~94 µs at 8K tokens (the NoPE full layers' copy-bound launches: ~55
+µs; perf log, thirtieth session's 8K profile). The table has the same values (the same
+function on the same inputs), so no output bit changes; fp64 work per row drops 7.2× (5 CTAs
+× 64 angles instead of 36 heads × 64). Prediction: sliding layers at 8K ~94 → ~55-60 µs on
+the H100 (−1.2 to −1.4 ms an 8K prefill, −5 ms at 32K, −15 ms at 100K), full layers
+unchanged.
 
 Shape legend: T chunk rows (dynamic), HQ query heads, HKV KV heads, D head dim.
 
