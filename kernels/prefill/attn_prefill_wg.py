@@ -94,7 +94,9 @@ offsets in shared memory (a row's swizzle, row mod 8, is the same in every pass)
 stride apart in global memory; every other tile (the causal and window edges, the boundary
 between the cache and the chunk, a ring wrap) takes `load_tile`; (2) each operand's descriptor
 is built once a tile and stepped by adding the step's offset >> 4 to its start-address field
-(bits 0-13; no carry: every address is below 256 KB). The same bytes land in the same places
+(bits 0-13; no carry: every address is below 256 KB); (3) sliding layers, too, issue the next
+tile's copies under the tile's S wgmmas (the plain form does so on full layers only: there the
+ring's copy addresses took ptxas to 144 registers). The same bytes land in the same places
 and the descriptors are the same values, so the output is bit for bit the default form's (GPU
 test). ptxas took 152-171 registers for the extra path unasked; the launch asks for two CTAs
 per SM (`min_blocks_per_mp`), which holds it at 128 with no spills (the split specs spill 16
@@ -703,9 +705,11 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             if cutlass.const_expr(fc == 1):
                 # run copies (module doc, FC): a tile inside [lo, qmax] whose keys are all
                 # the chunk's or all in one page / one unwrapped run of the ring takes its
-                # copies at one stride from one base; any other tile the per-copy path
+                # copies at one stride from one base; any other tile the per-copy path. On
+                # both layer kinds under the S wgmmas (128 registers: the launch asks for two
+                # CTAs an SM)
                 pend = None
-                if cutlass.const_expr(wg and ring == 0):
+                if cutlass.const_expr(wg):
                     pend = scores_issue(qs, ks, warp)
                 nt = tile + stages - 1
                 kbn = nt * BN
@@ -739,7 +743,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                 else:
                     load_tile(nt, (it + stages - 1) % stages, tid, kvh, n, lo, qmax, slot,
                               base, kc, vc, kn, vn, tb, mtable)
-                if cutlass.const_expr(wg and ring == 0):
+                if cutlass.const_expr(wg):
                     scores_wait(sc, pend)
                 else:
                     scores(sc, qs, ks, warp, lane)
