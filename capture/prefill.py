@@ -789,13 +789,18 @@ class Prefill:
             s["RING"]: s for s in attn_prefill_wg.KERNEL.specs(self.cfg, ())
             if "SPLITS" not in s.as_dict()}
         for ring, spec in specs.items():
-            self.kernels[ring] = self._kset.get(name, **{**spec.as_dict(), **values})
+            if name == "attn_prefill_wg":  # FC=0 and WS=1 leave keys out (variant)
+                spec = attn_prefill_wg.variant(spec, **values)
+            self.kernels[ring] = self._kset.get(name, **{**spec.as_dict(),
+                                                         **({} if name == "attn_prefill_wg"
+                                                            else values)})
         self.attn_kernel = name
         # short chunks on full layers split their keys over more CTAs (attn_prefill_wg
-        # SPLITS): the partials and counters allocated once, outside any graph capture
+        # SPLITS): the partials and counters allocated once, outside any graph capture; the
+        # model's specs and the FC=0 variant have split forms
         self.split_kernels, self._split_ws = {}, None
-        if name == "attn_prefill_wg" and not values:
-            full = specs[0].as_dict()
+        if name == "attn_prefill_wg" and set(values) <= {"FC"}:
+            full = attn_prefill_wg.variant(specs[0], **values).as_dict()
             self.split_kernels = {n: self._kset.get(name, **full, SPLITS=n)
                                   for n in attn_prefill_wg.SPLIT_CHOICES}
             rows, most = attn_prefill_wg.split_rows(self.cfg)

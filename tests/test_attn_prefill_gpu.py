@@ -13,8 +13,9 @@ and a prefix already cached (in the middle of a page, and past several windows),
 are no multiple of any tile, and sinks drawn N(0, 1), large and finite (+30: the sink dominates
 every row, out ≈ 0 but its relative error still counts) and absent (−inf). attn_prefill_wg's
 warp-specialized form (WS = 1: a producer warpgroup, mbarrier stages, ping-pong consumers)
-and its run copies (FC = 1: a tile's copies from one base at one stride) run every case at the
-full and flint-nano shapes, and FC = 1 must equal the default form bit for bit. Its split-KV specialisations (SPLITS, full
+and its form before FC (FC = 0: per-copy addresses and descriptors; the model's specs have
+FC = 1) run every case at the full and flint-nano shapes, and the two forms must agree bit
+for bit. Its split-KV specialisations (SPLITS, full
 layers, short chunks) take the chunks up to 512 tokens
 and short chunks after long prefixes (25 after 8,192, 48 after 8,229, 1 after 20,011, 512
 after 8,192, 471 after 8,266: every split busy; 16 after 64 and 130 after 3,000: some splits
@@ -39,14 +40,16 @@ REL_TOL = 1e-2
 # each kernel (and attn_prefill_wg's bench variants: the other stage count, the
 # warp-specialized form) by its specialisations per config
 KERNELS = {"attn_prefill": ap._specs, "attn_prefill_wg": wg._specs,
-           "attn_prefill_wg-ST3": lambda cfg: [s for s in wg.bench_specs(cfg) if not wg._ws(s)],
+           "attn_prefill_wg-ST3": lambda cfg: [s for s in wg.bench_specs(cfg) if s["ST"] == 3],
            "attn_prefill_wg-WS": lambda cfg: [s for s in wg.bench_specs(cfg) if wg._ws(s)],
-           "attn_prefill_wg-FC": lambda cfg: [s for s in wg.bench_specs(cfg) if wg._fc(s)]}
+           "attn_prefill_wg-FC0": lambda cfg: [s for s in wg.bench_specs(cfg)
+                                               if not wg._fc(s) and not wg._ws(s)
+                                               and s["ST"] == wg.STAGES]}
 # (kernel, preset) pairs: attn_prefill_wg does not take the tiny config's head dim 32
 CONFIGS = [("attn_prefill", "tiny"), ("attn_prefill", "full"), ("attn_prefill_wg", "full"),
            ("attn_prefill_wg-ST3", "full"), ("attn_prefill_wg-WS", "full"),
-           ("attn_prefill_wg-WS", "nano"), ("attn_prefill_wg-FC", "full"),
-           ("attn_prefill_wg-FC", "nano")]
+           ("attn_prefill_wg-WS", "nano"), ("attn_prefill_wg-FC0", "full"),
+           ("attn_prefill_wg-FC0", "nano")]
 
 
 @pytest.fixture(scope="module")
@@ -187,12 +190,12 @@ def test_pdl_consumer_never_reads_its_input_early(kset, kernel):
 @pytest.mark.parametrize("preset", ["full", "nano"])
 def test_run_copies_change_no_output_bit(kset, preset):
     """FC = 1 copies the same bytes into the same stages as the per-copy path, so its output
-    equals the default form's bit for bit: a cold chunk (every tile the chunk's own keys), a
+    equals the form before it (FC = 0) bit for bit: a cold chunk (every tile the chunk's own keys), a
     chunk after a prefix in the middle of a page or past several windows (tiles from the pages
     or the ring, one straddling the start, the ring's wrap), and a split short chunk."""
     cfg = FlintConfig.preset(preset)
-    for si, spec in enumerate(s for s in wg.bench_specs(cfg) if wg._fc(s)):
-        plain = wg.KERNEL.spec(**{k: v for k, v in spec.as_dict().items() if k != "FC"})
+    for si, spec in enumerate(wg._specs(cfg)):
+        plain = wg.variant(spec, FC=0)
         cases = [(25, 5000), (471, 8266)] if _split(spec) else \
             [(2048, 0), (700, 1337), (1000, 3 * 513 + 40), (64, 0)]
         for ci, (tokens, start) in enumerate(cases):
@@ -204,4 +207,4 @@ def test_run_copies_change_no_output_bit(kset, preset):
                 torch.cuda.synchronize()
                 outs.append(args[8])
             assert torch.equal(outs[0], outs[1]), \
-                f"{spec.id} tokens={tokens} start={start}: FC = 1 differs from the default form"
+                f"{spec.id} tokens={tokens} start={start}: FC = 1 differs from FC = 0"

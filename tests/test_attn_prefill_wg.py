@@ -16,12 +16,13 @@ def test_specialisations_mirror_attn_prefill(preset):
     cfg = FlintConfig.preset(preset)
     assert wg.fits(cfg)
     specs = wg._specs(cfg)
-    base = [{**s.as_dict(), "ST": wg.STAGES} for s in ap._specs(cfg)]
+    base = [{**s.as_dict(), "ST": wg.STAGES, "FC": 1} for s in ap._specs(cfg)]
     full = [b for b in base if not b["RING"]]
     assert base + [{**b, "SPLITS": n} for b in full for n in wg.SPLIT_CHOICES] == \
         [s.as_dict() for s in specs]
-    plain = [s for s in wg.bench_specs(cfg) if not wg._ws(s) and not wg._fc(s)]
+    plain = [s for s in wg.bench_specs(cfg) if s["ST"] != wg.STAGES]
     assert {s["ST"] for s in plain} == set(wg.STAGE_CHOICES) - {wg.STAGES}
+    assert all(wg._fc(s) for s in plain)
     for s in specs + plain:
         args, launch = check_spec(wg.KERNEL, s)
         n = s.as_dict().get("SPLITS", 1)
@@ -48,7 +49,8 @@ def test_the_warp_specialized_form_per_layer_kind(preset):
     cfg = FlintConfig.preset(preset)
     ws = [s for s in wg.bench_specs(cfg) if wg._ws(s)]
     assert [{k: v for k, v in s.as_dict().items() if k != "WS"} for s in ws] == \
-        [s.as_dict() for s in wg._specs(cfg) if "SPLITS" not in s.as_dict()]
+        [{k: v for k, v in s.as_dict().items() if k != "FC"} for s in wg._specs(cfg)
+         if "SPLITS" not in s.as_dict()]
     for s in ws:
         args, launch = check_spec(wg.KERNEL, s)
         assert [a.name for a in args] == [a.name for a in ap.KERNEL.args(s)]
@@ -66,19 +68,22 @@ def test_the_warp_specialized_form_per_layer_kind(preset):
 
 
 @pytest.mark.parametrize("preset", ["nano", "full"])
-def test_the_run_copies_variant_of_every_model_spec(preset):
-    """FC = 1 (bench variant, the module doc's "FC"): every model spec again, split ones
-    included, with the same arguments and launch; a pass of the CTA's copies covers a multiple
-    of 8 key rows, so a row's swizzle is the same in every pass (what its copies rely on)."""
+def test_every_model_spec_has_run_copies_and_its_form_before_them(preset):
+    """FC = 1 (the module doc's "Fewer instructions a key tile") in every model spec, split
+    ones included, and each again without it (FC = 0, bench variant) with the same arguments
+    and launch; a pass of the CTA's copies covers a multiple of 8 key rows, so a row's swizzle
+    is the same in every pass (what the run copies rely on)."""
     cfg = FlintConfig.preset(preset)
-    fc = [s for s in wg.bench_specs(cfg) if wg._fc(s)]
-    assert [{k: v for k, v in s.as_dict().items() if k != "FC"} for s in fc] == \
-        [s.as_dict() for s in wg._specs(cfg)]
-    for s in fc:
-        args, launch = check_spec(wg.KERNEL, s)
-        plain = wg.KERNEL.spec(**{k: v for k, v in s.as_dict().items() if k != "FC"})
-        assert (args, launch) == check_spec(wg.KERNEL, plain)
+    model = wg._specs(cfg)
+    assert all(wg._fc(s) == 1 for s in model)
+    before = [s for s in wg.bench_specs(cfg) if not wg._fc(s) and not wg._ws(s)
+              and s["ST"] == wg.STAGES]
+    assert [{**s.as_dict(), "FC": 1} for s in before] == [s.as_dict() for s in model]
+    for s in before:
+        assert check_spec(wg.KERNEL, s) == check_spec(wg.KERNEL, wg.variant(s, FC=1))
+        assert wg.variant(wg.variant(s, FC=1), FC=0) == s
         assert (32 * wg.WARPS // (s["D"] // 8)) % 8 == 0
+    assert not wg._fc(wg.variant(model[0], WS=1))  # the WS form has its own copies
 
 
 def test_short_chunks_split_their_keys_until_the_gpu_is_full():

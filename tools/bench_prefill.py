@@ -164,7 +164,10 @@ def _attn_variant_built(values: dict[str, int]) -> bool:
     cfg = FlintConfig.preset("full")
     built = {s.id for s in awg.KERNEL.specs(cfg, ()) + awg.bench_specs(cfg)}
     base = [s for s in awg.KERNEL.specs(cfg, ()) if "SPLITS" not in s.as_dict()]
-    return all(awg.KERNEL.spec(**{**s.as_dict(), **values}).id in built for s in base)
+    try:
+        return all(awg.variant(s, **values).id in built for s in base)
+    except ValueError:  # a combination no spec takes
+        return False
 
 
 def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
@@ -179,13 +182,12 @@ def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
             raise argparse.ArgumentTypeError(f"{name!r}: expected one of {', '.join(ATTN_KERNELS)}")
         known = {"attn_prefill_wg": {"ST": (2, 3), "WS": (0, 1), "FC": (0, 1)}}.get(name, {})
         values = _kv_values(v, pairs, known, name, "attn_prefill_wg:ST=3")
-        for key in ("WS", "FC"):
-            if values.get(key) == 0:
-                del values[key]  # the default form: its specs do not name them
+        if values.get("WS") == 0:
+            del values["WS"]  # the default form: its specs do not name WS
         if values and not _attn_variant_built(values):
             raise argparse.ArgumentTypeError(
                 f"{v!r}: no such attn_prefill_wg spec is built (tools/build_gpu_cache.py "
-                "builds ST=3, WS=1 or FC=1, one at a time: its WS=1 form takes ST=2)")
+                "builds ST=3, WS=1 or FC=0, one at a time: its WS=1 form takes ST=2)")
         out.append((name, values))
     return out
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The thirty-eighth session's device calls (docs/device-queue.md item 0; files under $OUT, at
 # most eight). PARTS picks, in order:
-#   fc-tests   attn_prefill_wg FC = 1 (run copies, written 2026-12-07): its GPU tests against
-#              the reference at full and flint-nano shapes, bit for bit against the default
-#              form, and the slow-producer PDL test (fc-tests.log);
+#   fc-tests   attn_prefill_wg FC (written 2026-12-07, the model's since): the FC = 0 variant's
+#              GPU tests against the reference at full and flint-nano shapes, FC = 1 bit for
+#              bit against it, and the slow-producer PDL test (fc-tests.log);
+#   ptests     whole prefills at the full config, both formats, on graphs, against the
+#              reference model (ptests.log);
 #   fc-probe   the kernel alone, FC = 0 and 1 alternated twice, full and sliding layers, cold
 #              8K and 32K chunks and a 512-token chunk after 8K (fc-probe.txt);
 #   fc-prefill whole NVFP4 prefills of 8K and 32K tokens with FC = 0 / 1 alternated
@@ -24,6 +26,9 @@ parts=" ${PARTS:-fc-tests qk-tests fc-probe fc-prefill trace8k} "
 has() { [[ $parts == *" $1 "* ]]; }
 if has fc-tests; then
   gpu_tests fc-tests.log 200 tests/test_attn_prefill_gpu.py -k "FC or run_copies"
+fi
+if has ptests; then
+  gpu_tests ptests.log 200 tests/test_prefill_gpu.py -k "prefill_matches_reference and full"
 fi
 if has qk-tests; then
   gpu_tests qk-tests.log 150 tests/test_prefill_kernels_gpu.py tests/test_qk_norm_rope_kv_gpu.py \

@@ -64,9 +64,9 @@ def main() -> int:
         values = {k: int(v) for k, v in (pr.split("=") for pr in pairs)}
         for kind in args.kinds.split(","):
             base = specs[kind].as_dict()
-            spec = (wg if name == "attn_prefill_wg" else ap).KERNEL.spec(
-                **({**base, **values} if name == "attn_prefill_wg" else
-                   {k: v for k, v in {**base, **values}.items() if k not in ("ST", "V")}))
+            spec = (wg.variant(specs[kind], **values) if name == "attn_prefill_wg" else
+                    ap.KERNEL.spec(**{k: v for k, v in {**base, **values}.items()
+                                      if k not in ("ST", "V", "FC")}))
             k = kset.get(name, **spec.as_dict())
             for t, start in cases:
                 gen = torch.Generator(device="cuda").manual_seed(t + start)

@@ -425,7 +425,8 @@ def build(spec: Spec, prefill: bool):
                          stream: cuda.CUstream):
             qk_norm_rope_kernel(mqkv, mpos, mqn, mkn, mfreq, mqo, mko, mvo, eps).launch(
                 grid=(ceil_div(hq + 2 * hkv, PREFILL_WARPS), mqkv.shape[0], 1),
-                block=[32, PREFILL_WARPS, 1], stream=stream, use_pdl=True)
+                block=[32, PREFILL_WARPS, 1], smem=4 * d if shared_table else 0,
+                stream=stream, use_pdl=True)
 
         return qk_norm_rope
 

@@ -80,29 +80,29 @@ tile j − 1 at the old reference max, like l), pack P_j. SASS (sm_90a): no loca
 a full layer at 8K 1.19 → ~0.95–1.05 ms (≥ 520 TFLOP/s), 32K 635 → ~570 ms, 100K 3.94 →
 ~3.4 s. sm_100a builds the same roles with mma.sync (it spills; never run).
 
-Fewer instructions a key tile (spec FC = 1, a bench variant until timed on a GPU;
-2026-12-07): the SASS of the full layer's loop (sm_90a, nvdisasm) has ~530 instructions a
-thread per key tile on its common path: ~200 of them the per-copy address work of `load_tile`
-(for each of a thread's 4 K/V chunk rows: new key or cached, page, bounds, swizzle, two 64-bit
-selects) and ~80 the 12 wgmma descriptors built from their addresses, against ~170 for the
-softmax. Per SM and tile, two CTAs' 16 warps issue ~2,000 cycles of instructions against
-~2,050 cycles of tensor work at the peak, so issue, not the tensor pipe, can bound the loop.
-FC = 1 cuts both: (1) run copies: a tile inside [lo, qmax] whose 64 keys are all the chunk's
-own, or all in one page, or in one unwrapped run of the ring, is copied from one base at one
-row stride; a thread's chunk rows are rows_pass = 16 apart, so its copies sit at immediate
-offsets in shared memory (a row's swizzle, row mod 8, is the same in every pass) and one
-stride apart in global memory; every other tile (the causal and window edges, the boundary
-between the cache and the chunk, a ring wrap) takes `load_tile`; (2) each operand's descriptor
-is built once a tile and stepped by adding the step's offset >> 4 to its start-address field
-(bits 0-13; no carry: every address is below 256 KB); (3) sliding layers, too, issue the next
-tile's copies under the tile's S wgmmas (the plain form does so on full layers only: there the
-ring's copy addresses took ptxas to 144 registers). The same bytes land in the same places
-and the descriptors are the same values, so the output is bit for bit the default form's (GPU
-test). ptxas took 152-171 registers for the extra path unasked; the launch asks for two CTAs
-per SM (`min_blocks_per_mp`), which holds it at 128 with no spills (the split specs spill 16
-bytes in the combine). Common path ~530 → ~390 instructions a tile. Prediction: a full layer
-at 8K and at 32K −8 to −18% (1.19 → ~0.98-1.10 ms at 8K on the H200), sliding layers −3 to
-−10%; if the tensor pipe, not issue, bounds the loop, nothing.
+Fewer instructions a key tile (spec FC = 1, written 2026-12-07; every model spec's since the
+H200 timed it the same day, FC = 0 the bench variant): the SASS of the full layer's loop
+(sm_90a, nvdisasm) has ~530 instructions a thread per key tile on its common path: ~200 of them
+the per-copy address work of `load_tile` (for each of a thread's 4 K/V chunk rows: new key or
+cached, page, bounds, swizzle, two 64-bit selects) and ~80 the 12 wgmma descriptors built from
+their addresses, against ~170 for the softmax. Per SM and tile, two CTAs' 16 warps issue ~2,000
+cycles of instructions against ~2,050 cycles of tensor work at the peak, so issue, not the
+tensor pipe, can bound the loop. FC = 1 cuts both: (1) run copies: a tile inside [lo, qmax]
+whose 64 keys are all the chunk's own, or all in one page, or in one unwrapped run of the ring,
+is copied from one base at one row stride; a thread's chunk rows are rows_pass = 16 apart, so
+its copies sit at immediate offsets in shared memory (a row's swizzle, row mod 8, is the same
+in every pass) and one stride apart in global memory; every other tile (the causal and window
+edges, the boundary between the cache and the chunk, a ring wrap) takes `load_tile`; (2) each
+operand's descriptor is built once a tile and stepped by adding the step's offset >> 4 to its
+start-address field (bits 0-13; no carry: every address is below 256 KB); (3) sliding layers,
+too, issue the next tile's copies under the tile's S wgmmas (the plain form does so on full
+layers only: there the ring's copy addresses took ptxas to 144 registers). The same bytes land
+in the same places and the descriptors are the same values, so the output is bit for bit the
+default form's (GPU test). ptxas took 152-171 registers for the extra path unasked; the launch
+asks for two CTAs per SM (`min_blocks_per_mp`), which holds it at 128 with no spills (the split
+specs spill 16 bytes in the combine). Common path ~530 → ~390 instructions a tile. Prediction:
+a full layer at 8K and at 32K −8 to −18% (1.19 → ~0.98-1.10 ms at 8K on the H200), sliding
+layers −3 to −10%; if the tensor pipe, not issue, bounds the loop, nothing.
 
 sm_100a has no wgmma: that build (compiled in CI, never run here) issues the same products as
 mma.sync m16n8k16 per warp with ldmatrix from the same swizzled layout; the rest of the kernel
@@ -277,26 +277,40 @@ def _launch(spec: Spec) -> Launch:
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
-    """One specialisation per attention layer kind, as attn_prefill (plus ST = STAGES), and
-    the full layer's again with SPLITS in SPLIT_CHOICES (short chunks, `splits_for`); none
-    where it does not fit (`fits`)."""
+    """One specialisation per attention layer kind, as attn_prefill (plus ST = STAGES and
+    FC = 1, the default since the H200 timed it), and the full layer's again with SPLITS in
+    SPLIT_CHOICES (short chunks, `splits_for`); none where it does not fit (`fits`)."""
     if not fits(cfg):
         return []
-    base = [KERNEL.spec(**s.as_dict(), ST=STAGES) for s in attn_prefill._specs(cfg, buckets)]
+    base = [KERNEL.spec(**s.as_dict(), ST=STAGES, FC=1)
+            for s in attn_prefill._specs(cfg, buckets)]
     # full layers only: a sliding layer's window bounds its key loop (16 µs for 25 tokens)
     return base + [KERNEL.spec(**s.as_dict(), SPLITS=n) for s in base if not s["RING"]
                    for n in SPLIT_CHOICES]
 
 
+def variant(spec: Spec, **values: int) -> Spec:
+    """`spec` with other spec values (a bench variant: ST=3, WS=1, FC=0), where a value of 0
+    for FC, WS or SPLITS means the key is left out, as the built specs name them, and WS = 1
+    drops FC (the warp-specialized form has its own copies)."""
+    merged = {**spec.as_dict(), **values}
+    if merged.get("WS"):
+        merged.pop("FC", None)
+    for key in ("FC", "WS", "SPLITS"):
+        if merged.get(key) == 0:
+            del merged[key]
+    return KERNEL.spec(**merged)
+
+
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """The other stage counts of `_specs`' kernels, their warp-specialized form and their run
-    copies (tools/bench_prefill.py --attn-kernel attn_prefill_wg:ST=3, attn_prefill_wg:WS=1,
-    attn_prefill_wg:FC=1; the last with SPLITS too)."""
-    base = [s for s in _specs(cfg, buckets) if _splits(s) == 1]
-    return ([KERNEL.spec(**{**s.as_dict(), "ST": st}) for s in base
-             for st in STAGE_CHOICES if st != STAGES]
-            + [KERNEL.spec(**s.as_dict(), WS=1) for s in base]
-            + [KERNEL.spec(**s.as_dict(), FC=1) for s in _specs(cfg, buckets)])
+    """The model specs' other stage count, their warp-specialized form and the form before
+    FC (per-copy addresses and descriptors; the last with SPLITS too): tools/bench_prefill.py
+    --attn-kernel attn_prefill_wg:ST=3, attn_prefill_wg:WS=1, attn_prefill_wg:FC=0."""
+    model = _specs(cfg, buckets)
+    base = [s for s in model if _splits(s) == 1]
+    return ([variant(s, ST=st) for s in base for st in STAGE_CHOICES if st != STAGES]
+            + [variant(s, WS=1) for s in base]
+            + [variant(s, FC=0) for s in model])
 
 
 def _build(spec: Spec, arch: str = "sm_90a"):

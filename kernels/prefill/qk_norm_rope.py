@@ -59,9 +59,12 @@ def _args(spec: Spec):
 
 
 def _launch(spec: Spec) -> Launch:
+    """With RoPE, the row's (cos, sin) table: D fp32 of dynamic shared memory (the DSL's
+    allocator takes it from the dynamic block, which the launch must size: without it the
+    first H200 run faulted, 2026-12-07)."""
     heads = spec["HQ"] + 2 * spec["HKV"]
     return Launch(grid=(decode.ceil_div(heads, decode.PREFILL_WARPS), ("T", 1), 1),
-                  block=(32, decode.PREFILL_WARPS, 1))
+                  block=(32, decode.PREFILL_WARPS, 1), smem=4 * spec["D"] if spec["ROPE"] else 0)
 
 
 def _specs(cfg, buckets=()) -> list[Spec]:
