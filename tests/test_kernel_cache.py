@@ -128,6 +128,24 @@ def test_param_layout_matches_the_cubins_own_table(built):
         assert meta["param_bytes"] >= last["offset"] + last["size"]
 
 
+# The static shared block of a cubin whose kernel allocates through the DSL's SmemAllocator
+# (nvidia-cutlass-dsl 4.x): the allocator's arena starts past it, in the dynamic block; kernels
+# without it reserve 0, 1,024 or 1,028 bytes (every entry of the cache, 2026-12-07)
+ALLOCATOR_STATIC_SMEM = 2048
+
+
+def test_kernels_that_allocate_shared_memory_size_the_dynamic_block(built):
+    """A kernel whose shared buffers come from the DSL's allocator reads and writes them in the
+    dynamic block, which only the launch sizes (Launch.smem, passed by the AOT launcher): one
+    that says 0 faults on the GPU (qk_norm_rope's RoPE table, 2026-12-07: an illegal memory
+    access, then every later kernel of the process failed), and no CPU test launches it."""
+    root, _, _ = built
+    entries = json.loads((root / MANIFEST).read_text())["entries"]
+    bad = [eid for eid, meta in entries.items()
+           if meta["static_smem"] >= ALLOCATOR_STATIC_SMEM and not meta["launch"]["smem"]]
+    assert not bad, f"kernels with allocator buffers but no dynamic shared memory: {bad}"
+
+
 def test_packing_follows_the_manifest(built):
     """The bytes the launcher packs for a tensor with a dynamic extent and a scalar."""
     from flint_graph.capture.launcher import check_args, pack_args
