@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call whose work depends on the card that came (docs/device-queue.md item 0).
 # With TRAIN=1: the H200 figures of issues 21, 22 and 24 need an H200 (PARTS of
-# tools/gpu_session38.sh, default "fc-tests qk-tests fc-probe fc-prefill trace8k h200"), while flint-nano's
+# tools/gpu_session38.sh, default "qk-tests prefill long ptests fc-tests"), while flint-nano's
 # training (issue 25) runs as well on an H100, so an H100 trains: tools/gpu_train_nano.sh with
 # the environment given (INIT, FIRST_STEP, MINUTES, TRAIN_ARGS, SKIP_BASE, SKIP_EVAL; carry
 # INIT's directory too). Without TRAIN: gpu_session38.sh's PARTS on either card, the H200
@@ -11,7 +11,7 @@ set -uo pipefail
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 mkdir -p "$OUT"
 if [[ $card == *H200* ]]; then
-  export PARTS="${PARTS:-fc-tests qk-tests fc-probe fc-prefill trace8k h200}"
+  export PARTS="${PARTS:-qk-tests prefill long ptests fc-tests}"
   echo "$card: $PARTS" | tee "$OUT/card.txt"
   exec bash tools/gpu_session38.sh
 fi
@@ -19,7 +19,7 @@ if [ -n "${TRAIN:-}" ]; then
   echo "$card: flint-nano training" | tee "$OUT/card.txt"
   exec bash tools/gpu_train_nano.sh
 fi
-parts=${PARTS:-fc-tests qk-tests fc-probe fc-prefill trace8k}
+parts=${PARTS:-qk-tests prefill long ptests fc-tests}
 export PARTS="${parts//h200/}"
 echo "$card: $PARTS (no H200 parts on this card)" | tee "$OUT/card.txt"
 exec bash tools/gpu_session38.sh
