@@ -99,8 +99,8 @@ too, issue the next tile's copies under the tile's S wgmmas (the plain form does
 layers only: there the ring's copy addresses took ptxas to 144 registers). The same bytes land
 in the same places and the descriptors are the same values, so the output is bit for bit the
 default form's (GPU test). ptxas took 152-171 registers for the extra path unasked; the launch
-asks for two CTAs per SM (`min_blocks_per_mp`), which holds it at 128 with no spills (the split
-specs spill 16 bytes in the combine). Common path ~530 → ~390 instructions a tile. Prediction:
+asks for two CTAs per SM (`min_blocks_per_mp`), which holds it at 128 with no spills (not the split
+specs, one CTA per SM as before FC, nor sm_100a's build: held at 128 they spilled). Common path ~530 → ~390 instructions a tile. Prediction:
 a full layer at 8K and at 32K −8 to −18% (1.19 → ~0.98-1.10 ms at 8K on the H200), sliding
 layers −3 to −10%; if the tensor pipe, not issue, bounds the loop, nothing.
 
@@ -1061,8 +1061,11 @@ def _build(spec: Spec, arch: str = "sm_90a"):
             store_out(ob, st, acc, q0, last, kvh, warp, lane)
 
     # FC = 1: two CTAs per SM (≤ 128 registers) asked of ptxas, which otherwise took 152-171
-    # for the run copies' extra path (the carveout only keeps the DSL from asking a GPU)
-    occupancy = {"min_blocks_per_mp": 2, "preferred_smem_carveout": 100} if fc else {}
+    # for the run copies' extra path (the carveout only keeps the DSL from asking a GPU). Not
+    # for the split specs (150 registers, one CTA per SM before FC too; held at 128 they spill
+    # in the combine) nor on sm_100a (its mma.sync path spilled 56 bytes at 128)
+    occupancy = ({"min_blocks_per_mp": 2, "preferred_smem_carveout": 100}
+                 if fc and wg and splits == 1 else {})
 
     if _ws(spec):
         @cute.jit
