@@ -29,8 +29,9 @@ for part in ${PARTS:-qk-tests prefill long ptests fc-tests}; do
     qk-tests) gpu_tests qk-tests.log 150 tests/test_prefill_kernels_gpu.py \
                 tests/test_qk_norm_rope_kv_gpu.py -k "qk_norm_rope" ;;
     prefill)
-      timeout "$(left 180)" python3 tools/bench_prefill.py --formats nvfp4,bf16 --paths graph \
-        --tokens 512,8192 --reps 5 --kernel-tokens= --profile-tokens 0 > "$OUT/prefill.txt" 2>&1
+      timeout "$(left 180)" python3 tools/bench_prefill.py --formats "${PREFILL_FORMATS:-nvfp4,bf16}" --paths graph \
+        --tokens "${PREFILL_TOKENS:-512,8192}" --reps 5 --kernel-tokens= --profile-tokens 0 \
+        > "$OUT/prefill.txt" 2>&1
       echo "prefill: exit $?"; tail -8 "$OUT/prefill.txt" ;;
     long)
       timeout "$(left 200)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
