@@ -337,6 +337,11 @@ def run_trace(o) -> dict:
     from flint_graph.runtime.engine_config import pick_device
 
     dev = pick_device(o.device)
+    if o.engine == "graph" and dev.type != "cuda":
+        # before the note that the trace is the reference engine's, which it would not be (a
+        # bad-input trial, 2026-12-07: the note, then this error, in one run)
+        raise ConfigError(f"engine=graph (--engine graph): the graph engine needs CUDA; this "
+                          f"run is on {dev}")
     note_no_gpu(dev, "the trace")
     bw = copy_bandwidth(dev)  # before the weights, as bench measures it
     fmt, llm = next(sources(o, ctx + 1))

@@ -82,7 +82,47 @@ BAD = [
     (["--ws=1", "--nt=16,64"], "WS is built for NT 16 and 32 only"), (["--pf=3"], "--pf '3'"),
     (["--graph-buckets=5120,x"], "--graph-buckets '5120,x': expected comma-separated token"),
     (["--graph-buckets=0"], "--graph-buckets '0'"), (["--graph-max=0"], "--graph-max 0"),
+    # a bad-input trial, 2026-12-07: the key it does not take named; the default that a
+    # smaller preset cannot hold said to be the default
+    (["--attn-kernel=attn_prefill_wg:fc=1"], "no fc; attn_prefill_wg takes FC, ST, WS"),
+    (["--preset=nano", "--tokens=512"], "--kernel-tokens 100000 (the default --kernel-tokens"),
+    (["--attn-kernel=attn_prefill_wg:FC=2"], "FC is one of 0, 1"),
 ]
+
+
+def test_empty_token_items_are_skipped_throughout(bench, monkeypatch, capsys, tmp_path):
+    """`--tokens=,512` passed the checks and then broke main()'s own parse (a bad-input
+    trial, 2026-12-07): empty items are skipped everywhere, as the checks skip them."""
+    monkeypatch.setattr("sys.argv", ["bench_prefill.py", "--tokens=,512,,8", "--out",
+                                     str(tmp_path), "--kernel-tokens="])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["prefill.json", "prefill.md"])
+def test_out_never_replaces_a_users_file(bench, monkeypatch, capsys, tmp_path, name):
+    """--out may hold earlier reports of this tool, which a run replaces; any other file of
+    those names is the user's and stops the run before any work (a bad-input trial,
+    2026-12-07: a folder's prefill.json and prefill.md were replaced unasked)."""
+    (tmp_path / name).write_text("my notes\n")
+    monkeypatch.setattr("sys.argv", ["bench_prefill.py", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2
+    assert f"{tmp_path / name} exists and is not a report this tool wrote" in \
+        capsys.readouterr().err
+    assert (tmp_path / name).read_text() == "my notes\n"
+
+
+def test_out_replaces_its_own_reports(bench, monkeypatch, capsys, tmp_path):
+    bench.write_report(_report({512: 16.0}), tmp_path, 0)
+    assert bench._own_json(tmp_path / "prefill.json")
+    assert bench._own_markdown(tmp_path / "prefill.md")
+    md = tmp_path / "prefill.md"
+    md.write_text(md.read_text().replace("16.0", "15.0"))  # edited since: the user's now
+    assert not bench._own_markdown(md)
 
 
 @pytest.mark.parametrize("argv,message", BAD, ids=[a[0] for a, _ in BAD])
@@ -145,4 +185,56 @@ def test_probe_good_variant_reaches_the_cuda_check(monkeypatch, capsys, argv):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(SystemExit):
         probe.main()
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def attn_probe():
+    return tool_module("probe_attn_speed")
+
+
+# tools/probe_attn_speed.py checked none of its options: each of these ended in a traceback,
+# some only after the GPU work (a bad-input trial, 2026-12-07)
+ATTN_BAD = [(["--cases=8192+"], "--cases '8192+': expected T+S"),
+            (["--cases=+5"], "--cases '+5'"), (["--cases=a+b"], "--cases 'a+b'"),
+            (["--cases=8192"], "--cases '8192'"), (["--cases=1+2+3"], "--cases '1+2+3'"),
+            (["--cases=-1+0"], "--cases '-1+0'"), (["--cases="], "--cases ''"),
+            (["--variants=attn_prefill_wg:FC=x"], "'FC=x' is not a new K=V"),
+            (["--variants=attn_prefill_wg:FC"], "'FC' is not a new K=V"),
+            (["--variants=attn_prefill_wg:FC=1:ST=9"], "no such attn_prefill_wg spec"),
+            (["--variants=attn_prefill_wg:FC=0:FC=1"], "'FC=1' is not a new K=V"),
+            (["--variants=nosuch"], "'nosuch': expected attn_prefill or attn_prefill_wg"),
+            (["--variants=attn_prefill:FC=0"], "attn_prefill takes no K=V values"),
+            (["--variants="], "none empty"), (["--kinds=bogus"], "--kinds 'bogus'"),
+            (["--kinds=full,full"], "each once"), (["--reps=0"], "--reps 0"),
+            (["--sets=0"], "--sets 0")]
+
+
+@pytest.mark.parametrize("argv,message", ATTN_BAD, ids=[a[0] for a, _ in ATTN_BAD])
+def test_attn_probe_refuses_bad_values_first(attn_probe, monkeypatch, capsys, argv, message):
+    monkeypatch.setattr("sys.argv", ["probe_attn_speed.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        attn_probe.main()
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+def test_attn_probe_never_replaces_a_users_file(attn_probe, monkeypatch, capsys, tmp_path):
+    (tmp_path / "attn_speed.json").write_text('{"mine": 1}')
+    monkeypatch.setattr("sys.argv", ["probe_attn_speed.py", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        attn_probe.main()
+    assert "exists and is not a report this tool wrote" in capsys.readouterr().err
+    assert (tmp_path / "attn_speed.json").read_text() == '{"mine": 1}'
+
+
+def test_attn_probe_good_values_reach_the_cuda_check(attn_probe, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["probe_attn_speed.py", "--variants",
+                                     "attn_prefill_wg:FC=0,attn_prefill_wg,attn_prefill_wg:WS=1,"
+                                     "attn_prefill_wg:ST=3,attn_prefill", "--cases",
+                                     "8192+0,512+8192"])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        attn_probe.main()
     assert "needs a CUDA GPU" in capsys.readouterr().err

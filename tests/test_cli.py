@@ -1357,3 +1357,12 @@ def test_a_stray_word_read_as_model_is_named_so(capsys):
         code, _, err = _run(capsys, command, "extra")
         assert code == 2 and "extra: no such checkpoint" in err and "read as MODEL" in err \
             and "--prompt" not in err, (command, err)
+
+
+def test_trace_engine_graph_on_the_cpu_is_refused_without_the_reference_note(capsys):
+    """A bad-input trial (2026-12-07): `trace --engine graph` on a CPU first noted that the
+    trace was the reference engine's, then refused to run the graph engine; bench refused at
+    once. Both refuse before any note now."""
+    code, _, err = _run(capsys, "trace", "--engine", "graph", "--device", "cpu")
+    assert code == 2, err
+    assert "the graph engine needs CUDA" in err and "note:" not in err, err

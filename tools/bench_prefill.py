@@ -129,7 +129,7 @@ def _kv_values(v: str, pairs: list[str], known: dict[str, tuple[int, ...]], what
             raise argparse.ArgumentTypeError(f"{v!r}: {key} given twice")
         if key not in known:
             raise argparse.ArgumentTypeError(
-                f"{v!r}: {what} takes {', '.join(sorted(known)) or 'no K=V values'}")
+                f"{v!r}: no {key}; {what} takes {', '.join(sorted(known)) or 'no K=V values'}")
         if int(val) not in known[key]:
             raise argparse.ArgumentTypeError(f"{kv!r} in {v!r}: {key} is one of "
                                              f"{', '.join(map(str, known[key]))}")
@@ -265,10 +265,13 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         cfg = FlintConfig.preset(args.preset)
     except (ConfigError, ValueError) as e:
         p.error(f"--preset {args.preset!r}: {e}")
-    longest = max(int(v) for v in (args.tokens + "," + args.kernel_tokens).split(",") if v)
-    if longest > cfg.max_position_embeddings:
-        p.error(f"--tokens/--kernel-tokens {longest}: the {args.preset} config holds at most "
-                f"{cfg.max_position_embeddings} positions")
+    for flag, text in (("--tokens", args.tokens), ("--kernel-tokens", args.kernel_tokens)):
+        longest = max((int(v) for v in text.split(",") if v), default=0)
+        if longest > cfg.max_position_embeddings:
+            typed = any(a.split("=")[0] == flag for a in sys.argv[1:])
+            default = "" if typed else f" (the default {flag}; --kernel-tokens= times none)"
+            p.error(f"{flag} {longest}{default}: the {args.preset} config holds at most "
+                    f"{cfg.max_position_embeddings} positions")
     out = Path(args.out or ".")
     try:  # a name the file system refuses (too long, …) is a bad --out, not a traceback
         if not args.out or (out.exists() and not out.is_dir()):
@@ -280,6 +283,15 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--out {args.out!r}: {e.strerror or e}")
     if not writable:
         p.error(f"--out {args.out!r}: {near} is not a directory this user can write to")
+    # the reports replace only earlier reports of this tool (a bad-input trial, 2026-12-07:
+    # --out naming a folder of the user's replaced its prefill.json and prefill.md unasked)
+    for dirs in [[out]] + [[out / f"process-{i}"] for i in range(args.processes)
+                            if args.processes > 1]:
+        for name, ours in (("prefill.json", _own_json), ("prefill.md", _own_markdown)):
+            path = dirs[0] / name
+            if path.exists() and not ours(path):
+                p.error(f"--out {args.out!r}: {path} exists and is not a report this tool "
+                        "wrote (unchanged); move it or choose another --out")
 
 
 def main() -> int:
@@ -410,7 +422,7 @@ def main() -> int:
     except OSError as e:
         p.error(f"--out {args.out!r}: cannot create it ({e.strerror})")
     torch.backends.cuda.matmul.allow_tf32 = False
-    lengths = [int(x) for x in args.tokens.split(",")]
+    lengths = [int(x) for x in args.tokens.split(",") if x]
     longer = [int(x) for x in args.kernel_tokens.split(",") if x]
     cfg = FlintConfig.preset(args.preset)
     peak = matmul_peak_flops("cuda")
@@ -570,11 +582,33 @@ def main() -> int:
     return 0
 
 
+REPORT_TOOL = "tools/bench_prefill.py"  # prefill.json's "tool": what may replace it
+MARKDOWN_SEAL = "bench_prefill markdown"  # prefill.md's last line (flint_graph.perf.cli.seal)
+
+
+def _own_json(path: Path) -> bool:
+    """Whether `path` is a prefill.json this tool wrote (its "tool" field)."""
+    try:
+        return json.loads(path.read_text()).get("tool") == REPORT_TOOL
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        return False
+
+
+def _own_markdown(path: Path) -> bool:
+    """Whether `path` is a prefill.md this tool wrote, unchanged since (its sealed last line)."""
+    from flint_graph.perf.cli import sealed_as
+
+    return sealed_as(MARKDOWN_SEAL)(path)
+
+
 def write_report(res: dict, out: Path, profile_tokens: int) -> None:
     """prefill.json and prefill.md under `out` (printed too): one table row per timed
     configuration (with the per-process values and their spread when `res` aggregates several
-    processes), then each per-kernel breakdown."""
-    (out / "prefill.json").write_text(json.dumps(res, indent=1))
+    processes), then each per-kernel breakdown. The JSON names this tool ("tool") and the
+    markdown ends in a seal line, so a later run replaces only these (`check_args`)."""
+    from flint_graph.perf.cli import seal
+
+    (out / "prefill.json").write_text(json.dumps({"tool": REPORT_TOOL, **res}, indent=1))
     many = any("ms_processes" in r for r in res["rows"])
     lines = [f"GPU {res['gpu']}; dense BF16 matmul {res['matmul_peak_flops'] / 1e12:.0f} TFLOP/s "
              f"(8192³, same run); chunk {res['chunk']}", "",
@@ -593,7 +627,7 @@ def write_report(res: dict, out: Path, profile_tokens: int) -> None:
     for key, table in res["breakdown"].items():
         lines += ["", f"{key}, {profile_tokens} tokens: CUDA time by kernel", "", "```",
                   table, "```"]
-    (out / "prefill.md").write_text("\n".join(lines) + "\n")
+    (out / "prefill.md").write_text(seal("\n".join(lines) + "\n", MARKDOWN_SEAL))
     print("\n".join(lines))
 
 

@@ -26,17 +26,59 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
+
+REPORT_TOOL = "tools/probe_attn_speed.py"  # attn_speed.json's "tool": what may replace it
+KINDS = ("full", "sliding")
+
+
+def parse_variants(text: str) -> list[tuple[str, dict[str, int]]]:
+    """--variants: comma-separated NAME[:K=V…], NAME attn_prefill (no values) or
+    attn_prefill_wg with ST, WS or FC (ASCII digits), each a spec the cache build makes for
+    both layer kinds. Raises ValueError naming the item and what was expected."""
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.kernels.prefill import attn_prefill_wg as wg
+
+    cfg = FlintConfig.preset("full")
+    built = {s.id for s in wg._specs(cfg) + wg.bench_specs(cfg)}
+    base = [s for s in wg._specs(cfg) if "SPLITS" not in s.as_dict()]
+    out = []
+    items = text.split(",")
+    if not all(items):
+        raise ValueError(f"{text!r}: expected comma-separated variants, none empty")
+    for item in items:
+        name, *pairs = item.split(":")
+        if name not in ("attn_prefill", "attn_prefill_wg"):
+            raise ValueError(f"{item!r}: expected attn_prefill or attn_prefill_wg[:K=V…]")
+        values: dict[str, int] = {}
+        for kv in pairs:
+            key, eq, val = kv.partition("=")
+            if not (eq and val.isascii() and val.isdigit()) or key in values:
+                raise ValueError(f"{item!r}: {kv!r} is not a new K=V with V an integer ≥ 0")
+            values[key] = int(val)
+        if name == "attn_prefill" and values:
+            raise ValueError(f"{item!r}: attn_prefill takes no K=V values")
+        if values and (set(values) - {"ST", "WS", "FC"}
+                       or any(wg.variant(s, **values).id not in built for s in base)):
+            raise ValueError(f"{item!r}: no such attn_prefill_wg spec is built (ST=3, WS=1 "
+                             "or FC=0, one at a time)")
+        out.append((name, values))
+    return out
+
+
+def parse_cases(text: str) -> list[tuple[int, int]]:
+    """--cases: comma-separated T+S (T ≥ 1 query tokens after S ≥ 0 cached, ASCII digits).
+    Raises ValueError naming the item."""
+    out = []
+    for item in text.split(","):
+        t, plus, start = item.partition("+")
+        if not (plus and t.isascii() and t.isdigit() and start.isascii() and start.isdigit()
+                and int(t) >= 1):
+            raise ValueError(f"{item!r}: expected T+S, T ≥ 1 query tokens after S ≥ 0 cached")
+        out.append((int(t), int(start)))
+    return out
 
 
 def main() -> int:
-    from flint_graph.capture.launcher import KernelSet, capture_graph
-    from flint_graph.checkpoints.config import FlintConfig
-    from flint_graph.kernels import registry
-    from flint_graph.kernels.prefill import attn_prefill as ap
-    from flint_graph.kernels.prefill import attn_prefill_wg as wg
-    from flint_graph.perf.measure import matmul_peak_flops
-
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--variants", default="attn_prefill_wg,attn_prefill_wg:ST=3",
                    help="comma-separated NAME[:K=V…] (default: attn_prefill_wg at 2 and 3 stages)")
@@ -49,20 +91,51 @@ def main() -> int:
     p.add_argument("--ncu", action="store_true", help="launch each once, untimed (for ncu)")
     p.add_argument("--out", default=None, help="directory for attn_speed.json")
     args = p.parse_args()
+    try:
+        variants = parse_variants(args.variants)
+    except ValueError as e:
+        p.error(f"--variants {e}")
+    try:
+        cases = parse_cases(args.cases)
+    except ValueError as e:
+        p.error(f"--cases {e}")
+    kinds = args.kinds.split(",")
+    if not kinds or not set(kinds) <= set(KINDS) or len(set(kinds)) < len(kinds):
+        p.error(f"--kinds {args.kinds!r}: expected comma-separated layer kinds among "
+                f"{', '.join(KINDS)}, each once")
+    for flag, value in (("--reps", args.reps), ("--sets", args.sets)):
+        if value < 1:
+            p.error(f"{flag} {value}: expected 1 or more")
+    if args.out is not None:
+        out = Path(args.out)
+        report = out / "attn_speed.json"
+        if not args.out or (out.exists() and not out.is_dir()):
+            p.error(f"--out {args.out!r}: expected a directory (it holds attn_speed.json)")
+        if report.exists() and not _own_report(report):
+            p.error(f"--out {args.out!r}: {report} exists and is not a report this tool "
+                    "wrote; move it or choose another --out")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (and the kernel cache, FLINT_GRAPH_CACHE)")
+    from flint_graph.capture.launcher import KernelSet, capture_graph
+    from flint_graph.checkpoints.config import FlintConfig
+    from flint_graph.kernels import registry
+    from flint_graph.kernels.prefill import attn_prefill as ap
+    from flint_graph.kernels.prefill import attn_prefill_wg as wg
+    from flint_graph.perf.measure import matmul_peak_flops
 
     cfg = FlintConfig.preset("full")
     kset = KernelSet(kernels=registry(("attn_prefill", "attn_prefill_wg")))
     specs = {("sliding" if s["RING"] else "full"): s for s in wg._specs(cfg)
              if "SPLITS" not in s.as_dict()}
-    cases = [tuple(int(x) for x in c.split("+")) for c in args.cases.split(",")]
     peak = None if args.ncu else matmul_peak_flops("cuda")
     if peak:
         print(f"dense BF16 matmul peak {peak / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
-    for variant in args.variants.split(","):
-        name, *pairs = variant.split(":")
-        values = {k: int(v) for k, v in (pr.split("=") for pr in pairs)}
-        for kind in args.kinds.split(","):
+    for (name, values), variant in zip(variants, args.variants.split(",")):
+        for kind in kinds:
             base = specs[kind].as_dict()
             spec = (wg.variant(specs[kind], **values) if name == "attn_prefill_wg" else
                     ap.KERNEL.spec(**{k: v for k, v in {**base, **values}.items()
@@ -106,8 +179,16 @@ def main() -> int:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "attn_speed.json").write_text(json.dumps(
-            {"peak_flops": peak, "rows": rows}, indent=1))
+            {"tool": REPORT_TOOL, "peak_flops": peak, "rows": rows}, indent=1))
     return 0
+
+
+def _own_report(path: Path) -> bool:
+    """Whether `path` is an attn_speed.json this tool wrote (its "tool" field)."""
+    try:
+        return json.loads(path.read_text()).get("tool") == REPORT_TOOL
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        return False
 
 
 if __name__ == "__main__":
