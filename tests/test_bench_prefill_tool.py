@@ -14,6 +14,17 @@ def bench():
     return tool_module("bench_prefill")
 
 
+def _refused(monkeypatch, capsys, tool, argv) -> str:
+    """stderr of tools/TOOL.py's main() on `argv`, which must stop it with exit code 2 (an
+    argument error) and no traceback."""
+    monkeypatch.setattr("sys.argv", [f"{tool.__name__}.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        tool.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err
+    return err
+
+
 def _report(ms_by_tokens: dict[int, float], fmt: str = "nvfp4") -> dict:
     rows = [{"format": fmt, "path": "graph", "row_moe_max": "16", "chunk": 32768, "tokens": n,
              "ms": ms, "tokens_per_s": n / ms * 1e3, "tflops": n / ms, "mfu": n / ms / 1e3}
@@ -107,12 +118,8 @@ def test_out_never_replaces_a_users_file(bench, monkeypatch, capsys, tmp_path, n
     those names is the user's and stops the run before any work (a bad-input trial,
     2026-12-07: a folder's prefill.json and prefill.md were replaced unasked)."""
     (tmp_path / name).write_text("my notes\n")
-    monkeypatch.setattr("sys.argv", ["bench_prefill.py", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit) as e:
-        bench.main()
-    assert e.value.code == 2
-    assert f"{tmp_path / name} exists and is not a report this tool wrote" in \
-        capsys.readouterr().err
+    err = _refused(monkeypatch, capsys, bench, ["--out", str(tmp_path)])
+    assert f"{tmp_path / name} exists and is not a report this tool wrote" in err
     assert (tmp_path / name).read_text() == "my notes\n"
 
 
@@ -127,12 +134,8 @@ def test_out_replaces_its_own_reports(bench, monkeypatch, capsys, tmp_path):
 
 @pytest.mark.parametrize("argv,message", BAD, ids=[a[0] for a, _ in BAD])
 def test_bad_values_stop_before_any_work(bench, monkeypatch, capsys, argv, message):
-    monkeypatch.setattr("sys.argv", ["bench_prefill.py", *argv])
-    with pytest.raises(SystemExit) as e:
-        bench.main()
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err and "CUDA" not in err, err
+    err = _refused(monkeypatch, capsys, bench, argv)
+    assert message in err and "CUDA" not in err, err
 
 
 def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
@@ -164,13 +167,8 @@ def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
     (["--tokens=abc"], "--tokens 'abc'"), (["--kinds=2"], "--kinds '2'"),
     (["--reps=0"], "--reps 0")])
 def test_probe_bad_values_stop_before_any_work(monkeypatch, capsys, argv, message):
-    probe = tool_module("probe_grouped_w4a16")
-    monkeypatch.setattr("sys.argv", ["probe_grouped_w4a16.py", *argv])
-    with pytest.raises(SystemExit) as e:
-        probe.main()
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err, err
+    err = _refused(monkeypatch, capsys, tool_module("probe_grouped_w4a16"), argv)
+    assert message in err, err
 
 
 @pytest.mark.parametrize("argv", [
@@ -212,20 +210,13 @@ ATTN_BAD = [(["--cases=8192+"], "--cases '8192+': expected T+S"),
 
 @pytest.mark.parametrize("argv,message", ATTN_BAD, ids=[a[0] for a, _ in ATTN_BAD])
 def test_attn_probe_refuses_bad_values_first(attn_probe, monkeypatch, capsys, argv, message):
-    monkeypatch.setattr("sys.argv", ["probe_attn_speed.py", *argv])
-    with pytest.raises(SystemExit) as e:
-        attn_probe.main()
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err, err
+    assert message in _refused(monkeypatch, capsys, attn_probe, argv)
 
 
 def test_attn_probe_never_replaces_a_users_file(attn_probe, monkeypatch, capsys, tmp_path):
     (tmp_path / "attn_speed.json").write_text('{"mine": 1}')
-    monkeypatch.setattr("sys.argv", ["probe_attn_speed.py", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit):
-        attn_probe.main()
-    assert "exists and is not a report this tool wrote" in capsys.readouterr().err
+    err = _refused(monkeypatch, capsys, attn_probe, ["--out", str(tmp_path)])
+    assert "exists and is not a report this tool wrote" in err
     assert (tmp_path / "attn_speed.json").read_text() == '{"mine": 1}'
 
 
