@@ -3,9 +3,9 @@ and tolerance as `attn_prefill` (kernels/prefill/attn_prefill.py: causal, exact 
 sinks, GQA packing, the cached prefix from the ring or the pages), with the tensor-core work
 issued by warpgroups reading their operands from shared memory instead of warps loading
 fragments by ldmatrix for mma.sync. The prefill's default since its GPU tests passed on the H200
-(capture/prefill.py ATTN_KERNEL): a full layer at 8K tokens in 1.19 ms (~460 TFLOP/s, 61% of the
-dense BF16 peak measured beside it; 1.44 ms before the per-tile work was cut, 2026-12-03
-eleventh session) against attn_prefill's 2.17 ms (perf log).
+(capture/prefill.py ATTN_KERNEL): a full layer at 8K tokens in 0.96 ms since FC (~572 TFLOP/s,
+74% of the dense BF16 peak measured beside it, 2026-12-07; 1.19 ms before it, 1.44 ms before
+the per-tile work was cut in the eleventh session) against attn_prefill's 2.17 ms (perf log).
 
 Why. On the H200 `attn_prefill` runs a full layer at 8K tokens at ~253 TFLOP/s (33% of the dense
 BF16 peak), and attention is most of a 32K or 100K prefill (perf log, 2026-12-02). mma.sync
