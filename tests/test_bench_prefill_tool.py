@@ -229,3 +229,65 @@ def test_attn_probe_good_values_reach_the_cuda_check(attn_probe, monkeypatch, ca
     with pytest.raises(SystemExit):
         attn_probe.main()
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_reports_are_sealed_and_an_edited_one_is_the_users(bench, tmp_path):
+    """A re-trial (2026-12-07): a prefill.json with this tool's "tool" field but edited
+    figures (or forged whole) passed as the tool's own. The JSON carries the sha256 of its
+    text now; an aggregate of sealed per-process reports is sealed anew."""
+    res = bench.aggregate([bench.write_report(_report({512: 16.0}), tmp_path, 0) or
+                           json.loads((tmp_path / "prefill.json").read_text())] * 2)
+    bench.write_report(res, tmp_path, 0)
+    path = tmp_path / "prefill.json"
+    assert bench._own_json(path)
+    path.write_text(path.read_text().replace('"ms": 16.0', '"ms": 999.0'))
+    assert not bench._own_json(path)
+    path.write_text(json.dumps({"tool": bench.REPORT_TOOL, "rows": []}))
+    assert not bench._own_json(path)
+
+
+@pytest.mark.parametrize("make", ["fifo", "link", "dangling", "dir", "process_file"])
+def test_out_refuses_what_is_no_regular_report_file(bench, monkeypatch, capsys, tmp_path,
+                                                     make):
+    """A re-trial (2026-12-07): a FIFO named prefill.json hung the check, a link to
+    /dev/zero filled memory, a link would be written through, and a file named process-1
+    failed only after process 0's GPU run."""
+    import os
+
+    argv = ["--out", str(tmp_path)]
+    if make == "fifo":
+        os.mkfifo(tmp_path / "prefill.json")
+    elif make == "link":
+        (tmp_path / "prefill.json").symlink_to("/dev/zero")
+    elif make == "dangling":
+        (tmp_path / "prefill.md").symlink_to(tmp_path / "nowhere")
+    elif make == "dir":
+        (tmp_path / "prefill.md").mkdir()
+    else:
+        (tmp_path / "process-1").write_text("mine")
+        argv += ["--processes", "2"]
+    err = _refused(monkeypatch, capsys, bench, argv)
+    assert f"--out {str(tmp_path)!r}: " in err, err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--processes=100000000"], "at most 64"), (["--reps=٣"], "--reps"),
+    (["--reps= 3x"], "--reps"), (["--graph-buckets=٣"], "--graph-buckets"),
+    (["--reps=99999999999999999999999"], "--reps"),
+    (["--preset=tiny", "--kernel-tokens="], "(the default --tokens):"),
+])
+def test_counts_are_plain_bounded_digits(bench, monkeypatch, capsys, argv, message):
+    assert message in _refused(monkeypatch, capsys, bench, argv)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--reps=99999999999999999999999"], "--reps"), (["--reps=٣"], "--reps"),
+    (["--sets=1000"], "--sets 1000: expected 1 to 64"),
+    (["--cases=99999999999999999999999+0"], "T + S ≤ 262,144"),
+    (["--cases=8+99999999999999999999"], "T + S ≤ 262,144"),
+    (["--out=/tmp/" + "a" * 300], "File name too long"),
+    (["--out=/proc/1/nope"], "--out '/proc/1/nope': "),
+    (["--out= "], "expected a folder"),
+])
+def test_attn_probe_bounds_and_out_folders(attn_probe, monkeypatch, capsys, argv, message):
+    assert message in _refused(monkeypatch, capsys, attn_probe, argv)

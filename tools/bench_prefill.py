@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
 import time
@@ -206,6 +205,20 @@ NAME_LISTS = {"formats": ("bf16", "nvfp4"), "paths": ("graph", "kernel", "sdpa")
               "moe": ("w4a16", "unpack")}
 
 
+def _count(text: str) -> int:
+    """argparse type of the tool's counts: plain ASCII digits (int() also reads "٣", " 3" and
+    "1_0"; a bad-input trial, 2026-12-07), at most 10 digits."""
+    from flint_graph.cli_args import plain_int
+
+    try:
+        if len(text.strip()) > 10:
+            raise ValueError(text)
+        return plain_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count of plain digits, got {text!r}") \
+            from None
+
+
 def check_args(p: argparse.ArgumentParser, args) -> None:
     """Every option's values, before any work (weights take minutes to make): p.error names
     the option and what it expected."""
@@ -231,8 +244,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             if v not in allowed:
                 p.error(f"{flag} {v!r}: expected one of {', '.join(allowed)}, comma-separated")
     try:
-        extra = [int(v) for v in args.graph_buckets.split(",") if v.strip()]
-    except ValueError:
+        extra = [_count(v) for v in args.graph_buckets.split(",") if v.strip()]
+    except argparse.ArgumentTypeError:
         extra = [0]
     if any(b < 1 for b in extra):
         p.error(f"--graph-buckets {args.graph_buckets!r}: expected comma-separated token "
@@ -269,29 +282,26 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         longest = max((int(v) for v in text.split(",") if v), default=0)
         if longest > cfg.max_position_embeddings:
             typed = any(a.split("=")[0] == flag for a in sys.argv[1:])
-            default = "" if typed else f" (the default {flag}; --kernel-tokens= times none)"
+            default = "" if typed else f" (the default {flag}" + (
+                "; --kernel-tokens= times none)" if flag == "--kernel-tokens" else ")")
             p.error(f"{flag} {longest}{default}: the {args.preset} config holds at most "
                     f"{cfg.max_position_embeddings} positions")
-    out = Path(args.out or ".")
-    try:  # a name the file system refuses (too long, …) is a bad --out, not a traceback
-        if not args.out or (out.exists() and not out.is_dir()):
-            p.error(f"--out {args.out!r}: expected a directory (it holds prefill.md, "
-                    "prefill.json and per-process folders)")
-        near = next(d for d in (out, *out.absolute().parents) if d.exists())
-        writable = near.is_dir() and os.access(near, os.W_OK | os.X_OK)
-    except OSError as e:
-        p.error(f"--out {args.out!r}: {e.strerror or e}")
-    if not writable:
-        p.error(f"--out {args.out!r}: {near} is not a directory this user can write to")
-    # the reports replace only earlier reports of this tool (a bad-input trial, 2026-12-07:
-    # --out naming a folder of the user's replaced its prefill.json and prefill.md unasked)
-    for dirs in [[out]] + [[out / f"process-{i}"] for i in range(args.processes)
-                            if args.processes > 1]:
-        for name, ours in (("prefill.json", _own_json), ("prefill.md", _own_markdown)):
-            path = dirs[0] / name
-            if path.exists() and not ours(path):
-                p.error(f"--out {args.out!r}: {path} exists and is not a report this tool "
-                        "wrote (unchanged); move it or choose another --out")
+    if args.processes > MAX_PROCESSES:
+        p.error(f"--processes {args.processes}: at most {MAX_PROCESSES} (one GPU process each)")
+    if not args.out:
+        p.error(f"--out {args.out!r}: expected a folder (it holds prefill.md, prefill.json and "
+                "per-process folders)")
+    from flint_graph.perf.tool_reports import out_problem
+
+    # the reports replace only earlier reports of this tool, unchanged (bad-input trials,
+    # 2026-12-07: --out naming a folder of the user's replaced its prefill.json and
+    # prefill.md unasked)
+    out = Path(args.out)
+    reports = {"prefill.json": _own_json, "prefill.md": _own_markdown}
+    for folder in [out] + ([out / f"process-{i}" for i in range(args.processes)]
+                           if args.processes > 1 else []):
+        if problem := out_problem(folder, reports):
+            p.error(f"--out {args.out!r}: {problem}")
 
 
 def main() -> int:
@@ -313,9 +323,9 @@ def main() -> int:
                    help="longer prompts timed on the kernel path only (the baseline takes minutes)")
     from flint_graph.runtime.engine_config import KERNEL_PREFILL_CHUNK
 
-    p.add_argument("--chunk", type=int, default=KERNEL_PREFILL_CHUNK,
+    p.add_argument("--chunk", type=_count, default=KERNEL_PREFILL_CHUNK,
                    help=f"prompt tokens per chunk (default: the engine's, {KERNEL_PREFILL_CHUNK})")
-    p.add_argument("--reps", type=int, default=3,
+    p.add_argument("--reps", type=_count, default=3,
                    help="timed prefills per row (the median is reported; default 3)")
     p.add_argument("--formats", default="bf16,nvfp4",
                    help="weight formats, comma-separated: bf16, nvfp4 (nvfp4 alone fits an "
@@ -324,7 +334,7 @@ def main() -> int:
                    help="graph = the kernel path as the engine runs it (chunks of up to "
                         "--graph-max tokens replay CUDA graphs, larger ones run eagerly), "
                         "kernel = every chunk launched eagerly, sdpa = the torch-ops baseline")
-    p.add_argument("--graph-max", type=int, default=8192,
+    p.add_argument("--graph-max", type=_count, default=8192,
                    help="the largest chunk (tokens) the graph path captures as a CUDA graph "
                         "(default 8192, the largest of prefill.GRAPH_BUCKETS; 4096 launches "
                         "longer chunks eagerly, as before the twenty-ninth session; above "
@@ -404,10 +414,10 @@ def main() -> int:
                         "run it)")
     p.add_argument("--out", default="out",
                    help="directory for prefill.md and prefill.json (created; default: out)")
-    p.add_argument("--processes", type=int, default=1,
+    p.add_argument("--processes", type=_count, default=1,
                    help="run the bench in this many fresh processes and report each row's "
                         "median over them, with the spread (module docstring)")
-    p.add_argument("--profile-tokens", type=int, default=8192,
+    p.add_argument("--profile-tokens", type=_count, default=8192,
                    help="prompt length of the per-kernel breakdown (0: none); clamped to the "
                         "longest timed prompt, which sizes the KV cache")
     args = p.parse_args()
@@ -582,16 +592,16 @@ def main() -> int:
     return 0
 
 
-REPORT_TOOL = "tools/bench_prefill.py"  # prefill.json's "tool": what may replace it
+REPORT_TOOL = "tools/bench_prefill.py"  # prefill.json's "tool" (flint_graph.perf.tool_reports)
 MARKDOWN_SEAL = "bench_prefill markdown"  # prefill.md's last line (flint_graph.perf.cli.seal)
+MAX_PROCESSES = 64
 
 
 def _own_json(path: Path) -> bool:
-    """Whether `path` is a prefill.json this tool wrote (its "tool" field)."""
-    try:
-        return json.loads(path.read_text()).get("tool") == REPORT_TOOL
-    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
-        return False
+    """Whether `path` is a prefill.json this tool wrote, unchanged since."""
+    from flint_graph.perf.tool_reports import is_own_json
+
+    return is_own_json(path, REPORT_TOOL)
 
 
 def _own_markdown(path: Path) -> bool:
@@ -607,8 +617,9 @@ def write_report(res: dict, out: Path, profile_tokens: int) -> None:
     processes), then each per-kernel breakdown. The JSON names this tool ("tool") and the
     markdown ends in a seal line, so a later run replaces only these (`check_args`)."""
     from flint_graph.perf.cli import seal
+    from flint_graph.perf.tool_reports import sealed_json
 
-    (out / "prefill.json").write_text(json.dumps({"tool": REPORT_TOOL, **res}, indent=1))
+    (out / "prefill.json").write_text(sealed_json(res, REPORT_TOOL))
     many = any("ms_processes" in r for r in res["rows"])
     lines = [f"GPU {res['gpu']}; dense BF16 matmul {res['matmul_peak_flops'] / 1e12:.0f} TFLOP/s "
              f"(8192³, same run); chunk {res['chunk']}", "",
@@ -639,7 +650,7 @@ def aggregate(reports: list[dict]) -> dict:
     report's order) with ms the median over the processes that timed it, `ms_processes` every
     one, tokens/s, TFLOP/s and MFU rescaled to that median (against the first report's matmul
     peak); the first report's breakdowns. Rows a process did not time count only where timed."""
-    first = reports[0]
+    first = {k: v for k, v in reports[0].items() if k not in ("tool", "sha256")}  # its seal
     out = {**first, "rows": [], "processes": len(reports)}
     for row in first["rows"]:
         key = tuple(row[k] for k in ROW_KEY)

@@ -20,15 +20,29 @@ case) and writes attn_speed.json under --out. `--ncu` launches each once, for nc
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 from pathlib import Path
 
 
-REPORT_TOOL = "tools/probe_attn_speed.py"  # attn_speed.json's "tool": what may replace it
+REPORT_TOOL = "tools/probe_attn_speed.py"  # attn_speed.json's "tool" (perf/tool_reports.py)
 KINDS = ("full", "sliding")
+MAX_TOKENS = 262_144  # the full config's positions
+MAX_REPS, MAX_SETS = 10_000, 64
+
+
+def _count(text: str) -> int:
+    """argparse type of --reps and --sets: plain ASCII digits, at most 10 of them."""
+    from flint_graph.cli_args import plain_int
+
+    try:
+        if len(text.strip()) > 10:
+            raise ValueError(text)
+        return plain_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count of plain digits, got {text!r}") \
+            from None
 
 
 def parse_variants(text: str) -> list[tuple[str, dict[str, int]]]:
@@ -72,8 +86,9 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
     for item in text.split(","):
         t, plus, start = item.partition("+")
         if not (plus and t.isascii() and t.isdigit() and start.isascii() and start.isdigit()
-                and int(t) >= 1):
-            raise ValueError(f"{item!r}: expected T+S, T ≥ 1 query tokens after S ≥ 0 cached")
+                and len(t) + len(start) < 20 and 1 <= int(t) and int(t) + int(start) <= MAX_TOKENS):
+            raise ValueError(f"{item!r}: expected T+S, T ≥ 1 query tokens after S ≥ 0 cached, "
+                             f"T + S ≤ {MAX_TOKENS:,} (the full config's positions)")
         out.append((int(t), int(start)))
     return out
 
@@ -86,8 +101,9 @@ def main() -> int:
                    help="comma-separated T+S: T query tokens after S cached (default: an 8K "
                         "prefill and the last 8K chunk of a 32K one)")
     p.add_argument("--kinds", default="full,sliding", help="layer kinds to time")
-    p.add_argument("--reps", type=int, default=8, help="launches per graph replay")
-    p.add_argument("--sets", type=int, default=2, help="argument sets the launches rotate over")
+    p.add_argument("--reps", type=_count, default=8, help="launches per graph replay")
+    p.add_argument("--sets", type=_count, default=2,
+                   help="argument sets the launches rotate over")
     p.add_argument("--ncu", action="store_true", help="launch each once, untimed (for ncu)")
     p.add_argument("--out", default=None, help="directory for attn_speed.json")
     args = p.parse_args()
@@ -103,17 +119,16 @@ def main() -> int:
     if not kinds or not set(kinds) <= set(KINDS) or len(set(kinds)) < len(kinds):
         p.error(f"--kinds {args.kinds!r}: expected comma-separated layer kinds among "
                 f"{', '.join(KINDS)}, each once")
-    for flag, value in (("--reps", args.reps), ("--sets", args.sets)):
-        if value < 1:
-            p.error(f"{flag} {value}: expected 1 or more")
+    for flag, value, most in (("--reps", args.reps, MAX_REPS), ("--sets", args.sets, MAX_SETS)):
+        if not 1 <= value <= most:
+            p.error(f"{flag} {value}: expected 1 to {most:,}")
     if args.out is not None:
-        out = Path(args.out)
-        report = out / "attn_speed.json"
-        if not args.out or (out.exists() and not out.is_dir()):
-            p.error(f"--out {args.out!r}: expected a directory (it holds attn_speed.json)")
-        if report.exists() and not _own_report(report):
-            p.error(f"--out {args.out!r}: {report} exists and is not a report this tool "
-                    "wrote; move it or choose another --out")
+        from flint_graph.perf.tool_reports import out_problem
+
+        if not args.out.strip():
+            p.error(f"--out {args.out!r}: expected a folder (it holds attn_speed.json)")
+        if problem := out_problem(Path(args.out), {"attn_speed.json": _own_report}):
+            p.error(f"--out {args.out!r}: {problem}")
 
     import torch
 
@@ -178,17 +193,18 @@ def main() -> int:
                 del graph, sets
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        Path(args.out, "attn_speed.json").write_text(json.dumps(
-            {"tool": REPORT_TOOL, "peak_flops": peak, "rows": rows}, indent=1))
+        from flint_graph.perf.tool_reports import sealed_json
+
+        Path(args.out, "attn_speed.json").write_text(
+            sealed_json({"peak_flops": peak, "rows": rows}, REPORT_TOOL))
     return 0
 
 
 def _own_report(path: Path) -> bool:
-    """Whether `path` is an attn_speed.json this tool wrote (its "tool" field)."""
-    try:
-        return json.loads(path.read_text()).get("tool") == REPORT_TOOL
-    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
-        return False
+    """Whether `path` is an attn_speed.json this tool wrote, unchanged since."""
+    from flint_graph.perf.tool_reports import is_own_json
+
+    return is_own_json(path, REPORT_TOOL)
 
 
 if __name__ == "__main__":
