@@ -10,6 +10,7 @@ file system end in a traceback.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -17,6 +18,21 @@ import stat
 from pathlib import Path
 
 REPORT_MAX_BYTES = 64 << 20  # a report is a few hundred KB
+
+
+def count_arg(text: str) -> int:
+    """argparse type of the tools' counts: plain ASCII digits, at most 10 of them (int() also
+    reads "٣", " 3" and "1_0", and 23 digits looped a check for minutes: a re-trial,
+    2026-12-07). Raises argparse.ArgumentTypeError naming the text."""
+    from flint_graph.cli_args import plain_int
+
+    try:
+        if len(text.strip()) > 10:
+            raise ValueError(text)
+        return plain_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count of plain digits, got {text!r}") \
+            from None
 
 
 def sealed_json(obj: dict, tool: str) -> str:

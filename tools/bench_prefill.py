@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from flint_graph.perf.tool_reports import count_arg
+
 
 def time_prefill(pre, prompt: torch.Tensor, chunk: int, reps: int,
                  split: dict | None = None) -> float:
@@ -205,20 +207,6 @@ NAME_LISTS = {"formats": ("bf16", "nvfp4"), "paths": ("graph", "kernel", "sdpa")
               "moe": ("w4a16", "unpack")}
 
 
-def _count(text: str) -> int:
-    """argparse type of the tool's counts: plain ASCII digits (int() also reads "٣", " 3" and
-    "1_0"; a bad-input trial, 2026-12-07), at most 10 digits."""
-    from flint_graph.cli_args import plain_int
-
-    try:
-        if len(text.strip()) > 10:
-            raise ValueError(text)
-        return plain_int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count of plain digits, got {text!r}") \
-            from None
-
-
 def check_args(p: argparse.ArgumentParser, args) -> None:
     """Every option's values, before any work (weights take minutes to make): p.error names
     the option and what it expected."""
@@ -244,7 +232,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             if v not in allowed:
                 p.error(f"{flag} {v!r}: expected one of {', '.join(allowed)}, comma-separated")
     try:
-        extra = [_count(v) for v in args.graph_buckets.split(",") if v.strip()]
+        extra = [count_arg(v) for v in args.graph_buckets.split(",") if v.strip()]
     except argparse.ArgumentTypeError:
         extra = [0]
     if any(b < 1 for b in extra):
@@ -323,9 +311,9 @@ def main() -> int:
                    help="longer prompts timed on the kernel path only (the baseline takes minutes)")
     from flint_graph.runtime.engine_config import KERNEL_PREFILL_CHUNK
 
-    p.add_argument("--chunk", type=_count, default=KERNEL_PREFILL_CHUNK,
+    p.add_argument("--chunk", type=count_arg, default=KERNEL_PREFILL_CHUNK,
                    help=f"prompt tokens per chunk (default: the engine's, {KERNEL_PREFILL_CHUNK})")
-    p.add_argument("--reps", type=_count, default=3,
+    p.add_argument("--reps", type=count_arg, default=3,
                    help="timed prefills per row (the median is reported; default 3)")
     p.add_argument("--formats", default="bf16,nvfp4",
                    help="weight formats, comma-separated: bf16, nvfp4 (nvfp4 alone fits an "
@@ -334,7 +322,7 @@ def main() -> int:
                    help="graph = the kernel path as the engine runs it (chunks of up to "
                         "--graph-max tokens replay CUDA graphs, larger ones run eagerly), "
                         "kernel = every chunk launched eagerly, sdpa = the torch-ops baseline")
-    p.add_argument("--graph-max", type=_count, default=8192,
+    p.add_argument("--graph-max", type=count_arg, default=8192,
                    help="the largest chunk (tokens) the graph path captures as a CUDA graph "
                         "(default 8192, the largest of prefill.GRAPH_BUCKETS; 4096 launches "
                         "longer chunks eagerly, as before the twenty-ninth session; above "
@@ -414,10 +402,10 @@ def main() -> int:
                         "run it)")
     p.add_argument("--out", default="out",
                    help="directory for prefill.md and prefill.json (created; default: out)")
-    p.add_argument("--processes", type=_count, default=1,
+    p.add_argument("--processes", type=count_arg, default=1,
                    help="run the bench in this many fresh processes and report each row's "
                         "median over them, with the spread (module docstring)")
-    p.add_argument("--profile-tokens", type=_count, default=8192,
+    p.add_argument("--profile-tokens", type=count_arg, default=8192,
                    help="prompt length of the per-kernel breakdown (0: none); clamped to the "
                         "longest timed prompt, which sizes the KV cache")
     args = p.parse_args()

@@ -25,24 +25,14 @@ import statistics
 import sys
 from pathlib import Path
 
+from flint_graph.perf.tool_reports import count_arg
+
 
 REPORT_TOOL = "tools/probe_attn_speed.py"  # attn_speed.json's "tool" (perf/tool_reports.py)
 KINDS = ("full", "sliding")
 MAX_TOKENS = 262_144  # the full config's positions
 MAX_REPS, MAX_SETS = 10_000, 64
 
-
-def _count(text: str) -> int:
-    """argparse type of --reps and --sets: plain ASCII digits, at most 10 of them."""
-    from flint_graph.cli_args import plain_int
-
-    try:
-        if len(text.strip()) > 10:
-            raise ValueError(text)
-        return plain_int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count of plain digits, got {text!r}") \
-            from None
 
 
 def parse_variants(text: str) -> list[tuple[str, dict[str, int]]]:
@@ -101,8 +91,8 @@ def main() -> int:
                    help="comma-separated T+S: T query tokens after S cached (default: an 8K "
                         "prefill and the last 8K chunk of a 32K one)")
     p.add_argument("--kinds", default="full,sliding", help="layer kinds to time")
-    p.add_argument("--reps", type=_count, default=8, help="launches per graph replay")
-    p.add_argument("--sets", type=_count, default=2,
+    p.add_argument("--reps", type=count_arg, default=8, help="launches per graph replay")
+    p.add_argument("--sets", type=count_arg, default=2,
                    help="argument sets the launches rotate over")
     p.add_argument("--ncu", action="store_true", help="launch each once, untimed (for ncu)")
     p.add_argument("--out", default=None, help="directory for attn_speed.json")
