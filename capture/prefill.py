@@ -789,11 +789,9 @@ class Prefill:
             s["RING"]: s for s in attn_prefill_wg.KERNEL.specs(self.cfg, ())
             if "SPLITS" not in s.as_dict()}
         for ring, spec in specs.items():
-            if name == "attn_prefill_wg":  # FC=0 and WS=1 leave keys out (variant)
-                spec = attn_prefill_wg.variant(spec, **values)
-            self.kernels[ring] = self._kset.get(name, **{**spec.as_dict(),
-                                                         **({} if name == "attn_prefill_wg"
-                                                            else values)})
+            chosen = (attn_prefill_wg.variant(spec, **values).as_dict()  # FC=0, WS=1 drop keys
+                      if name == "attn_prefill_wg" else {**spec.as_dict(), **values})
+            self.kernels[ring] = self._kset.get(name, **chosen)
         self.attn_kernel = name
         # short chunks on full layers split their keys over more CTAs (attn_prefill_wg
         # SPLITS): the partials and counters allocated once, outside any graph capture; the

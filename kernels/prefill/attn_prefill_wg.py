@@ -99,10 +99,11 @@ too, issue the next tile's copies under the tile's S wgmmas (the plain form does
 layers only: there the ring's copy addresses took ptxas to 144 registers). The same bytes land
 in the same places and the descriptors are the same values, so the output is bit for bit the
 default form's (GPU test). ptxas took 152-171 registers for the extra path unasked; the launch
-asks for two CTAs per SM (`min_blocks_per_mp`), which holds it at 128 with no spills (not the split
-specs, one CTA per SM as before FC, nor sm_100a's build: held at 128 they spilled). Common path ~530 → ~390 instructions a tile. Prediction:
-a full layer at 8K and at 32K −8 to −18% (1.19 → ~0.98-1.10 ms at 8K on the H200), sliding
-layers −3 to −10%; if the tensor pipe, not issue, bounds the loop, nothing.
+asks for two CTAs per SM (`min_blocks_per_mp`), which holds it at 128 with no spills (not the
+split specs, one CTA per SM as before FC, nor sm_100a's build: held at 128 they spilled).
+Common path ~530 → ~390 instructions a tile. Prediction: a full layer at 8K and at 32K −8 to
+−18% (1.19 → ~0.98-1.10 ms at 8K on the H200), sliding layers −3 to −10%; if the tensor pipe,
+not issue, bounds the loop, nothing.
 
 sm_100a has no wgmma: that build (compiled in CI, never run here) issues the same products as
 mma.sync m16n8k16 per warp with ldmatrix from the same swizzled layout; the rest of the kernel
@@ -318,7 +319,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     import cutlass
     import cutlass.cute as cute
     from cutlass import Boolean, Float32, Int32, Int64, Uint32
-    from cutlass.cutlass_dsl import dsl_user_op
 
     from flint_graph.kernels.toolchain import dsl_util as du
 
@@ -348,22 +348,6 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     # FC's run copies rely on it: a chunk row's swizzle (row mod 8) is the same in every pass
     assert not fc or rows_pass % 8 == 0, (spec.id, rows_pass)
 
-    @dsl_user_op
-    def cp_async_16_at(dst, src, dst_off: int, src_off: int, *, loc=None, ip=None) -> None:
-        """cp.async of 16 bytes from global `src` + src_off to shared `dst` + dst_off, both
-        offsets immediates in the instruction (so no address arithmetic per copy)."""
-        du._asm(None, [du._u32(dst, loc, ip), du._i64(src, loc, ip)],
-                f"cp.async.cg.shared.global [$0+{dst_off}], [$1+{src_off}], 16;",
-                "r,l,~{memory}", loc, ip, side_effects=True)
-
-    def run_copies(ks, kbase, vbase, thr, pass_bytes):
-        """FC = 1: this thread's chunks of a key tile whose rows lie at one stride in global
-        memory (`pass_bytes` apart per pass of `rows_pass` rows) from the tile's first row at
-        kbase / vbase, thread offset `thr`, into the stage at `ks`, committed as one group."""
-        for i in range(passes):
-            cp_async_16_at(ks, kbase + thr, i * rows_pass * 128, i * pass_bytes)
-            cp_async_16_at(ks, vbase + thr, lay["tile"] + i * rows_pass * 128, i * pass_bytes)
-        du.cp_async_commit()
 
     def swz(row, chunk, blk_bytes):
         """Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled operand whose
