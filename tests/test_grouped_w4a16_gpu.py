@@ -93,6 +93,31 @@ def test_wg_half_width_tiles_change_no_bit(kset, preset):
             f"{spec.id}: SUB=1 changed bits"
 
 
+@pytest.mark.parametrize("preset", ["full", "nano"])
+def test_wg_w0_changes_no_bit(kset, preset):
+    """grouped_w4a16_wg W0 = 1 (each step waits for its own wgmmas) issues the same products in
+    the same order as RS = 1 with W0 = 0, so its output is bit for bit the same, at every NT.
+    4,000 tokens over all experts: full tiles and the narrow last tiles of SUB = 1."""
+    specs = _specs(preset, "grouped_w4a16_wg")
+    built = {s.id for s in specs}
+    pairs = [(s, gwg.KERNEL.spec(**{**s.as_dict(), "W0": 1})) for s in specs
+             if s.as_dict().get("RS", 0) and "W0" not in s.as_dict()]
+    pairs = [(s, w0) for s, w0 in pairs if w0.id in built]
+    assert pairs, "no RS = 1 spec has a W0 = 1 twin"
+    for spec, w0 in pairs:
+        args = gwg.make_args(spec, gen=torch.Generator(device="cuda").manual_seed(9),
+                             tokens=4000, experts_used=256)
+        outs = []
+        for s in (spec, w0):
+            a = [t.clone() for t in args]
+            kset.get("grouped_w4a16_wg", **s.as_dict()).launch(*a)
+            outs.append(a[-1])
+        torch.cuda.synchronize()
+        assert not outs[1].isnan().any(), f"{w0.id}: rows unwritten"
+        assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16)), \
+            f"{w0.id}: W0 = 1 changed bits"
+
+
 @pytest.mark.parametrize("kernel,tokens", [("grouped_w4a16", 50), ("grouped_w4a16_wg", 200)])
 def test_unused_tiles_write_nothing(kset, kernel, tokens):
     """A schedule whose tiles cover only some pairs leaves the other rows as they were (the
@@ -125,18 +150,19 @@ def _stale(name, t, tokens):
     return torch.randn_like(t.float()).to(t.dtype)
 
 
-@pytest.mark.parametrize("kernel,nt,sh,wb,sub,rs", [("grouped_w4a16", 32, 0, 4, 0, 0),
-                                                    ("grouped_w4a16", 16, 1, 4, 0, 0),
-                                                    ("grouped_w4a16", 16, 1, 16, 0, 0),
-                                                    ("grouped_w4a16_wg", 128, 0, 4, 0, 0),
-                                                    ("grouped_w4a16_wg", 128, 0, 4, 1, 0),
-                                                    ("grouped_w4a16_wg", 64, 0, 4, 0, 1)])
+@pytest.mark.parametrize("kernel,nt,sh,wb,sub,rs,w0", [("grouped_w4a16", 32, 0, 4, 0, 0, 0),
+                                                       ("grouped_w4a16", 16, 1, 4, 0, 0, 0),
+                                                       ("grouped_w4a16", 16, 1, 16, 0, 0, 0),
+                                                       ("grouped_w4a16_wg", 128, 0, 4, 0, 0, 0),
+                                                       ("grouped_w4a16_wg", 128, 0, 4, 1, 0, 0),
+                                                       ("grouped_w4a16_wg", 64, 0, 4, 0, 1, 0),
+                                                       ("grouped_w4a16_wg", 128, 0, 4, 1, 1, 1)])
 @pytest.mark.parametrize("kind", [0, 1])
-def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, wb, sub, rs):
+def test_pdl_inputs_are_read_after_the_wait(kset, kind, kernel, nt, sh, wb, sub, rs, w0):
     spec = [s for s in _specs("full", kernel) if s["KIND"] == kind and s["NT"] == nt
             and s.as_dict().get("SH", 0) == sh and s.as_dict().get("WB", 4) == wb
             and s.as_dict().get("SUB", 0) == sub and s.as_dict().get("RS", 0) == rs
-            and not s.as_dict().get("WS")][0]
+            and s.as_dict().get("W0", 0) == w0 and not s.as_dict().get("WS")][0]
     _check_pdl(kset, kernel, spec, seed=11)
 
 

@@ -37,7 +37,8 @@ def test_the_tiny_config_has_none():
 
 @pytest.mark.parametrize("bad, match", [(dict(NT=32), "NT = 32"), (dict(KIND=2), "KIND = 2"),
                                         (dict(M=96), "multiple of 64"),
-                                        (dict(WS=1), "no compile-time value WS")])
+                                        (dict(WS=1), "no compile-time value WS"),
+                                        (dict(W0=1), "W0 = 1 needs RS = 1")])
 def test_unsupported_specialisations_are_refused(bad, match):
     values = dict(KIND=0, H=2048, M=512, E=256, NT=64) | bad
     with pytest.raises(ValueError, match=match):
@@ -48,33 +49,38 @@ def test_unsupported_specialisations_are_refused(bad, match):
 def test_every_spec_names_its_half_width_choice(preset):
     """SUB is explicit in every spec (the cache is asked for what a spec names) and RS named
     only where it is 1; the model's specs take the measured defaults per NT (`gwg.SUB`,
-    `gwg.RS`), the benchmark list holds each model spec with the other SUB and with the other
-    RS."""
+    `gwg.RS`), the benchmark list holds each model spec with the other SUB, with the other
+    RS, and with RS = 1 and W0 = 1 (W0 named only where it is 1, never in a model spec)."""
     cfg = FlintConfig.preset(preset)
     model, bench = gwg._specs(cfg), gwg.bench_specs(cfg)
     assert all(s["SUB"] == gwg.SUB[s["NT"]] for s in model)
     assert all(s.as_dict().get("RS", 0) == gwg.RS[s["NT"]] for s in model)
     assert all(s.as_dict().get("RS", 1) == 1 for s in model + bench)
 
+    assert all("W0" not in s.as_dict() for s in model)
+    assert all(s.as_dict().get("W0", 1) == 1 for s in bench)
+
     def key(s, **change):
-        v = {"RS": 0, **s.as_dict(), **change}
-        return v["KIND"], v["NT"], v["SUB"], v["RS"]
+        v = {"RS": 0, "W0": 0, **s.as_dict(), **change}
+        return v["KIND"], v["NT"], v["SUB"], v["RS"], v["W0"]
 
     assert {key(s) for s in bench} == (
         {key(s, SUB=1 - s["SUB"]) for s in model}
-        | {key(s, RS=1 - s.as_dict().get("RS", 0)) for s in model})
+        | {key(s, RS=1 - s.as_dict().get("RS", 0)) for s in model}
+        | {key(s, RS=1, W0=1) for s in model})
     for s in bench:  # two CTAs per SM
         assert check_spec(gwg.KERNEL, s)[1].smem <= 113 * 1024
 
 
 def test_rs_zero_is_never_named():
-    assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=0) == {"KIND": 0, "NT": 64, "SUB": 0}
+    assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=0, W0=0) == {"KIND": 0, "NT": 64, "SUB": 0}
     assert gwg.spec_values(KIND=0, NT=64, SUB=0, RS=1)["RS"] == 1
 
 
 @pytest.mark.parametrize("values,ok", [({}, True), ({"RS": 0}, True), ({"SUB": 1}, True),
                                        ({"SUB": 0, "RS": 1}, False), ({"WS": 1}, False),
-                                       ({"WP": 2}, False)])
+                                       ({"WP": 2}, False), ({"RS": 1, "W0": 1}, True),
+                                       ({"W0": 1}, False), ({"RS": 0, "W0": 1}, False)])
 def test_check_variant_accepts_what_the_cache_build_makes(values, ok):
     """check_variant passes a variant exactly when every NT's spec is valid and built."""
     if ok:
@@ -84,7 +90,7 @@ def test_check_variant_accepts_what_the_cache_build_makes(values, ok):
             gwg.check_variant(values)
 
 
-@pytest.mark.parametrize("key", ["SUB", "RS"])
+@pytest.mark.parametrize("key", ["SUB", "RS", "W0"])
 def test_switches_are_zero_or_one(key):
     with pytest.raises(ValueError, match=f"{key} = 2"):
         check_spec(gwg.KERNEL, gwg.KERNEL.spec(KIND=0, H=2048, M=512, E=256, NT=128,

@@ -140,12 +140,13 @@ def _kv_values(v: str, pairs: list[str], known: dict[str, tuple[int, ...]], what
 
 def wg_values_list(text: str) -> list[dict[str, int]]:
     """--wg-values: comma-separated '-' (the default spec values) or K=V[:K=V…] with K one of
-    grouped_w4a16_wg's benchmark switches (SUB, RS: 0 or 1)."""
+    grouped_w4a16_wg's benchmark switches (SUB, RS, W0: 0 or 1; W0 = 1 needs RS = 1)."""
     from flint_graph.kernels.prefill import grouped_w4a16_wg as gwg
 
     out = []
     for v in (v for v in text.split(",") if v):
-        values = {} if v == "-" else _kv_values(v, v.split(":"), {"SUB": (0, 1), "RS": (0, 1)},
+        values = {} if v == "-" else _kv_values(v, v.split(":"), {"SUB": (0, 1), "RS": (0, 1),
+                                                                   "W0": (0, 1)},
                                                 "grouped_w4a16_wg", "SUB=0")
         try:
             gwg.check_variant(values)

@@ -14,7 +14,14 @@
 #   fc-probe   the attention kernel alone, FC = 0 and 1 alternated twice (fc-probe.txt);
 #   fc-prefill whole NVFP4 prefills of 8K and 32K tokens, FC = 0 / 1 alternated;
 #   trace8k    flint-graph trace of an 8K NVFP4 prefill with its JSON (trace8k.txt, .json);
-#   h200       tools/gpu_session35.sh's parts (PARTS35, default "bench long reuse pd").
+#   h200       tools/gpu_session35.sh's parts (PARTS35, default "bench long reuse pd");
+#   w0-tests   grouped_w4a16_wg W0 = 1 (thirty-ninth session): every wgmma spec against the
+#              reference (the W0 = 1 bench specs among them), W0 = 1 bit for bit against
+#              RS = 1, the slow-producer PDL tests (w0-tests.log);
+#   w0-probe   the kernel alone at 8K (NT 128) and 2K (NT 64) tokens, the model's spec and
+#              RS = 1 W0 = 1 alternated twice (w0-probe.txt);
+#   w0-prefill whole NVFP4 prefills of 2K and 8K tokens, --wg-values -,RS=1:W0=1 alternated
+#              twice (w0-prefill.txt).
 # Carry [".whl", ".nano-run/kmodel"] with FLINT_GRAPH_CACHE=$PWD/.nano-run/kmodel exported by
 # `tools/build_gpu_cache.py --export .nano-run/kmodel --with-bench moe_gate_up --with-bench
 # attn_prefill_wg`. Default PARTS="qk-tests prefill long ptests fc-tests".
@@ -53,6 +60,25 @@ for part in ${PARTS:-qk-tests prefill long ptests fc-tests}; do
         --top 8 --out "$OUT/trace8k.json" > "$OUT/trace8k.txt" 2>&1
       echo "trace8k: exit $?"; grep -A12 "step by kind" "$OUT/trace8k.txt" ;;
     h200) PARTS="${PARTS35:-bench long reuse pd}" bash tools/gpu_session35.sh ;;
+    w0-tests) gpu_tests w0-tests.log 200 tests/test_grouped_w4a16_gpu.py \
+                -k "grouped_w4a16_wg or w0" ;;
+    w0-probe)
+      for pass in 1 2; do
+        for v in "" "RS=1,W0=1"; do
+          for tok in 8192 2048; do
+            echo "== pass $pass tokens $tok values ${v:-model}" >> "$OUT/w0-probe.txt"
+            timeout "$(left 60)" python3 tools/probe_grouped_w4a16.py --kernel grouped_w4a16_wg \
+              --tokens "$tok" --layers 4 --reps 8 --values "$v" 2>&1 | grep -v Warning \
+              >> "$OUT/w0-probe.txt"
+          done
+        done
+      done
+      echo "w0-probe: exit $?"; grep -v "^copy" "$OUT/w0-probe.txt" | tail -24 ;;
+    w0-prefill)
+      timeout "$(left 200)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
+        --tokens 2048,8192 --reps 3 --kernel-tokens= --profile-tokens 0 \
+        --wg-values=-,RS=1:W0=1,-,RS=1:W0=1 > "$OUT/w0-prefill.txt" 2>&1
+      echo "w0-prefill: exit $?"; tail -14 "$OUT/w0-prefill.txt" ;;
     *) echo "unknown part $part" ;;
   esac
 done

@@ -43,7 +43,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
 
 
 # the spec values --values may change, per kernel, and what each may be
-VALUES = {"grouped_w4a16_wg": {"SUB": (0, 1), "RS": (0, 1)},
+VALUES = {"grouped_w4a16_wg": {"SUB": (0, 1), "RS": (0, 1), "W0": (0, 1)},
           "grouped_w4a16": {"WS": (0, 1), "PF": (0, 2, 4, 8)}}
 
 
@@ -145,9 +145,9 @@ def main() -> int:
                    help=f"grouped_w4a16's weight steps in registers ({gw.DEPTHS})")
     p.add_argument("--kinds", default="0,1", help="0 gate/up, 1 down, comma-separated")
     p.add_argument("--values", default="",
-                   help="more spec values, K=V[,K=V…]: grouped_w4a16_wg's SUB and RS (0, 1), "
-                        "grouped_w4a16's WS (0, 1) and PF (0, 2, 4, 8: L2 prefetch steps "
-                        "ahead, NT 16 and 32)")
+                   help="more spec values, K=V[,K=V…]: grouped_w4a16_wg's SUB, RS and W0 "
+                        "(0, 1; W0=1 needs RS=1), grouped_w4a16's WS (0, 1) and PF (0, 2, 4, "
+                        "8: L2 prefetch steps ahead, NT 16 and 32)")
     p.add_argument("--reps", type=int, default=20, help="launches per CUDA graph")
     p.add_argument("--layers", type=int, default=8,
                    help="weight sets rotated so each launch reads DRAM")

@@ -60,6 +60,16 @@ copy included); at NT = 128 one CTA per SM loses the overlap (8K gate/up 646 -> 
 there it stays a bench spec. Tolerance as above; not bit for bit equal to RS = 0 (the k order
 of each product's sum differs).
 
+W0 = 1 (RS = 1 only; a benchmark variant, `bench_specs`): each step waits for its own wgmmas
+(wgmma.wait_group 0) instead of the step before's, so only one step's A fragments are live.
+Why: at NT = 128, RS = 1 took 156 / 134 registers (one CTA per SM) because the fragments of
+two steps and the next step's code words are live beside the 64 accumulators; ptxas keeps
+W0 = 1 at 127 / 118 with no spills, so two CTAs share an SM again and one CTA's decode runs
+under the other's wgmmas, while the shared-memory traffic of a step drops from ~80 KB (A tile
+stored and read by wgmma) to ~48 KB plus the quads' repeated code loads through L1 (ncu: L1 /
+shared memory at 82% of its peak with RS = 0, eleventh session). Same products in the same
+order: bit for bit the RS = 1 output (GPU test).
+
 WS = 1, a warp-specialized form (one producer warpgroup, or two with WP = 2, decoding into
 shared memory for the two wgmma warpgroups), was measured slower on the H100 and removed (the
 code: `git show dabc55c`): 8K gate/up at NT = 128 646 µs default, 1,294 µs WS = 1 (its second
@@ -67,7 +77,7 @@ form), 861 µs WS = 1 WP = 2; 2K at NT = 64 267 µs default, 553 µs WS = 1, 351
 (tools/probe_grouped_w4a16.py, perf log twenty-eighth session).
 
 Spec values: KIND, H hidden, M expert width, E routed experts, NT pairs per tile, SUB (0, 1;
-every spec names it), RS (0, 1).
+every spec names it), RS (0, 1), W0 (0, 1; named only where 1).
 """
 
 import math
@@ -110,13 +120,16 @@ def _check(spec: Spec) -> None:
         raise ValueError(f"grouped_w4a16_wg: NT = {nt}; expected one of {NTS}")
     if spec["E"] < 1:
         raise ValueError(f"grouped_w4a16_wg: E = {spec['E']}; expected ≥ 1")
-    unknown = sorted(set(spec.as_dict()) - {"KIND", "H", "M", "E", "NT", "SUB", "RS"})
+    unknown = sorted(set(spec.as_dict()) - {"KIND", "H", "M", "E", "NT", "SUB", "RS", "W0"})
     if unknown:  # e.g. WS or WP, removed (the module doc)
         raise ValueError(f"grouped_w4a16_wg: no compile-time value {', '.join(unknown)}; it "
-                         "takes KIND, H, M, E, NT, SUB and RS")
-    for key in ("SUB", "RS"):
+                         "takes KIND, H, M, E, NT, SUB, RS and W0")
+    for key in ("SUB", "RS", "W0"):
         if spec.as_dict().get(key, 0) not in (0, 1):
             raise ValueError(f"grouped_w4a16_wg: {key} = {spec[key]}; expected 0 or 1")
+    if spec.as_dict().get("W0", 0) and not spec.as_dict().get("RS", 0):
+        raise ValueError("grouped_w4a16_wg: W0 = 1 needs RS = 1 (it frees the A fragments "
+                         "that only RS = 1 keeps in registers)")
 
     k_dim, n_out = (h, m) if kind == 0 else (m, h)
     if k_dim % BK or n_out % cta_rows(kind):
@@ -168,11 +181,11 @@ def _specs(cfg, buckets=()) -> list[Spec]:
 
 
 # values that are the kernel's form without them: a spec (and the cache key) never names them
-UNNAMED = {"RS": 0}
+UNNAMED = {"RS": 0, "W0": 0}
 
 
 def spec_values(**values: int) -> dict[str, int]:
-    """`values` as a spec names them: without RS = 0 (`UNNAMED`)."""
+    """`values` as a spec names them: without RS = 0 or W0 = 0 (`UNNAMED`)."""
     return {k: v for k, v in values.items() if UNNAMED.get(k, -1) != v}
 
 
@@ -192,15 +205,18 @@ def check_variant(values: dict[str, int], nts=NTS) -> None:
         _check(spec)
         if spec.id not in built:
             raise ValueError(f"at NT = {nt} that is no spec tools/build_gpu_cache.py builds "
-                             "(the model's, each with the other SUB or the other RS)")
+                             "(the model's, each with the other SUB, the other RS, or RS = 1 "
+                             "with W0 = 1)")
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """Benchmark variants: each model spec with the other SUB and with the other RS."""
+    """Benchmark variants: each model spec with the other SUB, with the other RS, and with
+    RS = 1 and W0 = 1."""
     model = _specs(cfg, buckets)
     return ([KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in model]
             + [KERNEL.spec(**spec_values(**{**s.as_dict(), "RS": 1 - s.as_dict().get("RS", 0)}))
-               for s in model])
+               for s in model]
+            + [KERNEL.spec(**{**s.as_dict(), "RS": 1, "W0": 1}) for s in model])
 
 
 def pair_order(t):
@@ -261,6 +277,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
     exch_bytes = 128 * nacc * 4 if kind == 0 else 0
     launch = _launch(spec)
     dequant, _, scales = frag_ops()
+    w0 = spec.as_dict().get("W0", 0)
 
     def swz(row, chunk):
         """Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` (swizzled)."""
@@ -457,7 +474,7 @@ def _build(spec: Spec, arch: str = "sm_90a"):
                         acc[i] = vals[i]
                     du.wgmma_commit()
                     # the x stage step s + 2 refills was read by step s − 2's wgmmas, done
-                    du.wgmma_wait(1)
+                    du.wgmma_wait(0 if w0 else 1)
                 else:
                     m8 = lane // 8
                     for kk in cutlass.range_constexpr(BK // 16):
