@@ -623,6 +623,11 @@ class Prefill:
         # RoPE kind, and the MoE combine + residual; None/{} on the torch-ops paths
         self.qk_norm_rope: dict[int, object] = {}
         self.combine = None
+        # moe_combine NORM = 1 (the next layer's attention norm in the same launch; None where
+        # the config has no such spec or `set_combine_norm(False)`), and the (residual, normed)
+        # pair it left for the next layer's `_layer_body`
+        self.combine_norm = None
+        self._h_ahead: tuple[torch.Tensor, torch.Tensor] | None = None
         # the layer norms on rmsnorm_rows by RES (1: with the residual add before it); {}:
         # torch's ops (`rms_norm`, `residual_add`) off the kernel path
         self.norm_rows: dict[int, object] = {}
@@ -702,7 +707,11 @@ class Prefill:
             self._swiglu = kset.get("swiglu", **spec.as_dict())
             self.act = self._silu_mul
             for spec in moe_combine.KERNEL.specs(cfg, ()):
-                self.combine = kset.get("moe_combine", **spec.as_dict())
+                kernel = kset.get("moe_combine", **spec.as_dict())
+                if moe_combine.norm_of(spec):
+                    self.combine_norm = self._combine_norm_kernel = kernel
+                else:
+                    self.combine = kernel
             from flint_graph.kernels.prefill import rmsnorm_rows
 
             self.norm_rows = {s["RES"]: kset.get("rmsnorm_rows", **s.as_dict())
@@ -740,6 +749,18 @@ class Prefill:
                 self.set_bf16_grouped(BF16_GROUPED_MAX or W4A16_NT[0][0])
         if dev.type == "cuda":
             self._prime_alphas()
+
+    def set_combine_norm(self, on: bool) -> None:
+        """Fold each MoE layer's next attention norm into its moe_combine launch (on: the
+        default where the config has moe_combine NORM = 1, H a multiple of 256) or run it as
+        its own rmsnorm_rows launch (off; for comparisons and benchmarks). Raises ValueError
+        when on is asked of a prefill without the NORM = 1 kernel. Graphs captured before keep
+        what they captured: call `drop_graphs` after."""
+        kernel = getattr(self, "_combine_norm_kernel", None)
+        if on and kernel is None:
+            raise ValueError("the combine's norm needs the kernel path and moe_combine NORM = 1 "
+                             "(a hidden size that is a multiple of 256)")
+        self.combine_norm = kernel if on else None
 
     def set_kv_write(self, on: bool) -> None:
         """The KV write by the kv_write kernel (on, the kernel path's default) or by torch's
@@ -1053,6 +1074,7 @@ class Prefill:
         if self.pick is not None:
             self._counts.zero_()  # a chunk that failed half-way may have left counts behind
         self._qkv_next = None  # a decode ahead lives only within one body (graph pool memory)
+        self._h_ahead = None
         configured = self.side
         if self.side_max_rows is not None and ids.numel() > self.side_max_rows:
             self.side = self._side_off  # this chunk's side work in place (set_side_max_rows)
@@ -1139,7 +1161,11 @@ class Prefill:
         def linear(a: torch.Tensor, w: Linear) -> torch.Tensor:
             return self.dec.linear(a, w, wu=ahead.get(id(w)))
 
-        h = self._norm(x, lw.attn_norm)
+        ahead_h, self._h_ahead = self._h_ahead, None
+        # the previous layer's combine normed x already (moe_combine NORM = 1) unless x is
+        # another tensor (a caller that feeds layers its own inputs)
+        h = ahead_h[1] if ahead_h is not None and ahead_h[0] is x else self._norm(
+            x, lw.attn_norm)
         y = self._qkv(i, h)
         if self.qk_norm_rope:
             q = torch.empty(t, hq, d, dtype=BF16, device=self.device)
@@ -1409,7 +1435,8 @@ class Prefill:
         moe_route kernels (pick, place: no torch ops, no host synchronisation); the experts on
         the grouped W4A16 kernels (NVFP4) or torch._grouped_mm (BF16, and NVFP4 decoded into
         the BF16 scratch where grouped_w4a16 does not fit); the combine, the shared expert and
-        the residual add in moe_combine."""
+        the residual add in moe_combine, which (NORM = 1, `set_combine_norm`) also writes the
+        next layer's attention norm of its output for that layer's `_layer_body`."""
         cfg, f = self.cfg, lw.ffn
         t, k, e = h.shape[0], cfg.num_experts_per_tok, cfg.n_routed_experts
         dev, i32 = self.device, torch.int32
@@ -1469,7 +1496,15 @@ class Prefill:
             y = torch._grouped_mm(self.act(g, u), down.transpose(1, 2), offs=offs)
         self.side.join()  # the shared expert
         out = torch.empty_like(x)
-        self.combine.launch(y, pos, weights, *shared, x, self._valid32, out)
+        if self.combine_norm is not None and i + 1 < len(self.w.layers):
+            # the next layer's attention norm in the same launch (`_layer_body` takes it)
+            hn = torch.empty_like(x)
+            self.combine_norm.launch(y, pos, weights, *shared, x, self._valid32,
+                                     self.w.layers[i + 1].attn_norm, out, hn,
+                                     self.cfg.rms_norm_eps)
+            self._h_ahead = (out, hn)
+        else:
+            self.combine.launch(y, pos, weights, *shared, x, self._valid32, out)
         return out
 
     @staticmethod

@@ -30,10 +30,14 @@ CFG = FlintConfig.preset("tiny")
 @pytest.mark.parametrize("preset", ["tiny", "nano", "full"])
 def test_specs_declare_every_kind_the_model_needs(preset):
     cfg = FlintConfig.preset(preset)
-    (combine,) = mc.KERNEL.specs(cfg, ())
-    check_spec(mc.KERNEL, combine)
-    assert (combine["H"], combine["K"], combine["SHARED"]) == (
-        cfg.hidden_size, cfg.num_experts_per_tok, 1)
+    combines = mc.KERNEL.specs(cfg, ())
+    for combine in combines:
+        check_spec(mc.KERNEL, combine)
+        assert (combine["H"], combine["K"], combine["SHARED"]) == (
+            cfg.hidden_size, cfg.num_experts_per_tok, 1)
+    # NORM = 1 where H is whole warps of 8 columns (nano, full), never alone
+    norms = [mc.norm_of(c) for c in combines]
+    assert norms == ([0, 1] if cfg.hidden_size % mc.NORM_ALIGN == 0 else [0])
     ropes = {s["ROPE"] for s in qr.KERNEL.specs(cfg, ())}
     assert ropes == {int(cfg.uses_rope(i)) for i in range(cfg.num_hidden_layers)}
     for spec in qr.KERNEL.specs(cfg, ()):
@@ -104,6 +108,29 @@ def test_combine_reference_adds_in_order_and_keeps_padding_rows():
         acc = acc + y[pos[:6, j].long()].float() * w[:6, j, None]
     want = reference.residual_add(x[:6], (acc + shared[:6].float()).bfloat16())
     assert torch.equal(got[:6], want)
+
+
+def test_combine_norm_reference_is_the_combine_then_the_layer_norm():
+    """NORM = 1 gives the plain combine's out and `reference.rms_norm` of it (padding rows
+    too: the next layer normed them before)."""
+    cfg = FlintConfig.preset("nano")
+    plain, norm = mc.KERNEL.specs(cfg, ())
+    args = mc.make_args(norm, gen=torch.Generator().manual_seed(3), tokens=9, valid=6,
+                        eps=cfg.rms_norm_eps, device="cpu")
+    assert len(args) == len(mc.KERNEL.args(norm))
+    *inputs, norm_w, out, h_out, eps = args
+    assert out.isnan().all() and h_out.isnan().all() and out is not h_out
+    got_out, got_h = mc._reference(norm, *args)
+    (want,) = mc._reference(plain, *inputs, out)
+    assert torch.equal(got_out, want)
+    assert torch.equal(got_h, reference.rms_norm(want, norm_w, cfg.rms_norm_eps))
+
+
+@pytest.mark.parametrize("bad, match", [(dict(NORM=2), "NORM = 2"),
+                                        (dict(H=64, NORM=1), "multiple of 256")])
+def test_combine_norm_is_refused_where_it_cannot_run(bad, match):
+    with pytest.raises(ValueError, match=match):
+        check_spec(mc.KERNEL, mc.KERNEL.spec(**{**dict(H=2048, K=6, SHARED=1), **bad}))
 
 
 def test_qk_norm_rope_reference_is_the_decode_kernels():

@@ -6,9 +6,9 @@ near the context limit; and the PDL ordering test for each input behind a slow p
 
 Every case draws fresh random inputs and NaN-poisoned outputs (each module's make_args).
 Tolerances: moe_combine bitwise (it performs the reference's operations in its order, each
-rounded on its own); qk_norm_rope as the decode kernel it shares its code with
-(tests/test_qk_norm_rope_kv_gpu.py): rel. ≤ 1e-2 and at most 1% of q/k elements different at
-all, values bit-exact; swiglu rel. ≤ 1e-2 and at most 1% of the elements different (the
+rounded on its own), its NORM = 1 output h as rmsnorm_rows' y; qk_norm_rope as the decode
+kernel it shares its code with (tests/test_qk_norm_rope_kv_gpu.py): rel. ≤ 1e-2 and at most
+1% of q/k elements different at all, values bit-exact; swiglu rel. ≤ 1e-2 and at most 1% of the elements different (the
 hardware exp's last ulp may flip the one bf16 rounding); rmsnorm_rows the same for y (fp32
 summation order and the hardware rsqrt against torch's), its residual output bitwise (one fp32
 add of two bf16 values, rounded once).
@@ -47,16 +47,49 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("tokens,valid", [(1, 1), (77, 77), (77, 40), (1000, 999), (16, 0)])
 def test_moe_combine_is_bitwise_the_reference(kset, preset, tokens, valid):
-    (spec,) = mc._specs(FlintConfig.preset(preset))
-    args = mc.make_args(spec, gen=_gen(tokens + valid), tokens=tokens, valid=valid)
-    (want,) = mc._reference(spec, *[a.clone() for a in args])
-    kset.get("moe_combine", **spec.as_dict()).launch(*args)
+    """Every spec (NORM = 1 too: out bitwise, h as a layer norm's tolerance)."""
+    for spec in mc._specs(FlintConfig.preset(preset)):
+        args = mc.make_args(spec, gen=_gen(tokens + valid), tokens=tokens, valid=valid)
+        want = mc._reference(spec, *[a.clone() if isinstance(a, torch.Tensor) else a
+                                     for a in args])
+        kset.get("moe_combine", **spec.as_dict()).launch(*args)
+        torch.cuda.synchronize()
+        outs = [a for a, d in zip(args, mc.KERNEL.args(spec)) if getattr(d, "role", "")
+                == "output"]
+        out = outs[0]
+        what = f"{spec.id} T={tokens} valid={valid}"
+        assert not out.isnan().any(), f"{what}: unwritten or NaN (a padding pair read into " \
+                                      f"a real row?)"
+        assert torch.equal(_bits(out), _bits(want[0])), \
+            f"{what}: {int((out != want[0]).sum())} elements differ"
+        if mc.norm_of(spec):
+            assert not outs[1].isnan().any(), f"{what}: h unwritten"
+            _check_close(f"{what}: h", outs[1], want[1])
+
+
+def test_moe_combine_norm_of_a_row_is_the_same_alone(kset):
+    """NORM = 1's h of a row depends on that row only: row 600 of a 1,000-row launch is bitwise
+    row 0 of a launch of that row alone (a resumed prefill and a cold one norm a token alike)."""
+    (spec,) = [s for s in mc._specs(FlintConfig.preset("full")) if mc.norm_of(s)]
+    args = mc.make_args(spec, gen=_gen(31), tokens=1000)
+    kernel = kset.get("moe_combine", **spec.as_dict())
+    kernel.launch(*args)
+    names = [d.name for d in mc.KERNEL.args(spec)]
+    y, pos, w = args[:3]
+    rows = pos[600].long()  # the row's K pairs, renumbered 0 … K − 1 in a y of their own
+    alone = dict(zip(names, args))
+    alone.update(y=y[rows].clone(), pos=torch.arange(spec["K"], dtype=torch.int32,
+                                                     device="cuda")[None],
+                 weights=w[600:601].clone(), shared=args[names.index("shared")][600:601].clone(),
+                 x=args[names.index("x")][600:601].clone(),
+                 valid=torch.ones(1, dtype=torch.int32, device="cuda"),
+                 out=torch.full_like(args[names.index("out")][:1], float("nan")),
+                 h_out=torch.full_like(args[names.index("h_out")][:1], float("nan")))
+    kernel.launch(*[alone[n] for n in names])
     torch.cuda.synchronize()
-    out = args[-1]
-    assert not out.isnan().any(), f"{spec.id} T={tokens}: unwritten or NaN (a padding pair " \
-                                  f"read into a real row?)"
-    assert torch.equal(_bits(out), _bits(want)), \
-        f"{spec.id} T={tokens} valid={valid}: {int((out != want).sum())} elements differ"
+    for n in ("out", "h_out"):
+        assert torch.equal(_bits(args[names.index(n)][600:601]), _bits(alone[n])), \
+            f"{spec.id}: {n} of row 600 differs alone"
 
 
 def _check_close(what: str, out: torch.Tensor, ref: torch.Tensor) -> None:
@@ -148,9 +181,9 @@ def test_pdl_moe_combine_reads_inputs_after_the_wait(kset):
     """Each float input overwritten by a slow producer gives the output without PDL (pos and
     valid are indices: a stale value would read out of bounds rather than differ; they are
     read at the same point, after the one wait at the top of the kernel)."""
-    (spec,) = mc._specs(FlintConfig.preset("full"))
-    args = mc.make_args(spec, gen=_gen(5), tokens=300, valid=290)
-    _pdl_check(kset, mc.KERNEL, spec, args, ("y", "weights", "shared", "x"))
+    for spec in mc._specs(FlintConfig.preset("full")):
+        args = mc.make_args(spec, gen=_gen(5), tokens=300, valid=290)
+        _pdl_check(kset, mc.KERNEL, spec, args, ("y", "weights", "shared", "x"))
 
 
 def test_pdl_qk_norm_rope_reads_inputs_after_the_wait(kset):

@@ -201,7 +201,7 @@ INT_LISTS = {"tokens": (1, None, False, True), "kernel_tokens": (1, None, False,
              "depth": (1, (2, 3, 4), False, False), "ws": (0, (0, 1), False, False),
              "pf": (0, (0, 2, 4, 8), False, False),
              "side_max_rows": (1, None, True, False), "overlap": (0, (0, 1), False, False),
-             "kv_write": (0, (0, 1), False, False),
+             "kv_write": (0, (0, 1), False, False), "combine_norm": (0, (0, 1), False, False),
              "dense_bf16": (0, (0, 1), False, False), "fold": (0, (0, 1), False, False),
              "shared": (0, (0, 1), False, False)}
 NAME_LISTS = {"formats": ("bf16", "nvfp4"), "paths": ("graph", "kernel", "sdpa"),
@@ -388,6 +388,10 @@ def main() -> int:
                    help="1: the KV write by the kv_write kernel (kernels/prefill/kv_write.py), "
                         "0: by torch's indexed assignment; 0,1 times both (default: the "
                         "prefill's default, the kernel)")
+    p.add_argument("--combine-norm", default="",
+                   help="1: each MoE layer's next attention norm in its moe_combine launch "
+                        "(NORM = 1, kernels/prefill/moe_combine.py), 0: its own rmsnorm_rows "
+                        "launch; 0,1 times both (default: the prefill's default, 1)")
     p.add_argument("--dense-bf16", default="",
                    help="1: the NVFP4 dense projections kept decoded in BF16 (Prefill."
                         "set_dense_bf16: ~2.2 GB at full size, bit for bit the same output; the "
@@ -457,6 +461,7 @@ def main() -> int:
         shared_sweep = [bool(int(v)) for v in args.shared.split(",") if v] or [True]
         fold_sweep = [bool(int(v)) for v in args.fold.split(",") if v] or [None]
         kvw_sweep = [bool(int(v)) for v in args.kv_write.split(",") if v] or [None]
+        cn_sweep = [bool(int(v)) for v in args.combine_norm.split(",") if v] or [None]
         # unset: the engine's default (EngineConfig), so a plain bench times what serving runs
         dbf_sweep = [bool(int(v)) for v in args.dense_bf16.split(",") if v] or [
             EngineConfig.prefill_dense_bf16]
@@ -469,7 +474,7 @@ def main() -> int:
                  for pf in (pf_sweep if m is not False and w4 else [None])
                  for x in (max_sweep if m is not False and w4 else [None])]
         wgv_sweep = args.wg_values if w4 else []
-        runs = [(path, r, a, wgm, ov, sh, fo, kw, db, smr, wgv)
+        runs = [(path, r, a, wgm, ov, sh, fo, kw, db, smr, wgv, cn)
                 for path in args.paths.split(",")
                 for r in (sweep if path == "graph" else [(None,) * 7])
                 for a in (attn_sweep if path in ("graph", "kernel") else [None])
@@ -480,9 +485,10 @@ def main() -> int:
                 for kw in (kvw_sweep if path in ("graph", "kernel") else [None])
                 for db in (dbf_sweep if w4 and path in ("graph", "kernel") else [None])
                 for smr in (smr_sweep if path in ("graph", "kernel") else [None])
-                for wgv in ((wgv_sweep or [None]) if path == "graph" else [None])]
+                for wgv in ((wgv_sweep or [None]) if path == "graph" else [None])
+                for cn in (cn_sweep if path in ("graph", "kernel") else [None])]
         for obj, (path, (row_moe, w4a16, nt, depth, ws, pf, most), attn, wgm, ov, shared, fold,
-                  kw, db, smr, wgv) in enumerate(runs):
+                  kw, db, smr, wgv, cn) in enumerate(runs):
             chunk = args.chunk
             prompt = None
             pre = Prefill(cfg, weights, kv, attention="kernel" if path == "graph" else path,
@@ -499,6 +505,11 @@ def main() -> int:
                 pre.set_side_max_rows(smr[1])
             if kw is not None:
                 pre.set_kv_write(kw)
+            if cn is not None:
+                try:
+                    pre.set_combine_norm(cn)
+                except ValueError as e:  # e.g. the tiny preset: no NORM = 1 combine
+                    raise SystemExit(f"bench_prefill.py: --combine-norm 1: {e}") from None
             kept = pre.set_dense_bf16(db) if db is not None else 0
             if fold is not None and pre.w4a16_shared:
                 pre.set_fold_shared(fold)
@@ -523,6 +534,7 @@ def main() -> int:
                        f"/side{int(pre.side.on)}{'' if shared else '/no-shared'}"
                        f"/fold{int(bool(pre.w4a16_fold))}"
                        f"{'' if pre.kv_write or path != 'graph' else '/kv-indexed'}"
+                       f"{'' if pre.combine_norm is not None or path != 'graph' else '/norm-apart'}"
                        f"{f'/dense-bf16:{kept / 1e9:.2f}GB' if kept else ''}"
                        f"{'' if pre.side_max_rows is None else f'/side<={pre.side_max_rows}'}")
             if path == "graph":

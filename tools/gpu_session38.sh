@@ -21,7 +21,10 @@
 #   w0-probe   the kernel alone at 8K (NT 128) and 2K (NT 64) tokens, the model's spec and
 #              RS = 1 W0 = 1 alternated twice (w0-probe.txt);
 #   w0-prefill whole NVFP4 prefills of 2K and 8K tokens, --wg-values -,RS=1:W0=1 alternated
-#              twice (w0-prefill.txt).
+#              twice (w0-prefill.txt);
+#   cn-tests   moe_combine NORM = 1 (thirty-ninth session): its GPU tests (cn-tests.log);
+#   cn-prefill whole NVFP4 prefills of 512 and 8K tokens, --combine-norm 1,0 alternated twice
+#              (cn-prefill.txt).
 # Carry [".whl", ".nano-run/kmodel"] with FLINT_GRAPH_CACHE=$PWD/.nano-run/kmodel exported by
 # `tools/build_gpu_cache.py --export .nano-run/kmodel --with-bench moe_gate_up --with-bench
 # attn_prefill_wg`. Default PARTS="qk-tests prefill long ptests fc-tests".
@@ -60,6 +63,12 @@ for part in ${PARTS:-qk-tests prefill long ptests fc-tests}; do
         --top 8 --out "$OUT/trace8k.json" > "$OUT/trace8k.txt" 2>&1
       echo "trace8k: exit $?"; grep -A12 "step by kind" "$OUT/trace8k.txt" ;;
     h200) PARTS="${PARTS35:-bench long reuse pd}" bash tools/gpu_session35.sh ;;
+    cn-tests) gpu_tests cn-tests.log 120 tests/test_prefill_kernels_gpu.py -k "moe_combine" ;;
+    cn-prefill)
+      timeout "$(left 200)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
+        --tokens 512,8192 --reps 5 --kernel-tokens= --profile-tokens 0 \
+        --combine-norm 1,0,1,0 > "$OUT/cn-prefill.txt" 2>&1
+      echo "cn-prefill: exit $?"; tail -10 "$OUT/cn-prefill.txt" ;;
     w0-tests) gpu_tests w0-tests.log 200 tests/test_grouped_w4a16_gpu.py \
                 -k "grouped_w4a16_wg or w0" ;;
     w0-probe)
