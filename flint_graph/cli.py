@@ -83,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         # answers, eval's report, make-checkpoint's summary: a bad-input trial, 2026-12-06);
         # a size that is not a positive number is unset, as shutil.get_terminal_size treats it
         value = os.environ.get(name)
-        if value is not None and not (value.strip().isdigit() and int(value) > 0):
-            del os.environ[name]
+        if value is not None:
+            from flint_graph.cli_args import plain_int_or_none  # its digits rule and bound
+
+            if not (plain_int_or_none(value) or 0) > 0:
+                del os.environ[name]
     stack = contextlib.ExitStack()
     stderr = install_quiet_stderr()  # stderr's reader leaving must not end the command
     try:

@@ -159,14 +159,37 @@ def refuse_repeats(values, text: str, noun: str = "value") -> None:
         raise RepeatedValue(f"{twice[0]} given twice in {text!r}; list each {noun} once")
 
 
+PLAIN_INT_DIGITS = 18  # every count, size and switch a flag takes fits (seeds: `seed_int`)
+
+
+def shown(text: str, most: int = 40) -> str:
+    """repr(text) for an error message, cut to `most` characters with the length named (a
+    30,000-character value was echoed whole: a bad-input trial, 2026-12-07)."""
+    if len(text) <= most:
+        return repr(text)
+    return f"{text[:most]!r}… ({len(text):,} characters)"
+
+
 def plain_int(text: str) -> int:
-    """int(text) for plain ASCII digits only (surrounding blanks allowed); raises ValueError
-    otherwise: int() also reads "٣" and "1_0", and a flag takes plain digits (bad-input
-    trials: `--seed ١٢`, `eval --n ٣`, `--contexts ٣٠٠`)."""
+    """int(text) for plain ASCII digits only (surrounding blanks allowed), at most
+    PLAIN_INT_DIGITS of them; raises ValueError otherwise: int() also reads "٣" and "1_0", a
+    flag takes plain digits (bad-input trials: `--seed ١٢`, `eval --n ٣`, `--contexts ٣٠٠`),
+    and over 4,300 digits int() itself raised, a traceback from the tools that checked the
+    digits first (2026-12-07)."""
     t = text.strip()
     if not (t.isascii() and t.isdigit()):
-        raise ValueError(f"not plain digits: {text!r}")
+        raise ValueError(f"not plain digits: {shown(text)}")
+    if len(t) > PLAIN_INT_DIGITS:
+        raise ValueError(f"more than {PLAIN_INT_DIGITS} digits: {shown(text)}")
     return int(t)
+
+
+def plain_int_or_none(text: str) -> int | None:
+    """`plain_int(text)`, or None where it raises: for checks that word their own error."""
+    try:
+        return plain_int(text)
+    except ValueError:
+        return None
 
 
 def integer(text: str, expected: str = "an integer") -> int:

@@ -24,15 +24,15 @@ def count_arg(text: str) -> int:
     """argparse type of the tools' counts: plain ASCII digits, at most 10 of them (int() also
     reads "٣", " 3" and "1_0", and 23 digits looped a check for minutes: a re-trial,
     2026-12-07). Raises argparse.ArgumentTypeError naming the text."""
-    from flint_graph.cli_args import plain_int
+    from flint_graph.cli_args import plain_int, shown
 
     try:
         if len(text.strip()) > 10:
             raise ValueError(text)
         return plain_int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count of plain digits, got {text!r}") \
-            from None
+        raise argparse.ArgumentTypeError(
+            f"expected a count of plain digits (at most 10), got {shown(text)}") from None
 
 
 def sealed_json(obj: dict, tool: str) -> str:

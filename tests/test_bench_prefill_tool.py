@@ -95,7 +95,7 @@ BAD = [
     (["--graph-buckets=0"], "--graph-buckets '0'"), (["--graph-max=0"], "--graph-max 0"),
     # a bad-input trial, 2026-12-07: the key it does not take named; the default that a
     # smaller preset cannot hold said to be the default
-    (["--attn-kernel=attn_prefill_wg:fc=1"], "no fc; attn_prefill_wg takes FC, ST, WS"),
+    (["--attn-kernel=attn_prefill_wg:fc=1"], "no 'fc'; attn_prefill_wg takes FC, ST, WS"),
     (["--preset=nano", "--tokens=512"], "--kernel-tokens 100000 (the default --kernel-tokens"),
     (["--attn-kernel=attn_prefill_wg:FC=2"], "FC is one of 0, 1"),
 ]
@@ -154,7 +154,7 @@ def test_good_values_reach_the_cuda_check(bench, monkeypatch, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--values=SUB=2", "--kernel=grouped_w4a16_wg"], "--values 'SUB=2'"),
     (["--values=FOO"], "--values 'FOO'"), (["--values=PF=1"], "--values 'PF=1'"),
-    (["--kernel=grouped_w4a16_wg", "--values=SUB=1,SUB=0"], "each once"),
+    (["--kernel=grouped_w4a16_wg", "--values=SUB=1,SUB=0"], "SUB given twice"),
     (["--kernel=grouped_w4a16_wg", "--values=WS=1,SUB=0"], "--values 'WS=1'"),  # removed
     (["--kernel=grouped_w4a16_wg", "--tokens=8192", "--values=SUB=0,RS=1"], "no spec"),
     (["--values=WS=1", "--nt=64"], "no such grouped_w4a16 spec is built"),
@@ -291,3 +291,57 @@ def test_counts_are_plain_bounded_digits(bench, monkeypatch, capsys, argv, messa
 ])
 def test_attn_probe_bounds_and_out_folders(attn_probe, monkeypatch, capsys, argv, message):
     assert message in _refused(monkeypatch, capsys, attn_probe, argv)
+
+
+# Integer text the tools read: over 4,300 digits int() itself raised (a traceback), full-width
+# digits and "2_0" passed `int`, and a huge value was echoed whole (a bad-input trial,
+# 2026-12-07). Every such value is now plain ASCII digits, at most PLAIN_INT_DIGITS of them
+# (cli_args.plain_int), with the value cut short in the message.
+HUGE = "9" * 5000
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([f"--tokens={HUGE}"], "--tokens '99"), ([f"--combine-norm={HUGE}"], "--combine-norm '99"),
+    ([f"--side-max-rows={HUGE}"], "--side-max-rows '99"),
+    ([f"--row-moe-max={HUGE}"], "--row-moe-max '99"),
+    ([f"--wg-values=SUB={HUGE}"], "expected K=V"), ([f"--w4a16-wg={HUGE}"], "a row count"),
+    ([f"--attn-kernel=attn_prefill_wg:FC={HUGE}"], "expected K=V"),
+    (["--tokens=１２"], "--tokens '１２'"), (["--combine-norm=2"], "--combine-norm '2'"),
+    (["--combine-norm=1", "--preset=tiny", "--tokens=25", "--kernel-tokens="],
+     "the tiny config has no moe_combine NORM = 1"),
+    (["--wg-values=W0=1"], "W0 = 1 needs RS = 1"), (["--wg-values=RS=0:W0=1"], "needs RS = 1"),
+    (["--wg-values=W0=2"], "W0 is one of 0, 1")])
+def test_integers_are_plain_and_bounded(bench, monkeypatch, capsys, argv, message):
+    err = _refused(monkeypatch, capsys, bench, argv)
+    assert message in err and "Traceback" not in err and "CUDA" not in err, err
+    assert len(err) < 2000, f"{len(err)} characters: the value echoed whole"
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([f"--tokens={HUGE}"], "--tokens '99"), (["--nt=１６"], "--nt"), (["--reps=2_0"], "--reps"),
+    (["--layers=1000000000000"], "--layers"), (["--depth=３"], "--depth"),
+    (["--kernel=grouped_w4a16_wg", f"--values=RS={HUGE}"], "--values 'RS=99"),
+    (["--kernel=grouped_w4a16_wg", "--values=RS=1,W0=1,W0=1"], "W0 given twice"),
+    (["--kernel=grouped_w4a16_wg", "--tokens=8192", "--values=W0=1"], "W0 = 1 needs RS = 1")])
+def test_probe_integers_are_plain_and_bounded(monkeypatch, capsys, argv, message):
+    err = _refused(monkeypatch, capsys, tool_module("probe_grouped_w4a16"), argv)
+    assert message in err and "Traceback" not in err, err
+    assert len(err) < 2000, f"{len(err)} characters: the value echoed whole"
+
+
+def test_attn_probe_integers_are_bounded(attn_probe, monkeypatch, capsys):
+    err = _refused(monkeypatch, capsys, attn_probe, [f"--variants=attn_prefill_wg:FC={HUGE}"])
+    assert "is not a new K=V" in err and len(err) < 2000, err
+
+
+def test_the_w0_variant_reaches_the_cuda_check(bench, monkeypatch, capsys):
+    for tool, argv in ((bench, ["bench_prefill.py", "--wg-values=-,RS=1:W0=1",
+                                "--combine-norm=1,0", "--out", "x"]),
+                       (tool_module("probe_grouped_w4a16"),
+                        ["probe_grouped_w4a16.py", "--kernel=grouped_w4a16_wg",
+                         "--values=RS=1,W0=1", "--tokens=8192,2048"])):
+        monkeypatch.setattr("sys.argv", argv)
+        monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+        with pytest.raises(SystemExit):
+            tool.main()
+        assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -1210,7 +1210,7 @@ def test_an_empty_model_file_is_called_empty(tmp_path, capsys):
     assert f"{empty}: not a GGUF file (empty, expected b'GGUF')" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("columns", ["0", "-3", " ", "abc"])
+@pytest.mark.parametrize("columns", ["0", "-3", " ", "abc", "9" * 5000, "１２０"])
 def test_a_terminal_width_that_is_no_positive_number_is_ignored(capsys, tmp_path, monkeypatch,
                                                                 columns):
     """COLUMNS=0 made rich print nothing at all: the chat's prompt and answers, eval's report,
@@ -1220,6 +1220,30 @@ def test_a_terminal_width_that_is_no_positive_number_is_ignored(capsys, tmp_path
                           tmp_path / "ck", "--device", "cpu", "--no-progress")
     assert code == 0, err
     assert "wrote" in out and "config.json" in out, out
+
+
+@pytest.mark.parametrize("text, want", [
+    ("12", 12), (" 7 ", 7), ("0", 0), ("9" * 18, int("9" * 18)), ("9" * 19, None),
+    ("9" * 5000, None), ("１２", None), ("1_0", None), ("٣", None), ("-1", None), ("", None),
+    ("+3", None), ("0x10", None)])
+def test_plain_int_takes_plain_bounded_digits_only(text, want):
+    """The tools' integer rule (a bad-input trial, 2026-12-07: 5,000 digits made int() itself
+    raise, a traceback, in tools that had checked the text was digits)."""
+    from flint_graph.cli_args import plain_int, plain_int_or_none
+
+    assert plain_int_or_none(text) == want
+    if want is None:
+        with pytest.raises(ValueError) as e:
+            plain_int(text)
+        assert len(str(e.value)) < 200  # the value cut short, not echoed whole
+
+
+def test_shown_cuts_long_values_and_names_their_length():
+    from flint_graph.cli_args import shown
+
+    assert shown("abc") == "'abc'"
+    long = shown("x" * 30_000)
+    assert long.startswith("'xxxx") and "(30,000 characters)" in long and len(long) < 80
 
 
 @pytest.mark.parametrize("model, want", [

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from flint_graph.cli_args import plain_int_or_none, shown
 from flint_graph.perf.tool_reports import count_arg
 
 
@@ -95,9 +96,10 @@ def _rows(text: str) -> int | None:
     """'-' (every size / off) or a row count ≥ 0."""
     if text == "-":
         return None
-    if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected '-' or a row count ≥ 0")
-    return int(text)
+    rows = plain_int_or_none(text)
+    if rows is None or text != text.strip():
+        raise argparse.ArgumentTypeError(f"{shown(text)}: expected '-' or a row count ≥ 0")
+    return rows
 
 
 def w4a16_max_list(text: str) -> list[tuple[int | None, int | None]]:
@@ -106,7 +108,7 @@ def w4a16_max_list(text: str) -> list[tuple[int | None, int | None]]:
     for v in (v for v in text.split(",") if v):
         parts = v.split("/")
         if len(parts) != 2:
-            raise argparse.ArgumentTypeError(f"{v!r}: expected ROUTED/SHARED, e.g. -/512")
+            raise argparse.ArgumentTypeError(f"{shown(v)}: expected ROUTED/SHARED, e.g. -/512")
         out.append((_rows(parts[0]), _rows(parts[1])))
     return out
 
@@ -123,18 +125,20 @@ def _kv_values(v: str, pairs: list[str], known: dict[str, tuple[int, ...]], what
     values: dict[str, int] = {}
     for kv in pairs:
         key, eq, val = kv.partition("=")
-        if not (key.isidentifier() and eq and val.isascii() and val.isdigit()):
-            raise argparse.ArgumentTypeError(f"{kv!r} in {v!r}: expected K=V with V an integer "
-                                             f"≥ 0, e.g. {example}")
+        num = plain_int_or_none(val) if val == val.strip() else None
+        if not (key.isidentifier() and eq and num is not None):
+            raise argparse.ArgumentTypeError(f"{shown(kv)} in {shown(v)}: expected K=V with V "
+                                             f"an integer ≥ 0, e.g. {example}")
         if key in values:
-            raise argparse.ArgumentTypeError(f"{v!r}: {key} given twice")
+            raise argparse.ArgumentTypeError(f"{shown(v)}: {key} given twice")
         if key not in known:
             raise argparse.ArgumentTypeError(
-                f"{v!r}: no {key}; {what} takes {', '.join(sorted(known)) or 'no K=V values'}")
-        if int(val) not in known[key]:
-            raise argparse.ArgumentTypeError(f"{kv!r} in {v!r}: {key} is one of "
+                f"{shown(v)}: no {shown(key)}; {what} takes "
+                f"{', '.join(sorted(known)) or 'no K=V values'}")
+        if num not in known[key]:
+            raise argparse.ArgumentTypeError(f"{shown(kv)} in {shown(v)}: {key} is one of "
                                              f"{', '.join(map(str, known[key]))}")
-        values[key] = int(val)
+        values[key] = num
     return values
 
 
@@ -151,7 +155,7 @@ def wg_values_list(text: str) -> list[dict[str, int]]:
         try:
             gwg.check_variant(values)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(f"{v!r}: {e}") from None
+            raise argparse.ArgumentTypeError(f"{shown(v)}: {e}") from None
         out.append(values)
     return out
 
@@ -181,14 +185,14 @@ def attn_kernel_list(text: str) -> list[tuple[str, dict[str, int]]]:
     for v in (v for v in text.split(",") if v):
         name, *pairs = v.split(":")
         if name not in ATTN_KERNELS:
-            raise argparse.ArgumentTypeError(f"{name!r}: expected one of {', '.join(ATTN_KERNELS)}")
+            raise argparse.ArgumentTypeError(f"{shown(name)}: expected one of {', '.join(ATTN_KERNELS)}")
         known = {"attn_prefill_wg": {"ST": (2, 3), "WS": (0, 1), "FC": (0, 1)}}.get(name, {})
         values = _kv_values(v, pairs, known, name, "attn_prefill_wg:ST=3")
         if values.get("WS") == 0:
             del values["WS"]  # the default form: its specs do not name WS
         if values and not _attn_variant_built(values):
             raise argparse.ArgumentTypeError(
-                f"{v!r}: no such attn_prefill_wg spec is built (tools/build_gpu_cache.py "
+                f"{shown(v)}: no such attn_prefill_wg spec is built (tools/build_gpu_cache.py "
                 "builds ST=3, WS=1 or FC=0, one at a time: its WS=1 form takes ST=2)")
         out.append((name, values))
     return out
@@ -215,23 +219,23 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         flag, text = "--" + name.replace("_", "-"), getattr(args, name)
         vals = [v for v in text.split(",") if v]
         if needed and not vals:
-            p.error(f"{flag} {text!r}: expected at least one value")
+            p.error(f"{flag} {shown(text)}: expected at least one value")
         for v in vals:
             if dash and v == "-":
                 continue
-            if not (v.isascii() and v.isdigit()) or int(v) < least \
-                    or (allowed and int(v) not in allowed):
+            num = plain_int_or_none(v) if v == v.strip() else None
+            if num is None or num < least or (allowed and num not in allowed):
                 want = (f"one of {', '.join(map(str, allowed))}" if allowed else
                         f"an integer ≥ {least}") + (" or '-'" if dash else "")
-                p.error(f"{flag} {v!r}: expected {want}, comma-separated")
+                p.error(f"{flag} {shown(v)}: expected {want} (plain digits), comma-separated")
     for name, allowed in NAME_LISTS.items():
         flag, text = "--" + name, getattr(args, name)
         vals = [v for v in text.split(",") if v]
         if name != "moe" and not vals:
-            p.error(f"{flag} {text!r}: expected at least one of {', '.join(allowed)}")
+            p.error(f"{flag} {shown(text)}: expected at least one of {', '.join(allowed)}")
         for v in vals:
             if v not in allowed:
-                p.error(f"{flag} {v!r}: expected one of {', '.join(allowed)}, comma-separated")
+                p.error(f"{flag} {shown(v)}: expected one of {', '.join(allowed)}, comma-separated")
     try:
         extra = [count_arg(v) for v in args.graph_buckets.split(",") if v.strip()]
     except argparse.ArgumentTypeError:
@@ -266,7 +270,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
     try:
         cfg = FlintConfig.preset(args.preset)
     except (ConfigError, ValueError) as e:
-        p.error(f"--preset {args.preset!r}: {e}")
+        p.error(f"--preset {shown(args.preset)}: {e}")
     for flag, text in (("--tokens", args.tokens), ("--kernel-tokens", args.kernel_tokens)):
         longest = max((int(v) for v in text.split(",") if v), default=0)
         if longest > cfg.max_position_embeddings:
@@ -275,6 +279,13 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
                 "; --kernel-tokens= times none)" if flag == "--kernel-tokens" else ")")
             p.error(f"{flag} {longest}{default}: the {args.preset} config holds at most "
                     f"{cfg.max_position_embeddings} positions")
+    if "1" in args.combine_norm.split(","):
+        from flint_graph.kernels.prefill import moe_combine
+
+        if not any(moe_combine.norm_of(sp) for sp in moe_combine.KERNEL.specs(cfg, ())):
+            p.error(f"--combine-norm 1: the {args.preset} config has no moe_combine NORM = 1 "
+                    f"(its hidden size {cfg.hidden_size} is no multiple of "
+                    f"{moe_combine.NORM_ALIGN}, or it has no routed experts)")
     if args.processes > MAX_PROCESSES:
         p.error(f"--processes {args.processes}: at most {MAX_PROCESSES} (one GPU process each)")
     if not args.out:

@@ -25,6 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from flint_graph.cli_args import plain_int_or_none, shown
 from flint_graph.perf.tool_reports import count_arg
 
 
@@ -56,9 +57,11 @@ def parse_variants(text: str) -> list[tuple[str, dict[str, int]]]:
         values: dict[str, int] = {}
         for kv in pairs:
             key, eq, val = kv.partition("=")
-            if not (eq and val.isascii() and val.isdigit()) or key in values:
-                raise ValueError(f"{item!r}: {kv!r} is not a new K=V with V an integer ≥ 0")
-            values[key] = int(val)
+            num = plain_int_or_none(val) if val == val.strip() else None
+            if not eq or num is None or key in values:
+                raise ValueError(f"{shown(item)}: {shown(kv)} is not a new K=V with V an "
+                                 "integer ≥ 0")
+            values[key] = num
         if name == "attn_prefill" and values:
             raise ValueError(f"{item!r}: attn_prefill takes no K=V values")
         if values and (set(values) - {"ST", "WS", "FC"}

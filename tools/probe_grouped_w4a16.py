@@ -22,6 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flint_graph.checkpoints.config import FlintConfig  # noqa: E402
+from flint_graph.cli_args import plain_int_or_none, shown  # noqa: E402
+from flint_graph.perf.tool_reports import count_arg  # noqa: E402
 from flint_graph.kernels import registry  # noqa: E402
 from flint_graph.kernels.prefill import grouped_w4a16 as gw  # noqa: E402
 
@@ -71,10 +73,9 @@ def prefill_nt(tokens: int, wg: bool) -> int:
 
 
 def _ints(text: str) -> list[int] | None:
-    vals = [v for v in text.split(",") if v]
-    if not vals or not all(v.isascii() and v.isdigit() for v in vals):
-        return None
-    return [int(v) for v in vals]
+    """Comma-separated plain integers (`plain_int`), or None where any is not one."""
+    vals = [plain_int_or_none(v) if v == v.strip() else None for v in text.split(",") if v]
+    return None if not vals or None in vals else vals
 
 
 def check_args(p: argparse.ArgumentParser, args) -> None:
@@ -85,11 +86,11 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
     tokens = _ints(args.tokens)
     most = FlintConfig.preset("full").max_position_embeddings
     if tokens is None or min(tokens) < 1 or max(tokens) > most:
-        p.error(f"--tokens {args.tokens!r}: expected chunk sizes from 1 to {most} (the full "
+        p.error(f"--tokens {shown(args.tokens)}: expected chunk sizes from 1 to {most} (the full "
                 "config's positions), comma-separated")
     kinds = _ints(args.kinds)
     if kinds is None or set(kinds) - {0, 1} or len(set(kinds)) != len(kinds):
-        p.error(f"--kinds {args.kinds!r}: expected 0 (gate/up) and/or 1 (down), each once")
+        p.error(f"--kinds {shown(args.kinds)}: expected 0 (gate/up) and/or 1 (down), each once")
     nts = gwg.NTS if args.kernel == "grouped_w4a16_wg" else gw.NTS
     if args.nt and args.nt not in nts:
         p.error(f"--nt {args.nt}: {args.kernel} takes 0 (the prefill's choice) or one of "
@@ -102,19 +103,21 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
     known, values = VALUES[args.kernel], {}
     for kv in (kv for kv in args.values.split(",") if kv):
         key, eq, val = kv.partition("=")
-        if key not in known or not (eq and val.isascii() and val.isdigit()) \
-                or int(val) not in known[key] or key in values:
-            p.error(f"--values {kv!r}: {args.kernel} takes "
+        num = plain_int_or_none(val) if val == val.strip() else None
+        if key in values:
+            p.error(f"--values {shown(args.values)}: {key} given twice")
+        if key not in known or not eq or num not in known[key]:
+            p.error(f"--values {shown(kv)}: {args.kernel} takes "
                     + ", ".join(f"{k}={'|'.join(map(str, v))}" for k, v in known.items())
                     + ", each once")
-        values[key] = int(val)
+        values[key] = num
     wg = args.kernel == "grouped_w4a16_wg"
     nts = [args.nt] if args.nt else sorted({prefill_nt(t, wg) for t in tokens})
     if wg:
         try:  # a combination no spec takes (e.g. SUB=0,RS=1 at NT 128): before any GPU work
             gwg.check_variant(values, nts)
         except ValueError as e:
-            p.error(f"--values {args.values!r}: {e}")
+            p.error(f"--values {shown(args.values)}: {e}")
     else:
         if values.get("WS") == 0:
             del values["WS"]  # the default form: its specs do not name WS
@@ -124,7 +127,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
             # a GPU machine without the CuTe DSL cannot build a missing one
             spec = gw_spec(cfg, kind, nt, values, args.depth)
             if spec.id not in built:
-                p.error(f"--values {args.values!r} --depth {args.depth} at NT = {nt}: no such "
+                p.error(f"--values {shown(args.values)} --depth {args.depth} at NT = {nt}: no such "
                         "grouped_w4a16 spec is built (tools/build_gpu_cache.py: the depths "
                         f"{gw.DEPTHS}, or WS=1 at depth {gw.DEPTH} and NT <= {gw.WS_MAX_NT}, "
                         f"or PF=2|4|8 at depth {gw.DEPTH} and NT in {gw.PF_NTS})")
@@ -140,16 +143,16 @@ def main() -> int:
                    choices=("grouped_w4a16", "grouped_w4a16_wg"),
                    help="the routed experts' kernel (grouped_w4a16_wg: the wgmma one, chunks "
                         "above 1,536 rows in the prefill)")
-    p.add_argument("--nt", type=int, default=0, help="pairs per tile (0: the prefill's choice)")
-    p.add_argument("--depth", type=int, default=gw.DEPTH,
+    p.add_argument("--nt", type=count_arg, default=0, help="pairs per tile (0: the prefill's choice)")
+    p.add_argument("--depth", type=count_arg, default=gw.DEPTH,
                    help=f"grouped_w4a16's weight steps in registers ({gw.DEPTHS})")
     p.add_argument("--kinds", default="0,1", help="0 gate/up, 1 down, comma-separated")
     p.add_argument("--values", default="",
                    help="more spec values, K=V[,K=V…]: grouped_w4a16_wg's SUB, RS and W0 "
                         "(0, 1; W0=1 needs RS=1), grouped_w4a16's WS (0, 1) and PF (0, 2, 4, "
                         "8: L2 prefetch steps ahead, NT 16 and 32)")
-    p.add_argument("--reps", type=int, default=20, help="launches per CUDA graph")
-    p.add_argument("--layers", type=int, default=8,
+    p.add_argument("--reps", type=count_arg, default=20, help="launches per CUDA graph")
+    p.add_argument("--layers", type=count_arg, default=8,
                    help="weight sets rotated so each launch reads DRAM")
     args = p.parse_args()
     check_args(p, args)
