@@ -310,8 +310,11 @@ HUGE = "9" * 5000
     (["--combine-norm=1", "--preset=tiny", "--tokens=25", "--kernel-tokens="],
      "the tiny config has no moe_combine NORM = 1"),
     (["--wg-values=W0=1"], "W0 = 1 needs RS = 1"), (["--wg-values=RS=0:W0=1"], "needs RS = 1"),
-    (["--wg-values=W0=2"], "W0 is one of 0, 1")])
-def test_integers_are_plain_and_bounded(bench, monkeypatch, capsys, argv, message):
+    (["--wg-values=W0=2"], "W0 is one of 0, 1"),
+    (["--wg-values=SUB=1", "--formats=bf16"], "--wg-values: grouped_w4a16_wg runs only"),
+    (["--wg-values=SUB=1", "--paths=kernel"], "--wg-values: grouped_w4a16_wg runs only"),
+    (["--combine-norm=1", "--paths=sdpa"], "--combine-norm: moe_combine runs on the graph")])
+def test_values_are_plain_bounded_and_used(bench, monkeypatch, capsys, argv, message):
     err = _refused(monkeypatch, capsys, bench, argv)
     assert message in err and "Traceback" not in err and "CUDA" not in err, err
     assert len(err) < 2000, f"{len(err)} characters: the value echoed whole"

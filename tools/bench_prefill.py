@@ -279,6 +279,15 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
                 "; --kernel-tokens= times none)" if flag == "--kernel-tokens" else ")")
             p.error(f"{flag} {longest}{default}: the {args.preset} config holds at most "
                     f"{cfg.max_position_embeddings} positions")
+    # a variant option that no timed run would take is a mistake, not a no-op (a bad-input
+    # trial, 2026-12-07: --wg-values with --formats bf16 timed the defaults and said nothing)
+    formats, paths = args.formats.split(","), args.paths.split(",")
+    if args.wg_values and ("nvfp4" not in formats or "graph" not in paths):
+        p.error("--wg-values: grouped_w4a16_wg runs only on the graph path of NVFP4 "
+                "checkpoints; add nvfp4 to --formats and graph to --paths")
+    if args.combine_norm and not {"graph", "kernel"} & set(paths):
+        p.error("--combine-norm: moe_combine runs on the graph and kernel paths only; add one "
+                "of them to --paths")
     if "1" in args.combine_norm.split(","):
         from flint_graph.kernels.prefill import moe_combine
 
