@@ -254,6 +254,12 @@ def _build(spec: Spec):
 
     launch = _launch(spec)
 
+    def go(kernel, mx, stream):
+        """Launch `kernel` (traced inside the jit function below): one CTA per row."""
+        kernel.launch(grid=(mx.shape[0], 1, 1), block=[threads, 1, 1], smem=launch.smem,
+                      stream=stream, use_pdl=True)
+
+    # the cubin's parameters are the kernel's, so each form has its own signature
     if norm and shared:
         @cute.kernel
         def moe_combine_kernel(my: cute.Tensor, mpos: cute.Tensor, mw: cute.Tensor,
@@ -266,9 +272,7 @@ def _build(spec: Spec):
         def moe_combine(my: cute.Tensor, mpos: cute.Tensor, mw: cute.Tensor, msh: cute.Tensor,
                         mx: cute.Tensor, mvalid: cute.Tensor, mnw: cute.Tensor, mo: cute.Tensor,
                         mh: cute.Tensor, eps: cutlass.Float32, stream: cuda.CUstream):
-            moe_combine_kernel(my, mpos, mw, msh, mx, mvalid, mnw, mo, mh, eps).launch(
-                grid=(mx.shape[0], 1, 1), block=[threads, 1, 1], smem=launch.smem,
-                stream=stream, use_pdl=True)
+            go(moe_combine_kernel(my, mpos, mw, msh, mx, mvalid, mnw, mo, mh, eps), mx, stream)
     elif norm:
         @cute.kernel
         def moe_combine_kernel(my: cute.Tensor, mpos: cute.Tensor, mw: cute.Tensor,
@@ -280,9 +284,7 @@ def _build(spec: Spec):
         def moe_combine(my: cute.Tensor, mpos: cute.Tensor, mw: cute.Tensor, mx: cute.Tensor,
                         mvalid: cute.Tensor, mnw: cute.Tensor, mo: cute.Tensor, mh: cute.Tensor,
                         eps: cutlass.Float32, stream: cuda.CUstream):
-            moe_combine_kernel(my, mpos, mw, mx, mvalid, mnw, mo, mh, eps).launch(
-                grid=(mx.shape[0], 1, 1), block=[threads, 1, 1], smem=launch.smem,
-                stream=stream, use_pdl=True)
+            go(moe_combine_kernel(my, mpos, mw, mx, mvalid, mnw, mo, mh, eps), mx, stream)
     elif shared:
         @cute.kernel
         def moe_combine_kernel(my: cute.Tensor, mpos: cute.Tensor, mw: cute.Tensor,
@@ -294,8 +296,7 @@ def _build(spec: Spec):
         def moe_combine(my: cute.Tensor, mpos: cute.Tensor, mw: cute.Tensor, msh: cute.Tensor,
                         mx: cute.Tensor, mvalid: cute.Tensor, mo: cute.Tensor,
                         stream: cuda.CUstream):
-            moe_combine_kernel(my, mpos, mw, msh, mx, mvalid, mo).launch(
-                grid=(mx.shape[0], 1, 1), block=[threads, 1, 1], stream=stream, use_pdl=True)
+            go(moe_combine_kernel(my, mpos, mw, msh, mx, mvalid, mo), mx, stream)
     else:
         @cute.kernel
         def moe_combine_kernel(my: cute.Tensor, mpos: cute.Tensor, mw: cute.Tensor,
@@ -305,8 +306,7 @@ def _build(spec: Spec):
         @cute.jit
         def moe_combine(my: cute.Tensor, mpos: cute.Tensor, mw: cute.Tensor, mx: cute.Tensor,
                         mvalid: cute.Tensor, mo: cute.Tensor, stream: cuda.CUstream):
-            moe_combine_kernel(my, mpos, mw, mx, mvalid, mo).launch(
-                grid=(mx.shape[0], 1, 1), block=[threads, 1, 1], stream=stream, use_pdl=True)
+            go(moe_combine_kernel(my, mpos, mw, mx, mvalid, mo), mx, stream)
 
     assert launch.block[0] == threads
     return moe_combine
