@@ -27,12 +27,26 @@ def _cut(word: re.Match) -> str:
     return f"{w[:SHOWN_CHARS // 2]}…{w[-8:]} ({len(w):,} characters)"
 
 
+TOOL_WORD_CHARS = 400  # the tools' errors keep any real path whole, cut only longer words
+
+
+def short_message(message: str, most: int = SHOWN_CHARS) -> str:
+    """`message` on one line with every word longer than `most` characters cut to its first
+    and last characters, its length named: an error quoting a 100,000-character value echoed
+    it whole (bad-input trials, 2026-12-06 and 2026-12-07)."""
+    return re.sub(rf"\S{{{most + 1},}}", _cut, " ".join(message.split()))
+
+
 class ValueParser(argparse.ArgumentParser):
     """argparse that refuses `--OPTION=--` with an error naming the option. Python 3.11's
     argparse drops the `--` and hands the option an empty list without its type check or
     choices, which the code after it took for a value (a bad-input trial, 2026-12-06:
     tracebacks from ~20 options of tools/bench_prefill.py and tools/probe_grouped_w4a16.py,
-    and `flint-graph generate --tools=--` an internal error). The bench tools use it as is."""
+    and `flint-graph generate --tools=--` an internal error). The bench tools use it as is;
+    its errors cut words over TOOL_WORD_CHARS characters (`short_message`)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        super().error(short_message(message, TOOL_WORD_CHARS))
 
     def _get_values(self, action, arg_strings):
         if action.option_strings and action.nargs in (None, argparse.OPTIONAL) \
@@ -55,7 +69,7 @@ class ArgParser(ValueParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         from flint_graph.cli import terminal_safe
 
-        message = re.sub(rf"\S{{{SHOWN_CHARS + 1},}}", _cut, " ".join(message.split()))
+        message = short_message(message)
         self.exit(EXIT_BAD_INPUT, f"flint-graph: error: {terminal_safe(message)} (see "
                                   f"{self.prog} --help)\n")
 

@@ -27,7 +27,7 @@ def count_arg(text: str) -> int:
     from flint_graph.cli_args import plain_int, shown
 
     try:
-        if len(text.strip()) > 10:
+        if len(text) > 10 or text != text.strip():  # " 3" too, as the docstring says
             raise ValueError(text)
         return plain_int(text)
     except ValueError:

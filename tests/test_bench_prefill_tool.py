@@ -4,6 +4,7 @@ rescaled to the median, and the table's spread column; its option checks and tho
 tools/probe_grouped_w4a16.py, which stop a malformed value before any work."""
 
 import json
+from pathlib import Path
 
 import pytest
 from tool_module import tool_module
@@ -348,3 +349,43 @@ def test_the_w0_variant_reaches_the_cuda_check(bench, monkeypatch, capsys):
         with pytest.raises(SystemExit):
             tool.main()
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+LONG = "x" * 50_000
+
+
+@pytest.mark.parametrize("tool,argv", [
+    ("bench_prefill", [f"--graph-buckets={LONG}"]), ("bench_prefill", [f"--out={LONG}"]),
+    ("bench_prefill", [f"--preset={LONG}"]), ("probe_grouped_w4a16", [f"--kernel={LONG}"]),
+    ("probe_attn_speed", [f"--variants={LONG}"]), ("probe_attn_speed", [f"--cases={LONG}"]),
+    ("probe_attn_speed", [f"--kinds={LONG}"]), ("probe_attn_speed", [f"--out={LONG}"]),
+    ("probe_attn_speed", [f"--cases={HUGE}+0"])])
+def test_long_values_are_cut_in_every_message(monkeypatch, capsys, tool, argv):
+    """Each of these echoed its 50,000 characters whole, some twice (a re-trial, 2026-12-07):
+    the tools' parser (`cli_args.ValueParser`) cuts every long word of an error."""
+    err = _refused(monkeypatch, capsys, tool_module(tool), argv)
+    assert "characters)" in err and len(err) < 2000, f"{len(err)} characters"
+
+
+@pytest.mark.parametrize("argv", [["--variants=--"], ["--cases=--"], ["--kinds=--"],
+                                  ["--out=--"]])
+def test_attn_probe_refuses_a_bare_double_dash(attn_probe, monkeypatch, capsys, argv):
+    """A traceback ('list' object has no attribute 'split') before it used ValueParser."""
+    assert "expected a value, found '--'" in _refused(monkeypatch, capsys, attn_probe, argv)
+
+
+@pytest.mark.parametrize("tool,flag", [("bench_prefill", "--reps"),
+                                       ("probe_grouped_w4a16", "--layers"),
+                                       ("probe_attn_speed", "--sets")])
+@pytest.mark.parametrize("value", [" 3", "3 ", "3\n"])
+def test_counts_refuse_blanks(monkeypatch, capsys, tool, flag, value):
+    assert flag in _refused(monkeypatch, capsys, tool_module(tool), [f"{flag}={value}"])
+
+
+def test_every_tool_parser_is_a_value_parser():
+    """A tool on plain argparse takes `--X=--` as an empty list and echoes long values whole:
+    every parser under tools/ is `cli_args.ValueParser` (or the CLI's ArgParser)."""
+    tools = Path(__file__).resolve().parents[1] / "tools"
+    plain = [p.name for p in sorted(tools.glob("*.py"))
+             if "argparse.ArgumentParser(" in p.read_text(encoding="utf-8")]
+    assert not plain, f"plain argparse parsers: {plain}"

@@ -12,12 +12,13 @@ and writes baseline.json / baseline.md into --out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
 import time
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 import torch
 
@@ -75,7 +76,7 @@ def run_model(name: str, cfg: FlintConfig, weights, ids: list[int], n_decode: in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ValueParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="report directory")
     ap.add_argument("--work", type=Path, default=Path("/tmp/flint-full"),
                     help="where the full GGUF checkpoint is written (needs ~24 GB of disk)")

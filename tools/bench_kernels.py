@@ -25,7 +25,6 @@ DIR/bench_kernels.md (the table for docs/perf-log.md), DIR/bench_kernels_rows.md
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -33,6 +32,8 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 import torch
 import torch.nn.functional as F
@@ -436,7 +437,7 @@ def gpu_props() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = ValueParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="directory for the json/md results")
     ap.add_argument("--preset", default="full", choices=("full", "tiny"))
     ap.add_argument("--quick", action="store_true", help="B in {1, 8}; LM head + q/k/v/o only")

@@ -21,7 +21,6 @@ reported BAD without a time otherwise. Output: DIR/bench_layer.json and DIR/benc
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -29,6 +28,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 import torch
 
@@ -261,7 +262,7 @@ def table(recs: list[dict], layers: list[dict], copy_bw: float) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = ValueParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="directory for the JSON and table")
     ap.add_argument("--preset", choices=("tiny", "full"), default="full")
     ap.add_argument("--quick", action="store_true", help="fewer contexts")

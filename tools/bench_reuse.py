@@ -15,13 +15,14 @@ turns under torch.profiler.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
 import sys
 import time
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 
 class GcPauses:
@@ -202,7 +203,7 @@ def tool_loop(llm, first: str, steps: int, max_tokens: int, new_tokens: int = 0)
 def main() -> int:
     from flint_graph.perf.bench import BenchOptions, sources
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")
     p.add_argument("--model", help="a checkpoint path, or 'nano' for the embedded flint-nano "
                                    "(default: --preset's synthetic weights)")

@@ -20,10 +20,11 @@ adds one kernel's bench variants to the export (e.g. moe_gate_up for tools/probe
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.kernels import MODEL_KERNELS, TEST_KERNELS, kernel_module, registry
@@ -61,7 +62,7 @@ def todo(presets: tuple[str, ...] = PRESETS) -> list:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=".kcache/kernels", help="cache directory")
     p.add_argument("--arch", action="append", choices=("sm_90a", "sm_100a"))
     p.add_argument("--jobs", type=int, help="compile processes (default: one per CPU)")

@@ -29,11 +29,12 @@ the part that makes the rest. Prints one line per variant and writes DIR/parity.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 VARIANTS = ("kernel", "kernel-refattn", "torch-refattn", "torch", "torch-refattn-f32",
             "reference")
@@ -117,7 +118,7 @@ def run_variant(name: str, model: str, ref: dict, n: int) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ref", required=True, help="reference eval report (flint-graph eval --json)")
     p.add_argument("--model", help="checkpoint (default: the embedded flint-nano, BF16)")
     p.add_argument("--variants", default=",".join(VARIANTS))

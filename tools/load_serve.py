@@ -12,13 +12,14 @@ clients see them (ms), requests/s, the answers that differ, and the engine's sta
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -31,7 +32,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", default=None, help="a checkpoint (default: flint-nano)")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--requests", type=int, default=50, help="per client")

@@ -19,10 +19,11 @@ Needs a CUDA GPU and the kernel cache (FLINT_GRAPH_CACHE). Writes probe.json und
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 import torch
 
@@ -51,7 +52,7 @@ def main() -> int:
     from flint_graph.capture.prefill import ATTN_KERNELS
     from flint_graph.errors import ConfigError
 
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = ValueParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--kernels", default=",".join(ATTN_KERNELS),
                    help=f"comma-separated attention kernels to probe, of {', '.join(ATTN_KERNELS)}"
                         " (default: both)")

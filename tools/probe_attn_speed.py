@@ -19,11 +19,12 @@ case) and writes attn_speed.json under --out. `--ncu` launches each once, for nc
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 from flint_graph.cli_args import plain_int_or_none, shown
 from flint_graph.perf.tool_reports import count_arg
@@ -87,7 +88,7 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p = ValueParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--variants", default="attn_prefill_wg,attn_prefill_wg:ST=3",
                    help="comma-separated NAME[:K=V…] (default: attn_prefill_wg at 2 and 3 stages)")
     p.add_argument("--cases", default="8192+0,8192+24576",

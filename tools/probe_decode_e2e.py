@@ -15,11 +15,12 @@ and the host's share over the step (e2e / step − 1) per mode.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -83,7 +84,7 @@ def _phases(llm, fmt, b, tokens, prompt) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")
     p.add_argument("--formats", default="nvfp4")
     p.add_argument("--buckets", default="1,8")

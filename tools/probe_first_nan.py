@@ -21,9 +21,10 @@ Prints JSON lines; full size needs ~90 GB of GPU memory (BF16 weights).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from flint_graph.cli_args import ValueParser
 
 
 def _kv_report(runner, slot: int, position: int) -> list[dict]:
@@ -82,7 +83,7 @@ def _eager_report(runner, rows) -> list[dict]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=("split", "on", "off", "no-warm"), required=True)
     p.add_argument("--preset", default="full")
     p.add_argument("--format", default="bf16", choices=("bf16", "nvfp4"))

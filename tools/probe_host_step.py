@@ -15,12 +15,13 @@ CKPT defaults to a tiny synthetic checkpoint made in a temporary directory.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 import tempfile
 import time
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 import torch
 
@@ -121,7 +122,7 @@ def measure(llm, batch: int, steps: int, profile: bool, gpu_us: float = 0.0,
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", help="checkpoint (default: a tiny synthetic one)")
     p.add_argument("--batch", default="1,8", help="comma-separated batch sizes (1-8)")
     p.add_argument("--steps", type=int, default=300, help="timed steps per batch size")

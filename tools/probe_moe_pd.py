@@ -13,11 +13,12 @@ the first), then a summary line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,7 +33,7 @@ def _set_pd(graph, kset, pd: int) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")
     p.add_argument("--format", default="nvfp4", choices=("nvfp4", "bf16"))
     p.add_argument("--buckets", default="1,2,4")

@@ -10,10 +10,11 @@ warm-up pass at the first budget.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -23,7 +24,7 @@ def _tokens(text: str) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")
     p.add_argument("--format", default="nvfp4", choices=("nvfp4", "bf16"))
     p.add_argument("--step-ms", default="50,100,200",

@@ -15,10 +15,11 @@ Output: a table on stdout and --out DIR/probe_sampler.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 import torch
 
@@ -66,7 +67,7 @@ def time_case(kset, preset: str, b: int, mode: str, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = ValueParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="directory for probe_sampler.json")
     ap.add_argument("--presets", default="tiny,full")
     ap.add_argument("--buckets", default="1,8")

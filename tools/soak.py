@@ -61,6 +61,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flint_graph.cli_args import ValueParser
+
 from flint_graph.perf.machine import rss_anon
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -626,7 +628,7 @@ def _modes(text: str) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ValueParser(
         prog="tools/soak.py", description=__doc__.split("\n\n")[0],
         epilog="Modes of cancellation: " + ", ".join(MODES) + ". Exit 0: every check held; "
                "1: a check failed (see the report's 'failures'); 2: bad arguments.",

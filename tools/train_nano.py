@@ -37,6 +37,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+from flint_graph.cli_args import ValueParser
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -230,7 +232,7 @@ def rebalance(w, loads: list[torch.Tensor], rate: float) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    ap = ValueParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.split("\n")[1:]))
     ap.add_argument("--state", type=Path, required=True, help="state directory (resumed)")

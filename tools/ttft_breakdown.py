@@ -19,7 +19,6 @@ untimed, so the timed prompt (those H ids, then N more) reuses H tokens' KV and 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import functools
@@ -28,6 +27,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from flint_graph.cli_args import ValueParser
 
 import torch
 
@@ -71,7 +72,7 @@ def _print_profile(prof, title: str, rows: int) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")
     p.add_argument("--formats", default="nvfp4")
     p.add_argument("--tokens", default="16,25,512")
