@@ -180,3 +180,14 @@ def test_moe_with_the_combine_and_split_router_is_the_reference_moe_plus_residua
     rel = ((got[:30].float() - want.float()).norm() / want.float().norm()).item()
     assert rel <= 1e-2
     assert torch.equal(got[30:], x[30:])
+
+
+def test_the_combines_norm_is_refused_off_the_kernel_path():
+    """`set_combine_norm(True)` needs the NORM = 1 kernel (the kernel path, H a multiple of
+    256); off it the norm stays its own step, and turning it off is always allowed."""
+    w = make_weights(CFG, 4, "cpu")
+    pre = Prefill(CFG, w, KVCache(CFG, 1, 64, device="cpu"), attention="reference")
+    assert pre.combine_norm is None
+    pre.set_combine_norm(False)
+    with pytest.raises(ValueError, match="moe_combine NORM = 1"):
+        pre.set_combine_norm(True)
