@@ -624,10 +624,10 @@ class Prefill:
         self.qk_norm_rope: dict[int, object] = {}
         self.combine = None
         # moe_combine NORM = 1 (the next layer's attention norm in the same launch; None where
-        # the config has no such spec or `set_combine_norm(False)`), and the (residual, normed)
-        # pair it left for the next layer's `_layer_body`
+        # the config has no such spec or `set_combine_norm(False)`), and the (layer, residual,
+        # normed) it left for that layer's `_layer_body`
         self.combine_norm = None
-        self._h_ahead: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._h_ahead: tuple[int, torch.Tensor, torch.Tensor] | None = None
         # the layer norms on rmsnorm_rows by RES (1: with the residual add before it); {}:
         # torch's ops (`rms_norm`, `residual_add`) off the kernel path
         self.norm_rows: dict[int, object] = {}
@@ -1162,10 +1162,11 @@ class Prefill:
             return self.dec.linear(a, w, wu=ahead.get(id(w)))
 
         ahead_h, self._h_ahead = self._h_ahead, None
-        # the previous layer's combine normed x already (moe_combine NORM = 1) unless x is
-        # another tensor (a caller that feeds layers its own inputs)
-        h = ahead_h[1] if ahead_h is not None and ahead_h[0] is x else self._norm(
-            x, lw.attn_norm)
+        # the previous layer's combine normed x already (moe_combine NORM = 1) with this
+        # layer's gain, unless x is another tensor or this is another layer (a caller that
+        # feeds layers its own inputs, or not in order)
+        fresh = ahead_h is not None and ahead_h[0] == i and ahead_h[1] is x
+        h = ahead_h[2] if fresh else self._norm(x, lw.attn_norm)
         y = self._qkv(i, h)
         if self.qk_norm_rope:
             q = torch.empty(t, hq, d, dtype=BF16, device=self.device)
@@ -1502,7 +1503,7 @@ class Prefill:
             self.combine_norm.launch(y, pos, weights, *shared, x, self._valid32,
                                      self.w.layers[i + 1].attn_norm, out, hn,
                                      self.cfg.rms_norm_eps)
-            self._h_ahead = (out, hn)
+            self._h_ahead = (i + 1, out, hn)
         else:
             self.combine.launch(y, pos, weights, *shared, x, self._valid32, out)
         return out

@@ -191,3 +191,33 @@ def test_the_combines_norm_is_refused_off_the_kernel_path():
     pre.set_combine_norm(False)
     with pytest.raises(ValueError, match="moe_combine NORM = 1"):
         pre.set_combine_norm(True)
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("layer,same,used", [(3, True, True), (4, True, False),
+                                             (3, False, False)])
+def test_a_layer_takes_the_norm_its_predecessor_left_only_for_itself(layer, same, used):
+    """moe_combine NORM = 1 leaves (layer i + 1, its output, that output normed) for the next
+    layer; `_layer_body` uses it only when it is that layer and gets that very tensor (a
+    caller feeding layers its own inputs, or out of order, gets its own norm)."""
+    w = make_weights(CFG, 4, "cpu")
+    pre = Prefill(CFG, w, KVCache(CFG, 1, 64, device="cpu"), attention="reference")
+    x = torch.randn(5, CFG.hidden_size, generator=torch.Generator().manual_seed(9)).bfloat16()
+    stashed = torch.full_like(x, 7.0)
+    pre._h_ahead = (3, x if same else x.clone(), stashed)
+    seen = []
+
+    def qkv(i, h):
+        seen.append(h)
+        raise _Stop
+
+    pre._qkv = qkv
+    with pytest.raises(_Stop):
+        pre._layer_body(layer, w.layers[layer], x, torch.arange(5))
+    assert (seen[0] is stashed) == used
+    if not used:
+        assert torch.equal(seen[0], pre._norm(x, w.layers[layer].attn_norm))
+    assert pre._h_ahead is None  # taken once, whatever it was
