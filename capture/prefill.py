@@ -1371,7 +1371,7 @@ class Prefill:
         if not self.w4a16_args or not grouped_w4a16_wg.fits(self.cfg):
             raise ValueError("grouped_w4a16_wg needs NVFP4 experts on the grouped W4A16 path "
                              "and expert shapes it fits")
-        specs = [grouped_w4a16_wg.spec_values(**{**s.as_dict(), **values})
+        specs = [grouped_w4a16_wg.variant(s, **values).as_dict()
                  for s in grouped_w4a16_wg.KERNEL.specs(self.cfg, ())]
         self.w4a16_wg = {(v["KIND"], v["NT"]): self._kset.get("grouped_w4a16_wg", **v)
                          for v in specs}

@@ -50,26 +50,42 @@ def test_every_spec_names_its_half_width_choice(preset):
     """SUB is explicit in every spec (the cache is asked for what a spec names) and RS named
     only where it is 1; the model's specs take the measured defaults per NT (`gwg.SUB`,
     `gwg.RS`), the benchmark list holds each model spec with the other SUB, with the other
-    RS, and with RS = 1 and W0 = 1 (W0 named only where it is 1, never in a model spec)."""
+    RS, and in its RS = 1 form with the other W0 (W0 named only where it is 1; the model's
+    per NT, `gwg.W0`)."""
     cfg = FlintConfig.preset(preset)
     model, bench = gwg._specs(cfg), gwg.bench_specs(cfg)
     assert all(s["SUB"] == gwg.SUB[s["NT"]] for s in model)
     assert all(s.as_dict().get("RS", 0) == gwg.RS[s["NT"]] for s in model)
     assert all(s.as_dict().get("RS", 1) == 1 for s in model + bench)
 
-    assert all("W0" not in s.as_dict() for s in model)
-    assert all(s.as_dict().get("W0", 1) == 1 for s in bench)
+    assert all(s.as_dict().get("W0", 0) == gwg.W0[s["NT"]] for s in model)
+    assert all(s.as_dict().get("W0", 1) == 1 for s in model + bench)
+    assert all(s.as_dict().get("RS", 0) for s in model + bench if s.as_dict().get("W0"))
 
     def key(s, **change):
         v = {"RS": 0, "W0": 0, **s.as_dict(), **change}
         return v["KIND"], v["NT"], v["SUB"], v["RS"], v["W0"]
 
+    def rs1_other_w0(s):
+        v = s.as_dict()
+        return key(s, RS=1, W0=1 - v.get("W0", 0) if v.get("RS", 0) else 1)
+
     assert {key(s) for s in bench} == (
         {key(s, SUB=1 - s["SUB"]) for s in model}
-        | {key(s, RS=1 - s.as_dict().get("RS", 0)) for s in model}
-        | {key(s, RS=1, W0=1) for s in model})
+        | {key(s, RS=1 - s.as_dict().get("RS", 0), W0=0) for s in model}
+        | {rs1_other_w0(s) for s in model})
     for s in bench:  # two CTAs per SM
         assert check_spec(gwg.KERNEL, s)[1].smem <= 113 * 1024
+
+
+def test_rs_zero_alone_names_the_plain_form():
+    """RS=0 drops the model's W0 = 1 at NT = 64 (W0 is RS = 1's), so it names a built spec."""
+    model = [s for s in gwg._specs(FlintConfig.preset("full")) if s["NT"] == 64]
+    assert all(s.as_dict().get("W0") == 1 for s in model)
+    for s in model:
+        plain = gwg.variant(s, RS=0)
+        assert "W0" not in plain.as_dict() and "RS" not in plain.as_dict()
+        check_spec(gwg.KERNEL, plain)
 
 
 def test_rs_zero_is_never_named():
@@ -80,7 +96,8 @@ def test_rs_zero_is_never_named():
 @pytest.mark.parametrize("values,ok", [({}, True), ({"RS": 0}, True), ({"SUB": 1}, True),
                                        ({"SUB": 0, "RS": 1}, False), ({"WS": 1}, False),
                                        ({"WP": 2}, False), ({"RS": 1, "W0": 1}, True),
-                                       ({"W0": 1}, False), ({"RS": 0, "W0": 1}, False)])
+                                       ({"W0": 1}, False), ({"RS": 0, "W0": 1}, False),
+                                       ({"W0": 0}, True), ({"RS": 1, "W0": 0}, True)])
 def test_check_variant_accepts_what_the_cache_build_makes(values, ok):
     """check_variant passes a variant exactly when every NT's spec is valid and built."""
     if ok:

@@ -172,11 +172,10 @@ def main() -> int:
         for kind in [int(v) for v in args.kinds.split(",") if v]:
             values = dict(KIND=kind, H=cfg.hidden_size, M=cfg.moe_intermediate_size,
                           E=cfg.n_routed_experts, NT=nt)
-            if wg:  # the model's SUB (every spec names it) and RS at this NT
-                values.update(SUB=gwg.SUB[nt], RS=gwg.RS[nt])
-            values.update(args.values)
-            spec = (gwg.KERNEL.spec(**gwg.spec_values(**values)) if wg
-                    else gw_spec(cfg, kind, nt, args.values, args.depth))
+            if wg:  # the model's SUB (every spec names it), RS and W0 at this NT
+                values.update(SUB=gwg.SUB[nt], RS=gwg.RS[nt], W0=gwg.W0[nt])
+            spec = (gwg.variant(gwg.KERNEL.spec(**gwg.spec_values(**values)), **args.values)
+                    if wg else gw_spec(cfg, kind, nt, args.values, args.depth))
             k = kset.get(args.kernel, **spec.as_dict())
             gen = torch.Generator(device="cuda").manual_seed(t)
             sets = [(gwg if wg else gw).make_args(spec, gen=gen, tokens=t, experts_used=256)

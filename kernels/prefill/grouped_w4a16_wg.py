@@ -60,7 +60,8 @@ copy included); at NT = 128 one CTA per SM loses the overlap (8K gate/up 646 -> 
 there it stays a bench spec. Tolerance as above; not bit for bit equal to RS = 0 (the k order
 of each product's sum differs).
 
-W0 = 1 (RS = 1 only; a benchmark variant, `bench_specs`): each step waits for its own wgmmas
+W0 = 1 (RS = 1 only; the model's at NT = 64, `W0`, a benchmark variant at NT = 128): each
+step waits for its own wgmmas
 (wgmma.wait_group 0) instead of the step before's, so only one step's A fragments are live.
 Why: at NT = 128, RS = 1 took 156 / 134 registers (one CTA per SM) because the fragments of
 two steps and the next step's code words are live beside the 64 accumulators; ptxas keeps
@@ -68,7 +69,12 @@ W0 = 1 at 127 / 118 with no spills, so two CTAs share an SM again and one CTA's 
 under the other's wgmmas, while the shared-memory traffic of a step drops from ~80 KB (A tile
 stored and read by wgmma) to ~48 KB plus the quads' repeated code loads through L1 (ncu: L1 /
 shared memory at 82% of its peak with RS = 0, eleventh session). Same products in the same
-order: bit for bit the RS = 1 output (GPU test).
+order: bit for bit the RS = 1 output (GPU test, passed on an H100). Measured on the H100
+(thirty-ninth session, `tools/probe_grouped_w4a16.py`, two passes): at NT = 128 and 8K tokens
+slower (gate/up 652 -> 759 µs, down 303.5 -> 309 µs): the decode no longer overlapping the
+CTA's own wgmmas costs more than the shared memory it saves; at NT = 64 and 2K tokens faster
+(gate/up 267.6 -> 263.0 µs, down 132.5 -> 115.3 µs: 79 registers, three down CTAs an SM),
+and the whole 2K NVFP4 prefill 35.9 -> 34.7 ms, so it is the model's there.
 
 WS = 1, a warp-specialized form (one producer warpgroup, or two with WP = 2, decoding into
 shared memory for the two wgmma warpgroups), was measured slower on the H100 and removed (the
@@ -98,6 +104,11 @@ NTS = (64, 128)  # pairs per tile: wgmma's N
 SUB = {64: 0, 128: 1}
 # RS per NT in the model's specs (H100, perf log, twenty-seventh session; the module doc).
 RS = {64: 1, 128: 0}
+# W0 per NT in the model's specs (RS = 1 only). H100, tools/probe_grouped_w4a16.py (perf log,
+# thirty-ninth session): NT = 64 at 2K tokens gate/up 267.6 -> 263.0 us, down 132.5 -> 115.3
+# us, the whole 2K NVFP4 prefill 36.08 / 35.77 -> 34.64 / 34.71 ms; NT = 128 (with RS = 1) at
+# 8K gate/up 652 -> 759 us, slower, so RS = 0 stays there.
+W0 = {64: 1, 128: 0}
 
 
 def cta_rows(kind: int) -> int:
@@ -176,7 +187,8 @@ def _specs(cfg, buckets=()) -> list[Spec]:
     if not fits(cfg):
         return []
     e, h, m = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    return [KERNEL.spec(**spec_values(KIND=kind, H=h, M=m, E=e, NT=nt, SUB=SUB[nt], RS=RS[nt]))
+    return [KERNEL.spec(**spec_values(KIND=kind, H=h, M=m, E=e, NT=nt, SUB=SUB[nt], RS=RS[nt],
+                                      W0=W0[nt]))
             for kind in (0, 1) for nt in NTS]
 
 
@@ -187,6 +199,15 @@ UNNAMED = {"RS": 0, "W0": 0}
 def spec_values(**values: int) -> dict[str, int]:
     """`values` as a spec names them: without RS = 0 or W0 = 0 (`UNNAMED`)."""
     return {k: v for k, v in values.items() if UNNAMED.get(k, -1) != v}
+
+
+def variant(spec: Spec, **values: int) -> Spec:
+    """`spec` with spec values `values` (a bench variant, e.g. SUB=0 or RS=0): RS = 0 drops
+    W0 (RS = 1's), so RS=0 alone names the plain form at every NT."""
+    base = spec.as_dict()
+    if values.get("RS") == 0:
+        base = {k: v for k, v in base.items() if k != "W0"}
+    return KERNEL.spec(**spec_values(**{**base, **values}))
 
 
 def check_variant(values: dict[str, int], nts=NTS) -> None:
@@ -200,8 +221,9 @@ def check_variant(values: dict[str, int], nts=NTS) -> None:
     cfg = FlintConfig.preset("full")
     built = {s.id for s in _specs(cfg) + bench_specs(cfg)}
     for nt in nts:
-        spec = KERNEL.spec(**spec_values(**{"KIND": 0, "H": 2048, "M": 512, "E": 256, "NT": nt,
-                                            "SUB": SUB[nt], "RS": RS[nt], **values}))
+        model = KERNEL.spec(**spec_values(KIND=0, H=2048, M=512, E=256, NT=nt, SUB=SUB[nt],
+                                          RS=RS[nt], W0=W0[nt]))
+        spec = variant(model, **values)
         _check(spec)
         if spec.id not in built:
             raise ValueError(f"at NT = {nt} that is no spec tools/build_gpu_cache.py builds "
@@ -210,13 +232,19 @@ def check_variant(values: dict[str, int], nts=NTS) -> None:
 
 
 def bench_specs(cfg, buckets=()) -> list[Spec]:
-    """Benchmark variants: each model spec with the other SUB, with the other RS, and with
-    RS = 1 and W0 = 1."""
+    """Benchmark variants: each model spec with the other SUB, with the other RS (W0 = 0),
+    and in its RS = 1 form with the other W0 (RS = 1 W0 = 1 where the model has RS = 0)."""
     model = _specs(cfg, buckets)
+
+    def rs1_w0(s: Spec) -> int:
+        v = s.as_dict()
+        return 1 - v.get("W0", 0) if v.get("RS", 0) else 1
+
     return ([KERNEL.spec(**{**s.as_dict(), "SUB": 1 - s["SUB"]}) for s in model]
-            + [KERNEL.spec(**spec_values(**{**s.as_dict(), "RS": 1 - s.as_dict().get("RS", 0)}))
-               for s in model]
-            + [KERNEL.spec(**{**s.as_dict(), "RS": 1, "W0": 1}) for s in model])
+            + [KERNEL.spec(**spec_values(**{**s.as_dict(), "RS": 1 - s.as_dict().get("RS", 0),
+                                            "W0": 0})) for s in model]
+            + [KERNEL.spec(**spec_values(**{**s.as_dict(), "RS": 1, "W0": rs1_w0(s)}))
+               for s in model])
 
 
 def pair_order(t):
