@@ -8,9 +8,10 @@
 # parts only on an H200. Carry [".whl", ".nano-run/kmodel"] with
 # FLINT_GRAPH_CACHE=$PWD/.nano-run/kmodel. Writes card.txt under $OUT saying which ran.
 set -uo pipefail
-# the thirty-ninth session's first call (docs/device-queue.md item 0): every default written
-# since the last device run checked, then W0's kernel-alone timing
-DEFAULT_PARTS="qk-tests cn-tests ptests fc-tests w0-tests w0-probe"
+# the next call (docs/device-queue.md item 0): the combine's norm in whole prefills, then
+# issue 21's figures with every default (the tests of those defaults passed on an H100 in the
+# thirty-ninth session)
+DEFAULT_PARTS="cn-prefill prefill long"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 mkdir -p "$OUT"
 if [[ $card == *H200* ]]; then
