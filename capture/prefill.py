@@ -626,7 +626,7 @@ class Prefill:
         # moe_combine NORM = 1 (the next layer's attention norm in the same launch; None where
         # the config has no such spec or `set_combine_norm(False)`), and the (layer, residual,
         # normed) it left for that layer's `_layer_body`
-        self.combine_norm = None
+        self.combine_norm = self._combine_norm_kernel = None
         self._h_ahead: tuple[int, torch.Tensor, torch.Tensor] | None = None
         # the layer norms on rmsnorm_rows by RES (1: with the residual add before it); {}:
         # torch's ops (`rms_norm`, `residual_add`) off the kernel path
@@ -756,7 +756,7 @@ class Prefill:
         its own rmsnorm_rows launch (off; for comparisons and benchmarks). Raises ValueError
         when on is asked of a prefill without the NORM = 1 kernel. Graphs captured before keep
         what they captured: call `drop_graphs` after."""
-        kernel = getattr(self, "_combine_norm_kernel", None)
+        kernel = self._combine_norm_kernel
         if on and kernel is None:
             raise ValueError("the combine's norm needs the kernel path and moe_combine NORM = 1 "
                              "(a hidden size that is a multiple of 256)")
