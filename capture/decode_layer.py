@@ -11,7 +11,8 @@ The residual stream enters and leaves a layer in `StepBuffers.stream` (bf16 [B, 
 kernel writes a buffer another CTA of the same launch may still read: the fused QKV GEMV reads
 the stream and normalises it in its prologue, the router (or the dense layers' FFN norm) writes
 stream + o projection to `residual2`, and `moe_down` writes residual2 + FFN output back to
-`stream`. Seven launches per layer.
+`stream`. Seven launches per layer, six with the fold (attn_decode QKN = 1 takes
+qk_norm_rope_kv's work: `DecodeLayer(fold=...)`, default `attn_decode.uses_fold`).
 """
 
 from __future__ import annotations
@@ -40,23 +41,42 @@ def model_spec(kdef, cfg: FlintConfig, batch: int, **want: int) -> Spec:
     return found[0]
 
 
-def layer_kernels(cfg: FlintConfig, layer: int, moe: bool, fmt: int) -> dict[str, dict[str, int]]:
+def layer_kernels(cfg: FlintConfig, layer: int, moe: bool, fmt: int,
+                  fold: bool = False) -> dict[str, dict[str, int]]:
     """The values that pick each per-layer kernel's specialisation (`model_spec`) for `layer`:
     name -> {spec key: value}. Every way two layers of one config can differ must be here (a
     config whose full layers differ in RoPE, as --plant rope-on-nope builds, found two
-    qk_norm_rope_kv specialisations when only RING picked). `fmt` is 1 for NVFP4 weights."""
+    qk_norm_rope_kv specialisations when only RING picked). `fmt` is 1 for NVFP4 weights;
+    `fold`: attention takes Q/K norm, RoPE and the KV write (attn_decode QKN = 1), so the
+    layer has no qk_norm_rope_kv."""
     sliding, topk = int(cfg.is_sliding(layer)), cfg.num_experts_per_tok if moe else 0
-    out = {"rmsnorm": {}, "qk_norm_rope_kv": {"RING": sliding, "ROPE": int(cfg.uses_rope(layer))},
+    rope = int(cfg.uses_rope(layer))
+    out = {"rmsnorm": {}, "qk_norm_rope_kv": {"RING": sliding, "ROPE": rope},
            "attn_decode": {"RING": sliding}, "moe_gate_up": {"TOPK": topk, "FMT": fmt},
            "moe_down": {"TOPK": topk, "FMT": fmt}}
+    if fold:
+        del out["qk_norm_rope_kv"]
+        out["attn_decode"] = {"RING": sliding, "QKN": 1, "ROPE": rope}
     if moe:
         out["moe_router"] = {}
     return out
 
 
+def layer_spec(kdef, cfg: FlintConfig, batch: int, **want: int) -> Spec:
+    """`model_spec`, except that attn_decode is picked among the specs of the form `want`
+    asks for (QKN = 1 folded, else plain), whichever form the model's default is."""
+    if kdef.name != "attn_decode":
+        return model_spec(kdef, cfg, batch, **want)
+    found = [s for s in attn_decode.specs_for(cfg, (batch,), bool(want.get("QKN", 0)))
+             if all(s.as_dict().get(k) == v for k, v in want.items())]
+    if len(found) != 1:
+        raise ValueError(f"attn_decode: {len(found)} specialisations for B={batch} {want}")
+    return found[0]
+
+
 def _pick(kset, name: str, cfg: FlintConfig, batch: int, **want: int):
-    """The loaded kernel `name` at its `model_spec`."""
-    return kset.get(name, **model_spec(kset.defs[name], cfg, batch, **want).as_dict())
+    """The loaded kernel `name` at its `layer_spec`."""
+    return kset.get(name, **layer_spec(kset.defs[name], cfg, batch, **want).as_dict())
 
 
 @dataclass
@@ -189,10 +209,17 @@ class DecodeLayer:
     """Layer `layer` of `cfg` at bucket `batch`, on the kernels of `kset` (a KernelSet).
 
     weights: the layer's `LayerWeights` on the GPU (BF16 or NVFP4 linears; all linears of one
-    layer in one format). Raises ValueError when a kernel has no specialisation for it."""
+    layer in one format). fold: attention takes Q/K norm, RoPE and the KV write itself
+    (attn_decode QKN = 1, six launches instead of seven); None: the model's default,
+    `attn_decode.uses_fold(cfg)`. Raises ValueError when a kernel has no specialisation for
+    it, or fold = True for a config that cannot take it."""
 
-    def __init__(self, kset, cfg: FlintConfig, layer: int, weights: LayerWeights, batch: int):
+    def __init__(self, kset, cfg: FlintConfig, layer: int, weights: LayerWeights, batch: int,
+                 fold: bool | None = None):
         self.cfg, self.layer, self.batch = cfg, layer, batch
+        self.fold = attn_decode.uses_fold(cfg) if fold is None else bool(fold)
+        if self.fold and not attn_decode.fold_possible(cfg):
+            attn_decode.specs_for(cfg, (batch,), True)  # raises, naming what is missing
         self.w = weights
         self.sliding = cfg.is_sliding(layer)
         self.moe = isinstance(weights.ffn, MoEWeights)
@@ -205,10 +232,10 @@ class DecodeLayer:
         self.o = kset.get(spec.kernel, **spec.as_dict()), _weight_args(weights.o_proj)
         spec = gemv.fused_qkv_spec(batch, cfg)
         self.qkv = kset.get(spec.kernel, **spec.as_dict()), fuse_qkv(weights)
-        want = layer_kernels(cfg, layer, self.moe, self.fmt)
+        want = layer_kernels(cfg, layer, self.moe, self.fmt, self.fold)
         picked = {name: _pick(kset, name, cfg, batch, **w) for name, w in want.items()}
-        self.norm, self.prep, self.attn = (picked[k] for k in ("rmsnorm", "qk_norm_rope_kv",
-                                                               "attn_decode"))
+        self.norm, self.attn = picked["rmsnorm"], picked["attn_decode"]
+        self.prep = picked.get("qk_norm_rope_kv")  # None when folded
         self.splits = self.attn.spec["SPLITS"]
         self.gate_up, self.down = picked["moe_gate_up"], picked["moe_down"]
         if self.moe:
@@ -240,11 +267,15 @@ class DecodeLayer:
         table = bf.ring_table if self.sliding else bf.page_table
         kern, wargs = self.qkv  # the attention RMSNorm happens in its prologue
         kern.launch(bf.stream, *wargs, w.attn_norm, bf.qkv, eps, pdl=pdl)
-        self.prep.launch(bf.qkv, bf.positions, table, w.q_norm, w.k_norm, self.inv_freq,
-                         bf.q_out, kv.k, kv.v, eps, pdl=pdl)
-        self.attn.launch(bf.q_out, kv.k, kv.v, table, bf.positions, self.sinks, bf.attn,
-                         bf.o_part[self.splits], bf.lse_part[self.splits], bf.attn_counters,
-                         pdl=pdl)
+        parts = (bf.o_part[self.splits], bf.lse_part[self.splits], bf.attn_counters)
+        if self.fold:
+            self.attn.launch(bf.qkv, kv.k, kv.v, table, bf.positions, self.sinks, bf.attn,
+                             *parts, w.q_norm, w.k_norm, self.inv_freq, eps, pdl=pdl)
+        else:
+            self.prep.launch(bf.qkv, bf.positions, table, w.q_norm, w.k_norm, self.inv_freq,
+                             bf.q_out, kv.k, kv.v, eps, pdl=pdl)
+            self.attn.launch(bf.q_out, kv.k, kv.v, table, bf.positions, self.sinks, bf.attn,
+                             *parts, pdl=pdl)
         kern, wargs = self.o
         kern.launch(bf.attn, *wargs, bf.o, pdl=pdl)
         gate_up_w, down_w = self.ffn_args
@@ -264,7 +295,7 @@ class DecodeLayer:
 
     @property
     def kernels_per_launch(self) -> int:
-        """Kernel launches `launch` enqueues: qkv (with the norm), qk_norm_rope_kv, attention,
-        o, router (or the FFN norm), gate_up, down."""
-        return 7
+        """Kernel launches `launch` enqueues: qkv (with the norm), qk_norm_rope_kv (unless
+        folded into attention), attention, o, router (or the FFN norm), gate_up, down."""
+        return 6 if self.fold else 7
 

@@ -97,18 +97,20 @@ class DecodeGraph:
     `set_rows(rows)` (at most `batch` rows; the rest become padding rows on the scratch slot),
     then `replay()` (or `run_eager()` before `capture()`); results in `logits_bf16` [B, V]
     (`logits`: a float32 copy) and `next_ids` int64 [B]. `vocab_limit`: ids at or above it are
-    never sampled (padding rows of the LM head)."""
+    never sampled (padding rows of the LM head). fold: `DecodeLayer`'s (attention with the Q/K
+    norm, RoPE and KV write folded in; None: the model's default)."""
 
     def __init__(self, kset, cfg: FlintConfig, weights: FlintWeights, kv: KVCache, batch: int,
                  vocab_limit: int | None = None, *, pdl: bool = True,
-                 torch_sampler: bool = False):
+                 torch_sampler: bool = False, fold: bool | None = None):
         self.cfg, self.weights, self.kv, self.batch = cfg, weights, kv, batch
         self.pdl = pdl  # False: plain stream order between our kernels (for comparison)
         self.torch_sampler = torch_sampler  # True: sampling.sample in the graph (comparison)
         dev = weights.final_norm.device
         b = batch
         self.bufs = StepBuffers.allocate(cfg, b, kv.pages_per_slot, device=dev)
-        self.layers = [DecodeLayer(kset, cfg, i, lw, b) for i, lw in enumerate(weights.layers)]
+        self.layers = [DecodeLayer(kset, cfg, i, lw, b, fold)
+                       for i, lw in enumerate(weights.layers)]
         self.norm = kset.get("rmsnorm", B=b, H=cfg.hidden_size)
         head = weights.lm_head
         gemv = gemv_nvfp4 if isinstance(head, NVFP4Weight) else gemv_bf16

@@ -103,7 +103,7 @@ class GraphRunner:
                  max_slots: int, max_context: int | None, vocab_limit: int, kset=None,
                  torch_sampler: bool = False, prefill: str = "kernel",
                  prefill_chunk: int = 2048, prefill_graphs: bool = True,
-                 prefill_dense_bf16: bool = True):
+                 prefill_dense_bf16: bool = True, attn_fold: bool | None = None):
         from flint_graph.capture.launcher import KernelSet
         from flint_graph.capture.prefill import Prefill, dense_bf16_bytes
 
@@ -136,7 +136,7 @@ class GraphRunner:
             t0 = time.perf_counter()
             try:
                 g = DecodeGraph(self.kset, cfg, weights, self.kv, b, vocab_limit,
-                                torch_sampler=torch_sampler)
+                                torch_sampler=torch_sampler, fold=attn_fold)
                 t1 = time.perf_counter()
                 g.set_rows([])  # warm-up and capture touch only the scratch slot
                 g.capture()

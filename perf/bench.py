@@ -74,6 +74,7 @@ class BenchOptions:
     command: str = "flint-graph bench"
     log: object = field(default=print)
     nvfp4_flag: str = "--formats nvfp4"  # how this command asks for NVFP4 alone (trace: --format)
+    attn_fold: bool | None = None  # EngineConfig.decode_attn_fold (None: the model's default)
 
 
 def plan_contexts(cfg: FlintConfig, contexts, prefill_tokens) -> tuple[list[int], list[int]]:
@@ -147,7 +148,8 @@ def _side_files(cfg: FlintConfig, seed: int) -> Path:
 def _engine_config(o: BenchOptions, kv_tokens: int):
     from flint_graph.runtime.engine_config import EngineConfig
 
-    return EngineConfig(engine=o.engine, max_slots=max(o.buckets), max_context=kv_tokens)
+    return EngineConfig(engine=o.engine, max_slots=max(o.buckets), max_context=kv_tokens,
+                        decode_attn_fold=o.attn_fold)
 
 
 def sources(o: BenchOptions, kv_tokens: int):
@@ -294,6 +296,7 @@ def _bench_one(o, res, fmt, llm, contexts, prefill_n, advance) -> None:
         res["errors"].append(f"graph engine not running ({fmt}): {llm.engine.fallback_reason}")
     if runner is not None:
         res["kernels_per_step"][fmt] = graph_nodes_per_bucket(runner)
+        res.setdefault("attn_fold", {})[fmt] = next(iter(runner.graphs.values())).layers[0].fold
     for b in o.buckets:
         res["e2e"].append(e2e_record(llm, fmt, b, o.e2e_tokens, prompt))
         advance(1)

@@ -174,6 +174,10 @@ def _common(p: argparse.ArgumentParser, positive_int) -> None:
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the synthetic weights")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="hide progress bars")
+    p.add_argument("--attn-fold", choices=("on", "off"),
+                   help="graph engine: on = attention also does each layer's Q/K norm, RoPE "
+                        "and KV write (one launch a layer fewer), off = qk_norm_rope_kv before "
+                        "it (default: the model's choice; for comparisons)")
 
 
 def add_bench_parser(sub, positive_int, buckets) -> None:
@@ -290,7 +294,8 @@ def _options(args, command: str):
     o = BenchOptions(model=args.model, preset=args.preset, formats=args.formats,
                      device=args.device, engine=args.engine, seed=args.seed,
                      progress=args.progress, t_entry=getattr(args, "t_entry", None),
-                     command=command, steps=args.steps)
+                     command=command, steps=args.steps,
+                     attn_fold=None if args.attn_fold is None else args.attn_fold == "on")
     return o
 
 

@@ -52,13 +52,15 @@ def linear_bytes(n: int, k: int, fmt: str) -> float:
     return n * k * 2 if fmt == "bf16" else n * k * NVFP4_BYTES_PER_PARAM + F32
 
 
-def step_kernels(cfg: FlintConfig, fmt: str, batch: int, context: int) -> list[dict]:
+def step_kernels(cfg: FlintConfig, fmt: str, batch: int, context: int,
+                 fold: bool = False) -> list[dict]:
     """The graph engine's decode step as launched (capture/decode_step.py), one dict per kernel in
     launch order: {"name", "layer" (None outside the layers), "kind", "bytes"}; bytes = the
     weights it reads once + the KV it reads or writes + its activations. Routed experts count
     `expected_experts_touched(batch)` per MoE layer (uniform routing), as the step floor does;
     the LM head is BF16 in both formats. Kinds: embedding, gemv, attention, norm, moe, lm_head,
-    sampling. Raises ConfigError for an unknown `fmt`."""
+    sampling. `fold`: attention takes qk_norm_rope_kv's work (attn_decode QKN = 1: it reads
+    qkv and writes the new KV entry itself). Raises ConfigError for an unknown `fmt`."""
     cfg.decode_step_bytes(batch, context, fmt)  # validates fmt
     b, h, d = batch, cfg.hidden_size, cfg.head_dim
     hq, q, kv = cfg.num_attention_heads, cfg.q_dim, cfg.kv_dim
@@ -75,6 +77,9 @@ def step_kernels(cfg: FlintConfig, fmt: str, batch: int, context: int) -> list[d
             ("attn_decode", "attention", b * keys * 2 * kv * BF16 + 2 * act(q) + hq * F32),
             ("o_gemv", "gemv", linear_bytes(h, q, fmt) + act(q) + act(h)),
         ]
+        if fold:  # qkv in, the new entry out, the norm weights; q stays on chip
+            layer[1:3] = [("attn_decode", "attention", b * keys * 2 * kv * BF16
+                           + act(q + 2 * kv) + act(q) + 2 * act(kv) + 2 * d * BF16 + hq * F32)]
         if cfg.is_moe(i):
             shared = cfg.n_shared_experts * m
             layer += [

@@ -37,12 +37,12 @@ def _graph_plan(runner, b: int, fmt: str, context: int) -> list[dict]:
     """Launch plan of bucket b's step: roofline.step_kernels with each of our kernels' cubin
     symbol (what the profiler reports) attached."""
     g = runner.graphs[b]
-    plan = step_kernels(runner.cfg, fmt, b, context)
+    plan = step_kernels(runner.cfg, fmt, b, context, fold=g.layers[0].fold)
     ours = []
     for layer in g.layers:
         ffn = [layer.router] if layer.moe else [layer.norm]
-        ours += [layer.qkv[0], layer.prep, layer.attn, layer.o[0], *ffn, layer.gate_up,
-                 layer.down]
+        prep = [] if layer.fold else [layer.prep]
+        ours += [layer.qkv[0], *prep, layer.attn, layer.o[0], *ffn, layer.gate_up, layer.down]
     ours += [g.norm, g.head, g.sampler]
     for p, k in zip(plan[1:], ours):  # plan[0] is the embedding lookup (a torch op)
         p["symbol"], p["spec"] = k.meta.get("symbol"), k.spec.id

@@ -85,9 +85,11 @@ def test_make_args_follow_the_declaration(preset):
         assert args[4].tolist() == pos
         assert torch.equal(args[9], torch.zeros_like(args[9]))  # counters start at zero
         assert all(a.isnan().all() for a in args[6:9])  # out, o_part, lse_part poisoned
-        for b, p in enumerate(pos):  # every key a row sees is real data
+        new = 1 if ad.folded(spec) else 0  # folded: key p is NaN, the kernel writes it
+        for b, p in enumerate(pos):  # every other key a row sees is real data
             k, v, _ = ad.gather_kv(spec, args[1], args[2], args[3], p, b)
-            assert not k.isnan().any() and not v.isnan().any()
+            assert not k[:len(k) - new].isnan().any() and not v[:len(v) - new].isnan().any()
+            assert k[len(k) - new:].isnan().all() and v[len(v) - new:].isnan().all()
         assert args[1].isnan().any()  # ... and the unseen entries are NaN
 
 
@@ -170,3 +172,85 @@ def test_declarations_reject_bad_shapes():
         ad._args(ad.KERNEL.spec(B=1, HQ=4, HKV=2, D=48, P=64, RING=0, W=0, SPLITS=1))
     with pytest.raises(ValueError, match="W = P"):
         ad._args(ad.KERNEL.spec(B=1, HQ=4, HKV=2, D=32, P=64, RING=1, W=17, SPLITS=1))
+
+
+def _folded(preset, b, ring):
+    return next(s for s in ad.folded_specs(FlintConfig.preset(preset), (b,))
+                if s["RING"] == ring)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "full", "nano"])
+def test_folded_specs_follow_the_layers(preset):
+    """One QKN = 1 spec per bucket and (RING, ROPE) kind of the config's layers, with the
+    plain form's SPLITS; bench_specs holds them beside the model's form, and a config whose
+    full layers differ in RoPE gets both."""
+    from flint_graph.nano.plants import planted_config
+
+    cfg = FlintConfig.preset(preset)
+    kinds = {(int(cfg.is_sliding(i)), int(cfg.uses_rope(i)))
+             for i in range(cfg.num_hidden_layers)}
+    fs = ad.folded_specs(cfg, (1, 8))
+    assert {(s["RING"], s["ROPE"]) for s in fs} == kinds and len(fs) == 2 * len(kinds)
+    for s in fs:
+        plain = ad.KERNEL.spec(**{k: v for k, v in s.as_dict().items()
+                                  if k not in ("QKN", "ROPE")})
+        assert plain in ad.specs_for(cfg, (s["B"],), False)
+        assert s in ad.bench_specs(cfg, (1, 8)) and ad.folded(s) and not ad.folded(plain)
+        check_spec(ad.KERNEL, s)
+    odd = planted_config(cfg, "rope-on-nope")
+    assert len({(s["RING"], s["ROPE"]) for s in ad.folded_specs(odd, (1,))}) == 3
+
+
+def test_fold_needs_the_qk_norm():
+    cfg = FlintConfig.preset("tiny")
+    cfg = cfg.__class__(**{**cfg.__dict__, "qk_norm": False})
+    assert not ad.fold_possible(cfg) and not ad.uses_fold(cfg)
+    with pytest.raises(ValueError, match="qk_norm"):
+        ad.specs_for(cfg, (1,), True)
+    assert ad.specs_for(cfg, (1,), False) == ad._plain_specs(cfg, (1,))
+
+
+@pytest.mark.parametrize("ring", [0, 1])
+def test_folded_reference_is_the_two_kernel_reference(ring):
+    """The folded form's reference = qk_norm_rope_kv's reference (q, the new entries written at
+    each row's position), then the plain attention reference on those caches; nothing else
+    in the caches changes, and the caller's caches are left as they were."""
+    from flint_graph.kernels.decode import qk_norm_rope_kv as qk
+
+    spec = _folded("tiny", 4, ring)
+    pos = [0, 16, 17, 150]
+    args = ad.make_args(spec, gen=_gen(6), device="cpu", positions=pos)
+    k0, v0 = args[1].clone(), args[2].clone()
+    q, kc, vc, k_new, v_new = ad.folded_inputs(spec, args[0], args[1], args[2], args[3],
+                                               args[4], *args[10:])
+    assert torch.equal(args[1].isnan(), k0.isnan())  # inputs untouched
+    qq, kk, vv = qk._reference(spec, args[0], args[4], args[3], *args[10:])
+    assert torch.equal(q, qq) and torch.equal(k_new, kk) and torch.equal(v_new, vv)
+    page, entry = qk.cache_entry(spec, args[4], args[3])
+    changed = (kc.isnan() != k0.isnan()) | ((kc != k0) & ~k0.isnan())
+    for b in range(4):
+        assert torch.equal(kc[page[b], :, entry[b]], k_new[b])
+        changed[page[b], :, entry[b]] = False
+    assert not changed.any()
+    (out,) = ad._reference(spec, *[a for i, a in enumerate(args) if i != 6])
+    plain = ad.KERNEL.spec(**{k: v for k, v in spec.as_dict().items() if k not in ("QKN", "ROPE")})
+    (want,) = ad._reference(plain, q, kc, vc, args[3], args[4], args[5])
+    assert torch.equal(out, want) and not out.isnan().any()
+
+
+def test_folded_declaration_and_bytes():
+    """qkv in place of q, the fold's weights and eps after the counters (the plain form's
+    argument positions unchanged); the (cos, sin) table in shared memory with RoPE; bytes add
+    qkv's k and v heads, the new entries and the weights."""
+    spec, plain = _folded("full", 1, 1), _spec("full", 1, 1)
+    names = [a.name for a in ad.KERNEL.args(spec)]
+    assert names[:10] == ["qkv"] + [a.name for a in ad.KERNEL.args(plain)][1:]
+    assert names[10:] == ["q_norm", "k_norm", "inv_freq", "eps"]
+    assert ad._launch(spec).smem == ad._launch(plain).smem + 4 * spec["D"]
+    nope = _folded("full", 1, 0)
+    assert ad._launch(nope).smem == ad._launch(_spec("full", 1, 0)).smem
+    args = ad.make_args(spec, gen=_gen(5), device="cpu", positions=[5000])
+    pargs = ad.make_args(plain, gen=_gen(5), device="cpu", positions=[5000])
+    d, hkv = spec["D"], spec["HKV"]
+    assert ad.bytes_moved(spec, args) - ad.bytes_moved(plain, pargs) == \
+        2 * 2 * hkv * d * 2 + 2 * d * 2 + d // 2 * 8

@@ -1,8 +1,8 @@
 """GPU tests of attn_decode (kernels/decode/attn_decode.py) against `reference.attention`.
 
 Run on the H200 through tools/gpu_check.sh with a kernel cache holding attn_decode's
-`bench_specs` (the model specs plus their SPLITS = 1 variants) for the tiny, full and
-flint-nano presets.
+`bench_specs` (the model specs, the other form's, folded or not, and their SPLITS = 1
+variants) for the tiny, full and flint-nano presets.
 
 Every case draws fresh random q and cache (shuffled, non-contiguous page ids; every cache entry
 no row sees is NaN, so a masked key that leaks into the output shows), poisons the output and
@@ -33,7 +33,7 @@ def kset():
     from flint_graph.capture.launcher import KernelSet
 
     torch.backends.cuda.matmul.allow_tf32 = False  # references in true fp32
-    return KernelSet(kernels=registry(("attn_decode", "slow_producer")))
+    return KernelSet(kernels=registry(("attn_decode", "qk_norm_rope_kv", "slow_producer")))
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -213,6 +213,156 @@ def test_pdl_consumer_never_reads_its_input_early(kset, spec):
     consumer = kset.get("attn_decode", **spec.as_dict())
     pos = [2000 + 97 * i for i in range(spec["B"])]
     for target in (0, 4):  # q, positions
+        args = ad.make_args(spec, gen=_gen(7), device="cuda", positions=pos)
+        (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1)
+        assert not want[0].isnan().any()
+        for got in _graph_outputs(kset, consumer, args, target, pdl=True, replays=REPLAYS):
+            assert torch.equal(got[0], want[0]), \
+                f"{spec.id}: read {ad.KERNEL.args(spec)[target].name} before the wait"
+        assert torch.equal(args[9], torch.zeros_like(args[9]))
+
+
+# -- the folded form (QKN = 1): Q/K norm, RoPE and the KV write inside attention --------------
+#
+# Tolerances: out as above (≤ 1e-2 against the reference on the cache with the new entry
+# written); the written key entry as tests/test_qk_norm_rope_kv_gpu.py has it (rel. ≤ 1e-2 and
+# at most 1% of its elements different at all: the fp32 sum-of-squares order, the hardware
+# rsqrt and fma contraction in the rotation may flip a bf16 rounding); the value entry is a
+# copy (bit for bit); every other cache entry is untouched (bit for bit, NaN included).
+
+QK_REL, QK_DIFF = 1e-2, 0.01
+
+
+def _folded_specs(preset: str):
+    return ad.folded_specs(FlintConfig.preset(preset), (1, 2, 4, 8))
+
+
+def _folded_cases():
+    return [(preset, s) for preset in PRESETS for s in _folded_specs(preset)]
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def _check_folded(kset, spec, seed, positions, twice: bool = True) -> torch.Tensor:
+    """Launch the folded spec on fresh inputs (entry p of each row NaN in both caches), then
+    check out, the written entries and every other entry; returns out."""
+    from flint_graph.kernels.decode import qk_norm_rope_kv as qk
+
+    args = ad.make_args(spec, gen=_gen(seed), device="cuda", positions=positions)
+    k0, v0 = args[1].clone(), args[2].clone()
+    what = f"{spec.id} positions {positions}"
+    out = _launch(kset, spec, args) if twice else None
+    if not twice:
+        args[6].fill_(float("nan"))
+        kset.get("attn_decode", **spec.as_dict()).launch(*args)
+        torch.cuda.synchronize()
+        out = args[6].clone()
+        assert not out.isnan().any(), f"{what}: NaN in the output"
+    ins = [a for i, a in enumerate(args) if i != 6]
+    ins[1], ins[2] = k0, v0  # the reference writes the entries into its own copies
+    q, k_want, v_want, k_new, v_new = ad.folded_inputs(spec, args[0], k0, v0, args[3], args[4],
+                                                       *args[10:])
+    (ref,) = ad._reference(spec, *ins)
+    rel = _rel(out, ref)
+    assert rel <= REL_TOL, f"{what}: rel err {rel:.2e} > {REL_TOL}"
+    page, entry = qk.cache_entry(spec, args[4], args[3])
+    for b in range(spec["B"]):
+        got_k, got_v = args[1][page[b], :, entry[b]], args[2][page[b], :, entry[b]]
+        assert _same_bits(got_v, v_new[b]), f"{what} row {b}: value entry is not a copy"
+        krel = _rel(got_k, k_new[b])
+        diff = (got_k != k_new[b]).float().mean().item()
+        assert krel <= QK_REL and diff <= QK_DIFF, \
+            f"{what} row {b}: key entry rel {krel:.2e}, {diff:.1%} of elements differ"
+    # nothing else changed: the caches equal the reference's copies outside the new entries
+    k_rest, v_rest = args[1].clone(), args[2].clone()
+    for b in range(spec["B"]):
+        k_rest[page[b], :, entry[b]] = k_want[page[b], :, entry[b]]
+        v_rest[page[b], :, entry[b]] = v_want[page[b], :, entry[b]]
+    assert _same_bits(k_rest, k_want) and _same_bits(v_rest, v_want), \
+        f"{what}: a cache entry other than the rows' new ones changed"
+    return out
+
+
+@pytest.mark.parametrize("case", _folded_cases(), ids=lambda c: f"{c[0]}-{c[1].key}")
+def test_folded_matches_reference(kset, case):
+    """Every bucket and layer kind of the folded form: lengths as the plain form's test
+    (window edges, ring wrap, page edges), each on every row index."""
+    _, spec = case
+    lengths = _lengths(spec)
+    b = spec["B"]
+    for shift in range(len(lengths)):
+        pos = [lengths[(shift + i) % len(lengths)] - 1 for i in range(b)]
+        _check_folded(kset, spec, seed=20 + shift, positions=pos, twice=shift % 2 == 0)
+
+
+@pytest.mark.parametrize("case", _folded_cases(), ids=lambda c: f"{c[0]}-{c[1].key}")
+def test_folded_equals_the_two_kernel_form(kset, case):
+    """qk_norm_rope_kv then the plain attn_decode on the same inputs give the same output
+    (within the tolerance: the norm's fp32 order differs) and the same cache entries."""
+    from flint_graph.kernels.decode import qk_norm_rope_kv as qk
+
+    _, spec = case
+    pos = [min(3 * spec["P"], 700) + 13 * i for i in range(spec["B"])]
+    args = ad.make_args(spec, gen=_gen(31), device="cuda", positions=pos)
+    plain = ad.KERNEL.spec(**{k: v for k, v in spec.as_dict().items() if k not in ("QKN", "ROPE")})
+    qspec = qk.KERNEL.spec(B=spec["B"], HQ=spec["HQ"], HKV=spec["HKV"], D=spec["D"],
+                           P=spec["P"], RING=spec["RING"], ROPE=spec["ROPE"])
+    k2, v2 = args[1].clone(), args[2].clone()
+    q_out = torch.full((spec["B"], spec["HQ"], spec["D"]), float("nan"), dtype=torch.bfloat16,
+                       device="cuda")
+    kset.get("qk_norm_rope_kv", **qspec.as_dict()).launch(
+        args[0], args[4], args[3], args[10], args[11], args[12], q_out, k2, v2, args[13])
+    pargs = [q_out, k2, v2, *args[3:10]]
+    pargs[6] = torch.full_like(args[6], float("nan"))
+    kset.get("attn_decode", **plain.as_dict()).launch(*pargs)
+    kset.get("attn_decode", **spec.as_dict()).launch(*args)
+    torch.cuda.synchronize()
+    rel = _rel(args[6], pargs[6])
+    assert rel <= REL_TOL, f"{spec.id}: folded vs two kernels rel {rel:.2e}"
+    assert _same_bits(args[2], v2), f"{spec.id}: value caches differ"
+    diff = (args[1].view(torch.int16) != k2.view(torch.int16)).float().sum().item() / (
+        spec["B"] * spec["HKV"] * spec["D"])
+    assert diff <= QK_DIFF, f"{spec.id}: {diff:.1%} of the written key elements differ"
+
+
+def _folded_split_cases():
+    return [(preset, s) for preset in PRESETS for s in _folded_specs(preset) if s["SPLITS"] > 1]
+
+
+@pytest.mark.parametrize("case", _folded_split_cases(), ids=lambda c: f"{c[0]}-{c[1].key}")
+def test_folded_every_split_count(kset, case):
+    """Rows spread over every split count the heuristic can pick: key p's tile is in the last
+    split of each, which alone writes the new entry, and every split count is checked against
+    the reference, the entries and the untouched rest."""
+    _, spec = case
+    b, splits = spec["B"], spec["SPLITS"]
+    for start in range(0, splits, b):
+        pos = [_position_for_splits(spec, (start + i) % splits + 1) for i in range(b)]
+        _check_folded(kset, spec, seed=40 + start, positions=pos, twice=False)
+    p = _position_with_empty_splits(spec)
+    if p is not None:
+        _check_folded(kset, spec, seed=98, positions=[p + 7 * i for i in range(b)])
+
+
+def test_folded_long_context_full_layer(kset):
+    """100K keys at batch 1 (full preset, full layer) in the folded form."""
+    spec = next(s for s in _folded_specs("full") if s["B"] == 1 and not s["RING"])
+    _check_folded(kset, spec, seed=8, positions=[100_000 - 1])
+
+
+@pytest.mark.parametrize("spec", [s for s in _folded_specs("full") if s["B"] in (1, 8)],
+                         ids=lambda s: s.key)
+def test_folded_pdl_consumer_never_reads_its_input_early(kset, spec):
+    """Behind a slow producer that overwrites qkv or the positions, every PDL replay equals
+    the run without PDL; with qkv overwritten the new entry and q come from the producer's
+    values only if the kernel waits for it."""
+    from test_kernels_gpu import REPLAYS, _graph_outputs
+
+    consumer = kset.get("attn_decode", **spec.as_dict())
+    pos = [2000 + 97 * i for i in range(spec["B"])]
+    for target in (0, 4):  # qkv, positions
         args = ad.make_args(spec, gen=_gen(7), device="cuda", positions=pos)
         (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1)
         assert not want[0].isnan().any()

@@ -134,7 +134,7 @@ def _case_lens(cfg, b, seed):
     return [pool[i] for i in torch.randint(0, len(pool), (b,), generator=g).tolist()]
 
 
-def _run_case(kset, preset, layer, fmt, b, seed):
+def _run_case(kset, preset, layer, fmt, b, seed, fold=None):
     from flint_graph.capture.decode_layer import DecodeLayer, StepBuffers, allocate_kv
 
     cfg = FlintConfig.preset(preset)
@@ -154,7 +154,7 @@ def _run_case(kset, preset, layer, fmt, b, seed):
     _fill(cfg, layer, hist, bufs, kv, seqs, gen)
     x = (torch.randn((b, cfg.hidden_size), generator=gen, device="cuda") * 0.05).bfloat16()
     bufs.stream.copy_(x)
-    dl = DecodeLayer(kset, cfg, layer, lw, b)
+    dl = DecodeLayer(kset, cfg, layer, lw, b, fold)
     dl.launch(bufs, kv)
     torch.cuda.synchronize()
     out = bufs.stream.clone()
@@ -212,3 +212,12 @@ def test_layer_matches_reference(kset, case):
     preset, layer, fmt = case
     for i, b in enumerate(BUCKETS):
         _run_case(kset, preset, layer, fmt, b, seed=10 * layer + i)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-L{c[1]}-{c[2]}")
+def test_folded_layer_matches_reference(kset, case):
+    """The same with attention taking the Q/K norm, RoPE and the KV write (attn_decode
+    QKN = 1, six launches): the layer output and the K/V entries it wrote, same bounds."""
+    preset, layer, fmt = case
+    for i, b in enumerate(BUCKETS):
+        _run_case(kset, preset, layer, fmt, b, seed=10 * layer + i, fold=True)

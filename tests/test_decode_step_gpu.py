@@ -36,8 +36,10 @@ def kset():
     return KernelSet(kernels=registry())
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["plain", "folded"])
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
-def test_graph_step_follows_the_reference(kset, fmt):
+def test_graph_step_follows_the_reference(kset, fmt, fold):
+    """fold: attention with the Q/K norm, RoPE and KV write folded in (attn_decode QKN = 1)."""
     from flint_graph.capture.decode_step import DecodeGraph, KVCache, Row
 
     cfg = FlintConfig.preset("tiny")
@@ -46,7 +48,7 @@ def test_graph_step_follows_the_reference(kset, fmt):
         quantize_weights(weights, progress=False)
     ref = ReferenceModel(cfg, weights, "cuda")
     kv = KVCache(cfg, num_slots=4, max_tokens=STEPS + 1)
-    graph = DecodeGraph(kset, cfg, weights, kv, batch=4)
+    graph = DecodeGraph(kset, cfg, weights, kv, batch=4, fold=fold)
     gen = torch.Generator().manual_seed(1)
     live = 3
     seqs = [ref.new_sequence() for _ in range(live)]

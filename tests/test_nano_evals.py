@@ -531,7 +531,7 @@ def test_every_layer_picks_exactly_one_kernel_specialisation(bug):
     # The graph engine picks each layer's kernels from the bucket's specialisations by the
     # values in layer_kernels; two matches stopped `--plant rope-on-nope --engine graph` on the
     # H200 (its full layers differ in RoPE).
-    from flint_graph.capture.decode_layer import layer_kernels, model_spec
+    from flint_graph.capture.decode_layer import layer_kernels, layer_spec
     from flint_graph.kernels import registry
     from flint_graph.kernels.toolchain.spec import BUCKETS
     from flint_graph.nano.plants import planted_config
@@ -541,10 +541,12 @@ def test_every_layer_picks_exactly_one_kernel_specialisation(bug):
         cfg = FlintConfig.preset(preset)
         cfg = planted_config(cfg, bug) if bug else cfg
         for layer in range(cfg.num_hidden_layers):
-            for fmt in (0, 1):
-                for name, want in layer_kernels(cfg, layer, cfg.is_moe(layer), fmt).items():
+            for fmt, fold in ((0, False), (1, False), (0, True), (1, True)):
+                kernels = layer_kernels(cfg, layer, cfg.is_moe(layer), fmt, fold)
+                assert ("qk_norm_rope_kv" in kernels) != fold
+                for name, want in kernels.items():
                     for b in BUCKETS:
-                        model_spec(defs[name], cfg, b, **want)  # raises unless exactly one
+                        layer_spec(defs[name], cfg, b, **want)  # raises unless exactly one
 
 
 def test_cases_are_those_of_the_shipped_h200_report():

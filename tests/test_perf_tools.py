@@ -33,6 +33,23 @@ def test_step_kernels_split_the_step_floor(preset, fmt, b, ctx):
                                        "lm_head", "sampling"}
 
 
+@pytest.mark.parametrize("b,ctx", [(1, 1024), (8, 100000)])
+def test_step_kernels_with_the_fold(b, ctx):
+    """The folded step: six launches a layer (no qk_norm_rope_kv), attention's bytes take the
+    two kernels' less q's round trip through memory."""
+    cfg = FlintConfig.preset("full")
+    plain = step_kernels(cfg, "nvfp4", b, ctx)
+    folded = step_kernels(cfg, "nvfp4", b, ctx, fold=True)
+    assert len(folded) == len(plain) - cfg.num_hidden_layers
+    assert not any(k["name"] == "qk_norm_rope_kv" for k in folded)
+    q = b * cfg.q_dim * 2  # q written by qk_norm_rope_kv, read by attention
+    by = lambda ks: {(k["name"], k["layer"]): k["bytes"] for k in ks}  # noqa: E731
+    pb, fb = by(plain), by(folded)
+    for i in range(cfg.num_hidden_layers):
+        assert fb[("attn_decode", i)] == \
+            pb[("attn_decode", i)] + pb[("qk_norm_rope_kv", i)] - 2 * q
+
+
 def test_attention_bytes_follow_the_window():
     cfg = FlintConfig.preset("full")
     ks = {(k["name"], k["layer"]): k["bytes"] for k in step_kernels(cfg, "nvfp4", 1, 100000)}

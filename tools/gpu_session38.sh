@@ -24,7 +24,13 @@
 #              twice (w0-prefill.txt);
 #   cn-tests   moe_combine NORM = 1 (thirty-ninth session): its GPU tests (cn-tests.log);
 #   cn-prefill whole NVFP4 prefills of 512 and 8K tokens, --combine-norm 1,0 alternated twice
-#              (cn-prefill.txt).
+#              (cn-prefill.txt);
+#   fold-tests attn_decode QKN = 1 (fortieth session: Q/K norm, RoPE and the KV write folded
+#              into decode attention): the kernel's folded GPU tests, the folded layer and
+#              decode step against the reference (fold-tests.log);
+#   fold-probe the whole decode step at full size, NVFP4, B = 1 and 8, 1K and 100K context,
+#              fold off / on alternated twice (fold-probe.txt).
+# fold-* need the cache exported with --with-bench attn_decode too.
 # Carry [".whl", ".nano-run/kmodel"] with FLINT_GRAPH_CACHE=$PWD/.nano-run/kmodel exported by
 # `tools/build_gpu_cache.py --export .nano-run/kmodel --with-bench moe_gate_up --with-bench
 # attn_prefill_wg`. Default PARTS="qk-tests prefill long ptests fc-tests".
@@ -64,6 +70,12 @@ for part in ${PARTS:-qk-tests prefill long ptests fc-tests}; do
       echo "trace8k: exit $?"; grep -A12 "step by kind" "$OUT/trace8k.txt" ;;
     h200) PARTS="${PARTS35:-bench long reuse pd}" bash tools/gpu_session35.sh ;;
     cn-tests) gpu_tests cn-tests.log 120 tests/test_prefill_kernels_gpu.py -k "moe_combine" ;;
+    fold-tests) gpu_tests fold-tests.log 300 tests/test_attn_decode_gpu.py \
+                  tests/test_decode_layer_gpu.py tests/test_decode_step_gpu.py -k "folded" ;;
+    fold-probe)
+      timeout "$(left 240)" python3 tools/probe_moe_pd.py --axis fold --pd 0,1 --buckets 1,8 \
+        --contexts 1024,100000 --rounds 2 --steps 100 > "$OUT/fold-probe.txt" 2>&1
+      echo "fold-probe: exit $?"; grep -v Warning "$OUT/fold-probe.txt" | tail -6 ;;
     cn-prefill)
       timeout "$(left 200)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
         --tokens 512,8192 --reps 5 --kernel-tokens= --profile-tokens 0 \

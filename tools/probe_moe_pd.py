@@ -9,6 +9,13 @@ the first), then a summary line.
 
     python tools/probe_moe_pd.py --preset full --format nvfp4 --buckets 1,2,4 --contexts 1024 \
         --pd 0,1,2
+
+With --axis fold the values of --pd are attention's fold instead (0: qk_norm_rope_kv then
+attn_decode, 1: attn_decode QKN = 1 alone; `DecodeLayer(fold=...)`): each layer rebuilt and
+the step re-captured. The two forms round the Q/K norm's sum in another order, so their
+logits are compared by ‖a − b‖/‖b‖ (`logits_rel`), not bit for bit.
+
+    python tools/probe_moe_pd.py --axis fold --pd 0,1 --buckets 1,8 --contexts 1024,100000
 """
 
 from __future__ import annotations
@@ -32,6 +39,15 @@ def _set_pd(graph, kset, pd: int) -> None:
     graph.capture()
 
 
+def _set_fold(graph, kset, fold: int) -> None:
+    """Rebuild every layer of `graph` with attention's fold on or off and re-capture it."""
+    from flint_graph.capture.decode_layer import DecodeLayer
+
+    graph.layers = [DecodeLayer(kset, graph.cfg, i, lw, graph.batch, bool(fold))
+                    for i, lw in enumerate(graph.weights.layers)]
+    graph.capture()
+
+
 def main() -> int:
     p = ValueParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="full")
@@ -41,6 +57,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=200, help="replays timed per round")
     p.add_argument("--rounds", type=int, default=4, help="rounds over the PD values")
     p.add_argument("--pd", default="0,1", help="PD values, the first the baseline")
+    p.add_argument("--axis", default="pd", choices=("pd", "fold"),
+                   help="what --pd's values set: moe_gate_up's PD, or attention's fold")
     p.add_argument("--json", default=None, help="also write the records here")
     args = p.parse_args()
     import torch
@@ -65,13 +83,17 @@ def main() -> int:
                 logits = {}
                 for _ in range(args.rounds):
                     for pd in pds:
-                        _set_pd(g, runner.kset, pd)
+                        (_set_fold if args.axis == "fold" else _set_pd)(g, runner.kset, pd)
                         times[pd].append(statistics.median(graph_steps(runner, b, ctx,
                                                                        args.steps)))
                         logits[pd] = g.logits_bf16.clone()
-                rec = {"format": fmt, "B": b, "context": ctx,
+                base = logits[pds[0]].float()
+                rec = {"format": fmt, "B": b, "context": ctx, "axis": args.axis,
                        "bitwise_equal": all(torch.equal(logits[pds[0]], v)
                                             for v in logits.values()),
+                       "logits_rel": {pd: round(((v.float() - base).norm() / base.norm()).item(),
+                                                6) for pd, v in logits.items()},
+                       "kernels_per_step": g.kernels_per_step,
                        **{f"pd{pd}_ms": round(statistics.median(v), 4) for pd, v in times.items()},
                        **{f"pd{pd}_rounds": [round(t, 4) for t in v] for pd, v in times.items()}}
                 rec["delta_us"] = {pd: round((rec[f"pd{pd}_ms"] - rec[f"pd{pds[0]}_ms"]) * 1e3, 1)
@@ -79,8 +101,11 @@ def main() -> int:
                 print(json.dumps(rec), flush=True)
                 out.append(rec)
             # leave the graph as the engine builds it
-            from flint_graph.kernels.decode import moe_gate_up
-            _set_pd(g, runner.kset, moe_gate_up.pd_for(b))
+            from flint_graph.kernels.decode import attn_decode, moe_gate_up
+            if args.axis == "fold":
+                _set_fold(g, runner.kset, attn_decode.uses_fold(g.cfg))
+            else:
+                _set_pd(g, runner.kset, moe_gate_up.pd_for(b))
         del llm, runner
         torch.cuda.empty_cache()
     print(json.dumps({"summary": [(r["B"], r["context"], r["delta_us"], r["bitwise_equal"])

@@ -123,7 +123,8 @@ class Engine:
                                    prefill_chunk=min(chunk, engine.prefill_tokens_per_step
                                                      or chunk),
                                    prefill_graphs=engine.prefill_graphs,
-                                   prefill_dense_bf16=engine.prefill_dense_bf16), None
+                                   prefill_dense_bf16=engine.prefill_dense_bf16,
+                                   attn_fold=engine.decode_attn_fold), None
             except (ImportError, FlintError, ValueError, RuntimeError) as e:
                 why = f"{type(e).__name__}: {e}"
         if engine.engine == "graph":

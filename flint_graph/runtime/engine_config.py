@@ -63,6 +63,10 @@ class EngineConfig:
     # (detokenizing, stop strings, the output parser run while the GPU computes), so a step's
     # host work no longer sits between two replays; False: one step at a time (comparisons)
     pipeline_decode: bool = True
+    # graph engine: attention takes each layer's Q/K norm, RoPE and KV write itself (one launch
+    # a layer fewer, kernels/decode/attn_decode.py QKN = 1); None: the model's default
+    # (attn_decode.uses_fold), True / False to compare the two forms
+    decode_attn_fold: bool | None = None
 
 
     def __post_init__(self) -> None:
@@ -88,6 +92,9 @@ class EngineConfig:
         if not isinstance(self.pipeline_decode, bool):
             raise InvalidRequestError(f"pipeline_decode {self.pipeline_decode!r}: expected "
                                       "True or False")
+        if self.decode_attn_fold is not None and not isinstance(self.decode_attn_fold, bool):
+            raise InvalidRequestError(f"decode_attn_fold {self.decode_attn_fold!r}: expected "
+                                      "True, False or None (the model's default)")
         for name in ("prefill_graphs", "prefill_dense_bf16"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} {getattr(self, name)!r}: expected True or "

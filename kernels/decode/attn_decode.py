@@ -71,7 +71,9 @@ import math
 import torch
 
 from flint_graph import reference
-from flint_graph.kernels.toolchain.spec import BUCKETS, KV_PAGE, KernelDef, Launch, Spec, TensorArg
+from flint_graph.kernels.decode import qk_norm_rope_kv as qk
+from flint_graph.kernels.toolchain.spec import (BUCKETS, KV_PAGE, KernelDef, Launch, ScalarArg,
+                                                Spec, TensorArg)
 
 WARPS = 8  # warps per CTA
 TILE = 32  # keys per warp step: 4 QK key columns of 8, 2 PV k-steps of 16
@@ -81,6 +83,9 @@ CTA_TARGET = 128  # SPLITS·HKV·B ≈ this many CTAs at most (one per SM, 132 o
 MIN_TILES_FULL = 4  # 1K keys: 1 tile 8.1 µs, 2: 7.1, 4: 6.9, 8: 7.6 (32 partials cost more)
 MIN_TILES_SLIDING = 3  # W = 513: 1 tile 6.8 µs, 2: 6.4, 3: 6.3, 4: 6.35, 6: 6.8
 LOG2E = 1.4426950408889634
+# 1: the model's decode step folds qk_norm_rope_kv into this kernel (QKN = 1 specs), one
+# launch a layer fewer; 0 until its GPU tests have passed on the device
+FOLD_QK = 0
 
 
 def _max_tiles(window: int) -> int:
@@ -125,8 +130,16 @@ def visible_range(p: int, window: int) -> tuple[int, int]:
     return (max(0, p - window + 1) if window else 0), p
 
 
+def folded(spec: Spec) -> bool:
+    """Whether `spec` is the folded form (QKN = 1: Q/K norm, RoPE and the KV write inside)."""
+    return bool(spec.as_dict().get("QKN", 0))
+
+
 def _check(spec: Spec) -> None:
     hq, hkv, d, p = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
+    if folded(spec) and d > 32 * WARPS * 2:
+        raise ValueError(f"attn_decode: QKN = 1 needs head dim D ≤ {64 * WARPS} (one thread a "
+                         f"RoPE frequency), found D = {d}")
     if hq % hkv or hq // hkv > 8:
         raise ValueError(f"attn_decode: HQ = {hq} must be a multiple of HKV = {hkv}, with "
                          f"at most 8 query heads per KV head")
@@ -145,7 +158,11 @@ def _args(spec: Spec):
     _check(spec)
     b, hq, hkv, d, p, s = (spec[k] for k in ("B", "HQ", "HKV", "D", "P", "SPLITS"))
     g = hq // hkv
-    return (TensorArg("q", "bf16", (b, hq, d), "input"),
+    q = (TensorArg("qkv", "bf16", (b, (hq + 2 * hkv) * d), "input") if folded(spec) else
+         TensorArg("q", "bf16", (b, hq, d), "input"))
+    # QKN = 1 also writes each row's entry at its position into the caches (an "input": the
+    # kernel reads every other entry of them, and the write is not an output to poison)
+    return (q,
             TensorArg("k_cache", "bf16", ("NB", hkv, p, d), "input"),
             TensorArg("v_cache", "bf16", ("NB", hkv, p, d), "input"),
             TensorArg("table", "i32", (b, "T"), "input", align=4),
@@ -154,13 +171,21 @@ def _args(spec: Spec):
             TensorArg("out", "bf16", (b, hq * d), "output"),
             TensorArg("o_part", "f32", (b, hkv, s, g, d), "workspace"),
             TensorArg("lse_part", "f32", (b, hkv, s, g), "workspace", align=4),
-            TensorArg("counters", "i32", (b, hkv), "workspace", align=4))
+            TensorArg("counters", "i32", (b, hkv), "workspace", align=4)) + (
+        (TensorArg("q_norm", "bf16", (d,), "weight"),
+         TensorArg("k_norm", "bf16", (d,), "weight"),
+         TensorArg("inv_freq", "f64", (d // 2,), "weight"),
+         ScalarArg("eps", "f32")) if folded(spec) else ())
 
 
 def _smem_layout(spec: Spec) -> list[tuple[str, int]]:
-    """Shared buffers (name, fp32/i32 words): per-warp O, m, l; a flag."""
+    """Shared buffers (name, fp32/i32 words): per-warp O, m, l; a flag; with QKN = 1 and
+    ROPE = 1 the row's (cos, sin) table, D/2 pairs."""
     g, d = spec["HQ"] // spec["HKV"], spec["D"]
-    return [("o", WARPS * g * d), ("m", WARPS * g), ("l", WARPS * g), ("flag", 4)]
+    out = [("o", WARPS * g * d), ("m", WARPS * g), ("l", WARPS * g), ("flag", 4)]
+    if folded(spec) and spec["ROPE"]:
+        out.append(("cos_sin", d))
+    return out
 
 
 def _launch(spec: Spec) -> Launch:
@@ -179,16 +204,67 @@ def _kinds(cfg) -> list[tuple[int, int, int]]:
     return out
 
 
-def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
+def fold_possible(cfg) -> bool:
+    """Whether `cfg`'s attention can take the folded form (QKN = 1): per-head Q/K norm on,
+    and a head dim whose D/2 RoPE frequencies fit the CTA's threads."""
+    return bool(cfg.qk_norm) and cfg.head_dim % 32 == 0 and cfg.head_dim <= 64 * WARPS
+
+
+def folded_specs(cfg, buckets=BUCKETS) -> list[Spec]:
+    """The QKN = 1 specs: one per bucket and (RING, ROPE) kind the config's layers have (a
+    config whose full layers differ in RoPE gets both)."""
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    kinds: list[tuple[int, int]] = []
+    for i in range(cfg.num_hidden_layers):
+        kind = (int(cfg.is_sliding(i)), int(cfg.uses_rope(i)))
+        if kind not in kinds:
+            kinds.append(kind)
+    out = []
+    for b in buckets:
+        for ring, rope in sorted(kinds, reverse=True):
+            p, w = (cfg.sliding_window, cfg.sliding_window) if ring else (KV_PAGE, 0)
+            out.append(KERNEL.spec(B=b, HQ=hq, HKV=hkv, D=d, P=p, RING=ring, W=w,
+                                   SPLITS=splits_for(w, hkv), QKN=1, ROPE=rope))
+    return out
+
+
+def uses_fold(cfg) -> bool:
+    """Whether the model's decode step runs the folded form: FOLD_QK and `fold_possible`."""
+    return bool(FOLD_QK) and fold_possible(cfg)
+
+
+def _plain_specs(cfg, buckets=BUCKETS) -> list[Spec]:
+    """The QKN = 0 specs (q normed and rotated by qk_norm_rope_kv before this kernel)."""
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     return [KERNEL.spec(B=b, HQ=hq, HKV=hkv, D=d, P=p, RING=ring, W=w,
                         SPLITS=splits_for(w, hkv))
             for b in buckets for ring, p, w in _kinds(cfg)]
 
 
+def _specs(cfg, buckets=BUCKETS) -> list[Spec]:
+    return folded_specs(cfg, buckets) if uses_fold(cfg) else _plain_specs(cfg, buckets)
+
+
+def specs_for(cfg, buckets=BUCKETS, fold: bool | None = None) -> list[Spec]:
+    """The specs the decode step runs with the fold on or off (None: the model's choice,
+    `uses_fold`). Raises ValueError for fold = True on a config that cannot take it."""
+    if fold is None:
+        return _specs(cfg, buckets)
+    if not fold:
+        return _plain_specs(cfg, buckets)
+    if not fold_possible(cfg):
+        raise ValueError(f"attn_decode: the folded form needs qk_norm and a head dim that is "
+                         f"a multiple of 32 up to {64 * WARPS}, found qk_norm = "
+                         f"{cfg.qk_norm}, head_dim = {cfg.head_dim}")
+    return folded_specs(cfg, buckets)
+
+
 def bench_specs(cfg, buckets=BUCKETS) -> list[Spec]:
-    """The model's specs plus their SPLITS = 1 variants (the single-split oracle of the tests)."""
+    """The model's specs, the other form's (folded or not, where the config can take the
+    fold) and every one's SPLITS = 1 variant (the single-split oracle of the tests)."""
     out = _specs(cfg, buckets)
+    if fold_possible(cfg):
+        out += [s for s in specs_for(cfg, buckets, not uses_fold(cfg)) if s not in out]
     one = [KERNEL.spec(**{**s.as_dict(), "SPLITS": 1}) for s in out]
     return out + [s for s in one if s not in out]
 
@@ -204,8 +280,28 @@ def gather_kv(spec: Spec, k_cache, v_cache, table, p: int, b: int):
     return k_cache[page, :, entry], v_cache[page, :, entry], pos
 
 
-def _reference(spec: Spec, q, k_cache, v_cache, table, positions, sinks, *workspaces):
-    """(out,): bf16 [B, HQ·D], `reference.attention` per row on the keys it sees."""
+def folded_inputs(spec: Spec, qkv, k_cache, v_cache, table, positions, q_norm, k_norm,
+                  inv_freq, eps: float):
+    """What the folded form (QKN = 1) computes before attention, from the QKV projection's
+    output qkv bf16 [B, (HQ + 2·HKV)·D]: (q bf16 [B, HQ, D] normed and rotated, copies of
+    k_cache and v_cache [NB, HKV, P, D] with each row's new key and value written at its
+    position, the key entries bf16 [B, HKV, D], the value entries bf16 [B, HKV, D]), by
+    qk_norm_rope_kv's reference (the two-kernel form's first kernel)."""
+    q, k_new, v_new = qk._reference(spec, qkv, positions, table, q_norm, k_norm, inv_freq, eps)
+    page, entry = qk.cache_entry(spec, positions, table)
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    for b in range(qkv.shape[0]):
+        k_cache[page[b], :, entry[b]] = k_new[b]
+        v_cache[page[b], :, entry[b]] = v_new[b]
+    return q, k_cache, v_cache, k_new, v_new
+
+
+def _reference(spec: Spec, q, k_cache, v_cache, table, positions, sinks, *rest):
+    """(out,): bf16 [B, HQ·D], `reference.attention` per row on the keys it sees. QKN = 1: q
+    is qkv and `rest` ends with q_norm, k_norm, inv_freq and eps (`folded_inputs` first)."""
+    if folded(spec):
+        q, k_cache, v_cache, _, _ = folded_inputs(spec, q, k_cache, v_cache, table, positions,
+                                                  *rest[-4:])
     w = spec["W"] or None
     out = []
     for b in range(q.shape[0]):
@@ -217,8 +313,14 @@ def _reference(spec: Spec, q, k_cache, v_cache, table, positions, sinks, *worksp
 
 
 def make_args(spec: Spec, *, gen: torch.Generator, device: str = "cuda", positions=None,
-              sinks=None, spare_pages: int = 3, poison_unseen: bool = True) -> list:
+              sinks=None, spare_pages: int = 3, poison_unseen: bool = True,
+              theta: float = 10000.0, eps: float = 1e-5) -> list:
     """One fresh argument list in declared order.
+
+    QKN = 1: q is replaced by qkv ~ N(0, 1) [B, (HQ + 2·HKV)·D], each row's entry at its
+    position is NaN in both caches (the kernel must take the new key and value from qkv, not
+    from the cache), and q_norm, k_norm (as qk_norm_rope_kv.make_args draws them), inv_freq
+    for `theta` and eps follow the counters. Otherwise:
 
     positions: one int per row (default: random in 0 … 3·P). Full layers get shuffled,
     non-contiguous page ids (each row ceil((p+1)/P) pages among `spare_pages` unused ones;
@@ -271,19 +373,36 @@ def make_args(spec: Spec, *, gen: torch.Generator, device: str = "cuda", positio
             torch.full((b_rows, hkv, splits, g, d), nan, device=on),
             torch.full((b_rows, hkv, splits, g), nan, device=on),
             torch.zeros(b_rows, hkv, dtype=torch.int32, device=on)]
+    if folded(spec):
+        args[0] = torch.randn(b_rows, (hq + 2 * hkv) * d, generator=gen,
+                              device=on).to(torch.bfloat16)
+        page, entry = qk.cache_entry(spec, args[4], table)
+        for cache in (k_cache, v_cache):
+            cache[page, :, entry] = float("nan")
+
+        def norm_w():
+            w = math.sqrt(2.0) * (1.0 + 0.05 * torch.randn(d, generator=gen, device=on))
+            return w.to(torch.bfloat16)
+
+        args += [norm_w(), norm_w(), qk.rope_inv_freq(d, theta, on)]
+        return [a.to(device) for a in args] + [eps]
     return [a.to(device) for a in args]
 
 
 def bytes_moved(spec: Spec, args) -> int:
     """Least DRAM bytes of one launch: the visible K and V, q, out, positions, the table
-    entries used and the sinks (the split partials stay in L2)."""
+    entries used and the sinks (the split partials stay in L2). QKN = 1: qkv instead of q,
+    the new key and value entries written, the norm weights and (ROPE) inv_freq."""
     hq, hkv, d, size = (spec[k] for k in ("HQ", "HKV", "D", "P"))
     total = 0
     for p in args[4].tolist():
         lo, hi = visible_range(p, spec["W"])
         total += (hi - lo + 1) * hkv * d * 2 * 2
         total += 4 * (1 if spec["RING"] else hi // size + 1) + 4
-    return total + 2 * 2 * spec["B"] * hq * d + 4 * hq
+    total += 2 * 2 * spec["B"] * hq * d + 4 * hq
+    if folded(spec):
+        total += 2 * 2 * spec["B"] * hkv * d * 2 + 2 * d * 2 + (d // 2 * 8 if spec["ROPE"] else 0)
+    return total
 
 
 def _ops():
@@ -343,6 +462,14 @@ def _ops():
     def st_zero(a):
         asm(None, [addr(a)], "st.relaxed.gpu.global.u32 [$0], 0;", "l,~{memory}")
 
+    def st_words(a, words):
+        """Store len(words) (1, 2 or 4) u32 at a byte address aligned to their size."""
+        n = len(words)
+        vec = {1: "", 2: ".v2", 4: ".v4"}[n]
+        ins = "{" + ", ".join(f"${i + 1}" for i in range(n)) + "}" if n > 1 else "$1"
+        asm(None, [addr(a)] + [Uint32(w).ir_value() for w in words],
+            f"st.global{vec}.b32 [$0], {ins};", ",".join(["l"] + ["r"] * n) + ",~{memory}")
+
     def ex2(x):
         return Float32(asm(T.f32(), [Float32(x).ir_value()], "ex2.approx.ftz.f32 $0, $1;",
                            "=f,f", side=False))
@@ -357,19 +484,20 @@ def _ops():
                           "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", side=False))
 
     return dict(ld_words=ld_words, ld_words_if=ld_words_if, ld_nc_u32=ld_nc_u32,
-                ld_cg_f32=ld_cg_f32, as_f32=as_f32, atom_inc=atom_inc, st_zero=st_zero, ex2=ex2,
-                lg2=lg2, pack_bf16=pack_bf16)
+                ld_cg_f32=ld_cg_f32, as_f32=as_f32, atom_inc=atom_inc, st_zero=st_zero,
+                st_words=st_words, ex2=ex2, lg2=lg2, pack_bf16=pack_bf16)
 
 
 def _build(spec: Spec):
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
-    from cutlass import BFloat16, Float32, Int32, Int64, Uint32
+    from cutlass import BFloat16, Float32, Float64, Int32, Int64, Uint32
 
     from flint_graph.kernels.toolchain import dsl_util as du
 
     _check(spec)
+    qkn, rope = folded(spec), bool(spec.as_dict().get("ROPE", 0))
     hq, hkv, d, size = spec["HQ"], spec["HKV"], spec["D"], spec["P"]
     ring, window, splits = spec["RING"], spec["W"], spec["SPLITS"]
     g_heads = hq // hkv
@@ -390,12 +518,64 @@ def _build(spec: Spec):
     mt = min_tiles(window)
     ninf = float("-inf")
     launch = _launch(spec)
+    qkv_row = (hq + 2 * hkv) * d  # elements of one row of qkv (QKN = 1)
+    half = d // 2
 
-    @cute.kernel
-    def attn_decode_kernel(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor,
-                           mtable: cute.Tensor, mpos: cute.Tensor, msinks: cute.Tensor,
-                           mout: cute.Tensor, mop: cute.Tensor, mlp: cute.Tensor,
-                           mcnt: cute.Tensor):
+    def unpack(words):
+        """bf16 pairs -> fp32 values, low half first."""
+        out = []
+        for w in words:
+            out += [ops["as_f32"](w << 16), ops["as_f32"](w & Uint32(0xFFFF0000))]
+        return out
+
+    def norm_rope(words, weight, eps, t, cs_addr):
+        """One head held by a quad, lane (g, t) with d = 32c + 8t … +7 in words 4c … 4c + 3
+        (`words`, bf16 pairs) -> the same words of bf16(rmsnorm(x)·w) (`reference.rms_norm`),
+        rotated when ROPE (`reference.rotate`, once rounded). weight(c): the 4 words of the
+        norm weight at chunk c. The RoPE partner d ± D/2 is chunk c ± kchunks/2 of the same
+        lane, or (D = 32, one chunk) lane t ^ 2's; the (cos, sin) of frequency i are fp32
+        words 2i, 2i + 1 at shared address cs_addr. Every lane of the warp must call it (the
+        sum of squares is a quad butterfly)."""
+        x = unpack(words)
+        ss = Float32(0.0)
+        for v in x:
+            ss = ss + v * v
+        ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1)
+        ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=2)
+        rstd = cute.math.rsqrt(ss / Float32(d) + eps)
+        y = []
+        for c in range(kchunks):
+            wf = unpack(weight(c))
+            y += [((x[8 * c + k] * rstd) * wf[k]).to(BFloat16).to(Float32) for k in range(8)]
+        if cutlass.const_expr(not rope):
+            return [pack(y[2 * j], y[2 * j + 1]) for j in range(len(words))]
+        out = [None] * len(y)
+        groups = max(1, kchunks // 2)
+        for c in range(kchunks):
+            # frequency i = (32c + 8t + k) mod D/2: 8 consecutive (cos, sin) pairs
+            first = 32 * (c % groups) + (8 * (t % 2) if kchunks == 1 else 8 * t)
+            cs = []
+            for j in range(4):
+                cs += du.ld_shared_v4(cs_addr + Uint32(8 * first + 16 * j))
+            for k in range(8):
+                v = y[8 * c + k]
+                if cutlass.const_expr(kchunks == 1):
+                    other = cute.arch.shuffle_sync_bfly(v, offset=2)
+                    other = cutlass.select_(t < 2, -other, other)
+                elif cutlass.const_expr(c < groups):
+                    other = -y[8 * (c + groups) + k]
+                else:
+                    other = y[8 * (c - groups) + k]
+                out[8 * c + k] = v * ops["as_f32"](cs[2 * k]) + other * ops["as_f32"](cs[2 * k + 1])
+        return [pack(out[2 * j], out[2 * j + 1]) for j in range(len(words))]
+
+    @cute.jit
+    def body(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor, mtable: cute.Tensor,
+             mpos: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor, mop: cute.Tensor,
+             mlp: cute.Tensor, mcnt: cute.Tensor, mqn: cute.Tensor, mkn: cute.Tensor,
+             mfreq: cute.Tensor, eps: Float32):
+        """The kernel; with QKN = 1, mq is qkv and mqn, mkn, mfreq, eps the fold's weights
+        (with QKN = 0 they are unused stand-ins)."""
         tid, _, _ = cute.arch.thread_idx()
         split, kvh, b = cute.arch.block_idx()
         warp, lane = tid // 32, tid % 32
@@ -408,6 +588,10 @@ def _build(spec: Spec):
         s_l = alloc.allocate_tensor(Float32, cute.make_layout(
             (WARPS, g_heads), stride=(g_heads, 1)), byte_alignment=16)
         s_flag = alloc.allocate_tensor(Int32, cute.make_layout((4,)), byte_alignment=16)
+        cs_addr = Uint32(0)
+        if cutlass.const_expr(qkn and rope):
+            s_cs = alloc.allocate_tensor(Float32, cute.make_layout((d,)), byte_alignment=16)
+            cs_addr = du.smem_addr(s_cs)
 
         # the sinks (a weight) of this thread's combine heads, in flight before the wait
         rsink = cute.make_rmem_tensor((-(-items // threads),), Float32)
@@ -417,9 +601,22 @@ def _build(spec: Spec):
             sink_words.append(ops["ld_nc_u32"](msinks.iterator.toint()
                                                + Int64(kvh * g_heads + hs) * 4))
             rsink[it] = ops["as_f32"](sink_words[-1])
+        # QKN = 1: the norm weights (q_norm at the lane's d, k_norm chunk tid) and
+        # inv_freq[tid] are weights too, in flight with the sinks
+        wq, wk = [], []
+        rf = cute.make_rmem_tensor((2,), Uint32)
+        if cutlass.const_expr(qkn):
+            for c in cutlass.range_constexpr(kchunks):
+                wq += du.ld_weight_v4(mqn.iterator.toint() + Int64(16 * t + 64 * c))
+                wk += du.ld_weight_v4(mkn.iterator.toint() + Int64(16 * t + 64 * c))
+            if cutlass.const_expr(rope):
+                freq_addr = mfreq.iterator.toint() + Int64(cutlass.min(tid, half - 1)) * 8
+                rf[0] = du.ld_weight_u32(freq_addr)
+                rf[1] = du.ld_weight_u32(freq_addr + 4)
         # everything below is a predecessor's output; the sinks' words feed the wait, so ptxas
         # keeps their loads above it (it sank them below ACQBULK in some specialisations)
-        du.griddepcontrol_wait_after_values(sink_words)
+        du.griddepcontrol_wait_after_values(
+            sink_words + wq + wk + ([rf[0], rf[1]] if rope else []))
         cute.arch.griddepcontrol_launch_dependents()
 
         # loads that do not depend on the position go out with it: one round trip for all
@@ -427,11 +624,26 @@ def _build(spec: Spec):
         # q as the A operand (rows = heads g; rows ≥ G and g + 8 zero), permuted d
         rq = cute.make_rmem_tensor((4 * kchunks,), Uint32)
         hg = cutlass.min(g, g_heads - 1)
-        qaddr = mq.iterator.toint() + (Int64(b * hq + kvh * g_heads + hg) * d + 8 * t) * 2
+        if cutlass.const_expr(qkn):
+            qaddr = mq.iterator.toint() + (Int64(b * qkv_row + (kvh * g_heads + hg) * d)
+                                           + 8 * t) * 2
+        else:
+            qaddr = mq.iterator.toint() + (Int64(b * hq + kvh * g_heads + hg) * d + 8 * t) * 2
         for c in cutlass.range_constexpr(kchunks):
             qw = ops["ld_words"](qaddr + 64 * c, 4)
             for i in cutlass.range_constexpr(4):
                 rq[4 * c + i] = cutlass.select_(g < g_heads, qw[i], Uint32(0))
+        # QKN = 1: warp 0 reads the row's new key and value (head kvh of qkv, lane (g, t) the
+        # words of d = 32c + 8t … +7, as q) with q; every quad holds the whole head
+        rkn = cute.make_rmem_tensor((2, 4 * kchunks), Uint32)
+        if cutlass.const_expr(qkn):
+            if warp == 0:
+                knew = mq.iterator.toint() + (Int64(b * qkv_row + (hq + kvh) * d) + 8 * t) * 2
+                for j in cutlass.range_constexpr(2):
+                    for c in cutlass.range_constexpr(kchunks):
+                        kw = ops["ld_words"](knew + Int64(j * hkv * d * 2) + 64 * c, 4)
+                        for i in cutlass.range_constexpr(4):
+                            rkn[j, 4 * c + i] = kw[i]
         kbase = mk.iterator.toint()
         vbase = mv.iterator.toint()
         head_stride = Int64(size * row_bytes)
@@ -468,6 +680,40 @@ def _build(spec: Spec):
         chunk = cutlass.max((ntiles + n - 1) // n, Int32(mt))
         my_lo = t0 + split * chunk
         my_hi = cutlass.min(my_lo + chunk, t1)
+        if cutlass.const_expr(qkn):
+            # the fold: q normed and rotated in every warp; the split holding key p's tile
+            # writes the new key (normed, rotated) and value into the caches, and its loop
+            # below reads them back from there (the barrier orders the write before the
+            # loads of every warp of the CTA); no other CTA of this launch reads that entry
+            mine = (split == (t1 - 1 - t0) // chunk) & (warp == 0)
+            page_p = Int32(0)
+            if cutlass.const_expr(ring == 0):
+                if mine:
+                    page_p = mtable[b, p // size]
+            if cutlass.const_expr(rope):
+                if tid < half:  # the row's (cos, sin) table, one frequency a thread
+                    cs0, sn0 = qk.cos_sin_f64(p, cute.recast_tensor(rf, Float64)[0])
+                    s_cs[2 * tid] = cs0
+                    s_cs[2 * tid + 1] = sn0
+                cute.arch.sync_threads()
+            nq = norm_rope([rq[i] for i in range(4 * kchunks)],
+                           lambda c: wq[4 * c:4 * c + 4], eps, t, cs_addr)
+            for i in cutlass.range_constexpr(4 * kchunks):
+                rq[i] = nq[i]
+            if mine:
+                nk = norm_rope([rkn[0, i] for i in range(4 * kchunks)],
+                               lambda c: wk[4 * c:4 * c + 4], eps, t, cs_addr)
+                if g == 0:
+                    entry = kvh_off + Int64(p % size) * row_bytes + 16 * t
+                    if cutlass.const_expr(ring == 1):
+                        entry = entry + slot_off - kvh_off
+                    else:
+                        entry = entry + Int64(page_p) * Int64(hkv) * head_stride
+                    for c in cutlass.range_constexpr(kchunks):
+                        ops["st_words"](kbase + entry + 64 * c, nk[4 * c:4 * c + 4])
+                        ops["st_words"](vbase + entry + 64 * c,
+                                        [rkn[1, 4 * c + i] for i in range(4)])
+            cute.arch.sync_threads()
         if split < n:
             acc = cute.make_rmem_tensor((ksteps, 4), Float32)
             acc.fill(0.0)
@@ -692,6 +938,35 @@ def _build(spec: Spec):
                 if tid == 0:
                     ops["st_zero"](cnt)  # ready for the next launch (graph replay)
 
+    if qkn:
+        @cute.kernel
+        def attn_decode_qk_kernel(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor,
+                                  mtable: cute.Tensor, mpos: cute.Tensor, msinks: cute.Tensor,
+                                  mout: cute.Tensor, mop: cute.Tensor, mlp: cute.Tensor,
+                                  mcnt: cute.Tensor, mqn: cute.Tensor, mkn: cute.Tensor,
+                                  mfreq: cute.Tensor, eps: Float32):
+            body(mq, mk, mv, mtable, mpos, msinks, mout, mop, mlp, mcnt, mqn, mkn, mfreq, eps)
+
+        @cute.jit
+        def attn_decode_qk(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor,
+                           mtable: cute.Tensor, mpos: cute.Tensor, msinks: cute.Tensor,
+                           mout: cute.Tensor, mop: cute.Tensor, mlp: cute.Tensor,
+                           mcnt: cute.Tensor, mqn: cute.Tensor, mkn: cute.Tensor,
+                           mfreq: cute.Tensor, eps: Float32, stream: cuda.CUstream):
+            attn_decode_qk_kernel(mq, mk, mv, mtable, mpos, msinks, mout, mop, mlp, mcnt, mqn,
+                                  mkn, mfreq, eps).launch(
+                grid=launch.grid, block=launch.block, smem=launch.smem, stream=stream,
+                use_pdl=True)
+
+        return attn_decode_qk
+
+    @cute.kernel
+    def attn_decode_kernel(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor,
+                           mtable: cute.Tensor, mpos: cute.Tensor, msinks: cute.Tensor,
+                           mout: cute.Tensor, mop: cute.Tensor, mlp: cute.Tensor,
+                           mcnt: cute.Tensor):
+        body(mq, mk, mv, mtable, mpos, msinks, mout, mop, mlp, mcnt, mq, mq, mq, Float32(0.0))
+
     @cute.jit
     def attn_decode(mq: cute.Tensor, mk: cute.Tensor, mv: cute.Tensor, mtable: cute.Tensor,
                     mpos: cute.Tensor, msinks: cute.Tensor, mout: cute.Tensor,
@@ -704,4 +979,5 @@ def _build(spec: Spec):
 
 
 KERNEL = KernelDef(name="attn_decode", args=_args, launch=_launch, specs=_specs, build=_build,
-                   reference=_reference, source_files=("toolchain/dsl_util.py",))
+                   reference=_reference,
+                   source_files=("toolchain/dsl_util.py", "decode/qk_norm_rope_kv.py"))

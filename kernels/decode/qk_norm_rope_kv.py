@@ -207,6 +207,37 @@ def bytes_moved(spec: Spec, args) -> int:
     return acts + outs + weights + b * 4 * 2
 
 
+def cos_sin_f64(pos, freq):
+    """DSL (trace-time) helper: fp32 (cos, sin) of the fp64 angle pos·freq (pos an Int32,
+    freq a Float64; the module docstring gives the reduction and its error). Shared with
+    attn_decode's folded form (QKN = 1), so the decode and prefill angles are one routine."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Float64, Int32
+
+    a = Float64(pos) * freq
+    k = cute.math.roundeven(a * Float64(TWO_OVER_PI))
+    r = a - k * Float64(PIO2[0])
+    r = r - k * Float64(PIO2[1])
+    r = r - k * Float64(PIO2[2])
+    r2 = r * r
+    sp = Float64(SIN_COEFS[-1])
+    for c in reversed(SIN_COEFS[:-1]):
+        sp = sp * r2 + Float64(c)
+    cp = Float64(COS_COEFS[-1])
+    for c in reversed(COS_COEFS[:-1]):
+        cp = cp * r2 + Float64(c)
+    s = r + r * r2 * sp
+    c = Float64(1.0) + r2 * cp
+    quad = Int32(k) & 3
+    odd = (quad & 1) != 0
+    sn = cutlass.select_(odd, c, s)
+    cs = cutlass.select_(odd, s, c)
+    sn = cutlass.select_((quad & 2) != 0, -sn, sn)
+    cs = cutlass.select_(((quad + 1) & 2) != 0, -cs, cs)
+    return Float32(cs), Float32(sn)
+
+
 def _build(spec: Spec):
     return build(spec, prefill=False)
 
@@ -252,30 +283,6 @@ def build(spec: Spec, prefill: bool):
     def widen(bits):
         return [[du.as_f32(w << 16) for w in row] for row in bits]  # bf16 bits -> fp32
 
-    def cos_sin(pos, freq):
-        """fp32 (cos, sin) of the fp64 angle pos·freq (see the module docstring)."""
-        a = Float64(pos) * freq
-        k = cute.math.roundeven(a * Float64(TWO_OVER_PI))
-        r = a - k * Float64(PIO2[0])
-        r = r - k * Float64(PIO2[1])
-        r = r - k * Float64(PIO2[2])
-        r2 = r * r
-        sp = Float64(SIN_COEFS[-1])
-        for c in reversed(SIN_COEFS[:-1]):
-            sp = sp * r2 + Float64(c)
-        cp = Float64(COS_COEFS[-1])
-        for c in reversed(COS_COEFS[:-1]):
-            cp = cp * r2 + Float64(c)
-        s = r + r * r2 * sp
-        c = Float64(1.0) + r2 * cp
-        quad = Int32(k) & 3
-        odd = (quad & 1) != 0
-        sn = cutlass.select_(odd, c, s)
-        cs = cutlass.select_(odd, s, c)
-        sn = cutlass.select_((quad & 2) != 0, -sn, sn)
-        cs = cutlass.select_(((quad + 1) & 2) != 0, -cs, cs)
-        return Float32(cs), Float32(sn)
-
     def norm_rope(rx, w, freqs, pos, lane, eps, cs=None):
         """bf16 registers (E, 2) -> fp32 [[half 0], [half 1]] of rope(bf16(rmsnorm(x))); `cs`:
         the lane's E (cos, sin) pairs already computed (the prefill's shared table), else
@@ -296,7 +303,7 @@ def build(spec: Spec, prefill: bool):
             return y
         out = [[None] * e, [None] * e]
         for i in range(e):
-            c, s = cos_sin(pos, freqs[i]) if cs is None else cs[i]
+            c, s = cos_sin_f64(pos, freqs[i]) if cs is None else cs[i]
             out[0][i] = y[0][i] * c + (-y[1][i]) * s
             out[1][i] = y[1][i] * c + y[0][i] * s
         return out
@@ -343,7 +350,7 @@ def build(spec: Spec, prefill: bool):
         cs = None
         if cutlass.const_expr(shared_table):
             if tid < half:
-                c0, s0 = cos_sin(mpos[row], cute.recast_tensor(rf, Float64)[0])
+                c0, s0 = cos_sin_f64(mpos[row], cute.recast_tensor(rf, Float64)[0])
                 du.st_shared_u32(tab + Uint32(tid * 8), du.f32_bits(c0))
                 du.st_shared_u32(tab + Uint32(tid * 8 + 4), du.f32_bits(s0))
             cute.arch.sync_threads()
