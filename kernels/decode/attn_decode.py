@@ -601,8 +601,8 @@ def _build(spec: Spec):
             sink_words.append(ops["ld_nc_u32"](msinks.iterator.toint()
                                                + Int64(kvh * g_heads + hs) * 4))
             rsink[it] = ops["as_f32"](sink_words[-1])
-        # QKN = 1: the norm weights (q_norm at the lane's d, k_norm chunk tid) and
-        # inv_freq[tid] are weights too, in flight with the sinks
+        # QKN = 1: the norm weights (q_norm and k_norm at the lane's d) and inv_freq[tid] are
+        # weights too, in flight with the sinks
         wq, wk = [], []
         rf = cute.make_rmem_tensor((2,), Uint32)
         if cutlass.const_expr(qkn):
