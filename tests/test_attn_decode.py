@@ -201,6 +201,20 @@ def test_folded_specs_follow_the_layers(preset):
     assert len({(s["RING"], s["ROPE"]) for s in ad.folded_specs(odd, (1,))}) == 3
 
 
+def test_fold_needs_rope_pairs_in_a_lane():
+    """RoPE pairs d, d + D/2 must sit in one lane (D a multiple of 64) or lanes t, t ^ 2
+    (D = 32): D = 96 is refused with RoPE (a config, and a spec), allowed without it."""
+    assert [d for d in range(32, 513, 32) if not ad.rope_pairs_in_lane(d)] == \
+        [96, 160, 224, 288, 352, 416, 480]
+    cfg = FlintConfig.preset("tiny")
+    odd = cfg.__class__(**{**cfg.__dict__, "head_dim": 96})
+    assert not ad.fold_possible(odd)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        ad._args(ad.KERNEL.spec(B=1, HQ=4, HKV=2, D=96, P=17, RING=1, W=17, SPLITS=1, QKN=1,
+                                ROPE=1))
+    ad._args(ad.KERNEL.spec(B=1, HQ=4, HKV=2, D=96, P=64, RING=0, W=0, SPLITS=1, QKN=1, ROPE=0))
+
+
 def test_fold_needs_the_qk_norm():
     cfg = FlintConfig.preset("tiny")
     cfg = cfg.__class__(**{**cfg.__dict__, "qk_norm": False})
@@ -220,7 +234,7 @@ def test_folded_reference_is_the_two_kernel_reference(ring):
     spec = _folded("tiny", 4, ring)
     pos = [0, 16, 17, 150]
     args = ad.make_args(spec, gen=_gen(6), device="cpu", positions=pos)
-    k0, v0 = args[1].clone(), args[2].clone()
+    k0 = args[1].clone()
     q, kc, vc, k_new, v_new = ad.folded_inputs(spec, args[0], args[1], args[2], args[3],
                                                args[4], *args[10:])
     assert torch.equal(args[1].isnan(), k0.isnan())  # inputs untouched

@@ -225,12 +225,18 @@ def test_pdl_consumer_never_reads_its_input_early(kset, spec):
 # -- the folded form (QKN = 1): Q/K norm, RoPE and the KV write inside attention --------------
 #
 # Tolerances: out as above (≤ 1e-2 against the reference on the cache with the new entry
-# written); the written key entry as tests/test_qk_norm_rope_kv_gpu.py has it (rel. ≤ 1e-2 and
-# at most 1% of its elements different at all: the fp32 sum-of-squares order, the hardware
-# rsqrt and fma contraction in the rotation may flip a bf16 rounding); the value entry is a
-# copy (bit for bit); every other cache entry is untouched (bit for bit, NaN included).
+# written); the written key entries as tests/test_qk_norm_rope_kv_gpu.py has them (rel. ≤ 1e-2
+# each, and over the launch at most max(2, 1%) elements different at all: the fp32
+# sum-of-squares order, the hardware rsqrt and fma contraction in the rotation may flip a bf16
+# rounding, ~1e-5 to 2e-5 of the elements, so a count per row of tiny's 64 would fail a
+# correct kernel on one flip); the value entries are copies (bit for bit); every other cache
+# entry is untouched (bit for bit, NaN included).
 
 QK_REL, QK_DIFF = 1e-2, 0.01
+
+
+def _flips_ok(flips: int, numel: int) -> bool:
+    return flips <= max(2, QK_DIFF * numel)
 
 
 def _folded_specs(preset: str):
@@ -268,13 +274,15 @@ def _check_folded(kset, spec, seed, positions, twice: bool = True) -> torch.Tens
     rel = _rel(out, ref)
     assert rel <= REL_TOL, f"{what}: rel err {rel:.2e} > {REL_TOL}"
     page, entry = qk.cache_entry(spec, args[4], args[3])
+    flips = 0
     for b in range(spec["B"]):
         got_k, got_v = args[1][page[b], :, entry[b]], args[2][page[b], :, entry[b]]
         assert _same_bits(got_v, v_new[b]), f"{what} row {b}: value entry is not a copy"
         krel = _rel(got_k, k_new[b])
-        diff = (got_k != k_new[b]).float().mean().item()
-        assert krel <= QK_REL and diff <= QK_DIFF, \
-            f"{what} row {b}: key entry rel {krel:.2e}, {diff:.1%} of elements differ"
+        assert krel <= QK_REL, f"{what} row {b}: key entry rel {krel:.2e}"
+        flips += int((got_k != k_new[b]).sum())
+    assert _flips_ok(flips, k_new.numel()), \
+        f"{what}: {flips} of {k_new.numel()} key elements differ from the reference"
     # nothing else changed: the caches equal the reference's copies outside the new entries
     k_rest, v_rest = args[1].clone(), args[2].clone()
     for b in range(spec["B"]):
@@ -322,9 +330,9 @@ def test_folded_equals_the_two_kernel_form(kset, case):
     rel = _rel(args[6], pargs[6])
     assert rel <= REL_TOL, f"{spec.id}: folded vs two kernels rel {rel:.2e}"
     assert _same_bits(args[2], v2), f"{spec.id}: value caches differ"
-    diff = (args[1].view(torch.int16) != k2.view(torch.int16)).float().sum().item() / (
-        spec["B"] * spec["HKV"] * spec["D"])
-    assert diff <= QK_DIFF, f"{spec.id}: {diff:.1%} of the written key elements differ"
+    flips = int((args[1].view(torch.int16) != k2.view(torch.int16)).sum())
+    numel = spec["B"] * spec["HKV"] * spec["D"]
+    assert _flips_ok(flips, numel), f"{spec.id}: {flips} of the {numel} written key elements differ"
 
 
 def _folded_split_cases():

@@ -130,6 +130,13 @@ def visible_range(p: int, window: int) -> tuple[int, int]:
     return (max(0, p - window + 1) if window else 0), p
 
 
+def rope_pairs_in_lane(d: int) -> bool:
+    """Whether the folded form's lane layout (lane (g, t): d = 32c + 8t … +7) keeps each RoPE
+    pair d, d + D/2 within a lane (chunks c, c + D/64: D a multiple of 64) or lanes t, t ^ 2
+    (D = 32); D = 96, 160, … would pair elements of other lanes."""
+    return d == 32 or d % 64 == 0
+
+
 def folded(spec: Spec) -> bool:
     """Whether `spec` is the folded form (QKN = 1: Q/K norm, RoPE and the KV write inside)."""
     return bool(spec.as_dict().get("QKN", 0))
@@ -140,6 +147,10 @@ def _check(spec: Spec) -> None:
     if folded(spec) and d > 32 * WARPS * 2:
         raise ValueError(f"attn_decode: QKN = 1 needs head dim D ≤ {64 * WARPS} (one thread a "
                          f"RoPE frequency), found D = {d}")
+    if folded(spec) and spec["ROPE"] and not rope_pairs_in_lane(d):
+        raise ValueError(f"attn_decode: QKN = 1 with RoPE needs head dim D = 32 or a multiple "
+                         f"of 64 (each RoPE pair d, d + D/2 in one lane or lanes t, t ^ 2), "
+                         f"found D = {d}")
     if hq % hkv or hq // hkv > 8:
         raise ValueError(f"attn_decode: HQ = {hq} must be a multiple of HKV = {hkv}, with "
                          f"at most 8 query heads per KV head")
@@ -206,8 +217,12 @@ def _kinds(cfg) -> list[tuple[int, int, int]]:
 
 def fold_possible(cfg) -> bool:
     """Whether `cfg`'s attention can take the folded form (QKN = 1): per-head Q/K norm on,
-    and a head dim whose D/2 RoPE frequencies fit the CTA's threads."""
-    return bool(cfg.qk_norm) and cfg.head_dim % 32 == 0 and cfg.head_dim <= 64 * WARPS
+    a head dim whose D/2 RoPE frequencies fit the CTA's threads, and (any RoPE layer) whose
+    RoPE pairs the lane layout holds (`rope_pairs_in_lane`)."""
+    d = cfg.head_dim
+    rope = any(cfg.uses_rope(i) for i in range(cfg.num_hidden_layers))
+    return (bool(cfg.qk_norm) and d % 32 == 0 and d <= 64 * WARPS
+            and (not rope or rope_pairs_in_lane(d)))
 
 
 def folded_specs(cfg, buckets=BUCKETS) -> list[Spec]:
@@ -254,8 +269,9 @@ def specs_for(cfg, buckets=BUCKETS, fold: bool | None = None) -> list[Spec]:
         return _plain_specs(cfg, buckets)
     if not fold_possible(cfg):
         raise ValueError(f"attn_decode: the folded form needs qk_norm and a head dim that is "
-                         f"a multiple of 32 up to {64 * WARPS}, found qk_norm = "
-                         f"{cfg.qk_norm}, head_dim = {cfg.head_dim}")
+                         f"a multiple of 32 up to {64 * WARPS} (with RoPE layers: 32 or a "
+                         f"multiple of 64), found qk_norm = {cfg.qk_norm}, head_dim = "
+                         f"{cfg.head_dim}")
     return folded_specs(cfg, buckets)
 
 
