@@ -200,19 +200,22 @@ def test_flint_nano_full_layer_combines_its_128_splits(kset, keys):
 
 
 def _pdl_specs():
-    return [s for s in _specs("full") if s["B"] in (1, 8)]
+    """Both forms, plain and folded (QKN = 1), at the full shape, B = 1 and 8."""
+    cfg = FlintConfig.preset("full")
+    return [s for fold in (False, True) for s in ad.specs_for(cfg, (1, 8), fold)]
 
 
 @pytest.mark.parametrize("spec", _pdl_specs(), ids=lambda s: s.key)
 def test_pdl_consumer_never_reads_its_input_early(kset, spec):
-    """Behind a slow producer that overwrites q or the positions, every PDL replay must
-    equal the run without PDL (tests/test_kernels_gpu.py's pattern). The table is left out:
-    its stale words would be page ids out of range if the kernel did read them early."""
+    """Behind a slow producer that overwrites q (folded: qkv, whence q and the new entry) or
+    the positions, every PDL replay must equal the run without PDL (tests/test_kernels_gpu.py's
+    pattern). The table is left out: its stale words would be page ids out of range if the
+    kernel did read them early."""
     from test_kernels_gpu import REPLAYS, _graph_outputs
 
     consumer = kset.get("attn_decode", **spec.as_dict())
     pos = [2000 + 97 * i for i in range(spec["B"])]
-    for target in (0, 4):  # q, positions
+    for target in (0, 4):  # q (or qkv), positions
         args = ad.make_args(spec, gen=_gen(7), device="cuda", positions=pos)
         (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1)
         assert not want[0].isnan().any()
@@ -358,23 +361,3 @@ def test_folded_long_context_full_layer(kset):
     """100K keys at batch 1 (full preset, full layer) in the folded form."""
     spec = next(s for s in _folded_specs("full") if s["B"] == 1 and not s["RING"])
     _check_folded(kset, spec, seed=8, positions=[100_000 - 1])
-
-
-@pytest.mark.parametrize("spec", [s for s in _folded_specs("full") if s["B"] in (1, 8)],
-                         ids=lambda s: s.key)
-def test_folded_pdl_consumer_never_reads_its_input_early(kset, spec):
-    """Behind a slow producer that overwrites qkv or the positions, every PDL replay equals
-    the run without PDL; with qkv overwritten the new entry and q come from the producer's
-    values only if the kernel waits for it."""
-    from test_kernels_gpu import REPLAYS, _graph_outputs
-
-    consumer = kset.get("attn_decode", **spec.as_dict())
-    pos = [2000 + 97 * i for i in range(spec["B"])]
-    for target in (0, 4):  # qkv, positions
-        args = ad.make_args(spec, gen=_gen(7), device="cuda", positions=pos)
-        (want,) = _graph_outputs(kset, consumer, args, target, pdl=False, replays=1)
-        assert not want[0].isnan().any()
-        for got in _graph_outputs(kset, consumer, args, target, pdl=True, replays=REPLAYS):
-            assert torch.equal(got[0], want[0]), \
-                f"{spec.id}: read {ad.KERNEL.args(spec)[target].name} before the wait"
-        assert torch.equal(args[9], torch.zeros_like(args[9]))

@@ -71,7 +71,7 @@ for part in ${PARTS:-qk-tests prefill long ptests fc-tests}; do
     h200) PARTS="${PARTS35:-bench long reuse pd}" bash tools/gpu_session35.sh ;;
     cn-tests) gpu_tests cn-tests.log 120 tests/test_prefill_kernels_gpu.py -k "moe_combine" ;;
     fold-tests) gpu_tests fold-tests.log 300 tests/test_attn_decode_gpu.py \
-                  tests/test_decode_layer_gpu.py tests/test_decode_step_gpu.py -k "folded" ;;
+                  tests/test_decode_layer_gpu.py tests/test_decode_step_gpu.py -k "folded or QKN" ;;
     fold-probe)
       timeout "$(left 240)" python3 tools/probe_moe_pd.py --axis fold --pd 0,1 --buckets 1,8 \
         --contexts 1024,100000 --rounds 2 --steps 100 > "$OUT/fold-probe.txt" 2>&1
