@@ -35,7 +35,7 @@ import torch
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import InvalidRequestError
-from flint_graph.perf.machine import header, machine_info, note_no_gpu
+from flint_graph.perf.machine import header, machine_info, note_no_gpu, note_unused_fold
 from flint_graph.perf.measure import (e2e_record, graph_nodes_per_bucket, graph_steps,
                                       interleave_record, matmul_peak_flops,
                                       prefill_baseline_record, prefill_record, reference_fits,
@@ -253,6 +253,7 @@ def run_bench(o: BenchOptions) -> dict:
               f"this model's {limit:,}-token limit and are skipped (--preset full has them)",
               file=sys.stderr)
     note_no_gpu(dev, "every row")
+    note_unused_fold(dev, o.engine, o.attn_fold)
     if (dev.type != "cuda" or o.engine == "reference") and o.steps != _default("steps"):
         # `--steps N` on the CPU was accepted, unused and saved in the settings (a trial)
         print(f"flint-graph: note: --steps {o.steps} times the graph engine, which does not "

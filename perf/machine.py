@@ -111,3 +111,12 @@ def note_no_gpu(dev, what: str) -> None:
         print(f"flint-graph: note: no CUDA GPU ({dev}): {what} is the reference engine's; the "
               "graph engine (AOT kernels in CUDA graphs, the figures in docs/perf-log.md) needs "
               "an NVIDIA GPU", file=sys.stderr)
+
+
+def note_unused_fold(dev, engine: str, attn_fold) -> None:
+    """A stderr note when --attn-fold was given but the graph engine's decode step, the only
+    thing it sets, cannot run (no CUDA GPU, or --engine reference)."""
+    if attn_fold is not None and (dev.type != "cuda" or engine == "reference"):
+        print(f"flint-graph: note: --attn-fold {'on' if attn_fold else 'off'} concerns the "
+              "graph engine's decode step, which does not run here; it changes nothing",
+              file=sys.stderr)

@@ -27,7 +27,7 @@ import torch
 
 from flint_graph.checkpoints.config import FlintConfig
 from flint_graph.errors import ConfigError, InvalidRequestError
-from flint_graph.perf.machine import header, note_no_gpu
+from flint_graph.perf.machine import header, note_no_gpu, note_unused_fold
 from flint_graph.perf.roofline import copy_bandwidth, step_kernels
 
 KV_FILL = "synthetic: random KV values (not a prefill), timing only"
@@ -343,6 +343,7 @@ def run_trace(o) -> dict:
         raise ConfigError(f"engine=graph (--engine graph): the graph engine needs CUDA; this "
                           f"run is on {dev}")
     note_no_gpu(dev, "the trace")
+    note_unused_fold(dev, o.engine, o.attn_fold)
     bw = copy_bandwidth(dev)  # before the weights, as bench measures it
     fmt, llm = next(sources(o, ctx + 1))
     dev = llm.device

@@ -169,3 +169,14 @@ def test_graph_engine_on_the_cpu_says_it_needs_cuda_before_loading(tiny_ckpt, mo
             LLM(tiny_ckpt, device="cpu", progress=False, engine=EngineConfig(engine="graph"))
     llm = LLM(tiny_ckpt, device="cpu", progress=False)  # auto falls back, saying why
     assert llm.engine.name == "reference" and "needs CUDA" in llm.engine.fallback_reason
+
+
+@pytest.mark.parametrize("value", [1, "on", 0.0])
+def test_decode_attn_fold_is_a_bool_or_none(value):
+    """EngineConfig.decode_attn_fold: True / False pick attention's form for comparisons,
+    None (the default) leaves it to the model (attn_decode.uses_fold)."""
+    with pytest.raises(InvalidRequestError, match=f"decode_attn_fold {value!r}: expected "
+                                                  "True, False or None"):
+        EngineConfig(decode_attn_fold=value)
+    for ok in (True, False, None):
+        assert EngineConfig(decode_attn_fold=ok).decode_attn_fold is ok

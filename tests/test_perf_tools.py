@@ -128,6 +128,37 @@ def test_bench_names_the_default_contexts_a_small_model_skips(capsys, monkeypatc
     assert "contexts 8,192, 32,768, 100,000 do not fit this model's 4,096-token limit" in err
 
 
+@pytest.mark.parametrize("command", ["bench", "trace"])
+def test_attn_fold_reaches_the_options_and_says_when_unused(command, capsys, monkeypatch):
+    """--attn-fold on|off sets EngineConfig.decode_attn_fold for the graph engine; on the CPU
+    (reference engine) a note says it changes nothing (stopped right after: the plan is what
+    is checked)."""
+    import flint_graph.perf.bench as bench
+    import flint_graph.perf.trace as trace
+
+    seen = []
+
+    def stop(*a, **k):
+        raise SystemExit(7)
+
+    def engine_config(o, kv_tokens):
+        seen.append(o.attn_fold)
+        raise SystemExit(7)
+
+    monkeypatch.setattr(bench, "_engine_config", engine_config)
+    monkeypatch.setattr(trace, "copy_bandwidth", lambda dev: 1e12)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda dev: 1e12)
+    for flag, want in (("on", True), ("off", False)):
+        assert main([command, *SMALL, "--attn-fold", flag]) == 7
+        assert f"--attn-fold {flag} concerns the graph engine's decode step" in \
+            capsys.readouterr().err
+        assert seen[-1] is want
+    assert main([command, *SMALL]) == 7
+    assert seen[-1] is None and "--attn-fold" not in capsys.readouterr().err
+    assert main([command, *SMALL, "--attn-fold", "maybe"]) == 2
+    assert "--attn-fold" in capsys.readouterr().err
+
+
 def test_trace_on_the_cpu_writes_a_timeline(tmp_path, capsys):
     out, page = tmp_path / "t.json", tmp_path / "t.html"
     rc = main(["trace", *SMALL, "--context", "200", "--steps", "2", "--out", str(out),
