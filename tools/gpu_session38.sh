@@ -29,7 +29,9 @@
 #              into decode attention): the kernel's folded GPU tests, the folded layer and
 #              decode step against the reference (fold-tests.log);
 #   fold-probe the whole decode step at full size, NVFP4, B = 1 and 8, 1K and 100K context,
-#              fold off / on alternated twice (fold-probe.txt).
+#              fold off / on alternated twice (fold-probe.txt);
+#   fold-trace flint-graph trace at full size, NVFP4, B = 1, 1K context, --attn-fold on: the
+#              per-kind table with the fold (fold-trace.txt, .json).
 # fold-* need the cache exported with --with-bench attn_decode too.
 # Carry [".whl", ".nano-run/kmodel"] with FLINT_GRAPH_CACHE=$PWD/.nano-run/kmodel exported by
 # `tools/build_gpu_cache.py --export .nano-run/kmodel --with-bench moe_gate_up --with-bench
@@ -76,6 +78,10 @@ for part in ${PARTS:-qk-tests prefill long ptests fc-tests}; do
       timeout "$(left 240)" python3 tools/probe_moe_pd.py --axis fold --pd 0,1 --buckets 1,8 \
         --contexts 1024,100000 --rounds 2 --steps 100 > "$OUT/fold-probe.txt" 2>&1
       echo "fold-probe: exit $?"; grep -v Warning "$OUT/fold-probe.txt" | tail -6 ;;
+    fold-trace)
+      timeout "$(left 200)" flint-graph trace --preset full --format nvfp4 --context 1024 \
+        --attn-fold on --no-progress --out "$OUT/fold-trace.json" > "$OUT/fold-trace.txt" 2>&1
+      echo "fold-trace: exit $?"; grep -A12 "step by kind" "$OUT/fold-trace.txt" ;;
     cn-prefill)
       timeout "$(left 200)" python3 tools/bench_prefill.py --formats nvfp4 --paths graph \
         --tokens 512,8192 --reps 5 --kernel-tokens= --profile-tokens 0 \
