@@ -27,11 +27,14 @@ def llms(tiny_ckpt):
 
 
 def test_auto_picks_the_graph_engine_on_cuda(tiny_ckpt):
+    from flint_graph.kernels.decode import attn_decode
+
     llm = LLM(tiny_ckpt, device="cuda", progress=False)
     assert llm.engine.name == "graph", llm.engine.fallback_reason
     assert set(llm.engine.runner.kernels_per_step) == {1, 2, 4, 8}
     report = llm.startup
-    assert report["engine"] == "graph" and report["kernels_per_step"][1] == 7 * 6 + 3
+    per_layer = 6 if attn_decode.uses_fold(llm.cfg) else 7  # the fold: no qk_norm_rope_kv
+    assert report["engine"] == "graph" and report["kernels_per_step"][1] == per_layer * 6 + 3
     assert all(report[f"capture_B{b}_s"] > 0 for b in (1, 2, 4, 8))
     assert report["kv_cache_bytes"] > 0 and report["context_limit"] > 0
     assert report["prefill_buckets"][0] == 16 and report["prefill_dense_bf16_bytes"] == 0  # BF16
