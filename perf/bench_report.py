@@ -293,7 +293,15 @@ def _summary_grid(result: dict) -> tuple[list[str], list[list[str]]]:
     for fmt, per in (result.get("kernels_per_step") or {}).items():
         rows.append(["kernels per step", "graph", fmt,
                      ", ".join(f"B={b}: {num(n)}" for b, n in (per or {}).items()) or "-"])
+    for fmt, fold in (result.get("attn_fold") or {}).items():
+        rows.append(["decode attention", "graph", fmt, fold_name(fold)])
     return ["figure", "engine", "format", "value"], rows
+
+
+def fold_name(fold) -> str:
+    """How a run's decode attention ran (`attn_fold`): folded (Q/K norm, RoPE and the KV write
+    inside attention) or plain (qk_norm_rope_kv before it)."""
+    return {True: "folded (--attn-fold on)", False: "plain (--attn-fold off)"}.get(fold, "-")
 
 
 def _notes(result: dict) -> list[str]:
@@ -426,6 +434,13 @@ def compare_warnings(a: dict, b: dict) -> list[str]:
     fa, fb = ({d.get("format") for d in r.get("decode") or []} for r in (a, b))
     if fa != fb:
         out.append(f"different weight formats: A {sorted(fa)}, B {sorted(fb)}")
+    fo = [r.get("attn_fold") for r in (a, b)]
+    if fo[0] is not None and fo[1] is not None and fo[0] != fo[1]:
+        def said(f):
+            return (", ".join(f"{k} {fold_name(v)}" for k, v in f.items())
+                    if isinstance(f, dict) else fold_name(f))
+        out.append(f"different decode attention: A {said(fo[0])}, B {said(fo[1])}: the step "
+                   "times differ by it")
     return out
 
 

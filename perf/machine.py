@@ -113,10 +113,10 @@ def note_no_gpu(dev, what: str) -> None:
               "an NVIDIA GPU", file=sys.stderr)
 
 
-def note_unused_fold(dev, engine: str, attn_fold) -> None:
+def note_unused_fold(dev, engine: str, attn_fold, prefill: bool = False) -> None:
     """A stderr note when --attn-fold was given but the graph engine's decode step, the only
-    thing it sets, cannot run (no CUDA GPU, or --engine reference)."""
-    if attn_fold is not None and (dev.type != "cuda" or engine == "reference"):
+    thing it sets, does not run (no CUDA GPU, --engine reference, or a `prefill` trace)."""
+    if attn_fold is not None and (dev.type != "cuda" or engine == "reference" or prefill):
         print(f"flint-graph: note: --attn-fold {'on' if attn_fold else 'off'} concerns the "
               "graph engine's decode step, which does not run here; it changes nothing",
               file=sys.stderr)

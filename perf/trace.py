@@ -142,7 +142,7 @@ def trace_graph(runner, fmt: str, b: int, context: int, steps: int) -> dict:
     except RuntimeError:
         nodes = None
     return {"source": "CUPTI kernel records (torch.profiler) of CUDA-graph replays",
-            "graph_nodes": nodes, "kernels_per_step": (nodes or {}).get("kernel", len(named)),
+            "attn_fold": g.layers[0].fold, "graph_nodes": nodes, "kernels_per_step": (nodes or {}).get("kernel", len(named)),
             "step_us": step_us, "step_us_all": all_us, "kernels": kernels}
 
 
@@ -343,7 +343,6 @@ def run_trace(o) -> dict:
         raise ConfigError(f"engine=graph (--engine graph): the graph engine needs CUDA; this "
                           f"run is on {dev}")
     note_no_gpu(dev, "the trace")
-    note_unused_fold(dev, o.engine, o.attn_fold)
     bw = copy_bandwidth(dev)  # before the weights, as bench measures it
     fmt, llm = next(sources(o, ctx + 1))
     dev = llm.device
@@ -360,10 +359,12 @@ def run_trace(o) -> dict:
                               f"the {llm.engine.name} engine (a CUDA GPU and the kernel cache "
                               "are needed)")
         res.update(B=1, context=prefill, kv_fill="written by the prefill itself")
+        note_unused_fold(dev, o.engine, o.attn_fold, prefill=True)
         res.update(trace_prefill(runner, cfg, prefill, llm.engine.prefill_chunk_tokens,
                                  o.steps))
     elif runner is not None:
         res.update(trace_graph(runner, fmt, b, ctx, o.steps))
     else:
+        note_unused_fold(dev, "reference", o.attn_fold)
         res.update(trace_reference(llm.engine.model, fmt, b, ctx, o.steps))
     return res

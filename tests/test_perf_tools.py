@@ -128,35 +128,52 @@ def test_bench_names_the_default_contexts_a_small_model_skips(capsys, monkeypatc
     assert "contexts 8,192, 32,768, 100,000 do not fit this model's 4,096-token limit" in err
 
 
-@pytest.mark.parametrize("command", ["bench", "trace"])
-def test_attn_fold_reaches_the_options_and_says_when_unused(command, capsys, monkeypatch):
-    """--attn-fold on|off sets EngineConfig.decode_attn_fold for the graph engine; on the CPU
-    (reference engine) a note says it changes nothing (stopped right after: the plan is what
-    is checked)."""
+def test_attn_fold_reaches_the_options_and_says_when_unused(capsys, monkeypatch):
+    """bench --attn-fold on|off sets EngineConfig.decode_attn_fold for the graph engine; on
+    the CPU (reference engine) a note says it changes nothing (stopped at the engine's
+    config: the plan is what is checked)."""
     import flint_graph.perf.bench as bench
-    import flint_graph.perf.trace as trace
 
     seen = []
-
-    def stop(*a, **k):
-        raise SystemExit(7)
 
     def engine_config(o, kv_tokens):
         seen.append(o.attn_fold)
         raise SystemExit(7)
 
     monkeypatch.setattr(bench, "_engine_config", engine_config)
-    monkeypatch.setattr(trace, "copy_bandwidth", lambda dev: 1e12)
     monkeypatch.setattr(bench, "copy_bandwidth", lambda dev: 1e12)
     for flag, want in (("on", True), ("off", False)):
-        assert main([command, *SMALL, "--attn-fold", flag]) == 7
+        assert main(["bench", *SMALL, "--attn-fold", flag]) == 7
         assert f"--attn-fold {flag} concerns the graph engine's decode step" in \
             capsys.readouterr().err
         assert seen[-1] is want
-    assert main([command, *SMALL]) == 7
+    assert main(["bench", *SMALL]) == 7
     assert seen[-1] is None and "--attn-fold" not in capsys.readouterr().err
-    assert main([command, *SMALL, "--attn-fold", "maybe"]) == 2
+    assert main(["bench", *SMALL, "--attn-fold", "maybe"]) == 2
     assert "--attn-fold" in capsys.readouterr().err
+
+
+def test_trace_says_when_attn_fold_is_unused(capsys):
+    """A decode trace on the reference engine notes that --attn-fold changed nothing; a
+    --prefill trace on the CPU gives its error alone, no note before it (a bad-input trial,
+    2026-12-07)."""
+    assert main(["trace", *SMALL, "--context", "200", "--steps", "2", "--attn-fold", "on"]) == 0
+    assert "--attn-fold on concerns the graph engine's decode step" in capsys.readouterr().err
+    assert main(["trace", *SMALL, "--prefill", "40", "--attn-fold", "on"]) == 2
+    err = capsys.readouterr().err
+    assert "--prefill traces the graph engine's GPU prefill" in err and "--attn-fold" not in err
+
+
+def test_compare_warns_when_the_attention_form_differs():
+    from flint_graph.perf.bench_report import compare_warnings
+
+    base = {"machine": {}, "model": {}}
+    a, b = base | {"attn_fold": {"nvfp4": False}}, base | {"attn_fold": {"nvfp4": True}}
+    (w,) = compare_warnings(a, b)
+    assert "different decode attention: A nvfp4 plain" in w and "B nvfp4 folded" in w
+    assert compare_warnings(a, a) == [] and compare_warnings(a, base) == []
+    (w,) = compare_warnings(base | {"attn_fold": True}, base | {"attn_fold": False})
+    assert "A folded (--attn-fold on), B plain" in w
 
 
 def test_trace_on_the_cpu_writes_a_timeline(tmp_path, capsys):

@@ -94,7 +94,8 @@ class EngineConfig:
                                       "True or False")
         if self.decode_attn_fold is not None and not isinstance(self.decode_attn_fold, bool):
             raise InvalidRequestError(f"decode_attn_fold {self.decode_attn_fold!r}: expected "
-                                      "True, False or None (the model's default)")
+                                      "True (folded), False (plain) or None (the default "
+                                      "form, kernels/decode/attn_decode.py FOLD_QK)")
         for name in ("prefill_graphs", "prefill_dense_bf16"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} {getattr(self, name)!r}: expected True or "
