@@ -176,7 +176,7 @@ def test_decode_attn_fold_is_a_bool_or_none(value):
     """EngineConfig.decode_attn_fold: True / False pick attention's form for comparisons,
     None (the default) leaves it to the model (attn_decode.uses_fold)."""
     with pytest.raises(InvalidRequestError, match=f"decode_attn_fold {value!r}: expected "
-                                                  "True, False or None"):
+                                                  r"True \(folded\), False \(plain\) or None"):
         EngineConfig(decode_attn_fold=value)
     for ok in (True, False, None):
         assert EngineConfig(decode_attn_fold=ok).decode_attn_fold is ok
