@@ -653,11 +653,12 @@ def _build(spec: Spec):
         # words of d = 32c + 8t … +7, as q) with q; every quad holds the whole head
         rkn = cute.make_rmem_tensor((2, 4 * kchunks), Uint32)
         if cutlass.const_expr(qkn):
-            if warp == 0:
+            if warp == 0:  # quad 0's lanes load (predicated: 512 bytes a CTA, exiting or not)
                 knew = mq.iterator.toint() + (Int64(b * qkv_row + (hq + kvh) * d) + 8 * t) * 2
+                quad0 = cutlass.select_(g == 0, Int32(1), Int32(0))
                 for j in cutlass.range_constexpr(2):
                     for c in cutlass.range_constexpr(kchunks):
-                        kw = ops["ld_words"](knew + Int64(j * hkv * d * 2) + 64 * c, 4)
+                        kw = ops["ld_words_if"](knew + Int64(j * hkv * d * 2) + 64 * c, 4, quad0)
                         for i in cutlass.range_constexpr(4):
                             rkn[j, 4 * c + i] = kw[i]
         kbase = mk.iterator.toint()
@@ -697,39 +698,42 @@ def _build(spec: Spec):
         my_lo = t0 + split * chunk
         my_hi = cutlass.min(my_lo + chunk, t1)
         if cutlass.const_expr(qkn):
-            # the fold: q normed and rotated in every warp; the split holding key p's tile
-            # writes the new key (normed, rotated) and value into the caches, and its loop
-            # below reads them back from there (the barrier orders the write before the
-            # loads of every warp of the CTA); no other CTA of this launch reads that entry
-            mine = (split == (t1 - 1 - t0) // chunk) & (warp == 0)
-            page_p = Int32(0)
-            if cutlass.const_expr(ring == 0):
+            # CTAs past the row's n splits exit before any of the fold's work (at B = 8 a 1K
+            # full layer launches 1,024 CTAs, most of them such, and they run in waves)
+            if split < n:
+                # the fold: q normed and rotated in every warp; the split holding key p's tile
+                # writes the new key (normed, rotated) and value into the caches, and its loop
+                # below reads them back from there (the barrier orders the write before the
+                # loads of every warp of the CTA); no other CTA of this launch reads that entry
+                mine = (split == (t1 - 1 - t0) // chunk) & (warp == 0)
+                page_p = Int32(0)
+                if cutlass.const_expr(ring == 0):
+                    if mine:
+                        page_p = mtable[b, p // size]
+                if cutlass.const_expr(rope):
+                    if tid < half:  # the row's (cos, sin) table, one frequency a thread
+                        cs0, sn0 = qk.cos_sin_f64(p, cute.recast_tensor(rf, Float64)[0])
+                        s_cs[2 * tid] = cs0
+                        s_cs[2 * tid + 1] = sn0
+                    cute.arch.sync_threads()
+                nq = norm_rope([rq[i] for i in range(4 * kchunks)],
+                               lambda c: wq[4 * c:4 * c + 4], eps, t, cs_addr)
+                for i in cutlass.range_constexpr(4 * kchunks):
+                    rq[i] = nq[i]
                 if mine:
-                    page_p = mtable[b, p // size]
-            if cutlass.const_expr(rope):
-                if tid < half:  # the row's (cos, sin) table, one frequency a thread
-                    cs0, sn0 = qk.cos_sin_f64(p, cute.recast_tensor(rf, Float64)[0])
-                    s_cs[2 * tid] = cs0
-                    s_cs[2 * tid + 1] = sn0
+                    nk = norm_rope([rkn[0, i] for i in range(4 * kchunks)],
+                                   lambda c: wk[4 * c:4 * c + 4], eps, t, cs_addr)
+                    if g == 0:
+                        entry = kvh_off + Int64(p % size) * row_bytes + 16 * t
+                        if cutlass.const_expr(ring == 1):
+                            entry = entry + slot_off - kvh_off
+                        else:
+                            entry = entry + Int64(page_p) * Int64(hkv) * head_stride
+                        for c in cutlass.range_constexpr(kchunks):
+                            ops["st_words"](kbase + entry + 64 * c, nk[4 * c:4 * c + 4])
+                            ops["st_words"](vbase + entry + 64 * c,
+                                            [rkn[1, 4 * c + i] for i in range(4)])
                 cute.arch.sync_threads()
-            nq = norm_rope([rq[i] for i in range(4 * kchunks)],
-                           lambda c: wq[4 * c:4 * c + 4], eps, t, cs_addr)
-            for i in cutlass.range_constexpr(4 * kchunks):
-                rq[i] = nq[i]
-            if mine:
-                nk = norm_rope([rkn[0, i] for i in range(4 * kchunks)],
-                               lambda c: wk[4 * c:4 * c + 4], eps, t, cs_addr)
-                if g == 0:
-                    entry = kvh_off + Int64(p % size) * row_bytes + 16 * t
-                    if cutlass.const_expr(ring == 1):
-                        entry = entry + slot_off - kvh_off
-                    else:
-                        entry = entry + Int64(page_p) * Int64(hkv) * head_stride
-                    for c in cutlass.range_constexpr(kchunks):
-                        ops["st_words"](kbase + entry + 64 * c, nk[4 * c:4 * c + 4])
-                        ops["st_words"](vbase + entry + 64 * c,
-                                        [rkn[1, 4 * c + i] for i in range(4)])
-            cute.arch.sync_threads()
         if split < n:
             acc = cute.make_rmem_tensor((ksteps, 4), Float32)
             acc.fill(0.0)
