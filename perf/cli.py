@@ -174,13 +174,13 @@ def _common(p: argparse.ArgumentParser, positive_int) -> None:
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the synthetic weights")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="hide progress bars")
-    from flint_graph.kernels.decode.attn_decode import FOLD_QK
-
+    # the default named here is attn_decode.FOLD_QK's (a test holds them equal: importing the
+    # kernel module here would load torch for every --help)
     p.add_argument("--attn-fold", choices=("on", "off"),
                    help="graph engine's decode step: on = the attention kernel also does each "
                         "layer's Q/K norm, RoPE and KV-cache write (one launch a layer fewer), "
-                        "off = a separate kernel does them first (default: "
-                        f"{'on' if FOLD_QK else 'off'}; for comparisons)")
+                        "off = a separate kernel does them first (default: off; for "
+                        "comparisons)")
 
 
 def add_bench_parser(sub, positive_int, buckets) -> None:

@@ -153,6 +153,15 @@ def test_attn_fold_reaches_the_options_and_says_when_unused(capsys, monkeypatch)
     assert "--attn-fold" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["bench", "trace"])
+def test_attn_fold_help_names_the_default(command, capsys):
+    from flint_graph.kernels.decode.attn_decode import FOLD_QK
+
+    assert main([command, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {'on' if FOLD_QK else 'off'}; for comparisons)" in text
+
+
 def test_trace_says_when_attn_fold_is_unused(capsys):
     """A decode trace on the reference engine notes that --attn-fold changed nothing; a
     --prefill trace on the CPU gives its error alone, no note before it (a bad-input trial,
