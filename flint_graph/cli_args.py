@@ -524,8 +524,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     engine, and listed first they hid --tools, --no-think and sampling from a CPU user (a new
     user's trial, 2026-12-07)."""
     g = p.add_argument_group("engine", "Most of these tune the graph engine on an NVIDIA GPU; "
-                             "a CPU runs the reference engine, where only --prefill-chunk, "
-                             "--prefill-step-ms and --no-kv-reuse apply.")
+                             "a CPU runs the reference engine, where only --engine, "
+                             "--max-context, --prefill-chunk, --prefill-step-ms and "
+                             "--no-kv-reuse apply.")
     g.add_argument("--engine", choices=("auto", "graph", "reference"), default="auto",
                    help="decode path: graph = CUDA-graph replay of the AOT kernels (needs a GPU "
                         "and the kernel cache, see flint-graph build-kernels); reference = the "

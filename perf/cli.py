@@ -177,10 +177,12 @@ def _common(p: argparse.ArgumentParser, positive_int) -> None:
     # the default named here is attn_decode.FOLD_QK's (a test holds them equal: importing the
     # kernel module here would load torch for every --help)
     p.add_argument("--attn-fold", choices=("on", "off"),
-                   help="graph engine's decode step: on = the attention kernel also does each "
-                        "layer's Q/K norm, RoPE and KV-cache write (one launch a layer fewer), "
-                        "off = a separate kernel does them first (default: off; for "
-                        "comparisons)")
+                   help="which decode attention the graph engine (GPU) runs, to compare the "
+                        "two: off = a separate kernel does each layer's query/key norm, "
+                        "rotary position encoding and KV-cache write before attention; on = "
+                        "the attention kernel does them itself, one launch a layer fewer; the "
+                        "same output up to rounding either way; no effect on the CPU "
+                        "(default: off)")
 
 
 def add_bench_parser(sub, positive_int, buckets) -> None:

@@ -159,7 +159,7 @@ def test_attn_fold_help_names_the_default(command, capsys):
 
     assert main([command, "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert f"(default: {'on' if FOLD_QK else 'off'}; for comparisons)" in text
+    assert f"(default: {'on' if FOLD_QK else 'off'})" in text
 
 
 def test_trace_says_when_attn_fold_is_unused(capsys):
