@@ -218,8 +218,6 @@ class DecodeLayer:
                  fold: bool | None = None):
         self.cfg, self.layer, self.batch = cfg, layer, batch
         self.fold = attn_decode.uses_fold(cfg) if fold is None else bool(fold)
-        if self.fold and not attn_decode.fold_possible(cfg):
-            attn_decode.specs_for(cfg, (batch,), True)  # raises, naming what is missing
         self.w = weights
         self.sliding = cfg.is_sliding(layer)
         self.moe = isinstance(weights.ffn, MoEWeights)
